@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs every system package rpmi's build, tests and local Slurm cluster need on Debian 12.
+# Used by the README's set-up, .ci/run and docker/Dockerfile alike; safe to run again.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+packages=(
+  build-essential pkg-config
+  libclang-dev clang          # bindgen (build.rs) generates the ABI types from plugin-spec/rpmi_plugin.h
+  mpich libmpich-dev          # real MPI clients for the end-to-end tests
+  slurm-wlm munge libslurm-dev # the local multi-node Slurm cluster and the srun --mpi=rpmi plugin
+  procps psmisc               # pgrep/pkill/killall used by the test scripts to check for leftovers
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+fi

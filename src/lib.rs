@@ -1,0 +1,9 @@
+//! rpmi: a PMI-1 server that a resource manager loads as a plugin, so that MPI programs (above all legacy
+//! ones that only speak PMI-1) start and wire up under it.
+//!
+//! - [`wire`] parses what a task writes on its `PMI_FD` and formats the answers.
+//! - [`server`] is the engine: one [`server::Shell`] per job shell serves all of that shell's tasks and talks
+//!   to the host (the resource manager) only through the [`server::Host`] trait. It does no I/O.
+
+pub mod server;
+pub mod wire;

@@ -1,0 +1,134 @@
+//! What the server advertises (`get_maxes`) and the bounds it keeps on what tasks send.
+
+use crate::wire::response::MAX_LINE;
+use std::fmt;
+
+/// Limits of one [`crate::server::Shell`]. The defaults suit every client in clients.md.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Advertised `kvsname_max` (includes the NUL, as PMI counts).
+    pub kvsname_max: u32,
+    /// Advertised `keylen_max` (includes the NUL).
+    pub keylen_max: u32,
+    /// Advertised `vallen_max` (includes the NUL).
+    pub vallen_max: u32,
+    /// Longest request line accepted, newline included. Puts are the longest real requests (about 1100
+    /// bytes at the default maxes).
+    pub request_line_max: usize,
+    /// Bytes of keys and values one shell may hold, all ranks' together. Over it, a put fails with
+    /// `PMI_ERR_NOMEM` and a barrier bringing in more fails.
+    pub kvs_bytes_max: usize,
+    /// Bytes of all lines of one spawn request.
+    pub spawn_bytes_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            kvsname_max: 64,
+            keylen_max: 64,
+            vallen_max: 1024,
+            request_line_max: 4096,
+            kvs_bytes_max: 512 << 20,
+            spawn_bytes_max: 256 << 10,
+        }
+    }
+}
+
+/// Limits that no client could work with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsError(String);
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LimitsError {}
+
+/// What `cmd=get_result rc=0 value=` costs on a response line, newline included.
+const GET_RESULT_OVERHEAD: usize = "cmd=get_result rc=0 value=\n".len();
+
+impl Limits {
+    /// Checks that clients can live with these limits.
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        let bad = |m: String| Err(LimitsError(m));
+        if self.kvsname_max < 16 || self.keylen_max < 2 || self.vallen_max < 2 {
+            return bad(format!(
+                "maxes {}/{}/{} are too small (kvsname_max >= 16, keylen_max and vallen_max >= 2)",
+                self.kvsname_max, self.keylen_max, self.vallen_max
+            ));
+        }
+        if self.mpich_vallen() <= 256 {
+            return bad(format!(
+                "maxes {}/{}/{} leave MPICH a value buffer of {} bytes; MPICH 4 aborts at init below 257",
+                self.kvsname_max,
+                self.keylen_max,
+                self.vallen_max,
+                self.mpich_vallen()
+            ));
+        }
+        if self.request_line_max < MAX_LINE {
+            return bad(format!("request_line_max {} is under {MAX_LINE}", self.request_line_max));
+        }
+        Ok(())
+    }
+
+    /// The longest key accepted (the advertised maximum counts the NUL).
+    pub fn key_max(&self) -> usize {
+        self.keylen_max as usize - 1
+    }
+
+    /// The longest kvsname (ours is made to fit).
+    pub fn kvsname_len_max(&self) -> usize {
+        self.kvsname_max as usize - 1
+    }
+
+    /// The longest value accepted by `put`, and so the longest any `get` returns. It is the least of:
+    /// what was advertised (less the NUL); what MPICH 4.0.2's client can read back (see
+    /// [`Limits::mpich_vallen`]); what fits on one response line.
+    pub fn value_max(&self) -> usize {
+        let advertised = self.vallen_max as usize - 1;
+        let line = MAX_LINE - GET_RESULT_OVERHEAD;
+        advertised.min(self.mpich_vallen()).min(line)
+    }
+
+    /// MPICH 4.0.2's client shrinks its value buffer when `kvsname_max + keylen_max + vallen_max + 30`
+    /// exceeds its 1024-byte line, to `1024 - kvsname_max - min(keylen_max, 256) - 30`, and crashes on a
+    /// longer value (clients.md). At 64/64/1024 that is 866.
+    pub fn mpich_vallen(&self) -> usize {
+        let (n, k, v) = (self.kvsname_max as usize, self.keylen_max as usize, self.vallen_max as usize);
+        if n + k + v + 30 > MAX_LINE {
+            MAX_LINE.saturating_sub(n + k.min(256) + 30)
+        } else {
+            v
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_give_mpich_its_866() {
+        let l = Limits::default();
+        assert_eq!(l.validate(), Ok(()));
+        assert_eq!(l.value_max(), 866);
+        assert_eq!(l.key_max(), 63);
+    }
+
+    #[test]
+    fn small_maxes_are_taken_as_advertised() {
+        let l = Limits { vallen_max: 512, ..Limits::default() };
+        assert_eq!(l.value_max(), 511);
+    }
+
+    #[test]
+    fn maxes_that_make_mpich_abort_are_refused() {
+        let l = Limits { kvsname_max: 512, keylen_max: 256, ..Limits::default() };
+        assert!(l.validate().is_err());
+        assert!(Limits { kvsname_max: 4, ..Limits::default() }.validate().is_err());
+    }
+}

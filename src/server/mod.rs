@@ -1,0 +1,79 @@
+//! The PMI-1 server engine: one [`Shell`] per job shell, driven by a host through [`Host`].
+
+mod host;
+pub mod kvs;
+mod limits;
+mod shell;
+pub mod taskmap;
+
+pub use host::{Direction, Host, HostReply, HostRequest, JobError, Offered, TaskId};
+pub use limits::{Limits, LimitsError};
+pub use shell::{Shell, ShellError, PROCESS_MAPPING_KEY};
+pub use taskmap::TaskMap;
+
+/// What the host knows about the job, as one shell sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    /// The job's KVS name, the same on every shell (`get_my_kvsname`). A word of at most
+    /// `kvsname_max - 1` characters.
+    pub kvsname: String,
+    /// The node of every rank of the job.
+    pub task_map: TaskMap,
+    /// The rank of each local task, indexed by [`TaskId`].
+    pub local_ranks: Vec<u32>,
+    /// The hostname of every node, indexed like the task map's nodes (for `get_ranks2hosts`).
+    pub hostnames: Vec<String>,
+    /// `get_universe_size`: usually the job size.
+    pub universe_size: u32,
+    /// `get_appnum`: 0 for the first (or only) application of a job.
+    pub appnum: i32,
+}
+
+impl JobInfo {
+    /// Job information for a job of `task_map.size()` ranks, of which this shell runs `local_ranks`.
+    pub fn new(kvsname: impl Into<String>, task_map: TaskMap, local_ranks: Vec<u32>, hostnames: Vec<String>) -> Self {
+        let universe_size = task_map.size() as u32;
+        JobInfo { kvsname: kvsname.into(), task_map, local_ranks, hostnames, universe_size, appnum: 0 }
+    }
+
+    fn validate(&self, limits: &Limits) -> Result<(), ShellError> {
+        let bad = |m: String| Err(ShellError(m));
+        if !kvs::is_key(self.kvsname.as_bytes()) || self.kvsname.len() > limits.kvsname_len_max() {
+            return bad(format!(
+                "kvsname '{}' must be 1 to {} visible characters without '='",
+                self.kvsname,
+                limits.kvsname_len_max()
+            ));
+        }
+        let size = self.task_map.size();
+        if size == 0 || size > u32::MAX as usize - 1 {
+            return bad(format!("a job of {size} ranks"));
+        }
+        let mut seen = vec![false; size];
+        for &r in &self.local_ranks {
+            match seen.get_mut(r as usize) {
+                None => return bad(format!("local rank {r} is not a rank of a {size}-rank job")),
+                Some(true) => return bad(format!("local rank {r} is given twice")),
+                Some(s) => *s = true,
+            }
+        }
+        if self.hostnames.len() < self.task_map.node_count() {
+            return bad(format!(
+                "{} hostnames for {} nodes in the task map",
+                self.hostnames.len(),
+                self.task_map.node_count()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A line made fit for a message: at most 120 bytes, anything unprintable escaped.
+pub fn excerpt(line: &[u8]) -> String {
+    const MAX: usize = 120;
+    let mut s: String = line.iter().take(MAX).flat_map(|&b| std::ascii::escape_default(b)).map(char::from).collect();
+    if line.len() > MAX {
+        s.push_str(&format!("... ({} bytes)", line.len()));
+    }
+    s
+}

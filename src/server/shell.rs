@@ -1,0 +1,608 @@
+//! [`Shell`]: the PMI-1 server of one job shell (node), serving all of its local tasks.
+//!
+//! Sans-I/O: the host feeds the bytes each task wrote ([`Shell::receive`]), says when a task's connection
+//! closed ([`Shell::disconnected`]), hands back what it finished ([`Shell::collective_complete`],
+//! [`Shell::host_reply`]), and writes out what the shell queued for each task ([`Shell::next_ready`],
+//! [`Shell::output`], [`Shell::consume`]). Everything the shell needs from outside goes through [`Host`].
+
+use super::host::{Direction, Host, HostReply, HostRequest, JobError, Offered, TaskId};
+use super::kvs::{self, Bounds, Kvs, PutError, Stored};
+use super::{excerpt, JobInfo, Limits};
+use crate::wire::response::{rc, Line};
+use crate::wire::spawn::Progress;
+use crate::wire::{parse, Request, SpawnBuilder};
+use std::fmt;
+
+/// The key under which the server provides the task map (RFC 13).
+pub const PROCESS_MAPPING_KEY: &str = "PMI_process_mapping";
+
+/// Why a shell could not be made from the host's job information.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShellError(pub String);
+
+impl fmt::Display for ShellError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShellError {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Active,
+    /// Sent `finalize`; may still be connected.
+    Finalized,
+    /// Closed, aborted, or cut off after a protocol error: its input is ignored.
+    Gone,
+}
+
+/// What a task's last request still waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    Nothing,
+    Barrier,
+    Host(Service),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Publish,
+    Unpublish,
+    Lookup,
+    Spawn,
+}
+
+impl Service {
+    /// The response command that answers this service.
+    fn response(self) -> &'static str {
+        match self {
+            Service::Publish => "publish_result",
+            Service::Unpublish => "unpublish_result",
+            Service::Lookup => "lookup_result",
+            Service::Spawn => "spawn_result",
+        }
+    }
+}
+
+struct Client {
+    task: TaskId,
+    rank: u32,
+    status: Status,
+    waiting: Waiting,
+    /// The start of a line whose newline has not come yet.
+    partial: Vec<u8>,
+    /// Response bytes not yet written to the task.
+    out: Vec<u8>,
+    /// In `Shell::ready`.
+    queued: bool,
+    /// A job error naming this task has been reported; do not report it twice.
+    reported: bool,
+    spawn: Option<SpawnBuilder>,
+}
+
+/// The PMI-1 server of one job shell.
+pub struct Shell {
+    job: JobInfo,
+    limits: Limits,
+    bounds: Bounds,
+    kvs: Kvs,
+    clients: Vec<Client>,
+    /// Tasks with output queued, in the order it was queued.
+    ready: Vec<TaskId>,
+    /// Puts since the last barrier, encoded for the collective.
+    contribution: Vec<u8>,
+    /// Tasks now waiting in `barrier_in`.
+    entered: usize,
+    collective_pending: bool,
+    trace: bool,
+}
+
+impl Shell {
+    /// A shell for `job`'s local tasks. Fails if the job information is inconsistent.
+    pub fn new(job: JobInfo, limits: Limits) -> Result<Shell, ShellError> {
+        limits.validate().map_err(|e| ShellError(e.to_string()))?;
+        job.validate(&limits)?;
+        let bounds =
+            Bounds { size: job.task_map.size() as u32, key_max: limits.key_max(), value_max: limits.value_max() };
+        let mut kvs = Kvs::new(limits.kvs_bytes_max);
+        // RFC 13 says an empty value when the mapping does not fit; real clients die on that, and fall back
+        // to exchanging hostnames when the key is absent (clients.md). So it is left out instead.
+        let mapping = job.task_map.process_mapping();
+        if mapping.len() <= limits.value_max() {
+            kvs.put(kvs::SERVER, PROCESS_MAPPING_KEY.as_bytes(), mapping.as_bytes())
+                .map_err(|e| ShellError(format!("cannot store {PROCESS_MAPPING_KEY}: {e}")))?;
+        }
+        let clients = job
+            .local_ranks
+            .iter()
+            .enumerate()
+            .map(|(task, &rank)| Client {
+                task,
+                rank,
+                status: Status::Active,
+                waiting: Waiting::Nothing,
+                partial: Vec::new(),
+                out: Vec::new(),
+                queued: false,
+                reported: false,
+                spawn: None,
+            })
+            .collect();
+        Ok(Shell {
+            job,
+            limits,
+            bounds,
+            kvs,
+            clients,
+            ready: Vec::new(),
+            contribution: Vec::new(),
+            entered: 0,
+            collective_pending: false,
+            trace: false,
+        })
+    }
+
+    /// Sends every line each way through [`Host::trace`] (the wire trace users debug with).
+    pub fn set_trace(&mut self, on: bool) {
+        self.trace = on;
+    }
+
+    /// The job this shell serves.
+    pub fn job(&self) -> &JobInfo {
+        &self.job
+    }
+
+    /// The limits this shell applies.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Number of local tasks.
+    pub fn task_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// The rank of local task `task`.
+    pub fn rank_of(&self, task: TaskId) -> Option<u32> {
+        self.clients.get(task).map(|c| c.rank)
+    }
+
+    /// Bytes of keys and values this shell holds.
+    pub fn kvs_bytes(&self) -> usize {
+        self.kvs.bytes()
+    }
+
+    /// Takes in bytes task `task` wrote on its PMI connection, and answers every whole line.
+    pub fn receive(&mut self, host: &mut dyn Host, task: TaskId, mut bytes: &[u8]) {
+        let max = self.limits.request_line_max - 1;
+        let Some(c) = self.clients.get_mut(task) else {
+            host.log(log::Level::Error, &format!("host bug: bytes for unknown task {task}"));
+            return;
+        };
+        if c.status == Status::Gone {
+            return;
+        }
+        // Finish the line carried over from the last read; it is the only one ever copied.
+        if !c.partial.is_empty() {
+            let Some(nl) = bytes.iter().position(|&b| b == b'\n') else {
+                if c.partial.len() + bytes.len() > max {
+                    let line = std::mem::take(&mut c.partial);
+                    return self.line_too_long(host, task, &line);
+                }
+                c.partial.extend_from_slice(bytes);
+                return;
+            };
+            if c.partial.len() + nl > max {
+                let line = std::mem::take(&mut c.partial);
+                return self.line_too_long(host, task, &line);
+            }
+            c.partial.extend_from_slice(&bytes[..nl]);
+            let mut line = std::mem::take(&mut c.partial);
+            self.line(host, task, &line);
+            line.clear();
+            self.clients[task].partial = line;
+            bytes = &bytes[nl + 1..];
+        }
+        while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
+            if self.clients[task].status == Status::Gone {
+                return;
+            }
+            if nl > max {
+                return self.line_too_long(host, task, &bytes[..nl]);
+            }
+            self.line(host, task, &bytes[..nl]);
+            bytes = &bytes[nl + 1..];
+        }
+        if bytes.is_empty() || self.clients[task].status == Status::Gone {
+            return;
+        }
+        if bytes.len() > max {
+            return self.line_too_long(host, task, bytes);
+        }
+        self.clients[task].partial.extend_from_slice(bytes);
+    }
+
+    /// Task `task`'s PMI connection closed (the task exited, crashed, or closed `PMI_FD`).
+    pub fn disconnected(&mut self, host: &mut dyn Host, task: TaskId) {
+        let Some(c) = self.clients.get_mut(task) else {
+            return;
+        };
+        if c.status == Status::Gone {
+            return;
+        }
+        let finalized = c.status == Status::Finalized;
+        c.status = Status::Gone;
+        c.partial = Vec::new();
+        if c.waiting == Waiting::Barrier {
+            c.waiting = Waiting::Nothing;
+            self.entered -= 1;
+        }
+        // Leaving after finalize, with nobody waiting, is how every task ends.
+        if !finalized && (self.entered > 0 || self.collective_pending) {
+            self.report(host, task, JobError::TaskLost { rank: self.clients[task].rank, finalized: false });
+        }
+        self.check_barrier(host);
+    }
+
+    /// The host's collective finished: `Ok` with every shell's contribution (this shell's included, in any
+    /// order), or `Err` with why it failed. Every task waiting in the barrier gets `barrier_out`, with a
+    /// non-zero rc if the collective or the data it brought failed.
+    pub fn collective_complete(&mut self, host: &mut dyn Host, result: Result<&[&[u8]], &str>) {
+        if !self.collective_pending {
+            host.log(log::Level::Error, "host bug: a collective completed while none was started; ignored");
+            return;
+        }
+        self.collective_pending = false;
+        let outcome = match result {
+            Ok(parts) => parts.iter().try_for_each(|p| self.kvs.merge(p, &self.bounds)).map_err(|e| e.to_string()),
+            Err(why) => Err(why.to_string()),
+        };
+        match outcome {
+            Ok(()) => self.release_barrier(host, rc::SUCCESS, ""),
+            Err(why) => {
+                host.log(log::Level::Error, &format!("barrier failed: {why}"));
+                self.release_barrier(host, rc::FAIL, &why);
+            }
+        }
+        // A task may have left while the collective ran; the next barrier cannot complete without it.
+        self.check_barrier(host);
+    }
+
+    /// The host's answer to the [`HostRequest`] it took from task `task`.
+    pub fn host_reply(&mut self, host: &mut dyn Host, task: TaskId, reply: HostReply) {
+        let Some(c) = self.clients.get_mut(task) else {
+            host.log(log::Level::Error, &format!("host bug: a reply for unknown task {task}"));
+            return;
+        };
+        let Waiting::Host(service) = c.waiting else {
+            host.log(log::Level::Error, &format!("host bug: a reply for rank {}, which asked for nothing", c.rank));
+            return;
+        };
+        c.waiting = Waiting::Nothing;
+        if c.status == Status::Gone {
+            return;
+        }
+        let cmd = service.response();
+        self.respond(host, task, |out| match (service, reply) {
+            (Service::Publish | Service::Unpublish, HostReply::Done) => Line::new(out, cmd, rc::SUCCESS).finish(),
+            (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) => {
+                Line::new(out, cmd, rc::SUCCESS).word("port", port.as_bytes()).finish()
+            }
+            (Service::Spawn, HostReply::Spawned { errcodes }) => {
+                let list = errcodes.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+                Line::new(out, cmd, rc::SUCCESS).word("errcodes", list.as_bytes()).finish()
+            }
+            (_, HostReply::Failed(why)) => Line::new(out, cmd, rc::FAIL).msg(&why).finish(),
+            (_, _) => Line::new(out, cmd, rc::FAIL).msg("the resource manager gave an unusable answer").finish(),
+        });
+    }
+
+    /// The next task with output queued, if any. The host writes [`Shell::output`] and reports what it
+    /// wrote with [`Shell::consume`]; a task whose output was not all written is queued again by the host
+    /// when it can write more.
+    pub fn next_ready(&mut self) -> Option<TaskId> {
+        let task = self.ready.pop()?;
+        self.clients[task].queued = false;
+        Some(task)
+    }
+
+    /// Output queued for `task`.
+    pub fn output(&self, task: TaskId) -> &[u8] {
+        self.clients.get(task).map_or(&[], |c| &c.out)
+    }
+
+    /// `n` bytes of `task`'s output were written.
+    pub fn consume(&mut self, task: TaskId, n: usize) {
+        if let Some(c) = self.clients.get_mut(task) {
+            let n = n.min(c.out.len());
+            c.out.drain(..n);
+        }
+    }
+
+    fn line(&mut self, host: &mut dyn Host, task: TaskId, line: &[u8]) {
+        let rank = self.clients[task].rank;
+        if self.trace {
+            host.trace(rank, Direction::Client, line);
+        }
+        if let Some(spawn) = self.clients[task].spawn.as_mut() {
+            match spawn.line(line) {
+                Ok(Progress::More) => {}
+                Ok(Progress::Done(request)) => {
+                    self.clients[task].spawn = None;
+                    self.start_service(host, task, Service::Spawn, HostRequest::Spawn(&request));
+                }
+                Err(e) => self.protocol_error(host, task, line, &e.to_string()),
+            }
+            return;
+        }
+        match parse(line) {
+            Err(e) => self.protocol_error(host, task, line, &e.to_string()),
+            // PMI-1 is lock-step (RFC 13); only abort may come while a request waits (another thread of the
+            // task may call PMI_Abort).
+            Ok(request) if self.clients[task].waiting != Waiting::Nothing && request.name() != "abort" => {
+                let why = format!("'{}' sent while an earlier request still waits for its answer", request.name());
+                self.protocol_error(host, task, line, &why)
+            }
+            Ok(request) => self.dispatch(host, task, request),
+        }
+    }
+
+    fn dispatch(&mut self, host: &mut dyn Host, task: TaskId, request: Request<'_>) {
+        let rank = self.clients[task].rank;
+        match request {
+            Request::Init { version, subversion } => {
+                // Answer 1.1 to 1.x: 1.2 would oblige us to barrier groups, which clients then rely on.
+                let ok = version == 1 && subversion >= 0;
+                if version == 2 {
+                    host.log(
+                        log::Level::Error,
+                        &format!(
+                            "rank {rank} runs a PMI-2 client (it sent 'cmd=init pmi_version=2'); rpmi serves \
+                             PMI-1: use a PMI-1 build of the MPI library (MPICH's default simple PMI)"
+                        ),
+                    );
+                }
+                let code = if ok { rc::SUCCESS } else { rc::FAIL };
+                self.respond(host, task, |out| {
+                    let l = Line::new(out, "response_to_init", code).int("pmi_version", 1).int("pmi_subversion", 1);
+                    if ok {
+                        l.finish()
+                    } else {
+                        l.msg("unsupported PMI version").finish()
+                    }
+                });
+            }
+            Request::GetMaxes => {
+                let l = &self.limits;
+                let (n, k, v) = (l.kvsname_max, l.keylen_max, l.vallen_max);
+                self.respond(host, task, |out| {
+                    Line::new(out, "maxes", rc::SUCCESS)
+                        .int("kvsname_max", n.into())
+                        .int("keylen_max", k.into())
+                        .int("vallen_max", v.into())
+                        .finish()
+                });
+            }
+            Request::GetUniverseSize => {
+                let size = self.job.universe_size;
+                self.respond(host, task, |out| {
+                    Line::new(out, "universe_size", rc::SUCCESS).int("size", size.into()).finish()
+                });
+            }
+            Request::GetAppnum => {
+                let appnum = self.job.appnum;
+                self.respond(host, task, |out| {
+                    Line::new(out, "appnum", rc::SUCCESS).int("appnum", appnum.into()).finish()
+                });
+            }
+            Request::GetMyKvsname => {
+                let Shell { job, clients, ready, trace, .. } = self;
+                respond(&mut clients[task], ready, *trace, host, |out| {
+                    Line::new(out, "my_kvsname", rc::SUCCESS).word("kvsname", job.kvsname.as_bytes()).finish()
+                });
+            }
+            Request::Put { kvsname, key, value } => {
+                let code = self.put(rank, kvsname, key, value);
+                self.respond(host, task, |out| match code {
+                    Ok(()) => Line::new(out, "put_result", rc::SUCCESS).finish(),
+                    Err((code, why)) => Line::new(out, "put_result", code).msg(&why).finish(),
+                });
+            }
+            Request::Get { kvsname, key } => {
+                let Shell { job, clients, kvs, limits, ready, trace, .. } = self;
+                let found = check_name(job, kvsname)
+                    .and_then(|()| check_key(limits, key))
+                    .and_then(|()| kvs.get(key).ok_or((rc::FAIL, "key not found".to_string())));
+                respond(&mut clients[task], ready, *trace, host, |out| match found {
+                    Ok(value) => Line::new(out, "get_result", rc::SUCCESS).value(value),
+                    Err((code, why)) => Line::new(out, "get_result", code).msg(&why).finish(),
+                });
+            }
+            Request::BarrierIn => {
+                self.clients[task].waiting = Waiting::Barrier;
+                self.entered += 1;
+                self.check_barrier(host);
+            }
+            Request::Finalize => {
+                self.clients[task].status = Status::Finalized;
+                self.respond(host, task, |out| Line::new(out, "finalize_ack", rc::SUCCESS).finish());
+                self.check_barrier(host);
+            }
+            Request::Abort { exit_code, message } => {
+                // Codes beyond i32 are clamped; a missing code is a plain failure.
+                let code = exit_code.map_or(1, |c| c.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32);
+                let message = message.map(String::from_utf8_lossy).unwrap_or_default();
+                self.clients[task].reported = true;
+                host.abort(rank, code, &message);
+                // RFC 13's S:abort is an empty line; MPICH 4.0.2 waits for it.
+                self.respond(host, task, |out| out.push(b'\n'));
+                self.leave(host, task);
+            }
+            Request::PublishName { service, port } => match (utf8_word(service), utf8_word(port)) {
+                (Some(service), Some(port)) => {
+                    self.start_service(host, task, Service::Publish, HostRequest::Publish { service, port })
+                }
+                _ => self.refuse_service(host, task, Service::Publish, "service and port must be words"),
+            },
+            Request::UnpublishName { service } => match utf8_word(service) {
+                Some(service) => self.start_service(host, task, Service::Unpublish, HostRequest::Unpublish { service }),
+                None => self.refuse_service(host, task, Service::Unpublish, "service must be a word"),
+            },
+            Request::LookupName { service } => match utf8_word(service) {
+                Some(service) => self.start_service(host, task, Service::Lookup, HostRequest::Lookup { service }),
+                None => self.refuse_service(host, task, Service::Lookup, "service must be a word"),
+            },
+            Request::GetRanks2Hosts => {
+                let answer = self.job.task_map.ranks2hosts(&self.job.hostnames);
+                self.respond(host, task, |out| out.extend_from_slice(answer.as_bytes()));
+            }
+            Request::SpawnBlock => {
+                self.clients[task].spawn = Some(SpawnBuilder::new(self.limits.spawn_bytes_max));
+            }
+        }
+    }
+
+    /// Checks and stores a put; `Err` holds the rc and message for the task.
+    fn put(&mut self, rank: u32, kvsname: &[u8], key: &[u8], value: &[u8]) -> Result<(), (i32, String)> {
+        check_name(&self.job, kvsname)?;
+        check_key(&self.limits, key)?;
+        if value.is_empty() {
+            // An empty value could only be returned as an empty `value=` token, which clients reject.
+            return Err((rc::ERR_INVALID_VAL, "empty value".into()));
+        }
+        if value.len() > self.limits.value_max() {
+            return Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {}", self.limits.value_max())));
+        }
+        match self.kvs.put(rank, key, value) {
+            Ok(Stored::Changed) => {
+                kvs::encode(&mut self.contribution, rank, key, value);
+                Ok(())
+            }
+            Ok(Stored::Unchanged) => Ok(()),
+            Err(e @ PutError::Taken { .. }) => Err((rc::ERR_INVALID_KEY, e.to_string())),
+            Err(e @ PutError::Full { .. }) => Err((rc::ERR_NOMEM, e.to_string())),
+        }
+    }
+
+    /// Starts the collective when every local task is in the barrier; fails the barrier when a task that
+    /// is not in it never can be.
+    fn check_barrier(&mut self, host: &mut dyn Host) {
+        if self.collective_pending || self.entered == 0 {
+            return;
+        }
+        let lost = self.clients.iter().position(|c| c.waiting != Waiting::Barrier && c.status != Status::Active);
+        if let Some(task) = lost {
+            let c = &self.clients[task];
+            let error = JobError::TaskLost { rank: c.rank, finalized: c.status == Status::Finalized };
+            let why = error.to_string();
+            self.report(host, task, error);
+            self.release_barrier(host, rc::FAIL, &why);
+            return;
+        }
+        if self.entered == self.clients.len() {
+            self.collective_pending = true;
+            host.collective(&self.contribution);
+            self.contribution.clear();
+        }
+    }
+
+    /// Answers every task waiting in the barrier.
+    fn release_barrier(&mut self, host: &mut dyn Host, code: i32, why: &str) {
+        self.entered = 0;
+        let Shell { clients, ready, trace, .. } = self;
+        for c in clients.iter_mut().filter(|c| c.waiting == Waiting::Barrier) {
+            c.waiting = Waiting::Nothing;
+            respond(c, ready, *trace, host, |out| Line::new(out, "barrier_out", code).msg(why).finish());
+        }
+    }
+
+    fn start_service(&mut self, host: &mut dyn Host, task: TaskId, service: Service, request: HostRequest<'_>) {
+        match host.request(task, request) {
+            Offered::Yes => self.clients[task].waiting = Waiting::Host(service),
+            Offered::No => self.refuse_service(host, task, service, "not supported by this resource manager"),
+        }
+    }
+
+    fn refuse_service(&mut self, host: &mut dyn Host, task: TaskId, service: Service, why: &str) {
+        self.respond(host, task, |out| Line::new(out, service.response(), rc::FAIL).msg(why).finish());
+    }
+
+    fn line_too_long(&mut self, host: &mut dyn Host, task: TaskId, start: &[u8]) {
+        let why = format!("a line longer than {} bytes", self.limits.request_line_max);
+        self.protocol_error(host, task, start, &why);
+    }
+
+    /// RFC 13: a protocol error ends the task's connection; the host is told and, by default, ends the job.
+    fn protocol_error(&mut self, host: &mut dyn Host, task: TaskId, line: &[u8], reason: &str) {
+        let rank = self.clients[task].rank;
+        self.report(host, task, JobError::Protocol { rank, line: excerpt(line), reason: reason.to_string() });
+        self.leave(host, task);
+    }
+
+    /// The task is cut off: its input is ignored from now on; a barrier waiting for it fails.
+    fn leave(&mut self, host: &mut dyn Host, task: TaskId) {
+        let c = &mut self.clients[task];
+        c.status = Status::Gone;
+        c.spawn = None;
+        if c.waiting == Waiting::Barrier {
+            self.entered -= 1;
+        }
+        c.waiting = Waiting::Nothing;
+        self.check_barrier(host);
+    }
+
+    fn report(&mut self, host: &mut dyn Host, task: TaskId, error: JobError) {
+        if !std::mem::replace(&mut self.clients[task].reported, true) {
+            host.job_error(&error);
+        }
+    }
+
+    fn respond(&mut self, host: &mut dyn Host, task: TaskId, write: impl FnOnce(&mut Vec<u8>)) {
+        respond(&mut self.clients[task], &mut self.ready, self.trace, host, write);
+    }
+}
+
+/// Queues a response for one client (a free function so callers can borrow other parts of the shell).
+fn respond(
+    c: &mut Client,
+    ready: &mut Vec<TaskId>,
+    trace: bool,
+    host: &mut dyn Host,
+    write: impl FnOnce(&mut Vec<u8>),
+) {
+    let start = c.out.len();
+    write(&mut c.out);
+    if trace {
+        for line in c.out[start..].split_inclusive(|&b| b == b'\n') {
+            host.trace(c.rank, Direction::Server, line.strip_suffix(b"\n").unwrap_or(line));
+        }
+    }
+    if !c.queued {
+        c.queued = true;
+        // Tasks are few per shell and each has one response at a time: a stack is enough.
+        ready.push(c.task);
+    }
+}
+
+fn check_name(job: &JobInfo, kvsname: &[u8]) -> Result<(), (i32, String)> {
+    if kvsname == job.kvsname.as_bytes() {
+        Ok(())
+    } else {
+        Err((rc::ERR_INVALID_ARG, "unknown kvsname".into()))
+    }
+}
+
+fn check_key(limits: &Limits, key: &[u8]) -> Result<(), (i32, String)> {
+    if !kvs::is_key(key) {
+        Err((rc::ERR_INVALID_KEY, "invalid key".into()))
+    } else if key.len() > limits.key_max() {
+        Err((rc::ERR_INVALID_KEY_LENGTH, format!("key longer than {}", limits.key_max())))
+    } else {
+        Ok(())
+    }
+}
+
+fn utf8_word(s: &[u8]) -> Option<&str> {
+    std::str::from_utf8(s).ok().filter(|w| kvs::is_key(w.as_bytes()))
+}

@@ -1,0 +1,307 @@
+//! The multi-line `mcmd=spawn` request (RFC 13's `C:spawn`).
+//!
+//! A spawn is one or more blocks, each `mcmd=spawn`, then one `key=value` per line, then `endcmd`. Field
+//! order varies between client versions (`argN` before or after `argcnt`), so fields are collected by name
+//! and checked when the block ends. With `totspawns=N` the client sends N blocks and expects one answer after
+//! the last. Everything is bounded: bytes across all blocks, number of blocks, items per list.
+
+use super::request::parse_int;
+use std::fmt;
+
+/// At most this many blocks (commands) in one spawn.
+pub const MAX_COMMANDS: u32 = 256;
+/// At most this many args, preputs or infos in one block.
+pub const MAX_ITEMS: u32 = 4096;
+
+/// One command of a spawn: what `PMI_Spawn_multiple` passes for one `cmds[i]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpawnCommand {
+    pub nprocs: u32,
+    pub execname: Vec<u8>,
+    pub args: Vec<Vec<u8>>,
+    /// Key-value pairs to put in the new job's KVS before it starts.
+    pub preputs: Pairs,
+    /// Implementation-specific hints (`info_key_N` / `info_val_N`).
+    pub infos: Pairs,
+}
+
+/// A whole spawn request: every block, in the order sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpawnRequest {
+    pub commands: Vec<SpawnCommand>,
+}
+
+impl SpawnRequest {
+    /// Total processes asked for, over all commands.
+    pub fn total_procs(&self) -> u64 {
+        self.commands.iter().map(|c| u64::from(c.nprocs)).sum()
+    }
+}
+
+/// Why a spawn request is malformed (a protocol error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnError(pub String);
+
+impl fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "malformed spawn request: {}", self.0)
+    }
+}
+
+impl std::error::Error for SpawnError {}
+
+fn err<T>(what: impl Into<String>) -> Result<T, SpawnError> {
+    Err(SpawnError(what.into()))
+}
+
+/// What feeding one line achieved.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// More lines are expected before the request is whole.
+    More,
+    /// The last block ended: the whole request.
+    Done(SpawnRequest),
+}
+
+/// Items keyed by their index (`arg3`, `preput_key_0`, ...), put in order when the block ends.
+type Indexed = Vec<(u32, Vec<u8>)>;
+/// Key-value pairs (preputs, infos) in order.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+#[derive(Default)]
+struct Block {
+    nprocs: Option<u32>,
+    execname: Option<Vec<u8>>,
+    totspawns: Option<u32>,
+    spawnssofar: Option<u32>,
+    argcnt: Option<u32>,
+    preput_num: Option<u32>,
+    info_num: Option<u32>,
+    args: Indexed,
+    preput_keys: Indexed,
+    preput_vals: Indexed,
+    info_keys: Indexed,
+    info_vals: Indexed,
+}
+
+/// Collects the lines of a spawn request after its first `mcmd=spawn` line.
+pub struct SpawnBuilder {
+    max_bytes: usize,
+    bytes: usize,
+    /// The block being read; `None` between blocks (the next line must be `mcmd=spawn`).
+    block: Option<Block>,
+    totspawns: Option<u32>,
+    done: Vec<SpawnCommand>,
+}
+
+impl SpawnBuilder {
+    /// Starts a request whose first `mcmd=spawn` line has just been read. `max_bytes` bounds the lines
+    /// of all blocks together.
+    pub fn new(max_bytes: usize) -> Self {
+        SpawnBuilder { max_bytes, bytes: 0, block: Some(Block::default()), totspawns: None, done: Vec::new() }
+    }
+
+    /// Feeds the next line (without its newline).
+    pub fn line(&mut self, line: &[u8]) -> Result<Progress, SpawnError> {
+        self.bytes += line.len() + 1;
+        if self.bytes > self.max_bytes {
+            return err(format!("more than {} bytes", self.max_bytes));
+        }
+        let line = trim(line);
+        let Some(block) = self.block.as_mut() else {
+            return match line {
+                b"mcmd=spawn" => {
+                    self.block = Some(Block::default());
+                    Ok(Progress::More)
+                }
+                _ => err("expected mcmd=spawn to start the next block"),
+            };
+        };
+        if line == b"endcmd" {
+            let block = self.block.take().unwrap_or_default();
+            return self.end_block(block);
+        }
+        let eq = line.iter().position(|&b| b == b'=').ok_or_else(|| SpawnError("a line without '='".into()))?;
+        let (key, value) = (&line[..eq], &line[eq + 1..]);
+        let count = |v: &[u8]| -> Result<u32, SpawnError> {
+            match parse_int(v).and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => Ok(n),
+                None => err(format!("'{}=' is not a count", String::from_utf8_lossy(key))),
+            }
+        };
+        match key {
+            b"mcmd" => return err("mcmd= inside a block"),
+            b"nprocs" => block.nprocs = Some(count(value)?),
+            b"execname" => block.execname = Some(value.to_vec()),
+            b"totspawns" => block.totspawns = Some(count(value)?),
+            b"spawnssofar" => block.spawnssofar = Some(count(value)?),
+            b"argcnt" => block.argcnt = Some(count(value)?),
+            b"preput_num" => block.preput_num = Some(count(value)?),
+            b"info_num" => block.info_num = Some(count(value)?),
+            _ => {
+                let lists: [(&[u8], &mut Indexed); 5] = [
+                    (b"preput_key_", &mut block.preput_keys),
+                    (b"preput_val_", &mut block.preput_vals),
+                    (b"info_key_", &mut block.info_keys),
+                    (b"info_val_", &mut block.info_vals),
+                    (b"arg", &mut block.args),
+                ];
+                // Unknown keys are ignored, as RFC 13 asks of parsers.
+                for (prefix, list) in lists {
+                    if let Some(index) = key.strip_prefix(prefix) {
+                        if list.len() as u32 >= MAX_ITEMS {
+                            return err(format!("more than {MAX_ITEMS} items of one kind"));
+                        }
+                        list.push((count(index)?, value.to_vec()));
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(Progress::More)
+    }
+
+    fn end_block(&mut self, b: Block) -> Result<Progress, SpawnError> {
+        let totspawns = b.totspawns.unwrap_or(1).max(1);
+        if totspawns > MAX_COMMANDS {
+            return err(format!("totspawns={totspawns} is over {MAX_COMMANDS}"));
+        }
+        if *self.totspawns.get_or_insert(totspawns) != totspawns {
+            return err("totspawns differs between blocks");
+        }
+        let sofar = b.spawnssofar.unwrap_or(self.done.len() as u32 + 1);
+        if sofar as usize != self.done.len() + 1 {
+            return err(format!("block {} says spawnssofar={sofar}", self.done.len() + 1));
+        }
+        let args = in_order("arg", b.args, b.argcnt.unwrap_or(0))?;
+        let preput_num = b.preput_num.unwrap_or(0);
+        let preputs = pairs("preput", b.preput_keys, b.preput_vals, preput_num)?;
+        let infos = pairs("info", b.info_keys, b.info_vals, b.info_num.unwrap_or(0))?;
+        self.done.push(SpawnCommand {
+            nprocs: b.nprocs.ok_or_else(|| SpawnError("a block without nprocs=".into()))?,
+            execname: b.execname.ok_or_else(|| SpawnError("a block without execname=".into()))?,
+            args,
+            preputs,
+            infos,
+        });
+        if self.done.len() as u32 == totspawns {
+            Ok(Progress::Done(SpawnRequest { commands: std::mem::take(&mut self.done) }))
+        } else {
+            Ok(Progress::More)
+        }
+    }
+}
+
+fn trim(s: &[u8]) -> &[u8] {
+    let end = s.iter().rposition(|b| !b" \t\r".contains(b)).map_or(0, |i| i + 1);
+    let start = s[..end].iter().position(|b| !b" \t".contains(b)).unwrap_or(end);
+    &s[start..end]
+}
+
+/// Orders indexed items and checks that there are exactly `count` of them with distinct indices.
+/// MPICH numbers args from 1 and preputs/infos from 0; either is accepted.
+fn in_order(what: &str, mut items: Indexed, count: u32) -> Result<Vec<Vec<u8>>, SpawnError> {
+    items.sort_by_key(|&(i, _)| i);
+    if items.len() != count as usize {
+        return err(format!("{} {what} lines where the count says {count}", items.len()));
+    }
+    if items.windows(2).any(|w| w[0].0 == w[1].0) {
+        return err(format!("a {what} index given twice"));
+    }
+    Ok(items.into_iter().map(|(_, v)| v).collect())
+}
+
+fn pairs(what: &str, keys: Indexed, vals: Indexed, count: u32) -> Result<Pairs, SpawnError> {
+    let key_indices: Vec<u32> = sorted_indices(&keys);
+    if key_indices != sorted_indices(&vals) {
+        return err(format!("{what} keys and values do not pair up"));
+    }
+    let keys = in_order(what, keys, count)?;
+    let vals = in_order(what, vals, count)?;
+    Ok(keys.into_iter().zip(vals).collect())
+}
+
+fn sorted_indices(items: &Indexed) -> Vec<u32> {
+    let mut v: Vec<u32> = items.iter().map(|&(i, _)| i).collect();
+    v.sort_unstable();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(lines: &str) -> Result<Progress, SpawnError> {
+        let mut b = SpawnBuilder::new(64 * 1024);
+        let mut last = Ok(Progress::More);
+        for l in lines.lines().skip(1) {
+            last = b.line(l.as_bytes());
+            if !matches!(last, Ok(Progress::More)) {
+                break;
+            }
+        }
+        last
+    }
+
+    fn one(execname: &str, args: &[&str]) -> SpawnCommand {
+        SpawnCommand {
+            nprocs: 2,
+            execname: execname.into(),
+            args: args.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            preputs: vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"tag#0$".to_vec())],
+            infos: vec![(b"wdir".to_vec(), b"/tmp x".to_vec())],
+        }
+    }
+
+    const ARGS_AFTER: &str = "mcmd=spawn\nnprocs=2\nexecname=./child\ntotspawns=1\nspawnssofar=1\n\
+        argcnt=2\narg1=-v\narg2=a b\npreput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$\n\
+        info_num=1\ninfo_key_0=wdir\ninfo_val_0=/tmp x\nendcmd\n";
+    const ARGS_BEFORE: &str = "mcmd=spawn\nnprocs=2\nexecname=./child\ntotspawns=1\nspawnssofar=1\n\
+        arg1=-v\narg2=a b\nargcnt=2\npreput_num=1\npreput_val_0=tag#0$\npreput_key_0=PARENT_ROOT_PORT_NAME\n\
+        info_num=1\ninfo_key_0=wdir\ninfo_val_0=/tmp x\nendcmd\n";
+
+    #[test]
+    fn both_field_orders_give_the_same_request() {
+        let want = SpawnRequest { commands: vec![one("./child", &["-v", "a b"])] };
+        assert_eq!(feed(ARGS_AFTER), Ok(Progress::Done(want.clone())));
+        assert_eq!(feed(ARGS_BEFORE), Ok(Progress::Done(want)));
+    }
+
+    #[test]
+    fn several_blocks_make_one_spawn() {
+        let two = "mcmd=spawn\nnprocs=2\nexecname=a\ntotspawns=2\nspawnssofar=1\nargcnt=0\npreput_num=0\ninfo_num=0\nendcmd\n\
+            mcmd=spawn\nnprocs=3\nexecname=b\ntotspawns=2\nspawnssofar=2\nargcnt=0\npreput_num=0\ninfo_num=0\nendcmd\n";
+        match feed(two) {
+            Ok(Progress::Done(r)) => {
+                assert_eq!(r.commands.len(), 2);
+                assert_eq!(r.total_procs(), 5);
+                assert_eq!(r.commands[1].execname, b"b");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_blocks_are_errors() {
+        let bad = [
+            "mcmd=spawn\nnprocs=1\nexecname=a\nargcnt=2\narg1=x\nendcmd\n",
+            "mcmd=spawn\nnprocs=1\nexecname=a\nargcnt=2\narg1=x\narg1=y\nendcmd\n",
+            "mcmd=spawn\nnprocs=-1\nexecname=a\nendcmd\n",
+            "mcmd=spawn\nexecname=a\nendcmd\n",
+            "mcmd=spawn\nnprocs=1\nexecname=a\npreput_num=1\npreput_key_0=k\nendcmd\n",
+            "mcmd=spawn\nnprocs=1\nexecname=a\ntotspawns=100000\nendcmd\n",
+            "mcmd=spawn\nnprocs=1\nno equals sign\nendcmd\n",
+            "mcmd=spawn\nnprocs=1\nexecname=a\ntotspawns=2\nendcmd\ncmd=get_maxes\n",
+        ];
+        for b in bad {
+            assert!(feed(b).is_err(), "accepted: {b:?}");
+        }
+    }
+
+    #[test]
+    fn bounded_in_bytes() {
+        let mut b = SpawnBuilder::new(100);
+        let long = vec![b'x'; 200];
+        assert!(b.line(&long).is_err());
+    }
+}
