@@ -606,3 +606,6 @@ fn check_key(limits: &Limits, key: &[u8]) -> Result<(), (i32, String)> {
 fn utf8_word(s: &[u8]) -> Option<&str> {
     std::str::from_utf8(s).ok().filter(|w| kvs::is_key(w.as_bytes()))
 }
+
+#[cfg(test)]
+mod tests;

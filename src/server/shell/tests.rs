@@ -1,0 +1,536 @@
+//! The engine's behaviour, command by command, driven with byte strings and a host that records calls.
+
+use super::*;
+use crate::server::TaskMap;
+use crate::wire::SpawnRequest;
+
+/// A host that records what the engine asks of it.
+#[derive(Default)]
+struct Recorder {
+    collectives: Vec<Vec<u8>>,
+    aborts: Vec<(u32, i32, String)>,
+    errors: Vec<JobError>,
+    logs: Vec<(log::Level, String)>,
+    traces: Vec<String>,
+    /// Offer the optional services (publish, lookup, spawn).
+    offer: bool,
+    requests: Vec<String>,
+    spawns: Vec<SpawnRequest>,
+}
+
+impl Host for Recorder {
+    fn collective(&mut self, contribution: &[u8]) {
+        self.collectives.push(contribution.to_vec());
+    }
+    fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
+        self.aborts.push((rank, exit_code, message.to_string()));
+    }
+    fn job_error(&mut self, error: &JobError) {
+        self.errors.push(error.clone());
+    }
+    fn log(&mut self, level: log::Level, message: &str) {
+        self.logs.push((level, message.to_string()));
+    }
+    fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
+        self.traces.push(format!("{rank} {direction}: {}", String::from_utf8_lossy(line)));
+    }
+    fn request(&mut self, _task: TaskId, request: HostRequest<'_>) -> Offered {
+        if !self.offer {
+            return Offered::No;
+        }
+        if let HostRequest::Spawn(s) = &request {
+            self.spawns.push((*s).clone());
+        }
+        self.requests.push(format!("{request:?}"));
+        Offered::Yes
+    }
+}
+
+/// A shell of a `ppn.len()`-node block-mapped job serving the ranks of node `node`.
+fn shell_on(ppn: &[u32], node: u32) -> Shell {
+    let map = TaskMap::block(ppn);
+    let local = map.clique(node);
+    let hosts = (0..ppn.len()).map(|n| format!("node{n}")).collect();
+    Shell::new(JobInfo::new("kvs_42", map, local, hosts), Limits::default()).unwrap()
+}
+
+/// Sends `input` from `task` and returns everything queued for it.
+fn send(shell: &mut Shell, host: &mut Recorder, task: TaskId, input: &str) -> String {
+    shell.receive(host, task, input.as_bytes());
+    drain(shell, task)
+}
+
+fn drain(shell: &mut Shell, task: TaskId) -> String {
+    let out = String::from_utf8(shell.output(task).to_vec()).unwrap();
+    shell.consume(task, out.len());
+    out
+}
+
+/// Completes the pending collective with this shell's own contribution and `others`.
+fn complete(shell: &mut Shell, host: &mut Recorder, others: &[&[u8]]) {
+    let own = host.collectives.last().cloned().unwrap();
+    let mut parts: Vec<&[u8]> = vec![&own];
+    parts.extend_from_slice(others);
+    shell.collective_complete(host, Ok(&parts));
+}
+
+#[test]
+fn init_version_matrix() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    let ok = "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n";
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=1 pmi_subversion=1\n"), ok);
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=1 pmi_subversion=0\n"), ok);
+    // 1.2 is answered with 1.1, which the client then uses (1.2 would oblige barrier groups).
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=1 pmi_subversion=2\n"), ok);
+    let refused = "cmd=response_to_init rc=-1 pmi_version=1 pmi_subversion=1 msg=unsupported_PMI_version\n";
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=2 pmi_subversion=0\n"), refused);
+    assert!(h.logs.iter().any(|(l, m)| *l == log::Level::Error && m.contains("rank 0 runs a PMI-2 client")));
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=3 pmi_subversion=0\n"), refused);
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=0 pmi_subversion=9\n"), refused);
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn information_commands() {
+    let mut s = shell_on(&[2, 2], 1);
+    let mut h = Recorder::default();
+    // A client from before PMI 1.1 sends no init: it is served all the same.
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=get_maxes\n"),
+        "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024\n"
+    );
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=get_universe_size\n"), "cmd=universe_size rc=0 size=4\n");
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=get_appnum\n"), "cmd=appnum rc=0 appnum=0\n");
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=get_my_kvsname\n"), "cmd=my_kvsname rc=0 kvsname=kvs_42\n");
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=finalize\n"), "cmd=finalize_ack rc=0\n");
+}
+
+#[test]
+fn configured_maxes_are_advertised() {
+    let map = TaskMap::block(&[1]);
+    let limits = Limits { kvsname_max: 32, keylen_max: 32, vallen_max: 512, ..Limits::default() };
+    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
+    let mut h = Recorder::default();
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=get_maxes\n"),
+        "cmd=maxes rc=0 kvsname_max=32 keylen_max=32 vallen_max=512\n"
+    );
+    let long = format!("cmd=put kvsname=k key=a value={}\n", "v".repeat(512));
+    assert_eq!(send(&mut s, &mut h, 0, &long), "cmd=put_result rc=7 msg=value_longer_than_511\n");
+}
+
+#[test]
+fn puts_are_visible_locally_and_travel_in_one_contribution() {
+    let mut s = shell_on(&[2, 2], 0);
+    let mut h = Recorder::default();
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=card-0 value=a b=c\n"), "cmd=put_result rc=0\n");
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=put kvsname=kvs_42 key=card-1 value=xyz\n"), "cmd=put_result rc=0\n");
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=barrier_in\n"), "");
+    assert!(h.collectives.is_empty(), "the collective waits for every local task");
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=barrier_in\n"), "");
+    assert_eq!(h.collectives, vec![b"0 card-0=a b=c\n1 card-1=xyz\n".to_vec()]);
+    complete(&mut s, &mut h, &[b"2 card-2=from other shell\n"]);
+    assert_eq!(drain(&mut s, 0), "cmd=barrier_out rc=0\n");
+    assert_eq!(drain(&mut s, 1), "cmd=barrier_out rc=0\n");
+    assert_eq!(
+        send(&mut s, &mut h, 1, "cmd=get kvsname=kvs_42 key=card-2\n"),
+        "cmd=get_result rc=0 value=from other shell\n"
+    );
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=get kvsname=kvs_42 key=card-0\n"), "cmd=get_result rc=0 value=a b=c\n");
+    assert_eq!(
+        send(&mut s, &mut h, 1, "cmd=get kvsname=kvs_42 key=card-3\n"),
+        "cmd=get_result rc=-1 msg=key_not_found\n"
+    );
+    // A barrier with nothing new still goes through the collective.
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    send(&mut s, &mut h, 1, "cmd=barrier_in\n");
+    assert_eq!(h.collectives.len(), 2);
+    assert!(h.collectives[1].is_empty());
+}
+
+#[test]
+fn put_and_get_errors() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    let put = |k: &str, v: &str| format!("cmd=put kvsname=kvs_42 key={k} value={v}\n");
+    let longest = "v".repeat(s.limits().value_max());
+    assert_eq!(send(&mut s, &mut h, 0, &put("big", &longest)), "cmd=put_result rc=0\n");
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=get kvsname=kvs_42 key=big\n"),
+        format!("cmd=get_result rc=0 value={longest}\n")
+    );
+    assert_eq!(
+        send(&mut s, &mut h, 0, &put("big2", &format!("{longest}v"))),
+        "cmd=put_result rc=7 msg=value_longer_than_866\n"
+    );
+    assert_eq!(send(&mut s, &mut h, 0, &put(&"k".repeat(63), "v")), "cmd=put_result rc=0\n");
+    assert_eq!(send(&mut s, &mut h, 0, &put(&"k".repeat(64), "v")), "cmd=put_result rc=5 msg=key_longer_than_63\n");
+    assert_eq!(
+        send(&mut s, &mut h, 0, &format!("cmd=get kvsname=kvs_42 key={}\n", "k".repeat(64))),
+        "cmd=get_result rc=5 msg=key_longer_than_63\n"
+    );
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key= value=v\n"),
+        "cmd=put_result rc=4 msg=invalid_key\n"
+    );
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=e value=\n"),
+        "cmd=put_result rc=6 msg=empty_value\n"
+    );
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=put kvsname=other key=k value=v\n"),
+        "cmd=put_result rc=3 msg=unknown_kvsname\n"
+    );
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=get kvsname=other key=k\n"), "cmd=get_result rc=3 msg=unknown_kvsname\n");
+    assert!(h.errors.is_empty(), "rc errors are not protocol errors");
+}
+
+#[test]
+fn duplicate_keys_follow_the_owner_rule() {
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    let put = "cmd=put kvsname=kvs_42 key=k value=";
+    assert_eq!(send(&mut s, &mut h, 0, &format!("{put}one\n")), "cmd=put_result rc=0\n");
+    assert_eq!(send(&mut s, &mut h, 0, &format!("{put}two\n")), "cmd=put_result rc=0\n");
+    assert_eq!(send(&mut s, &mut h, 1, &format!("{put}two\n")), "cmd=put_result rc=0\n");
+    assert_eq!(
+        send(&mut s, &mut h, 1, &format!("{put}three\n")),
+        "cmd=put_result rc=4 msg=rank_0_already_put_a_different_value_under_this_key\n"
+    );
+    assert_eq!(
+        send(&mut s, &mut h, 1, "cmd=put kvsname=kvs_42 key=PMI_process_mapping value=x\n"),
+        "cmd=put_result rc=4 msg=the_key_is_reserved_by_the_server\n"
+    );
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=get kvsname=kvs_42 key=k\n"), "cmd=get_result rc=0 value=two\n");
+}
+
+#[test]
+fn conflicting_puts_on_two_shells_fail_the_barrier_loudly() {
+    let mut s = shell_on(&[1, 1], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=k value=mine\n");
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    complete(&mut s, &mut h, &[b"1 k=theirs\n"]);
+    assert_eq!(drain(&mut s, 0), "cmd=barrier_out rc=-1 msg=ranks_0_and_1_put_different_values_under_key_'k'\n");
+    assert!(h.logs.iter().any(|(_, m)| m.contains("ranks 0 and 1 put different values under key 'k'")));
+}
+
+#[test]
+fn failed_collective_fails_every_waiting_task() {
+    let mut s = shell_on(&[3], 0);
+    let mut h = Recorder::default();
+    for t in 0..3 {
+        send(&mut s, &mut h, t, "cmd=barrier_in\n");
+    }
+    s.collective_complete(&mut h, Err("node 2 unreachable"));
+    for t in 0..3 {
+        assert_eq!(drain(&mut s, t), "cmd=barrier_out rc=-1 msg=node_2_unreachable\n");
+    }
+    // The next barrier works again.
+    for t in 0..3 {
+        send(&mut s, &mut h, t, "cmd=barrier_in\n");
+    }
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(drain(&mut s, 2), "cmd=barrier_out rc=0\n");
+    // A completion nobody asked for is a host bug, logged and ignored.
+    s.collective_complete(&mut h, Ok(&[]));
+    assert!(h.logs.iter().any(|(_, m)| m.contains("host bug")));
+}
+
+#[test]
+fn malformed_collective_data_fails_the_barrier() {
+    let mut s = shell_on(&[1, 1], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    complete(&mut s, &mut h, &[b"not a contribution\n"]);
+    assert!(drain(&mut s, 0).starts_with("cmd=barrier_out rc=-1 msg=malformed_collective_data"));
+}
+
+#[test]
+fn kvs_byte_bound_refuses_puts_and_job_goes_on() {
+    let map = TaskMap::block(&[1]);
+    let limits = Limits { kvs_bytes_max: 64, ..Limits::default() };
+    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
+    let mut h = Recorder::default();
+    // PMI_process_mapping ("(vector,(0,1,1))", 35 bytes with its key) is already held.
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=put kvsname=k key=a value=0123456789\n"), "cmd=put_result rc=0\n");
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=put kvsname=k key=b value=0123456789abcdefghij\n"),
+        "cmd=put_result rc=2 msg=the_job's_key-value_store_is_full_(64_bytes)\n"
+    );
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=get kvsname=k key=a\n"), "cmd=get_result rc=0 value=0123456789\n");
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn abort_reaches_the_host_and_gets_the_rfc_reply() {
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=abort exitcode=-3 message=out of memory = bad\n"), "\n");
+    assert_eq!(h.aborts, vec![(1, -3, "out of memory = bad".to_string())]);
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=get_maxes\n"), "", "an aborted task is not served");
+    send(&mut s, &mut h, 0, "cmd=abort exitcode=7\n");
+    send(&mut s, &mut h, 0, "cmd=abort\n");
+    assert_eq!(h.aborts[1], (0, 7, String::new()));
+    assert_eq!(h.aborts.len(), 2);
+    assert!(h.errors.is_empty(), "an abort is not reported a second time as a lost task");
+}
+
+#[test]
+fn abort_is_accepted_while_a_barrier_waits() {
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    send(&mut s, &mut h, 0, "cmd=abort exitcode=4 message=from another thread\n");
+    assert_eq!(h.aborts, vec![(0, 4, "from another thread".to_string())]);
+}
+
+#[test]
+fn name_service_without_host_support() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    let no = "rc=-1 msg=not_supported_by_this_resource_manager\n";
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=publish_name service=svc port=p1\n"), format!("cmd=publish_result {no}"));
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=unpublish_name service=svc\n"), format!("cmd=unpublish_result {no}"));
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n"), format!("cmd=lookup_result {no}"));
+}
+
+#[test]
+fn name_service_through_the_host() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=publish_name service=svc port=tcp://h:1\n"), "");
+    assert_eq!(h.requests, vec![r#"Publish { service: "svc", port: "tcp://h:1" }"#]);
+    s.host_reply(&mut h, 0, HostReply::Done);
+    assert_eq!(drain(&mut s, 0), "cmd=publish_result rc=0\n");
+    send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n");
+    s.host_reply(&mut h, 0, HostReply::Port("tcp://h:1".into()));
+    assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=0 port=tcp://h:1\n");
+    send(&mut s, &mut h, 0, "cmd=lookup_name service=nope\n");
+    s.host_reply(&mut h, 0, HostReply::Failed("no such service".into()));
+    assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=-1 msg=no_such_service\n");
+    send(&mut s, &mut h, 0, "cmd=unpublish_name service=svc\n");
+    s.host_reply(&mut h, 0, HostReply::Port("wrong kind".into()));
+    assert_eq!(drain(&mut s, 0), "cmd=unpublish_result rc=-1 msg=the_resource_manager_gave_an_unusable_answer\n");
+    // A reply nobody waits for is a host bug, logged.
+    s.host_reply(&mut h, 0, HostReply::Done);
+    assert!(h.logs.iter().any(|(_, m)| m.contains("host bug")));
+}
+
+const SPAWN: &str = "mcmd=spawn\nnprocs=2\nexecname=./child\ntotspawns=1\nspawnssofar=1\nargcnt=1\narg1=-x\n\
+    preput_num=0\ninfo_num=0\nendcmd\n";
+
+#[test]
+fn spawn_without_host_support() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    assert_eq!(send(&mut s, &mut h, 0, SPAWN), "cmd=spawn_result rc=-1 msg=not_supported_by_this_resource_manager\n");
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn spawn_through_the_host_in_pieces() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    // The request arrives split at arbitrary points.
+    for piece in SPAWN.as_bytes().chunks(7) {
+        s.receive(&mut h, 0, piece);
+    }
+    assert_eq!(h.spawns.len(), 1);
+    assert_eq!(h.spawns[0].commands[0].args, vec![b"-x".to_vec()]);
+    s.host_reply(&mut h, 0, HostReply::Spawned { errcodes: vec![0, 0] });
+    assert_eq!(drain(&mut s, 0), "cmd=spawn_result rc=0 errcodes=0,0\n");
+}
+
+#[test]
+fn malformed_spawn_is_a_protocol_error() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 0, "mcmd=spawn\nnprocs=x\n");
+    assert!(matches!(&h.errors[..], [JobError::Protocol { rank: 0, .. }]));
+}
+
+#[test]
+fn ranks2hosts_answer() {
+    let map = TaskMap::new(vec![1, 0, 1, 0, 1, 0, 1, 0]);
+    let job = JobInfo::new("k", map, vec![1, 3, 5, 7], vec!["node001".into(), "node002".into()]);
+    let mut s = Shell::new(job, Limits::default()).unwrap();
+    let mut h = Recorder::default();
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=get_ranks2hosts\n"),
+        "put_ranks2hosts 40 2\n7 node001 1,3,5,7, 7 node002 0,2,4,6, \n"
+    );
+}
+
+#[test]
+fn process_mapping_is_served_or_absent() {
+    let mut s = shell_on(&[2, 2, 4, 4], 2);
+    let mut h = Recorder::default();
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=get kvsname=kvs_42 key=PMI_process_mapping\n"),
+        "cmd=get_result rc=0 value=(vector,(0,2,2),(2,2,4))\n"
+    );
+    // 4096 nodes x 256 cyclic does not fit a value: the key is absent, never empty.
+    let map = TaskMap::cyclic(&[256; 4096]);
+    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into(); 4096]), Limits::default()).unwrap();
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=get kvsname=k key=PMI_process_mapping\n"),
+        "cmd=get_result rc=-1 msg=key_not_found\n"
+    );
+}
+
+#[test]
+fn protocol_errors_name_rank_and_line() {
+    for (line, reason) in [
+        ("cmd=bogus\n", "unknown command 'bogus'"),
+        ("hello\n", "a token is not of the form key=value"),
+        ("cmd=put kvsname=kvs_42 key=k\n", "'put' request without its 'value=' field"),
+        ("cmd=getmaxes\n", "unknown command 'getmaxes'"),
+    ] {
+        let mut s = shell_on(&[4], 0);
+        let mut h = Recorder::default();
+        assert_eq!(send(&mut s, &mut h, 2, line), "");
+        let want = JobError::Protocol { rank: 2, line: line.trim_end().into(), reason: reason.into() };
+        assert_eq!(h.errors, vec![want.clone()]);
+        assert!(want.to_string().starts_with("rank 2: PMI protocol error: "));
+        // The connection is dead: nothing more is answered.
+        assert_eq!(send(&mut s, &mut h, 2, "cmd=get_maxes\n"), "");
+    }
+}
+
+#[test]
+fn a_long_line_without_newline_is_bounded() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    let chunk = vec![b'x'; 64 * 1024];
+    for _ in 0..16 {
+        s.receive(&mut h, 0, &chunk);
+    }
+    assert_eq!(h.errors.len(), 1);
+    let JobError::Protocol { reason, line, .. } = &h.errors[0] else { panic!() };
+    assert_eq!(reason, "a line longer than 4096 bytes");
+    assert!(line.len() < 200, "the message carries an excerpt, not the line");
+}
+
+#[test]
+fn a_long_line_split_across_reads_is_bounded() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    s.receive(&mut h, 0, &[b'x'; 4000]);
+    s.receive(&mut h, 0, &[b'x'; 200]);
+    assert_eq!(h.errors.len(), 1);
+}
+
+#[test]
+fn lines_split_and_joined_arbitrarily() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    let input = b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_maxes\ncmd=get_appnum\n";
+    for b in input.chunks(3) {
+        s.receive(&mut h, 0, b);
+    }
+    assert_eq!(
+        drain(&mut s, 0),
+        "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n\
+         cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024\ncmd=appnum rc=0 appnum=0\n"
+    );
+}
+
+#[test]
+fn a_request_while_one_waits_is_a_protocol_error() {
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 0, "cmd=barrier_in\ncmd=get_maxes\n");
+    assert!(matches!(&h.errors[..], [JobError::Protocol { rank: 0, reason, .. }] if reason.contains("still waits")));
+}
+
+#[test]
+fn a_task_leaving_mid_barrier_is_reported_at_once() {
+    let mut s = shell_on(&[3], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    send(&mut s, &mut h, 1, "cmd=barrier_in\n");
+    s.disconnected(&mut h, 2);
+    assert_eq!(h.errors, vec![JobError::TaskLost { rank: 2, finalized: false }]);
+    let out = drain(&mut s, 0);
+    assert!(out.starts_with("cmd=barrier_out rc=-1 msg=rank_2_closed_its_PMI_connection"), "{out}");
+    assert!(h.collectives.is_empty());
+}
+
+#[test]
+fn a_task_gone_before_the_barrier_is_reported_when_it_starts() {
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 1, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    s.disconnected(&mut h, 1);
+    assert!(h.errors.is_empty(), "nobody waits yet");
+    let out = send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    assert_eq!(h.errors, vec![JobError::TaskLost { rank: 1, finalized: false }]);
+    assert!(out.starts_with("cmd=barrier_out rc=-1"), "{out}");
+}
+
+#[test]
+fn a_finalized_task_cannot_hold_a_barrier() {
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 1, "cmd=finalize\n");
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    assert_eq!(h.errors, vec![JobError::TaskLost { rank: 1, finalized: true }]);
+}
+
+#[test]
+fn normal_exit_after_finalize_is_quiet() {
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    for t in 0..2 {
+        send(&mut s, &mut h, t, "cmd=barrier_in\n");
+    }
+    complete(&mut s, &mut h, &[]);
+    for t in 0..2 {
+        drain(&mut s, t);
+        send(&mut s, &mut h, t, "cmd=finalize\n");
+        s.disconnected(&mut h, t);
+    }
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn a_task_leaving_while_the_collective_runs_is_reported() {
+    let mut s = shell_on(&[2, 2], 0);
+    let mut h = Recorder::default();
+    for t in 0..2 {
+        send(&mut s, &mut h, t, "cmd=barrier_in\n");
+    }
+    s.disconnected(&mut h, 1);
+    assert_eq!(h.errors, vec![JobError::TaskLost { rank: 1, finalized: false }]);
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(drain(&mut s, 0), "cmd=barrier_out rc=0\n");
+    assert_eq!(drain(&mut s, 1), "");
+}
+
+#[test]
+fn trace_shows_both_directions() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    s.set_trace(true);
+    send(&mut s, &mut h, 0, "cmd=get_appnum\n");
+    assert_eq!(h.traces, vec!["0 C: cmd=get_appnum", "0 S: cmd=appnum rc=0 appnum=0"]);
+}
+
+#[test]
+fn inconsistent_job_info_is_refused() {
+    let map = || TaskMap::block(&[2]);
+    let hosts = || vec!["h".to_string()];
+    for (job, why) in [
+        (JobInfo::new("k", map(), vec![0, 2], hosts()), "not a rank"),
+        (JobInfo::new("k", map(), vec![1, 1], hosts()), "twice"),
+        (JobInfo::new("a b", map(), vec![0], hosts()), "kvsname"),
+        (JobInfo::new("k".repeat(64), map(), vec![0], hosts()), "kvsname"),
+        (JobInfo::new("k", map(), vec![0], vec![]), "hostnames"),
+        (JobInfo::new("k", TaskMap::block(&[]), vec![], vec![]), "0 ranks"),
+    ] {
+        let err = Shell::new(job, Limits::default()).err().expect(why);
+        assert!(err.to_string().contains(why), "{err} lacks {why}");
+    }
+}
