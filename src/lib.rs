@@ -4,6 +4,8 @@
 //! - [`wire`] parses what a task writes on its `PMI_FD` and formats the answers.
 //! - [`server`] is the engine: one [`server::Shell`] per job shell serves all of that shell's tasks and talks
 //!   to the host (the resource manager) only through the [`server::Host`] trait. It does no I/O.
+//! - [`driver`] is the I/O around a shell: task connections, epoll, completions from other threads.
 
+pub mod driver;
 pub mod server;
 pub mod wire;

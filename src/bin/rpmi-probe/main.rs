@@ -1,0 +1,353 @@
+//! rpmi-probe: a PMI-1 client run as every task of a job, to check a PMI-1 server without MPI.
+//! Admins use it to check an install; tests and benchmarks use it against any server
+//! (rpmi-run, `srun --mpi=pmi2`, `mpiexec.hydra`), so it relies only on the wire protocol.
+
+mod client;
+mod mapping;
+
+use client::Client;
+use mapping::Mapping;
+use std::env::{self, VarError};
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::FromRawFd;
+use std::process::ExitCode;
+use std::time::Instant;
+
+const USAGE: &str = "usage: rpmi-probe info|barrier|exchange|get KEY... [--count N] [--size BYTES]";
+
+const HELP: &str = "
+Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE set).
+  info        each rank prints its rank, size, kvsname, universe size, appnum, maxes,
+              PMI_process_mapping and the ranks on its node (clique)
+  barrier     times --count barriers (default 100); rank 0 prints the mean
+  exchange    each rank puts probe-<rank> of --size chars (default 96), then reads and
+              verifies the keys of --count ranks (default all); rank 0 prints timings
+  get KEY...  after a barrier, each rank prints the value of each KEY, or `absent`
+";
+
+#[derive(Debug, PartialEq)]
+enum Command {
+    Info,
+    Barrier { count: usize },
+    Exchange { count: Option<usize>, size: usize },
+    Get(Vec<String>),
+}
+
+/// Options are `--name value` or `--name=value`; anything else is positional, so `get` can take
+/// keys starting with a single `-` (MPICH's `-bcast-1-0`). `--` ends the options.
+/// `None` means `--help`.
+fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
+    let mut positional = Vec::new();
+    let mut count = None;
+    let mut size = None;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            positional.extend(args.by_ref().cloned());
+        } else if !arg.starts_with("--") {
+            positional.push(arg.clone());
+        } else if arg == "--help" {
+            return Ok(None);
+        } else {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) => (name, Some(value)),
+                None => (arg.as_str(), None),
+            };
+            let slot = match name {
+                "--count" => &mut count,
+                "--size" => &mut size,
+                _ => return Err(format!("unknown option `{arg}`")),
+            };
+            let value =
+                inline.or_else(|| args.next().map(String::as_str)).ok_or_else(|| format!("{name} needs a value"))?;
+            let n = value.parse().map_err(|_| format!("{name} wants a non-negative integer, not `{value}`"))?;
+            *slot = Some(n);
+        }
+    }
+    let Some((name, rest)) = positional.split_first() else {
+        return Err("no command given".to_string());
+    };
+    if name != "get" && !rest.is_empty() {
+        return Err(format!("unexpected argument `{}` after {name}", rest[0]));
+    }
+    let command = match name.as_str() {
+        "info" => Command::Info,
+        "barrier" => Command::Barrier { count: count.unwrap_or(100) },
+        "exchange" => Command::Exchange { count, size: size.unwrap_or(96) },
+        "get" if rest.is_empty() => return Err("get needs at least one KEY".to_string()),
+        "get" => {
+            for key in rest {
+                // A space or `=` would change the meaning of the request line.
+                if key.is_empty() || key.contains(|c: char| c == '=' || c.is_whitespace()) {
+                    return Err(format!("`{key}` cannot be sent as a PMI key"));
+                }
+            }
+            Command::Get(rest.to_vec())
+        }
+        _ => return Err(format!("unknown command `{name}`")),
+    };
+    if count.is_some() && !matches!(command, Command::Barrier { .. } | Command::Exchange { .. }) {
+        return Err(format!("--count does not apply to {name}"));
+    }
+    if size.is_some() && !matches!(command, Command::Exchange { .. }) {
+        return Err(format!("--size does not apply to {name}"));
+    }
+    if count == Some(0) && name == "barrier" {
+        return Err("--count must be at least 1 for barrier".to_string());
+    }
+    if size == Some(0) {
+        // An empty value is not a valid PMI-1 `string` and some clients reject it.
+        return Err("--size must be at least 1".to_string());
+    }
+    Ok(Some(command))
+}
+
+fn env_var(name: &str) -> Result<String, String> {
+    env::var(name).map_err(|e| match e {
+        VarError::NotPresent => format!("{name} is not set; run this as a task of a PMI-1 job"),
+        VarError::NotUnicode(v) => format!("{name}={v:?} is not valid text"),
+    })
+}
+
+fn env_number(name: &str) -> Result<usize, String> {
+    let text = env_var(name)?;
+    text.parse().map_err(|_| format!("{name}={text} is not a non-negative integer"))
+}
+
+/// Wraps the fd the server pre-connected for this task (RFC 13 "Connection").
+fn connect() -> Result<Client<File>, String> {
+    let text = env_var("PMI_FD")?;
+    let fd: i32 = text
+        .parse()
+        .ok()
+        .filter(|fd| *fd >= 0)
+        .ok_or_else(|| format!("PMI_FD={text} is not a file descriptor number"))?;
+    // SAFETY: F_GETFD only reads the descriptor flags; any integer is a valid argument.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        return Err(format!("PMI_FD={fd} is not an open file descriptor: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: the descriptor is open, the server handed it to this process for PMI, and
+    // nothing else in the process uses it, so the File may own (and finally close) it.
+    Ok(Client::new(unsafe { File::from_raw_fd(fd) }))
+}
+
+/// The task's place in the job, from the environment the server set.
+struct Task {
+    rank: usize,
+    size: usize,
+}
+
+impl Task {
+    fn from_env() -> Result<Task, String> {
+        let rank = env_number("PMI_RANK")?;
+        let size = env_number("PMI_SIZE")?;
+        if rank >= size {
+            return Err(format!("PMI_RANK={rank} is not below PMI_SIZE={size}"));
+        }
+        Ok(Task { rank, size })
+    }
+}
+
+fn info(c: &mut Client<File>, task: &Task, kvs: &str) -> Result<String, String> {
+    let maxes = c.maxes()?;
+    let universe = c.universe_size()?;
+    let appnum = c.appnum()?;
+    let (mapping, clique) = match c.get(kvs, "PMI_process_mapping")? {
+        None => ("absent".to_string(), "unknown".to_string()),
+        // RFC 13: an empty mapping means "unknown", not malformed.
+        Some(v) if v.trim().is_empty() => ("empty".to_string(), "unknown".to_string()),
+        Some(v) => {
+            let ranks = Mapping::parse(&v)
+                .and_then(|m| m.clique(task.size, task.rank))
+                .map_err(|e| format!("malformed PMI_process_mapping `{v}`: {e}"))?;
+            let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
+            (v, ranks.join(","))
+        }
+    };
+    Ok(format!(
+        "rank={} size={} kvsname={kvs} universe={universe} appnum={appnum} maxes={}/{}/{} \
+         mapping={mapping} clique={clique}\n",
+        task.rank, task.size, maxes.kvsname, maxes.key, maxes.value
+    ))
+}
+
+fn barrier(c: &mut Client<File>, task: &Task, count: usize) -> Result<String, String> {
+    c.barrier()?;
+    let start = Instant::now();
+    for _ in 0..count {
+        c.barrier()?;
+    }
+    let mean_us = start.elapsed().as_secs_f64() * 1e6 / count as f64;
+    Ok(if task.rank == 0 {
+        format!("barrier: size={} count={count} mean_us={mean_us:.1}\n", task.size)
+    } else {
+        String::new()
+    })
+}
+
+/// Deterministic hex text that differs per rank, so a value delivered to the wrong key,
+/// truncated or mangled cannot pass verification.
+fn probe_value(rank: usize, len: usize) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut word = 0u64;
+    (0..len)
+        .map(|i| {
+            if i % 16 == 0 {
+                word = mix((rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i / 16) as u64);
+            }
+            HEX[((word >> (4 * (i % 16))) & 15) as usize] as char
+        })
+        .collect()
+}
+
+/// splitmix64's finaliser: spreads every input bit over the whole word.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, count: Option<usize>, len: usize) -> Result<String, String> {
+    // Reading a rank twice would prove nothing new, so more than the job size means all.
+    let count = count.unwrap_or(task.size).min(task.size);
+    c.barrier()?;
+    let start = Instant::now();
+    c.put(kvs, &format!("probe-{}", task.rank), &probe_value(task.rank, len))?;
+    c.barrier()?;
+    let put_s = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    // Start at the next rank so the reads of all tasks spread over every key.
+    for peer in (1..=count).map(|i| (task.rank + i) % task.size) {
+        let key = format!("probe-{peer}");
+        let got = c.get(kvs, &key)?.ok_or_else(|| format!("key {key} of rank {peer} is missing after the barrier"))?;
+        let want = probe_value(peer, len);
+        if got != want {
+            let at = got.bytes().zip(want.bytes()).take_while(|(g, w)| g == w).count();
+            return Err(format!(
+                "wrong value for key {key} of rank {peer}: got {} chars, expected {len}, \
+                 first difference at char {at}",
+                got.len()
+            ));
+        }
+    }
+    c.barrier()?;
+    let gets_s = start.elapsed().as_secs_f64();
+    Ok(if task.rank == 0 {
+        format!("exchange: size={} put+barrier_s={put_s:.6} gets+barrier_s={gets_s:.6}\n", task.size)
+    } else {
+        String::new()
+    })
+}
+
+fn get(c: &mut Client<File>, task: &Task, kvs: &str, keys: &[String]) -> Result<String, String> {
+    c.barrier()?;
+    let mut out = String::new();
+    for key in keys {
+        out.push_str(&match c.get(kvs, key)? {
+            Some(value) => format!("rank={} {key}={value}\n", task.rank),
+            None => format!("rank={} {key} absent\n", task.rank),
+        });
+    }
+    Ok(out)
+}
+
+/// One write, so lines from many ranks sharing a pipe do not interleave.
+fn emit(mut out: impl Write, text: &str) -> io::Result<()> {
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+fn run() -> Result<(), String> {
+    let args = env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().map_err(|a| format!("argument {a:?} is not valid text")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(command) = parse_args(&args).map_err(|e| format!("{e}; {USAGE}"))? else {
+        return emit(io::stdout().lock(), &format!("{USAGE}\n{HELP}")).map_err(|e| format!("writing to stdout: {e}"));
+    };
+    let mut c = connect()?;
+    let task = Task::from_env()?;
+    c.init()?;
+    let kvs = c.kvsname()?;
+    let output = match &command {
+        Command::Info => info(&mut c, &task, &kvs)?,
+        Command::Barrier { count } => barrier(&mut c, &task, *count)?,
+        Command::Exchange { count, size } => exchange(&mut c, &task, &kvs, *count, *size)?,
+        Command::Get(keys) => get(&mut c, &task, &kvs, keys)?,
+    };
+    c.finalize()?;
+    // Printed only after finalize, so output means the whole session worked.
+    emit(io::stdout().lock(), &output).map_err(|e| format!("writing to stdout: {e}"))
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let rank = env::var("PMI_RANK").unwrap_or_else(|_| "?".to_string());
+            // Nothing useful is left to do if stderr itself fails.
+            let _ = emit(io::stderr().lock(), &format!("rpmi-probe: rank {rank}: {e}\n"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_args, probe_value, Command};
+
+    fn parse(args: &[&str]) -> Result<Option<Command>, String> {
+        parse_args(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn commands_and_defaults() {
+        assert_eq!(parse(&["info"]), Ok(Some(Command::Info)));
+        assert_eq!(parse(&["barrier"]), Ok(Some(Command::Barrier { count: 100 })));
+        assert_eq!(parse(&["barrier", "--count=5"]), Ok(Some(Command::Barrier { count: 5 })));
+        assert_eq!(
+            parse(&["--size", "10", "exchange", "--count", "3"]),
+            Ok(Some(Command::Exchange { count: Some(3), size: 10 }))
+        );
+        assert_eq!(parse(&["exchange"]), Ok(Some(Command::Exchange { count: None, size: 96 })));
+        assert_eq!(
+            parse(&["get", "PMI_process_mapping", "-bcast-1-0", "--", "--odd"]),
+            Ok(Some(Command::Get(vec!["PMI_process_mapping".into(), "-bcast-1-0".into(), "--odd".into()])))
+        );
+        assert_eq!(parse(&["info", "--help"]), Ok(None));
+    }
+
+    #[test]
+    fn bad_arguments() {
+        for args in [
+            &[][..],
+            &["frobnicate"],
+            &["info", "extra"],
+            &["info", "--count", "3"],
+            &["barrier", "--size", "3"],
+            &["barrier", "--count", "0"],
+            &["barrier", "--count"],
+            &["barrier", "--count", "-1"],
+            &["exchange", "--size=0"],
+            &["exchange", "--sizes=4"],
+            &["get"],
+            &["get", "a=b"],
+            &["get", "a b"],
+            &["get", ""],
+        ] {
+            assert!(parse(args).is_err(), "accepted {args:?}");
+        }
+    }
+
+    #[test]
+    fn probe_values_differ_per_rank_and_are_hex() {
+        let a = probe_value(0, 96);
+        let b = probe_value(1, 96);
+        assert_eq!(a.len(), 96);
+        assert_ne!(a, b);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(probe_value(7, 40), probe_value(7, 96)[..40]);
+        assert_eq!(probe_value(3, 0), "");
+    }
+}

@@ -1,0 +1,321 @@
+//! [`Driver`]: the I/O around one [`Shell`]. It reads what tasks write on their PMI connections, feeds it
+//! to the shell, writes the answers back, and takes in completions that other threads post through a
+//! [`DriverHandle`].
+//!
+//! Hosts with an event loop watch [`Driver::watch_fds`] themselves and call [`Driver::on_ready`]; hosts
+//! without one run [`Driver::run`] on one progress thread for all local tasks (epoll, never a thread per
+//! task). Task fds are non-blocking; a task that does not read its answers only holds its own output.
+
+use crate::server::{Host, HostReply, Shell, TaskId};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+
+/// Something another thread hands to the driver.
+pub enum Event {
+    /// The shell's collective finished: every shell's contribution, or why it failed.
+    CollectiveDone(Result<Vec<Vec<u8>>, String>),
+    /// The host's answer to a service request of `task`.
+    HostReply(TaskId, HostReply),
+    /// The server end of `task`'s PMI connection, from now on served.
+    Attach(TaskId, OwnedFd),
+    /// Stop serving; [`Driver::run`] returns.
+    Stop,
+}
+
+/// Posts [`Event`]s to a driver from any thread, and wakes it.
+#[derive(Clone)]
+pub struct DriverHandle {
+    tx: Sender<Event>,
+    wake: Arc<OwnedFd>,
+}
+
+impl DriverHandle {
+    /// Hands `event` to the driver. Fails only once the driver is gone.
+    pub fn post(&self, event: Event) -> Result<(), Event> {
+        self.tx.send(event).map_err(|e| e.0)?;
+        let one = 1u64.to_ne_bytes();
+        // An eventfd write only fails when the counter would overflow, and then the driver is awake anyway.
+        // SAFETY: writing 8 bytes from a live buffer to an eventfd we own.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        Ok(())
+    }
+}
+
+/// What `Driver::on_ready` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Keep serving.
+    Serving,
+    /// Every task has closed its connection, or a stop was posted.
+    Finished,
+}
+
+/// The I/O of one shell: its task connections, its host and its wake-up fd.
+pub struct Driver<H: Host> {
+    shell: Shell,
+    host: H,
+    /// The server end of each task's connection; `None` before it is attached and after it closed.
+    conns: Vec<Option<OwnedFd>>,
+    /// Tasks whose output waits for the connection to become writable.
+    blocked: Vec<bool>,
+    closed: usize,
+    stopped: bool,
+    events: Receiver<Event>,
+    wake: Arc<OwnedFd>,
+    epoll: OwnedFd,
+    buf: Vec<u8>,
+}
+
+/// The epoll token of the wake-up eventfd; task tokens are their `TaskId`.
+const WAKE: u64 = u64::MAX;
+
+impl<H: Host> Driver<H> {
+    /// A driver for `shell`, whose requests go to `host`. Task connections come with [`Event::Attach`]
+    /// or [`Driver::attach`].
+    pub fn new(shell: Shell, host: H) -> io::Result<(Self, DriverHandle)> {
+        // SAFETY: plain syscalls; the fds are checked and owned at once.
+        let epoll = unsafe { owned(libc::epoll_create1(libc::EPOLL_CLOEXEC))? };
+        let wake = Arc::new(unsafe { owned(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))? });
+        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
+        let (tx, events) = channel();
+        let n = shell.task_count();
+        let driver = Driver {
+            shell,
+            host,
+            conns: (0..n).map(|_| None).collect(),
+            blocked: vec![false; n],
+            closed: 0,
+            stopped: false,
+            events,
+            wake: wake.clone(),
+            epoll,
+            buf: vec![0; 64 * 1024],
+        };
+        Ok((driver, DriverHandle { tx, wake }))
+    }
+
+    /// The shell this driver serves.
+    pub fn shell(&self) -> &Shell {
+        &self.shell
+    }
+
+    /// The host.
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
+    }
+
+    /// Serves `fd` (the server end of a socketpair, or any stream) as task `task`'s connection.
+    pub fn attach(&mut self, task: TaskId, fd: OwnedFd) -> io::Result<()> {
+        let slot = self.conns.get_mut(task).ok_or_else(|| invalid(format!("no local task {task}")))?;
+        if slot.is_some() {
+            return Err(invalid(format!("task {task} is already attached")));
+        }
+        set_nonblocking(&fd)?;
+        epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, fd.as_raw_fd(), libc::EPOLLIN as u32, task as u64)?;
+        *slot = Some(fd);
+        Ok(())
+    }
+
+    /// The one fd an event-loop host watches for readability: an epoll fd that becomes readable whenever
+    /// [`Driver::on_ready`] has work.
+    pub fn watch_fd(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+
+    /// Serves until every task has closed its connection or a stop is posted (the progress thread).
+    pub fn run(&mut self) -> io::Result<()> {
+        while self.on_ready(-1)? == Status::Serving {}
+        Ok(())
+    }
+
+    /// Waits at most `timeout_ms` (-1: forever, 0: not at all) for work, and does it.
+    pub fn on_ready(&mut self, timeout_ms: i32) -> io::Result<Status> {
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        // SAFETY: the buffer outlives the call and its length is passed.
+        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), ready.as_mut_ptr(), 64, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(self.status()) } else { Err(e) };
+        }
+        for ev in &ready[..n as usize] {
+            let (token, flags) = (ev.u64, ev.events);
+            if token == WAKE {
+                self.take_events()?;
+            } else if flags & libc::EPOLLOUT as u32 != 0 && flags & libc::EPOLLIN as u32 == 0 {
+                self.blocked[token as usize] = false;
+            } else {
+                self.read(token as usize);
+            }
+        }
+        self.flush()?;
+        Ok(self.status())
+    }
+
+    fn status(&self) -> Status {
+        if self.stopped || self.closed == self.conns.len() {
+            Status::Finished
+        } else {
+            Status::Serving
+        }
+    }
+
+    fn take_events(&mut self) -> io::Result<()> {
+        let mut count = [0u8; 8];
+        // SAFETY: reading 8 bytes into a live buffer from our eventfd (non-blocking).
+        unsafe { libc::read(self.wake.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                Event::CollectiveDone(result) => {
+                    let parts: Vec<&[u8]>;
+                    let result = match &result {
+                        Ok(all) => {
+                            parts = all.iter().map(Vec::as_slice).collect();
+                            Ok(&parts[..])
+                        }
+                        Err(why) => Err(why.as_str()),
+                    };
+                    self.shell.collective_complete(&mut self.host, result);
+                }
+                Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
+                Event::Attach(task, fd) => self.attach(task, fd)?,
+                Event::Stop => self.stopped = true,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what `task` has written, until the connection would block.
+    fn read(&mut self, task: TaskId) {
+        let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
+            return;
+        };
+        loop {
+            // SAFETY: reading into our own buffer, its length passed.
+            let n = unsafe { libc::read(fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
+            match n {
+                0 => return self.close(task),
+                n if n > 0 => {
+                    self.shell.receive(&mut self.host, task, &self.buf[..n as usize]);
+                    if (n as usize) < self.buf.len() {
+                        return;
+                    }
+                }
+                _ => match io::Error::last_os_error().kind() {
+                    io::ErrorKind::WouldBlock => return,
+                    io::ErrorKind::Interrupted => {}
+                    _ => return self.close(task),
+                },
+            }
+        }
+    }
+
+    /// Writes every task's queued output as far as its connection takes it.
+    fn flush(&mut self) -> io::Result<()> {
+        while let Some(task) = self.shell.next_ready() {
+            self.write(task)?;
+        }
+        // Tasks that were blocked and have become writable.
+        for task in 0..self.blocked.len() {
+            if !self.blocked[task] && !self.shell.output(task).is_empty() {
+                self.write(task)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, task: TaskId) -> io::Result<()> {
+        let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
+            // Closed: what it was owed goes nowhere.
+            let n = self.shell.output(task).len();
+            self.shell.consume(task, n);
+            return Ok(());
+        };
+        if self.blocked[task] {
+            return Ok(());
+        }
+        while !self.shell.output(task).is_empty() {
+            let out = self.shell.output(task);
+            // SAFETY: writing from the shell's live buffer, its length passed. MSG_NOSIGNAL: a task that
+            // closed its end must not raise SIGPIPE in the host.
+            let n = unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                self.shell.consume(task, n as usize);
+                continue;
+            }
+            match io::Error::last_os_error().kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => {
+                    self.blocked[task] = true;
+                    let both = (libc::EPOLLIN | libc::EPOLLOUT) as u32;
+                    return epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, both, task as u64);
+                }
+                _ => {
+                    self.close(task);
+                    return Ok(());
+                }
+            }
+        }
+        // Back to reading only, if it had been waiting to write.
+        epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, libc::EPOLLIN as u32, task as u64)
+    }
+
+    fn close(&mut self, task: TaskId) {
+        if let Some(fd) = self.conns[task].take() {
+            // Closing the fd removes it from the epoll set.
+            drop(fd);
+            self.closed += 1;
+            self.blocked[task] = false;
+            self.shell.disconnected(&mut self.host, task);
+        }
+    }
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Owns the fd a syscall returned, or turns its failure into an error.
+///
+/// # Safety
+/// `fd` must be a fresh fd (or -1) that nothing else owns.
+unsafe fn owned(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: both fds are live; the event struct outlives the call.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: fcntl on a live fd.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A connected pair of Unix stream sockets, both close-on-exec: (server end, task end).
+/// The host clears close-on-exec on the task end in the child (`PMI_FD`).
+pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for the two fds socketpair writes.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
