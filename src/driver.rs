@@ -9,7 +9,7 @@
 use crate::server::{Host, HostReply, Shell, TaskId};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
 /// Something another thread hands to the driver.
@@ -43,6 +43,20 @@ impl DriverHandle {
     }
 }
 
+/// The receiving side of a [`DriverHandle`], given to [`Driver::new`].
+pub struct Inbox {
+    rx: Receiver<Event>,
+    wake: Arc<OwnedFd>,
+}
+
+/// A handle and the inbox it posts to. Made before the driver, so that the driver's host can hold the handle.
+pub fn channel() -> io::Result<(DriverHandle, Inbox)> {
+    // SAFETY: a plain syscall; the fd is checked and owned at once.
+    let wake = Arc::new(unsafe { owned(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))? });
+    let (tx, rx) = std::sync::mpsc::channel();
+    Ok((DriverHandle { tx, wake: wake.clone() }, Inbox { rx, wake }))
+}
+
 /// What `Driver::on_ready` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -72,28 +86,25 @@ pub struct Driver<H: Host> {
 const WAKE: u64 = u64::MAX;
 
 impl<H: Host> Driver<H> {
-    /// A driver for `shell`, whose requests go to `host`. Task connections come with [`Event::Attach`]
-    /// or [`Driver::attach`].
-    pub fn new(shell: Shell, host: H) -> io::Result<(Self, DriverHandle)> {
-        // SAFETY: plain syscalls; the fds are checked and owned at once.
+    /// A driver for `shell`, whose requests go to `host`, taking events from `inbox` (see [`channel`]).
+    /// Task connections come with [`Event::Attach`] or [`Driver::attach`].
+    pub fn new(shell: Shell, host: H, inbox: Inbox) -> io::Result<Self> {
+        // SAFETY: a plain syscall; the fd is checked and owned at once.
         let epoll = unsafe { owned(libc::epoll_create1(libc::EPOLL_CLOEXEC))? };
-        let wake = Arc::new(unsafe { owned(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))? });
-        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
-        let (tx, events) = channel();
+        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, inbox.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
         let n = shell.task_count();
-        let driver = Driver {
+        Ok(Driver {
             shell,
             host,
             conns: (0..n).map(|_| None).collect(),
             blocked: vec![false; n],
             closed: 0,
             stopped: false,
-            events,
-            wake: wake.clone(),
+            events: inbox.rx,
+            wake: inbox.wake,
             epoll,
             buf: vec![0; 64 * 1024],
-        };
-        Ok((driver, DriverHandle { tx, wake }))
+        })
     }
 
     /// The shell this driver serves.
@@ -143,10 +154,14 @@ impl<H: Host> Driver<H> {
             let (token, flags) = (ev.u64, ev.events);
             if token == WAKE {
                 self.take_events()?;
-            } else if flags & libc::EPOLLOUT as u32 != 0 && flags & libc::EPOLLIN as u32 == 0 {
-                self.blocked[token as usize] = false;
             } else {
-                self.read(token as usize);
+                if flags & libc::EPOLLOUT as u32 != 0 {
+                    self.blocked[token as usize] = false;
+                }
+                // Input, or a hang-up or error (reported even while only EPOLLOUT is watched).
+                if flags & !(libc::EPOLLOUT as u32) != 0 {
+                    self.read(token as usize);
+                }
             }
         }
         self.flush()?;
@@ -198,7 +213,9 @@ impl<H: Host> Driver<H> {
                 0 => return self.close(task),
                 n if n > 0 => {
                     self.shell.receive(&mut self.host, task, &self.buf[..n as usize]);
-                    if (n as usize) < self.buf.len() {
+                    // Answers are written before more is read, so they never pile up (epoll is
+                    // level-triggered: the rest of the input is reported again).
+                    if (n as usize) < self.buf.len() || !self.shell.output(task).is_empty() {
                         return;
                     }
                 }
@@ -247,9 +264,10 @@ impl<H: Host> Driver<H> {
             match io::Error::last_os_error().kind() {
                 io::ErrorKind::Interrupted => {}
                 io::ErrorKind::WouldBlock => {
+                    // Nothing more is read from a task that does not read its answers, until it does:
+                    // otherwise it could make the shell queue answers without bound.
                     self.blocked[task] = true;
-                    let both = (libc::EPOLLIN | libc::EPOLLOUT) as u32;
-                    return epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, both, task as u64);
+                    return epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, libc::EPOLLOUT as u32, task as u64);
                 }
                 _ => {
                     self.close(task);

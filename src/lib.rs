@@ -5,7 +5,9 @@
 //! - [`server`] is the engine: one [`server::Shell`] per job shell serves all of that shell's tasks and talks
 //!   to the host (the resource manager) only through the [`server::Host`] trait. It does no I/O.
 //! - [`driver`] is the I/O around a shell: task connections, epoll, completions from other threads.
+//! - [`abi`] is the job-shell plugin ABI of `plugin-spec/rpmi_plugin.h`, through which hosts load the library.
 
+pub mod abi;
 pub mod driver;
 pub mod server;
 pub mod wire;

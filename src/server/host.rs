@@ -77,6 +77,27 @@ pub enum HostRequest<'a> {
     Spawn(&'a SpawnRequest),
 }
 
+impl HostRequest<'_> {
+    /// Which service this is.
+    pub fn service(&self) -> Service {
+        match self {
+            HostRequest::Publish { .. } => Service::Publish,
+            HostRequest::Unpublish { .. } => Service::Unpublish,
+            HostRequest::Lookup { .. } => Service::Lookup,
+            HostRequest::Spawn(_) => Service::Spawn,
+        }
+    }
+}
+
+/// The kinds of [`HostRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Publish,
+    Unpublish,
+    Lookup,
+    Spawn,
+}
+
 /// Whether the host took a [`HostRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offered {

@@ -6,7 +6,7 @@ mod limits;
 mod shell;
 pub mod taskmap;
 
-pub use host::{Direction, Host, HostReply, HostRequest, JobError, Offered, TaskId};
+pub use host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId};
 pub use limits::{Limits, LimitsError};
 pub use shell::{Shell, ShellError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;

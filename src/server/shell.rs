@@ -5,7 +5,7 @@
 //! [`Shell::host_reply`]), and writes out what the shell queued for each task ([`Shell::next_ready`],
 //! [`Shell::output`], [`Shell::consume`]). Everything the shell needs from outside goes through [`Host`].
 
-use super::host::{Direction, Host, HostReply, HostRequest, JobError, Offered, TaskId};
+use super::host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId};
 use super::kvs::{self, Bounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
 use crate::wire::response::{rc, Line};
@@ -43,14 +43,6 @@ enum Waiting {
     Nothing,
     Barrier,
     Host(Service),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Service {
-    Publish,
-    Unpublish,
-    Lookup,
-    Spawn,
 }
 
 impl Service {
@@ -330,7 +322,7 @@ impl Shell {
                 Ok(Progress::More) => {}
                 Ok(Progress::Done(request)) => {
                     self.clients[task].spawn = None;
-                    self.start_service(host, task, Service::Spawn, HostRequest::Spawn(&request));
+                    self.start_service(host, task, HostRequest::Spawn(&request));
                 }
                 Err(e) => self.protocol_error(host, task, line, &e.to_string()),
             }
@@ -440,17 +432,15 @@ impl Shell {
                 self.leave(host, task);
             }
             Request::PublishName { service, port } => match (utf8_word(service), utf8_word(port)) {
-                (Some(service), Some(port)) => {
-                    self.start_service(host, task, Service::Publish, HostRequest::Publish { service, port })
-                }
+                (Some(service), Some(port)) => self.start_service(host, task, HostRequest::Publish { service, port }),
                 _ => self.refuse_service(host, task, Service::Publish, "service and port must be words"),
             },
             Request::UnpublishName { service } => match utf8_word(service) {
-                Some(service) => self.start_service(host, task, Service::Unpublish, HostRequest::Unpublish { service }),
+                Some(service) => self.start_service(host, task, HostRequest::Unpublish { service }),
                 None => self.refuse_service(host, task, Service::Unpublish, "service must be a word"),
             },
             Request::LookupName { service } => match utf8_word(service) {
-                Some(service) => self.start_service(host, task, Service::Lookup, HostRequest::Lookup { service }),
+                Some(service) => self.start_service(host, task, HostRequest::Lookup { service }),
                 None => self.refuse_service(host, task, Service::Lookup, "service must be a word"),
             },
             Request::GetRanks2Hosts => {
@@ -517,7 +507,8 @@ impl Shell {
         }
     }
 
-    fn start_service(&mut self, host: &mut dyn Host, task: TaskId, service: Service, request: HostRequest<'_>) {
+    fn start_service(&mut self, host: &mut dyn Host, task: TaskId, request: HostRequest<'_>) {
+        let service = request.service();
         match host.request(task, request) {
             Offered::Yes => self.clients[task].waiting = Waiting::Host(service),
             Offered::No => self.refuse_service(host, task, service, "not supported by this resource manager"),

@@ -1,0 +1,466 @@
+//! The job-shell plugin ABI (`plugin-spec/rpmi_plugin.h`): the table [`rpmi_plugin_entry`] returns, and the
+//! instance behind it. The C types come from the header through bindgen (`build.rs`), so they cannot drift.
+//!
+//! Every function of the table validates its pointers and catches panics: nothing unwinds into the host,
+//! and the host process is never aborted (it may be a root daemon serving other jobs).
+
+mod host;
+mod options;
+
+pub use host::spawn_json;
+pub use options::Options;
+
+use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
+use crate::server::{JobInfo, Shell, TaskMap};
+use host::{read_reply, CHost, PendingServices};
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// The C types and constants of `plugin-spec/rpmi_plugin.h`.
+#[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+pub mod ffi {
+    include!(concat!(env!("OUT_DIR"), "/rpmi_plugin.rs"));
+}
+
+use ffi::{rpmi_buf, rpmi_host_ops, rpmi_instance, rpmi_job_info, rpmi_plugin, rpmi_task_env};
+
+/// The plugin table; static for the life of the library.
+struct Table(rpmi_plugin);
+// SAFETY: the table is immutable; its one pointer is to a static string.
+unsafe impl Sync for Table {}
+
+static PLUGIN: Table = Table(rpmi_plugin {
+    struct_size: std::mem::size_of::<rpmi_plugin>() as u32,
+    abi_version: ffi::RPMI_ABI_VERSION as u32,
+    version: concat!("rpmi ", env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast(),
+    create: Some(create),
+    task_init: Some(task_init),
+    task_exec: Some(task_exec),
+    task_forked: Some(task_forked),
+    task_exit: Some(task_exit),
+    progress: Some(progress),
+    collective_complete: Some(collective_complete),
+    service_complete: Some(service_complete),
+    destroy: Some(destroy),
+});
+
+/// The one symbol a host looks up (`dlsym(lib, "rpmi_plugin_entry")`).
+#[no_mangle]
+pub extern "C" fn rpmi_plugin_entry() -> *const rpmi_plugin {
+    &PLUGIN.0
+}
+
+/// Longest accepted job id (the KVS name adds a 5-character prefix to it and must fit in 63).
+const JOB_ID_MAX: usize = 48;
+/// A job larger than this is taken for a corrupt `size`.
+const SIZE_MAX: u32 = 1 << 24;
+
+/// The state of one task's connection on the host side.
+#[derive(Default)]
+struct TaskSlot {
+    initialized: bool,
+    /// The task's end, kept until the host has forked the task.
+    child: Option<OwnedFd>,
+    /// The environment strings handed out by `task_init`, and the pointer array over them.
+    env: Vec<CString>,
+    env_ptrs: Vec<*const c_char>,
+}
+
+enum Mode {
+    /// The plugin's progress thread owns the driver.
+    Thread(Option<JoinHandle<()>>),
+    /// The host's event loop calls `progress`.
+    EventLoop(Mutex<Box<Driver<CHost>>>),
+}
+
+/// One instance: the PMI-1 server of one job shell.
+struct Instance {
+    handle: DriverHandle,
+    mode: Mode,
+    tasks: Mutex<Vec<TaskSlot>>,
+    /// Each task's end of its connection, readable in a forked child without taking a lock (`task_exec`).
+    child_fds: Box<[AtomicI32]>,
+    pending: PendingServices,
+    local_ranks: Vec<u32>,
+    size: u32,
+    job_id: String,
+    spawned: bool,
+}
+
+type Failure = (c_int, String);
+
+fn fail<T>(code: c_int, msg: impl Into<String>) -> Result<T, Failure> {
+    Err((code, msg.into()))
+}
+
+/// Runs an entry point, turning a panic into `RPMI_ERR_INTERNAL`.
+fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        log::error!("rpmi: internal error (panic) in a plugin call; the instance should be destroyed");
+        ffi::RPMI_ERR_INTERNAL
+    })
+}
+
+/// The instance behind a handle the host passes in.
+///
+/// # Safety
+/// `p` is NULL or a pointer `create` returned and `destroy` has not freed.
+unsafe fn instance<'a>(p: *mut rpmi_instance) -> Result<&'a Instance, Failure> {
+    (p as *const Instance).as_ref().ok_or((ffi::RPMI_ERR_INVALID, "NULL instance".into()))
+}
+
+fn code(r: Result<(), Failure>) -> c_int {
+    match r {
+        Ok(()) => ffi::RPMI_OK,
+        Err((code, msg)) => {
+            log::error!("rpmi: {msg}");
+            code
+        }
+    }
+}
+
+/// # Safety
+/// Pointers as `rpmi_job_info` documents.
+unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, bool), Failure> {
+    let invalid = |m: String| fail(ffi::RPMI_ERR_INVALID, m);
+    if (job.struct_size as usize) < std::mem::size_of::<rpmi_job_info>() {
+        return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_job_info of {} bytes is too short", job.struct_size));
+    }
+    if job.job_id.is_null() {
+        return invalid("job_id is NULL".into());
+    }
+    let job_id = CStr::from_ptr(job.job_id).to_string_lossy().into_owned();
+    if job_id.is_empty()
+        || job_id.len() > JOB_ID_MAX
+        || !job_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return invalid(format!("job_id '{job_id}' must be 1 to {JOB_ID_MAX} letters, digits, '.', '_' or '-'"));
+    }
+    if job.size == 0 || job.size > SIZE_MAX {
+        return invalid(format!("job size {} is out of range", job.size));
+    }
+    if job.shell_count == 0 || job.shell_index >= job.shell_count || job.shell_count > job.size {
+        return invalid(format!("shell {} of {} in a job of {} ranks", job.shell_index, job.shell_count, job.size));
+    }
+    if job.task_map.is_null() || job.hostnames.is_null() || (job.local_count > 0 && job.local_ranks.is_null()) {
+        return invalid("task_map, hostnames or local_ranks is NULL".into());
+    }
+    let task_map = std::slice::from_raw_parts(job.task_map, job.size as usize).to_vec();
+    if let Some(r) = task_map.iter().position(|&n| n >= job.shell_count) {
+        return invalid(format!("task_map puts rank {r} on shell {}, of {}", task_map[r], job.shell_count));
+    }
+    let local_ranks = if job.local_count == 0 {
+        Vec::new()
+    } else {
+        std::slice::from_raw_parts(job.local_ranks, job.local_count as usize).to_vec()
+    };
+    if let Some(&r) = local_ranks.iter().find(|&&r| task_map.get(r as usize) != Some(&job.shell_index)) {
+        return invalid(format!("local rank {r} is not on shell {} in task_map", job.shell_index));
+    }
+    let mut hostnames = Vec::with_capacity(job.shell_count as usize);
+    for &h in std::slice::from_raw_parts(job.hostnames, job.shell_count as usize) {
+        if h.is_null() {
+            return invalid("a hostname is NULL".into());
+        }
+        hostnames.push(CStr::from_ptr(h).to_string_lossy().into_owned());
+    }
+    let options_json = if job.options_json.is_null() {
+        None
+    } else {
+        Some(CStr::from_ptr(job.options_json).to_string_lossy().into_owned())
+    };
+    let options = Options::parse(options_json.as_deref()).or_else(|m| fail(ffi::RPMI_ERR_OPTION, m))?;
+    let mut info = JobInfo::new(format!("rpmi_{job_id}"), TaskMap::new(task_map), local_ranks, hostnames);
+    if job.universe_size != 0 {
+        info.universe_size = job.universe_size;
+    }
+    info.appnum = job.appnum;
+    Ok((info, options, job_id, job.spawned != 0))
+}
+
+impl Instance {
+    /// # Safety
+    /// Pointers as the header documents for `create`.
+    unsafe fn create(job: *const rpmi_job_info, ops: *const rpmi_host_ops) -> Result<*mut rpmi_instance, Failure> {
+        let (Some(job), Some(ops)) = (job.as_ref(), ops.as_ref()) else {
+            return fail(ffi::RPMI_ERR_INVALID, "job or ops is NULL");
+        };
+        if ops.abi_version != ffi::RPMI_ABI_VERSION as u32 {
+            return fail(
+                ffi::RPMI_ERR_VERSION,
+                format!(
+                    "the host was built for ABI version {}, this plugin is version {}",
+                    ops.abi_version,
+                    ffi::RPMI_ABI_VERSION
+                ),
+            );
+        }
+        let required = std::mem::offset_of!(rpmi_host_ops, log);
+        if (ops.struct_size as usize) < required || ops.collective.is_none() || ops.abort.is_none() {
+            return fail(ffi::RPMI_ERR_INVALID, "rpmi_host_ops needs at least its collective and abort callbacks");
+        }
+        let (info, options, job_id, spawned) = read_job(job)?;
+        let local_ranks = info.local_ranks.clone();
+        let size = info.task_map.size() as u32;
+        let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
+        shell.set_trace(options.trace);
+
+        // Copy only the part of the host's table it has; the rest stays NULL (unsupported).
+        let mut ops_copy: rpmi_host_ops = std::mem::zeroed();
+        let n = (ops.struct_size as usize).min(std::mem::size_of::<rpmi_host_ops>());
+        std::ptr::copy_nonoverlapping(ops as *const _ as *const u8, &mut ops_copy as *mut _ as *mut u8, n);
+
+        let pending: PendingServices = Arc::new(Mutex::new(vec![None; local_ranks.len()]));
+        let (handle, inbox) =
+            channel().or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
+        let host =
+            CHost { ops: ops_copy, instance: std::ptr::null_mut(), handle: handle.clone(), pending: pending.clone() };
+        let mut driver = Driver::new(shell, host, inbox)
+            .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
+        let n = local_ranks.len();
+        let instance = Box::into_raw(Box::new(Instance {
+            handle,
+            mode: Mode::Thread(None),
+            tasks: Mutex::new((0..n).map(|_| TaskSlot::default()).collect()),
+            child_fds: (0..n).map(|_| AtomicI32::new(-1)).collect(),
+            pending,
+            local_ranks,
+            size,
+            job_id,
+            spawned,
+        }));
+        driver.host_mut().instance = instance.cast();
+        let mode = match ops_copy.watch_fd {
+            Some(watch) => {
+                let rc = watch(ops_copy.host_data, instance.cast(), driver.watch_fd());
+                if rc != ffi::RPMI_OK {
+                    drop(Box::from_raw(instance));
+                    return fail(rc, "the host's watch_fd failed");
+                }
+                Mode::EventLoop(Mutex::new(Box::new(driver)))
+            }
+            None => {
+                match std::thread::Builder::new().name("rpmi-progress".into()).spawn(move || progress_thread(driver)) {
+                    Ok(t) => Mode::Thread(Some(t)),
+                    Err(e) => {
+                        drop(Box::from_raw(instance));
+                        return fail(ffi::RPMI_ERR_SYSTEM, format!("cannot start the progress thread: {e}"));
+                    }
+                }
+            }
+        };
+        (*instance).mode = mode;
+        Ok(instance.cast())
+    }
+}
+
+/// The progress thread: serves until every task has gone or the instance is destroyed.
+fn progress_thread(mut driver: Driver<CHost>) {
+    use crate::server::Host;
+    match catch_unwind(AssertUnwindSafe(|| driver.run())) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => driver.host_mut().log(log::Level::Error, &format!("rpmi progress thread stopped: {e}")),
+        // Dropping the driver closes every task connection, so the tasks fail fast instead of hanging.
+        Err(_) => driver.host_mut().log(log::Level::Error, "rpmi progress thread stopped by an internal error"),
+    }
+}
+
+unsafe extern "C" fn create(
+    job: *const rpmi_job_info,
+    ops: *const rpmi_host_ops,
+    out: *mut *mut rpmi_instance,
+    err: *mut c_char,
+    errlen: usize,
+) -> c_int {
+    guard(|| {
+        let result =
+            if out.is_null() { fail(ffi::RPMI_ERR_INVALID, "instance is NULL") } else { Instance::create(job, ops) };
+        match result {
+            Ok(inst) => {
+                *out = inst;
+                ffi::RPMI_OK
+            }
+            Err((code, msg)) => {
+                if !err.is_null() && errlen > 0 {
+                    let n = msg.len().min(errlen - 1);
+                    std::ptr::copy_nonoverlapping(msg.as_ptr(), err.cast(), n);
+                    *err.add(n) = 0;
+                }
+                code
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
+    guard(|| {
+        code((|| {
+            let inst = instance(inst)?;
+            let Some(env) = env.as_mut() else { return fail(ffi::RPMI_ERR_INVALID, "env is NULL") };
+            if (env.struct_size as usize) < std::mem::size_of::<rpmi_task_env>() {
+                return fail(ffi::RPMI_ERR_VERSION, "rpmi_task_env is too short");
+            }
+            let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
+            let Some(slot) = tasks.get_mut(task as usize) else {
+                return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
+            };
+            if slot.initialized {
+                return fail(ffi::RPMI_ERR_STATE, format!("task {task} is already initialized"));
+            }
+            let (server, child) =
+                socketpair().or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("socketpair for task {task}: {e}")))?;
+            let fd = child.as_raw_fd();
+            inst.handle
+                .post(Event::Attach(task as usize, server))
+                .or_else(|_| fail(ffi::RPMI_ERR_STATE, "the instance no longer serves"))?;
+            let rank = inst.local_ranks[task as usize];
+            let mut vars = vec![
+                format!("PMI_FD={fd}"),
+                format!("PMI_RANK={rank}"),
+                format!("PMI_SIZE={}", inst.size),
+                format!("PMI_JOBID={}", inst.job_id),
+            ];
+            if inst.spawned {
+                vars.push("PMI_SPAWNED=1".into());
+            }
+            slot.env = vars.into_iter().filter_map(|v| CString::new(v).ok()).collect();
+            slot.env_ptrs = slot.env.iter().map(|s| s.as_ptr()).collect();
+            slot.child = Some(child);
+            slot.initialized = true;
+            inst.child_fds[task as usize].store(fd, Ordering::SeqCst);
+            env.child_fd = fd;
+            env.env_count = slot.env_ptrs.len();
+            env.env = slot.env_ptrs.as_ptr();
+            Ok(())
+        })())
+    })
+}
+
+/// In the forked child: async-signal-safe only (no allocation, no lock, no panic path).
+unsafe extern "C" fn task_exec(inst: *mut rpmi_instance, task: u32) -> c_int {
+    let Some(inst) = (inst as *const Instance).as_ref() else { return ffi::RPMI_ERR_INVALID };
+    let Some(fd) = inst.child_fds.get(task as usize).map(|f| f.load(Ordering::SeqCst)) else {
+        return ffi::RPMI_ERR_INVALID;
+    };
+    if fd < 0 || libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+        return ffi::RPMI_ERR_STATE;
+    }
+    ffi::RPMI_OK
+}
+
+/// Closes the host's copy of the task's end and frees its environment strings.
+fn release_child(inst: &Instance, task: u32) -> Result<(), Failure> {
+    let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
+    let Some(slot) = tasks.get_mut(task as usize) else {
+        return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
+    };
+    slot.child = None;
+    slot.env_ptrs = Vec::new();
+    slot.env = Vec::new();
+    inst.child_fds[task as usize].store(-1, Ordering::SeqCst);
+    Ok(())
+}
+
+unsafe extern "C" fn task_forked(inst: *mut rpmi_instance, task: u32) -> c_int {
+    guard(|| code(instance(inst).and_then(|i| release_child(i, task))))
+}
+
+unsafe extern "C" fn task_exit(inst: *mut rpmi_instance, task: u32, status: c_int) -> c_int {
+    guard(|| {
+        code(instance(inst).and_then(|i| {
+            log::debug!("rpmi: local task {task} exited with wait status {status}");
+            release_child(i, task)
+        }))
+    })
+}
+
+unsafe extern "C" fn progress(inst: *mut rpmi_instance) -> c_int {
+    guard(|| {
+        code(instance(inst).and_then(|i| match &i.mode {
+            Mode::EventLoop(driver) => {
+                let mut driver = driver.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "driver poisoned"))?;
+                driver.on_ready(0).map(|_| ()).or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("progress: {e}")))
+            }
+            Mode::Thread(_) => {
+                fail(ffi::RPMI_ERR_STATE, "progress called, but the plugin runs its own progress thread")
+            }
+        }))
+    })
+}
+
+unsafe extern "C" fn collective_complete(
+    inst: *mut rpmi_instance,
+    status: c_int,
+    parts: *const rpmi_buf,
+    nparts: usize,
+    error: *const c_char,
+) -> c_int {
+    guard(|| {
+        code((|| {
+            let inst = instance(inst)?;
+            let result = if status == ffi::RPMI_OK {
+                if parts.is_null() && nparts > 0 {
+                    return fail(ffi::RPMI_ERR_INVALID, "parts is NULL");
+                }
+                let parts = if nparts == 0 { &[][..] } else { std::slice::from_raw_parts(parts, nparts) };
+                let mut all = Vec::with_capacity(parts.len());
+                for p in parts {
+                    if p.data.is_null() && p.len > 0 {
+                        return fail(ffi::RPMI_ERR_INVALID, "a part's data is NULL");
+                    }
+                    all.push(if p.len == 0 { Vec::new() } else { std::slice::from_raw_parts(p.data, p.len).to_vec() });
+                }
+                Ok(all)
+            } else if error.is_null() {
+                Err(format!("the resource manager's exchange failed ({status})"))
+            } else {
+                Err(CStr::from_ptr(error).to_string_lossy().into_owned())
+            };
+            inst.handle.post(Event::CollectiveDone(result)).or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
+        })())
+    })
+}
+
+unsafe extern "C" fn service_complete(
+    inst: *mut rpmi_instance,
+    task: u32,
+    status: c_int,
+    result: *const c_char,
+) -> c_int {
+    guard(|| {
+        code((|| {
+            let inst = instance(inst)?;
+            let service = inst
+                .pending
+                .lock()
+                .ok()
+                .and_then(|mut p| p.get_mut(task as usize).and_then(Option::take))
+                .ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
+            let result = (!result.is_null()).then(|| CStr::from_ptr(result).to_string_lossy().into_owned());
+            let reply = read_reply(service, status == ffi::RPMI_OK, result);
+            inst.handle
+                .post(Event::HostReply(task as usize, reply))
+                .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
+        })())
+    })
+}
+
+unsafe extern "C" fn destroy(inst: *mut rpmi_instance) {
+    guard(|| {
+        if inst.is_null() {
+            return ffi::RPMI_ERR_INVALID;
+        }
+        let mut inst = Box::from_raw(inst as *mut Instance);
+        let _ = inst.handle.post(Event::Stop);
+        if let Mode::Thread(thread) = &mut inst.mode {
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
+        ffi::RPMI_OK
+    });
+}

@@ -1,0 +1,162 @@
+//! The threads rpmi-run runs beside its tasks: rank labels on output (`-l`), signal forwarding, and the
+//! event loop that drives the plugin in `--event-loop` mode.
+
+use crate::host::{Job, Node};
+use crate::plugin::call;
+use rpmi::abi::ffi::rpmi_instance;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{ChildStderr, ChildStdout};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Prefixes every line a task writes with `[rank] `, one thread for all tasks (poll over their pipes).
+pub struct Labeler {
+    /// (pipe, rank, to stderr?, the start of a line not yet ended)
+    pipes: Vec<(OwnedFd, u32, bool, Vec<u8>)>,
+}
+
+impl Labeler {
+    pub fn new() -> Labeler {
+        Labeler { pipes: Vec::new() }
+    }
+
+    pub fn add(&mut self, rank: u32, out: Option<ChildStdout>, err: Option<ChildStderr>) {
+        if let Some(o) = out {
+            self.pipes.push((o.into(), rank, false, Vec::new()));
+        }
+        if let Some(e) = err {
+            self.pipes.push((e.into(), rank, true, Vec::new()));
+        }
+    }
+
+    /// Copies until every task has closed its output.
+    pub fn start(mut self) -> JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            while !self.pipes.is_empty() {
+                let mut fds: Vec<libc::pollfd> = self
+                    .pipes
+                    .iter()
+                    .map(|p| libc::pollfd { fd: p.0.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+                    .collect();
+                // SAFETY: poll over our own array.
+                if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } < 0 {
+                    continue;
+                }
+                let mut closed = Vec::new();
+                for (i, fd) in fds.iter().enumerate() {
+                    if fd.revents == 0 {
+                        continue;
+                    }
+                    // SAFETY: reading into our own buffer.
+                    let n = unsafe { libc::read(fd.fd, buf.as_mut_ptr().cast(), buf.len()) };
+                    let (_, rank, to_err, pending) = &mut self.pipes[i];
+                    if n <= 0 {
+                        if !pending.is_empty() {
+                            pending.push(b'\n');
+                            emit(*rank, *to_err, pending);
+                        }
+                        closed.push(i);
+                        continue;
+                    }
+                    pending.extend_from_slice(&buf[..n as usize]);
+                    if let Some(last) = pending.iter().rposition(|&b| b == b'\n') {
+                        let rest = pending.split_off(last + 1);
+                        emit(*rank, *to_err, pending);
+                        *pending = rest;
+                    }
+                }
+                for i in closed.into_iter().rev() {
+                    self.pipes.swap_remove(i);
+                }
+            }
+        })
+    }
+}
+
+/// Writes whole lines, each with its rank, in one write so lines of different ranks do not mix.
+fn emit(rank: u32, to_err: bool, lines: &mut Vec<u8>) {
+    let mut labelled = Vec::with_capacity(lines.len() + 16);
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        labelled.extend_from_slice(format!("[{rank}] ").as_bytes());
+        labelled.extend_from_slice(line);
+    }
+    let _ = if to_err { std::io::stderr().write_all(&labelled) } else { std::io::stdout().write_all(&labelled) };
+    lines.clear();
+}
+
+/// SIGINT and SIGTERM, which rpmi-run takes on a thread of its own and passes to every task.
+fn forwarded() -> libc::sigset_t {
+    // SAFETY: building a signal set in a local.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Blocks the forwarded signals in rpmi-run and starts the thread that forwards them.
+pub fn forward_signals(job: &'static Job) -> JoinHandle<()> {
+    let set = forwarded();
+    // SAFETY: changing this thread's mask before any other thread that should get them exists.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    std::thread::spawn(move || loop {
+        let mut sig = 0;
+        // SAFETY: sigwait on a set of blocked signals.
+        if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+            eprintln!("rpmi-run: got signal {sig}, passing it to every task");
+            job.end(sig);
+        }
+    })
+}
+
+/// In a task, between fork and exec: give it back the signals rpmi-run blocked. Async-signal-safe.
+pub fn unblock_signals() {
+    let set = forwarded();
+    // SAFETY: sigprocmask is async-signal-safe.
+    unsafe { libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// The event loop of `--event-loop` mode: polls every instance's watched fd and calls `progress`.
+pub struct EventLoop {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl EventLoop {
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.thread.join();
+    }
+}
+
+pub fn spawn_event_loop(job: &'static Job, nodes: &[&'static Node]) -> EventLoop {
+    let stop = Arc::new(AtomicBool::new(false));
+    let watched: Vec<(i32, usize)> = nodes
+        .iter()
+        .zip(job.instances.get().cloned().unwrap_or_default())
+        .map(|(n, inst)| (n.watch.load(Ordering::SeqCst), inst))
+        .collect();
+    let stopping = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let mut fds: Vec<libc::pollfd> =
+            watched.iter().map(|&(fd, _)| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        while !stopping.load(Ordering::SeqCst) {
+            // A short timeout so that a stop is seen promptly.
+            // SAFETY: poll over our own array.
+            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) } <= 0 {
+                continue;
+            }
+            for (fd, &(_, inst)) in fds.iter().zip(&watched) {
+                if fd.revents != 0 {
+                    call!(job.plugin, progress(inst as *mut rpmi_instance));
+                }
+            }
+        }
+    });
+    EventLoop { stop, thread }
+}

@@ -1,0 +1,47 @@
+/* The end-to-end MPI program: MPI_Init, an Allreduce, a message between every pair of ranks, MPI_Finalize.
+ * With an argument "abort=R:CODE", rank R calls MPI_Abort(MPI_COMM_WORLD, CODE) after MPI_Init.
+ * With "hang=R", rank R never reaches the barrier (it sleeps), so others wait in one. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    for (int i = 1; i < argc; i++) {
+        int r, code;
+        if (sscanf(argv[i], "abort=%d:%d", &r, &code) == 2 && r == rank) {
+            MPI_Abort(MPI_COMM_WORLD, code);
+        }
+        if (sscanf(argv[i], "hang=%d", &r) == 1 && r == rank) {
+            sleep(3600);
+        }
+    }
+    long sum = 0, mine = rank + 1;
+    MPI_Allreduce(&mine, &sum, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (sum != (long)size * (size + 1) / 2) {
+        fprintf(stderr, "rank %d: allreduce gave %ld, expected %ld\n", rank, sum, (long)size * (size + 1) / 2);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    /* Every pair exchanges one message: rank i sends its rank to every j and receives j's. */
+    for (int peer = 0; peer < size; peer++) {
+        if (peer == rank) continue;
+        int out = rank, in = -1;
+        MPI_Sendrecv(&out, 1, MPI_INT, peer, 7, &in, 1, MPI_INT, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (in != peer) {
+            fprintf(stderr, "rank %d: got %d from %d\n", rank, in, peer);
+            MPI_Abort(MPI_COMM_WORLD, 4);
+        }
+    }
+    char name[MPI_MAX_PROCESSOR_NAME];
+    int len;
+    MPI_Get_processor_name(name, &len);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) printf("mpi_pairs: %d ranks, allreduce %ld, all pairs exchanged\n", size, sum);
+    MPI_Finalize();
+    return 0;
+}
