@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README, .ci/run, the Dockerfile's default): installs what is missing, then
+# The project's test command (the README; .ci/run and so the Dockerfile run it): installs what is missing, then
 # checks formatting and lints, and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,6 +6,7 @@
 
 mod host;
 mod options;
+pub mod root;
 
 pub use host::spawn_json;
 pub use options::Options;
