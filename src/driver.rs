@@ -213,6 +213,12 @@ impl<H: Host> Driver<H> {
                 0 => return self.close(task),
                 n if n > 0 => {
                     self.shell.receive(&mut self.host, task, &self.buf[..n as usize]);
+                    // RFC 13: after a protocol error (or an abort) the connection is closed, once what the
+                    // task is owed (the abort reply) has been sent.
+                    if self.shell.is_cut_off(task) {
+                        let _ = self.write(task);
+                        return self.close(task);
+                    }
                     // Answers are written before more is read, so they never pile up (epoll is
                     // level-triggered: the rest of the input is reported again).
                     if (n as usize) < self.buf.len() || !self.shell.output(task).is_empty() {
@@ -230,14 +236,15 @@ impl<H: Host> Driver<H> {
 
     /// Writes every task's queued output as far as its connection takes it.
     fn flush(&mut self) -> io::Result<()> {
-        while let Some(task) = self.shell.next_ready() {
-            self.write(task)?;
-        }
-        // Tasks that were blocked and have become writable.
+        // Tasks that were blocked and have become writable; a write that finds a connection closed may queue
+        // answers for others, which the loop below then sends.
         for task in 0..self.blocked.len() {
             if !self.blocked[task] && !self.shell.output(task).is_empty() {
                 self.write(task)?;
             }
+        }
+        while let Some(task) = self.shell.next_ready() {
+            self.write(task)?;
         }
         Ok(())
     }

@@ -160,6 +160,12 @@ impl Shell {
         self.clients.get(task).map(|c| c.rank)
     }
 
+    /// Whether the shell has cut `task` off (protocol error, abort, or closed): the host closes its
+    /// connection once the output still queued for it is written.
+    pub fn is_cut_off(&self, task: TaskId) -> bool {
+        self.clients.get(task).is_none_or(|c| c.status == Status::Gone)
+    }
+
     /// Bytes of keys and values this shell holds.
     pub fn kvs_bytes(&self) -> usize {
         self.kvs.bytes()

@@ -1,0 +1,1236 @@
+//! PMI-1 conformance, over the wire: RFC 13 (the normative text), Intel's `get_ranks2hosts` extension, and
+//! every trap of clients.md, spoken over real socketpairs to a [`Driver`] that runs on its own thread exactly
+//! as a host's progress thread would run it.
+//!
+//! The test plays the tasks: each holds the task end of its socketpair and writes request lines and reads
+//! response lines with a read timeout, so a bug fails a test instead of hanging it. The driver's host is
+//! [`LoopbackHost`], a test double for a resource manager with one shell whose collective completes
+//! in-process, with other shells' contributions the test makes up.
+//!
+//! Every response line a client reads (except the abort reply and the ranks2hosts answer, which are not
+//! `cmd=` lines) is checked against clients.md's rules: it begins with `cmd=`, fits in 1024 bytes with its
+//! newline, and carries no empty `key=` token.
+
+use rpmi::driver::{channel, socketpair, Driver, DriverHandle, Event};
+use rpmi::server::{
+    kvs, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Offered, Shell, TaskId, TaskMap, PROCESS_MAPPING_KEY,
+};
+use rpmi::wire::{SpawnCommand, SpawnRequest};
+use std::collections::VecDeque;
+use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
+
+/// How long any single wait may take before the test fails.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// The job's KVS name.
+const KVS: &str = "kvs_13";
+/// The longest response line any client reads, newline included (clients.md).
+const MAX_RESPONSE_LINE: usize = 1024;
+
+// ---------------------------------------------------------------------------------------------------------
+// The test double for a resource manager.
+
+/// Everything the host was asked to do, for the test to inspect.
+#[derive(Default)]
+struct Record {
+    /// This shell's contribution to each collective, in order.
+    collectives: Vec<Vec<u8>>,
+    aborts: Vec<(u32, i32, String)>,
+    errors: Vec<JobError>,
+    logs: Vec<(log::Level, String)>,
+    /// Publish, unpublish and lookup requests, as `(task, Debug of the request)`.
+    requests: Vec<(TaskId, String)>,
+    spawns: Vec<(TaskId, SpawnRequest)>,
+}
+
+/// The record, shared between the host (on the driver thread) and the test, with a condition variable so
+/// the test can wait for something to be recorded without sleeping.
+#[derive(Default)]
+struct Shared {
+    record: Mutex<Record>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn update(&self, f: impl FnOnce(&mut Record)) {
+        f(&mut self.record.lock().unwrap());
+        self.changed.notify_all();
+    }
+
+    fn get(&self) -> MutexGuard<'_, Record> {
+        self.record.lock().unwrap()
+    }
+
+    /// Waits (at most [`TIMEOUT`]) until `done` holds of the record, and returns it locked.
+    fn wait_for(&self, what: &str, done: impl Fn(&Record) -> bool) -> MutexGuard<'_, Record> {
+        let guard = self.record.lock().unwrap();
+        let (guard, timeout) = self.changed.wait_timeout_while(guard, TIMEOUT, |r| !done(r)).unwrap();
+        assert!(!timeout.timed_out(), "timed out waiting for the host to see {what}");
+        guard
+    }
+}
+
+/// How the host finishes one collective.
+enum Collective {
+    /// Successfully, bringing these contributions of other shells along with this shell's own.
+    Gather(Vec<Vec<u8>>),
+    /// With an error.
+    Fail(&'static str),
+}
+
+/// A test double for a resource manager: one shell whose collective completes in-process, at once, with its
+/// own contribution plus whatever other shells' contributions the test planned (or fails as planned).
+/// Aborts, job errors, logs and service requests are recorded for the test.
+struct LoopbackHost {
+    /// Posts the collective's completion to the driver, as a resource manager's thread would.
+    handle: DriverHandle,
+    shared: Arc<Shared>,
+    /// How the next collectives finish; once it runs out, with this shell's contribution alone.
+    plan: VecDeque<Collective>,
+    /// Offer publish, unpublish, lookup and spawn (the test answers them through the driver handle).
+    offer_services: bool,
+}
+
+impl Host for LoopbackHost {
+    fn collective(&mut self, contribution: &[u8]) {
+        self.shared.update(|r| r.collectives.push(contribution.to_vec()));
+        let result = match self.plan.pop_front() {
+            None => Ok(vec![contribution.to_vec()]),
+            Some(Collective::Gather(others)) => Ok([vec![contribution.to_vec()], others].concat()),
+            Some(Collective::Fail(why)) => Err(why.to_string()),
+        };
+        assert!(self.handle.post(Event::CollectiveDone(result)).is_ok(), "the driver is gone");
+    }
+
+    fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
+        self.shared.update(|r| r.aborts.push((rank, exit_code, message.to_string())));
+    }
+
+    fn job_error(&mut self, error: &JobError) {
+        self.shared.update(|r| r.errors.push(error.clone()));
+    }
+
+    fn log(&mut self, level: log::Level, message: &str) {
+        self.shared.update(|r| r.logs.push((level, message.to_string())));
+    }
+
+    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Offered {
+        if !self.offer_services {
+            return Offered::No;
+        }
+        match request {
+            HostRequest::Spawn(spawn) => self.shared.update(|r| r.spawns.push((task, spawn.clone()))),
+            other => self.shared.update(|r| r.requests.push((task, format!("{other:?}")))),
+        }
+        Offered::Yes
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A job: one shell served by a driver on its own thread, and the task ends of its connections.
+
+struct Setup {
+    job: JobInfo,
+    limits: Limits,
+    plan: Vec<Collective>,
+    offer_services: bool,
+    /// Hand the connections over with `Event::Attach` from the test thread, once the driver runs, instead of
+    /// `Driver::attach` before.
+    attach_by_event: bool,
+}
+
+impl Setup {
+    /// The shell of node `node` of a block-mapped job with `ppn[n]` ranks on node `n`.
+    fn block(ppn: &[u32], node: u32) -> Setup {
+        let map = TaskMap::block(ppn);
+        let local = map.clique(node);
+        Setup::new(JobInfo::new(KVS, map, local, hostnames(ppn.len())))
+    }
+
+    fn new(job: JobInfo) -> Setup {
+        Setup { job, limits: Limits::default(), plan: Vec::new(), offer_services: false, attach_by_event: false }
+    }
+
+    fn plan(mut self, plan: Vec<Collective>) -> Setup {
+        self.plan = plan;
+        self
+    }
+
+    fn limits(mut self, limits: Limits) -> Setup {
+        self.limits = limits;
+        self
+    }
+
+    fn offer_services(mut self) -> Setup {
+        self.offer_services = true;
+        self
+    }
+
+    fn attach_by_event(mut self) -> Setup {
+        self.attach_by_event = true;
+        self
+    }
+
+    /// Starts the driver on its own thread; returns the job and one client per local task, in task order.
+    fn start(self) -> (Job, Vec<Client>) {
+        let ranks = self.job.local_ranks.clone();
+        let shell = Shell::new(self.job, self.limits).expect("consistent job information");
+        let shared = Arc::new(Shared::default());
+        let (handle, inbox) = channel().expect("a driver channel");
+        let host = LoopbackHost {
+            handle: handle.clone(),
+            shared: shared.clone(),
+            plan: self.plan.into(),
+            offer_services: self.offer_services,
+        };
+        let mut driver = Driver::new(shell, host, inbox).expect("a driver");
+        let mut clients = Vec::new();
+        let mut later = Vec::new();
+        for (task, &rank) in ranks.iter().enumerate() {
+            let (server, task_end) = socketpair().expect("a socketpair");
+            if self.attach_by_event {
+                later.push((task, server));
+            } else {
+                driver.attach(task, server).expect("attach");
+            }
+            clients.push(Client::new(rank, UnixStream::from(task_end)));
+        }
+        let (tx, done) = mpsc::channel();
+        let thread = thread::Builder::new()
+            .name("rpmi-progress".into())
+            .spawn(move || {
+                let result = driver.run();
+                let _ = tx.send(result);
+            })
+            .expect("the progress thread");
+        for (task, server) in later {
+            assert!(handle.post(Event::Attach(task, server)).is_ok(), "the driver is gone");
+        }
+        (Job { shared, handle, done, thread: Some(thread) }, clients)
+    }
+}
+
+fn hostnames(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("node{i:03}")).collect()
+}
+
+struct Job {
+    shared: Arc<Shared>,
+    handle: DriverHandle,
+    done: mpsc::Receiver<io::Result<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Job {
+    /// Posts an event to the driver, as a host's other threads do.
+    fn post(&self, event: Event) {
+        assert!(self.handle.post(event).is_ok(), "the driver is gone");
+    }
+
+    /// Checks that `Driver::run` returned `Ok` (within [`TIMEOUT`]); call it once every client is dropped.
+    fn finished(mut self) {
+        match self.done.recv_timeout(TIMEOUT) {
+            Ok(result) => result.expect("Driver::run failed"),
+            Err(e) => panic!("Driver::run did not return after every task closed its connection: {e}"),
+        }
+        self.thread.take().unwrap().join().expect("the progress thread panicked");
+    }
+
+    /// Whether `Driver::run` is still running.
+    fn running(&self) -> bool {
+        matches!(self.done.try_recv(), Err(mpsc::TryRecvError::Empty))
+    }
+}
+
+impl Drop for Job {
+    /// A test that failed half-way must not leave a progress thread behind.
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.handle.post(Event::Stop);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The task side of a connection.
+
+struct Client {
+    rank: u32,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Client {
+    fn new(rank: u32, stream: UnixStream) -> Client {
+        stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(TIMEOUT)).unwrap();
+        let writer = stream.try_clone().unwrap();
+        Client { rank, reader: BufReader::new(stream), writer }
+    }
+
+    /// Writes `bytes` as they are.
+    fn send(&mut self, bytes: impl AsRef<[u8]>) {
+        self.writer.write_all(bytes.as_ref()).unwrap_or_else(|e| panic!("rank {}: write failed: {e}", self.rank));
+    }
+
+    /// Reads one line, newline included, without checking it.
+    fn raw_line(&mut self) -> Vec<u8> {
+        let mut line = Vec::new();
+        match self.reader.read_until(b'\n', &mut line) {
+            Ok(0) => panic!("rank {}: the server closed the connection instead of answering", self.rank),
+            Ok(_) if line.ends_with(b"\n") => line,
+            Ok(_) => panic!("rank {}: the connection closed in the middle of {:?}", self.rank, lossy(&line)),
+            Err(e) => panic!("rank {}: no answer within {TIMEOUT:?} ({e}); read so far {:?}", self.rank, lossy(&line)),
+        }
+    }
+
+    /// Reads one response line and checks it against clients.md's rules; returns it without its newline.
+    fn recv(&mut self) -> String {
+        let line = self.raw_line();
+        check_response(&line);
+        String::from_utf8(line).unwrap().trim_end_matches('\n').to_string()
+    }
+
+    /// Sends one request line (the newline is added) and reads its response.
+    fn ask(&mut self, request: &str) -> String {
+        self.send(format!("{request}\n"));
+        self.recv()
+    }
+
+    /// `cmd=init pmi_version=1 pmi_subversion=1`, which must succeed.
+    fn init(&mut self) {
+        assert_eq!(
+            self.ask("cmd=init pmi_version=1 pmi_subversion=1"),
+            "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"
+        );
+    }
+
+    fn put(&mut self, key: &str, value: &str) -> String {
+        self.ask(&format!("cmd=put kvsname={KVS} key={key} value={value}"))
+    }
+
+    fn get(&mut self, key: &str) -> String {
+        self.ask(&format!("cmd=get kvsname={KVS} key={key}"))
+    }
+
+    /// Asserts that this task was cut off (RFC 13: the connection of a task that broke the protocol is
+    /// closed): nothing was sent to it, and its connection is closed.
+    fn assert_cut_off(&mut self) {
+        assert!(self.reader.buffer().is_empty(), "rank {}: unexpected {:?}", self.rank, lossy(self.reader.buffer()));
+        let mut byte = [0u8; 1];
+        match self.reader.get_mut().read(&mut byte) {
+            Ok(0) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+            other => panic!("rank {}: expected the connection closed, got {other:?} ({:?})", self.rank, lossy(&byte)),
+        }
+    }
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// clients.md: a response line begins with `cmd=`, fits in 1024 bytes with its newline, and has no token
+/// `key=` with an empty value (and so no stray token without `=`); `value=` runs to the end of the line.
+fn check_response(line: &[u8]) {
+    if let Err(why) = response_rules(line) {
+        panic!("{why}: {:?}", lossy(line));
+    }
+}
+
+fn response_rules(line: &[u8]) -> Result<(), &'static str> {
+    if line.len() > MAX_RESPONSE_LINE {
+        return Err("a response over 1024 bytes");
+    }
+    let body = line.strip_suffix(b"\n").ok_or("a response without newline")?;
+    if !body.starts_with(b"cmd=") {
+        return Err("a response that does not begin with cmd=");
+    }
+    let mut rest = std::str::from_utf8(body).map_err(|_| "a response that is not text")?;
+    while !rest.is_empty() {
+        let (token, next) = rest.split_once(' ').unwrap_or((rest, ""));
+        let (key, value) = token.split_once('=').ok_or("a token without '='")?;
+        if key.is_empty() {
+            return Err("a token with an empty key");
+        }
+        if key == "value" {
+            return if rest == "value=" { Err("an empty value=") } else { Ok(()) };
+        }
+        if value.is_empty() {
+            return Err("an empty key= token");
+        }
+        if next.starts_with(' ') {
+            return Err("a double space");
+        }
+        rest = next;
+    }
+    Ok(())
+}
+
+/// The checks above catch what real clients choke on (a check that passes everything would prove nothing).
+#[test]
+fn the_response_rules_reject_what_real_clients_reject() {
+    for good in [&b"cmd=barrier_out rc=0\n"[..], b"cmd=get_result rc=0 value=a b=c  d\n"] {
+        assert_eq!(response_rules(good), Ok(()), "{}", lossy(good));
+    }
+    let long = format!("cmd=get_result rc=0 value={}\n", "v".repeat(1000));
+    for bad in [
+        long.as_bytes(),
+        b"cmd=barrier_out rc=0",
+        b"rc=0 cmd=barrier_out\n",
+        b"cmd=my_kvsname rc=0 kvsname=\n",
+        b"cmd=get_result rc=-1 msg=key not found\n",
+        b"cmd=get_result rc=0 value=\n",
+        b"cmd=maxes rc=0  kvsname_max=64\n",
+        b"000023cmd=init;\n",
+    ] {
+        assert!(response_rules(bad).is_err(), "{}", lossy(bad));
+    }
+}
+
+/// The value of `key` in a response line (`value=` runs to the end of the line).
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = line;
+    while !rest.is_empty() {
+        let (token, next) = rest.split_once(' ').unwrap_or((rest, ""));
+        if let Some((k, v)) = token.split_once('=') {
+            if k == "value" {
+                return (key == "value").then(|| &rest["value=".len()..]);
+            }
+            if k == key {
+                return Some(v);
+            }
+        }
+        rest = next;
+    }
+    None
+}
+
+fn rc(line: &str) -> i32 {
+    field(line, "rc").unwrap_or_else(|| panic!("no rc= in {line:?}")).parse().unwrap()
+}
+
+/// One put of another shell, as it travels in that shell's contribution.
+fn contribution(puts: &[(u32, &str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &(rank, key, value) in puts {
+        kvs::encode(&mut out, rank, key.as_bytes(), value.as_bytes());
+    }
+    out
+}
+
+/// Sends `barrier_in` from every client, then reads every `barrier_out`.
+fn barrier(clients: &mut [Client]) -> Vec<String> {
+    for c in clients.iter_mut() {
+        c.send("cmd=barrier_in\n");
+    }
+    clients.iter_mut().map(Client::recv).collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Initialization and process group information.
+
+/// RFC 13: the client sends the highest version it supports and the server answers with the version used.
+/// rpmi serves PMI 1.1: 1.0 and 1.1 clients are served; 1.2 is answered with 1.1 (clients.md: answering 1.2
+/// obliges the server to barrier groups); a PMI-2 client is refused with a log naming it; anything else is
+/// refused. Every answer carries both `pmi_version` and `pmi_subversion` (newer MPICH needs both).
+#[test]
+fn init_negotiates_pmi_1_1_and_refuses_other_versions() {
+    let cases: &[(&str, bool)] = &[
+        ("1 0", true),
+        ("1 1", true),
+        ("1 2", true),
+        ("2 0", false),
+        ("2 1", false),
+        ("0 0", false),
+        ("3 0", false),
+        ("1 -1", false),
+        ("-1 1", false),
+    ];
+    let (job, mut clients) = Setup::block(&[cases.len() as u32], 0).start();
+    for ((versions, ok), c) in cases.iter().zip(clients.iter_mut()) {
+        let (v, s) = versions.split_once(' ').unwrap();
+        let answer = c.ask(&format!("cmd=init pmi_version={v} pmi_subversion={s}"));
+        assert!(answer.starts_with("cmd=response_to_init "), "{answer}");
+        assert_eq!(field(&answer, "pmi_version"), Some("1"), "{versions}: {answer}");
+        assert_eq!(field(&answer, "pmi_subversion"), Some("1"), "{versions}: {answer}");
+        if *ok {
+            assert_eq!(rc(&answer), 0, "{versions}: {answer}");
+        } else {
+            assert_ne!(rc(&answer), 0, "{versions}: {answer}");
+            assert!(field(&answer, "msg").is_some(), "{versions}: a refusal says why: {answer}");
+        }
+    }
+    let pmi2_ranks = [3, 4];
+    let record = job.shared.get();
+    for rank in pmi2_ranks {
+        assert!(
+            record.logs.iter().any(
+                |(level, m)| *level == log::Level::Error && m.contains(&format!("rank {rank} runs a PMI-2 client"))
+            ),
+            "no error log names rank {rank}'s PMI-2 client: {:?}",
+            record.logs
+        );
+    }
+    assert!(record.errors.is_empty(), "a refused init is not a protocol error: {:?}", record.errors);
+    drop(record);
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13 (Back Compatibility): clients from before PMI 1.1 send no init at all; they are served.
+#[test]
+fn a_client_that_never_sends_init_is_served() {
+    let (job, mut clients) = Setup::block(&[2, 2], 1).start();
+    let c = &mut clients[0];
+    assert_eq!(c.ask("cmd=get_maxes"), "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024");
+    assert_eq!(c.ask("cmd=get_universe_size"), "cmd=universe_size rc=0 size=4");
+    assert_eq!(c.ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    assert_eq!(c.ask("cmd=get_my_kvsname"), format!("cmd=my_kvsname rc=0 kvsname={KVS}"));
+    assert_eq!(c.put("card-2", "abc"), "cmd=put_result rc=0");
+    assert_eq!(c.get("card-2"), "cmd=get_result rc=0 value=abc");
+    assert!(barrier(&mut clients).iter().all(|l| l == "cmd=barrier_out rc=0"));
+    for c in &mut clients {
+        assert_eq!(c.ask("cmd=finalize"), "cmd=finalize_ack rc=0");
+    }
+    assert!(job.shared.get().errors.is_empty());
+    drop(clients);
+    job.finished();
+}
+
+/// `get_maxes` advertises 64/64/1024 (clients.md: what MPICH 4.0.2 can live with), and the process group
+/// information commands answer with the job's.
+#[test]
+fn maxes_universe_size_appnum_and_kvsname() {
+    let (job, mut clients) = Setup::block(&[3, 5], 1).start();
+    for c in &mut clients {
+        c.init();
+        assert_eq!(c.ask("cmd=get_maxes"), "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024");
+        assert_eq!(c.ask("cmd=get_universe_size"), "cmd=universe_size rc=0 size=8");
+        assert_eq!(c.ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+        assert_eq!(c.ask("cmd=get_my_kvsname"), format!("cmd=my_kvsname rc=0 kvsname={KVS}"));
+    }
+    drop(clients);
+    job.finished();
+}
+
+/// A host may advertise smaller maxes; what it advertises is what it enforces (the NUL counted, as PMI
+/// counts).
+#[test]
+fn configured_maxes_are_advertised_and_enforced() {
+    let limits = Limits { kvsname_max: 32, keylen_max: 16, vallen_max: 512, ..Limits::default() };
+    let (job, mut clients) = Setup::block(&[1], 0).limits(limits).start();
+    let c = &mut clients[0];
+    assert_eq!(c.ask("cmd=get_maxes"), "cmd=maxes rc=0 kvsname_max=32 keylen_max=16 vallen_max=512");
+    assert_eq!(c.put(&"k".repeat(15), &"v".repeat(511)), "cmd=put_result rc=0");
+    assert_eq!(rc(&c.put(&"k".repeat(16), "v")), 5);
+    assert_eq!(rc(&c.put("k", &"v".repeat(512))), 7);
+    drop(clients);
+    job.finished();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The key-value store and the barrier.
+
+/// RFC 13: what one process puts can be read by every other once all have been through the barrier; the
+/// barrier exchanges the puts with the other shells through the host's collective, and is usable as a plain
+/// synchronization without any put.
+#[test]
+fn puts_are_visible_after_the_barrier_across_tasks_and_shells() {
+    // This shell runs ranks 2 and 3 of a 3-node job; ranks 0, 1, 4 and 5 live on the other shells.
+    let others = vec![contribution(&[(0, "card-0", "from node 0"), (1, "card-1", "x=1")]), contribution(&[])];
+    let later = vec![contribution(&[(4, "late-4", "after the second barrier")])];
+    let (job, mut clients) =
+        Setup::block(&[2, 2, 2], 1).plan(vec![Collective::Gather(others), Collective::Gather(later)]).start();
+    for c in &mut clients {
+        c.init();
+    }
+    assert_eq!(clients[0].put("card-2", "two"), "cmd=put_result rc=0");
+    assert_eq!(clients[1].put("card-3", "three"), "cmd=put_result rc=0");
+    assert_ne!(rc(&clients[0].get("card-0")), 0, "another shell's put is not visible before the barrier");
+    assert!(job.shared.get().collectives.is_empty(), "no collective before every local task is in the barrier");
+    assert_eq!(barrier(&mut clients), ["cmd=barrier_out rc=0", "cmd=barrier_out rc=0"]);
+    assert_eq!(job.shared.get().collectives, [contribution(&[(2, "card-2", "two"), (3, "card-3", "three")])]);
+    for c in &mut clients {
+        assert_eq!(c.get("card-0"), "cmd=get_result rc=0 value=from node 0");
+        assert_eq!(c.get("card-1"), "cmd=get_result rc=0 value=x=1");
+        assert_eq!(c.get("card-2"), "cmd=get_result rc=0 value=two");
+        assert_eq!(c.get("card-3"), "cmd=get_result rc=0 value=three");
+        assert_ne!(rc(&c.get("late-4")), 0);
+    }
+    // A barrier with nothing put still goes through the collective (with an empty contribution).
+    assert_eq!(barrier(&mut clients), ["cmd=barrier_out rc=0", "cmd=barrier_out rc=0"]);
+    assert_eq!(job.shared.get().collectives.len(), 2);
+    assert!(job.shared.get().collectives[1].is_empty());
+    assert_eq!(clients[1].get("late-4"), "cmd=get_result rc=0 value=after the second barrier");
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13: a value may be as long as `vallen_max` allows; rpmi's bound is `Limits::value_max()` (866 at the
+/// default maxes: what MPICH 4.0.2 can read back, clients.md). One character more is refused with
+/// `PMI_ERR_INVALID_VAL_LENGTH` (7).
+#[test]
+fn a_value_of_the_longest_allowed_length_round_trips_and_one_more_is_rc_7() {
+    let value_max = Limits::default().value_max();
+    assert_eq!(value_max, 866);
+    let (job, mut clients) = Setup::block(&[2], 0).start();
+    let longest: String = (0..value_max).map(|i| (b'A' + (i % 26) as u8) as char).collect();
+    assert_eq!(clients[0].put("big", &longest), "cmd=put_result rc=0");
+    assert_eq!(barrier(&mut clients), ["cmd=barrier_out rc=0", "cmd=barrier_out rc=0"]);
+    assert_eq!(clients[1].get("big"), format!("cmd=get_result rc=0 value={longest}"));
+    let answer = clients[0].put("big2", &format!("{longest}Z"));
+    assert_eq!(rc(&answer), 7, "{answer}");
+    assert_ne!(rc(&clients[1].get("big2")), 0, "a refused put stores nothing");
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13: a key may be `keylen_max - 1` characters long; one more is `PMI_ERR_INVALID_KEY_LENGTH` (5), for
+/// put and get alike.
+#[test]
+fn a_key_longer_than_keylen_max_is_rc_5() {
+    let (job, mut clients) = Setup::block(&[1], 0).start();
+    let c = &mut clients[0];
+    let key63 = "k".repeat(63);
+    let key64 = "k".repeat(64);
+    assert_eq!(c.put(&key63, "v"), "cmd=put_result rc=0");
+    assert_eq!(c.get(&key63), "cmd=get_result rc=0 value=v");
+    assert_eq!(rc(&c.put(&key64, "v")), 5);
+    assert_eq!(rc(&c.get(&key64)), 5);
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13: a get of a key nobody put fails; clients.md: the failure carries no `value=` token at all.
+#[test]
+fn a_get_of_a_missing_key_fails_without_a_value() {
+    let (job, mut clients) = Setup::block(&[1], 0).start();
+    let answer = clients[0].get("nobody-put-this");
+    assert!(answer.starts_with("cmd=get_result "), "{answer}");
+    assert_ne!(rc(&answer), 0, "{answer}");
+    assert!(!answer.contains("value="), "{answer}");
+    // Newer MPICH asks for these; "not found" is fine (clients.md).
+    for key in ["PMI_hwloc_xmlfile", "PMI_mpi_memory_alloc_kinds"] {
+        let answer = clients[0].get(key);
+        assert_ne!(rc(&answer), 0, "{answer}");
+        assert_eq!(field(&answer, "value"), None, "{answer}");
+    }
+    drop(clients);
+    job.finished();
+}
+
+/// clients.md: `value=` runs to the end of the line, so a value may hold spaces and `=`; it comes back as put.
+#[test]
+fn a_value_with_spaces_and_equals_signs_round_trips() {
+    let (job, mut clients) = Setup::block(&[2], 0).start();
+    let value = "a b=c  d==e\tf key=x cmd=get";
+    assert_eq!(clients[0].put("spaced", value), "cmd=put_result rc=0");
+    barrier(&mut clients);
+    assert_eq!(clients[1].get("spaced"), format!("cmd=get_result rc=0 value={value}"));
+    assert_eq!(job.shared.get().collectives[0], contribution(&[(0, "spaced", value)]));
+    drop(clients);
+    job.finished();
+}
+
+/// The duplicate-key rule (kvs.rs): a key belongs to the rank that first put it, which may put it again;
+/// another rank may put the same value, but a different one is refused with `PMI_ERR_INVALID_KEY` (4).
+#[test]
+fn a_key_may_be_put_again_by_its_owner_but_not_changed_by_another_rank() {
+    let (job, mut clients) = Setup::block(&[2, 2], 1).start();
+    assert_eq!(clients[0].put("k", "one"), "cmd=put_result rc=0");
+    assert_eq!(clients[0].put("k", "two"), "cmd=put_result rc=0", "the owner may put its key again");
+    assert_eq!(clients[1].put("k", "two"), "cmd=put_result rc=0", "the same value from another rank is harmless");
+    let answer = clients[1].put("k", "three");
+    assert_eq!(rc(&answer), 4, "{answer}");
+    assert!(field(&answer, "msg").is_some_and(|m| m.contains("rank_2")), "names the owner: {answer}");
+    assert_eq!(rc(&clients[1].put(PROCESS_MAPPING_KEY, "(vector,(0,1,1))")), 4, "the server's key");
+    assert_eq!(barrier(&mut clients), ["cmd=barrier_out rc=0", "cmd=barrier_out rc=0"]);
+    assert_eq!(job.shared.get().collectives[0], contribution(&[(2, "k", "one"), (2, "k", "two")]));
+    assert_eq!(clients[1].get("k"), "cmd=get_result rc=0 value=two");
+    drop(clients);
+    job.finished();
+}
+
+/// The duplicate-key rule across shells: two ranks on different shells putting different values under one
+/// key in the same epoch fail the barrier on every shell, with a message naming the key and both ranks.
+#[test]
+fn conflicting_puts_on_two_shells_fail_the_barrier_naming_key_and_ranks() {
+    let theirs = vec![contribution(&[(0, "k", "theirs")])];
+    let (job, mut clients) = Setup::block(&[1, 1], 1).plan(vec![Collective::Gather(theirs)]).start();
+    assert_eq!(clients[0].put("k", "mine"), "cmd=put_result rc=0");
+    let outs = barrier(&mut clients);
+    let [out] = &outs[..] else { unreachable!() };
+    assert_ne!(rc(out), 0, "{out}");
+    let msg = field(out, "msg").unwrap_or_else(|| panic!("no msg in {out}"));
+    assert!(msg.contains("ranks_1_and_0") && msg.contains("'k'"), "{out}");
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13: the barrier fails when the collective fails: every task waiting in it gets `barrier_out` with a
+/// non-zero rc; the next barrier works again.
+#[test]
+fn a_failed_collective_fails_the_barrier_of_every_waiting_task() {
+    let (job, mut clients) = Setup::block(&[3, 1], 0).plan(vec![Collective::Fail("node 1 unreachable")]).start();
+    for out in barrier(&mut clients) {
+        assert_ne!(rc(&out), 0, "{out}");
+        assert_eq!(field(&out, "msg"), Some("node_1_unreachable"), "{out}");
+    }
+    assert!(job.shared.get().logs.iter().any(|(_, m)| m.contains("node 1 unreachable")));
+    assert!(barrier(&mut clients).iter().all(|out| out == "cmd=barrier_out rc=0"));
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13: PMI-1 is lock-step; a request sent while the barrier still waits breaks the protocol.
+#[test]
+fn a_request_while_the_barrier_waits_is_a_protocol_error() {
+    let (job, mut clients) = Setup::block(&[2], 0).start();
+    clients[0].send("cmd=barrier_in\ncmd=get_maxes\n");
+    let record = job.shared.wait_for("a protocol error", |r| !r.errors.is_empty());
+    assert!(
+        matches!(&record.errors[..], [JobError::Protocol { rank: 0, reason, .. }] if reason.contains("still waits")),
+        "{:?}",
+        record.errors
+    );
+    drop(record);
+    // Rank 0 left the barrier by breaking the protocol: rank 1's barrier cannot complete.
+    let out = clients[1].ask("cmd=barrier_in");
+    assert_ne!(rc(&out), 0, "{out}");
+    clients[0].assert_cut_off();
+    drop(clients);
+    job.finished();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// PMI_process_mapping (RFC 13's table) and Intel's get_ranks2hosts.
+
+/// `get` of `PMI_process_mapping` from a task of node 0's shell.
+fn process_mapping_via_get(map: TaskMap) -> String {
+    let hosts = hostnames(map.node_count());
+    let (job, mut clients) = Setup::new(JobInfo::new(KVS, map, vec![0], hosts)).start();
+    let answer = clients[0].get(PROCESS_MAPPING_KEY);
+    drop(clients);
+    job.finished();
+    answer
+}
+
+/// RFC 13's table of `PMI_process_mapping` examples, block and cyclic, read with `get` as MPICH does.
+/// Cyclic 4096x256 does not fit in a value: RFC 13 says to return an empty value, but real clients die on
+/// that (clients.md), so the key is absent and the get fails: a documented deviation.
+#[test]
+fn pmi_process_mapping_follows_the_rfc_13_table() {
+    let table: &[(&[u32], &str, &str)] = &[
+        (&[2; 2], "(vector,(0,2,2))", "(vector,(0,2,1),(0,2,1))"),
+        (&[4; 2], "(vector,(0,2,4))", "(vector,(0,2,1),(0,2,1),(0,2,1),(0,2,1))"),
+        (&[2, 2, 4, 4], "(vector,(0,2,2),(2,2,4))", "(vector,(0,4,1),(0,4,1),(2,2,1),(2,2,1))"),
+    ];
+    for &(ppn, block, cyclic) in table {
+        assert_eq!(process_mapping_via_get(TaskMap::block(ppn)), format!("cmd=get_result rc=0 value={block}"));
+        assert_eq!(process_mapping_via_get(TaskMap::cyclic(ppn)), format!("cmd=get_result rc=0 value={cyclic}"));
+    }
+    assert_eq!(
+        process_mapping_via_get(TaskMap::block(&[256; 4096])),
+        "cmd=get_result rc=0 value=(vector,(0,4096,256))"
+    );
+    let absent = process_mapping_via_get(TaskMap::cyclic(&[256; 4096]));
+    assert!(absent.starts_with("cmd=get_result "), "{absent}");
+    assert_ne!(rc(&absent), 0, "{absent}");
+    assert_eq!(field(&absent, "value"), None, "absent, never empty: {absent}");
+}
+
+/// A map that is neither block nor cyclic: consecutive ranks on one node make a run, runs of equal length on
+/// consecutive nodes one block.
+#[test]
+fn pmi_process_mapping_of_an_irregular_map() {
+    assert_eq!(
+        process_mapping_via_get(TaskMap::new(vec![1, 1, 0, 2, 2])),
+        "cmd=get_result rc=0 value=(vector,(1,1,2),(0,1,1),(2,1,2))"
+    );
+    assert_eq!(
+        process_mapping_via_get(TaskMap::new(vec![0, 0, 1, 1, 2, 0, 3, 3, 3])),
+        "cmd=get_result rc=0 value=(vector,(0,2,2),(2,1,1),(0,1,1),(3,1,3))"
+    );
+    assert_eq!(process_mapping_via_get(TaskMap::block(&[1])), "cmd=get_result rc=0 value=(vector,(0,1,1))");
+}
+
+/// Intel's extension, byte for byte: the worked example of its specification (8 ranks, node001 holding the
+/// odd ones): two lines without `cmd=`, `<msglen>` counting the second line with its newline, plus one.
+#[test]
+fn get_ranks2hosts_answers_the_intel_example_byte_for_byte() {
+    const WANT: &[u8] = b"put_ranks2hosts 40 2\n7 node001 1,3,5,7, 7 node002 0,2,4,6, \n";
+    let second = &WANT[WANT.iter().position(|&b| b == b'\n').unwrap() + 1..];
+    assert_eq!(second.len() + 1, 40, "the spec's msglen");
+    let map = TaskMap::new(vec![1, 0, 1, 0, 1, 0, 1, 0]);
+    let hosts = vec!["node001".to_string(), "node002".to_string()];
+    for node in [0, 1] {
+        let local = map.clique(node);
+        let (job, mut clients) = Setup::new(JobInfo::new(KVS, map.clone(), local, hosts.clone())).start();
+        for c in &mut clients {
+            c.init();
+            c.send("cmd=get_ranks2hosts\n");
+            let mut got = c.raw_line();
+            got.extend(c.raw_line());
+            assert_eq!(lossy(&got), lossy(WANT), "rank {}", c.rank);
+            // Nothing follows the two lines: the next answer is the next request's.
+            assert_eq!(c.ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+        }
+        drop(clients);
+        job.finished();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The parser's tolerance (RFC 13: any order, extra white space, extra keys) and its strictness.
+
+#[test]
+fn tuples_in_any_order_with_extra_white_space_and_unknown_keys_are_accepted() {
+    let (job, mut clients) = Setup::block(&[1], 0).start();
+    let c = &mut clients[0];
+    assert_eq!(
+        c.ask("  pmi_subversion=1\tcmd=init   pmi_version=1  client=legacy "),
+        "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"
+    );
+    assert_eq!(c.ask("cmd=get_maxes\t extra=1"), "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024");
+    assert_eq!(c.ask(&format!("key=k1  kvsname={KVS}\tcmd=put hint=x value=v 1")), "cmd=put_result rc=0");
+    assert_eq!(c.ask(&format!("key=k1 foo=bar   kvsname={KVS} cmd=get")), "cmd=get_result rc=0 value=v 1");
+    assert_eq!(c.ask("cmd=get_appnum\r"), "cmd=appnum rc=0 appnum=0", "a CR before the newline");
+    assert!(job.shared.get().errors.is_empty());
+    drop(clients);
+    job.finished();
+}
+
+/// Commands are matched exactly (design.md: flux-core's prefix matching is the flaw to avoid):
+/// `cmd=get_maxes` is never `get`, and `cmd=initack` is an unknown command, a protocol error.
+#[test]
+fn get_maxes_is_not_get_and_initack_is_an_unknown_command() {
+    let (job, mut clients) = Setup::block(&[2, 2], 1).start();
+    assert_eq!(
+        clients[0].ask(&format!("cmd=get_maxes kvsname={KVS} key=k")),
+        "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024"
+    );
+    clients[1].send("cmd=initack\ncmd=get_maxes\n");
+    let record = job.shared.wait_for("a protocol error", |r| !r.errors.is_empty());
+    assert_eq!(
+        record.errors,
+        [JobError::Protocol { rank: 3, line: "cmd=initack".into(), reason: "unknown command 'initack'".into() }]
+    );
+    drop(record);
+    // The connection is dead: not even the get_maxes after it is answered; others are served.
+    assert_eq!(clients[0].ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    clients[1].assert_cut_off();
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13: a protocol error ends the task's connection; the job error names the rank and the line.
+#[test]
+fn a_malformed_line_is_a_protocol_error_naming_rank_and_line() {
+    for (line, reason) in [
+        ("hello world", "a token is not of the form key=value"),
+        ("cmd=put kvsname=kvs_13 key=k", "'put' request without its 'value=' field"),
+        ("cmd=init pmi_version=one pmi_subversion=1", "'pmi_version=' is not an integer"),
+        ("mcmd=respawn", "unknown command 'mcmd=respawn'"),
+        ("=x cmd=get_maxes", "a token is not of the form key=value"),
+    ] {
+        let (job, mut clients) = Setup::block(&[4, 3], 1).start();
+        clients[1].send(format!("{line}\ncmd=get_maxes\n"));
+        let record = job.shared.wait_for("a protocol error", |r| !r.errors.is_empty());
+        assert_eq!(record.errors, [JobError::Protocol { rank: 5, line: line.into(), reason: reason.into() }]);
+        let message = record.errors[0].to_string();
+        assert!(message.starts_with("rank 5: PMI protocol error: "), "{message}");
+        assert!(message.contains(line), "{message}");
+        drop(record);
+        assert_eq!(clients[0].ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+        clients[1].assert_cut_off();
+        drop(clients);
+        job.finished();
+    }
+}
+
+/// Request lines are bounded by `Limits::request_line_max` (4096 bytes with the newline, room for the
+/// longest put): a line of exactly that length is served, one byte more is a protocol error.
+#[test]
+fn a_request_line_of_request_line_max_is_served_and_one_byte_more_is_a_protocol_error() {
+    let max = Limits::default().request_line_max;
+    let line = |len: usize| {
+        let head = "cmd=get_appnum padding=";
+        format!("{head}{}\n", "p".repeat(len - head.len() - 1))
+    };
+    let (job, mut clients) = Setup::block(&[2], 0).start();
+    clients[0].send(line(max));
+    assert_eq!(clients[0].recv(), "cmd=appnum rc=0 appnum=0");
+    clients[1].send(line(max + 1));
+    let record = job.shared.wait_for("a protocol error", |r| !r.errors.is_empty());
+    assert!(
+        matches!(&record.errors[..], [JobError::Protocol { rank: 1, reason, .. }] if reason.contains("longer than 4096")),
+        "{:?}",
+        record.errors
+    );
+    drop(record);
+    assert_eq!(clients[0].ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    clients[1].assert_cut_off();
+    drop(clients);
+    job.finished();
+}
+
+/// Untrusted input is bounded: a task writing 1 MiB without a newline is cut off (a job error naming the
+/// rank, with an excerpt of the line, not the line), the server keeps reading and discarding (the writer
+/// is not left blocked), and every other task keeps being served.
+#[test]
+fn a_mebibyte_line_without_newline_cuts_off_only_its_task() {
+    let (job, mut clients) = Setup::block(&[2, 2], 1).start();
+    for c in &mut clients {
+        c.init();
+    }
+    let mut flooder = clients.remove(0);
+    let writer = thread::spawn(move || {
+        let result = flooder.writer.write_all(&vec![b'x'; 1 << 20]);
+        (flooder, result)
+    });
+    let record = job.shared.wait_for("the flooder cut off", |r| !r.errors.is_empty());
+    let [JobError::Protocol { rank: 2, line, reason }] = &record.errors[..] else {
+        panic!("{:?}", record.errors);
+    };
+    assert_eq!(reason, "a line longer than 4096 bytes");
+    assert!(line.starts_with("xxxxxxxx") && line.len() < 200, "an excerpt, not the line: {line}");
+    assert!(record.errors[0].to_string().starts_with("rank 2: "), "{}", record.errors[0]);
+    drop(record);
+    // The other task is served while (or after) the flood goes on.
+    assert_eq!(clients[0].put("still", "served"), "cmd=put_result rc=0");
+    assert_eq!(clients[0].get("still"), "cmd=get_result rc=0 value=served");
+    let (mut flooder, result) = writer.join().unwrap();
+    match result {
+        Ok(()) => {}
+        Err(e) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {}
+        Err(e) => panic!("the flood was neither taken nor refused: {e}"),
+    }
+    // Cut off for good: a newline and a request now change nothing.
+    let _ = flooder.writer.write_all(b"\ncmd=get_maxes\n");
+    assert_eq!(clients[0].ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    flooder.assert_cut_off();
+    assert_eq!(job.shared.get().errors.len(), 1);
+    drop(flooder);
+    // The cut-off task cannot hold up the others' barrier forever: it fails at once.
+    let out = clients[0].ask("cmd=barrier_in");
+    assert_ne!(rc(&out), 0, "{out}");
+    drop(clients);
+    job.finished();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Tasks that leave: disconnect, abort, finalize.
+
+/// A task that closes its connection (exits or crashes) while others wait for it in the barrier: the others
+/// get `barrier_out` with a non-zero rc at once, and the job error names the rank (the host ends the job).
+#[test]
+fn a_task_disconnecting_mid_barrier_fails_the_barrier_of_the_others_promptly() {
+    let (job, mut clients) = Setup::block(&[3, 3], 1).start();
+    for c in &mut clients {
+        c.init();
+    }
+    clients[0].send("cmd=barrier_in\n");
+    clients[2].send("cmd=barrier_in\n");
+    drop(clients.remove(1));
+    for c in &mut clients {
+        let out = c.recv();
+        assert!(out.starts_with("cmd=barrier_out "), "{out}");
+        assert_ne!(rc(&out), 0, "{out}");
+        assert!(field(&out, "msg").is_some_and(|m| m.contains("rank_4")), "{out}");
+    }
+    let record = job.shared.wait_for("the lost task", |r| !r.errors.is_empty());
+    assert_eq!(record.errors, [JobError::TaskLost { rank: 4, finalized: false }]);
+    assert!(record.errors[0].to_string().starts_with("rank 4 closed its PMI connection"));
+    assert!(record.collectives.is_empty(), "the collective never started");
+    drop(record);
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13: `PMI_Abort` ends the job; the host gets the exit code (negative codes included, clients.md) and
+/// the message (spaces and `=` included), and the task gets RFC 13's `S:abort`, an empty line (MPICH 4.0.2
+/// waits for it). An abort is not reported again as a lost task.
+#[test]
+fn abort_reaches_the_host_with_its_code_and_message_and_gets_an_empty_line() {
+    let (job, mut clients) = Setup::block(&[2, 2], 1).start();
+    for c in &mut clients {
+        c.init();
+    }
+    clients[1].send("cmd=abort exitcode=-7 message=rank 3: out of memory = bad\n");
+    assert_eq!(clients[1].raw_line(), b"\n");
+    assert_eq!(job.shared.get().aborts, [(3, -7, "rank 3: out of memory = bad".to_string())]);
+    // MPICH 4.0.2's form, without a message.
+    clients[0].send("cmd=abort exitcode=-1\n");
+    assert_eq!(clients[0].raw_line(), b"\n");
+    let shared = job.shared.clone();
+    assert_eq!(shared.get().aborts[1], (2, -1, String::new()));
+    drop(clients);
+    job.finished();
+    assert!(shared.get().errors.is_empty(), "an abort is not reported again: {:?}", shared.get().errors);
+}
+
+/// RFC 13: `finalize` is acknowledged; closing the connection after it is how every task ends, quietly.
+#[test]
+fn finalize_is_acknowledged_and_leaving_after_it_is_quiet() {
+    let (job, mut clients) = Setup::block(&[3], 0).start();
+    for c in &mut clients {
+        c.init();
+    }
+    assert!(barrier(&mut clients).iter().all(|out| out == "cmd=barrier_out rc=0"));
+    for c in &mut clients {
+        assert_eq!(c.ask("cmd=finalize"), "cmd=finalize_ack rc=0");
+    }
+    let shared = job.shared.clone();
+    drop(clients);
+    job.finished();
+    assert!(shared.get().errors.is_empty(), "{:?}", shared.get().errors);
+}
+
+/// The progress thread ends by itself: `Driver::run` returns once every task has closed its connection, and
+/// not before.
+#[test]
+fn the_driver_returns_once_every_task_has_closed_its_connection() {
+    let (job, mut clients) = Setup::block(&[3], 0).start();
+    for c in &mut clients {
+        c.init();
+    }
+    let mut last = clients.pop().unwrap();
+    drop(clients);
+    // The two closes reach the driver before this answer does, or in the same round: it still runs.
+    assert_eq!(last.ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    assert!(job.running(), "Driver::run returned with a task still connected");
+    assert_eq!(last.ask("cmd=finalize"), "cmd=finalize_ack rc=0");
+    drop(last);
+    job.finished();
+}
+
+/// A host's other thread can hand over connections (`Event::Attach`) once the driver runs, and stop it
+/// (`Event::Stop`) with tasks still connected.
+#[test]
+fn connections_attached_through_the_handle_are_served_and_a_stop_ends_the_driver() {
+    let (job, mut clients) = Setup::block(&[2], 0).attach_by_event().start();
+    for c in &mut clients {
+        c.init();
+    }
+    assert!(barrier(&mut clients).iter().all(|out| out == "cmd=barrier_out rc=0"));
+    job.post(Event::Stop);
+    job.finished();
+    drop(clients);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The optional services: name publishing and spawn.
+
+/// RFC 13: publish, unpublish and lookup are OPTIONAL; a host that offers none makes them fail at once with
+/// a non-zero rc and a message.
+#[test]
+fn publish_unpublish_and_lookup_without_host_support_fail_with_a_message() {
+    let (job, mut clients) = Setup::block(&[1], 0).start();
+    let c = &mut clients[0];
+    for (request, cmd) in [
+        ("cmd=publish_name service=ocean port=tcp://h:1", "cmd=publish_result"),
+        ("cmd=unpublish_name service=ocean", "cmd=unpublish_result"),
+        ("cmd=lookup_name service=ocean", "cmd=lookup_result"),
+    ] {
+        let answer = c.ask(request);
+        assert!(answer.starts_with(&format!("{cmd} ")), "{answer}");
+        assert_ne!(rc(&answer), 0, "{answer}");
+        assert!(field(&answer, "msg").is_some(), "{answer}");
+        assert_eq!(field(&answer, "port"), None, "{answer}");
+    }
+    // The task goes on.
+    assert_eq!(c.ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    drop(clients);
+    job.finished();
+}
+
+/// A host that offers the name service answers later, from another thread, through the driver handle.
+#[test]
+fn publish_and_lookup_through_a_host_that_offers_them() {
+    let (job, mut clients) = Setup::block(&[1], 0).offer_services().start();
+    let c = &mut clients[0];
+    let steps: [(&str, HostReply, &str); 4] = [
+        ("cmd=publish_name service=ocean port=tcp://h:1", HostReply::Done, "cmd=publish_result rc=0"),
+        ("cmd=lookup_name service=ocean", HostReply::Port("tcp://h:1".into()), "cmd=lookup_result rc=0 port=tcp://h:1"),
+        (
+            "cmd=lookup_name service=sea",
+            HostReply::Failed("no such service".into()),
+            "cmd=lookup_result rc=-1 msg=no_such_service",
+        ),
+        ("cmd=unpublish_name service=ocean", HostReply::Done, "cmd=unpublish_result rc=0"),
+    ];
+    for (n, (request, reply, want)) in steps.into_iter().enumerate() {
+        c.send(format!("{request}\n"));
+        drop(job.shared.wait_for("the request", |r| r.requests.len() == n + 1));
+        job.post(Event::HostReply(0, reply));
+        assert_eq!(c.recv(), want);
+    }
+    let requests: Vec<String> = job.shared.get().requests.iter().map(|(_, r)| r.clone()).collect();
+    assert_eq!(
+        requests,
+        [
+            r#"Publish { service: "ocean", port: "tcp://h:1" }"#,
+            r#"Lookup { service: "ocean" }"#,
+            r#"Lookup { service: "sea" }"#,
+            r#"Unpublish { service: "ocean" }"#,
+        ]
+    );
+    drop(clients);
+    job.finished();
+}
+
+/// RFC 13's `C:spawn` as MPICH sends it, `argN` after `argcnt`.
+const SPAWN_ARGS_AFTER: &str = "mcmd=spawn\nnprocs=2\nexecname=./child\ntotspawns=1\nspawnssofar=1\n\
+    argcnt=2\narg1=-v\narg2=a b\npreput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$\n\
+    info_num=1\ninfo_key_0=wdir\ninfo_val_0=/tmp x\nendcmd\n";
+/// The same request with the fields in RFC 13's ABNF order, `argN` before `argcnt` (and a preput's value
+/// before its key).
+const SPAWN_ARGS_BEFORE: &str = "mcmd=spawn\nnprocs=2\nexecname=./child\ntotspawns=1\nspawnssofar=1\n\
+    arg1=-v\narg2=a b\nargcnt=2\npreput_num=1\npreput_val_0=tag#0$\npreput_key_0=PARENT_ROOT_PORT_NAME\n\
+    info_num=1\ninfo_key_0=wdir\ninfo_val_0=/tmp x\nendcmd\n";
+
+/// RFC 13: spawn is optional; a host that does not offer it makes the whole multi-line request fail with
+/// `cmd=spawn_result rc=-1`, and the task goes on.
+#[test]
+fn spawn_without_host_support_answers_spawn_result_rc_minus_1() {
+    let (job, mut clients) = Setup::block(&[1], 0).start();
+    let c = &mut clients[0];
+    c.init();
+    c.send(SPAWN_ARGS_AFTER);
+    let answer = c.recv();
+    assert!(answer.starts_with("cmd=spawn_result rc=-1"), "{answer}");
+    assert!(field(&answer, "msg").is_some(), "{answer}");
+    assert_eq!(c.ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    assert!(job.shared.get().errors.is_empty());
+    drop(clients);
+    job.finished();
+}
+
+/// clients.md: spawn's field order varies between client versions (`argN` before or after `argcnt`); both
+/// reach the host as the same request, and the host's answer comes back as `errcodes=`.
+#[test]
+fn spawn_fields_in_either_order_reach_the_host_as_the_same_request() {
+    let (job, mut clients) = Setup::block(&[2], 0).offer_services().start();
+    for (task, (c, lines)) in clients.iter_mut().zip([SPAWN_ARGS_AFTER, SPAWN_ARGS_BEFORE]).enumerate() {
+        c.init();
+        c.send(lines);
+        drop(job.shared.wait_for("the spawn request", |r| r.spawns.len() == task + 1));
+        job.post(Event::HostReply(task, HostReply::Spawned { errcodes: vec![0, 0] }));
+        assert_eq!(c.recv(), "cmd=spawn_result rc=0 errcodes=0,0");
+    }
+    let want = SpawnRequest {
+        commands: vec![SpawnCommand {
+            nprocs: 2,
+            execname: b"./child".to_vec(),
+            args: vec![b"-v".to_vec(), b"a b".to_vec()],
+            preputs: vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"tag#0$".to_vec())],
+            infos: vec![(b"wdir".to_vec(), b"/tmp x".to_vec())],
+        }],
+    };
+    let record = job.shared.get();
+    assert_eq!(record.spawns, [(0, want.clone()), (1, want)]);
+    drop(record);
+    drop(clients);
+    job.finished();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Load.
+
+/// 64 tasks of one shell (and 64 more on another shell, through the collective) run MPICH's wire-up sequence
+/// concurrently, each from its own thread: init, maxes, kvsname, process mapping, put, barrier, get every
+/// rank's card, barrier, finalize, close. A small load test, not a timed one.
+#[test]
+fn sixty_four_tasks_wire_up_concurrently() {
+    const LOCAL: u32 = 64;
+    const SIZE: u32 = 2 * LOCAL;
+    let card = |rank: u32| format!("card-{rank}-{}", "0123456789abcdef=".repeat(1 + rank as usize % 8));
+    let others: Vec<(u32, String, String)> = (LOCAL..SIZE).map(|r| (r, format!("card-{r}"), card(r))).collect();
+    let others: Vec<(u32, &str, &str)> = others.iter().map(|(r, k, v)| (*r, k.as_str(), v.as_str())).collect();
+    let plan = vec![Collective::Gather(vec![contribution(&others)]), Collective::Gather(vec![])];
+    let (job, clients) = Setup::block(&[LOCAL, LOCAL], 0).plan(plan).start();
+    let threads: Vec<_> = clients
+        .into_iter()
+        .map(|mut c| {
+            thread::spawn(move || {
+                let rank = c.rank;
+                c.init();
+                assert_eq!(c.ask("cmd=get_maxes"), "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024");
+                assert_eq!(c.ask("cmd=get_my_kvsname"), format!("cmd=my_kvsname rc=0 kvsname={KVS}"));
+                assert_eq!(c.get(PROCESS_MAPPING_KEY), "cmd=get_result rc=0 value=(vector,(0,2,64))");
+                assert_eq!(c.put(&format!("card-{rank}"), &card(rank)), "cmd=put_result rc=0");
+                assert_eq!(c.ask("cmd=barrier_in"), "cmd=barrier_out rc=0");
+                for r in (0..SIZE).map(|i| (i + rank) % SIZE) {
+                    assert_eq!(c.get(&format!("card-{r}")), format!("cmd=get_result rc=0 value={}", card(r)));
+                }
+                assert_eq!(c.ask("cmd=barrier_in"), "cmd=barrier_out rc=0");
+                assert_eq!(c.ask("cmd=finalize"), "cmd=finalize_ack rc=0");
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a task thread failed");
+    }
+    let record = job.shared.get();
+    assert!(record.errors.is_empty(), "{:?}", record.errors);
+    assert_eq!(record.collectives.len(), 2);
+    assert_eq!(record.collectives[0].split(|&b| b == b'\n').filter(|l| !l.is_empty()).count(), LOCAL as usize);
+    assert!(record.collectives[1].is_empty());
+    drop(record);
+    job.finished();
+}
+
+/// A task that pipelines requests and never reads the answers must not make the server buffer answers
+/// without bound ("untrusted input is bounded"): once the task's connection is full, the server stops
+/// reading from it, so the task's own writes stall. Then, reading, the task gets every answer, in order.
+#[test]
+fn a_task_that_does_not_read_its_answers_is_held_back() {
+    /// The task stops writing after this many bytes of requests if the server keeps taking them: at
+    /// ~30 bytes a request for ~900 bytes of answer, the server would be holding ~120 MiB of answers.
+    const CAP: usize = 4 << 20;
+    let (job, mut clients) = Setup::block(&[2], 0).start();
+    let big = "b".repeat(Limits::default().value_max());
+    assert_eq!(clients[0].put("big", &big), "cmd=put_result rc=0");
+    let request = format!("cmd=get kvsname={KVS} key=big\n");
+    let stream = clients[1].writer.try_clone().unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let mut written = 0usize;
+    let mut pending = request.as_bytes().repeat(1024);
+    'flood: while written < CAP {
+        match (&stream).write(&pending) {
+            Ok(n) => {
+                written += n;
+                pending.rotate_left(n % request.len());
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                // Stalled: wait (bounded) for the server to take more. If it never does, it holds back.
+                let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+                // SAFETY: one live pollfd.
+                if unsafe { libc::poll(&mut fd, 1, 2000) } == 0 {
+                    break 'flood;
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(written < CAP, "the server took {written} bytes of requests without their answers being read");
+    // Finish the last request, if it was cut, while reading every answer.
+    let rest = (request.len() - written % request.len()) % request.len();
+    let tail = request.as_bytes()[request.len() - rest..].to_vec();
+    stream.set_nonblocking(false).unwrap();
+    let finisher = thread::spawn(move || (&stream).write_all(&tail));
+    let answers = (written + rest) / request.len();
+    let want = format!("cmd=get_result rc=0 value={big}");
+    for _ in 0..answers {
+        assert_eq!(clients[1].recv(), want);
+    }
+    finisher.join().unwrap().unwrap();
+    assert_eq!(clients[1].ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    drop(clients);
+    job.finished();
+}
