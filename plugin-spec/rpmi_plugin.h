@@ -10,6 +10,8 @@
  *  - Arguments are borrowed for the duration of a call. Anything handed back for later use says how long it
  *    lives. No variadic functions, no format strings: text is (pointer, length) or NUL-terminated as stated.
  *  - Every fd the plugin creates is close-on-exec; only a task's own PMI_FD survives its exec.
+ *  - When a call fails, create writes the reason into its err buffer; other calls send it to the host's
+ *    log callback (stderr without one).
  */
 #ifndef RPMI_PLUGIN_H
 #define RPMI_PLUGIN_H
@@ -30,7 +32,7 @@ extern "C" {
 #define RPMI_ERR_INVALID (-1)  /* a bad argument: NULL pointer, unknown task, inconsistent job info */
 #define RPMI_ERR_VERSION (-2)  /* abi_version or struct_size the other side cannot work with */
 #define RPMI_ERR_OPTION (-3)   /* options_json is not valid JSON, or names an unknown option */
-#define RPMI_ERR_SYSTEM (-4)   /* a system call failed (socketpair, thread, epoll); see the error text */
+#define RPMI_ERR_SYSTEM (-4)   /* a system call failed (socketpair, thread, epoll, fcntl) */
 #define RPMI_ERR_STATE (-5)    /* a call out of order (task_init twice, progress in thread mode) */
 #define RPMI_ERR_INTERNAL (-6) /* a bug in the plugin (it caught a panic); the instance is unusable */
 
@@ -57,7 +59,7 @@ typedef struct rpmi_buf {
 
 /* What the host knows about the job, given to create(). Borrowed for the call; the plugin copies it. */
 typedef struct rpmi_job_info {
-    uint32_t struct_size; /* sizeof(rpmi_job_info) as the host compiled it */
+    uint32_t struct_size; /* sizeof(rpmi_job_info) as the host compiled it; at least ABI version 1's */
     /* The job's id: letters, digits, '.', '_' and '-', at most 48 characters. Same on every shell; it names
      * the job's KVS and is given to tasks as PMI_JOBID. */
     const char *job_id;
@@ -65,7 +67,9 @@ typedef struct rpmi_job_info {
     uint32_t shell_count;
     uint32_t size;                /* ranks in the job */
     const uint32_t *task_map;     /* size entries: the shell index (node) of every rank */
-    const uint32_t *local_ranks;  /* local_count entries: the rank of each local task; task i is local_ranks[i] */
+    /* local_count (>= 1) entries: the rank of each local task, task i being local_ranks[i]; exactly the ranks
+     * task_map puts on this shell. */
+    const uint32_t *local_ranks;
     uint32_t local_count;
     const char *const *hostnames; /* shell_count NUL-terminated hostnames, indexed by shell index */
     const char *options_json;     /* NULL or a JSON object of options (plugin-spec/README.md, "Options") */
@@ -77,7 +81,7 @@ typedef struct rpmi_job_info {
 /* What task_init gives the host for one task. Owned by the instance; valid until task_forked or
  * task_exit for that task, or destroy, whichever comes first. */
 typedef struct rpmi_task_env {
-    uint32_t struct_size; /* set by the host to sizeof(rpmi_task_env) before the call */
+    uint32_t struct_size; /* set by the host to sizeof(rpmi_task_env) before the call; at least version 1's */
     int child_fd;         /* the task's end of its PMI connection; the number PMI_FD names */
     size_t env_count;
     const char *const *env; /* env_count "NAME=value" strings to set in the task's environment */
@@ -98,16 +102,19 @@ typedef struct rpmi_host_ops {
     int (*collective)(void *host_data, rpmi_instance *instance, const uint8_t *data, size_t len);
 
     /* Required. End the job: exit_code is the job's exit status (PMI_Abort's code, may be negative; 1 for
-     * RPMI_ABORT_PROTOCOL and RPMI_ABORT_TASK_LOST). message (len bytes, no NUL) belongs on the job's stderr;
-     * it names the rank. `reason` is one of RPMI_ABORT_*. */
+     * RPMI_ABORT_PROTOCOL and RPMI_ABORT_TASK_LOST). message (len bytes, no NUL) belongs on the job's stderr:
+     * for RPMI_ABORT_CALLED the task's own message (may be empty), otherwise a sentence naming the rank.
+     * `reason` is one of RPMI_ABORT_*. */
     void (*abort)(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
                   size_t len);
 
     /* Optional. A message for the job's log (len bytes, no NUL). NULL: the plugin logs to stderr. */
     void (*log)(void *host_data, int32_t level, const char *message, size_t len);
 
-    /* Optional: event-loop mode. The host watches `fd` for readability and calls rpmi_plugin.progress from
-     * its loop whenever it is readable. NULL: the plugin runs one progress thread for all local tasks. */
+    /* Optional: event-loop mode. Called once, during create, on the thread calling create. The host watches
+     * `fd` for readability (level-triggered) until it calls destroy, and calls rpmi_plugin.progress from its
+     * loop whenever it is readable, never before create has returned. NULL: the plugin runs one progress
+     * thread for all local tasks, which ends once every task has closed its connection. */
     int (*watch_fd)(void *host_data, rpmi_instance *instance, int fd);
 
     /* Optional name service and spawn. Each starts a request for local task `task` and returns RPMI_OK, then
@@ -144,14 +151,16 @@ typedef struct rpmi_plugin {
     /* Parent, after fork: close the task's end in the host. */
     int (*task_forked)(rpmi_instance *instance, uint32_t task);
 
-    /* Parent, after the task exited with wait status `status`. Closes the connection if it is still open. */
+    /* Parent, after the task exited with wait status `status`. Closes the host's copy of the task's end if
+     * task_forked was not called; the plugin sees the task leave when the task's end closes. */
     int (*task_exit)(rpmi_instance *instance, uint32_t task, int status);
 
     /* Event-loop mode: do the work that made the watched fd readable. Never blocks. */
     int (*progress)(rpmi_instance *instance);
 
     /* The collective started by rpmi_host_ops.collective finished. status RPMI_OK: `parts` holds the
-     * contributions of all shells (this one's included, any order), borrowed for the call. Otherwise `error`
+     * contributions of all shells (this one's included, any order; contributions are self-delimiting, so a
+     * host may also concatenate whole contributions into fewer parts), borrowed for the call. Otherwise `error`
      * (NUL-terminated, may be NULL) says why; every task waiting in the barrier gets a failure. Any thread. */
     int (*collective_complete)(rpmi_instance *instance, int status, const rpmi_buf *parts, size_t nparts,
                                const char *error);
@@ -161,8 +170,9 @@ typedef struct rpmi_plugin {
      * process. Otherwise `result` is the failure's message (may be NULL). Any thread. */
     int (*service_complete)(rpmi_instance *instance, uint32_t task, int status, const char *result);
 
-    /* Stop serving and free the instance: joins the progress thread, closes every fd. No completion may be
-     * made for it afterwards. */
+    /* Stop serving and free the instance: joins the progress thread, closes every fd. No other call on the
+     * instance may run concurrently with it or follow it, completions included; since it joins the progress
+     * thread, the host must not hold a lock its callbacks take while calling it. */
     void (*destroy)(rpmi_instance *instance);
 } rpmi_plugin;
 

@@ -63,6 +63,12 @@ impl CHost {
         }
         let rc = call();
         if rc != ffi::RPMI_OK {
+            // Refused now: a late service_complete for it must find nothing waiting.
+            if let Ok(mut p) = self.pending.lock() {
+                if let Some(slot) = p.get_mut(task) {
+                    *slot = None;
+                }
+            }
             self.post(Event::HostReply(task, HostReply::Failed(format!("the resource manager refused it ({rc})"))));
         }
         Offered::Yes
@@ -110,7 +116,8 @@ impl Host for CHost {
             Some(f) if self.has(end_of!(log)) => unsafe {
                 f(self.ops.host_data, level as i32, message.as_ptr().cast(), message.len())
             },
-            _ => log::log!(level, "{message}"),
+            // The header's promise: without a log callback, messages go to stderr.
+            _ => eprintln!("rpmi: {message}"),
         }
     }
 

@@ -90,6 +90,19 @@ struct Instance {
     size: u32,
     job_id: String,
     spawned: bool,
+    /// The host's log callback and data, for the reasons behind error codes of later calls.
+    log: ffi::rpmi_host_ops,
+}
+
+impl Instance {
+    /// Tells the host why a call failed: through its log callback, or on stderr without one.
+    fn log_error(&self, message: &str) {
+        match self.log.log {
+            // SAFETY: the host's own callback and data, with a buffer that lives through the call.
+            Some(f) => unsafe { f(self.log.host_data, ffi::RPMI_LOG_ERROR, message.as_ptr().cast(), message.len()) },
+            None => eprintln!("rpmi: {message}"),
+        }
+    }
 }
 
 type Failure = (c_int, String);
@@ -114,11 +127,16 @@ unsafe fn instance<'a>(p: *mut rpmi_instance) -> Result<&'a Instance, Failure> {
     (p as *const Instance).as_ref().ok_or((ffi::RPMI_ERR_INVALID, "NULL instance".into()))
 }
 
-fn code(r: Result<(), Failure>) -> c_int {
+/// The return code of a call on `inst`; a failure's reason goes to the host's log.
+fn code(inst: *mut rpmi_instance, r: Result<(), Failure>) -> c_int {
     match r {
         Ok(()) => ffi::RPMI_OK,
         Err((code, msg)) => {
-            log::error!("rpmi: {msg}");
+            // SAFETY: as for every call, `inst` is NULL or a live instance.
+            match unsafe { instance(inst) } {
+                Ok(i) => i.log_error(&msg),
+                Err(_) => eprintln!("rpmi: {msg}"),
+            }
             code
         }
     }
@@ -162,6 +180,16 @@ unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, boo
     if let Some(&r) = local_ranks.iter().find(|&&r| task_map.get(r as usize) != Some(&job.shell_index)) {
         return invalid(format!("local rank {r} is not on shell {} in task_map", job.shell_index));
     }
+    // A shell serves every rank the map puts on it, and at least one: a shell without tasks would never join
+    // the collective and the others would wait for it.
+    let here = task_map.iter().filter(|&&n| n == job.shell_index).count();
+    if here == 0 || here != local_ranks.len() {
+        return invalid(format!(
+            "task_map puts {here} ranks on shell {}, local_ranks lists {}",
+            job.shell_index,
+            local_ranks.len()
+        ));
+    }
     let mut hostnames = Vec::with_capacity(job.shell_count as usize);
     for &h in std::slice::from_raw_parts(job.hostnames, job.shell_count as usize) {
         if h.is_null() {
@@ -200,9 +228,11 @@ impl Instance {
                 ),
             );
         }
-        let required = std::mem::offset_of!(rpmi_host_ops, log);
-        if (ops.struct_size as usize) < required || ops.collective.is_none() || ops.abort.is_none() {
-            return fail(ffi::RPMI_ERR_INVALID, "rpmi_host_ops needs at least its collective and abort callbacks");
+        if (ops.struct_size as usize) < std::mem::offset_of!(rpmi_host_ops, log) {
+            return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_host_ops of {} bytes is too short", ops.struct_size));
+        }
+        if ops.collective.is_none() || ops.abort.is_none() {
+            return fail(ffi::RPMI_ERR_INVALID, "rpmi_host_ops needs its collective and abort callbacks");
         }
         let (info, options, job_id, spawned) = read_job(job)?;
         let local_ranks = info.local_ranks.clone();
@@ -233,6 +263,7 @@ impl Instance {
             size,
             job_id,
             spawned,
+            log: ops_copy,
         }));
         driver.host_mut().instance = instance.cast();
         let mode = match ops_copy.watch_fd {
@@ -240,7 +271,7 @@ impl Instance {
                 let rc = watch(ops_copy.host_data, instance.cast(), driver.watch_fd());
                 if rc != ffi::RPMI_OK {
                     drop(Box::from_raw(instance));
-                    return fail(rc, "the host's watch_fd failed");
+                    return fail(ffi::RPMI_ERR_SYSTEM, format!("the host's watch_fd failed ({rc})"));
                 }
                 Mode::EventLoop(Mutex::new(Box::new(driver)))
             }
@@ -299,7 +330,7 @@ unsafe extern "C" fn create(
 
 unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
     guard(|| {
-        code((|| {
+        code(inst, (|| {
             let inst = instance(inst)?;
             let Some(env) = env.as_mut() else { return fail(ffi::RPMI_ERR_INVALID, "env is NULL") };
             if (env.struct_size as usize) < std::mem::size_of::<rpmi_task_env>() {
@@ -347,8 +378,11 @@ unsafe extern "C" fn task_exec(inst: *mut rpmi_instance, task: u32) -> c_int {
     let Some(fd) = inst.child_fds.get(task as usize).map(|f| f.load(Ordering::SeqCst)) else {
         return ffi::RPMI_ERR_INVALID;
     };
-    if fd < 0 || libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+    if fd < 0 {
         return ffi::RPMI_ERR_STATE;
+    }
+    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+        return ffi::RPMI_ERR_SYSTEM;
     }
     ffi::RPMI_OK
 }
@@ -367,12 +401,12 @@ fn release_child(inst: &Instance, task: u32) -> Result<(), Failure> {
 }
 
 unsafe extern "C" fn task_forked(inst: *mut rpmi_instance, task: u32) -> c_int {
-    guard(|| code(instance(inst).and_then(|i| release_child(i, task))))
+    guard(|| code(inst, instance(inst).and_then(|i| release_child(i, task))))
 }
 
 unsafe extern "C" fn task_exit(inst: *mut rpmi_instance, task: u32, status: c_int) -> c_int {
     guard(|| {
-        code(instance(inst).and_then(|i| {
+        code(inst, instance(inst).and_then(|i| {
             log::debug!("rpmi: local task {task} exited with wait status {status}");
             release_child(i, task)
         }))
@@ -381,7 +415,7 @@ unsafe extern "C" fn task_exit(inst: *mut rpmi_instance, task: u32, status: c_in
 
 unsafe extern "C" fn progress(inst: *mut rpmi_instance) -> c_int {
     guard(|| {
-        code(instance(inst).and_then(|i| match &i.mode {
+        code(inst, instance(inst).and_then(|i| match &i.mode {
             Mode::EventLoop(driver) => {
                 let mut driver = driver.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "driver poisoned"))?;
                 driver.on_ready(0).map(|_| ()).or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("progress: {e}")))
@@ -401,7 +435,7 @@ unsafe extern "C" fn collective_complete(
     error: *const c_char,
 ) -> c_int {
     guard(|| {
-        code((|| {
+        code(inst, (|| {
             let inst = instance(inst)?;
             let result = if status == ffi::RPMI_OK {
                 if parts.is_null() && nparts > 0 {
@@ -433,14 +467,14 @@ unsafe extern "C" fn service_complete(
     result: *const c_char,
 ) -> c_int {
     guard(|| {
-        code((|| {
+        code(inst, (|| {
             let inst = instance(inst)?;
-            let service = inst
-                .pending
-                .lock()
-                .ok()
-                .and_then(|mut p| p.get_mut(task as usize).and_then(Option::take))
-                .ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
+            let mut pending = inst.pending.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "pending table poisoned"))?;
+            let Some(slot) = pending.get_mut(task as usize) else {
+                return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
+            };
+            let service = slot.take().ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
+            drop(pending);
             let result = (!result.is_null()).then(|| CStr::from_ptr(result).to_string_lossy().into_owned());
             let reply = read_reply(service, status == ffi::RPMI_OK, result);
             inst.handle
