@@ -84,12 +84,15 @@ typedef struct rpmi_task_env {
     uint32_t struct_size; /* set by the host to sizeof(rpmi_task_env) before the call; at least version 1's */
     int child_fd;         /* the task's end of its PMI connection; the number PMI_FD names */
     size_t env_count;
-    const char *const *env; /* env_count "NAME=value" strings to set in the task's environment */
+    /* env_count "NAME=value" strings to set in the task's environment. Build the task's environment from them
+     * before fork: after fork the child of a multi-threaded host may only call async-signal-safe functions. */
+    const char *const *env;
 } rpmi_task_env;
 
 /* The host's callbacks. Each receives host_data first. They are called on the thread that drives the
  * instance: the plugin's progress thread, or the host's own thread inside progress() (event-loop mode).
- * A callback must not call back into the same instance, except the *_complete functions. */
+ * With several instances in thread mode, callbacks of different instances run concurrently. A callback must
+ * not call back into the same instance, except the *_complete functions. */
 typedef struct rpmi_host_ops {
     uint32_t struct_size; /* sizeof(rpmi_host_ops) as the host compiled it */
     uint32_t abi_version; /* RPMI_ABI_VERSION as the host compiled it */
@@ -103,8 +106,9 @@ typedef struct rpmi_host_ops {
 
     /* Required. End the job: exit_code is the job's exit status (PMI_Abort's code, may be negative; 1 for
      * RPMI_ABORT_PROTOCOL and RPMI_ABORT_TASK_LOST). message (len bytes, no NUL) belongs on the job's stderr:
-     * for RPMI_ABORT_CALLED the task's own message (may be empty), otherwise a sentence naming the rank.
-     * `reason` is one of RPMI_ABORT_*. */
+     * for RPMI_ABORT_CALLED the task's own message (may be empty), otherwise a sentence naming the rank;
+     * message[len] is a NUL. `reason` is one of RPMI_ABORT_*. It may be called more than once for a job (by
+     * several tasks, several shells, or while tasks are being killed); the first exit code should win. */
     void (*abort)(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
                   size_t len);
 

@@ -195,7 +195,13 @@ impl<H: Host> Driver<H> {
                 }
                 Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
                 Event::Attach(task, fd) => self.attach(task, fd)?,
-                Event::Stop => self.stopped = true,
+                Event::Stop => {
+                    // What tasks wrote before they left (an abort line, say) is still served.
+                    for task in 0..self.conns.len() {
+                        self.read(task);
+                    }
+                    self.stopped = true;
+                }
             }
         }
         Ok(())

@@ -81,6 +81,15 @@ macro_rules! end_of {
     };
 }
 
+/// `message` followed by a NUL, so that a C host that treats it as a string (even an empty one) stays in
+/// bounds; the length passed excludes the NUL.
+fn nul_terminated(message: &str) -> Vec<u8> {
+    let mut text = Vec::with_capacity(message.len() + 1);
+    text.extend_from_slice(message.as_bytes());
+    text.push(0);
+    text
+}
+
 fn c_string(s: &str) -> CString {
     // Services and ports are RFC 13 words, which hold no NUL; a NUL would only cut the text short.
     CString::new(s.replace('\0', "")).unwrap_or_default()
@@ -113,9 +122,10 @@ impl Host for CHost {
     fn log(&mut self, level: log::Level, message: &str) {
         match self.ops.log {
             // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
-            Some(f) if self.has(end_of!(log)) => unsafe {
-                f(self.ops.host_data, level as i32, message.as_ptr().cast(), message.len())
-            },
+            Some(f) if self.has(end_of!(log)) => {
+                let text = nul_terminated(message);
+                unsafe { f(self.ops.host_data, level as i32, text.as_ptr().cast(), message.len()) }
+            }
             // The header's promise: without a log callback, messages go to stderr.
             _ => eprintln!("rpmi: {message}"),
         }
@@ -163,8 +173,9 @@ impl Host for CHost {
 impl CHost {
     fn end_job(&mut self, rank: u32, exit_code: i32, reason: i32, message: &str) {
         if let Some(f) = self.ops.abort {
+            let text = nul_terminated(message);
             // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
-            unsafe { f(self.ops.host_data, rank, exit_code, reason, message.as_ptr().cast(), message.len()) };
+            unsafe { f(self.ops.host_data, rank, exit_code, reason, text.as_ptr().cast(), message.len()) };
         } else {
             log::error!("{message} (the host gave no abort callback)");
         }

@@ -114,7 +114,7 @@ fn fail<T>(code: c_int, msg: impl Into<String>) -> Result<T, Failure> {
 /// Runs an entry point, turning a panic into `RPMI_ERR_INTERNAL`.
 fn guard(f: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        log::error!("rpmi: internal error (panic) in a plugin call; the instance should be destroyed");
+        eprintln!("rpmi: internal error (panic) in a plugin call; the instance should be destroyed");
         ffi::RPMI_ERR_INTERNAL
     })
 }

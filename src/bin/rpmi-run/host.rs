@@ -18,6 +18,9 @@ pub struct Job {
     pub ending: AtomicBool,
     /// The exit code a PMI_Abort asked for.
     pub abort_code: Mutex<Option<i32>>,
+    /// The exit code of the first other reason the plugin ended the job for (a protocol error, a lost task),
+    /// used when no task failed on its own.
+    pub error_code: Mutex<Option<i32>>,
     /// Process ids of the running tasks.
     pub pids: Mutex<Vec<libc::pid_t>>,
     /// Messages at this level or more urgent are printed (RPMI_LOG_*).
@@ -40,6 +43,7 @@ impl Job {
             exchange: Mutex::new(vec![None; nodes]),
             ending: AtomicBool::new(false),
             abort_code: Mutex::new(None),
+            error_code: Mutex::new(None),
             pids: Mutex::new(Vec::new()),
             verbosity,
         }
@@ -128,10 +132,11 @@ unsafe extern "C" fn abort(
 ) {
     let job = node(data).job;
     let message = String::from_utf8_lossy(std::slice::from_raw_parts(msg.cast::<u8>(), len));
+    let first = if reason == ffi::RPMI_ABORT_CALLED { &job.abort_code } else { &job.error_code };
+    if let Ok(mut c) = first.lock() {
+        c.get_or_insert(code);
+    }
     if reason == ffi::RPMI_ABORT_CALLED {
-        if let Ok(mut c) = job.abort_code.lock() {
-            c.get_or_insert(code);
-        }
         eprintln!("rpmi-run: rank {rank} called PMI_Abort with exit code {code}: {message}");
     } else {
         eprintln!("rpmi-run: {message}");

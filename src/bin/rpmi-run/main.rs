@@ -284,7 +284,8 @@ fn main() {
 }
 
 /// Reaps every task; ends the job at the first that fails. Returns rpmi-run's exit status: the code a
-/// PMI_Abort asked for; else the first failing task's code (128+signal if it was killed); else 0.
+/// PMI_Abort asked for; else the first failing task's code (128+signal if it was killed); else 1 if the
+/// plugin ended the job (protocol error, lost task); else 0.
 fn wait_for(job: &Job, tasks: &mut [Task], instances: &[usize]) -> i32 {
     let mut first_failure: Option<i32> = None;
     let mut left = tasks.len();
@@ -321,5 +322,6 @@ fn wait_for(job: &Job, tasks: &mut [Task], instances: &[usize]) -> i32 {
         }
     }
     let abort = job.abort_code.lock().ok().and_then(|c| *c);
-    abort.or(first_failure).unwrap_or(0)
+    let error = job.error_code.lock().ok().and_then(|c| *c);
+    abort.or(first_failure).or(error).unwrap_or(0)
 }
