@@ -1,6 +1,8 @@
 /* The end-to-end MPI program: MPI_Init, an Allreduce, a message between every pair of ranks, MPI_Finalize.
  * With an argument "abort=R:CODE", rank R calls MPI_Abort(MPI_COMM_WORLD, CODE) after MPI_Init.
- * With "hang=R", rank R never reaches the barrier (it sleeps), so others wait in one. */
+ * With "hang=R", rank R never reaches the barrier (it sleeps), so others wait in one.
+ * With "hang_before_init=R", rank R (by PMI_RANK) sleeps before MPI_Init, so the others wait in the PMI
+ * barrier inside MPI_Init. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +10,13 @@
 #include <unistd.h>
 
 int main(int argc, char **argv) {
+    const char *pmi_rank = getenv("PMI_RANK");
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if (pmi_rank && sscanf(argv[i], "hang_before_init=%d", &r) == 1 && r == atoi(pmi_rank)) {
+            sleep(3600);
+        }
+    }
     MPI_Init(&argc, &argv);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -137,7 +137,8 @@ unsafe extern "C" fn abort(
         c.get_or_insert(code);
     }
     if reason == ffi::RPMI_ABORT_CALLED {
-        eprintln!("rpmi-run: rank {rank} called PMI_Abort with exit code {code}: {message}");
+        let sep = if message.is_empty() { "" } else { ": " };
+        eprintln!("rpmi-run: rank {rank} called PMI_Abort with exit code {code}{sep}{message}");
     } else {
         eprintln!("rpmi-run: {message}");
     }

@@ -136,6 +136,7 @@ struct Task {
 }
 
 fn main() {
+    output::block_signals();
     let args = parse_args();
     let plugin_path = args.plugin.clone().unwrap_or_else(default_plugin);
     let plugin = Plugin::load(&plugin_path).unwrap_or_else(|e| die(e));
@@ -304,18 +305,18 @@ fn wait_for(job: &Job, tasks: &mut [Task], instances: &[usize]) -> i32 {
         left -= 1;
         call!(job.plugin, task_exit(instances[task.node] as *mut rpmi_instance, task.local, status));
         let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
-        if code != 0 && first_failure.is_none() && !job.ending.load(Ordering::SeqCst) {
-            if libc::WIFSIGNALED(status) {
-                eprintln!(
-                    "rpmi-run: rank {} was killed by signal {}; ending the job",
-                    task.rank,
-                    libc::WTERMSIG(status)
-                );
-            } else {
-                eprintln!("rpmi-run: rank {} exited with code {code}; ending the job", task.rank);
+        if code != 0 && first_failure.is_none() {
+            // Tasks rpmi-run killed itself are not news; the first failure still decides the status.
+            if !job.ending.load(Ordering::SeqCst) {
+                if libc::WIFSIGNALED(status) {
+                    let sig = libc::WTERMSIG(status);
+                    eprintln!("rpmi-run: rank {} was killed by signal {sig}; ending the job", task.rank);
+                } else {
+                    eprintln!("rpmi-run: rank {} exited with code {code}; ending the job", task.rank);
+                }
+                job.end(libc::SIGKILL);
             }
             first_failure = Some(code);
-            job.end(libc::SIGKILL);
         }
         if let Ok(mut pids) = job.pids.lock() {
             pids.retain(|&p| p != pid);

@@ -99,11 +99,17 @@ fn forwarded() -> libc::sigset_t {
     }
 }
 
-/// Blocks the forwarded signals in rpmi-run and starts the thread that forwards them.
+/// Blocks the forwarded signals in this thread, and so in every thread started after it (the plugin's
+/// progress threads among them): call it before any other thread exists, so only `forward_signals` takes them.
+pub fn block_signals() {
+    let set = forwarded();
+    // SAFETY: changing this thread's own mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Starts the thread that passes the blocked signals on to every task.
 pub fn forward_signals(job: &'static Job) -> JoinHandle<()> {
     let set = forwarded();
-    // SAFETY: changing this thread's mask before any other thread that should get them exists.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     std::thread::spawn(move || loop {
         let mut sig = 0;
         // SAFETY: sigwait on a set of blocked signals.

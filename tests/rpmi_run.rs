@@ -1,0 +1,817 @@
+//! rpmi-run end to end: real processes, real MPICH (Debian's `mpich`/`libmpich-dev`), real signals.
+//!
+//! Each test starts `rpmi-run` (which loads `librpmi.so` from next to itself) on an MPI program built with
+//! `mpicc` from `tests/programs/`, or on `rpmi-probe`, and checks exit codes, output and that no task is
+//! left running. `rpmi-probe` is also run under `mpiexec.hydra` to compare rpmi's answers with MPICH's own
+//! process manager.
+//!
+//! Every run has a hang guard: a run that has not ended in time is killed (its whole process group and
+//! every descendant) and the test fails. There are no timed assertions: the machine is small and shared, so
+//! the tests that are about ending promptly only print the elapsed time (visible with `--nocapture`).
+
+use rpmi::server::TaskMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+const RUN: &str = env!("CARGO_BIN_EXE_rpmi-run");
+const PROBE: &str = env!("CARGO_BIN_EXE_rpmi-probe");
+
+/// How long an ordinary run may take (64 MPI ranks on 2 loaded cores can take a minute).
+const GUARD: Duration = Duration::from_secs(180);
+/// How long a job that is being ended (abort, killed task, signal) may take to end.
+const END_GUARD: Duration = Duration::from_secs(60);
+
+const INSTALL_HINT: &str = "install MPICH with `docker/install-deps.sh` (as root) and run the tests again";
+
+// ---------------------------------------------------------------------------------------------------------
+// The programs, built once per test binary.
+
+/// The C test programs, and private copies of programs for the tests that check that no task is left: each
+/// such test runs its own copy, so a scan of `/proc` for that executable cannot see another test's tasks.
+struct Programs {
+    mpi_pairs: PathBuf,
+    dir: PathBuf,
+}
+
+/// The private copies, by name in the temp dir: of mpi_pairs, of rpmi-probe and of sleep(1).
+const PRIVATE_MPI: &[&str] = &["mpi_abort_pos", "mpi_abort_neg", "mpi_killed"];
+const PRIVATE_PROBE: &str = "probe_killed";
+const PRIVATE_SLEEP: &str = "sleep_sigterm";
+
+impl Programs {
+    /// The private copy `name` (one of the PRIVATE_* names).
+    fn private(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+fn programs() -> &'static Programs {
+    static PROGRAMS: OnceLock<Programs> = OnceLock::new();
+    PROGRAMS.get_or_init(build_programs)
+}
+
+fn build_programs() -> Programs {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    remove_stale_dirs(&base);
+    let dir = base.join(format!("rpmi_run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    let dir = dir.canonicalize().expect("canonical temp dir");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/mpi_pairs.c");
+    let mpi_pairs = dir.join("mpi_pairs");
+    let out = Command::new("mpicc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&mpi_pairs)
+        .arg(&source)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mpicc ({e}): {INSTALL_HINT}"));
+    assert!(
+        out.status.success(),
+        "mpicc {} failed ({}):\n{}{}",
+        source.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The copies are made here, once, and executed only later: a child that another test thread forks while a
+    // copy is open for writing closes it at its exec, long before the copy is run (no ETXTBSY).
+    for name in PRIVATE_MPI {
+        std::fs::copy(&mpi_pairs, dir.join(name)).expect("copy mpi_pairs");
+    }
+    std::fs::copy(PROBE, dir.join(PRIVATE_PROBE)).expect("copy rpmi-probe");
+    let sleep = ["/usr/bin/sleep", "/bin/sleep"].into_iter().find(|p| Path::new(p).exists()).expect("sleep(1)");
+    std::fs::copy(sleep, dir.join(PRIVATE_SLEEP)).expect("copy sleep");
+    Programs { mpi_pairs, dir }
+}
+
+/// Removes the temp dirs of earlier test runs whose process is gone.
+fn remove_stale_dirs(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = name.strip_prefix("rpmi_run-").and_then(|p| p.parse::<u32>().ok()) {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+fn have_hydra() {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("mpiexec.hydra").exists()))
+        .unwrap_or(false);
+    assert!(found, "mpiexec.hydra is not on PATH: {INSTALL_HINT}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Running a job under a hang guard.
+
+/// A started command: its own process group, output collected by two threads.
+struct Running {
+    child: Child,
+    what: String,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+    started: Instant,
+    /// Once the command is reaped: the processes of its group that outlived it. Its pid may then be reused,
+    /// so from then on only these are killed, by pid.
+    reaped: Option<Vec<i32>>,
+}
+
+/// A finished command.
+struct Done {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+    /// When the launcher was seen to have exited.
+    ended: Instant,
+    /// Processes of the job's process group still alive when the launcher had exited.
+    stragglers: Vec<i32>,
+}
+
+impl Done {
+    fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// Everything about the run, for assertion messages.
+    fn dump(&self) -> String {
+        format!(
+            "status {}, processes left in its group: {:?}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.status, self.stragglers, self.stdout, self.stderr
+        )
+    }
+
+    fn assert_success(&self, what: &str) {
+        assert_eq!(self.code(), Some(0), "{what} failed:\n{}", self.dump());
+    }
+}
+
+fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
+    thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => into.lock().unwrap().extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+}
+
+fn start<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Running {
+    let mut cmd = Command::new(program.as_ref());
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // Its own process group, so that the guard can kill every task along with it.
+    cmd.process_group(0);
+    let what = std::iter::once(program.as_ref())
+        .chain(args.iter().map(AsRef::as_ref))
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let started = Instant::now();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start `{what}`: {e}"));
+    let stdout = Arc::new(Mutex::new(Vec::new()));
+    let stderr = Arc::new(Mutex::new(Vec::new()));
+    let readers = vec![
+        collect(child.stdout.take().expect("piped stdout"), stdout.clone()),
+        collect(child.stderr.take().expect("piped stderr"), stderr.clone()),
+    ];
+    Running { child, what, stdout, stderr, readers, started, reaped: None }
+}
+
+impl Running {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn stderr_now(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// Kills the whole job: the process group and every descendant (some launchers start their own groups);
+    /// once the command is reaped, the processes that outlived it.
+    fn kill_all(&mut self) {
+        if let Some(left) = &self.reaped {
+            for &p in left {
+                // SAFETY: SIGKILL to a process of this job that outlived the launcher.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            return;
+        }
+        let pid = self.pid();
+        let tree = descendants(pid);
+        // SAFETY: signals to our own child's process group and its descendants.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            for p in tree {
+                libc::kill(p, libc::SIGKILL);
+            }
+        }
+        let _ = self.child.kill();
+    }
+
+    /// Called once the command has been reaped: notes (and returns) the live processes left in its group.
+    fn note_reaped(&mut self) -> Vec<i32> {
+        let pgid = self.pid();
+        let left: Vec<i32> =
+            all_pids().into_iter().filter(|&p| stat(p).is_some_and(|s| s.pgrp == pgid && s.state != 'Z')).collect();
+        self.reaped = Some(left.clone());
+        left
+    }
+
+    /// Polls `ready` on stderr until it holds; fails the test (killing the job) after `limit` or if the job
+    /// ends first.
+    fn wait_for_stderr(&mut self, limit: Duration, what: &str, ready: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if ready(&self.stderr_now()) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.note_reaped();
+                let err = self.stderr_now();
+                panic!("`{}` ended ({status}) before {what}:\n{err}", self.what);
+            }
+            if Instant::now() > deadline {
+                self.kill_all();
+                panic!("`{}`: no {what} after {limit:?}; killed. stderr:\n{}", self.what, self.stderr_now());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Polls `find` until it gives a value; fails the test (killing the job) after `limit` or if the job
+    /// ends first.
+    fn wait_until<T>(&mut self, limit: Duration, what: &str, find: impl Fn(&Running) -> Option<T>) -> T {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(v) = find(self) {
+                return v;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.note_reaped();
+                panic!("`{}` ended ({status}) before {what}:\n{}", self.what, self.stderr_now());
+            }
+            if Instant::now() > deadline {
+                self.kill_all();
+                panic!("`{}`: no {what} after {limit:?}; killed. stderr:\n{}", self.what, self.stderr_now());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the command to end; `limit` after it started, it is killed with all its tasks and the test
+    /// fails.
+    fn wait(self, limit: Duration) -> Done {
+        let deadline = self.started + limit;
+        self.wait_deadline(deadline, limit)
+    }
+
+    /// Like `wait`, with `limit` counted from now: for a job the test has just told to end.
+    fn wait_ending(self, limit: Duration) -> Done {
+        self.wait_deadline(Instant::now() + limit, limit)
+    }
+
+    fn wait_deadline(mut self, deadline: Instant, limit: Duration) -> Done {
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() > deadline => {
+                    self.kill_all();
+                    let _ = self.child.wait();
+                    self.note_reaped();
+                    let out = String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned();
+                    panic!(
+                        "`{}` hung: still running after {limit:?}; killed.\n--- stdout ---\n{out}--- stderr ---\n{}",
+                        self.what,
+                        self.stderr_now()
+                    );
+                }
+                Ok(None) => thread::sleep(Duration::from_millis(5)),
+                Err(e) => panic!("waiting for `{}`: {e}", self.what),
+            }
+        };
+        let ended = Instant::now();
+        let elapsed = ended - self.started;
+        // A well-behaved launcher reaps every task before it exits, so its process group is empty now.
+        // Anything still in it outlived the launcher: note it (the tests assert there is none), and kill it
+        // if it keeps the output pipes open.
+        let stragglers = self.note_reaped();
+        let pipes_open_until = Instant::now() + Duration::from_secs(5);
+        for r in std::mem::take(&mut self.readers) {
+            while !r.is_finished() {
+                if Instant::now() > pipes_open_until {
+                    self.kill_all();
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+            let _ = r.join();
+        }
+        let stdout = String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned();
+        let stderr = self.stderr_now();
+        Done { status, stdout, stderr, elapsed, ended, stragglers }
+    }
+}
+
+impl Drop for Running {
+    /// Whatever happened (a failed assertion included), nothing of the job outlives the test.
+    fn drop(&mut self) {
+        self.kill_all();
+        if self.reaped.is_none() {
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs a command to its end under the ordinary guard.
+fn run<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Done {
+    start(program, args).wait(GUARD)
+}
+
+/// `rpmi-run ARGS...`
+fn rpmi_run<S: AsRef<OsStr>>(args: &[S]) -> Done {
+    run(RUN, args)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// /proc.
+
+/// Every pid on the machine.
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect()
+}
+
+/// What /proc/PID/stat says of a process.
+struct Stat {
+    state: char,
+    ppid: i32,
+    pgrp: i32,
+}
+
+fn stat(pid: i32) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold anything; the fields after it are plain.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some(Stat { state, ppid, pgrp })
+}
+
+/// Every descendant of `pid`.
+fn descendants(pid: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = all_pids().into_iter().filter_map(|p| stat(p).map(|s| (p, s.ppid))).collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(parents.iter().filter(|&&(_, pp)| pp == parent).map(|&(p, _)| p));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Live processes running the executable `exe`.
+fn running_exe(exe: &Path) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|l| l == exe))
+        .filter(|&p| stat(p).is_some_and(|s| s.state != 'Z'))
+        .collect()
+}
+
+/// The environment of `pid`, if readable.
+fn environ(pid: i32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    Some(raw.split(|&b| b == 0).map(|v| String::from_utf8_lossy(v).into_owned()).collect())
+}
+
+/// The task of `rank` among the children of `parent`, once it has exec'd (its environment then holds
+/// PMI_RANK).
+fn task_pid(parent: i32, rank: u32) -> Option<i32> {
+    let want = format!("PMI_RANK={rank}");
+    all_pids()
+        .into_iter()
+        .filter(|&p| stat(p).is_some_and(|s| s.ppid == parent))
+        .find(|&p| environ(p).is_some_and(|env| env.contains(&want)))
+}
+
+/// Fails the test if any process still runs `exe` or outlived the launcher in its process group (those are
+/// killed first, so none outlives the test).
+fn assert_none_left(exe: &Path, done: &Done, after: &str) {
+    let left = running_exe(exe);
+    for &p in &left {
+        // SAFETY: SIGKILL to a leftover task of this test (its private executable).
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(
+        left.is_empty() && done.stragglers.is_empty(),
+        "{after}: tasks still running {} (pids {left:?}, left in the job's group {:?}); killed them\n{}",
+        exe.display(),
+        done.stragglers,
+        done.dump()
+    );
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: a signal to a process of this test.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Output parsing.
+
+/// `rpmi-probe info` output: rank -> its `key=value` fields.
+fn parse_info(stdout: &str) -> BTreeMap<u32, HashMap<String, String>> {
+    let mut ranks = BTreeMap::new();
+    for line in stdout.lines().filter(|l| l.starts_with("rank=")) {
+        let fields: HashMap<String, String> = line
+            .split_whitespace()
+            .map(|t| {
+                let (k, v) = t.split_once('=').unwrap_or_else(|| panic!("`{t}` is not key=value in: {line}"));
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        let rank = fields["rank"].parse().unwrap_or_else(|_| panic!("bad rank in: {line}"));
+        assert!(ranks.insert(rank, fields).is_none(), "rank {rank} printed twice:\n{stdout}");
+    }
+    ranks
+}
+
+fn field<'a>(info: &'a HashMap<String, String>, key: &str) -> &'a str {
+    info.get(key).unwrap_or_else(|| panic!("no {key}= in {info:?}"))
+}
+
+fn clique_text(ranks: &[u32]) -> String {
+    ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The line rank 0 of mpi_pairs prints when every check passed.
+fn mpi_ok_line(n: u64) -> String {
+    format!("mpi_pairs: {n} ranks, allreduce {}, all pairs exchanged", n * (n + 1) / 2)
+}
+
+/// rpmi-run's own messages, without the per-line PMI trace.
+fn own_messages(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.starts_with("rpmi-run: ") && !l.contains(" C: ") && !l.contains(" S: ")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// MPI programs under rpmi-run.
+
+/// Runs mpi_pairs with `rpmi-run <opts> -n N`, expects success and rank 0's line.
+fn mpi_job(n: u64, opts: &[&str]) {
+    let p = programs();
+    let n_text = n.to_string();
+    let mut args: Vec<&OsStr> = vec![OsStr::new("-n"), OsStr::new(&n_text)];
+    args.extend(opts.iter().map(OsStr::new));
+    args.push(p.mpi_pairs.as_os_str());
+    let done = rpmi_run(&args);
+    let how =
+        std::iter::once(format!("-n {n}")).chain(opts.iter().map(|o| o.to_string())).collect::<Vec<_>>().join(" ");
+    eprintln!("rpmi-run {how} mpi_pairs: {:.2?}", done.elapsed);
+    done.assert_success(&format!("rpmi-run {how} mpi_pairs"));
+    assert!(done.stdout.contains(&mpi_ok_line(n)), "no `{}` line:\n{}", mpi_ok_line(n), done.dump());
+}
+
+#[test]
+fn mpi_one_rank() {
+    mpi_job(1, &[]);
+}
+
+#[test]
+fn mpi_two_ranks() {
+    mpi_job(2, &[]);
+}
+
+#[test]
+fn mpi_eight_ranks() {
+    mpi_job(8, &[]);
+}
+
+#[test]
+fn mpi_sixty_four_ranks() {
+    mpi_job(64, &[]);
+}
+
+#[test]
+fn mpi_four_nodes_block() {
+    mpi_job(8, &["--nodes", "4", "--map", "block"]);
+}
+
+#[test]
+fn mpi_four_nodes_cyclic() {
+    mpi_job(8, &["--nodes", "4", "--map", "cyclic"]);
+}
+
+#[test]
+fn mpi_event_loop() {
+    mpi_job(8, &["--event-loop", "--nodes", "2"]);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// PMI_process_mapping and cliques.
+
+/// `rpmi-run -n N --nodes M --map MAP rpmi-probe info`, checked against TaskMap for the same split.
+fn check_mapping(ppn: &[u32], cyclic: bool) {
+    let n: u32 = ppn.iter().sum();
+    let map = if cyclic { TaskMap::cyclic(ppn) } else { TaskMap::block(ppn) };
+    let mapping = map.process_mapping();
+    let (n_text, nodes_text) = (n.to_string(), ppn.len().to_string());
+    let map_name = if cyclic { "cyclic" } else { "block" };
+    let done = rpmi_run(&["-n", &n_text, "--nodes", &nodes_text, "--map", map_name, PROBE, "info"]);
+    done.assert_success("rpmi-probe info");
+    let info = parse_info(&done.stdout);
+    assert_eq!(info.keys().copied().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "{}", done.dump());
+    for (&rank, fields) in &info {
+        let node = map.node_of(rank).expect("rank in map");
+        assert_eq!(field(fields, "size"), n_text, "rank {rank}");
+        assert_eq!(field(fields, "mapping"), mapping, "rank {rank} ({map_name} {ppn:?})");
+        assert_eq!(field(fields, "clique"), clique_text(&map.clique(node)), "rank {rank} ({map_name} {ppn:?})");
+    }
+}
+
+#[test]
+fn mapping_block_even() {
+    check_mapping(&[2, 2, 2, 2], false);
+}
+
+#[test]
+fn mapping_cyclic_even() {
+    check_mapping(&[2, 2, 2, 2], true);
+}
+
+#[test]
+fn mapping_block_uneven() {
+    check_mapping(&[3, 3, 2, 2], false);
+}
+
+#[test]
+fn mapping_cyclic_uneven() {
+    check_mapping(&[3, 3, 2, 2], true);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Ending the job: MPI_Abort, a killed task, signals.
+
+/// Rank 2 of 4 calls MPI_Abort(MPI_COMM_WORLD, code): rpmi-run exits with the code's low byte, says so, and
+/// no task is left.
+fn abort_job(private: &str, code: i32, status: i32) {
+    let exe = programs().private(private);
+    let arg = format!("abort=2:{code}");
+    let done = start(RUN, &[OsStr::new("-n"), OsStr::new("4"), exe.as_os_str(), OsStr::new(&arg)]).wait(END_GUARD);
+    eprintln!("MPI_Abort({code}) on rank 2 of 4: rpmi-run ended after {:.2?} with {}", done.elapsed, done.status);
+    assert_none_left(&exe, &done, "after MPI_Abort");
+    assert_eq!(done.code(), Some(status), "MPI_Abort({code}):\n{}", done.dump());
+    let said = own_messages(&done.stderr);
+    assert!(
+        said.iter()
+            .any(|l| l.contains("PMI_Abort") && l.contains(&format!("exit code {code}")) && l.contains("rank 2")),
+        "no message naming rank 2, PMI_Abort and exit code {code}:\n{}",
+        done.dump()
+    );
+    assert!(!done.stdout.contains("mpi_pairs:"), "the job finished despite the abort:\n{}", done.dump());
+}
+
+#[test]
+fn mpi_abort_exit_code() {
+    abort_job(PRIVATE_MPI[0], 7, 7);
+}
+
+#[test]
+fn mpi_abort_negative_exit_code() {
+    abort_job(PRIVATE_MPI[1], -3, 253);
+}
+
+/// Checks what rpmi-run did after the test killed `rank` with SIGKILL.
+fn check_killed_task(done: &Done, exe: &Path, rank: u32, since_kill: Duration) {
+    eprintln!(
+        "SIGKILL to rank {rank} ({}): rpmi-run ended {since_kill:.2?} after the kill, with {}",
+        exe.display(),
+        done.status
+    );
+    assert_none_left(exe, done, "after a task was killed");
+    assert!(
+        done.code().is_some_and(|c| c != 0),
+        "rpmi-run must fail when a task is killed (expected 137 = 128+SIGKILL):\n{}",
+        done.dump()
+    );
+    let said = own_messages(&done.stderr);
+    assert!(
+        said.iter().any(|l| l.contains(&format!("rank {rank} "))),
+        "no message naming rank {rank}:\n{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn mpi_task_killed_while_others_wait_in_init_barrier() {
+    let exe = programs().private(PRIVATE_MPI[2]);
+    // rpmi-run learns of the death twice, racing: from waitpid and from the plugin (the task's PMI connection
+    // closed during a barrier). Three rounds, so that either order is likely to be seen.
+    for round in 1..=3 {
+        eprintln!("round {round}:");
+        // Rank 3 sleeps before MPI_Init; ranks 0-2 reach the PMI barrier inside MPI_Init and wait there.
+        let mut job = start(
+            RUN,
+            &[OsStr::new("-n"), OsStr::new("4"), OsStr::new("--trace"), exe.as_os_str(), "hang_before_init=3".as_ref()],
+        );
+        job.wait_for_stderr(GUARD, "barrier_in from ranks 0-2", |err| {
+            (0..3).all(|r| err.contains(&format!("rank {r} C: cmd=barrier_in")))
+        });
+        let rpmi = job.pid();
+        let victim = job.wait_until(GUARD, "rank 3's process", |_| task_pid(rpmi, 3));
+        assert!(
+            !job.stderr_now().contains("rank 3 C:"),
+            "rank 3 spoke PMI although it sleeps before MPI_Init:\n{}",
+            job.stderr_now()
+        );
+        let killed = Instant::now();
+        signal(victim, libc::SIGKILL);
+        let done = job.wait_ending(END_GUARD);
+        check_killed_task(&done, &exe, 3, done.ended - killed);
+    }
+}
+
+#[test]
+fn probe_task_killed_mid_barrier() {
+    let exe = programs().private(PRIVATE_PROBE);
+    let mut job = start(
+        RUN,
+        &[
+            OsStr::new("-n"),
+            OsStr::new("4"),
+            exe.as_os_str(),
+            "barrier".as_ref(),
+            "--count".as_ref(),
+            "1000000".as_ref(),
+        ],
+    );
+    let rpmi = job.pid();
+    let tasks: Vec<i32> =
+        (0..4).map(|r| job.wait_until(GUARD, &format!("rank {r}'s process"), |_| task_pid(rpmi, r))).collect();
+    // Stop rank 3 wherever it is; the others then block in the next barrier (a sleeping single-threaded
+    // probe is waiting for the server's reply).
+    signal(tasks[3], libc::SIGSTOP);
+    job.wait_until(GUARD, "ranks 0-2 blocked in a barrier", |_| {
+        let sleeping = || tasks[..3].iter().all(|&p| stat(p).is_some_and(|s| s.state == 'S'));
+        // Seen sleeping on two looks in a row, not just between two barriers.
+        (sleeping() && {
+            thread::sleep(Duration::from_millis(100));
+            sleeping()
+        })
+        .then_some(())
+    });
+    let killed = Instant::now();
+    signal(tasks[3], libc::SIGKILL);
+    let done = job.wait_ending(END_GUARD);
+    check_killed_task(&done, &exe, 3, done.ended - killed);
+    assert!(!done.stdout.contains("barrier: size=4"), "the barriers finished despite the kill:\n{}", done.dump());
+}
+
+#[test]
+fn sigterm_is_forwarded_to_the_tasks() {
+    let exe = programs().private(PRIVATE_SLEEP);
+    let mut job = start(RUN, &[OsStr::new("-n"), OsStr::new("2"), exe.as_os_str(), "1000".as_ref()]);
+    let rpmi = job.pid();
+    for r in 0..2 {
+        job.wait_until(GUARD, &format!("rank {r}'s process"), |_| task_pid(rpmi, r));
+    }
+    let sent = Instant::now();
+    signal(rpmi, libc::SIGTERM);
+    let done = job.wait_ending(END_GUARD);
+    eprintln!("SIGTERM to rpmi-run: it ended {:.2?} later with {}", done.ended - sent, done.status);
+    assert!(
+        done.status.signal().is_none(),
+        "rpmi-run itself died of signal {:?} instead of passing it to the tasks:\n{}",
+        done.status.signal(),
+        done.dump()
+    );
+    assert_none_left(&exe, &done, "after SIGTERM to rpmi-run");
+    assert_eq!(done.code(), Some(128 + libc::SIGTERM), "tasks ended by SIGTERM:\n{}", done.dump());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// rpmi-probe under rpmi-run and under MPICH's Hydra.
+
+#[test]
+fn probe_info_matches_hydra() {
+    have_hydra();
+    let ours = rpmi_run(&["-n", "4", PROBE, "info"]);
+    ours.assert_success("rpmi-run -n 4 rpmi-probe info");
+    let hydra = run("mpiexec.hydra", &["-n", "4", PROBE, "info"]);
+    hydra.assert_success("mpiexec.hydra -n 4 rpmi-probe info");
+    let (a, b) = (parse_info(&ours.stdout), parse_info(&hydra.stdout));
+    let ranks = |m: &BTreeMap<u32, _>| m.keys().copied().collect::<BTreeSet<u32>>();
+    assert_eq!(ranks(&a), (0..4).collect(), "rpmi-run's ranks:\n{}", ours.dump());
+    assert_eq!(ranks(&a), ranks(&b), "rank sets differ:\n{}\n{}", ours.dump(), hydra.dump());
+    for r in 0..4 {
+        // universe (Hydra: -1), kvsname and maxes are the server's own; the mapping strings differ in form.
+        for key in ["size", "appnum", "clique"] {
+            assert_eq!(field(&a[&r], key), field(&b[&r], key), "rank {r}: {key} differs from Hydra's");
+        }
+    }
+    assert_eq!(field(&a[&0], "universe"), "4", "rpmi answers the job size as the universe size");
+}
+
+#[test]
+fn probe_exchange_under_rpmi_run_and_hydra() {
+    have_hydra();
+    for (program, args) in [
+        (RUN, &["-n", "4", PROBE, "exchange"][..]),
+        (RUN, &["-n", "4", "--nodes", "2", PROBE, "exchange"]),
+        ("mpiexec.hydra", &["-n", "4", PROBE, "exchange"]),
+    ] {
+        let done = run(program, args);
+        done.assert_success(&format!("{program} {args:?}"));
+        assert!(done.stdout.contains("exchange: size=4 "), "{program}: no exchange line:\n{}", done.dump());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// rpmi-run's options and errors.
+
+#[test]
+fn trace_shows_both_directions_with_ranks() {
+    let done = rpmi_run(&["-n", "2", "--trace", PROBE, "barrier", "--count", "1"]);
+    done.assert_success("--trace");
+    for r in 0..2 {
+        for want in [format!("rank {r} C: cmd=init"), format!("rank {r} S: cmd=response_to_init")] {
+            assert!(done.stderr.lines().any(|l| l.contains(&want)), "no `{want}` line:\n{}", done.dump());
+        }
+    }
+}
+
+#[test]
+fn label_prefixes_lines_with_the_rank() {
+    let done = rpmi_run(&["-n", "2", "-l", "sh", "-c", "echo out-$PMI_RANK; echo err-$PMI_RANK >&2"]);
+    done.assert_success("-l");
+    for r in 0..2 {
+        assert!(done.stdout.lines().any(|l| l == format!("[{r}] out-{r}")), "stdout of rank {r}:\n{}", done.dump());
+        assert!(done.stderr.lines().any(|l| l == format!("[{r}] err-{r}")), "stderr of rank {r}:\n{}", done.dump());
+    }
+    let mpi = programs().mpi_pairs.to_str().expect("UTF-8 temp path").to_string();
+    let done = rpmi_run(&["-n", "2", "-l", &mpi]);
+    done.assert_success("-l mpi_pairs");
+    assert!(done.stdout.lines().any(|l| l == format!("[0] {}", mpi_ok_line(2))), "{}", done.dump());
+}
+
+#[test]
+fn option_vallen_max_reaches_the_clients() {
+    let done = rpmi_run(&["-n", "2", "-o", "vallen_max=512", PROBE, "info"]);
+    done.assert_success("-o vallen_max=512");
+    let info = parse_info(&done.stdout);
+    assert_eq!(info.len(), 2, "{}", done.dump());
+    for (r, fields) in &info {
+        assert_eq!(field(fields, "maxes"), "64/64/512", "rank {r}");
+    }
+}
+
+#[test]
+fn unknown_option_is_refused() {
+    let done = rpmi_run(&["-n", "2", "-o", "bogus=1", PROBE, "info"]);
+    assert!(done.code().is_some_and(|c| c != 0), "-o bogus=1 accepted:\n{}", done.dump());
+    assert!(done.stderr.contains("'bogus'"), "the error does not name 'bogus':\n{}", done.dump());
+    assert!(!done.stdout.contains("rank="), "tasks ran despite the bad option:\n{}", done.dump());
+}
+
+#[test]
+fn missing_program_exits_127() {
+    let missing = "/nonexistent/rpmi-test-no-such-program";
+    let done = rpmi_run(&["-n", "2", missing]);
+    assert_eq!(done.code(), Some(127), "{}", done.dump());
+    assert!(
+        own_messages(&done.stderr).iter().any(|l| l.contains(missing) && l.contains("No such file")),
+        "no clear message naming the program:\n{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn failing_rank_sets_the_exit_code() {
+    let done = rpmi_run(&["-n", "3", "sh", "-c", "if [ \"$PMI_RANK\" = 1 ]; then exit 3; fi; exit 0"]);
+    assert_eq!(done.code(), Some(3), "{}", done.dump());
+    assert!(
+        own_messages(&done.stderr).iter().any(|l| l.contains("rank 1 ") && l.contains("code 3")),
+        "no message naming rank 1 and code 3:\n{}",
+        done.dump()
+    );
+}
