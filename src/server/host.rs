@@ -37,6 +37,13 @@ pub trait Host {
         log::trace!("rank {rank} {direction}: {}", String::from_utf8_lossy(line));
     }
 
+    /// Task `rank`'s PMI connection closed (`finalized`: after it sent `finalize`). A host whose job spans
+    /// several shells can use it to fail, on the other shells, a barrier this task can no longer join; a
+    /// barrier on this shell is already handled by the shell. The default does nothing.
+    fn task_closed(&mut self, rank: u32, finalized: bool) {
+        let _ = (rank, finalized);
+    }
+
     /// Starts an optional service: publish, unpublish, lookup or spawn. A host that offers it returns
     /// [`Offered::Yes`] and answers later through `Shell::host_reply(task, ..)`; the default offers
     /// nothing, and the task gets an error reply at once.

@@ -8,7 +8,7 @@
 use super::host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId};
 use super::kvs::{self, Bounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
-use crate::wire::response::{rc, Line};
+use crate::wire::response::{rc, Line, MAX_LINE};
 use crate::wire::spawn::Progress;
 use crate::wire::{parse, Request, SpawnBuilder};
 use std::fmt;
@@ -240,6 +240,7 @@ impl Shell {
         if !finalized && (self.entered > 0 || self.collective_pending) {
             self.report(host, task, JobError::TaskLost { rank: self.clients[task].rank, finalized: false });
         }
+        host.task_closed(self.clients[task].rank, finalized);
         self.check_barrier(host);
     }
 
@@ -289,7 +290,15 @@ impl Shell {
             }
             (Service::Spawn, HostReply::Spawned { errcodes }) => {
                 let list = errcodes.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
-                Line::new(out, cmd, rc::SUCCESS).word("errcodes", list.as_bytes()).finish()
+                // A response line holds at most 1024 bytes: a list too long for it is left out when every
+                // process started (no errcodes means no errors), and is a failure otherwise.
+                if list.len() + 64 <= MAX_LINE {
+                    Line::new(out, cmd, rc::SUCCESS).word("errcodes", list.as_bytes()).finish()
+                } else if errcodes.iter().all(|&c| c == 0) {
+                    Line::new(out, cmd, rc::SUCCESS).finish()
+                } else {
+                    Line::new(out, cmd, rc::FAIL).msg("some processes failed to start; too many to list").finish()
+                }
             }
             (_, HostReply::Failed(why)) => Line::new(out, cmd, rc::FAIL).msg(&why).finish(),
             (_, _) => Line::new(out, cmd, rc::FAIL).msg("the resource manager gave an unusable answer").finish(),
@@ -470,6 +479,11 @@ impl Shell {
         if value.len() > self.limits.value_max() {
             return Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {}", self.limits.value_max())));
         }
+        // Rewrites by the key's owner are all sent at the barrier, so the contribution is bounded on its own.
+        if self.contribution.len() + key.len() + value.len() + 16 > self.limits.kvs_bytes_max {
+            let full = PutError::Full { bytes_max: self.limits.kvs_bytes_max };
+            return Err((rc::ERR_NOMEM, full.to_string()));
+        }
         match self.kvs.put(rank, key, value) {
             Ok(Stored::Changed) => {
                 kvs::encode(&mut self.contribution, rank, key, value);
@@ -542,10 +556,11 @@ impl Shell {
         let c = &mut self.clients[task];
         c.status = Status::Gone;
         c.spawn = None;
+        // A host request still pending stays so: its answer, when it comes, is dropped quietly.
         if c.waiting == Waiting::Barrier {
             self.entered -= 1;
+            c.waiting = Waiting::Nothing;
         }
-        c.waiting = Waiting::Nothing;
         self.check_barrier(host);
     }
 

@@ -534,3 +534,42 @@ fn inconsistent_job_info_is_refused() {
         assert!(err.to_string().contains(why), "{err} lacks {why}");
     }
 }
+
+#[test]
+fn rewrites_between_barriers_are_bounded() {
+    let map = TaskMap::block(&[1]);
+    let limits = Limits { kvs_bytes_max: 4096, ..Limits::default() };
+    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
+    let mut h = Recorder::default();
+    let mut refused = 0;
+    for i in 0..1000 {
+        let out = send(&mut s, &mut h, 0, &format!("cmd=put kvsname=k key=a value={}\n", ["x", "y"][i % 2]));
+        refused += usize::from(out.starts_with("cmd=put_result rc=2"));
+    }
+    assert!(refused > 0, "the contribution grew without bound");
+}
+
+#[test]
+fn a_late_answer_for_a_cut_off_task_is_dropped_quietly() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\ncmd=bogus\n");
+    assert_eq!(h.errors.len(), 1);
+    s.host_reply(&mut h, 0, HostReply::Port("p".into()));
+    assert!(h.logs.is_empty(), "{:?}", h.logs);
+    assert_eq!(drain(&mut s, 0), "");
+}
+
+#[test]
+fn spawn_error_codes_that_do_not_fit_a_line() {
+    for (codes, want) in [
+        (vec![0; 600], "cmd=spawn_result rc=0\n"),
+        (vec![-1; 600], "cmd=spawn_result rc=-1 msg=some_processes_failed_to_start;_too_many_to_list\n"),
+    ] {
+        let mut s = shell_on(&[1], 0);
+        let mut h = Recorder { offer: true, ..Recorder::default() };
+        send(&mut s, &mut h, 0, SPAWN);
+        s.host_reply(&mut h, 0, HostReply::Spawned { errcodes: codes });
+        assert_eq!(drain(&mut s, 0), want);
+    }
+}
