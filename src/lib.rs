@@ -6,8 +6,12 @@
 //!   to the host (the resource manager) only through the [`server::Host`] trait. It does no I/O.
 //! - [`driver`] is the I/O around a shell: task connections, epoll, completions from other threads.
 //! - [`abi`] is the job-shell plugin ABI of `plugin-spec/rpmi_plugin.h`, through which hosts load the library.
+//! - `slurm` (feature `slurm`) makes the same library Slurm's `mpi/rpmi` plugin: `srun --mpi=rpmi`.
 
 pub mod abi;
 pub mod driver;
 pub mod server;
 pub mod wire;
+
+#[cfg(feature = "slurm")]
+pub mod slurm;

@@ -1,0 +1,189 @@
+//! What srun passes to the stepds about the step's layout, and the node list syntax.
+//!
+//! The task map (the node of every rank) travels in `RPMI_SLURM_MAP` as `SIZE:BLOCKS`, where `BLOCKS` is a
+//! `;`-separated list of `first,count,ppn` blocks (`count` consecutive nodes from `first`, `ppn` consecutive
+//! ranks on each) that is repeated, cycle after cycle, until `SIZE` ranks are placed (the last cycle may end
+//! early). Block, cyclic and plane distributions each take one block, however many ranks:
+//!
+//! ```text
+//! -N3 -n6  (block)            6:0,3,2        ranks 0 0 1 1 2 2
+//! -N3 -n24 -m cyclic          24:0,3,1       ranks 0 1 2 0 1 2 ...
+//! -N3 -n24 -m plane=2         24:0,3,2       ranks 0 0 1 1 2 2 0 0 ...
+//! -N3 -n7  (block: 3,2,2)     7:0,1,3;1,2,2
+//! arbitrary (-m arbitrary)    the run-length list, as long as it has to be
+//! ```
+
+/// Largest job accepted from the environment (the engine's own bound is similar).
+const SIZE_MAX: usize = 1 << 24;
+/// Periods tried when compressing a map (beyond it the full list is sent).
+const PERIOD_MAX: usize = 64;
+
+type Block = (u32, u32, u32);
+
+/// Runs of ranks on one node, merged into blocks over consecutive nodes with the same run length.
+fn blocks(node_of: &[u32]) -> Vec<Block> {
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut rest = node_of;
+    while let Some(&node) = rest.first() {
+        let run = rest.iter().take_while(|&&n| n == node).count();
+        rest = &rest[run..];
+        let run = run as u32;
+        match blocks.last_mut() {
+            Some((first, count, ppn)) if *ppn == run && first.checked_add(*count) == Some(node) => *count += 1,
+            _ => blocks.push((node, 1, run)),
+        }
+    }
+    blocks
+}
+
+/// The ranks `blocks` give, cycled until `size`; `None` as soon as one differs from `want` (if given).
+fn expand(blocks: &[Block], size: usize, want: Option<&[u32]>) -> Option<Vec<u32>> {
+    let mut out = Vec::with_capacity(if want.is_some() { 0 } else { size });
+    let mut rank = 0usize;
+    while rank < size {
+        for &(first, count, ppn) in blocks {
+            for node in first..first.checked_add(count)? {
+                for _ in 0..ppn {
+                    if rank == size {
+                        return Some(out);
+                    }
+                    match want {
+                        Some(w) if w[rank] != node => return None,
+                        Some(_) => {}
+                        None => out.push(node),
+                    }
+                    rank += 1;
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The `RPMI_SLURM_MAP` value for `node_of`.
+pub fn encode(node_of: &[u32]) -> String {
+    let all = blocks(node_of);
+    let period = (1..=all.len().min(PERIOD_MAX))
+        .find(|&k| expand(&all[..k], node_of.len(), Some(node_of)).is_some())
+        .unwrap_or(all.len());
+    let list: Vec<String> = all[..period].iter().map(|(f, c, p)| format!("{f},{c},{p}")).collect();
+    format!("{}:{}", node_of.len(), list.join(";"))
+}
+
+/// The task map from an `RPMI_SLURM_MAP` value; every node index is below `nodes`.
+pub fn decode(text: &str, nodes: usize) -> Result<Vec<u32>, String> {
+    let bad = |why: &str| format!("RPMI_SLURM_MAP='{}': {why}", text.chars().take(80).collect::<String>());
+    let (size, list) = text.split_once(':').ok_or_else(|| bad("no ':'"))?;
+    let size: usize = size.parse().map_err(|_| bad("the size is not a number"))?;
+    if size == 0 || size > SIZE_MAX {
+        return Err(bad("the size is out of range"));
+    }
+    let mut blocks = Vec::new();
+    for b in list.split(';') {
+        let v: Vec<u32> = b.split(',').map(str::parse).collect::<Result<_, _>>().map_err(|_| bad("a bad block"))?;
+        let [first, count, ppn] = v[..] else { return Err(bad("a block is not first,count,ppn")) };
+        if count == 0 || ppn == 0 || first as usize + count as usize > nodes {
+            return Err(bad(&format!("block {b} does not fit {nodes} nodes")));
+        }
+        blocks.push((first, count, ppn));
+    }
+    expand(&blocks, size, None).ok_or_else(|| bad("overflow"))
+}
+
+/// Expands a Slurm node list (`n[1-3,7],login[01-02]-ib,x`) into names, in order. Covers the forms srun
+/// writes into `SLURM_STEP_NODELIST` on ordinary clusters; the plugin prefers Slurm's own hostlist
+/// functions when the process has them.
+pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
+    let bad = |why: &str| format!("node list '{list}': {why}");
+    let mut names = Vec::new();
+    let mut depth = 0;
+    let mut start = 0;
+    let mut items = Vec::new();
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' if depth == 0 => return Err(bad("unbalanced ']'")),
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(bad("unbalanced '['"));
+    }
+    items.push(&list[start..]);
+    for item in items.into_iter().map(str::trim).filter(|s| !s.is_empty()) {
+        expand_item(item, &mut names).map_err(|e| bad(&e))?;
+    }
+    Ok(names)
+}
+
+fn expand_item(item: &str, out: &mut Vec<String>) -> Result<(), String> {
+    let Some(open) = item.find('[') else {
+        out.push(item.to_string());
+        return Ok(());
+    };
+    let close = open + item[open..].find(']').ok_or("no ']'")?;
+    let (prefix, ranges, suffix) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
+    for range in ranges.split(',') {
+        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+        let width = lo.len();
+        let (l, h): (u64, u64) = (lo.parse().map_err(|_| "a bad range")?, hi.parse().map_err(|_| "a bad range")?);
+        if h < l || h - l > 1 << 20 {
+            return Err(format!("range {range}"));
+        }
+        for n in l..=h {
+            // The suffix may hold further brackets (`a[1-2]b[3-4]`).
+            expand_item(&format!("{prefix}{n:0width$}{suffix}"), out)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(node_of: &[u32], nodes: usize) -> String {
+        let text = encode(node_of);
+        assert_eq!(decode(&text, nodes).unwrap(), node_of, "{text}");
+        text
+    }
+
+    #[test]
+    fn distributions_compress() {
+        assert_eq!(roundtrip(&[0, 0, 1, 1, 2, 2], 3), "6:0,3,2");
+        let cyclic: Vec<u32> = (0..24).map(|r| r % 3).collect();
+        assert_eq!(roundtrip(&cyclic, 3), "24:0,3,1");
+        let plane: Vec<u32> = (0..24).map(|r| (r / 2) % 3).collect();
+        assert_eq!(roundtrip(&plane, 3), "24:0,3,2");
+        assert_eq!(roundtrip(&[0, 0, 0, 1, 1, 2, 2], 3), "7:0,1,3;1,2,2");
+        assert_eq!(roundtrip(&[0, 1, 2, 0, 1, 2, 0], 3), "7:0,3,1");
+        assert_eq!(roundtrip(&[0, 0, 1, 1, 2, 2, 0], 3), "7:0,3,2");
+        let big_cyclic: Vec<u32> = (0..100_000).map(|r| r % 4096).collect();
+        assert_eq!(roundtrip(&big_cyclic, 4096), "100000:0,4096,1");
+        roundtrip(&[2, 0, 1, 1, 0, 2, 2, 2], 3);
+        roundtrip(&[0], 1);
+    }
+
+    #[test]
+    fn bad_maps_are_refused() {
+        for bad in ["", "6", "0:0,1,1", "x:0,1,1", "6:0,3", "6:0,4,2", "6:0,0,1", "6:0,1,0", "6:a,b,c"] {
+            assert!(decode(bad, 3).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn node_lists() {
+        let e = |s: &str| expand_nodelist(s).unwrap();
+        assert_eq!(e("n[1-3]"), ["n1", "n2", "n3"]);
+        assert_eq!(e("n1"), ["n1"]);
+        assert_eq!(e("a[01-02,7],b,c[9-10]x"), ["a01", "a02", "a7", "b", "c9x", "c10x"]);
+        assert_eq!(e("r[1-2]n[1-2]"), ["r1n1", "r1n2", "r2n1", "r2n2"]);
+        assert!(expand_nodelist("n[1-").is_err());
+        assert!(expand_nodelist("n[3-1]").is_err());
+    }
+}

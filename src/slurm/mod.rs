@@ -1,0 +1,153 @@
+//! Slurm's `mpi/rpmi` plugin: `srun --mpi=rpmi ./app` (feature `slurm`; the same librpmi.so, installed as
+//! `<PluginDir>/mpi_rpmi.so` by `docker/install-slurm-plugin.sh`).
+//!
+//! ```text
+//!  srun                                   slurmstepd (one per node)                    tasks
+//!  client_prelaunch:                      slurmstepd_prefork:
+//!    task map from step_layout              read RPMI_SLURM_*, find this node by
+//!    secret (32 random bytes)               SLURMD_NODENAME in SLURM_STEP_NODELIST
+//!    root thread: TCP listener  <-------    connect + HELLO(secret), Shell + Driver,
+//!    env RPMI_SLURM_PORT/SECRET/MAP         socketpair per task, progress + uplink threads
+//!                                         slurmstepd_task (forked child):      PMI_FD PMI_RANK
+//!  root: gather one CONTRIB per node        PMI_FD, PMI_RANK, PMI_SIZE,  ----> PMI_SIZE PMI_JOBID
+//!        per epoch, send ALL to each        PMI_JOBID; close other tasks' ends
+//!        abort / error / lost node:
+//!        print on srun's stderr,
+//!        slurm_kill_job_step(SIGKILL)
+//!  client_fini: stop root; exit code of a PMI_Abort
+//! ```
+//!
+//! The wire protocol and its authentication are in [`wire`]; the root in [`root`]; the stepd side in
+//! [`stepd`]; srun's side in [`client`]; the layout encoding in [`layout`]; Slurm's types and functions in
+//! [`sys`]. The plugin is not linked against libslurm: it finds the `slurm_*` functions it needs in the
+//! process that loads it (srun and slurmstepd carry libslurmfull).
+//!
+//! Every exported function catches panics and returns an error code: nothing unwinds into Slurm and the
+//! daemon is never aborted.
+
+pub mod client;
+pub mod layout;
+pub mod root;
+pub mod stepd;
+pub mod sys;
+pub mod wire;
+
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use sys::{mpi_plugin_client_info_t, mpi_plugin_task_info_t, SLURM_ERROR, SLURM_SUCCESS};
+
+/// Slurm's plugin identification, read with `dlsym`: NUL-terminated arrays and `uint32_t`s.
+#[no_mangle]
+pub static plugin_name: [u8; 28] = *b"rpmi: PMI-1 server for srun\0";
+#[no_mangle]
+pub static plugin_type: [u8; 9] = *b"mpi/rpmi\0";
+/// "RPMI" in ASCII: unique, non-zero, and clear of the ids Slurm 22.05 gives its own MPI plugins (101..107).
+#[no_mangle]
+pub static plugin_id: u32 = 0x5250_4d49;
+/// Must equal the running Slurm's `SLURM_VERSION_NUMBER`, micro number included: the plugin is tied to the
+/// Slurm it was built against (`<slurm/slurm_version.h>` at build time).
+#[no_mangle]
+pub static plugin_version: u32 = sys::SLURM_VERSION_NUMBER;
+
+/// Runs an entry point; a panic becomes `on_panic` and a line in Slurm's log.
+fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        let _ = catch_unwind(|| sys::slurm().error("internal error (panic) in the mpi/rpmi plugin"));
+        on_panic
+    })
+}
+
+/// Logs a failure and turns it into Slurm's error code.
+fn code(result: Result<(), String>) -> c_int {
+    match result {
+        Ok(()) => SLURM_SUCCESS,
+        Err(e) => {
+            sys::slurm().error(&e);
+            SLURM_ERROR
+        }
+    }
+}
+
+/// Called when Slurm loads the plugin (slurmctld and slurmd load every MPI plugin: keep it cheap).
+#[no_mangle]
+pub extern "C" fn init() -> c_int {
+    guard(SLURM_ERROR, || {
+        // Find Slurm's functions now, before any fork.
+        sys::slurm();
+        SLURM_SUCCESS
+    })
+}
+
+/// Called before Slurm unloads the plugin: stops every thread the plugin started in this process.
+#[no_mangle]
+pub extern "C" fn fini() {
+    guard((), || {
+        stepd::fini();
+        client::stop_all();
+    })
+}
+
+/// srun, before the launch.
+///
+/// # Safety
+/// Pointers as srun passes them.
+#[no_mangle]
+pub unsafe extern "C" fn mpi_p_client_prelaunch(
+    job: *const mpi_plugin_client_info_t,
+    env: *mut *mut *mut c_char,
+) -> *mut c_void {
+    guard(std::ptr::null_mut(), || match client::prelaunch(job, env) {
+        Ok(state) => state,
+        Err(e) => {
+            sys::slurm().error(&e);
+            std::ptr::null_mut()
+        }
+    })
+}
+
+/// srun, after the step: its return value becomes srun's exit code when non-zero.
+///
+/// # Safety
+/// `state` is what `mpi_p_client_prelaunch` returned.
+#[no_mangle]
+pub unsafe extern "C" fn mpi_p_client_fini(state: *mut c_void) -> c_int {
+    guard(0, || client::fini(state))
+}
+
+/// slurmstepd, before it forks the tasks (as root).
+///
+/// # Safety
+/// `env` is the step's environment as Slurm passes it; `job` is not read.
+#[no_mangle]
+pub unsafe extern "C" fn mpi_p_slurmstepd_prefork(_job: *const c_void, env: *mut *mut *mut c_char) -> c_int {
+    guard(SLURM_ERROR, || code(stepd::prefork(env)))
+}
+
+/// In each forked task child, before exec (as the job's user).
+///
+/// # Safety
+/// Pointers as Slurm passes them.
+#[no_mangle]
+pub unsafe extern "C" fn mpi_p_slurmstepd_task(
+    job: *const mpi_plugin_task_info_t,
+    env: *mut *mut *mut c_char,
+) -> c_int {
+    guard(SLURM_ERROR, || stepd::task(job, env))
+}
+
+/// The plugin has no `mpi.conf` options.
+#[no_mangle]
+pub extern "C" fn mpi_p_conf_options(_full_options: *mut c_void, _full_opt_cnt: *mut c_int) {}
+
+#[no_mangle]
+pub extern "C" fn mpi_p_conf_set(_tbl: *mut c_void) {}
+
+#[no_mangle]
+pub extern "C" fn mpi_p_conf_get() -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+#[no_mangle]
+pub extern "C" fn mpi_p_conf_get_printable() -> *mut c_void {
+    std::ptr::null_mut()
+}

@@ -1,0 +1,233 @@
+//! Slurm's side of the plugin: the public types (bindgen over `<slurm/slurm.h>`), the two private structs
+//! Slurm 22.05 hands to MPI plugins, and the few `slurm_*` functions the plugin calls.
+//!
+//! The functions are not linked: librpmi.so must not pull in a second libslurm (the daemons and srun already
+//! carry `libslurmfull`, with its own globals). They are looked up in the host process with
+//! `dlsym(RTLD_DEFAULT)` once, before any fork, and called through the pointers found.
+
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
+
+/// The public Slurm types and constants (`build.rs`, feature `slurm`).
+pub mod bindings {
+    #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/slurm.rs"));
+}
+
+pub use bindings::{slurm_step_id_t, slurm_step_layout_t, NO_VAL, SLURM_VERSION_NUMBER};
+
+/// `mpi_plugin_client_info_t` of Slurm 22.05 (`src/common/slurm_mpi.h`, not installed): what srun passes to
+/// `mpi_p_client_prelaunch`.
+#[repr(C)]
+pub struct mpi_plugin_client_info_t {
+    /// Hetjob leader id, or `NO_VAL`.
+    pub het_job_id: u32,
+    pub het_job_task_offset: u32,
+    pub step_id: slurm_step_id_t,
+    pub step_layout: *const slurm_step_layout_t,
+}
+
+/// `mpi_plugin_task_info_t` of Slurm 22.05: what the task child passes to `mpi_p_slurmstepd_task`.
+#[repr(C)]
+pub struct mpi_plugin_task_info_t {
+    pub client: *const c_void,
+    /// The task's global rank.
+    pub gtaskid: u32,
+    pub ltaskid: c_int,
+    pub ltasks: u32,
+    pub nnodes: u32,
+    pub nodeid: u32,
+    pub ntasks: u32,
+    pub self_: *const c_void,
+    pub step_id: slurm_step_id_t,
+}
+
+// The offsets checked against Slurm 22.05.8 on x86_64 (/work/shared/notes/slurm-22.05.md).
+const _: () = {
+    assert!(std::mem::offset_of!(mpi_plugin_client_info_t, step_id) == 8);
+    assert!(std::mem::offset_of!(mpi_plugin_client_info_t, step_layout) == 24);
+    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, gtaskid) == 8);
+    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, ltaskid) == 12);
+    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, self_) == 32);
+    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, step_id) == 40);
+};
+
+pub const SLURM_SUCCESS: c_int = bindings::SLURM_SUCCESS as c_int;
+pub const SLURM_ERROR: c_int = bindings::SLURM_ERROR as c_int;
+
+/// `int slurm_env_array_overwrite_fmt(char ***env, const char *name, const char *fmt, ...)`: 1 on success.
+pub type EnvOverwriteFmt = unsafe extern "C" fn(*mut *mut *mut c_char, *const c_char, *const c_char, ...) -> c_int;
+type UnsetEnvp = unsafe extern "C" fn(*mut *mut c_char, *const c_char);
+type KillJobStep = unsafe extern "C" fn(u32, u32, u16) -> c_int;
+type HostlistCreate = unsafe extern "C" fn(*const c_char) -> *mut c_void;
+type HostlistShift = unsafe extern "C" fn(*mut c_void) -> *mut c_char;
+type HostlistDestroy = unsafe extern "C" fn(*mut c_void);
+type LogFn = unsafe extern "C" fn(*const c_char, ...);
+type StrError = unsafe extern "C" fn(c_int) -> *const c_char;
+
+/// The Slurm functions the plugin uses, as found in the host process (each may be missing outside Slurm).
+pub struct Slurm {
+    pub env_overwrite_fmt: Option<EnvOverwriteFmt>,
+    unsetenvp: Option<UnsetEnvp>,
+    kill_job_step: Option<KillJobStep>,
+    hostlist_create: Option<HostlistCreate>,
+    hostlist_shift: Option<HostlistShift>,
+    hostlist_destroy: Option<HostlistDestroy>,
+    error: Option<LogFn>,
+    info: Option<LogFn>,
+    verbose: Option<LogFn>,
+    debug: Option<LogFn>,
+    strerror: Option<StrError>,
+}
+
+fn lookup(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the process's global scope.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+macro_rules! find {
+    ($name:literal) => {{
+        let p = lookup($name);
+        // SAFETY: the symbol, if present, is Slurm's function of the declared C type.
+        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+    }};
+}
+
+/// The functions, looked up on first use. First use is always before a fork (at `init`, prelaunch or
+/// prefork): `dlsym` is not called in a forked child.
+pub fn slurm() -> &'static Slurm {
+    static SLURM: OnceLock<Slurm> = OnceLock::new();
+    SLURM.get_or_init(|| Slurm {
+        env_overwrite_fmt: find!(c"slurm_env_array_overwrite_fmt"),
+        unsetenvp: find!(c"slurm_unsetenvp"),
+        kill_job_step: find!(c"slurm_kill_job_step"),
+        hostlist_create: find!(c"slurm_hostlist_create"),
+        hostlist_shift: find!(c"slurm_hostlist_shift"),
+        hostlist_destroy: find!(c"slurm_hostlist_destroy"),
+        error: find!(c"slurm_error"),
+        info: find!(c"slurm_info"),
+        verbose: find!(c"slurm_verbose"),
+        debug: find!(c"slurm_debug"),
+        strerror: find!(c"slurm_strerror"),
+    })
+}
+
+fn c_text(s: &str) -> CString {
+    CString::new(s.replace('\0', "\\0")).unwrap_or_default()
+}
+
+impl Slurm {
+    /// Logs into the process's Slurm log (the slurmd log for a stepd, stderr for srun), at `level`.
+    /// Outside Slurm it goes to stderr.
+    pub fn log(&self, level: log::Level, message: &str) {
+        let f = match level {
+            log::Level::Error | log::Level::Warn => self.error,
+            log::Level::Info => self.info,
+            log::Level::Debug => self.verbose,
+            log::Level::Trace => self.debug,
+        };
+        let text = c_text(&format!("rpmi: {message}"));
+        match f {
+            // SAFETY: a printf-style Slurm logger called with "%s" and one NUL-terminated string.
+            Some(f) => unsafe { f(c"%s".as_ptr(), text.as_ptr()) },
+            None => eprintln!("rpmi: {message}"),
+        }
+    }
+
+    pub fn error(&self, message: &str) {
+        self.log(log::Level::Error, message)
+    }
+
+    pub fn info(&self, message: &str) {
+        self.log(log::Level::Info, message)
+    }
+
+    /// Sets `name=value` in a Slurm environment array.
+    ///
+    /// # Safety
+    /// `env` is a Slurm-allocated environment array pointer (`char ***`), as Slurm passes to the hooks.
+    pub unsafe fn setenv(&self, env: *mut *mut *mut c_char, name: &CStr, value: &CStr) -> Result<(), String> {
+        let f = self.env_overwrite_fmt.ok_or("slurm_env_array_overwrite_fmt is not in this process")?;
+        if f(env, name.as_ptr(), c"%s".as_ptr(), value.as_ptr()) == 1 {
+            Ok(())
+        } else {
+            Err(format!("cannot set {} in the environment", name.to_string_lossy()))
+        }
+    }
+
+    /// Removes `name` from a Slurm environment array, or, without Slurm's function, leaves it.
+    ///
+    /// # Safety
+    /// `env` is NULL or a Slurm environment array (`char **`).
+    pub unsafe fn unsetenv(&self, env: *mut *mut c_char, name: &CStr) {
+        if let (Some(f), false) = (self.unsetenvp, env.is_null()) {
+            f(env, name.as_ptr());
+        }
+    }
+
+    /// Asks Slurm to signal every task of the step (`slurm_kill_job_step`).
+    pub fn kill_step(&self, job: u32, step: u32, signal: i32) -> Result<(), String> {
+        let f = self.kill_job_step.ok_or("slurm_kill_job_step is not in this process")?;
+        // SAFETY: a plain Slurm API call.
+        if unsafe { f(job, step, signal as u16) } == SLURM_SUCCESS {
+            return Ok(());
+        }
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let why = match self.strerror {
+            // SAFETY: Slurm's strerror returns a static string for any code.
+            Some(f) => unsafe { CStr::from_ptr(f(errno)) }.to_string_lossy().into_owned(),
+            None => format!("error {errno}"),
+        };
+        Err(format!("cannot end step {job}.{step}: {why}"))
+    }
+
+    /// The names in a Slurm node list, with Slurm's own parser when the process has it.
+    pub fn expand_nodelist(&self, list: &str) -> Result<Vec<String>, String> {
+        let (Some(create), Some(shift), Some(destroy)) =
+            (self.hostlist_create, self.hostlist_shift, self.hostlist_destroy)
+        else {
+            return super::layout::expand_nodelist(list);
+        };
+        let text = c_text(list);
+        // SAFETY: Slurm's hostlist API: create from a string, shift names (malloc'd, freed with free()),
+        // destroy.
+        unsafe {
+            let hl = create(text.as_ptr());
+            if hl.is_null() {
+                return Err(format!("Slurm cannot read the node list '{list}'"));
+            }
+            let mut names = Vec::new();
+            loop {
+                let p = shift(hl);
+                if p.is_null() {
+                    break;
+                }
+                names.push(CStr::from_ptr(p).to_string_lossy().into_owned());
+                libc::free(p.cast());
+            }
+            destroy(hl);
+            Ok(names)
+        }
+    }
+}
+
+/// The value of `name` in a Slurm environment array (`char **`, NULL-terminated).
+///
+/// # Safety
+/// `env` is NULL or a NULL-terminated array of NUL-terminated strings.
+pub unsafe fn getenvp(env: *const *const c_char, name: &str) -> Option<String> {
+    if env.is_null() {
+        return None;
+    }
+    let mut p = env;
+    while !(*p).is_null() {
+        let entry = CStr::from_ptr(*p).to_bytes();
+        if entry.len() > name.len() && entry.starts_with(name.as_bytes()) && entry[name.len()] == b'=' {
+            return Some(String::from_utf8_lossy(&entry[name.len() + 1..]).into_owned());
+        }
+        p = p.add(1);
+    }
+    None
+}
