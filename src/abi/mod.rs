@@ -127,6 +127,13 @@ unsafe fn instance<'a>(p: *mut rpmi_instance) -> Result<&'a Instance, Failure> {
     (p as *const Instance).as_ref().ok_or((ffi::RPMI_ERR_INVALID, "NULL instance".into()))
 }
 
+/// Runs an entry point on a live instance: the pointer checked, panics caught, a failure's reason sent to
+/// the host's log.
+fn on_instance(inst: *mut rpmi_instance, f: impl FnOnce(&Instance) -> Result<(), Failure>) -> c_int {
+    // SAFETY: as for every call, `inst` is NULL or a live instance.
+    guard(|| code(inst, unsafe { instance(inst) }.and_then(f)))
+}
+
 /// The return code of a call on `inst`; a failure's reason goes to the host's log.
 fn code(inst: *mut rpmi_instance, r: Result<(), Failure>) -> c_int {
     match r {
@@ -329,49 +336,43 @@ unsafe extern "C" fn create(
 }
 
 unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
-    guard(|| {
-        code(
-            inst,
-            (|| {
-                let inst = instance(inst)?;
-                let Some(env) = env.as_mut() else { return fail(ffi::RPMI_ERR_INVALID, "env is NULL") };
-                if (env.struct_size as usize) < std::mem::size_of::<rpmi_task_env>() {
-                    return fail(ffi::RPMI_ERR_VERSION, "rpmi_task_env is too short");
-                }
-                let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
-                let Some(slot) = tasks.get_mut(task as usize) else {
-                    return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
-                };
-                if slot.initialized {
-                    return fail(ffi::RPMI_ERR_STATE, format!("task {task} is already initialized"));
-                }
-                let (server, child) =
-                    socketpair().or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("socketpair for task {task}: {e}")))?;
-                let fd = child.as_raw_fd();
-                inst.handle
-                    .post(Event::Attach(task as usize, server))
-                    .or_else(|_| fail(ffi::RPMI_ERR_STATE, "the instance no longer serves"))?;
-                let rank = inst.local_ranks[task as usize];
-                let mut vars = vec![
-                    format!("PMI_FD={fd}"),
-                    format!("PMI_RANK={rank}"),
-                    format!("PMI_SIZE={}", inst.size),
-                    format!("PMI_JOBID={}", inst.job_id),
-                ];
-                if inst.spawned {
-                    vars.push("PMI_SPAWNED=1".into());
-                }
-                slot.env = vars.into_iter().filter_map(|v| CString::new(v).ok()).collect();
-                slot.env_ptrs = slot.env.iter().map(|s| s.as_ptr()).collect();
-                slot.child = Some(child);
-                slot.initialized = true;
-                inst.child_fds[task as usize].store(fd, Ordering::SeqCst);
-                env.child_fd = fd;
-                env.env_count = slot.env_ptrs.len();
-                env.env = slot.env_ptrs.as_ptr();
-                Ok(())
-            })(),
-        )
+    on_instance(inst, |inst| {
+        let Some(env) = env.as_mut() else { return fail(ffi::RPMI_ERR_INVALID, "env is NULL") };
+        if (env.struct_size as usize) < std::mem::size_of::<rpmi_task_env>() {
+            return fail(ffi::RPMI_ERR_VERSION, "rpmi_task_env is too short");
+        }
+        let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
+        let Some(slot) = tasks.get_mut(task as usize) else {
+            return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
+        };
+        if slot.initialized {
+            return fail(ffi::RPMI_ERR_STATE, format!("task {task} is already initialized"));
+        }
+        let (server, child) =
+            socketpair().or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("socketpair for task {task}: {e}")))?;
+        let fd = child.as_raw_fd();
+        inst.handle
+            .post(Event::Attach(task as usize, server))
+            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "the instance no longer serves"))?;
+        let rank = inst.local_ranks[task as usize];
+        let mut vars = vec![
+            format!("PMI_FD={fd}"),
+            format!("PMI_RANK={rank}"),
+            format!("PMI_SIZE={}", inst.size),
+            format!("PMI_JOBID={}", inst.job_id),
+        ];
+        if inst.spawned {
+            vars.push("PMI_SPAWNED=1".into());
+        }
+        slot.env = vars.into_iter().filter_map(|v| CString::new(v).ok()).collect();
+        slot.env_ptrs = slot.env.iter().map(|s| s.as_ptr()).collect();
+        slot.child = Some(child);
+        slot.initialized = true;
+        inst.child_fds[task as usize].store(fd, Ordering::SeqCst);
+        env.child_fd = fd;
+        env.env_count = slot.env_ptrs.len();
+        env.env = slot.env_ptrs.as_ptr();
+        Ok(())
     })
 }
 
@@ -404,35 +405,21 @@ fn release_child(inst: &Instance, task: u32) -> Result<(), Failure> {
 }
 
 unsafe extern "C" fn task_forked(inst: *mut rpmi_instance, task: u32) -> c_int {
-    guard(|| code(inst, instance(inst).and_then(|i| release_child(i, task))))
+    on_instance(inst, |i| release_child(i, task))
 }
 
-unsafe extern "C" fn task_exit(inst: *mut rpmi_instance, task: u32, status: c_int) -> c_int {
-    guard(|| {
-        code(
-            inst,
-            instance(inst).and_then(|i| {
-                log::debug!("rpmi: local task {task} exited with wait status {status}");
-                release_child(i, task)
-            }),
-        )
-    })
+unsafe extern "C" fn task_exit(inst: *mut rpmi_instance, task: u32, _status: c_int) -> c_int {
+    // The engine learns that the task left from its connection closing; the status is the host's business.
+    on_instance(inst, |i| release_child(i, task))
 }
 
 unsafe extern "C" fn progress(inst: *mut rpmi_instance) -> c_int {
-    guard(|| {
-        code(
-            inst,
-            instance(inst).and_then(|i| match &i.mode {
-                Mode::EventLoop(driver) => {
-                    let mut driver = driver.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "driver poisoned"))?;
-                    driver.on_ready(0).map(|_| ()).or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("progress: {e}")))
-                }
-                Mode::Thread(_) => {
-                    fail(ffi::RPMI_ERR_STATE, "progress called, but the plugin runs its own progress thread")
-                }
-            }),
-        )
+    on_instance(inst, |i| match &i.mode {
+        Mode::EventLoop(driver) => {
+            let mut driver = driver.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "driver poisoned"))?;
+            driver.on_ready(0).map(|_| ()).or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("progress: {e}")))
+        }
+        Mode::Thread(_) => fail(ffi::RPMI_ERR_STATE, "progress called, but the plugin runs its own progress thread"),
     })
 }
 
@@ -443,38 +430,26 @@ unsafe extern "C" fn collective_complete(
     nparts: usize,
     error: *const c_char,
 ) -> c_int {
-    guard(|| {
-        code(
-            inst,
-            (|| {
-                let inst = instance(inst)?;
-                let result = if status == ffi::RPMI_OK {
-                    if parts.is_null() && nparts > 0 {
-                        return fail(ffi::RPMI_ERR_INVALID, "parts is NULL");
-                    }
-                    let parts = if nparts == 0 { &[][..] } else { std::slice::from_raw_parts(parts, nparts) };
-                    let mut all = Vec::with_capacity(parts.len());
-                    for p in parts {
-                        if p.data.is_null() && p.len > 0 {
-                            return fail(ffi::RPMI_ERR_INVALID, "a part's data is NULL");
-                        }
-                        all.push(if p.len == 0 {
-                            Vec::new()
-                        } else {
-                            std::slice::from_raw_parts(p.data, p.len).to_vec()
-                        });
-                    }
-                    Ok(all)
-                } else if error.is_null() {
-                    Err(format!("the resource manager's exchange failed ({status})"))
-                } else {
-                    Err(CStr::from_ptr(error).to_string_lossy().into_owned())
-                };
-                inst.handle
-                    .post(Event::CollectiveDone(result))
-                    .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
-            })(),
-        )
+    on_instance(inst, |inst| {
+        let result = if status == ffi::RPMI_OK {
+            if parts.is_null() && nparts > 0 {
+                return fail(ffi::RPMI_ERR_INVALID, "parts is NULL");
+            }
+            let parts = if nparts == 0 { &[][..] } else { std::slice::from_raw_parts(parts, nparts) };
+            let mut all = Vec::with_capacity(parts.len());
+            for p in parts {
+                if p.data.is_null() && p.len > 0 {
+                    return fail(ffi::RPMI_ERR_INVALID, "a part's data is NULL");
+                }
+                all.push(if p.len == 0 { Vec::new() } else { std::slice::from_raw_parts(p.data, p.len).to_vec() });
+            }
+            Ok(all)
+        } else if error.is_null() {
+            Err(format!("the resource manager's exchange failed ({status})"))
+        } else {
+            Err(CStr::from_ptr(error).to_string_lossy().into_owned())
+        };
+        inst.handle.post(Event::CollectiveDone(result)).or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
 }
 
@@ -484,26 +459,18 @@ unsafe extern "C" fn service_complete(
     status: c_int,
     result: *const c_char,
 ) -> c_int {
-    guard(|| {
-        code(
-            inst,
-            (|| {
-                let inst = instance(inst)?;
-                let mut pending =
-                    inst.pending.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "pending table poisoned"))?;
-                let Some(slot) = pending.get_mut(task as usize) else {
-                    return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
-                };
-                let service =
-                    slot.take().ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
-                drop(pending);
-                let result = (!result.is_null()).then(|| CStr::from_ptr(result).to_string_lossy().into_owned());
-                let reply = read_reply(service, status == ffi::RPMI_OK, result);
-                inst.handle
-                    .post(Event::HostReply(task as usize, reply))
-                    .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
-            })(),
-        )
+    on_instance(inst, |inst| {
+        let mut pending = inst.pending.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "pending table poisoned"))?;
+        let Some(slot) = pending.get_mut(task as usize) else {
+            return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
+        };
+        let service = slot.take().ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
+        drop(pending);
+        let result = (!result.is_null()).then(|| CStr::from_ptr(result).to_string_lossy().into_owned());
+        let reply = read_reply(service, status == ffi::RPMI_OK, result);
+        inst.handle
+            .post(Event::HostReply(task as usize, reply))
+            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
 }
 
