@@ -285,7 +285,8 @@ impl Shell {
         let cmd = service.response();
         self.respond(host, task, |out| match (service, reply) {
             (Service::Publish | Service::Unpublish, HostReply::Done) => Line::new(out, cmd, rc::SUCCESS).finish(),
-            (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) => {
+            // A port is one word and, like everything sent, must fit on a 1024-byte line.
+            (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) && port.len() + 64 <= MAX_LINE => {
                 Line::new(out, cmd, rc::SUCCESS).word("port", port.as_bytes()).finish()
             }
             (Service::Spawn, HostReply::Spawned { errcodes }) => {
@@ -420,7 +421,7 @@ impl Shell {
                 let Shell { job, clients, kvs, limits, ready, trace, .. } = self;
                 let found = check_name(job, kvsname)
                     .and_then(|()| check_key(limits, key))
-                    .and_then(|()| kvs.get(key).ok_or((rc::FAIL, "key not found".to_string())));
+                    .and_then(|()| kvs.get(key).ok_or_else(|| (rc::FAIL, "key not found".to_string())));
                 respond(&mut clients[task], ready, *trace, host, |out| match found {
                     Ok(value) => Line::new(out, "get_result", rc::SUCCESS).value(value),
                     Err((code, why)) => Line::new(out, "get_result", code).msg(&why).finish(),

@@ -573,3 +573,12 @@ fn spawn_error_codes_that_do_not_fit_a_line() {
         assert_eq!(drain(&mut s, 0), want);
     }
 }
+
+#[test]
+fn a_port_too_long_for_a_line_is_a_failed_lookup() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n");
+    s.host_reply(&mut h, 0, HostReply::Port("p".repeat(1000)));
+    assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=-1 msg=the_resource_manager_gave_an_unusable_answer\n");
+}

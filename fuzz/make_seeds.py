@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions).
+
+The engine input format is the one fuzz_targets/engine.rs decodes: byte 0 is the configuration (bit 0
+trace, bit 1 host offers services, bit 2 small limits, bit 3 cyclic task map), then operations, each an
+op byte (op % 16 = what, (op // 16) % 3 = task) and its argument bytes. Run from anywhere:
+    python3 fuzz/make_seeds.py
+"""
+
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Canned request indices (fuzz_targets/engine.rs, canned()).
+INIT, INIT2, MAXES, USIZE, APPNUM, KVSNAME, PUT, PUT_SPACES, GET, GET_MAPPING, BARRIER, FINALIZE, ABORT = range(13)
+PUBLISH, UNPUBLISH, LOOKUP, R2H, SPAWN, SPAWN_START, ENDCMD = range(13, 19 + 1)
+
+
+class Session:
+    def __init__(self, config):
+        self.b = bytearray([config])
+
+    def op(self, kind, task=0, *args):
+        self.b.append(kind + 16 * task)
+        self.b.extend(args)
+        return self
+
+    def req(self, task, k, a=0, b=0):
+        return self.op(0, task, k, a, b)
+
+    def split(self, task, k, a, b, at):
+        return self.op(6, task, k, a, b, at)
+
+    def raw(self, task, data, chunk=0x80):
+        assert len(data) < 256
+        return self.op(7, task, len(data), chunk).extend(data)
+
+    def extend(self, data):
+        self.b.extend(data)
+        return self
+
+    def disconnect(self, task):
+        return self.op(8, task)
+
+    def complete_own(self):
+        return self.op(9)
+
+    def complete_raw(self, data, order=0):
+        return self.op(10, 0, order, len(data)).extend(data)
+
+    def complete_remote(self, entries):
+        self.op(11, 0, len(entries))
+        for rank, key, val in entries:
+            self.b.extend([rank, key, val])
+        return self
+
+    def complete_err(self):
+        return self.op(12)
+
+    def reply(self, task, v):
+        return self.op(13, task, v)
+
+    def piece(self, p):
+        return self.op(14, 0, p)
+
+
+def wire_up(s, tasks=3, value=0x22):
+    # value 0x22: VALUE_LENGTHS[2] = 7 bytes; 0x90: 800 bytes.
+    """init, maxes, kvsname, appnum, universe size, one put each, barrier."""
+    for t in range(tasks):
+        for k in (INIT, MAXES, KVSNAME, APPNUM, USIZE, GET_MAPPING):
+            s.req(t, k)
+        s.req(t, PUT, t, value)
+        s.req(t, BARRIER)
+    return s
+
+
+def sessions():
+    out = {}
+    # MPICH-like wire-up over two nodes: the other shell brings ranks 3 and 4.
+    s = wire_up(Session(0)).complete_remote([(3, 3, 30), (4, 4, 40)])
+    for t in range(3):
+        for key in range(5):
+            s.req(t, GET, key)
+    for t in range(3):
+        s.req(t, BARRIER)
+    s.complete_own()
+    for t in range(3):
+        s.req(t, FINALIZE)
+        s.disconnect(t)
+    out["wireup"] = s
+
+    # Same with big (800-byte) values, the other shell's contribution as raw bytes, and tracing on.
+    s = wire_up(Session(1), value=0x90)
+    s.complete_raw(b"3 k3=" + b"x" * 100 + b"\n4 k4=y\n", order=1)
+    for t in range(3):
+        s.req(t, GET, (t + 1) % 5).req(t, GET, 7)
+    for t in range(3):
+        s.req(t, FINALIZE)
+    out["wireup_big_trace"] = s
+
+    # A rank aborts while the others wait in the barrier.
+    s = Session(0)
+    for t in range(3):
+        s.req(t, INIT).req(t, MAXES)
+    s.req(0, BARRIER).req(2, BARRIER).req(1, ABORT, 7, 1)
+    for t in range(3):
+        s.disconnect(t)
+    out["abort"] = s
+
+    # A task dies in the barrier; the collective fails.
+    s = Session(0)
+    for t in range(3):
+        s.req(t, INIT).req(t, PUT, t, 3)
+    s.req(0, BARRIER).req(1, BARRIER).disconnect(2)
+    out["task_lost"] = s
+    s = wire_up(Session(0)).complete_err()
+    out["collective_error"] = s
+
+    # Name service and spawn through a host that offers them.
+    s = Session(2)
+    s.req(0, INIT).req(0, PUBLISH, 1, 2).reply(0, 0)
+    s.req(1, INIT).req(1, LOOKUP, 1).reply(1, 1)
+    s.req(1, LOOKUP, 2).reply(1, 6)
+    s.req(0, UNPUBLISH, 1).reply(0, 0)
+    s.req(2, INIT).req(2, SPAWN, 2, 0).reply(2, 14)
+    # Two blocks: totspawns=2.
+    s.req(2, SPAWN, 1, 1).req(2, SPAWN, 3, 3).reply(2, 24)
+    s.req(0, R2H)
+    out["services"] = s
+
+    # The same requests without services on offer.
+    s = Session(0)
+    s.req(0, INIT).req(0, PUBLISH, 1, 2).req(0, LOOKUP, 1).req(0, SPAWN, 2, 0).req(0, R2H)
+    out["no_services"] = s
+
+    # Small limits, cyclic map: fill the KVS, write output a few bytes at a time, split lines.
+    s = Session(4 | 8).piece(5)
+    for t in range(3):
+        s.req(t, INIT).req(t, PUT, t, 0x70)  # a 299-byte value, the most these limits allow
+        for i in range(7):
+            s.raw(t, b"cmd=put kvsname=kvs_fuzz_1 key=z%d%d value=%s\n" % (t, i, b"v" * 200))
+    s.split(0, GET, 1, 0, 128).split(1, MAXES, 0, 0, 64)
+    s.raw(2, b"cmd=get_maxes\ncmd=get_ranks2hosts\ncmd=get_my_kvsname\n", chunk=3)
+    s.piece(200)
+    out["small_limits"] = s
+
+    # A spawn block typed out as raw bytes, a few bytes per read.
+    block = (
+        b"mcmd=spawn\nnprocs=2\nexecname=./child\ntotspawns=1\nspawnssofar=1\nargcnt=2\narg1=-v\narg2=a b\n"
+        b"preput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$\ninfo_num=0\nendcmd\n"
+    )
+    s = Session(2).req(0, INIT).raw(0, block, chunk=6).reply(0, 4 + 10 * 2)
+    out["spawn_raw"] = s
+
+    # PMI-2 client, Intel's ranks2hosts, garbage.
+    s = Session(0).req(0, INIT2).req(1, INIT).req(1, R2H).raw(2, b"cmd=put kvsname=kvs_fuzz_1 key=a\n")
+    out["odd_clients"] = s
+    return out
+
+
+PARSE_SEEDS = [
+    b"cmd=init pmi_version=1 pmi_subversion=1",
+    b"cmd=get_maxes",
+    b"cmd=put kvsname=kvs_1 key=P0-businesscard value=description#node0$port#4242$ifname#10.0.0.1$",
+    b"cmd=get kvsname=kvs_1 key=PMI_process_mapping",
+    b"cmd=barrier_in",
+    b"cmd=abort exitcode=3 message=rank 3: out of memory",
+    b"cmd=publish_name service=svc port=tag#0$",
+    b"cmd=get_ranks2hosts",
+    b"mcmd=spawn\nnprocs=2\nexecname=./child\ntotspawns=1\nspawnssofar=1\nargcnt=2\narg1=-v\narg2=a b\n"
+    b"preput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$\ninfo_num=1\ninfo_key_0=wdir\n"
+    b"info_val_0=/tmp\nendcmd",
+]
+
+
+def main():
+    engine = os.path.join(HERE, "seeds", "engine")
+    parse = os.path.join(HERE, "seeds", "parse")
+    os.makedirs(engine, exist_ok=True)
+    os.makedirs(parse, exist_ok=True)
+    for name, s in sessions().items():
+        with open(os.path.join(engine, name), "wb") as f:
+            f.write(bytes(s.b))
+    for i, data in enumerate(PARSE_SEEDS):
+        with open(os.path.join(parse, "seed%02d" % i), "wb") as f:
+            f.write(data)
+
+
+if __name__ == "__main__":
+    main()
