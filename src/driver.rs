@@ -74,6 +74,8 @@ pub struct Driver<H: Host> {
     conns: Vec<Option<OwnedFd>>,
     /// Tasks whose output waits for the connection to become writable.
     blocked: Vec<bool>,
+    /// Tasks that were blocked and have become writable since the last flush.
+    unblocked: Vec<TaskId>,
     closed: usize,
     stopped: bool,
     events: Receiver<Event>,
@@ -98,6 +100,7 @@ impl<H: Host> Driver<H> {
             host,
             conns: (0..n).map(|_| None).collect(),
             blocked: vec![false; n],
+            unblocked: Vec::new(),
             closed: 0,
             stopped: false,
             events: inbox.rx,
@@ -155,8 +158,8 @@ impl<H: Host> Driver<H> {
             if token == WAKE {
                 self.take_events()?;
             } else {
-                if flags & libc::EPOLLOUT as u32 != 0 {
-                    self.blocked[token as usize] = false;
+                if flags & libc::EPOLLOUT as u32 != 0 && std::mem::take(&mut self.blocked[token as usize]) {
+                    self.unblocked.push(token as usize);
                 }
                 // Input, or a hang-up or error (reported even while only EPOLLOUT is watched).
                 if flags & !(libc::EPOLLOUT as u32) != 0 {
@@ -242,12 +245,10 @@ impl<H: Host> Driver<H> {
 
     /// Writes every task's queued output as far as its connection takes it.
     fn flush(&mut self) -> io::Result<()> {
-        // Tasks that were blocked and have become writable; a write that finds a connection closed may queue
-        // answers for others, which the loop below then sends.
-        for task in 0..self.blocked.len() {
-            if !self.blocked[task] && !self.shell.output(task).is_empty() {
-                self.write(task)?;
-            }
+        // Tasks that have become writable; a write that finds a connection closed may queue answers for
+        // others, which the loop below then sends.
+        for task in std::mem::take(&mut self.unblocked) {
+            self.write(task)?;
         }
         while let Some(task) = self.shell.next_ready() {
             self.write(task)?;

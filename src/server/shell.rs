@@ -86,6 +86,9 @@ pub struct Shell {
     contribution: Vec<u8>,
     /// Tasks now waiting in `barrier_in`.
     entered: usize,
+    /// Tasks no longer active (finalized or gone): only when there are some can a barrier be unable to
+    /// complete, so only then are the clients scanned for one.
+    departed: usize,
     collective_pending: bool,
     trace: bool,
 }
@@ -130,6 +133,7 @@ impl Shell {
             ready: Vec::new(),
             contribution: Vec::new(),
             entered: 0,
+            departed: 0,
             collective_pending: false,
             trace: false,
         })
@@ -230,8 +234,9 @@ impl Shell {
             return;
         }
         let finalized = c.status == Status::Finalized;
-        c.status = Status::Gone;
         c.partial = Vec::new();
+        self.set_status(task, Status::Gone);
+        let c = &mut self.clients[task];
         if c.waiting == Waiting::Barrier {
             c.waiting = Waiting::Nothing;
             self.entered -= 1;
@@ -433,7 +438,7 @@ impl Shell {
                 self.check_barrier(host);
             }
             Request::Finalize => {
-                self.clients[task].status = Status::Finalized;
+                self.set_status(task, Status::Finalized);
                 self.respond(host, task, |out| Line::new(out, "finalize_ack", rc::SUCCESS).finish());
                 self.check_barrier(host);
             }
@@ -502,7 +507,11 @@ impl Shell {
         if self.collective_pending || self.entered == 0 {
             return;
         }
-        let lost = self.clients.iter().position(|c| c.waiting != Waiting::Barrier && c.status != Status::Active);
+        let lost = if self.departed == 0 {
+            None
+        } else {
+            self.clients.iter().position(|c| c.waiting != Waiting::Barrier && c.status != Status::Active)
+        };
         if let Some(task) = lost {
             let c = &self.clients[task];
             let error = JobError::TaskLost { rank: c.rank, finalized: c.status == Status::Finalized };
@@ -554,8 +563,8 @@ impl Shell {
 
     /// The task is cut off: its input is ignored from now on; a barrier waiting for it fails.
     fn leave(&mut self, host: &mut dyn Host, task: TaskId) {
+        self.set_status(task, Status::Gone);
         let c = &mut self.clients[task];
-        c.status = Status::Gone;
         c.spawn = None;
         // A host request still pending stays so: its answer, when it comes, is dropped quietly.
         if c.waiting == Waiting::Barrier {
@@ -563,6 +572,14 @@ impl Shell {
             c.waiting = Waiting::Nothing;
         }
         self.check_barrier(host);
+    }
+
+    fn set_status(&mut self, task: TaskId, status: Status) {
+        let c = &mut self.clients[task];
+        if c.status == Status::Active && status != Status::Active {
+            self.departed += 1;
+        }
+        c.status = status;
     }
 
     fn report(&mut self, host: &mut dyn Host, task: TaskId, error: JobError) {
