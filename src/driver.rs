@@ -72,8 +72,8 @@ pub struct Driver<H: Host> {
     host: H,
     /// The server end of each task's connection; `None` before it is attached and after it closed.
     conns: Vec<Option<OwnedFd>>,
-    /// Tasks whose output waits for the connection to become writable.
-    blocked: Vec<bool>,
+    /// How each task's connection is watched for writing.
+    output: Vec<Output>,
     /// Tasks that were blocked and have become writable since the last flush.
     unblocked: Vec<TaskId>,
     closed: usize,
@@ -82,6 +82,17 @@ pub struct Driver<H: Host> {
     wake: Arc<OwnedFd>,
     epoll: OwnedFd,
     buf: Vec<u8>,
+}
+
+/// How a task's connection is watched for writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// Answers are written as they come; epoll watches input only.
+    Flowing,
+    /// The connection was full: epoll watches EPOLLOUT only, and nothing is read from the task meanwhile.
+    Blocked,
+    /// Writable again: queued answers go out at the next flush; epoll still watches EPOLLOUT until they have.
+    Unblocked,
 }
 
 /// The epoll token of the wake-up eventfd; task tokens are their `TaskId`.
@@ -99,7 +110,7 @@ impl<H: Host> Driver<H> {
             shell,
             host,
             conns: (0..n).map(|_| None).collect(),
-            blocked: vec![false; n],
+            output: vec![Output::Flowing; n],
             unblocked: Vec::new(),
             closed: 0,
             stopped: false,
@@ -146,9 +157,9 @@ impl<H: Host> Driver<H> {
 
     /// Waits at most `timeout_ms` (-1: forever, 0: not at all) for work, and does it.
     pub fn on_ready(&mut self, timeout_ms: i32) -> io::Result<Status> {
-        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; 256];
         // SAFETY: the buffer outlives the call and its length is passed.
-        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), ready.as_mut_ptr(), 64, timeout_ms) };
+        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), ready.as_mut_ptr(), 256, timeout_ms) };
         if n < 0 {
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::Interrupted { Ok(self.status()) } else { Err(e) };
@@ -158,12 +169,18 @@ impl<H: Host> Driver<H> {
             if token == WAKE {
                 self.take_events()?;
             } else {
-                if flags & libc::EPOLLOUT as u32 != 0 && std::mem::take(&mut self.blocked[token as usize]) {
-                    self.unblocked.push(token as usize);
+                let task = token as usize;
+                if flags & libc::EPOLLOUT as u32 != 0 && self.output[task] == Output::Blocked {
+                    self.output[task] = Output::Unblocked;
+                    self.unblocked.push(task);
                 }
                 // Input, or a hang-up or error (reported even while only EPOLLOUT is watched).
                 if flags & !(libc::EPOLLOUT as u32) != 0 {
-                    self.read(token as usize);
+                    self.read(task);
+                    // Answered at once, not after every ready task was read: reading a request wakes its
+                    // task (the kernel signals it that it may write again), and an answer sent at once
+                    // finds it still waking; batched, it would sleep again first, two wake-ups per request.
+                    self.flush()?;
                 }
             }
         }
@@ -263,7 +280,7 @@ impl<H: Host> Driver<H> {
             self.shell.consume(task, n);
             return Ok(());
         };
-        if self.blocked[task] {
+        if self.output[task] == Output::Blocked {
             return Ok(());
         }
         while !self.shell.output(task).is_empty() {
@@ -280,7 +297,10 @@ impl<H: Host> Driver<H> {
                 io::ErrorKind::WouldBlock => {
                     // Nothing more is read from a task that does not read its answers, until it does:
                     // otherwise it could make the shell queue answers without bound.
-                    self.blocked[task] = true;
+                    let watched = std::mem::replace(&mut self.output[task], Output::Blocked) == Output::Unblocked;
+                    if watched {
+                        return Ok(());
+                    }
                     return epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, libc::EPOLLOUT as u32, task as u64);
                 }
                 _ => {
@@ -289,8 +309,11 @@ impl<H: Host> Driver<H> {
                 }
             }
         }
-        // Back to reading only, if it had been waiting to write.
-        epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, libc::EPOLLIN as u32, task as u64)
+        // Back to reading only, if it had been waiting to write (one syscall per answer otherwise).
+        if std::mem::replace(&mut self.output[task], Output::Flowing) == Output::Unblocked {
+            return epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, libc::EPOLLIN as u32, task as u64);
+        }
+        Ok(())
     }
 
     fn close(&mut self, task: TaskId) {
@@ -298,7 +321,7 @@ impl<H: Host> Driver<H> {
             // Closing the fd removes it from the epoll set.
             drop(fd);
             self.closed += 1;
-            self.blocked[task] = false;
+            self.output[task] = Output::Flowing;
             self.shell.disconnected(&mut self.host, task);
         }
     }
