@@ -523,7 +523,9 @@ impl Shell {
         if self.entered == self.clients.len() {
             self.collective_pending = true;
             host.collective(&self.contribution);
-            self.contribution.clear();
+            // Not just cleared: its capacity would stay allocated until the next barrier, beside the store
+            // that now holds the same puts.
+            self.contribution = Vec::new();
         }
     }
 

@@ -407,7 +407,7 @@ fn uplink_reader(
 ) {
     block_signals();
     let mut input = FrameBuf::default();
-    let mut buf = vec![0u8; 256 * 1024];
+    let mut buf = vec![0u8; 64 * 1024];
     let mut connected = true;
     loop {
         let mut fds = [
@@ -460,6 +460,7 @@ fn uplink_reader(
                             }
                         }
                     }
+                    input.release();
                     why
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => None,

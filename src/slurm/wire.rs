@@ -261,6 +261,14 @@ impl FrameBuf {
         Ok(Some(&self.buf[start..start + len]))
     }
 
+    /// Frees the buffer once every frame in it was handed out: after a fence it holds a whole exchange,
+    /// which must not stay allocated beside the key-value store until the next one.
+    pub fn release(&mut self) {
+        if self.used == self.buf.len() {
+            *self = FrameBuf::default();
+        }
+    }
+
     /// Bytes received and not yet handed out.
     pub fn pending(&self) -> usize {
         self.buf.len() - self.used
