@@ -10,6 +10,10 @@ packages=(
   slurm-wlm munge libslurm-dev # the local multi-node Slurm cluster and the srun --mpi=rpmi plugin
   procps psmisc               # pgrep/pkill/killall used by the test scripts to check for leftovers
 )
+# `install-deps.sh bench`: also what the side-by-side benchmark needs (docker/bench.sh).
+if [[ ${1:-} == bench ]]; then
+  packages+=(gnuplot-nox)     # the benchmark's plot
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

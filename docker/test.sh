@@ -15,11 +15,6 @@ cargo build --all-targets --locked
 cargo test --all-targets --locked
 
 # The Slurm plugin end to end: the same library built with the `slurm` feature, installed into a throwaway
-# PluginDir, `srun --mpi=rpmi` on a real local 3-node cluster (docker/slurm-cluster.sh), stopped on any exit.
+# PluginDir, `srun --mpi=rpmi` on a real local 3-node cluster, stopped on any exit (docker/with-slurm.sh).
 cargo clippy --all-targets --locked --features slurm -- -D warnings
-slurm_plugin_dir=$(mktemp -d /tmp/rpmi-plugin.XXXXXX)
-export RPMI_SLURM_DIR=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm-test}
-trap 'bash docker/slurm-cluster.sh stop >/dev/null 2>&1 || true; rm -rf "$slurm_plugin_dir"' EXIT
-bash docker/install-slurm-plugin.sh --plugin-dir "$slurm_plugin_dir"
-eval "$(bash docker/slurm-cluster.sh start --plugin-dir "$slurm_plugin_dir")"
-cargo test --locked --features slurm --test slurm
+bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm

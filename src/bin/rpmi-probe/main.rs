@@ -14,15 +14,18 @@ use std::os::fd::FromRawFd;
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "usage: rpmi-probe info|barrier|exchange|get KEY... [--count N] [--size BYTES]";
+const USAGE: &str =
+    "usage: rpmi-probe info|barrier|exchange|get KEY... [--count N] [--size BYTES] [--puts N] [--no-verify]";
 
 const HELP: &str = "
 Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE set).
   info        each rank prints its rank, size, kvsname, universe size, appnum, maxes,
               PMI_process_mapping and the ranks on its node (clique)
   barrier     times --count barriers (default 100); rank 0 prints the mean
-  exchange    each rank puts probe-<rank> of --size chars (default 96), then reads and
-              verifies the keys of --count ranks (default all); rank 0 prints timings
+  exchange    each rank puts --puts keys (default 1) probe-<rank>-<i> of --size chars
+              (default 96), barrier, then gets --count keys (default: one of every rank),
+              one of each following rank in turn, verifying each value unless --no-verify;
+              then a barrier. Rank 0 prints the times of both phases, from a start barrier
   get KEY...  after a barrier, each rank prints the value of each KEY, or `absent`
 ";
 
@@ -30,7 +33,7 @@ Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE
 enum Command {
     Info,
     Barrier { count: usize },
-    Exchange { count: Option<usize>, size: usize },
+    Exchange { count: Option<usize>, size: usize, puts: usize, verify: bool },
     Get(Vec<String>),
 }
 
@@ -41,6 +44,8 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     let mut positional = Vec::new();
     let mut count = None;
     let mut size = None;
+    let mut puts = None;
+    let mut verify = true;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         if arg == "--" {
@@ -49,6 +54,8 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
             positional.push(arg.clone());
         } else if arg == "--help" {
             return Ok(None);
+        } else if arg == "--no-verify" {
+            verify = false;
         } else {
             let (name, inline) = match arg.split_once('=') {
                 Some((name, value)) => (name, Some(value)),
@@ -57,6 +64,7 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
             let slot = match name {
                 "--count" => &mut count,
                 "--size" => &mut size,
+                "--puts" => &mut puts,
                 _ => return Err(format!("unknown option `{arg}`")),
             };
             let value =
@@ -74,7 +82,7 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     let command = match name.as_str() {
         "info" => Command::Info,
         "barrier" => Command::Barrier { count: count.unwrap_or(100) },
-        "exchange" => Command::Exchange { count, size: size.unwrap_or(96) },
+        "exchange" => Command::Exchange { count, size: size.unwrap_or(96), puts: puts.unwrap_or(1), verify },
         "get" if rest.is_empty() => return Err("get needs at least one KEY".to_string()),
         "get" => {
             for key in rest {
@@ -90,8 +98,11 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     if count.is_some() && !matches!(command, Command::Barrier { .. } | Command::Exchange { .. }) {
         return Err(format!("--count does not apply to {name}"));
     }
-    if size.is_some() && !matches!(command, Command::Exchange { .. }) {
-        return Err(format!("--size does not apply to {name}"));
+    if (size.is_some() || puts.is_some() || !verify) && !matches!(command, Command::Exchange { .. }) {
+        return Err(format!("--size, --puts and --no-verify apply only to exchange, not to {name}"));
+    }
+    if puts == Some(0) {
+        return Err("--puts must be at least 1".to_string());
     }
     if count == Some(0) && name == "barrier" {
         return Err("--count must be at least 1 for barrier".to_string());
@@ -208,33 +219,61 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, count: Option<usize>, len: usize) -> Result<String, String> {
-    // Reading a rank twice would prove nothing new, so more than the job size means all.
-    let count = count.unwrap_or(task.size).min(task.size);
+/// Key `index` of `rank`, and the value it holds: different for every key of every rank.
+fn probe_key(rank: usize, index: usize) -> String {
+    format!("probe-{rank}-{index}")
+}
+
+fn probe_key_value(rank: usize, index: usize, len: usize) -> String {
+    probe_value(rank.wrapping_mul(1 << 20) ^ index, len)
+}
+
+/// What `exchange` does: `puts` keys per rank of `len` characters, then `count` gets.
+struct Exchange {
+    count: Option<usize>,
+    len: usize,
+    puts: usize,
+    verify: bool,
+}
+
+fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, x: &Exchange) -> Result<String, String> {
+    // Reading a key twice would prove nothing new, so more than all keys means all.
+    let count = x.count.unwrap_or(task.size).min(task.size * x.puts);
     c.barrier()?;
     let start = Instant::now();
-    c.put(kvs, &format!("probe-{}", task.rank), &probe_value(task.rank, len))?;
+    for index in 0..x.puts {
+        c.put(kvs, &probe_key(task.rank, index), &probe_key_value(task.rank, index, x.len))?;
+    }
     c.barrier()?;
     let put_s = start.elapsed().as_secs_f64();
     let start = Instant::now();
-    // Start at the next rank so the reads of all tasks spread over every key.
-    for peer in (1..=count).map(|i| (task.rank + i) % task.size) {
-        let key = format!("probe-{peer}");
+    // Start at the next rank so the reads of all tasks spread over every key; the i-th get reads key
+    // i / size of its rank, so every rank is read once before any is read twice.
+    for i in 0..count {
+        let (peer, index) = ((task.rank + 1 + i) % task.size, i / task.size);
+        let key = probe_key(peer, index);
         let got = c.get(kvs, &key)?.ok_or_else(|| format!("key {key} of rank {peer} is missing after the barrier"))?;
-        let want = probe_value(peer, len);
+        if !x.verify {
+            continue;
+        }
+        let want = probe_key_value(peer, index, x.len);
         if got != want {
             let at = got.bytes().zip(want.bytes()).take_while(|(g, w)| g == w).count();
             return Err(format!(
-                "wrong value for key {key} of rank {peer}: got {} chars, expected {len}, \
+                "wrong value for key {key} of rank {peer}: got {} chars, expected {}, \
                  first difference at char {at}",
-                got.len()
+                got.len(),
+                x.len
             ));
         }
     }
     c.barrier()?;
     let gets_s = start.elapsed().as_secs_f64();
     Ok(if task.rank == 0 {
-        format!("exchange: size={} put+barrier_s={put_s:.6} gets+barrier_s={gets_s:.6}\n", task.size)
+        format!(
+            "exchange: size={} puts={} value_len={} gets={count} put+barrier_s={put_s:.6} gets+barrier_s={gets_s:.6}\n",
+            task.size, x.puts, x.len
+        )
     } else {
         String::new()
     })
@@ -273,7 +312,9 @@ fn run() -> Result<(), String> {
     let output = match &command {
         Command::Info => info(&mut c, &task, &kvs)?,
         Command::Barrier { count } => barrier(&mut c, &task, *count)?,
-        Command::Exchange { count, size } => exchange(&mut c, &task, &kvs, *count, *size)?,
+        Command::Exchange { count, size, puts, verify } => {
+            exchange(&mut c, &task, &kvs, &Exchange { count: *count, len: *size, puts: *puts, verify: *verify })?
+        }
         Command::Get(keys) => get(&mut c, &task, &kvs, keys)?,
     };
     c.finalize()?;
@@ -295,7 +336,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_args, probe_value, Command};
+    use super::{parse_args, probe_key_value, probe_value, Command};
 
     fn parse(args: &[&str]) -> Result<Option<Command>, String> {
         parse_args(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
@@ -308,9 +349,13 @@ mod tests {
         assert_eq!(parse(&["barrier", "--count=5"]), Ok(Some(Command::Barrier { count: 5 })));
         assert_eq!(
             parse(&["--size", "10", "exchange", "--count", "3"]),
-            Ok(Some(Command::Exchange { count: Some(3), size: 10 }))
+            Ok(Some(Command::Exchange { count: Some(3), size: 10, puts: 1, verify: true }))
         );
-        assert_eq!(parse(&["exchange"]), Ok(Some(Command::Exchange { count: None, size: 96 })));
+        assert_eq!(parse(&["exchange"]), Ok(Some(Command::Exchange { count: None, size: 96, puts: 1, verify: true })));
+        assert_eq!(
+            parse(&["exchange", "--puts=8", "--size", "800", "--count", "64", "--no-verify"]),
+            Ok(Some(Command::Exchange { count: Some(64), size: 800, puts: 8, verify: false }))
+        );
         assert_eq!(
             parse(&["get", "PMI_process_mapping", "-bcast-1-0", "--", "--odd"]),
             Ok(Some(Command::Get(vec!["PMI_process_mapping".into(), "-bcast-1-0".into(), "--odd".into()])))
@@ -331,6 +376,9 @@ mod tests {
             &["barrier", "--count", "-1"],
             &["exchange", "--size=0"],
             &["exchange", "--sizes=4"],
+            &["exchange", "--puts", "0"],
+            &["barrier", "--no-verify"],
+            &["info", "--puts", "2"],
             &["get"],
             &["get", "a=b"],
             &["get", "a b"],
@@ -349,5 +397,9 @@ mod tests {
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
         assert_eq!(probe_value(7, 40), probe_value(7, 96)[..40]);
         assert_eq!(probe_value(3, 0), "");
+        // Every key of every rank has its own value.
+        let values: std::collections::HashSet<String> =
+            (0..64).flat_map(|r| (0..8).map(move |i| probe_key_value(r, i, 32))).collect();
+        assert_eq!(values.len(), 64 * 8);
     }
 }

@@ -1,0 +1,458 @@
+//! Side-by-side benchmark: the same PMI-1 workloads, run by `rpmi-probe` as every task, under rpmi-run,
+//! `srun --mpi=rpmi`, MPICH's `mpiexec.hydra`, `srun --mpi=pmi2` and a floor server (`floor.rs`), in one
+//! run, interleaved so that the machine's drift hits every server alike. Prints a table and writes a
+//! markdown report, the raw runs (JSON) and a plot (PNG, through gnuplot) to the results folder.
+//!
+//! `bash docker/bench.sh` sets up everything (the local Slurm cluster with the plugin) and runs it; by
+//! hand: `cargo bench --features slurm --bench side_by_side -- [--runs 5] [--sizes 64,256,1024]
+//! [--servers rpmi-run,rpmi-run-4,srun-rpmi,hydra,srun-pmi2,floor] [--workloads a,b,c] [--out DIR]`.
+//! srun must reach a cluster (SLURM_CONF) whose slurmd have `mpi_rpmi.so` in their PluginDir.
+
+mod floor;
+mod memory;
+mod report;
+
+use memory::{Sampler, Serving};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const PROBE: &str = env!("CARGO_BIN_EXE_rpmi-probe");
+const RPMI_RUN: &str = env!("CARGO_BIN_EXE_rpmi-run");
+/// Longest a single job may take before it is killed and recorded as failed.
+const JOB_TIMEOUT: Duration = Duration::from_secs(900);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Server {
+    RpmiRun,
+    RpmiRun4,
+    SrunRpmi,
+    Hydra,
+    SrunPmi2,
+    Floor,
+}
+
+pub const SERVERS: [Server; 6] =
+    [Server::RpmiRun, Server::RpmiRun4, Server::SrunRpmi, Server::Hydra, Server::SrunPmi2, Server::Floor];
+
+/// Nodes of the local Slurm cluster the srun servers spread a job over (`-N3`).
+const SLURM_NODES: usize = 3;
+
+impl Server {
+    pub fn key(self) -> &'static str {
+        match self {
+            Server::RpmiRun => "rpmi-run",
+            Server::RpmiRun4 => "rpmi-run-4",
+            Server::SrunRpmi => "srun-rpmi",
+            Server::Hydra => "hydra",
+            Server::SrunPmi2 => "srun-pmi2",
+            Server::Floor => "floor",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Server::RpmiRun => "rpmi-run",
+            Server::RpmiRun4 => "rpmi-run --nodes 4",
+            Server::SrunRpmi => "srun --mpi=rpmi",
+            Server::Hydra => "mpiexec.hydra",
+            Server::SrunPmi2 => "srun --mpi=pmi2",
+            Server::Floor => "floor",
+        }
+    }
+
+    /// The server this one is compared with in the tables: each Slurm plugin with the other, the rest
+    /// with rpmi-run.
+    pub fn reference(self) -> Option<Server> {
+        match self {
+            Server::RpmiRun | Server::SrunRpmi => None,
+            Server::SrunPmi2 => Some(Server::SrunRpmi),
+            _ => Some(Server::RpmiRun),
+        }
+    }
+
+    /// Serving processes (nodes) a job of `size` tasks is spread over, and how many engine instances
+    /// (key-value stores) one serving process holds.
+    pub fn nodes(self) -> usize {
+        match self {
+            Server::RpmiRun4 => 4,
+            Server::SrunRpmi | Server::SrunPmi2 => SLURM_NODES,
+            _ => 1,
+        }
+    }
+
+    fn serving(self) -> Serving {
+        match self {
+            Server::RpmiRun | Server::RpmiRun4 | Server::Floor => Serving::Launcher,
+            Server::Hydra => Serving::HydraProxy,
+            Server::SrunRpmi | Server::SrunPmi2 => Serving::Stepds { nodes: SLURM_NODES },
+        }
+    }
+
+    /// Tasks served by the busiest serving process.
+    pub fn local_tasks(self, size: usize) -> usize {
+        match self.serving() {
+            Serving::Stepds { nodes } => size.div_ceil(nodes),
+            _ => size,
+        }
+    }
+
+    fn command(self, size: usize, probe_args: &[&str]) -> Command {
+        let n = size.to_string();
+        let mut command = match self {
+            Server::RpmiRun | Server::RpmiRun4 => {
+                let mut c = Command::new(RPMI_RUN);
+                c.args(["-n", &n, "--nodes", &self.nodes().to_string()]);
+                c
+            }
+            Server::SrunRpmi | Server::SrunPmi2 => {
+                let mpi = if self == Server::SrunRpmi { "--mpi=rpmi" } else { "--mpi=pmi2" };
+                let mut c = Command::new("srun");
+                c.args(["-Q", mpi, "-O", &format!("-N{SLURM_NODES}"), &format!("-n{n}")]);
+                c
+            }
+            Server::Hydra => {
+                let mut c = Command::new("mpiexec.hydra");
+                c.args(["-n", &n]);
+                c
+            }
+            Server::Floor => {
+                let mut c = Command::new(std::env::current_exe().expect("the benchmark's own path"));
+                c.args(["floor", &n]);
+                c
+            }
+        };
+        command.arg(PROBE).args(probe_args);
+        command
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Workload {
+    /// (a) every rank puts one value of 96 characters, barrier, gets one key of every rank.
+    AllToAll,
+    /// (b) 8 puts of 800 characters, barrier, 64 gets.
+    BusinessCards,
+    /// (c) 1000 empty barriers.
+    Barriers,
+}
+
+pub const WORKLOADS: [Workload; 3] = [Workload::AllToAll, Workload::BusinessCards, Workload::Barriers];
+
+impl Workload {
+    pub fn key(self) -> &'static str {
+        match self {
+            Workload::AllToAll => "a",
+            Workload::BusinessCards => "b",
+            Workload::Barriers => "c",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Workload::AllToAll => "(a) all-to-all: 1 put of 96 chars, barrier, a get of every rank's key, barrier",
+            Workload::BusinessCards => "(b) business cards: 8 puts of 800 chars, barrier, 64 gets, barrier",
+            Workload::Barriers => "(c) 1000 empty barriers",
+        }
+    }
+
+    fn probe_args(self) -> &'static [&'static str] {
+        // Values are not verified while timing, so every server (the floor too) costs the client the same.
+        match self {
+            Workload::AllToAll => &["exchange", "--size", "96", "--no-verify"],
+            Workload::BusinessCards => &["exchange", "--puts", "8", "--size", "800", "--count", "64", "--no-verify"],
+            Workload::Barriers => &["barrier", "--count", "1000"],
+        }
+    }
+
+    /// Bytes of keys and values one complete key-value store holds after the workload's puts.
+    pub fn kvs_bytes(self, size: usize) -> u64 {
+        let (puts, len) = match self {
+            Workload::AllToAll => (1, 96),
+            Workload::BusinessCards => (8, 800),
+            Workload::Barriers => return 0,
+        };
+        (0..size).flat_map(|r| (0..puts).map(move |i| format!("probe-{r}-{i}").len() + len)).sum::<usize>() as u64
+    }
+}
+
+/// One job's outcome.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub server: Server,
+    pub workload: Workload,
+    pub size: usize,
+    /// (a), (b): put+barrier and gets+barrier seconds; (c): mean barrier in seconds (in `put_s`).
+    pub put_s: f64,
+    pub gets_s: f64,
+    /// Peak resident set of the busiest serving process (Hydra: mpiexec and its proxy together), KiB.
+    pub peak_kib: Option<u64>,
+    pub wall_s: f64,
+}
+
+impl Run {
+    /// The figure the tables rank servers by: the whole exchange, or one barrier.
+    pub fn time_s(&self) -> f64 {
+        match self.workload {
+            Workload::Barriers => self.put_s,
+            _ => self.put_s + self.gets_s,
+        }
+    }
+}
+
+struct Job {
+    status: i32,
+    stdout: String,
+    stderr: String,
+    peaks: BTreeMap<u32, u64>,
+    wall_s: f64,
+}
+
+/// Runs one job to its end (or kills it at JOB_TIMEOUT), sampling its serving processes' memory.
+fn run_job(server: Server, size: usize, probe_args: &[&str]) -> Result<Job, String> {
+    let mut command = server.command(size, probe_args);
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", server.label()))?;
+    let sampler = Sampler::start(child.id(), server.serving());
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let timed_out = !wait_unreaped(&child, JOB_TIMEOUT);
+    if timed_out {
+        signal(&child, libc::SIGTERM);
+        if !wait_unreaped(&child, Duration::from_secs(10)) {
+            signal(&child, libc::SIGKILL);
+        }
+    }
+    let peaks = sampler.finish();
+    let status = child.wait().map_err(|e| format!("wait: {e}"))?;
+    let wall_s = start.elapsed().as_secs_f64();
+    let mut job = Job {
+        status: status.code().unwrap_or(128),
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+        peaks,
+        wall_s,
+    };
+    if timed_out {
+        job.stderr.push_str(&format!("\nkilled after {} s", JOB_TIMEOUT.as_secs()));
+        job.status = job.status.max(1);
+    }
+    Ok(job)
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
+/// Waits up to `limit` for the child to exit without reaping it, so that /proc still shows its memory.
+fn wait_unreaped(child: &Child, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        // SAFETY: waitid fills a zeroed siginfo_t that lives across the call.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let flags = libc::WEXITED | libc::WNOWAIT | libc::WNOHANG;
+        let rc = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, flags) };
+        // SAFETY: si_pid is set by waitid when a child changed state, and zero otherwise.
+        if rc == 0 && unsafe { info.si_pid() } != 0 {
+            return true;
+        }
+        if rc != 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return true; // nothing to wait for: wait() below reports it
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn signal(child: &Child, signal: i32) {
+    // SAFETY: kill on our own unreaped child's pid.
+    unsafe { libc::kill(child.id() as i32, signal) };
+}
+
+/// Reads rank 0's result line.
+fn parse_result(workload: Workload, stdout: &str) -> Option<(f64, f64)> {
+    let field = |line: &str, name: &str| -> Option<f64> {
+        line.split_whitespace().find_map(|t| t.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    };
+    match workload {
+        Workload::Barriers => {
+            let line = stdout.lines().find(|l| l.starts_with("barrier: "))?;
+            Some((field(line, "mean_us")? * 1e-6, 0.0))
+        }
+        _ => {
+            let line = stdout.lines().find(|l| l.starts_with("exchange: "))?;
+            Some((field(line, "put+barrier_s")?, field(line, "gets+barrier_s")?))
+        }
+    }
+}
+
+/// The memory figure of a job: the busiest serving process, or Hydra's two together.
+fn peak_of(server: Server, peaks: &BTreeMap<u32, u64>) -> Option<u64> {
+    match server {
+        Server::Hydra => (peaks.len() >= 2).then(|| peaks.values().sum()),
+        _ => peaks.values().copied().max(),
+    }
+}
+
+fn fail(server: Server, size: usize, what: &str, job: &Job) -> String {
+    let tail: String =
+        job.stderr.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    format!(
+        "{} -n {size} ({what}) failed with status {}:\n{tail}\n{}",
+        server.label(),
+        job.status,
+        job.stdout.trim_end()
+    )
+}
+
+pub struct Config {
+    pub runs: usize,
+    pub sizes: Vec<usize>,
+    pub servers: Vec<Server>,
+    pub workloads: Vec<Workload>,
+    pub out: PathBuf,
+}
+
+fn parse_list<T: Copy>(text: &str, all: &[T], key: impl Fn(T) -> String) -> Result<Vec<T>, String> {
+    text.split(',')
+        .map(|k| all.iter().copied().find(|&x| key(x) == k).ok_or_else(|| format!("unknown `{k}`")))
+        .collect()
+}
+
+fn parse_args(args: &[String]) -> Result<Config, String> {
+    let mut config = Config {
+        runs: 5,
+        sizes: vec![64, 256, 1024],
+        servers: SERVERS.to_vec(),
+        workloads: WORKLOADS.to_vec(),
+        out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results")),
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        // cargo bench passes --bench to every benchmark program.
+        if arg == "--bench" {
+            continue;
+        }
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--runs" => config.runs = value()?.parse().map_err(|_| "--runs wants a number".to_string())?,
+            "--sizes" => {
+                config.sizes = value()?
+                    .split(',')
+                    .map(|n| n.parse().map_err(|_| format!("bad size `{n}`")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--servers" => config.servers = parse_list(value()?, &SERVERS, |s| s.key().to_string())?,
+            "--workloads" => config.workloads = parse_list(value()?, &WORKLOADS, |w| w.key().to_string())?,
+            "--out" => config.out = PathBuf::from(value()?),
+            _ => return Err(format!("unknown argument `{arg}`")),
+        }
+    }
+    if config.runs == 0 || config.sizes.iter().any(|&n| n < SLURM_NODES) {
+        return Err("--runs must be at least 1 and every size at least 3".to_string());
+    }
+    Ok(config)
+}
+
+/// Allows as many open files as the hard limit: 1024 tasks need more than the usual 1024 descriptors in
+/// the serving process, and every launcher inherits this.
+fn raise_open_files() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: get/setrlimit on a live struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+fn benchmark(config: &Config) -> Result<(), String> {
+    raise_open_files();
+    let mut idle = BTreeMap::new();
+    eprintln!("checking every server: a verified exchange at 64 tasks, and its memory with one task per node");
+    for &server in &config.servers {
+        // The floor has no store: what it answers cannot be verified.
+        let verify = if server == Server::Floor { &["--no-verify"][..] } else { &[] };
+        let job = run_job(server, 64, &[&["exchange", "--size", "96"], verify].concat())?;
+        if job.status != 0 || parse_result(Workload::AllToAll, &job.stdout).is_none() {
+            return Err(fail(server, 64, "verified exchange", &job));
+        }
+        // Long enough (about half a second) for the sampler to see the serving process settled.
+        let job = run_job(server, server.nodes(), &["barrier", "--count", "2000"])?;
+        if job.status != 0 {
+            return Err(fail(server, server.nodes(), "idle", &job));
+        }
+        idle.insert(server, peak_of(server, &job.peaks));
+    }
+    let mut runs = Vec::new();
+    for &workload in &config.workloads {
+        for &size in &config.sizes {
+            for rep in 1..=config.runs {
+                for &server in &config.servers {
+                    let job = run_job(server, size, workload.probe_args())?;
+                    let Some((put_s, gets_s)) = parse_result(workload, &job.stdout).filter(|_| job.status == 0) else {
+                        return Err(fail(server, size, workload.key(), &job));
+                    };
+                    let run = Run {
+                        server,
+                        workload,
+                        size,
+                        put_s,
+                        gets_s,
+                        peak_kib: peak_of(server, &job.peaks),
+                        wall_s: job.wall_s,
+                    };
+                    eprintln!(
+                        "({}) n={size:<5} run {rep}/{}  {:<20} {:>10.4} s  peak {:>8} KiB  (job {:.1} s)",
+                        workload.key(),
+                        config.runs,
+                        server.label(),
+                        run.time_s(),
+                        run.peak_kib.map_or("?".to_string(), |k| k.to_string()),
+                        run.wall_s
+                    );
+                    runs.push(run);
+                }
+            }
+        }
+    }
+    report::write(config, &runs, &idle)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // The floor server, started by the benchmark itself: `floor N PROGRAM ARGS...`.
+    if args.first().map(String::as_str) == Some("floor") {
+        let (Some(size), Some(program)) = (args.get(1).and_then(|n| n.parse().ok()), args.get(2)) else {
+            eprintln!("usage: side_by_side floor N PROGRAM [ARGS]...");
+            return ExitCode::from(2);
+        };
+        return match floor::serve(size, program, &args[3..]) {
+            Ok(status) => ExitCode::from(status.clamp(0, 255) as u8),
+            Err(e) => {
+                eprintln!("floor: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match parse_args(&args).and_then(|config| benchmark(&config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("side_by_side: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
