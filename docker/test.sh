@@ -12,7 +12,7 @@ cargo clippy --all-targets --locked -- -D warnings
 # `cargo test` alone does not put the cdylib at target/debug/librpmi.so, where rpmi-run and the host tests
 # load it from; a build does.
 cargo build --all-targets --locked
-cargo test --all-targets --locked
+cargo test --lib --bins --tests --locked   # not --all-targets: that would also run the benchmarks
 
 # The Slurm plugin end to end: the same library built with the `slurm` feature, installed into a throwaway
 # PluginDir, `srun --mpi=rpmi` on a real local 3-node cluster, stopped on any exit (docker/with-slurm.sh).
