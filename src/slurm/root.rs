@@ -637,6 +637,14 @@ mod tests {
         (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)
     }
 
+    /// A root for `nodes` nodes with every node's stepd connected and authenticated.
+    fn connected(nodes: usize) -> (Root, Record, Vec<TcpStream>) {
+        let secret = Secret::generate().unwrap();
+        let (root, record) = root(nodes, secret);
+        let stepds = (0..nodes as u32).map(|n| stepd(root.port(), n, &secret)).collect();
+        (root, record, stepds)
+    }
+
     fn stepd(port: u16, node: u32, secret: &Secret) -> TcpStream {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.write_all(&ToRoot::Hello { node, secret: secret.0 }.encode()).unwrap();
@@ -659,9 +667,7 @@ mod tests {
 
     #[test]
     fn every_node_gets_every_part_each_epoch() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = root(3, secret);
-        let mut s: Vec<TcpStream> = (0..3).map(|n| stepd(root.port(), n, &secret)).collect();
+        let (root, record, mut s) = connected(3);
         for epoch in 0..3u32 {
             for (n, c) in s.iter_mut().enumerate().rev() {
                 c.write_all(&wire::contrib(epoch, n as u32, format!("e{epoch}n{n}").as_bytes())).unwrap();
@@ -740,9 +746,7 @@ mod tests {
 
     #[test]
     fn a_lost_node_mid_exchange_ends_the_step() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = root(3, secret);
-        let mut s: Vec<TcpStream> = (0..3).map(|n| stepd(root.port(), n, &secret)).collect();
+        let (root, record, mut s) = connected(3);
         s[0].write_all(&wire::contrib(0, 0, b"a")).unwrap();
         drop(s.remove(2));
         assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
@@ -752,9 +756,7 @@ mod tests {
 
     #[test]
     fn an_exchange_a_finished_node_cannot_join_fails() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = root(2, secret);
-        let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
+        let (root, record, mut s) = connected(2);
         s[1].write_all(&ToRoot::Bye.encode()).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         s[0].write_all(&wire::contrib(0, 0, b"a")).unwrap();
@@ -765,9 +767,7 @@ mod tests {
 
     #[test]
     fn a_rank_gone_from_a_node_that_has_not_contributed_fails_the_exchange() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = root(2, secret);
-        let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
+        let (root, record, mut s) = connected(2);
         s[1].write_all(&ToRoot::Gone { rank: 1 }.encode()).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert!(!record.lines().iter().any(|l| l == "end"), "no exchange yet: {:?}", record.lines());
