@@ -177,9 +177,8 @@ impl<H: Host> Driver<H> {
                 // Input, or a hang-up or error (reported even while only EPOLLOUT is watched).
                 if flags & !(libc::EPOLLOUT as u32) != 0 {
                     self.read(task);
-                    // Answered at once, not after every ready task was read: reading a request wakes its
-                    // task (the kernel signals it that it may write again), and an answer sent at once
-                    // finds it still waking; batched, it would sleep again first, two wake-ups per request.
+                    // Answered at once, not after every ready task was read, so a task waits no longer
+                    // than its own request takes (as the floor server in benches/side_by_side does).
                     self.flush()?;
                 }
             }

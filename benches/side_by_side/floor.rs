@@ -120,8 +120,8 @@ impl Floor {
                 self.in_barrier += 1;
                 if self.in_barrier == self.size {
                     self.in_barrier = 0;
-                    for rank in 0..self.size {
-                        self.send(rank, b"cmd=barrier_out rc=0\n")?;
+                    for conn in &self.conns {
+                        send(conn, b"cmd=barrier_out rc=0\n");
                     }
                 }
                 return Ok(());
@@ -134,25 +134,22 @@ impl Floor {
                 ))
             }
         }
-        let out = std::mem::take(&mut self.out);
-        let sent = self.send(rank, &out);
-        self.out = out;
-        sent
-    }
-
-    /// Blocking write: a task reads its answer before it sends more, so the socket never stays full.
-    fn send(&self, rank: usize, mut bytes: &[u8]) -> Result<(), String> {
-        let Some(conn) = &self.conns[rank] else { return Ok(()) };
-        while !bytes.is_empty() {
-            // SAFETY: writing from a live slice, its length passed.
-            let n = unsafe { libc::send(conn.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
-            match cvt(n) {
-                Ok(n) => bytes = &bytes[n as usize..],
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Ok(()), // the task is gone; its EOF is seen next
-            }
-        }
+        send(&self.conns[rank], &self.out);
         Ok(())
+    }
+}
+
+/// Blocking write: a task reads its answer before it sends more, so the socket never stays full.
+fn send(conn: &Option<Conn>, mut bytes: &[u8]) {
+    let Some(conn) = conn else { return };
+    while !bytes.is_empty() {
+        // SAFETY: writing from a live slice, its length passed.
+        let n = unsafe { libc::send(conn.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+        match cvt(n) {
+            Ok(n) => bytes = &bytes[n as usize..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return, // the task is gone; its EOF is seen next
+        }
     }
 }
 

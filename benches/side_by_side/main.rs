@@ -74,8 +74,7 @@ impl Server {
         }
     }
 
-    /// Serving processes (nodes) a job of `size` tasks is spread over, and how many engine instances
-    /// (key-value stores) one serving process holds.
+    /// Nodes a job is spread over.
     pub fn nodes(self) -> usize {
         match self {
             Server::RpmiRun4 => 4,
@@ -89,6 +88,16 @@ impl Server {
             Server::RpmiRun | Server::RpmiRun4 | Server::Floor => Serving::Launcher,
             Server::Hydra => Serving::HydraProxy,
             Server::SrunRpmi | Server::SrunPmi2 => Serving::Stepds { nodes: SLURM_NODES },
+        }
+    }
+
+    /// Complete rpmi key-value stores one serving process holds (one per shell in it); `None` for servers
+    /// that are not rpmi, whose memory is not held to rpmi's bound.
+    pub fn rpmi_stores(self) -> Option<u64> {
+        match self {
+            Server::RpmiRun | Server::RpmiRun4 => Some(self.nodes() as u64),
+            Server::SrunRpmi => Some(1),
+            _ => None,
         }
     }
 
@@ -307,8 +316,8 @@ fn peak_of(server: Server, peaks: &BTreeMap<u32, u64>) -> Option<u64> {
 }
 
 fn fail(server: Server, size: usize, what: &str, job: &Job) -> String {
-    let tail: String =
-        job.stderr.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    let lines: Vec<&str> = job.stderr.lines().collect();
+    let tail = lines[lines.len().saturating_sub(8)..].join("\n");
     format!(
         "{} -n {size} ({what}) failed with status {}:\n{tail}\n{}",
         server.label(),

@@ -121,14 +121,12 @@ fn targets(cells: &BTreeMap<Key, Cell>, idle: &BTreeMap<Server, Option<u64>>) ->
     }
     let mut worst: Option<(f64, String)> = None;
     for (&(w, n, server), cell) in cells {
-        let (Some(peak), Some(Some(idle))) = (cell.peak_kib, idle.get(&server)) else { continue };
-        let shells = match server {
-            Server::RpmiRun | Server::SrunRpmi => 1,
-            Server::RpmiRun4 => 4,
-            _ => continue,
+        let (Some(peak), Some(Some(idle)), Some(stores)) = (cell.peak_kib, idle.get(&server), server.rpmi_stores())
+        else {
+            continue;
         };
         let grown = peak.saturating_sub(*idle) as f64 * 1024.0;
-        let allowed = 2.0 * (w.kvs_bytes(n) * shells) as f64 + 16384.0 * server.local_tasks(n) as f64;
+        let allowed = 2.0 * (w.kvs_bytes(n) * stores) as f64 + 16384.0 * server.local_tasks(n) as f64;
         let share = grown / allowed;
         if worst.as_ref().is_none_or(|(s, _)| share > *s) {
             worst = Some((
