@@ -7,60 +7,79 @@ use std::io::{ErrorKind, Read, Write};
 /// Longest response line we buffer; a server that never sends a newline must not eat all memory.
 const MAX_LINE: usize = 1 << 20;
 
+/// Bytes taken from the stream per read.
+const CHUNK: usize = 4096;
+
 /// Longest piece of a response quoted in an error message.
 const MAX_QUOTE: usize = 200;
 
-/// One parsed response line.
+/// One parsed response line, borrowed from the client's buffer: a get allocates nothing, so the
+/// client's own cost stays small beside the server's when many ranks share a machine.
 #[derive(Debug)]
-pub struct Response {
-    line: String,
-    cmd: String,
+pub struct Response<'a> {
+    line: &'a str,
+    cmd: &'a str,
     rc: i64,
-    pairs: Vec<(String, String)>,
 }
 
-impl Response {
-    /// Splits a line into key=value tuples. `value=` runs to the end of the line, because values
-    /// may contain spaces and `=`; every other tuple ends at whitespace.
-    pub fn parse(line: &str) -> Result<Response, String> {
-        let mut pairs = Vec::new();
-        let mut rest = line.trim_start();
-        while !rest.is_empty() {
-            let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
-            let (key, val) = rest[..end]
-                .split_once('=')
-                .filter(|(key, _)| !key.is_empty())
-                .ok_or_else(|| format!("malformed response (`{}` is not key=value): {}", &rest[..end], quote(line)))?;
-            if key == "value" {
-                pairs.push((key.to_string(), rest[key.len() + 1..].to_string()));
-                break;
-            }
-            pairs.push((key.to_string(), val.to_string()));
-            rest = rest[end..].trim_start();
+/// The key=value tuples of a line. `value=` runs to the end of the line, because values may contain
+/// spaces and `=`; every other tuple ends at whitespace. Yields `Err(tuple)` for a malformed one.
+fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
+    let mut rest = line.trim_start();
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
         }
-        let find = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v);
-        let cmd = find("cmd").ok_or_else(|| format!("malformed response (no cmd=): {}", quote(line)))?.clone();
-        let rc = match find("rc") {
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let tuple = &rest[..end];
+        let Some((key, val)) = tuple.split_once('=').filter(|(key, _)| !key.is_empty()) else {
+            rest = "";
+            return Some(Err(tuple));
+        };
+        if key == "value" {
+            let val = &rest[key.len() + 1..];
+            rest = "";
+            return Some(Ok((key, val)));
+        }
+        rest = rest[end..].trim_start();
+        Some(Ok((key, val)))
+    })
+}
+
+impl<'a> Response<'a> {
+    pub fn parse(line: &'a str) -> Result<Response<'a>, String> {
+        let (mut cmd, mut rc) = (None, None);
+        for tuple in tuples(line) {
+            let (key, val) =
+                tuple.map_err(|t| format!("malformed response (`{t}` is not key=value): {}", quote(line)))?;
+            match key {
+                "cmd" if cmd.is_none() => cmd = Some(val),
+                "rc" if rc.is_none() => rc = Some(val),
+                _ => {}
+            }
+        }
+        let cmd = cmd.ok_or_else(|| format!("malformed response (no cmd=): {}", quote(line)))?;
+        let rc = match rc {
             None => 0,
             Some(rc) => rc.parse().map_err(|_| format!("malformed response (rc={rc}): {}", quote(line)))?,
         };
-        Ok(Response { line: line.to_string(), cmd, rc, pairs })
+        Ok(Response { line, cmd, rc })
     }
 
-    fn get(&self, key: &str) -> Option<&str> {
-        self.pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    /// The first tuple named `key` (a line that parsed has only well-formed tuples).
+    fn get(&self, key: &str) -> Option<&'a str> {
+        tuples(self.line).flatten().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
     /// A field the reply must carry.
-    fn field(&self, key: &str) -> Result<&str, String> {
-        self.get(key)
-            .ok_or_else(|| format!("malformed response (no {key}= in cmd={}): {}", self.cmd, quote(&self.line)))
+    fn field(&self, key: &str) -> Result<&'a str, String> {
+        self.get(key).ok_or_else(|| format!("malformed response (no {key}= in cmd={}): {}", self.cmd, quote(self.line)))
     }
 
     /// An integer field the reply must carry.
     fn int(&self, key: &str) -> Result<i64, String> {
         let text = self.field(key)?;
-        text.parse().map_err(|_| format!("malformed response ({key}={text} is not an integer): {}", quote(&self.line)))
+        text.parse().map_err(|_| format!("malformed response ({key}={text} is not an integer): {}", quote(self.line)))
     }
 }
 
@@ -82,67 +101,84 @@ pub struct Maxes {
 /// A PMI-1 connection. Generic over the stream so tests can script a server.
 pub struct Client<S> {
     stream: S,
-    /// Bytes read but not yet consumed: a read may end mid-line or carry more than one line.
+    /// Bytes read; those before `consumed` belong to lines already returned. A read may end mid-line or
+    /// carry more than one line.
     buf: Vec<u8>,
+    consumed: usize,
+    /// The request being sent, reused from one call to the next.
+    out: Vec<u8>,
+}
+
+/// The command a request line names, for error messages.
+fn command(request: &[u8]) -> String {
+    let line = String::from_utf8_lossy(request);
+    line.trim_end().split(' ').next().unwrap_or_default().to_string()
 }
 
 impl<S: Read + Write> Client<S> {
     pub fn new(stream: S) -> Client<S> {
-        Client { stream, buf: Vec::new() }
+        // Room for any line of a normal session, so no call grows them.
+        Client { stream, buf: Vec::with_capacity(2 * CHUNK), consumed: 0, out: Vec::with_capacity(CHUNK) }
     }
 
     /// Sends one request line and reads the reply, which must be `cmd=<expect>`.
     /// A non-zero rc is returned to the caller, not treated as an error here.
-    fn call(&mut self, request: &str, expect: &str) -> Result<Response, String> {
-        let what = request.split(' ').next().unwrap_or(request);
-        let mut line = String::with_capacity(request.len() + 1);
-        line.push_str(request);
-        line.push('\n');
-        self.stream.write_all(line.as_bytes()).map_err(|e| format!("sending {what} to the server: {e}"))?;
-        let reply = self.read_line().map_err(|e| format!("waiting for the reply to {what}: {e}"))?;
-        let resp = Response::parse(&reply)?;
+    fn call(&mut self, request: std::fmt::Arguments, expect: &str) -> Result<Response<'_>, String> {
+        self.out.clear();
+        // Writing into a Vec cannot fail.
+        let _ = self.out.write_fmt(request);
+        self.out.push(b'\n');
+        if let Err(e) = self.stream.write_all(&self.out) {
+            return Err(format!("sending {} to the server: {e}", command(&self.out)));
+        }
+        let line = match Self::read_line(&mut self.stream, &mut self.buf, &mut self.consumed) {
+            Ok(line) => line,
+            Err(e) => return Err(format!("waiting for the reply to {}: {e}", command(&self.out))),
+        };
+        let resp = Response::parse(line)?;
         if resp.cmd != expect {
-            return Err(format!("expected cmd={expect} in reply to {what}, got: {}", quote(&reply)));
+            return Err(format!("expected cmd={expect} in reply to {}, got: {}", command(&self.out), quote(line)));
         }
         Ok(resp)
     }
 
     /// Like `call`, for requests that must succeed.
-    fn call_ok(&mut self, request: &str, expect: &str) -> Result<Response, String> {
+    fn call_ok(&mut self, request: std::fmt::Arguments, expect: &str) -> Result<Response<'_>, String> {
         let resp = self.call(request, expect)?;
         if resp.rc != 0 {
-            let what = request.split(' ').next().unwrap_or(request);
-            return Err(format!("server failed {what} (rc={}): {}", resp.rc, quote(&resp.line)));
+            return Err(format!("server failed the request (rc={}): {}", resp.rc, quote(resp.line)));
         }
         Ok(resp)
     }
 
-    fn read_line(&mut self) -> Result<String, String> {
+    /// The next line from `stream`, buffered in `buf` (a function of the fields, not of `self`, so the
+    /// line can be borrowed while the request is still quoted in an error).
+    fn read_line<'b>(stream: &mut S, buf: &'b mut Vec<u8>, consumed: &mut usize) -> Result<&'b str, String> {
+        // Drop the lines already returned; what follows them is at most part of one more read.
+        buf.drain(..*consumed);
+        *consumed = 0;
         let mut scanned = 0;
         loop {
-            if let Some(at) = self.buf[scanned..].iter().position(|&b| b == b'\n') {
-                let rest = self.buf.split_off(scanned + at + 1);
-                let mut line = std::mem::replace(&mut self.buf, rest);
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                return String::from_utf8(line).map_err(|e| format!("response is not UTF-8: {:?}", e.as_bytes()));
+            if let Some(at) = buf[scanned..].iter().position(|&b| b == b'\n') {
+                *consumed = scanned + at + 1;
+                let line = &buf[..scanned + at];
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                return std::str::from_utf8(line).map_err(|e| format!("response is not UTF-8: {e}"));
             }
-            scanned = self.buf.len();
+            scanned = buf.len();
             if scanned > MAX_LINE {
                 return Err(format!("response line longer than {MAX_LINE} bytes"));
             }
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) if self.buf.is_empty() => return Err("server closed the connection".to_string()),
+            let mut chunk = [0u8; CHUNK];
+            match stream.read(&mut chunk) {
+                Ok(0) if buf.is_empty() => return Err("server closed the connection".to_string()),
                 Ok(0) => {
                     return Err(format!(
                         "server closed the connection after a partial line: {}",
-                        quote(&String::from_utf8_lossy(&self.buf))
+                        quote(&String::from_utf8_lossy(buf))
                     ))
                 }
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.to_string()),
             }
@@ -152,55 +188,56 @@ impl<S: Read + Write> Client<S> {
     /// Negotiates PMI 1.1. The version fields are optional in the RFC, but if present they must
     /// say 1: anything else means the server is speaking a protocol we cannot follow.
     pub fn init(&mut self) -> Result<(), String> {
-        let resp = self.call_ok("cmd=init pmi_version=1 pmi_subversion=1", "response_to_init")?;
+        let resp = self.call_ok(format_args!("cmd=init pmi_version=1 pmi_subversion=1"), "response_to_init")?;
         if let Some(v) = resp.get("pmi_version") {
             if v != "1" {
-                return Err(format!("server answered init with PMI version {v}, not 1: {}", quote(&resp.line)));
+                return Err(format!("server answered init with PMI version {v}, not 1: {}", quote(resp.line)));
             }
         }
         Ok(())
     }
 
     pub fn maxes(&mut self) -> Result<Maxes, String> {
-        let resp = self.call_ok("cmd=get_maxes", "maxes")?;
+        let resp = self.call_ok(format_args!("cmd=get_maxes"), "maxes")?;
         Ok(Maxes { kvsname: resp.int("kvsname_max")?, key: resp.int("keylen_max")?, value: resp.int("vallen_max")? })
     }
 
     pub fn kvsname(&mut self) -> Result<String, String> {
-        let resp = self.call_ok("cmd=get_my_kvsname", "my_kvsname")?;
+        let resp = self.call_ok(format_args!("cmd=get_my_kvsname"), "my_kvsname")?;
         Ok(resp.field("kvsname")?.to_string())
     }
 
     /// Signed: Hydra answers -1 when no universe size was given.
     pub fn universe_size(&mut self) -> Result<i64, String> {
-        self.call_ok("cmd=get_universe_size", "universe_size")?.int("size")
+        self.call_ok(format_args!("cmd=get_universe_size"), "universe_size")?.int("size")
     }
 
     /// Signed: Slurm answers -1.
     pub fn appnum(&mut self) -> Result<i64, String> {
-        self.call_ok("cmd=get_appnum", "appnum")?.int("appnum")
+        self.call_ok(format_args!("cmd=get_appnum"), "appnum")?.int("appnum")
     }
 
     pub fn put(&mut self, kvsname: &str, key: &str, value: &str) -> Result<(), String> {
-        self.call_ok(&format!("cmd=put kvsname={kvsname} key={key} value={value}"), "put_result").map(drop)
+        self.call_ok(format_args!("cmd=put kvsname={kvsname} key={key} value={value}"), "put_result").map(drop)
     }
 
     pub fn barrier(&mut self) -> Result<(), String> {
-        self.call_ok("cmd=barrier_in", "barrier_out").map(drop)
+        self.call_ok(format_args!("cmd=barrier_in"), "barrier_out").map(drop)
     }
 
-    /// `None` when the server answers rc != 0, which is how PMI-1 says "no such key".
-    pub fn get(&mut self, kvsname: &str, key: &str) -> Result<Option<String>, String> {
-        let resp = self.call(&format!("cmd=get kvsname={kvsname} key={key}"), "get_result")?;
+    /// `None` when the server answers rc != 0, which is how PMI-1 says "no such key". The value is
+    /// borrowed from the client's buffer until the next call.
+    pub fn get(&mut self, kvsname: &str, key: &str) -> Result<Option<&str>, String> {
+        let resp = self.call(format_args!("cmd=get kvsname={kvsname} key={key}"), "get_result")?;
         if resp.rc != 0 {
             return Ok(None);
         }
-        Ok(Some(resp.field("value")?.to_string()))
+        resp.field("value").map(Some)
     }
 
     /// Ends the session; the stream is closed when the client is dropped.
     pub fn finalize(mut self) -> Result<(), String> {
-        self.call_ok("cmd=finalize", "finalize_ack").map(drop)
+        self.call_ok(format_args!("cmd=finalize"), "finalize_ack").map(drop)
     }
 }
 
@@ -300,7 +337,7 @@ mod tests {
             "cmd=get_result rc=-1 msg=key_missing_not_found value=unknown\n",
             "cmd=get_result rc=0\n",
         ]));
-        assert_eq!(c.get("k", "PMI_process_mapping").unwrap().as_deref(), Some("(vector,(0,1,1))"));
+        assert_eq!(c.get("k", "PMI_process_mapping").unwrap(), Some("(vector,(0,1,1))"));
         assert_eq!(c.get("k", "nope").unwrap(), None);
         assert!(c.get("k", "novalue").is_err());
     }

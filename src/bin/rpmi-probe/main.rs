@@ -8,6 +8,7 @@ mod mapping;
 use client::Client;
 use mapping::Mapping;
 use std::env::{self, VarError};
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::FromRawFd;
@@ -169,6 +170,7 @@ fn info(c: &mut Client<File>, task: &Task, kvs: &str) -> Result<String, String> 
         // RFC 13: an empty mapping means "unknown", not malformed.
         Some(v) if v.trim().is_empty() => ("empty".to_string(), "unknown".to_string()),
         Some(v) => {
+            let v = v.to_string();
             let ranks = Mapping::parse(&v)
                 .and_then(|m| m.clique(task.size, task.rank))
                 .map_err(|e| format!("malformed PMI_process_mapping `{v}`: {e}"))?;
@@ -197,19 +199,18 @@ fn barrier(c: &mut Client<File>, task: &Task, count: usize) -> Result<String, St
     })
 }
 
-/// Deterministic hex text that differs per rank, so a value delivered to the wrong key,
-/// truncated or mangled cannot pass verification.
-fn probe_value(rank: usize, len: usize) -> String {
+/// Writes deterministic hex text that differs per rank into `out`, so a value delivered to the wrong
+/// key, truncated or mangled cannot pass verification.
+fn probe_value(rank: usize, len: usize, out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.clear();
     let mut word = 0u64;
-    (0..len)
-        .map(|i| {
-            if i % 16 == 0 {
-                word = mix((rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i / 16) as u64);
-            }
-            HEX[((word >> (4 * (i % 16))) & 15) as usize] as char
-        })
-        .collect()
+    out.extend((0..len).map(|i| {
+        if i % 16 == 0 {
+            word = mix((rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i / 16) as u64);
+        }
+        HEX[((word >> (4 * (i % 16))) & 15) as usize] as char
+    }));
 }
 
 /// splitmix64's finaliser: spreads every input bit over the whole word.
@@ -219,13 +220,15 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Key `index` of `rank`, and the value it holds: different for every key of every rank.
-fn probe_key(rank: usize, index: usize) -> String {
-    format!("probe-{rank}-{index}")
+/// Key `index` of `rank`, and the value it holds (different for every key of every rank), written
+/// into buffers the caller reuses: the get loop allocates nothing.
+fn probe_key(rank: usize, index: usize, out: &mut String) {
+    out.clear();
+    let _ = write!(out, "probe-{rank}-{index}");
 }
 
-fn probe_key_value(rank: usize, index: usize, len: usize) -> String {
-    probe_value(rank.wrapping_mul(1 << 20) ^ index, len)
+fn probe_key_value(rank: usize, index: usize, len: usize, out: &mut String) {
+    probe_value(rank.wrapping_mul(1 << 20) ^ index, len, out)
 }
 
 /// What `exchange` does: `puts` keys per rank of `len` characters, then `count` gets.
@@ -239,10 +242,21 @@ struct Exchange {
 fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, x: &Exchange) -> Result<String, String> {
     // Reading a key twice would prove nothing new, so more than all keys means all.
     let count = x.count.unwrap_or(task.size).min(task.size * x.puts);
+    // Everything the timed part needs is made before the start barrier, so that it measures the server
+    // rather than this client's allocations and first page faults.
+    let puts: Vec<(String, String)> = (0..x.puts)
+        .map(|index| {
+            let (mut key, mut value) = (String::new(), String::new());
+            probe_key(task.rank, index, &mut key);
+            probe_key_value(task.rank, index, x.len, &mut value);
+            (key, value)
+        })
+        .collect();
+    let (mut key, mut want) = (String::with_capacity(64), String::with_capacity(x.len));
     c.barrier()?;
     let start = Instant::now();
-    for index in 0..x.puts {
-        c.put(kvs, &probe_key(task.rank, index), &probe_key_value(task.rank, index, x.len))?;
+    for (key, value) in &puts {
+        c.put(kvs, key, value)?;
     }
     c.barrier()?;
     let put_s = start.elapsed().as_secs_f64();
@@ -251,12 +265,12 @@ fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, x: &Exchange) -> Resul
     // i / size of its rank, so every rank is read once before any is read twice.
     for i in 0..count {
         let (peer, index) = ((task.rank + 1 + i) % task.size, i / task.size);
-        let key = probe_key(peer, index);
+        probe_key(peer, index, &mut key);
         let got = c.get(kvs, &key)?.ok_or_else(|| format!("key {key} of rank {peer} is missing after the barrier"))?;
         if !x.verify {
             continue;
         }
-        let want = probe_key_value(peer, index, x.len);
+        probe_key_value(peer, index, x.len, &mut want);
         if got != want {
             let at = got.bytes().zip(want.bytes()).take_while(|(g, w)| g == w).count();
             return Err(format!(
@@ -390,16 +404,27 @@ mod tests {
 
     #[test]
     fn probe_values_differ_per_rank_and_are_hex() {
-        let a = probe_value(0, 96);
-        let b = probe_value(1, 96);
+        let value = |rank, len| {
+            let mut out = "left over".to_string();
+            probe_value(rank, len, &mut out);
+            out
+        };
+        let (a, b) = (value(0, 96), value(1, 96));
         assert_eq!(a.len(), 96);
         assert_ne!(a, b);
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(probe_value(7, 40), probe_value(7, 96)[..40]);
-        assert_eq!(probe_value(3, 0), "");
+        assert_eq!(value(7, 40), value(7, 96)[..40]);
+        assert_eq!(value(3, 0), "");
         // Every key of every rank has its own value.
-        let values: std::collections::HashSet<String> =
-            (0..64).flat_map(|r| (0..8).map(move |i| probe_key_value(r, i, 32))).collect();
+        let values: std::collections::HashSet<String> = (0..64)
+            .flat_map(|r| {
+                (0..8).map(move |i| {
+                    let mut out = String::new();
+                    probe_key_value(r, i, 32, &mut out);
+                    out
+                })
+            })
+            .collect();
         assert_eq!(values.len(), 64 * 8);
     }
 }
