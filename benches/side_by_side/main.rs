@@ -222,11 +222,14 @@ struct Job {
 
 /// Runs one job to its end (or kills it at JOB_TIMEOUT), sampling its serving processes' memory.
 fn run_job(server: Server, size: usize, probe_args: &[&str]) -> Result<Job, String> {
-    let mut command = server.command(size, probe_args);
+    run(server.command(size, probe_args), server.serving(), server.label())
+}
+
+fn run(mut command: Command, serving: Serving, label: &str) -> Result<Job, String> {
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
-    let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", server.label()))?;
-    let sampler = Sampler::start(child.id(), server.serving());
+    let mut child = command.spawn().map_err(|e| format!("cannot start {label}: {e}"))?;
+    let sampler = Sampler::start(child.id(), serving);
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
     let timed_out = !wait_unreaped(&child, JOB_TIMEOUT);
@@ -305,6 +308,45 @@ fn parse_result(workload: Workload, stdout: &str) -> Option<(f64, f64)> {
             Some((field(line, "put+barrier_s")?, field(line, "gets+barrier_s")?))
         }
     }
+}
+
+/// What a serving process holds before the workload's own memory: the same server with one task per
+/// node, and for the srun servers Slurm's own memory per task, taken from a `--mpi=none` step.
+pub struct Baseline {
+    idle: BTreeMap<Server, Option<u64>>,
+    /// Peak of the busiest slurmstepd of an `--mpi=none` step of this many tasks, KiB.
+    slurm_own: BTreeMap<usize, Option<u64>>,
+}
+
+impl Baseline {
+    /// The `--mpi=none` peaks by step size, for the report.
+    pub fn slurm_own(&self) -> impl Iterator<Item = (usize, Option<u64>)> + '_ {
+        self.slurm_own.iter().map(|(&n, &peak)| (n, peak))
+    }
+
+    /// KiB the serving process grew by for the workload at `size`, beyond what Slurm itself grows by.
+    pub fn growth_kib(&self, server: Server, size: usize, peak_kib: u64) -> Option<u64> {
+        let idle = (*self.idle.get(&server)?)?;
+        let slurm_own = match server.serving() {
+            Serving::Stepds { nodes } => {
+                let own = |n| self.slurm_own.get(&n).copied().flatten();
+                own(size)?.saturating_sub(own(nodes)?)
+            }
+            _ => 0,
+        };
+        Some(peak_kib.saturating_sub(idle).saturating_sub(slurm_own))
+    }
+}
+
+/// A `--mpi=none` step of `size` tasks that live long enough for the sampler to find every stepd.
+fn slurm_own_peak(size: usize) -> Result<Option<u64>, String> {
+    let mut command = Command::new("srun");
+    command.args(["-Q", "--mpi=none", "-O", &format!("-N{SLURM_NODES}"), &format!("-n{size}"), "sleep", "1"]);
+    let job = run(command, Serving::Stepds { nodes: SLURM_NODES }, "srun --mpi=none")?;
+    if job.status != 0 {
+        return Err(format!("srun --mpi=none at N={size} failed (exit {}): {}", job.status, job.stderr));
+    }
+    Ok(job.peaks.values().copied().max())
 }
 
 /// The memory figure of a job: the busiest serving process, or Hydra's two together.
@@ -406,6 +448,14 @@ fn benchmark(config: &Config) -> Result<(), String> {
         }
         idle.insert(server, peak_of(server, &job.peaks));
     }
+    let mut slurm_own = BTreeMap::new();
+    if config.servers.iter().any(|s| matches!(s.serving(), Serving::Stepds { .. })) {
+        eprintln!("Slurm's own memory: a --mpi=none step of each size");
+        for &size in config.sizes.iter().chain(&[SLURM_NODES]) {
+            slurm_own.insert(size, slurm_own_peak(size)?);
+        }
+    }
+    let baseline = Baseline { idle, slurm_own };
     let mut runs = Vec::new();
     for &workload in &config.workloads {
         for &size in &config.sizes {
@@ -438,7 +488,7 @@ fn benchmark(config: &Config) -> Result<(), String> {
             }
         }
     }
-    report::write(config, &runs, &idle)
+    report::write(config, &runs, &baseline)
 }
 
 fn main() -> ExitCode {

@@ -1,7 +1,7 @@
 //! The report: medians with min and max per server, workload and size, ratios, memory, the issue's
 //! targets checked against the figures, the raw runs as JSON and a plot through gnuplot.
 
-use crate::{Config, Run, Server, Workload};
+use crate::{Baseline, Config, Run, Server, Workload};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
@@ -67,7 +67,7 @@ struct Check {
     met: bool,
 }
 
-fn targets(cells: &BTreeMap<Key, Cell>, idle: &BTreeMap<Server, Option<u64>>) -> Vec<Check> {
+fn targets(cells: &BTreeMap<Key, Cell>, baseline: &Baseline) -> Vec<Check> {
     let mut checks = Vec::new();
     let median = |w, n, s| cells.get(&(w, n, s)).map(|c: &Cell| c.time.median);
     let (a, b, c) = (Workload::AllToAll, Workload::BusinessCards, Workload::Barriers);
@@ -121,11 +121,12 @@ fn targets(cells: &BTreeMap<Key, Cell>, idle: &BTreeMap<Server, Option<u64>>) ->
     }
     let mut worst: Option<(f64, String)> = None;
     for (&(w, n, server), cell) in cells {
-        let (Some(peak), Some(Some(idle)), Some(stores)) = (cell.peak_kib, idle.get(&server), server.rpmi_stores())
+        let (Some(grown), Some(stores)) =
+            (cell.peak_kib.and_then(|peak| baseline.growth_kib(server, n, peak)), server.rpmi_stores())
         else {
             continue;
         };
-        let grown = peak.saturating_sub(*idle) as f64 * 1024.0;
+        let grown = grown as f64 * 1024.0;
         let allowed = 2.0 * (w.kvs_bytes(n) * stores) as f64 + 16384.0 * server.local_tasks(n) as f64;
         let share = grown / allowed;
         if worst.as_ref().is_none_or(|(s, _)| share > *s) {
@@ -180,12 +181,7 @@ fn thread_count() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-fn markdown(
-    config: &Config,
-    cells: &BTreeMap<Key, Cell>,
-    idle: &BTreeMap<Server, Option<u64>>,
-    checks: &[Check],
-) -> String {
+fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, checks: &[Check]) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# rpmi side by side\n");
     let _ = writeln!(md, "Machine: {}. {} runs per cell; median, [min, max].", machine(), config.runs);
@@ -194,8 +190,17 @@ fn markdown(
         "Times are rank 0's, from a start barrier (launch excluded). \"vs\" is this server's median over the \
          median of the server named (above 1: slower than it). Peak: resident set high-water mark of the \
          busiest serving process (rpmi-run, the floor, one slurmstepd; Hydra: mpiexec + hydra_pmi_proxy); per task: \
-         its growth over the same server with one task per node, divided by the tasks it serves.\n"
+         its growth over the same server with one task per node, divided by the tasks it serves; for the srun \
+         servers, less what the busiest slurmstepd of an `srun --mpi=none` step grows by over the same sizes \
+         (Slurm's own memory per task).\n"
     );
+    let own: Vec<String> = baseline
+        .slurm_own()
+        .map(|(n, peak)| format!("N={n}: {}", peak.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))))
+        .collect();
+    if !own.is_empty() {
+        let _ = writeln!(md, "Busiest slurmstepd of an `srun --mpi=none` step: {}.\n", own.join(", "));
+    }
     let _ = writeln!(md, "## Targets\n\n| target | figure | |\n|---|---|---|");
     for check in checks {
         let _ =
@@ -218,11 +223,9 @@ fn markdown(
                     .reference()
                     .and_then(|r| Some((r, cells.get(&(workload, size, r))?.time.median)))
                     .map_or("".to_string(), |(r, m)| format!("{:.2}x {}", cell.time.median / m, r.label()));
-                let per_task = match (cell.peak_kib, idle.get(&server).copied().flatten()) {
-                    (Some(peak), Some(idle)) => {
-                        format!("{:.1} KiB", peak.saturating_sub(idle) as f64 / server.local_tasks(size) as f64)
-                    }
-                    _ => "?".into(),
+                let per_task = match cell.peak_kib.and_then(|peak| baseline.growth_kib(server, size, peak)) {
+                    Some(grown) => format!("{:.1} KiB", grown as f64 / server.local_tasks(size) as f64),
+                    None => "?".into(),
                 };
                 let _ = writeln!(
                     md,
@@ -319,10 +322,10 @@ fn plot(config: &Config, cells: &BTreeMap<Key, Cell>) -> Result<(), String> {
     Ok(())
 }
 
-pub fn write(config: &Config, runs: &[Run], idle: &BTreeMap<Server, Option<u64>>) -> Result<(), String> {
+pub fn write(config: &Config, runs: &[Run], baseline: &Baseline) -> Result<(), String> {
     let cells = cells(runs);
-    let checks = targets(&cells, idle);
-    let md = markdown(config, &cells, idle, &checks);
+    let checks = targets(&cells, baseline);
+    let md = markdown(config, &cells, baseline, &checks);
     print!("{md}");
     fs::create_dir_all(&config.out).map_err(|e| format!("{}: {e}", config.out.display()))?;
     let save = |name: &str, text: String| {
