@@ -7,8 +7,8 @@ use std::io::{ErrorKind, Read, Write};
 /// Longest response line we buffer; a server that never sends a newline must not eat all memory.
 const MAX_LINE: usize = 1 << 20;
 
-/// Bytes taken from the stream per read.
-const CHUNK: usize = 4096;
+/// Room for any line of a normal session: the read buffer grows only for a longer one.
+const BUF: usize = 8192;
 
 /// Longest piece of a response quoted in an error message.
 const MAX_QUOTE: usize = 200;
@@ -25,12 +25,14 @@ pub struct Response<'a> {
 /// The key=value tuples of a line. `value=` runs to the end of the line, because values may contain
 /// spaces and `=`; every other tuple ends at whitespace. Yields `Err(tuple)` for a malformed one.
 fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
-    let mut rest = line.trim_start();
+    let mut rest = line.trim_ascii_start();
     std::iter::from_fn(move || {
         if rest.is_empty() {
             return None;
         }
-        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        // Bytes, not chars: an ASCII byte is always a char boundary, and this runs for every tuple of
+        // every reply.
+        let end = rest.bytes().position(|b| b.is_ascii_whitespace()).unwrap_or(rest.len());
         let tuple = &rest[..end];
         let Some((key, val)) = tuple.split_once('=').filter(|(key, _)| !key.is_empty()) else {
             rest = "";
@@ -41,7 +43,7 @@ fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
             rest = "";
             return Some(Ok((key, val)));
         }
-        rest = rest[end..].trim_start();
+        rest = rest[end..].trim_ascii_start();
         Some(Ok((key, val)))
     })
 }
@@ -101,10 +103,12 @@ pub struct Maxes {
 /// A PMI-1 connection. Generic over the stream so tests can script a server.
 pub struct Client<S> {
     stream: S,
-    /// Bytes read; those before `consumed` belong to lines already returned. A read may end mid-line or
-    /// carry more than one line.
+    /// Read buffer, allocated once: `buf[start..end]` is what was read and not yet returned (a read may
+    /// end mid-line or carry more than one line). Reads go straight into it, so a reply costs one read
+    /// and no copy.
     buf: Vec<u8>,
-    consumed: usize,
+    start: usize,
+    end: usize,
     /// The request being sent, reused from one call to the next.
     out: Vec<u8>,
 }
@@ -117,8 +121,7 @@ fn command(request: &[u8]) -> String {
 
 impl<S: Read + Write> Client<S> {
     pub fn new(stream: S) -> Client<S> {
-        // Room for any line of a normal session, so no call grows them.
-        Client { stream, buf: Vec::with_capacity(2 * CHUNK), consumed: 0, out: Vec::with_capacity(CHUNK) }
+        Client { stream, buf: vec![0; BUF], start: 0, end: 0, out: Vec::with_capacity(BUF) }
     }
 
     /// Sends one request line and reads the reply, which must be `cmd=<expect>`.
@@ -131,7 +134,7 @@ impl<S: Read + Write> Client<S> {
         if let Err(e) = self.stream.write_all(&self.out) {
             return Err(format!("sending {} to the server: {e}", command(&self.out)));
         }
-        let line = match Self::read_line(&mut self.stream, &mut self.buf, &mut self.consumed) {
+        let line = match Self::read_line(&mut self.stream, &mut self.buf, &mut self.start, &mut self.end) {
             Ok(line) => line,
             Err(e) => return Err(format!("waiting for the reply to {}: {e}", command(&self.out))),
         };
@@ -151,34 +154,48 @@ impl<S: Read + Write> Client<S> {
         Ok(resp)
     }
 
-    /// The next line from `stream`, buffered in `buf` (a function of the fields, not of `self`, so the
-    /// line can be borrowed while the request is still quoted in an error).
-    fn read_line<'b>(stream: &mut S, buf: &'b mut Vec<u8>, consumed: &mut usize) -> Result<&'b str, String> {
-        // Drop the lines already returned; what follows them is at most part of one more read.
-        buf.drain(..*consumed);
-        *consumed = 0;
-        let mut scanned = 0;
+    /// The next line from `stream`, buffered in `buf[start..end]` (a function of the fields, not of `self`,
+    /// so the line can be borrowed while the request is still quoted in an error).
+    fn read_line<'b>(
+        stream: &mut S,
+        buf: &'b mut Vec<u8>,
+        start: &mut usize,
+        end: &mut usize,
+    ) -> Result<&'b str, String> {
+        if *start == *end {
+            (*start, *end) = (0, 0);
+        }
+        let mut scanned = *start;
         loop {
-            if let Some(at) = buf[scanned..].iter().position(|&b| b == b'\n') {
-                *consumed = scanned + at + 1;
-                let line = &buf[..scanned + at];
+            if let Some(at) = buf[scanned..*end].iter().position(|&b| b == b'\n') {
+                let line = &buf[*start..scanned + at];
+                *start = scanned + at + 1;
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
                 return std::str::from_utf8(line).map_err(|e| format!("response is not UTF-8: {e}"));
             }
-            scanned = buf.len();
-            if scanned > MAX_LINE {
+            scanned = *end;
+            if *end - *start > MAX_LINE {
                 return Err(format!("response line longer than {MAX_LINE} bytes"));
             }
-            let mut chunk = [0u8; CHUNK];
-            match stream.read(&mut chunk) {
-                Ok(0) if buf.is_empty() => return Err("server closed the connection".to_string()),
+            if *end == buf.len() {
+                // Full: move the partial line to the front, or grow for a line longer than the buffer.
+                if *start > 0 {
+                    buf.copy_within(*start..*end, 0);
+                    (scanned, *end) = (*end - *start, *end - *start);
+                    *start = 0;
+                } else {
+                    buf.resize(2 * buf.len(), 0);
+                }
+            }
+            match stream.read(&mut buf[*end..]) {
+                Ok(0) if *start == *end => return Err("server closed the connection".to_string()),
                 Ok(0) => {
                     return Err(format!(
                         "server closed the connection after a partial line: {}",
-                        quote(&String::from_utf8_lossy(buf))
+                        quote(&String::from_utf8_lossy(&buf[*start..*end]))
                     ))
                 }
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => *end += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.to_string()),
             }
@@ -328,6 +345,20 @@ mod tests {
             String::from_utf8(c.stream.sent).unwrap(),
             "cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_my_kvsname\ncmd=barrier_in\n"
         );
+    }
+
+    #[test]
+    fn a_line_across_the_end_of_the_buffer_and_a_line_longer_than_it() {
+        let head = "cmd=barrier_out\ncmd=get_result rc=0 value=";
+        // The first read fills the buffer exactly and ends mid-line.
+        let first = format!("{head}{}", "x".repeat(super::BUF - head.len()));
+        let long = "z".repeat(3 * super::BUF);
+        let second = format!("yyy\ncmd=get_result rc=0 value={long}\n");
+        let mut c = Client::new(Script::new(&[&first, &second]));
+        c.barrier().unwrap();
+        let value = c.get("k", "a").unwrap().unwrap().to_string();
+        assert_eq!(value, format!("{}yyy", "x".repeat(super::BUF - head.len())));
+        assert_eq!(c.get("k", "b").unwrap(), Some(long.as_str()));
     }
 
     #[test]
