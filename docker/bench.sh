@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark (benches/side_by_side): rpmi-run, srun --mpi=rpmi, mpiexec.hydra, srun --mpi=pmi2
 # and a floor server run the same PMI-1 workloads at 64, 256 and 1024 tasks, 5 times each, in one run (about
-# 40 minutes on 2 cores). Installs what is missing, starts the local Slurm cluster with the plugin, and writes
+# 50 minutes on 2 cores). Installs what is missing, starts the local Slurm cluster with the plugin, and writes
 # benches/results/ (side_by_side.md, .json, .png). Arguments go to the benchmark, e.g. --runs 3 --sizes 64,256
 # --servers rpmi-run,floor --workloads a,c --out DIR.
 set -euo pipefail

@@ -96,17 +96,25 @@ unsafe extern "C" fn collective(
 ) -> c_int {
     let node = node(data);
     let job = node.job;
-    let contribution = if len == 0 { Vec::new() } else { std::slice::from_raw_parts(bytes, len).to_vec() };
-    let all = {
+    let contribution = if len == 0 { &[][..] } else { std::slice::from_raw_parts(bytes, len) };
+    let others = {
         let Ok(mut exchange) = job.exchange.lock() else { return ffi::RPMI_ERR_INTERNAL };
-        exchange[node.index] = Some(contribution);
-        if exchange.iter().any(Option::is_none) {
+        if exchange.iter().enumerate().any(|(n, part)| n != node.index && part.is_none()) {
+            // The bytes are the caller's only until we return.
+            exchange[node.index] = Some(contribution.to_vec());
             return ffi::RPMI_OK;
         }
         exchange.iter_mut().filter_map(Option::take).collect::<Vec<_>>()
     };
-    // The last node in completes the collective for every node (allowed from any thread, even this one).
-    let parts: Vec<rpmi_buf> = all.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect();
+    // The last node in completes the collective for every node (allowed from any thread, even this one). Its
+    // own part is passed as it came, uncopied: each instance copies the parts before collective_complete
+    // returns, and with one node that saves a copy of everything put since the last barrier.
+    let parts: Vec<rpmi_buf> = others
+        .iter()
+        .map(Vec::as_slice)
+        .chain([contribution])
+        .map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() })
+        .collect();
     for &inst in job.instances.get().map(Vec::as_slice).unwrap_or(&[]) {
         call!(
             job.plugin,
