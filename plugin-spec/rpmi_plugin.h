@@ -99,7 +99,8 @@ typedef struct rpmi_host_ops {
     void *host_data;
 
     /* Required. Start this shell's part of a barrier: an allgather of `data` (this shell's new puts, possibly
-     * empty) across all shell_count shells of the job. Copy the data before returning. Complete it, once,
+     * empty) across all shell_count shells of the job. The data is valid only during this call: copy it,
+     * unless the collective is completed before this returns (the plugin copies the parts). Complete it, once,
      * with rpmi_plugin.collective_complete, from any thread, even before this callback returns. At most one
      * collective per instance is outstanding. Return RPMI_OK, or an error code to fail the barrier now. */
     int (*collective)(void *host_data, rpmi_instance *instance, const uint8_t *data, size_t len);
