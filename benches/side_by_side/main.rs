@@ -109,7 +109,7 @@ impl Server {
         }
     }
 
-    fn command(self, size: usize, probe_args: &[&str]) -> Command {
+    fn command(self, size: usize, probe_args: &[impl AsRef<std::ffi::OsStr>]) -> Command {
         let n = size.to_string();
         let mut command = match self {
             Server::RpmiRun | Server::RpmiRun4 => {
@@ -168,22 +168,32 @@ impl Workload {
         }
     }
 
-    fn probe_args(self) -> &'static [&'static str] {
-        // Values are not verified while timing, so every server (the floor too) costs the client the same.
+    /// Puts per rank, characters per value and gets per rank (`None`: one of every rank) of an exchange
+    /// workload; `None` for (c).
+    fn exchange(self) -> Option<(usize, usize, Option<usize>)> {
         match self {
-            Workload::AllToAll => &["exchange", "--size", "96", "--no-verify"],
-            Workload::BusinessCards => &["exchange", "--puts", "8", "--size", "800", "--count", "64", "--no-verify"],
-            Workload::Barriers => &["barrier", "--count", "1000"],
+            Workload::AllToAll => Some((1, 96, None)),
+            Workload::BusinessCards => Some((8, 800, Some(64))),
+            Workload::Barriers => None,
         }
+    }
+
+    fn probe_args(self) -> Vec<String> {
+        let Some((puts, len, gets)) = self.exchange() else {
+            return ["barrier", "--count", "1000"].map(String::from).to_vec();
+        };
+        let mut args = ["exchange", "--puts", &puts.to_string(), "--size", &len.to_string()].map(String::from).to_vec();
+        if let Some(gets) = gets {
+            args.extend(["--count".to_string(), gets.to_string()]);
+        }
+        // Values are not verified while timing, so every server (the floor too) costs the client the same.
+        args.push("--no-verify".to_string());
+        args
     }
 
     /// Bytes of keys and values one complete key-value store holds after the workload's puts.
     pub fn kvs_bytes(self, size: usize) -> u64 {
-        let (puts, len) = match self {
-            Workload::AllToAll => (1, 96),
-            Workload::BusinessCards => (8, 800),
-            Workload::Barriers => return 0,
-        };
+        let Some((puts, len, _)) = self.exchange() else { return 0 };
         (0..size).flat_map(|r| (0..puts).map(move |i| format!("probe-{r}-{i}").len() + len)).sum::<usize>() as u64
     }
 }
@@ -221,7 +231,7 @@ struct Job {
 }
 
 /// Runs one job to its end (or kills it at JOB_TIMEOUT), sampling its serving processes' memory.
-fn run_job(server: Server, size: usize, probe_args: &[&str]) -> Result<Job, String> {
+fn run_job(server: Server, size: usize, probe_args: &[impl AsRef<std::ffi::OsStr>]) -> Result<Job, String> {
     run(server.command(size, probe_args), server.serving(), server.label())
 }
 
@@ -461,7 +471,7 @@ fn benchmark(config: &Config) -> Result<(), String> {
         for &size in &config.sizes {
             for rep in 1..=config.runs {
                 for &server in &config.servers {
-                    let job = run_job(server, size, workload.probe_args())?;
+                    let job = run_job(server, size, &workload.probe_args())?;
                     let Some((put_s, gets_s)) = parse_result(workload, &job.stdout).filter(|_| job.status == 0) else {
                         return Err(fail(server, size, workload.key(), &job));
                     };

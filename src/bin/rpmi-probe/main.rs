@@ -34,7 +34,7 @@ Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE
 enum Command {
     Info,
     Barrier { count: usize },
-    Exchange { count: Option<usize>, size: usize, puts: usize, verify: bool },
+    Exchange(Exchange),
     Get(Vec<String>),
 }
 
@@ -83,7 +83,7 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     let command = match name.as_str() {
         "info" => Command::Info,
         "barrier" => Command::Barrier { count: count.unwrap_or(100) },
-        "exchange" => Command::Exchange { count, size: size.unwrap_or(96), puts: puts.unwrap_or(1), verify },
+        "exchange" => Command::Exchange(Exchange { count, len: size.unwrap_or(96), puts: puts.unwrap_or(1), verify }),
         "get" if rest.is_empty() => return Err("get needs at least one KEY".to_string()),
         "get" => {
             for key in rest {
@@ -96,10 +96,10 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
         }
         _ => return Err(format!("unknown command `{name}`")),
     };
-    if count.is_some() && !matches!(command, Command::Barrier { .. } | Command::Exchange { .. }) {
+    if count.is_some() && !matches!(command, Command::Barrier { .. } | Command::Exchange(_)) {
         return Err(format!("--count does not apply to {name}"));
     }
-    if (size.is_some() || puts.is_some() || !verify) && !matches!(command, Command::Exchange { .. }) {
+    if (size.is_some() || puts.is_some() || !verify) && !matches!(command, Command::Exchange(_)) {
         return Err(format!("--size, --puts and --no-verify apply only to exchange, not to {name}"));
     }
     if puts == Some(0) {
@@ -232,6 +232,7 @@ fn probe_key_value(rank: usize, index: usize, len: usize, out: &mut String) {
 }
 
 /// What `exchange` does: `puts` keys per rank of `len` characters, then `count` gets.
+#[derive(Debug, PartialEq)]
 struct Exchange {
     count: Option<usize>,
     len: usize,
@@ -326,9 +327,7 @@ fn run() -> Result<(), String> {
     let output = match &command {
         Command::Info => info(&mut c, &task, &kvs)?,
         Command::Barrier { count } => barrier(&mut c, &task, *count)?,
-        Command::Exchange { count, size, puts, verify } => {
-            exchange(&mut c, &task, &kvs, &Exchange { count: *count, len: *size, puts: *puts, verify: *verify })?
-        }
+        Command::Exchange(x) => exchange(&mut c, &task, &kvs, x)?,
         Command::Get(keys) => get(&mut c, &task, &kvs, keys)?,
     };
     c.finalize()?;
@@ -350,7 +349,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_args, probe_key_value, probe_value, Command};
+    use super::{parse_args, probe_key_value, probe_value, Command, Exchange};
 
     fn parse(args: &[&str]) -> Result<Option<Command>, String> {
         parse_args(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
@@ -363,12 +362,15 @@ mod tests {
         assert_eq!(parse(&["barrier", "--count=5"]), Ok(Some(Command::Barrier { count: 5 })));
         assert_eq!(
             parse(&["--size", "10", "exchange", "--count", "3"]),
-            Ok(Some(Command::Exchange { count: Some(3), size: 10, puts: 1, verify: true }))
+            Ok(Some(Command::Exchange(Exchange { count: Some(3), len: 10, puts: 1, verify: true })))
         );
-        assert_eq!(parse(&["exchange"]), Ok(Some(Command::Exchange { count: None, size: 96, puts: 1, verify: true })));
+        assert_eq!(
+            parse(&["exchange"]),
+            Ok(Some(Command::Exchange(Exchange { count: None, len: 96, puts: 1, verify: true })))
+        );
         assert_eq!(
             parse(&["exchange", "--puts=8", "--size", "800", "--count", "64", "--no-verify"]),
-            Ok(Some(Command::Exchange { count: Some(64), size: 800, puts: 8, verify: false }))
+            Ok(Some(Command::Exchange(Exchange { count: Some(64), len: 800, puts: 8, verify: false })))
         );
         assert_eq!(
             parse(&["get", "PMI_process_mapping", "-bcast-1-0", "--", "--odd"]),
