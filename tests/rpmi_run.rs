@@ -573,11 +573,19 @@ fn mapping_cyclic_uneven() {
 // Ending the job: MPI_Abort, a killed task, signals.
 
 /// Rank 2 of 4 calls MPI_Abort(MPI_COMM_WORLD, code): rpmi-run exits with the code's low byte, says so, and
-/// no task is left.
-fn abort_job(private: &str, code: i32, status: i32) {
+/// no task is left, on whichever of `nodes` virtual nodes they run.
+fn abort_job(private: &str, code: i32, status: i32, nodes: &str) {
     let exe = programs().private(private);
     let arg = format!("abort=2:{code}");
-    let done = start(RUN, &[OsStr::new("-n"), OsStr::new("4"), exe.as_os_str(), OsStr::new(&arg)]).wait(END_GUARD);
+    let args = [
+        OsStr::new("-n"),
+        OsStr::new("4"),
+        OsStr::new("--nodes"),
+        OsStr::new(nodes),
+        exe.as_os_str(),
+        OsStr::new(&arg),
+    ];
+    let done = start(RUN, &args).wait(END_GUARD);
     eprintln!("MPI_Abort({code}) on rank 2 of 4: rpmi-run ended after {:.2?} with {}", done.elapsed, done.status);
     assert_none_left(&exe, &done, "after MPI_Abort");
     assert_eq!(done.code(), Some(status), "MPI_Abort({code}):\n{}", done.dump());
@@ -593,12 +601,13 @@ fn abort_job(private: &str, code: i32, status: i32) {
 
 #[test]
 fn mpi_abort_exit_code() {
-    abort_job(PRIVATE_MPI[0], 7, 7);
+    abort_job(PRIVATE_MPI[0], 7, 7, "1");
 }
 
 #[test]
 fn mpi_abort_negative_exit_code() {
-    abort_job(PRIVATE_MPI[1], -3, 253);
+    // Rank 2 is on the second of two virtual nodes: the abort crosses the coordinator to end the first.
+    abort_job(PRIVATE_MPI[1], -3, 253, "2");
 }
 
 /// Checks what rpmi-run did after the test killed `rank` with SIGKILL.
@@ -805,13 +814,45 @@ fn missing_program_exits_127() {
     );
 }
 
-#[test]
-fn failing_rank_sets_the_exit_code() {
-    let done = rpmi_run(&["-n", "3", "sh", "-c", "if [ \"$PMI_RANK\" = 1 ]; then exit 3; fi; exit 0"]);
+/// Rank 1 of 3 exits with code 3 while the others would sleep: rpmi-run ends them, exits with 3 and names
+/// rank 1, on one virtual node or across three.
+fn failing_rank(nodes: &str) {
+    let script = "if [ \"$PMI_RANK\" = 1 ]; then exit 3; fi; exec sleep 1000";
+    let done = start(RUN, &["-n", "3", "--nodes", nodes, "sh", "-c", script]).wait(END_GUARD);
     assert_eq!(done.code(), Some(3), "{}", done.dump());
     assert!(
         own_messages(&done.stderr).iter().any(|l| l.contains("rank 1 ") && l.contains("code 3")),
         "no message naming rank 1 and code 3:\n{}",
         done.dump()
     );
+}
+
+#[test]
+fn failing_rank_sets_the_exit_code() {
+    failing_rank("1");
+}
+
+#[test]
+fn failing_rank_on_one_virtual_node_ends_the_others() {
+    failing_rank("3");
+}
+
+/// Each virtual node's shell leads a session of its own holding its tasks, as a real node's job shell does.
+#[test]
+fn virtual_nodes_are_sessions_of_their_own() {
+    // Field 6 of /proc/PID/stat is the session (sh's command name holds no space).
+    let done = rpmi_run(&["-n", "4", "--nodes", "2", "sh", "-c", "set -- $(cat /proc/$$/stat); echo \"$PMI_RANK $6\""]);
+    done.assert_success("rpmi-run -n 4 --nodes 2 (print each task's session)");
+    let session: BTreeMap<u32, i32> = done
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once(' ').and_then(|(r, s)| Some((r.parse().ok()?, s.trim().parse().ok()?))))
+        .collect();
+    assert_eq!(session.len(), 4, "every rank's session:\n{}", done.dump());
+    assert_eq!(session[&0], session[&1], "ranks 0 and 1 share node 0's session:\n{}", done.dump());
+    assert_eq!(session[&2], session[&3], "ranks 2 and 3 share node 1's session:\n{}", done.dump());
+    assert_ne!(session[&0], session[&2], "each node has its own session:\n{}", done.dump());
+    // SAFETY: getsid(0) asks for this process's own session.
+    let ours = unsafe { libc::getsid(0) };
+    assert!(!session.values().any(|&s| s == ours), "a task is in the test's session:\n{}", done.dump());
 }

@@ -85,26 +85,23 @@ impl Server {
 
     fn serving(self) -> Serving {
         match self {
-            Server::RpmiRun | Server::RpmiRun4 | Server::Floor => Serving::Launcher,
+            Server::RpmiRun | Server::Floor => Serving::Launcher,
+            Server::RpmiRun4 => Serving::Shells { nodes: self.nodes() },
             Server::Hydra => Serving::HydraProxy,
             Server::SrunRpmi | Server::SrunPmi2 => Serving::Stepds { nodes: SLURM_NODES },
         }
     }
 
-    /// Complete rpmi key-value stores one serving process holds (one per shell in it); `None` for servers
-    /// that are not rpmi, whose memory is not held to rpmi's bound.
-    pub fn rpmi_stores(self) -> Option<u64> {
-        match self {
-            Server::RpmiRun | Server::RpmiRun4 => Some(self.nodes() as u64),
-            Server::SrunRpmi => Some(1),
-            _ => None,
-        }
+    /// Whether the serving processes are rpmi's, each holding one complete key-value store, and so held to
+    /// rpmi's memory bound.
+    pub fn is_rpmi(self) -> bool {
+        matches!(self, Server::RpmiRun | Server::RpmiRun4 | Server::SrunRpmi)
     }
 
     /// Tasks served by the busiest serving process.
     pub fn local_tasks(self, size: usize) -> usize {
         match self.serving() {
-            Serving::Stepds { nodes } => size.div_ceil(nodes),
+            Serving::Stepds { nodes } | Serving::Shells { nodes } => size.div_ceil(nodes),
             _ => size,
         }
     }
@@ -451,12 +448,19 @@ fn benchmark(config: &Config) -> Result<(), String> {
         if job.status != 0 || parse_result(Workload::AllToAll, &job.stdout).is_none() {
             return Err(fail(server, 64, "verified exchange", &job));
         }
-        // Long enough (about half a second) for the sampler to see the serving process settled.
-        let job = run_job(server, server.nodes(), &["barrier", "--count", "2000"])?;
-        if job.status != 0 {
-            return Err(fail(server, server.nodes(), "idle", &job));
+        // Long enough (about half a second) for the sampler to see the serving process settled. A process's
+        // resident set at rest varies by a few hundred KiB from run to run (rpmi-run's shells inherit the
+        // launcher's at fork), so the baseline is a median over as many runs as each cell has.
+        let mut peaks = Vec::with_capacity(config.runs);
+        for _ in 0..config.runs {
+            let job = run_job(server, server.nodes(), &["barrier", "--count", "2000"])?;
+            if job.status != 0 {
+                return Err(fail(server, server.nodes(), "idle", &job));
+            }
+            peaks.extend(peak_of(server, &job.peaks));
         }
-        idle.insert(server, peak_of(server, &job.peaks));
+        peaks.sort_unstable();
+        idle.insert(server, peaks.get(peaks.len() / 2).copied());
     }
     let mut slurm_own = BTreeMap::new();
     if config.servers.iter().any(|s| matches!(s.serving(), Serving::Stepds { .. })) {

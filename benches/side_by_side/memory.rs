@@ -14,8 +14,10 @@ use std::time::Duration;
 /// Which processes serve the tasks, for a job whose launcher has pid `root`.
 #[derive(Clone, Copy, Debug)]
 pub enum Serving {
-    /// The launcher itself (rpmi-run, the floor).
+    /// The launcher itself (rpmi-run with one node, the floor).
     Launcher,
+    /// rpmi-run's shell for each of `nodes` virtual nodes: the children it forks of itself.
+    Shells { nodes: usize },
     /// mpiexec.hydra and its hydra_pmi_proxy (the proxy answers the tasks; mpiexec keeps the KVS).
     HydraProxy,
     /// The step's slurmstepd on every node: those that appear after the job started.
@@ -54,6 +56,11 @@ impl Sampler {
                         watched.extend(stepds().difference(&existing));
                     }
                     Serving::Stepds { .. } => {}
+                    // Only until every shell is found, like the stepds.
+                    Serving::Shells { nodes } if watched.len() < nodes => {
+                        watched.extend(children(root).into_iter().filter(|&pid| comm(pid) == "rpmi-run"));
+                    }
+                    Serving::Shells { .. } => {}
                 }
                 for &pid in &watched {
                     if let Some(hwm) = vm_hwm_kib(pid) {

@@ -1,19 +1,20 @@
-//! rpmi-run as the plugin's host: the callbacks of `rpmi_host_ops` for each virtual node, the in-process
-//! collective across them, and ending the job.
+//! rpmi-run as the plugin's host: the callbacks of `rpmi_host_ops` for one virtual node's instance, the
+//! collective (done on the spot for a one-node job, else through the coordinator), and ending the job.
 
+use crate::link::{Ending, Link};
 use crate::plugin::{call, Plugin};
 use rpmi::abi::ffi::{self, rpmi_buf, rpmi_host_ops, rpmi_instance};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// What the whole job shares: the plugin, every node's instance, the collective in progress, the tasks.
-pub struct Job {
+/// What one virtual node's shell holds: the plugin, its instance, its tasks, and how its job ends.
+pub struct Shell {
     pub plugin: Plugin,
-    /// Each virtual node's instance (as an address, so the job can be shared between threads).
-    pub instances: OnceLock<Vec<usize>>,
-    /// This epoch's contributions, by node; the collective completes when every node has given one.
-    exchange: Mutex<Vec<Option<Vec<u8>>>>,
+    /// This node's instance (as an address, so the shell can be shared between threads); set once created.
+    pub instance: OnceLock<usize>,
+    /// The way to the other nodes; `None` when this node is the whole job.
+    pub link: Option<Link>,
     /// The job is ending: no more tasks start, every task is killed.
     pub ending: AtomicBool,
     /// The exit code a PMI_Abort asked for.
@@ -25,31 +26,40 @@ pub struct Job {
     pub pids: Mutex<Vec<libc::pid_t>>,
     /// Messages at this level or more urgent are printed (RPMI_LOG_*).
     pub verbosity: i32,
-}
-
-/// The host data of one virtual node's instance.
-pub struct Node {
-    pub job: &'static Job,
-    pub index: usize,
     /// The fd to watch in event-loop mode (set by `watch_fd` during create).
     pub watch: AtomicI32,
 }
 
-impl Job {
-    pub fn new(plugin: Plugin, nodes: usize, verbosity: i32) -> Job {
-        Job {
+impl Shell {
+    pub fn new(plugin: Plugin, link: Option<Link>, verbosity: i32) -> Shell {
+        Shell {
             plugin,
-            instances: OnceLock::new(),
-            exchange: Mutex::new(vec![None; nodes]),
+            instance: OnceLock::new(),
+            link,
             ending: AtomicBool::new(false),
             abort_code: Mutex::new(None),
             error_code: Mutex::new(None),
             pids: Mutex::new(Vec::new()),
             verbosity,
+            watch: AtomicI32::new(-1),
         }
     }
 
-    /// Ends the job: every task gets `signal`, and no more are started.
+    pub fn instance(&self) -> *mut rpmi_instance {
+        self.instance.get().copied().unwrap_or(0) as *mut rpmi_instance
+    }
+
+    /// Ends the job for a reason found on this node: its tasks get SIGKILL, and so, through the coordinator,
+    /// do every other node's. Only the first reason is passed on.
+    pub fn end_job(&self, why: Ending, code: i32) {
+        let first = !self.ending.swap(true, Ordering::SeqCst);
+        if let (true, Some(link)) = (first, &self.link) {
+            link.send_ending(why, code);
+        }
+        self.signal_all(libc::SIGKILL);
+    }
+
+    /// Ends this node's part of the job: every task gets `signal`, and no more are started.
     pub fn end(&self, signal: c_int) {
         self.ending.store(true, Ordering::SeqCst);
         self.signal_all(signal);
@@ -64,12 +74,12 @@ impl Job {
         }
     }
 
-    /// The host callbacks for `node`.
-    pub fn ops(node: &Node, event_loop: bool) -> rpmi_host_ops {
+    /// The host callbacks, with this shell as their host data.
+    pub fn ops(&self, event_loop: bool) -> rpmi_host_ops {
         rpmi_host_ops {
             struct_size: std::mem::size_of::<rpmi_host_ops>() as u32,
             abi_version: ffi::RPMI_ABI_VERSION as u32,
-            host_data: node as *const Node as *mut _,
+            host_data: self as *const Shell as *mut _,
             collective: Some(collective),
             abort: Some(abort),
             log: Some(log),
@@ -80,12 +90,21 @@ impl Job {
             spawn: None,
         }
     }
+
+    /// Completes the collective in progress with every node's part, in node order.
+    pub fn complete(&self, parts: &[&[u8]]) {
+        let bufs: Vec<rpmi_buf> = parts.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect();
+        call!(
+            self.plugin,
+            collective_complete(self.instance(), ffi::RPMI_OK, bufs.as_ptr(), bufs.len(), std::ptr::null())
+        );
+    }
 }
 
 /// # Safety
-/// `data` is the host data of an instance: a `Node` that outlives it.
-unsafe fn node<'a>(data: *mut std::ffi::c_void) -> &'a Node {
-    &*(data as *const Node)
+/// `data` is the host data of an instance: a `Shell` that outlives it.
+unsafe fn shell<'a>(data: *mut std::ffi::c_void) -> &'a Shell {
+    &*(data as *const Shell)
 }
 
 unsafe extern "C" fn collective(
@@ -94,40 +113,22 @@ unsafe extern "C" fn collective(
     bytes: *const u8,
     len: usize,
 ) -> c_int {
-    let node = node(data);
-    let job = node.job;
+    let shell = shell(data);
     let contribution = if len == 0 { &[][..] } else { std::slice::from_raw_parts(bytes, len) };
-    let others = {
-        let Ok(mut exchange) = job.exchange.lock() else { return ffi::RPMI_ERR_INTERNAL };
-        if exchange.iter().enumerate().any(|(n, part)| n != node.index && part.is_none()) {
-            // The bytes are the caller's only until we return.
-            exchange[node.index] = Some(contribution.to_vec());
-            return ffi::RPMI_OK;
+    match &shell.link {
+        // The bytes are the caller's only until we return: the link copies them into the socket, and the
+        // parts come back later on the link's own thread.
+        Some(link) => match link.send_part(contribution) {
+            Ok(()) => ffi::RPMI_OK,
+            Err(_) => ffi::RPMI_ERR_INTERNAL,
+        },
+        // The only node completes at once (allowed from this very thread), its part uncopied: the instance
+        // copies parts before collective_complete returns.
+        None => {
+            shell.complete(&[contribution]);
+            ffi::RPMI_OK
         }
-        exchange.iter_mut().filter_map(Option::take).collect::<Vec<_>>()
-    };
-    // The last node in completes the collective for every node (allowed from any thread, even this one). Its
-    // own part is passed as it came, uncopied: each instance copies the parts before collective_complete
-    // returns, and with one node that saves a copy of everything put since the last barrier.
-    let parts: Vec<rpmi_buf> = others
-        .iter()
-        .map(Vec::as_slice)
-        .chain([contribution])
-        .map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() })
-        .collect();
-    for &inst in job.instances.get().map(Vec::as_slice).unwrap_or(&[]) {
-        call!(
-            job.plugin,
-            collective_complete(
-                inst as *mut rpmi_instance,
-                ffi::RPMI_OK,
-                parts.as_ptr(),
-                parts.len(),
-                std::ptr::null()
-            )
-        );
     }
-    ffi::RPMI_OK
 }
 
 unsafe extern "C" fn abort(
@@ -138,29 +139,30 @@ unsafe extern "C" fn abort(
     msg: *const std::ffi::c_char,
     len: usize,
 ) {
-    let job = node(data).job;
+    let shell = shell(data);
     let message = String::from_utf8_lossy(std::slice::from_raw_parts(msg.cast::<u8>(), len));
-    let first = if reason == ffi::RPMI_ABORT_CALLED { &job.abort_code } else { &job.error_code };
+    let called = reason == ffi::RPMI_ABORT_CALLED;
+    let first = if called { &shell.abort_code } else { &shell.error_code };
     if let Ok(mut c) = first.lock() {
         c.get_or_insert(code);
     }
-    if reason == ffi::RPMI_ABORT_CALLED {
+    if called {
         let sep = if message.is_empty() { "" } else { ": " };
-        eprintln!("rpmi-run: rank {rank} called PMI_Abort with exit code {code}{sep}{message}");
+        say!("rank {rank} called PMI_Abort with exit code {code}{sep}{message}");
     } else {
-        eprintln!("rpmi-run: {message}");
+        say!("{message}");
     }
-    job.end(libc::SIGKILL);
+    shell.end_job(if called { Ending::Abort } else { Ending::Error }, code);
 }
 
 unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const std::ffi::c_char, len: usize) {
-    if level <= node(data).job.verbosity {
+    if level <= shell(data).verbosity {
         let message = String::from_utf8_lossy(std::slice::from_raw_parts(msg.cast::<u8>(), len));
-        eprintln!("rpmi-run: {message}");
+        say!("{message}");
     }
 }
 
 unsafe extern "C" fn watch_fd(data: *mut std::ffi::c_void, _: *mut rpmi_instance, fd: c_int) -> c_int {
-    node(data).watch.store(fd, Ordering::SeqCst);
+    shell(data).watch.store(fd, Ordering::SeqCst);
     ffi::RPMI_OK
 }

@@ -1,9 +1,8 @@
 //! The threads rpmi-run runs beside its tasks: rank labels on output (`-l`), signal forwarding, and the
 //! event loop that drives the plugin in `--event-loop` mode.
 
-use crate::host::{Job, Node};
+use crate::host::Shell;
 use crate::plugin::call;
-use rpmi::abi::ffi::rpmi_instance;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{ChildStderr, ChildStdout};
@@ -107,15 +106,14 @@ pub fn block_signals() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
-/// Starts the thread that passes the blocked signals on to every task.
-pub fn forward_signals(job: &'static Job) -> JoinHandle<()> {
+/// Starts the thread that takes the blocked signals and passes each to `pass_on`.
+pub fn forward_signals(pass_on: impl Fn(i32) + Send + 'static) -> JoinHandle<()> {
     let set = forwarded();
     std::thread::spawn(move || loop {
         let mut sig = 0;
         // SAFETY: sigwait on a set of blocked signals.
         if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-            eprintln!("rpmi-run: got signal {sig}, passing it to every task");
-            job.end(sig);
+            pass_on(sig);
         }
     })
 }
@@ -127,7 +125,8 @@ pub fn unblock_signals() {
     unsafe { libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
 }
 
-/// The event loop of `--event-loop` mode: polls every instance's watched fd and calls `progress`.
+/// The event loop that drives the instance in `--event-loop` mode, and always on a virtual node with a link
+/// to the coordinator: polls the instance's watched fd, calling `progress`, and the link, hearing it.
 pub struct EventLoop {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
@@ -140,26 +139,27 @@ impl EventLoop {
     }
 }
 
-pub fn spawn_event_loop(job: &'static Job, nodes: &[&'static Node]) -> EventLoop {
+pub fn spawn_event_loop(shell: &'static Shell) -> EventLoop {
     let stop = Arc::new(AtomicBool::new(false));
-    let watched: Vec<(i32, usize)> = nodes
-        .iter()
-        .zip(job.instances.get().cloned().unwrap_or_default())
-        .map(|(n, inst)| (n.watch.load(Ordering::SeqCst), inst))
-        .collect();
     let stopping = stop.clone();
     let thread = std::thread::spawn(move || {
-        let mut fds: Vec<libc::pollfd> =
-            watched.iter().map(|&(fd, _)| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        let watched = libc::pollfd { fd: shell.watch.load(Ordering::SeqCst), events: libc::POLLIN, revents: 0 };
+        let mut fds = vec![watched];
+        if let Some(link) = &shell.link {
+            fds.push(libc::pollfd { fd: link.fd(), events: libc::POLLIN, revents: 0 });
+        }
         while !stopping.load(Ordering::SeqCst) {
             // A short timeout so that a stop is seen promptly.
             // SAFETY: poll over our own array.
             if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) } <= 0 {
                 continue;
             }
-            for (fd, &(_, inst)) in fds.iter().zip(&watched) {
-                if fd.revents != 0 {
-                    call!(job.plugin, progress(inst as *mut rpmi_instance));
+            if fds[0].revents != 0 {
+                call!(shell.plugin, progress(shell.instance()));
+            }
+            if let (Some(link), Some(fd)) = (&shell.link, fds.get(1)) {
+                if fd.revents != 0 && !link.hear(shell) {
+                    fds.truncate(1);
                 }
             }
         }

@@ -5,6 +5,7 @@ use std::ffi::{CStr, CString};
 use std::path::Path;
 
 /// The plugin's table, from a library that stays loaded for the life of the process.
+#[derive(Clone, Copy)]
 pub struct Plugin {
     pub table: &'static rpmi_plugin,
 }

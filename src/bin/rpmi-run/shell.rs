@@ -1,0 +1,201 @@
+//! One virtual node's job shell: creates the node's plugin instance, starts the node's tasks through it, and
+//! reaps them. The whole of rpmi-run for a one-node job; a process of its own per node otherwise.
+
+use crate::host::Shell;
+use crate::link::{Ending, Link};
+use crate::output;
+use crate::plugin::{call, Plugin};
+use crate::Plan;
+use rpmi::abi::ffi::{self, rpmi_instance, rpmi_job_info, rpmi_task_env};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+
+/// A task of this node: its ranks and, once started, its process.
+struct Task {
+    rank: u32,
+    local: u32,
+    pid: libc::pid_t,
+}
+
+/// Runs node `index` of the job to its end; returns its exit status (see `wait_for`).
+pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32 {
+    let shell: &'static Shell = Box::leak(Box::new(Shell::new(plugin, link, plan.verbosity)));
+    let local_ranks = &plan.cliques[index];
+    let hostname_ptrs: Vec<*const std::ffi::c_char> = plan.hostnames.iter().map(|h| h.as_ptr()).collect();
+    let info = rpmi_job_info {
+        struct_size: std::mem::size_of::<rpmi_job_info>() as u32,
+        job_id: plan.job_id.as_ptr(),
+        shell_index: index as u32,
+        shell_count: plan.cliques.len() as u32,
+        size: plan.task_map.len() as u32,
+        task_map: plan.task_map.as_ptr(),
+        local_ranks: local_ranks.as_ptr(),
+        local_count: local_ranks.len() as u32,
+        hostnames: hostname_ptrs.as_ptr(),
+        options_json: plan.options.as_ptr(),
+        appnum: 0,
+        universe_size: 0,
+        spawned: 0,
+    };
+    // A node with a link is driven by the loop that hears it (see `Link`).
+    let event_loop = plan.event_loop || shell.link.is_some();
+    let ops = shell.ops(event_loop);
+    let mut inst: *mut rpmi_instance = std::ptr::null_mut();
+    let mut err = [0 as std::ffi::c_char; 512];
+    if call!(plugin, create(&info, &ops, &mut inst, err.as_mut_ptr(), err.len())) != ffi::RPMI_OK {
+        // SAFETY: create wrote a NUL-terminated message into err.
+        let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+        say!("the plugin refused the job: {msg}");
+        shell.end_job(Ending::Error, 2);
+        return 2;
+    }
+    let _ = shell.instance.set(inst as usize);
+    let event_loop = event_loop.then(|| output::spawn_event_loop(shell));
+
+    // SIGINT and SIGTERM go to the tasks; the shell ends when they do. Behind a coordinator, which says so
+    // itself, the signal comes from it.
+    let alone = shell.link.is_none();
+    let signals = output::forward_signals(move |sig| {
+        if alone {
+            say!("got signal {sig}, passing it to every task");
+        }
+        shell.end(sig);
+    });
+    let mut labels = plan.label.then(output::Labeler::new);
+
+    let mut tasks: Vec<Task> = Vec::with_capacity(local_ranks.len());
+    for (local, &rank) in local_ranks.iter().enumerate() {
+        if shell.ending.load(Ordering::SeqCst) {
+            break;
+        }
+        let local = local as u32;
+        let mut env = rpmi_task_env {
+            struct_size: std::mem::size_of::<rpmi_task_env>() as u32,
+            child_fd: -1,
+            env_count: 0,
+            env: std::ptr::null(),
+        };
+        if call!(plugin, task_init(inst, local, &mut env)) != ffi::RPMI_OK {
+            say!("the plugin could not set up rank {rank}");
+            shell.end_job(Ending::Error, 1);
+            break;
+        }
+        let mut cmd = Command::new(&plan.program[0]);
+        cmd.args(&plan.program[1..]);
+        // SAFETY: env holds env_count NUL-terminated strings, valid until task_forked.
+        for i in 0..env.env_count {
+            let var = unsafe { std::ffi::CStr::from_ptr(*env.env.add(i)) }.to_string_lossy().into_owned();
+            if let Some((k, v)) = var.split_once('=') {
+                cmd.env(k, v);
+            }
+        }
+        if labels.is_some() {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        let task_exec = plugin.table.task_exec;
+        let inst_addr = inst as usize;
+        // SAFETY: runs in the child between fork and exec: task_exec is async-signal-safe (fcntl only), and
+        // so is unblocking the signals rpmi-run keeps for its own thread.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some(f) = task_exec {
+                    if f(inst_addr as *mut rpmi_instance, local) != ffi::RPMI_OK {
+                        return Err(std::io::Error::other("cannot hand the PMI connection to the task"));
+                    }
+                }
+                output::unblock_signals();
+                Ok(())
+            });
+        }
+        let spawned = cmd.spawn();
+        call!(plugin, task_forked(inst, local));
+        match spawned {
+            Ok(mut child) => {
+                let pid = child.id() as libc::pid_t;
+                if let Some(l) = labels.as_mut() {
+                    l.add(rank, child.stdout.take(), child.stderr.take());
+                }
+                if let Ok(mut pids) = shell.pids.lock() {
+                    pids.push(pid);
+                }
+                tasks.push(Task { rank, local, pid });
+            }
+            Err(e) => {
+                say!("cannot start {}: {e}", plan.program[0].to_string_lossy());
+                shell.end_job(Ending::Failure, 127);
+                if tasks.is_empty() {
+                    finish(shell, event_loop);
+                    return 127;
+                }
+                break;
+            }
+        }
+    }
+    if shell.ending.load(Ordering::SeqCst) {
+        shell.signal_all(libc::SIGKILL);
+    }
+    let output_thread = labels.map(output::Labeler::start);
+
+    let status = wait_for(shell, &mut tasks);
+    finish(shell, event_loop);
+    if let Some(t) = output_thread {
+        let _ = t.join();
+    }
+    drop(signals);
+    status
+}
+
+/// Stops what drives the instance (the link, then the event loop), then destroys it.
+fn finish(shell: &Shell, event_loop: Option<output::EventLoop>) {
+    if let Some(link) = &shell.link {
+        link.close();
+    }
+    if let Some(t) = event_loop {
+        t.stop();
+    }
+    call!(shell.plugin, destroy(shell.instance()));
+}
+
+/// Reaps every task; ends the job at the first that fails. Returns the node's exit status: the code a
+/// PMI_Abort asked for; else the first failing task's code (128+signal if it was killed); else 1 if the
+/// plugin ended the job (protocol error, lost task); else 0.
+fn wait_for(shell: &Shell, tasks: &mut [Task]) -> i32 {
+    let mut first_failure: Option<i32> = None;
+    let mut left = tasks.len();
+    while left > 0 {
+        let mut status = 0;
+        // SAFETY: waitpid for any child into a local.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        let Some(task) = tasks.iter_mut().find(|t| t.pid == pid) else { continue };
+        task.pid = 0;
+        left -= 1;
+        call!(shell.plugin, task_exit(shell.instance(), task.local, status));
+        let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+        if code != 0 && first_failure.is_none() {
+            // Tasks rpmi-run killed itself are not news; the first failure still decides the status.
+            if !shell.ending.load(Ordering::SeqCst) {
+                if libc::WIFSIGNALED(status) {
+                    let sig = libc::WTERMSIG(status);
+                    say!("rank {} was killed by signal {sig}; ending the job", task.rank);
+                } else {
+                    say!("rank {} exited with code {code}; ending the job", task.rank);
+                }
+                shell.end_job(Ending::Failure, code);
+            }
+            first_failure = Some(code);
+        }
+        if let Ok(mut pids) = shell.pids.lock() {
+            pids.retain(|&p| p != pid);
+        }
+    }
+    let abort = shell.abort_code.lock().ok().and_then(|c| *c);
+    let error = shell.error_code.lock().ok().and_then(|c| *c);
+    abort.or(first_failure).or(error).unwrap_or(0)
+}
