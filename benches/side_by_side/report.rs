@@ -192,8 +192,9 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
         md,
         "Times are rank 0's, from a start barrier (launch excluded). \"vs\" is this server's median over the \
          median of the server named (above 1: slower than it). Peak: resident set high-water mark of the \
-         busiest serving process (rpmi-run, the floor, one slurmstepd; Hydra: mpiexec + hydra_pmi_proxy); per task: \
-         its growth over the same server with one task per node, divided by the tasks it serves; for the srun \
+         busiest serving process (rpmi-run, or one node's shell of rpmi-run --nodes 4; the floor; one slurmstepd; \
+         Hydra: mpiexec + hydra_pmi_proxy); per task: its growth over the same server with one task per node \
+         (the median of as many runs), divided by the tasks it serves; for the srun \
          servers, less what the busiest slurmstepd of an `srun --mpi=none` step grows by over the same sizes \
          (Slurm's own memory per task).\n"
     );
