@@ -575,17 +575,10 @@ fn mapping_cyclic_uneven() {
 /// Rank 2 of 4 calls MPI_Abort(MPI_COMM_WORLD, code): rpmi-run exits with the code's low byte, says so, and
 /// no task is left. On one node: across nodes, a rank whose MPI_Init fails when rank 2 dies may abort too,
 /// and which abort reaches rpmi-run first is a race (`failing_rank` covers a job ending across nodes).
-fn abort_job(private: &str, code: i32, status: i32, nodes: &str) {
+fn abort_job(private: &str, code: i32, status: i32) {
     let exe = programs().private(private);
     let arg = format!("abort=2:{code}");
-    let args = [
-        OsStr::new("-n"),
-        OsStr::new("4"),
-        OsStr::new("--nodes"),
-        OsStr::new(nodes),
-        exe.as_os_str(),
-        OsStr::new(&arg),
-    ];
+    let args = [OsStr::new("-n"), OsStr::new("4"), exe.as_os_str(), OsStr::new(&arg)];
     let done = start(RUN, &args).wait(END_GUARD);
     eprintln!("MPI_Abort({code}) on rank 2 of 4: rpmi-run ended after {:.2?} with {}", done.elapsed, done.status);
     assert_none_left(&exe, &done, "after MPI_Abort");
@@ -602,12 +595,12 @@ fn abort_job(private: &str, code: i32, status: i32, nodes: &str) {
 
 #[test]
 fn mpi_abort_exit_code() {
-    abort_job(PRIVATE_MPI[0], 7, 7, "1");
+    abort_job(PRIVATE_MPI[0], 7, 7);
 }
 
 #[test]
 fn mpi_abort_negative_exit_code() {
-    abort_job(PRIVATE_MPI[1], -3, 253, "1");
+    abort_job(PRIVATE_MPI[1], -3, 253);
 }
 
 /// Checks what rpmi-run did after the test killed `rank` with SIGKILL.
