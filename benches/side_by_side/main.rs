@@ -457,10 +457,9 @@ fn benchmark(config: &Config) -> Result<(), String> {
             if job.status != 0 {
                 return Err(fail(server, server.nodes(), "idle", &job));
             }
-            peaks.extend(peak_of(server, &job.peaks));
+            peaks.extend(peak_of(server, &job.peaks).map(|kib| kib as f64));
         }
-        peaks.sort_unstable();
-        idle.insert(server, peaks.get(peaks.len() / 2).copied());
+        idle.insert(server, report::median(peaks).map(|kib| kib as u64));
     }
     let mut slurm_own = BTreeMap::new();
     if config.servers.iter().any(|s| matches!(s.serving(), Serving::Stepds { .. })) {

@@ -13,6 +13,11 @@ struct Stats {
     max: f64,
 }
 
+/// The median of `xs` (of the middle two when their number is even).
+pub fn median(xs: Vec<f64>) -> Option<f64> {
+    stats(xs).map(|s| s.median)
+}
+
 fn stats(mut xs: Vec<f64>) -> Option<Stats> {
     if xs.is_empty() {
         return None;

@@ -107,6 +107,15 @@ unsafe fn shell<'a>(data: *mut std::ffi::c_void) -> &'a Shell {
     &*(data as *const Shell)
 }
 
+/// # Safety
+/// `msg` is NULL or points to `len` readable bytes, as the plugin's messages do.
+unsafe fn text<'a>(msg: *const std::ffi::c_char, len: usize) -> std::borrow::Cow<'a, str> {
+    if msg.is_null() {
+        return "".into();
+    }
+    String::from_utf8_lossy(std::slice::from_raw_parts(msg.cast::<u8>(), len))
+}
+
 unsafe extern "C" fn collective(
     data: *mut std::ffi::c_void,
     _: *mut rpmi_instance,
@@ -114,7 +123,11 @@ unsafe extern "C" fn collective(
     len: usize,
 ) -> c_int {
     let shell = shell(data);
-    let contribution = if len == 0 { &[][..] } else { std::slice::from_raw_parts(bytes, len) };
+    let contribution = match (len, bytes.is_null()) {
+        (0, _) => &[][..],
+        (_, true) => return ffi::RPMI_ERR_INVALID,
+        _ => std::slice::from_raw_parts(bytes, len),
+    };
     match &shell.link {
         // The bytes are the caller's only until we return: the link copies them into the socket, and the
         // parts come back later on the link's own thread.
@@ -140,7 +153,7 @@ unsafe extern "C" fn abort(
     len: usize,
 ) {
     let shell = shell(data);
-    let message = String::from_utf8_lossy(std::slice::from_raw_parts(msg.cast::<u8>(), len));
+    let message = text(msg, len);
     let called = reason == ffi::RPMI_ABORT_CALLED;
     let first = if called { &shell.abort_code } else { &shell.error_code };
     if let Ok(mut c) = first.lock() {
@@ -157,8 +170,7 @@ unsafe extern "C" fn abort(
 
 unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const std::ffi::c_char, len: usize) {
     if level <= shell(data).verbosity {
-        let message = String::from_utf8_lossy(std::slice::from_raw_parts(msg.cast::<u8>(), len));
-        say!("{message}");
+        say!("{}", text(msg, len));
     }
 }
 

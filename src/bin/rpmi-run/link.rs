@@ -176,7 +176,8 @@ pub fn coordinate(nodes: usize, shell: impl Fn(usize, Link) -> i32) -> Result<i3
             // Only its own end of its own link stays open, so that every link ends when its shell does.
             drop(streams);
             drop(ours);
-            // SAFETY: the child is a process group leader of nothing yet, so setsid cannot fail for it.
+            // SAFETY: setsid has no memory effects; it fails only for a process group leader, which a child
+            // just forked is not.
             unsafe { libc::setsid() };
             let status = shell(index, Link::new(theirs, nodes));
             std::process::exit(status);
@@ -213,7 +214,7 @@ pub fn coordinate(nodes: usize, shell: impl Fn(usize, Link) -> i32) -> Result<i3
     }
     drop(heard);
 
-    let endings = relay(&mut streams, hearing);
+    let endings = relay(&streams, hearing);
     let mut first_bad_exit = None;
     for (index, &pid) in pids.iter().enumerate() {
         let mut status = 0;
@@ -239,7 +240,7 @@ pub fn coordinate(nodes: usize, shell: impl Fn(usize, Link) -> i32) -> Result<i3
 
 /// Passes every collective's parts to every shell once all have given theirs, and an ending node's news to
 /// the others, until every shell has gone. Returns the endings heard, in order.
-fn relay(streams: &mut [UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) -> Vec<(Ending, i32)> {
+fn relay(streams: &[UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) -> Vec<(Ending, i32)> {
     let nodes = streams.len();
     let mut parts: Vec<Option<Vec<u8>>> = vec![None; nodes];
     let mut gone = vec![false; nodes];
@@ -251,9 +252,9 @@ fn relay(streams: &mut [UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) ->
                 parts[index] = Some(part);
                 if parts.iter().all(Option::is_some) {
                     let all: Vec<Vec<u8>> = parts.iter_mut().filter_map(Option::take).collect();
-                    for (to, _) in streams.iter_mut().zip(&gone).filter(|(_, &g)| !g) {
+                    for (mut to, _) in streams.iter().zip(&gone).filter(|(_, &g)| !g) {
                         // A shell that cannot take them has ended; its going is heard on its own.
-                        let _ = all.iter().try_for_each(|part| write_frame(&mut &*to, PART, part));
+                        let _ = all.iter().try_for_each(|part| write_frame(&mut to, PART, part));
                     }
                 }
             }
@@ -267,8 +268,8 @@ fn relay(streams: &mut [UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) ->
                 if !ended {
                     ended = true;
                     let kill = libc::SIGKILL.to_le_bytes();
-                    for (_, to) in streams.iter_mut().enumerate().filter(|&(i, _)| i != index && !gone[i]) {
-                        let _ = write_frame(&mut &*to, KILL, &kill);
+                    for (_, mut to) in streams.iter().enumerate().filter(|&(i, _)| i != index && !gone[i]) {
+                        let _ = write_frame(&mut to, KILL, &kill);
                     }
                 }
             }
