@@ -50,10 +50,10 @@ impl Shell {
     }
 
     /// Ends the job for a reason found on this node: its tasks get SIGKILL, and so, through the coordinator,
-    /// do every other node's. Only the first reason is passed on.
+    /// do every other node's. The link decides which reasons the coordinator hears.
     pub fn end_job(&self, why: Ending, code: i32) {
-        let first = !self.ending.swap(true, Ordering::SeqCst);
-        if let (true, Some(link)) = (first, &self.link) {
+        self.ending.store(true, Ordering::SeqCst);
+        if let Some(link) = &self.link {
             link.send_ending(why, code);
         }
         self.signal_all(libc::SIGKILL);

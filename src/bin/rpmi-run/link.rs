@@ -74,8 +74,10 @@ pub struct Link {
     nodes: usize,
     /// The parts of the collective in progress heard so far.
     parts: Mutex<Vec<Vec<u8>>>,
-    /// Set when the shell closes the link itself, so that its end is not taken for a lost coordinator.
+    /// Set when the shell stops hearing the link itself, so that its end is not taken for a lost coordinator.
     closing: AtomicBool,
+    /// The endings told so far: the first of the node, and an abort after it (see `send_ending`).
+    told: Mutex<Vec<Ending>>,
 }
 
 impl Link {
@@ -86,6 +88,7 @@ impl Link {
             nodes,
             parts: Mutex::new(Vec::with_capacity(nodes)),
             closing: AtomicBool::new(false),
+            told: Mutex::new(Vec::new()),
         }
     }
 
@@ -98,7 +101,15 @@ impl Link {
         self.send(PART, part)
     }
 
+    /// Tells the coordinator that this node ended the job. Only the node's first ending is told, and the
+    /// first abort after it: the job's status prefers an abort, and an abort line a task wrote before it
+    /// was killed may be served after the job began ending (for another reason, or another node's).
     pub fn send_ending(&self, why: Ending, code: i32) {
+        let Ok(mut told) = self.told.lock() else { return };
+        if !told.is_empty() && (why != Ending::Abort || told.contains(&Ending::Abort)) {
+            return;
+        }
+        told.push(why);
         let mut payload = vec![why as u8];
         payload.extend_from_slice(&code.to_le_bytes());
         // If the coordinator is gone, the loop hears that and ends this node's tasks anyway.
@@ -138,10 +149,11 @@ impl Link {
         }
     }
 
-    /// Closes the link both ways: after it, no collective completes on this node.
-    pub fn close(&self) {
+    /// Stops hearing the coordinator: after it, no collective completes on this node. Endings can still be
+    /// told (what the tasks wrote last is served after this); the link closes when the shell exits.
+    pub fn stop_hearing(&self) {
         self.closing.store(true, Ordering::SeqCst);
-        let _ = self.stream.shutdown(Shutdown::Both);
+        let _ = self.stream.shutdown(Shutdown::Read);
     }
 }
 
@@ -283,4 +295,45 @@ fn relay(streams: &[UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) -> Vec
         }
     }
     endings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The endings the coordinator's end of `stream` has been told, in order.
+    fn told(coordinator: &UnixStream) -> Vec<(Ending, i32)> {
+        let mut endings = Vec::new();
+        while let Some((kind, payload)) = read_frame(&mut &*coordinator).unwrap() {
+            assert_eq!(kind, ENDING);
+            let why = [Ending::Abort, Ending::Failure, Ending::Error][payload[0] as usize];
+            endings.push((why, i32_at(&payload, 1).unwrap()));
+        }
+        endings
+    }
+
+    #[test]
+    fn the_first_ending_and_a_later_abort_are_told() {
+        let (shell, coordinator) = UnixStream::pair().unwrap();
+        let link = Link::new(shell, 2);
+        link.send_ending(Ending::Failure, 3);
+        link.send_ending(Ending::Error, 1);
+        // Served after the job began ending, during the last reads, when the link is no longer heard.
+        link.stop_hearing();
+        link.send_ending(Ending::Abort, 7);
+        link.send_ending(Ending::Abort, 9);
+        drop(link);
+        assert_eq!(told(&coordinator), [(Ending::Failure, 3), (Ending::Abort, 7)]);
+    }
+
+    #[test]
+    fn a_first_abort_is_told_once() {
+        let (shell, coordinator) = UnixStream::pair().unwrap();
+        let link = Link::new(shell, 2);
+        link.send_ending(Ending::Abort, 5);
+        link.send_ending(Ending::Failure, 5);
+        link.send_ending(Ending::Abort, 6);
+        drop(link);
+        assert_eq!(told(&coordinator), [(Ending::Abort, 5)]);
+    }
 }

@@ -146,10 +146,11 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
     status
 }
 
-/// Stops what drives the instance (the link, then the event loop), then destroys it.
+/// Stops what drives the instance (hearing the link, then the event loop), then destroys it, which serves
+/// what the tasks wrote last (an abort line, which still reaches the coordinator).
 fn finish(shell: &Shell, event_loop: Option<output::EventLoop>) {
     if let Some(link) = &shell.link {
-        link.close();
+        link.stop_hearing();
     }
     if let Some(t) = event_loop {
         t.stop();
