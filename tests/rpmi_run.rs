@@ -787,24 +787,30 @@ fn option_vallen_max_reaches_the_clients() {
     }
 }
 
+/// Every virtual node refuses a bad option alike: rpmi-run says so once, on one node or across three.
 #[test]
 fn unknown_option_is_refused() {
-    let done = rpmi_run(&["-n", "2", "-o", "bogus=1", PROBE, "info"]);
-    assert!(done.code().is_some_and(|c| c != 0), "-o bogus=1 accepted:\n{}", done.dump());
-    assert!(done.stderr.contains("'bogus'"), "the error does not name 'bogus':\n{}", done.dump());
-    assert!(!done.stdout.contains("rank="), "tasks ran despite the bad option:\n{}", done.dump());
+    for nodes in ["1", "3"] {
+        let done = rpmi_run(&["-n", "3", "--nodes", nodes, "-o", "bogus=1", PROBE, "info"]);
+        assert!(done.code().is_some_and(|c| c != 0), "-o bogus=1 accepted:\n{}", done.dump());
+        let said = own_messages(&done.stderr);
+        let naming = said.iter().filter(|l| l.contains("'bogus'")).count();
+        assert_eq!(naming, 1, "not one error naming 'bogus' on {nodes} node(s):\n{}", done.dump());
+        assert!(!done.stdout.contains("rank="), "tasks ran despite the bad option:\n{}", done.dump());
+    }
 }
 
+/// A program that cannot be started: status 127 and one message naming it, on one node or across three.
 #[test]
 fn missing_program_exits_127() {
     let missing = "/nonexistent/rpmi-test-no-such-program";
-    let done = rpmi_run(&["-n", "2", missing]);
-    assert_eq!(done.code(), Some(127), "{}", done.dump());
-    assert!(
-        own_messages(&done.stderr).iter().any(|l| l.contains(missing) && l.contains("No such file")),
-        "no clear message naming the program:\n{}",
-        done.dump()
-    );
+    for nodes in ["1", "3"] {
+        let done = rpmi_run(&["-n", "3", "--nodes", nodes, missing]);
+        assert_eq!(done.code(), Some(127), "{}", done.dump());
+        let said = own_messages(&done.stderr);
+        let naming = said.iter().filter(|l| l.contains(missing) && l.contains("No such file")).count();
+        assert_eq!(naming, 1, "not one clear message naming the program on {nodes} node(s):\n{}", done.dump());
+    }
 }
 
 /// Rank 1 of 3 exits with code 3 while the others would sleep: rpmi-run ends them, exits with 3 and names

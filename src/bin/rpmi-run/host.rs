@@ -52,9 +52,16 @@ impl Shell {
     /// Ends the job for a reason found on this node: its tasks get SIGKILL, and so, through the coordinator,
     /// do every other node's. The link decides which reasons the coordinator hears.
     pub fn end_job(&self, why: Ending, code: i32) {
+        self.end_job_saying(why, code, "");
+    }
+
+    /// `end_job`, saying why: here on one node, else through the coordinator, which says what several nodes
+    /// give alike only once.
+    pub fn end_job_saying(&self, why: Ending, code: i32, message: &str) {
         self.ending.store(true, Ordering::SeqCst);
-        if let Some(link) = &self.link {
-            link.send_ending(why, code);
+        let told = self.link.as_ref().is_some_and(|link| link.send_ending(why, code, message));
+        if !told && !message.is_empty() {
+            say!("{message}");
         }
         self.signal_all(libc::SIGKILL);
     }

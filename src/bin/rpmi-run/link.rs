@@ -17,7 +17,8 @@ use std::sync::Mutex;
 
 /// A node's part of a collective: from a shell, and back to every shell, once per node, in node order.
 const PART: u8 = 1;
-/// Shell to coordinator: this node ended the job (an `Ending` byte, then the exit code as i32).
+/// Shell to coordinator: this node ended the job (an `Ending` byte, the exit code as i32, then what to say
+/// about it, if anything, in UTF-8).
 const ENDING: u8 = 2;
 /// Coordinator to shell: end your tasks with this signal (an i32).
 const KILL: u8 = 3;
@@ -104,16 +105,19 @@ impl Link {
     /// Tells the coordinator that this node ended the job. Only the node's first ending is told, and the
     /// first abort after it: the job's status prefers an abort, and an abort line a task wrote before it
     /// was killed may be served after the job began ending (for another reason, or another node's).
-    pub fn send_ending(&self, why: Ending, code: i32) {
-        let Ok(mut told) = self.told.lock() else { return };
+    /// The coordinator says `message` (unless empty), once for all nodes that give the same. Returns whether
+    /// the ending was told: if not, the shell says the message itself.
+    pub fn send_ending(&self, why: Ending, code: i32, message: &str) -> bool {
+        let Ok(mut told) = self.told.lock() else { return false };
         if !told.is_empty() && (why != Ending::Abort || told.contains(&Ending::Abort)) {
-            return;
+            return false;
         }
         told.push(why);
         let mut payload = vec![why as u8];
         payload.extend_from_slice(&code.to_le_bytes());
+        payload.extend_from_slice(message.as_bytes());
         // If the coordinator is gone, the loop hears that and ends this node's tasks anyway.
-        let _ = self.send(ENDING, &payload);
+        self.send(ENDING, &payload).is_ok()
     }
 
     /// The fd the event loop polls.
@@ -257,6 +261,7 @@ fn relay(streams: &[UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) -> Vec
     let mut parts: Vec<Option<Vec<u8>>> = vec![None; nodes];
     let mut gone = vec![false; nodes];
     let mut endings = Vec::new();
+    let mut said: Vec<Vec<u8>> = Vec::new();
     let mut ended = false;
     while let Ok((index, heard)) = hearing.recv() {
         match heard {
@@ -277,6 +282,12 @@ fn relay(streams: &[UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) -> Vec
                     _ => Ending::Error,
                 };
                 endings.push((why, i32_at(&payload, 1).unwrap_or(1)));
+                // Every node refuses a bad option, or a missing program, alike: said once.
+                let message = payload.get(5..).unwrap_or_default();
+                if !message.is_empty() && !said.iter().any(|m| m == message) {
+                    say!("{}", String::from_utf8_lossy(message));
+                    said.push(message.to_vec());
+                }
                 if !ended {
                     ended = true;
                     let kill = libc::SIGKILL.to_le_bytes();
@@ -302,12 +313,12 @@ mod tests {
     use super::*;
 
     /// The endings the coordinator's end of `stream` has been told, in order.
-    fn told(coordinator: &UnixStream) -> Vec<(Ending, i32)> {
+    fn told(coordinator: &UnixStream) -> Vec<(Ending, i32, String)> {
         let mut endings = Vec::new();
         while let Some((kind, payload)) = read_frame(&mut &*coordinator).unwrap() {
             assert_eq!(kind, ENDING);
             let why = [Ending::Abort, Ending::Failure, Ending::Error][payload[0] as usize];
-            endings.push((why, i32_at(&payload, 1).unwrap()));
+            endings.push((why, i32_at(&payload, 1).unwrap(), String::from_utf8(payload[5..].to_vec()).unwrap()));
         }
         endings
     }
@@ -316,24 +327,24 @@ mod tests {
     fn the_first_ending_and_a_later_abort_are_told() {
         let (shell, coordinator) = UnixStream::pair().unwrap();
         let link = Link::new(shell, 2);
-        link.send_ending(Ending::Failure, 3);
-        link.send_ending(Ending::Error, 1);
+        assert!(link.send_ending(Ending::Failure, 3, ""));
+        assert!(!link.send_ending(Ending::Error, 1, "not told"));
         // Served after the job began ending, during the last reads, when the link is no longer heard.
         link.stop_hearing();
-        link.send_ending(Ending::Abort, 7);
-        link.send_ending(Ending::Abort, 9);
+        assert!(link.send_ending(Ending::Abort, 7, ""));
+        assert!(!link.send_ending(Ending::Abort, 9, ""));
         drop(link);
-        assert_eq!(told(&coordinator), [(Ending::Failure, 3), (Ending::Abort, 7)]);
+        assert_eq!(told(&coordinator), [(Ending::Failure, 3, String::new()), (Ending::Abort, 7, String::new())]);
     }
 
     #[test]
     fn a_first_abort_is_told_once() {
         let (shell, coordinator) = UnixStream::pair().unwrap();
         let link = Link::new(shell, 2);
-        link.send_ending(Ending::Abort, 5);
-        link.send_ending(Ending::Failure, 5);
-        link.send_ending(Ending::Abort, 6);
+        assert!(link.send_ending(Ending::Abort, 5, "why"));
+        assert!(!link.send_ending(Ending::Failure, 5, ""));
+        assert!(!link.send_ending(Ending::Abort, 6, ""));
         drop(link);
-        assert_eq!(told(&coordinator), [(Ending::Abort, 5)]);
+        assert_eq!(told(&coordinator), [(Ending::Abort, 5, "why".to_string())]);
     }
 }

@@ -46,8 +46,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
     if call!(plugin, create(&info, &ops, &mut inst, err.as_mut_ptr(), err.len())) != ffi::RPMI_OK {
         // SAFETY: create wrote a NUL-terminated message into err.
         let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-        say!("the plugin refused the job: {msg}");
-        shell.end_job(Ending::Error, 2);
+        shell.end_job_saying(Ending::Error, 2, &format!("the plugin refused the job: {msg}"));
         return 2;
     }
     let _ = shell.instance.set(inst as usize);
@@ -122,8 +121,8 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
                 tasks.push(Task { rank, local, pid });
             }
             Err(e) => {
-                say!("cannot start {}: {e}", plan.program[0].to_string_lossy());
-                shell.end_job(Ending::Failure, 127);
+                let why = format!("cannot start {}: {e}", plan.program[0].to_string_lossy());
+                shell.end_job_saying(Ending::Failure, 127, &why);
                 if tasks.is_empty() {
                     finish(shell, event_loop);
                     return 127;
