@@ -63,6 +63,16 @@ fn i32_at(payload: &[u8], at: usize) -> Option<i32> {
     Some(i32::from_le_bytes(payload.get(at..at + 4)?.try_into().ok()?))
 }
 
+/// An ENDING frame's why, exit code and message (see `Link::send_ending`).
+fn ending(payload: &[u8]) -> (Ending, i32, &[u8]) {
+    let why = match payload.first() {
+        Some(0) => Ending::Abort,
+        Some(1) => Ending::Failure,
+        _ => Ending::Error,
+    };
+    (why, i32_at(payload, 1).unwrap_or(1), payload.get(5..).unwrap_or_default())
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The shell's side.
 
@@ -276,14 +286,9 @@ fn relay(streams: &[UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) -> Vec
                 }
             }
             Heard::Frame(ENDING, payload) => {
-                let why = match payload.first() {
-                    Some(0) => Ending::Abort,
-                    Some(1) => Ending::Failure,
-                    _ => Ending::Error,
-                };
-                endings.push((why, i32_at(&payload, 1).unwrap_or(1)));
+                let (why, code, message) = ending(&payload);
+                endings.push((why, code));
                 // Every node refuses a bad option, or a missing program, alike: said once.
-                let message = payload.get(5..).unwrap_or_default();
                 if !message.is_empty() && !said.iter().any(|m| m == message) {
                     say!("{}", String::from_utf8_lossy(message));
                     said.push(message.to_vec());
@@ -312,39 +317,39 @@ fn relay(streams: &[UnixStream], hearing: mpsc::Receiver<(usize, Heard)>) -> Vec
 mod tests {
     use super::*;
 
-    /// The endings the coordinator's end of `stream` has been told, in order.
-    fn told(coordinator: &UnixStream) -> Vec<(Ending, i32, String)> {
+    /// What the coordinator is told, in order, of the endings `node` sends through a link.
+    fn told(node: impl FnOnce(&Link)) -> Vec<(Ending, i32, String)> {
+        let (shell, coordinator) = UnixStream::pair().unwrap();
+        node(&Link::new(shell, 2));
         let mut endings = Vec::new();
-        while let Some((kind, payload)) = read_frame(&mut &*coordinator).unwrap() {
+        while let Some((kind, payload)) = read_frame(&mut &coordinator).unwrap() {
             assert_eq!(kind, ENDING);
-            let why = [Ending::Abort, Ending::Failure, Ending::Error][payload[0] as usize];
-            endings.push((why, i32_at(&payload, 1).unwrap(), String::from_utf8(payload[5..].to_vec()).unwrap()));
+            let (why, code, message) = ending(&payload);
+            endings.push((why, code, String::from_utf8(message.to_vec()).unwrap()));
         }
         endings
     }
 
     #[test]
     fn the_first_ending_and_a_later_abort_are_told() {
-        let (shell, coordinator) = UnixStream::pair().unwrap();
-        let link = Link::new(shell, 2);
-        assert!(link.send_ending(Ending::Failure, 3, ""));
-        assert!(!link.send_ending(Ending::Error, 1, "not told"));
-        // Served after the job began ending, during the last reads, when the link is no longer heard.
-        link.stop_hearing();
-        assert!(link.send_ending(Ending::Abort, 7, ""));
-        assert!(!link.send_ending(Ending::Abort, 9, ""));
-        drop(link);
-        assert_eq!(told(&coordinator), [(Ending::Failure, 3, String::new()), (Ending::Abort, 7, String::new())]);
+        let endings = told(|link| {
+            assert!(link.send_ending(Ending::Failure, 3, ""));
+            assert!(!link.send_ending(Ending::Error, 1, "not told"));
+            // Served after the job began ending, during the last reads, when the link is no longer heard.
+            link.stop_hearing();
+            assert!(link.send_ending(Ending::Abort, 7, ""));
+            assert!(!link.send_ending(Ending::Abort, 9, ""));
+        });
+        assert_eq!(endings, [(Ending::Failure, 3, String::new()), (Ending::Abort, 7, String::new())]);
     }
 
     #[test]
     fn a_first_abort_is_told_once() {
-        let (shell, coordinator) = UnixStream::pair().unwrap();
-        let link = Link::new(shell, 2);
-        assert!(link.send_ending(Ending::Abort, 5, "why"));
-        assert!(!link.send_ending(Ending::Failure, 5, ""));
-        assert!(!link.send_ending(Ending::Abort, 6, ""));
-        drop(link);
-        assert_eq!(told(&coordinator), [(Ending::Abort, 5, "why".to_string())]);
+        let endings = told(|link| {
+            assert!(link.send_ending(Ending::Abort, 5, "why"));
+            assert!(!link.send_ending(Ending::Failure, 5, ""));
+            assert!(!link.send_ending(Ending::Abort, 6, ""));
+        });
+        assert_eq!(endings, [(Ending::Abort, 5, "why".to_string())]);
     }
 }
