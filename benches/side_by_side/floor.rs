@@ -1,9 +1,11 @@
-//! The floor: the least a PMI-1 server can do. One thread, one epoll set, canned answers and no key-value
-//! store at all (a get is answered with a value as long as the last put's, whatever the key). Not a PMI
-//! server anyone could use: it shows how far each real server is from what this machine allows.
+//! The floor: the least a PMI-1 server can do. One thread, canned answers and no key-value store at all (a
+//! get is answered with a value as long as the last put's, whatever the key). Not a PMI server anyone could
+//! use: it shows how far each real server is from what this machine allows. It answers its tasks in the
+//! order rpmi does ([`Turns`]), since that order is part of what the machine allows.
 
+use rpmi::driver::{Turns, GROUP};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 
@@ -12,9 +14,7 @@ const CANNED_VALUE: [u8; 1024] = [b'v'; 1024];
 /// Runs `program args` as `size` tasks, serves them until every one has closed its connection, and
 /// returns the worst exit status.
 pub fn serve(size: usize, program: &str, args: &[String]) -> Result<i32, String> {
-    let epoll = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }).map_err(|e| format!("epoll: {e}"))?;
-    // SAFETY: a descriptor we just created and own.
-    let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+    let mut turns = Turns::new(size).map_err(|e| format!("epoll: {e}"))?;
     let mut conns = Vec::with_capacity(size);
     let mut children: Vec<Child> = Vec::with_capacity(size);
     for rank in 0..size {
@@ -29,13 +29,10 @@ pub fn serve(size: usize, program: &str, args: &[String]) -> Result<i32, String>
         }
         children.push(command.spawn().map_err(|e| format!("cannot run {program}: {e}"))?);
         drop(theirs);
-        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: rank as u64 };
-        // SAFETY: both descriptors are open; the event is read during the call only.
-        cvt(unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, ours.as_raw_fd(), &mut ev) })
-            .map_err(|e| format!("epoll_ctl: {e}"))?;
+        turns.add(rank, ours.as_raw_fd(), libc::EPOLLIN as u32).map_err(|e| format!("epoll_ctl: {e}"))?;
         conns.push(Some(Conn { fd: ours, input: Vec::new() }));
     }
-    Floor { conns, size, in_barrier: 0, value_len: 96, out: Vec::new() }.run(&epoll)?;
+    Floor { conns, size, in_barrier: 0, value_len: 96, out: Vec::new() }.run(&mut turns)?;
     let mut worst = 0;
     for mut child in children {
         let status = child.wait().map_err(|e| format!("wait: {e}"))?;
@@ -58,15 +55,13 @@ struct Floor {
 }
 
 impl Floor {
-    fn run(&mut self, epoll: &OwnedFd) -> Result<(), String> {
+    fn run(&mut self, turns: &mut Turns) -> Result<(), String> {
         let mut open = self.size;
-        let mut ready = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; GROUP];
         let mut buf = vec![0u8; 65536];
         while open > 0 {
-            // SAFETY: the buffer outlives the call and its length is passed.
-            let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), ready.as_mut_ptr(), ready.len() as i32, -1) };
-            let Ok(n) = cvt(n) else { continue }; // EINTR
-            for ev in &ready[..n as usize] {
+            let n = turns.wait(&mut ready, -1).map_err(|e| format!("epoll_wait: {e}"))?;
+            for ev in &ready[..n] {
                 let rank = ev.u64 as usize;
                 let Some(conn) = &mut self.conns[rank] else { continue };
                 // SAFETY: reading into our own buffer, its length passed.

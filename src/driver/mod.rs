@@ -6,6 +6,10 @@
 //! without one run [`Driver::run`] on one progress thread for all local tasks (epoll, never a thread per
 //! task). Task fds are non-blocking; a task that does not read its answers only holds its own output.
 
+mod turns;
+
+pub use turns::{Turns, GROUP, TURN};
+
 use crate::server::{Host, HostReply, Shell, TaskId};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -80,7 +84,7 @@ pub struct Driver<H: Host> {
     stopped: bool,
     events: Receiver<Event>,
     wake: Arc<OwnedFd>,
-    epoll: OwnedFd,
+    turns: Turns,
     buf: Vec<u8>,
 }
 
@@ -96,16 +100,15 @@ enum Output {
 }
 
 /// The epoll token of the wake-up eventfd; task tokens are their `TaskId`.
-const WAKE: u64 = u64::MAX;
+const WAKE: u64 = u64::MAX >> 1;
 
 impl<H: Host> Driver<H> {
     /// A driver for `shell`, whose requests go to `host`, taking events from `inbox` (see [`channel`]).
     /// Task connections come with [`Event::Attach`] or [`Driver::attach`].
     pub fn new(shell: Shell, host: H, inbox: Inbox) -> io::Result<Self> {
-        // SAFETY: a plain syscall; the fd is checked and owned at once.
-        let epoll = unsafe { owned(libc::epoll_create1(libc::EPOLL_CLOEXEC))? };
-        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, inbox.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
         let n = shell.task_count();
+        let turns = Turns::new(n)?;
+        turns.watch(inbox.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
         Ok(Driver {
             shell,
             host,
@@ -116,7 +119,7 @@ impl<H: Host> Driver<H> {
             stopped: false,
             events: inbox.rx,
             wake: inbox.wake,
-            epoll,
+            turns,
             buf: vec![0; 64 * 1024],
         })
     }
@@ -138,7 +141,7 @@ impl<H: Host> Driver<H> {
             return Err(invalid(format!("task {task} is already attached")));
         }
         set_nonblocking(&fd)?;
-        epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, fd.as_raw_fd(), libc::EPOLLIN as u32, task as u64)?;
+        self.turns.add(task, fd.as_raw_fd(), libc::EPOLLIN as u32)?;
         *slot = Some(fd);
         Ok(())
     }
@@ -146,7 +149,7 @@ impl<H: Host> Driver<H> {
     /// The one fd an event-loop host watches for readability: an epoll fd that becomes readable whenever
     /// [`Driver::on_ready`] has work.
     pub fn watch_fd(&self) -> RawFd {
-        self.epoll.as_raw_fd()
+        self.turns.fd()
     }
 
     /// Serves until every task has closed its connection or a stop is posted (the progress thread).
@@ -157,14 +160,9 @@ impl<H: Host> Driver<H> {
 
     /// Waits at most `timeout_ms` (-1: forever, 0: not at all) for work, and does it.
     pub fn on_ready(&mut self, timeout_ms: i32) -> io::Result<Status> {
-        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; 256];
-        // SAFETY: the buffer outlives the call and its length is passed.
-        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), ready.as_mut_ptr(), 256, timeout_ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted { Ok(self.status()) } else { Err(e) };
-        }
-        for ev in &ready[..n as usize] {
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; GROUP + 1];
+        let n = self.turns.wait(&mut ready, timeout_ms)?;
+        for ev in &ready[..n] {
             let (token, flags) = (ev.u64, ev.events);
             if token == WAKE {
                 self.take_events()?;
@@ -300,7 +298,7 @@ impl<H: Host> Driver<H> {
                     if watched {
                         return Ok(());
                     }
-                    return epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, libc::EPOLLOUT as u32, task as u64);
+                    return self.turns.modify(task, fd, libc::EPOLLOUT as u32);
                 }
                 _ => {
                     self.close(task);
@@ -310,7 +308,7 @@ impl<H: Host> Driver<H> {
         }
         // Back to reading only, if it had been waiting to write (one syscall per answer otherwise).
         if std::mem::replace(&mut self.output[task], Output::Flowing) == Output::Unblocked {
-            return epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, libc::EPOLLIN as u32, task as u64);
+            return self.turns.modify(task, fd, libc::EPOLLIN as u32);
         }
         Ok(())
     }
@@ -340,15 +338,6 @@ unsafe fn owned(fd: RawFd) -> io::Result<OwnedFd> {
     } else {
         Ok(OwnedFd::from_raw_fd(fd))
     }
-}
-
-fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: both fds are live; the event struct outlives the call.
-    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {

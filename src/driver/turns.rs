@@ -1,0 +1,206 @@
+//! [`Turns`]: the order in which a server answers its tasks when many are waiting.
+//!
+//! Every answer wakes a task blocked on its read, and that costs a switch into the task's address space.
+//! When a node runs far more tasks than it has CPUs, that switch grows dearer the more distinct processes
+//! take turns on a CPU (their TLB and cache state is gone by the time they run again): answering whoever
+//! is ready makes every task take its turn. So the tasks are watched in groups of [`GROUP`], one epoll set
+//! each, nested in one top set, and a group with requests keeps the server for a turn of up to [`TURN`]
+//! ready connections before the next ready group has its turn. The server never waits while a request is
+//! ready: when the group whose turn it is has nothing to ask, the next group with requests is served.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Tasks per group.
+pub const GROUP: usize = 16;
+/// The most ready connections one group is served in a turn, while another group has requests: 64 per
+/// task of a full group. A ready task waits at most for every other group's turn.
+pub const TURN: usize = 64 * GROUP;
+
+/// The bit of a top-set token that marks a group's epoll set; the caller's own fds in the top set carry
+/// tokens without it.
+const GROUP_TOKEN: u64 = 1 << 63;
+
+/// Task connections in groups, each group an epoll set nested in one top set.
+pub struct Turns {
+    top: OwnedFd,
+    groups: Vec<OwnedFd>,
+    /// The group whose turn it is, and how many ready connections it was given in this turn.
+    current: usize,
+    given: usize,
+    top_ready: Vec<libc::epoll_event>,
+}
+
+impl Turns {
+    /// Sets for `tasks` tasks, numbered from 0.
+    pub fn new(tasks: usize) -> io::Result<Self> {
+        let top = epoll_create()?;
+        let groups = (0..tasks.div_ceil(GROUP)).map(|_| epoll_create()).collect::<io::Result<Vec<_>>>()?;
+        for (g, group) in groups.iter().enumerate() {
+            epoll_ctl(&top, libc::EPOLL_CTL_ADD, group.as_raw_fd(), libc::EPOLLIN as u32, GROUP_TOKEN | g as u64)?;
+        }
+        let top_ready = vec![libc::epoll_event { events: 0, u64: 0 }; groups.len() + 8];
+        Ok(Turns { top, groups, current: 0, given: 0, top_ready })
+    }
+
+    /// The fd that is readable whenever [`Turns::wait`] has something to report.
+    pub fn fd(&self) -> RawFd {
+        self.top.as_raw_fd()
+    }
+
+    /// Watches `fd`, which is no task's connection, for `events` in the top set: [`Turns::wait`] reports
+    /// it whoever's turn it is. `token` must not have bit 63 set.
+    pub fn watch(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        debug_assert_eq!(token & GROUP_TOKEN, 0);
+        epoll_ctl(&self.top, libc::EPOLL_CTL_ADD, fd, events, token)
+    }
+
+    /// Watches `task`'s connection `fd` for `events`; its events carry `task` as their token.
+    pub fn add(&self, task: usize, fd: RawFd, events: u32) -> io::Result<()> {
+        epoll_ctl(self.group_of(task)?, libc::EPOLL_CTL_ADD, fd, events, task as u64)
+    }
+
+    /// Changes the events watched on `task`'s connection `fd`.
+    pub fn modify(&self, task: usize, fd: RawFd, events: u32) -> io::Result<()> {
+        epoll_ctl(self.group_of(task)?, libc::EPOLL_CTL_MOD, fd, events, task as u64)
+    }
+
+    fn group_of(&self, task: usize) -> io::Result<&OwnedFd> {
+        self.groups.get(task / GROUP).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no such task"))
+    }
+
+    /// Waits at most `timeout_ms` (-1: forever) for events, and fills `ready` with those of the fds given
+    /// to [`Turns::watch`] followed by those of one group's connections: the group whose turn it is, or
+    /// the next one with events. Returns how many it filled (0 on a timeout or a signal).
+    pub fn wait(&mut self, ready: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
+        let top = &mut self.top_ready;
+        // SAFETY: the buffer outlives the call and its length is passed.
+        let n = unsafe { libc::epoll_wait(self.top.as_raw_fd(), top.as_mut_ptr(), top.len() as i32, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
+        }
+        let mut filled = 0;
+        let mut next: Option<usize> = None;
+        let mut current_ready = false;
+        for ev in &top[..n as usize] {
+            if ev.u64 & GROUP_TOKEN == 0 {
+                if filled < ready.len() {
+                    ready[filled] = *ev;
+                    filled += 1;
+                }
+                continue;
+            }
+            let g = (ev.u64 & !GROUP_TOKEN) as usize;
+            current_ready |= g == self.current;
+            // The first ready group after the current one, going round.
+            let after = |g: usize| (g + self.groups.len() - self.current - 1) % self.groups.len();
+            if g != self.current && next.is_none_or(|best| after(g) < after(best)) {
+                next = Some(g);
+            }
+        }
+        let group = match next {
+            Some(g) if !current_ready || self.given >= TURN => g,
+            _ if current_ready => self.current,
+            _ => return Ok(filled),
+        };
+        if group != self.current || self.given >= TURN {
+            (self.current, self.given) = (group, 0);
+        }
+        let room = &mut ready[filled..];
+        // SAFETY: as above; a zero timeout, since the top set said this group has events.
+        let m = unsafe { libc::epoll_wait(self.groups[group].as_raw_fd(), room.as_mut_ptr(), room.len() as i32, 0) };
+        if m > 0 {
+            self.given += m as usize;
+            filled += m as usize;
+        }
+        Ok(filled)
+    }
+}
+
+fn epoll_create() -> io::Result<OwnedFd> {
+    // SAFETY: a plain syscall; the fd is checked and owned at once.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub(super) fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: both fds are live; the event struct outlives the call.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::socketpair;
+
+    /// Turns for two groups, with task 0 (group 0) and task GROUP (group 1) connected; the task ends are
+    /// returned to write requests on.
+    fn two_groups() -> (Turns, Vec<OwnedFd>, Vec<OwnedFd>) {
+        let turns = Turns::new(2 * GROUP).unwrap();
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for task in [0, GROUP] {
+            let (server, task_end) = socketpair().unwrap();
+            turns.add(task, server.as_raw_fd(), libc::EPOLLIN as u32).unwrap();
+            ours.push(server);
+            theirs.push(task_end);
+        }
+        (turns, ours, theirs)
+    }
+
+    fn ask(fd: &OwnedFd) {
+        // SAFETY: writing one byte from a live buffer.
+        assert_eq!(unsafe { libc::write(fd.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);
+    }
+
+    fn tokens(turns: &mut Turns) -> Vec<u64> {
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; GROUP + 1];
+        let n = turns.wait(&mut ready, 1000).unwrap();
+        ready[..n].iter().map(|ev| ev.u64).collect()
+    }
+
+    #[test]
+    fn a_ready_group_keeps_its_turn_and_then_yields_it() {
+        let (mut turns, _ours, theirs) = two_groups();
+        ask(&theirs[0]);
+        ask(&theirs[1]);
+        // Nothing is read, so task 0 stays ready (level-triggered) and is given again until its turn ends.
+        for _ in 0..TURN {
+            assert_eq!(tokens(&mut turns), [0]);
+        }
+        assert_eq!(tokens(&mut turns), [GROUP as u64]);
+        assert_eq!(tokens(&mut turns), [GROUP as u64], "the new turn is group 1's");
+    }
+
+    #[test]
+    fn the_next_ready_group_is_served_when_the_current_one_has_nothing() {
+        let (mut turns, _ours, theirs) = two_groups();
+        ask(&theirs[1]);
+        assert_eq!(tokens(&mut turns), [GROUP as u64]);
+    }
+
+    #[test]
+    fn watched_fds_are_reported_in_every_turn() {
+        let (mut turns, _ours, theirs) = two_groups();
+        let (wake, waker) = socketpair().unwrap();
+        turns.watch(wake.as_raw_fd(), libc::EPOLLIN as u32, 7).unwrap();
+        ask(&waker);
+        assert_eq!(tokens(&mut turns), [7]);
+        ask(&theirs[1]);
+        assert_eq!(tokens(&mut turns), [7, GROUP as u64]);
+    }
+
+    #[test]
+    fn a_task_beyond_the_sets_is_refused() {
+        let (turns, ours, _theirs) = two_groups();
+        assert!(turns.add(2 * GROUP, ours[0].as_raw_fd(), libc::EPOLLIN as u32).is_err());
+    }
+}
