@@ -2,11 +2,11 @@
 //! to the shell, writes the answers back, and takes in completions that other threads post through a
 //! [`DriverHandle`].
 //!
-//! Hosts with an event loop watch [`Driver::watch_fds`] themselves and call [`Driver::on_ready`]; hosts
+//! Hosts with an event loop watch [`Driver::watch_fd`] themselves and call [`Driver::on_ready`]; hosts
 //! without one run [`Driver::run`] on one progress thread for all local tasks (epoll, never a thread per
 //! task). Task fds are non-blocking; a task that does not read its answers only holds its own output.
 
-mod turns;
+pub(crate) mod turns;
 
 pub use turns::{Turns, GROUP, TURN};
 

@@ -118,7 +118,8 @@ impl Turns {
     }
 }
 
-fn epoll_create() -> io::Result<OwnedFd> {
+/// A new epoll set, close-on-exec.
+pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
     // SAFETY: a plain syscall; the fd is checked and owned at once.
     let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     if fd < 0 {
@@ -128,7 +129,8 @@ fn epoll_create() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-pub(super) fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+/// `epoll_ctl(op)` on `fd` in `epoll`, its events tagged with `token`.
+pub(crate) fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
     let mut ev = libc::epoll_event { events, u64: token };
     // SAFETY: both fds are live; the event struct outlives the call.
     if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {

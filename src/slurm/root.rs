@@ -7,10 +7,11 @@
 //! peer holds up nobody. The gathered frame is built once per epoch and shared by every node's send queue.
 
 use super::wire::{self, FrameBuf, Secret, ToRoot, FRAME_MAX, HELLO_LEN};
+use crate::driver::turns::{epoll_create, epoll_ctl};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -151,24 +152,9 @@ struct State {
     buf: Vec<u8>,
 }
 
-fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: live fds; the event outlives the call.
-    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 impl State {
     fn new(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>, stop: Arc<OwnedFd>) -> io::Result<State> {
-        // SAFETY: a plain syscall, checked at once.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh and ours.
-        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let epoll = epoll_create()?;
         epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, listener.as_raw_fd(), libc::EPOLLIN as u32, LISTENER)?;
         epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, stop.as_raw_fd(), libc::EPOLLIN as u32, STOP)?;
         let n = step.node_names.len();
