@@ -527,6 +527,13 @@ fn mpi_event_loop() {
     mpi_job(8, &["--event-loop", "--nodes", "2"]);
 }
 
+/// More tasks on one node than fit in two of the driver's groups (it answers tasks in turns of groups): a
+/// real MPI job in event-loop mode, where `progress` serves one group per call and leaves its fd readable.
+#[test]
+fn mpi_event_loop_several_groups() {
+    mpi_job(2 * rpmi::driver::GROUP as u64 + 4, &["--event-loop"]);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // PMI_process_mapping and cliques.
 
@@ -732,6 +739,18 @@ fn probe_info_matches_hydra() {
         }
     }
     assert_eq!(field(&a[&0], "universe"), "4", "rpmi answers the job size as the universe size");
+}
+
+/// Every task of every group is served, in both of the ABI's modes, and the values every task gets are
+/// checked (rpmi-probe verifies them unless told not to).
+#[test]
+fn probe_exchange_over_several_groups() {
+    let n = (2 * rpmi::driver::GROUP + 8).to_string();
+    for mode in [&[][..], &["--event-loop"]] {
+        let done = rpmi_run(&[mode, &["-n", &n, PROBE, "exchange", "--puts", "3"]].concat());
+        done.assert_success(&format!("exchange over several groups {mode:?}"));
+        assert!(done.stdout.contains(&format!("exchange: size={n} ")), "no exchange line:\n{}", done.dump());
+    }
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //!
 //! Hosts with an event loop watch [`Driver::watch_fd`] themselves and call [`Driver::on_ready`]; hosts
 //! without one run [`Driver::run`] on one progress thread for all local tasks (epoll, never a thread per
-//! task). Task fds are non-blocking; a task that does not read its answers only holds its own output.
+//! task). Tasks are answered in [`Turns`] of groups. Task fds are non-blocking; a task that does not read
+//! its answers only holds its own output.
 
 pub(crate) mod turns;
 
