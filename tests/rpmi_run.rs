@@ -527,11 +527,11 @@ fn mpi_event_loop() {
     mpi_job(8, &["--event-loop", "--nodes", "2"]);
 }
 
-/// More tasks on one node than fit in two of the driver's groups (it answers tasks in turns of groups): a
-/// real MPI job in event-loop mode, where `progress` serves one group per call and leaves its fd readable.
+/// Enough tasks on one node for the driver to answer them in turns of groups: a real MPI job in
+/// event-loop mode, where `progress` serves one group per call and leaves its fd readable.
 #[test]
 fn mpi_event_loop_several_groups() {
-    mpi_job(2 * rpmi::driver::GROUP as u64 + 4, &["--event-loop"]);
+    mpi_job(rpmi::driver::GROUPED_ABOVE as u64 + 4, &["--event-loop"]);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -745,7 +745,7 @@ fn probe_info_matches_hydra() {
 /// checked (rpmi-probe verifies them unless told not to).
 #[test]
 fn probe_exchange_over_several_groups() {
-    let n = (2 * rpmi::driver::GROUP + 8).to_string();
+    let n = (rpmi::driver::GROUPED_ABOVE + 8).to_string();
     for mode in [&[][..], &["--event-loop"]] {
         let done = rpmi_run(&[mode, &["-n", &n, PROBE, "exchange", "--puts", "3"]].concat());
         done.assert_success(&format!("exchange over several groups {mode:?}"));

@@ -3,7 +3,7 @@
 //! use: it shows how far each real server is from what this machine allows. It answers its tasks in the
 //! order rpmi does ([`Turns`]), since that order is part of what the machine allows.
 
-use rpmi::driver::{Turns, GROUP};
+use rpmi::driver::Turns;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -57,7 +57,7 @@ struct Floor {
 impl Floor {
     fn run(&mut self, turns: &mut Turns) -> Result<(), String> {
         let mut open = self.size;
-        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; GROUP];
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; 256];
         let mut buf = vec![0u8; 65536];
         while open > 0 {
             let n = turns.wait(&mut ready, -1).map_err(|e| format!("epoll_wait: {e}"))?;

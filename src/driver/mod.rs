@@ -9,7 +9,7 @@
 
 pub(crate) mod turns;
 
-pub use turns::{Turns, GROUP, TURN};
+pub use turns::{Turns, GROUP, GROUPED_ABOVE, TURN};
 
 use crate::server::{Host, HostReply, Shell, TaskId};
 use std::io;
@@ -161,7 +161,7 @@ impl<H: Host> Driver<H> {
 
     /// Waits at most `timeout_ms` (-1: forever, 0: not at all) for work, and does it.
     pub fn on_ready(&mut self, timeout_ms: i32) -> io::Result<Status> {
-        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; GROUP + 1];
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; 256];
         let n = self.turns.wait(&mut ready, timeout_ms)?;
         for ev in &ready[..n] {
             let (token, flags) = (ev.u64, ev.events);
