@@ -9,7 +9,7 @@
 //! before the next ready group has its turn. The server never waits while a request is ready: when the
 //! group whose turn it is has nothing to ask, the next group with requests is served. Up to
 //! [`GROUPED_ABOVE`] tasks are one set, answered whoever is ready: so few processes switch cheaply, and
-//! turns would only add syscalls (at 64 tasks they made each workload 10 to 20% slower).
+//! turns would only add syscalls (at 64 tasks they made every workload of the benchmark slower).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
