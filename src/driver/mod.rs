@@ -7,9 +7,9 @@
 //! task). Tasks are answered in [`Turns`] of groups. Task fds are non-blocking; a task that does not read
 //! its answers only holds its own output.
 
-pub(crate) mod turns;
+mod turns;
 
-pub use turns::{Turns, GROUP, GROUPED_ABOVE, TURN};
+pub use turns::{Turns, GROUPED_ABOVE};
 
 use crate::server::{Host, HostReply, Shell, TaskId};
 use std::io;
@@ -348,6 +348,22 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
         if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
             return Err(io::Error::last_os_error());
         }
+    }
+    Ok(())
+}
+
+/// A new epoll set, close-on-exec.
+pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
+    // SAFETY: a plain syscall; the fd is checked and owned at once.
+    unsafe { owned(libc::epoll_create1(libc::EPOLL_CLOEXEC)) }
+}
+
+/// `epoll_ctl(op)` on `fd` in `epoll`, its events tagged with `token`.
+pub(crate) fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: both fds are live; the event struct outlives the call.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

@@ -11,8 +11,9 @@
 //! [`GROUPED_ABOVE`] tasks are one set, answered whoever is ready: so few processes switch cheaply, and
 //! turns would only add syscalls (at 64 tasks they made every workload of the benchmark slower).
 
+use super::{epoll_create, epoll_ctl};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Tasks per group.
 pub const GROUP: usize = 16;
@@ -98,6 +99,8 @@ impl Turns {
         let mut filled = 0;
         let mut next: Option<usize> = None;
         let mut current_ready = false;
+        // How far group g comes after the current one, going round.
+        let after = |g: usize| (g + self.groups.len() - self.current - 1) % self.groups.len();
         for ev in &top[..n as usize] {
             if ev.u64 & GROUP_TOKEN == 0 {
                 if filled < ready.len() {
@@ -108,8 +111,6 @@ impl Turns {
             }
             let g = (ev.u64 & !GROUP_TOKEN) as usize;
             current_ready |= g == self.current;
-            // The first ready group after the current one, going round.
-            let after = |g: usize| (g + self.groups.len() - self.current - 1) % self.groups.len();
             if g != self.current && next.is_none_or(|best| after(g) < after(best)) {
                 next = Some(g);
             }
@@ -131,27 +132,6 @@ impl Turns {
         }
         Ok(filled)
     }
-}
-
-/// A new epoll set, close-on-exec.
-pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
-    // SAFETY: a plain syscall; the fd is checked and owned at once.
-    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `epoll_ctl(op)` on `fd` in `epoll`, its events tagged with `token`.
-pub(crate) fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: both fds are live; the event struct outlives the call.
-    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

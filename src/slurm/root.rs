@@ -7,7 +7,7 @@
 //! peer holds up nobody. The gathered frame is built once per epoch and shared by every node's send queue.
 
 use super::wire::{self, FrameBuf, Secret, ToRoot, FRAME_MAX, HELLO_LEN};
-use crate::driver::turns::{epoll_create, epoll_ctl};
+use crate::driver::{epoll_create, epoll_ctl};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
