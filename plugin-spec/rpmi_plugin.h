@@ -10,8 +10,8 @@
  *  - Arguments are borrowed for the duration of a call. Anything handed back for later use says how long it
  *    lives. No variadic functions, no format strings: text is (pointer, length) or NUL-terminated as stated.
  *  - Every fd the plugin creates is close-on-exec; only a task's own PMI_FD survives its exec.
- *  - When a call fails, create writes the reason into its err buffer; other calls send it to the host's
- *    log callback (stderr without one).
+ *  - When a call fails, create writes the reason into its err buffer; other calls but task_exec send it to
+ *    the host's log callback (stderr without one) on the calling thread, before they return.
  */
 #ifndef RPMI_PLUGIN_H
 #define RPMI_PLUGIN_H
@@ -90,9 +90,11 @@ typedef struct rpmi_task_env {
 } rpmi_task_env;
 
 /* The host's callbacks. Each receives host_data first. They are called on the thread that drives the
- * instance: the plugin's progress thread, or the host's own thread inside progress() (event-loop mode).
- * With several instances in thread mode, callbacks of different instances run concurrently. A callback must
- * not call back into the same instance, except the *_complete functions. */
+ * instance: the plugin's progress thread, or (event-loop mode) the host's own thread inside progress() or
+ * destroy(). Two exceptions: watch_fd is called inside create, and log also receives the reason a plugin
+ * function fails on the thread that called it, before it returns (plugin-spec/README.md, section 4). With
+ * several instances in thread mode, callbacks of different instances run concurrently. A callback must not
+ * call back into the same instance, except the *_complete functions. */
 typedef struct rpmi_host_ops {
     uint32_t struct_size; /* sizeof(rpmi_host_ops) as the host compiled it */
     uint32_t abi_version; /* RPMI_ABI_VERSION as the host compiled it */
@@ -113,7 +115,8 @@ typedef struct rpmi_host_ops {
     void (*abort)(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
                   size_t len);
 
-    /* Optional. A message for the job's log (len bytes, no NUL). NULL: the plugin logs to stderr. */
+    /* Optional. A message for the job's log (len bytes, no NUL): the instance's own, or why a plugin function
+     * called on any host thread is failing (on that thread). NULL: the plugin logs to stderr. */
     void (*log)(void *host_data, int32_t level, const char *message, size_t len);
 
     /* Optional: event-loop mode. Called once, during create, on the thread calling create. The host watches
@@ -175,9 +178,10 @@ typedef struct rpmi_plugin {
      * process. Otherwise `result` is the failure's message (may be NULL). Any thread. */
     int (*service_complete)(rpmi_instance *instance, uint32_t task, int status, const char *result);
 
-    /* Stop serving and free the instance: joins the progress thread, closes every fd. No other call on the
-     * instance may run concurrently with it or follow it, completions included; since it joins the progress
-     * thread, the host must not hold a lock its callbacks take while calling it. */
+    /* Stop serving and free the instance: serves what the tasks wrote before they left (on the progress
+     * thread, which it joins, or in event-loop mode here, calling back on this thread), closes every fd. No
+     * other call on the instance may run concurrently with it or follow it, completions included; since
+     * callbacks run meanwhile, the host must not hold a lock its callbacks take while calling it. */
     void (*destroy)(rpmi_instance *instance);
 } rpmi_plugin;
 

@@ -1,7 +1,8 @@
 //! The proof that a C resource manager can use `plugin-spec/rpmi_plugin.h` as written: `tests/c_host/host.c`,
 //! a job-shell host in plain C99 that knows nothing but the header, is compiled with the system `cc`
 //! (warnings are errors) and runs real MPI programs over `librpmi.so` in both of the ABI's modes, and feeds
-//! the plugin bad input to check the documented error codes (`host --check-errors`).
+//! the plugin bad input to check the documented error codes and the threads its callbacks run on
+//! (`host --check-errors`).
 //!
 //! `cc` and `mpicc` (MPICH) are required: without them the tests fail, saying to run docker/install-deps.sh.
 //! Every run of a program has a hang guard: it is killed, with its whole process group, after [`HANG_GUARD`].
@@ -155,6 +156,27 @@ fn host_run(host: &Path, mode: &[&str], program: &Path, args: &[&str]) -> Run {
     run(cmd)
 }
 
+/// The callbacks (collective, abort, log) ran where section 4 of the specification says: in thread mode on
+/// the plugin's progress threads, never on the host's main thread, which reaps the tasks and destroys the
+/// instances; in event-loop mode on the main thread, which calls progress and destroy.
+fn assert_callback_threads(r: &Run, mode: &[&str]) {
+    let counts: Vec<u64> = r
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("host: callbacks on the main thread: "))
+        .map(|rest| rest.split(", on other threads: ").filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let (on_main, elsewhere) = match counts[..] {
+        [on_main, elsewhere] => (on_main, elsewhere),
+        _ => panic!("the host did not count its callbacks' threads\n{r}"),
+    };
+    if mode.contains(&"--event-loop") {
+        assert!(on_main > 0 && elsewhere == 0, "event-loop mode: a callback off the host's loop thread\n{r}");
+    } else {
+        assert!(on_main == 0 && elsewhere > 0, "thread mode: a callback on the host's main thread\n{r}");
+    }
+}
+
 /// MPI_Init, Allreduce, a message between every pair, Finalize: 4 ranks on 2 nodes must all get through.
 fn mpi_pairs_succeed(name: &str, mode: &[&str]) {
     let dir = TempDir::new(name);
@@ -162,6 +184,7 @@ fn mpi_pairs_succeed(name: &str, mode: &[&str]) {
     let r = host_run(&host, &[mode, &["-n", "4", "--nodes", "2"]].concat(), &program, &[]);
     assert_eq!(r.code(), 0, "the MPI job failed\n{r}");
     assert!(r.stdout.contains("mpi_pairs: 4 ranks, allreduce 10, all pairs exchanged"), "no summary line\n{r}");
+    assert_callback_threads(&r, mode);
 }
 
 /// Rank 1 calls MPI_Abort(7): the host's abort callback must end the job with exit status 7.
@@ -172,6 +195,7 @@ fn mpi_abort_ends_the_job(name: &str, mode: &[&str]) {
     assert_eq!(r.code(), 7, "the job did not exit with the abort's code\n{r}");
     assert!(r.stderr.contains("host: rank 1 called PMI_Abort with exit code 7"), "the abort was not reported\n{r}");
     assert!(!r.stdout.contains("mpi_pairs: 4 ranks"), "the job ran to its end despite the abort\n{r}");
+    assert_callback_threads(&r, mode);
 }
 
 #[test]
@@ -222,7 +246,9 @@ fn lost_task_ends_the_job_with_code_1() {
     }
 }
 
-/// Bad input to create and the task hooks comes back as the header's error codes, with the error text filled.
+/// Bad input to create and the task hooks comes back as the header's error codes, with the error text filled;
+/// a failing call's reason reaches log on the calling thread; destroy serves a task's last words (an abort)
+/// on the thread section 4 of the specification names for each mode.
 #[test]
 fn check_errors() {
     let dir = TempDir::new("check");
@@ -247,6 +273,10 @@ fn check_errors() {
         "ok: create with ops.struct_size 8 -> RPMI_ERR_VERSION",
         "ok: create with local_count 0 -> RPMI_ERR_INVALID",
         "ok: progress(NULL instance) -> RPMI_ERR_INVALID",
+        "ok: service_complete with no request pending, on a host thread of its own -> RPMI_ERR_STATE",
+        "ok:   ... and its reason reached log on that thread, before the call returned",
+        "ok:   ... destroy served it: abort(exit code 5) on the progress thread (thread mode)",
+        "ok:   ... destroy served it: abort(exit code 5) on the thread calling destroy (event-loop mode)",
         "ok: 0 checks failed",
     ] {
         assert!(r.stdout.contains(check), "missing check line '{check}'\n{r}");

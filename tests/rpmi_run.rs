@@ -1,9 +1,9 @@
 //! rpmi-run end to end: real processes, real MPICH (Debian's `mpich`/`libmpich-dev`), real signals.
 //!
 //! Each test starts `rpmi-run` (which loads `librpmi.so` from next to itself) on an MPI program built with
-//! `mpicc` from `tests/programs/`, or on `rpmi-probe`, and checks exit codes, output and that no task is
-//! left running. `rpmi-probe` is also run under `mpiexec.hydra` to compare rpmi's answers with MPICH's own
-//! process manager.
+//! `mpicc` from `tests/programs/`, on a PMI-1 client written on the wire in C (`pmi_barrier_break.c`), or
+//! on `rpmi-probe`, and checks exit codes, output and that no task is left running. `rpmi-probe` is also run
+//! under `mpiexec.hydra` to compare rpmi's answers with MPICH's own process manager.
 //!
 //! Every run has a hang guard: a run that has not ended in time is killed (its whole process group and
 //! every descendant) and the test fails. There are no timed assertions: the machine is small and shared, so
@@ -37,6 +37,7 @@ const INSTALL_HINT: &str = "install MPICH with `docker/install-deps.sh` (as root
 /// such test runs its own copy, so a scan of `/proc` for that executable cannot see another test's tasks.
 struct Programs {
     mpi_pairs: PathBuf,
+    barrier_break: PathBuf,
     dir: PathBuf,
 }
 
@@ -64,22 +65,8 @@ fn build_programs() -> Programs {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     let dir = dir.canonicalize().expect("canonical temp dir");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/mpi_pairs.c");
-    let mpi_pairs = dir.join("mpi_pairs");
-    let out = Command::new("mpicc")
-        .args(["-O1", "-Wall", "-o"])
-        .arg(&mpi_pairs)
-        .arg(&source)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run mpicc ({e}): {INSTALL_HINT}"));
-    assert!(
-        out.status.success(),
-        "mpicc {} failed ({}):\n{}{}",
-        source.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mpi_pairs = compile("mpicc", "mpi_pairs", &dir);
+    let barrier_break = compile("cc", "pmi_barrier_break", &dir);
     // The copies are made here, once, and executed only later: a child that another test thread forks while a
     // copy is open for writing closes it at its exec, long before the copy is run (no ETXTBSY).
     for name in PRIVATE_MPI {
@@ -88,7 +75,28 @@ fn build_programs() -> Programs {
     std::fs::copy(PROBE, dir.join(PRIVATE_PROBE)).expect("copy rpmi-probe");
     let sleep = ["/usr/bin/sleep", "/bin/sleep"].into_iter().find(|p| Path::new(p).exists()).expect("sleep(1)");
     std::fs::copy(sleep, dir.join(PRIVATE_SLEEP)).expect("copy sleep");
-    Programs { mpi_pairs, dir }
+    Programs { mpi_pairs, barrier_break, dir }
+}
+
+/// Builds `tests/programs/NAME.c` into `dir` with `compiler`.
+fn compile(compiler: &str, name: &str, dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let out_path = dir.join(name);
+    let out = Command::new(compiler)
+        .args(["-O1", "-Wall", "-Wextra", "-o"])
+        .arg(&out_path)
+        .arg(&source)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {compiler} ({e}): {INSTALL_HINT}"));
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{compiler} {} failed or warned ({}):\n{}{}",
+        source.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out_path
 }
 
 /// Removes the temp dirs of earlier test runs whose process is gone.
@@ -618,11 +626,8 @@ fn check_killed_task(done: &Done, exe: &Path, rank: u32, since_kill: Duration) {
         done.status
     );
     assert_none_left(exe, done, "after a task was killed");
-    assert!(
-        done.code().is_some_and(|c| c != 0),
-        "rpmi-run must fail when a task is killed (expected 137 = 128+SIGKILL):\n{}",
-        done.dump()
-    );
+    // The task failed on its own, even when the plugin saw it leave before rpmi-run reaped it.
+    assert_eq!(done.code(), Some(128 + libc::SIGKILL), "the killed task's own status:\n{}", done.dump());
     let said = own_messages(&done.stderr);
     assert!(
         said.iter().any(|l| l.contains(&format!("rank {rank} "))),
@@ -694,6 +699,84 @@ fn probe_task_killed_mid_barrier() {
     let done = job.wait_ending(END_GUARD);
     check_killed_task(&done, &exe, 3, done.ended - killed);
     assert!(!done.stdout.contains("barrier: size=4"), "the barriers finished despite the kill:\n{}", done.dump());
+}
+
+/// How the tests run a job: on one virtual node in both of the ABI's modes, and across nodes (where each
+/// node's shell runs an event loop and the coordinator relays between them). With 4 ranks dealt in
+/// blocks, rank 1 shares node 0 with rank 0 on 2 nodes, and is alone on node 1 on 4.
+const MODES: &[&[&str]] = &[&[], &["--event-loop"], &["--nodes", "2"], &["--nodes", "4"]];
+
+/// `rpmi-run -n 4 MODE... pmi_barrier_break DIR 1 ACTION`: ranks 0, 2 and 3 wait in a barrier, then rank 1
+/// does ACTION. Every rank is ended: none is left in the job's process group.
+fn break_barrier(mode: &[&str], action: &str) -> Done {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = programs().dir.join(format!("barrier-{n}"));
+    std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    let mut args: Vec<&OsStr> = vec!["-n".as_ref(), "4".as_ref()];
+    args.extend(mode.iter().map(OsStr::new));
+    args.extend([programs().barrier_break.as_os_str(), dir.as_os_str(), "1".as_ref(), action.as_ref()]);
+    let done = start(RUN, &args).wait(END_GUARD);
+    eprintln!("{mode:?} {action}: rpmi-run ended after {:.2?} with {}", done.elapsed, done.status);
+    assert!(done.stragglers.is_empty(), "tasks outlived rpmi-run ({mode:?} {action}):\n{}", done.dump());
+    let _ = std::fs::remove_dir_all(&dir);
+    done
+}
+
+/// A job error, and no task failed on its own: rank 1 breaks the protocol, or leaves the barrier the others
+/// wait in (exiting 0, without PMI_Finalize). The status is 125 (JOB_ERROR_EXIT_CODE), not the 137 of the
+/// tasks rpmi-run killed; the one line said names rank 1, and the killed tasks are not reported.
+#[test]
+fn a_job_error_gives_status_125() {
+    for mode in MODES {
+        for (action, about) in [("garbage", "PMI protocol error"), ("exit:0", "rank 1 ")] {
+            let done = break_barrier(mode, action);
+            assert_eq!(done.code(), Some(125), "{mode:?} {action}:\n{}", done.dump());
+            let said = own_messages(&done.stderr);
+            assert!(
+                said.len() == 1 && said[0].contains("rank 1") && said[0].contains(about),
+                "{mode:?} {action}: not one line, about rank 1 ({about}):\n{}",
+                done.dump()
+            );
+        }
+    }
+}
+
+/// Rank 1 exits with code 3, without PMI_Finalize, while the others wait in a barrier: a task that failed
+/// on its own gives its own status, whichever rpmi-run hears of first (its exit or the plugin's report).
+#[test]
+fn a_task_that_failed_first_gives_its_own_status() {
+    for mode in MODES {
+        let done = break_barrier(mode, "exit:3");
+        assert_eq!(done.code(), Some(3), "{mode:?}:\n{}", done.dump());
+        let said = own_messages(&done.stderr);
+        assert!(
+            said.len() == 1 && said[0].contains("rank 1 "),
+            "{mode:?}: not one line about rank 1:\n{}",
+            done.dump()
+        );
+    }
+}
+
+/// Rank 1 calls PMI_Abort while the others wait in a barrier, on its node and on others: the abort line
+/// is the one line said; the tasks rpmi-run then kills, which leave the barrier, are not reported.
+#[test]
+fn an_abort_is_the_one_line_said() {
+    for mode in MODES {
+        let done = break_barrier(mode, "abort:7");
+        assert_eq!(done.code(), Some(7), "{mode:?}:\n{}", done.dump());
+        assert!(
+            !done.stderr.contains("closed its PMI connection"),
+            "{mode:?}: the killed tasks reported:\n{}",
+            done.dump()
+        );
+        assert_eq!(
+            own_messages(&done.stderr),
+            ["rpmi-run: rank 1 called PMI_Abort with exit code 7"],
+            "{mode:?}:\n{}",
+            done.dump()
+        );
+    }
 }
 
 #[test]
@@ -793,6 +876,60 @@ fn label_prefixes_lines_with_the_rank() {
     let done = rpmi_run(&["-n", "2", "-l", &mpi]);
     done.assert_success("-l mpi_pairs");
     assert!(done.stdout.lines().any(|l| l == format!("[0] {}", mpi_ok_line(2))), "{}", done.dump());
+}
+
+/// rpmi-run's peak resident memory so far, in KiB (VmHWM: of its own address space, since its exec).
+fn peak_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status of rpmi-run");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("a VmHWM line");
+    line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
+}
+
+/// Under `-l`, a task that writes far more than 64 KiB without a newline: rpmi-run passes it on in labelled
+/// pieces instead of holding it all, so its peak memory stays that of the same output in short lines, and
+/// every byte arrives, each piece labelled with its rank.
+#[test]
+fn label_passes_on_a_line_without_newline_in_pieces() {
+    const BYTES: usize = 16 << 20;
+    // Each rank writes its output, says so, and stays until told to go: rpmi-run's peak is read while it
+    // runs, once it has read all but what the pipe holds.
+    let measure = |name: &str, output: &str| {
+        let dir = programs().dir.join(format!("label-{name}"));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let d = dir.to_str().expect("UTF-8 temp path");
+        let script = format!("{output}; touch {d}/written.$PMI_RANK; while [ ! -e {d}/go ]; do sleep 0.01; done");
+        let mut job = start(RUN, &["-n", "2", "-l", "sh", "-c", &script]);
+        job.wait_until(GUARD, "both ranks' output written", |_| {
+            (0..2).all(|r| dir.join(format!("written.{r}")).exists()).then_some(())
+        });
+        let peak = peak_kib(job.pid());
+        std::fs::write(dir.join("go"), "").expect("the go file");
+        let done = job.wait(GUARD);
+        done.assert_success(&format!("-l sh -c '{script}'"));
+        let _ = std::fs::remove_dir_all(&dir);
+        (peak, done.stdout)
+    };
+    let flood = format!("head -c {BYTES} /dev/zero | tr '\\0' x");
+    let (lines_peak, _) = measure("lines", &format!("{flood} | fold -w 100"));
+    let (flood_peak, stdout) = measure("flood", &flood);
+    eprintln!(
+        "-l, 2 ranks x {BYTES} bytes: rpmi-run's peak {flood_peak} KiB without newlines, {lines_peak} KiB in lines"
+    );
+    assert!(
+        flood_peak < lines_peak + 8 * 1024,
+        "rpmi-run held the line: peak {flood_peak} KiB, against {lines_peak} KiB for the same bytes in lines"
+    );
+    let mut got = [0usize; 2];
+    for line in stdout.lines() {
+        let (rank, rest) = match line.split_at_checked(4) {
+            Some(("[0] ", rest)) => (0, rest),
+            Some(("[1] ", rest)) => (1, rest),
+            _ => panic!("a piece without its label: {:?}", line.chars().take(40).collect::<String>()),
+        };
+        assert!(rest.bytes().all(|b| b == b'x'), "rank {rank}: a piece holds more than the task's bytes");
+        got[rank] += rest.len();
+    }
+    assert_eq!(got, [BYTES, BYTES], "bytes of each rank that arrived");
 }
 
 #[test]

@@ -95,7 +95,8 @@ struct Instance {
 }
 
 impl Instance {
-    /// Tells the host why a call failed: through its log callback, or on stderr without one.
+    /// Tells the host why a call failed, on the calling thread before the call returns (plugin-spec/README.md,
+    /// section 4: no other thread may be left to carry it): through its log callback, or on stderr without one.
     fn log_error(&self, message: &str) {
         match self.log.log {
             // SAFETY: the host's own callback and data, with a buffer that lives through the call.
@@ -480,10 +481,20 @@ unsafe extern "C" fn destroy(inst: *mut rpmi_instance) {
             return ffi::RPMI_ERR_INVALID;
         }
         let mut inst = Box::from_raw(inst as *mut Instance);
+        // The driver takes the stop after serving what the tasks wrote before they left (an abort line,
+        // say): on its progress thread, or here, in event-loop mode, where the host has stopped calling
+        // progress. The posted stop makes the watched fd readable, so one call without waiting takes it.
         let _ = inst.handle.post(Event::Stop);
-        if let Mode::Thread(thread) = &mut inst.mode {
-            if let Some(t) = thread.take() {
-                let _ = t.join();
+        match &mut inst.mode {
+            Mode::Thread(thread) => {
+                if let Some(t) = thread.take() {
+                    let _ = t.join();
+                }
+            }
+            Mode::EventLoop(driver) => {
+                if let Ok(driver) = driver.get_mut() {
+                    let _ = driver.on_ready(0);
+                }
             }
         }
         ffi::RPMI_OK

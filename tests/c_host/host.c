@@ -14,7 +14,9 @@
  * --check-errors feeds the plugin bad input and checks that the documented error codes come back.
  *
  * Exit status: the code of an abort if the job was aborted, else the first failing task's (128+signal for a
- * task killed by a signal), else 0. The host's own failures exit 2 (bad usage) or 1.
+ * task killed by a signal), else 0. The host's own failures exit 2 (bad usage) or 1. At the end of a job it
+ * says on which threads the plugin called collective, abort and log: the main thread (which reaps tasks, and
+ * in event-loop mode calls progress and destroy) or others (the plugin's progress threads).
  *
  * Build: cc -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE -I plugin-spec tests/c_host/host.c -ldl -lpthread
  */
@@ -42,6 +44,8 @@ static const char usage[] = "usage: host [--event-loop] [--nodes M] -n N PLUGIN.
 
 /* The plugin's table, for the life of the process. */
 static const rpmi_plugin *plugin;
+
+static pthread_t main_thread;
 
 static void die(const char *fmt, ...) {
     va_list ap;
@@ -145,6 +149,19 @@ static void unlock(void) {
         die("pthread_mutex_unlock: %s", strerror(e));
 }
 
+/* How many callbacks (collective, abort, log) ran on the main thread, and on others. */
+static pthread_mutex_t threads_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long callbacks_on_main, callbacks_elsewhere;
+
+static void count_callback_thread(void) {
+    pthread_mutex_lock(&threads_lock);
+    if (pthread_equal(pthread_self(), main_thread))
+        callbacks_on_main++;
+    else
+        callbacks_elsewhere++;
+    pthread_mutex_unlock(&threads_lock);
+}
+
 /* With job.lock held: end the job, killing every task. A task not yet reaped is at worst a zombie, whose pid
  * cannot have been reused (tasks are reaped under the lock). */
 static void end_job_locked(void) {
@@ -160,6 +177,7 @@ static int on_collective(void *host_data, rpmi_instance *instance, const uint8_t
     struct node *node = host_data;
     uint32_t n = job.nnodes; /* fixed once the job is set up */
     (void)instance;
+    count_callback_thread();
     /* Everything the last contributor needs, allocated before anything is shared. */
     uint8_t *copy = malloc(len ? len : 1);
     rpmi_buf *parts = calloc(n, sizeof *parts);
@@ -236,6 +254,7 @@ static const char *reason_name(int32_t reason) {
 static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
                      size_t len) {
     (void)host_data;
+    count_callback_thread();
     lock();
     if (reason == RPMI_ABORT_CALLED)
         fprintf(stderr, "host: rank %u called PMI_Abort with exit code %d: ", (unsigned)rank, (int)exit_code);
@@ -256,6 +275,7 @@ static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t 
 /* rpmi_host_ops.log: warnings and errors go to stderr. */
 static void on_log(void *host_data, int32_t level, const char *message, size_t len) {
     struct node *node = host_data;
+    count_callback_thread();
     if (level > RPMI_LOG_WARN)
         return;
     lock(); /* one line at a time */
@@ -659,6 +679,8 @@ static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char 
 
     for (uint32_t i = 0; i < nnodes; i++)
         plugin->destroy(job.nodes[i].instance);
+    fprintf(stderr, "host: callbacks on the main thread: %lu, on other threads: %lu\n", callbacks_on_main,
+            callbacks_elsewhere);
 
     int status = job.aborted ? job.abort_code : first_failure;
     for (uint32_t i = 0; i < nnodes; i++) {
@@ -723,35 +745,121 @@ static int stub_collective(void *host_data, rpmi_instance *instance, const uint8
     return RPMI_ERR_INVALID;
 }
 
+static pthread_mutex_t stub_lock = PTHREAD_MUTEX_INITIALIZER; /* guards what the stubs record */
+
+/* What stub_abort saw: how many calls, the last exit code, and whether that call ran on the main thread. */
+static int aborts, abort_code_seen, abort_on_main;
+
 static void stub_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
                        size_t len) {
-    (void)host_data, (void)rank, (void)exit_code, (void)reason, (void)message, (void)len;
+    (void)host_data, (void)rank, (void)reason, (void)message, (void)len;
+    pthread_mutex_lock(&stub_lock);
+    aborts++;
+    abort_code_seen = exit_code;
+    abort_on_main = pthread_equal(pthread_self(), main_thread);
+    pthread_mutex_unlock(&stub_lock);
 }
 
-/* The last message the plugin logged through the host on the main thread (a failing call logs on the thread
- * that made it), for checking that failures say why. The progress threads' messages are ignored. */
-static pthread_t main_thread;
+/* The last message the plugin logged through the host on `log_thread` (a failing call logs its reason on the
+ * thread that made it), for checking that failures say why. Messages on other threads are ignored. */
+static pthread_t log_thread;
 static char last_log[512];
 static int32_t last_log_level;
 
 static void stub_log(void *host_data, int32_t level, const char *message, size_t len) {
     (void)host_data;
-    if (!pthread_equal(pthread_self(), main_thread))
-        return;
-    if (len >= sizeof last_log)
-        len = sizeof last_log - 1;
-    if (message)
-        memcpy(last_log, message, len);
-    last_log[message ? len : 0] = '\0';
-    last_log_level = level;
+    pthread_mutex_lock(&stub_lock);
+    if (pthread_equal(pthread_self(), log_thread)) {
+        if (len >= sizeof last_log)
+            len = sizeof last_log - 1;
+        if (message)
+            memcpy(last_log, message, len);
+        last_log[message ? len : 0] = '\0';
+        last_log_level = level;
+    }
+    pthread_mutex_unlock(&stub_lock);
+}
+
+/* Keeps the log messages of the calling thread from now on, forgetting the last one. */
+static void watch_log_of_this_thread(void) {
+    pthread_mutex_lock(&stub_lock);
+    log_thread = pthread_self();
+    last_log[0] = '\0';
+    last_log_level = 0;
+    pthread_mutex_unlock(&stub_lock);
+}
+
+/* Whether an error reached the log callback on the watched thread since it was last asked; forgets it. */
+static int error_logged(void) {
+    pthread_mutex_lock(&stub_lock);
+    int logged = last_log_level == RPMI_LOG_ERROR && last_log[0] != '\0';
+    last_log[0] = '\0';
+    last_log_level = 0;
+    pthread_mutex_unlock(&stub_lock);
+    return logged;
 }
 
 /* Checks that the last call's failure reached the log callback at error level. */
 static void check_logged(void) {
-    check(last_log_level == RPMI_LOG_ERROR && last_log[0] != '\0', "  ... and its reason reached the log callback",
-          last_log);
-    last_log[0] = '\0';
-    last_log_level = 0;
+    char seen[sizeof last_log];
+    pthread_mutex_lock(&stub_lock);
+    memcpy(seen, last_log, sizeof seen);
+    pthread_mutex_unlock(&stub_lock);
+    check(error_logged(), "  ... and its reason reached the log callback", seen);
+}
+
+/* A call that fails, made on a host thread of its own: its reason reaches log on that thread before the
+ * call returns (the one callback a host's own thread sees, section 4 of the specification). */
+struct failing_call {
+    rpmi_instance *instance;
+    int rc;
+    int logged;
+};
+
+static void *fail_on_own_thread(void *arg) {
+    struct failing_call *call = arg;
+    watch_log_of_this_thread();
+    call->rc = plugin->service_complete(call->instance, 0, RPMI_OK, NULL);
+    call->logged = error_logged();
+    return NULL;
+}
+
+/* A task whose last words are `cmd=abort exitcode=5` and which then leaves: the host writes them on the
+ * task's end and closes it, instead of running a task, and destroys the instance without calling progress.
+ * destroy serves what tasks wrote before they left, so the abort reaches the host: on the progress thread in
+ * thread mode, inside destroy on the calling thread (here the main thread) in event-loop mode. */
+static void check_last_words(const rpmi_job_info *job, const rpmi_host_ops *ops, int event_loop) {
+    const char *mode = event_loop ? "event-loop mode" : "thread mode";
+    char what[200], err[512] = "";
+    rpmi_instance *inst = NULL;
+    pthread_mutex_lock(&stub_lock);
+    aborts = 0;
+    abort_code_seen = 0;
+    pthread_mutex_unlock(&stub_lock);
+    int rc = plugin->create(job, ops, &inst, err, sizeof err);
+    snprintf(what, sizeof what, "create for an abort as a task's last words (%s) -> RPMI_OK", mode);
+    check_code(what, rc, RPMI_OK, rc == RPMI_OK ? NULL : err);
+    if (rc != RPMI_OK || !inst)
+        return;
+    rpmi_task_env env;
+    memset(&env, 0, sizeof env);
+    env.struct_size = sizeof env;
+    static const char line[] = "cmd=abort exitcode=5\n";
+    int written = plugin->task_init(inst, 0, &env) == RPMI_OK &&
+                  write(env.child_fd, line, sizeof line - 1) == (ssize_t)(sizeof line - 1);
+    snprintf(what, sizeof what, "  ... task_init and the abort line written on the task's end (%s)", mode);
+    check(written, what, NULL);
+    plugin->task_forked(inst, 0); /* the task's end closes: it has left */
+    plugin->destroy(inst);
+    pthread_mutex_lock(&stub_lock);
+    int ok = aborts == 1 && abort_code_seen == 5 && abort_on_main == event_loop;
+    char detail[100];
+    snprintf(detail, sizeof detail, "%d calls, exit code %d, %s the main thread", aborts, abort_code_seen,
+             abort_on_main ? "on" : "not on");
+    pthread_mutex_unlock(&stub_lock);
+    snprintf(what, sizeof what, "  ... destroy served it: abort(exit code 5) on %s (%s)",
+             event_loop ? "the thread calling destroy" : "the progress thread", mode);
+    check(ok, what, detail);
 }
 
 static rpmi_instance *watched_instance;
@@ -771,7 +879,7 @@ static int refusing_watch(void *host_data, rpmi_instance *instance, int fd) {
 }
 
 static int check_errors(const char *plugin_path) {
-    main_thread = pthread_self();
+    watch_log_of_this_thread();
     load_plugin(plugin_path);
     check(plugin->version != NULL, "the plugin table has a version string", plugin->version);
 
@@ -954,6 +1062,17 @@ static int check_errors(const char *plugin_path) {
         check_logged();
         check_code("service_complete for local task 7 of 2 -> RPMI_ERR_INVALID",
                    plugin->service_complete(inst, 7, RPMI_OK, NULL), RPMI_ERR_INVALID, NULL);
+        {
+            struct failing_call call = {.instance = inst, .rc = RPMI_OK, .logged = 0};
+            pthread_t helper;
+            int started = pthread_create(&helper, NULL, fail_on_own_thread, &call) == 0;
+            if (started)
+                pthread_join(helper, NULL);
+            watch_log_of_this_thread();
+            check_code("service_complete with no request pending, on a host thread of its own -> RPMI_ERR_STATE",
+                       started ? call.rc : RPMI_OK, RPMI_ERR_STATE, NULL);
+            check(call.logged, "  ... and its reason reached log on that thread, before the call returned", NULL);
+        }
         check_code("collective_complete with NULL parts but nparts 1 -> RPMI_ERR_INVALID",
                    plugin->collective_complete(inst, RPMI_OK, NULL, 1, NULL), RPMI_ERR_INVALID, NULL);
         check_code("task_exit of task 1 -> RPMI_OK", plugin->task_exit(inst, 1, 0), RPMI_OK, NULL);
@@ -975,6 +1094,13 @@ static int check_errors(const char *plugin_path) {
                        NULL);
             plugin->destroy(inst);
         }
+    }
+
+    check_last_words(&good, &ops, 0);
+    {
+        rpmi_host_ops ev = ops;
+        ev.watch_fd = stub_watch;
+        check_last_words(&good, &ev, 1);
     }
 
     /* NULL instances. */
@@ -1010,6 +1136,7 @@ int main(int argc, char **argv) {
     int event_loop_mode = 0;
     uint32_t n = 0, nnodes = 1;
     int i = 1;
+    main_thread = pthread_self();
     if (argc == 3 && strcmp(argv[1], "--check-errors") == 0)
         return check_errors(argv[2]);
     for (; i < argc && argv[i][0] == '-'; i++) {

@@ -1,12 +1,76 @@
 //! rpmi-run as the plugin's host: the callbacks of `rpmi_host_ops` for one virtual node's instance, the
 //! collective (done on the spot for a one-node job, else through the coordinator), and ending the job.
 
-use crate::link::{Ending, Link};
+use crate::link::Link;
 use crate::plugin::{call, Plugin};
 use rpmi::abi::ffi::{self, rpmi_buf, rpmi_host_ops, rpmi_instance};
+use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+/// Why a node's tasks are ended. The first cause decides the node's exit status, unless a task called
+/// PMI_Abort: the first abort's code always does.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Cause {
+    /// A task called PMI_Abort with this code.
+    Abort(i32),
+    /// A task failed on its own (exited non-zero, was killed, could not be started), or the job could not
+    /// be set up: this is the status.
+    Failed(i32),
+    /// The plugin ended the job because of rank `rank`: a PMI protocol error, or (`lost`) it left while
+    /// others wait for it in a barrier.
+    JobError { rank: u32, lost: bool },
+    /// A signal passed on to the tasks, or the coordinator's order to end them: their own statuses decide.
+    Signal,
+}
+
+/// How a node's part of the job ends: the first cause, and the first abort.
+#[derive(Default, Debug)]
+pub struct Fate {
+    cause: Option<Cause>,
+    abort: Option<i32>,
+}
+
+impl Fate {
+    /// Records `cause`; returns whether it is news: the first cause, or the first abort. Anything else
+    /// follows from the ending (a task rpmi-run killed leaves a barrier, say) and is no new fault.
+    pub fn record(&mut self, cause: Cause) -> bool {
+        let first = self.cause.is_none();
+        if first {
+            self.cause = Some(cause);
+        }
+        match cause {
+            Cause::Abort(code) if self.abort.is_none() => {
+                self.abort = Some(code);
+                true
+            }
+            _ => first,
+        }
+    }
+
+    pub fn ending(&self) -> bool {
+        self.cause.is_some()
+    }
+
+    /// The node's exit status, from each reaped task's rank and code (128+signal if it was killed), in the
+    /// order they were reaped: the first abort's code; else what the first cause gives: a failure's code,
+    /// or for a job error [`JOB_ERROR_EXIT_CODE`], since the tasks rpmi-run then kills did not fail on their
+    /// own (but a lost task that failed gives its own code: the plugin may see it leave before it is reaped);
+    /// else, after a signal, the first failing task's code; else 0.
+    pub fn status(&self, exits: &[(u32, i32)]) -> i32 {
+        let failed = |rank: Option<u32>| {
+            exits.iter().find(|&&(r, code)| code != 0 && rank.is_none_or(|rank| r == rank)).map(|&(_, code)| code)
+        };
+        match (self.abort, self.cause) {
+            (Some(code), _) => code,
+            (None, Some(Cause::Failed(code))) => code,
+            (None, Some(Cause::JobError { rank, lost: true })) => failed(Some(rank)).unwrap_or(JOB_ERROR_EXIT_CODE),
+            (None, Some(Cause::JobError { lost: false, .. })) => JOB_ERROR_EXIT_CODE,
+            (None, Some(Cause::Signal | Cause::Abort(_)) | None) => failed(None).unwrap_or(0),
+        }
+    }
+}
 
 /// What one virtual node's shell holds: the plugin, its instance, its tasks, and how its job ends.
 pub struct Shell {
@@ -15,13 +79,7 @@ pub struct Shell {
     pub instance: OnceLock<usize>,
     /// The way to the other nodes; `None` when this node is the whole job.
     pub link: Option<Link>,
-    /// The job is ending: no more tasks start, every task is killed.
-    pub ending: AtomicBool,
-    /// The exit code a PMI_Abort asked for.
-    pub abort_code: Mutex<Option<i32>>,
-    /// The exit code of the first other reason the plugin ended the job for (a protocol error, a lost task),
-    /// used when no task failed on its own.
-    pub error_code: Mutex<Option<i32>>,
+    fate: Mutex<Fate>,
     /// Process ids of the running tasks.
     pub pids: Mutex<Vec<libc::pid_t>>,
     /// Messages at this level or more urgent are printed (RPMI_LOG_*).
@@ -36,9 +94,7 @@ impl Shell {
             plugin,
             instance: OnceLock::new(),
             link,
-            ending: AtomicBool::new(false),
-            abort_code: Mutex::new(None),
-            error_code: Mutex::new(None),
+            fate: Mutex::new(Fate::default()),
             pids: Mutex::new(Vec::new()),
             verbosity,
             watch: AtomicI32::new(-1),
@@ -49,27 +105,47 @@ impl Shell {
         self.instance.get().copied().unwrap_or(0) as *mut rpmi_instance
     }
 
-    /// Ends the job for a reason found on this node: its tasks get SIGKILL, and so, through the coordinator,
-    /// do every other node's. The link decides which reasons the coordinator hears.
-    pub fn end_job(&self, why: Ending, code: i32) {
-        self.end_job_saying(why, code, "");
+    /// The job is ending: no more tasks start, and a task that fails now was killed, not news.
+    pub fn ending(&self) -> bool {
+        self.fate.lock().map_or(true, |f| f.ending())
     }
 
-    /// `end_job`, saying why: here on one node, else through the coordinator, which says what several nodes
-    /// give alike only once.
-    pub fn end_job_saying(&self, why: Ending, code: i32, message: &str) {
-        self.ending.store(true, Ordering::SeqCst);
-        let told = self.link.as_ref().is_some_and(|link| link.send_ending(why, code, message));
-        if !told && !message.is_empty() {
-            say!("{message}");
+    /// Records `cause`; returns whether it is news (see [`Fate::record`]).
+    fn record(&self, cause: Cause) -> bool {
+        self.fate.lock().is_ok_and(|mut f| f.record(cause))
+    }
+
+    /// This node's exit status, from its reaped tasks (see [`Fate::status`]).
+    pub fn status(&self, exits: &[(u32, i32)]) -> i32 {
+        self.fate.lock().map_or(1, |f| f.status(exits))
+    }
+
+    /// Ends the job for a cause found on this node: its tasks get SIGKILL, and so, through the
+    /// coordinator, do every other node's. `message` says why: if the cause is news it is said (by the
+    /// coordinator, which says only what is news for the whole job), else only at debug level.
+    pub fn end_job(&self, cause: Cause, message: &str) {
+        if self.record(cause) {
+            let told = self.link.as_ref().is_some_and(|link| link.send_ending(cause, message).is_ok());
+            if !told && !message.is_empty() {
+                say!("{message}");
+            }
+        } else {
+            self.debug(message);
         }
         self.signal_all(libc::SIGKILL);
     }
 
     /// Ends this node's part of the job: every task gets `signal`, and no more are started.
     pub fn end(&self, signal: c_int) {
-        self.ending.store(true, Ordering::SeqCst);
+        self.record(Cause::Signal);
         self.signal_all(signal);
+    }
+
+    /// Says what follows from the job's ending, with `--trace` only.
+    pub fn debug(&self, message: &str) {
+        if self.verbosity >= ffi::RPMI_LOG_DEBUG && !message.is_empty() {
+            say!("as the job ends: {message}");
+        }
     }
 
     pub fn signal_all(&self, signal: c_int) {
@@ -161,22 +237,21 @@ unsafe extern "C" fn abort(
 ) {
     let shell = shell(data);
     let message = text(msg, len);
-    let called = reason == ffi::RPMI_ABORT_CALLED;
-    let first = if called { &shell.abort_code } else { &shell.error_code };
-    if let Ok(mut c) = first.lock() {
-        c.get_or_insert(code);
-    }
-    if called {
+    if reason == ffi::RPMI_ABORT_CALLED {
         let sep = if message.is_empty() { "" } else { ": " };
-        say!("rank {rank} called PMI_Abort with exit code {code}{sep}{message}");
+        shell.end_job(Cause::Abort(code), &format!("rank {rank} called PMI_Abort with exit code {code}{sep}{message}"));
     } else {
-        say!("{message}");
+        let lost = reason != ffi::RPMI_ABORT_PROTOCOL;
+        shell.end_job(Cause::JobError { rank, lost }, &message);
     }
-    shell.end_job(if called { Ending::Abort } else { Ending::Error }, code);
 }
 
 unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const std::ffi::c_char, len: usize) {
-    if level <= shell(data).verbosity {
+    let shell = shell(data);
+    if level <= ffi::RPMI_LOG_WARN && shell.ending() {
+        // A barrier that failed as tasks were killed, say: a consequence, not a new fault.
+        shell.debug(&text(msg, len));
+    } else if level <= shell.verbosity {
         say!("{}", text(msg, len));
     }
 }
@@ -184,4 +259,53 @@ unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const st
 unsafe extern "C" fn watch_fd(data: *mut std::ffi::c_void, _: *mut rpmi_instance, fd: c_int) -> c_int {
     shell(data).watch.store(fd, Ordering::SeqCst);
     ffi::RPMI_OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fate(causes: &[Cause]) -> Fate {
+        let mut fate = Fate::default();
+        for &cause in causes {
+            fate.record(cause);
+        }
+        fate
+    }
+
+    #[test]
+    fn only_the_first_cause_and_the_first_abort_are_news() {
+        let mut fate = Fate::default();
+        assert!(!fate.ending());
+        assert!(fate.record(Cause::JobError { rank: 1, lost: false }));
+        assert!(fate.ending());
+        assert!(!fate.record(Cause::JobError { rank: 2, lost: true }));
+        assert!(!fate.record(Cause::Failed(137)));
+        assert!(fate.record(Cause::Abort(7)), "an abort decides the status: news even while ending");
+        assert!(!fate.record(Cause::Abort(9)));
+        assert!(!fate.record(Cause::Signal));
+    }
+
+    #[test]
+    fn tasks_killed_after_a_job_error_did_not_fail_on_their_own() {
+        let killed = [(0, 137), (2, 137)];
+        let protocol = Cause::JobError { rank: 1, lost: false };
+        assert_eq!(fate(&[protocol]).status(&[(1, 137), (0, 137)]), JOB_ERROR_EXIT_CODE);
+        let lost = Cause::JobError { rank: 1, lost: true };
+        assert_eq!(fate(&[lost]).status(&[killed[0], (1, 0), killed[1]]), JOB_ERROR_EXIT_CODE);
+        // The lost task failed on its own: the plugin saw it leave before it was reaped.
+        assert_eq!(fate(&[lost]).status(&[killed[0], (1, 3), killed[1]]), 3);
+        assert_eq!(fate(&[lost, Cause::Failed(3)]).status(&[killed[0], (1, 3)]), 3);
+    }
+
+    #[test]
+    fn an_abort_wins_then_the_first_cause_decides() {
+        let lost = Cause::JobError { rank: 1, lost: true };
+        assert_eq!(fate(&[lost, Cause::Abort(-3)]).status(&[(1, 0), (0, 137)]), -3);
+        assert_eq!(fate(&[Cause::Failed(4), lost]).status(&[(0, 4), (1, 137)]), 4);
+        assert_eq!(fate(&[Cause::Failed(127)]).status(&[(0, 137)]), 127);
+        // Ended by a signal passed on (or the coordinator's order): the tasks' own statuses.
+        assert_eq!(fate(&[Cause::Signal, lost]).status(&[(0, 0), (1, 143), (2, 137)]), 143);
+        assert_eq!(fate(&[]).status(&[(0, 0), (1, 0)]), 0);
+    }
 }

@@ -179,7 +179,8 @@ fn main() {
     if args.nodes == 1 {
         exit(shell::run(&plan, plugin, 0, None));
     }
-    match link::coordinate(args.nodes as usize, |index, link| shell::run(&plan, plugin, index, Some(link))) {
+    let run_node = |index, link| shell::run(&plan, plugin, index, Some(link));
+    match link::coordinate(&plan.cliques, plan.verbosity, run_node) {
         Ok(status) => exit(status),
         Err(e) => die(e),
     }

@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// The most of a line without its newline that `-l` holds per pipe: once it has this much, it passes it
+/// on, labelled and ended by a newline, and labels the rest of the line as a new one.
+const LINE_HELD_MAX: usize = 64 * 1024;
+
 /// Prefixes every line a task writes with `[rank] `, one thread for all tasks (poll over their pipes).
 pub struct Labeler {
     /// (pipe, rank, to stderr?, the start of a line not yet ended)
@@ -65,6 +69,11 @@ impl Labeler {
                         let rest = pending.split_off(last + 1);
                         emit(*rank, *to_err, pending);
                         *pending = rest;
+                    }
+                    // A task that never ends its line must not make rpmi-run hold all it writes.
+                    if pending.len() >= LINE_HELD_MAX {
+                        pending.push(b'\n');
+                        emit(*rank, *to_err, pending);
                     }
                 }
                 for i in closed.into_iter().rev() {

@@ -1,15 +1,14 @@
 //! One virtual node's job shell: creates the node's plugin instance, starts the node's tasks through it, and
 //! reaps them. The whole of rpmi-run for a one-node job; a process of its own per node otherwise.
 
-use crate::host::Shell;
-use crate::link::{Ending, Link};
+use crate::host::{Cause, Shell};
+use crate::link::Link;
 use crate::output;
 use crate::plugin::{call, Plugin};
 use crate::Plan;
 use rpmi::abi::ffi::{self, rpmi_instance, rpmi_job_info, rpmi_task_env};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering;
 
 /// A task of this node: its ranks and, once started, its process.
 struct Task {
@@ -18,7 +17,7 @@ struct Task {
     pid: libc::pid_t,
 }
 
-/// Runs node `index` of the job to its end; returns its exit status (see `wait_for`).
+/// Runs node `index` of the job to its end; returns its exit status (see `host::Fate::status`).
 pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32 {
     let shell: &'static Shell = Box::leak(Box::new(Shell::new(plugin, link, plan.verbosity)));
     let local_ranks = &plan.cliques[index];
@@ -46,7 +45,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
     if call!(plugin, create(&info, &ops, &mut inst, err.as_mut_ptr(), err.len())) != ffi::RPMI_OK {
         // SAFETY: create wrote a NUL-terminated message into err.
         let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-        shell.end_job_saying(Ending::Error, 2, &format!("the plugin refused the job: {msg}"));
+        shell.end_job(Cause::Failed(2), &format!("the plugin refused the job: {msg}"));
         return 2;
     }
     let _ = shell.instance.set(inst as usize);
@@ -65,7 +64,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
 
     let mut tasks: Vec<Task> = Vec::with_capacity(local_ranks.len());
     for (local, &rank) in local_ranks.iter().enumerate() {
-        if shell.ending.load(Ordering::SeqCst) {
+        if shell.ending() {
             break;
         }
         let local = local as u32;
@@ -76,8 +75,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
             env: std::ptr::null(),
         };
         if call!(plugin, task_init(inst, local, &mut env)) != ffi::RPMI_OK {
-            say!("the plugin could not set up rank {rank}");
-            shell.end_job(Ending::Error, 1);
+            shell.end_job(Cause::Failed(1), &format!("the plugin could not set up rank {rank}"));
             break;
         }
         let mut cmd = Command::new(&plan.program[0]);
@@ -122,27 +120,24 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
             }
             Err(e) => {
                 let why = format!("cannot start {}: {e}", plan.program[0].to_string_lossy());
-                shell.end_job_saying(Ending::Failure, 127, &why);
-                if tasks.is_empty() {
-                    finish(shell, event_loop);
-                    return 127;
-                }
+                shell.end_job(Cause::Failed(127), &why);
                 break;
             }
         }
     }
-    if shell.ending.load(Ordering::SeqCst) {
+    if shell.ending() {
         shell.signal_all(libc::SIGKILL);
     }
     let output_thread = labels.map(output::Labeler::start);
 
-    let status = wait_for(shell, &mut tasks);
+    let exits = wait_for(shell, &mut tasks);
     finish(shell, event_loop);
     if let Some(t) = output_thread {
         let _ = t.join();
     }
     drop(signals);
-    status
+    // After `finish`: an abort line served by destroy still decides the status.
+    shell.status(&exits)
 }
 
 /// Stops what drives the instance (hearing the link, then the event loop), then destroys it, which serves
@@ -157,11 +152,10 @@ fn finish(shell: &Shell, event_loop: Option<output::EventLoop>) {
     call!(shell.plugin, destroy(shell.instance()));
 }
 
-/// Reaps every task; ends the job at the first that fails. Returns the node's exit status: the code a
-/// PMI_Abort asked for; else the first failing task's code (128+signal if it was killed); else 1 if the
-/// plugin ended the job (protocol error, lost task); else 0.
-fn wait_for(shell: &Shell, tasks: &mut [Task]) -> i32 {
-    let mut first_failure: Option<i32> = None;
+/// Reaps every task; ends the job at the first that fails on its own. Returns each task's rank and code
+/// (128+signal if it was killed), in the order they were reaped.
+fn wait_for(shell: &Shell, tasks: &mut [Task]) -> Vec<(u32, i32)> {
+    let mut exits = Vec::with_capacity(tasks.len());
     let mut left = tasks.len();
     while left > 0 {
         let mut status = 0;
@@ -178,24 +172,19 @@ fn wait_for(shell: &Shell, tasks: &mut [Task]) -> i32 {
         left -= 1;
         call!(shell.plugin, task_exit(shell.instance(), task.local, status));
         let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
-        if code != 0 && first_failure.is_none() {
-            // Tasks rpmi-run killed itself are not news; the first failure still decides the status.
-            if !shell.ending.load(Ordering::SeqCst) {
-                if libc::WIFSIGNALED(status) {
-                    let sig = libc::WTERMSIG(status);
-                    say!("rank {} was killed by signal {sig}; ending the job", task.rank);
-                } else {
-                    say!("rank {} exited with code {code}; ending the job", task.rank);
-                }
-                shell.end_job(Ending::Failure, code);
-            }
-            first_failure = Some(code);
+        // Tasks rpmi-run killed itself are not news.
+        if code != 0 && !shell.ending() {
+            let why = if libc::WIFSIGNALED(status) {
+                format!("rank {} was killed by signal {}; ending the job", task.rank, libc::WTERMSIG(status))
+            } else {
+                format!("rank {} exited with code {code}; ending the job", task.rank)
+            };
+            shell.end_job(Cause::Failed(code), &why);
         }
+        exits.push((task.rank, code));
         if let Ok(mut pids) = shell.pids.lock() {
             pids.retain(|&p| p != pid);
         }
     }
-    let abort = shell.abort_code.lock().ok().and_then(|c| *c);
-    let error = shell.error_code.lock().ok().and_then(|c| *c);
-    abort.or(first_failure).or(error).unwrap_or(0)
+    exits
 }
