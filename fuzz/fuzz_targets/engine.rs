@@ -233,21 +233,34 @@ impl Wire {
     }
 }
 
-/// Writes `piece` bytes at a time of every task's output (usize::MAX: all of it), as a host would.
-fn drain(shell: &mut Shell, wire: &mut Wire, piece: usize) {
-    while let Some(t) = shell.next_ready() {
-        assert!(t < NTASKS);
-        if !wire.backlog.contains(&t) {
-            wire.backlog.push(t);
+/// Writes `piece` bytes at a time of every task's output (usize::MAX: all of it, and what the input held
+/// back meanwhile brings), as a host would.
+fn drain(shell: &mut Shell, host: &mut FuzzHost, wire: &mut Wire, piece: usize) {
+    loop {
+        while let Some(t) = shell.next_ready() {
+            assert!(t < NTASKS);
+            if !wire.backlog.contains(&t) {
+                wire.backlog.push(t);
+            }
         }
-    }
-    for t in std::mem::take(&mut wire.backlog) {
-        let out = shell.output(t);
-        let n = out.len().min(piece);
-        wire.written(t, &out[..n]);
-        shell.consume(t, n);
-        if !shell.output(t).is_empty() {
-            wire.backlog.push(t);
+        if wire.backlog.is_empty() {
+            return;
+        }
+        for t in std::mem::take(&mut wire.backlog) {
+            let out = shell.output(t);
+            let n = out.len().min(piece);
+            wire.written(t, &out[..n]);
+            shell.consume(t, n);
+            if shell.output(t).is_empty() {
+                // As the driver does once a task's output is written: its held input is parsed.
+                shell.resume(host, t);
+            }
+            if !shell.output(t).is_empty() {
+                wire.backlog.push(t);
+            }
+        }
+        if piece != usize::MAX {
+            return;
         }
     }
 }
@@ -463,18 +476,19 @@ fn run(data: &[u8]) {
             }
         }
         host.misuse = false;
-        drain(&mut shell, &mut wire, piece);
+        drain(&mut shell, &mut host, &mut wire, piece);
         assert!(shell.kvs_bytes() <= kvs_bytes_max, "the KVS holds {} bytes", shell.kvs_bytes());
         let queued = |shell: &Shell| (0..NTASKS).map(|t| shell.output(t).len()).sum::<usize>();
         if piece == usize::MAX {
             assert_eq!(queued(&shell), 0, "output left after a full drain");
+            assert!((0..NTASKS).all(|t| !shell.holds_input(t)), "input held after every answer was written");
         } else if queued(&shell) > 8 * MAX_LINE {
             // The host's socket buffer takes up to 8 KiB before it writes everything.
             assert!(queued(&shell) <= 16 * MAX_LINE, "{} bytes of output queued", queued(&shell));
-            drain(&mut shell, &mut wire, usize::MAX);
+            drain(&mut shell, &mut host, &mut wire, usize::MAX);
         }
     }
-    drain(&mut shell, &mut wire, usize::MAX);
+    drain(&mut shell, &mut host, &mut wire, usize::MAX);
     for t in 0..NTASKS {
         assert!(shell.output(t).is_empty());
     }

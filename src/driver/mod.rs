@@ -6,6 +6,12 @@
 //! without one run [`Driver::run`] on one progress thread for all local tasks (epoll, never a thread per
 //! task). Tasks are answered in [`Turns`] of groups. Task fds are non-blocking; a task that does not read
 //! its answers only holds its own output.
+//!
+//! **A task that does not read its answers** is read no more, until it does: once its connection is full,
+//! epoll watches it for writing only; and while the shell holds input of the task unparsed (its answers
+//! are backed up, [`Shell::holds_input`]), nothing more is read from it either. When a write empties the
+//! task's output, the held input is parsed ([`Shell::resume`]) within the same flush, so a task that has
+//! stopped writing is still answered.
 
 mod turns;
 
@@ -169,7 +175,10 @@ impl<H: Host> Driver<H> {
                 self.take_events()?;
             } else {
                 let task = token as usize;
-                if flags & libc::EPOLLOUT as u32 != 0 && self.output[task] == Output::Blocked {
+                // A hang-up or error is reported even while only EPOLLOUT is watched: the write that
+                // follows then finds the connection closed (even while the task's input is held).
+                let writable = (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+                if flags & writable != 0 && self.output[task] == Output::Blocked {
                     self.output[task] = Output::Unblocked;
                     self.unblocked.push(task);
                 }
@@ -225,11 +234,15 @@ impl<H: Host> Driver<H> {
         Ok(())
     }
 
-    /// Reads what `task` has written, until the connection would block.
+    /// Reads what `task` has written, until the connection would block; nothing while the shell holds input
+    /// of the task.
     fn read(&mut self, task: TaskId) {
         let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
             return;
         };
+        if self.shell.holds_input(task) {
+            return;
+        }
         loop {
             // SAFETY: reading into our own buffer, its length passed.
             let n = unsafe { libc::read(fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
@@ -237,11 +250,8 @@ impl<H: Host> Driver<H> {
                 0 => return self.close(task),
                 n if n > 0 => {
                     self.shell.receive(&mut self.host, task, &self.buf[..n as usize]);
-                    // RFC 13: after a protocol error (or an abort) the connection is closed, once what the
-                    // task is owed (the abort reply) has been sent.
                     if self.shell.is_cut_off(task) {
-                        let _ = self.write(task);
-                        return self.close(task);
+                        return self.cut_off(task);
                     }
                     // Answers are written before more is read, so they never pile up (epoll is
                     // level-triggered: the rest of the input is reported again).
@@ -274,8 +284,10 @@ impl<H: Host> Driver<H> {
     fn write(&mut self, task: TaskId) -> io::Result<()> {
         let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
             // Closed: what it was owed goes nowhere.
-            let n = self.shell.output(task).len();
-            self.shell.consume(task, n);
+            while !self.shell.output(task).is_empty() {
+                let n = self.shell.output(task).len();
+                self.shell.consume(task, n);
+            }
             return Ok(());
         };
         if self.output[task] == Output::Blocked {
@@ -309,9 +321,24 @@ impl<H: Host> Driver<H> {
         }
         // Back to reading only, if it had been waiting to write (one syscall per answer otherwise).
         if std::mem::replace(&mut self.output[task], Output::Flowing) == Output::Unblocked {
-            return self.turns.modify(task, fd, libc::EPOLLIN as u32);
+            self.turns.modify(task, fd, libc::EPOLLIN as u32)?;
+        }
+        if self.shell.holds_input(task) {
+            // Parsed now, though the task may write nothing more; the answers are queued and go out in the
+            // flush this write is part of.
+            self.shell.resume(&mut self.host, task);
+            if self.shell.is_cut_off(task) {
+                self.cut_off(task);
+            }
         }
         Ok(())
+    }
+
+    /// RFC 13: after a protocol error (or an abort) the connection is closed, once what the task is owed
+    /// (the abort reply) has been sent.
+    fn cut_off(&mut self, task: TaskId) {
+        let _ = self.write(task);
+        self.close(task);
     }
 
     fn close(&mut self, task: TaskId) {
@@ -379,3 +406,6 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: both fds are fresh and ours.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
+
+#[cfg(test)]
+mod tests;

@@ -87,7 +87,7 @@ impl Turns {
     pub fn wait(&mut self, ready: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
         let top = if self.groups.is_empty() { &mut *ready } else { &mut self.top_ready[..] };
         // SAFETY: the buffer outlives the call and its length is passed.
-        let n = unsafe { libc::epoll_wait(self.top.as_raw_fd(), top.as_mut_ptr(), top.len() as i32, timeout_ms) };
+        let n = unsafe { libc::epoll_wait(self.top.as_raw_fd(), top.as_mut_ptr(), max_events(top), timeout_ms) };
         if n < 0 {
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
@@ -125,13 +125,18 @@ impl Turns {
         }
         let room = &mut ready[filled..];
         // SAFETY: as above; a zero timeout, since the top set said this group has events.
-        let m = unsafe { libc::epoll_wait(self.groups[group].as_raw_fd(), room.as_mut_ptr(), room.len() as i32, 0) };
+        let m = unsafe { libc::epoll_wait(self.groups[group].as_raw_fd(), room.as_mut_ptr(), max_events(room), 0) };
         if m > 0 {
             self.given += m as usize;
             filled += m as usize;
         }
         Ok(filled)
     }
+}
+
+/// How many events `epoll_wait` may fill in `buf`.
+fn max_events(buf: &[libc::epoll_event]) -> i32 {
+    i32::try_from(buf.len()).unwrap_or(i32::MAX)
 }
 
 #[cfg(test)]

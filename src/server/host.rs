@@ -127,6 +127,11 @@ pub enum HostReply {
     Failed(String),
 }
 
+/// The exit status a host gives a job it ended because of a [`JobError`] when no task failed on its own
+/// (a protocol error, say): not 128 + a signal, which users read as a task killed by that signal (137 looks
+/// like the kernel's out-of-memory killer), and not a code `PMI_Abort` is commonly given.
+pub const JOB_ERROR_EXIT_CODE: i32 = 125;
+
 /// Why a job cannot go on; its `Display` is the message for the job's stderr.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobError {

@@ -15,8 +15,10 @@ pub struct Limits {
     /// Longest request line accepted, newline included. Puts are the longest real requests (about 1100
     /// bytes at the default maxes).
     pub request_line_max: usize,
-    /// Bytes of keys and values one shell may hold, all ranks' together. Over it, a put fails with
-    /// `PMI_ERR_NOMEM` and a barrier bringing in more fails.
+    /// Bytes one shell may hold for the key-value store, all ranks' entries together, each charged its key,
+    /// its value and [`crate::server::kvs::ENTRY_OVERHEAD`], with the puts not yet sent at a barrier
+    /// charged twice their length. Over it, a put fails with `PMI_ERR_NOMEM` and a barrier bringing in
+    /// more fails.
     pub kvs_bytes_max: usize,
     /// Bytes of all lines of one spawn request.
     pub spawn_bytes_max: usize,
@@ -77,19 +79,19 @@ impl Limits {
 
     /// The longest key accepted (the advertised maximum counts the NUL).
     pub fn key_max(&self) -> usize {
-        self.keylen_max as usize - 1
+        (self.keylen_max as usize).saturating_sub(1)
     }
 
     /// The longest kvsname (ours is made to fit).
     pub fn kvsname_len_max(&self) -> usize {
-        self.kvsname_max as usize - 1
+        (self.kvsname_max as usize).saturating_sub(1)
     }
 
     /// The longest value accepted by `put`, and so the longest any `get` returns. It is the least of:
     /// what was advertised (less the NUL); what MPICH 4.0.2's client can read back (see
     /// [`Limits::mpich_vallen`]); what fits on one response line.
     pub fn value_max(&self) -> usize {
-        let advertised = self.vallen_max as usize - 1;
+        let advertised = (self.vallen_max as usize).saturating_sub(1);
         let line = MAX_LINE - GET_RESULT_OVERHEAD;
         advertised.min(self.mpich_vallen()).min(line)
     }

@@ -6,7 +6,7 @@ mod limits;
 mod shell;
 pub mod taskmap;
 
-pub use host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId};
+pub use host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId, JOB_ERROR_EXIT_CODE};
 pub use limits::{Limits, LimitsError};
 pub use shell::{Shell, ShellError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;
@@ -32,7 +32,7 @@ pub struct JobInfo {
 impl JobInfo {
     /// Job information for a job of `task_map.size()` ranks, of which this shell runs `local_ranks`.
     pub fn new(kvsname: impl Into<String>, task_map: TaskMap, local_ranks: Vec<u32>, hostnames: Vec<String>) -> Self {
-        let universe_size = task_map.size() as u32;
+        let universe_size = u32::try_from(task_map.size()).unwrap_or(u32::MAX);
         JobInfo { kvsname: kvsname.into(), task_map, local_ranks, hostnames, universe_size, appnum: 0 }
     }
 

@@ -4,6 +4,12 @@
 //! closed ([`Shell::disconnected`]), hands back what it finished ([`Shell::collective_complete`],
 //! [`Shell::host_reply`]), and writes out what the shell queued for each task ([`Shell::next_ready`],
 //! [`Shell::output`], [`Shell::consume`]). Everything the shell needs from outside goes through [`Host`].
+//!
+//! **Back-pressure.** A task's input is not parsed while more than [`HELD_ABOVE`] bytes of its answers are
+//! unsent: the rest of what the host passed is held ([`Shell::holds_input`]), the host reads nothing more
+//! from the task meanwhile, and calls [`Shell::resume`] once it has written the task's output. So what a
+//! task that pipelines requests without reading the answers costs is bounded by one read of input and
+//! about [`HELD_ABOVE`] bytes of answers, however many requests it sends.
 
 use super::host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId};
 use super::kvs::{self, Bounds, Kvs, PutError, Stored};
@@ -12,9 +18,17 @@ use crate::wire::response::{rc, Line, MAX_LINE};
 use crate::wire::spawn::Progress;
 use crate::wire::{parse, Request, SpawnBuilder};
 use std::fmt;
+use std::sync::Arc;
 
 /// The key under which the server provides the task map (RFC 13).
 pub const PROCESS_MAPPING_KEY: &str = "PMI_process_mapping";
+
+/// A task's input is held, not parsed, while more than this many bytes of its answers are unsent. PMI-1 is
+/// lock-step: a client waits for each answer before it asks again, so it has at most one answer queued
+/// (a line of at most 1 KiB, or the `get_ranks2hosts` answer, which is shared and held apart). Only a task
+/// that pipelines requests without reading its answers gets here. 64 KiB is one read of the driver: past
+/// it, answering more only moves the task's requests into the server's memory as answers.
+const HELD_ABOVE: usize = 64 * 1024;
 
 /// Why a shell could not be made from the host's job information.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,11 +80,31 @@ struct Client {
     partial: Vec<u8>,
     /// Response bytes not yet written to the task.
     out: Vec<u8>,
+    /// The job's `get_ranks2hosts` answer, the shell's one copy, owed after `out`, and how much of it has
+    /// been written. While it is owed the task's input is held.
+    shared: Option<(Arc<[u8]>, usize)>,
+    /// Input taken in but not parsed, because the task's answers were not being read: the rest of one read,
+    /// since the host reads nothing more from the task meanwhile.
+    held: Vec<u8>,
     /// In `Shell::ready`.
     queued: bool,
     /// A job error naming this task has been reported; do not report it twice.
     reported: bool,
     spawn: Option<SpawnBuilder>,
+}
+
+impl Client {
+    /// Whether its answers are backed up: its input is then held, not parsed.
+    fn backed_up(&self) -> bool {
+        self.out.len() > HELD_ABOVE || self.shared.is_some()
+    }
+
+    /// Copies the rest of a shared answer into `out`, so that what is queued next goes after it.
+    fn unshare(&mut self) {
+        if let Some((answer, sent)) = self.shared.take() {
+            self.out.extend_from_slice(answer.get(sent..).unwrap_or_default());
+        }
+    }
 }
 
 /// The PMI-1 server of one job shell.
@@ -91,6 +125,8 @@ pub struct Shell {
     departed: usize,
     collective_pending: bool,
     trace: bool,
+    /// The `get_ranks2hosts` answer, made at the first request: it depends only on the job.
+    ranks2hosts: Option<Arc<[u8]>>,
 }
 
 impl Shell {
@@ -98,8 +134,8 @@ impl Shell {
     pub fn new(job: JobInfo, limits: Limits) -> Result<Shell, ShellError> {
         limits.validate().map_err(|e| ShellError(e.to_string()))?;
         job.validate(&limits)?;
-        let bounds =
-            Bounds { size: job.task_map.size() as u32, key_max: limits.key_max(), value_max: limits.value_max() };
+        let size = u32::try_from(job.task_map.size()).map_err(|_| ShellError("too many ranks".into()))?;
+        let bounds = Bounds { size, key_max: limits.key_max(), value_max: limits.value_max() };
         let mut kvs = Kvs::new(limits.kvs_bytes_max);
         // RFC 13 says an empty value when the mapping does not fit; real clients die on that, and fall back
         // to exchanging hostnames when the key is absent (clients.md). So it is left out instead.
@@ -119,6 +155,8 @@ impl Shell {
                 waiting: Waiting::Nothing,
                 partial: Vec::new(),
                 out: Vec::new(),
+                shared: None,
+                held: Vec::new(),
                 queued: false,
                 reported: false,
                 spawn: None,
@@ -136,6 +174,7 @@ impl Shell {
             departed: 0,
             collective_pending: false,
             trace: false,
+            ranks2hosts: None,
         })
     }
 
@@ -170,14 +209,16 @@ impl Shell {
         self.clients.get(task).is_none_or(|c| c.status == Status::Gone)
     }
 
-    /// Bytes of keys and values this shell holds.
+    /// Bytes this shell holds for the job's key-value store, as charged against `kvs_bytes_max`: every
+    /// entry (key, value and [`kvs::ENTRY_OVERHEAD`]) and the puts since the last barrier, on their way to
+    /// the other shells (twice their length: a buffer that grows by doubling).
     pub fn kvs_bytes(&self) -> usize {
-        self.kvs.bytes()
+        self.kvs.bytes() + self.pending_charge(0)
     }
 
-    /// Takes in bytes task `task` wrote on its PMI connection, and answers every whole line.
-    pub fn receive(&mut self, host: &mut dyn Host, task: TaskId, mut bytes: &[u8]) {
-        let max = self.limits.request_line_max - 1;
+    /// Takes in bytes task `task` wrote on its PMI connection, and answers every whole line, unless the
+    /// task's answers are backed up: then the rest is held until [`Shell::resume`].
+    pub fn receive(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) {
         let Some(c) = self.clients.get_mut(task) else {
             host.log(log::Level::Error, &format!("host bug: bytes for unknown task {task}"));
             return;
@@ -185,44 +226,100 @@ impl Shell {
         if c.status == Status::Gone {
             return;
         }
+        if !c.held.is_empty() {
+            // The host read on although input was held (the driver does not): it goes behind.
+            c.held.extend_from_slice(bytes);
+            return self.resume(host, task);
+        }
+        let taken = self.parse(host, task, bytes);
+        let c = &mut self.clients[task];
+        if c.status != Status::Gone {
+            c.held.extend_from_slice(&bytes[taken..]);
+        }
+    }
+
+    /// Whether the shell holds input of `task` that it has not parsed, because the task's answers are backed
+    /// up. The host reads nothing more from the task until it has written the task's output and called
+    /// [`Shell::resume`].
+    pub fn holds_input(&self, task: TaskId) -> bool {
+        self.clients.get(task).is_some_and(|c| !c.held.is_empty())
+    }
+
+    /// Parses the input held for `task`, as far as its answers allow (all of it, when they have all been
+    /// written). The host calls it when it has written the task's output, whether or not the task wrote
+    /// anything since.
+    pub fn resume(&mut self, host: &mut dyn Host, task: TaskId) {
+        let Some(c) = self.clients.get_mut(task) else {
+            return;
+        };
+        if c.held.is_empty() || c.backed_up() {
+            return;
+        }
+        let mut held = std::mem::take(&mut c.held);
+        let taken = self.parse(host, task, &held);
+        let c = &mut self.clients[task];
+        if c.status != Status::Gone && taken < held.len() {
+            held.drain(..taken);
+            c.held = held;
+        }
+    }
+
+    /// Answers the whole lines of `bytes`, the first one finishing the line carried over, until the task's
+    /// answers are backed up; returns how many bytes it took in (all of them unless it stopped).
+    fn parse(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) -> usize {
+        let max = self.limits.request_line_max - 1;
+        let mut rest = bytes;
+        let c = &mut self.clients[task];
         // Finish the line carried over from the last read; it is the only one ever copied.
         if !c.partial.is_empty() {
-            let Some(nl) = bytes.iter().position(|&b| b == b'\n') else {
-                if c.partial.len() + bytes.len() > max {
+            let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+                if c.partial.len() + rest.len() > max {
                     let line = std::mem::take(&mut c.partial);
-                    return self.line_too_long(host, task, &line);
+                    self.line_too_long(host, task, &line);
+                    return bytes.len();
                 }
-                c.partial.extend_from_slice(bytes);
-                return;
+                c.partial.extend_from_slice(rest);
+                return bytes.len();
             };
+            if c.backed_up() {
+                return 0;
+            }
             if c.partial.len() + nl > max {
                 let line = std::mem::take(&mut c.partial);
-                return self.line_too_long(host, task, &line);
+                self.line_too_long(host, task, &line);
+                return bytes.len();
             }
-            c.partial.extend_from_slice(&bytes[..nl]);
+            c.partial.extend_from_slice(&rest[..nl]);
             let mut line = std::mem::take(&mut c.partial);
             self.line(host, task, &line);
             line.clear();
             self.clients[task].partial = line;
-            bytes = &bytes[nl + 1..];
+            rest = &rest[nl + 1..];
         }
-        while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
-            if self.clients[task].status == Status::Gone {
-                return;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let c = &self.clients[task];
+            if c.status == Status::Gone {
+                return bytes.len();
+            }
+            if c.backed_up() {
+                return bytes.len() - rest.len();
             }
             if nl > max {
-                return self.line_too_long(host, task, &bytes[..nl]);
+                self.line_too_long(host, task, &rest[..nl]);
+                return bytes.len();
             }
-            self.line(host, task, &bytes[..nl]);
-            bytes = &bytes[nl + 1..];
+            self.line(host, task, &rest[..nl]);
+            rest = &rest[nl + 1..];
         }
-        if bytes.is_empty() || self.clients[task].status == Status::Gone {
-            return;
+        if rest.is_empty() || self.clients[task].status == Status::Gone {
+            return bytes.len();
         }
-        if bytes.len() > max {
-            return self.line_too_long(host, task, bytes);
+        if rest.len() > max {
+            self.line_too_long(host, task, rest);
+            return bytes.len();
         }
-        self.clients[task].partial.extend_from_slice(bytes);
+        self.clients[task].partial.extend_from_slice(rest);
+        bytes.len()
     }
 
     /// Task `task`'s PMI connection closed (the task exited, crashed, or closed `PMI_FD`).
@@ -235,6 +332,7 @@ impl Shell {
         }
         let finalized = c.status == Status::Finalized;
         c.partial = Vec::new();
+        c.held = Vec::new();
         self.set_status(task, Status::Gone);
         let c = &mut self.clients[task];
         if c.waiting == Waiting::Barrier {
@@ -320,16 +418,34 @@ impl Shell {
         Some(task)
     }
 
-    /// Output queued for `task`.
+    /// Output queued for `task`, or its first part: once it is consumed, the rest follows.
     pub fn output(&self, task: TaskId) -> &[u8] {
-        self.clients.get(task).map_or(&[], |c| &c.out)
+        match self.clients.get(task) {
+            None => &[],
+            Some(Client { out, shared: Some((answer, sent)), .. }) if out.is_empty() => {
+                answer.get(*sent..).unwrap_or_default()
+            }
+            Some(c) => &c.out,
+        }
     }
 
     /// `n` bytes of `task`'s output were written.
     pub fn consume(&mut self, task: TaskId, n: usize) {
-        if let Some(c) = self.clients.get_mut(task) {
-            let n = n.min(c.out.len());
-            c.out.drain(..n);
+        let Some(c) = self.clients.get_mut(task) else {
+            return;
+        };
+        if let (true, Some((answer, sent))) = (c.out.is_empty(), &mut c.shared) {
+            *sent = sent.saturating_add(n).min(answer.len());
+            if *sent == answer.len() {
+                c.shared = None;
+            }
+            return;
+        }
+        let n = n.min(c.out.len());
+        c.out.drain(..n);
+        // What a backed-up task made the buffer grow to is not kept once written.
+        if c.out.is_empty() && c.out.capacity() > HELD_ABOVE {
+            c.out = Vec::new();
         }
     }
 
@@ -465,8 +581,18 @@ impl Shell {
                 None => self.refuse_service(host, task, Service::Lookup, "service must be a word"),
             },
             Request::GetRanks2Hosts => {
-                let answer = self.job.task_map.ranks2hosts(&self.job.hostnames);
-                self.respond(host, task, |out| out.extend_from_slice(answer.as_bytes()));
+                let Shell { job, clients, ready, trace, ranks2hosts, .. } = self;
+                let answer = ranks2hosts
+                    .get_or_insert_with(|| job.task_map.ranks2hosts(&job.hostnames).into_bytes().into())
+                    .clone();
+                let c = &mut clients[task];
+                if *trace {
+                    trace_lines(host, c.rank, &answer);
+                }
+                // Sent from the shell's one copy, however many tasks ask; the task's input is held meanwhile.
+                c.unshare();
+                c.shared = Some((answer, 0));
+                queue(c, ready);
             }
             Request::SpawnBlock => {
                 self.clients[task].spawn = Some(SpawnBuilder::new(self.limits.spawn_bytes_max));
@@ -485,12 +611,10 @@ impl Shell {
         if value.len() > self.limits.value_max() {
             return Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {}", self.limits.value_max())));
         }
-        // Rewrites by the key's owner are all sent at the barrier, so the contribution is bounded on its own.
-        if self.contribution.len() + key.len() + value.len() + 16 > self.limits.kvs_bytes_max {
-            let full = PutError::Full { bytes_max: self.limits.kvs_bytes_max };
-            return Err((rc::ERR_NOMEM, full.to_string()));
-        }
-        match self.kvs.put(rank, key, value) {
+        // Rewrites by the key's owner are all sent at the barrier: the puts on their way are bounded with
+        // the store, not by it.
+        let pending = self.pending_charge(kvs::encoded_len(rank, key, value));
+        match self.kvs.put_beside(rank, key, value, pending) {
             Ok(Stored::Changed) => {
                 kvs::encode(&mut self.contribution, rank, key, value);
                 Ok(())
@@ -499,6 +623,12 @@ impl Shell {
             Err(e @ PutError::Taken { .. }) => Err((rc::ERR_INVALID_KEY, e.to_string())),
             Err(e @ PutError::Full { .. }) => Err((rc::ERR_NOMEM, e.to_string())),
         }
+    }
+
+    /// What the puts since the last barrier are charged, with `more` bytes of them added: twice their
+    /// length, since the buffer that holds them grows by doubling.
+    fn pending_charge(&self, more: usize) -> usize {
+        self.contribution.len().saturating_add(more).saturating_mul(2)
     }
 
     /// Starts the collective when every local task is in the barrier; fails the barrier when a task that
@@ -568,6 +698,7 @@ impl Shell {
         self.set_status(task, Status::Gone);
         let c = &mut self.clients[task];
         c.spawn = None;
+        c.held = Vec::new();
         // A host request still pending stays so: its answer, when it comes, is dropped quietly.
         if c.waiting == Waiting::Barrier {
             self.entered -= 1;
@@ -603,13 +734,25 @@ fn respond(
     host: &mut dyn Host,
     write: impl FnOnce(&mut Vec<u8>),
 ) {
+    // In order after a shared answer still owed (none is queued then: the task's input is held meanwhile,
+    // and it waits for nothing).
+    c.unshare();
     let start = c.out.len();
     write(&mut c.out);
     if trace {
-        for line in c.out[start..].split_inclusive(|&b| b == b'\n') {
-            host.trace(c.rank, Direction::Server, line.strip_suffix(b"\n").unwrap_or(line));
-        }
+        trace_lines(host, c.rank, &c.out[start..]);
     }
+    queue(c, ready);
+}
+
+fn trace_lines(host: &mut dyn Host, rank: u32, answer: &[u8]) {
+    for line in answer.split_inclusive(|&b| b == b'\n') {
+        host.trace(rank, Direction::Server, line.strip_suffix(b"\n").unwrap_or(line));
+    }
+}
+
+/// Puts the client in the ready queue, if it is not there yet.
+fn queue(c: &mut Client, ready: &mut Vec<TaskId>) {
     if !c.queued {
         c.queued = true;
         // Tasks are few per shell and each has one response at a time: a stack is enough.

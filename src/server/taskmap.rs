@@ -1,6 +1,7 @@
 //! Where every rank runs: the `PMI_process_mapping` value, cliques and Intel's `get_ranks2hosts` answer,
 //! all derived from one [`TaskMap`] the host gives.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// The node (job-shell index) of every rank of the job: `node_of[rank]`.
@@ -18,7 +19,7 @@ impl TaskMap {
     /// `nnodes` nodes with `ppn[i]` ranks each, ranks given out node by node (Slurm's and rpmi-run's
     /// default "block" distribution).
     pub fn block(ppn: &[u32]) -> Self {
-        let node_of = ppn.iter().enumerate().flat_map(|(n, &k)| std::iter::repeat_n(n as u32, k as usize));
+        let node_of = (0..=u32::MAX).zip(ppn).flat_map(|(n, &k)| std::iter::repeat_n(n, k as usize));
         TaskMap { node_of: node_of.collect() }
     }
 
@@ -28,10 +29,10 @@ impl TaskMap {
         let total: u64 = ppn.iter().map(|&k| u64::from(k)).sum();
         let mut node_of = Vec::with_capacity(total as usize);
         while (node_of.len() as u64) < total {
-            for (n, l) in left.iter_mut().enumerate() {
+            for (n, l) in (0..=u32::MAX).zip(left.iter_mut()) {
                 if *l > 0 {
                     *l -= 1;
-                    node_of.push(n as u32);
+                    node_of.push(n);
                 }
             }
         }
@@ -55,7 +56,7 @@ impl TaskMap {
 
     /// The ranks on `node`, ascending: the clique that can share memory.
     pub fn clique(&self, node: u32) -> Vec<u32> {
-        (0..self.node_of.len() as u32).filter(|&r| self.node_of[r as usize] == node).collect()
+        (0..=u32::MAX).zip(&self.node_of).filter(|&(_, &n)| n == node).map(|(r, _)| r).collect()
     }
 
     /// RFC 13's `PMI_process_mapping` value, compressed as its examples show: consecutive ranks on one node
@@ -67,7 +68,7 @@ impl TaskMap {
         while let Some(&node) = rest.first() {
             let run = rest.iter().take_while(|&&n| n == node).count();
             rest = &rest[run..];
-            let run = run as u32;
+            let run = u32::try_from(run).unwrap_or(u32::MAX);
             match blocks.last_mut() {
                 Some((start, count, ppn)) if *ppn == run && start.checked_add(*count) == Some(node) => *count += 1,
                 _ => blocks.push((node, 1, run)),
@@ -83,25 +84,29 @@ impl TaskMap {
 
     /// Intel MPI's two-line `get_ranks2hosts` answer. `hostnames[node]` names each node; nodes with the
     /// same hostname (virtual nodes on one machine) are one host, since Intel requires unique names.
+    /// Hosts come in the order of their first node; the work is linear in ranks and nodes.
     pub fn ranks2hosts(&self, hostnames: &[String]) -> String {
-        // Hosts in node order; `host_of[node]` indexes `hosts`.
-        let mut hosts: Vec<(&str, Vec<u32>)> = Vec::new();
-        let mut host_of = Vec::with_capacity(self.node_count());
-        for node in 0..self.node_count() {
-            let name = hostnames.get(node).map_or("unknown", String::as_str);
-            let i = hosts.iter().position(|(h, _)| *h == name).unwrap_or_else(|| {
-                hosts.push((name, Vec::new()));
-                hosts.len() - 1
-            });
-            host_of.push(i);
+        // `host_of[node]` indexes `names`, the hosts in node order.
+        let mut names: Vec<&str> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        let host_of: Vec<usize> = (0..self.node_count())
+            .map(|node| {
+                let name = hostnames.get(node).map_or("unknown", String::as_str);
+                *index.entry(name).or_insert_with(|| {
+                    names.push(name);
+                    names.len() - 1
+                })
+            })
+            .collect();
+        let mut ranks: Vec<Vec<u32>> = vec![Vec::new(); names.len()];
+        for (rank, &node) in (0..=u32::MAX).zip(&self.node_of) {
+            ranks[host_of[node as usize]].push(rank);
         }
-        for (rank, &node) in self.node_of.iter().enumerate() {
-            hosts[host_of[node as usize]].1.push(rank as u32);
-        }
-        // A node that holds no rank is not a host of the job.
-        hosts.retain(|(_, ranks)| !ranks.is_empty());
         let mut second = String::new();
-        for (name, ranks) in &hosts {
+        let mut count = 0;
+        // A node that holds no rank is not a host of the job.
+        for (name, ranks) in names.iter().zip(&ranks).filter(|(_, r)| !r.is_empty()) {
+            count += 1;
             let _ = write!(second, "{} {} ", name.len(), name);
             for r in ranks {
                 let _ = write!(second, "{r},");
@@ -110,7 +115,7 @@ impl TaskMap {
         }
         second.push('\n');
         // <msglen> counts the second line with its newline, plus one (Intel's spec and worked example).
-        format!("put_ranks2hosts {} {}\n{second}", second.len() + 1, hosts.len())
+        format!("put_ranks2hosts {} {count}\n{second}", second.len() + 1)
     }
 }
 

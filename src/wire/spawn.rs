@@ -149,7 +149,7 @@ impl SpawnBuilder {
                 // Unknown keys are ignored, as RFC 13 asks of parsers.
                 for (prefix, list) in lists {
                     if let Some(index) = key.strip_prefix(prefix) {
-                        if list.len() as u32 >= MAX_ITEMS {
+                        if list.len() >= MAX_ITEMS as usize {
                             return err(format!("more than {MAX_ITEMS} items of one kind"));
                         }
                         list.push((count(index)?, value.to_vec()));
@@ -169,8 +169,8 @@ impl SpawnBuilder {
         if *self.totspawns.get_or_insert(totspawns) != totspawns {
             return err("totspawns differs between blocks");
         }
-        let sofar = b.spawnssofar.unwrap_or(self.done.len() as u32 + 1);
-        if sofar as usize != self.done.len() + 1 {
+        let sofar = b.spawnssofar.map_or(self.done.len() + 1, |s| s as usize);
+        if sofar != self.done.len() + 1 {
             return err(format!("block {} says spawnssofar={sofar}", self.done.len() + 1));
         }
         let args = in_order("arg", b.args, b.argcnt.unwrap_or(0))?;
@@ -184,7 +184,7 @@ impl SpawnBuilder {
             preputs,
             infos,
         });
-        if self.done.len() as u32 == totspawns {
+        if self.done.len() == totspawns as usize {
             Ok(Progress::Done(SpawnRequest { commands: std::mem::take(&mut self.done) }))
         } else {
             Ok(Progress::More)

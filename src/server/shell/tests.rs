@@ -61,9 +61,14 @@ fn send(shell: &mut Shell, host: &mut Recorder, task: TaskId, input: &str) -> St
 }
 
 fn drain(shell: &mut Shell, task: TaskId) -> String {
-    let out = String::from_utf8(shell.output(task).to_vec()).unwrap();
-    shell.consume(task, out.len());
-    out
+    let mut out = Vec::new();
+    while !shell.output(task).is_empty() {
+        let piece = shell.output(task);
+        let n = piece.len();
+        out.extend_from_slice(piece);
+        shell.consume(task, n);
+    }
+    String::from_utf8(out).unwrap()
 }
 
 /// Completes the pending collective with this shell's own contribution and `others`.
@@ -250,17 +255,25 @@ fn malformed_collective_data_fails_the_barrier() {
 #[test]
 fn kvs_byte_bound_refuses_puts_and_job_goes_on() {
     let map = TaskMap::block(&[1]);
-    let limits = Limits { kvs_bytes_max: 64, ..Limits::default() };
+    let limits = Limits { kvs_bytes_max: 600, ..Limits::default() };
     let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
     let mut h = Recorder::default();
-    // PMI_process_mapping ("(vector,(0,1,1))", 35 bytes with its key) is already held.
+    // PMI_process_mapping ("(vector,(0,1,1))") is held: 35 bytes with its key, and the entry's overhead.
+    assert_eq!(s.kvs_bytes(), 35 + kvs::ENTRY_OVERHEAD);
     assert_eq!(send(&mut s, &mut h, 0, "cmd=put kvsname=k key=a value=0123456789\n"), "cmd=put_result rc=0\n");
+    // The entry, and twice "0 a=0123456789\n" on its way to the other shells.
+    assert_eq!(s.kvs_bytes(), 35 + 11 + 2 * kvs::ENTRY_OVERHEAD + 2 * 15);
     assert_eq!(
         send(&mut s, &mut h, 0, "cmd=put kvsname=k key=b value=0123456789abcdefghij\n"),
-        "cmd=put_result rc=2 msg=the_job's_key-value_store_is_full_(64_bytes)\n"
+        "cmd=put_result rc=2 msg=the_job's_key-value_store_is_full_(600_bytes)\n"
     );
     assert_eq!(send(&mut s, &mut h, 0, "cmd=get kvsname=k key=a\n"), "cmd=get_result rc=0 value=0123456789\n");
     assert!(h.errors.is_empty());
+    // Once the puts have gone out at a barrier, only the store is charged.
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(drain(&mut s, 0), "cmd=barrier_out rc=0\n");
+    assert_eq!(s.kvs_bytes(), 35 + 11 + 2 * kvs::ENTRY_OVERHEAD);
 }
 
 #[test]
@@ -581,4 +594,142 @@ fn a_port_too_long_for_a_line_is_a_failed_lookup() {
     send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n");
     s.host_reply(&mut h, 0, HostReply::Port("p".repeat(1000)));
     assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=-1 msg=the_resource_manager_gave_an_unusable_answer\n");
+}
+
+// Back-pressure: a task that pipelines requests without reading its answers.
+
+/// A one-task shell holding `count` keys `k<i>`, each with a value of the longest length that starts with
+/// its index; returns the shell and the values.
+fn shell_with_big_values(count: usize) -> (Shell, Recorder, Vec<String>) {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    let max = s.limits().value_max();
+    let values: Vec<String> = (0..count).map(|i| format!("{i:<0$}", max).replace(' ', "v")).collect();
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(
+            send(&mut s, &mut h, 0, &format!("cmd=put kvsname=kvs_42 key=k{i} value={v}\n")),
+            "cmd=put_result rc=0\n"
+        );
+    }
+    (s, h, values)
+}
+
+/// Writes `task`'s output `piece` bytes at a time, as a host does, resuming the task once it is all written;
+/// returns what was written.
+fn serve(shell: &mut Shell, host: &mut Recorder, task: TaskId, piece: usize) -> String {
+    let mut written = Vec::new();
+    loop {
+        let out = shell.output(task);
+        if out.is_empty() {
+            if !shell.holds_input(task) {
+                return String::from_utf8(written).unwrap();
+            }
+            shell.resume(host, task);
+            assert!(!shell.output(task).is_empty() || shell.is_cut_off(task), "held input was not parsed");
+            continue;
+        }
+        let n = out.len().min(piece);
+        written.extend_from_slice(&out[..n]);
+        shell.consume(task, n);
+    }
+}
+
+/// How many bytes of answers the shell has queued for `task`, its shared answer included.
+fn queued(shell: &Shell, task: TaskId) -> usize {
+    let c = &shell.clients[task];
+    c.out.len() + c.shared.as_ref().map_or(0, |(a, sent)| a.len() - sent)
+}
+
+#[test]
+fn pipelined_requests_wait_while_their_answers_are_unread() {
+    let (mut s, mut h, values) = shell_with_big_values(200);
+    let answer = |i: usize| format!("cmd=get_result rc=0 value={}\n", values[i]);
+    let requests: String = (0..200).map(|i| format!("cmd=get kvsname=kvs_42 key=k{i}\n")).collect();
+    s.receive(&mut h, 0, requests.as_bytes());
+    // 200 answers are 180 KB: the shell stops answering once it holds more than its bound unsent.
+    assert!(queued(&s, 0) <= HELD_ABOVE + answer(0).len(), "{} bytes of answers queued", queued(&s, 0));
+    assert!(s.holds_input(0));
+    // Nothing more is parsed until the answers are written, not even by more input.
+    let before = queued(&s, 0);
+    s.resume(&mut h, 0);
+    s.receive(&mut h, 0, b"cmd=get_appnum\n");
+    assert_eq!(queued(&s, 0), before);
+    // Written a little at a time, every answer comes, in order, the held requests' too.
+    let want: String = (0..200).map(answer).collect::<String>() + "cmd=appnum rc=0 appnum=0\n";
+    assert_eq!(serve(&mut s, &mut h, 0, 1000), want);
+    assert!(!s.holds_input(0));
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn input_held_back_keeps_its_partial_line_and_order() {
+    let (mut s, mut h, values) = shell_with_big_values(100);
+    let answer = |i: usize| format!("cmd=get_result rc=0 value={}\n", values[i]);
+    let request = |i: usize| format!("cmd=get kvsname=kvs_42 key=k{i}\n");
+    // Just enough whole requests to back the answers up, and half of the next one.
+    let whole = HELD_ABOVE / answer(0).len() + 1;
+    let half = request(whole).len() / 2;
+    let first: String = (0..whole).map(request).collect::<String>() + &request(whole)[..half];
+    s.receive(&mut h, 0, first.as_bytes());
+    assert!(queued(&s, 0) > HELD_ABOVE && !s.holds_input(0), "the half line waits as any partial line does");
+    // Its end comes while the answers are backed up: it is held, with what follows.
+    let second: String = request(whole)[half..].to_string() + &(whole + 1..100).map(request).collect::<String>();
+    s.receive(&mut h, 0, second.as_bytes());
+    assert!(s.holds_input(0));
+    assert_eq!(serve(&mut s, &mut h, 0, usize::MAX), (0..100).map(answer).collect::<String>());
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn a_protocol_error_in_held_input_cuts_off_after_what_came_before() {
+    let (mut s, mut h, _) = shell_with_big_values(100);
+    let requests: String = (0..100).map(|i| format!("cmd=get kvsname=kvs_42 key=k{i}\n")).collect();
+    s.receive(&mut h, 0, format!("{requests}hello\ncmd=get_appnum\n").as_bytes());
+    assert!(h.errors.is_empty(), "the bad line is held, not parsed");
+    let answered = serve(&mut s, &mut h, 0, usize::MAX);
+    assert_eq!(answered.lines().count(), 100);
+    assert!(matches!(&h.errors[..], [JobError::Protocol { rank: 0, .. }]));
+    assert!(s.is_cut_off(0) && !s.holds_input(0));
+}
+
+#[test]
+fn held_input_is_dropped_when_the_task_disconnects() {
+    let (mut s, mut h, _) = shell_with_big_values(100);
+    let requests: String = (0..100).map(|i| format!("cmd=get kvsname=kvs_42 key=k{i}\n")).collect();
+    s.receive(&mut h, 0, requests.as_bytes());
+    assert!(s.holds_input(0));
+    s.disconnected(&mut h, 0);
+    assert!(!s.holds_input(0));
+    s.resume(&mut h, 0);
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn ranks2hosts_is_built_once_and_shared() {
+    let map = TaskMap::new(vec![1, 0, 1, 0, 1, 0, 1, 0]);
+    let job = JobInfo::new("k", map, vec![1, 3, 5, 7], vec!["node001".into(), "node002".into()]);
+    let mut s = Shell::new(job, Limits::default()).unwrap();
+    let mut h = Recorder::default();
+    let answer = "put_ranks2hosts 40 2\n7 node001 1,3,5,7, 7 node002 0,2,4,6, \n";
+    // Pipelined with another request: that one waits until the shared answer is written.
+    s.receive(&mut h, 0, b"cmd=get_ranks2hosts\ncmd=get_appnum\n");
+    s.receive(&mut h, 1, b"cmd=get_ranks2hosts\n");
+    let shared = |s: &Shell, t: TaskId| s.clients[t].shared.as_ref().map(|(a, _)| a.clone()).unwrap();
+    assert!(Arc::ptr_eq(&shared(&s, 0), &shared(&s, 1)), "each task got its own copy");
+    assert!(s.holds_input(0));
+    assert_eq!(serve(&mut s, &mut h, 0, 7), format!("{answer}cmd=appnum rc=0 appnum=0\n"));
+    assert_eq!(serve(&mut s, &mut h, 1, usize::MAX), answer);
+    // A later request is answered from the same copy.
+    s.receive(&mut h, 2, b"cmd=get_ranks2hosts\n");
+    assert!(Arc::ptr_eq(&shared(&s, 2), s.ranks2hosts.as_ref().unwrap()));
+}
+
+#[test]
+fn a_task_that_reads_its_answers_is_never_held() {
+    let (mut s, mut h, values) = shell_with_big_values(100);
+    for (i, v) in values.iter().enumerate() {
+        s.receive(&mut h, 0, format!("cmd=get kvsname=kvs_42 key=k{i}\n").as_bytes());
+        assert!(!s.holds_input(0));
+        assert_eq!(drain(&mut s, 0), format!("cmd=get_result rc=0 value={v}\n"));
+    }
 }

@@ -1,0 +1,250 @@
+//! What a task can cost the serving process, measured: each attack runs in a child process (this test binary
+//! run again with `RPMI_BOUNDS_CHILD` naming the attack), which resets its peak resident set
+//! (`/proc/self/clear_refs`), runs the attack, and reports the growth of its peak (`VmHWM`) over its
+//! resident set before; the parent checks the figures against the bounds stated here.
+
+use rpmi::driver::{channel, socketpair, Driver};
+use rpmi::server::{Host, JobError, JobInfo, Limits, Shell, TaskMap};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::thread;
+use std::time::Duration;
+
+/// The variable that makes a test run its attack (the child) instead of checking one (the parent).
+const CHILD: &str = "RPMI_BOUNDS_CHILD";
+/// The prefix of the lines in which a child reports its figures.
+const REPORT: &str = "bounds:";
+
+/// A host for shells whose tasks never reach a barrier; it only checks that nothing goes wrong.
+struct QuietHost;
+
+impl Host for QuietHost {
+    fn collective(&mut self, _contribution: &[u8]) {
+        panic!("no task of these tests enters a barrier");
+    }
+
+    fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {
+        panic!("rank {rank} aborted: {message}");
+    }
+
+    fn job_error(&mut self, error: &JobError) {
+        panic!("{error}");
+    }
+}
+
+/// A figure of this process's `/proc/self/status`, in bytes.
+fn status(field: &str) -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line =
+        status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in /proc/self/status"));
+    let kib: usize = line[field.len()..].trim().trim_end_matches("kB").trim().parse().expect("a size in kB");
+    kib * 1024
+}
+
+/// Resets the peak resident set to the current one (Linux 4.0 and later) and returns the current one.
+fn reset_peak() -> usize {
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM through /proc/self/clear_refs");
+    status("VmRSS:")
+}
+
+/// How far the peak resident set grew over `base`.
+fn peak_growth(base: usize) -> usize {
+    status("VmHWM:").saturating_sub(base)
+}
+
+fn report(key: &str, value: impl std::fmt::Display) {
+    println!("{REPORT} {key}={value}");
+}
+
+/// Runs `test` of this binary as a child with [`CHILD`] set to `attack`, and returns the figures it reported.
+fn run_child(test: &str, attack: &str) -> Vec<(String, u64)> {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, attack)
+        .output()
+        .expect("running the test binary again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the child failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: Vec<(String, u64)> = stdout
+        .lines()
+        // The harness may have begun the line ("test name ... ").
+        .filter_map(|l| l.find(REPORT).map(|at| &l[at + REPORT.len()..]))
+        .filter_map(|l| l.trim().split_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().expect("a figure")))
+        .collect();
+    eprintln!("{attack}: {figures:?}");
+    figures
+}
+
+fn figure(figures: &[(String, u64)], key: &str) -> u64 {
+    figures.iter().find(|(k, _)| k == key).map(|&(_, v)| v).unwrap_or_else(|| panic!("the child reported no {key}"))
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Pipelined get_ranks2hosts.
+
+/// Ranks of the job: 1000 nodes of 100.
+const NODES: u32 = 1000;
+const PER_NODE: u32 = 100;
+/// `cmd=get_ranks2hosts\n` is 20 bytes: 3000 of them are 60 KB of requests, one read's worth.
+const RANKS2HOSTS_REQUESTS: usize = 3000;
+/// The most the serving process may grow by: the answer (built once, 601 KB here), the output the
+/// shell holds for the task and the input it held back, with room for the threads' stacks and buffers.
+const RANKS2HOSTS_GROWTH_MAX: u64 = 4 << 20;
+/// The child stops early (and reports what it reached) once it has grown this much: the attack has then
+/// succeeded, and would go on to take gigabytes.
+const RANKS2HOSTS_GIVE_UP: usize = 64 << 20;
+
+/// One task of a 100,000-rank job, served by a real driver over a real socketpair, writes 60 KB of pipelined
+/// `cmd=get_ranks2hosts` and reads the answers 4 KiB at a time: the server must hold back the task's input
+/// while its answers are unread, instead of answering every request of a read at once.
+#[test]
+fn pipelined_ranks2hosts_cost_a_bounded_amount_of_memory() {
+    if std::env::var(CHILD).as_deref() == Ok("ranks2hosts") {
+        return ranks2hosts_attack();
+    }
+    let figures = run_child("pipelined_ranks2hosts_cost_a_bounded_amount_of_memory", "ranks2hosts");
+    let growth = figure(&figures, "peak_growth");
+    assert!(
+        growth <= RANKS2HOSTS_GROWTH_MAX,
+        "the serving process grew by {} KiB (bound {} KiB)",
+        growth >> 10,
+        RANKS2HOSTS_GROWTH_MAX >> 10
+    );
+    assert_eq!(figure(&figures, "answers"), RANKS2HOSTS_REQUESTS as u64, "not every request was answered");
+}
+
+fn ranks2hosts_attack() {
+    let map = TaskMap::block(&vec![PER_NODE; NODES as usize]);
+    let hosts: Vec<String> = (0..NODES).map(|n| format!("node{n:04}")).collect();
+    let answer = map.ranks2hosts(&hosts).into_bytes();
+    let shell = Shell::new(JobInfo::new("kvs_bounds", map, vec![0], hosts), Limits::default()).expect("a shell");
+    let (_handle, inbox) = channel().expect("a driver channel");
+    let mut driver = Driver::new(shell, QuietHost, inbox).expect("a driver");
+    let (server, task) = socketpair().expect("a socketpair");
+    driver.attach(0, server).expect("attach");
+    let mut reader = UnixStream::from(task);
+    // A server that never answers the held requests fails the test instead of hanging it.
+    reader.set_read_timeout(Some(Duration::from_secs(60))).expect("a read timeout");
+    let mut writer = reader.try_clone().expect("a second handle on the task's end");
+    let requests = b"cmd=get_ranks2hosts\n".repeat(RANKS2HOSTS_REQUESTS);
+    let mut buf = vec![0u8; 4096];
+
+    let base = reset_peak();
+    // Stops the attack once it has plainly succeeded (the server answering every request at once).
+    thread::spawn(move || loop {
+        if status("VmRSS:").saturating_sub(base) > RANKS2HOSTS_GIVE_UP {
+            report("peak_growth", peak_growth(base));
+            report("answers", 0);
+            std::process::exit(0);
+        }
+        thread::sleep(Duration::from_millis(10));
+    });
+    let progress = thread::spawn(move || driver.run());
+    let pipelined = thread::spawn(move || writer.write_all(&requests));
+    let total = answer.len() * RANKS2HOSTS_REQUESTS;
+    let mut read = 0;
+    while read < total {
+        let n = reader.read(&mut buf).expect("reading the answers");
+        assert!(n > 0, "the server closed the connection after {read} of {total} bytes");
+        // Every answer is the same: compare what came with the answer from where it has got to.
+        for (i, chunk) in buf[..n].chunks(answer.len()).enumerate() {
+            let at = (read + i * answer.len()) % answer.len();
+            let first = chunk.len().min(answer.len() - at);
+            let (head, tail) = chunk.split_at(first);
+            assert!(
+                head == &answer[at..at + first] && tail == &answer[..tail.len()],
+                "answers wrong after {read} bytes"
+            );
+        }
+        read += n;
+    }
+    pipelined.join().expect("the writer").expect("writing the requests");
+    drop(reader);
+    progress.join().expect("the progress thread").expect("Driver::run");
+    report("peak_growth", peak_growth(base));
+    report("answers", read / answer.len());
+    report("answer_bytes", answer.len());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A store filled with tiny puts.
+
+/// The store's bound in the tiny-puts attack: about a million entries at their honest charge.
+const TINY_PUTS_KVS_BYTES_MAX: usize = 224 << 20;
+/// The attack gives up after this many puts: with the store's bound honest, a put is refused long before.
+const TINY_PUTS_MAX: usize = 1_500_000;
+/// Puts sent in one `receive`, as a task pipelining them would (their answers stay under the back-pressure
+/// bound).
+const TINY_PUTS_BATCH: usize = 1000;
+
+/// One task puts tiny values (`k<i>=v`) until a put is refused: the shell's count of what it holds must
+/// agree with what the process grew by, within a factor of two (the charge covers the hash table at its
+/// peak, while it grows, so the count is at most twice the growth), and never understate it.
+#[test]
+fn tiny_puts_are_charged_what_they_cost() {
+    if std::env::var(CHILD).as_deref() == Ok("tiny_puts") {
+        return tiny_puts_attack();
+    }
+    let figures = run_child("tiny_puts_are_charged_what_they_cost", "tiny_puts");
+    let (stored, counted, growth) =
+        (figure(&figures, "stored"), figure(&figures, "counted"), figure(&figures, "peak_growth"));
+    assert_eq!(figure(&figures, "refused"), 1, "no put was refused: {stored} puts were counted as {counted} bytes");
+    assert!(counted <= TINY_PUTS_KVS_BYTES_MAX as u64, "the shell holds {counted} bytes, over its bound");
+    // What the shell holds besides the store (its queued answers, the partial line) is small and fixed.
+    let slack = 1 << 20;
+    assert!(
+        growth <= counted + slack,
+        "{stored} puts were counted as {counted} bytes and grew the process by {growth}"
+    );
+    assert!(
+        counted <= 2 * growth,
+        "{stored} puts were counted as {counted} bytes but grew the process by only {growth}"
+    );
+}
+
+fn tiny_puts_attack() {
+    let limits = Limits { kvs_bytes_max: TINY_PUTS_KVS_BYTES_MAX, ..Limits::default() };
+    let job = JobInfo::new("kvs_bounds", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
+    let mut shell = Shell::new(job, limits).expect("a shell");
+    let mut host = QuietHost;
+    let mut requests = Vec::with_capacity(TINY_PUTS_BATCH * 40);
+    let counted_before = shell.kvs_bytes();
+    let (mut stored, mut refused) = (0, false);
+
+    let base = reset_peak();
+    while !refused && stored < TINY_PUTS_MAX {
+        requests.clear();
+        for i in stored..stored + TINY_PUTS_BATCH {
+            writeln!(requests, "cmd=put kvsname=kvs_bounds key=k{i} value=v").expect("a request");
+        }
+        shell.receive(&mut host, 0, &requests);
+        let mut answers = 0;
+        while answers < TINY_PUTS_BATCH {
+            let out = shell.output(0);
+            assert!(!out.is_empty(), "{answers} of {TINY_PUTS_BATCH} puts were answered");
+            for line in out.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                match line {
+                    b"cmd=put_result rc=0" if !refused => stored += 1,
+                    _ if line.starts_with(b"cmd=put_result rc=2 ") => refused = true,
+                    _ => panic!("answer {}: {}", stored, String::from_utf8_lossy(line)),
+                }
+                answers += 1;
+            }
+            let n = out.len();
+            shell.consume(0, n);
+            shell.resume(&mut host, 0);
+        }
+    }
+    report("peak_growth", peak_growth(base));
+    report("counted", shell.kvs_bytes() - counted_before);
+    report("stored", stored);
+    report("refused", u8::from(refused));
+}
