@@ -304,6 +304,9 @@ SlurmctldDebug=info
 SlurmdDebug=info
 PluginDir=$plugindir
 PlugStackConfig=$D/plugstack.conf
+# While $D/hold-launch exists (20 s at most), a job's first launch on a node waits in this prolog: the tests
+# act on srun's collective port before any slurmstepd starts.
+Prolog=$D/prolog.sh
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -329,6 +332,13 @@ EOF
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
   } >"$CONF"
   : >"$D/plugstack.conf"   # keep the host's /etc/slurm/plugstack.conf (SPANK plugins) out of the tests
+  cat >"$D/prolog.sh" <<EOF
+#!/bin/sh
+i=0
+while [ -e "$D/hold-launch" ] && [ \$i -lt 400 ]; do sleep 0.05; i=\$((i + 1)); done
+exit 0
+EOF
+  chmod 755 "$D/prolog.sh"
 }
 
 # Starts one daemon in its own session, detached from our stdio (or "$(... start)" and CI pipes would hang),

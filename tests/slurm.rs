@@ -17,7 +17,7 @@
 #![cfg(feature = "slurm")]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -112,10 +112,16 @@ fn collect(pipe: impl Read + Send + 'static, lines: Option<mpsc::Sender<String>>
 impl Srun {
     /// `srun -Q --mpi=rpmi ARGS...`, each task marked with `mark`.
     fn start(mark: &str, args: &[&str]) -> Srun {
+        Srun::start_with(mark, "rpmi", args, &[])
+    }
+
+    /// `srun -Q --mpi=MPI ARGS...` with `env` added to srun's environment.
+    fn start_with(mark: &str, mpi: &str, args: &[&str], env: &[(&str, &str)]) -> Srun {
         cluster();
         let mut child = Command::new("srun")
-            .args(["-Q", "--mpi=rpmi", &format!("--job-name={mark}")])
+            .args(["-Q", &format!("--mpi={mpi}"), &format!("--job-name={mark}")])
             .args(args)
+            .envs(env.iter().copied())
             .env("RPMI_TEST_MARK", mark)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -432,33 +438,65 @@ fn a_sigkilled_task_ends_the_step_other_node() {
     killed_task_ends_the_step("kill-remote", &["-N3", "-n3"], 1, 3, false);
 }
 
-fn hello_with(secret: [u8; 32]) -> Vec<u8> {
-    let mut f = vec![0, 0, 0, 43, 1];
-    f.extend_from_slice(b"RPMI");
-    f.extend_from_slice(&1u16.to_be_bytes());
-    f.extend_from_slice(&0u32.to_be_bytes());
-    f.extend_from_slice(&secret);
-    f
+/// The local cluster's state directory (where slurm.conf, the logs and the launch hold live).
+fn cluster_dir() -> PathBuf {
+    cluster();
+    Path::new(&std::env::var_os("SLURM_CONF").unwrap()).parent().unwrap().to_path_buf()
 }
 
-/// True if the root closes `s` (EOF or reset) within 15 s.
-fn closed_by_peer(s: &mut TcpStream) -> bool {
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    let mut b = [0u8; 64];
-    match s.read(&mut b) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+/// Everything the cluster's slurmds have logged so far.
+fn slurmd_logs() -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir(cluster_dir().join("log")).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("slurmd-") {
+            all.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+        }
+    }
+    all
+}
+
+/// While it lives, every new job's launch waits in the cluster's prolog (docker/slurm-cluster.sh), so a test
+/// can act on srun's collective port before any slurmstepd has started.
+struct LaunchHold(PathBuf);
+
+impl LaunchHold {
+    fn new() -> LaunchHold {
+        let path = cluster_dir().join("hold-launch");
+        std::fs::write(&path, b"").unwrap();
+        LaunchHold(path)
     }
 }
 
+impl Drop for LaunchHold {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The port of the collective root in srun `pid`: its one IPv6 listening socket (srun's own ports are IPv4).
+fn root_port(pid: u32) -> Option<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(String::from))
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/tcp6").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.get(3) == Some(&"0A") && f.get(9).is_some_and(|i| inodes.iter().any(|x| x == i)))
+            .then(|| u16::from_str_radix(f[1].rsplit(':').next()?, 16).ok())
+            .flatten()
+    })
+}
+
 #[test]
-fn a_connection_without_the_secret_is_refused_and_the_job_goes_on() {
+fn the_collective_port_closes_once_every_node_is_in() {
     let _s = serial();
-    let mark = marker("secret");
+    let mark = marker("port-closed");
     let flag = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{mark}.go"));
     let _ = std::fs::remove_file(&flag);
-    // Rank 0 prints where the root listens; every rank waits for the flag before its exchange.
+    // Rank 0 prints where the root listened; every rank waits for the flag before its exchange.
     let script = format!(
         "if [ \"$PMI_RANK\" = 0 ]; then echo \"root $SLURM_SRUN_COMM_HOST $RPMI_SLURM_PORT\"; fi; \
          for i in $(seq 600); do [ -e {flag} ] && break; sleep 0.1; done; exec {} exchange",
@@ -468,22 +506,144 @@ fn a_connection_without_the_secret_is_refused_and_the_job_goes_on() {
     let run = Srun::start(&mark, &["-N3", "-n3", "bash", "-c", &script]);
     let line = run.line(|l| l.starts_with("root "));
     let w: Vec<&str> = line.split_whitespace().collect();
-    let addr = format!("{}:{}", w[1], w[2]);
-
-    let mut wrong = TcpStream::connect(&addr).expect("the collective port takes connections");
-    wrong.write_all(&hello_with([0x5a; 32])).unwrap();
-    assert!(closed_by_peer(&mut wrong), "a HELLO with a wrong secret was not refused");
-    let mut garbage = TcpStream::connect(&addr).unwrap();
-    garbage.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-    assert!(closed_by_peer(&mut garbage), "garbage was not refused");
-    // One that says nothing at all stays open while the job goes on, and holds nothing up.
-    let _silent = TcpStream::connect(&addr).unwrap();
-
+    // Every stepd is in before a task runs: nobody, with or without the secret, can connect any more.
+    let refused = TcpStream::connect(format!("{}:{}", w[1], w[2]));
+    assert!(refused.is_err(), "the collective port still takes connections after every node joined");
     std::fs::write(&flag, b"").unwrap();
     let run = run.wait();
     let _ = std::fs::remove_file(&flag);
     assert_success(&run);
     assert!(run.stdout.contains("exchange: size=3"), "the job did not complete its exchange: {run}");
+}
+
+#[test]
+fn idle_connections_to_the_collective_port_do_not_stop_the_step() {
+    let _s = serial();
+    let mark = marker("idle-conns");
+    let hold = LaunchHold::new();
+    let run = Srun::start(&mark, &["-N3", "-n3", probe(), "exchange"]);
+    let until = Instant::now() + Duration::from_secs(15);
+    let port = loop {
+        if let Some(p) = root_port(run.child.id()) {
+            break p;
+        }
+        assert!(Instant::now() < until, "srun never opened its collective port");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // What anyone on the network can do: hold connections open to the port before the stepds come.
+    let idle: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    drop(hold);
+    let run = run.wait();
+    drop(idle);
+    assert_success(&run);
+    assert!(run.stdout.contains("exchange: size=3"), "{run}");
+    assert!(!run.stderr.contains("refused"), "refusals reached the job's stderr: {run}");
+}
+
+/// The job id of the job named `mark`, once slurmctld knows it.
+fn job_id(mark: &str) -> String {
+    let until = Instant::now() + GUARD;
+    loop {
+        let out = Command::new("squeue").args(["-h", "-o", "%i", &format!("--name={mark}")]).output().unwrap();
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !id.is_empty() {
+            return id;
+        }
+        assert!(Instant::now() < until, "no job named {mark}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// tests/slurm/spoof_env.c built as a preload library, once.
+fn spoof_env() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("spoof_env.so");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/spoof_env.c");
+        let status = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&out).arg(&src).arg("-ldl").status();
+        assert!(status.is_ok_and(|s| s.success()), "cc failed on {}", src.display());
+        out
+    })
+}
+
+#[test]
+fn ids_spoofed_in_the_environment_do_not_end_another_jobs_step() {
+    let _s = serial();
+    // The victim: another job's step, not an MPI one.
+    let victim_mark = marker("victim");
+    let victim = Srun::start_with(&victim_mark, "none", &["-N1", "-n1", "sleep", "120"], &[]);
+    let victim_job = job_id(&victim_mark);
+    // The attacker's srun puts the victim's ids in its step's environment, then dies while its step runs: each
+    // stepd (root) then ends the step it serves, which must be its own.
+    let mark = marker("spoofer");
+    let preload = spoof_env().to_str().unwrap();
+    let env = [("LD_PRELOAD", preload), ("RPMI_SPOOF_JOB_ID", victim_job.as_str()), ("RPMI_SPOOF_STEP_ID", "0")];
+    let mut run =
+        Srun::start_with(&mark, "rpmi", &["-N3", "-n3", mpi_pairs().to_str().unwrap(), "hang_before_init=1"], &env);
+    let until = Instant::now() + GUARD;
+    while marked(&mark, None).len() < 3 {
+        assert!(Instant::now() < until, "the attacker's tasks never all started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let spoofed = marked(&mark, None).into_iter().any(|p| env_var(p, "SLURM_JOB_ID").as_deref() == Some(&victim_job));
+    run.child.kill().expect("SIGKILL srun");
+    let _ = run.child.wait();
+    while !marked(&mark, None).is_empty() {
+        assert!(Instant::now() < until, "the attacker's step was not ended when its srun died");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cleanup(&mark);
+    run.stdout.take();
+    // The kill, had it gone to the victim, would have landed by now.
+    std::thread::sleep(Duration::from_secs(2));
+    let out = Command::new("squeue").args(["-h", "-o", "%T", "-j", &victim_job]).output().unwrap();
+    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let logs = slurmd_logs();
+    cleanup(&victim_mark);
+    drop(victim);
+    assert_eq!(state, "RUNNING", "the victim job {victim_job} was ended by another user's step");
+    assert!(
+        logs.contains(&format!("ignored SLURM_JOB_ID={victim_job} in the step's environment")),
+        "the stepd did not say it ignored the spoofed id (spoofed into the tasks' environment: {spoofed})"
+    );
+}
+
+#[test]
+fn the_wire_trace_goes_to_the_jobs_stderr_not_the_daemons_log() {
+    let _s = serial();
+    let mark = marker("trace");
+    let run = Srun::start_with(&mark, "rpmi", &["-N3", "-n3", probe(), "exchange"], &[("PMI_DEBUG", "1")]).wait();
+    assert_success(&run);
+    for rank in 0..3 {
+        let want = format!("rpmi: rank {rank} C: cmd=init");
+        assert!(run.stderr.contains(&want), "no `{want}` on the job's stderr: {run}");
+    }
+    let kvsname = run.stderr.lines().find_map(|l| l.split("kvsname=").nth(1)).map(|k| k.split(' ').next().unwrap());
+    let kvsname = kvsname.unwrap_or_else(|| panic!("no kvsname in the trace: {run}"));
+    assert!(!slurmd_logs().contains(kvsname), "the trace of {kvsname} reached slurmd's log");
+}
+
+#[test]
+fn a_protocol_error_ends_the_step_with_status_125() {
+    let _s = serial();
+    let script = format!(
+        "if [ \"$PMI_RANK\" = 1 ]; then printf 'cmd=nonsense \\033[2J\\n' >&$PMI_FD; exec sleep 60; fi; exec {} barrier",
+        probe()
+    );
+    let run = srun(&marker("protocol"), &["-N3", "-n3", "bash", "-c", &script]);
+    assert_eq!(run.status.code(), Some(125), "srun should exit 125 when rpmi ends the step: {run}");
+    assert!(run.stderr.contains("rank 1: PMI protocol error"), "{run}");
+    assert!(run.stderr.contains("cmd=nonsense \\x1b[2J"), "the line is not quoted escaped: {run}");
+}
+
+#[test]
+fn an_exchange_over_the_node_bound_ends_the_step_naming_node_size_and_option() {
+    let _s = serial();
+    let args = ["-N3", "-n6", probe(), "exchange", "--puts", "8", "--size", "800"];
+    let run = Srun::start_with(&marker("bound"), "rpmi", &args, &[("RPMI_SLURM_NODE_BYTES_MAX", "4096")]).wait();
+    assert!(!run.status.success(), "{run}");
+    let line = run.stderr.lines().find(|l| l.contains("RPMI_SLURM_NODE_BYTES_MAX")).unwrap_or_else(|| panic!("{run}"));
+    assert!(line.contains("the slurmstepd of n") && line.contains("4096"), "{line}");
 }
 
 #[test]

@@ -2,14 +2,25 @@
 //! secret, starts the collective root and passes what the stepds need in the launch environment;
 //! `mpi_p_client_fini` stops the root and hands srun the exit code of a `PMI_Abort`.
 
+use super::auth::Secret;
 use super::layout;
-use super::root::{Reporter, Root, Step};
+use super::root::{Bound, Outcome, Reporter, Root, Step};
 use super::stepd::{ENV_MAP, ENV_PORT, ENV_SECRET};
 use super::sys::{self, mpi_plugin_client_info_t, slurm_step_layout_t, Slurm, NO_VAL};
-use super::wire::Secret;
+use crate::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::net::TcpListener;
 use std::sync::Mutex;
+
+/// Options srun takes from its own environment (the user's: they bound only what srun itself gathers).
+pub const ENV_NODE_BYTES_MAX: &str = "RPMI_SLURM_NODE_BYTES_MAX";
+pub const ENV_EXCHANGE_BYTES_MAX: &str = "RPMI_SLURM_EXCHANGE_BYTES_MAX";
+/// Their defaults: a node's part of one exchange, and all parts together (a stepd's key-value store holds at
+/// most 512 MiB, so a larger exchange could not be taken in anyway).
+const NODE_BYTES_MAX: usize = 256 << 20;
+const EXCHANGE_BYTES_MAX: usize = 512 << 20;
+/// The most either may be set to: what one frame's 32-bit length can carry.
+const BYTES_MAX_LIMIT: usize = (u32::MAX as usize) - (1 << 20);
 
 /// What `mpi_p_client_prelaunch` returns to srun (`mpi_plugin_client_state_t *`).
 pub struct Client {
@@ -39,6 +50,9 @@ impl Reporter for SrunReporter {
     fn info(&mut self, message: &str) {
         self.slurm.info(message);
     }
+    fn debug(&mut self, message: &str) {
+        self.slurm.log(log::Level::Debug, message);
+    }
     fn end_step(&mut self) {
         if let Err(e) = self.slurm.kill_step(self.job, self.step, libc::SIGKILL) {
             self.slurm.error(&format!("cannot end step {}.{}: {e}", self.job, self.step));
@@ -58,13 +72,16 @@ pub unsafe fn task_map(layout: &slurm_step_layout_t) -> Result<Vec<u32>, String>
     }
     let mut node_of = vec![u32::MAX; size];
     for node in 0..nodes {
-        let count = *layout.tasks.add(node) as usize;
-        let tids = *layout.tids.add(node);
+        // SAFETY: node < node_cnt, and `tasks` (not NULL, checked above) has node_cnt entries.
+        let count = unsafe { *layout.tasks.add(node) } as usize;
+        // SAFETY: node < node_cnt, and `tids` (not NULL, checked above) has node_cnt entries.
+        let tids = unsafe { *layout.tids.add(node) };
         if count > 0 && tids.is_null() {
             return Err(format!("no task ids for node {node}"));
         }
         for i in 0..count {
-            let rank = *tids.add(i) as usize;
+            // SAFETY: i < count, and `tids` (not NULL when count > 0, checked above) has this node's count ids.
+            let rank = unsafe { *tids.add(i) } as usize;
             match node_of.get_mut(rank) {
                 Some(slot) if *slot == u32::MAX => *slot = node as u32,
                 _ => return Err(format!("task {rank} of a {size}-task step appears twice or is out of range")),
@@ -86,7 +103,8 @@ pub unsafe fn prelaunch(
     env: *mut *mut *mut c_char,
 ) -> Result<*mut c_void, String> {
     let slurm = sys::slurm();
-    let info = info.as_ref().ok_or("no step information")?;
+    // SAFETY: the caller's contract: `info` is NULL or srun's step information, valid for the call.
+    let info = unsafe { info.as_ref() }.ok_or("no step information")?;
     if env.is_null() {
         return Err("no environment".into());
     }
@@ -98,31 +116,56 @@ pub unsafe fn prelaunch(
             info.het_job_id
         ));
     }
-    let layout = info.step_layout.as_ref().ok_or("no step layout")?;
-    let node_of = task_map(layout)?;
+    // SAFETY: NULL or srun's step layout, valid for the call.
+    let layout = unsafe { info.step_layout.as_ref() }.ok_or("no step layout")?;
+    // SAFETY: Slurm's step layout: `tasks` and `tids` have node_cnt entries.
+    let node_of = unsafe { task_map(layout) }?;
     let nodes = layout.node_cnt as usize;
     let list = if layout.node_list.is_null() {
         String::new()
     } else {
-        CStr::from_ptr(layout.node_list).to_string_lossy().into_owned()
+        // SAFETY: not NULL (checked above): Slurm's NUL-terminated node list.
+        unsafe { CStr::from_ptr(layout.node_list) }.to_string_lossy().into_owned()
     };
-    let node_names = match slurm.expand_nodelist(&list) {
-        Ok(names) if names.len() == nodes => names,
-        _ => (0..nodes).map(|n| format!("node {n}")).collect(),
+    let (node_names, addresses) = match slurm.expand_nodelist(&list) {
+        Ok(names) if names.len() == nodes => {
+            // Only where slurm.conf gives every node's address: a node it cannot place must not be refused.
+            let addresses: Option<Vec<_>> = names.iter().map(|n| slurm.node_address(n)).collect();
+            (names, addresses)
+        }
+        _ => ((0..nodes).map(|n| format!("node {n}")).collect(), None),
     };
+    let part_max = bound(ENV_NODE_BYTES_MAX, NODE_BYTES_MAX)?;
+    let exchange_max = bound(ENV_EXCHANGE_BYTES_MAX, EXCHANGE_BYTES_MAX)?;
     let secret = Secret::generate().map_err(|e| format!("no random bytes for the step's secret: {e}"))?;
     let listener = listen().map_err(|e| format!("cannot open the collective port: {e}"))?;
     let map = layout::encode(&node_of);
-    let step_info = Step { node_names, node_of, secret };
+    let hex = secret.to_hex();
+    let step_info = Step { node_names, node_of, secret, addresses, part_max, exchange_max };
     let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job, step }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
-    for (name, value) in [(ENV_PORT, root.port().to_string()), (ENV_SECRET, secret.to_hex()), (ENV_MAP, map)] {
-        slurm.setenv(env, &text(name.to_string()), &text(value))?;
+    for (name, value) in [(ENV_PORT, root.port().to_string()), (ENV_SECRET, hex), (ENV_MAP, map)] {
+        // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
+        unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
     }
     let client = Box::into_raw(Box::new(Client { root }));
     live().push(client as usize);
     Ok(client.cast())
+}
+
+/// A byte bound from srun's environment, or its default.
+fn bound(option: &'static str, default: usize) -> Result<Bound, String> {
+    let bytes = match std::env::var(option) {
+        Err(_) => default,
+        Ok(text) => text
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&b| b > 0 && b <= BYTES_MAX_LIMIT)
+            .ok_or_else(|| format!("{option}={text} is not a number of bytes from 1 to {BYTES_MAX_LIMIT}"))?,
+    };
+    Ok(Bound { bytes, option })
 }
 
 /// The collective port: every address, as srun's other listening sockets (the stepds connect to
@@ -162,14 +205,21 @@ pub unsafe fn fini(state: *mut c_void) -> c_int {
     };
     l.swap_remove(i);
     drop(l);
-    let client = Box::from_raw(state as *mut Client);
-    exit_code(client.root.stop().abort_code)
+    // SAFETY: `state` was in the list: a live client `prelaunch` boxed, now taken out of it, so freed once.
+    let client = unsafe { Box::from_raw(state as *mut Client) };
+    exit_code(&client.root.stop())
 }
 
-/// srun's exit code for an abort with `code`: as a process would exit with it (its low 8 bits). srun takes
-/// any non-zero value over the tasks' statuses, which show only the SIGKILL that ended the step.
-pub fn exit_code(abort_code: Option<i32>) -> c_int {
-    abort_code.map_or(0, |c| c & 0xff)
+/// srun's exit code for the step (0 leaves srun's own): an abort's code as a process would exit with it (its
+/// low 8 bits), or [`JOB_ERROR_EXIT_CODE`] when rpmi ended a step none of whose tasks failed on its own.
+/// srun takes any non-zero value over the tasks' statuses, which then show only the SIGKILL that ended the
+/// step.
+pub fn exit_code(outcome: &Outcome) -> c_int {
+    match outcome.abort_code {
+        Some(c) => c & 0xff,
+        None if outcome.job_error => JOB_ERROR_EXIT_CODE,
+        None => 0,
+    }
 }
 
 /// `fini` in srun: stops the roots srun did not give back.
@@ -190,19 +240,26 @@ mod tests {
         let mut tasks = [2u16, 1, 3];
         let mut ids = [vec![0u32, 3], vec![1], vec![2, 4, 5]];
         let mut tids: Vec<*mut u32> = ids.iter_mut().map(|v| v.as_mut_ptr()).collect();
+        // SAFETY: all zeroes is a valid layout: integers and NULL pointers.
         let mut layout: slurm_step_layout_t = unsafe { std::mem::zeroed() };
         layout.node_cnt = 3;
         layout.task_cnt = 6;
         layout.tasks = tasks.as_mut_ptr();
         layout.tids = tids.as_mut_ptr();
+        // SAFETY: `tasks` and `tids` have node_cnt entries, each node's ids as many as
+        // `tasks` says, all alive through the test.
         assert_eq!(unsafe { task_map(&layout) }, Ok(vec![0, 1, 2, 0, 2, 2]));
+        // SAFETY: the last of node 2's three ids.
         let last = |v: u32| unsafe { *tids[2].add(2) = v };
         last(3);
+        // SAFETY: as above.
         assert!(unsafe { task_map(&layout) }.is_err());
         last(9);
+        // SAFETY: as above.
         assert!(unsafe { task_map(&layout) }.is_err());
         layout.task_cnt = 7;
         last(5);
+        // SAFETY: as above.
         assert!(unsafe { task_map(&layout) }.unwrap_err().contains("task 6 has no node"));
     }
 
@@ -215,9 +272,12 @@ mod tests {
 
     #[test]
     fn exit_codes() {
-        assert_eq!(exit_code(None), 0);
-        assert_eq!(exit_code(Some(7)), 7);
-        assert_eq!(exit_code(Some(-1)), 255);
-        assert_eq!(exit_code(Some(256)), 0);
+        let code = |abort_code, job_error| exit_code(&Outcome { abort_code, ended: true, job_error });
+        assert_eq!(exit_code(&Outcome::default()), 0);
+        assert_eq!(code(Some(7), false), 7);
+        assert_eq!(code(Some(-1), false), 255);
+        assert_eq!(code(Some(256), false), 0);
+        assert_eq!(code(None, true), JOB_ERROR_EXIT_CODE);
+        assert_eq!(code(None, false), 0);
     }
 }

@@ -4,9 +4,9 @@
 //! ```text
 //!  srun                                   slurmstepd (one per node)                    tasks
 //!  client_prelaunch:                      slurmstepd_prefork:
-//!    task map from step_layout              read RPMI_SLURM_*, find this node by
-//!    secret (32 random bytes)               SLURMD_NODENAME in SLURM_STEP_NODELIST
-//!    root thread: TCP listener  <-------    connect + HELLO(secret), Shell + Driver,
+//!    task map from step_layout              step ids and node index from Slurm's step
+//!    secret (32 random bytes)               record; RPMI_SLURM_* from the environment
+//!    root thread: TCP listener  <-------    connect + challenge-response, Shell + Driver,
 //!    env RPMI_SLURM_PORT/SECRET/MAP         socketpair per task, progress + uplink threads
 //!                                         slurmstepd_task (forked child):      PMI_FD PMI_RANK
 //!  root: gather one CONTRIB per node        PMI_FD, PMI_RANK, PMI_SIZE,  ----> PMI_SIZE PMI_JOBID
@@ -17,19 +17,22 @@
 //!  client_fini: stop root; exit code of a PMI_Abort
 //! ```
 //!
-//! The wire protocol and its authentication are in [`wire`]; the root in [`root`]; the stepd side in
-//! [`stepd`]; srun's side in [`client`]; the layout encoding in [`layout`]; Slurm's types and functions in
-//! [`sys`]. The plugin is not linked against libslurm: it finds the `slurm_*` functions it needs in the
+//! The wire protocol is in [`wire`] and its challenge-response in [`auth`]; the root in [`root`]; the stepd
+//! side in [`stepd`] and its connection to the root in [`uplink`]; srun's side in [`client`]; the layout
+//! encoding in [`layout`]; Slurm's types and functions in [`sys`]. The plugin is not linked against libslurm: it finds the `slurm_*` functions it needs in the
 //! process that loads it (srun and slurmstepd carry libslurmfull).
 //!
 //! Every exported function catches panics and returns an error code: nothing unwinds into Slurm and the
 //! daemon is never aborted.
 
+pub mod auth;
 pub mod client;
 pub mod layout;
 pub mod root;
 pub mod stepd;
 pub mod sys;
+pub mod trace;
+pub mod uplink;
 pub mod wire;
 
 use std::ffi::{c_char, c_int, c_void};
@@ -96,7 +99,8 @@ pub unsafe extern "C" fn mpi_p_client_prelaunch(
     job: *const mpi_plugin_client_info_t,
     env: *mut *mut *mut c_char,
 ) -> *mut c_void {
-    guard(std::ptr::null_mut(), || match client::prelaunch(job, env) {
+    // SAFETY: srun's pointers, as the caller's contract says.
+    guard(std::ptr::null_mut(), || match unsafe { client::prelaunch(job, env) } {
         Ok(state) => state,
         Err(e) => {
             sys::slurm().error(&e);
@@ -111,16 +115,21 @@ pub unsafe extern "C" fn mpi_p_client_prelaunch(
 /// `state` is what `mpi_p_client_prelaunch` returned.
 #[no_mangle]
 pub unsafe extern "C" fn mpi_p_client_fini(state: *mut c_void) -> c_int {
-    guard(0, || client::fini(state))
+    // SAFETY: srun gives back what `mpi_p_client_prelaunch` returned.
+    guard(0, || unsafe { client::fini(state) })
 }
 
 /// slurmstepd, before it forks the tasks (as root).
 ///
 /// # Safety
-/// `env` is the step's environment as Slurm passes it; `job` is not read.
+/// `job` is slurmstepd's step record and `env` the step's environment, as Slurm passes them.
 #[no_mangle]
-pub unsafe extern "C" fn mpi_p_slurmstepd_prefork(_job: *const c_void, env: *mut *mut *mut c_char) -> c_int {
-    guard(SLURM_ERROR, || code(stepd::prefork(env)))
+pub unsafe extern "C" fn mpi_p_slurmstepd_prefork(
+    job: *const sys::stepd_step_rec_t,
+    env: *mut *mut *mut c_char,
+) -> c_int {
+    // SAFETY: slurmstepd's step record and environment, as the caller's contract says.
+    guard(SLURM_ERROR, || code(unsafe { stepd::prefork(job, env) }))
 }
 
 /// In each forked task child, before exec (as the job's user).
@@ -132,7 +141,8 @@ pub unsafe extern "C" fn mpi_p_slurmstepd_task(
     job: *const mpi_plugin_task_info_t,
     env: *mut *mut *mut c_char,
 ) -> c_int {
-    guard(SLURM_ERROR, || stepd::task(job, env))
+    // SAFETY: Slurm's pointers for this task, as the caller's contract says.
+    guard(SLURM_ERROR, || unsafe { stepd::task(job, env) })
 }
 
 /// The plugin has no `mpi.conf` options.

@@ -1,32 +1,54 @@
 //! The collective root, run by srun in one thread for the life of the step: every node's slurmstepd
-//! connects to it, authenticates with the step's secret, and sends its part of each collective; when every
-//! node's part of an epoch is in, the root sends all of them to every node. It is also where aborts, job
-//! errors and lost nodes are reported: the root prints the message on srun's stderr and ends the step.
+//! connects to it, proves it serves the step ([`super::auth`]), and sends its part of each collective; when
+//! every node's part of an epoch is in, the root sends all of them to every node. It is also where aborts,
+//! job errors and lost nodes are reported: the root prints the message on srun's stderr and ends the step.
 //!
 //! One thread, one epoll set over the listener and every connection, non-blocking I/O, so a slow or hostile
 //! peer holds up nobody. The gathered frame is built once per epoch and shared by every node's send queue.
+//!
+//! **Admission.** A connection's first bytes are read as soon as it is accepted and whenever it is readable,
+//! so a real stepd is admitted within two round trips. Connections still in the handshake are held in a
+//! table of at least as many as the step has nodes (plus [`HANDSHAKE_SPARE`]); when it is full the oldest is
+//! dropped, never the newest, and a stepd whose connection is dropped before it was admitted tries again
+//! ([`super::uplink`]), so idle or slow connections from elsewhere can delay real stepds but not keep them
+//! out. Where srun knows the nodes' addresses, connections from other addresses are refused. Once every node
+//! is admitted the listener is closed: nobody else can connect at all. Refusals are counted and logged at
+//! debug level, at most once per [`REFUSAL_LOG_EVERY`]: never on the job's stderr.
+//!
+//! **Bounds.** A node's part of one exchange is at most [`Step::part_max`] bytes and all parts together at
+//! most [`Step::exchange_max`]; over either, the step ends with a message naming the node, the size and the
+//! option that sets the bound.
 
-use super::wire::{self, FrameBuf, Secret, ToRoot, FRAME_MAX, HELLO_LEN};
+use super::auth::{self, Role, Secret, Transcript};
+use super::wire::{self, FrameBuf, FrameError, ToRoot, CONTROL_MAX, HELLO_LEN, PROOF_LEN_ON_WIRE};
 use crate::driver::{epoll_create, epoll_ctl};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long a new connection may take to authenticate.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections not yet authenticated, at most (more are refused at once).
-const UNAUTHENTICATED_MAX: usize = 64;
+/// How long a new connection may take to complete the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Room for connections in the handshake beyond one per node.
+pub const HANDSHAKE_SPARE: usize = 64;
+/// Refusals are logged at most this often (with how many there were).
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+/// After an accept fails for want of resources (no fds left), the listener rests this long at first, doubling
+/// up to a second, instead of failing again at once on every pass.
+const ACCEPT_REST_FIRST: Duration = Duration::from_millis(10);
+const ACCEPT_REST_MAX: Duration = Duration::from_secs(1);
 
 /// Where the root's verdicts go: srun's stderr and Slurm in srun, a recorder in tests.
 pub trait Reporter: Send + 'static {
     /// The first fatal event of the step: printed as an error.
     fn error(&mut self, message: &str);
-    /// Everything else worth a line.
+    /// Everything else worth a line for the user.
     fn info(&mut self, message: &str);
+    /// What only someone debugging wants (refused connections): not on the job's stderr by default.
+    fn debug(&mut self, message: &str);
     /// Ends the step (srun: `slurm_kill_job_step(.., SIGKILL)`).
     fn end_step(&mut self);
 }
@@ -38,6 +60,9 @@ pub struct Outcome {
     pub abort_code: Option<i32>,
     /// The step was ended because of an error (abort, job error, lost node).
     pub ended: bool,
+    /// It was ended for a job error that no task's own failure explains (a protocol error): srun's status
+    /// must then say so itself, since the tasks' show only the SIGKILL that ended the step.
+    pub job_error: bool,
 }
 
 /// The step as the root sees it.
@@ -47,6 +72,19 @@ pub struct Step {
     /// The node of every rank.
     pub node_of: Vec<u32>,
     pub secret: Secret,
+    /// The addresses the nodes' stepds connect from, where Slurm knows them; `None` admits any address.
+    pub addresses: Option<Vec<IpAddr>>,
+    /// Bytes one node may contribute to one exchange, and the option that sets it.
+    pub part_max: Bound,
+    /// Bytes all nodes together may contribute to one exchange, and the option that sets it.
+    pub exchange_max: Bound,
+}
+
+/// A size bound and the name of the option that sets it (for messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub bytes: usize,
+    pub option: &'static str,
 }
 
 /// A running root; [`Root::stop`] ends it.
@@ -73,7 +111,7 @@ impl Root {
             super::stepd::block_signals();
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.run())) {
                 Ok(outcome) => outcome,
-                Err(_) => Outcome { abort_code: None, ended: true },
+                Err(_) => Outcome { ended: true, ..Outcome::default() },
             }
         })?;
         Ok(Root { port, stop, thread: Some(thread) })
@@ -107,16 +145,35 @@ impl Drop for Root {
 const LISTENER: u64 = u64::MAX;
 const STOP: u64 = u64::MAX - 1;
 
+/// How far a connection has come.
+#[derive(Clone, Copy)]
+enum Stage {
+    /// Accepted; its HELLO has not come.
+    Hello,
+    /// CHALLENGE sent; its PROOF has not come.
+    Proof(Transcript),
+    /// Admitted as this node.
+    Node(u32),
+}
+
 struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
-    /// The node, once authenticated.
-    node: Option<u32>,
+    stage: Stage,
     since: Instant,
     input: FrameBuf,
     output: VecDeque<(Arc<Vec<u8>>, usize)>,
     /// EPOLLOUT is being watched.
     want_write: bool,
+}
+
+impl Conn {
+    fn node(&self) -> Option<u32> {
+        match self.stage {
+            Stage::Node(n) => Some(n),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
@@ -130,21 +187,47 @@ enum NodeState {
     Lost,
 }
 
+/// The listener's rest after an accept failed for want of resources.
+#[derive(Clone, Copy)]
+struct Rest {
+    /// While out of the epoll set: when it goes back.
+    until: Option<Instant>,
+    /// How long this rest is; the next failure rests twice as long.
+    length: Duration,
+}
+
+/// Refused connections since the last line about them.
+struct Refusals {
+    count: u64,
+    last: String,
+    logged: Option<Instant>,
+}
+
 struct State {
     step: Step,
     reporter: Box<dyn Reporter>,
-    listener: TcpListener,
+    /// Closed once every node is admitted.
+    listener: Option<TcpListener>,
+    /// Set after an accept failed for want of resources, until one succeeds.
+    resting: Option<Rest>,
     /// Kept open while the thread watches it (the [`Root`] holds the other reference).
     _stop: Arc<OwnedFd>,
     epoll: OwnedFd,
     conns: Vec<Option<Conn>>,
+    /// Connections in the handshake, and how many may be.
+    in_handshake: usize,
+    handshake_max: usize,
     nodes: Vec<NodeState>,
-    /// The collective being gathered.
+    admitted: usize,
+    /// The collective being gathered, and its bytes so far.
     epoch: u32,
     parts: Vec<Option<Vec<u8>>>,
     have: usize,
-    /// Ranks that closed their connection without finalize: (rank, node).
+    gathered: usize,
+    /// Ranks that closed their connection without finalize, with their node.
     gone: Vec<(u32, u32)>,
+    gone_seen: Vec<bool>,
+    refusals: Refusals,
     outcome: Outcome,
     /// srun is done with the step: the root takes in what is left and stops.
     stopping: bool,
@@ -158,18 +241,26 @@ impl State {
         epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, listener.as_raw_fd(), libc::EPOLLIN as u32, LISTENER)?;
         epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, stop.as_raw_fd(), libc::EPOLLIN as u32, STOP)?;
         let n = step.node_names.len();
+        let size = step.node_of.len();
         Ok(State {
             step,
             reporter,
-            listener,
+            listener: Some(listener),
+            resting: None,
             _stop: stop,
             epoll,
             conns: Vec::new(),
+            in_handshake: 0,
+            handshake_max: n + HANDSHAKE_SPARE,
             nodes: vec![NodeState::default(); n],
+            admitted: 0,
             epoch: 0,
             parts: vec![None; n],
             have: 0,
+            gathered: 0,
             gone: Vec::new(),
+            gone_seen: vec![false; size],
+            refusals: Refusals { count: 0, last: String::new(), logged: None },
             outcome: Outcome::default(),
             stopping: false,
             last_expiry: Instant::now(),
@@ -184,8 +275,12 @@ impl State {
     fn run(&mut self) -> Outcome {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
+            let timeout = match self.resting.and_then(|r| r.until) {
+                Some(until) => until.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000) as i32,
+                None => 1000,
+            };
             // SAFETY: the buffer outlives the call and its length is passed.
-            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), 64, 1000) };
+            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), 64, timeout) };
             if n < 0 {
                 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -209,9 +304,10 @@ impl State {
                     }
                 }
             }
+            self.wake_listener();
             if self.last_expiry.elapsed() >= Duration::from_secs(1) {
                 self.last_expiry = Instant::now();
-                self.expire_unauthenticated();
+                self.expire_handshakes();
             }
             if stopping {
                 // Take in what the stepds sent before srun's step ended (an abort from the last task).
@@ -220,10 +316,11 @@ impl State {
                     self.read(t);
                 }
                 // Tell the stepds still connected that the close which follows is the normal end.
-                let end = Arc::new(wire::FromRoot::End.encode());
+                let end = Arc::new(control(&wire::FromRoot::End));
                 for n in 0..self.nodes.len() as u32 {
                     self.send(n, end.clone());
                 }
+                self.log_refusals(true);
                 return self.outcome.clone();
             }
         }
@@ -231,30 +328,33 @@ impl State {
 
     fn accept(&mut self) {
         loop {
-            let (stream, mut peer) = match self.listener.accept() {
+            let Some(listener) = &self.listener else { return };
+            let (stream, mut peer) = match listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.reporter.info(&format!("accept on the collective port failed: {e}"));
-                    return;
-                }
+                Err(e) => return self.rest_listener(e),
             };
+            self.resting = None;
             // The dual-stack socket sees IPv4 peers as ::ffff:a.b.c.d: show them as users know them.
             if let SocketAddr::V6(v6) = peer {
                 if let Some(v4) = v6.ip().to_ipv4_mapped() {
                     peer = SocketAddr::new(v4.into(), v6.port());
                 }
             }
-            let unauthenticated = self.conns.iter().flatten().filter(|c| c.node.is_none()).count();
-            if unauthenticated >= UNAUTHENTICATED_MAX {
-                self.reporter.info(&format!("refused a connection from {peer}: too many unauthenticated ones"));
-                continue;
+            if let Some(allowed) = &self.step.addresses {
+                if !allowed.contains(&peer.ip()) {
+                    self.refuse(peer, "not the address of any of the step's nodes");
+                    continue;
+                }
             }
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
             let _ = stream.set_nodelay(true);
+            if self.in_handshake >= self.handshake_max {
+                self.drop_oldest_handshake();
+            }
             let token = match self.conns.iter().position(Option::is_none) {
                 Some(t) => t,
                 None => {
@@ -267,27 +367,99 @@ impl State {
             {
                 continue;
             }
+            self.in_handshake += 1;
             self.conns[token] = Some(Conn {
                 stream,
                 peer,
-                node: None,
+                stage: Stage::Hello,
                 since: Instant::now(),
                 input: FrameBuf::default(),
                 output: VecDeque::new(),
                 want_write: false,
             });
+            // A stepd sends HELLO as soon as it is connected: it is usually here already.
+            self.read(token as u64);
         }
     }
 
-    fn expire_unauthenticated(&mut self) {
+    /// An accept failed: for want of resources (out of fds, memory) the listener rests a while, out of the
+    /// epoll set, instead of being reported ready (and failing) on every pass.
+    fn rest_listener(&mut self, e: io::Error) {
+        let starved = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
+        if !starved {
+            // The connection went away before it was taken (ECONNABORTED and the like): nothing to rest for.
+            return;
+        }
+        let length = self.resting.map_or(ACCEPT_REST_FIRST, |r| (r.length * 2).min(ACCEPT_REST_MAX));
+        self.resting = Some(Rest { until: Some(Instant::now() + length), length });
+        if let Some(l) = &self.listener {
+            let _ = epoll_ctl(&self.epoll, libc::EPOLL_CTL_DEL, l.as_raw_fd(), 0, LISTENER);
+        }
+        self.refuse(None::<SocketAddr>, &format!("cannot accept connections: {e}"));
+    }
+
+    /// Puts a resting listener back in the epoll set once its rest is over.
+    fn wake_listener(&mut self) {
+        let Some(rest) = self.resting.as_mut() else { return };
+        if rest.until.is_none_or(|t| Instant::now() < t) {
+            return;
+        }
+        // The length stays until an accept succeeds, so that the next failure rests longer.
+        rest.until = None;
+        if let Some(l) = &self.listener {
+            let _ = epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, l.as_raw_fd(), libc::EPOLLIN as u32, LISTENER);
+        }
+    }
+
+    /// Counts a refused connection; says so at debug level, at most once per [`REFUSAL_LOG_EVERY`].
+    fn refuse(&mut self, peer: impl Into<Option<SocketAddr>>, why: &str) {
+        let r = &mut self.refusals;
+        r.count += 1;
+        r.last = match peer.into() {
+            Some(p) => format!("from {p}: {why}"),
+            None => why.to_string(),
+        };
+        self.log_refusals(false);
+    }
+
+    fn log_refusals(&mut self, last: bool) {
+        let r = &mut self.refusals;
+        if r.count == 0 || (!last && r.logged.is_some_and(|t| t.elapsed() < REFUSAL_LOG_EVERY)) {
+            return;
+        }
+        let line = format!(
+            "refused {} connection{} to the collective port; the last {}",
+            r.count,
+            if r.count == 1 { "" } else { "s" },
+            r.last
+        );
+        r.count = 0;
+        r.logged = Some(Instant::now());
+        self.reporter.debug(&line);
+    }
+
+    fn drop_oldest_handshake(&mut self) {
+        let oldest = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(t, c)| c.as_ref().filter(|c| c.node().is_none()).map(|c| (c.since, t)))
+            .min();
+        if let Some((_, t)) = oldest {
+            let peer = self.conns[t].as_ref().map(|c| c.peer);
+            self.refuse(peer, "the oldest of too many connections in the handshake");
+            self.drop_conn(t as u64);
+        }
+    }
+
+    fn expire_handshakes(&mut self) {
         let now = Instant::now();
         for t in 0..self.conns.len() {
-            if let Some(c) = &self.conns[t] {
-                if c.node.is_none() && now.duration_since(c.since) > HELLO_TIMEOUT {
-                    let peer = c.peer;
-                    self.reporter.info(&format!("closed a connection from {peer}: no authentication in time"));
-                    self.drop_conn(t as u64);
-                }
+            let Some(c) = &self.conns[t] else { continue };
+            if c.node().is_none() && now.duration_since(c.since) > HANDSHAKE_TIMEOUT {
+                let peer = c.peer;
+                self.refuse(peer, "no handshake in time");
+                self.drop_conn(t as u64);
             }
         }
     }
@@ -314,91 +486,161 @@ impl State {
         }
     }
 
+    /// The largest frame a connection at `stage` may send.
+    fn frame_max(&self, stage: Stage) -> usize {
+        match stage {
+            Stage::Hello => HELLO_LEN,
+            Stage::Proof(_) => PROOF_LEN_ON_WIRE,
+            Stage::Node(_) => CONTROL_MAX.max(wire::all_len(1, self.step.part_max.bytes) - 4),
+        }
+    }
+
     /// Handles every whole frame in `token`'s input; false if the connection was dropped.
     fn frames(&mut self, token: u64) -> bool {
         loop {
+            let Some(c) = self.conns.get(token as usize).and_then(Option::as_ref) else { return false };
+            let (stage, peer) = (c.stage, c.peer);
+            let max = self.frame_max(stage);
             let Some(c) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return false };
-            let (node, peer) = (c.node, c.peer);
-            let max = if node.is_some() { FRAME_MAX } else { HELLO_LEN };
             let msg = match c.input.next(max) {
                 Ok(None) => return true,
-                Ok(Some(payload)) => ToRoot::decode(payload),
-                Err(e) => Err(e),
+                Ok(Some(payload)) => ToRoot::decode(payload).map_err(|e| e.to_string()),
+                Err(FrameError::TooLarge { len, .. }) if matches!(stage, Stage::Node(_)) => {
+                    let Stage::Node(n) = stage else { return false };
+                    let what = format!(
+                        "the slurmstepd of {} sent {len} bytes for one PMI exchange, over the limit of {} bytes \
+                         per node ({}: raise it in srun's environment if the job needs more)",
+                        self.node_name(n),
+                        self.step.part_max.bytes,
+                        self.step.part_max.option
+                    );
+                    self.fatal(what, None);
+                    self.drop_conn(token);
+                    return false;
+                }
+                Err(e) => Err(e.to_string()),
             };
             let msg = match msg {
                 Ok(m) => m,
                 Err(e) => {
-                    match node {
-                        None => self.reporter.info(&format!("refused a connection from {peer}: {e}")),
-                        Some(n) => {
+                    match stage {
+                        Stage::Node(n) => {
                             let what = format!("the slurmstepd of {} sent a {e}", self.node_name(n));
                             self.fatal(what, None);
                         }
+                        _ => self.refuse(peer, &e),
                     }
                     self.drop_conn(token);
                     return false;
                 }
             };
-            match (node, msg) {
-                (None, ToRoot::Hello { node, secret }) => {
-                    if !self.step.secret.matches(&secret) {
-                        self.reporter.info(&format!("refused a connection from {peer}: wrong secret"));
-                        self.drop_conn(token);
-                        return false;
-                    }
-                    match self.nodes.get(node as usize) {
-                        Some(NodeState::Unconnected) => {
-                            self.nodes[node as usize] = NodeState::Connected(token);
-                            if let Some(c) = self.conns[token as usize].as_mut() {
-                                c.node = Some(node);
-                            }
-                        }
-                        _ => {
-                            self.reporter.info(&format!(
-                                "refused a connection from {peer}: node index {node} is unknown or already connected"
-                            ));
-                            self.drop_conn(token);
-                            return false;
-                        }
-                    }
+            let keep = match (stage, msg) {
+                (Stage::Hello, ToRoot::Hello { node, nonce }) => self.hello(token, node, nonce),
+                (Stage::Proof(t), ToRoot::Proof { proof }) => self.proof(token, t, proof),
+                (Stage::Hello | Stage::Proof(_), _) => {
+                    self.refuse(peer, "no handshake");
+                    false
                 }
-                (None, _) => {
-                    self.reporter.info(&format!("refused a connection from {peer}: no authentication"));
-                    self.drop_conn(token);
-                    return false;
+                (Stage::Node(n), msg) => self.message(token, n, msg),
+            };
+            if !keep {
+                self.drop_conn(token);
+                return false;
+            }
+        }
+    }
+
+    fn hello(&mut self, token: u64, node: u32, stepd_nonce: auth::Nonce) -> bool {
+        let peer = self.conns[token as usize].as_ref().map(|c| c.peer);
+        if self.nodes.get(node as usize) != Some(&NodeState::Unconnected) {
+            self.refuse(peer, &format!("node index {node} is unknown or already connected"));
+            return false;
+        }
+        let Ok(root_nonce) = auth::nonce() else {
+            self.refuse(peer, "no random bytes for a challenge");
+            return false;
+        };
+        if let Some(c) = self.conns[token as usize].as_mut() {
+            c.stage = Stage::Proof(Transcript { node, stepd_nonce, root_nonce });
+        }
+        self.queue(token, Arc::new(control(&wire::FromRoot::Challenge { nonce: root_nonce })));
+        true
+    }
+
+    fn proof(&mut self, token: u64, t: Transcript, proof: auth::Proof) -> bool {
+        let peer = self.conns[token as usize].as_ref().map(|c| c.peer);
+        if !self.step.secret.verify(Role::Stepd, &t, &proof) {
+            self.refuse(peer, "wrong proof of the step's secret");
+            return false;
+        }
+        if self.nodes[t.node as usize] != NodeState::Unconnected {
+            self.refuse(peer, &format!("node index {} is already connected", t.node));
+            return false;
+        }
+        self.nodes[t.node as usize] = NodeState::Connected(token);
+        if let Some(c) = self.conns[token as usize].as_mut() {
+            c.stage = Stage::Node(t.node);
+        }
+        self.in_handshake -= 1;
+        self.admitted += 1;
+        if self.admitted == self.nodes.len() {
+            // Every node is in: nobody else has anything to connect for.
+            self.listener = None;
+            self.resting = None;
+        }
+        let welcome = wire::FromRoot::Welcome { proof: self.step.secret.prove(Role::Root, &t) };
+        self.queue(token, Arc::new(control(&welcome)));
+        true
+    }
+
+    /// A message from admitted node `n`; false if its connection is to be dropped.
+    fn message(&mut self, token: u64, n: u32, msg: ToRoot) -> bool {
+        match msg {
+            ToRoot::Hello { .. } | ToRoot::Proof { .. } => {
+                self.fatal(format!("the slurmstepd of {} authenticated twice", self.node_name(n)), None);
+                false
+            }
+            ToRoot::Contrib { epoch, parts } => {
+                self.contribution(n, epoch, parts);
+                true
+            }
+            ToRoot::Abort { rank, code, message } => {
+                let what = format!(
+                    "rank {rank} on {} called PMI_Abort with exit code {code}{}{}",
+                    self.node_name(n),
+                    if message.is_empty() { "" } else { ": " },
+                    message
+                );
+                self.fatal(what, Some(code));
+                true
+            }
+            ToRoot::Error { rank: _, task_failed, message } => {
+                let what = format!("{message} (on {})", self.node_name(n));
+                if !self.outcome.ended && !task_failed {
+                    self.outcome.job_error = true;
                 }
-                (Some(_), ToRoot::Hello { .. }) => {
-                    self.fatal(format!("{peer} authenticated twice"), None);
-                    self.drop_conn(token);
-                    return false;
-                }
-                (Some(n), ToRoot::Contrib { epoch, parts }) => self.contribution(n, epoch, parts),
-                (Some(n), ToRoot::Abort { rank, code, message }) => {
-                    let what = format!(
-                        "rank {rank} on {} called PMI_Abort with exit code {code}{}{}",
-                        self.node_name(n),
-                        if message.is_empty() { "" } else { ": " },
-                        message
-                    );
-                    self.fatal(what, Some(code));
-                }
-                (Some(n), ToRoot::Error { rank: _, message }) => {
-                    let what = format!("{message} (on {})", self.node_name(n));
+                self.fatal(what, None);
+                true
+            }
+            ToRoot::Gone { rank } => {
+                if self.step.node_of.get(rank as usize) != Some(&n) {
+                    let what =
+                        format!("the slurmstepd of {} reported rank {rank}, not one of its own", self.node_name(n));
                     self.fatal(what, None);
-                }
-                (Some(n), ToRoot::Gone { rank }) => {
-                    self.gone.push((rank, n));
-                    self.check_gone();
-                }
-                (Some(n), ToRoot::Bye) => {
-                    self.nodes[n as usize] = NodeState::Finished;
-                    if let Some(c) = self.conns[token as usize].as_mut() {
-                        c.node = None;
-                    }
-                    self.drop_conn(token);
-                    self.check_finished();
                     return false;
                 }
+                if !std::mem::replace(&mut self.gone_seen[rank as usize], true) {
+                    self.gone.push((rank, n));
+                }
+                self.check_gone();
+                true
+            }
+            ToRoot::Bye => {
+                // Not a loss: the connection is dropped as the stepd asked.
+                self.nodes[n as usize] = NodeState::Finished;
+                self.drop_conn(token);
+                self.check_finished();
+                false
             }
         }
     }
@@ -426,6 +668,21 @@ impl State {
                 );
                 return self.fatal(what, None);
             }
+            self.gathered = self.gathered.saturating_add(bytes.len());
+            if self.gathered > self.step.exchange_max.bytes {
+                let what = format!(
+                    "PMI exchange {} would gather more than {} bytes from the step's nodes (the slurmstepd of {} \
+                     brought {} bytes, {} in all so far), over the limit ({}: raise it in srun's environment if \
+                     the job needs more)",
+                    self.epoch,
+                    self.step.exchange_max.bytes,
+                    self.node_name(node),
+                    bytes.len(),
+                    self.gathered,
+                    self.step.exchange_max.option
+                );
+                return self.fatal(what, None);
+            }
             self.parts[from as usize] = Some(bytes);
             self.have += 1;
         }
@@ -434,9 +691,13 @@ impl State {
                 self.epoch,
                 self.parts.iter().enumerate().map(|(n, p)| (n as u32, p.as_deref().unwrap_or(&[]))),
             );
-            let frame = Arc::new(frame);
+            let frame = match frame {
+                Ok(f) => Arc::new(f),
+                Err(e) => return self.fatal(format!("PMI exchange {}: {e}", self.epoch), None),
+            };
             self.parts.iter_mut().for_each(|p| *p = None);
             self.have = 0;
+            self.gathered = 0;
             self.epoch = self.epoch.wrapping_add(1);
             for n in 0..self.nodes.len() as u32 {
                 self.send(n, frame.clone());
@@ -485,10 +746,9 @@ impl State {
     /// A connection ended. A stepd says BYE before it closes, even when its step is cancelled: one that
     /// closes without it was killed or failed, and the step cannot go on.
     fn closed(&mut self, token: u64) {
-        let node = self.conns.get(token as usize).and_then(Option::as_ref).and_then(|c| c.node);
+        let node = self.conns.get(token as usize).and_then(Option::as_ref).and_then(Conn::node);
         self.drop_conn(token);
         let Some(n) = node else { return };
-        self.nodes[n as usize] = NodeState::Lost;
         let what = format!(
             "lost the connection to the slurmstepd of {}{}: it was killed or failed",
             self.node_name(n),
@@ -515,18 +775,27 @@ impl State {
                     self.send(n, frame.clone());
                 }
             }
+            // Its parts are of no use now.
+            self.parts.iter_mut().for_each(|p| *p = None);
+            self.have = 0;
+            self.gathered = 0;
         }
         if !self.stopping {
             self.reporter.end_step();
         }
     }
 
+    /// Queues `frame` for node `node`, if it is connected.
     fn send(&mut self, node: u32, frame: Arc<Vec<u8>>) {
         if let Some(NodeState::Connected(t)) = self.nodes.get(node as usize).copied() {
-            if let Some(c) = self.conns[t as usize].as_mut() {
-                c.output.push_back((frame, 0));
-                self.write(t);
-            }
+            self.queue(t, frame);
+        }
+    }
+
+    fn queue(&mut self, token: u64, frame: Arc<Vec<u8>>) {
+        if let Some(c) = self.conns.get_mut(token as usize).and_then(Option::as_mut) {
+            c.output.push_back((frame, 0));
+            self.write(token);
         }
     }
 
@@ -565,23 +834,31 @@ impl State {
     fn drop_conn(&mut self, token: u64) {
         if let Some(c) = self.conns.get_mut(token as usize).and_then(Option::take) {
             // Closing the socket removes it from the epoll set.
-            if let Some(n) = c.node {
-                if self.nodes[n as usize] == NodeState::Connected(token) {
-                    self.nodes[n as usize] = NodeState::Lost;
+            match c.node() {
+                Some(n) if self.nodes[n as usize] == NodeState::Connected(token) => {
+                    self.nodes[n as usize] = NodeState::Lost
                 }
+                Some(_) => {}
+                None => self.in_handshake -= 1,
             }
         }
     }
 }
 
 fn fail(epoch: u32, message: &str) -> Vec<u8> {
-    wire::FromRoot::Fail { epoch, message: message.to_string() }.encode()
+    control(&wire::FromRoot::Fail { epoch, message: message.to_string() })
+}
+
+/// A control frame (bounded in size, so it always encodes).
+fn control(m: &wire::FromRoot) -> Vec<u8> {
+    m.encode().unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm::wire::{FromRoot, SECRET_LEN};
+    use crate::slurm::uplink;
+    use crate::slurm::wire::FromRoot;
     use std::sync::{Arc as StdArc, Mutex};
 
     #[derive(Clone, Default)]
@@ -593,6 +870,9 @@ mod tests {
         }
         fn info(&mut self, m: &str) {
             self.0.lock().unwrap().push(format!("info: {m}"));
+        }
+        fn debug(&mut self, m: &str) {
+            self.0.lock().unwrap().push(format!("debug: {m}"));
         }
         fn end_step(&mut self) {
             self.0.lock().unwrap().push("end".into());
@@ -612,30 +892,52 @@ mod tests {
         }
     }
 
-    fn root(nodes: usize, secret: Secret) -> (Root, Record) {
-        let record = Record::default();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let step = Step {
+    const PART_MAX: Bound = Bound { bytes: 1 << 20, option: "RPMI_TEST_PART_MAX" };
+    const EXCHANGE_MAX: Bound = Bound { bytes: 3 << 20, option: "RPMI_TEST_EXCHANGE_MAX" };
+
+    fn step(nodes: usize, secret: &Secret) -> Step {
+        Step {
             node_names: (1..=nodes).map(|n| format!("n{n}")).collect(),
             node_of: (0..nodes as u32).collect(),
-            secret,
-        };
+            secret: secret.clone(),
+            addresses: None,
+            part_max: PART_MAX,
+            exchange_max: EXCHANGE_MAX,
+        }
+    }
+
+    fn start(step: Step) -> (Root, Record) {
+        let record = Record::default();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)
+    }
+
+    fn root(nodes: usize, secret: &Secret) -> (Root, Record) {
+        start(step(nodes, secret))
     }
 
     /// A root for `nodes` nodes with every node's stepd connected and authenticated.
     fn connected(nodes: usize) -> (Root, Record, Vec<TcpStream>) {
         let secret = Secret::generate().unwrap();
-        let (root, record) = root(nodes, secret);
+        let (root, record) = root(nodes, &secret);
         let stepds = (0..nodes as u32).map(|n| stepd(root.port(), n, &secret)).collect();
         (root, record, stepds)
     }
 
+    /// A stepd admitted as `node`, through the stepd's own handshake.
     fn stepd(port: u16, node: u32, secret: &Secret) -> TcpStream {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.write_all(&ToRoot::Hello { node, secret: secret.0 }.encode()).unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let s = uplink::join(&[addr], node, secret, Duration::from_secs(20)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s
+    }
+
+    fn contrib(epoch: u32, node: u32, bytes: &[u8]) -> Vec<u8> {
+        wire::contrib(epoch, node, bytes).unwrap()
+    }
+
+    fn frame(m: ToRoot) -> Vec<u8> {
+        m.encode().unwrap()
     }
 
     fn receive(s: &mut TcpStream) -> FromRoot {
@@ -656,7 +958,7 @@ mod tests {
         let (root, record, mut s) = connected(3);
         for epoch in 0..3u32 {
             for (n, c) in s.iter_mut().enumerate().rev() {
-                c.write_all(&wire::contrib(epoch, n as u32, format!("e{epoch}n{n}").as_bytes())).unwrap();
+                c.write_all(&contrib(epoch, n as u32, format!("e{epoch}n{n}").as_bytes())).unwrap();
             }
             for c in s.iter_mut() {
                 let FromRoot::All { epoch: e, parts } = receive(c) else { panic!("not ALL") };
@@ -665,8 +967,8 @@ mod tests {
                 assert_eq!(parts, want);
             }
         }
-        s[0].write_all(&ToRoot::Bye.encode()).unwrap();
-        s[1].write_all(&ToRoot::Bye.encode()).unwrap();
+        s[0].write_all(&frame(ToRoot::Bye)).unwrap();
+        s[1].write_all(&frame(ToRoot::Bye)).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(root.stop(), Outcome::default());
         // A node still connected when srun is done hears so before the close.
@@ -678,42 +980,188 @@ mod tests {
     #[test]
     fn a_wrong_secret_or_garbage_is_refused_and_the_step_goes_on() {
         let secret = Secret::generate().unwrap();
-        let (root, record) = root(2, secret);
-        let mut wrong = stepd(root.port(), 0, &Secret([0; SECRET_LEN]));
-        assert!(closed(&mut wrong));
-        let mut http = TcpStream::connect(("127.0.0.1", root.port())).unwrap();
+        let (root, record) = root(2, &secret);
+        let addr = SocketAddr::from(([127, 0, 0, 1], root.port()));
+        let wrong = uplink::join(&[addr], 0, &Secret::generate().unwrap(), Duration::from_millis(200));
+        assert!(matches!(wrong, Err(uplink::JoinError::GaveUp { .. })), "{wrong:?}");
+        let mut http = TcpStream::connect(addr).unwrap();
         http.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
         http.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         assert!(closed(&mut http));
         let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
-        // A second connection for a node that is connected already is refused too.
-        let mut dup = stepd(root.port(), 1, &secret);
-        assert!(closed(&mut dup));
+        // Every node is in: the port is closed to everyone, the right secret too.
+        assert!(TcpStream::connect(addr).is_err(), "the collective port still takes connections");
         for (n, c) in s.iter_mut().enumerate() {
-            c.write_all(&wire::contrib(0, n as u32, b"x")).unwrap();
+            c.write_all(&contrib(0, n as u32, b"x")).unwrap();
         }
         for c in s.iter_mut() {
             assert!(matches!(receive(c), FromRoot::All { epoch: 0, .. }));
         }
-        record.wait_for("wrong secret");
         assert_eq!(root.stop(), Outcome::default());
-        assert!(!record.lines().iter().any(|l| l == "end"));
+        let lines = record.lines();
+        assert!(lines.iter().any(|l| l.starts_with("debug: ") && l.contains("wrong proof")), "{lines:?}");
+        // Refusals are for whoever debugs, not the job's stderr.
+        assert!(lines.iter().all(|l| l.starts_with("debug: ")), "{lines:?}");
+    }
+
+    #[test]
+    fn the_secret_never_crosses_the_network() {
+        let secret = Secret::generate().unwrap();
+        let (root, _record) = root(1, &secret);
+        // A relay between the stepd and the root keeps every byte that passes, both ways.
+        let relay = TcpListener::bind("127.0.0.1:0").unwrap();
+        let relay_addr = relay.local_addr().unwrap();
+        let port = root.port();
+        let seen = std::thread::spawn(move || {
+            let (mut a, _) = relay.accept().unwrap();
+            let mut b = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+            let up = std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = a2.read(&mut buf) {
+                    bytes.extend_from_slice(&buf[..n]);
+                    if b.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                bytes
+            });
+            let mut down = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = b2.read(&mut buf) {
+                down.extend_from_slice(&buf[..n]);
+                if a.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = a.shutdown(std::net::Shutdown::Both);
+            [up.join().unwrap(), down].concat()
+        });
+        let mut s = uplink::join(&[relay_addr], 0, &secret, Duration::from_secs(20)).unwrap();
+        s.write_all(&contrib(0, 0, b"a")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert!(matches!(receive(&mut s), FromRoot::All { .. }));
+        s.write_all(&frame(ToRoot::Bye)).unwrap();
+        drop(s);
+        assert_eq!(root.stop(), Outcome::default());
+        let bytes = seen.join().unwrap();
+        let hex = secret.to_hex();
+        let raw: Vec<u8> = (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+        assert!(bytes.len() > 100, "the relay saw the handshake");
+        assert!(!bytes.windows(8).any(|w| raw.windows(8).any(|r| r == w)), "the secret crossed the network");
+        assert!(!bytes.windows(16).any(|w| w == &hex.as_bytes()[..16]), "the secret crossed the network in hex");
+    }
+
+    #[test]
+    fn a_whole_large_step_connecting_at_once_is_admitted() {
+        let nodes = 500;
+        let secret = Secret::generate().unwrap();
+        let (root, record) = root(nodes, &secret);
+        let port = root.port();
+        let stepds: Vec<_> = (0..nodes as u32)
+            .map(|n| {
+                let secret = secret.clone();
+                std::thread::spawn(move || {
+                    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                    uplink::join(&[addr], n, &secret, Duration::from_secs(30))
+                })
+            })
+            .collect();
+        let mut conns: Vec<TcpStream> = stepds.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
+        for (n, c) in conns.iter_mut().enumerate() {
+            c.write_all(&contrib(0, n as u32, b"p")).unwrap();
+        }
+        for c in conns.iter_mut() {
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let FromRoot::All { parts, .. } = receive(c) else { panic!("not ALL") };
+            assert_eq!(parts.len(), nodes);
+        }
+        for c in conns.iter_mut() {
+            c.write_all(&frame(ToRoot::Bye)).unwrap();
+        }
+        assert_eq!(root.stop(), Outcome::default());
+        assert!(!record.lines().iter().any(|l| l.starts_with("error")), "{:?}", record.lines());
+    }
+
+    #[test]
+    fn idle_connections_do_not_keep_the_stepds_out() {
+        let nodes = 3;
+        let secret = Secret::generate().unwrap();
+        let (root, record) = root(nodes, &secret);
+        // More idle connections than the handshake table holds, opened before any stepd comes.
+        let idle: Vec<TcpStream> = (0..nodes + HANDSHAKE_SPARE + 16)
+            .map(|_| TcpStream::connect(("127.0.0.1", root.port())).unwrap())
+            .collect();
+        let mut s: Vec<TcpStream> = (0..nodes as u32).map(|n| stepd(root.port(), n, &secret)).collect();
+        for (n, c) in s.iter_mut().enumerate() {
+            c.write_all(&contrib(0, n as u32, b"x")).unwrap();
+        }
+        for c in s.iter_mut() {
+            assert!(matches!(receive(c), FromRoot::All { .. }));
+        }
+        assert_eq!(root.stop(), Outcome::default());
+        drop(idle);
+        let lines = record.lines();
+        assert!(lines.iter().any(|l| l.contains("the oldest of too many connections")), "{lines:?}");
+        assert!(lines.iter().all(|l| l.starts_with("debug: ")), "{lines:?}");
+    }
+
+    #[test]
+    fn connections_from_other_addresses_are_refused() {
+        let secret = Secret::generate().unwrap();
+        let mut s = step(1, &secret);
+        s.addresses = Some(vec![IpAddr::from([192, 0, 2, 7])]);
+        let (root, record) = start(s);
+        let addr = SocketAddr::from(([127, 0, 0, 1], root.port()));
+        let refused = uplink::join(&[addr], 0, &secret, Duration::from_millis(200));
+        assert!(refused.is_err(), "a connection from 127.0.0.1 was admitted");
+        root.stop();
+        assert!(record.lines().iter().any(|l| l.contains("not the address of any of the step's nodes")));
+
+        let mut s = step(1, &secret);
+        s.addresses = Some(vec![IpAddr::from([127, 0, 0, 1])]);
+        let (root, _) = start(s);
+        stepd(root.port(), 0, &secret);
+        root.stop();
+    }
+
+    #[test]
+    fn a_part_over_its_bound_ends_the_step_naming_node_size_and_option() {
+        let (root, record, mut s) = connected(2);
+        s[1].write_all(&contrib(0, 1, &vec![b'x'; PART_MAX.bytes + 1])).unwrap();
+        record.wait_for("RPMI_TEST_PART_MAX");
+        let lines = record.lines();
+        let error = lines.iter().find(|l| l.starts_with("error")).unwrap();
+        assert!(error.contains("n2") && error.contains(&(PART_MAX.bytes + 1 + 17).to_string()), "{error}");
+        assert!(root.stop().ended);
+    }
+
+    #[test]
+    fn an_exchange_over_its_bound_ends_the_step() {
+        let (root, record, mut s) = connected(4);
+        for (n, c) in s.iter_mut().enumerate() {
+            c.write_all(&contrib(0, n as u32, &vec![b'x'; PART_MAX.bytes])).unwrap();
+        }
+        record.wait_for("RPMI_TEST_EXCHANGE_MAX");
+        assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
+        assert!(root.stop().ended);
     }
 
     #[test]
     fn an_abort_ends_the_step_with_its_code() {
         let secret = Secret::generate().unwrap();
-        let (root, record) = root(2, secret);
+        let (root, record) = root(2, &secret);
         let mut a = stepd(root.port(), 0, &secret);
         let mut b = stepd(root.port(), 1, &secret);
-        b.write_all(&wire::contrib(0, 1, b"")).unwrap();
-        a.write_all(&ToRoot::Abort { rank: 0, code: 7, message: "oops".into() }.encode()).unwrap();
+        b.write_all(&contrib(0, 1, b"")).unwrap();
+        a.write_all(&frame(ToRoot::Abort { rank: 0, code: 7, message: "oops".into() })).unwrap();
         // The node waiting in the exchange is released with a failure.
         assert!(matches!(receive(&mut b), FromRoot::Fail { epoch: 0, .. }));
-        a.write_all(&ToRoot::Error { rank: 1, message: "later".into() }.encode()).unwrap();
+        a.write_all(&frame(ToRoot::Error { rank: 1, task_failed: false, message: "later".into() })).unwrap();
         record.wait_for("later");
         let outcome = root.stop();
-        assert_eq!(outcome, Outcome { abort_code: Some(7), ended: true });
+        assert_eq!(outcome, Outcome { abort_code: Some(7), ended: true, job_error: false });
         let lines = record.lines();
         assert_eq!(lines.iter().filter(|l| l.starts_with("error")).count(), 1, "{lines:?}");
         assert!(lines[0].contains("rank 0 on n1 called PMI_Abort with exit code 7: oops"), "{lines:?}");
@@ -723,9 +1171,9 @@ mod tests {
     #[test]
     fn an_abort_sent_just_before_the_stop_is_seen() {
         let secret = Secret::generate().unwrap();
-        let (root, _record) = root(1, secret);
+        let (root, _record) = root(1, &secret);
         let mut a = stepd(root.port(), 0, &secret);
-        a.write_all(&ToRoot::Abort { rank: 0, code: 3, message: String::new() }.encode()).unwrap();
+        a.write_all(&frame(ToRoot::Abort { rank: 0, code: 3, message: String::new() })).unwrap();
         drop(a);
         assert_eq!(root.stop().abort_code, Some(3));
     }
@@ -733,19 +1181,20 @@ mod tests {
     #[test]
     fn a_lost_node_mid_exchange_ends_the_step() {
         let (root, record, mut s) = connected(3);
-        s[0].write_all(&wire::contrib(0, 0, b"a")).unwrap();
+        s[0].write_all(&contrib(0, 0, b"a")).unwrap();
         drop(s.remove(2));
         assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
-        record.wait_for("lost the connection to the slurmstepd of n3 during a PMI exchange");
+        // Whether the root saw the close before the contribution or after, the exchange fails and says why.
+        record.wait_for("lost the connection to the slurmstepd of n3");
         assert!(root.stop().ended);
     }
 
     #[test]
     fn an_exchange_a_finished_node_cannot_join_fails() {
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&ToRoot::Bye.encode()).unwrap();
+        s[1].write_all(&frame(ToRoot::Bye)).unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        s[0].write_all(&wire::contrib(0, 0, b"a")).unwrap();
+        s[0].write_all(&contrib(0, 0, b"a")).unwrap();
         assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
         record.wait_for("n2 cannot join: every rank on it has closed");
         assert!(root.stop().ended);
@@ -754,10 +1203,10 @@ mod tests {
     #[test]
     fn a_rank_gone_from_a_node_that_has_not_contributed_fails_the_exchange() {
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&ToRoot::Gone { rank: 1 }.encode()).unwrap();
+        s[1].write_all(&frame(ToRoot::Gone { rank: 1 })).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert!(!record.lines().iter().any(|l| l == "end"), "no exchange yet: {:?}", record.lines());
-        s[0].write_all(&wire::contrib(0, 0, b"a")).unwrap();
+        s[0].write_all(&contrib(0, 0, b"a")).unwrap();
         assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
         record.wait_for("rank 1 on n2 closed its PMI connection");
         assert!(root.stop().ended);
@@ -766,12 +1215,12 @@ mod tests {
     #[test]
     fn a_silent_connection_does_not_hold_up_the_step() {
         let secret = Secret::generate().unwrap();
-        let (root, _record) = root(1, secret);
+        let (root, _record) = root(1, &secret);
         let _silent = TcpStream::connect(("127.0.0.1", root.port())).unwrap();
         let mut half = TcpStream::connect(("127.0.0.1", root.port())).unwrap();
         half.write_all(&[0, 0, 0, 43, 1, b'R']).unwrap();
         let mut a = stepd(root.port(), 0, &secret);
-        a.write_all(&wire::contrib(0, 0, b"a")).unwrap();
+        a.write_all(&contrib(0, 0, b"a")).unwrap();
         assert!(matches!(receive(&mut a), FromRoot::All { .. }));
         assert_eq!(root.stop(), Outcome::default());
     }

@@ -1,28 +1,40 @@
 //! The slurmstepd side: one [`Shell`] per node serving the node's tasks, its collective going to the root in
 //! srun over one TCP connection.
 //!
-//! `mpi_p_slurmstepd_prefork` (before the tasks are forked, as root) reads what srun put in the step's
-//! environment, builds the shell and its [`Driver`], makes one socketpair per local task, connects and
-//! authenticates to the root, and starts two threads: the progress thread (the driver's epoll loop over the
-//! task connections) and the uplink reader (frames from the root, and the fork notices described below).
+//! `mpi_p_slurmstepd_prefork` (before the tasks are forked, as root) takes the step's ids, this node's index
+//! and the step's shape from Slurm's step record, and from the environment what srun's side of the plugin
+//! put there (the root's port, the secret, the task map), checked against the record. It builds the shell and
+//! its [`Driver`], makes one socketpair per local task, joins the root ([`super::uplink`]), and starts two
+//! threads: the progress thread (the driver's epoll loop over the task connections) and the uplink reader
+//! (frames from the root, and the fork notice described below).
+//!
+//! **Trust.** slurmstepd runs as root; the job's environment is the user's (a user's srun can put anything
+//! in it). So the ids the plugin acts on (above all the step it asks slurmctld to end) come only from Slurm's
+//! step record; an id in the environment that disagrees is ignored and logged. What the environment gives
+//! (the task map, the node names, the root's port) only shapes the user's own step.
 //!
 //! `mpi_p_slurmstepd_task` runs in each forked task child, a child of this multi-threaded process: it takes
-//! no lock and allocates nothing; everything it needs was prepared at prefork. It hands the task its end of
-//! the socketpair (`PMI_FD`, close-on-exec cleared), closes every other task's end, and writes its task index
-//! into a pipe; the uplink reader then closes the stepd's copy of that task's end, so that a task that dies
-//! is seen at once (EOF on the server end).
+//! no lock our threads may take, and allocates only inside Slurm's own environment setter (as Slurm itself
+//! does in the child; glibc's malloc is usable after fork). It hands the task its end of the socketpair
+//! (`PMI_FD`, close-on-exec cleared), closes every other task's end, and writes a notice into a pipe, even
+//! when it fails. Slurm forks every task of the node before it lets any of them run, so the first notice
+//! means every child holds its own end: the uplink reader then closes the stepd's copies of all of them, and
+//! a task that dies, even one that never reached the hook, is seen at once (EOF on the server end).
 
+use super::auth::Secret;
 use super::layout;
 use super::sys::{self, getenvp, Slurm};
-use super::wire::{self, FrameBuf, FromRoot, Secret, ToRoot, FRAME_MAX};
+use super::trace::{escape_text, Trace};
+use super::uplink;
+use super::wire::{self, FrameBuf, FromRoot, ToRoot};
 use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
 use crate::server::{Direction, Host, JobError, JobInfo, Limits, Shell, TaskMap};
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -31,14 +43,23 @@ pub const ENV_PORT: &str = "RPMI_SLURM_PORT";
 pub const ENV_SECRET: &str = "RPMI_SLURM_SECRET";
 pub const ENV_MAP: &str = "RPMI_SLURM_MAP";
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a stepd keeps trying to join the root before the step fails.
+const JOIN_PATIENCE: Duration = Duration::from_secs(30);
+/// How long `fini` lets the progress thread say BYE before it cuts the connection.
+const FINI_GRACE: Duration = Duration::from_secs(2);
+/// The longest text from a task (an abort message, an environment value) that reaches slurmd's log.
+const LOGGED_TEXT_MAX: usize = 256;
 
 /// The step this process serves; set at prefork, read without a lock in the task children.
 static STEPD: AtomicPtr<Stepd> = AtomicPtr::new(std::ptr::null_mut());
 
 /// What the task children and `fini` need.
 struct Stepd {
+    /// The step's ids, from Slurm's step record.
+    job: u32,
+    step: u32,
+    /// The largest ALL frame this node takes in: every node's part, together within its store's bound.
+    all_max: usize,
     /// The rank of each local task, ascending; a task's index here is its [`crate::server::TaskId`].
     local_ranks: Vec<u32>,
     /// Each task's end of its socketpair, until the stepd has closed its copy (-1 then).
@@ -57,6 +78,8 @@ struct Stepd {
     stop: Arc<OwnedFd>,
     uplink: TcpStream,
     progress: Mutex<Option<JoinHandle<()>>>,
+    /// Says when the progress thread is done.
+    progress_done: Mutex<Option<mpsc::Receiver<()>>>,
     reader: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -99,6 +122,8 @@ struct SlurmHost {
     link: Arc<Link>,
     handle: DriverHandle,
     slurm: &'static Slurm,
+    /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
+    trace: Option<Trace>,
     /// An abort or job error was sent: the root ends the step; say it once.
     ended: bool,
 }
@@ -109,29 +134,36 @@ impl SlurmHost {
         if self.link.lost.load(SeqCst) {
             return false;
         }
-        if self.out.write_all(frame).is_ok() {
+        if uplink::send(&mut self.out, frame).is_ok() {
             return true;
         }
         self.link.lost.store(true, SeqCst);
+        // A root that takes too long is as good as gone: the connection is cut so the reader hears it too.
+        let _ = self.out.shutdown(std::net::Shutdown::Both);
         false
     }
 
     /// The step must end, with `message` for the user: the root prints it on srun's stderr and ends the step.
     /// Without a root (srun is gone), the stepd does both: its errors reach the job's stderr.
-    fn end_step(&mut self, frame: Vec<u8>, message: &str) {
+    fn end_step(&mut self, message: ToRoot, text: &str) {
         self.link.ending.store(true, SeqCst);
         if std::mem::replace(&mut self.ended, true) {
-            self.slurm.info(message);
+            self.slurm.info(text);
             return;
         }
-        if self.send(&frame) {
-            self.slurm.info(message);
+        if message.encode().is_ok_and(|frame| self.send(&frame)) {
+            self.slurm.info(text);
             return;
         }
-        self.slurm.error(&format!("{message}; srun (the collective root) is gone, ending the step from here"));
+        self.slurm.error(&format!("{text}; srun (the collective root) is gone, ending the step from here"));
         if let Err(e) = self.slurm.kill_step(self.place.job, self.place.step, libc::SIGKILL) {
             self.slurm.error(&e);
         }
+    }
+
+    fn job_error_text(&mut self, message: &str) {
+        let m = ToRoot::Error { rank: u32::MAX, task_failed: false, message: message.to_string() };
+        self.end_step(m, message);
     }
 }
 
@@ -140,22 +172,27 @@ impl Host for SlurmHost {
         self.link.pending.store(true, SeqCst);
         let frame = wire::contrib(self.epoch, self.place.node, contribution);
         self.epoch = self.epoch.wrapping_add(1);
-        if !self.send(&frame) {
-            fail_collective(&self.link, &self.handle, "lost the connection to srun (the collective root)");
+        match frame {
+            Ok(frame) if self.send(&frame) => {}
+            Ok(_) => fail_collective(&self.link, &self.handle, "lost the connection to srun (the collective root)"),
+            Err(e) => fail_collective(&self.link, &self.handle, &e.to_string()),
         }
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
-        let text = format!(
-            "rank {rank} called PMI_Abort with exit code {exit_code}{}{message}",
-            if message.is_empty() { "" } else { ": " }
+        // The message reaches srun's stderr (the user's) whole, and slurmd's log escaped and cut.
+        let logged = format!(
+            "rank {rank} called PMI_Abort with exit code {exit_code}{}{}",
+            if message.is_empty() { "" } else { ": " },
+            escape_text(message, LOGGED_TEXT_MAX)
         );
-        self.end_step(ToRoot::Abort { rank, code: exit_code, message: message.to_string() }.encode(), &text);
+        self.end_step(ToRoot::Abort { rank, code: exit_code, message: message.to_string() }, &logged);
     }
 
     fn job_error(&mut self, error: &JobError) {
         let message = error.to_string();
-        self.end_step(ToRoot::Error { rank: error.rank(), message: message.clone() }.encode(), &message);
+        let task_failed = matches!(error, JobError::TaskLost { .. });
+        self.end_step(ToRoot::Error { rank: error.rank(), task_failed, message: message.clone() }, &message);
     }
 
     fn log(&mut self, level: log::Level, message: &str) {
@@ -166,12 +203,16 @@ impl Host for SlurmHost {
     }
 
     fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
-        self.slurm.info(&format!("rank {rank} {direction}: {}", String::from_utf8_lossy(line)));
+        if let Some(t) = &self.trace {
+            t.line(&format!("rpmi: rank {rank} {direction}: {}", String::from_utf8_lossy(line)));
+        }
     }
 
     fn task_closed(&mut self, rank: u32, finalized: bool) {
         if !finalized {
-            self.send(&ToRoot::Gone { rank }.encode());
+            if let Ok(frame) = (ToRoot::Gone { rank }).encode() {
+                self.send(&frame);
+            }
         }
     }
 }
@@ -191,55 +232,98 @@ fn need(env: *const *const c_char, name: &str) -> Result<String, String> {
     unsafe { getenvp(env, name) }.ok_or_else(|| format!("{name} is not in the step's environment"))
 }
 
-fn number(env: *const *const c_char, name: &str) -> Result<u32, String> {
-    let text = need(env, name)?;
-    text.parse().map_err(|_| format!("{name}={text} is not a number"))
+fn cstring(s: String) -> CString {
+    CString::new(s).unwrap_or_default()
 }
 
-fn cstring(s: String) -> CString {
-    CString::new(s).expect("numbers and ids hold no NUL")
+/// The step as Slurm's step record gives it.
+struct Record {
+    job: u32,
+    step: u32,
+    nodes: u32,
+    tasks: u32,
+    node: u32,
+    node_tasks: u32,
 }
 
 /// `mpi_p_slurmstepd_prefork`.
 ///
 /// # Safety
-/// `env` is the `char ***` Slurm passes: the step's environment, which the tasks inherit.
-pub unsafe fn prefork(env: *mut *mut *mut c_char) -> Result<(), String> {
+/// `job` is slurmstepd's step record and `env` the `char ***` Slurm passes: the step's environment, which
+/// the tasks inherit.
+pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_char) -> Result<(), String> {
     let slurm = sys::slurm();
     if env.is_null() {
         return Err("no environment".into());
     }
-    let envp = *env as *const *const c_char;
-    let Some(port) = getenvp(envp, ENV_PORT) else {
+    // SAFETY: Slurm's environment array, as the caller promises.
+    let envp = unsafe { *env } as *const *const c_char;
+    // SAFETY: as above.
+    let Some(port) = (unsafe { getenvp(envp, ENV_PORT) }) else {
         slurm.info(&format!("{ENV_PORT} is not set: this step was not started by `srun --mpi=rpmi`; no PMI"));
         return Ok(());
     };
     if !STEPD.load(SeqCst).is_null() {
         return Err("prefork called twice in one slurmstepd".into());
     }
+    // SAFETY: Slurm's step record, as the caller promises; only its leading fields are read.
+    let r = unsafe { job.as_ref() }.ok_or("no step record")?;
+    let rec = Record {
+        job: r.step_id.job_id,
+        step: r.step_id.step_id,
+        nodes: r.nnodes,
+        tasks: r.ntasks,
+        node: r.nodeid,
+        node_tasks: r.node_tasks,
+    };
+    for (name, value) in [("SLURM_JOB_ID", rec.job), ("SLURM_STEP_ID", rec.step)] {
+        // SAFETY: as above.
+        if let Some(v) = unsafe { getenvp(envp, name) }.filter(|v| *v != value.to_string()) {
+            slurm.info(&format!(
+                "ignored {name}={} in the step's environment: Slurm runs this step as {}.{}",
+                escape_text(&v, LOGGED_TEXT_MAX),
+                rec.job,
+                rec.step
+            ));
+        }
+    }
     let env_overwrite = slurm.env_overwrite_fmt.ok_or("slurm_env_array_overwrite_fmt is not in this process")?;
-    let port: u16 = port.parse().map_err(|_| format!("{ENV_PORT}={port} is not a port"))?;
+    let port: u16 = port.parse().map_err(|_| format!("{ENV_PORT}={} is not a port", escape_text(&port, 32)))?;
     let secret = Secret::from_hex(&need(envp, ENV_SECRET)?).ok_or(format!("{ENV_SECRET} is malformed"))?;
+    // Set by slurmd: the address srun's launch request came from.
     let host = need(envp, "SLURM_SRUN_COMM_HOST")?;
-    let job = number(envp, "SLURM_JOB_ID")?;
-    let step = number(envp, "SLURM_STEP_ID")?;
     let nodelist = need(envp, "SLURM_STEP_NODELIST")?;
     let names = slurm.expand_nodelist(&nodelist)?;
     let node_of = layout::decode(&need(envp, ENV_MAP)?, names.len())?;
-    let me = std::env::var("SLURMD_NODENAME").ok().or_else(|| getenvp(envp, "SLURMD_NODENAME"));
-    let node = match me.as_deref().and_then(|m| names.iter().position(|n| n == m)) {
-        Some(i) => i as u32,
-        None if names.len() == 1 => 0,
-        None => return Err(format!("this node ({}) is not in SLURM_STEP_NODELIST={nodelist}", me.unwrap_or_default())),
-    };
-    let trace = getenvp(envp, "PMI_DEBUG").is_some_and(|v| !v.is_empty() && v != "0");
-    let place = Place { job, step, node, node_name: names[node as usize].clone() };
-
+    let node = rec.node;
     let local_ranks: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
+    if names.len() != rec.nodes as usize || node_of.len() != rec.tasks as usize || node >= rec.nodes {
+        return Err(format!(
+            "the step's environment describes {} nodes and {} tasks, Slurm's step {}.{} has {} and {}",
+            names.len(),
+            node_of.len(),
+            rec.job,
+            rec.step,
+            rec.nodes,
+            rec.tasks
+        ));
+    }
+    if local_ranks.len() != rec.node_tasks as usize {
+        return Err(format!("{ENV_MAP} puts {} tasks on this node, Slurm {}", local_ranks.len(), rec.node_tasks));
+    }
+    // SAFETY: Slurm's environment array, as the caller promises.
+    let debug = unsafe { getenvp(envp, "PMI_DEBUG") };
+    let trace = match debug.is_some_and(|v| !v.is_empty() && v != "0") {
+        true => Some(Trace::start(libc::STDERR_FILENO).map_err(|e| format!("cannot start the trace: {e}"))?),
+        false => None,
+    };
+    let place = Place { job: rec.job, step: rec.step, node, node_name: names[node as usize].clone() };
+
     let size = node_of.len();
-    let info = JobInfo::new(format!("rpmi_{job}.{step}"), TaskMap::new(node_of), local_ranks.clone(), names);
+    let info =
+        JobInfo::new(format!("rpmi_{}.{}", rec.job, rec.step), TaskMap::new(node_of), local_ranks.clone(), names);
     let mut shell = Shell::new(info, Limits::default()).map_err(|e| format!("cannot serve this step: {e}"))?;
-    shell.set_trace(trace);
+    shell.set_trace(trace.is_some());
 
     let (handle, inbox) = channel().map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let link = Arc::new(Link {
@@ -256,17 +340,25 @@ pub unsafe fn prefork(env: *mut *mut *mut c_char) -> Result<(), String> {
         pairs.push(socketpair().map_err(|e| format!("socketpair for local task {t}: {e}"))?);
     }
     let mut fds = [0; 2];
-    if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) < 0 {
+    // SAFETY: fds has room for the two fds pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
         return Err(format!("pipe: {}", io::Error::last_os_error()));
     }
-    let (notify_r, notify_w) = (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]));
-    let stop = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+    // SAFETY: both fresh and ours.
+    let (notify_r, notify_w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: a plain syscall, checked at once.
+    let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if stop < 0 {
         return Err(format!("eventfd: {}", io::Error::last_os_error()));
     }
-    let stop = Arc::new(OwnedFd::from_raw_fd(stop));
+    // SAFETY: fresh and ours.
+    let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(stop) });
 
-    let uplink = connect(&host, port, node, &secret)?;
+    let addrs: Vec<_> = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve srun's address {host}: {e}"))?
+        .collect();
+    let uplink = uplink::join(&addrs, node, &secret, JOIN_PATIENCE).map_err(|e| e.to_string())?;
     let host_side = SlurmHost {
         out: uplink.try_clone().map_err(|e| format!("socket: {e}"))?,
         place: place.clone(),
@@ -274,6 +366,7 @@ pub unsafe fn prefork(env: *mut *mut *mut c_char) -> Result<(), String> {
         link: link.clone(),
         handle: handle.clone(),
         slurm,
+        trace,
         ended: false,
     };
     let mut driver =
@@ -286,13 +379,17 @@ pub unsafe fn prefork(env: *mut *mut *mut c_char) -> Result<(), String> {
     let fd_text = child_fds.iter().map(|fd| cstring(fd.to_string())).collect();
     let child_fds: Box<[AtomicI32]> = child_fds.into_iter().map(AtomicI32::new).collect();
 
+    let (done_tx, done_rx) = mpsc::channel();
     let stepd = Box::into_raw(Box::new(Stepd {
+        job: rec.job,
+        step: rec.step,
+        all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max),
         rank_text: local_ranks.iter().map(|r| cstring(r.to_string())).collect(),
         local_ranks,
         child_fds,
         fd_text,
         size_text: cstring(size.to_string()),
-        jobid_text: cstring(format!("{job}.{step}")),
+        jobid_text: cstring(format!("{}.{}", rec.job, rec.step)),
         env_overwrite,
         notify_w: notify_w.into_raw_fd(),
         notify_r: notify_r.as_raw_fd(),
@@ -301,10 +398,12 @@ pub unsafe fn prefork(env: *mut *mut *mut c_char) -> Result<(), String> {
         stop: stop.clone(),
         uplink: uplink.try_clone().map_err(|e| format!("socket: {e}"))?,
         progress: Mutex::new(None),
+        progress_done: Mutex::new(Some(done_rx)),
         reader: Mutex::new(None),
     }));
     // From here on the threads may use the stepd's fields; it is freed only in `fini`, after joining them.
-    let shared: &'static Stepd = &*stepd;
+    // SAFETY: just made, and freed only after the threads are joined.
+    let shared: &'static Stepd = unsafe { &*stepd };
     let reader = {
         let (link, handle, place) = (link.clone(), handle.clone(), place.clone());
         std::thread::Builder::new()
@@ -314,7 +413,8 @@ pub unsafe fn prefork(env: *mut *mut *mut c_char) -> Result<(), String> {
     let reader = match reader {
         Ok(t) => t,
         Err(e) => {
-            drop(Box::from_raw(stepd));
+            // SAFETY: no thread uses it yet.
+            drop(unsafe { Box::from_raw(stepd) });
             return Err(format!("cannot start a thread: {e}"));
         }
     };
@@ -326,65 +426,47 @@ pub unsafe fn prefork(env: *mut *mut *mut c_char) -> Result<(), String> {
         match result {
             Ok(Ok(())) => {
                 host.link.finished.store(true, SeqCst);
-                host.send(&ToRoot::Bye.encode());
+                if let Ok(bye) = ToRoot::Bye.encode() {
+                    host.send(&bye);
+                }
             }
             Ok(Err(e)) => host.job_error_text(&format!("the PMI progress loop stopped: {e}")),
             Err(_) => host.job_error_text("the PMI progress loop stopped after an internal error"),
         }
+        let _ = done_tx.send(());
     });
     match progress {
         Ok(t) => *shared.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(t),
         Err(e) => {
             stop_threads(shared);
-            drop(Box::from_raw(stepd));
+            // SAFETY: the threads are joined.
+            drop(unsafe { Box::from_raw(stepd) });
             return Err(format!("cannot start a thread: {e}"));
         }
     }
     STEPD.store(stepd, SeqCst);
     // The secret and the map are for the stepds only; the tasks get their PMI_* variables.
-    slurm.unsetenv(*env, &cstring(ENV_SECRET.into()));
-    slurm.unsetenv(*env, &cstring(ENV_MAP.into()));
+    // SAFETY: Slurm's environment array, as the caller promises.
+    unsafe {
+        slurm.unsetenv(*env, &cstring(ENV_SECRET.into()));
+        slurm.unsetenv(*env, &cstring(ENV_MAP.into()));
+    }
     slurm.log(
         log::Level::Debug,
         &format!(
-            "serving {} local tasks of step {job}.{step} on {} (node {node})",
+            "serving {} local tasks of step {}.{} on {} (node {node})",
             shared.local_ranks.len(),
+            rec.job,
+            rec.step,
             place.node_name
         ),
     );
     Ok(())
 }
 
-impl SlurmHost {
-    fn job_error_text(&mut self, message: &str) {
-        self.end_step(ToRoot::Error { rank: u32::MAX, message: message.to_string() }.encode(), message);
-    }
-}
-
-/// Connects to the root and authenticates.
-fn connect(host: &str, port: u16, node: u32, secret: &Secret) -> Result<TcpStream, String> {
-    let addrs = (host, port).to_socket_addrs().map_err(|e| format!("cannot resolve srun's address {host}: {e}"))?;
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
-            Ok(mut s) => {
-                let _ = s.set_nodelay(true);
-                // A root that takes nothing for this long is gone (srun stopped or the network down): the
-                // progress thread must not block for ever in a write.
-                let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
-                s.write_all(&ToRoot::Hello { node, secret: secret.0 }.encode())
-                    .map_err(|e| format!("cannot reach srun at {addr}: {e}"))?;
-                return Ok(s);
-            }
-            Err(e) => last = Some(format!("{addr}: {e}")),
-        }
-    }
-    Err(format!("cannot connect to srun's collective port ({})", last.unwrap_or_else(|| host.to_string())))
-}
-
-/// Closes the stepd's copy of task `task`'s end.
-fn close_child(stepd: &Stepd, task: usize) {
-    if let Some(a) = stepd.child_fds.get(task) {
+/// Closes the stepd's copy of every task's end (once every child has its own).
+fn close_children(stepd: &Stepd) {
+    for a in stepd.child_fds.iter() {
         let fd = a.swap(-1, SeqCst);
         if fd >= 0 {
             // SAFETY: our fd, taken out of the table first so that it is closed once.
@@ -393,7 +475,7 @@ fn close_child(stepd: &Stepd, task: usize) {
     }
 }
 
-/// The uplink reader: the root's results, the fork notices, and the stop signal.
+/// The uplink reader: the root's results, the fork notice, and the stop signal.
 #[allow(clippy::too_many_arguments)]
 fn uplink_reader(
     mut uplink: TcpStream,
@@ -428,12 +510,12 @@ fn uplink_reader(
             return;
         }
         if fds[1].revents != 0 {
-            let mut notice = [0u8; 4 * 64];
-            // SAFETY: reading into our buffer; the pipe carries whole 4-byte notices (atomic writes).
-            let n = unsafe { libc::read(notify.as_raw_fd(), notice.as_mut_ptr().cast(), notice.len()) };
-            for chunk in notice[..n.max(0) as usize].chunks_exact(4) {
-                close_child(stepd, u32::from_ne_bytes(chunk.try_into().expect("4 bytes")) as usize);
-            }
+            // A notice: every task is forked. The pipe stays open (a child writing to a pipe nobody reads would
+            // die of SIGPIPE) and is drained.
+            close_children(stepd);
+            let mut sink = [0u8; 256];
+            // SAFETY: reading into our buffer from our non-empty pipe.
+            unsafe { libc::read(notify.as_raw_fd(), sink.as_mut_ptr().cast(), sink.len()) };
         }
         if connected && fds[2].revents != 0 {
             let why = match uplink.read(&mut buf) {
@@ -442,19 +524,30 @@ fn uplink_reader(
                     input.extend(&buf[..n]);
                     let mut why = None;
                     loop {
-                        match input.next(FRAME_MAX).map(|f| f.map(FromRoot::decode)) {
+                        let frame = match input.next(stepd.all_max) {
                             Ok(None) => break,
-                            Ok(Some(Ok(FromRoot::All { parts, .. }))) => {
+                            Ok(Some(f)) => FromRoot::decode(f).map_err(|e| e.to_string()),
+                            Err(e) => Err(format!(
+                                "{e}: more than this node's key-value store may hold ({} bytes)",
+                                Limits::default().kvs_bytes_max
+                            )),
+                        };
+                        match frame {
+                            Ok(FromRoot::All { parts, .. }) => {
                                 link.pending.store(false, SeqCst);
                                 let parts = parts.into_iter().map(|(_, bytes)| bytes).collect();
                                 let _ = handle.post(Event::CollectiveDone(Ok(parts)));
                             }
-                            Ok(Some(Ok(FromRoot::End))) => link.srun_done.store(true, SeqCst),
-                            Ok(Some(Ok(FromRoot::Fail { message, .. }))) => {
+                            Ok(FromRoot::End) => link.srun_done.store(true, SeqCst),
+                            Ok(FromRoot::Fail { message, .. }) => {
                                 link.ending.store(true, SeqCst);
                                 fail_collective(&link, &handle, &message)
                             }
-                            Ok(Some(Err(e))) | Err(e) => {
+                            Ok(other @ (FromRoot::Challenge { .. } | FromRoot::Welcome { .. })) => {
+                                why = Some(format!("srun sent {other:?} after the handshake"));
+                                break;
+                            }
+                            Err(e) => {
                                 why = Some(format!("srun sent a {e}"));
                                 break;
                             }
@@ -486,12 +579,19 @@ fn uplink_reader(
     }
 }
 
+/// Stops both threads: the progress thread gets [`FINI_GRACE`] to say BYE, then the connection is cut (so
+/// neither thread can be held by a root that reads slowly) and both are joined.
 fn stop_threads(stepd: &Stepd) {
     stepd.link.stopping.store(true, SeqCst);
+    let _ = stepd.handle.post(Event::Stop);
+    let done = stepd.progress_done.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(done) = done {
+        let _ = done.recv_timeout(FINI_GRACE);
+    }
+    let _ = stepd.uplink.shutdown(std::net::Shutdown::Both);
     let one = 1u64.to_ne_bytes();
     // SAFETY: an 8-byte write to our eventfd.
     unsafe { libc::write(stepd.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
-    let _ = stepd.handle.post(Event::Stop);
     for thread in [&stepd.progress, &stepd.reader] {
         if let Some(t) = thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
@@ -507,17 +607,14 @@ pub fn fini() {
     }
     // SAFETY: the pointer prefork made; taken out of STEPD, so freed once.
     let stepd = unsafe { Box::from_raw(p) };
-    // The progress thread says BYE as it stops; then the connection closes.
     stop_threads(&stepd);
-    let _ = stepd.uplink.shutdown(std::net::Shutdown::Both);
-    for t in 0..stepd.child_fds.len() {
-        close_child(&stepd, t);
-    }
+    close_children(&stepd);
     // SAFETY: our fd, closed once.
     unsafe { libc::close(stepd.notify_w) };
 }
 
-/// `mpi_p_slurmstepd_task`, in the forked task child: no lock, no allocation.
+/// `mpi_p_slurmstepd_task`, in the forked task child: no lock our threads take; Slurm's environment setter
+/// is the only thing that allocates.
 ///
 /// # Safety
 /// Pointers as Slurm passes them.
@@ -527,31 +624,59 @@ pub unsafe fn task(info: *const sys::mpi_plugin_task_info_t, env: *mut *mut *mut
         // Not an rpmi step (see prefork): nothing to set.
         return sys::SLURM_SUCCESS;
     }
-    let (Some(stepd), Some(info)) = (p.as_ref(), info.as_ref()) else { return sys::SLURM_ERROR };
+    // SAFETY: set at prefork and freed only at fini, which this forked child never runs.
+    let Some(stepd) = (unsafe { p.as_ref() }) else { return sys::SLURM_ERROR };
+    // SAFETY: Slurm's task info, as the caller promises.
+    let rc = match unsafe { info.as_ref() } {
+        // SAFETY: as above.
+        Some(info) => unsafe { set_up_task(stepd, info, env) },
+        None => sys::SLURM_ERROR,
+    };
+    // Whatever happened, tell the stepd: every task is forked now (see the module's documentation).
+    let notice = [1u8];
+    // SAFETY: a one-byte write from a live buffer, and closes of fds this child inherited.
+    unsafe {
+        libc::write(stepd.notify_w, notice.as_ptr().cast(), 1);
+        libc::close(stepd.notify_w);
+        libc::close(stepd.notify_r);
+    }
+    rc
+}
+
+/// Hands the task its `PMI_FD` and closes the other tasks' ends.
+///
+/// # Safety
+/// `env` as Slurm passes it to the task hook.
+unsafe fn set_up_task(stepd: &Stepd, info: &sys::mpi_plugin_task_info_t, env: *mut *mut *mut c_char) -> c_int {
+    // Slurm fills the task info from the same step record prefork read: ids that differ mean the record was
+    // not read as it is laid out, and nothing read from it can be trusted.
+    if info.step_id.job_id != stepd.job || info.step_id.step_id != stepd.step {
+        return sys::SLURM_ERROR;
+    }
     let Ok(task) = stepd.local_ranks.binary_search(&info.gtaskid) else { return sys::SLURM_ERROR };
     let fd = stepd.child_fds[task].load(SeqCst);
-    if fd < 0 || libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+    // SAFETY: fcntl on an fd this child inherited.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
         return sys::SLURM_ERROR;
     }
     for (t, other) in stepd.child_fds.iter().enumerate() {
         let o = other.load(SeqCst);
         if t != task && o >= 0 {
-            libc::close(o);
+            // SAFETY: another task's end, inherited by this child, which must not keep it.
+            unsafe { libc::close(o) };
         }
     }
-    let set =
-        |name: &CStr, value: &CStr| (stepd.env_overwrite)(env, name.as_ptr(), c"%s".as_ptr(), value.as_ptr()) == 1;
-    if !(set(c"PMI_FD", &stepd.fd_text[task])
+    let set = |name: &CStr, value: &CStr| {
+        // SAFETY: Slurm's setter with a "%s" format and one NUL-terminated string.
+        unsafe { (stepd.env_overwrite)(env, name.as_ptr(), c"%s".as_ptr(), value.as_ptr()) == 1 }
+    };
+    if set(c"PMI_FD", &stepd.fd_text[task])
         && set(c"PMI_RANK", &stepd.rank_text[task])
         && set(c"PMI_SIZE", &stepd.size_text)
-        && set(c"PMI_JOBID", &stepd.jobid_text))
+        && set(c"PMI_JOBID", &stepd.jobid_text)
     {
-        return sys::SLURM_ERROR;
+        sys::SLURM_SUCCESS
+    } else {
+        sys::SLURM_ERROR
     }
-    // Tell the stepd it may close its copy of our end; a 4-byte write to a pipe is atomic.
-    let notice = (task as u32).to_ne_bytes();
-    libc::write(stepd.notify_w, notice.as_ptr().cast(), 4);
-    libc::close(stepd.notify_w);
-    libc::close(stepd.notify_r);
-    sys::SLURM_SUCCESS
 }

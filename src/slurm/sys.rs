@@ -44,8 +44,33 @@ pub struct mpi_plugin_task_info_t {
     pub step_id: slurm_step_id_t,
 }
 
-// The offsets checked against Slurm 22.05.8 on x86_64 (/work/shared/notes/slurm-22.05.md).
+/// The start of slurmstepd's step record, `stepd_step_rec_t` of Slurm 22.05
+/// (`src/slurmd/slurmstepd/slurmstepd_job.h`, not installed), up to the fields the plugin reads: the step
+/// the plugin serves is the one Slurm says, never one named in the job's environment (which the user
+/// controls). Each task child checks the ids against its `mpi_plugin_task_info_t`, which Slurm fills from
+/// the same record, so a layout that ever disagreed would fail the step instead of acting on wrong ids.
+#[repr(C)]
+pub struct stepd_step_rec_t {
+    alias_list: *const c_char,
+    container: *const c_char,
+    state: c_int,
+    state_cond: libc::pthread_cond_t,
+    state_mutex: libc::pthread_mutex_t,
+    pub step_id: slurm_step_id_t,
+    array_job_id: u32,
+    array_task_id: u32,
+    /// Nodes and tasks of the step, this node's index and its task count.
+    pub nnodes: u32,
+    pub ntasks: u32,
+    pub nodeid: u32,
+    pub node_tasks: u32,
+}
+
+// The offsets checked against Slurm 22.05.8 on x86_64: the structs as declared in its sources.
 const _: () = {
+    assert!(std::mem::offset_of!(stepd_step_rec_t, step_id) == 112);
+    assert!(std::mem::offset_of!(stepd_step_rec_t, nnodes) == 132);
+    assert!(std::mem::offset_of!(stepd_step_rec_t, node_tasks) == 144);
     assert!(std::mem::offset_of!(mpi_plugin_client_info_t, step_id) == 8);
     assert!(std::mem::offset_of!(mpi_plugin_client_info_t, step_layout) == 24);
     assert!(std::mem::offset_of!(mpi_plugin_task_info_t, gtaskid) == 8);
@@ -66,6 +91,9 @@ type HostlistShift = unsafe extern "C" fn(*mut c_void) -> *mut c_char;
 type HostlistDestroy = unsafe extern "C" fn(*mut c_void);
 type LogFn = unsafe extern "C" fn(*const c_char, ...);
 type StrError = unsafe extern "C" fn(c_int) -> *const c_char;
+/// `int slurm_conf_get_addr(const char *node_name, slurm_addr_t *address, uint16_t flags)`; `slurm_addr_t` is
+/// a `struct sockaddr_storage`.
+type ConfGetAddr = unsafe extern "C" fn(*const c_char, *mut libc::sockaddr_storage, u16) -> c_int;
 
 /// The Slurm functions the plugin uses, as found in the host process (each may be missing outside Slurm).
 pub struct Slurm {
@@ -80,6 +108,7 @@ pub struct Slurm {
     verbose: Option<LogFn>,
     debug: Option<LogFn>,
     strerror: Option<StrError>,
+    conf_get_addr: Option<ConfGetAddr>,
 }
 
 fn lookup(name: &CStr) -> *mut c_void {
@@ -111,6 +140,7 @@ pub fn slurm() -> &'static Slurm {
         verbose: find!(c"slurm_verbose"),
         debug: find!(c"slurm_debug"),
         strerror: find!(c"slurm_strerror"),
+        conf_get_addr: find!(c"slurm_conf_get_addr"),
     })
 }
 
@@ -150,7 +180,8 @@ impl Slurm {
     /// `env` is a Slurm-allocated environment array pointer (`char ***`), as Slurm passes to the hooks.
     pub unsafe fn setenv(&self, env: *mut *mut *mut c_char, name: &CStr, value: &CStr) -> Result<(), String> {
         let f = self.env_overwrite_fmt.ok_or("slurm_env_array_overwrite_fmt is not in this process")?;
-        if f(env, name.as_ptr(), c"%s".as_ptr(), value.as_ptr()) == 1 {
+        // SAFETY: Slurm's own function on the caller's `char ***`, with "%s" and one NUL-terminated string.
+        if unsafe { f(env, name.as_ptr(), c"%s".as_ptr(), value.as_ptr()) } == 1 {
             Ok(())
         } else {
             Err(format!("cannot set {} in the environment", name.to_string_lossy()))
@@ -163,7 +194,8 @@ impl Slurm {
     /// `env` is NULL or a Slurm environment array (`char **`).
     pub unsafe fn unsetenv(&self, env: *mut *mut c_char, name: &CStr) {
         if let (Some(f), false) = (self.unsetenvp, env.is_null()) {
-            f(env, name.as_ptr());
+            // SAFETY: Slurm's own function on the caller's array (not NULL); the name is NUL-terminated.
+            unsafe { f(env, name.as_ptr()) };
         }
     }
 
@@ -181,6 +213,31 @@ impl Slurm {
             None => format!("error {errno}"),
         };
         Err(format!("cannot end step {job}.{step}: {why}"))
+    }
+
+    /// The address slurm.conf gives node `name` (its `NodeAddr`), if this process has Slurm's configuration.
+    pub fn node_address(&self, name: &str) -> Option<std::net::IpAddr> {
+        let f = self.conf_get_addr?;
+        let name = CString::new(name).ok()?;
+        // SAFETY: an all-zero sockaddr_storage is a valid (unspecified) address.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: Slurm fills the sockaddr_storage we own; the name is NUL-terminated.
+        if unsafe { f(name.as_ptr(), &mut ss, 0) } != SLURM_SUCCESS {
+            return None;
+        }
+        match c_int::from(ss.ss_family) {
+            libc::AF_INET => {
+                // SAFETY: the family says the storage holds a sockaddr_in.
+                let sin = unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+                Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into())
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the family says the storage holds a sockaddr_in6.
+                let sin6 = unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+                Some(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into())
+            }
+            _ => None,
+        }
     }
 
     /// The names in a Slurm node list, with Slurm's own parser when the process has it.
@@ -222,12 +279,19 @@ pub unsafe fn getenvp(env: *const *const c_char, name: &str) -> Option<String> {
         return None;
     }
     let mut p = env;
-    while !(*p).is_null() {
-        let entry = CStr::from_ptr(*p).to_bytes();
+    loop {
+        // SAFETY: `p` is within the array: it starts at `env` and moves on only past a non-NULL entry.
+        let entry = unsafe { *p };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: a non-NULL entry: a NUL-terminated string, as the caller's contract says.
+        let entry = unsafe { CStr::from_ptr(entry) }.to_bytes();
         if entry.len() > name.len() && entry.starts_with(name.as_bytes()) && entry[name.len()] == b'=' {
             return Some(String::from_utf8_lossy(&entry[name.len() + 1..]).into_owned());
         }
-        p = p.add(1);
+        // SAFETY: past a non-NULL entry the array goes on, at least to its terminating NULL.
+        p = unsafe { p.add(1) };
     }
     None
 }

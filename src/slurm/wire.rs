@@ -1,33 +1,43 @@
 //! The TCP protocol between each node's slurmstepd and the collective root in srun.
 //!
 //! Every message is a frame: a `u32` big-endian payload length, then the payload, whose first byte is the
-//! message kind. Integers are big-endian. A stepd's first frame must be [`ToRoot::Hello`] carrying the step's
-//! secret; anything else, or a wrong secret, and the root closes the connection.
+//! message kind. Integers are big-endian. A connection starts with the handshake of [`super::auth`]
+//! (HELLO, CHALLENGE, PROOF, WELCOME); nothing else is accepted before it completes.
 //!
 //! ```text
-//! stepd -> root                                    root -> stepd
-//!   1 HELLO    "RPMI" version:u16 node:u32 secret:[32]   0x81 ALL  epoch:u32 count:u32 count*(node:u32 len:u32 bytes)
+//! stepd -> root                                          root -> stepd
+//!   1 HELLO    "RPMI" version:u16 node:u32 nonce:[32]      0x84 CHALLENGE nonce:[32]
+//!   7 PROOF    mac:[32]                                    0x85 WELCOME   mac:[32] (the root's proof)
 //!   2 CONTRIB  epoch:u32 count:u32 count*(node:u32 len:u32 bytes)
-//!   3 ABORT    rank:u32 code:i32 message               0x82 FAIL epoch:u32 message
-//!   4 ERROR    rank:u32 message       (a job error the shell reported)
-//!   5 GONE     rank:u32               (a task closed its connection without finalize)   0x83 END  (srun is done
-//!   6 BYE                             (every local task has closed its connection:          with the step:
-//!                                      a normal end)                                         a normal close)
+//!                                                          0x81 ALL  epoch:u32 count:u32 count*(node:u32 len:u32 bytes)
+//!   3 ABORT    rank:u32 code:i32 message                   0x82 FAIL epoch:u32 message
+//!   4 ERROR    rank:u32 failed:u8 message  (a job error the shell reported; failed=1 if a task failed
+//!                                          on its own, 0 if rpmi ends the job though none did)
+//!   5 GONE     rank:u32               (a task closed its connection without finalize)
+//!   6 BYE                             (every local task has closed its connection: a normal end)
+//!                                                          0x83 END  (srun is done with the step: the close
+//!                                                                     that follows is the normal end)
 //! ```
 //!
 //! A CONTRIB carries a list of (node, bytes) parts, not one, so that an interior stepd of a future tree can
 //! forward its subtree's parts in one frame; today every stepd sends only its own part.
+//!
+//! Sizes are bounded on both sides: a message text at most [`MESSAGE_MAX`] bytes (longer ones are cut when
+//! encoded), every other frame at most what its receiver accepts ([`FrameBuf::next`]); every length is
+//! checked before it is written as a `u32`.
 
+use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
 use std::fmt;
 
-/// Bytes of the per-step secret.
-pub const SECRET_LEN: usize = 32;
-/// The protocol version in HELLO.
-pub const VERSION: u16 = 1;
-/// The payload length of HELLO: the only frame accepted before authentication.
-pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + SECRET_LEN;
-/// The largest frame accepted after authentication (a shell's KVS is bounded well below this).
-pub const FRAME_MAX: usize = 1 << 30;
+/// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response).
+pub const VERSION: u16 = 2;
+/// The payload length of HELLO and of PROOF: the only frames a root accepts before authentication.
+pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN;
+pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
+/// The longest message text (abort, error, failure) a frame carries; longer ones are cut.
+pub const MESSAGE_MAX: usize = 4096;
+/// The largest frame of any kind but CONTRIB and ALL.
+pub const CONTROL_MAX: usize = 16 + MESSAGE_MAX;
 
 const MAGIC: &[u8; 4] = b"RPMI";
 
@@ -37,24 +47,52 @@ const ABORT: u8 = 3;
 const ERROR: u8 = 4;
 const GONE: u8 = 5;
 const BYE: u8 = 6;
+const PROOF: u8 = 7;
 const ALL: u8 = 0x81;
 const FAIL: u8 = 0x82;
 const END: u8 = 0x83;
+const CHALLENGE: u8 = 0x84;
+const WELCOME: u8 = 0x85;
 
 /// A message from a stepd to the root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToRoot {
-    Hello { node: u32, secret: [u8; SECRET_LEN] },
-    Contrib { epoch: u32, parts: Vec<(u32, Vec<u8>)> },
-    Abort { rank: u32, code: i32, message: String },
-    Error { rank: u32, message: String },
-    Gone { rank: u32 },
+    Hello {
+        node: u32,
+        nonce: Nonce,
+    },
+    Proof {
+        proof: Proof,
+    },
+    Contrib {
+        epoch: u32,
+        parts: Vec<(u32, Vec<u8>)>,
+    },
+    Abort {
+        rank: u32,
+        code: i32,
+        message: String,
+    },
+    /// A job error; `task_failed` if a task failed on its own (its status explains the end), not if rpmi
+    /// ends a job none of whose tasks failed (a protocol error).
+    Error {
+        rank: u32,
+        task_failed: bool,
+        message: String,
+    },
+    Gone {
+        rank: u32,
+    },
     Bye,
 }
 
 /// A message from the root to a stepd.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FromRoot {
+    /// The root's nonce, in answer to HELLO.
+    Challenge { nonce: Nonce },
+    /// The stepd's proof was right: it is admitted, and this is the root's own proof.
+    Welcome { proof: Proof },
     /// The collective of `epoch` finished: every node's part.
     All { epoch: u32, parts: Vec<(u32, Vec<u8>)> },
     /// The collective of `epoch` failed.
@@ -73,6 +111,31 @@ impl fmt::Display for Malformed {
     }
 }
 
+/// Why the next frame cannot be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// Its length prefix announces more than the receiver accepts.
+    TooLarge { len: usize, max: usize },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::TooLarge { len, max } => write!(f, "a frame of {len} bytes (at most {max} accepted here)"),
+        }
+    }
+}
+
+/// A frame too large for its `u32` length field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge(pub usize);
+
+impl fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a frame of {} bytes does not fit the protocol's 32-bit length", self.0)
+    }
+}
+
 /// Starts a frame of kind `kind`; [`finish`] fills in the length.
 fn start(kind: u8, capacity: usize) -> Vec<u8> {
     let mut f = Vec::with_capacity(5 + capacity);
@@ -80,81 +143,113 @@ fn start(kind: u8, capacity: usize) -> Vec<u8> {
     f
 }
 
-fn finish(mut f: Vec<u8>) -> Vec<u8> {
-    let len = (f.len() - 4) as u32;
+fn finish(mut f: Vec<u8>) -> Result<Vec<u8>, TooLarge> {
+    let len = u32::try_from(f.len() - 4).map_err(|_| TooLarge(f.len()))?;
     f[..4].copy_from_slice(&len.to_be_bytes());
-    f
+    Ok(f)
 }
 
-fn put_parts<'a>(f: &mut Vec<u8>, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])>) {
-    f.extend_from_slice(&(parts.len() as u32).to_be_bytes());
+/// A control frame: its size is bounded by [`CONTROL_MAX`], so it always fits.
+fn finish_control(f: Vec<u8>) -> Vec<u8> {
+    debug_assert!(f.len() <= 4 + CONTROL_MAX);
+    finish(f).unwrap_or_default()
+}
+
+fn put_u32(f: &mut Vec<u8>, n: usize) -> Result<(), TooLarge> {
+    f.extend_from_slice(&u32::try_from(n).map_err(|_| TooLarge(n))?.to_be_bytes());
+    Ok(())
+}
+
+fn put_parts<'a>(f: &mut Vec<u8>, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])>) -> Result<(), TooLarge> {
+    put_u32(f, parts.len())?;
     for (node, bytes) in parts {
         f.extend_from_slice(&node.to_be_bytes());
-        f.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        put_u32(f, bytes.len())?;
         f.extend_from_slice(bytes);
     }
+    Ok(())
 }
 
-/// A CONTRIB frame with one part, built without copying the message twice.
-pub fn contrib(epoch: u32, node: u32, bytes: &[u8]) -> Vec<u8> {
+/// A message text cut to [`MESSAGE_MAX`] bytes (at a character boundary).
+fn put_text(f: &mut Vec<u8>, text: &str) {
+    let mut end = text.len().min(MESSAGE_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    f.extend_from_slice(&text.as_bytes()[..end]);
+}
+
+/// A CONTRIB frame with one part, built without copying the bytes twice.
+pub fn contrib(epoch: u32, node: u32, bytes: &[u8]) -> Result<Vec<u8>, TooLarge> {
     let mut f = start(CONTRIB, 16 + bytes.len());
     f.extend_from_slice(&epoch.to_be_bytes());
-    put_parts(&mut f, std::iter::once((node, bytes)));
+    put_parts(&mut f, std::iter::once((node, bytes)))?;
     finish(f)
 }
 
 /// An ALL frame over `parts` (sent, the same bytes, to every node).
-pub fn all<'a>(epoch: u32, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])>) -> Vec<u8> {
+pub fn all<'a>(epoch: u32, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])>) -> Result<Vec<u8>, TooLarge> {
     let mut f = start(ALL, 8);
     f.extend_from_slice(&epoch.to_be_bytes());
-    put_parts(&mut f, parts);
+    put_parts(&mut f, parts)?;
     finish(f)
+}
+
+/// The bytes an ALL frame of `parts` parts holding `bytes` bytes in all takes, length prefix included.
+pub fn all_len(parts: usize, bytes: usize) -> usize {
+    4 + 1 + 4 + 4 + parts.saturating_mul(8).saturating_add(bytes)
 }
 
 impl ToRoot {
     /// The whole frame, length prefix included.
-    pub fn encode(&self) -> Vec<u8> {
-        match self {
-            ToRoot::Hello { node, secret } => {
+    pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
+        Ok(match self {
+            ToRoot::Hello { node, nonce } => {
                 let mut f = start(HELLO, HELLO_LEN);
                 f.extend_from_slice(MAGIC);
                 f.extend_from_slice(&VERSION.to_be_bytes());
                 f.extend_from_slice(&node.to_be_bytes());
-                f.extend_from_slice(secret);
-                finish(f)
+                f.extend_from_slice(nonce);
+                finish_control(f)
+            }
+            ToRoot::Proof { proof } => {
+                let mut f = start(PROOF, PROOF_LEN);
+                f.extend_from_slice(proof);
+                finish_control(f)
             }
             ToRoot::Contrib { epoch, parts } => {
                 let mut f = start(CONTRIB, 8);
                 f.extend_from_slice(&epoch.to_be_bytes());
-                put_parts(&mut f, parts.iter().map(|(n, b)| (*n, b.as_slice())));
-                finish(f)
+                put_parts(&mut f, parts.iter().map(|(n, b)| (*n, b.as_slice())))?;
+                finish(f)?
             }
             ToRoot::Abort { rank, code, message } => {
-                let mut f = start(ABORT, 8 + message.len());
+                let mut f = start(ABORT, 8 + message.len().min(MESSAGE_MAX));
                 f.extend_from_slice(&rank.to_be_bytes());
                 f.extend_from_slice(&code.to_be_bytes());
-                f.extend_from_slice(message.as_bytes());
-                finish(f)
+                put_text(&mut f, message);
+                finish_control(f)
             }
-            ToRoot::Error { rank, message } => {
-                let mut f = start(ERROR, 4 + message.len());
+            ToRoot::Error { rank, task_failed, message } => {
+                let mut f = start(ERROR, 5 + message.len().min(MESSAGE_MAX));
                 f.extend_from_slice(&rank.to_be_bytes());
-                f.extend_from_slice(message.as_bytes());
-                finish(f)
+                f.push(u8::from(*task_failed));
+                put_text(&mut f, message);
+                finish_control(f)
             }
             ToRoot::Gone { rank } => {
                 let mut f = start(GONE, 4);
                 f.extend_from_slice(&rank.to_be_bytes());
-                finish(f)
+                finish_control(f)
             }
-            ToRoot::Bye => finish(start(BYE, 0)),
-        }
+            ToRoot::Bye => finish_control(start(BYE, 0)),
+        })
     }
 
     /// Decodes a payload (without its length prefix).
     pub fn decode(payload: &[u8]) -> Result<ToRoot, Malformed> {
         let mut r = Reader(payload);
-        Ok(match r.u8()? {
+        let m = match r.u8()? {
             HELLO => {
                 if r.take(4)? != MAGIC {
                     return Err(Malformed("not an rpmi HELLO".into()));
@@ -163,62 +258,67 @@ impl ToRoot {
                 if version != VERSION {
                     return Err(Malformed(format!("protocol version {version}, expected {VERSION}")));
                 }
-                let node = r.u32()?;
-                let secret = r.take(SECRET_LEN)?.try_into().expect("SECRET_LEN bytes");
-                r.end()?;
-                ToRoot::Hello { node, secret }
+                ToRoot::Hello { node: r.u32()?, nonce: r.array()? }
             }
-            CONTRIB => {
-                let epoch = r.u32()?;
-                let parts = r.parts()?;
-                ToRoot::Contrib { epoch, parts }
-            }
-            ABORT => ToRoot::Abort { rank: r.u32()?, code: r.u32()? as i32, message: r.rest_text() },
-            ERROR => ToRoot::Error { rank: r.u32()?, message: r.rest_text() },
-            GONE => {
-                let rank = r.u32()?;
-                r.end()?;
-                ToRoot::Gone { rank }
-            }
-            BYE => {
-                r.end()?;
-                ToRoot::Bye
-            }
+            PROOF => ToRoot::Proof { proof: r.array()? },
+            CONTRIB => ToRoot::Contrib { epoch: r.u32()?, parts: r.parts()? },
+            ABORT => ToRoot::Abort { rank: r.u32()?, code: r.u32()? as i32, message: r.rest_text()? },
+            ERROR => ToRoot::Error {
+                rank: r.u32()?,
+                task_failed: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(Malformed(format!("an error whose cause is {b}"))),
+                },
+                message: r.rest_text()?,
+            },
+            GONE => ToRoot::Gone { rank: r.u32()? },
+            BYE => ToRoot::Bye,
             k => return Err(Malformed(format!("unknown kind {k}"))),
-        })
+        };
+        r.end()?;
+        Ok(m)
     }
 }
 
 impl FromRoot {
     /// The whole frame, length prefix included.
-    pub fn encode(&self) -> Vec<u8> {
-        match self {
-            FromRoot::All { epoch, parts } => all(*epoch, parts.iter().map(|(n, b)| (*n, b.as_slice()))),
-            FromRoot::Fail { epoch, message } => {
-                let mut f = start(FAIL, 4 + message.len());
-                f.extend_from_slice(&epoch.to_be_bytes());
-                f.extend_from_slice(message.as_bytes());
-                finish(f)
+    pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
+        Ok(match self {
+            FromRoot::Challenge { nonce } => {
+                let mut f = start(CHALLENGE, NONCE_LEN);
+                f.extend_from_slice(nonce);
+                finish_control(f)
             }
-            FromRoot::End => finish(start(END, 0)),
-        }
+            FromRoot::Welcome { proof } => {
+                let mut f = start(WELCOME, PROOF_LEN);
+                f.extend_from_slice(proof);
+                finish_control(f)
+            }
+            FromRoot::All { epoch, parts } => all(*epoch, parts.iter().map(|(n, b)| (*n, b.as_slice())))?,
+            FromRoot::Fail { epoch, message } => {
+                let mut f = start(FAIL, 4 + message.len().min(MESSAGE_MAX));
+                f.extend_from_slice(&epoch.to_be_bytes());
+                put_text(&mut f, message);
+                finish_control(f)
+            }
+            FromRoot::End => finish_control(start(END, 0)),
+        })
     }
 
     /// Decodes a payload (without its length prefix).
     pub fn decode(payload: &[u8]) -> Result<FromRoot, Malformed> {
         let mut r = Reader(payload);
-        Ok(match r.u8()? {
-            ALL => {
-                let epoch = r.u32()?;
-                FromRoot::All { epoch, parts: r.parts()? }
-            }
-            FAIL => FromRoot::Fail { epoch: r.u32()?, message: r.rest_text() },
-            END => {
-                r.end()?;
-                FromRoot::End
-            }
+        let m = match r.u8()? {
+            CHALLENGE => FromRoot::Challenge { nonce: r.array()? },
+            WELCOME => FromRoot::Welcome { proof: r.array()? },
+            ALL => FromRoot::All { epoch: r.u32()?, parts: r.parts()? },
+            FAIL => FromRoot::Fail { epoch: r.u32()?, message: r.rest_text()? },
+            END => FromRoot::End,
             k => return Err(Malformed(format!("unknown kind {k}"))),
-        })
+        };
+        r.end()?;
+        Ok(m)
     }
 }
 
@@ -240,19 +340,23 @@ impl FrameBuf {
         self.buf.extend_from_slice(bytes);
     }
 
-    /// The next whole frame's payload, `Ok(None)` if it has not all come yet, or an error if the length
-    /// prefix announces more than `max` bytes.
-    pub fn next(&mut self, max: usize) -> Result<Option<&[u8]>, Malformed> {
+    /// The length the next frame's prefix announces, once its 4 bytes have come.
+    pub fn announced(&self) -> Option<usize> {
         let rest = &self.buf[self.used..];
-        if rest.len() < 4 {
+        rest.get(..4).map(|p| u32::from_be_bytes([p[0], p[1], p[2], p[3]]) as usize)
+    }
+
+    /// The next whole frame's payload, `Ok(None)` if it has not all come yet, or an error if the length
+    /// prefix announces more than `max` bytes (checked before anything of the frame is kept).
+    pub fn next(&mut self, max: usize) -> Result<Option<&[u8]>, FrameError> {
+        let Some(len) = self.announced() else {
             self.compact();
             return Ok(None);
-        }
-        let len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        };
         if len > max {
-            return Err(Malformed(format!("a frame of {len} bytes (at most {max} accepted here)")));
+            return Err(FrameError::TooLarge { len, max });
         }
-        if rest.len() < 4 + len {
+        if self.buf.len() - self.used < 4 + len {
             self.compact();
             return Ok(None);
         }
@@ -294,14 +398,19 @@ impl<'a> Reader<'a> {
         self.0 = tail;
         Ok(head)
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], Malformed> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
     fn u8(&mut self) -> Result<u8, Malformed> {
         Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16, Malformed> {
-        Ok(u16::from_be_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_be_bytes(self.array()?))
     }
     fn u32(&mut self) -> Result<u32, Malformed> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_be_bytes(self.array()?))
     }
     fn parts(&mut self) -> Result<Vec<(u32, Vec<u8>)>, Malformed> {
         let count = self.u32()? as usize;
@@ -315,11 +424,14 @@ impl<'a> Reader<'a> {
             let len = self.u32()? as usize;
             parts.push((node, self.take(len)?.to_vec()));
         }
-        self.end()?;
         Ok(parts)
     }
-    fn rest_text(&mut self) -> String {
-        String::from_utf8_lossy(std::mem::take(&mut self.0)).into_owned()
+    fn rest_text(&mut self) -> Result<String, Malformed> {
+        let rest = std::mem::take(&mut self.0);
+        if rest.len() > MESSAGE_MAX {
+            return Err(Malformed(format!("a message of {} bytes (at most {MESSAGE_MAX})", rest.len())));
+        }
+        Ok(String::from_utf8_lossy(rest).into_owned())
     }
     fn end(&self) -> Result<(), Malformed> {
         if self.0.is_empty() {
@@ -327,62 +439,6 @@ impl<'a> Reader<'a> {
         } else {
             Err(Malformed(format!("{} bytes too many", self.0.len())))
         }
-    }
-}
-
-/// The per-step secret: random bytes, passed to the stepds in hex.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Secret(pub [u8; SECRET_LEN]);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
-
-impl Secret {
-    /// A fresh secret from the kernel's random source (getrandom(2), else /dev/urandom).
-    pub fn generate() -> std::io::Result<Secret> {
-        let mut b = [0u8; SECRET_LEN];
-        let mut got = 0;
-        while got < SECRET_LEN {
-            // SAFETY: writes at most the rest of our buffer.
-            let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), SECRET_LEN - got, 0) };
-            if n > 0 {
-                got += n as usize;
-                continue;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            use std::io::Read;
-            std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
-            break;
-        }
-        Ok(Secret(b))
-    }
-
-    pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    pub fn from_hex(text: &str) -> Option<Secret> {
-        let t = text.as_bytes();
-        if t.len() != 2 * SECRET_LEN {
-            return None;
-        }
-        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-        let mut b = [0u8; SECRET_LEN];
-        for (i, out) in b.iter_mut().enumerate() {
-            *out = digit(t[2 * i])? << 4 | digit(t[2 * i + 1])?;
-        }
-        Some(Secret(b))
-    }
-
-    /// Compares in time independent of where the bytes differ.
-    pub fn matches(&self, other: &[u8; SECRET_LEN]) -> bool {
-        self.0.iter().zip(other).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 }
 
@@ -398,29 +454,35 @@ mod tests {
 
     #[test]
     fn every_message_round_trips() {
-        let secret = [7u8; SECRET_LEN];
         for m in [
-            ToRoot::Hello { node: 3, secret },
+            ToRoot::Hello { node: 3, nonce: [7; NONCE_LEN] },
+            ToRoot::Proof { proof: [9; PROOF_LEN] },
             ToRoot::Contrib { epoch: 9, parts: vec![(1, b"abc".to_vec()), (2, vec![])] },
             ToRoot::Abort { rank: 2, code: -7, message: "bye now".into() },
-            ToRoot::Error { rank: 5, message: "rank 5 went".into() },
+            ToRoot::Error { rank: 5, task_failed: true, message: "rank 5 went".into() },
+            ToRoot::Error { rank: 6, task_failed: false, message: "bad line".into() },
             ToRoot::Gone { rank: 4 },
             ToRoot::Bye,
         ] {
-            assert_eq!(ToRoot::decode(payload(&m.encode())), Ok(m));
+            assert_eq!(ToRoot::decode(payload(&m.encode().unwrap())), Ok(m));
         }
-        assert_eq!(payload(&ToRoot::Hello { node: 0, secret }.encode()).len(), HELLO_LEN);
+        assert_eq!(payload(&ToRoot::Hello { node: 0, nonce: [0; NONCE_LEN] }.encode().unwrap()).len(), HELLO_LEN);
+        assert_eq!(payload(&ToRoot::Proof { proof: [0; PROOF_LEN] }.encode().unwrap()).len(), PROOF_LEN_ON_WIRE);
         for m in [
+            FromRoot::Challenge { nonce: [1; NONCE_LEN] },
+            FromRoot::Welcome { proof: [2; PROOF_LEN] },
             FromRoot::All { epoch: 1, parts: vec![(0, b"x".to_vec()), (1, b"yz".to_vec())] },
             FromRoot::Fail { epoch: 2, message: "node n2 lost".into() },
             FromRoot::End,
         ] {
-            assert_eq!(FromRoot::decode(payload(&m.encode())), Ok(m));
+            assert_eq!(FromRoot::decode(payload(&m.encode().unwrap())), Ok(m));
         }
         assert_eq!(
-            ToRoot::decode(payload(&contrib(4, 2, b"kv"))),
+            ToRoot::decode(payload(&contrib(4, 2, b"kv").unwrap())),
             Ok(ToRoot::Contrib { epoch: 4, parts: vec![(2, b"kv".to_vec())] })
         );
+        let parts = [(0u32, &b"ab"[..]), (1, b"")];
+        assert_eq!(all(0, parts.iter().copied()).unwrap().len(), all_len(2, 2));
     }
 
     #[test]
@@ -428,26 +490,49 @@ mod tests {
         assert!(ToRoot::decode(b"").is_err());
         assert!(ToRoot::decode(&[99]).is_err());
         assert!(ToRoot::decode(b"\x01HTTP/1.1 GET /").is_err());
-        let mut hello = ToRoot::Hello { node: 0, secret: [0; SECRET_LEN] }.encode();
+        let mut hello = ToRoot::Hello { node: 0, nonce: [0; NONCE_LEN] }.encode().unwrap();
         hello.push(0);
         assert!(ToRoot::decode(&hello[4..]).is_err());
+        // Version 1 (the secret in clear) is refused.
+        let mut v1 = hello[4..hello.len() - 1].to_vec();
+        v1[6] = 1;
+        assert!(ToRoot::decode(&v1).unwrap_err().0.contains("version 1"));
         // A part count that the frame cannot hold.
         assert!(FromRoot::decode(&[ALL, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(ToRoot::decode(&[CONTRIB, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9, 1]).is_err());
+        assert!(ToRoot::decode(&[BYE, 0]).is_err());
+        // A message longer than any encoder writes.
+        let mut abort = vec![ABORT, 0, 0, 0, 1, 0, 0, 0, 7];
+        abort.extend(std::iter::repeat_n(b'x', MESSAGE_MAX + 1));
+        assert!(ToRoot::decode(&abort).is_err());
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_character() {
+        let message = "é".repeat(MESSAGE_MAX);
+        let f = ToRoot::Abort { rank: 1, code: 2, message }.encode().unwrap();
+        assert!(f.len() <= 4 + CONTROL_MAX);
+        let ToRoot::Abort { message, .. } = ToRoot::decode(payload(&f)).unwrap() else { panic!() };
+        assert_eq!(message.len(), MESSAGE_MAX);
+        assert!(message.chars().all(|c| c == 'é'));
     }
 
     #[test]
     fn frames_are_split_however_the_bytes_come() {
-        let frames: Vec<u8> = [ToRoot::Gone { rank: 1 }.encode(), ToRoot::Bye.encode(), contrib(0, 1, &[5; 300])]
-            .into_iter()
-            .flatten()
-            .collect();
+        let frames: Vec<u8> = [
+            ToRoot::Gone { rank: 1 }.encode().unwrap(),
+            ToRoot::Bye.encode().unwrap(),
+            contrib(0, 1, &[5; 300]).unwrap(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         for chunk in [1, 3, 7, 1000] {
             let mut fb = FrameBuf::default();
             let mut got = Vec::new();
             for piece in frames.chunks(chunk) {
                 fb.extend(piece);
-                while let Some(p) = fb.next(FRAME_MAX).unwrap() {
+                while let Some(p) = fb.next(CONTROL_MAX).unwrap() {
                     got.push(ToRoot::decode(p).unwrap());
                 }
             }
@@ -456,22 +541,7 @@ mod tests {
         }
         let mut fb = FrameBuf::default();
         fb.extend(&[0, 0, 1, 0]);
-        assert!(fb.next(HELLO_LEN).is_err());
-    }
-
-    #[test]
-    fn secrets() {
-        let s = Secret::generate().unwrap();
-        assert_ne!(s, Secret::generate().unwrap());
-        let hex = s.to_hex();
-        assert_eq!(hex.len(), 64);
-        assert_eq!(Secret::from_hex(&hex), Some(s));
-        assert!(s.matches(&s.0));
-        let mut other = s.0;
-        other[31] ^= 1;
-        assert!(!s.matches(&other));
-        assert_eq!(Secret::from_hex("zz"), None);
-        assert_eq!(Secret::from_hex(&"g".repeat(64)), None);
-        assert!(!format!("{s:?}").contains(&hex[..8]));
+        assert_eq!(fb.next(HELLO_LEN), Err(FrameError::TooLarge { len: 256, max: HELLO_LEN }));
+        assert_eq!(fb.announced(), Some(256));
     }
 }

@@ -1,0 +1,187 @@
+//! How a slurmstepd and srun's collective root prove to each other that they serve the same step, without
+//! the step's secret ever crossing the network after launch.
+//!
+//! srun draws a 32-byte secret per step and hands it to the stepds in the launch environment (Slurm's own
+//! launch request). On the collective port each side then proves it holds the secret with an HMAC-SHA256 over
+//! a nonce from each side:
+//!
+//! ```text
+//! stepd                                           root
+//!   HELLO   node, nonce_s                 ->
+//!                                         <-      CHALLENGE nonce_r
+//!   PROOF   HMAC(secret, "rpmi stepd" | node | nonce_s | nonce_r)  ->   checked
+//!                                         <-      WELCOME HMAC(secret, "rpmi root" | node | nonce_s | nonce_r)
+//!   checked: the root is srun's
+//! ```
+//!
+//! The two proofs carry different labels, so neither side's answer can be replayed as the other's, and fresh
+//! nonces on both sides mean no recorded proof is ever accepted again. An eavesdropper learns the node index
+//! and two MACs, not the secret.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::fmt;
+
+/// Bytes of the per-step secret, of each nonce and of each proof.
+pub const SECRET_LEN: usize = 32;
+pub const NONCE_LEN: usize = 32;
+pub const PROOF_LEN: usize = 32;
+
+pub type Nonce = [u8; NONCE_LEN];
+pub type Proof = [u8; PROOF_LEN];
+
+/// Who proves: the labels keep a stepd's proof from passing as the root's and the other way round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Stepd,
+    Root,
+}
+
+impl Role {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Role::Stepd => b"rpmi stepd",
+            Role::Root => b"rpmi root",
+        }
+    }
+}
+
+/// What one handshake proves knowledge of the secret over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transcript {
+    pub node: u32,
+    pub stepd_nonce: Nonce,
+    pub root_nonce: Nonce,
+}
+
+/// The per-step secret: random bytes, passed to the stepds in hex.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret([u8; SECRET_LEN]);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    /// A fresh secret from the kernel's random source.
+    pub fn generate() -> std::io::Result<Secret> {
+        random().map(Secret)
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(text: &str) -> Option<Secret> {
+        let t = text.as_bytes();
+        if t.len() != 2 * SECRET_LEN {
+            return None;
+        }
+        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        let mut b = [0u8; SECRET_LEN];
+        for (i, out) in b.iter_mut().enumerate() {
+            *out = digit(t[2 * i])? << 4 | digit(t[2 * i + 1])?;
+        }
+        Some(Secret(b))
+    }
+
+    fn mac(&self, role: Role, t: &Transcript) -> Hmac<Sha256> {
+        // HMAC takes a key of any length; 32 bytes is never refused.
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        mac.update(role.label());
+        mac.update(&t.node.to_be_bytes());
+        mac.update(&t.stepd_nonce);
+        mac.update(&t.root_nonce);
+        mac
+    }
+
+    /// `role`'s proof over `t`.
+    pub fn prove(&self, role: Role, t: &Transcript) -> Proof {
+        self.mac(role, t).finalize().into_bytes().into()
+    }
+
+    /// Whether `proof` is `role`'s proof over `t` (compared in constant time).
+    pub fn verify(&self, role: Role, t: &Transcript, proof: &Proof) -> bool {
+        self.mac(role, t).verify_slice(proof).is_ok()
+    }
+}
+
+/// A fresh nonce.
+pub fn nonce() -> std::io::Result<Nonce> {
+    random()
+}
+
+/// 32 bytes from the kernel's random source (getrandom(2), else /dev/urandom).
+fn random() -> std::io::Result<[u8; 32]> {
+    let mut b = [0u8; 32];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writes at most the rest of our buffer.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n > 0 {
+            got += n as usize;
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        use std::io::Read;
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+        break;
+    }
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transcript() -> Transcript {
+        Transcript { node: 3, stepd_nonce: nonce().unwrap(), root_nonce: nonce().unwrap() }
+    }
+
+    #[test]
+    fn a_proof_checks_only_for_its_secret_role_and_transcript() {
+        let (s, t) = (Secret::generate().unwrap(), transcript());
+        let p = s.prove(Role::Stepd, &t);
+        assert!(s.verify(Role::Stepd, &t, &p));
+        assert!(!s.verify(Role::Root, &t, &p), "a stepd's proof must not pass as the root's");
+        assert!(!Secret::generate().unwrap().verify(Role::Stepd, &t, &p));
+        for changed in [
+            Transcript { node: 4, ..t },
+            Transcript { stepd_nonce: nonce().unwrap(), ..t },
+            Transcript { root_nonce: nonce().unwrap(), ..t },
+        ] {
+            assert!(!s.verify(Role::Stepd, &changed, &p));
+        }
+        let mut bad = p;
+        bad[31] ^= 1;
+        assert!(!s.verify(Role::Stepd, &t, &bad));
+        // The proof is not the secret, nor does it contain it.
+        assert!(!p.windows(8).any(|w| s.0.windows(8).any(|x| x == w)));
+    }
+
+    #[test]
+    fn secrets_travel_in_hex_and_never_print() {
+        let s = Secret::generate().unwrap();
+        assert_ne!(s, Secret::generate().unwrap());
+        let hex = s.to_hex();
+        assert_eq!(hex.len(), 64);
+        assert_eq!(Secret::from_hex(&hex), Some(s.clone()));
+        assert_eq!(Secret::from_hex("zz"), None);
+        assert_eq!(Secret::from_hex(&"g".repeat(64)), None);
+        assert!(!format!("{s:?}").contains(&hex[..8]));
+    }
+
+    #[test]
+    fn hmac_sha256_is_the_standard_one() {
+        // RFC 4231, test case 2.
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+}
