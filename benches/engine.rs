@@ -14,6 +14,8 @@
 //! `RPMI_BENCH_GETS=N` changes the number of gets (e.g. fewer for callgrind); `RPMI_BENCH_REPS=N` the
 //! number of repetitions; `RPMI_BENCH_CHECK=0` skips checking the responses of the first, untimed run.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use rpmi::server::{Host, JobError, JobInfo, Limits, Shell, TaskId, TaskMap};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -25,17 +27,21 @@ struct Counting;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
+// SAFETY: every call goes to the system allocator unchanged; only a counter is added.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Relaxed);
-        System.alloc(layout)
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
+        unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
+        // SAFETY: the caller's block, which System allocated (every call goes to it), with its layout.
+        unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Relaxed);
-        System.realloc(ptr, layout, new_size)
+        // SAFETY: the caller's block, which System allocated, with its layout and a valid new size.
+        unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
 

@@ -8,6 +8,8 @@
 //! - [`abi`] is the job-shell plugin ABI of `plugin-spec/rpmi_plugin.h`, through which hosts load the library.
 //! - `slurm` (feature `slurm`) makes the same library Slurm's `mpi/rpmi` plugin: `srun --mpi=rpmi`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod abi;
 pub mod driver;
 pub mod server;

@@ -125,7 +125,8 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
 /// # Safety
 /// `p` is NULL or a pointer `create` returned and `destroy` has not freed.
 unsafe fn instance<'a>(p: *mut rpmi_instance) -> Result<&'a Instance, Failure> {
-    (p as *const Instance).as_ref().ok_or((ffi::RPMI_ERR_INVALID, "NULL instance".into()))
+    // SAFETY: the caller's contract: NULL, or a live `Instance` that `create` boxed.
+    unsafe { (p as *const Instance).as_ref() }.ok_or((ffi::RPMI_ERR_INVALID, "NULL instance".into()))
 }
 
 /// Runs an entry point on a live instance: the pointer checked, panics caught, a failure's reason sent to
@@ -160,7 +161,8 @@ unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, boo
     if job.job_id.is_null() {
         return invalid("job_id is NULL".into());
     }
-    let job_id = CStr::from_ptr(job.job_id).to_string_lossy().into_owned();
+    // SAFETY: job_id is not NULL (checked above) and NUL-terminated, as rpmi_job_info documents.
+    let job_id = unsafe { CStr::from_ptr(job.job_id) }.to_string_lossy().into_owned();
     if job_id.is_empty()
         || job_id.len() > JOB_ID_MAX
         || !job_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
@@ -176,14 +178,16 @@ unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, boo
     if job.task_map.is_null() || job.hostnames.is_null() || (job.local_count > 0 && job.local_ranks.is_null()) {
         return invalid("task_map, hostnames or local_ranks is NULL".into());
     }
-    let task_map = std::slice::from_raw_parts(job.task_map, job.size as usize).to_vec();
+    // SAFETY: task_map is not NULL (checked above) and has `size` entries, as rpmi_job_info documents.
+    let task_map = unsafe { std::slice::from_raw_parts(job.task_map, job.size as usize) }.to_vec();
     if let Some(r) = task_map.iter().position(|&n| n >= job.shell_count) {
         return invalid(format!("task_map puts rank {r} on shell {}, of {}", task_map[r], job.shell_count));
     }
     let local_ranks = if job.local_count == 0 {
         Vec::new()
     } else {
-        std::slice::from_raw_parts(job.local_ranks, job.local_count as usize).to_vec()
+        // SAFETY: local_ranks is not NULL when local_count > 0 (checked above) and has local_count entries.
+        unsafe { std::slice::from_raw_parts(job.local_ranks, job.local_count as usize) }.to_vec()
     };
     if let Some(&r) = local_ranks.iter().find(|&&r| task_map.get(r as usize) != Some(&job.shell_index)) {
         return invalid(format!("local rank {r} is not on shell {} in task_map", job.shell_index));
@@ -199,16 +203,19 @@ unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, boo
         ));
     }
     let mut hostnames = Vec::with_capacity(job.shell_count as usize);
-    for &h in std::slice::from_raw_parts(job.hostnames, job.shell_count as usize) {
+    // SAFETY: hostnames is not NULL (checked above) and has shell_count entries, as rpmi_job_info documents.
+    for &h in unsafe { std::slice::from_raw_parts(job.hostnames, job.shell_count as usize) } {
         if h.is_null() {
             return invalid("a hostname is NULL".into());
         }
-        hostnames.push(CStr::from_ptr(h).to_string_lossy().into_owned());
+        // SAFETY: not NULL (checked above), and NUL-terminated as rpmi_job_info documents.
+        hostnames.push(unsafe { CStr::from_ptr(h) }.to_string_lossy().into_owned());
     }
     let options_json = if job.options_json.is_null() {
         None
     } else {
-        Some(CStr::from_ptr(job.options_json).to_string_lossy().into_owned())
+        // SAFETY: not NULL (checked above), and NUL-terminated as rpmi_job_info documents.
+        Some(unsafe { CStr::from_ptr(job.options_json) }.to_string_lossy().into_owned())
     };
     let options = Options::parse(options_json.as_deref()).or_else(|m| fail(ffi::RPMI_ERR_OPTION, m))?;
     let mut info = JobInfo::new(format!("rpmi_{job_id}"), TaskMap::new(task_map), local_ranks, hostnames);
@@ -223,7 +230,12 @@ impl Instance {
     /// # Safety
     /// Pointers as the header documents for `create`.
     unsafe fn create(job: *const rpmi_job_info, ops: *const rpmi_host_ops) -> Result<*mut rpmi_instance, Failure> {
-        let (Some(job), Some(ops)) = (job.as_ref(), ops.as_ref()) else {
+        // SAFETY: the caller's contract: `job` is NULL or valid for the call.
+        let job = unsafe { job.as_ref() };
+        // SAFETY: the caller's contract: `ops` is NULL or the host's table, valid for the call; below, fields
+        // are read only within its struct_size.
+        let ops = unsafe { ops.as_ref() };
+        let (Some(job), Some(ops)) = (job, ops) else {
             return fail(ffi::RPMI_ERR_INVALID, "job or ops is NULL");
         };
         if ops.abi_version != ffi::RPMI_ABI_VERSION as u32 {
@@ -242,16 +254,19 @@ impl Instance {
         if ops.collective.is_none() || ops.abort.is_none() {
             return fail(ffi::RPMI_ERR_INVALID, "rpmi_host_ops needs its collective and abort callbacks");
         }
-        let (info, options, job_id, spawned) = read_job(job)?;
+        // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents.
+        let (info, options, job_id, spawned) = unsafe { read_job(job) }?;
         let local_ranks = info.local_ranks.clone();
         let size = info.task_map.size() as u32;
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);
 
         // Copy only the part of the host's table it has; the rest stays NULL (unsupported).
-        let mut ops_copy: rpmi_host_ops = std::mem::zeroed();
+        // SAFETY: all zeroes is a valid rpmi_host_ops: integers, a NULL pointer and None callbacks.
+        let mut ops_copy: rpmi_host_ops = unsafe { std::mem::zeroed() };
         let n = (ops.struct_size as usize).min(std::mem::size_of::<rpmi_host_ops>());
-        std::ptr::copy_nonoverlapping(ops as *const _ as *const u8, &mut ops_copy as *mut _ as *mut u8, n);
+        // SAFETY: n bytes fit in both tables: the host's is struct_size bytes long, ours size_of.
+        unsafe { std::ptr::copy_nonoverlapping(ops as *const _ as *const u8, &mut ops_copy as *mut _ as *mut u8, n) };
 
         let pending: PendingServices = Arc::new(Mutex::new(vec![None; local_ranks.len()]));
         let (handle, inbox) =
@@ -276,9 +291,11 @@ impl Instance {
         driver.host_mut().instance = instance.cast();
         let mode = match ops_copy.watch_fd {
             Some(watch) => {
-                let rc = watch(ops_copy.host_data, instance.cast(), driver.watch_fd());
+                // SAFETY: the host's own callback and data, called during create as the header allows.
+                let rc = unsafe { watch(ops_copy.host_data, instance.cast(), driver.watch_fd()) };
                 if rc != ffi::RPMI_OK {
-                    drop(Box::from_raw(instance));
+                    // SAFETY: the box made above, freed once; create fails, so the host never uses it.
+                    drop(unsafe { Box::from_raw(instance) });
                     return fail(ffi::RPMI_ERR_SYSTEM, format!("the host's watch_fd failed ({rc})"));
                 }
                 Mode::EventLoop(Mutex::new(Box::new(driver)))
@@ -287,13 +304,15 @@ impl Instance {
                 match std::thread::Builder::new().name("rpmi-progress".into()).spawn(move || progress_thread(driver)) {
                     Ok(t) => Mode::Thread(Some(t)),
                     Err(e) => {
-                        drop(Box::from_raw(instance));
+                        // SAFETY: the box made above, freed once and not yet handed to the host.
+                        drop(unsafe { Box::from_raw(instance) });
                         return fail(ffi::RPMI_ERR_SYSTEM, format!("cannot start the progress thread: {e}"));
                     }
                 }
             }
         };
-        (*instance).mode = mode;
+        // SAFETY: the live box made above; the host cannot call on it before create returns.
+        unsafe { (*instance).mode = mode };
         Ok(instance.cast())
     }
 }
@@ -317,18 +336,25 @@ unsafe extern "C" fn create(
     errlen: usize,
 ) -> c_int {
     guard(|| {
-        let result =
-            if out.is_null() { fail(ffi::RPMI_ERR_INVALID, "instance is NULL") } else { Instance::create(job, ops) };
+        let result = if out.is_null() {
+            fail(ffi::RPMI_ERR_INVALID, "instance is NULL")
+        } else {
+            // SAFETY: the host's arguments, as the header documents for create.
+            unsafe { Instance::create(job, ops) }
+        };
         match result {
             Ok(inst) => {
-                *out = inst;
+                // SAFETY: `out` is not NULL (checked above): the host's place for the instance pointer.
+                unsafe { *out = inst };
                 ffi::RPMI_OK
             }
             Err((code, msg)) => {
                 if !err.is_null() && errlen > 0 {
                     let n = msg.len().min(errlen - 1);
-                    std::ptr::copy_nonoverlapping(msg.as_ptr(), err.cast(), n);
-                    *err.add(n) = 0;
+                    // SAFETY: `err` is not NULL and holds errlen bytes; n < errlen.
+                    unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), err.cast(), n) };
+                    // SAFETY: n < errlen: the terminating NUL stays within `err`.
+                    unsafe { *err.add(n) = 0 };
                 }
                 code
             }
@@ -338,7 +364,8 @@ unsafe extern "C" fn create(
 
 unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
     on_instance(inst, |inst| {
-        let Some(env) = env.as_mut() else { return fail(ffi::RPMI_ERR_INVALID, "env is NULL") };
+        // SAFETY: the caller's contract: `env` is NULL or the host's rpmi_task_env, valid for the call.
+        let Some(env) = (unsafe { env.as_mut() }) else { return fail(ffi::RPMI_ERR_INVALID, "env is NULL") };
         if (env.struct_size as usize) < std::mem::size_of::<rpmi_task_env>() {
             return fail(ffi::RPMI_ERR_VERSION, "rpmi_task_env is too short");
         }
@@ -379,14 +406,16 @@ unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rp
 
 /// In the forked child: async-signal-safe only (no allocation, no lock, no panic path).
 unsafe extern "C" fn task_exec(inst: *mut rpmi_instance, task: u32) -> c_int {
-    let Some(inst) = (inst as *const Instance).as_ref() else { return ffi::RPMI_ERR_INVALID };
+    // SAFETY: the caller's contract: NULL, or a live instance (in the child, the forked copy of it).
+    let Some(inst) = (unsafe { (inst as *const Instance).as_ref() }) else { return ffi::RPMI_ERR_INVALID };
     let Some(fd) = inst.child_fds.get(task as usize).map(|f| f.load(Ordering::SeqCst)) else {
         return ffi::RPMI_ERR_INVALID;
     };
     if fd < 0 {
         return ffi::RPMI_ERR_STATE;
     }
-    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+    // SAFETY: fcntl on the task's end, open in this child; async-signal-safe.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
         return ffi::RPMI_ERR_SYSTEM;
     }
     ffi::RPMI_OK
@@ -436,19 +465,30 @@ unsafe extern "C" fn collective_complete(
             if parts.is_null() && nparts > 0 {
                 return fail(ffi::RPMI_ERR_INVALID, "parts is NULL");
             }
-            let parts = if nparts == 0 { &[][..] } else { std::slice::from_raw_parts(parts, nparts) };
+            let parts = if nparts == 0 {
+                &[][..]
+            } else {
+                // SAFETY: not NULL (checked above); the host's `nparts` buffers, borrowed for the call.
+                unsafe { std::slice::from_raw_parts(parts, nparts) }
+            };
             let mut all = Vec::with_capacity(parts.len());
             for p in parts {
                 if p.data.is_null() && p.len > 0 {
                     return fail(ffi::RPMI_ERR_INVALID, "a part's data is NULL");
                 }
-                all.push(if p.len == 0 { Vec::new() } else { std::slice::from_raw_parts(p.data, p.len).to_vec() });
+                all.push(if p.len == 0 {
+                    Vec::new()
+                } else {
+                    // SAFETY: data is not NULL (checked above) and holds len bytes, borrowed for the call.
+                    unsafe { std::slice::from_raw_parts(p.data, p.len) }.to_vec()
+                });
             }
             Ok(all)
         } else if error.is_null() {
             Err(format!("the resource manager's exchange failed ({status})"))
         } else {
-            Err(CStr::from_ptr(error).to_string_lossy().into_owned())
+            // SAFETY: not NULL (checked above), and NUL-terminated as the header documents.
+            Err(unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned())
         };
         inst.handle.post(Event::CollectiveDone(result)).or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
@@ -467,7 +507,8 @@ unsafe extern "C" fn service_complete(
         };
         let service = slot.take().ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
         drop(pending);
-        let result = (!result.is_null()).then(|| CStr::from_ptr(result).to_string_lossy().into_owned());
+        // SAFETY: only when not NULL; NUL-terminated as the header documents.
+        let result = (!result.is_null()).then(|| unsafe { CStr::from_ptr(result) }.to_string_lossy().into_owned());
         let reply = read_reply(service, status == ffi::RPMI_OK, result);
         inst.handle
             .post(Event::HostReply(task as usize, reply))
@@ -480,7 +521,9 @@ unsafe extern "C" fn destroy(inst: *mut rpmi_instance) {
         if inst.is_null() {
             return ffi::RPMI_ERR_INVALID;
         }
-        let mut inst = Box::from_raw(inst as *mut Instance);
+        // SAFETY: not NULL (checked above): the box `create` made; no other call on it runs with or after
+        // destroy, so it is freed once.
+        let mut inst = unsafe { Box::from_raw(inst as *mut Instance) };
         // The driver takes the stop after serving what the tasks wrote before they left (an abort line,
         // say): on its progress thread, or here, in event-loop mode, where the host has stopped calling
         // progress. The posted stop makes the watched fd readable, so one call without waiting takes it.

@@ -364,7 +364,8 @@ unsafe fn owned(fd: RawFd) -> io::Result<OwnedFd> {
     if fd < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(OwnedFd::from_raw_fd(fd))
+        // SAFETY: the caller's contract: `fd` is fresh and nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 }
 

@@ -2,6 +2,8 @@
 //! Admins use it to check an install; tests and benchmarks use it against any server
 //! (rpmi-run, `srun --mpi=pmi2`, `mpiexec.hydra`), so it relies only on the wire protocol.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 mod client;
 mod mapping;
 

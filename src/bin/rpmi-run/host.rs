@@ -187,7 +187,8 @@ impl Shell {
 /// # Safety
 /// `data` is the host data of an instance: a `Shell` that outlives it.
 unsafe fn shell<'a>(data: *mut std::ffi::c_void) -> &'a Shell {
-    &*(data as *const Shell)
+    // SAFETY: the caller's contract: `data` points to a live `Shell`.
+    unsafe { &*(data as *const Shell) }
 }
 
 /// # Safety
@@ -196,7 +197,8 @@ unsafe fn text<'a>(msg: *const std::ffi::c_char, len: usize) -> std::borrow::Cow
     if msg.is_null() {
         return "".into();
     }
-    String::from_utf8_lossy(std::slice::from_raw_parts(msg.cast::<u8>(), len))
+    // SAFETY: not NULL (checked above); the caller's contract: `len` readable bytes.
+    String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(msg.cast::<u8>(), len) })
 }
 
 unsafe extern "C" fn collective(
@@ -205,11 +207,13 @@ unsafe extern "C" fn collective(
     bytes: *const u8,
     len: usize,
 ) -> c_int {
-    let shell = shell(data);
+    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
+    let shell = unsafe { shell(data) };
     let contribution = match (len, bytes.is_null()) {
         (0, _) => &[][..],
         (_, true) => return ffi::RPMI_ERR_INVALID,
-        _ => std::slice::from_raw_parts(bytes, len),
+        // SAFETY: not NULL (checked above): the plugin's `len` bytes, valid during this call.
+        _ => unsafe { std::slice::from_raw_parts(bytes, len) },
     };
     match &shell.link {
         // The bytes are the caller's only until we return: the link copies them into the socket, and the
@@ -235,8 +239,10 @@ unsafe extern "C" fn abort(
     msg: *const std::ffi::c_char,
     len: usize,
 ) {
-    let shell = shell(data);
-    let message = text(msg, len);
+    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
+    let shell = unsafe { shell(data) };
+    // SAFETY: the plugin's message: `len` bytes, valid during this call.
+    let message = unsafe { text(msg, len) };
     if reason == ffi::RPMI_ABORT_CALLED {
         let sep = if message.is_empty() { "" } else { ": " };
         shell.end_job(Cause::Abort(code), &format!("rank {rank} called PMI_Abort with exit code {code}{sep}{message}"));
@@ -247,17 +253,21 @@ unsafe extern "C" fn abort(
 }
 
 unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const std::ffi::c_char, len: usize) {
-    let shell = shell(data);
+    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
+    let shell = unsafe { shell(data) };
     if level <= ffi::RPMI_LOG_WARN && shell.ending() {
         // A barrier that failed as tasks were killed, say: a consequence, not a new fault.
-        shell.debug(&text(msg, len));
+        // SAFETY: the plugin's message: `len` bytes, valid during this call.
+        shell.debug(&unsafe { text(msg, len) });
     } else if level <= shell.verbosity {
-        say!("{}", text(msg, len));
+        // SAFETY: as above.
+        say!("{}", unsafe { text(msg, len) });
     }
 }
 
 unsafe extern "C" fn watch_fd(data: *mut std::ffi::c_void, _: *mut rpmi_instance, fd: c_int) -> c_int {
-    shell(data).watch.store(fd, Ordering::SeqCst);
+    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
+    unsafe { shell(data) }.watch.store(fd, Ordering::SeqCst);
     ffi::RPMI_OK
 }
 

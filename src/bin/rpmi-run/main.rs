@@ -2,6 +2,8 @@
 //! loads through the job-shell plugin ABI exactly as a foreign job shell would: one plugin instance per
 //! virtual node, each node's shell a process of its own when there are several (see `link`).
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 /// Prints one of rpmi-run's messages on stderr in a single write, so that lines from several virtual
 /// nodes' shells do not mix.
 macro_rules! say {
