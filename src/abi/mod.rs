@@ -152,12 +152,10 @@ fn code(inst: *mut rpmi_instance, r: Result<(), Failure>) -> c_int {
 }
 
 /// # Safety
-/// Pointers as `rpmi_job_info` documents.
+/// `job` is at least as long as this version's `rpmi_job_info` (the caller checks its struct_size), its
+/// pointers as `rpmi_job_info` documents.
 unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, bool), Failure> {
     let invalid = |m: String| fail(ffi::RPMI_ERR_INVALID, m);
-    if (job.struct_size as usize) < std::mem::size_of::<rpmi_job_info>() {
-        return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_job_info of {} bytes is too short", job.struct_size));
-    }
     if job.job_id.is_null() {
         return invalid("job_id is NULL".into());
     }
@@ -230,43 +228,52 @@ impl Instance {
     /// # Safety
     /// Pointers as the header documents for `create`.
     unsafe fn create(job: *const rpmi_job_info, ops: *const rpmi_host_ops) -> Result<*mut rpmi_instance, Failure> {
-        // SAFETY: the caller's contract: `job` is NULL or valid for the call.
-        let job = unsafe { job.as_ref() };
-        // SAFETY: the caller's contract: `ops` is NULL or the host's table, valid for the call; below, fields
-        // are read only within its struct_size.
-        let ops = unsafe { ops.as_ref() };
-        let (Some(job), Some(ops)) = (job, ops) else {
+        if job.is_null() || ops.is_null() {
             return fail(ffi::RPMI_ERR_INVALID, "job or ops is NULL");
+        }
+        // The host's table may be shorter than ours (an older host): nothing of it is read, not even through a
+        // reference, beyond its struct_size, which is its first field in every version.
+        // SAFETY: the caller's contract: `ops` is the host's table, valid for the call; struct_size is its
+        // first field.
+        let ops_size = unsafe { std::ptr::addr_of!((*ops).struct_size).read() } as usize;
+        if ops_size < std::mem::offset_of!(rpmi_host_ops, log) {
+            return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_host_ops of {ops_size} bytes is too short"));
+        }
+        // Copy only the part of the host's table it has; the rest stays NULL (unsupported).
+        // SAFETY: all zeroes is a valid rpmi_host_ops: integers, a NULL pointer and None callbacks.
+        let mut ops_copy: rpmi_host_ops = unsafe { std::mem::zeroed() };
+        let n = ops_size.min(std::mem::size_of::<rpmi_host_ops>());
+        // SAFETY: n bytes fit in both tables: the host's is struct_size bytes long, ours size_of.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ops.cast::<u8>(), (&mut ops_copy as *mut rpmi_host_ops).cast::<u8>(), n)
         };
-        if ops.abi_version != ffi::RPMI_ABI_VERSION as u32 {
+        if ops_copy.abi_version != ffi::RPMI_ABI_VERSION as u32 {
             return fail(
                 ffi::RPMI_ERR_VERSION,
                 format!(
                     "the host was built for ABI version {}, this plugin is version {}",
-                    ops.abi_version,
+                    ops_copy.abi_version,
                     ffi::RPMI_ABI_VERSION
                 ),
             );
         }
-        if (ops.struct_size as usize) < std::mem::offset_of!(rpmi_host_ops, log) {
-            return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_host_ops of {} bytes is too short", ops.struct_size));
-        }
-        if ops.collective.is_none() || ops.abort.is_none() {
+        if ops_copy.collective.is_none() || ops_copy.abort.is_none() {
             return fail(ffi::RPMI_ERR_INVALID, "rpmi_host_ops needs its collective and abort callbacks");
         }
+        // SAFETY: the caller's contract: `job` is the host's rpmi_job_info, valid for the call; struct_size
+        // is its first field.
+        let job_size = unsafe { std::ptr::addr_of!((*job).struct_size).read() } as usize;
+        if job_size < std::mem::size_of::<rpmi_job_info>() {
+            return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_job_info of {job_size} bytes is too short"));
+        }
+        // SAFETY: as above, and at least as long as our rpmi_job_info (checked).
+        let job = unsafe { &*job };
         // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents.
         let (info, options, job_id, spawned) = unsafe { read_job(job) }?;
         let local_ranks = info.local_ranks.clone();
         let size = info.task_map.size() as u32;
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);
-
-        // Copy only the part of the host's table it has; the rest stays NULL (unsupported).
-        // SAFETY: all zeroes is a valid rpmi_host_ops: integers, a NULL pointer and None callbacks.
-        let mut ops_copy: rpmi_host_ops = unsafe { std::mem::zeroed() };
-        let n = (ops.struct_size as usize).min(std::mem::size_of::<rpmi_host_ops>());
-        // SAFETY: n bytes fit in both tables: the host's is struct_size bytes long, ours size_of.
-        unsafe { std::ptr::copy_nonoverlapping(ops as *const _ as *const u8, &mut ops_copy as *mut _ as *mut u8, n) };
 
         let pending: PendingServices = Arc::new(Mutex::new(vec![None; local_ranks.len()]));
         let (handle, inbox) =
@@ -364,11 +371,16 @@ unsafe extern "C" fn create(
 
 unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
     on_instance(inst, |inst| {
-        // SAFETY: the caller's contract: `env` is NULL or the host's rpmi_task_env, valid for the call.
-        let Some(env) = (unsafe { env.as_mut() }) else { return fail(ffi::RPMI_ERR_INVALID, "env is NULL") };
-        if (env.struct_size as usize) < std::mem::size_of::<rpmi_task_env>() {
+        if env.is_null() {
+            return fail(ffi::RPMI_ERR_INVALID, "env is NULL");
+        }
+        // SAFETY: the caller's contract: `env` is the host's rpmi_task_env, valid for the call; struct_size is
+        // its first field, read before any reference to the whole is made.
+        if (unsafe { std::ptr::addr_of!((*env).struct_size).read() } as usize) < std::mem::size_of::<rpmi_task_env>() {
             return fail(ffi::RPMI_ERR_VERSION, "rpmi_task_env is too short");
         }
+        // SAFETY: as above, and at least as long as our rpmi_task_env (checked).
+        let env = unsafe { &mut *env };
         let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
         let Some(slot) = tasks.get_mut(task as usize) else {
             return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
