@@ -14,7 +14,8 @@ cargo clippy --all-targets --locked -- -D warnings
 cargo build --all-targets --locked
 cargo test --lib --bins --tests --locked   # not --all-targets: that would also run the benchmarks
 
-# The Slurm plugin end to end: the same library built with the `slurm` feature, installed into a throwaway
-# PluginDir, `srun --mpi=rpmi` on a real local 3-node cluster, stopped on any exit (docker/with-slurm.sh).
+# The Slurm plugin: its unit tests (the library with the `slurm` feature), and end to end: the same library
+# installed into a throwaway PluginDir, `srun --mpi=rpmi` on a real local 3-node cluster, stopped on any exit
+# (docker/with-slurm.sh).
 cargo clippy --all-targets --locked --features slurm -- -D warnings
-bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm
+bash docker/with-slurm.sh cargo test --locked --features slurm --lib --test slurm
