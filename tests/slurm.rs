@@ -390,6 +390,8 @@ fn mpi_abort_exit_code_and_message_reach_srun() {
         run.stderr.contains("rpmi: rank 2 on n") && run.stderr.contains("called PMI_Abort with exit code 7"),
         "no abort message on srun's stderr: {run}"
     );
+    // The ranks the step's end kills leave their barriers: that follows from the abort and is no new fault.
+    assert!(!run.stderr.contains("closed its PMI connection"), "consequences reported as faults: {run}");
     eprintln!("abort: srun exited 7 after {:.2?}", run.elapsed);
 }
 
@@ -675,6 +677,137 @@ fn a_killed_srun_leaves_no_step_waiting() {
     }
     eprintln!("srun killed: every task gone after {:.2?}", killed.elapsed());
     // srun's allocation outlives it (slurmctld does not know it died): release it.
+    cleanup(&mark);
+    run.stdout.take();
+}
+
+/// tests/slurm/slow_root.c built as a preload library, once.
+fn slow_root() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("slow_root.so");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/slow_root.c");
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .args(["-ldl", "-lpthread"])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "cc failed on {}", src.display());
+        out
+    })
+}
+
+/// The live slurmstepds of step `job.step` on this cluster, found as docker/slurm-cluster.sh finds its stepds
+/// (named slurmstepd, holding a file under the cluster's directory open) and by their title,
+/// `slurmstepd: [JOB.STEP]`.
+fn step_stepds(job: &str, step: &str) -> Vec<u32> {
+    let dir = cluster_dir();
+    let title = format!("[{job}.{step}]");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if std::fs::read_to_string(format!("/proc/{pid}/comm")).map_or(true, |c| c.trim() != "slurmstepd") {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains(&title) {
+            continue;
+        }
+        let ours = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.starts_with(&dir)));
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        if ours && matches!(state, Some(s) if s != 'Z' && s != 'X') {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// The bytes waiting in the send queue of every established TCP connection on this host to port `port` (the
+/// stepds' connections to srun's root, when `port` is the root's).
+fn send_queues_to(port: u16) -> Vec<u64> {
+    let mut queues = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let remote = f.get(2).and_then(|a| u16::from_str_radix(a.rsplit(':').next()?, 16).ok());
+            if remote == Some(port) && f.get(3) == Some(&"01") {
+                if let Some(tx) = f.get(4).and_then(|q| u64::from_str_radix(q.split(':').next()?, 16).ok()) {
+                    queues.push(tx);
+                }
+            }
+        }
+    }
+    queues
+}
+
+/// The most the kernel lets a socket's send buffer grow to (`net.ipv4.tcp_wmem`'s maximum).
+fn send_buffer_max() -> u64 {
+    let wmem = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem").unwrap_or_default();
+    wmem.split_whitespace().nth(2).and_then(|m| m.parse().ok()).unwrap_or(4 << 20)
+}
+
+/// A user's srun may read its collective connections as slowly as it likes and never close them
+/// (tests/slurm/slow_root.c): once the step is cancelled, every slurmstepd of it must go all the same.
+#[test]
+fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
+    let _s = serial();
+    let mark = marker("slow-srun");
+    // One rank per node puts more than its stepd's send buffer and srun's receive buffer hold together, so
+    // each stepd is still sending its part when srun's root, slowed by the shim, has stopped taking it.
+    const SIZE: u64 = 800;
+    let puts = ((send_buffer_max() + (2 << 20)) / SIZE).to_string();
+    let size = SIZE.to_string();
+    let args = ["-N3", "-n3", probe(), "exchange", "--puts", &puts, "--size", &size];
+    let preload = slow_root().to_str().unwrap();
+    let mut run = Srun::start_with(&mark, "rpmi", &args, &[("LD_PRELOAD", preload)]);
+    let until = Instant::now() + GUARD;
+    let task = loop {
+        if let Some(&pid) = marked(&mark, None).first() {
+            break pid;
+        }
+        assert!(Instant::now() < until, "the tasks never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
+    let (job, step, port) = (var("SLURM_JOB_ID"), var("SLURM_STEP_ID"), var("RPMI_SLURM_PORT"));
+    let port: u16 = port.parse().unwrap();
+    // Every task is in the barrier once its stepd is sending its part; the root takes a KiB now and then.
+    loop {
+        let queues = send_queues_to(port);
+        if queues.len() == 3 && queues.iter().all(|&q| q >= 512 << 10) {
+            break;
+        }
+        assert!(Instant::now() < until, "the stepds never sent their parts to srun's root: send queues {queues:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stepds = step_stepds(&job, &step);
+    assert_eq!(stepds.len(), 3, "the slurmstepds of step {job}.{step}: {stepds:?}");
+    let cancelled = Instant::now();
+    let status = Command::new("scancel").arg(&job).status().expect("scancel");
+    assert!(status.success(), "scancel {job}: {status}");
+    // srun keeps the connections and goes on reading slowly; each stepd must go all the same.
+    let bound = Duration::from_secs(45);
+    loop {
+        let left = step_stepds(&job, &step);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            cancelled.elapsed() < bound,
+            "slurmstepd {left:?} of step {job}.{step} still running {bound:?} after the job was cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("slow srun: every slurmstepd of the cancelled step gone after {:.2?}", cancelled.elapsed());
+    // The shim's srun does not exit while it holds a connection: end it.
+    run.child.kill().expect("SIGKILL srun");
+    let _ = run.child.wait();
     cleanup(&mark);
     run.stdout.take();
 }

@@ -47,9 +47,6 @@ impl Reporter for SrunReporter {
     fn error(&mut self, message: &str) {
         self.slurm.error(message);
     }
-    fn info(&mut self, message: &str) {
-        self.slurm.info(message);
-    }
     fn debug(&mut self, message: &str) {
         self.slurm.log(log::Level::Debug, message);
     }

@@ -45,9 +45,8 @@ const ACCEPT_REST_MAX: Duration = Duration::from_secs(1);
 pub trait Reporter: Send + 'static {
     /// The first fatal event of the step: printed as an error.
     fn error(&mut self, message: &str);
-    /// Everything else worth a line for the user.
-    fn info(&mut self, message: &str);
-    /// What only someone debugging wants (refused connections): not on the job's stderr by default.
+    /// What only someone debugging wants (refused connections, what follows from the step's end): not on
+    /// the job's stderr by default.
     fn debug(&mut self, message: &str);
     /// Ends the step (srun: `slurm_kill_job_step(.., SIGKILL)`).
     fn end_step(&mut self);
@@ -757,11 +756,13 @@ impl State {
         self.fatal(what, None);
     }
 
-    /// The first fatal event ends the step; later ones are only logged. Once srun is done with the step
-    /// (the final drain) a lost connection means nothing, and there is no step left to end.
+    /// The first fatal event ends the step; later ones follow from the ending (the tasks it kills leave
+    /// their barriers) and are logged at debug level only, not on the job's stderr as new faults. Once srun
+    /// is done with the step (the final drain) a lost connection means nothing, and there is no step left
+    /// to end.
     fn fatal(&mut self, what: String, abort_code: Option<i32>) {
         if self.outcome.ended || (self.stopping && abort_code.is_none()) {
-            self.reporter.info(&what);
+            self.reporter.debug(&what);
             return;
         }
         self.outcome.ended = true;
@@ -867,9 +868,6 @@ mod tests {
     impl Reporter for Record {
         fn error(&mut self, m: &str) {
             self.0.lock().unwrap().push(format!("error: {m}"));
-        }
-        fn info(&mut self, m: &str) {
-            self.0.lock().unwrap().push(format!("info: {m}"));
         }
         fn debug(&mut self, m: &str) {
             self.0.lock().unwrap().push(format!("debug: {m}"));
@@ -1159,7 +1157,7 @@ mod tests {
         // The node waiting in the exchange is released with a failure.
         assert!(matches!(receive(&mut b), FromRoot::Fail { epoch: 0, .. }));
         a.write_all(&frame(ToRoot::Error { rank: 1, task_failed: false, message: "later".into() })).unwrap();
-        record.wait_for("later");
+        record.wait_for("debug: later (on n1)");
         let outcome = root.stop();
         assert_eq!(outcome, Outcome { abort_code: Some(7), ended: true, job_error: false });
         let lines = record.lines();
@@ -1223,5 +1221,114 @@ mod tests {
         a.write_all(&contrib(0, 0, b"a")).unwrap();
         assert!(matches!(receive(&mut a), FromRoot::All { .. }));
         assert_eq!(root.stop(), Outcome::default());
+    }
+
+    /// Makes [`an_accept_failing_for_want_of_fds_does_not_make_the_root_spin`] run as the child that serves (the
+    /// value is the step's secret, in hex).
+    const OUT_OF_FDS_CHILD: &str = "RPMI_ROOT_OUT_OF_FDS_CHILD";
+
+    /// The CPU time this process has used, user and system.
+    fn cpu_time() -> Duration {
+        // SAFETY: getrusage fills the struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; a valid pointer to a live struct.
+        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
+        let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+        tv(u.ru_utime) + tv(u.ru_stime)
+    }
+
+    /// Leaves this process no fd to open: the limit just above the highest open fd, every free one below
+    /// taken. The fds returned are the ones taken.
+    fn exhaust_fds() -> Vec<OwnedFd> {
+        let highest = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap();
+        // SAFETY: getrlimit and setrlimit with a pointer to a live struct.
+        unsafe {
+            let mut limit: libc::rlimit = std::mem::zeroed();
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+            limit.rlim_cur = highest + 1;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0, "{}", io::Error::last_os_error());
+        }
+        let mut taken = Vec::new();
+        loop {
+            // SAFETY: dup of our own stderr; a new fd is ours, owned at once.
+            let fd = unsafe { libc::dup(2) };
+            if fd < 0 {
+                assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EMFILE));
+                return taken;
+            }
+            // SAFETY: just made, owned by nobody else.
+            taken.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+
+    /// The child: a root that cannot accept, its CPU time measured while connections wait for it.
+    fn out_of_fds_child(secret_hex: &str) {
+        let secret = Secret::from_hex(secret_hex).unwrap();
+        let (root, _record) = root(1, &secret);
+        let taken = exhaust_fds();
+        println!("port={}", root.port());
+        let mut line = String::new();
+        // The parent's connections wait in the listen queue: every accept fails with EMFILE.
+        std::io::stdin().read_line(&mut line).unwrap();
+        let (cpu, wall) = (cpu_time(), Instant::now());
+        std::thread::sleep(Duration::from_secs(2));
+        println!("cpu_fraction={}", (cpu_time() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64());
+        drop(taken);
+        println!("fds_free");
+        // The parent joins as the step's node, then says it is done.
+        line.clear();
+        std::io::stdin().read_line(&mut line).unwrap();
+        root.stop();
+    }
+
+    /// With no fd left, every accept fails at once while connections wait: a root that only tried again when
+    /// next woken would spin, a whole CPU, for as long as the process lacks fds. Its listener rests instead, and
+    /// takes the waiting connections once fds are free again.
+    #[test]
+    fn an_accept_failing_for_want_of_fds_does_not_make_the_root_spin() {
+        if let Ok(hex) = std::env::var(OUT_OF_FDS_CHILD) {
+            return out_of_fds_child(&hex);
+        }
+        let secret = Secret::generate().unwrap();
+        let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+        let name = format!("{module}::an_accept_failing_for_want_of_fds_does_not_make_the_root_spin");
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+            .env(OUT_OF_FDS_CHILD, secret.to_hex())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut to_child = child.stdin.take().unwrap();
+        let mut from_child = std::io::BufReader::new(child.stdout.take().unwrap());
+        // The harness may have begun the line the child prints on.
+        let mut wait_for = |key: &str| -> String {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                let n = std::io::BufRead::read_line(&mut from_child, &mut line).unwrap();
+                assert!(n > 0, "the child ended before saying {key}");
+                if let Some(at) = line.find(key) {
+                    return line[at + key.len()..].trim().to_string();
+                }
+            }
+        };
+        let port: u16 = wait_for("port=").parse().unwrap();
+        let waiting: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+        to_child.write_all(b"go\n").unwrap();
+        let fraction: f64 = wait_for("cpu_fraction=").parse().unwrap();
+        eprintln!("a root out of fds used {:.1}% of a CPU", fraction * 100.0);
+        wait_for("fds_free");
+        let joined = uplink::join(&[SocketAddr::from(([127, 0, 0, 1], port))], 0, &secret, Duration::from_secs(20));
+        to_child.write_all(b"done\n").unwrap();
+        drop(waiting);
+        let status = child.wait().unwrap();
+        assert!(fraction < 0.5, "a root that cannot accept used {:.0}% of a CPU", fraction * 100.0);
+        assert!(joined.is_ok(), "once fds were free again the node could not join: {:?}", joined.err());
+        assert!(status.success(), "the child failed: {status}");
     }
 }
