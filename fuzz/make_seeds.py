@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions).
+"""Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions) and of
+fuzz/seeds/frames (streams of slurmstepd-srun frames, src/slurm/wire.rs).
 
 The engine input format is the one fuzz_targets/engine.rs decodes: byte 0 is the configuration (bit 0
 trace, bit 1 host offers services, bit 2 small limits, bit 3 cyclic task map), then operations, each an
-op byte (op % 16 = what, (op // 16) % 3 = task) and its argument bytes. Run from anywhere:
+op byte (op % 16 = what, (op // 16) % 3 = task) and its argument bytes. The frames input format is the
+one fuzz_targets/frames.rs decodes: 4 header bytes (receiver and bounds, small bound / 16, nodes - 1,
+chunk sizes), then the stream. Run from anywhere:
     python3 fuzz/make_seeds.py
 """
 
 import os
+import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -174,6 +178,142 @@ PARSE_SEEDS = [
 ]
 
 
+# The frames of src/slurm/wire.rs: a u32 big-endian payload length, then the payload (kind byte first).
+K_HELLO, K_CONTRIB, K_ABORT, K_ERROR, K_GONE, K_BYE, K_PROOF = 1, 2, 3, 4, 5, 6, 7
+K_ALL, K_FAIL, K_END, K_CHALLENGE, K_WELCOME = 0x81, 0x82, 0x83, 0x84, 0x85
+VERSION = 2
+MESSAGE_MAX = 4096
+
+
+def frame(kind, payload=b""):
+    return struct.pack(">IB", 1 + len(payload), kind) + payload
+
+
+def hello(node, nonce):
+    return frame(K_HELLO, b"RPMI" + struct.pack(">HI", VERSION, node) + nonce)
+
+
+def parts(ps):
+    return struct.pack(">I", len(ps)) + b"".join(struct.pack(">II", n, len(b)) + b for n, b in ps)
+
+
+def contrib(epoch, ps):
+    return frame(K_CONTRIB, struct.pack(">I", epoch) + parts(ps))
+
+
+def all_(epoch, ps):
+    return frame(K_ALL, struct.pack(">I", epoch) + parts(ps))
+
+
+def abort(rank, code, message):
+    return frame(K_ABORT, struct.pack(">Ii", rank, code) + message)
+
+
+def error(rank, failed, message):
+    return frame(K_ERROR, struct.pack(">IB", rank, failed) + message)
+
+
+def fail(epoch, message):
+    return frame(K_FAIL, struct.pack(">I", epoch) + message)
+
+
+# Header byte 0: the receiver (0 root from the start, 1 root after the handshake, 2 stepd, 3 stepd in the
+# handshake), + SMALL for small bounds (byte 1 * 64 bytes); byte 2: nodes - 1; byte 3: chunk sizes (bits 0-1:
+# at most 1, 7, 64, 4096 bytes; the rest seeds them).
+ROOT, ADMITTED, STEPD, HANDSHAKE, SMALL = 0, 1, 2, 3, 4
+
+
+def frames(receiver, stream, bound=0, nodes=1, chunks=2):
+    return bytes([receiver, bound, nodes - 1, chunks]) + stream
+
+
+def kvs(node, n):
+    """A node's contribution: `<rank> <key>=<value>` lines, as the engine sends them."""
+    return b"".join(b"%d kvs_%d_%d=v%d\n" % (node * 2 + i, node, i, i) for i in range(n))
+
+
+FRAME_SEEDS = {
+    # A stepd's whole life, as the root reads it: handshake, two exchanges, a rank gone, the end.
+    "root_session": frames(
+        ROOT,
+        hello(1, bytes(range(32)))
+        + frame(K_PROOF, bytes(range(100, 132)))
+        + contrib(0, [(1, kvs(1, 2))])
+        + contrib(1, [(1, b"")])
+        + frame(K_GONE, struct.pack(">I", 3))
+        + frame(K_BYE),
+        chunks=1,
+    ),
+    # Aborts and job errors (with a UTF-8 text, an empty one, one of MESSAGE_MAX bytes), after the handshake.
+    "root_faults": frames(
+        ADMITTED,
+        abort(0, 7, b"rank 0: out of memory")
+        + abort(2, -1, b"")
+        + error(5, 1, "caf\u00e9 \u2014 rank 5 exited".encode())
+        + error(6, 0, b"x" * MESSAGE_MAX)
+        + frame(K_GONE, struct.pack(">I", 4)),
+        chunks=3,
+    ),
+    # A tree's CONTRIB of several nodes' parts, then one over a small bound (65 * 64 bytes per node: the
+    # root takes any frame up to CONTROL_MAX, 4112 bytes).
+    "root_small_bound": frames(
+        ADMITTED | SMALL,
+        contrib(3, [(2, kvs(2, 3)), (3, kvs(3, 1)), (4, b"")]) + contrib(4, [(2, b"y" * 4200)]),
+        bound=65,
+        chunks=6,
+    ),
+    # Not a stepd: an HTTP request, and a HELLO of protocol version 1, as the root's first frame.
+    "root_garbage": frames(ROOT, b"GET / HTTP/1.0\r\n\r\n", chunks=0),
+    "root_version_1": frames(
+        ROOT, frame(K_HELLO, b"RPMI" + struct.pack(">HI", 1, 0) + bytes(32)) + frame(K_PROOF, bytes(32)), chunks=4
+    ),
+    # Malformed frames: a part count the frame cannot hold, a part longer than the frame, a trailing byte,
+    # a job error whose cause is 2, an unknown kind, an empty frame.
+    "malformed": frames(
+        ADMITTED,
+        frame(K_CONTRIB, struct.pack(">II", 0, 1000) + bytes(8))
+        + frame(K_CONTRIB, struct.pack(">IIII", 0, 1, 0, 9) + b"a")
+        + frame(K_BYE, b"\0")
+        + error(1, 2, b"?")
+        + frame(99)
+        + struct.pack(">I", 0),
+        chunks=5,
+    ),
+    # The stepd's side: the handshake, then exchanges for 3 nodes, a failure, the end.
+    "stepd_handshake": frames(
+        HANDSHAKE, frame(K_CHALLENGE, bytes(range(32, 64))) + frame(K_WELCOME, bytes(range(64, 96))), chunks=7
+    ),
+    "stepd_session": frames(
+        STEPD,
+        all_(0, [(0, kvs(0, 2)), (1, kvs(1, 2)), (2, kvs(2, 1))])
+        + all_(1, [(0, b""), (1, b""), (2, b"")])
+        + fail(2, b"rank 3 on n2 closed its PMI connection")
+        + frame(K_END),
+        nodes=3,
+        chunks=2,
+    ),
+    # An ALL over a small store (4 * 64 bytes): refused before it is read.
+    "stepd_small_bound": frames(
+        STEPD | SMALL, all_(0, [(0, b"a" * 100), (1, b"b" * 200)]) + fail(1, b"late"), bound=4, nodes=2, chunks=1
+    ),
+    # A failure whose text is not UTF-8 (each bad byte decodes to U+FFFD, 3 bytes).
+    "stepd_not_utf8": frames(STEPD, fail(0, b"\xff" * 64 + "\u00e9".encode()[:1]) + frame(K_END), nodes=1, chunks=3),
+    # The frames of both sides in one stream, whole.
+    "both_sides": frames(
+        ADMITTED,
+        hello(0, bytes(32))
+        + frame(K_CHALLENGE, bytes(32))
+        + frame(K_PROOF, bytes(32))
+        + frame(K_WELCOME, bytes(32))
+        + contrib(0, [(0, b"0 k=v\n")])
+        + all_(0, [(0, b"0 k=v\n")])
+        + frame(K_BYE)
+        + frame(K_END),
+        chunks=3,
+    ),
+}
+
+
 def main():
     engine = os.path.join(HERE, "seeds", "engine")
     parse = os.path.join(HERE, "seeds", "parse")
@@ -184,6 +324,11 @@ def main():
             f.write(bytes(s.b))
     for i, data in enumerate(PARSE_SEEDS):
         with open(os.path.join(parse, "seed%02d" % i), "wb") as f:
+            f.write(data)
+    frames_dir = os.path.join(HERE, "seeds", "frames")
+    os.makedirs(frames_dir, exist_ok=True)
+    for name, data in FRAME_SEEDS.items():
+        with open(os.path.join(frames_dir, name), "wb") as f:
             f.write(data)
 
 

@@ -506,14 +506,7 @@ impl State {
                 Ok(Some(payload)) => ToRoot::decode(payload).map_err(|e| e.to_string()),
                 Err(FrameError::TooLarge { len, .. }) if matches!(stage, Stage::Node(_)) => {
                     let Stage::Node(n) = stage else { return false };
-                    let what = format!(
-                        "the slurmstepd of {} sent {len} bytes for one PMI exchange, over the limit of {} bytes \
-                         per node ({}: raise it in srun's environment if the job needs more)",
-                        self.node_name(n),
-                        self.step.part_max.bytes,
-                        self.step.part_max.option
-                    );
-                    self.fatal(what, None);
+                    self.part_too_large(n, len);
                     self.drop_conn(token);
                     return false;
                 }
@@ -659,6 +652,10 @@ impl State {
             return self.fatal(what, None);
         }
         for (from, bytes) in parts {
+            // A frame may be as large as a control frame even when the bound on a part is smaller.
+            if bytes.len() > self.step.part_max.bytes {
+                return self.part_too_large(node, bytes.len());
+            }
             // Only a node's own part today (a tree would forward its subtree's).
             if from != node || self.parts.get(from as usize).is_none_or(Option::is_some) {
                 let what = format!(
@@ -705,6 +702,18 @@ impl State {
         }
         self.check_finished();
         self.check_gone();
+    }
+
+    /// Node `node` brought `len` bytes to an exchange, over the bound on one node's part.
+    fn part_too_large(&mut self, node: u32, len: usize) {
+        let what = format!(
+            "the slurmstepd of {} sent {len} bytes for one PMI exchange, over the limit of {} bytes per node \
+             ({}: raise it in srun's environment if the job needs more)",
+            self.node_name(node),
+            self.step.part_max.bytes,
+            self.step.part_max.option
+        );
+        self.fatal(what, None);
     }
 
     /// An exchange cannot complete if a node that has not contributed is gone.
@@ -1132,6 +1141,18 @@ mod tests {
         let lines = record.lines();
         let error = lines.iter().find(|l| l.starts_with("error")).unwrap();
         assert!(error.contains("n2") && error.contains(&(PART_MAX.bytes + 1 + 17).to_string()), "{error}");
+        assert!(root.stop().ended);
+    }
+
+    #[test]
+    fn a_part_over_a_bound_smaller_than_a_control_frame_ends_the_step() {
+        let secret = Secret::generate().unwrap();
+        let mut small = step(2, &secret);
+        small.part_max = Bound { bytes: 100, option: "RPMI_TEST_PART_MAX" };
+        let (root, record) = start(small);
+        let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
+        s[0].write_all(&contrib(0, 0, &[b'x'; 200])).unwrap();
+        record.wait_for("sent 200 bytes for one PMI exchange, over the limit of 100 bytes per node");
         assert!(root.stop().ended);
     }
 

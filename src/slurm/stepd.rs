@@ -58,7 +58,7 @@ struct Stepd {
     /// The step's ids, from Slurm's step record.
     job: u32,
     step: u32,
-    /// The largest ALL frame this node takes in: every node's part, together within its store's bound.
+    /// The largest ALL payload this node takes in: every node's part, together within its store's bound.
     all_max: usize,
     /// The rank of each local task, ascending; a task's index here is its [`crate::server::TaskId`].
     local_ranks: Vec<u32>,
@@ -383,7 +383,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let stepd = Box::into_raw(Box::new(Stepd {
         job: rec.job,
         step: rec.step,
-        all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max),
+        all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max) - 4,
         rank_text: local_ranks.iter().map(|r| cstring(r.to_string())).collect(),
         local_ranks,
         child_fds,

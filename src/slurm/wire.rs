@@ -170,13 +170,18 @@ fn put_parts<'a>(f: &mut Vec<u8>, parts: impl ExactSizeIterator<Item = (u32, &'a
     Ok(())
 }
 
-/// A message text cut to [`MESSAGE_MAX`] bytes (at a character boundary).
-fn put_text(f: &mut Vec<u8>, text: &str) {
+/// The length of `text` cut to [`MESSAGE_MAX`] bytes (at a character boundary).
+fn text_end(text: &str) -> usize {
     let mut end = text.len().min(MESSAGE_MAX);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    f.extend_from_slice(&text.as_bytes()[..end]);
+    end
+}
+
+/// A message text cut to [`MESSAGE_MAX`] bytes (at a character boundary).
+fn put_text(f: &mut Vec<u8>, text: &str) {
+    f.extend_from_slice(&text.as_bytes()[..text_end(text)]);
 }
 
 /// A CONTRIB frame with one part, built without copying the bytes twice.
@@ -431,7 +436,10 @@ impl<'a> Reader<'a> {
         if rest.len() > MESSAGE_MAX {
             return Err(Malformed(format!("a message of {} bytes (at most {MESSAGE_MAX})", rest.len())));
         }
-        Ok(String::from_utf8_lossy(rest).into_owned())
+        // Every byte that is not UTF-8 becomes U+FFFD, 3 bytes: the text is cut as an encoder cuts it.
+        let mut text = String::from_utf8_lossy(rest).into_owned();
+        text.truncate(text_end(&text));
+        Ok(text)
     }
     fn end(&self) -> Result<(), Malformed> {
         if self.0.is_empty() {
@@ -515,6 +523,13 @@ mod tests {
         let ToRoot::Abort { message, .. } = ToRoot::decode(payload(&f)).unwrap() else { panic!() };
         assert_eq!(message.len(), MESSAGE_MAX);
         assert!(message.chars().all(|c| c == 'é'));
+        // A text that is not UTF-8 grows when decoded (U+FFFD for each bad byte): it is cut the same way.
+        let mut abort = vec![ABORT, 0, 0, 0, 1, 0, 0, 0, 2];
+        abort.extend(std::iter::repeat_n(0xff, MESSAGE_MAX));
+        let ToRoot::Abort { message, .. } = ToRoot::decode(&abort).unwrap() else { panic!() };
+        assert_eq!(message, "\u{fffd}".repeat(MESSAGE_MAX / 3));
+        let m = ToRoot::Abort { rank: 1, code: 2, message };
+        assert_eq!(ToRoot::decode(payload(&m.encode().unwrap())), Ok(m));
     }
 
     #[test]
