@@ -124,7 +124,7 @@ pub unsafe fn prelaunch(
         // SAFETY: not NULL (checked above): Slurm's NUL-terminated node list.
         unsafe { CStr::from_ptr(layout.node_list) }.to_string_lossy().into_owned()
     };
-    let (node_names, addresses) = match slurm.expand_nodelist(&list) {
+    let (node_names, addresses) = match slurm.expand_nodelist(&list, nodes) {
         Ok(names) if names.len() == nodes => {
             // Only where slurm.conf gives every node's address: a node it cannot place must not be refused.
             let addresses: Option<Vec<_>> = names.iter().map(|n| slurm.node_address(n)).collect();

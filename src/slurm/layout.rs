@@ -93,8 +93,8 @@ pub fn decode(text: &str, nodes: usize) -> Result<Vec<u32>, String> {
 /// Expands a Slurm node list (`n[1-3,7],login[01-02]-ib,x`) into names, in order. Covers the forms srun
 /// writes into `SLURM_STEP_NODELIST` on ordinary clusters; the plugin prefers Slurm's own hostlist
 /// functions when the process has them.
-pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
-    let bad = |why: &str| format!("node list '{list}': {why}");
+pub fn expand_nodelist(list: &str, max: usize) -> Result<Vec<String>, String> {
+    let bad = |why: &str| format!("node list '{}': {why}", super::trace::escape_text(list, 200));
     let mut names = Vec::new();
     let mut depth = 0;
     let mut start = 0;
@@ -116,13 +116,16 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
     }
     items.push(&list[start..]);
     for item in items.into_iter().map(str::trim).filter(|s| !s.is_empty()) {
-        expand_item(item, &mut names).map_err(|e| bad(&e))?;
+        expand_item(item, &mut names, max).map_err(|e| bad(&e))?;
     }
     Ok(names)
 }
 
-fn expand_item(item: &str, out: &mut Vec<String>) -> Result<(), String> {
+fn expand_item(item: &str, out: &mut Vec<String>, max: usize) -> Result<(), String> {
     let Some(open) = item.find('[') else {
+        if out.len() == max {
+            return Err(format!("more than {max} names"));
+        }
         out.push(item.to_string());
         return Ok(());
     };
@@ -137,7 +140,7 @@ fn expand_item(item: &str, out: &mut Vec<String>) -> Result<(), String> {
         }
         for n in l..=h {
             // The suffix may hold further brackets (`a[1-2]b[3-4]`).
-            expand_item(&format!("{prefix}{n:0width$}{suffix}"), out)?;
+            expand_item(&format!("{prefix}{n:0width$}{suffix}"), out, max)?;
         }
     }
     Ok(())
@@ -178,12 +181,15 @@ mod tests {
 
     #[test]
     fn node_lists() {
-        let e = |s: &str| expand_nodelist(s).unwrap();
+        let e = |s: &str| expand_nodelist(s, 1000).unwrap();
         assert_eq!(e("n[1-3]"), ["n1", "n2", "n3"]);
         assert_eq!(e("n1"), ["n1"]);
         assert_eq!(e("a[01-02,7],b,c[9-10]x"), ["a01", "a02", "a7", "b", "c9x", "c10x"]);
         assert_eq!(e("r[1-2]n[1-2]"), ["r1n1", "r1n2", "r2n1", "r2n2"]);
-        assert!(expand_nodelist("n[1-").is_err());
-        assert!(expand_nodelist("n[3-1]").is_err());
+        assert!(expand_nodelist("n[1-", 1000).is_err());
+        assert!(expand_nodelist("n[3-1]", 1000).is_err());
+        // A short list may name far more nodes than the step has: it is refused, not expanded.
+        assert!(expand_nodelist("n[1-1000000]", 3).unwrap_err().contains("more than 3 names"));
+        assert_eq!(expand_nodelist("n[1-3]", 3).unwrap().len(), 3);
     }
 }

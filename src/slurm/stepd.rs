@@ -26,7 +26,7 @@ use super::layout;
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink;
-use super::wire::{self, FrameBuf, FromRoot, ToRoot};
+use super::wire::{self, FrameBuf, FromRoot, ToRoot, MESSAGE_MAX};
 use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
 use crate::server::{Direction, Host, JobError, JobInfo, Limits, Shell, TaskMap};
 use std::ffi::{c_char, c_int, CStr, CString};
@@ -49,6 +49,12 @@ const JOIN_PATIENCE: Duration = Duration::from_secs(30);
 const FINI_GRACE: Duration = Duration::from_secs(2);
 /// The longest text from a task (an abort message, an environment value) that reaches slurmd's log.
 const LOGGED_TEXT_MAX: usize = 256;
+/// The most lines one step logs into slurmd's log.
+const LOGGED_LINES_MAX: usize = 200;
+
+/// The fork notice a task child writes: every task is forked, and whether its task info confirmed the ids.
+const NOTICE_FORKED: u8 = 0;
+const NOTICE_IDS_CONFIRMED: u8 = 1;
 
 /// The step this process serves; set at prefork, read without a lock in the task children.
 static STEPD: AtomicPtr<Stepd> = AtomicPtr::new(std::ptr::null_mut());
@@ -58,6 +64,8 @@ struct Stepd {
     /// The step's ids, from Slurm's step record.
     job: u32,
     step: u32,
+    /// The step's node count: every ALL frame has one part per node.
+    nodes: usize,
     /// The largest ALL payload this node takes in: every node's part, together within its store's bound.
     all_max: usize,
     /// The rank of each local task, ascending; a task's index here is its [`crate::server::TaskId`].
@@ -97,6 +105,20 @@ struct Link {
     ending: AtomicBool,
     /// srun said it is done with the step (END): its close is the normal end.
     srun_done: AtomicBool,
+    /// A task child found Slurm's task info naming the step read from the step record: only then does the
+    /// stepd ask slurmctld to end that step.
+    ids_confirmed: AtomicBool,
+}
+
+/// Asks slurmctld to end the step this stepd serves, once a task has confirmed its ids.
+fn kill_own_step(slurm: &Slurm, link: &Link, place: &Place) -> Result<(), String> {
+    if !link.ids_confirmed.load(SeqCst) {
+        return Err(format!(
+            "not ending step {}.{} from here: no task has confirmed that Slurm runs it under these ids",
+            place.job, place.step
+        ));
+    }
+    slurm.kill_step(place.job, place.step, libc::SIGKILL)
 }
 
 /// The step ids and this node's place, for messages and for ending the step.
@@ -126,6 +148,8 @@ struct SlurmHost {
     trace: Option<Trace>,
     /// An abort or job error was sent: the root ends the step; say it once.
     ended: bool,
+    /// Lines this step has logged.
+    logged: usize,
 }
 
 impl SlurmHost {
@@ -146,18 +170,19 @@ impl SlurmHost {
     /// The step must end, with `message` for the user: the root prints it on srun's stderr and ends the step.
     /// Without a root (srun is gone), the stepd does both: its errors reach the job's stderr.
     fn end_step(&mut self, message: ToRoot, text: &str) {
-        self.link.ending.store(true, SeqCst);
         if std::mem::replace(&mut self.ended, true) {
-            self.slurm.info(text);
+            self.log(log::Level::Info, text);
             return;
         }
         if message.encode().is_ok_and(|frame| self.send(&frame)) {
-            self.slurm.info(text);
+            self.link.ending.store(true, SeqCst);
+            self.log(log::Level::Info, text);
             return;
         }
-        self.slurm.error(&format!("{text}; srun (the collective root) is gone, ending the step from here"));
-        if let Err(e) = self.slurm.kill_step(self.place.job, self.place.step, libc::SIGKILL) {
-            self.slurm.error(&e);
+        self.log(log::Level::Error, &format!("{text}; srun (the collective root) is gone, ending the step from here"));
+        self.link.ending.store(true, SeqCst);
+        if let Err(e) = kill_own_step(self.slurm, &self.link, &self.place) {
+            self.log(log::Level::Error, &e);
         }
     }
 
@@ -196,10 +221,19 @@ impl Host for SlurmHost {
     }
 
     fn log(&mut self, level: log::Level, message: &str) {
+        // What reaches slurmd's log may carry what tasks or srun sent: it is escaped and cut, and a step
+        // logs at most LOGGED_LINES_MAX lines (tasks can make the engine say something per request).
+        self.logged += 1;
+        if self.logged > LOGGED_LINES_MAX {
+            if self.logged == LOGGED_LINES_MAX + 1 {
+                self.slurm.info("this step's further PMI messages are not logged");
+            }
+            return;
+        }
         // A stepd's errors also reach the job's stderr: once the user has been told why the step ends, the
         // consequences (every barrier failing) go to the slurmd log only.
         let level = if level <= log::Level::Warn && self.link.ending.load(SeqCst) { log::Level::Info } else { level };
-        self.slurm.log(level, message);
+        self.slurm.log(level, &escape_text(message, MESSAGE_MAX));
     }
 
     fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
@@ -293,7 +327,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     // Set by slurmd: the address srun's launch request came from.
     let host = need(envp, "SLURM_SRUN_COMM_HOST")?;
     let nodelist = need(envp, "SLURM_STEP_NODELIST")?;
-    let names = slurm.expand_nodelist(&nodelist)?;
+    let names = slurm.expand_nodelist(&nodelist, rec.nodes as usize)?;
     let node_of = layout::decode(&need(envp, ENV_MAP)?, names.len())?;
     let node = rec.node;
     let local_ranks: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
@@ -333,6 +367,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         stopping: false.into(),
         ending: false.into(),
         srun_done: false.into(),
+        ids_confirmed: false.into(),
     });
 
     let mut pairs = Vec::with_capacity(local_ranks.len());
@@ -368,6 +403,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         slurm,
         trace,
         ended: false,
+        logged: 0,
     };
     let mut driver =
         Driver::new(shell, host_side, inbox).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
@@ -383,6 +419,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let stepd = Box::into_raw(Box::new(Stepd {
         job: rec.job,
         step: rec.step,
+        nodes: rec.nodes as usize,
         all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max) - 4,
         rank_text: local_ranks.iter().map(|r| cstring(r.to_string())).collect(),
         local_ranks,
@@ -513,9 +550,12 @@ fn uplink_reader(
             // A notice: every task is forked. The pipe stays open (a child writing to a pipe nobody reads would
             // die of SIGPIPE) and is drained.
             close_children(stepd);
-            let mut sink = [0u8; 256];
+            let mut notices = [0u8; 256];
             // SAFETY: reading into our buffer from our non-empty pipe.
-            unsafe { libc::read(notify.as_raw_fd(), sink.as_mut_ptr().cast(), sink.len()) };
+            let n = unsafe { libc::read(notify.as_raw_fd(), notices.as_mut_ptr().cast(), notices.len()) };
+            if notices[..n.max(0) as usize].contains(&NOTICE_IDS_CONFIRMED) {
+                link.ids_confirmed.store(true, SeqCst);
+            }
         }
         if connected && fds[2].revents != 0 {
             let why = match uplink.read(&mut buf) {
@@ -534,14 +574,25 @@ fn uplink_reader(
                         };
                         match frame {
                             Ok(FromRoot::All { parts, .. }) => {
-                                link.pending.store(false, SeqCst);
+                                // srun is the user's: a result must answer this node's barrier and hold
+                                // one part per node, in order, or nothing of it is kept.
+                                let in_order = parts.len() == stepd.nodes
+                                    && parts.iter().enumerate().all(|(i, (n, _))| *n as usize == i);
+                                if !in_order {
+                                    why = Some("srun sent an exchange result that is not one part per node".into());
+                                    break;
+                                }
+                                if !link.pending.swap(false, SeqCst) {
+                                    why = Some("srun sent an exchange result no barrier waits for".into());
+                                    break;
+                                }
                                 let parts = parts.into_iter().map(|(_, bytes)| bytes).collect();
                                 let _ = handle.post(Event::CollectiveDone(Ok(parts)));
                             }
                             Ok(FromRoot::End) => link.srun_done.store(true, SeqCst),
                             Ok(FromRoot::Fail { message, .. }) => {
                                 link.ending.store(true, SeqCst);
-                                fail_collective(&link, &handle, &message)
+                                fail_collective(&link, &handle, &escape_text(&message, MESSAGE_MAX))
                             }
                             Ok(other @ (FromRoot::Challenge { .. } | FromRoot::Welcome { .. })) => {
                                 why = Some(format!("srun sent {other:?} after the handshake"));
@@ -552,6 +603,8 @@ fn uplink_reader(
                                 break;
                             }
                         }
+                        // The frame was copied out: its bytes need not stay beside the parts.
+                        input.release();
                     }
                     input.release();
                     why
@@ -570,7 +623,7 @@ fn uplink_reader(
                         place.job, place.step, place.node_name
                     ));
                     // Every node tries; all but the first find the step ending already.
-                    if let Err(e) = slurm.kill_step(place.job, place.step, libc::SIGKILL) {
+                    if let Err(e) = kill_own_step(slurm, &link, &place) {
                         slurm.info(&e);
                     }
                 }
@@ -605,9 +658,11 @@ pub fn fini() {
     if p.is_null() {
         return;
     }
-    // SAFETY: the pointer prefork made; taken out of STEPD, so freed once.
+    // The threads hold `&'static Stepd`: they are stopped before the box is taken back.
+    // SAFETY: the pointer prefork made, alive until freed below.
+    stop_threads(unsafe { &*p });
+    // SAFETY: taken out of STEPD, so freed once, after its threads are joined.
     let stepd = unsafe { Box::from_raw(p) };
-    stop_threads(&stepd);
     close_children(&stepd);
     // SAFETY: our fd, closed once.
     unsafe { libc::close(stepd.notify_w) };
@@ -627,13 +682,18 @@ pub unsafe fn task(info: *const sys::mpi_plugin_task_info_t, env: *mut *mut *mut
     // SAFETY: set at prefork and freed only at fini, which this forked child never runs.
     let Some(stepd) = (unsafe { p.as_ref() }) else { return sys::SLURM_ERROR };
     // SAFETY: Slurm's task info, as the caller promises.
-    let rc = match unsafe { info.as_ref() } {
+    let info = unsafe { info.as_ref() };
+    // Slurm fills the task info from the same step record prefork read: ids that differ mean the record was
+    // not read as it is laid out, and nothing read from it can be trusted.
+    let confirmed = info.is_some_and(|i| i.step_id.job_id == stepd.job && i.step_id.step_id == stepd.step);
+    let rc = match info {
         // SAFETY: as above.
-        Some(info) => unsafe { set_up_task(stepd, info, env) },
-        None => sys::SLURM_ERROR,
+        Some(info) if confirmed => unsafe { set_up_task(stepd, info, env) },
+        _ => sys::SLURM_ERROR,
     };
-    // Whatever happened, tell the stepd: every task is forked now (see the module's documentation).
-    let notice = [1u8];
+    // Whatever happened, tell the stepd: every task is forked now (see the module's documentation), and
+    // whether the ids are Slurm's.
+    let notice = [if confirmed { NOTICE_IDS_CONFIRMED } else { NOTICE_FORKED }];
     // SAFETY: a one-byte write from a live buffer, and closes of fds this child inherited.
     unsafe {
         libc::write(stepd.notify_w, notice.as_ptr().cast(), 1);
@@ -648,11 +708,6 @@ pub unsafe fn task(info: *const sys::mpi_plugin_task_info_t, env: *mut *mut *mut
 /// # Safety
 /// `env` as Slurm passes it to the task hook.
 unsafe fn set_up_task(stepd: &Stepd, info: &sys::mpi_plugin_task_info_t, env: *mut *mut *mut c_char) -> c_int {
-    // Slurm fills the task info from the same step record prefork read: ids that differ mean the record was
-    // not read as it is laid out, and nothing read from it can be trusted.
-    if info.step_id.job_id != stepd.job || info.step_id.step_id != stepd.step {
-        return sys::SLURM_ERROR;
-    }
     let Ok(task) = stepd.local_ranks.binary_search(&info.gtaskid) else { return sys::SLURM_ERROR };
     let fd = stepd.child_fds[task].load(SeqCst);
     // SAFETY: fcntl on an fd this child inherited.

@@ -144,6 +144,9 @@ pub fn slurm() -> &'static Slurm {
     })
 }
 
+/// The longest node name a node list is assumed to hold, for bounding a list's length.
+const NODE_NAME_MAX: usize = 256;
+
 fn c_text(s: &str) -> CString {
     CString::new(s.replace('\0', "\\0")).unwrap_or_default()
 }
@@ -240,12 +243,23 @@ impl Slurm {
         }
     }
 
-    /// The names in a Slurm node list, with Slurm's own parser when the process has it.
-    pub fn expand_nodelist(&self, list: &str) -> Result<Vec<String>, String> {
+    /// The names in a Slurm node list of at most `max` nodes, with Slurm's own parser when the process has
+    /// it. The list may come from the user's environment, and Slurm's parser ends the whole process on some
+    /// lists (too many ranges): one longer than `max` names can be written in, with more ranges than `max`,
+    /// or naming more than `max` nodes is refused before or while it is expanded.
+    pub fn expand_nodelist(&self, list: &str, max: usize) -> Result<Vec<String>, String> {
+        let bad = |why: String| format!("node list '{}': {why}", super::trace::escape_text(list, 200));
+        if list.len() > max.saturating_mul(NODE_NAME_MAX).saturating_add(1024) {
+            return Err(bad(format!("{} bytes, too long for {max} nodes", list.len())));
+        }
+        // Each range or name is at least one node, and they are separated by commas.
+        if list.bytes().filter(|&b| b == b',').count() >= max.max(1) {
+            return Err(bad(format!("more ranges than {max} nodes")));
+        }
         let (Some(create), Some(shift), Some(destroy)) =
             (self.hostlist_create, self.hostlist_shift, self.hostlist_destroy)
         else {
-            return super::layout::expand_nodelist(list);
+            return super::layout::expand_nodelist(list, max);
         };
         let text = c_text(list);
         // SAFETY: Slurm's hostlist API: create from a string, shift names (malloc'd, freed with free()),
@@ -253,7 +267,7 @@ impl Slurm {
         unsafe {
             let hl = create(text.as_ptr());
             if hl.is_null() {
-                return Err(format!("Slurm cannot read the node list '{list}'"));
+                return Err(bad("Slurm cannot read it".into()));
             }
             let mut names = Vec::new();
             loop {
@@ -263,6 +277,10 @@ impl Slurm {
                 }
                 names.push(CStr::from_ptr(p).to_string_lossy().into_owned());
                 libc::free(p.cast());
+                if names.len() > max {
+                    destroy(hl);
+                    return Err(bad(format!("more than {max} names")));
+                }
             }
             destroy(hl);
             Ok(names)

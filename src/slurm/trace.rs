@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -84,6 +85,8 @@ impl Drop for Trace {
 
 fn write_loop(shared: &(Mutex<Queue>, Condvar), fd: i32) {
     let (lock, wake) = shared;
+    // Opened at the first write, when the fd is the job's stderr (it is not yet at start).
+    let mut out: Option<Output> = None;
     // A token bucket: `budget` bytes may be written now; it refills at RATE, up to RATE.
     let mut budget = RATE as f64;
     let mut refilled = Instant::now();
@@ -106,7 +109,7 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), fd: i32) {
         if dropped > 0 {
             let note =
                 format!("rpmi: {dropped} PMI trace lines dropped (the trace is limited to {RATE} bytes a second)\n");
-            write_all(fd, note.as_bytes());
+            write_all(out.get_or_insert_with(|| Output::of(fd)).fd(), note.as_bytes());
         }
         let Some(line) = line else { return };
         // Once stopped, what is queued gets a second at most.
@@ -121,12 +124,47 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), fd: i32) {
             budget = line.len() as f64;
         }
         budget -= line.len() as f64;
-        write_all(fd, &line);
+        write_all(out.get_or_insert_with(|| Output::of(fd)).fd(), &line);
     }
 }
 
-/// Writes `bytes`, waiting at most a second for the fd to take them: a job whose stderr is not read loses
-/// trace lines, never its PMI service.
+/// Where the trace is written: for a pipe (the job's stderr stream), a non-blocking handle of its own,
+/// opened anew through /proc so that the flag does not change the pipe as Slurm and the tasks use it; a
+/// write then never blocks, even if a task fills the pipe between a poll and the write. Anything else
+/// (a file) as it is.
+enum Output {
+    Pipe(OwnedFd),
+    Other(i32),
+}
+
+impl Output {
+    fn of(fd: i32) -> Output {
+        // SAFETY: an all-zero stat is a valid buffer for fstat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat into our buffer.
+        let is_pipe = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO;
+        let path = format!("/proc/self/fd/{fd}\0");
+        if is_pipe {
+            // SAFETY: a NUL-terminated path; the fd, if any, is fresh and ours.
+            let own = unsafe { libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+            if own >= 0 {
+                // SAFETY: fresh and ours.
+                return Output::Pipe(unsafe { OwnedFd::from_raw_fd(own) });
+            }
+        }
+        Output::Other(fd)
+    }
+
+    fn fd(&self) -> i32 {
+        match self {
+            Output::Pipe(own) => own.as_raw_fd(),
+            Output::Other(fd) => *fd,
+        }
+    }
+}
+
+/// Writes `bytes`, waiting at most a second at a time for the fd to take them: a job whose stderr is not
+/// read loses trace lines, never its PMI service.
 fn write_all(fd: i32, mut bytes: &[u8]) {
     while !bytes.is_empty() {
         let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
@@ -139,10 +177,10 @@ fn write_all(fd: i32, mut bytes: &[u8]) {
         // SAFETY: writing from a live buffer, its length passed.
         let written = unsafe { libc::write(fd, bytes.as_ptr().cast(), n) };
         if written <= 0 {
-            if written < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
+            match io::Error::last_os_error().kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock if written < 0 => continue,
+                _ => return,
             }
-            return;
         }
         bytes = &bytes[written as usize..];
     }
@@ -178,7 +216,6 @@ pub fn escape_text(text: &str, max: usize) -> String {
 mod tests {
     use super::*;
     use std::io::Read;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
     #[test]
     fn lines_are_escaped_and_cut() {

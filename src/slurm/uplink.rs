@@ -53,7 +53,7 @@ pub fn join(addrs: &[SocketAddr], node: u32, secret: &Secret, patience: Duration
         attempts += 1;
         let mut last = String::from("no address");
         for addr in addrs {
-            match attempt(addr, node, secret) {
+            match attempt(addr, node, secret, deadline) {
                 Ok(s) => return Ok(s),
                 Err(Attempt::Impostor(why)) => return Err(JoinError::NotTheRoot(format!("{addr}: {why}"))),
                 Err(Attempt::Failed(why)) => last = format!("{addr}: {why}"),
@@ -85,19 +85,20 @@ fn failed(e: io::Error) -> Attempt {
     Attempt::Failed(e.to_string())
 }
 
-fn attempt(addr: &SocketAddr, node: u32, secret: &Secret) -> Result<TcpStream, Attempt> {
-    let mut s = TcpStream::connect_timeout(addr, STEP_TIMEOUT).map_err(failed)?;
+/// One connection and handshake, all of it by `deadline` (whatever the peer sends, and however slowly).
+fn attempt(addr: &SocketAddr, node: u32, secret: &Secret, deadline: Instant) -> Result<TcpStream, Attempt> {
+    let left = deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), STEP_TIMEOUT);
+    let mut s = TcpStream::connect_timeout(addr, left).map_err(failed)?;
     let _ = s.set_nodelay(true);
-    s.set_read_timeout(Some(STEP_TIMEOUT)).map_err(failed)?;
     let stepd_nonce = auth::nonce().map_err(failed)?;
     send(&mut s, &encode(&ToRoot::Hello { node, nonce: stepd_nonce })).map_err(failed)?;
-    let root_nonce = match receive(&mut s)? {
+    let root_nonce = match receive(&mut s, deadline)? {
         FromRoot::Challenge { nonce } => nonce,
         other => return Err(Attempt::Impostor(format!("it answered HELLO with {other:?}"))),
     };
     let t = Transcript { node, stepd_nonce, root_nonce };
     send(&mut s, &encode(&ToRoot::Proof { proof: secret.prove(Role::Stepd, &t) })).map_err(failed)?;
-    match receive(&mut s)? {
+    match receive(&mut s, deadline)? {
         FromRoot::Welcome { proof } if secret.verify(Role::Root, &t, &proof) => {}
         FromRoot::Welcome { .. } => return Err(Attempt::Impostor("its proof of the step's secret is wrong".into())),
         other => return Err(Attempt::Impostor(format!("it answered PROOF with {other:?}"))),
@@ -111,18 +112,37 @@ fn encode(m: &ToRoot) -> Vec<u8> {
     m.encode().unwrap_or_default()
 }
 
-/// One handshake frame from the root; a close or a reset is worth a retry (the root drops connections it
-/// has no room for), anything undecodable is not the root.
-fn receive(s: &mut TcpStream) -> Result<FromRoot, Attempt> {
+/// One handshake frame from the root, by `deadline`; a close or a reset is worth a retry (the root drops
+/// connections it has no room for), anything undecodable is not the root.
+fn receive(s: &mut TcpStream, deadline: Instant) -> Result<FromRoot, Attempt> {
     let mut len = [0u8; 4];
-    s.read_exact(&mut len).map_err(failed)?;
+    read_by(s, &mut len, deadline).map_err(failed)?;
     let len = u32::from_be_bytes(len) as usize;
     if len > CONTROL_MAX {
         return Err(Attempt::Impostor(format!("it sent a frame of {len} bytes during the handshake")));
     }
     let mut payload = vec![0; len];
-    s.read_exact(&mut payload).map_err(failed)?;
+    read_by(s, &mut payload, deadline).map_err(failed)?;
     FromRoot::decode(&payload).map_err(|e| Attempt::Impostor(e.to_string()))
+}
+
+/// Fills `buf` by `deadline`: a peer that trickles bytes cannot stretch the wait, since each read gets only
+/// what is left of it.
+fn read_by(s: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now()).min(STEP_TIMEOUT);
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no handshake from srun in time"));
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Writes all of `frame`, giving up once it has taken longer than its size allows: a peer that reads a byte
@@ -192,6 +212,28 @@ mod tests {
         let err = join(&[addr], 0, &Secret::generate().unwrap(), Duration::from_secs(30)).unwrap_err();
         assert!(matches!(err, JoinError::NotTheRoot(_)), "{err}");
         fake.join().unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_trickles_bytes_cannot_stretch_the_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let trickle = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            // A frame length announcing a whole control frame, then a byte every 200 ms.
+            let _ = c.write_all(&(CONTROL_MAX as u32).to_be_bytes());
+            for _ in 0..50 {
+                std::thread::sleep(Duration::from_millis(200));
+                if c.write_all(&[0]).is_err() {
+                    break;
+                }
+            }
+        });
+        let start = Instant::now();
+        let err = join(&[addr], 0, &Secret::generate().unwrap(), Duration::from_secs(1)).unwrap_err();
+        // Well under the 10 s the trickle takes: the deadline bounds the handshake, not each read.
+        assert!(start.elapsed() < Duration::from_secs(5), "{err} after {:?}", start.elapsed());
+        trickle.join().unwrap();
     }
 
     #[test]
