@@ -827,3 +827,40 @@ fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
     cleanup(&mark);
     run.stdout.take();
 }
+
+/// tests/slurm/double_all.c built as a preload library, once.
+fn double_all() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("double_all.so");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/double_all.c");
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .args(["-ldl", "-lpthread"])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "cc failed on {}", src.display());
+        out
+    })
+}
+
+/// A user's srun may send an exchange result no barrier asked for (tests/slurm/double_all.c sends every one
+/// twice): the slurmstepd (root) must refuse it, not keep it, and end the step, since its srun is not to be
+/// trusted any more.
+#[test]
+fn an_exchange_result_no_barrier_waits_for_ends_the_step() {
+    let _s = serial();
+    let mark = marker("double-all");
+    let want = "srun sent an exchange result no barrier waits for";
+    let logged = slurmd_logs().matches(want).count();
+    let preload = double_all().to_str().unwrap();
+    let run = Srun::start_with(&mark, "rpmi", &["-N3", "-n3", probe(), "exchange"], &[("LD_PRELOAD", preload)]);
+    let run = run.wait();
+    cleanup(&mark);
+    assert!(!run.status.success(), "the step went on past a result no barrier waited for: {run}");
+    assert!(
+        run.stderr.contains(want) || slurmd_logs().matches(want).count() > logged,
+        "neither the job's stderr nor slurmd's log says `{want}`: {run}"
+    );
+}

@@ -33,7 +33,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::io::{self, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -93,8 +93,9 @@ struct Stepd {
 
 /// The state the uplink reader and the shell's host share.
 struct Link {
-    /// A collective was sent and its result has not come.
+    /// A collective was sent and its result has not come; its epoch.
     pending: AtomicBool,
+    epoch: AtomicU32,
     /// The connection to srun is gone.
     lost: AtomicBool,
     /// Every local task has closed its connection: the connection closing now is the normal end.
@@ -194,6 +195,7 @@ impl SlurmHost {
 
 impl Host for SlurmHost {
     fn collective(&mut self, contribution: &[u8]) {
+        self.link.epoch.store(self.epoch, SeqCst);
         self.link.pending.store(true, SeqCst);
         let frame = wire::contrib(self.epoch, self.place.node, contribution);
         self.epoch = self.epoch.wrapping_add(1);
@@ -362,6 +364,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let (handle, inbox) = channel().map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let link = Arc::new(Link {
         pending: false.into(),
+        epoch: 0.into(),
         lost: false.into(),
         finished: false.into(),
         stopping: false.into(),
@@ -573,7 +576,7 @@ fn uplink_reader(
                             )),
                         };
                         match frame {
-                            Ok(FromRoot::All { parts, .. }) => {
+                            Ok(FromRoot::All { epoch, parts }) => {
                                 // srun is the user's: a result must answer this node's barrier and hold
                                 // one part per node, in order, or nothing of it is kept.
                                 let in_order = parts.len() == stepd.nodes
@@ -582,7 +585,7 @@ fn uplink_reader(
                                     why = Some("srun sent an exchange result that is not one part per node".into());
                                     break;
                                 }
-                                if !link.pending.swap(false, SeqCst) {
+                                if epoch != link.epoch.load(SeqCst) || !link.pending.swap(false, SeqCst) {
                                     why = Some("srun sent an exchange result no barrier waits for".into());
                                     break;
                                 }
