@@ -556,16 +556,24 @@ fn job_id(mark: &str) -> String {
     }
 }
 
-/// tests/slurm/spoof_env.c built as a preload library, once.
-fn spoof_env() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("spoof_env.so");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/spoof_env.c");
-        let status = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&out).arg(&src).arg("-ldl").status();
+/// `tests/slurm/NAME.c`, a shim a hostile user preloads into their own srun, built as a preload library
+/// (once per test run).
+fn shim(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.so"));
+    if !built.iter().any(|b| b == name) {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/slurm/{name}.c"));
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .args(["-ldl", "-lpthread"])
+            .status();
         assert!(status.is_ok_and(|s| s.success()), "cc failed on {}", src.display());
-        out
-    })
+        built.push(name.to_string());
+    }
+    out
 }
 
 #[test]
@@ -578,7 +586,8 @@ fn ids_spoofed_in_the_environment_do_not_end_another_jobs_step() {
     // The attacker's srun puts the victim's ids in its step's environment, then dies while its step runs: each
     // stepd (root) then ends the step it serves, which must be its own.
     let mark = marker("spoofer");
-    let preload = spoof_env().to_str().unwrap();
+    let preload = shim("spoof_env");
+    let preload = preload.to_str().unwrap();
     let env = [("LD_PRELOAD", preload), ("RPMI_SPOOF_JOB_ID", victim_job.as_str()), ("RPMI_SPOOF_STEP_ID", "0")];
     let mut run =
         Srun::start_with(&mark, "rpmi", &["-N3", "-n3", mpi_pairs().to_str().unwrap(), "hang_before_init=1"], &env);
@@ -697,23 +706,6 @@ fn a_killed_srun_leaves_no_step_waiting() {
     run.stdout.take();
 }
 
-/// tests/slurm/slow_root.c built as a preload library, once.
-fn slow_root() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("slow_root.so");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/slow_root.c");
-        let status = Command::new("cc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .args(["-ldl", "-lpthread"])
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "cc failed on {}", src.display());
-        out
-    })
-}
-
 /// The live slurmstepds of step `job.step` on this cluster, found as docker/slurm-cluster.sh finds its stepds
 /// (named slurmstepd, holding a file under the cluster's directory open) and by their title,
 /// `slurmstepd: [JOB.STEP]`.
@@ -780,7 +772,8 @@ fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
     let puts = ((send_buffer_max() + (2 << 20)) / SIZE).to_string();
     let size = SIZE.to_string();
     let args = ["-N3", "-n3", probe(), "exchange", "--puts", &puts, "--size", &size];
-    let preload = slow_root().to_str().unwrap();
+    let preload = shim("slow_root");
+    let preload = preload.to_str().unwrap();
     let mut run = Srun::start_with(&mark, "rpmi", &args, &[("LD_PRELOAD", preload)]);
     let until = Instant::now() + GUARD;
     let task = loop {
@@ -828,23 +821,6 @@ fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
     run.stdout.take();
 }
 
-/// tests/slurm/double_all.c built as a preload library, once.
-fn double_all() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("double_all.so");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/double_all.c");
-        let status = Command::new("cc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .args(["-ldl", "-lpthread"])
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "cc failed on {}", src.display());
-        out
-    })
-}
-
 /// A user's srun may send an exchange result no barrier asked for (tests/slurm/double_all.c sends every one
 /// twice): the slurmstepd (root) must refuse it, not keep it, and end the step, since its srun is not to be
 /// trusted any more.
@@ -854,7 +830,8 @@ fn an_exchange_result_no_barrier_waits_for_ends_the_step() {
     let mark = marker("double-all");
     let want = "srun sent an exchange result no barrier waits for";
     let logged = slurmd_logs().matches(want).count();
-    let preload = double_all().to_str().unwrap();
+    let preload = shim("double_all");
+    let preload = preload.to_str().unwrap();
     let run = Srun::start_with(&mark, "rpmi", &["-N3", "-n3", probe(), "exchange"], &[("LD_PRELOAD", preload)]);
     let run = run.wait();
     cleanup(&mark);
