@@ -506,7 +506,8 @@ impl State {
                 Ok(Some(payload)) => ToRoot::decode(payload).map_err(|e| e.to_string()),
                 Err(FrameError::TooLarge { len, .. }) if matches!(stage, Stage::Node(_)) => {
                     let Stage::Node(n) = stage else { return false };
-                    self.part_too_large(n, len);
+                    let what = self.part_too_large(n, len);
+                    self.fatal(what, None);
                     self.drop_conn(token);
                     return false;
                 }
@@ -643,44 +644,14 @@ impl State {
             self.send(node, Arc::new(fail(epoch, "the job step is ending")));
             return;
         }
-        if epoch != self.epoch {
-            let what = format!(
-                "the slurmstepd of {} is at exchange {epoch}, the others at {}",
-                self.node_name(node),
-                self.epoch
-            );
-            return self.fatal(what, None);
-        }
-        for (from, bytes) in parts {
-            // A frame may be as large as a control frame even when the bound on a part is smaller.
-            if bytes.len() > self.step.part_max.bytes {
-                return self.part_too_large(node, bytes.len());
+        if let Err(what) = self.gather(node, epoch, parts) {
+            // The node that brought it waits in this exchange too, whether or not its part was kept.
+            let waits = self.parts.get(node as usize).is_some_and(Option::is_none);
+            self.fatal(what.clone(), None);
+            if waits {
+                self.send(node, Arc::new(fail(epoch, &what)));
             }
-            // Only a node's own part today (a tree would forward its subtree's).
-            if from != node || self.parts.get(from as usize).is_none_or(Option::is_some) {
-                let what = format!(
-                    "the slurmstepd of {} sent a part for node {from} twice or out of turn",
-                    self.node_name(node)
-                );
-                return self.fatal(what, None);
-            }
-            self.gathered = self.gathered.saturating_add(bytes.len());
-            if self.gathered > self.step.exchange_max.bytes {
-                let what = format!(
-                    "PMI exchange {} would gather more than {} bytes from the step's nodes (the slurmstepd of {} \
-                     brought {} bytes, {} in all so far), over the limit ({}: raise it in srun's environment if \
-                     the job needs more)",
-                    self.epoch,
-                    self.step.exchange_max.bytes,
-                    self.node_name(node),
-                    bytes.len(),
-                    self.gathered,
-                    self.step.exchange_max.option
-                );
-                return self.fatal(what, None);
-            }
-            self.parts[from as usize] = Some(bytes);
-            self.have += 1;
+            return;
         }
         if self.have == self.parts.len() {
             let frame = wire::all(
@@ -704,16 +675,56 @@ impl State {
         self.check_gone();
     }
 
-    /// Node `node` brought `len` bytes to an exchange, over the bound on one node's part.
-    fn part_too_large(&mut self, node: u32, len: usize) {
-        let what = format!(
+    /// Takes node `node`'s parts of the exchange in progress, or says why they cannot be.
+    fn gather(&mut self, node: u32, epoch: u32, parts: Vec<(u32, Vec<u8>)>) -> Result<(), String> {
+        if epoch != self.epoch {
+            return Err(format!(
+                "the slurmstepd of {} is at exchange {epoch}, the others at {}",
+                self.node_name(node),
+                self.epoch
+            ));
+        }
+        for (from, bytes) in parts {
+            // A frame may be as large as a control frame even when the bound on a part is smaller.
+            if bytes.len() > self.step.part_max.bytes {
+                return Err(self.part_too_large(node, bytes.len()));
+            }
+            // Only a node's own part today (a tree would forward its subtree's).
+            if from != node || self.parts.get(from as usize).is_none_or(Option::is_some) {
+                return Err(format!(
+                    "the slurmstepd of {} sent a part for node {from} twice or out of turn",
+                    self.node_name(node)
+                ));
+            }
+            self.gathered = self.gathered.saturating_add(bytes.len());
+            if self.gathered > self.step.exchange_max.bytes {
+                return Err(format!(
+                    "PMI exchange {} would gather more than {} bytes from the step's nodes (the slurmstepd of {} \
+                     brought {} bytes, {} in all so far), over the limit ({}: raise it in srun's environment if \
+                     the job needs more)",
+                    self.epoch,
+                    self.step.exchange_max.bytes,
+                    self.node_name(node),
+                    bytes.len(),
+                    self.gathered,
+                    self.step.exchange_max.option
+                ));
+            }
+            self.parts[from as usize] = Some(bytes);
+            self.have += 1;
+        }
+        Ok(())
+    }
+
+    /// Why node `node`'s `len` bytes for one exchange are refused: over the bound on one node's part.
+    fn part_too_large(&self, node: u32, len: usize) -> String {
+        format!(
             "the slurmstepd of {} sent {len} bytes for one PMI exchange, over the limit of {} bytes per node \
              ({}: raise it in srun's environment if the job needs more)",
             self.node_name(node),
             self.step.part_max.bytes,
             self.step.part_max.option
-        );
-        self.fatal(what, None);
+        )
     }
 
     /// An exchange cannot complete if a node that has not contributed is gone.
@@ -1153,6 +1164,19 @@ mod tests {
         let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
         s[0].write_all(&contrib(0, 0, &[b'x'; 200])).unwrap();
         record.wait_for("sent 200 bytes for one PMI exchange, over the limit of 100 bytes per node");
+        assert!(root.stop().ended);
+    }
+
+    #[test]
+    fn the_node_whose_part_is_refused_hears_why() {
+        let secret = Secret::generate().unwrap();
+        let mut small = step(2, &secret);
+        small.exchange_max = Bound { bytes: 100, option: "RPMI_TEST_EXCHANGE_MAX" };
+        let (root, _record) = start(small);
+        let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
+        s[0].write_all(&contrib(0, 0, &[b'x'; 200])).unwrap();
+        let FromRoot::Fail { message, .. } = receive(&mut s[0]) else { panic!("no FAIL") };
+        assert!(message.contains("RPMI_TEST_EXCHANGE_MAX"), "{message}");
         assert!(root.stop().ended);
     }
 
