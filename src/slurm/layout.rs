@@ -70,12 +70,13 @@ pub fn encode(node_of: &[u32]) -> String {
     format!("{}:{}", node_of.len(), list.join(";"))
 }
 
-/// The task map from an `RPMI_SLURM_MAP` value; every node index is below `nodes`.
-pub fn decode(text: &str, nodes: usize) -> Result<Vec<u32>, String> {
-    let bad = |why: &str| format!("RPMI_SLURM_MAP='{}': {why}", text.chars().take(80).collect::<String>());
+/// The task map from an `RPMI_SLURM_MAP` value of at most `size_max` ranks; every node index is below
+/// `nodes`. The value comes from the user's environment: nothing is allocated for more ranks than allowed.
+pub fn decode(text: &str, nodes: usize, size_max: usize) -> Result<Vec<u32>, String> {
+    let bad = |why: &str| format!("RPMI_SLURM_MAP='{}': {why}", super::trace::escape_text(text, 80));
     let (size, list) = text.split_once(':').ok_or_else(|| bad("no ':'"))?;
     let size: usize = size.parse().map_err(|_| bad("the size is not a number"))?;
-    if size == 0 || size > SIZE_MAX {
+    if size == 0 || size > SIZE_MAX.min(size_max) {
         return Err(bad("the size is out of range"));
     }
     let mut blocks = Vec::new();
@@ -152,7 +153,7 @@ mod tests {
 
     fn roundtrip(node_of: &[u32], nodes: usize) -> String {
         let text = encode(node_of);
-        assert_eq!(decode(&text, nodes).unwrap(), node_of, "{text}");
+        assert_eq!(decode(&text, nodes, node_of.len()).unwrap(), node_of, "{text}");
         text
     }
 
@@ -175,7 +176,7 @@ mod tests {
     #[test]
     fn bad_maps_are_refused() {
         for bad in ["", "6", "0:0,1,1", "x:0,1,1", "6:0,3", "6:0,4,2", "6:0,0,1", "6:0,1,0", "6:a,b,c"] {
-            assert!(decode(bad, 3).is_err(), "{bad}");
+            assert!(decode(bad, 3, 1000).is_err(), "{bad}");
         }
     }
 

@@ -19,8 +19,9 @@
 //!
 //! The wire protocol is in [`wire`] and its challenge-response in [`auth`]; the root in [`root`]; the stepd
 //! side in [`stepd`] and its connection to the root in [`uplink`]; srun's side in [`client`]; the layout
-//! encoding in [`layout`]; Slurm's types and functions in [`sys`]. The plugin is not linked against libslurm: it finds the `slurm_*` functions it needs in the
-//! process that loads it (srun and slurmstepd carry libslurmfull).
+//! encoding in [`layout`]; Slurm's types and functions in [`sys`]; the wire trace in [`trace`]. The plugin
+//! is not linked against libslurm: it finds the `slurm_*` functions it needs in the process that loads it
+//! (srun and slurmstepd carry libslurmfull).
 //!
 //! Every exported function catches panics and returns an error code: nothing unwinds into Slurm and the
 //! daemon is never aborted.

@@ -330,7 +330,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let host = need(envp, "SLURM_SRUN_COMM_HOST")?;
     let nodelist = need(envp, "SLURM_STEP_NODELIST")?;
     let names = slurm.expand_nodelist(&nodelist, rec.nodes as usize)?;
-    let node_of = layout::decode(&need(envp, ENV_MAP)?, names.len())?;
+    let node_of = layout::decode(&need(envp, ENV_MAP)?, names.len(), rec.tasks as usize)?;
     let node = rec.node;
     let local_ranks: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
     if names.len() != rec.nodes as usize || node_of.len() != rec.tasks as usize || node >= rec.nodes {
@@ -410,11 +410,13 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     };
     let mut driver =
         Driver::new(shell, host_side, inbox).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
-    let mut child_fds = Vec::with_capacity(pairs.len());
+    let mut children = Vec::with_capacity(pairs.len());
     for (t, (server, child)) in pairs.into_iter().enumerate() {
         driver.attach(t, server).map_err(|e| format!("cannot serve local task {t}: {e}"))?;
-        child_fds.push(child.into_raw_fd());
+        children.push(child);
     }
+    // Owned until every task is attached, so that a failure above closes them all.
+    let child_fds: Vec<RawFd> = children.into_iter().map(IntoRawFd::into_raw_fd).collect();
     let fd_text = child_fds.iter().map(|fd| cstring(fd.to_string())).collect();
     let child_fds: Box<[AtomicI32]> = child_fds.into_iter().map(AtomicI32::new).collect();
 

@@ -136,38 +136,48 @@ impl fmt::Display for TooLarge {
     }
 }
 
-/// Starts a frame of kind `kind`; [`finish`] fills in the length.
-fn start(kind: u8, capacity: usize) -> Vec<u8> {
-    let mut f = Vec::with_capacity(5 + capacity);
-    f.extend_from_slice(&[0, 0, 0, 0, kind]);
-    f
-}
-
-fn finish(mut f: Vec<u8>) -> Result<Vec<u8>, TooLarge> {
-    let len = u32::try_from(f.len() - 4).map_err(|_| TooLarge(f.len()))?;
-    f[..4].copy_from_slice(&len.to_be_bytes());
+/// A frame of kind `kind` whose payload is `fields`, one after the other.
+fn frame(kind: u8, fields: &[&[u8]]) -> Result<Vec<u8>, TooLarge> {
+    let len = 1 + fields.iter().map(|f| f.len()).sum::<usize>();
+    let mut f = Vec::with_capacity(4 + len);
+    f.extend_from_slice(&u32::try_from(len).map_err(|_| TooLarge(4 + len))?.to_be_bytes());
+    f.push(kind);
+    fields.iter().for_each(|field| f.extend_from_slice(field));
     Ok(f)
 }
 
-/// A control frame: its size is bounded by [`CONTROL_MAX`], so it always fits.
-fn finish_control(f: Vec<u8>) -> Vec<u8> {
-    debug_assert!(f.len() <= 4 + CONTROL_MAX);
-    finish(f).unwrap_or_default()
+/// A control frame: its size is bounded by [`CONTROL_MAX`] (texts are cut to [`MESSAGE_MAX`]), so it always
+/// fits.
+fn control(kind: u8, fields: &[&[u8]]) -> Vec<u8> {
+    frame(kind, fields).unwrap_or_default()
 }
 
-fn put_u32(f: &mut Vec<u8>, n: usize) -> Result<(), TooLarge> {
-    f.extend_from_slice(&u32::try_from(n).map_err(|_| TooLarge(n))?.to_be_bytes());
-    Ok(())
-}
-
-fn put_parts<'a>(f: &mut Vec<u8>, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])>) -> Result<(), TooLarge> {
-    put_u32(f, parts.len())?;
-    for (node, bytes) in parts {
+/// A frame of `parts`, (node, bytes) each, for exchange `epoch`: CONTRIB or ALL.
+fn parts_frame<'a>(
+    kind: u8,
+    epoch: u32,
+    parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone,
+) -> Result<Vec<u8>, TooLarge> {
+    let count = parts.len();
+    let bytes = parts.clone().map(|(_, b)| b.len()).fold(0usize, usize::saturating_add);
+    let len = all_len(count, bytes) - 4;
+    let mut f = Vec::with_capacity(4 + len);
+    f.extend_from_slice(&u32::try_from(len).map_err(|_| TooLarge(4 + len))?.to_be_bytes());
+    f.push(kind);
+    f.extend_from_slice(&epoch.to_be_bytes());
+    f.extend_from_slice(&(count as u32).to_be_bytes());
+    for (node, part) in parts {
         f.extend_from_slice(&node.to_be_bytes());
-        put_u32(f, bytes.len())?;
-        f.extend_from_slice(bytes);
+        // Each part is shorter than the whole, which fits (checked above).
+        f.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        f.extend_from_slice(part);
     }
-    Ok(())
+    Ok(f)
+}
+
+/// A message text cut to [`MESSAGE_MAX`] bytes (at a character boundary).
+fn cut(text: &str) -> &[u8] {
+    &text.as_bytes()[..text_end(text)]
 }
 
 /// The length of `text` cut to [`MESSAGE_MAX`] bytes (at a character boundary).
@@ -179,25 +189,14 @@ fn text_end(text: &str) -> usize {
     end
 }
 
-/// A message text cut to [`MESSAGE_MAX`] bytes (at a character boundary).
-fn put_text(f: &mut Vec<u8>, text: &str) {
-    f.extend_from_slice(&text.as_bytes()[..text_end(text)]);
-}
-
 /// A CONTRIB frame with one part, built without copying the bytes twice.
 pub fn contrib(epoch: u32, node: u32, bytes: &[u8]) -> Result<Vec<u8>, TooLarge> {
-    let mut f = start(CONTRIB, 16 + bytes.len());
-    f.extend_from_slice(&epoch.to_be_bytes());
-    put_parts(&mut f, std::iter::once((node, bytes)))?;
-    finish(f)
+    parts_frame(CONTRIB, epoch, std::iter::once((node, bytes)))
 }
 
 /// An ALL frame over `parts` (sent, the same bytes, to every node).
-pub fn all<'a>(epoch: u32, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])>) -> Result<Vec<u8>, TooLarge> {
-    let mut f = start(ALL, 8);
-    f.extend_from_slice(&epoch.to_be_bytes());
-    put_parts(&mut f, parts)?;
-    finish(f)
+pub fn all<'a>(epoch: u32, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone) -> Result<Vec<u8>, TooLarge> {
+    parts_frame(ALL, epoch, parts)
 }
 
 /// The bytes an ALL frame of `parts` parts holding `bytes` bytes in all takes, length prefix included.
@@ -210,44 +209,20 @@ impl ToRoot {
     pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
         Ok(match self {
             ToRoot::Hello { node, nonce } => {
-                let mut f = start(HELLO, HELLO_LEN);
-                f.extend_from_slice(MAGIC);
-                f.extend_from_slice(&VERSION.to_be_bytes());
-                f.extend_from_slice(&node.to_be_bytes());
-                f.extend_from_slice(nonce);
-                finish_control(f)
+                control(HELLO, &[MAGIC, &VERSION.to_be_bytes(), &node.to_be_bytes(), nonce])
             }
-            ToRoot::Proof { proof } => {
-                let mut f = start(PROOF, PROOF_LEN);
-                f.extend_from_slice(proof);
-                finish_control(f)
-            }
+            ToRoot::Proof { proof } => control(PROOF, &[proof]),
             ToRoot::Contrib { epoch, parts } => {
-                let mut f = start(CONTRIB, 8);
-                f.extend_from_slice(&epoch.to_be_bytes());
-                put_parts(&mut f, parts.iter().map(|(n, b)| (*n, b.as_slice())))?;
-                finish(f)?
+                parts_frame(CONTRIB, *epoch, parts.iter().map(|(n, b)| (*n, b.as_slice())))?
             }
             ToRoot::Abort { rank, code, message } => {
-                let mut f = start(ABORT, 8 + message.len().min(MESSAGE_MAX));
-                f.extend_from_slice(&rank.to_be_bytes());
-                f.extend_from_slice(&code.to_be_bytes());
-                put_text(&mut f, message);
-                finish_control(f)
+                control(ABORT, &[&rank.to_be_bytes(), &code.to_be_bytes(), cut(message)])
             }
             ToRoot::Error { rank, task_failed, message } => {
-                let mut f = start(ERROR, 5 + message.len().min(MESSAGE_MAX));
-                f.extend_from_slice(&rank.to_be_bytes());
-                f.push(u8::from(*task_failed));
-                put_text(&mut f, message);
-                finish_control(f)
+                control(ERROR, &[&rank.to_be_bytes(), &[u8::from(*task_failed)], cut(message)])
             }
-            ToRoot::Gone { rank } => {
-                let mut f = start(GONE, 4);
-                f.extend_from_slice(&rank.to_be_bytes());
-                finish_control(f)
-            }
-            ToRoot::Bye => finish_control(start(BYE, 0)),
+            ToRoot::Gone { rank } => control(GONE, &[&rank.to_be_bytes()]),
+            ToRoot::Bye => control(BYE, &[]),
         })
     }
 
@@ -290,24 +265,11 @@ impl FromRoot {
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
         Ok(match self {
-            FromRoot::Challenge { nonce } => {
-                let mut f = start(CHALLENGE, NONCE_LEN);
-                f.extend_from_slice(nonce);
-                finish_control(f)
-            }
-            FromRoot::Welcome { proof } => {
-                let mut f = start(WELCOME, PROOF_LEN);
-                f.extend_from_slice(proof);
-                finish_control(f)
-            }
+            FromRoot::Challenge { nonce } => control(CHALLENGE, &[nonce]),
+            FromRoot::Welcome { proof } => control(WELCOME, &[proof]),
             FromRoot::All { epoch, parts } => all(*epoch, parts.iter().map(|(n, b)| (*n, b.as_slice())))?,
-            FromRoot::Fail { epoch, message } => {
-                let mut f = start(FAIL, 4 + message.len().min(MESSAGE_MAX));
-                f.extend_from_slice(&epoch.to_be_bytes());
-                put_text(&mut f, message);
-                finish_control(f)
-            }
-            FromRoot::End => finish_control(start(END, 0)),
+            FromRoot::Fail { epoch, message } => control(FAIL, &[&epoch.to_be_bytes(), cut(message)]),
+            FromRoot::End => control(END, &[]),
         })
     }
 
