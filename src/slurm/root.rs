@@ -1283,30 +1283,45 @@ mod tests {
     }
 
     /// Leaves this process no fd to open: the limit just above the highest open fd, every free one below
-    /// taken. The fds returned are the ones taken.
-    fn exhaust_fds() -> Vec<OwnedFd> {
+    /// taken. Dropping what is returned gives the fds back and restores the limit: the fds taken are only the
+    /// holes below the highest, which may be fewer than the connections waiting to be accepted.
+    fn exhaust_fds() -> Exhausted {
         let highest = std::fs::read_dir("/proc/self/fd")
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
             .max()
             .unwrap();
         // SAFETY: getrlimit and setrlimit with a pointer to a live struct.
-        unsafe {
+        let limit = unsafe {
             let mut limit: libc::rlimit = std::mem::zeroed();
             assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
-            limit.rlim_cur = highest + 1;
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0, "{}", io::Error::last_os_error());
-        }
+            let lowered = libc::rlimit { rlim_cur: highest + 1, ..limit };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lowered), 0, "{}", io::Error::last_os_error());
+            limit
+        };
         let mut taken = Vec::new();
         loop {
             // SAFETY: dup of our own stderr; a new fd is ours, owned at once.
             let fd = unsafe { libc::dup(2) };
             if fd < 0 {
                 assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EMFILE));
-                return taken;
+                return Exhausted { taken, limit };
             }
             // SAFETY: just made, owned by nobody else.
             taken.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+
+    struct Exhausted {
+        taken: Vec<OwnedFd>,
+        limit: libc::rlimit,
+    }
+
+    impl Drop for Exhausted {
+        fn drop(&mut self) {
+            // SAFETY: setrlimit with a pointer to a live struct.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &self.limit) }, 0);
+            self.taken.clear();
         }
     }
 
