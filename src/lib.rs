@@ -5,6 +5,8 @@
 //! - [`server`] is the engine: one [`server::Shell`] per job shell serves all of that shell's tasks and talks
 //!   to the host (the resource manager) only through the [`server::Host`] trait. It does no I/O.
 //! - [`driver`] is the I/O around a shell: task connections, epoll, completions from other threads.
+//! - [`node`] is the runtime around one shell on one node: task connections, their environment, the hook in
+//!   the forked child, the progress loop and the stop. Every host drives it.
 //! - [`abi`] is the job-shell plugin ABI of `plugin-spec/rpmi_plugin.h`, through which hosts load the library.
 //! - `slurm` (feature `slurm`) makes the same library Slurm's `mpi/rpmi` plugin: `srun --mpi=rpmi`.
 
@@ -12,6 +14,7 @@
 
 pub mod abi;
 pub mod driver;
+pub mod node;
 pub mod server;
 pub mod wire;
 

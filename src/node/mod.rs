@@ -1,0 +1,342 @@
+//! The node runtime: what runs around the engine on one node (one job shell), whichever host loads it. The C
+//! ABI's instance and the Slurm stepd both drive a [`Node`]; they only translate their host's calls into it.
+//!
+//! A node owns, per local task, a connection (a socketpair: the node serves one end, the task inherits the
+//! other as `PMI_FD`) and the environment that tells the task about it; the hook that runs in the forked child
+//! before `exec`; the progress loop (a thread of its own, or the host's event loop calling [`Node::progress`]),
+//! with panics contained; and the stop, which serves what the tasks wrote before they left.
+//!
+//! **Life of a task.** [`Node::connect_task`] makes the connection and the environment (before the fork). In the
+//! child, [`Node::exec_hook`] hands the task its end and closes every other task's end the child inherited, so
+//! that a task that dies is seen at once by the node even while its siblings are not yet exec'd. In the parent,
+//! [`Node::forked`] (one task) or [`Node::forked_all`] closes the node's copy of the task's end: until then the
+//! node cannot see the task leave.
+
+use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
+use crate::server::{Host, Shell, TaskId};
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::{IntoRawFd, RawFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
+use std::sync::{mpsc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// What a node's host is told beyond the engine's [`Host`] seam.
+pub trait NodeHost: Host + Send + 'static {
+    /// The progress loop has ended: every task has closed its connection or a stop was taken (`Ok`), or it
+    /// failed (`Err`, with why; every task connection is closed, so the tasks fail fast instead of hanging).
+    fn served(&mut self, result: Result<(), String>) {
+        if let Err(why) = result {
+            self.log(log::Level::Error, &format!("the PMI progress loop stopped: {why}"));
+        }
+    }
+}
+
+/// Who runs the progress loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Looping {
+    /// A thread of the node's own (hosts without an event loop, such as slurmstepd).
+    OwnThread,
+    /// The host's event loop watches [`Node::watch_fd`] and calls [`Node::progress`].
+    HostLoop,
+}
+
+/// Why a node refused a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeError {
+    /// An argument is out of range (no such task).
+    Invalid(String),
+    /// Not now: the task is already connected, or the node no longer serves.
+    State(String),
+    /// The system refused a resource (a socketpair, a thread).
+    System(String),
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeError::Invalid(m) | NodeError::State(m) | NodeError::System(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The job facts every task's environment carries besides its own rank and fd.
+pub struct JobVars {
+    /// `PMI_JOBID`.
+    pub job_id: String,
+    /// `PMI_SPAWNED=1` when the job was started by `PMI_Spawn`.
+    pub spawned: bool,
+}
+
+/// One variable of a task's environment, in the forms hosts set it: name and value apart (a setter such as
+/// Slurm's) and as one `NAME=value` entry (an `environ` array).
+pub struct EnvVar {
+    pub name: CString,
+    pub value: CString,
+    pub entry: CString,
+}
+
+impl EnvVar {
+    fn new(name: &str, value: String) -> EnvVar {
+        // Names are ours and values digits or a checked job id: neither holds a NUL.
+        let entry = CString::new(format!("{name}={value}")).unwrap_or_default();
+        EnvVar { name: CString::new(name).unwrap_or_default(), value: CString::new(value).unwrap_or_default(), entry }
+    }
+}
+
+/// The runtime of one node: see the module's documentation.
+pub struct Node<H: NodeHost> {
+    handle: DriverHandle,
+    /// Each task's end of its connection while the node still holds it (-1 otherwise): read in a forked child
+    /// without a lock.
+    child_fds: Box<[AtomicI32]>,
+    /// A task's connection was made (once per task).
+    connected: Box<[AtomicBool]>,
+    /// The rank of each local task, by [`TaskId`].
+    ranks: Vec<u32>,
+    size: usize,
+    job: JobVars,
+    /// The driver's epoll fd, for a host loop to watch; it lives as long as the driver.
+    watch_fd: RawFd,
+    progress: Progress<H>,
+}
+
+enum Progress<H: NodeHost> {
+    /// Made, not yet started: the host may still reach its side ([`Node::host_mut`]).
+    Ready(Box<Driver<H>>),
+    Thread { thread: Option<JoinHandle<()>>, done: Mutex<Option<mpsc::Receiver<()>>> },
+    InHostLoop(Mutex<Box<Driver<H>>>),
+    Stopped,
+}
+
+impl<H: NodeHost> Node<H> {
+    /// A node serving `shell`'s tasks, its requests going to `host`. It serves nothing until [`Node::start`].
+    pub fn new(shell: Shell, host: H, job: JobVars) -> io::Result<Node<H>> {
+        let n = shell.task_count();
+        let ranks = (0..n).map(|t| shell.rank_of(t).unwrap_or(u32::MAX)).collect();
+        let size = shell.job().task_map.size();
+        let (handle, inbox) = channel()?;
+        let driver = Driver::new(shell, host, inbox)?;
+        Ok(Node {
+            watch_fd: driver.watch_fd(),
+            handle,
+            child_fds: (0..n).map(|_| AtomicI32::new(-1)).collect(),
+            connected: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            ranks,
+            size,
+            job,
+            progress: Progress::Ready(Box::new(driver)),
+        })
+    }
+
+    /// The host's side, before the node starts (to give it what only exists once the node does).
+    pub fn host_mut(&mut self) -> Option<&mut H> {
+        match &mut self.progress {
+            Progress::Ready(driver) => Some(driver.host_mut()),
+            _ => None,
+        }
+    }
+
+    /// Starts serving: the node's own progress thread, or the host's loop from now on.
+    pub fn start(&mut self, looping: Looping) -> Result<(), NodeError> {
+        let Progress::Ready(driver) = std::mem::replace(&mut self.progress, Progress::Stopped) else {
+            return Err(NodeError::State("the node is already started".into()));
+        };
+        self.progress = match looping {
+            Looping::HostLoop => Progress::InHostLoop(Mutex::new(driver)),
+            Looping::OwnThread => {
+                let (done_tx, done_rx) = mpsc::channel();
+                let thread = std::thread::Builder::new().name("rpmi-progress".into()).spawn(move || {
+                    progress_thread(*driver);
+                    let _ = done_tx.send(());
+                });
+                let thread = thread.map_err(|e| NodeError::System(format!("cannot start the progress thread: {e}")))?;
+                Progress::Thread { thread: Some(thread), done: Mutex::new(Some(done_rx)) }
+            }
+        };
+        Ok(())
+    }
+
+    /// How many tasks this node serves.
+    pub fn task_count(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The rank of local task `task`.
+    pub fn rank_of(&self, task: TaskId) -> Option<u32> {
+        self.ranks.get(task).copied()
+    }
+
+    /// Posts events to the progress loop (a collective's result from another thread, a host's answer).
+    pub fn handle(&self) -> &DriverHandle {
+        &self.handle
+    }
+
+    /// Makes task `task`'s connection and returns its environment: `PMI_FD`, `PMI_RANK`, `PMI_SIZE`,
+    /// `PMI_JOBID` (and `PMI_SPAWNED`). The task's end stays open in the node until [`Node::forked`].
+    pub fn connect_task(&self, task: TaskId) -> Result<Vec<EnvVar>, NodeError> {
+        let (Some(connected), Some(&rank)) = (self.connected.get(task), self.ranks.get(task)) else {
+            return Err(NodeError::Invalid(format!("no local task {task}")));
+        };
+        if connected.swap(true, SeqCst) {
+            return Err(NodeError::State(format!("task {task} is already connected")));
+        }
+        let pair = socketpair().map_err(|e| NodeError::System(format!("socketpair for local task {task}: {e}")));
+        let (server, child) = match pair {
+            Ok(p) => p,
+            Err(e) => {
+                connected.store(false, SeqCst);
+                return Err(e);
+            }
+        };
+        self.handle
+            .post(Event::Attach(task, server))
+            .map_err(|_| NodeError::State("the node no longer serves".into()))?;
+        let fd = child.into_raw_fd();
+        self.child_fds[task].store(fd, SeqCst);
+        let mut vars = vec![
+            EnvVar::new("PMI_FD", fd.to_string()),
+            EnvVar::new("PMI_RANK", rank.to_string()),
+            EnvVar::new("PMI_SIZE", self.size.to_string()),
+            EnvVar::new("PMI_JOBID", self.job.job_id.clone()),
+        ];
+        if self.job.spawned {
+            vars.push(EnvVar::new("PMI_SPAWNED", "1".into()));
+        }
+        Ok(vars)
+    }
+
+    /// In the forked child of task `task`, before `exec`: clears close-on-exec on the task's end and closes
+    /// every other task's end this child inherited. Async-signal-safe: atomics, `fcntl` and `close` only; no
+    /// allocation, no lock, no panic path. Returns the task's end (`PMI_FD`).
+    pub fn exec_hook(&self, task: TaskId) -> Result<RawFd, ExecError> {
+        let Some(fd) = self.child_fds.get(task).map(|f| f.load(SeqCst)) else { return Err(ExecError::NoTask) };
+        if fd < 0 {
+            return Err(ExecError::NoEnd);
+        }
+        // SAFETY: fcntl on the task's end, open in this child.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+            return Err(ExecError::System);
+        }
+        for (t, other) in self.child_fds.iter().enumerate() {
+            let o = other.load(SeqCst);
+            if t != task && o >= 0 {
+                // SAFETY: another task's end, inherited by this child, which must not keep it. The node's
+                // table is this child's copy: the parent's fds are untouched.
+                unsafe { libc::close(o) };
+            }
+        }
+        Ok(fd)
+    }
+
+    /// In the parent, once task `task` is forked (or failed to fork): closes the node's copy of its end.
+    pub fn forked(&self, task: TaskId) -> Result<(), NodeError> {
+        let slot = self.child_fds.get(task).ok_or_else(|| NodeError::Invalid(format!("no local task {task}")))?;
+        close(slot);
+        Ok(())
+    }
+
+    /// In the parent, once every task is forked: closes the node's copies of all their ends.
+    pub fn forked_all(&self) {
+        self.child_fds.iter().for_each(close);
+    }
+
+    /// The fd a host loop watches for readability ([`Looping::HostLoop`]).
+    pub fn watch_fd(&self) -> RawFd {
+        self.watch_fd
+    }
+
+    /// Does the work that is ready, without waiting ([`Looping::HostLoop`]).
+    pub fn progress(&self) -> Result<(), NodeError> {
+        let Progress::InHostLoop(driver) = &self.progress else {
+            return Err(NodeError::State("progress called, but the node runs its own progress thread".into()));
+        };
+        let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
+        match catch_unwind(AssertUnwindSafe(|| driver.on_ready(0))) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(NodeError::System(format!("progress: {e}"))),
+            // The lock is poisoned by the unwind: every later call fails the same way.
+            Err(_) => Err(NodeError::State("the node stopped after an internal error".into())),
+        }
+    }
+
+    /// Stops serving, after serving what the tasks wrote before they left (an abort line, say). With a
+    /// `grace`, a progress thread that has not ended within it gets `cut` called (to cut what holds it, such
+    /// as a slow peer) before it is joined.
+    pub fn stop(&mut self, grace: Option<Duration>, cut: impl FnOnce()) {
+        let _ = self.handle.post(Event::Stop);
+        match std::mem::replace(&mut self.progress, Progress::Stopped) {
+            Progress::Thread { mut thread, done } => {
+                let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+                if let (Some(grace), Some(done)) = (grace, done) {
+                    if done.recv_timeout(grace).is_err() {
+                        cut();
+                    }
+                }
+                if let Some(t) = thread.take() {
+                    let _ = t.join();
+                }
+            }
+            // The posted stop makes the watched fd readable, so one call without waiting takes it.
+            Progress::InHostLoop(driver) => {
+                if let Ok(mut driver) = driver.into_inner() {
+                    let _ = catch_unwind(AssertUnwindSafe(|| driver.on_ready(0)));
+                }
+            }
+            Progress::Ready(_) | Progress::Stopped => {}
+        }
+        self.forked_all();
+    }
+}
+
+impl<H: NodeHost> Drop for Node<H> {
+    fn drop(&mut self) {
+        self.stop(None, || {});
+    }
+}
+
+/// Why [`Node::exec_hook`] failed; the child should `_exit` rather than run a task without its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecError {
+    NoTask,
+    /// The task was never connected, or the node has closed its end.
+    NoEnd,
+    System,
+}
+
+fn close(slot: &AtomicI32) {
+    let fd = slot.swap(-1, SeqCst);
+    if fd >= 0 {
+        // SAFETY: the node's fd, taken out of the table first so that it is closed once.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// The progress thread: serves until every task has gone or a stop is taken; signals are for the host's own
+/// threads.
+fn progress_thread<H: NodeHost>(mut driver: Driver<H>) {
+    block_signals();
+    let result = match catch_unwind(AssertUnwindSafe(|| driver.run())) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("an internal error".to_string()),
+    };
+    driver.host_mut().served(result);
+    // Dropping the driver closes every task connection.
+}
+
+/// Blocks every signal in the calling thread: the host process's signals are for its own threads.
+pub fn block_signals() {
+    // SAFETY: a full signal set, applied to this thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests;
