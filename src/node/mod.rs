@@ -105,9 +105,13 @@ pub struct Node<H: NodeHost> {
 }
 
 enum Progress<H: NodeHost> {
-    /// Made, not yet started: the host may still reach its side ([`Node::host_mut`]).
-    Ready(Box<Driver<H>>),
-    Thread { thread: Option<JoinHandle<()>>, done: Mutex<Option<mpsc::Receiver<()>>> },
+    /// Made, not yet started: the host may still reach its side ([`Node::host_mut`]). (Locked like the
+    /// others so that a node can be shared with the host's other threads from the start.)
+    Ready(Mutex<Box<Driver<H>>>),
+    Thread {
+        thread: Option<JoinHandle<()>>,
+        done: Mutex<Option<mpsc::Receiver<()>>>,
+    },
     InHostLoop(Mutex<Box<Driver<H>>>),
     Stopped,
 }
@@ -128,14 +132,14 @@ impl<H: NodeHost> Node<H> {
             ranks,
             size,
             job,
-            progress: Progress::Ready(Box::new(driver)),
+            progress: Progress::Ready(Mutex::new(Box::new(driver))),
         })
     }
 
     /// The host's side, before the node starts (to give it what only exists once the node does).
     pub fn host_mut(&mut self) -> Option<&mut H> {
         match &mut self.progress {
-            Progress::Ready(driver) => Some(driver.host_mut()),
+            Progress::Ready(driver) => driver.get_mut().ok().map(|d| d.host_mut()),
             _ => None,
         }
     }
@@ -145,6 +149,7 @@ impl<H: NodeHost> Node<H> {
         let Progress::Ready(driver) = std::mem::replace(&mut self.progress, Progress::Stopped) else {
             return Err(NodeError::State("the node is already started".into()));
         };
+        let driver = driver.into_inner().map_err(|_| NodeError::State("the node failed before it started".into()))?;
         self.progress = match looping {
             Looping::HostLoop => Progress::InHostLoop(Mutex::new(driver)),
             Looping::OwnThread => {

@@ -105,8 +105,7 @@ fn a_task_is_connected_once_and_only_if_it_is_local() {
 #[test]
 fn the_exec_hook_keeps_the_tasks_end_and_closes_its_siblings() {
     let (node, _) = node(3);
-    let fds: Vec<RawFd> =
-        (0..3).map(|t| var(&node.connect_task(t).unwrap(), "PMI_FD").parse().unwrap()).collect();
+    let fds: Vec<RawFd> = (0..3).map(|t| var(&node.connect_task(t).unwrap(), "PMI_FD").parse().unwrap()).collect();
     // SAFETY: the child calls only async-signal-safe functions (the hook, fcntl) and _exit.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);

@@ -107,7 +107,7 @@ impl Root {
         let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
         let mut state = State::new(listener, step, reporter, stop.clone())?;
         let thread = std::thread::Builder::new().name("rpmi-root".into()).spawn(move || {
-            super::stepd::block_signals();
+            crate::node::block_signals();
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.run())) {
                 Ok(outcome) => outcome,
                 Err(_) => Outcome { ended: true, ..Outcome::default() },

@@ -27,14 +27,15 @@ use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink;
 use super::wire::{self, FrameBuf, FromRoot, ToRoot, MESSAGE_MAX};
-use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
+use crate::driver::{DriverHandle, Event};
+use crate::node::{EnvVar, JobVars, Looping, Node, NodeHost};
 use crate::server::{Direction, Host, JobError, JobInfo, Limits, Shell, TaskMap};
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, CString};
 use std::io::{self, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -70,24 +71,17 @@ struct Stepd {
     all_max: usize,
     /// The rank of each local task, ascending; a task's index here is its [`crate::server::TaskId`].
     local_ranks: Vec<u32>,
-    /// Each task's end of its socketpair, until the stepd has closed its copy (-1 then).
-    child_fds: Box<[AtomicI32]>,
-    /// Prepared environment values, per task and for all.
-    fd_text: Vec<CString>,
-    rank_text: Vec<CString>,
-    size_text: CString,
-    jobid_text: CString,
+    /// The node's tasks, their connections and the progress thread.
+    node: Node<SlurmHost>,
+    /// Each task's PMI variables, prepared before the fork: the child only sets them.
+    task_env: Vec<Vec<EnvVar>>,
     env_overwrite: sys::EnvOverwriteFmt,
     /// The write end of the fork-notice pipe (inherited by each child, close-on-exec).
     notify_w: RawFd,
     notify_r: RawFd,
-    handle: DriverHandle,
     link: Arc<Link>,
     stop: Arc<OwnedFd>,
     uplink: TcpStream,
-    progress: Mutex<Option<JoinHandle<()>>>,
-    /// Says when the progress thread is done.
-    progress_done: Mutex<Option<mpsc::Receiver<()>>>,
     reader: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -131,9 +125,9 @@ struct Place {
     node_name: String,
 }
 
-fn fail_collective(link: &Link, handle: &DriverHandle, why: &str) {
+fn fail_collective(link: &Link, handle: Option<&DriverHandle>, why: &str) {
     if link.pending.swap(false, SeqCst) {
-        let _ = handle.post(Event::CollectiveDone(Err(why.to_string())));
+        let _ = handle.map(|h| h.post(Event::CollectiveDone(Err(why.to_string()))));
     }
 }
 
@@ -143,7 +137,7 @@ struct SlurmHost {
     place: Place,
     epoch: u32,
     link: Arc<Link>,
-    handle: DriverHandle,
+    handle: Option<DriverHandle>,
     slurm: &'static Slurm,
     /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
     trace: Option<Trace>,
@@ -201,8 +195,10 @@ impl Host for SlurmHost {
         self.epoch = self.epoch.wrapping_add(1);
         match frame {
             Ok(frame) if self.send(&frame) => {}
-            Ok(_) => fail_collective(&self.link, &self.handle, "lost the connection to srun (the collective root)"),
-            Err(e) => fail_collective(&self.link, &self.handle, &e.to_string()),
+            Ok(_) => {
+                fail_collective(&self.link, self.handle.as_ref(), "lost the connection to srun (the collective root)")
+            }
+            Err(e) => fail_collective(&self.link, self.handle.as_ref(), &e.to_string()),
         }
     }
 
@@ -253,13 +249,17 @@ impl Host for SlurmHost {
     }
 }
 
-/// Blocks every signal in the calling thread: slurmstepd's and srun's signals are for their own threads.
-pub(super) fn block_signals() {
-    // SAFETY: a full signal set, applied to this thread only.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+impl NodeHost for SlurmHost {
+    fn served(&mut self, result: Result<(), String>) {
+        match result {
+            Ok(()) => {
+                self.link.finished.store(true, SeqCst);
+                if let Ok(bye) = ToRoot::Bye.encode() {
+                    self.send(&bye);
+                }
+            }
+            Err(why) => self.job_error_text(&format!("the PMI progress loop stopped: {why}")),
+        }
     }
 }
 
@@ -355,13 +355,11 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     };
     let place = Place { job: rec.job, step: rec.step, node, node_name: names[node as usize].clone() };
 
-    let size = node_of.len();
     let info =
         JobInfo::new(format!("rpmi_{}.{}", rec.job, rec.step), TaskMap::new(node_of), local_ranks.clone(), names);
     let mut shell = Shell::new(info, Limits::default()).map_err(|e| format!("cannot serve this step: {e}"))?;
     shell.set_trace(trace.is_some());
 
-    let (handle, inbox) = channel().map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let link = Arc::new(Link {
         pending: false.into(),
         epoch: 0.into(),
@@ -372,11 +370,6 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         srun_done: false.into(),
         ids_confirmed: false.into(),
     });
-
-    let mut pairs = Vec::with_capacity(local_ranks.len());
-    for t in 0..local_ranks.len() {
-        pairs.push(socketpair().map_err(|e| format!("socketpair for local task {t}: {e}"))?);
-    }
     let mut fds = [0; 2];
     // SAFETY: fds has room for the two fds pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -402,87 +395,53 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         place: place.clone(),
         epoch: 0,
         link: link.clone(),
-        handle: handle.clone(),
+        handle: None,
         slurm,
         trace,
         ended: false,
         logged: 0,
     };
-    let mut driver =
-        Driver::new(shell, host_side, inbox).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
-    let mut children = Vec::with_capacity(pairs.len());
-    for (t, (server, child)) in pairs.into_iter().enumerate() {
-        driver.attach(t, server).map_err(|e| format!("cannot serve local task {t}: {e}"))?;
-        children.push(child);
+    let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: false };
+    let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
+    let handle = node_rt.handle().clone();
+    if let Some(h) = node_rt.host_mut() {
+        h.handle = Some(handle.clone());
     }
-    // Owned until every task is attached, so that a failure above closes them all.
-    let child_fds: Vec<RawFd> = children.into_iter().map(IntoRawFd::into_raw_fd).collect();
-    let fd_text = child_fds.iter().map(|fd| cstring(fd.to_string())).collect();
-    let child_fds: Box<[AtomicI32]> = child_fds.into_iter().map(AtomicI32::new).collect();
+    let task_env = (0..local_ranks.len())
+        .map(|t| node_rt.connect_task(t).map_err(|e| format!("cannot serve local task {t}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    node_rt.start(Looping::OwnThread).map_err(|e| e.to_string())?;
 
-    let (done_tx, done_rx) = mpsc::channel();
     let stepd = Box::into_raw(Box::new(Stepd {
         job: rec.job,
         step: rec.step,
         nodes: rec.nodes as usize,
         all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max) - 4,
-        rank_text: local_ranks.iter().map(|r| cstring(r.to_string())).collect(),
         local_ranks,
-        child_fds,
-        fd_text,
-        size_text: cstring(size.to_string()),
-        jobid_text: cstring(format!("{}.{}", rec.job, rec.step)),
+        node: node_rt,
+        task_env,
         env_overwrite,
         notify_w: notify_w.into_raw_fd(),
         notify_r: notify_r.as_raw_fd(),
-        handle: handle.clone(),
         link: link.clone(),
         stop: stop.clone(),
         uplink: uplink.try_clone().map_err(|e| format!("socket: {e}"))?,
-        progress: Mutex::new(None),
-        progress_done: Mutex::new(Some(done_rx)),
         reader: Mutex::new(None),
     }));
-    // From here on the threads may use the stepd's fields; it is freed only in `fini`, after joining them.
-    // SAFETY: just made, and freed only after the threads are joined.
+    // From here on the reader may use the stepd's fields; it is freed only in `fini`, after joining it.
+    // SAFETY: just made, and freed only after the reader is joined.
     let shared: &'static Stepd = unsafe { &*stepd };
     let reader = {
-        let (link, handle, place) = (link.clone(), handle.clone(), place.clone());
+        let (link, place) = (link.clone(), place.clone());
         std::thread::Builder::new()
             .name("rpmi-uplink".into())
             .spawn(move || uplink_reader(uplink, notify_r, stop, shared, link, handle, place, slurm))
     };
-    let reader = match reader {
-        Ok(t) => t,
+    match reader {
+        Ok(t) => *shared.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(t),
         Err(e) => {
-            // SAFETY: no thread uses it yet.
-            drop(unsafe { Box::from_raw(stepd) });
-            return Err(format!("cannot start a thread: {e}"));
-        }
-    };
-    *shared.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(reader);
-    let progress = std::thread::Builder::new().name("rpmi-progress".into()).spawn(move || {
-        block_signals();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.run()));
-        let host = driver.host_mut();
-        match result {
-            Ok(Ok(())) => {
-                host.link.finished.store(true, SeqCst);
-                if let Ok(bye) = ToRoot::Bye.encode() {
-                    host.send(&bye);
-                }
-            }
-            Ok(Err(e)) => host.job_error_text(&format!("the PMI progress loop stopped: {e}")),
-            Err(_) => host.job_error_text("the PMI progress loop stopped after an internal error"),
-        }
-        let _ = done_tx.send(());
-    });
-    match progress {
-        Ok(t) => *shared.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(t),
-        Err(e) => {
-            stop_threads(shared);
-            // SAFETY: the threads are joined.
-            drop(unsafe { Box::from_raw(stepd) });
+            // SAFETY: no thread of ours uses it; dropping it stops the node.
+            free(unsafe { Box::from_raw(stepd) });
             return Err(format!("cannot start a thread: {e}"));
         }
     }
@@ -506,17 +465,6 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     Ok(())
 }
 
-/// Closes the stepd's copy of every task's end (once every child has its own).
-fn close_children(stepd: &Stepd) {
-    for a in stepd.child_fds.iter() {
-        let fd = a.swap(-1, SeqCst);
-        if fd >= 0 {
-            // SAFETY: our fd, taken out of the table first so that it is closed once.
-            unsafe { libc::close(fd) };
-        }
-    }
-}
-
 /// The uplink reader: the root's results, the fork notice, and the stop signal.
 #[allow(clippy::too_many_arguments)]
 fn uplink_reader(
@@ -529,7 +477,7 @@ fn uplink_reader(
     place: Place,
     slurm: &'static Slurm,
 ) {
-    block_signals();
+    crate::node::block_signals();
     let mut input = FrameBuf::default();
     let mut buf = vec![0u8; 64 * 1024];
     let mut connected = true;
@@ -554,7 +502,7 @@ fn uplink_reader(
         if fds[1].revents != 0 {
             // A notice: every task is forked. The pipe stays open (a child writing to a pipe nobody reads would
             // die of SIGPIPE) and is drained.
-            close_children(stepd);
+            stepd.node.forked_all();
             let mut notices = [0u8; 256];
             // SAFETY: reading into our buffer from our non-empty pipe.
             let n = unsafe { libc::read(notify.as_raw_fd(), notices.as_mut_ptr().cast(), notices.len()) };
@@ -597,7 +545,7 @@ fn uplink_reader(
                             Ok(FromRoot::End) => link.srun_done.store(true, SeqCst),
                             Ok(FromRoot::Fail { message, .. }) => {
                                 link.ending.store(true, SeqCst);
-                                fail_collective(&link, &handle, &escape_text(&message, MESSAGE_MAX))
+                                fail_collective(&link, Some(&handle), &escape_text(&message, MESSAGE_MAX))
                             }
                             Ok(other @ (FromRoot::Challenge { .. } | FromRoot::Welcome { .. })) => {
                                 why = Some(format!("srun sent {other:?} after the handshake"));
@@ -620,7 +568,11 @@ fn uplink_reader(
             if let Some(why) = why {
                 connected = false;
                 link.lost.store(true, SeqCst);
-                fail_collective(&link, &handle, &format!("lost the connection to srun (the collective root): {why}"));
+                fail_collective(
+                    &link,
+                    Some(&handle),
+                    &format!("lost the connection to srun (the collective root): {why}"),
+                );
                 if !link.finished.load(SeqCst) && !link.stopping.load(SeqCst) && !link.srun_done.load(SeqCst) {
                     // srun was killed, or the network failed: no exchange can complete any more.
                     slurm.error(&format!(
@@ -637,40 +589,33 @@ fn uplink_reader(
     }
 }
 
-/// Stops both threads: the progress thread gets [`FINI_GRACE`] to say BYE, then the connection is cut (so
-/// neither thread can be held by a root that reads slowly) and both are joined.
-fn stop_threads(stepd: &Stepd) {
+/// Stops the step's threads and frees it: the progress thread gets [`FINI_GRACE`] to say BYE, then the
+/// connection is cut (so that neither thread can be held by a root that reads slowly) and both are joined.
+fn free(mut stepd: Box<Stepd>) {
     stepd.link.stopping.store(true, SeqCst);
-    let _ = stepd.handle.post(Event::Stop);
-    let done = stepd.progress_done.lock().unwrap_or_else(|e| e.into_inner()).take();
-    if let Some(done) = done {
-        let _ = done.recv_timeout(FINI_GRACE);
-    }
+    let uplink = &stepd.uplink;
+    stepd.node.stop(Some(FINI_GRACE), || {
+        let _ = uplink.shutdown(std::net::Shutdown::Both);
+    });
     let _ = stepd.uplink.shutdown(std::net::Shutdown::Both);
     let one = 1u64.to_ne_bytes();
     // SAFETY: an 8-byte write to our eventfd.
     unsafe { libc::write(stepd.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
-    for thread in [&stepd.progress, &stepd.reader] {
-        if let Some(t) = thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
+    if let Some(t) = stepd.reader.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let _ = t.join();
     }
+    // SAFETY: our fd, closed once.
+    unsafe { libc::close(stepd.notify_w) };
 }
 
 /// `fini` in a slurmstepd: stops the threads (the progress thread says BYE to the root) and frees the step.
 pub fn fini() {
     let p = STEPD.swap(std::ptr::null_mut(), SeqCst);
-    if p.is_null() {
-        return;
+    if !p.is_null() {
+        // SAFETY: the pointer prefork made, taken out of STEPD, so freed once; the reader that shares it is
+        // joined before the box is dropped.
+        free(unsafe { Box::from_raw(p) });
     }
-    // The threads hold `&'static Stepd`: they are stopped before the box is taken back.
-    // SAFETY: the pointer prefork made, alive until freed below.
-    stop_threads(unsafe { &*p });
-    // SAFETY: taken out of STEPD, so freed once, after its threads are joined.
-    let stepd = unsafe { Box::from_raw(p) };
-    close_children(&stepd);
-    // SAFETY: our fd, closed once.
-    unsafe { libc::close(stepd.notify_w) };
 }
 
 /// `mpi_p_slurmstepd_task`, in the forked task child: no lock our threads take; Slurm's environment setter
@@ -708,33 +653,20 @@ pub unsafe fn task(info: *const sys::mpi_plugin_task_info_t, env: *mut *mut *mut
     rc
 }
 
-/// Hands the task its `PMI_FD` and closes the other tasks' ends.
+/// Hands the task its `PMI_FD` (closing the other tasks' ends) and its PMI variables.
 ///
 /// # Safety
 /// `env` as Slurm passes it to the task hook.
 unsafe fn set_up_task(stepd: &Stepd, info: &sys::mpi_plugin_task_info_t, env: *mut *mut *mut c_char) -> c_int {
     let Ok(task) = stepd.local_ranks.binary_search(&info.gtaskid) else { return sys::SLURM_ERROR };
-    let fd = stepd.child_fds[task].load(SeqCst);
-    // SAFETY: fcntl on an fd this child inherited.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+    if stepd.node.exec_hook(task).is_err() {
         return sys::SLURM_ERROR;
     }
-    for (t, other) in stepd.child_fds.iter().enumerate() {
-        let o = other.load(SeqCst);
-        if t != task && o >= 0 {
-            // SAFETY: another task's end, inherited by this child, which must not keep it.
-            unsafe { libc::close(o) };
-        }
-    }
-    let set = |name: &CStr, value: &CStr| {
+    let set = |v: &EnvVar| {
         // SAFETY: Slurm's setter with a "%s" format and one NUL-terminated string.
-        unsafe { (stepd.env_overwrite)(env, name.as_ptr(), c"%s".as_ptr(), value.as_ptr()) == 1 }
+        unsafe { (stepd.env_overwrite)(env, v.name.as_ptr(), c"%s".as_ptr(), v.value.as_ptr()) == 1 }
     };
-    if set(c"PMI_FD", &stepd.fd_text[task])
-        && set(c"PMI_RANK", &stepd.rank_text[task])
-        && set(c"PMI_SIZE", &stepd.size_text)
-        && set(c"PMI_JOBID", &stepd.jobid_text)
-    {
+    if stepd.task_env[task].iter().all(set) {
         sys::SLURM_SUCCESS
     } else {
         sys::SLURM_ERROR
