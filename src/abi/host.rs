@@ -36,7 +36,8 @@ pub struct CHost {
     pub ops: rpmi_host_ops,
     /// The instance handed back to every callback (set once the instance is boxed).
     pub instance: *mut rpmi_instance,
-    pub handle: DriverHandle,
+    /// Set once the node exists (its driver's handle).
+    pub handle: Option<DriverHandle>,
     pub pending: PendingServices,
 }
 
@@ -52,7 +53,9 @@ impl CHost {
 
     fn post(&self, event: Event) {
         // Fails only when the driver is gone, and then there is nobody to answer.
-        let _ = self.handle.post(event);
+        if let Some(h) = &self.handle {
+            let _ = h.post(event);
+        }
     }
 
     fn start(&self, task: TaskId, service: Service, call: impl FnOnce() -> i32) -> Offered {
@@ -169,6 +172,8 @@ impl Host for CHost {
         }
     }
 }
+
+impl crate::node::NodeHost for CHost {}
 
 impl CHost {
     fn end_job(&mut self, rank: u32, exit_code: i32, reason: i32, message: &str) {

@@ -11,15 +11,13 @@ pub mod root;
 pub use host::spawn_json;
 pub use options::Options;
 
-use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
+use crate::driver::Event;
+use crate::node::{EnvVar, ExecError, JobVars, Looping, Node, NodeError};
 use crate::server::{JobInfo, Shell, TaskMap};
 use host::{read_reply, CHost, PendingServices};
-use std::ffi::{c_char, c_int, CStr, CString};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 /// The C types and constants of `plugin-spec/rpmi_plugin.h`.
 #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
@@ -60,38 +58,29 @@ const JOB_ID_MAX: usize = 48;
 /// A job larger than this is taken for a corrupt `size`.
 const SIZE_MAX: u32 = 1 << 24;
 
-/// The state of one task's connection on the host side.
+/// The environment strings `task_init` handed out for one task, kept until the task is forked.
 #[derive(Default)]
 struct TaskSlot {
-    initialized: bool,
-    /// The task's end, kept until the host has forked the task.
-    child: Option<OwnedFd>,
-    /// The environment strings handed out by `task_init`, and the pointer array over them.
-    env: Vec<CString>,
+    env: Vec<EnvVar>,
+    /// The `NAME=value` pointers over `env`, as `rpmi_task_env.env` points at them.
     env_ptrs: Vec<*const c_char>,
-}
-
-enum Mode {
-    /// The plugin's progress thread owns the driver.
-    Thread(Option<JoinHandle<()>>),
-    /// The host's event loop calls `progress`.
-    EventLoop(Mutex<Box<Driver<CHost>>>),
 }
 
 /// One instance: the PMI-1 server of one job shell.
 struct Instance {
-    handle: DriverHandle,
-    mode: Mode,
+    node: Node<CHost>,
     tasks: Mutex<Vec<TaskSlot>>,
-    /// Each task's end of its connection, readable in a forked child without taking a lock (`task_exec`).
-    child_fds: Box<[AtomicI32]>,
     pending: PendingServices,
-    local_ranks: Vec<u32>,
-    size: u32,
-    job_id: String,
-    spawned: bool,
     /// The host's log callback and data, for the reasons behind error codes of later calls.
     log: ffi::rpmi_host_ops,
+}
+
+fn node_failure(e: NodeError) -> Failure {
+    match e {
+        NodeError::Invalid(m) => (ffi::RPMI_ERR_INVALID, m),
+        NodeError::State(m) => (ffi::RPMI_ERR_STATE, m),
+        NodeError::System(m) => (ffi::RPMI_ERR_SYSTEM, m),
+    }
 }
 
 impl Instance {
@@ -270,68 +259,41 @@ impl Instance {
         let job = unsafe { &*job };
         // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents.
         let (info, options, job_id, spawned) = unsafe { read_job(job) }?;
-        let local_ranks = info.local_ranks.clone();
-        let size = info.task_map.size() as u32;
+        let n = info.local_ranks.len();
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);
-
-        let pending: PendingServices = Arc::new(Mutex::new(vec![None; local_ranks.len()]));
-        let (handle, inbox) =
-            channel().or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
-        let host =
-            CHost { ops: ops_copy, instance: std::ptr::null_mut(), handle: handle.clone(), pending: pending.clone() };
-        let mut driver = Driver::new(shell, host, inbox)
+        let pending: PendingServices = Arc::new(Mutex::new(vec![None; n]));
+        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut(), handle: None, pending: pending.clone() };
+        let node = Node::new(shell, host, JobVars { job_id, spawned })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
-        let n = local_ranks.len();
         let instance = Box::into_raw(Box::new(Instance {
-            handle,
-            mode: Mode::Thread(None),
+            node,
             tasks: Mutex::new((0..n).map(|_| TaskSlot::default()).collect()),
-            child_fds: (0..n).map(|_| AtomicI32::new(-1)).collect(),
             pending,
-            local_ranks,
-            size,
-            job_id,
-            spawned,
             log: ops_copy,
         }));
-        driver.host_mut().instance = instance.cast();
-        let mode = match ops_copy.watch_fd {
-            Some(watch) => {
-                // SAFETY: the host's own callback and data, called during create as the header allows.
-                let rc = unsafe { watch(ops_copy.host_data, instance.cast(), driver.watch_fd()) };
-                if rc != ffi::RPMI_OK {
-                    // SAFETY: the box made above, freed once; create fails, so the host never uses it.
-                    drop(unsafe { Box::from_raw(instance) });
-                    return fail(ffi::RPMI_ERR_SYSTEM, format!("the host's watch_fd failed ({rc})"));
-                }
-                Mode::EventLoop(Mutex::new(Box::new(driver)))
-            }
-            None => {
-                match std::thread::Builder::new().name("rpmi-progress".into()).spawn(move || progress_thread(driver)) {
-                    Ok(t) => Mode::Thread(Some(t)),
-                    Err(e) => {
-                        // SAFETY: the box made above, freed once and not yet handed to the host.
-                        drop(unsafe { Box::from_raw(instance) });
-                        return fail(ffi::RPMI_ERR_SYSTEM, format!("cannot start the progress thread: {e}"));
-                    }
-                }
-            }
-        };
         // SAFETY: the live box made above; the host cannot call on it before create returns.
-        unsafe { (*instance).mode = mode };
+        let inst = unsafe { &mut *instance };
+        let handle = inst.node.handle().clone();
+        if let Some(host) = inst.node.host_mut() {
+            host.instance = instance.cast();
+            host.handle = Some(handle);
+        }
+        let looping = if ops_copy.watch_fd.is_some() { Looping::HostLoop } else { Looping::OwnThread };
+        let started = inst.node.start(looping).map_err(node_failure).and_then(|()| match ops_copy.watch_fd {
+            // SAFETY: the host's own callback and data, called during create as the header allows.
+            Some(watch) => match unsafe { watch(ops_copy.host_data, instance.cast(), inst.node.watch_fd()) } {
+                ffi::RPMI_OK => Ok(()),
+                rc => fail(ffi::RPMI_ERR_SYSTEM, format!("the host's watch_fd failed ({rc})")),
+            },
+            None => Ok(()),
+        });
+        if let Err(e) = started {
+            // SAFETY: the box made above, freed once; create fails, so the host never uses it.
+            drop(unsafe { Box::from_raw(instance) });
+            return Err(e);
+        }
         Ok(instance.cast())
-    }
-}
-
-/// The progress thread: serves until every task has gone or the instance is destroyed.
-fn progress_thread(mut driver: Driver<CHost>) {
-    use crate::server::Host;
-    match catch_unwind(AssertUnwindSafe(|| driver.run())) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => driver.host_mut().log(log::Level::Error, &format!("rpmi progress thread stopped: {e}")),
-        // Dropping the driver closes every task connection, so the tasks fail fast instead of hanging.
-        Err(_) => driver.host_mut().log(log::Level::Error, "rpmi progress thread stopped by an internal error"),
     }
 }
 
@@ -382,34 +344,11 @@ unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rp
         // SAFETY: as above, and at least as long as our rpmi_task_env (checked).
         let env = unsafe { &mut *env };
         let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
-        let Some(slot) = tasks.get_mut(task as usize) else {
-            return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
-        };
-        if slot.initialized {
-            return fail(ffi::RPMI_ERR_STATE, format!("task {task} is already initialized"));
-        }
-        let (server, child) =
-            socketpair().or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("socketpair for task {task}: {e}")))?;
-        let fd = child.as_raw_fd();
-        inst.handle
-            .post(Event::Attach(task as usize, server))
-            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "the instance no longer serves"))?;
-        let rank = inst.local_ranks[task as usize];
-        let mut vars = vec![
-            format!("PMI_FD={fd}"),
-            format!("PMI_RANK={rank}"),
-            format!("PMI_SIZE={}", inst.size),
-            format!("PMI_JOBID={}", inst.job_id),
-        ];
-        if inst.spawned {
-            vars.push("PMI_SPAWNED=1".into());
-        }
-        slot.env = vars.into_iter().filter_map(|v| CString::new(v).ok()).collect();
-        slot.env_ptrs = slot.env.iter().map(|s| s.as_ptr()).collect();
-        slot.child = Some(child);
-        slot.initialized = true;
-        inst.child_fds[task as usize].store(fd, Ordering::SeqCst);
-        env.child_fd = fd;
+        let connection = inst.node.connect_task(task as usize).map_err(node_failure)?;
+        let slot = &mut tasks[task as usize];
+        slot.env = connection.vars;
+        slot.env_ptrs = slot.env.iter().map(|v| v.entry.as_ptr()).collect();
+        env.child_fd = connection.child_fd;
         env.env_count = slot.env_ptrs.len();
         env.env = slot.env_ptrs.as_ptr();
         Ok(())
@@ -420,29 +359,19 @@ unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rp
 unsafe extern "C" fn task_exec(inst: *mut rpmi_instance, task: u32) -> c_int {
     // SAFETY: the caller's contract: NULL, or a live instance (in the child, the forked copy of it).
     let Some(inst) = (unsafe { (inst as *const Instance).as_ref() }) else { return ffi::RPMI_ERR_INVALID };
-    let Some(fd) = inst.child_fds.get(task as usize).map(|f| f.load(Ordering::SeqCst)) else {
-        return ffi::RPMI_ERR_INVALID;
-    };
-    if fd < 0 {
-        return ffi::RPMI_ERR_STATE;
+    match inst.node.exec_hook(task as usize) {
+        Ok(_) => ffi::RPMI_OK,
+        Err(ExecError::NoTask) => ffi::RPMI_ERR_INVALID,
+        Err(ExecError::NoEnd) => ffi::RPMI_ERR_STATE,
+        Err(ExecError::System) => ffi::RPMI_ERR_SYSTEM,
     }
-    // SAFETY: fcntl on the task's end, open in this child; async-signal-safe.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-        return ffi::RPMI_ERR_SYSTEM;
-    }
-    ffi::RPMI_OK
 }
 
 /// Closes the host's copy of the task's end and frees its environment strings.
 fn release_child(inst: &Instance, task: u32) -> Result<(), Failure> {
     let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
-    let Some(slot) = tasks.get_mut(task as usize) else {
-        return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
-    };
-    slot.child = None;
-    slot.env_ptrs = Vec::new();
-    slot.env = Vec::new();
-    inst.child_fds[task as usize].store(-1, Ordering::SeqCst);
+    inst.node.forked(task as usize).map_err(node_failure)?;
+    tasks[task as usize] = TaskSlot::default();
     Ok(())
 }
 
@@ -456,13 +385,7 @@ unsafe extern "C" fn task_exit(inst: *mut rpmi_instance, task: u32, _status: c_i
 }
 
 unsafe extern "C" fn progress(inst: *mut rpmi_instance) -> c_int {
-    on_instance(inst, |i| match &i.mode {
-        Mode::EventLoop(driver) => {
-            let mut driver = driver.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "driver poisoned"))?;
-            driver.on_ready(0).map(|_| ()).or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("progress: {e}")))
-        }
-        Mode::Thread(_) => fail(ffi::RPMI_ERR_STATE, "progress called, but the plugin runs its own progress thread"),
-    })
+    on_instance(inst, |i| i.node.progress().map_err(node_failure))
 }
 
 unsafe extern "C" fn collective_complete(
@@ -502,7 +425,10 @@ unsafe extern "C" fn collective_complete(
             // SAFETY: not NULL (checked above), and NUL-terminated as the header documents.
             Err(unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned())
         };
-        inst.handle.post(Event::CollectiveDone(result)).or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
+        inst.node
+            .handle()
+            .post(Event::CollectiveDone(result))
+            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
 }
 
@@ -522,7 +448,8 @@ unsafe extern "C" fn service_complete(
         // SAFETY: only when not NULL; NUL-terminated as the header documents.
         let result = (!result.is_null()).then(|| unsafe { CStr::from_ptr(result) }.to_string_lossy().into_owned());
         let reply = read_reply(service, status == ffi::RPMI_OK, result);
-        inst.handle
+        inst.node
+            .handle()
             .post(Event::HostReply(task as usize, reply))
             .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
@@ -536,22 +463,9 @@ unsafe extern "C" fn destroy(inst: *mut rpmi_instance) {
         // SAFETY: not NULL (checked above): the box `create` made; no other call on it runs with or after
         // destroy, so it is freed once.
         let mut inst = unsafe { Box::from_raw(inst as *mut Instance) };
-        // The driver takes the stop after serving what the tasks wrote before they left (an abort line,
-        // say): on its progress thread, or here, in event-loop mode, where the host has stopped calling
-        // progress. The posted stop makes the watched fd readable, so one call without waiting takes it.
-        let _ = inst.handle.post(Event::Stop);
-        match &mut inst.mode {
-            Mode::Thread(thread) => {
-                if let Some(t) = thread.take() {
-                    let _ = t.join();
-                }
-            }
-            Mode::EventLoop(driver) => {
-                if let Ok(driver) = driver.get_mut() {
-                    let _ = driver.on_ready(0);
-                }
-            }
-        }
+        // The node takes the stop after serving what the tasks wrote before they left (an abort line, say): on
+        // its progress thread, or here, in event-loop mode, where the host has stopped calling progress.
+        inst.node.stop(None, || {});
         ffi::RPMI_OK
     });
 }

@@ -87,6 +87,12 @@ impl EnvVar {
     }
 }
 
+/// What a task is handed: its end of the connection (in the forked child, `PMI_FD`) and its PMI variables.
+pub struct TaskEnv {
+    pub child_fd: RawFd,
+    pub vars: Vec<EnvVar>,
+}
+
 /// The runtime of one node: see the module's documentation.
 pub struct Node<H: NodeHost> {
     handle: DriverHandle,
@@ -182,7 +188,7 @@ impl<H: NodeHost> Node<H> {
 
     /// Makes task `task`'s connection and returns its environment: `PMI_FD`, `PMI_RANK`, `PMI_SIZE`,
     /// `PMI_JOBID` (and `PMI_SPAWNED`). The task's end stays open in the node until [`Node::forked`].
-    pub fn connect_task(&self, task: TaskId) -> Result<Vec<EnvVar>, NodeError> {
+    pub fn connect_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
         let (Some(connected), Some(&rank)) = (self.connected.get(task), self.ranks.get(task)) else {
             return Err(NodeError::Invalid(format!("no local task {task}")));
         };
@@ -211,7 +217,7 @@ impl<H: NodeHost> Node<H> {
         if self.job.spawned {
             vars.push(EnvVar::new("PMI_SPAWNED", "1".into()));
         }
-        Ok(vars)
+        Ok(TaskEnv { child_fd: fd, vars })
     }
 
     /// In the forked child of task `task`, before `exec`: clears close-on-exec on the task's end and closes

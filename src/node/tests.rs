@@ -82,7 +82,7 @@ fn ask(stream: &mut UnixStream, line: &str) -> String {
 fn a_task_is_answered_on_the_end_its_environment_names() {
     let (mut node, _) = node(2);
     node.start(Looping::OwnThread).unwrap();
-    let vars = node.connect_task(1).unwrap();
+    let vars = node.connect_task(1).unwrap().vars;
     assert_eq!(var(&vars, "PMI_RANK"), "1");
     assert_eq!(var(&vars, "PMI_SIZE"), "2");
     assert_eq!(var(&vars, "PMI_JOBID"), "42");
@@ -105,7 +105,7 @@ fn a_task_is_connected_once_and_only_if_it_is_local() {
 #[test]
 fn the_exec_hook_keeps_the_tasks_end_and_closes_its_siblings() {
     let (node, _) = node(3);
-    let fds: Vec<RawFd> = (0..3).map(|t| var(&node.connect_task(t).unwrap(), "PMI_FD").parse().unwrap()).collect();
+    let fds: Vec<RawFd> = (0..3).map(|t| node.connect_task(t).unwrap().child_fd).collect();
     // SAFETY: the child calls only async-signal-safe functions (the hook, fcntl) and _exit.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
@@ -136,7 +136,7 @@ fn the_exec_hook_keeps_the_tasks_end_and_closes_its_siblings() {
 fn the_progress_thread_ends_when_every_task_has_left() {
     let (mut node, seen) = node(2);
     node.start(Looping::OwnThread).unwrap();
-    let tasks: Vec<UnixStream> = (0..2).map(|t| task_end(&node.connect_task(t).unwrap())).collect();
+    let tasks: Vec<UnixStream> = (0..2).map(|t| task_end(&node.connect_task(t).unwrap().vars)).collect();
     node.forked_all();
     drop(tasks);
     seen.wait_for("served Ok(())");
@@ -146,7 +146,7 @@ fn the_progress_thread_ends_when_every_task_has_left() {
 fn in_the_hosts_loop_work_is_done_by_progress_calls() {
     let (mut node, _) = node(1);
     node.start(Looping::HostLoop).unwrap();
-    let mut task = task_end(&node.connect_task(0).unwrap());
+    let mut task = task_end(&node.connect_task(0).unwrap().vars);
     node.forked(0).unwrap();
     task.write_all(b"cmd=get_my_kvsname\n").unwrap();
     let mut answer = String::new();
@@ -176,7 +176,7 @@ fn the_stop_serves_what_tasks_wrote_before_they_left() {
     for looping in [Looping::OwnThread, Looping::HostLoop] {
         let (mut node, seen) = node(2);
         node.start(looping).unwrap();
-        let mut task = task_end(&node.connect_task(0).unwrap());
+        let mut task = task_end(&node.connect_task(0).unwrap().vars);
         let _other = node.connect_task(1).unwrap();
         node.forked_all();
         task.write_all(b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=abort exitcode=7 message=bye\n").unwrap();

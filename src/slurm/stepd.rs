@@ -408,7 +408,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         h.handle = Some(handle.clone());
     }
     let task_env = (0..local_ranks.len())
-        .map(|t| node_rt.connect_task(t).map_err(|e| format!("cannot serve local task {t}: {e}")))
+        .map(|t| node_rt.connect_task(t).map(|c| c.vars).map_err(|e| format!("cannot serve local task {t}: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
     node_rt.start(Looping::OwnThread).map_err(|e| e.to_string())?;
 
