@@ -12,13 +12,13 @@ pub use host::spawn_json;
 pub use options::Options;
 
 use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
-use crate::server::{JobInfo, Shell, TaskMap};
-use host::{read_reply, CHost, PendingServices};
+use crate::server::{JobInfo, OwedAnswers, Shell, TaskMap};
+use host::CHost;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 
 /// The C types and constants of `plugin-spec/rpmi_plugin.h`.
@@ -85,7 +85,9 @@ struct Instance {
     tasks: Mutex<Vec<TaskSlot>>,
     /// Each task's end of its connection, readable in a forked child without taking a lock (`task_exec`).
     child_fds: Box<[AtomicI32]>,
-    pending: PendingServices,
+    /// The shell's record of the answers its host owes: `service_complete` comes on any thread and refuses
+    /// there an answer nobody waits for.
+    owed: OwedAnswers,
     local_ranks: Vec<u32>,
     size: u32,
     job_id: String,
@@ -275,11 +277,10 @@ impl Instance {
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);
 
-        let pending: PendingServices = Arc::new(Mutex::new(vec![None; local_ranks.len()]));
+        let owed = shell.owed_answers();
         let (handle, inbox) =
             channel().or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
-        let host =
-            CHost { ops: ops_copy, instance: std::ptr::null_mut(), handle: handle.clone(), pending: pending.clone() };
+        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut() };
         let mut driver = Driver::new(shell, host, inbox)
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let n = local_ranks.len();
@@ -288,7 +289,7 @@ impl Instance {
             mode: Mode::Thread(None),
             tasks: Mutex::new((0..n).map(|_| TaskSlot::default()).collect()),
             child_fds: (0..n).map(|_| AtomicI32::new(-1)).collect(),
-            pending,
+            owed,
             local_ranks,
             size,
             job_id,
@@ -513,17 +514,19 @@ unsafe extern "C" fn service_complete(
     result: *const c_char,
 ) -> c_int {
     on_instance(inst, |inst| {
-        let mut pending = inst.pending.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "pending table poisoned"))?;
-        let Some(slot) = pending.get_mut(task as usize) else {
+        let task = task as usize;
+        if task >= inst.local_ranks.len() {
             return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
-        };
-        let service = slot.take().ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
-        drop(pending);
+        }
+        // Claimed here, on the caller's thread, so that the caller learns at once that nothing was owed;
+        // the engine reads the answer by the service the task waits for, on its own thread.
+        if !inst.owed.claim(task) {
+            return fail(ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting"));
+        }
         // SAFETY: only when not NULL; NUL-terminated as the header documents.
-        let result = (!result.is_null()).then(|| unsafe { CStr::from_ptr(result) }.to_string_lossy().into_owned());
-        let reply = read_reply(service, status == ffi::RPMI_OK, result);
+        let text = (!result.is_null()).then(|| unsafe { CStr::from_ptr(result) }.to_string_lossy().into_owned());
         inst.handle
-            .post(Event::HostReply(task as usize, reply))
+            .post(Event::UntypedReply { task, ok: status == ffi::RPMI_OK, text })
             .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
 }

@@ -131,6 +131,8 @@ struct Place {
     node_name: String,
 }
 
+/// Fails the collective in flight, if any, from the uplink reader's thread. Whichever of the reader and
+/// [`SlurmHost::collective`] takes `link.pending` first fails it, so it fails once.
 fn fail_collective(link: &Link, handle: &DriverHandle, why: &str) {
     if link.pending.swap(false, SeqCst) {
         let _ = handle.post(Event::CollectiveDone(Err(why.to_string())));
@@ -143,7 +145,6 @@ struct SlurmHost {
     place: Place,
     epoch: u32,
     link: Arc<Link>,
-    handle: DriverHandle,
     slurm: &'static Slurm,
     /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
     trace: Option<Trace>,
@@ -194,16 +195,19 @@ impl SlurmHost {
 }
 
 impl Host for SlurmHost {
-    fn collective(&mut self, contribution: &[u8]) {
-        self.link.epoch.store(self.epoch, SeqCst);
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
+        let epoch = self.epoch;
+        self.epoch = epoch.wrapping_add(1);
+        let frame = wire::contrib(epoch, self.place.node, contribution).map_err(|e| e.to_string())?;
+        // Pending before the frame goes: the root's answer may come before `send` returns.
+        self.link.epoch.store(epoch, SeqCst);
         self.link.pending.store(true, SeqCst);
-        let frame = wire::contrib(self.epoch, self.place.node, contribution);
-        self.epoch = self.epoch.wrapping_add(1);
-        match frame {
-            Ok(frame) if self.send(&frame) => {}
-            Ok(_) => fail_collective(&self.link, &self.handle, "lost the connection to srun (the collective root)"),
-            Err(e) => fail_collective(&self.link, &self.handle, &e.to_string()),
+        if self.send(&frame) || !self.link.pending.swap(false, SeqCst) {
+            // Sent, or the uplink reader, which hears the connection go too, failed the collective first:
+            // its completion is on its way.
+            return Ok(());
         }
+        Err("lost the connection to srun (the collective root)".into())
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
@@ -402,7 +406,6 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         place: place.clone(),
         epoch: 0,
         link: link.clone(),
-        handle: handle.clone(),
         slurm,
         trace,
         ended: false,
