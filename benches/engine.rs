@@ -61,11 +61,12 @@ struct BenchHost {
 }
 
 impl Host for BenchHost {
-    fn collective(&mut self, contribution: &[u8]) {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
         assert!(!self.pending);
         self.contribution.clear();
         self.contribution.extend_from_slice(contribution);
         self.pending = true;
+        Ok(())
     }
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
         panic!("rank {rank} aborted ({exit_code}): {message}");

@@ -13,7 +13,8 @@
 
 use rpmi::driver::{channel, socketpair, Driver, DriverHandle, Event};
 use rpmi::server::{
-    kvs, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Offered, Shell, TaskId, TaskMap, PROCESS_MAPPING_KEY,
+    kvs, Host, HostReply, HostRequest, JobError, JobInfo, Limits, OwedAnswers, Shell, TaskId, TaskMap, NOT_SUPPORTED,
+    PROCESS_MAPPING_KEY,
 };
 use rpmi::wire::{SpawnCommand, SpawnRequest};
 use std::collections::VecDeque;
@@ -80,6 +81,8 @@ enum Collective {
     Gather(Vec<Vec<u8>>),
     /// With an error.
     Fail(&'static str),
+    /// Not at all: the exchange cannot start, and `Host::collective` says why.
+    Refuse(&'static str),
 }
 
 /// A test double for a resource manager: one shell whose collective completes in-process, at once, with its
@@ -96,14 +99,16 @@ struct LoopbackHost {
 }
 
 impl Host for LoopbackHost {
-    fn collective(&mut self, contribution: &[u8]) {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
         self.shared.update(|r| r.collectives.push(contribution.to_vec()));
         let result = match self.plan.pop_front() {
             None => Ok(vec![contribution.to_vec()]),
             Some(Collective::Gather(others)) => Ok([vec![contribution.to_vec()], others].concat()),
             Some(Collective::Fail(why)) => Err(why.to_string()),
+            Some(Collective::Refuse(why)) => return Err(why.to_string()),
         };
         assert!(self.handle.post(Event::CollectiveDone(result)).is_ok(), "the driver is gone");
+        Ok(())
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
@@ -118,15 +123,15 @@ impl Host for LoopbackHost {
         self.shared.update(|r| r.logs.push((level, message.to_string())));
     }
 
-    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Offered {
+    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         if !self.offer_services {
-            return Offered::No;
+            return Err(NOT_SUPPORTED.into());
         }
         match request {
             HostRequest::Spawn(spawn) => self.shared.update(|r| r.spawns.push((task, spawn.clone()))),
             other => self.shared.update(|r| r.requests.push((task, format!("{other:?}")))),
         }
-        Offered::Yes
+        Ok(())
     }
 }
 
@@ -187,6 +192,7 @@ impl Setup {
             plan: self.plan.into(),
             offer_services: self.offer_services,
         };
+        let owed = shell.owed_answers();
         let mut driver = Driver::new(shell, host, inbox).expect("a driver");
         let mut clients = Vec::new();
         let mut later = Vec::new();
@@ -210,7 +216,7 @@ impl Setup {
         for (task, server) in later {
             assert!(handle.post(Event::Attach(task, server)).is_ok(), "the driver is gone");
         }
-        (Job { shared, handle, done, thread: Some(thread) }, clients)
+        (Job { shared, handle, owed, done, thread: Some(thread) }, clients)
     }
 }
 
@@ -221,6 +227,9 @@ fn hostnames(n: usize) -> Vec<String> {
 struct Job {
     shared: Arc<Shared>,
     handle: DriverHandle,
+    /// The shell's record of the service answers owed, as a host that takes answers in on other threads
+    /// keeps it.
+    owed: OwedAnswers,
     done: mpsc::Receiver<io::Result<()>>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -672,19 +681,21 @@ fn conflicting_puts_on_two_shells_fail_the_barrier_naming_key_and_ranks() {
     job.finished();
 }
 
-/// RFC 13: the barrier fails when the collective fails: every task waiting in it gets `barrier_out` with a
-/// non-zero rc; the next barrier works again.
+/// RFC 13: the barrier fails when the collective fails, later or at once (the host's exchange cannot
+/// start): every task waiting in it gets `barrier_out` with a non-zero rc; the next barrier works again.
 #[test]
 fn a_failed_collective_fails_the_barrier_of_every_waiting_task() {
-    let (job, mut clients) = Setup::block(&[3, 1], 0).plan(vec![Collective::Fail("node 1 unreachable")]).start();
-    for out in barrier(&mut clients) {
-        assert_ne!(rc(&out), 0, "{out}");
-        assert_eq!(field(&out, "msg"), Some("node_1_unreachable"), "{out}");
+    for failure in [Collective::Fail("node 1 unreachable"), Collective::Refuse("node 1 unreachable")] {
+        let (job, mut clients) = Setup::block(&[3, 1], 0).plan(vec![failure]).start();
+        for out in barrier(&mut clients) {
+            assert_ne!(rc(&out), 0, "{out}");
+            assert_eq!(field(&out, "msg"), Some("node_1_unreachable"), "{out}");
+        }
+        assert!(job.shared.get().logs.iter().any(|(_, m)| m.contains("node 1 unreachable")));
+        assert!(barrier(&mut clients).iter().all(|out| out == "cmd=barrier_out rc=0"));
+        drop(clients);
+        job.finished();
     }
-    assert!(job.shared.get().logs.iter().any(|(_, m)| m.contains("node 1 unreachable")));
-    assert!(barrier(&mut clients).iter().all(|out| out == "cmd=barrier_out rc=0"));
-    drop(clients);
-    job.finished();
 }
 
 /// RFC 13: PMI-1 is lock-step; a request sent while the barrier still waits breaks the protocol.
@@ -1080,6 +1091,23 @@ fn publish_and_lookup_through_a_host_that_offers_them() {
             r#"Unpublish { service: "ocean" }"#,
         ]
     );
+    drop(clients);
+    job.finished();
+}
+
+/// A host that takes answers in untyped on another thread (as the C ABI's `service_complete` does) claims
+/// each before it posts it; the shell reads it by the service the task asked for.
+#[test]
+fn untyped_answers_from_another_thread_are_read_by_the_service_asked_for() {
+    let (job, mut clients) = Setup::block(&[1], 0).offer_services().start();
+    let c = &mut clients[0];
+    assert!(!job.owed.claim(0), "an answer before any request");
+    c.send("cmd=lookup_name service=ocean\n");
+    drop(job.shared.wait_for("the request", |r| r.requests.len() == 1));
+    assert!(job.owed.claim(0));
+    assert!(!job.owed.claim(0), "a second answer to one request");
+    job.post(Event::UntypedReply { task: 0, ok: true, text: Some("tcp://h:1".into()) });
+    assert_eq!(c.recv(), "cmd=lookup_result rc=0 port=tcp://h:1");
     drop(clients);
     job.finished();
 }

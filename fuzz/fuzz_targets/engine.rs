@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rpmi::server::{
-    Direction, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Offered, Shell, TaskId, TaskMap,
+    Direction, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap, NOT_SUPPORTED,
 };
 use rpmi::wire::response::MAX_LINE;
 use std::sync::OnceLock;
@@ -85,7 +85,7 @@ impl FuzzHost {
 }
 
 impl Host for FuzzHost {
-    fn collective(&mut self, contribution: &[u8]) {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
         assert!(self.collective.is_none(), "a second collective started while one is outstanding");
         let mut puts = 0;
         for line in contribution.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
@@ -104,6 +104,7 @@ impl Host for FuzzHost {
         // Rewrites of a key between barriers all travel, but the whole stays within the KVS bound.
         assert!(contribution.len() <= self.kvs_bytes_max, "a contribution of {} bytes", contribution.len());
         self.collective = Some(contribution.to_vec());
+        Ok(())
     }
 
     fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {
@@ -140,7 +141,7 @@ impl Host for FuzzHost {
         assert!(!line.contains(&b'\n'), "a traced line holds a newline");
     }
 
-    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Offered {
+    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         assert!(task < NTASKS, "request for unknown task {task}");
         assert!(self.requests[task].is_none(), "task {task} asked for a second service while one is outstanding");
         let word = |s: &str| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'=');
@@ -168,9 +169,9 @@ impl Host for FuzzHost {
         }
         if self.offer {
             self.requests[task] = Some(service);
-            Offered::Yes
+            Ok(())
         } else {
-            Offered::No
+            Err(NOT_SUPPORTED.into())
         }
     }
 }

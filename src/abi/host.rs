@@ -1,44 +1,15 @@
 //! [`CHost`]: the engine's [`Host`] implemented by calling a C host's `rpmi_host_ops`.
 
 use super::ffi::{self, rpmi_host_ops, rpmi_instance};
-use crate::driver::{DriverHandle, Event};
-use crate::server::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId};
+use crate::server::{Direction, Host, HostRequest, JobError, TaskId, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex};
-
-/// Which service each local task waits for, so that a C host's untyped answer can be read
-/// (`service_complete` comes from any thread; the request was made on the driver's).
-pub type PendingServices = Arc<Mutex<Vec<Option<Service>>>>;
-
-/// Reads a C host's untyped answer (`service_complete`) to `service`.
-pub fn read_reply(service: Service, ok: bool, result: Option<String>) -> HostReply {
-    match (ok, service) {
-        (false, _) => HostReply::Failed(result.unwrap_or_else(|| "the resource manager failed it".into())),
-        (true, Service::Publish | Service::Unpublish) => HostReply::Done,
-        (true, Service::Lookup) => match result {
-            Some(port) => HostReply::Port(port),
-            None => HostReply::Failed("the resource manager found no port".into()),
-        },
-        (true, Service::Spawn) => {
-            let codes: Result<Vec<i32>, _> =
-                result.as_deref().unwrap_or("").split(',').filter(|s| !s.is_empty()).map(str::parse).collect();
-            match codes {
-                Ok(errcodes) => HostReply::Spawned { errcodes },
-                Err(_) => HostReply::Failed("the resource manager gave malformed spawn error codes".into()),
-            }
-        }
-    }
-}
 
 /// A C host, as the engine sees it.
 pub struct CHost {
     pub ops: rpmi_host_ops,
     /// The instance handed back to every callback (set once the instance is boxed).
     pub instance: *mut rpmi_instance,
-    /// Set once the node exists (its driver's handle).
-    pub handle: Option<DriverHandle>,
-    pub pending: PendingServices,
 }
 
 // SAFETY: the ABI obliges the host's callbacks (and host_data) to be usable from the plugin's progress thread
@@ -49,32 +20,6 @@ impl CHost {
     /// Has the C host's table got `field` (it may be an older, shorter table)?
     fn has(&self, end_of_field: usize) -> bool {
         self.ops.struct_size as usize >= end_of_field
-    }
-
-    fn post(&self, event: Event) {
-        // Fails only when the driver is gone, and then there is nobody to answer.
-        if let Some(h) = &self.handle {
-            let _ = h.post(event);
-        }
-    }
-
-    fn start(&self, task: TaskId, service: Service, call: impl FnOnce() -> i32) -> Offered {
-        if let Ok(mut p) = self.pending.lock() {
-            if let Some(slot) = p.get_mut(task) {
-                *slot = Some(service);
-            }
-        }
-        let rc = call();
-        if rc != ffi::RPMI_OK {
-            // Refused now: a late service_complete for it must find nothing waiting.
-            if let Ok(mut p) = self.pending.lock() {
-                if let Some(slot) = p.get_mut(task) {
-                    *slot = None;
-                }
-            }
-            self.post(Event::HostReply(task, HostReply::Failed(format!("the resource manager refused it ({rc})"))));
-        }
-        Offered::Yes
     }
 }
 
@@ -99,14 +44,15 @@ fn c_string(s: &str) -> CString {
 }
 
 impl Host for CHost {
-    fn collective(&mut self, contribution: &[u8]) {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
         let rc = match self.ops.collective {
             // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
             Some(f) => unsafe { f(self.ops.host_data, self.instance, contribution.as_ptr(), contribution.len()) },
             None => ffi::RPMI_ERR_INVALID,
         };
-        if rc != ffi::RPMI_OK {
-            self.post(Event::CollectiveDone(Err(format!("the resource manager could not start the exchange ({rc})"))));
+        match rc {
+            ffi::RPMI_OK => Ok(()),
+            rc => Err(format!("the resource manager could not start the exchange ({rc})")),
         }
     }
 
@@ -139,36 +85,36 @@ impl Host for CHost {
         self.log(log::Level::Trace, &text);
     }
 
-    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Offered {
+    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         let (data, inst, t) = (self.ops.host_data, self.instance, task as u32);
+        // The callback's return code; `None` when the host's table lacks it.
         // SAFETY (all four): C callbacks with the host's own data and NUL-terminated strings that live
         // through the call.
-        match request {
-            HostRequest::Publish { service, port } => match self.ops.publish.filter(|_| self.has(end_of!(publish))) {
-                Some(f) => self.start(task, Service::Publish, || unsafe {
-                    f(data, inst, t, c_string(service).as_ptr(), c_string(port).as_ptr())
-                }),
-                None => Offered::No,
-            },
-            HostRequest::Unpublish { service } => match self.ops.unpublish.filter(|_| self.has(end_of!(unpublish))) {
-                Some(f) => {
-                    self.start(task, Service::Unpublish, || unsafe { f(data, inst, t, c_string(service).as_ptr()) })
-                }
-                None => Offered::No,
-            },
-            HostRequest::Lookup { service } => match self.ops.lookup.filter(|_| self.has(end_of!(lookup))) {
-                Some(f) => {
-                    self.start(task, Service::Lookup, || unsafe { f(data, inst, t, c_string(service).as_ptr()) })
-                }
-                None => Offered::No,
-            },
-            HostRequest::Spawn(spawn) => match self.ops.spawn.filter(|_| self.has(end_of!(spawn))) {
-                Some(f) => {
-                    let json = spawn_json(spawn);
-                    self.start(task, Service::Spawn, || unsafe { f(data, inst, t, json.as_ptr().cast(), json.len()) })
-                }
-                None => Offered::No,
-            },
+        let rc = match request {
+            HostRequest::Publish { service, port } => self
+                .ops
+                .publish
+                .filter(|_| self.has(end_of!(publish)))
+                .map(|f| unsafe { f(data, inst, t, c_string(service).as_ptr(), c_string(port).as_ptr()) }),
+            HostRequest::Unpublish { service } => self
+                .ops
+                .unpublish
+                .filter(|_| self.has(end_of!(unpublish)))
+                .map(|f| unsafe { f(data, inst, t, c_string(service).as_ptr()) }),
+            HostRequest::Lookup { service } => self
+                .ops
+                .lookup
+                .filter(|_| self.has(end_of!(lookup)))
+                .map(|f| unsafe { f(data, inst, t, c_string(service).as_ptr()) }),
+            HostRequest::Spawn(spawn) => self.ops.spawn.filter(|_| self.has(end_of!(spawn))).map(|f| {
+                let json = spawn_json(spawn);
+                unsafe { f(data, inst, t, json.as_ptr().cast(), json.len()) }
+            }),
+        };
+        match rc {
+            None => Err(NOT_SUPPORTED.into()),
+            Some(ffi::RPMI_OK) => Ok(()),
+            Some(rc) => Err(format!("the resource manager refused it ({rc})")),
         }
     }
 }
@@ -227,17 +173,6 @@ mod tests {
         assert_eq!(
             spawn_json(&req),
             r#"{"commands":[{"args":["-x"],"execname":"./a","infos":[],"nprocs":2,"preputs":[["k","v"]]}]}"#
-        );
-    }
-
-    #[test]
-    fn untyped_answers_are_read_by_service() {
-        assert_eq!(read_reply(Service::Lookup, true, Some("p".into())), HostReply::Port("p".into()));
-        assert_eq!(read_reply(Service::Spawn, true, Some("0,-1".into())), HostReply::Spawned { errcodes: vec![0, -1] });
-        assert!(matches!(read_reply(Service::Spawn, true, Some("x".into())), HostReply::Failed(_)));
-        assert_eq!(
-            read_reply(Service::Publish, false, None),
-            HostReply::Failed("the resource manager failed it".into())
         );
     }
 }

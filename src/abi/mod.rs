@@ -13,11 +13,11 @@ pub use options::Options;
 
 use crate::driver::Event;
 use crate::node::{EnvVar, ExecError, JobVars, Looping, Node, NodeError};
-use crate::server::{JobInfo, Shell, TaskMap};
-use host::{read_reply, CHost, PendingServices};
+use crate::server::{JobInfo, OwedAnswers, Shell, TaskMap};
+use host::CHost;
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// The C types and constants of `plugin-spec/rpmi_plugin.h`.
 #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
@@ -70,7 +70,9 @@ struct TaskSlot {
 struct Instance {
     node: Node<CHost>,
     tasks: Mutex<Vec<TaskSlot>>,
-    pending: PendingServices,
+    /// The shell's record of the answers its host owes: `service_complete` comes on any thread and refuses
+    /// there an answer nobody waits for.
+    owed: OwedAnswers,
     /// The host's log callback and data, for the reasons behind error codes of later calls.
     log: ffi::rpmi_host_ops,
 }
@@ -262,22 +264,20 @@ impl Instance {
         let n = info.local_ranks.len();
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);
-        let pending: PendingServices = Arc::new(Mutex::new(vec![None; n]));
-        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut(), handle: None, pending: pending.clone() };
+        let owed = shell.owed_answers();
+        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut() };
         let node = Node::new(shell, host, JobVars { job_id, spawned })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {
             node,
             tasks: Mutex::new((0..n).map(|_| TaskSlot::default()).collect()),
-            pending,
+            owed,
             log: ops_copy,
         }));
         // SAFETY: the live box made above; the host cannot call on it before create returns.
         let inst = unsafe { &mut *instance };
-        let handle = inst.node.handle().clone();
         if let Some(host) = inst.node.host_mut() {
             host.instance = instance.cast();
-            host.handle = Some(handle);
         }
         let looping = if ops_copy.watch_fd.is_some() { Looping::HostLoop } else { Looping::OwnThread };
         let started = inst.node.start(looping).map_err(node_failure).and_then(|()| match ops_copy.watch_fd {
@@ -439,18 +439,20 @@ unsafe extern "C" fn service_complete(
     result: *const c_char,
 ) -> c_int {
     on_instance(inst, |inst| {
-        let mut pending = inst.pending.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "pending table poisoned"))?;
-        let Some(slot) = pending.get_mut(task as usize) else {
+        let task = task as usize;
+        if task >= inst.node.task_count() {
             return fail(ffi::RPMI_ERR_INVALID, format!("no local task {task}"));
-        };
-        let service = slot.take().ok_or((ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting")))?;
-        drop(pending);
+        }
+        // Claimed here, on the caller's thread, so that the caller learns at once that nothing was owed;
+        // the engine reads the answer by the service the task waits for, on its own thread.
+        if !inst.owed.claim(task) {
+            return fail(ffi::RPMI_ERR_STATE, format!("task {task} has no request waiting"));
+        }
         // SAFETY: only when not NULL; NUL-terminated as the header documents.
-        let result = (!result.is_null()).then(|| unsafe { CStr::from_ptr(result) }.to_string_lossy().into_owned());
-        let reply = read_reply(service, status == ffi::RPMI_OK, result);
+        let text = (!result.is_null()).then(|| unsafe { CStr::from_ptr(result) }.to_string_lossy().into_owned());
         inst.node
             .handle()
-            .post(Event::HostReply(task as usize, reply))
+            .post(Event::UntypedReply { task, ok: status == ffi::RPMI_OK, text })
             .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
 }

@@ -29,6 +29,10 @@ pub enum Event {
     CollectiveDone(Result<Vec<Vec<u8>>, String>),
     /// The host's answer to a service request of `task`.
     HostReply(TaskId, HostReply),
+    /// A C host's untyped answer to a service request of `task` ([`Shell::untyped_reply`]), posted only once
+    /// claimed with [`crate::server::OwedAnswers::claim`], so that one nobody waits for is refused where it
+    /// comes in.
+    UntypedReply { task: TaskId, ok: bool, text: Option<String> },
     /// The server end of `task`'s PMI connection, from now on served.
     Attach(TaskId, OwnedFd),
     /// Stop serving; [`Driver::run`] returns.
@@ -221,6 +225,7 @@ impl<H: Host> Driver<H> {
                     self.shell.collective_complete(&mut self.host, result);
                 }
                 Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
+                Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(&mut self.host, task, ok, text),
                 Event::Attach(task, fd) => self.attach(task, fd)?,
                 Event::Stop => {
                     // What tasks wrote before they left (an abort line, say) is still served.

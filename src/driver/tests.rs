@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 struct QuietHost;
 
 impl Host for QuietHost {
-    fn collective(&mut self, _contribution: &[u8]) {
+    fn collective(&mut self, _contribution: &[u8]) -> Result<(), String> {
         panic!("no barrier here");
     }
     fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {

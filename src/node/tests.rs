@@ -33,8 +33,9 @@ impl Seen {
 struct TestHost(Seen);
 
 impl Host for TestHost {
-    fn collective(&mut self, contribution: &[u8]) {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
         self.0.push(format!("collective {}", contribution.len()));
+        Ok(())
     }
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
         self.0.push(format!("abort {rank} {exit_code} {message}"));

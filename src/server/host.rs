@@ -1,12 +1,15 @@
 //! The host seam: everything the engine needs from the resource manager that runs it.
 //!
 //! The engine calls these methods from inside [`crate::server::Shell`]'s own methods, on the host's thread.
-//! What completes later (the collective, name service and spawn requests) is handed back through
-//! [`crate::server::Shell::collective_complete`] and [`crate::server::Shell::host_reply`]; a host must not
-//! call into the shell from inside one of these methods.
+//! What a host refuses at once it says in the method's result; what completes later (the collective, name
+//! service and spawn requests) is handed back through [`crate::server::Shell::collective_complete`],
+//! [`crate::server::Shell::host_reply`] and [`crate::server::Shell::untyped_reply`]. A host must not call
+//! into the shell from inside one of these methods.
 
 use crate::wire::SpawnRequest;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// A task of this shell, by its local index (0 .. the shell's task count).
 pub type TaskId = usize;
@@ -17,7 +20,10 @@ pub trait Host {
     /// last barrier, possibly empty) with every shell of the job. The host copies the bytes before
     /// returning and later calls `Shell::collective_complete` with every shell's contribution, or with an
     /// error. At most one collective is outstanding per shell.
-    fn collective(&mut self, contribution: &[u8]);
+    ///
+    /// `Err(why)`: the exchange could not start. The barrier fails at once, as a failed completion fails it,
+    /// and the host does not complete this collective.
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String>;
 
     /// A task called `PMI_Abort`: end the job with `exit_code` and put `message` on the job's stderr.
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str);
@@ -44,14 +50,18 @@ pub trait Host {
         let _ = (rank, finalized);
     }
 
-    /// Starts an optional service: publish, unpublish, lookup or spawn. A host that offers it returns
-    /// [`Offered::Yes`] and answers later through `Shell::host_reply(task, ..)`; the default offers
-    /// nothing, and the task gets an error reply at once.
-    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Offered {
+    /// Starts an optional service: publish, unpublish, lookup or spawn. `Ok`: the host answers later, once,
+    /// through `Shell::host_reply(task, ..)` (or `Shell::untyped_reply`). `Err(why)`: refused; the task gets
+    /// an error reply saying why at once, and the host does not answer. The default offers nothing
+    /// ([`NOT_SUPPORTED`]).
+    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         let _ = (task, request);
-        Offered::No
+        Err(NOT_SUPPORTED.into())
     }
 }
+
+/// Why a host refuses a service it does not offer; the task reads it in its error reply.
+pub const NOT_SUPPORTED: &str = "not supported by this resource manager";
 
 /// Which way a traced line went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,15 +115,6 @@ pub enum Service {
     Spawn,
 }
 
-/// Whether the host took a [`HostRequest`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offered {
-    /// The host will answer with `Shell::host_reply`.
-    Yes,
-    /// The host does not offer this service.
-    No,
-}
-
 /// The host's answer to a [`HostRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostReply {
@@ -125,6 +126,71 @@ pub enum HostReply {
     Spawned { errcodes: Vec<i32> },
     /// The request failed; the message reaches the task (as `msg=`) and the log.
     Failed(String),
+}
+
+impl HostReply {
+    /// Reads an untyped answer to `service` (a C host's `service_complete`): whether it succeeded, and its
+    /// text: the port of a lookup, the comma-separated error codes of a spawn, or why it failed.
+    pub(super) fn untyped(service: Service, ok: bool, text: Option<String>) -> HostReply {
+        match (ok, service) {
+            (false, _) => HostReply::Failed(text.unwrap_or_else(|| "the resource manager failed it".into())),
+            (true, Service::Publish | Service::Unpublish) => HostReply::Done,
+            (true, Service::Lookup) => match text {
+                Some(port) => HostReply::Port(port),
+                None => HostReply::Failed("the resource manager found no port".into()),
+            },
+            (true, Service::Spawn) => {
+                let codes: Result<Vec<i32>, _> =
+                    text.as_deref().unwrap_or("").split(',').filter(|s| !s.is_empty()).map(str::parse).collect();
+                match codes {
+                    Ok(errcodes) => HostReply::Spawned { errcodes },
+                    Err(_) => HostReply::Failed("the resource manager gave malformed spawn error codes".into()),
+                }
+            }
+        }
+    }
+}
+
+/// Which tasks the host owes an answer to a service request, shared with the threads on which a host's
+/// answers come in: a C host's `service_complete` may come on any thread and must be refused there and
+/// then when no answer is owed, while what the task waits for is known only on the shell's thread.
+///
+/// The shell marks a task before it hands the request to the host (the host may answer before
+/// [`Host::request`] returns). The thread an untyped answer comes in on claims the mark
+/// ([`OwedAnswers::claim`]) before it passes the answer on; the shell claims it itself when the host
+/// refuses, and clears it when a typed answer reaches it. So each request lets one answer through: an
+/// answer to a refused request, or a second answer, finds nothing owed, and an answer claimed before the
+/// host refused is the one the task gets, never one left over for its next request. Which service the
+/// task waits for stays recorded in the shell alone.
+#[derive(Debug, Clone)]
+pub struct OwedAnswers(Arc<[AtomicBool]>);
+
+impl OwedAnswers {
+    pub(super) fn new(tasks: usize) -> OwedAnswers {
+        OwedAnswers((0..tasks).map(|_| AtomicBool::new(false)).collect())
+    }
+
+    /// The host now owes `task` an answer.
+    pub(super) fn owe(&self, task: TaskId) {
+        self.set(task, true);
+    }
+
+    /// The host's answer reached the shell: it owes `task` nothing more.
+    pub(super) fn settle(&self, task: TaskId) {
+        self.set(task, false);
+    }
+
+    fn set(&self, task: TaskId, owed: bool) {
+        if let Some(flag) = self.0.get(task) {
+            flag.store(owed, Ordering::SeqCst);
+        }
+    }
+
+    /// Takes the answer the host owes `task`: `false` if none is owed (none was asked for, the host
+    /// refused it, or it was answered already), and then the answer must not reach the shell.
+    pub fn claim(&self, task: TaskId) -> bool {
+        self.0.get(task).is_some_and(|flag| flag.swap(false, Ordering::SeqCst))
+    }
 }
 
 /// The exit status a host gives a job it ended because of a [`JobError`] when no task failed on its own

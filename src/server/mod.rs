@@ -6,7 +6,9 @@ mod limits;
 mod shell;
 pub mod taskmap;
 
-pub use host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId, JOB_ERROR_EXIT_CODE};
+pub use host::{
+    Direction, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId, JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
+};
 pub use limits::{Limits, LimitsError};
 pub use shell::{Shell, ShellError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;

@@ -2,8 +2,9 @@
 //!
 //! Sans-I/O: the host feeds the bytes each task wrote ([`Shell::receive`]), says when a task's connection
 //! closed ([`Shell::disconnected`]), hands back what it finished ([`Shell::collective_complete`],
-//! [`Shell::host_reply`]), and writes out what the shell queued for each task ([`Shell::next_ready`],
-//! [`Shell::output`], [`Shell::consume`]). Everything the shell needs from outside goes through [`Host`].
+//! [`Shell::host_reply`], [`Shell::untyped_reply`]), and writes out what the shell queued for each task
+//! ([`Shell::next_ready`], [`Shell::output`], [`Shell::consume`]). Everything the shell needs from outside
+//! goes through [`Host`].
 //!
 //! **Back-pressure.** A task's input is not parsed while more than [`HELD_ABOVE`] bytes of its answers are
 //! unsent: the rest of what the host passed is held ([`Shell::holds_input`]), the host reads nothing more
@@ -11,7 +12,7 @@
 //! task that pipelines requests without reading the answers costs is bounded by one read of input and
 //! about [`HELD_ABOVE`] bytes of answers, however many requests it sends.
 
-use super::host::{Direction, Host, HostReply, HostRequest, JobError, Offered, Service, TaskId};
+use super::host::{Direction, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId};
 use super::kvs::{self, Bounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
 use crate::wire::response::{rc, Line, MAX_LINE};
@@ -124,6 +125,9 @@ pub struct Shell {
     /// complete, so only then are the clients scanned for one.
     departed: usize,
     collective_pending: bool,
+    /// Which tasks the host owes an answer to a service request, for hosts that take answers in on other
+    /// threads.
+    owed: OwedAnswers,
     trace: bool,
     /// The `get_ranks2hosts` answer, made at the first request: it depends only on the job.
     ranks2hosts: Option<Arc<[u8]>>,
@@ -144,6 +148,7 @@ impl Shell {
             kvs.put(kvs::SERVER, PROCESS_MAPPING_KEY.as_bytes(), mapping.as_bytes())
                 .map_err(|e| ShellError(format!("cannot store {PROCESS_MAPPING_KEY}: {e}")))?;
         }
+        let owed = OwedAnswers::new(job.local_ranks.len());
         let clients = job
             .local_ranks
             .iter()
@@ -173,6 +178,7 @@ impl Shell {
             entered: 0,
             departed: 0,
             collective_pending: false,
+            owed,
             trace: false,
             ranks2hosts: None,
         })
@@ -181,6 +187,12 @@ impl Shell {
     /// Sends every line each way through [`Host::trace`] (the wire trace users debug with).
     pub fn set_trace(&mut self, on: bool) {
         self.trace = on;
+    }
+
+    /// Which tasks the host owes an answer to a service request: for a host that takes answers in on other
+    /// threads, to refuse there an answer nobody waits for (see [`OwedAnswers`]).
+    pub fn owed_answers(&self) -> OwedAnswers {
+        self.owed.clone()
     }
 
     /// The job this shell serves.
@@ -362,10 +374,7 @@ impl Shell {
         };
         match outcome {
             Ok(()) => self.release_barrier(host, rc::SUCCESS, ""),
-            Err(why) => {
-                host.log(log::Level::Error, &format!("barrier failed: {why}"));
-                self.release_barrier(host, rc::FAIL, &why);
-            }
+            Err(why) => self.fail_barrier(host, &why),
         }
         // A task may have left while the collective ran; the next barrier cannot complete without it.
         self.check_barrier(host);
@@ -373,6 +382,20 @@ impl Shell {
 
     /// The host's answer to the [`HostRequest`] it took from task `task`.
     pub fn host_reply(&mut self, host: &mut dyn Host, task: TaskId, reply: HostReply) {
+        self.answer(host, task, |_| reply);
+    }
+
+    /// A host's untyped answer (a C host's `service_complete`) to the [`HostRequest`] it took from task
+    /// `task`, read by the service the task asked for: `ok` and, for a lookup, the port in `text`; for a
+    /// spawn, the comma-separated error codes; on failure, why (`None`: a generic message). An answer for
+    /// a task that waits for none is a host bug, logged; a host that takes answers in on other threads
+    /// refuses those there, with [`OwedAnswers::claim`].
+    pub fn untyped_reply(&mut self, host: &mut dyn Host, task: TaskId, ok: bool, text: Option<String>) {
+        self.answer(host, task, |service| HostReply::untyped(service, ok, text));
+    }
+
+    /// Answers the service request task `task` waits for with what `reply` makes of it.
+    fn answer(&mut self, host: &mut dyn Host, task: TaskId, reply: impl FnOnce(Service) -> HostReply) {
         let Some(c) = self.clients.get_mut(task) else {
             host.log(log::Level::Error, &format!("host bug: a reply for unknown task {task}"));
             return;
@@ -382,9 +405,11 @@ impl Shell {
             return;
         };
         c.waiting = Waiting::Nothing;
+        self.owed.settle(task);
         if c.status == Status::Gone {
             return;
         }
+        let reply = reply(service);
         let cmd = service.response();
         self.respond(host, task, |out| match (service, reply) {
             (Service::Publish | Service::Unpublish, HostReply::Done) => Line::new(out, cmd, rc::SUCCESS).finish(),
@@ -651,12 +676,21 @@ impl Shell {
             return;
         }
         if self.entered == self.clients.len() {
-            self.collective_pending = true;
-            host.collective(&self.contribution);
+            let started = host.collective(&self.contribution);
             // Not just cleared: its capacity would stay allocated until the next barrier, beside the store
-            // that now holds the same puts.
+            // that now holds the same puts. Puts of a failed barrier are not offered again either way.
             self.contribution = Vec::new();
+            match started {
+                Ok(()) => self.collective_pending = true,
+                Err(why) => self.fail_barrier(host, &why),
+            }
         }
+    }
+
+    /// The barrier failed: logged, and every task waiting in it gets a failed `barrier_out` saying why.
+    fn fail_barrier(&mut self, host: &mut dyn Host, why: &str) {
+        host.log(log::Level::Error, &format!("barrier failed: {why}"));
+        self.release_barrier(host, rc::FAIL, why);
     }
 
     /// Answers every task waiting in the barrier.
@@ -671,10 +705,19 @@ impl Shell {
 
     fn start_service(&mut self, host: &mut dyn Host, task: TaskId, request: HostRequest<'_>) {
         let service = request.service();
-        match host.request(task, request) {
-            Offered::Yes => self.clients[task].waiting = Waiting::Host(service),
-            Offered::No => self.refuse_service(host, task, service, "not supported by this resource manager"),
+        // Owed before the host has the request: it may answer before `request` returns.
+        self.owed.owe(task);
+        if let Err(why) = host.request(task, request) {
+            // Claimed by the shell itself, so that an answer coming all the same finds nothing owed.
+            if self.owed.claim(task) {
+                return self.refuse_service(host, task, service, &why);
+            }
+            // The host answered before it refused: that answer, taken in already, is the one the task gets,
+            // so that it is not left over for the task's next request.
+            let rank = self.clients[task].rank;
+            host.log(log::Level::Error, &format!("host bug: rank {rank}'s request was answered, then refused: {why}"));
         }
+        self.clients[task].waiting = Waiting::Host(service);
     }
 
     fn refuse_service(&mut self, host: &mut dyn Host, task: TaskId, service: Service, why: &str) {

@@ -125,9 +125,11 @@ struct Place {
     node_name: String,
 }
 
-fn fail_collective(link: &Link, handle: Option<&DriverHandle>, why: &str) {
+/// Fails the collective in flight, if any, from the uplink reader's thread. Whichever of the reader and
+/// [`SlurmHost::collective`] takes `link.pending` first fails it, so it fails once.
+fn fail_collective(link: &Link, handle: &DriverHandle, why: &str) {
     if link.pending.swap(false, SeqCst) {
-        let _ = handle.map(|h| h.post(Event::CollectiveDone(Err(why.to_string()))));
+        let _ = handle.post(Event::CollectiveDone(Err(why.to_string())));
     }
 }
 
@@ -137,7 +139,6 @@ struct SlurmHost {
     place: Place,
     epoch: u32,
     link: Arc<Link>,
-    handle: Option<DriverHandle>,
     slurm: &'static Slurm,
     /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
     trace: Option<Trace>,
@@ -188,18 +189,19 @@ impl SlurmHost {
 }
 
 impl Host for SlurmHost {
-    fn collective(&mut self, contribution: &[u8]) {
-        self.link.epoch.store(self.epoch, SeqCst);
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
+        let epoch = self.epoch;
+        self.epoch = epoch.wrapping_add(1);
+        let frame = wire::contrib(epoch, self.place.node, contribution).map_err(|e| e.to_string())?;
+        // Pending before the frame goes: the root's answer may come before `send` returns.
+        self.link.epoch.store(epoch, SeqCst);
         self.link.pending.store(true, SeqCst);
-        let frame = wire::contrib(self.epoch, self.place.node, contribution);
-        self.epoch = self.epoch.wrapping_add(1);
-        match frame {
-            Ok(frame) if self.send(&frame) => {}
-            Ok(_) => {
-                fail_collective(&self.link, self.handle.as_ref(), "lost the connection to srun (the collective root)")
-            }
-            Err(e) => fail_collective(&self.link, self.handle.as_ref(), &e.to_string()),
+        if self.send(&frame) || !self.link.pending.swap(false, SeqCst) {
+            // Sent, or the uplink reader, which hears the connection go too, failed the collective first:
+            // its completion is on its way.
+            return Ok(());
         }
+        Err("lost the connection to srun (the collective root)".into())
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
@@ -395,7 +397,6 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         place: place.clone(),
         epoch: 0,
         link: link.clone(),
-        handle: None,
         slurm,
         trace,
         ended: false,
@@ -404,9 +405,6 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: false };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let handle = node_rt.handle().clone();
-    if let Some(h) = node_rt.host_mut() {
-        h.handle = Some(handle.clone());
-    }
     let task_env = (0..local_ranks.len())
         .map(|t| node_rt.connect_task(t).map(|c| c.vars).map_err(|e| format!("cannot serve local task {t}: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
@@ -545,7 +543,7 @@ fn uplink_reader(
                             Ok(FromRoot::End) => link.srun_done.store(true, SeqCst),
                             Ok(FromRoot::Fail { message, .. }) => {
                                 link.ending.store(true, SeqCst);
-                                fail_collective(&link, Some(&handle), &escape_text(&message, MESSAGE_MAX))
+                                fail_collective(&link, &handle, &escape_text(&message, MESSAGE_MAX))
                             }
                             Ok(other @ (FromRoot::Challenge { .. } | FromRoot::Welcome { .. })) => {
                                 why = Some(format!("srun sent {other:?} after the handshake"));
@@ -568,11 +566,7 @@ fn uplink_reader(
             if let Some(why) = why {
                 connected = false;
                 link.lost.store(true, SeqCst);
-                fail_collective(
-                    &link,
-                    Some(&handle),
-                    &format!("lost the connection to srun (the collective root): {why}"),
-                );
+                fail_collective(&link, &handle, &format!("lost the connection to srun (the collective root): {why}"));
                 if !link.finished.load(SeqCst) && !link.stopping.load(SeqCst) && !link.srun_done.load(SeqCst) {
                     // srun was killed, or the network failed: no exchange can complete any more.
                     slurm.error(&format!(

@@ -1,7 +1,7 @@
 //! The engine's behaviour, command by command, driven with byte strings and a host that records calls.
 
 use super::*;
-use crate::server::TaskMap;
+use crate::server::{TaskMap, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
 
 /// A host that records what the engine asks of it.
@@ -14,13 +14,16 @@ struct Recorder {
     traces: Vec<String>,
     /// Offer the optional services (publish, lookup, spawn).
     offer: bool,
+    /// Refuse collectives and the services offered at once, saying this.
+    refusal: Option<&'static str>,
     requests: Vec<String>,
     spawns: Vec<SpawnRequest>,
 }
 
 impl Host for Recorder {
-    fn collective(&mut self, contribution: &[u8]) {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
         self.collectives.push(contribution.to_vec());
+        self.refusal.map_or(Ok(()), |why| Err(why.into()))
     }
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
         self.aborts.push((rank, exit_code, message.to_string()));
@@ -34,15 +37,15 @@ impl Host for Recorder {
     fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
         self.traces.push(format!("{rank} {direction}: {}", String::from_utf8_lossy(line)));
     }
-    fn request(&mut self, _task: TaskId, request: HostRequest<'_>) -> Offered {
+    fn request(&mut self, _task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         if !self.offer {
-            return Offered::No;
+            return Err(NOT_SUPPORTED.into());
         }
         if let HostRequest::Spawn(s) = &request {
             self.spawns.push((*s).clone());
         }
         self.requests.push(format!("{request:?}"));
-        Offered::Yes
+        self.refusal.map_or(Ok(()), |why| Err(why.into()))
     }
 }
 
@@ -55,7 +58,7 @@ fn shell_on(ppn: &[u32], node: u32) -> Shell {
 }
 
 /// Sends `input` from `task` and returns everything queued for it.
-fn send(shell: &mut Shell, host: &mut Recorder, task: TaskId, input: &str) -> String {
+fn send(shell: &mut Shell, host: &mut dyn Host, task: TaskId, input: &str) -> String {
     shell.receive(host, task, input.as_bytes());
     drain(shell, task)
 }
@@ -250,6 +253,34 @@ fn malformed_collective_data_fails_the_barrier() {
     send(&mut s, &mut h, 0, "cmd=barrier_in\n");
     complete(&mut s, &mut h, &[b"not a contribution\n"]);
     assert!(drain(&mut s, 0).starts_with("cmd=barrier_out rc=-1 msg=malformed_collective_data"));
+}
+
+#[test]
+fn a_collective_refused_at_once_fails_the_barrier_at_once() {
+    let mut s = shell_on(&[3, 1], 0);
+    let mut h = Recorder { refusal: Some("the exchange cannot start"), ..Recorder::default() };
+    send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=k value=v\n");
+    for t in 0..3 {
+        s.receive(&mut h, t, b"cmd=barrier_in\n");
+    }
+    // Every waiting task is answered before the host completes anything, as a failed completion answers it.
+    for t in 0..3 {
+        assert_eq!(drain(&mut s, t), "cmd=barrier_out rc=-1 msg=the_exchange_cannot_start\n");
+    }
+    assert_eq!(h.collectives, vec![b"0 k=v\n".to_vec()]);
+    assert!(h.logs.iter().any(|(l, m)| *l == log::Level::Error && m == "barrier failed: the exchange cannot start"));
+    // Nothing is outstanding: a completion now is a host bug.
+    s.collective_complete(&mut h, Ok(&[]));
+    assert!(h.logs.iter().any(|(_, m)| m.contains("host bug")));
+    // The next barrier starts a collective again, without the puts of the failed one.
+    h.refusal = None;
+    for t in 0..3 {
+        send(&mut s, &mut h, t, "cmd=barrier_in\n");
+    }
+    assert_eq!(h.collectives.last().unwrap(), b"");
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(drain(&mut s, 1), "cmd=barrier_out rc=0\n");
+    assert!(h.errors.is_empty());
 }
 
 #[test]
@@ -594,6 +625,146 @@ fn a_port_too_long_for_a_line_is_a_failed_lookup() {
     send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n");
     s.host_reply(&mut h, 0, HostReply::Port("p".repeat(1000)));
     assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=-1 msg=the_resource_manager_gave_an_unusable_answer\n");
+}
+
+#[test]
+fn a_service_refused_at_once_answers_with_the_reason() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, refusal: Some("the job is ending"), ..Recorder::default() };
+    let owed = s.owed_answers();
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n"),
+        "cmd=lookup_result rc=-1 msg=the_job_is_ending\n"
+    );
+    assert_eq!(h.requests, vec![r#"Lookup { service: "svc" }"#]);
+    // Nothing is owed: a late answer is refused where it comes in, and the task may ask again.
+    assert!(!owed.claim(0));
+    assert_eq!(send(&mut s, &mut h, 0, SPAWN), "cmd=spawn_result rc=-1 msg=the_job_is_ending\n");
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn untyped_answers_are_read_by_the_service_asked_for() {
+    let cases: [(&str, bool, Option<&str>, &str); 10] = [
+        ("cmd=publish_name service=svc port=p1\n", true, None, "cmd=publish_result rc=0\n"),
+        ("cmd=unpublish_name service=svc\n", true, Some("ignored"), "cmd=unpublish_result rc=0\n"),
+        ("cmd=lookup_name service=svc\n", true, Some("tcp://h:1"), "cmd=lookup_result rc=0 port=tcp://h:1\n"),
+        (
+            "cmd=lookup_name service=svc\n",
+            true,
+            None,
+            "cmd=lookup_result rc=-1 msg=the_resource_manager_found_no_port\n",
+        ),
+        (
+            "cmd=lookup_name service=svc\n",
+            true,
+            Some("a b"),
+            "cmd=lookup_result rc=-1 msg=the_resource_manager_gave_an_unusable_answer\n",
+        ),
+        (SPAWN, true, Some("0,-1"), "cmd=spawn_result rc=0 errcodes=0,-1\n"),
+        (
+            SPAWN,
+            true,
+            Some("0,x"),
+            "cmd=spawn_result rc=-1 msg=the_resource_manager_gave_malformed_spawn_error_codes\n",
+        ),
+        (SPAWN, false, Some("no slots"), "cmd=spawn_result rc=-1 msg=no_slots\n"),
+        (
+            "cmd=publish_name service=svc port=p1\n",
+            false,
+            None,
+            "cmd=publish_result rc=-1 msg=the_resource_manager_failed_it\n",
+        ),
+        ("cmd=lookup_name service=svc\n", false, Some("unknown"), "cmd=lookup_result rc=-1 msg=unknown\n"),
+    ];
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    for (request, ok, text, want) in cases {
+        assert_eq!(send(&mut s, &mut h, 0, request), "");
+        s.untyped_reply(&mut h, 0, ok, text.map(String::from));
+        assert_eq!(drain(&mut s, 0), want, "{request:?} answered {ok} {text:?}");
+    }
+    assert!(h.logs.is_empty() && h.errors.is_empty(), "{:?} {:?}", h.logs, h.errors);
+}
+
+#[test]
+fn an_untyped_answer_with_nothing_owed_is_refused() {
+    let mut s = shell_on(&[2], 0);
+    let owed = s.owed_answers();
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    // Nothing asked for yet, and no such task.
+    assert!(!owed.claim(0) && !owed.claim(2));
+    // One answer per request: the first claim takes it, a second finds nothing.
+    send(&mut s, &mut h, 1, "cmd=lookup_name service=svc\n");
+    assert!(!owed.claim(0));
+    assert!(owed.claim(1));
+    assert!(!owed.claim(1));
+    s.untyped_reply(&mut h, 1, true, Some("p".into()));
+    assert_eq!(drain(&mut s, 1), "cmd=lookup_result rc=0 port=p\n");
+    // An answer that reaches the shell with nothing waiting is a host bug: logged, and nobody is answered.
+    s.untyped_reply(&mut h, 1, true, Some("p".into()));
+    assert!(h.logs.iter().any(|(_, m)| m == "host bug: a reply for rank 1, which asked for nothing"));
+    assert_eq!(drain(&mut s, 1), "");
+    // A typed answer settles the request too.
+    send(&mut s, &mut h, 0, "cmd=publish_name service=svc port=p\n");
+    s.host_reply(&mut h, 0, HostReply::Done);
+    assert_eq!(drain(&mut s, 0), "cmd=publish_result rc=0\n");
+    assert!(!owed.claim(0));
+}
+
+/// A host that takes in its own answer from inside `request`, as a C host may (on this thread or another)
+/// before its callback returns.
+struct AnswersAtOnce {
+    owed: OwedAnswers,
+    /// What each claim found, in order.
+    claims: Vec<bool>,
+    /// Refuse the request after answering it (a host bug).
+    refuse: bool,
+    logs: Vec<String>,
+}
+
+impl Host for AnswersAtOnce {
+    fn collective(&mut self, _contribution: &[u8]) -> Result<(), String> {
+        unreachable!("no barrier here")
+    }
+    fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {
+        unreachable!("rank {rank} aborted: {message}")
+    }
+    fn job_error(&mut self, error: &JobError) {
+        unreachable!("{error}")
+    }
+    fn log(&mut self, _level: log::Level, message: &str) {
+        self.logs.push(message.to_string());
+    }
+    fn request(&mut self, task: TaskId, _request: HostRequest<'_>) -> Result<(), String> {
+        self.claims.push(self.owed.claim(task));
+        self.claims.push(self.owed.claim(task));
+        if self.refuse {
+            Err("refused".into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[test]
+fn an_answer_taken_in_before_the_request_returns_is_the_one_the_task_gets() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = AnswersAtOnce { owed: s.owed_answers(), claims: Vec::new(), refuse: false, logs: Vec::new() };
+    // Owed before the host has the request, once.
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n"), "");
+    assert_eq!(h.claims, vec![true, false]);
+    s.untyped_reply(&mut h, 0, true, Some("p".into()));
+    assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=0 port=p\n");
+    assert!(h.logs.is_empty(), "{:?}", h.logs);
+    // Answered, then refused: the answer stands, so that it cannot answer the task's next request.
+    h.refuse = true;
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n"), "");
+    assert_eq!(h.logs, vec!["host bug: rank 0's request was answered, then refused: refused"]);
+    s.untyped_reply(&mut h, 0, true, Some("q".into()));
+    assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=0 port=q\n");
+    assert!(!s.owed_answers().claim(0));
+    assert_eq!(h.logs.len(), 1, "{:?}", h.logs);
 }
 
 // Back-pressure: a task that pipelines requests without reading its answers.
