@@ -5,12 +5,14 @@
 //! - [`server`] is the engine: one [`server::Shell`] per job shell serves all of that shell's tasks and talks
 //!   to the host (the resource manager) only through the [`server::Host`] trait. It does no I/O.
 //! - [`driver`] is the I/O around a shell: task connections, epoll, completions from other threads.
+//! - [`collective`] is the exchange behind every barrier over a k-ary tree of nodes, as sans-I/O machines.
 //! - [`abi`] is the job-shell plugin ABI of `plugin-spec/rpmi_plugin.h`, through which hosts load the library.
 //! - `slurm` (feature `slurm`) makes the same library Slurm's `mpi/rpmi` plugin: `srun --mpi=rpmi`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod collective;
 pub mod driver;
 pub mod server;
 pub mod wire;
