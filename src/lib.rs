@@ -7,12 +7,14 @@
 //! - [`driver`] is the I/O around a shell: task connections, epoll, completions from other threads.
 //! - [`node`] is the runtime around one shell on one node: task connections, their environment, the hook in
 //!   the forked child, the progress loop and the stop. Every host drives it.
+//! - [`collective`] is the exchange behind every barrier over a k-ary tree of nodes, as sans-I/O machines.
 //! - [`abi`] is the job-shell plugin ABI of `plugin-spec/rpmi_plugin.h`, through which hosts load the library.
 //! - `slurm` (feature `slurm`) makes the same library Slurm's `mpi/rpmi` plugin: `srun --mpi=rpmi`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod collective;
 pub mod driver;
 pub mod node;
 pub mod server;

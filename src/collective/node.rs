@@ -1,0 +1,338 @@
+//! A node's side of the collective: its shell's part, its children's, the CONTRIB up and the ALL down.
+
+use super::frame::{self, Bytes, Frame, Parts, TooLarge, CONTROL_MAX};
+use super::gather::{self, Gather, Refusal};
+use super::output::{Outbox, Output};
+use super::tree::{Peer, Tree, TreeError};
+use super::Bounds;
+use std::fmt;
+
+/// Why a contribution was not taken: the host broke the machine's contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContributeError {
+    /// The shell's part of exchange `epoch` is in and its result has not come.
+    Outstanding { epoch: u32 },
+    /// The node said it is done ([`Node::finish`]).
+    Finished,
+}
+
+impl fmt::Display for ContributeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ContributeError::Outstanding { epoch } => {
+                write!(f, "a second contribution while PMI exchange {epoch} is outstanding")
+            }
+            ContributeError::Finished => f.write_str("a contribution after the node said it was done"),
+        }
+    }
+}
+
+impl std::error::Error for ContributeError {}
+
+/// Who a peer is to this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Parent,
+    Child(u32),
+    /// The root, when it is not the parent: only the node's own frames to it use this connection.
+    Root,
+    Stranger,
+}
+
+/// The collective as one node runs it. Feed it the shell's part ([`Node::contribute`]), frames
+/// ([`Node::receive`]) and closed connections ([`Node::lost`]); take what to do from [`Node::poll`].
+#[derive(Debug)]
+pub struct Node {
+    tree: Tree,
+    me: u32,
+    parent: Peer,
+    bounds: Bounds,
+    all_max: usize,
+    gather: Gather,
+    /// The exchange in progress: how many have completed.
+    epoch: u32,
+    /// The shell's part is in and it waits for the result.
+    waiting: bool,
+    /// The exchange's CONTRIB went up: only the parent's ALL or FAIL is due.
+    sent: bool,
+    finished: bool,
+    /// The parent said BYE.
+    parent_done: bool,
+    /// The parent or the root closed its connection when nothing waited for it: the next exchange fails.
+    gone: Option<Peer>,
+    /// Failed for good (an error, a FAIL, or the root's END), and why.
+    failed: Option<String>,
+    outbox: Outbox,
+    peak: usize,
+}
+
+impl Node {
+    /// Node `me` of `tree`, which takes an ALL of at most `all_max` bytes.
+    pub fn new(tree: Tree, me: u32, bounds: Bounds, all_max: usize) -> Result<Node, TreeError> {
+        if me >= tree.nodes() {
+            return Err(TreeError::NoSuchNode { node: me, nodes: tree.nodes() });
+        }
+        Ok(Node {
+            tree,
+            me,
+            parent: tree.parent(me),
+            bounds,
+            all_max,
+            gather: Gather::new(tree, Peer::Node(me), bounds),
+            epoch: 0,
+            waiting: false,
+            sent: false,
+            finished: false,
+            parent_done: false,
+            gone: None,
+            failed: None,
+            outbox: Outbox::default(),
+            peak: 0,
+        })
+    }
+
+    /// The next thing for the host to do.
+    pub fn poll(&mut self) -> Option<Output> {
+        self.outbox.pop()
+    }
+
+    /// The exchange in progress (or next): how many have completed.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The largest frame this node takes from `from`, for the transport to check a length before reading.
+    pub fn frame_max(&self, from: Peer) -> usize {
+        match self.role(from) {
+            Role::Parent => self.all_max.max(CONTROL_MAX),
+            Role::Child(c) => gather::contrib_max(&self.tree, &self.bounds, c),
+            Role::Root | Role::Stranger => CONTROL_MAX,
+        }
+    }
+
+    /// Bytes this node holds: parts gathered and frames not yet taken by [`Node::poll`].
+    pub fn held(&self) -> usize {
+        self.gather.held() + self.outbox.held()
+    }
+
+    /// The most bytes this node has held at once.
+    pub fn peak_held(&self) -> usize {
+        self.peak
+    }
+
+    /// The shell's part of the exchange in progress. Its result comes as [`Output::Done`] or
+    /// [`Output::Failed`]; until then no other part is taken.
+    pub fn contribute(&mut self, part: Vec<u8>) -> Result<(), ContributeError> {
+        if self.finished {
+            return Err(ContributeError::Finished);
+        }
+        if self.waiting {
+            return Err(ContributeError::Outstanding { epoch: self.epoch });
+        }
+        if let Some(why) = &self.failed {
+            let failed = Output::Failed { epoch: self.epoch, message: why.clone() };
+            self.outbox.push(failed);
+            return Ok(());
+        }
+        self.waiting = true;
+        match self.gather.own(self.epoch, part) {
+            Ok(()) => self.advance(),
+            Err(r) => self.refuse(r),
+        }
+        self.note_peak();
+        Ok(())
+    }
+
+    /// A frame from `from`.
+    pub fn receive(&mut self, from: Peer, frame: Bytes) {
+        if self.failed.is_some() {
+            return;
+        }
+        let decoded = match super::read(from, Peer::Node(self.me), &frame, self.frame_max(from), self.bounds.part_max) {
+            Ok(f) => f,
+            Err(what) => return self.fail_from(from, what),
+        };
+        match (self.role(from), decoded) {
+            (Role::Child(c), Frame::Contrib { epoch, parts }) => self.contribution(c, epoch, parts),
+            (Role::Parent, Frame::All { epoch, parts }) => self.result(epoch, parts),
+            (Role::Parent, Frame::Fail { epoch, message }) if epoch == self.epoch => {
+                self.stop(frame, message, None);
+            }
+            (Role::Parent, Frame::End) => self.stop(frame, "the root ended the job".into(), None),
+            (Role::Parent, Frame::Bye) if from != Peer::Root => self.parent_done = true,
+            (Role::Child(c), Frame::Bye) => {
+                self.gather.done(c);
+                self.advance();
+            }
+            (role, f) => {
+                let why = match (role, &f) {
+                    (Role::Parent, Frame::Fail { .. }) => format!("during PMI exchange {}", self.epoch),
+                    (_, Frame::Contrib { .. }) => "which is not its parent".into(),
+                    (_, Frame::Lost { .. } | Frame::Report(_)) => "which only the root takes".into(),
+                    (Role::Parent, Frame::Bye) => "which the root never sends".into(),
+                    _ => format!("whose parent is {}", self.parent),
+                };
+                let what = format!("{from} sent {f} to node {}, {why}", self.me);
+                self.fail_from(from, what);
+            }
+        }
+        self.note_peak();
+    }
+
+    /// `peer` closed its connection to this node.
+    pub fn lost(&mut self, peer: Peer) {
+        if self.failed.is_some() {
+            return;
+        }
+        let pending = self.waiting || self.gather.started();
+        match self.role(peer) {
+            Role::Child(c) if !self.gather.is_done(c) => self.outbox.send(Peer::Root, frame::lost(c)),
+            Role::Child(_) | Role::Stranger => {}
+            Role::Parent | Role::Root => {
+                let said_done = self.finished || (peer == self.parent && self.parent_done);
+                if said_done && !pending {
+                    self.gone = Some(peer);
+                    return;
+                }
+                let during = if pending { format!(" during PMI exchange {}", self.epoch) } else { String::new() };
+                let what = format!("node {} lost its connection to {peer}{during}", self.me);
+                self.fail_from(peer, what);
+            }
+        }
+    }
+
+    /// The shell is done: every task has closed its PMI connection. Tells the parent, the root and the
+    /// children, so that this node's connections closing later is not taken for a failure.
+    pub fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let bye = frame::bye();
+        self.outbox.send(self.parent, bye.clone());
+        if self.parent != Peer::Root {
+            self.outbox.send(Peer::Root, bye.clone());
+        }
+        for c in self.tree.children(Peer::Node(self.me)) {
+            self.outbox.send(Peer::Node(c), bye.clone());
+        }
+        if self.failed.is_none() {
+            self.gather.done(self.me);
+            self.advance();
+        }
+    }
+
+    /// Sends the host's report (of an abort or an error) to the root.
+    pub fn report(&mut self, bytes: &[u8]) -> Result<(), TooLarge> {
+        self.outbox.send(Peer::Root, frame::report(bytes)?);
+        Ok(())
+    }
+
+    fn role(&self, peer: Peer) -> Role {
+        match peer {
+            p if p == self.parent => Role::Parent,
+            Peer::Root => Role::Root,
+            Peer::Node(n) if self.tree.is_child(Peer::Node(self.me), n) => Role::Child(n),
+            Peer::Node(_) => Role::Stranger,
+        }
+    }
+
+    /// Child `child`'s CONTRIB.
+    fn contribution(&mut self, child: u32, epoch: u32, parts: Parts) {
+        if self.sent && epoch == self.epoch {
+            let what = format!("node {child} sent its parts of PMI exchange {epoch} twice");
+            return self.fail_from(Peer::Node(child), what);
+        }
+        match self.gather.child(self.epoch, child, epoch, parts) {
+            Ok(()) => self.advance(),
+            Err(r) => self.refuse(r),
+        }
+    }
+
+    /// Sends the exchange's CONTRIB up once every part is in, or fails it if it cannot complete.
+    fn advance(&mut self) {
+        if let Some(r) = self.gather.blocked(self.epoch) {
+            return self.refuse(r);
+        }
+        if let Some(peer) = self.gone.filter(|_| self.gather.started()) {
+            let what = format!(
+                "PMI exchange {} cannot complete: {peer} has closed its connection to node {}",
+                self.epoch, self.me
+            );
+            return self.fail_from(peer, what);
+        }
+        if !self.gather.complete() {
+            return;
+        }
+        match self.gather.frame(self.epoch) {
+            Ok(contrib) => {
+                self.peak = self.peak.max(self.held() + contrib.len());
+                self.gather.clear();
+                self.outbox.send(self.parent, contrib);
+                self.sent = true;
+            }
+            Err(e) => {
+                let what = format!("node {} cannot send up PMI exchange {}: {e}", self.me, self.epoch);
+                self.fail_from(Peer::Node(self.me), what);
+            }
+        }
+    }
+
+    /// The parent's ALL: passed on to the children unchanged, then the exchange is done here.
+    fn result(&mut self, epoch: u32, parts: Parts) {
+        let parent = self.parent;
+        let why = if !self.sent {
+            format!("which nobody at node {} waits for", self.me)
+        } else if epoch != self.epoch {
+            format!("while node {} waits for exchange {}", self.me, self.epoch)
+        } else if parts.frame().len() > self.all_max {
+            format!("{} bytes, more than the {} node {} takes", parts.frame().len(), self.all_max, self.me)
+        } else if parts.len() != self.tree.nodes() as usize {
+            format!("{} parts for {} nodes", parts.len(), self.tree.nodes())
+        } else if let Some((place, node)) = parts.misplaced() {
+            format!("its part {place} for node {node}")
+        } else {
+            for c in self.tree.children(Peer::Node(self.me)) {
+                self.outbox.send(Peer::Node(c), parts.frame().clone());
+            }
+            self.outbox.push(Output::Done { epoch, parts });
+            self.epoch = self.epoch.wrapping_add(1);
+            self.sent = false;
+            self.waiting = false;
+            return;
+        };
+        self.fail_from(parent, format!("{parent} sent the result of PMI exchange {epoch}, {why}"));
+    }
+
+    fn refuse(&mut self, r: Refusal) {
+        self.fail_from(Peer::Node(r.node), r.message);
+    }
+
+    /// Fails for good with a job error that `at` caused.
+    fn fail_from(&mut self, at: Peer, message: String) {
+        let node = match at {
+            Peer::Root => None,
+            Peer::Node(n) => Some(n),
+        };
+        self.stop(frame::fail(self.epoch, &message), message.clone(), Some(Output::JobError { node, message }));
+    }
+
+    /// Fails for good: reports `error` if any, sends `down` (a FAIL or END) to the children, and fails the
+    /// shell's exchange if it waits.
+    fn stop(&mut self, down: Bytes, message: String, error: Option<Output>) {
+        if let Some(error) = error {
+            self.outbox.push(error);
+        }
+        for c in self.tree.children(Peer::Node(self.me)) {
+            self.outbox.send(Peer::Node(c), down.clone());
+        }
+        if std::mem::replace(&mut self.waiting, false) {
+            self.outbox.push(Output::Failed { epoch: self.epoch, message: message.clone() });
+        }
+        self.gather.clear();
+        self.failed = Some(message);
+    }
+
+    fn note_peak(&mut self) {
+        self.peak = self.peak.max(self.held());
+    }
+}
