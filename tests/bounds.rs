@@ -3,7 +3,7 @@
 //! (`/proc/self/clear_refs`), runs the attack, and reports the growth of its peak (`VmHWM`) over its
 //! resident set before; the parent checks the figures against the bounds stated here.
 
-use rpmi::driver::{channel, socketpair, Driver};
+use rpmi::driver::{channel, socketpair, Driver, HostFds};
 use rpmi::server::{Host, JobError, JobInfo, Limits, Shell, TaskMap};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -18,6 +18,8 @@ const REPORT: &str = "bounds:";
 
 /// A host for shells whose tasks never reach a barrier; it only checks that nothing goes wrong.
 struct QuietHost;
+
+impl HostFds for QuietHost {}
 
 impl Host for QuietHost {
     fn collective(&mut self, _contribution: &[u8]) -> Result<(), String> {

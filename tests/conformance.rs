@@ -11,7 +11,7 @@
 //! `cmd=` lines) is checked against clients.md's rules: it begins with `cmd=`, fits in 1024 bytes with its
 //! newline, and carries no empty `key=` token.
 
-use rpmi::driver::{channel, socketpair, Driver, DriverHandle, Event};
+use rpmi::driver::{channel, socketpair, Driver, DriverHandle, Event, HostFds};
 use rpmi::server::{
     kvs, Host, HostReply, HostRequest, JobError, JobInfo, Limits, OwedAnswers, Shell, TaskId, TaskMap, NOT_SUPPORTED,
     PROCESS_MAPPING_KEY,
@@ -97,6 +97,8 @@ struct LoopbackHost {
     /// Offer publish, unpublish, lookup and spawn (the test answers them through the driver handle).
     offer_services: bool,
 }
+
+impl HostFds for LoopbackHost {}
 
 impl Host for LoopbackHost {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {

@@ -119,6 +119,8 @@ impl Host for CHost {
     }
 }
 
+impl crate::driver::HostFds for CHost {}
+
 impl crate::node::NodeHost for CHost {}
 
 impl CHost {

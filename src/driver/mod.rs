@@ -82,7 +82,7 @@ pub enum Status {
 }
 
 /// The I/O of one shell: its task connections, its host and its wake-up fd.
-pub struct Driver<H: Host> {
+pub struct Driver<H: HostFds> {
     shell: Shell,
     host: H,
     /// The server end of each task's connection; `None` before it is attached and after it closed.
@@ -112,14 +112,63 @@ enum Output {
 
 /// The epoll token of the wake-up eventfd; task tokens are their `TaskId`.
 const WAKE: u64 = u64::MAX >> 1;
+/// The bit that marks the token of an fd the host serves itself ([`Watcher`]).
+const HOST_FD: u64 = 1 << 62;
 
-impl<H: Host> Driver<H> {
+/// A host that serves connections of its own (links to other nodes) in the driver's loop, on the thread
+/// that answers the tasks: so that no blocking I/O of the host holds the tasks up. The default serves none.
+pub trait HostFds: Host {
+    /// Called once, before the driver serves anything: the [`Watcher`] adds the host's fds to the loop.
+    fn watch(&mut self, watcher: Watcher) {
+        let _ = watcher;
+    }
+
+    /// The fd the host watches under `token` has `events` (epoll's flags). What it brings for the shell (a
+    /// collective's result, say) the host hands to `shell` itself.
+    fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
+        let _ = (token, events, shell);
+    }
+}
+
+/// Adds, changes and removes the host's own fds in a driver's loop; their readiness comes to
+/// [`HostFds::ready`] with the token given here.
+#[derive(Clone)]
+pub struct Watcher {
+    epoll: Arc<OwnedFd>,
+}
+
+impl Watcher {
+    /// Watches `fd` for `events` under `token` (below 2^62).
+    pub fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, fd, events, Self::tag(token)?)
+    }
+
+    /// Changes what `fd` is watched for.
+    pub fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, events, Self::tag(token)?)
+    }
+
+    /// Stops watching `fd` (closing it does too).
+    pub fn remove(&self, fd: RawFd) -> io::Result<()> {
+        epoll_ctl(&self.epoll, libc::EPOLL_CTL_DEL, fd, 0, 0)
+    }
+
+    fn tag(token: u64) -> io::Result<u64> {
+        if token >= HOST_FD {
+            return Err(invalid(format!("host fd token {token} is too large")));
+        }
+        Ok(token | HOST_FD)
+    }
+}
+
+impl<H: HostFds> Driver<H> {
     /// A driver for `shell`, whose requests go to `host`, taking events from `inbox` (see [`channel`]).
     /// Task connections come with [`Event::Attach`] or [`Driver::attach`].
-    pub fn new(shell: Shell, host: H, inbox: Inbox) -> io::Result<Self> {
+    pub fn new(shell: Shell, mut host: H, inbox: Inbox) -> io::Result<Self> {
         let n = shell.task_count();
         let turns = Turns::new(n)?;
         turns.watch(inbox.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
+        host.watch(Watcher { epoll: turns.top() });
         Ok(Driver {
             shell,
             host,
@@ -177,6 +226,9 @@ impl<H: Host> Driver<H> {
             let (token, flags) = (ev.u64, ev.events);
             if token == WAKE {
                 self.take_events()?;
+            } else if token & HOST_FD != 0 {
+                self.host.ready(token & !HOST_FD, flags, &mut self.shell);
+                self.flush()?;
             } else {
                 let task = token as usize;
                 // A hang-up or error is reported even while only EPOLLOUT is watched: the write that

@@ -21,6 +21,8 @@ impl Host for QuietHost {
 }
 
 /// A driver serving one task (the only rank), and the task's end of its connection, non-blocking.
+impl HostFds for QuietHost {}
+
 fn one_task() -> (Driver<QuietHost>, UnixStream) {
     let job = JobInfo::new("kvs_7", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
     let shell = Shell::new(job, Limits::default()).unwrap();

@@ -14,6 +14,7 @@
 use super::{epoll_create, epoll_ctl};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 /// Tasks per group.
 pub const GROUP: usize = 16;
@@ -29,7 +30,8 @@ const GROUP_TOKEN: u64 = 1 << 63;
 
 /// Task connections in groups, each group an epoll set nested in one top set.
 pub struct Turns {
-    top: OwnedFd,
+    /// Shared with the host's [`super::Watcher`], which adds its own fds to it.
+    top: Arc<OwnedFd>,
     /// Empty when the tasks are few: their connections are then in the top set.
     groups: Vec<OwnedFd>,
     tasks: usize,
@@ -42,7 +44,7 @@ pub struct Turns {
 impl Turns {
     /// Sets for `tasks` tasks, numbered from 0.
     pub fn new(tasks: usize) -> io::Result<Self> {
-        let top = epoll_create()?;
+        let top = Arc::new(epoll_create()?);
         let count = if tasks > GROUPED_ABOVE { tasks.div_ceil(GROUP) } else { 0 };
         let groups = (0..count).map(|_| epoll_create()).collect::<io::Result<Vec<_>>>()?;
         for (g, group) in groups.iter().enumerate() {
@@ -55,6 +57,11 @@ impl Turns {
     /// The fd that is readable whenever [`Turns::wait`] has something to report.
     pub fn fd(&self) -> RawFd {
         self.top.as_raw_fd()
+    }
+
+    /// The top set, for fds the host serves itself.
+    pub fn top(&self) -> Arc<OwnedFd> {
+        self.top.clone()
     }
 
     /// Watches `fd`, which is no task's connection, for `events` in the top set: [`Turns::wait`] reports

@@ -12,20 +12,20 @@
 //! [`Node::forked`] (one task) or [`Node::forked_all`] closes the node's copy of the task's end: until then the
 //! node cannot see the task leave.
 
-use crate::driver::{channel, socketpair, Driver, DriverHandle, Event};
-use crate::server::{Host, Shell, TaskId};
+use crate::driver::{channel, socketpair, Driver, DriverHandle, Event, HostFds};
+use crate::server::{Shell, TaskId};
 use std::ffi::CString;
 use std::fmt;
 use std::io;
 use std::os::fd::{IntoRawFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// What a node's host is told beyond the engine's [`Host`] seam.
-pub trait NodeHost: Host + Send + 'static {
+pub trait NodeHost: HostFds + Send + 'static {
     /// The progress loop has ended: every task has closed its connection or a stop was taken (`Ok`), or it
     /// failed (`Err`, with why; every task connection is closed, so the tasks fail fast instead of hanging).
     fn served(&mut self, result: Result<(), String>) {
@@ -98,7 +98,7 @@ pub struct Node<H: NodeHost> {
     handle: DriverHandle,
     /// Each task's end of its connection while the node still holds it (-1 otherwise): read in a forked child
     /// without a lock.
-    child_fds: Box<[AtomicI32]>,
+    child_fds: ChildEnds,
     /// A task's connection was made (once per task).
     connected: Box<[AtomicBool]>,
     /// The rank of each local task, by [`TaskId`].
@@ -133,7 +133,7 @@ impl<H: NodeHost> Node<H> {
         Ok(Node {
             watch_fd: driver.watch_fd(),
             handle,
-            child_fds: (0..n).map(|_| AtomicI32::new(-1)).collect(),
+            child_fds: ChildEnds((0..n).map(|_| AtomicI32::new(-1)).collect()),
             connected: (0..n).map(|_| AtomicBool::new(false)).collect(),
             ranks,
             size,
@@ -207,7 +207,7 @@ impl<H: NodeHost> Node<H> {
             .post(Event::Attach(task, server))
             .map_err(|_| NodeError::State("the node no longer serves".into()))?;
         let fd = child.into_raw_fd();
-        self.child_fds[task].store(fd, SeqCst);
+        self.child_fds.0[task].store(fd, SeqCst);
         let mut vars = vec![
             EnvVar::new("PMI_FD", fd.to_string()),
             EnvVar::new("PMI_RANK", rank.to_string()),
@@ -252,7 +252,13 @@ impl<H: NodeHost> Node<H> {
 
     /// In the parent, once every task is forked: closes the node's copies of all their ends.
     pub fn forked_all(&self) {
-        self.child_fds.iter().for_each(close);
+        self.child_fds.close_all();
+    }
+
+    /// The node's copies of the tasks' ends, for a host that learns on its own thread that every task is
+    /// forked (Slurm's stepd, from its tasks' notices).
+    pub fn child_ends(&self) -> ChildEnds {
+        self.child_fds.clone()
     }
 
     /// The fd a host loop watches for readability ([`Looping::HostLoop`]).
@@ -316,6 +322,25 @@ pub enum ExecError {
     /// The task was never connected, or the node has closed its end.
     NoEnd,
     System,
+}
+
+/// The node's copies of its tasks' ends of their connections.
+#[derive(Clone)]
+pub struct ChildEnds(Arc<[AtomicI32]>);
+
+impl ChildEnds {
+    /// Closes every copy still open: every task is forked.
+    pub fn close_all(&self) {
+        self.0.iter().for_each(close);
+    }
+
+    fn get(&self, task: TaskId) -> Option<&AtomicI32> {
+        self.0.get(task)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &AtomicI32> {
+        self.0.iter()
+    }
 }
 
 fn close(slot: &AtomicI32) {

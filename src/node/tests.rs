@@ -1,5 +1,5 @@
 use super::*;
-use crate::server::{JobError, JobInfo, Limits, TaskMap};
+use crate::server::{Host, JobError, JobInfo, Limits, TaskMap};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -44,6 +44,8 @@ impl Host for TestHost {
         self.0.push(format!("job_error {error}"));
     }
 }
+
+impl HostFds for TestHost {}
 
 impl NodeHost for TestHost {
     fn served(&mut self, result: Result<(), String>) {

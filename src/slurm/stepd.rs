@@ -3,10 +3,11 @@
 //!
 //! `mpi_p_slurmstepd_prefork` (before the tasks are forked, as root) takes the step's ids, this node's index
 //! and the step's shape from Slurm's step record, and from the environment what srun's side of the plugin
-//! put there (the root's port, the secret, the task map), checked against the record. It builds the shell and
-//! its [`Driver`], makes one socketpair per local task, joins the root ([`super::uplink`]), and starts two
-//! threads: the progress thread (the driver's epoll loop over the task connections) and the uplink reader
-//! (frames from the root, and the fork notice described below).
+//! put there (the root's port, the secret, the task map), checked against the record. It joins the root
+//! ([`super::uplink`]) and runs the node on the [`crate::node`] runtime: one socketpair per local task and one
+//! progress thread, whose epoll loop serves the task connections and, through [`SlurmHost`]'s own fds, the
+//! connection to srun (non-blocking: a slow srun never holds the tasks' answers) and the fork notice
+//! described below.
 //!
 //! **Trust.** slurmstepd runs as root; the job's environment is the user's (a user's srun can put anything
 //! in it). So the ids the plugin acts on (above all the step it asks slurmctld to end) come only from Slurm's
@@ -18,7 +19,7 @@
 //! does in the child; glibc's malloc is usable after fork). It hands the task its end of the socketpair
 //! (`PMI_FD`, close-on-exec cleared), closes every other task's end, and writes a notice into a pipe, even
 //! when it fails. Slurm forks every task of the node before it lets any of them run, so the first notice
-//! means every child holds its own end: the uplink reader then closes the stepd's copies of all of them, and
+//! means every child holds its own end: the progress thread then closes the stepd's copies of all of them, and
 //! a task that dies, even one that never reached the hook, is seen at once (EOF on the server end).
 
 use super::auth::Secret;
@@ -27,17 +28,17 @@ use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink;
 use super::wire::{self, FrameBuf, FromRoot, ToRoot, MESSAGE_MAX};
-use crate::driver::{DriverHandle, Event};
-use crate::node::{EnvVar, JobVars, Looping, Node, NodeHost};
+use crate::driver::{HostFds, Watcher};
+use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
 use crate::server::{Direction, Host, JobError, JobInfo, Limits, Shell, TaskMap};
+use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, CString};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Environment srun's prelaunch adds for the stepds (see `super::client`).
 pub const ENV_PORT: &str = "RPMI_SLURM_PORT";
@@ -65,10 +66,6 @@ struct Stepd {
     /// The step's ids, from Slurm's step record.
     job: u32,
     step: u32,
-    /// The step's node count: every ALL frame has one part per node.
-    nodes: usize,
-    /// The largest ALL payload this node takes in: every node's part, together within its store's bound.
-    all_max: usize,
     /// The rank of each local task, ascending; a task's index here is its [`crate::server::TaskId`].
     local_ranks: Vec<u32>,
     /// The node's tasks, their connections and the progress thread.
@@ -79,35 +76,15 @@ struct Stepd {
     /// The write end of the fork-notice pipe (inherited by each child, close-on-exec).
     notify_w: RawFd,
     notify_r: RawFd,
-    link: Arc<Link>,
-    stop: Arc<OwnedFd>,
+    /// `fini` is running: the uplink closing now is the normal end.
+    stopping: Arc<AtomicBool>,
+    /// A copy of the uplink, to cut it if the progress thread cannot say BYE in time.
     uplink: TcpStream,
-    reader: Mutex<Option<JoinHandle<()>>>,
-}
-
-/// The state the uplink reader and the shell's host share.
-struct Link {
-    /// A collective was sent and its result has not come; its epoch.
-    pending: AtomicBool,
-    epoch: AtomicU32,
-    /// The connection to srun is gone.
-    lost: AtomicBool,
-    /// Every local task has closed its connection: the connection closing now is the normal end.
-    finished: AtomicBool,
-    /// `fini` is running.
-    stopping: AtomicBool,
-    /// The root failed an exchange or this node reported the step's end: srun's user has been told.
-    ending: AtomicBool,
-    /// srun said it is done with the step (END): its close is the normal end.
-    srun_done: AtomicBool,
-    /// A task child found Slurm's task info naming the step read from the step record: only then does the
-    /// stepd ask slurmctld to end that step.
-    ids_confirmed: AtomicBool,
 }
 
 /// Asks slurmctld to end the step this stepd serves, once a task has confirmed its ids.
-fn kill_own_step(slurm: &Slurm, link: &Link, place: &Place) -> Result<(), String> {
-    if !link.ids_confirmed.load(SeqCst) {
+fn kill_own_step(slurm: &Slurm, ids_confirmed: bool, place: &Place) -> Result<(), String> {
+    if !ids_confirmed {
         return Err(format!(
             "not ending step {}.{} from here: no task has confirmed that Slurm runs it under these ids",
             place.job, place.step
@@ -125,42 +102,120 @@ struct Place {
     node_name: String,
 }
 
-/// Fails the collective in flight, if any, from the uplink reader's thread. Whichever of the reader and
-/// [`SlurmHost::collective`] takes `link.pending` first fails it, so it fails once.
-fn fail_collective(link: &Link, handle: &DriverHandle, why: &str) {
-    if link.pending.swap(false, SeqCst) {
-        let _ = handle.post(Event::CollectiveDone(Err(why.to_string())));
-    }
-}
+/// The epoll tokens of the stepd's own fds in the progress loop.
+const UPLINK: u64 = 0;
+const NOTICE: u64 = 1;
 
-/// The engine's host on a slurmstepd.
+/// The engine's host on a slurmstepd. It runs on the progress thread and serves, beside the tasks, the
+/// uplink to srun and the fork-notice pipe in the same loop: nothing it does blocks the tasks' answers.
 struct SlurmHost {
-    out: TcpStream,
+    uplink: Uplink,
     place: Place,
+    /// The step's node count: every ALL frame has one part per node.
+    nodes: usize,
+    /// The largest ALL payload this node takes in: every node's part, together within its store's bound.
+    all_max: usize,
+    /// The next collective's epoch, and the one whose result this node waits for.
     epoch: u32,
-    link: Arc<Link>,
+    pending: Option<u32>,
     slurm: &'static Slurm,
     /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
     trace: Option<Trace>,
+    /// The read end of the fork-notice pipe, and the node's copies of the tasks' ends it closes.
+    notify: OwnedFd,
+    child_ends: Option<ChildEnds>,
+    /// A task child found Slurm's task info naming the step read from the step record: only then does the
+    /// stepd ask slurmctld to end that step.
+    ids_confirmed: bool,
+    /// Every local task has closed its connection: the uplink closing now is the normal end.
+    finished: bool,
+    /// Set by `fini`.
+    stopping: Arc<AtomicBool>,
+    /// srun said it is done with the step (END): its close is the normal end.
+    srun_done: bool,
+    /// The root failed an exchange or this node reported the step's end: srun's user has been told.
+    ending: bool,
     /// An abort or job error was sent: the root ends the step; say it once.
     ended: bool,
     /// Lines this step has logged.
     logged: usize,
 }
 
-impl SlurmHost {
-    /// Sends a frame to the root; false if the connection is gone.
-    fn send(&mut self, frame: &[u8]) -> bool {
-        if self.link.lost.load(SeqCst) {
+/// The connection to srun's root, non-blocking in the progress loop.
+struct Uplink {
+    stream: TcpStream,
+    watcher: Option<Watcher>,
+    input: FrameBuf,
+    /// Frames not yet written, the first `written` bytes of the first already gone. Bounded by what the
+    /// engine asks for: one exchange's part at a time, and a few control frames.
+    output: VecDeque<Vec<u8>>,
+    written: usize,
+    /// epoll watches it for writing too, while output waits.
+    watching_out: bool,
+    lost: bool,
+}
+
+impl Uplink {
+    /// Queues `frame` and writes what the socket takes now; false if the connection is gone.
+    fn send(&mut self, frame: Vec<u8>) -> bool {
+        if self.lost {
             return false;
         }
-        if uplink::send(&mut self.out, frame).is_ok() {
-            return true;
+        self.output.push_back(frame);
+        self.write();
+        !self.lost
+    }
+
+    /// Writes queued frames until the socket would block; then has epoll say when it can take more.
+    fn write(&mut self) {
+        while let Some(front) = self.output.front() {
+            match self.stream.write(&front[self.written..]) {
+                Ok(n) => {
+                    self.written += n;
+                    if self.written == front.len() {
+                        self.output.pop_front();
+                        self.written = 0;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.lost = true;
+                    self.output.clear();
+                    break;
+                }
+            }
         }
-        self.link.lost.store(true, SeqCst);
-        // A root that takes too long is as good as gone: the connection is cut so the reader hears it too.
-        let _ = self.out.shutdown(std::net::Shutdown::Both);
-        false
+        let want_out = !self.output.is_empty();
+        if want_out != self.watching_out {
+            self.watching_out = want_out;
+            let events = (libc::EPOLLIN | if want_out { libc::EPOLLOUT } else { 0 }) as u32;
+            if let Some(w) = &self.watcher {
+                let _ = w.modify(self.stream.as_raw_fd(), events, UPLINK);
+            }
+        }
+    }
+
+    /// Writes what is queued, waiting for the socket at most until `deadline` (the progress loop has ended:
+    /// no task waits for this thread any more).
+    fn drain(&mut self, deadline: Instant) {
+        while !self.output.is_empty() && !self.lost {
+            self.write();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.output.is_empty() || left.is_zero() {
+                return;
+            }
+            let mut pfd = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        }
+    }
+}
+
+impl SlurmHost {
+    /// Sends a frame to the root; false if the connection is gone.
+    fn send(&mut self, frame: Vec<u8>) -> bool {
+        self.uplink.send(frame)
     }
 
     /// The step must end, with `message` for the user: the root prints it on srun's stderr and ends the step.
@@ -170,14 +225,14 @@ impl SlurmHost {
             self.log(log::Level::Info, text);
             return;
         }
-        if message.encode().is_ok_and(|frame| self.send(&frame)) {
-            self.link.ending.store(true, SeqCst);
+        if message.encode().is_ok_and(|frame| self.send(frame)) {
+            self.ending = true;
             self.log(log::Level::Info, text);
             return;
         }
         self.log(log::Level::Error, &format!("{text}; srun (the collective root) is gone, ending the step from here"));
-        self.link.ending.store(true, SeqCst);
-        if let Err(e) = kill_own_step(self.slurm, &self.link, &self.place) {
+        self.ending = true;
+        if let Err(e) = kill_own_step(self.slurm, self.ids_confirmed, &self.place) {
             self.log(log::Level::Error, &e);
         }
     }
@@ -186,6 +241,149 @@ impl SlurmHost {
         let m = ToRoot::Error { rank: u32::MAX, task_failed: false, message: message.to_string() };
         self.end_step(m, message);
     }
+
+    /// Fails the exchange this node waits for, if any.
+    fn fail_collective(&mut self, shell: &mut Shell, why: &str) {
+        if self.pending.take().is_some() {
+            shell.collective_complete(self, Err(why));
+        }
+    }
+
+    /// Notices from the task children: every task is forked (see the module's documentation). The pipe stays
+    /// open (a child writing to a pipe nobody reads would die of SIGPIPE) and is drained.
+    fn take_notices(&mut self) {
+        if let Some(ends) = &self.child_ends {
+            ends.close_all();
+        }
+        let mut notices = [0u8; 256];
+        // SAFETY: reading into our buffer from our non-blocking pipe.
+        let n = unsafe { libc::read(self.notify.as_raw_fd(), notices.as_mut_ptr().cast(), notices.len()) };
+        if n == 0 {
+            // Every child and the stepd's own copy closed the write end: nothing more will come.
+            if let Some(w) = &self.uplink.watcher {
+                let _ = w.remove(self.notify.as_raw_fd());
+            }
+        }
+        if notices[..n.max(0) as usize].contains(&NOTICE_IDS_CONFIRMED) {
+            self.ids_confirmed = true;
+        }
+    }
+
+    /// Reads what srun sent and handles every whole frame; the reason the connection is done, if it is.
+    fn hear_root(&mut self, shell: &mut Shell) -> Option<String> {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match self.uplink.stream.read(&mut buf) {
+                Ok(0) => return Some("srun closed the connection".into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) => return Some(format!("the connection to srun failed: {e}")),
+            };
+            self.uplink.input.extend(&buf[..n]);
+            if let Some(why) = self.frames(shell) {
+                return Some(why);
+            }
+            if n < buf.len() {
+                return None;
+            }
+        }
+    }
+
+    /// Handles every whole frame received from srun.
+    fn frames(&mut self, shell: &mut Shell) -> Option<String> {
+        loop {
+            let frame = match self.uplink.input.next(self.all_max) {
+                Ok(None) => break,
+                Ok(Some(f)) => FromRoot::decode(f).map_err(|e| e.to_string()),
+                Err(e) => Err(format!(
+                    "{e}: more than this node's key-value store may hold ({} bytes)",
+                    Limits::default().kvs_bytes_max
+                )),
+            };
+            // The frame was copied out: its bytes need not stay beside the parts.
+            self.uplink.input.release();
+            match frame {
+                Ok(FromRoot::All { epoch, parts }) => {
+                    // srun is the user's: a result must answer this node's barrier and hold one part per node,
+                    // in order, or nothing of it is kept.
+                    let in_order =
+                        parts.len() == self.nodes && parts.iter().enumerate().all(|(i, (n, _))| *n as usize == i);
+                    if !in_order {
+                        return Some("srun sent an exchange result that is not one part per node".into());
+                    }
+                    if self.pending != Some(epoch) {
+                        return Some("srun sent an exchange result no barrier waits for".into());
+                    }
+                    self.pending = None;
+                    let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes.as_slice()).collect();
+                    shell.collective_complete(self, Ok(&parts));
+                }
+                Ok(FromRoot::End) => self.srun_done = true,
+                Ok(FromRoot::Fail { message, .. }) => {
+                    self.ending = true;
+                    self.fail_collective(shell, &escape_text(&message, MESSAGE_MAX));
+                }
+                Ok(other @ (FromRoot::Challenge { .. } | FromRoot::Welcome { .. })) => {
+                    return Some(format!("srun sent {other:?} after the handshake"));
+                }
+                Err(e) => return Some(format!("srun sent a {e}")),
+            }
+        }
+        self.uplink.input.release();
+        None
+    }
+
+    /// The connection to srun is gone: no exchange can complete any more.
+    fn lost_root(&mut self, shell: &mut Shell, why: &str) {
+        self.uplink.lost = true;
+        self.uplink.output.clear();
+        if let Some(w) = &self.uplink.watcher {
+            let _ = w.remove(self.uplink.stream.as_raw_fd());
+        }
+        self.fail_collective(shell, &format!("lost the connection to srun (the collective root): {why}"));
+        if !self.finished && !self.stopping.load(SeqCst) && !self.srun_done {
+            // srun was killed, or the network failed.
+            self.slurm.error(&format!(
+                "step {}.{} on {}: {why}; srun is gone, ending the step",
+                self.place.job, self.place.step, self.place.node_name
+            ));
+            // Every node tries; all but the first find the step ending already.
+            if let Err(e) = kill_own_step(self.slurm, self.ids_confirmed, &self.place) {
+                self.slurm.info(&e);
+            }
+        }
+    }
+}
+
+impl HostFds for SlurmHost {
+    fn watch(&mut self, watcher: Watcher) {
+        let events = libc::EPOLLIN as u32;
+        if let Err(e) = watcher.add(self.uplink.stream.as_raw_fd(), events, UPLINK) {
+            self.uplink.lost = true;
+            self.slurm.error(&format!("cannot watch the connection to srun: {e}"));
+        }
+        if let Err(e) = watcher.add(self.notify.as_raw_fd(), events, NOTICE) {
+            self.slurm.error(&format!("cannot watch the tasks' notices: {e}"));
+        }
+        self.uplink.watcher = Some(watcher);
+    }
+
+    fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
+        match token {
+            NOTICE => self.take_notices(),
+            UPLINK if !self.uplink.lost => {
+                if events & libc::EPOLLOUT as u32 != 0 {
+                    self.uplink.write();
+                }
+                let why = if events & !(libc::EPOLLOUT as u32) != 0 { self.hear_root(shell) } else { None };
+                if let Some(why) = why.or_else(|| self.uplink.lost.then(|| "the connection to srun failed".into())) {
+                    self.lost_root(shell, &why);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 impl Host for SlurmHost {
@@ -193,15 +391,11 @@ impl Host for SlurmHost {
         let epoch = self.epoch;
         self.epoch = epoch.wrapping_add(1);
         let frame = wire::contrib(epoch, self.place.node, contribution).map_err(|e| e.to_string())?;
-        // Pending before the frame goes: the root's answer may come before `send` returns.
-        self.link.epoch.store(epoch, SeqCst);
-        self.link.pending.store(true, SeqCst);
-        if self.send(&frame) || !self.link.pending.swap(false, SeqCst) {
-            // Sent, or the uplink reader, which hears the connection go too, failed the collective first:
-            // its completion is on its way.
-            return Ok(());
+        if !self.send(frame) {
+            return Err("lost the connection to srun (the collective root)".into());
         }
-        Err("lost the connection to srun (the collective root)".into())
+        self.pending = Some(epoch);
+        Ok(())
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
@@ -232,7 +426,7 @@ impl Host for SlurmHost {
         }
         // A stepd's errors also reach the job's stderr: once the user has been told why the step ends, the
         // consequences (every barrier failing) go to the slurmd log only.
-        let level = if level <= log::Level::Warn && self.link.ending.load(SeqCst) { log::Level::Info } else { level };
+        let level = if level <= log::Level::Warn && self.ending { log::Level::Info } else { level };
         self.slurm.log(level, &escape_text(message, MESSAGE_MAX));
     }
 
@@ -245,7 +439,7 @@ impl Host for SlurmHost {
     fn task_closed(&mut self, rank: u32, finalized: bool) {
         if !finalized {
             if let Ok(frame) = (ToRoot::Gone { rank }).encode() {
-                self.send(&frame);
+                self.send(frame);
             }
         }
     }
@@ -255,13 +449,15 @@ impl NodeHost for SlurmHost {
     fn served(&mut self, result: Result<(), String>) {
         match result {
             Ok(()) => {
-                self.link.finished.store(true, SeqCst);
+                self.finished = true;
                 if let Ok(bye) = ToRoot::Bye.encode() {
-                    self.send(&bye);
+                    self.send(bye);
                 }
             }
             Err(why) => self.job_error_text(&format!("the PMI progress loop stopped: {why}")),
         }
+        // The loop no longer runs: what is queued goes now, within `fini`'s grace.
+        self.uplink.drain(Instant::now() + FINI_GRACE);
     }
 }
 
@@ -362,49 +558,55 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let mut shell = Shell::new(info, Limits::default()).map_err(|e| format!("cannot serve this step: {e}"))?;
     shell.set_trace(trace.is_some());
 
-    let link = Arc::new(Link {
-        pending: false.into(),
-        epoch: 0.into(),
-        lost: false.into(),
-        finished: false.into(),
-        stopping: false.into(),
-        ending: false.into(),
-        srun_done: false.into(),
-        ids_confirmed: false.into(),
-    });
     let mut fds = [0; 2];
     // SAFETY: fds has room for the two fds pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
         return Err(format!("pipe: {}", io::Error::last_os_error()));
     }
     // SAFETY: both fresh and ours.
     let (notify_r, notify_w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: a plain syscall, checked at once.
-    let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if stop < 0 {
-        return Err(format!("eventfd: {}", io::Error::last_os_error()));
-    }
-    // SAFETY: fresh and ours.
-    let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(stop) });
 
     let addrs: Vec<_> = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve srun's address {host}: {e}"))?
         .collect();
     let uplink = uplink::join(&addrs, node, &secret, JOIN_PATIENCE).map_err(|e| e.to_string())?;
+    uplink.set_nonblocking(true).map_err(|e| format!("socket: {e}"))?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let notify_r_raw = notify_r.as_raw_fd();
     let host_side = SlurmHost {
-        out: uplink.try_clone().map_err(|e| format!("socket: {e}"))?,
+        uplink: Uplink {
+            stream: uplink.try_clone().map_err(|e| format!("socket: {e}"))?,
+            watcher: None,
+            input: FrameBuf::default(),
+            output: VecDeque::new(),
+            written: 0,
+            watching_out: false,
+            lost: false,
+        },
         place: place.clone(),
+        nodes: rec.nodes as usize,
+        all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max) - 4,
         epoch: 0,
-        link: link.clone(),
+        pending: None,
         slurm,
         trace,
+        notify: notify_r,
+        child_ends: None,
+        ids_confirmed: false,
+        finished: false,
+        stopping: stopping.clone(),
+        srun_done: false,
+        ending: false,
         ended: false,
         logged: 0,
     };
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: false };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
-    let handle = node_rt.handle().clone();
+    let child_ends = node_rt.child_ends();
+    if let Some(h) = node_rt.host_mut() {
+        h.child_ends = Some(child_ends);
+    }
     let task_env = (0..local_ranks.len())
         .map(|t| node_rt.connect_task(t).map(|c| c.vars).map_err(|e| format!("cannot serve local task {t}: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
@@ -413,36 +615,17 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let stepd = Box::into_raw(Box::new(Stepd {
         job: rec.job,
         step: rec.step,
-        nodes: rec.nodes as usize,
-        all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max) - 4,
         local_ranks,
         node: node_rt,
         task_env,
         env_overwrite,
         notify_w: notify_w.into_raw_fd(),
-        notify_r: notify_r.as_raw_fd(),
-        link: link.clone(),
-        stop: stop.clone(),
-        uplink: uplink.try_clone().map_err(|e| format!("socket: {e}"))?,
-        reader: Mutex::new(None),
+        notify_r: notify_r_raw,
+        stopping,
+        uplink,
     }));
-    // From here on the reader may use the stepd's fields; it is freed only in `fini`, after joining it.
-    // SAFETY: just made, and freed only after the reader is joined.
+    // SAFETY: just made; freed only in `fini`.
     let shared: &'static Stepd = unsafe { &*stepd };
-    let reader = {
-        let (link, place) = (link.clone(), place.clone());
-        std::thread::Builder::new()
-            .name("rpmi-uplink".into())
-            .spawn(move || uplink_reader(uplink, notify_r, stop, shared, link, handle, place, slurm))
-    };
-    match reader {
-        Ok(t) => *shared.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(t),
-        Err(e) => {
-            // SAFETY: no thread of ours uses it; dropping it stops the node.
-            free(unsafe { Box::from_raw(stepd) });
-            return Err(format!("cannot start a thread: {e}"));
-        }
-    }
     STEPD.store(stepd, SeqCst);
     // The secret and the map are for the stepds only; the tasks get their PMI_* variables.
     // SAFETY: Slurm's environment array, as the caller promises.
@@ -463,141 +646,15 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     Ok(())
 }
 
-/// The uplink reader: the root's results, the fork notice, and the stop signal.
-#[allow(clippy::too_many_arguments)]
-fn uplink_reader(
-    mut uplink: TcpStream,
-    notify: OwnedFd,
-    stop: Arc<OwnedFd>,
-    stepd: &'static Stepd,
-    link: Arc<Link>,
-    handle: DriverHandle,
-    place: Place,
-    slurm: &'static Slurm,
-) {
-    crate::node::block_signals();
-    let mut input = FrameBuf::default();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut connected = true;
-    loop {
-        let mut fds = [
-            libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: notify.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: if connected { uplink.as_raw_fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
-        ];
-        // SAFETY: three live pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            slurm.error(&format!("the uplink reader stopped: {}", io::Error::last_os_error()));
-            return;
-        }
-        if fds[0].revents != 0 {
-            return;
-        }
-        if fds[1].revents != 0 {
-            // A notice: every task is forked. The pipe stays open (a child writing to a pipe nobody reads would
-            // die of SIGPIPE) and is drained.
-            stepd.node.forked_all();
-            let mut notices = [0u8; 256];
-            // SAFETY: reading into our buffer from our non-empty pipe.
-            let n = unsafe { libc::read(notify.as_raw_fd(), notices.as_mut_ptr().cast(), notices.len()) };
-            if notices[..n.max(0) as usize].contains(&NOTICE_IDS_CONFIRMED) {
-                link.ids_confirmed.store(true, SeqCst);
-            }
-        }
-        if connected && fds[2].revents != 0 {
-            let why = match uplink.read(&mut buf) {
-                Ok(0) => Some("srun closed the connection".to_string()),
-                Ok(n) => {
-                    input.extend(&buf[..n]);
-                    let mut why = None;
-                    loop {
-                        let frame = match input.next(stepd.all_max) {
-                            Ok(None) => break,
-                            Ok(Some(f)) => FromRoot::decode(f).map_err(|e| e.to_string()),
-                            Err(e) => Err(format!(
-                                "{e}: more than this node's key-value store may hold ({} bytes)",
-                                Limits::default().kvs_bytes_max
-                            )),
-                        };
-                        match frame {
-                            Ok(FromRoot::All { epoch, parts }) => {
-                                // srun is the user's: a result must answer this node's barrier and hold
-                                // one part per node, in order, or nothing of it is kept.
-                                let in_order = parts.len() == stepd.nodes
-                                    && parts.iter().enumerate().all(|(i, (n, _))| *n as usize == i);
-                                if !in_order {
-                                    why = Some("srun sent an exchange result that is not one part per node".into());
-                                    break;
-                                }
-                                if epoch != link.epoch.load(SeqCst) || !link.pending.swap(false, SeqCst) {
-                                    why = Some("srun sent an exchange result no barrier waits for".into());
-                                    break;
-                                }
-                                let parts = parts.into_iter().map(|(_, bytes)| bytes).collect();
-                                let _ = handle.post(Event::CollectiveDone(Ok(parts)));
-                            }
-                            Ok(FromRoot::End) => link.srun_done.store(true, SeqCst),
-                            Ok(FromRoot::Fail { message, .. }) => {
-                                link.ending.store(true, SeqCst);
-                                fail_collective(&link, &handle, &escape_text(&message, MESSAGE_MAX))
-                            }
-                            Ok(other @ (FromRoot::Challenge { .. } | FromRoot::Welcome { .. })) => {
-                                why = Some(format!("srun sent {other:?} after the handshake"));
-                                break;
-                            }
-                            Err(e) => {
-                                why = Some(format!("srun sent a {e}"));
-                                break;
-                            }
-                        }
-                        // The frame was copied out: its bytes need not stay beside the parts.
-                        input.release();
-                    }
-                    input.release();
-                    why
-                }
-                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => None,
-                Err(e) => Some(format!("the connection to srun failed: {e}")),
-            };
-            if let Some(why) = why {
-                connected = false;
-                link.lost.store(true, SeqCst);
-                fail_collective(&link, &handle, &format!("lost the connection to srun (the collective root): {why}"));
-                if !link.finished.load(SeqCst) && !link.stopping.load(SeqCst) && !link.srun_done.load(SeqCst) {
-                    // srun was killed, or the network failed: no exchange can complete any more.
-                    slurm.error(&format!(
-                        "step {}.{} on {}: {why}; srun is gone, ending the step",
-                        place.job, place.step, place.node_name
-                    ));
-                    // Every node tries; all but the first find the step ending already.
-                    if let Err(e) = kill_own_step(slurm, &link, &place) {
-                        slurm.info(&e);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Stops the step's threads and frees it: the progress thread gets [`FINI_GRACE`] to say BYE, then the
-/// connection is cut (so that neither thread can be held by a root that reads slowly) and both are joined.
+/// Stops the progress thread and frees the step: the thread gets [`FINI_GRACE`] to say BYE, then the
+/// connection is cut (so that a root that reads slowly cannot hold it) and it is joined.
 fn free(mut stepd: Box<Stepd>) {
-    stepd.link.stopping.store(true, SeqCst);
+    stepd.stopping.store(true, SeqCst);
     let uplink = &stepd.uplink;
     stepd.node.stop(Some(FINI_GRACE), || {
         let _ = uplink.shutdown(std::net::Shutdown::Both);
     });
     let _ = stepd.uplink.shutdown(std::net::Shutdown::Both);
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: an 8-byte write to our eventfd.
-    unsafe { libc::write(stepd.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
-    if let Some(t) = stepd.reader.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        let _ = t.join();
-    }
     // SAFETY: our fd, closed once.
     unsafe { libc::close(stepd.notify_w) };
 }
