@@ -24,7 +24,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// What a node's host is told beyond the engine's [`Host`] seam.
+/// What a node's host is told beyond the engine's [`crate::server::Host`] seam.
 pub trait NodeHost: HostFds + Send + 'static {
     /// The progress loop has ended: every task has closed its connection or a stop was taken (`Ok`), or it
     /// failed (`Err`, with why; every task connection is closed, so the tasks fail fast instead of hanging).

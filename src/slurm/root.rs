@@ -13,7 +13,7 @@
 //! ([`super::uplink`]), so idle or slow connections from elsewhere can delay real stepds but not keep them
 //! out. Where srun knows the nodes' addresses, connections from other addresses are refused. Once every node
 //! is admitted the listener is closed: nobody else can connect at all. Refusals are counted and logged at
-//! debug level, at most once per [`REFUSAL_LOG_EVERY`]: never on the job's stderr.
+//! debug level, at most once per `REFUSAL_LOG_EVERY`: never on the job's stderr.
 //!
 //! **Bounds.** A node's part of one exchange is at most [`Step::part_max`] bytes and all parts together at
 //! most [`Step::exchange_max`]; over either, the step ends with a message naming the node, the size and the

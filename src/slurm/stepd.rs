@@ -5,7 +5,7 @@
 //! and the step's shape from Slurm's step record, and from the environment what srun's side of the plugin
 //! put there (the root's port, the secret, the task map), checked against the record. It joins the root
 //! ([`super::uplink`]) and runs the node on the [`crate::node`] runtime: one socketpair per local task and one
-//! progress thread, whose epoll loop serves the task connections and, through [`SlurmHost`]'s own fds, the
+//! progress thread, whose epoll loop serves the task connections and, through `SlurmHost`'s own fds, the
 //! connection to srun (non-blocking: a slow srun never holds the tasks' answers) and the fork notice
 //! described below.
 //!
