@@ -4,17 +4,17 @@
 //! Every function of the table validates its pointers and catches panics: nothing unwinds into the host,
 //! and the host process is never aborted (it may be a root daemon serving other jobs).
 
-mod host;
+mod c_host;
 mod options;
 pub mod root;
 
-pub use host::spawn_json;
+pub use c_host::spawn_json;
 pub use options::Options;
 
 use crate::driver::Event;
 use crate::node::{EnvVar, ExecError, JobVars, Looping, Node, NodeError};
 use crate::server::{JobInfo, OwedAnswers, Shell, TaskMap};
-use host::CHost;
+use c_host::CHost;
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
