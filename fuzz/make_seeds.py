@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions) and of
-fuzz/seeds/frames (streams of slurmstepd-srun frames, src/slurm/wire.rs).
+"""Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions), of
+fuzz/seeds/frames (streams of slurmstepd-srun frames, src/slurm/wire.rs) and of fuzz/seeds/collective
+(events for one of the collective's machines, src/collective/).
 
 The engine input format is the one fuzz_targets/engine.rs decodes: byte 0 is the configuration (bit 0
 trace, bit 1 host offers services, bit 2 small limits, bit 3 cyclic task map), then operations, each an
@@ -314,6 +315,18 @@ FRAME_SEEDS = {
 }
 
 
+# fuzz_targets/collective.rs: 4 header bytes (nodes - 1, width (0: the star), the machine (0xFF: the root,
+# else a node), small bounds), then events: an op byte (op % 12), a peer byte (0xFF: the root), arguments.
+COLLECTIVE_SEEDS = {
+    # The root of 3 nodes, width 2: node 0 sends a well-formed CONTRIB of epoch 0 with one part of its own.
+    "root-contrib": bytes([2, 2, 0xFF, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0x61]),
+    # Node 0 of 3 contributes, then its parent (the root) sends an ALL of epoch 0.
+    "node-contribute-all": bytes([2, 2, 0, 0, 8, 0, 4]) + b"abcd" + bytes([2, 0xFF, 0, 0, 0, 0, 3]),
+    # Node 2 of a 6-node chain contributes, then loses its child (node 3).
+    "chain-lost": bytes([5, 1, 2, 1, 8, 0, 2]) + b"hi" + bytes([7, 3]),
+}
+
+
 def main():
     engine = os.path.join(HERE, "seeds", "engine")
     parse = os.path.join(HERE, "seeds", "parse")
@@ -329,6 +342,11 @@ def main():
     os.makedirs(frames_dir, exist_ok=True)
     for name, data in FRAME_SEEDS.items():
         with open(os.path.join(frames_dir, name), "wb") as f:
+            f.write(data)
+    collective_dir = os.path.join(HERE, "seeds", "collective")
+    os.makedirs(collective_dir, exist_ok=True)
+    for name, data in COLLECTIVE_SEEDS.items():
+        with open(os.path.join(collective_dir, name), "wb") as f:
             f.write(data)
 
 
