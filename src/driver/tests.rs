@@ -1,5 +1,6 @@
-//! The driver's back-pressure, driven as an event-loop host drives it: [`Driver::on_ready`] without waiting,
-//! on this thread, with the task's end of a real socketpair in the test's hands.
+//! The driver driven as an event-loop host drives it ([`Driver::on_ready`] without waiting, on this thread):
+//! its back-pressure, and a host's own fds served in its loop, with the task's end of a real socketpair in
+//! the test's hands.
 
 use super::*;
 use crate::server::{JobError, JobInfo, Limits, TaskMap};
@@ -20,9 +21,9 @@ impl Host for QuietHost {
     }
 }
 
-/// A driver serving one task (the only rank), and the task's end of its connection, non-blocking.
 impl HostFds for QuietHost {}
 
+/// A driver serving one task (the only rank), and the task's end of its connection, non-blocking.
 fn one_task() -> (Driver<QuietHost>, UnixStream) {
     let job = JobInfo::new("kvs_7", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
     let shell = Shell::new(job, Limits::default()).unwrap();
@@ -85,4 +86,64 @@ fn a_task_pipelining_requests_is_answered_within_bounds_and_in_order_after_it_st
     task.write_all(b"cmd=get_appnum\n").unwrap();
     driver.on_ready(0).unwrap();
     assert_eq!(read_now(&mut task), b"cmd=appnum rc=0 appnum=0\n");
+}
+
+/// A host whose exchange goes over a connection of its own, served in the driver's loop: the result comes
+/// when a byte arrives on it.
+struct LinkHost {
+    link: UnixStream,
+    contribution: Option<Vec<u8>>,
+    watcher: Option<Watcher>,
+}
+
+const LINK: u64 = 7;
+
+impl Host for LinkHost {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
+        self.contribution = Some(contribution.to_vec());
+        Ok(())
+    }
+    fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {
+        panic!("rank {rank} aborted: {message}");
+    }
+    fn job_error(&mut self, error: &JobError) {
+        panic!("{error}");
+    }
+}
+
+impl HostFds for LinkHost {
+    fn watch(&mut self, watcher: Watcher) {
+        watcher.add(self.link.as_raw_fd(), libc::EPOLLIN as u32, LINK).unwrap();
+        assert!(watcher.add(self.link.as_raw_fd(), libc::EPOLLIN as u32, HOST_FD).is_err(), "a token too large");
+        self.watcher = Some(watcher);
+    }
+
+    fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
+        assert_eq!((token, events & libc::EPOLLIN as u32), (LINK, libc::EPOLLIN as u32));
+        let mut byte = [0u8; 1];
+        assert_eq!(self.link.read(&mut byte).unwrap(), 1);
+        let part = self.contribution.take().expect("a barrier waits");
+        shell.collective_complete(self, Ok(&[part.as_slice()]));
+    }
+}
+
+#[test]
+fn a_hosts_own_fd_is_served_in_the_drivers_loop() {
+    let job = JobInfo::new("kvs_7", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
+    let shell = Shell::new(job, Limits::default()).unwrap();
+    let (_handle, inbox) = channel().unwrap();
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let host = LinkHost { link: ours, contribution: None, watcher: None };
+    let mut driver = Driver::new(shell, host, inbox).unwrap();
+    let (server, task) = socketpair().unwrap();
+    driver.attach(0, server).unwrap();
+    let mut task = UnixStream::from(task);
+    task.set_nonblocking(true).unwrap();
+    task.write_all(b"cmd=barrier_in\n").unwrap();
+    driver.on_ready(0).unwrap();
+    assert!(driver.host_mut().contribution.is_some(), "the barrier reached the host");
+    assert_eq!(read_now(&mut task), b"");
+    theirs.write_all(b"!").unwrap();
+    driver.on_ready(0).unwrap();
+    assert_eq!(read_now(&mut task), b"cmd=barrier_out rc=0\n");
 }
