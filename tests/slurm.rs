@@ -115,11 +115,14 @@ impl Srun {
         Srun::start_with(mark, "rpmi", args, &[])
     }
 
-    /// `srun -Q --mpi=MPI ARGS...` with `env` added to srun's environment.
+    /// `srun -Q --mpi=MPI ARGS...` with `env` added to srun's environment (without `-Q` when ARGS has `-v`:
+    /// srun takes only one of them).
     fn start_with(mark: &str, mpi: &str, args: &[&str], env: &[(&str, &str)]) -> Srun {
         cluster();
+        let quiet = (!args.contains(&"-v")).then_some("-Q");
         let mut child = Command::new("srun")
-            .args(["-Q", &format!("--mpi={mpi}"), &format!("--job-name={mark}")])
+            .args(quiet)
+            .args([&format!("--mpi={mpi}"), &format!("--job-name={mark}")])
             .args(args)
             .envs(env.iter().copied())
             .env("RPMI_TEST_MARK", mark)
@@ -265,12 +268,19 @@ fn mpi_list_shows_rpmi() {
     assert!(text.lines().any(|l| l.trim() == "rpmi"), "srun --mpi=list does not list rpmi:\n{text}");
 }
 
+/// The environment that makes the PMI tree a chain over the local cluster's 3 nodes: srun, n1, n2, n3.
+const CHAIN: &[(&str, &str)] = &[("SLURM_RPMI_TREE_WIDTH", "1")];
+
 fn pairs(name: &str, layout: &[&str], ranks: usize) {
+    pairs_with(name, layout, ranks, &[]);
+}
+
+fn pairs_with(name: &str, layout: &[&str], ranks: usize, env: &[(&str, &str)]) {
     let _s = serial();
     let program = mpi_pairs().to_str().unwrap();
     let mut args = layout.to_vec();
     args.push(program);
-    let run = srun(&marker(name), &args);
+    let run = Srun::start_with(&marker(name), "rpmi", &args, env).wait();
     assert_success(&run);
     let want = format!("mpi_pairs: {ranks} ranks, allreduce {}, all pairs exchanged", ranks * (ranks + 1) / 2);
     assert!(run.stdout.contains(&want), "no `{want}`: {run}");
@@ -290,6 +300,73 @@ fn mpi_pairs_cyclic() {
 #[test]
 fn mpi_pairs_plane() {
     pairs("plane", &["-N3", "-n24", "-m", "plane=2"], 24);
+}
+
+/// How many nodes the cluster has.
+fn node_count() -> usize {
+    cluster();
+    let out = Command::new("sinfo").args(["-h", "-N", "-o", "%N"]).output().expect("sinfo");
+    let names: std::collections::BTreeSet<String> =
+        String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+    names.len()
+}
+
+/// Over a cluster of 100 nodes or more (`docker/slurm-cluster.sh start --nodes 100`), so not part of the usual
+/// run on 3 (`cargo test --features slurm --test slurm -- --ignored`): an MPICH job over 100 nodes in a tree
+/// of width 2 (height 6), and the put+barrier of 200 ranks at several widths.
+#[test]
+#[ignore]
+fn a_hundred_nodes_in_a_tree_of_width_2() {
+    let nodes = node_count();
+    assert!(nodes >= 100, "the cluster has {nodes} nodes; start one of 100: docker/slurm-cluster.sh start --nodes 100");
+    pairs_with("hundred", &["-N100", "-n100"], 100, &[("SLURM_RPMI_TREE_WIDTH", "2")]);
+    let _s = serial();
+    for width in ["1", "2", "4", "16", "100"] {
+        let args = ["-N100", "-n200", probe(), "exchange", "--puts", "1", "--size", "300"];
+        let env = [("SLURM_RPMI_TREE_WIDTH", width)];
+        let run = Srun::start_with(&marker("hundred-exchange"), "rpmi", &args, &env).wait();
+        assert_success(&run);
+        let line = run.stdout.lines().find(|l| l.starts_with("exchange: size=200")).unwrap_or_else(|| panic!("{run}"));
+        eprintln!("width {width}: {line} (srun {:.2?})", run.elapsed);
+    }
+}
+
+#[test]
+fn mpi_pairs_over_a_chain_of_stepds() {
+    pairs_with("chain", &["-N3", "-n24", "-m", "cyclic"], 24, CHAIN);
+}
+
+/// srun sends each exchange's result to its k children in the tree only, once: at most k·S bytes (S: what
+/// the exchange gathered) and the frames' own (8 bytes a node, 14 a frame), as srun says with `-v`.
+#[test]
+fn srun_sends_each_result_to_its_children_in_the_tree_only() {
+    let _s = serial();
+    for (width, k) in [("1", 1), ("2", 2), ("3", 3)] {
+        let args = ["-v", "-N3", "-n6", probe(), "exchange", "--puts", "4", "--size", "500"];
+        let env = [("SLURM_RPMI_TREE_WIDTH", width)];
+        let run = Srun::start_with(&marker("fence-bytes"), "rpmi", &args, &env).wait();
+        assert_success(&run);
+        let fences: Vec<(u64, u64)> = run
+            .stderr
+            .lines()
+            .filter_map(|l| {
+                let rest = l.split(": srun sent ").nth(1)?;
+                let sent = rest.split(' ').next()?.parse().ok()?;
+                let gathered = rest.split("gathered ").nth(1)?.split(' ').next()?.parse().ok()?;
+                assert!(rest.contains(&format!("to its {k} children in the PMI tree")), "{l}");
+                Some((sent, gathered))
+            })
+            .collect();
+        assert!(!fences.is_empty(), "srun -v said nothing about its exchanges: {run}");
+        for (sent, gathered) in &fences {
+            assert!(
+                *sent <= k * (gathered + 8 * 3 + 14),
+                "width {width}: srun sent {sent} bytes for {gathered}: {run}"
+            );
+        }
+        let (sent, gathered) = fences.iter().max_by_key(|f| f.1).unwrap();
+        eprintln!("width {width}: the largest exchange gathered {gathered} bytes; srun sent {sent}");
+    }
 }
 
 /// The node of every rank from a `PMI_process_mapping` value, blocks repeated as MPICH reads them.
@@ -383,8 +460,18 @@ fn exchange_at_256_ranks() {
 
 #[test]
 fn mpi_abort_exit_code_and_message_reach_srun() {
+    abort_reaches_srun("abort", &[]);
+}
+
+#[test]
+fn mpi_abort_exit_code_and_message_reach_srun_over_a_chain() {
+    abort_reaches_srun("abort-chain", CHAIN);
+}
+
+fn abort_reaches_srun(name: &str, env: &[(&str, &str)]) {
     let _s = serial();
-    let run = srun(&marker("abort"), &["-N3", "-n6", mpi_pairs().to_str().unwrap(), "abort=2:7"]);
+    let args = ["-N3", "-n6", mpi_pairs().to_str().unwrap(), "abort=2:7"];
+    let run = Srun::start_with(&marker(name), "rpmi", &args, env).wait();
     assert_eq!(run.status.code(), Some(7), "srun should exit with the abort code: {run}");
     assert!(
         run.stderr.contains("rpmi: rank 2 on n") && run.stderr.contains("called PMI_Abort with exit code 7"),
@@ -392,17 +479,28 @@ fn mpi_abort_exit_code_and_message_reach_srun() {
     );
     // The ranks the step's end kills leave their barriers: that follows from the abort and is no new fault.
     assert!(!run.stderr.contains("closed its PMI connection"), "consequences reported as faults: {run}");
-    eprintln!("abort: srun exited 7 after {:.2?}", run.elapsed);
+    eprintln!("{name}: srun exited 7 after {:.2?}", run.elapsed);
 }
 
 /// SIGKILLs rank `victim` while the others wait in MPI_Init's PMI barrier; the step must end, naming it.
 fn killed_task_ends_the_step(name: &str, layout: &[&str], victim: u32, ranks: usize, shares_node: bool) {
+    killed_task_ends_the_step_with(name, layout, victim, ranks, shares_node, &[]);
+}
+
+fn killed_task_ends_the_step_with(
+    name: &str,
+    layout: &[&str],
+    victim: u32,
+    ranks: usize,
+    shares_node: bool,
+    env: &[(&str, &str)],
+) {
     let _s = serial();
     let mark = marker(name);
     let mut args = layout.to_vec();
     let hang = format!("hang_before_init={victim}");
     args.extend([mpi_pairs().to_str().unwrap(), &hang]);
-    let run = Srun::start(&mark, &args);
+    let run = Srun::start_with(&mark, "rpmi", &args, env);
     let until = Instant::now() + GUARD;
     while marked(&mark, None).len() < ranks {
         assert!(Instant::now() < until, "the {ranks} tasks never all started");
@@ -438,6 +536,58 @@ fn a_sigkilled_task_ends_the_step_same_node() {
 fn a_sigkilled_task_ends_the_step_other_node() {
     // -N3 -n3: rank 1 is alone on n2; the others wait for it in the exchange through srun.
     killed_task_ends_the_step("kill-remote", &["-N3", "-n3"], 1, 3, false);
+}
+
+#[test]
+fn a_sigkilled_task_on_the_deepest_node_of_a_chain_ends_the_step() {
+    // -N3 -n3 over the chain srun, n1, n2, n3: rank 2 is alone on n3, two stepds below srun.
+    killed_task_ends_the_step_with("kill-deep", &["-N3", "-n3"], 2, 3, false, CHAIN);
+}
+
+/// The live slurmstepd of step `job.step` on node `node` of the local cluster: of the step's stepds, the one
+/// that holds a file of that node open (its slurmd's log, its spool directory).
+fn stepd_of_node(job: &str, step: &str, node: &str) -> Option<u32> {
+    let dir = cluster_dir();
+    let files = [dir.join("log").join(format!("slurmd-{node}.log")), dir.join("spool").join(node)];
+    step_stepds(job, step).into_iter().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|l| files.iter().any(|f| l.starts_with(f)))
+    })
+}
+
+/// The slurmstepd in the middle of a chain (n2: srun, n1, n2, n3) is killed with its tasks, as when its node
+/// fails, while the other ranks wait in MPI_Init's barrier: the step must end, naming n2.
+#[test]
+fn a_killed_interior_slurmstepd_ends_the_step_naming_its_node() {
+    let _s = serial();
+    let mark = marker("kill-stepd");
+    // Rank 0 (on n1) holds every other rank in the barrier.
+    let args = ["-N3", "-n3", mpi_pairs().to_str().unwrap(), "hang_before_init=0"];
+    let run = Srun::start_with(&mark, "rpmi", &args, CHAIN);
+    let until = Instant::now() + GUARD;
+    while marked(&mark, None).len() < 3 {
+        assert!(Instant::now() < until, "the tasks never all started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let task = marked(&mark, Some("PMI_RANK=1"))[0];
+    let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
+    let (job, step) = (var("SLURM_JOB_ID"), var("SLURM_STEP_ID"));
+    let stepd = stepd_of_node(&job, &step, "n2").unwrap_or_else(|| panic!("no slurmstepd of {job}.{step} on n2"));
+    let killed = Instant::now();
+    for pid in [stepd, task] {
+        // SAFETY: plain kills of this step's slurmstepd on n2 and of its task.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let run = run.wait();
+    eprintln!("killed interior slurmstepd: the step ended {:.2?} after", killed.elapsed());
+    assert!(!run.status.success(), "{run}");
+    let error = run.stderr.lines().find(|l| l.starts_with("srun: error: rpmi:")).unwrap_or_else(|| panic!("{run}"));
+    assert!(error.contains("the slurmstepd of n2"), "the first error does not name n2: {run}");
 }
 
 /// The local cluster's state directory (where slurm.conf, the logs and the launch hold live).
@@ -668,7 +818,8 @@ fn an_exchange_over_the_node_bound_ends_the_step_naming_node_size_and_option() {
     let _s = serial();
     let args = ["-N3", "-n6", probe(), "exchange", "--puts", "8", "--size", "800"];
     let run = Srun::start_with(&marker("bound"), "rpmi", &args, &[("RPMI_SLURM_NODE_BYTES_MAX", "4096")]).wait();
-    assert!(!run.status.success(), "{run}");
+    // rpmi ended the step, no task failed on its own.
+    assert_eq!(run.status.code(), Some(125), "{run}");
     let line = run.stderr.lines().find(|l| l.contains("RPMI_SLURM_NODE_BYTES_MAX")).unwrap_or_else(|| panic!("{run}"));
     assert!(line.contains("the slurmstepd of n") && line.contains("4096"), "{line}");
 }
@@ -828,7 +979,7 @@ fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
 fn an_exchange_result_no_barrier_waits_for_ends_the_step() {
     let _s = serial();
     let mark = marker("double-all");
-    let want = "srun sent an exchange result no barrier waits for";
+    let want = "srun sent the result of PMI exchange";
     let logged = slurmd_logs().matches(want).count();
     let preload = shim("double_all");
     let preload = preload.to_str().unwrap();

@@ -1,22 +1,24 @@
-//! How a slurmstepd and srun's collective root prove to each other that they serve the same step, without
-//! the step's secret ever crossing the network after launch.
+//! How a slurmstepd and the side that admits it (srun's collective root, or its parent stepd in the tree)
+//! prove to each other that they serve the same step, without the step's secret ever crossing the network
+//! after launch.
 //!
 //! srun draws a 32-byte secret per step and hands it to the stepds in the launch environment (Slurm's own
-//! launch request). On the collective port each side then proves it holds the secret with an HMAC-SHA256 over
-//! a nonce from each side:
+//! launch request). On each collective connection both sides then prove they hold the secret with an
+//! HMAC-SHA256 over a nonce from each side, the joining node and the admitting side (`to`: srun's root, or
+//! the parent's node index):
 //!
 //! ```text
-//! stepd                                           root
-//!   HELLO   node, nonce_s                 ->
-//!                                         <-      CHALLENGE nonce_r
-//!   PROOF   HMAC(secret, "rpmi stepd" | node | nonce_s | nonce_r)  ->   checked
-//!                                         <-      WELCOME HMAC(secret, "rpmi root" | node | nonce_s | nonce_r)
-//!   checked: the root is srun's
+//! joining stepd                                   srun's root or the parent stepd
+//!   HELLO   node, nonce_j, ...            ->
+//!                                         <-      CHALLENGE nonce_a
+//!   PROOF   HMAC(secret, "rpmi join" | node | to | nonce_j | nonce_a)   ->   checked
+//!                                         <-      WELCOME HMAC(secret, "rpmi admit" | node | to | nonce_j | nonce_a)
+//!   checked: the peer holds the step's secret
 //! ```
 //!
-//! The two proofs carry different labels, so neither side's answer can be replayed as the other's, and fresh
-//! nonces on both sides mean no recorded proof is ever accepted again. An eavesdropper learns the node index
-//! and two MACs, not the secret.
+//! The two proofs carry different labels, so neither side's answer can be replayed as the other's; `to`
+//! keeps a proof made for one link from passing on another; fresh nonces on both sides mean no recorded
+//! proof is ever accepted again. An eavesdropper learns the node indexes and two MACs, not the secret.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -30,28 +32,37 @@ pub const PROOF_LEN: usize = 32;
 pub type Nonce = [u8; NONCE_LEN];
 pub type Proof = [u8; PROOF_LEN];
 
-/// Who proves: the labels keep a stepd's proof from passing as the root's and the other way round.
+/// Who proves: the labels keep a joining stepd's proof from passing as the admitting side's and the other way
+/// round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    Stepd,
-    Root,
+    /// The stepd that connects.
+    Joiner,
+    /// srun's root or a parent stepd, which accepts the connection.
+    Acceptor,
 }
 
 impl Role {
     fn label(self) -> &'static [u8] {
         match self {
-            Role::Stepd => b"rpmi stepd",
-            Role::Root => b"rpmi root",
+            Role::Joiner => b"rpmi join",
+            Role::Acceptor => b"rpmi admit",
         }
     }
 }
 
+/// The admitting side in a [`Transcript`] when it is srun's root (a parent stepd is its node index).
+pub const ROOT: u32 = u32::MAX;
+
 /// What one handshake proves knowledge of the secret over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transcript {
+    /// The joining node.
     pub node: u32,
-    pub stepd_nonce: Nonce,
-    pub root_nonce: Nonce,
+    /// Who admits it: [`ROOT`], or its parent's node index.
+    pub to: u32,
+    pub joiner_nonce: Nonce,
+    pub acceptor_nonce: Nonce,
 }
 
 /// The per-step secret: random bytes, passed to the stepds in hex.
@@ -92,8 +103,9 @@ impl Secret {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
         mac.update(role.label());
         mac.update(&t.node.to_be_bytes());
-        mac.update(&t.stepd_nonce);
-        mac.update(&t.root_nonce);
+        mac.update(&t.to.to_be_bytes());
+        mac.update(&t.joiner_nonce);
+        mac.update(&t.acceptor_nonce);
         mac
     }
 
@@ -140,26 +152,27 @@ mod tests {
     use super::*;
 
     fn transcript() -> Transcript {
-        Transcript { node: 3, stepd_nonce: nonce().unwrap(), root_nonce: nonce().unwrap() }
+        Transcript { node: 3, to: ROOT, joiner_nonce: nonce().unwrap(), acceptor_nonce: nonce().unwrap() }
     }
 
     #[test]
     fn a_proof_checks_only_for_its_secret_role_and_transcript() {
         let (s, t) = (Secret::generate().unwrap(), transcript());
-        let p = s.prove(Role::Stepd, &t);
-        assert!(s.verify(Role::Stepd, &t, &p));
-        assert!(!s.verify(Role::Root, &t, &p), "a stepd's proof must not pass as the root's");
-        assert!(!Secret::generate().unwrap().verify(Role::Stepd, &t, &p));
+        let p = s.prove(Role::Joiner, &t);
+        assert!(s.verify(Role::Joiner, &t, &p));
+        assert!(!s.verify(Role::Acceptor, &t, &p), "a joiner's proof must not pass as the acceptor's");
+        assert!(!Secret::generate().unwrap().verify(Role::Joiner, &t, &p));
         for changed in [
             Transcript { node: 4, ..t },
-            Transcript { stepd_nonce: nonce().unwrap(), ..t },
-            Transcript { root_nonce: nonce().unwrap(), ..t },
+            Transcript { to: 0, ..t },
+            Transcript { joiner_nonce: nonce().unwrap(), ..t },
+            Transcript { acceptor_nonce: nonce().unwrap(), ..t },
         ] {
-            assert!(!s.verify(Role::Stepd, &changed, &p));
+            assert!(!s.verify(Role::Joiner, &changed, &p));
         }
         let mut bad = p;
         bad[31] ^= 1;
-        assert!(!s.verify(Role::Stepd, &t, &bad));
+        assert!(!s.verify(Role::Joiner, &t, &bad));
         // The proof is not the secret, nor does it contain it.
         assert!(!p.windows(8).any(|w| s.0.windows(8).any(|x| x == w)));
     }

@@ -4,23 +4,42 @@
 
 use super::auth::Secret;
 use super::layout;
-use super::root::{Bound, Outcome, Reporter, Root, Step};
-use super::stepd::{ENV_MAP, ENV_PORT, ENV_SECRET};
+use super::root::{Outcome, Reporter, Root, Step};
+use super::stepd::{ENV_BOUNDS, ENV_MAP, ENV_PORT, ENV_SECRET, ENV_WIDTH};
 use super::sys::{self, mpi_plugin_client_info_t, slurm_step_layout_t, Slurm, NO_VAL};
+use crate::collective::{Bound, Bounds};
 use crate::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::net::TcpListener;
 use std::sync::Mutex;
 
-/// Options srun takes from its own environment (the user's: they bound only what srun itself gathers).
+/// Options srun takes from its own environment (the user's: they shape only the user's own step). The bounds
+/// of one exchange go to the stepds too (`RPMI_SLURM_BOUNDS`), which check what they gather with them.
 pub const ENV_NODE_BYTES_MAX: &str = "RPMI_SLURM_NODE_BYTES_MAX";
 pub const ENV_EXCHANGE_BYTES_MAX: &str = "RPMI_SLURM_EXCHANGE_BYTES_MAX";
+/// The tree's width for this job (as pmi2's `SLURM_PMI2_TREE_WIDTH`); without it the stepds build the tree
+/// with mpi.conf's `RpmiTreeWidth`, or the default.
+pub const ENV_TREE_WIDTH: &str = "SLURM_RPMI_TREE_WIDTH";
 /// Their defaults: a node's part of one exchange, and all parts together (a stepd's key-value store holds at
 /// most 512 MiB, so a larger exchange could not be taken in anyway).
 const NODE_BYTES_MAX: usize = 256 << 20;
 const EXCHANGE_BYTES_MAX: usize = 512 << 20;
 /// The most either may be set to: what one frame's 32-bit length can carry.
-const BYTES_MAX_LIMIT: usize = (u32::MAX as usize) - (1 << 20);
+pub const BYTES_MAX_LIMIT: usize = (u32::MAX as usize) - (1 << 20);
+
+/// The bounds of one exchange, with the options that set them (as messages name them).
+pub fn bounds(part_max: usize, exchange_max: usize) -> Bounds {
+    Bounds {
+        part_max: Bound {
+            bytes: part_max,
+            option: "RPMI_SLURM_NODE_BYTES_MAX: raise it in srun's environment if the job needs more",
+        },
+        exchange_max: Bound {
+            bytes: exchange_max,
+            option: "RPMI_SLURM_EXCHANGE_BYTES_MAX: raise it in srun's environment if the job needs more",
+        },
+    }
+}
 
 /// What `mpi_p_client_prelaunch` returns to srun (`mpi_plugin_client_state_t *`).
 pub struct Client {
@@ -132,17 +151,23 @@ pub unsafe fn prelaunch(
         }
         _ => ((0..nodes).map(|n| format!("node {n}")).collect(), None),
     };
-    let part_max = bound(ENV_NODE_BYTES_MAX, NODE_BYTES_MAX)?;
-    let exchange_max = bound(ENV_EXCHANGE_BYTES_MAX, EXCHANGE_BYTES_MAX)?;
+    let bounds = bounds(
+        byte_count(ENV_NODE_BYTES_MAX, NODE_BYTES_MAX)?,
+        byte_count(ENV_EXCHANGE_BYTES_MAX, EXCHANGE_BYTES_MAX)?,
+    );
+    let width = tree_width()?;
     let secret = Secret::generate().map_err(|e| format!("no random bytes for the step's secret: {e}"))?;
     let listener = listen().map_err(|e| format!("cannot open the collective port: {e}"))?;
     let map = layout::encode(&node_of);
     let hex = secret.to_hex();
-    let step_info = Step { node_names, node_of, secret, addresses, part_max, exchange_max };
+    let limits = format!("{},{}", bounds.part_max.bytes, bounds.exchange_max.bytes);
+    let step_info = Step { node_names, node_of, secret, addresses, bounds, width };
     let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job, step }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
-    for (name, value) in [(ENV_PORT, root.port().to_string()), (ENV_SECRET, hex), (ENV_MAP, map)] {
+    let mut vars = vec![(ENV_PORT, root.port().to_string()), (ENV_SECRET, hex), (ENV_MAP, map), (ENV_BOUNDS, limits)];
+    vars.extend(width.map(|w| (ENV_WIDTH, w.to_string())));
+    for (name, value) in vars {
         // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
         unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
     }
@@ -152,17 +177,30 @@ pub unsafe fn prelaunch(
 }
 
 /// A byte bound from srun's environment, or its default.
-fn bound(option: &'static str, default: usize) -> Result<Bound, String> {
-    let bytes = match std::env::var(option) {
-        Err(_) => default,
+fn byte_count(option: &str, default: usize) -> Result<usize, String> {
+    match std::env::var(option) {
+        Err(_) => Ok(default),
         Ok(text) => text
             .trim()
             .parse::<usize>()
             .ok()
             .filter(|&b| b > 0 && b <= BYTES_MAX_LIMIT)
-            .ok_or_else(|| format!("{option}={text} is not a number of bytes from 1 to {BYTES_MAX_LIMIT}"))?,
-    };
-    Ok(Bound { bytes, option })
+            .ok_or_else(|| format!("{option}={text} is not a number of bytes from 1 to {BYTES_MAX_LIMIT}")),
+    }
+}
+
+/// The tree's width from srun's environment, if it sets one.
+fn tree_width() -> Result<Option<u32>, String> {
+    match std::env::var(ENV_TREE_WIDTH) {
+        Err(_) => Ok(None),
+        Ok(text) => text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&w| w > 0)
+            .map(Some)
+            .ok_or_else(|| format!("{ENV_TREE_WIDTH}={text} is not a width of 1 or more")),
+    }
 }
 
 /// The collective port: every address, as srun's other listening sockets (the stepds connect to

@@ -1,4 +1,4 @@
-//! What srun passes to the stepds about the step's layout, and the node list syntax.
+//! What srun passes to the stepds about the step's layout, the node list syntax, and node names in messages.
 //!
 //! The task map (the node of every rank) travels in `RPMI_SLURM_MAP` as `SIZE:BLOCKS`, where `BLOCKS` is a
 //! `;`-separated list of `first,count,ppn` blocks (`count` consecutive nodes from `first`, `ppn` consecutive
@@ -147,6 +147,29 @@ fn expand_item(item: &str, out: &mut Vec<String>, max: usize) -> Result<(), Stri
     Ok(())
 }
 
+/// A message of the collective's machines ([`crate::collective`]) as the user reads it: `node 3` becomes
+/// `the slurmstepd of n4` (the step's node 3, by name), and `the root` becomes `srun`.
+pub fn with_node_names(text: &str, names: &[String]) -> String {
+    let text = text.replace("the root", "srun");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("node ") {
+        let after = &rest[at + 5..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(&rest[..at]);
+        match after[..digits].parse::<usize>().ok().and_then(|i| names.get(i)) {
+            Some(name) => {
+                out.push_str("the slurmstepd of ");
+                out.push_str(name);
+            }
+            None => out.push_str(&rest[at..at + 5 + digits]),
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +201,25 @@ mod tests {
         for bad in ["", "6", "0:0,1,1", "x:0,1,1", "6:0,3", "6:0,4,2", "6:0,0,1", "6:0,1,0", "6:a,b,c"] {
             assert!(decode(bad, 3, 1000).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn machine_messages_name_the_nodes() {
+        let names: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
+        assert_eq!(
+            with_node_names("node 2 was lost: its connection to node 1 closed before it said it was done", &names),
+            "the slurmstepd of n3 was lost: its connection to the slurmstepd of n2 closed before it said it was done"
+        );
+        assert_eq!(
+            with_node_names("node 0 brought 9 bytes to PMI exchange 1, over the limit of 4 bytes per node (X)", &names),
+            "the slurmstepd of n1 brought 9 bytes to PMI exchange 1, over the limit of 4 bytes per node (X)"
+        );
+        assert_eq!(
+            with_node_names("the root sent the result of PMI exchange 0, which nobody at node 1 waits for", &names),
+            "srun sent the result of PMI exchange 0, which nobody at the slurmstepd of n2 waits for"
+        );
+        // Indexes outside the step, and words that only start like one, stay as they are.
+        assert_eq!(with_node_names("node 7 and node x, per node", &names), "node 7 and node x, per node");
     }
 
     #[test]

@@ -5,30 +5,36 @@
 //!  srun                                   slurmstepd (one per node)                    tasks
 //!  client_prelaunch:                      slurmstepd_prefork:
 //!    task map from step_layout              step ids and node index from Slurm's step
-//!    secret (32 random bytes)               record; RPMI_SLURM_* from the environment
-//!    root thread: TCP listener  <-------    connect + challenge-response, Shell + Driver,
-//!    env RPMI_SLURM_PORT/SECRET/MAP         socketpair per task, progress + uplink threads
-//!                                         slurmstepd_task (forked child):      PMI_FD PMI_RANK
-//!  root: gather one CONTRIB per node        PMI_FD, PMI_RANK, PMI_SIZE,  ----> PMI_SIZE PMI_JOBID
-//!        per epoch, send ALL to each        PMI_JOBID; close other tasks' ends
+//!    secret (32 random bytes)               record; RPMI_SLURM_* from the environment;
+//!    root thread: TCP listener  <-------    with children: listen on its own address;
+//!    env RPMI_SLURM_PORT/SECRET/MAP/        join srun (challenge-response), then, told
+//!        BOUNDS[/WIDTH]                     where (PARENT), its parent stepd; Shell,
+//!                                           socketpair per task, one progress thread
+//!  root: the collective's root machine    slurmstepd_task (forked child):      PMI_FD PMI_RANK
+//!        over a k-ary tree of stepds:       PMI_FD, PMI_RANK, PMI_SIZE,  ----> PMI_SIZE PMI_JOBID
+//!        CONTRIB up, one ALL down           PMI_JOBID; close other tasks' ends
 //!        abort / error / lost node:
 //!        print on srun's stderr,
 //!        slurm_kill_job_step(SIGKILL)
 //!  client_fini: stop root; exit code of a PMI_Abort
 //! ```
 //!
-//! The wire protocol is in [`wire`] and its challenge-response in [`auth`]; the root in [`root`]; the stepd
-//! side in [`stepd`] and its connection to the root in [`uplink`]; srun's side in [`client`]; the layout
-//! encoding in [`layout`]; Slurm's types and functions in [`sys`]; the wire trace in [`trace`]. The plugin
-//! is not linked against libslurm: it finds the `slurm_*` functions it needs in the process that loads it
-//! (srun and slurmstepd carry libslurmfull).
+//! The wire protocol is in [`wire`] and its challenge-response in [`auth`]; the accepting side of it, shared
+//! by srun and a stepd with children, in [`admit`], the joining side in [`uplink`]; a connection served in an
+//! epoll loop in [`link`]; the root in [`root`]; the stepd side in [`stepd`]; srun's side in [`client`]; the
+//! layout encoding in [`layout`]; Slurm's types and functions in [`sys`]; the wire trace in [`trace`]. The
+//! exchange itself is [`crate::collective`]'s. The plugin is not linked against libslurm: it finds the
+//! `slurm_*` functions it needs in the process that loads it (srun, slurmd and slurmstepd carry
+//! libslurmfull).
 //!
 //! Every exported function catches panics and returns an error code: nothing unwinds into Slurm and the
 //! daemon is never aborted.
 
+pub mod admit;
 pub mod auth;
 pub mod client;
 pub mod layout;
+pub mod link;
 pub mod root;
 pub mod stepd;
 pub mod sys;
@@ -36,9 +42,10 @@ pub mod trace;
 pub mod uplink;
 pub mod wire;
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use sys::{mpi_plugin_client_info_t, mpi_plugin_task_info_t, SLURM_ERROR, SLURM_SUCCESS};
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use sys::{mpi_plugin_client_info_t, mpi_plugin_task_info_t, ConfOption, SLURM_ERROR, SLURM_SUCCESS};
 
 /// Slurm's plugin identification, read with `dlsym`: NUL-terminated arrays and `uint32_t`s.
 #[no_mangle]
@@ -146,16 +153,77 @@ pub unsafe extern "C" fn mpi_p_slurmstepd_task(
     guard(SLURM_ERROR, || unsafe { stepd::task(job, env) })
 }
 
-/// The plugin has no `mpi.conf` options.
-#[no_mangle]
-pub extern "C" fn mpi_p_conf_options(_full_options: *mut c_void, _full_opt_cnt: *mut c_int) {}
+/// mpi.conf's key for the collective tree's width: the site's default (srun's `SLURM_RPMI_TREE_WIDTH`
+/// sets one per job).
+const CONF_TREE_WIDTH: &CStr = c"RpmiTreeWidth";
 
-#[no_mangle]
-pub extern "C" fn mpi_p_conf_set(_tbl: *mut c_void) {}
+/// The plugin's mpi.conf options, ending with a NULL key (Slurm copies them).
+struct ConfOptions([ConfOption; 2]);
 
+// SAFETY: only constant pointers to static strings, never written.
+unsafe impl Sync for ConfOptions {}
+
+static CONF_OPTIONS: ConfOptions = ConfOptions([
+    ConfOption {
+        key: CONF_TREE_WIDTH.as_ptr(),
+        kind: sys::S_P_UINT32,
+        handler: std::ptr::null(),
+        destroy: std::ptr::null(),
+        line_options: std::ptr::null(),
+    },
+    ConfOption {
+        key: std::ptr::null(),
+        kind: 0,
+        handler: std::ptr::null(),
+        destroy: std::ptr::null(),
+        line_options: std::ptr::null(),
+    },
+]);
+
+/// mpi.conf's `RpmiTreeWidth`, as Slurm handed it to this process (0: not set). slurmd reads mpi.conf and
+/// passes each stepd its plugin's options; srun never sees them, so the stepds tell srun the width they use.
+static CONF_WIDTH: AtomicU32 = AtomicU32::new(0);
+
+/// mpi.conf's tree width, if it sets one.
+fn conf_tree_width() -> Option<u32> {
+    Some(CONF_WIDTH.load(SeqCst)).filter(|&w| w > 0)
+}
+
+/// slurmd asks which options the plugin takes from mpi.conf: `RpmiTreeWidth`.
+///
+/// # Safety
+/// Pointers as Slurm passes them.
+#[no_mangle]
+pub unsafe extern "C" fn mpi_p_conf_options(full_options: *mut *mut ConfOption, full_opt_cnt: *mut c_int) {
+    // SAFETY: Slurm's pointers, and our static options.
+    guard((), || unsafe { sys::slurm().add_conf_options(full_options, CONF_OPTIONS.0.as_ptr(), full_opt_cnt) })
+}
+
+/// The options mpi.conf gave (slurmd), or that slurmd passed on (slurmstepd).
+///
+/// # Safety
+/// `tbl` is NULL or the table Slurm passes.
+#[no_mangle]
+pub unsafe extern "C" fn mpi_p_conf_set(tbl: *mut c_void) {
+    guard((), || {
+        // SAFETY: Slurm's table, as the caller's contract says.
+        let width = unsafe { sys::slurm().conf_uint32(tbl, CONF_TREE_WIDTH) };
+        if width == Some(0) {
+            sys::slurm().error("mpi.conf: RpmiTreeWidth=0 is not a width; the default is used");
+        }
+        CONF_WIDTH.store(width.unwrap_or(0), SeqCst);
+    })
+}
+
+/// The options to pass on to each slurmstepd, as a table Slurm packs and frees; NULL if mpi.conf set none.
 #[no_mangle]
 pub extern "C" fn mpi_p_conf_get() -> *mut c_void {
-    std::ptr::null_mut()
+    guard(std::ptr::null_mut(), || {
+        let Some(width) = conf_tree_width() else { return std::ptr::null_mut() };
+        let value = CString::new(width.to_string()).unwrap_or_default();
+        // SAFETY: our static options and NUL-terminated strings.
+        unsafe { sys::slurm().conf_table(CONF_OPTIONS.0.as_ptr(), CONF_TREE_WIDTH, &value) }
+    })
 }
 
 #[no_mangle]

@@ -1,52 +1,45 @@
-//! The collective root, run by srun in one thread for the life of the step: every node's slurmstepd
-//! connects to it, proves it serves the step ([`super::auth`]), and sends its part of each collective; when
-//! every node's part of an epoch is in, the root sends all of them to every node. It is also where aborts,
-//! job errors and lost nodes are reported: the root prints the message on srun's stderr and ends the step.
+//! The collective root, run by srun in one thread for the life of the step: every node's slurmstepd joins
+//! it ([`super::admit`]: it proves it serves the step, [`super::auth`]) and keeps that connection for the
+//! step's control frames (aborts, errors, ranks gone, goodbyes, and which exchange its shell joined). The
+//! exchange itself runs over a k-ary tree of the stepds ([`crate::collective`]): srun's root is the tree's
+//! root, its children are nodes 0..k, and it tells every other node where its parent listens (PARENT). It is
+//! also where aborts, job errors and lost nodes are reported: the root prints the message on srun's stderr
+//! and ends the step.
 //!
 //! One thread, one epoll set over the listener and every connection, non-blocking I/O, so a slow or hostile
-//! peer holds up nobody. The gathered frame is built once per epoch and shared by every node's send queue.
+//! peer holds up nobody. Each exchange's result is one frame, shared by its k children's send queues.
 //!
-//! **Admission.** A connection's first bytes are read as soon as it is accepted and whenever it is readable,
-//! so a real stepd is admitted within two round trips. Connections still in the handshake are held in a
-//! table of at least as many as the step has nodes (plus [`HANDSHAKE_SPARE`]); when it is full the oldest is
-//! dropped, never the newest, and a stepd whose connection is dropped before it was admitted tries again
-//! ([`super::uplink`]), so idle or slow connections from elsewhere can delay real stepds but not keep them
-//! out. Where srun knows the nodes' addresses, connections from other addresses are refused. Once every node
-//! is admitted the listener is closed: nobody else can connect at all. Refusals are counted and logged at
-//! debug level, at most once per `REFUSAL_LOG_EVERY`: never on the job's stderr.
+//! **The tree's width** is srun's environment's (`SLURM_RPMI_TREE_WIDTH`), else what the stepds build the tree
+//! with (their mpi.conf, or the default): every stepd's HELLO says it, and all must agree.
 //!
-//! **Bounds.** A node's part of one exchange is at most [`Step::part_max`] bytes and all parts together at
-//! most [`Step::exchange_max`]; over either, the step ends with a message naming the node, the size and the
-//! option that sets the bound.
+//! **Who waits.** srun no longer sees every node's part, so each stepd says straight when its own shell joins
+//! an exchange (JOINED). While some node's shell waits in an exchange, a node that has not joined it and has
+//! finished (every rank on it closed its PMI connection), was lost, or lost a rank without finalize cannot
+//! join it any more: the step ends, naming it.
+//!
+//! **Bounds.** A node's part of one exchange is at most [`Step::bounds`]' `part_max` bytes and all parts
+//! together at most its `exchange_max`: srun and every stepd with children check what they gather, and over
+//! either, the step ends with a message naming the node, the size and the option that sets the bound.
 
-use super::auth::{self, Role, Secret, Transcript};
-use super::wire::{self, FrameBuf, FrameError, ToRoot, CONTROL_MAX, HELLO_LEN, PROOF_LEN_ON_WIRE};
-use crate::driver::{epoll_create, epoll_ctl};
-use std::collections::VecDeque;
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use super::admit::{Acceptor, Event, Gate, Joined};
+use super::auth::{self, Secret};
+use super::layout::with_node_names;
+use super::link::{Epoll, Link, Read, Watch};
+use super::wire::{Direction, Down, FrameError, Up, CONTROL_MAX};
+use crate::collective::{self, frame::Frame, Bounds, Bytes, Output, Peer, Tree};
+use std::io;
+use std::net::{IpAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-/// How long a new connection may take to complete the handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Room for connections in the handshake beyond one per node.
-pub const HANDSHAKE_SPARE: usize = 64;
-/// Refusals are logged at most this often (with how many there were).
-const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
-/// After an accept fails for want of resources (no fds left), the listener rests this long at first, doubling
-/// up to a second, instead of failing again at once on every pass.
-const ACCEPT_REST_FIRST: Duration = Duration::from_millis(10);
-const ACCEPT_REST_MAX: Duration = Duration::from_secs(1);
+use std::time::Instant;
 
 /// Where the root's verdicts go: srun's stderr and Slurm in srun, a recorder in tests.
 pub trait Reporter: Send + 'static {
     /// The first fatal event of the step: printed as an error.
     fn error(&mut self, message: &str);
-    /// What only someone debugging wants (refused connections, what follows from the step's end): not on
-    /// the job's stderr by default.
+    /// What only someone debugging wants (refused connections, what follows from the step's end, the bytes
+    /// of each exchange): not on the job's stderr by default.
     fn debug(&mut self, message: &str);
     /// Ends the step (srun: `slurm_kill_job_step(.., SIGKILL)`).
     fn end_step(&mut self);
@@ -59,8 +52,8 @@ pub struct Outcome {
     pub abort_code: Option<i32>,
     /// The step was ended because of an error (abort, job error, lost node).
     pub ended: bool,
-    /// It was ended for a job error that no task's own failure explains (a protocol error): srun's status
-    /// must then say so itself, since the tasks' show only the SIGKILL that ended the step.
+    /// It was ended for a job error that no failure of its own explains (a protocol error, a bound): srun's
+    /// status must then say so itself, since the tasks' show only the SIGKILL that ended the step.
     pub job_error: bool,
 }
 
@@ -73,17 +66,10 @@ pub struct Step {
     pub secret: Secret,
     /// The addresses the nodes' stepds connect from, where Slurm knows them; `None` admits any address.
     pub addresses: Option<Vec<IpAddr>>,
-    /// Bytes one node may contribute to one exchange, and the option that sets it.
-    pub part_max: Bound,
-    /// Bytes all nodes together may contribute to one exchange, and the option that sets it.
-    pub exchange_max: Bound,
-}
-
-/// A size bound and the name of the option that sets it (for messages).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bound {
-    pub bytes: usize,
-    pub option: &'static str,
+    /// What one exchange may gather, and the options that set it.
+    pub bounds: Bounds,
+    /// The tree's width, where srun's environment sets it; `None` takes the stepds'.
+    pub width: Option<u32>,
 }
 
 /// A running root; [`Root::stop`] ends it.
@@ -97,7 +83,6 @@ impl Root {
     /// Serves `listener` for `step` on a new thread.
     pub fn start(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>) -> io::Result<Root> {
         let port = listener.local_addr()?.port();
-        listener.set_nonblocking(true)?;
         // SAFETY: a plain syscall, checked at once.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -141,128 +126,98 @@ impl Drop for Root {
     }
 }
 
-const LISTENER: u64 = u64::MAX;
 const STOP: u64 = u64::MAX - 1;
-
-/// How far a connection has come.
-#[derive(Clone, Copy)]
-enum Stage {
-    /// Accepted; its HELLO has not come.
-    Hello,
-    /// CHALLENGE sent; its PROOF has not come.
-    Proof(Transcript),
-    /// Admitted as this node.
-    Node(u32),
-}
-
-struct Conn {
-    stream: TcpStream,
-    peer: SocketAddr,
-    stage: Stage,
-    since: Instant,
-    input: FrameBuf,
-    output: VecDeque<(Arc<Vec<u8>>, usize)>,
-    /// EPOLLOUT is being watched.
-    want_write: bool,
-}
-
-impl Conn {
-    fn node(&self) -> Option<u32> {
-        match self.stage {
-            Stage::Node(n) => Some(n),
-            _ => None,
-        }
-    }
-}
+/// The acceptor's tokens start here; a node's connection's token is its node index.
+const ACCEPTOR: u64 = 1 << 32;
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 enum NodeState {
     #[default]
     Unconnected,
-    Connected(u64),
+    Connected,
     /// Said BYE: every task of the node has closed its PMI connection.
     Finished,
     /// Closed without BYE.
     Lost,
 }
 
-/// The listener's rest after an accept failed for want of resources.
-#[derive(Clone, Copy)]
-struct Rest {
-    /// While out of the epoll set: when it goes back.
-    until: Option<Instant>,
-    /// How long this rest is; the next failure rests twice as long.
-    length: Duration,
+/// The collective over the tree, once its width is known.
+struct Collective {
+    tree: Tree,
+    root: collective::Root,
+    /// The node whose HELLO set the width (`None`: srun's environment).
+    width_from: Option<u32>,
 }
 
-/// Refused connections since the last line about them.
-struct Refusals {
-    count: u64,
-    last: String,
-    logged: Option<Instant>,
+/// What srun sent its children in the tree since the exchange in progress began, for a debug line.
+#[derive(Default)]
+struct Fence {
+    epoch: u32,
+    sent: u64,
+    /// The last result sent, and the bytes of its parts.
+    result: Option<(Bytes, usize)>,
 }
 
 struct State {
     step: Step,
     reporter: Box<dyn Reporter>,
-    /// Closed once every node is admitted.
-    listener: Option<TcpListener>,
-    /// Set after an accept failed for want of resources, until one succeeds.
-    resting: Option<Rest>,
     /// Kept open while the thread watches it (the [`Root`] holds the other reference).
     _stop: Arc<OwnedFd>,
-    epoll: OwnedFd,
-    conns: Vec<Option<Conn>>,
-    /// Connections in the handshake, and how many may be.
-    in_handshake: usize,
-    handshake_max: usize,
+    epoll: Arc<Epoll>,
+    acceptor: Acceptor,
+    /// Each node's connection, by node index (its token).
+    links: Vec<Option<Link>>,
     nodes: Vec<NodeState>,
-    admitted: usize,
-    /// The collective being gathered, and its bytes so far.
-    epoch: u32,
-    parts: Vec<Option<Vec<u8>>>,
-    have: usize,
-    gathered: usize,
+    /// Where each admitted node listens for its children.
+    ports: Vec<u16>,
+    /// The exchange each node's shell joined last.
+    joined: Vec<Option<u32>>,
+    collective: Option<Collective>,
+    fence: Fence,
     /// Ranks that closed their connection without finalize, with their node.
     gone: Vec<(u32, u32)>,
     gone_seen: Vec<bool>,
-    refusals: Refusals,
     outcome: Outcome,
     /// srun is done with the step: the root takes in what is left and stops.
     stopping: bool,
-    last_expiry: Instant,
     buf: Vec<u8>,
 }
 
 impl State {
     fn new(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>, stop: Arc<OwnedFd>) -> io::Result<State> {
-        let epoll = epoll_create()?;
-        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, listener.as_raw_fd(), libc::EPOLLIN as u32, LISTENER)?;
-        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, stop.as_raw_fd(), libc::EPOLLIN as u32, STOP)?;
+        let epoll = Arc::new(Epoll::new()?);
+        epoll.add(stop.as_raw_fd(), libc::EPOLLIN as u32, STOP)?;
         let n = step.node_names.len();
+        let gate = Gate {
+            secret: step.secret.clone(),
+            to: auth::ROOT,
+            members: 0..n as u32,
+            addresses: step.addresses.clone(),
+            width: step.width,
+        };
+        let mut acceptor = Acceptor::new(listener, gate, ACCEPTOR)?;
+        acceptor.watch(epoll.clone())?;
+        let collective = match step.width {
+            Some(width) => Some(Collective::new(n, width, step.bounds, None).map_err(io::Error::other)?),
+            None => None,
+        };
         let size = step.node_of.len();
         Ok(State {
             step,
             reporter,
-            listener: Some(listener),
-            resting: None,
             _stop: stop,
             epoll,
-            conns: Vec::new(),
-            in_handshake: 0,
-            handshake_max: n + HANDSHAKE_SPARE,
+            acceptor,
+            links: (0..n).map(|_| None).collect(),
             nodes: vec![NodeState::default(); n],
-            admitted: 0,
-            epoch: 0,
-            parts: vec![None; n],
-            have: 0,
-            gathered: 0,
+            ports: vec![0; n],
+            joined: vec![None; n],
+            collective,
+            fence: Fence::default(),
             gone: Vec::new(),
             gone_seen: vec![false; size],
-            refusals: Refusals { count: 0, last: String::new(), logged: None },
             outcome: Outcome::default(),
             stopping: false,
-            last_expiry: Instant::now(),
             buf: vec![0; 256 * 1024],
         })
     }
@@ -271,15 +226,20 @@ impl State {
         self.step.node_names.get(node as usize).cloned().unwrap_or_else(|| format!("node {node}"))
     }
 
+    /// A message of the collective's machines as the user reads it: nodes by name.
+    fn named(&self, text: &str) -> String {
+        with_node_names(text, &self.step.node_names)
+    }
+
     fn run(&mut self) -> Outcome {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
-            let timeout = match self.resting.and_then(|r| r.until) {
-                Some(until) => until.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000) as i32,
+            let timeout = match self.acceptor.deadline() {
+                Some(t) => t.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000) as i32,
                 None => 1000,
             };
             // SAFETY: the buffer outlives the call and its length is passed.
-            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), 64, timeout) };
+            let n = unsafe { libc::epoll_wait(self.epoll.fd(), events.as_mut_ptr(), 64, timeout) };
             if n < 0 {
                 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -291,335 +251,245 @@ impl State {
             for ev in &events[..n as usize] {
                 let (token, flags) = (ev.u64, ev.events);
                 match token {
-                    LISTENER => self.accept(),
                     STOP => stopping = true,
+                    t if self.acceptor.owns(t) => {
+                        self.acceptor.ready(t);
+                        self.admissions();
+                    }
                     t => {
+                        let node = t as u32;
                         if flags & libc::EPOLLOUT as u32 != 0 {
-                            self.write(t);
+                            if let Some(l) = self.link(node) {
+                                l.flush();
+                            }
                         }
                         if flags & !(libc::EPOLLOUT as u32) != 0 {
-                            self.read(t);
+                            self.read(node);
                         }
                     }
                 }
             }
-            self.wake_listener();
-            if self.last_expiry.elapsed() >= Duration::from_secs(1) {
-                self.last_expiry = Instant::now();
-                self.expire_handshakes();
+            if self.acceptor.deadline().is_some_and(|t| t <= Instant::now()) {
+                self.acceptor.tick();
+                self.admissions();
             }
             if stopping {
-                // Take in what the stepds sent before srun's step ended (an abort from the last task).
-                self.stopping = true;
-                for t in 0..self.conns.len() as u64 {
-                    self.read(t);
-                }
-                // Tell the stepds still connected that the close which follows is the normal end.
-                let end = Arc::new(control(&wire::FromRoot::End));
-                for n in 0..self.nodes.len() as u32 {
-                    self.send(n, end.clone());
-                }
-                self.log_refusals(true);
-                return self.outcome.clone();
+                return self.stop();
             }
         }
     }
 
-    fn accept(&mut self) {
-        loop {
-            let Some(listener) = &self.listener else { return };
-            let (stream, mut peer) = match listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return self.rest_listener(e),
-            };
-            self.resting = None;
-            // The dual-stack socket sees IPv4 peers as ::ffff:a.b.c.d: show them as users know them.
-            if let SocketAddr::V6(v6) = peer {
-                if let Some(v4) = v6.ip().to_ipv4_mapped() {
-                    peer = SocketAddr::new(v4.into(), v6.port());
-                }
+    /// srun is done with the step: takes in what the stepds sent before it ended (an abort from the last
+    /// task), and tells the stepds still connected that the close which follows is the normal end.
+    fn stop(&mut self) -> Outcome {
+        self.stopping = true;
+        for n in 0..self.nodes.len() as u32 {
+            self.read(n);
+        }
+        if let Some(c) = &mut self.collective {
+            c.root.end();
+        }
+        self.pump();
+        let end = Down::End.encode().unwrap_or_default();
+        for l in self.links.iter_mut().flatten() {
+            l.send(end.clone());
+        }
+        self.acceptor.close();
+        self.admissions();
+        self.outcome.clone()
+    }
+
+    fn link(&mut self, node: u32) -> Option<&mut Link> {
+        self.links.get_mut(node as usize).and_then(Option::as_mut)
+    }
+
+    /// Takes what the acceptor has: admitted nodes, and lines about refusals.
+    fn admissions(&mut self) {
+        while let Some(event) = self.acceptor.poll() {
+            match event {
+                Event::Debug(line) => self.reporter.debug(&line),
+                Event::Joined(joined) => self.admit(joined),
             }
-            if let Some(allowed) = &self.step.addresses {
-                if !allowed.contains(&peer.ip()) {
-                    self.refuse(peer, "not the address of any of the step's nodes");
-                    continue;
-                }
-            }
-            if stream.set_nonblocking(true).is_err() {
-                continue;
-            }
-            let _ = stream.set_nodelay(true);
-            if self.in_handshake >= self.handshake_max {
-                self.drop_oldest_handshake();
-            }
-            let token = match self.conns.iter().position(Option::is_none) {
-                Some(t) => t,
-                None => {
-                    self.conns.push(None);
-                    self.conns.len() - 1
-                }
-            };
-            if epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, stream.as_raw_fd(), libc::EPOLLIN as u32, token as u64)
-                .is_err()
-            {
-                continue;
-            }
-            self.in_handshake += 1;
-            self.conns[token] = Some(Conn {
-                stream,
-                peer,
-                stage: Stage::Hello,
-                since: Instant::now(),
-                input: FrameBuf::default(),
-                output: VecDeque::new(),
-                want_write: false,
-            });
-            // A stepd sends HELLO as soon as it is connected: it is usually here already.
-            self.read(token as u64);
         }
     }
 
-    /// An accept failed: for want of resources (out of fds, memory) the listener rests a while, out of the
-    /// epoll set, instead of being reported ready (and failing) on every pass.
-    fn rest_listener(&mut self, e: io::Error) {
-        let starved = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
-        if !starved {
-            // The connection went away before it was taken (ECONNABORTED and the like): nothing to rest for.
-            return;
+    /// Node `j.node` is admitted: its connection is served from now on, and it and its children in the tree
+    /// hear where their parents listen, as far as they are known.
+    fn admit(&mut self, j: Joined) {
+        let (n, name) = (j.node, self.node_name(j.node));
+        if self.collective.is_none() {
+            match Collective::new(self.nodes.len(), j.width, self.step.bounds, Some(n)) {
+                Ok(c) => self.collective = Some(c),
+                Err(e) => return self.fatal(format!("the slurmstepd of {name} cannot build the PMI tree: {e}"), None),
+            }
         }
-        let length = self.resting.map_or(ACCEPT_REST_FIRST, |r| (r.length * 2).min(ACCEPT_REST_MAX));
-        self.resting = Some(Rest { until: Some(Instant::now() + length), length });
-        if let Some(l) = &self.listener {
-            let _ = epoll_ctl(&self.epoll, libc::EPOLL_CTL_DEL, l.as_raw_fd(), 0, LISTENER);
+        let Some(c) = &self.collective else { return };
+        let (tree, width_from) = (c.tree, c.width_from);
+        if j.width != tree.width() {
+            let from = width_from
+                .map_or("srun's environment".to_string(), |f| format!("the slurmstepd of {}", self.node_name(f)));
+            let what = format!(
+                "{from} builds the PMI tree with width {}, the slurmstepd of {name} with {} (mpi.conf's \
+                 RpmiTreeWidth differs between the nodes; SLURM_RPMI_TREE_WIDTH in srun's environment sets one \
+                 width for the job)",
+                tree.width(),
+                j.width
+            );
+            return self.fatal(what, None);
         }
-        self.refuse(None::<SocketAddr>, &format!("cannot accept connections: {e}"));
-    }
-
-    /// Puts a resting listener back in the epoll set once its rest is over.
-    fn wake_listener(&mut self) {
-        let Some(rest) = self.resting.as_mut() else { return };
-        if rest.until.is_none_or(|t| Instant::now() < t) {
-            return;
+        if !tree.children(Peer::Node(n)).is_empty() && j.port == 0 {
+            let what = format!("the slurmstepd of {name} has children in the PMI tree but does not listen for them");
+            return self.fatal(what, None);
         }
-        // The length stays until an accept succeeds, so that the next failure rests longer.
-        rest.until = None;
-        if let Some(l) = &self.listener {
-            let _ = epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, l.as_raw_fd(), libc::EPOLLIN as u32, LISTENER);
-        }
-    }
-
-    /// Counts a refused connection; says so at debug level, at most once per [`REFUSAL_LOG_EVERY`].
-    fn refuse(&mut self, peer: impl Into<Option<SocketAddr>>, why: &str) {
-        let r = &mut self.refusals;
-        r.count += 1;
-        r.last = match peer.into() {
-            Some(p) => format!("from {p}: {why}"),
-            None => why.to_string(),
+        let mut link = match Link::new(j.stream, u64::from(n), j.input) {
+            Ok(l) => l,
+            Err(e) => return self.fatal(format!("cannot serve the connection of the slurmstepd of {name}: {e}"), None),
         };
-        self.log_refusals(false);
-    }
-
-    fn log_refusals(&mut self, last: bool) {
-        let r = &mut self.refusals;
-        if r.count == 0 || (!last && r.logged.is_some_and(|t| t.elapsed() < REFUSAL_LOG_EVERY)) {
-            return;
+        if let Err(e) = link.watch(self.epoll.clone()) {
+            return self.fatal(format!("cannot watch the connection of the slurmstepd of {name}: {e}"), None);
         }
-        let line = format!(
-            "refused {} connection{} to the collective port; the last {}",
-            r.count,
-            if r.count == 1 { "" } else { "s" },
-            r.last
-        );
-        r.count = 0;
-        r.logged = Some(Instant::now());
-        self.reporter.debug(&line);
-    }
-
-    fn drop_oldest_handshake(&mut self) {
-        let oldest = self
-            .conns
-            .iter()
-            .enumerate()
-            .filter_map(|(t, c)| c.as_ref().filter(|c| c.node().is_none()).map(|c| (c.since, t)))
-            .min();
-        if let Some((_, t)) = oldest {
-            let peer = self.conns[t].as_ref().map(|c| c.peer);
-            self.refuse(peer, "the oldest of too many connections in the handshake");
-            self.drop_conn(t as u64);
-        }
-    }
-
-    fn expire_handshakes(&mut self) {
-        let now = Instant::now();
-        for t in 0..self.conns.len() {
-            let Some(c) = &self.conns[t] else { continue };
-            if c.node().is_none() && now.duration_since(c.since) > HANDSHAKE_TIMEOUT {
-                let peer = c.peer;
-                self.refuse(peer, "no handshake in time");
-                self.drop_conn(t as u64);
+        self.links[n as usize] = Some(link);
+        self.nodes[n as usize] = NodeState::Connected;
+        self.ports[n as usize] = j.port;
+        if let Peer::Node(p) = tree.parent(n) {
+            match self.nodes[p as usize] {
+                NodeState::Connected => self.send(n, &Down::Parent { port: self.ports[p as usize] }),
+                NodeState::Finished => self.send(n, &Down::ParentDone),
+                NodeState::Unconnected | NodeState::Lost => {}
             }
         }
+        for c in tree.children(Peer::Node(n)) {
+            if self.nodes[c as usize] == NodeState::Connected {
+                self.send(c, &Down::Parent { port: j.port });
+            }
+        }
+        // What it sent right after its proof.
+        if self.frames(n) {
+            self.read(n);
+        }
     }
 
-    /// Reads whatever `token`'s peer has sent and handles every whole frame.
-    fn read(&mut self, token: u64) {
+    /// Reads whatever node `node` has sent and handles every whole frame.
+    fn read(&mut self, node: u32) {
         loop {
-            let Some(c) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return };
-            match c.stream.read(&mut self.buf) {
-                Ok(0) => return self.closed(token),
-                Ok(n) => {
-                    c.input.extend(&self.buf[..n]);
-                    if !self.frames(token) {
-                        return;
-                    }
-                    if n < self.buf.len() {
+            let Some(link) = self.links.get_mut(node as usize).and_then(Option::as_mut) else { return };
+            match link.read(&mut self.buf) {
+                Read::Data(n) => {
+                    if !self.frames(node) || n < self.buf.len() {
                         return;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return self.closed(token),
+                Read::Blocked => return,
+                Read::Closed(_) => return self.closed(node),
             }
         }
     }
 
-    /// The largest frame a connection at `stage` may send.
-    fn frame_max(&self, stage: Stage) -> usize {
-        match stage {
-            Stage::Hello => HELLO_LEN,
-            Stage::Proof(_) => PROOF_LEN_ON_WIRE,
-            Stage::Node(_) => CONTROL_MAX.max(wire::all_len(1, self.step.part_max.bytes) - 4),
-        }
+    /// The largest frame node `node` may send: a control frame, or for srun's children in the tree their
+    /// subtree's parts of one exchange.
+    fn frame_max(&self, node: u32) -> usize {
+        let collective = self.collective.as_ref().map_or(0, |c| c.root.frame_max(node) + 1);
+        CONTROL_MAX.max(collective)
     }
 
-    /// Handles every whole frame in `token`'s input; false if the connection was dropped.
-    fn frames(&mut self, token: u64) -> bool {
+    /// Handles every whole frame in node `node`'s input; false if its connection was dropped.
+    fn frames(&mut self, node: u32) -> bool {
         loop {
-            let Some(c) = self.conns.get(token as usize).and_then(Option::as_ref) else { return false };
-            let (stage, peer) = (c.stage, c.peer);
-            let max = self.frame_max(stage);
-            let Some(c) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return false };
-            let msg = match c.input.next(max) {
-                Ok(None) => return true,
-                Ok(Some(payload)) => ToRoot::decode(payload).map_err(|e| e.to_string()),
-                Err(FrameError::TooLarge { len, .. }) if matches!(stage, Stage::Node(_)) => {
-                    let Stage::Node(n) = stage else { return false };
-                    let what = self.part_too_large(n, len);
+            let max = self.frame_max(node);
+            let Some(link) = self.link(node) else { return false };
+            let message = match link.next(max) {
+                Ok(None) => {
+                    link.release();
+                    return true;
+                }
+                Ok(Some(payload)) => Up::decode(payload),
+                Err(FrameError::TooLarge { len, .. }) => {
+                    let what = self.too_large(node, len);
                     self.fatal(what, None);
-                    self.drop_conn(token);
+                    self.drop_link(node);
                     return false;
                 }
-                Err(e) => Err(e.to_string()),
             };
-            let msg = match msg {
-                Ok(m) => m,
+            let kept = match message {
+                Ok(m) => self.message(node, m),
                 Err(e) => {
-                    match stage {
-                        Stage::Node(n) => {
-                            let what = format!("the slurmstepd of {} sent a {e}", self.node_name(n));
-                            self.fatal(what, None);
-                        }
-                        _ => self.refuse(peer, &e),
-                    }
-                    self.drop_conn(token);
-                    return false;
-                }
-            };
-            let keep = match (stage, msg) {
-                (Stage::Hello, ToRoot::Hello { node, nonce }) => self.hello(token, node, nonce),
-                (Stage::Proof(t), ToRoot::Proof { proof }) => self.proof(token, t, proof),
-                (Stage::Hello | Stage::Proof(_), _) => {
-                    self.refuse(peer, "no handshake");
+                    self.fatal(format!("the slurmstepd of {} sent a {e}", self.node_name(node)), None);
                     false
                 }
-                (Stage::Node(n), msg) => self.message(token, n, msg),
             };
-            if !keep {
-                self.drop_conn(token);
+            if !kept {
+                self.drop_link(node);
                 return false;
             }
         }
     }
 
-    fn hello(&mut self, token: u64, node: u32, stepd_nonce: auth::Nonce) -> bool {
-        let peer = self.conns[token as usize].as_ref().map(|c| c.peer);
-        if self.nodes.get(node as usize) != Some(&NodeState::Unconnected) {
-            self.refuse(peer, &format!("node index {node} is unknown or already connected"));
-            return false;
-        }
-        let Ok(root_nonce) = auth::nonce() else {
-            self.refuse(peer, "no random bytes for a challenge");
-            return false;
+    /// Why node `node`'s frame of `len` bytes is refused unread.
+    fn too_large(&self, node: u32, len: usize) -> String {
+        let name = self.node_name(node);
+        let Some(c) = self.collective.as_ref().filter(|c| c.tree.is_child(Peer::Root, node)) else {
+            return format!("the slurmstepd of {name} sent srun a frame of {len} bytes, more than a control frame");
         };
-        if let Some(c) = self.conns[token as usize].as_mut() {
-            c.stage = Stage::Proof(Transcript { node, stepd_nonce, root_nonce });
+        let (part, all) = (self.step.bounds.part_max, self.step.bounds.exchange_max);
+        match c.tree.subtree(node).size() {
+            1 => format!(
+                "the slurmstepd of {name} sent {len} bytes for one PMI exchange, over the limit of {} bytes per node \
+                 ({})",
+                part.bytes, part.option
+            ),
+            size => format!(
+                "the slurmstepd of {name} sent {len} bytes for one PMI exchange of the {size} nodes it gathers, over \
+                 the limit of {} bytes per node ({}) or {} in all ({})",
+                part.bytes, part.option, all.bytes, all.option
+            ),
         }
-        self.queue(token, Arc::new(control(&wire::FromRoot::Challenge { nonce: root_nonce })));
-        true
-    }
-
-    fn proof(&mut self, token: u64, t: Transcript, proof: auth::Proof) -> bool {
-        let peer = self.conns[token as usize].as_ref().map(|c| c.peer);
-        if !self.step.secret.verify(Role::Stepd, &t, &proof) {
-            self.refuse(peer, "wrong proof of the step's secret");
-            return false;
-        }
-        if self.nodes[t.node as usize] != NodeState::Unconnected {
-            self.refuse(peer, &format!("node index {} is already connected", t.node));
-            return false;
-        }
-        self.nodes[t.node as usize] = NodeState::Connected(token);
-        if let Some(c) = self.conns[token as usize].as_mut() {
-            c.stage = Stage::Node(t.node);
-        }
-        self.in_handshake -= 1;
-        self.admitted += 1;
-        if self.admitted == self.nodes.len() {
-            // Every node is in: nobody else has anything to connect for.
-            self.listener = None;
-            self.resting = None;
-        }
-        let welcome = wire::FromRoot::Welcome { proof: self.step.secret.prove(Role::Root, &t) };
-        self.queue(token, Arc::new(control(&welcome)));
-        true
     }
 
     /// A message from admitted node `n`; false if its connection is to be dropped.
-    fn message(&mut self, token: u64, n: u32, msg: ToRoot) -> bool {
-        match msg {
-            ToRoot::Hello { .. } | ToRoot::Proof { .. } => {
-                self.fatal(format!("the slurmstepd of {} authenticated twice", self.node_name(n)), None);
+    fn message(&mut self, n: u32, message: Up) -> bool {
+        let name = self.node_name(n);
+        match message {
+            Up::Hello { .. } | Up::Proof { .. } => {
+                self.fatal(format!("the slurmstepd of {name} authenticated twice"), None);
                 false
             }
-            ToRoot::Contrib { epoch, parts } => {
-                self.contribution(n, epoch, parts);
+            Up::Collective(frame) => {
+                if let Some(c) = &mut self.collective {
+                    c.root.receive(n, frame);
+                }
+                self.pump();
                 true
             }
-            ToRoot::Abort { rank, code, message } => {
+            Up::Joined { epoch } => {
+                self.joined[n as usize] = Some(epoch);
+                self.check_finished();
+                self.check_gone();
+                true
+            }
+            Up::Abort { rank, code, message } => {
                 let what = format!(
-                    "rank {rank} on {} called PMI_Abort with exit code {code}{}{}",
-                    self.node_name(n),
+                    "rank {rank} on {name} called PMI_Abort with exit code {code}{}{}",
                     if message.is_empty() { "" } else { ": " },
                     message
                 );
                 self.fatal(what, Some(code));
                 true
             }
-            ToRoot::Error { rank: _, task_failed, message } => {
-                let what = format!("{message} (on {})", self.node_name(n));
-                if !self.outcome.ended && !task_failed {
+            Up::Error { rank: _, failed, message } => {
+                if !self.outcome.ended && !failed {
                     self.outcome.job_error = true;
                 }
+                // The collective's own messages name the nodes already.
+                let what = match message.contains(&format!("the slurmstepd of {name}")) {
+                    true => message,
+                    false => format!("{message} (on {name})"),
+                };
                 self.fatal(what, None);
                 true
             }
-            ToRoot::Gone { rank } => {
+            Up::Gone { rank } => {
                 if self.step.node_of.get(rank as usize) != Some(&n) {
-                    let what =
-                        format!("the slurmstepd of {} reported rank {rank}, not one of its own", self.node_name(n));
-                    self.fatal(what, None);
+                    self.fatal(format!("the slurmstepd of {name} reported rank {rank}, not one of its own"), None);
                     return false;
                 }
                 if !std::mem::replace(&mut self.gone_seen[rank as usize], true) {
@@ -628,112 +498,84 @@ impl State {
                 self.check_gone();
                 true
             }
-            ToRoot::Bye => {
+            Up::Bye => {
                 // Not a loss: the connection is dropped as the stepd asked.
                 self.nodes[n as usize] = NodeState::Finished;
-                self.drop_conn(token);
+                // Its children that have not reached it yet never will.
+                if let Some(tree) = self.collective.as_ref().map(|c| c.tree) {
+                    for c in tree.children(Peer::Node(n)) {
+                        self.send(c, &Down::ParentDone);
+                    }
+                }
                 self.check_finished();
                 false
             }
         }
     }
 
-    fn contribution(&mut self, node: u32, epoch: u32, parts: Vec<(u32, Vec<u8>)>) {
-        if self.outcome.ended {
-            // The step is being ended: nobody waits for a result that cannot come.
-            self.send(node, Arc::new(fail(epoch, "the job step is ending")));
-            return;
-        }
-        if let Err(what) = self.gather(node, epoch, parts) {
-            // The node that brought it waits in this exchange too, whether or not its part was kept.
-            let waits = self.parts.get(node as usize).is_some_and(Option::is_none);
-            self.fatal(what.clone(), None);
-            if waits {
-                self.send(node, Arc::new(fail(epoch, &what)));
+    /// Does what the collective's root machine asks.
+    fn pump(&mut self) {
+        while let Some(output) = self.collective.as_mut().and_then(|c| c.root.poll()) {
+            match output {
+                Output::Send { to: Peer::Node(n), frame } => {
+                    self.fence.sent += 5 + frame.len() as u64;
+                    if !self.fence.result.as_ref().is_some_and(|(r, _)| Arc::ptr_eq(r, &frame)) {
+                        if let Ok(Frame::All { parts, .. }) = Frame::decode(&frame, usize::MAX) {
+                            self.fence.result = Some((frame.clone(), parts.bytes()));
+                        }
+                    }
+                    if let Some(l) = self.link(n) {
+                        let _ = l.send_collective(Direction::Down, &frame);
+                    }
+                }
+                Output::Report { from, bytes } => {
+                    let what = format!("{} (on {})", String::from_utf8_lossy(&bytes), self.node_name(from));
+                    self.fatal(what, None);
+                }
+                Output::JobError { message, .. } => {
+                    let what = self.named(&message);
+                    self.fatal(what, None);
+                }
+                Output::Send { to: Peer::Root, .. } | Output::Done { .. } | Output::Failed { .. } => {}
             }
-            return;
         }
-        if self.have == self.parts.len() {
-            let frame = wire::all(
-                self.epoch,
-                self.parts.iter().enumerate().map(|(n, p)| (n as u32, p.as_deref().unwrap_or(&[]))),
-            );
-            let frame = match frame {
-                Ok(f) => Arc::new(f),
-                Err(e) => return self.fatal(format!("PMI exchange {}: {e}", self.epoch), None),
-            };
-            self.parts.iter_mut().for_each(|p| *p = None);
-            self.have = 0;
-            self.gathered = 0;
-            self.epoch = self.epoch.wrapping_add(1);
-            for n in 0..self.nodes.len() as u32 {
-                self.send(n, frame.clone());
-            }
-            return;
-        }
-        self.check_finished();
-        self.check_gone();
+        self.note_fence();
     }
 
-    /// Takes node `node`'s parts of the exchange in progress, or says why they cannot be.
-    fn gather(&mut self, node: u32, epoch: u32, parts: Vec<(u32, Vec<u8>)>) -> Result<(), String> {
-        if epoch != self.epoch {
-            return Err(format!(
-                "the slurmstepd of {} is at exchange {epoch}, the others at {}",
-                self.node_name(node),
-                self.epoch
-            ));
+    /// Says, at debug level, what srun sent for each exchange that completed.
+    fn note_fence(&mut self) {
+        let Some(c) = &self.collective else { return };
+        let epoch = c.root.epoch();
+        if epoch == self.fence.epoch {
+            return;
         }
-        for (from, bytes) in parts {
-            // A frame may be as large as a control frame even when the bound on a part is smaller.
-            if bytes.len() > self.step.part_max.bytes {
-                return Err(self.part_too_large(node, bytes.len()));
-            }
-            // Only a node's own part today (a tree would forward its subtree's).
-            if from != node || self.parts.get(from as usize).is_none_or(Option::is_some) {
-                return Err(format!(
-                    "the slurmstepd of {} sent a part for node {from} twice or out of turn",
-                    self.node_name(node)
-                ));
-            }
-            self.gathered = self.gathered.saturating_add(bytes.len());
-            if self.gathered > self.step.exchange_max.bytes {
-                return Err(format!(
-                    "PMI exchange {} would gather more than {} bytes from the step's nodes (the slurmstepd of {} \
-                     brought {} bytes, {} in all so far), over the limit ({}: raise it in srun's environment if \
-                     the job needs more)",
-                    self.epoch,
-                    self.step.exchange_max.bytes,
-                    self.node_name(node),
-                    bytes.len(),
-                    self.gathered,
-                    self.step.exchange_max.option
-                ));
-            }
-            self.parts[from as usize] = Some(bytes);
-            self.have += 1;
-        }
-        Ok(())
+        let children = c.tree.children(Peer::Root).len();
+        let gathered = self.fence.result.as_ref().map_or(0, |(_, bytes)| *bytes);
+        let line = format!(
+            "PMI exchange {}: srun sent {} bytes to its {children} children in the PMI tree; the exchange gathered \
+             {gathered} bytes from {} nodes",
+            self.fence.epoch,
+            self.fence.sent,
+            self.nodes.len()
+        );
+        self.fence = Fence { epoch, ..Fence::default() };
+        self.reporter.debug(&line);
     }
 
-    /// Why node `node`'s `len` bytes for one exchange are refused: over the bound on one node's part.
-    fn part_too_large(&self, node: u32, len: usize) -> String {
-        format!(
-            "the slurmstepd of {} sent {len} bytes for one PMI exchange, over the limit of {} bytes per node \
-             ({}: raise it in srun's environment if the job needs more)",
-            self.node_name(node),
-            self.step.part_max.bytes,
-            self.step.part_max.option
-        )
+    /// The exchange in progress: some node's shell has joined it.
+    fn exchange(&self) -> Option<u32> {
+        let epoch = self.collective.as_ref()?.root.epoch();
+        self.joined.contains(&Some(epoch)).then_some(epoch)
     }
 
-    /// An exchange cannot complete if a node that has not contributed is gone.
+    /// An exchange cannot complete if a node whose shell has not joined it is gone.
     fn check_finished(&mut self) {
-        if self.have == 0 || self.outcome.ended {
+        let Some(epoch) = self.exchange() else { return };
+        if self.outcome.ended {
             return;
         }
         for n in 0..self.nodes.len() {
-            if self.parts[n].is_some() {
+            if self.joined[n] == Some(epoch) {
                 continue;
             }
             let why = match self.nodes[n] {
@@ -746,16 +588,16 @@ impl State {
         }
     }
 
-    /// An exchange cannot complete if a rank left, without finalize, from a node that has not contributed.
+    /// An exchange cannot complete if a rank left, without finalize, from a node whose shell has not joined it.
     fn check_gone(&mut self) {
-        if self.have == 0 || self.outcome.ended {
+        let Some(epoch) = self.exchange() else { return };
+        if self.outcome.ended {
             return;
         }
-        if let Some(&(rank, node)) =
-            self.gone.iter().find(|(_, n)| self.parts.get(*n as usize).is_some_and(Option::is_none))
-        {
+        if let Some(&(rank, node)) = self.gone.iter().find(|(_, n)| self.joined[*n as usize] != Some(epoch)) {
             let what = format!(
-                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other ranks wait for it in a barrier",
+                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
+                 ranks wait for it in a barrier",
                 self.node_name(node)
             );
             self.fatal(what, None);
@@ -764,16 +606,20 @@ impl State {
 
     /// A connection ended. A stepd says BYE before it closes, even when its step is cancelled: one that
     /// closes without it was killed or failed, and the step cannot go on.
-    fn closed(&mut self, token: u64) {
-        let node = self.conns.get(token as usize).and_then(Option::as_ref).and_then(Conn::node);
-        self.drop_conn(token);
-        let Some(n) = node else { return };
-        let what = format!(
-            "lost the connection to the slurmstepd of {}{}: it was killed or failed",
-            self.node_name(n),
-            if self.have > 0 { " during a PMI exchange" } else { "" }
-        );
-        self.fatal(what, None);
+    fn closed(&mut self, node: u32) {
+        self.drop_link(node);
+        match &mut self.collective {
+            Some(c) => c.root.lost(node),
+            None => {
+                let what = format!(
+                    "lost the connection to the slurmstepd of {}: it was killed or failed",
+                    self.node_name(node)
+                );
+                self.fatal(what, None);
+            }
+        }
+        self.pump();
+        self.check_finished();
     }
 
     /// The first fatal event ends the step; later ones follow from the ending (the tasks it kills leave
@@ -788,99 +634,50 @@ impl State {
         self.outcome.ended = true;
         self.outcome.abort_code = abort_code;
         self.reporter.error(&what);
-        // Nobody waits for the exchange in progress any more.
-        if self.have > 0 {
-            let frame = Arc::new(fail(self.epoch, &what));
-            for n in 0..self.nodes.len() as u32 {
-                if self.parts[n as usize].is_some() {
-                    self.send(n, frame.clone());
-                }
-            }
-            // Its parts are of no use now.
-            self.parts.iter_mut().for_each(|p| *p = None);
-            self.have = 0;
-            self.gathered = 0;
+        // Every node waiting in the exchange in progress hears it failed, down the tree.
+        if let Some(c) = &mut self.collective {
+            c.root.fail(&what);
         }
         if !self.stopping {
             self.reporter.end_step();
         }
+        self.pump();
     }
 
-    /// Queues `frame` for node `node`, if it is connected.
-    fn send(&mut self, node: u32, frame: Arc<Vec<u8>>) {
-        if let Some(NodeState::Connected(t)) = self.nodes.get(node as usize).copied() {
-            self.queue(t, frame);
+    /// Queues `message` for node `node`, if it is connected.
+    fn send(&mut self, node: u32, message: &Down) {
+        if let (Some(l), Ok(frame)) = (self.link(node), message.encode()) {
+            l.send(frame);
         }
     }
 
-    fn queue(&mut self, token: u64, frame: Arc<Vec<u8>>) {
-        if let Some(c) = self.conns.get_mut(token as usize).and_then(Option::as_mut) {
-            c.output.push_back((frame, 0));
-            self.write(token);
+    fn drop_link(&mut self, node: u32) {
+        if let Some(slot) = self.links.get_mut(node as usize) {
+            *slot = None;
         }
-    }
-
-    fn write(&mut self, token: u64) {
-        let Some(c) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return };
-        while let Some((frame, at)) = c.output.front_mut() {
-            match c.stream.write(&frame[*at..]) {
-                Ok(n) => {
-                    *at += n;
-                    if *at == frame.len() {
-                        c.output.pop_front();
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if !c.want_write {
-                        c.want_write = true;
-                        let ev = (libc::EPOLLIN | libc::EPOLLOUT) as u32;
-                        let _ = epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, c.stream.as_raw_fd(), ev, token);
-                    }
-                    return;
-                }
-                // The reading side sees the close and reports it.
-                Err(_) => {
-                    c.output.clear();
-                    return;
-                }
-            }
-        }
-        if c.want_write {
-            c.want_write = false;
-            let _ = epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, c.stream.as_raw_fd(), libc::EPOLLIN as u32, token);
-        }
-    }
-
-    fn drop_conn(&mut self, token: u64) {
-        if let Some(c) = self.conns.get_mut(token as usize).and_then(Option::take) {
-            // Closing the socket removes it from the epoll set.
-            match c.node() {
-                Some(n) if self.nodes[n as usize] == NodeState::Connected(token) => {
-                    self.nodes[n as usize] = NodeState::Lost
-                }
-                Some(_) => {}
-                None => self.in_handshake -= 1,
-            }
+        if let Some(s) = self.nodes.get_mut(node as usize).filter(|s| **s == NodeState::Connected) {
+            *s = NodeState::Lost;
         }
     }
 }
 
-fn fail(epoch: u32, message: &str) -> Vec<u8> {
-    control(&wire::FromRoot::Fail { epoch, message: message.to_string() })
-}
-
-/// A control frame (bounded in size, so it always encodes).
-fn control(m: &wire::FromRoot) -> Vec<u8> {
-    m.encode().unwrap_or_default()
+impl Collective {
+    fn new(nodes: usize, width: u32, bounds: Bounds, width_from: Option<u32>) -> Result<Collective, String> {
+        let tree = Tree::new(nodes as u32, width).map_err(|e| e.to_string())?;
+        Ok(Collective { tree, root: collective::Root::new(tree, bounds), width_from })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm::uplink;
-    use crate::slurm::wire::FromRoot;
+    use crate::collective::frame;
+    use crate::collective::Bound;
+    use crate::slurm::uplink::{self, Hello};
+    use std::io::{Read as _, Write};
+    use std::net::{SocketAddr, TcpStream};
     use std::sync::{Arc as StdArc, Mutex};
+    use std::time::Duration;
 
     #[derive(Clone, Default)]
     struct Record(StdArc<Mutex<Vec<String>>>);
@@ -901,9 +698,12 @@ mod tests {
         fn lines(&self) -> Vec<String> {
             self.0.lock().unwrap().clone()
         }
-        fn wait_for(&self, what: &str) {
+        fn wait_for(&self, what: &str) -> String {
             let until = Instant::now() + Duration::from_secs(10);
-            while !self.lines().iter().any(|l| l.contains(what)) {
+            loop {
+                if let Some(l) = self.lines().into_iter().find(|l| l.contains(what)) {
+                    return l;
+                }
                 assert!(Instant::now() < until, "no `{what}` in {:?}", self.lines());
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -912,6 +712,8 @@ mod tests {
 
     const PART_MAX: Bound = Bound { bytes: 1 << 20, option: "RPMI_TEST_PART_MAX" };
     const EXCHANGE_MAX: Bound = Bound { bytes: 3 << 20, option: "RPMI_TEST_EXCHANGE_MAX" };
+    /// A width that makes every step of these tests a star.
+    const STAR: u32 = 1000;
 
     fn step(nodes: usize, secret: &Secret) -> Step {
         Step {
@@ -919,8 +721,8 @@ mod tests {
             node_of: (0..nodes as u32).collect(),
             secret: secret.clone(),
             addresses: None,
-            part_max: PART_MAX,
-            exchange_max: EXCHANGE_MAX,
+            bounds: Bounds { part_max: PART_MAX, exchange_max: EXCHANGE_MAX },
+            width: Some(STAR),
         }
     }
 
@@ -942,28 +744,52 @@ mod tests {
         (root, record, stepds)
     }
 
-    /// A stepd admitted as `node`, through the stepd's own handshake.
-    fn stepd(port: u16, node: u32, secret: &Secret) -> TcpStream {
+    /// What node `node`'s stepd says in its HELLO in a star.
+    fn hello(node: u32) -> Hello {
+        Hello { node, to: auth::ROOT, port: 0, width: STAR }
+    }
+
+    /// A stepd admitted as `hello` says, through the stepd's own handshake.
+    fn join(port: u16, hello: Hello, secret: &Secret) -> TcpStream {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let s = uplink::join(&[addr], node, secret, Duration::from_secs(20)).unwrap();
+        let s = uplink::join(&[addr], &hello, secret, Duration::from_secs(20), "srun", uplink::sleep).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s
     }
 
-    fn contrib(epoch: u32, node: u32, bytes: &[u8]) -> Vec<u8> {
-        wire::contrib(epoch, node, bytes).unwrap()
+    fn stepd(port: u16, node: u32, secret: &Secret) -> TcpStream {
+        join(port, hello(node), secret)
     }
 
-    fn frame(m: ToRoot) -> Vec<u8> {
+    fn frame(m: Up) -> Vec<u8> {
         m.encode().unwrap()
     }
 
-    fn receive(s: &mut TcpStream) -> FromRoot {
+    /// A CONTRIB of `parts`, as a stepd sends it.
+    fn contrib(epoch: u32, parts: &[(u32, &[u8])]) -> Vec<u8> {
+        frame(Up::Collective(frame::contrib(epoch, parts.iter().copied()).unwrap()))
+    }
+
+    /// Node `node`'s shell joins exchange `epoch` with `bytes`: JOINED, then its CONTRIB.
+    fn join_exchange(s: &mut TcpStream, epoch: u32, node: u32, bytes: &[u8]) {
+        s.write_all(&frame(Up::Joined { epoch })).unwrap();
+        s.write_all(&contrib(epoch, &[(node, bytes)])).unwrap();
+    }
+
+    fn receive(s: &mut TcpStream) -> Down {
         let mut len = [0u8; 4];
         s.read_exact(&mut len).unwrap();
         let mut p = vec![0; u32::from_be_bytes(len) as usize];
         s.read_exact(&mut p).unwrap();
-        FromRoot::decode(&p).unwrap()
+        Down::decode(&p).unwrap()
+    }
+
+    /// The next collective frame srun sends on `s`.
+    fn collective(s: &mut TcpStream) -> Frame {
+        match receive(s) {
+            Down::Collective(f) => Frame::decode(&f, usize::MAX).unwrap(),
+            other => panic!("not a collective frame: {other:?}"),
+        }
     }
 
     fn closed(s: &mut TcpStream) -> bool {
@@ -976,21 +802,23 @@ mod tests {
         let (root, record, mut s) = connected(3);
         for epoch in 0..3u32 {
             for (n, c) in s.iter_mut().enumerate().rev() {
-                c.write_all(&contrib(epoch, n as u32, format!("e{epoch}n{n}").as_bytes())).unwrap();
+                join_exchange(c, epoch, n as u32, format!("e{epoch}n{n}").as_bytes());
             }
             for c in s.iter_mut() {
-                let FromRoot::All { epoch: e, parts } = receive(c) else { panic!("not ALL") };
+                let Frame::All { epoch: e, parts } = collective(c) else { panic!("not ALL") };
                 assert_eq!(e, epoch);
                 let want: Vec<(u32, Vec<u8>)> = (0..3).map(|n| (n, format!("e{epoch}n{n}").into_bytes())).collect();
-                assert_eq!(parts, want);
+                assert_eq!(parts.iter().map(|(n, b)| (n, b.to_vec())).collect::<Vec<_>>(), want);
             }
         }
-        s[0].write_all(&frame(ToRoot::Bye)).unwrap();
-        s[1].write_all(&frame(ToRoot::Bye)).unwrap();
+        s[0].write_all(&frame(Up::Bye)).unwrap();
+        s[1].write_all(&frame(Up::Bye)).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(root.stop(), Outcome::default());
-        // A node still connected when srun is done hears so before the close.
-        assert_eq!(receive(&mut s[2]), FromRoot::End);
+        // A node still connected when srun is done hears so before the close: the collective's END, then
+        // srun's own.
+        assert_eq!(collective(&mut s[2]), Frame::End);
+        assert_eq!(receive(&mut s[2]), Down::End);
         assert!(closed(&mut s[2]));
         assert!(record.lines().iter().all(|l| !l.starts_with("error")), "{:?}", record.lines());
     }
@@ -1000,7 +828,8 @@ mod tests {
         let secret = Secret::generate().unwrap();
         let (root, record) = root(2, &secret);
         let addr = SocketAddr::from(([127, 0, 0, 1], root.port()));
-        let wrong = uplink::join(&[addr], 0, &Secret::generate().unwrap(), Duration::from_millis(200));
+        let other = Secret::generate().unwrap();
+        let wrong = uplink::join(&[addr], &hello(0), &other, Duration::from_millis(200), "srun", uplink::sleep);
         assert!(matches!(wrong, Err(uplink::JoinError::GaveUp { .. })), "{wrong:?}");
         let mut http = TcpStream::connect(addr).unwrap();
         http.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
@@ -1010,10 +839,10 @@ mod tests {
         // Every node is in: the port is closed to everyone, the right secret too.
         assert!(TcpStream::connect(addr).is_err(), "the collective port still takes connections");
         for (n, c) in s.iter_mut().enumerate() {
-            c.write_all(&contrib(0, n as u32, b"x")).unwrap();
+            join_exchange(c, 0, n as u32, b"x");
         }
         for c in s.iter_mut() {
-            assert!(matches!(receive(c), FromRoot::All { epoch: 0, .. }));
+            assert!(matches!(collective(c), Frame::All { epoch: 0, .. }));
         }
         assert_eq!(root.stop(), Outcome::default());
         let lines = record.lines();
@@ -1056,11 +885,12 @@ mod tests {
             let _ = a.shutdown(std::net::Shutdown::Both);
             [up.join().unwrap(), down].concat()
         });
-        let mut s = uplink::join(&[relay_addr], 0, &secret, Duration::from_secs(20)).unwrap();
-        s.write_all(&contrib(0, 0, b"a")).unwrap();
+        let joined = uplink::join(&[relay_addr], &hello(0), &secret, Duration::from_secs(20), "srun", uplink::sleep);
+        let mut s = joined.unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        assert!(matches!(receive(&mut s), FromRoot::All { .. }));
-        s.write_all(&frame(ToRoot::Bye)).unwrap();
+        join_exchange(&mut s, 0, 0, b"a");
+        assert!(matches!(collective(&mut s), Frame::All { .. }));
+        s.write_all(&frame(Up::Bye)).unwrap();
         drop(s);
         assert_eq!(root.stop(), Outcome::default());
         let bytes = seen.join().unwrap();
@@ -1082,21 +912,21 @@ mod tests {
                 let secret = secret.clone();
                 std::thread::spawn(move || {
                     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-                    uplink::join(&[addr], n, &secret, Duration::from_secs(30))
+                    uplink::join(&[addr], &hello(n), &secret, Duration::from_secs(30), "srun", uplink::sleep)
                 })
             })
             .collect();
         let mut conns: Vec<TcpStream> = stepds.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
         for (n, c) in conns.iter_mut().enumerate() {
-            c.write_all(&contrib(0, n as u32, b"p")).unwrap();
+            join_exchange(c, 0, n as u32, b"p");
         }
         for c in conns.iter_mut() {
             c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let FromRoot::All { parts, .. } = receive(c) else { panic!("not ALL") };
+            let Frame::All { parts, .. } = collective(c) else { panic!("not ALL") };
             assert_eq!(parts.len(), nodes);
         }
         for c in conns.iter_mut() {
-            c.write_all(&frame(ToRoot::Bye)).unwrap();
+            c.write_all(&frame(Up::Bye)).unwrap();
         }
         assert_eq!(root.stop(), Outcome::default());
         assert!(!record.lines().iter().any(|l| l.starts_with("error")), "{:?}", record.lines());
@@ -1108,15 +938,15 @@ mod tests {
         let secret = Secret::generate().unwrap();
         let (root, record) = root(nodes, &secret);
         // More idle connections than the handshake table holds, opened before any stepd comes.
-        let idle: Vec<TcpStream> = (0..nodes + HANDSHAKE_SPARE + 16)
+        let idle: Vec<TcpStream> = (0..nodes + crate::slurm::admit::HANDSHAKE_SPARE + 16)
             .map(|_| TcpStream::connect(("127.0.0.1", root.port())).unwrap())
             .collect();
         let mut s: Vec<TcpStream> = (0..nodes as u32).map(|n| stepd(root.port(), n, &secret)).collect();
         for (n, c) in s.iter_mut().enumerate() {
-            c.write_all(&contrib(0, n as u32, b"x")).unwrap();
+            join_exchange(c, 0, n as u32, b"x");
         }
         for c in s.iter_mut() {
-            assert!(matches!(receive(c), FromRoot::All { .. }));
+            assert!(matches!(collective(c), Frame::All { .. }));
         }
         assert_eq!(root.stop(), Outcome::default());
         drop(idle);
@@ -1132,10 +962,10 @@ mod tests {
         s.addresses = Some(vec![IpAddr::from([192, 0, 2, 7])]);
         let (root, record) = start(s);
         let addr = SocketAddr::from(([127, 0, 0, 1], root.port()));
-        let refused = uplink::join(&[addr], 0, &secret, Duration::from_millis(200));
+        let refused = uplink::join(&[addr], &hello(0), &secret, Duration::from_millis(200), "srun", uplink::sleep);
         assert!(refused.is_err(), "a connection from 127.0.0.1 was admitted");
         root.stop();
-        assert!(record.lines().iter().any(|l| l.contains("not the address of any of the step's nodes")));
+        assert!(record.lines().iter().any(|l| l.contains("not the address of any node that may join here")));
 
         let mut s = step(1, &secret);
         s.addresses = Some(vec![IpAddr::from([127, 0, 0, 1])]);
@@ -1147,11 +977,12 @@ mod tests {
     #[test]
     fn a_part_over_its_bound_ends_the_step_naming_node_size_and_option() {
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&contrib(0, 1, &vec![b'x'; PART_MAX.bytes + 1])).unwrap();
-        record.wait_for("RPMI_TEST_PART_MAX");
-        let lines = record.lines();
-        let error = lines.iter().find(|l| l.starts_with("error")).unwrap();
-        assert!(error.contains("n2") && error.contains(&(PART_MAX.bytes + 1 + 17).to_string()), "{error}");
+        join_exchange(&mut s[1], 0, 1, &vec![b'x'; PART_MAX.bytes + 1]);
+        let error = record.wait_for("RPMI_TEST_PART_MAX");
+        // The frame: its kind, then a CONTRIB of one part (its kind, epoch, count, node and length).
+        let len = PART_MAX.bytes + 1 + 1 + 17;
+        assert!(error.starts_with("error: the slurmstepd of n2 sent"), "{error}");
+        assert!(error.contains(&len.to_string()) && error.contains(&PART_MAX.bytes.to_string()), "{error}");
         assert!(root.stop().ended);
     }
 
@@ -1159,11 +990,15 @@ mod tests {
     fn a_part_over_a_bound_smaller_than_a_control_frame_ends_the_step() {
         let secret = Secret::generate().unwrap();
         let mut small = step(2, &secret);
-        small.part_max = Bound { bytes: 100, option: "RPMI_TEST_PART_MAX" };
+        small.bounds.part_max = Bound { bytes: 100, option: "RPMI_TEST_PART_MAX" };
         let (root, record) = start(small);
         let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
-        s[0].write_all(&contrib(0, 0, &[b'x'; 200])).unwrap();
-        record.wait_for("sent 200 bytes for one PMI exchange, over the limit of 100 bytes per node");
+        join_exchange(&mut s[0], 0, 0, &[b'x'; 200]);
+        let error = record.wait_for("a part of 200 bytes");
+        assert!(
+            error.contains("the slurmstepd of n1") && error.contains("over the limit of 100 bytes per node"),
+            "{error}"
+        );
         assert!(root.stop().ended);
     }
 
@@ -1171,11 +1006,11 @@ mod tests {
     fn the_node_whose_part_is_refused_hears_why() {
         let secret = Secret::generate().unwrap();
         let mut small = step(2, &secret);
-        small.exchange_max = Bound { bytes: 100, option: "RPMI_TEST_EXCHANGE_MAX" };
+        small.bounds.exchange_max = Bound { bytes: 100, option: "RPMI_TEST_EXCHANGE_MAX" };
         let (root, _record) = start(small);
         let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
-        s[0].write_all(&contrib(0, 0, &[b'x'; 200])).unwrap();
-        let FromRoot::Fail { message, .. } = receive(&mut s[0]) else { panic!("no FAIL") };
+        join_exchange(&mut s[0], 0, 0, &[b'x'; 200]);
+        let Frame::Fail { message, .. } = collective(&mut s[0]) else { panic!("no FAIL") };
         assert!(message.contains("RPMI_TEST_EXCHANGE_MAX"), "{message}");
         assert!(root.stop().ended);
     }
@@ -1184,10 +1019,10 @@ mod tests {
     fn an_exchange_over_its_bound_ends_the_step() {
         let (root, record, mut s) = connected(4);
         for (n, c) in s.iter_mut().enumerate() {
-            c.write_all(&contrib(0, n as u32, &vec![b'x'; PART_MAX.bytes])).unwrap();
+            join_exchange(c, 0, n as u32, &vec![b'x'; PART_MAX.bytes]);
         }
         record.wait_for("RPMI_TEST_EXCHANGE_MAX");
-        assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
+        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
         assert!(root.stop().ended);
     }
 
@@ -1197,11 +1032,11 @@ mod tests {
         let (root, record) = root(2, &secret);
         let mut a = stepd(root.port(), 0, &secret);
         let mut b = stepd(root.port(), 1, &secret);
-        b.write_all(&contrib(0, 1, b"")).unwrap();
-        a.write_all(&frame(ToRoot::Abort { rank: 0, code: 7, message: "oops".into() })).unwrap();
+        join_exchange(&mut b, 0, 1, b"");
+        a.write_all(&frame(Up::Abort { rank: 0, code: 7, message: "oops".into() })).unwrap();
         // The node waiting in the exchange is released with a failure.
-        assert!(matches!(receive(&mut b), FromRoot::Fail { epoch: 0, .. }));
-        a.write_all(&frame(ToRoot::Error { rank: 1, task_failed: false, message: "later".into() })).unwrap();
+        assert!(matches!(collective(&mut b), Frame::Fail { epoch: 0, .. }));
+        a.write_all(&frame(Up::Error { rank: 1, failed: false, message: "later".into() })).unwrap();
         record.wait_for("debug: later (on n1)");
         let outcome = root.stop();
         assert_eq!(outcome, Outcome { abort_code: Some(7), ended: true, job_error: false });
@@ -1216,7 +1051,7 @@ mod tests {
         let secret = Secret::generate().unwrap();
         let (root, _record) = root(1, &secret);
         let mut a = stepd(root.port(), 0, &secret);
-        a.write_all(&frame(ToRoot::Abort { rank: 0, code: 3, message: String::new() })).unwrap();
+        a.write_all(&frame(Up::Abort { rank: 0, code: 3, message: String::new() })).unwrap();
         drop(a);
         assert_eq!(root.stop().abort_code, Some(3));
     }
@@ -1224,9 +1059,9 @@ mod tests {
     #[test]
     fn a_lost_node_mid_exchange_ends_the_step() {
         let (root, record, mut s) = connected(3);
-        s[0].write_all(&contrib(0, 0, b"a")).unwrap();
+        join_exchange(&mut s[0], 0, 0, b"a");
         drop(s.remove(2));
-        assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
+        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
         // Whether the root saw the close before the contribution or after, the exchange fails and says why.
         record.wait_for("lost the connection to the slurmstepd of n3");
         assert!(root.stop().ended);
@@ -1235,22 +1070,22 @@ mod tests {
     #[test]
     fn an_exchange_a_finished_node_cannot_join_fails() {
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(ToRoot::Bye)).unwrap();
+        s[1].write_all(&frame(Up::Bye)).unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        s[0].write_all(&contrib(0, 0, b"a")).unwrap();
-        assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
-        record.wait_for("n2 cannot join: every rank on it has closed");
+        join_exchange(&mut s[0], 0, 0, b"a");
+        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
+        record.wait_for("error: ranks wait in a PMI barrier that n2 cannot join: every rank on it has closed");
         assert!(root.stop().ended);
     }
 
     #[test]
-    fn a_rank_gone_from_a_node_that_has_not_contributed_fails_the_exchange() {
+    fn a_rank_gone_from_a_node_that_has_not_joined_fails_the_exchange() {
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(ToRoot::Gone { rank: 1 })).unwrap();
+        s[1].write_all(&frame(Up::Gone { rank: 1 })).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert!(!record.lines().iter().any(|l| l == "end"), "no exchange yet: {:?}", record.lines());
-        s[0].write_all(&contrib(0, 0, b"a")).unwrap();
-        assert!(matches!(receive(&mut s[0]), FromRoot::Fail { .. }));
+        join_exchange(&mut s[0], 0, 0, b"a");
+        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
         record.wait_for("rank 1 on n2 closed its PMI connection");
         assert!(root.stop().ended);
     }
@@ -1263,8 +1098,135 @@ mod tests {
         let mut half = TcpStream::connect(("127.0.0.1", root.port())).unwrap();
         half.write_all(&[0, 0, 0, 43, 1, b'R']).unwrap();
         let mut a = stepd(root.port(), 0, &secret);
-        a.write_all(&contrib(0, 0, b"a")).unwrap();
-        assert!(matches!(receive(&mut a), FromRoot::All { .. }));
+        join_exchange(&mut a, 0, 0, b"a");
+        assert!(matches!(collective(&mut a), Frame::All { .. }));
+        assert_eq!(root.stop(), Outcome::default());
+    }
+
+    /// A step of `nodes` nodes in a tree of `width`, its width from the stepds (not srun's environment).
+    fn tree_step(nodes: usize, secret: &Secret) -> (Root, Record) {
+        let mut s = step(nodes, secret);
+        s.width = None;
+        start(s)
+    }
+
+    /// Node `node` of a tree of `width`, which listens for its children on a port of its own.
+    fn tree_stepd(port: u16, node: u32, width: u32, secret: &Secret) -> TcpStream {
+        join(port, Hello { node, to: auth::ROOT, port: 20000 + node as u16, width }, secret)
+    }
+
+    #[test]
+    fn each_node_hears_where_its_parent_listens_once_both_are_in() {
+        let secret = Secret::generate().unwrap();
+        let (root, record) = tree_step(5, &secret);
+        // Width 2: nodes 0 and 1 are srun's children, 2 and 3 node 0's, 4 node 1's.
+        let mut s4 = tree_stepd(root.port(), 4, 2, &secret);
+        let mut s0 = tree_stepd(root.port(), 0, 2, &secret);
+        let mut s2 = tree_stepd(root.port(), 2, 2, &secret);
+        // The child that came first hears it when its parent comes; the one after its parent at once.
+        let mut s1 = tree_stepd(root.port(), 1, 2, &secret);
+        assert_eq!(receive(&mut s4), Down::Parent { port: 20001 });
+        assert_eq!(receive(&mut s2), Down::Parent { port: 20000 });
+        // A parent that finishes before its child comes: the child hears so instead.
+        s0.write_all(&frame(Up::Bye)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut s3 = tree_stepd(root.port(), 3, 2, &secret);
+        assert_eq!(receive(&mut s3), Down::ParentDone);
+        // Nodes that are srun's children hear nothing of parents.
+        s1.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        assert!(s1.read(&mut [0u8; 1]).is_err());
+        root.stop();
+        assert!(!record.lines().iter().any(|l| l.starts_with("error")), "{:?}", record.lines());
+    }
+
+    #[test]
+    fn stepds_that_build_the_tree_with_different_widths_end_the_step() {
+        let secret = Secret::generate().unwrap();
+        let (root, record) = tree_step(3, &secret);
+        let _a = tree_stepd(root.port(), 0, 2, &secret);
+        let _b = tree_stepd(root.port(), 1, 3, &secret);
+        let error = record.wait_for("error: ");
+        assert!(error.contains("the slurmstepd of n1 builds the PMI tree with width 2, the slurmstepd of n2 with 3"));
+        assert!(error.contains("RpmiTreeWidth"), "{error}");
+        assert!(root.stop().ended);
+        // When srun's environment sets the width, a stepd with another one is not admitted at all.
+        let (fixed, _) = self::root(1, &secret);
+        let addr = SocketAddr::from(([127, 0, 0, 1], fixed.port()));
+        let other = Hello { width: 7, ..hello(0) };
+        assert!(uplink::join(&[addr], &other, &secret, Duration::from_millis(200), "srun", uplink::sleep).is_err());
+        fixed.stop();
+    }
+
+    #[test]
+    fn a_finished_node_deep_in_the_tree_is_named_when_others_wait_for_it() {
+        let secret = Secret::generate().unwrap();
+        let (root, record) = tree_step(3, &secret);
+        // A chain: srun, n1, n2, n3.
+        let mut s: Vec<TcpStream> = (0..3).map(|n| tree_stepd(root.port(), n, 1, &secret)).collect();
+        s[2].write_all(&frame(Up::Bye)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        // n1 joins: srun sees no part yet (n1 waits for n2's), but knows n3 cannot join.
+        s[0].write_all(&frame(Up::Joined { epoch: 0 })).unwrap();
+        record.wait_for("error: ranks wait in a PMI barrier that n3 cannot join: every rank on it has closed");
+        // Its wait is failed down the tree from srun.
+        assert!(matches!(collective(&mut s[0]), Frame::Fail { epoch: 0, .. }));
+        assert!(root.stop().ended);
+    }
+
+    #[test]
+    fn a_node_lost_below_srun_is_named_by_its_parents_report() {
+        let secret = Secret::generate().unwrap();
+        let (root, record) = tree_step(3, &secret);
+        let mut s: Vec<TcpStream> = (0..3).map(|n| tree_stepd(root.port(), n, 1, &secret)).collect();
+        // n1's machine says its child n2 closed its connection without saying it was done.
+        s[0].write_all(&frame(Up::Collective(frame::lost(1)))).unwrap();
+        let error = record.wait_for("error: ");
+        assert!(
+            error.contains("the slurmstepd of n2 was lost: its connection to the slurmstepd of n1 closed"),
+            "{error}"
+        );
+        assert!(root.stop().ended);
+    }
+
+    /// srun sends each of its k children the exchange's result once: k·S bytes and the frames' own (8 bytes a
+    /// node, 14 a frame), however many nodes are below them.
+    #[test]
+    fn srun_sends_k_results_per_exchange_whatever_the_node_count() {
+        let (nodes, width) = (6u32, 2u32);
+        let secret = Secret::generate().unwrap();
+        let (root, record) = tree_step(nodes as usize, &secret);
+        let mut s: Vec<TcpStream> = (0..nodes).map(|n| tree_stepd(root.port(), n, width, &secret)).collect();
+        for c in &mut s[2..] {
+            assert!(matches!(receive(c), Down::Parent { .. }));
+        }
+        let tree = Tree::new(nodes, width).unwrap();
+        let part = |n: u32| vec![n as u8; 1000 + n as usize];
+        for n in 0..nodes {
+            s[n as usize].write_all(&frame(Up::Joined { epoch: 0 })).unwrap();
+        }
+        // Each of srun's children sends its whole subtree's parts.
+        for c in tree.children(Peer::Root) {
+            let parts: Vec<(u32, Vec<u8>)> = tree.subtree(c).nodes().map(|n| (n, part(n))).collect();
+            let parts: Vec<(u32, &[u8])> = parts.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+            s[c as usize].write_all(&contrib(0, &parts)).unwrap();
+        }
+        let total: usize = (0..nodes).map(|n| part(n).len()).sum();
+        let mut received = 0;
+        for c in tree.children(Peer::Root) {
+            let Down::Collective(all) = receive(&mut s[c as usize]) else { panic!("no result") };
+            received += 5 + all.len();
+            let Ok(Frame::All { parts, .. }) = Frame::decode(&all, usize::MAX) else { panic!("not ALL") };
+            assert_eq!(parts.bytes(), total);
+        }
+        let line = record.wait_for("PMI exchange 0: srun sent");
+        let sent: usize = line.split("srun sent ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        assert_eq!(sent, received);
+        let k = width as usize;
+        assert!(sent <= k * (total + 8 * nodes as usize + 14), "{line}");
+        assert!(line.contains(&format!("gathered {total} bytes from {nodes} nodes")), "{line}");
+        // The nodes below srun's children hear nothing from srun.
+        s[4].set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        assert!(s[4].read(&mut [0u8; 1]).is_err());
         assert_eq!(root.stop(), Outcome::default());
     }
 
@@ -1383,7 +1345,8 @@ mod tests {
         let fraction: f64 = wait_for("cpu_fraction=").parse().unwrap();
         eprintln!("a root out of fds used {:.1}% of a CPU", fraction * 100.0);
         wait_for("fds_free");
-        let joined = uplink::join(&[SocketAddr::from(([127, 0, 0, 1], port))], 0, &secret, Duration::from_secs(20));
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let joined = uplink::join(&[addr], &hello(0), &secret, Duration::from_secs(20), "srun", uplink::sleep);
         to_child.write_all(b"done\n").unwrap();
         drop(waiting);
         let status = child.wait().unwrap();

@@ -1,18 +1,31 @@
-//! The slurmstepd side: one [`Shell`] per node serving the node's tasks, its collective going to the root in
-//! srun over one TCP connection.
+//! The slurmstepd side: one [`Shell`] per node serving the node's tasks, and the node's place in the
+//! collective's tree ([`crate::collective::Node`]): a connection to srun for the step's control frames (and,
+//! for srun's children in the tree, the exchange), one to its parent stepd, and one from each child stepd.
 //!
 //! `mpi_p_slurmstepd_prefork` (before the tasks are forked, as root) takes the step's ids, this node's index
 //! and the step's shape from Slurm's step record, and from the environment what srun's side of the plugin
-//! put there (the root's port, the secret, the task map), checked against the record. It joins the root
-//! ([`super::uplink`]) and runs the node on the [`crate::node`] runtime: one socketpair per local task and one
-//! progress thread, whose epoll loop serves the task connections and, through `SlurmHost`'s own fds, the
-//! connection to srun (non-blocking: a slow srun never holds the tasks' answers) and the fork notice
-//! described below.
+//! put there (the root's port, the secret, the task map, the bounds, the tree's width), checked against the
+//! record. A stepd with children in the tree listens on an ephemeral port of its own node's address (as
+//! slurm.conf gives it), and its HELLO to srun carries the port. It joins srun ([`super::uplink`]); a stepd
+//! whose parent is another stepd then waits for srun to say where that parent listens (PARENT) and joins it
+//! with the same handshake, at the parent's address as slurm.conf gives it (only the port comes from srun,
+//! which is the user's). Both joins block in prefork, before any task exists, so they hold nobody's PMI
+//! answers, and the progress loop needs no timers for connecting and retrying; a node's launch waits for
+//! its parent's prefork (one handshake per level of the tree). If the parent finished before its child
+//! reached it (its tasks did not use PMI, say), srun says so (PARENT_DONE) and the child goes on without
+//! it. Then the node runs on the [`crate::node`] runtime: one socketpair per local task and one progress
+//! thread, whose epoll loop serves the task connections and, through `SlurmHost`'s own fds, every
+//! connection of the tree (non-blocking, each with a queue: a slow peer never holds the tasks' answers),
+//! the admission of its children ([`super::admit`]) and the fork notice described below.
+//!
+//! **Failures.** A lost child is reported to srun by the collective (LOST), and srun ends the step naming
+//! it. A lost parent, like a lost srun, ends the step from this node (and srun hears why, if it can).
 //!
 //! **Trust.** slurmstepd runs as root; the job's environment is the user's (a user's srun can put anything
 //! in it). So the ids the plugin acts on (above all the step it asks slurmctld to end) come only from Slurm's
 //! step record; an id in the environment that disagrees is ignored and logged. What the environment gives
-//! (the task map, the node names, the root's port) only shapes the user's own step.
+//! (the task map, the node names, the root's port, the parent's port, the width, the bounds) only shapes the
+//! user's own step.
 //!
 //! `mpi_p_slurmstepd_task` runs in each forked task child, a child of this multi-threaded process: it takes
 //! no lock our threads may take, and allocates only inside Slurm's own environment setter (as Slurm itself
@@ -22,19 +35,23 @@
 //! means every child holds its own end: the progress thread then closes the stepd's copies of all of them, and
 //! a task that dies, even one that never reached the hook, is seen at once (EOF on the server end).
 
-use super::auth::Secret;
-use super::layout;
+use super::admit::{Acceptor, Event, Gate};
+use super::auth::{self, Secret};
+use super::client::{bounds, BYTES_MAX_LIMIT};
+use super::layout::{self, with_node_names};
+use super::link::{Link, Read, Watch};
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
-use super::uplink;
-use super::wire::{self, FrameBuf, FromRoot, ToRoot, MESSAGE_MAX};
+use super::uplink::{self, Hello};
+use super::wire::{Direction, Down, Malformed, Up, CONTROL_MAX, MESSAGE_MAX};
+use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
-use crate::server::{Direction, Host, JobError, JobInfo, Limits, Shell, TaskMap};
-use std::collections::VecDeque;
+use crate::server::{Direction as TraceDirection, Host, JobError, JobInfo, Limits, Shell, TaskMap};
 use std::ffi::{c_char, c_int, CString};
-use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::SeqCst};
 use std::sync::Arc;
@@ -44,8 +61,17 @@ use std::time::{Duration, Instant};
 pub const ENV_PORT: &str = "RPMI_SLURM_PORT";
 pub const ENV_SECRET: &str = "RPMI_SLURM_SECRET";
 pub const ENV_MAP: &str = "RPMI_SLURM_MAP";
+/// The bounds of one exchange srun applies: `PART_MAX,EXCHANGE_MAX` (bytes).
+pub const ENV_BOUNDS: &str = "RPMI_SLURM_BOUNDS";
+/// The tree's width for this job, when srun's environment sets one (`SLURM_RPMI_TREE_WIDTH`).
+pub const ENV_WIDTH: &str = "RPMI_SLURM_WIDTH";
+/// The tree's width when neither srun's environment nor mpi.conf sets one. In `benches/tree`'s model of a
+/// fence (MPICH's start-up, 32 ranks a node, at 10 and 100 Gb/s) 3 is the fastest at every size, and 4
+/// within 13 % of it (4 % at 4096 nodes) with fewer hops, each a stepd's wake-up the model leaves out.
+/// Jobs of up to 4 nodes get the star.
+pub const DEFAULT_TREE_WIDTH: u32 = 4;
 
-/// How long a stepd keeps trying to join the root before the step fails.
+/// How long a stepd keeps trying to join srun, or its parent, before the step fails.
 const JOIN_PATIENCE: Duration = Duration::from_secs(30);
 /// How long `fini` lets the progress thread say BYE before it cuts the connection.
 const FINI_GRACE: Duration = Duration::from_secs(2);
@@ -76,9 +102,9 @@ struct Stepd {
     /// The write end of the fork-notice pipe (inherited by each child, close-on-exec).
     notify_w: RawFd,
     notify_r: RawFd,
-    /// `fini` is running: the uplink closing now is the normal end.
+    /// `fini` is running: the connections closing now is the normal end.
     stopping: Arc<AtomicBool>,
-    /// A copy of the uplink, to cut it if the progress thread cannot say BYE in time.
+    /// A copy of the connection to srun, to cut it if the progress thread cannot say BYE in time.
     uplink: TcpStream,
 }
 
@@ -105,19 +131,53 @@ struct Place {
 /// The epoll tokens of the stepd's own fds in the progress loop.
 const UPLINK: u64 = 0;
 const NOTICE: u64 = 1;
+const TIMER: u64 = 2;
+const PARENT: u64 = 3;
+/// Child `first + i`'s connection has `CHILDREN + i`.
+const CHILDREN: u64 = 16;
+/// The acceptor's tokens (children in the handshake) start here.
+const ACCEPTOR: u64 = 1 << 40;
 
-/// The engine's host on a slurmstepd. It runs on the progress thread and serves, beside the tasks, the
-/// uplink to srun and the fork-notice pipe in the same loop: nothing it does blocks the tasks' answers.
+/// A child's place in the tree, as this node serves it.
+enum Child {
+    /// Not admitted yet: what the collective sends it waits here (a FAIL, END or BYE, at most a few).
+    Awaited(Vec<Bytes>),
+    Linked(Link),
+    /// Its connection closed.
+    Gone,
+}
+
+/// How reading a connection ended, when it did.
+enum End {
+    /// The peer closed it, or it failed.
+    Closed(String),
+    /// The peer sent what it may not.
+    Broke(String),
+}
+
+/// The engine's host on a slurmstepd. It runs on the progress thread and serves, beside the tasks, every
+/// connection of the tree, the admission of the node's children and the fork-notice pipe in the same loop:
+/// nothing it does blocks the tasks' answers.
 struct SlurmHost {
-    uplink: Uplink,
     place: Place,
-    /// The step's node count: every ALL frame has one part per node.
-    nodes: usize,
-    /// The largest ALL payload this node takes in: every node's part, together within its store's bound.
-    all_max: usize,
-    /// The next collective's epoch, and the one whose result this node waits for.
-    epoch: u32,
-    pending: Option<u32>,
+    /// Every node's name, for messages.
+    names: Vec<String>,
+    tree: Tree,
+    /// The node's side of the collective.
+    machine: collective::Node,
+    /// What the collective completed for the shell (every part, or why it failed), until the shell takes it.
+    completion: Option<Result<Parts, String>>,
+    watch: Option<Arc<dyn Watch>>,
+    /// The connection to srun; `None` once it closed or srun is not trusted any more.
+    uplink: Option<Link>,
+    /// The connection to the parent in the tree; `None` if the parent is srun, or is done or gone.
+    parent: Option<Link>,
+    /// The children in the tree, from `tree`'s first child of this node.
+    children: Vec<Child>,
+    /// Admits the children (a node with none has none).
+    acceptor: Option<Acceptor>,
+    /// Wakes the loop when the acceptor has a deadline.
+    timer: Option<OwnedFd>,
     slurm: &'static Slurm,
     /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
     trace: Option<Trace>,
@@ -127,126 +187,147 @@ struct SlurmHost {
     /// A task child found Slurm's task info naming the step read from the step record: only then does the
     /// stepd ask slurmctld to end that step.
     ids_confirmed: bool,
-    /// Every local task has closed its connection: the uplink closing now is the normal end.
+    /// Every local task has closed its connection: the connections closing now is the normal end.
     finished: bool,
     /// Set by `fini`.
     stopping: Arc<AtomicBool>,
     /// srun said it is done with the step (END): its close is the normal end.
     srun_done: bool,
-    /// The root failed an exchange or this node reported the step's end: srun's user has been told.
+    /// The step's end was decided (by srun, or from here): srun's user has been told.
     ending: bool,
-    /// An abort or job error was sent: the root ends the step; say it once.
+    /// An abort or job error was sent: srun ends the step; say it once.
     ended: bool,
+    /// This node has asked slurmctld to end the step itself.
+    ended_here: bool,
+    /// The collective is being told that the parent's connection closed: what fails now, fails for that.
+    parent_lost: bool,
     /// Lines this step has logged.
     logged: usize,
-}
-
-/// The connection to srun's root, non-blocking in the progress loop.
-struct Uplink {
-    stream: TcpStream,
-    watcher: Option<Watcher>,
-    input: FrameBuf,
-    /// Frames not yet written, the first `written` bytes of the first already gone. Bounded by what the
-    /// engine asks for: one exchange's part at a time, and a few control frames.
-    output: VecDeque<Vec<u8>>,
-    written: usize,
-    /// epoll watches it for writing too, while output waits.
-    watching_out: bool,
-    lost: bool,
-}
-
-impl Uplink {
-    /// Queues `frame` and writes what the socket takes now; false if the connection is gone.
-    fn send(&mut self, frame: Vec<u8>) -> bool {
-        if self.lost {
-            return false;
-        }
-        self.output.push_back(frame);
-        self.write();
-        !self.lost
-    }
-
-    /// Writes queued frames until the socket would block; then has epoll say when it can take more.
-    fn write(&mut self) {
-        while let Some(front) = self.output.front() {
-            match self.stream.write(&front[self.written..]) {
-                Ok(n) => {
-                    self.written += n;
-                    if self.written == front.len() {
-                        self.output.pop_front();
-                        self.written = 0;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    self.lost = true;
-                    self.output.clear();
-                    break;
-                }
-            }
-        }
-        let want_out = !self.output.is_empty();
-        if want_out != self.watching_out {
-            self.watching_out = want_out;
-            let events = (libc::EPOLLIN | if want_out { libc::EPOLLOUT } else { 0 }) as u32;
-            if let Some(w) = &self.watcher {
-                let _ = w.modify(self.stream.as_raw_fd(), events, UPLINK);
-            }
-        }
-    }
-
-    /// Writes what is queued, waiting for the socket at most until `deadline` (the progress loop has ended:
-    /// no task waits for this thread any more).
-    fn drain(&mut self, deadline: Instant) {
-        while !self.output.is_empty() && !self.lost {
-            self.write();
-            let left = deadline.saturating_duration_since(Instant::now());
-            if self.output.is_empty() || left.is_zero() {
-                return;
-            }
-            let mut pfd = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
-            // SAFETY: one live pollfd.
-            unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        }
-    }
+    buf: Vec<u8>,
 }
 
 impl SlurmHost {
-    /// Sends a frame to the root; false if the connection is gone.
-    fn send(&mut self, frame: Vec<u8>) -> bool {
-        self.uplink.send(frame)
+    /// The host of node `place.node` of `tree`, over the connections it made in prefork.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        place: Place,
+        names: Vec<String>,
+        tree: Tree,
+        bounds: Bounds,
+        links: TreeLinks,
+        slurm: &'static Slurm,
+        trace: Option<Trace>,
+        notify: OwnedFd,
+        stopping: Arc<AtomicBool>,
+    ) -> Result<SlurmHost, String> {
+        let socket = |e: io::Error| format!("socket: {e}");
+        let all_max = frame::parts_len(names.len(), Limits::default().kvs_bytes_max);
+        let mut machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
+        let parent = match links.parent {
+            Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default()).map_err(socket)?),
+            Some((p, None)) => {
+                // srun said the parent finished before this node reached it: as if it had said goodbye and left.
+                machine.receive(Peer::Node(p), frame::bye());
+                machine.lost(Peer::Node(p));
+                None
+            }
+            None => None,
+        };
+        Ok(SlurmHost {
+            children: tree.children(Peer::Node(place.node)).map(|_| Child::Awaited(Vec::new())).collect(),
+            place,
+            names,
+            tree,
+            machine,
+            completion: None,
+            watch: None,
+            uplink: Some(Link::new(links.srun, UPLINK, Default::default()).map_err(socket)?),
+            parent,
+            timer: links.acceptor.as_ref().map(|_| timer()).transpose()?,
+            acceptor: links.acceptor,
+            slurm,
+            trace,
+            notify,
+            child_ends: None,
+            ids_confirmed: false,
+            finished: false,
+            stopping,
+            srun_done: false,
+            ending: false,
+            ended: false,
+            ended_here: false,
+            parent_lost: false,
+            logged: 0,
+            buf: vec![0; 64 * 1024],
+        })
     }
 
-    /// The step must end, with `message` for the user: the root prints it on srun's stderr and ends the step.
-    /// Without a root (srun is gone), the stepd does both: its errors reach the job's stderr.
-    fn end_step(&mut self, message: ToRoot, text: &str) {
+    fn me(&self) -> u32 {
+        self.place.node
+    }
+
+    /// This node's first child in the tree (its children are `first..first + children.len()`).
+    fn first_child(&self) -> u32 {
+        self.tree.children(Peer::Node(self.me())).start
+    }
+
+    /// The parent's node index, if the parent is a stepd.
+    fn parent_node(&self) -> Option<u32> {
+        match self.tree.parent(self.me()) {
+            Peer::Node(p) => Some(p),
+            Peer::Root => None,
+        }
+    }
+
+    /// A message of the collective's machines as the user reads it: nodes by name.
+    fn named(&self, text: &str) -> String {
+        with_node_names(text, &self.names)
+    }
+
+    /// Sends a control frame to srun; false if the connection is gone.
+    fn report(&mut self, message: &Up) -> bool {
+        match (&mut self.uplink, message.encode()) {
+            (Some(l), Ok(frame)) => {
+                l.send(frame);
+                !l.is_broken()
+            }
+            _ => false,
+        }
+    }
+
+    /// The step must end, with `message` for the user: srun prints it on its stderr and ends the step.
+    /// Without srun (it is gone), the stepd does both: its errors reach the job's stderr.
+    fn end_step(&mut self, message: Up, text: &str) {
         if std::mem::replace(&mut self.ended, true) {
             self.log(log::Level::Info, text);
             return;
         }
-        if message.encode().is_ok_and(|frame| self.send(frame)) {
+        if self.report(&message) {
             self.ending = true;
             self.log(log::Level::Info, text);
             return;
         }
-        self.log(log::Level::Error, &format!("{text}; srun (the collective root) is gone, ending the step from here"));
+        self.end_from_here(&format!("{text}; srun (the collective root) is gone"));
+    }
+
+    /// Asks slurmctld to end the step from this node (once), unless the step is ending normally.
+    fn end_from_here(&mut self, why: &str) {
+        let normal = self.finished || self.stopping.load(SeqCst) || self.srun_done;
+        if normal || std::mem::replace(&mut self.ended_here, true) {
+            self.log(log::Level::Info, why);
+            return;
+        }
         self.ending = true;
+        let Place { job, step, node_name, .. } = &self.place;
+        self.slurm.error(&format!("step {job}.{step} on {node_name}: {why}; ending the step"));
         if let Err(e) = kill_own_step(self.slurm, self.ids_confirmed, &self.place) {
-            self.log(log::Level::Error, &e);
+            self.slurm.info(&e);
         }
     }
 
     fn job_error_text(&mut self, message: &str) {
-        let m = ToRoot::Error { rank: u32::MAX, task_failed: false, message: message.to_string() };
+        let m = Up::Error { rank: u32::MAX, failed: false, message: message.to_string() };
         self.end_step(m, message);
-    }
-
-    /// Fails the exchange this node waits for, if any.
-    fn fail_collective(&mut self, shell: &mut Shell, why: &str) {
-        if self.pending.take().is_some() {
-            shell.collective_complete(self, Err(why));
-        }
     }
 
     /// Notices from the task children: every task is forked (see the module's documentation). The pipe stays
@@ -260,7 +341,7 @@ impl SlurmHost {
         let n = unsafe { libc::read(self.notify.as_raw_fd(), notices.as_mut_ptr().cast(), notices.len()) };
         if n == 0 {
             // Every child and the stepd's own copy closed the write end: nothing more will come.
-            if let Some(w) = &self.uplink.watcher {
+            if let Some(w) = &self.watch {
                 let _ = w.remove(self.notify.as_raw_fd());
             }
         }
@@ -269,133 +350,362 @@ impl SlurmHost {
         }
     }
 
-    /// Reads what srun sent and handles every whole frame; the reason the connection is done, if it is.
-    fn hear_root(&mut self, shell: &mut Shell) -> Option<String> {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match self.uplink.stream.read(&mut buf) {
-                Ok(0) => return Some("srun closed the connection".into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
-                Err(e) => return Some(format!("the connection to srun failed: {e}")),
-            };
-            self.uplink.input.extend(&buf[..n]);
-            if let Some(why) = self.frames(shell) {
-                return Some(why);
+    /// What srun sent.
+    fn hear_srun(&mut self, events: u32) {
+        let max = CONTROL_MAX.max(self.machine.frame_max(Peer::Root) + 1);
+        let Some(link) = &mut self.uplink else { return };
+        if events & libc::EPOLLOUT as u32 != 0 {
+            link.flush();
+        }
+        let (frames, mut end) = hear(link, &mut self.buf, max, Down::decode);
+        for m in frames {
+            match m {
+                Down::Collective(frame) => self.machine.receive(Peer::Root, frame),
+                Down::End => self.srun_done = true,
+                // Taken at prefork; the parent's own connection says the rest.
+                Down::Parent { .. } | Down::ParentDone => {}
+                Down::Challenge { .. } | Down::Welcome { .. } => {
+                    end = Some(End::Broke("sent a handshake frame after the handshake".into()));
+                    break;
+                }
             }
-            if n < buf.len() {
-                return None;
+            self.pump();
+        }
+        if end.is_none() && self.uplink.as_ref().is_some_and(Link::is_broken) {
+            end = Some(End::Closed("a write failed".into()));
+        }
+        match end {
+            Some(End::Closed(why)) => {
+                self.lost_srun(&format!("lost the connection to srun (the collective root): {why}"))
+            }
+            Some(End::Broke(why)) => self.lost_srun(&format!("srun {why}")),
+            None => {}
+        }
+    }
+
+    /// The connection to srun is gone, or srun broke the protocol: no exchange can complete any more, and
+    /// unless the step is ending anyway, this node ends it.
+    fn lost_srun(&mut self, why: &str) {
+        self.uplink = None;
+        self.end_from_here(why);
+        self.machine.lost(Peer::Root);
+        self.pump();
+    }
+
+    /// What the parent sent.
+    fn hear_parent(&mut self, events: u32) {
+        let Some(p) = self.parent_node() else { return };
+        let max = self.machine.frame_max(Peer::Node(p)) + 1;
+        let Some(link) = &mut self.parent else { return };
+        if events & libc::EPOLLOUT as u32 != 0 {
+            link.flush();
+        }
+        let (frames, mut end) = hear(link, &mut self.buf, max, Down::decode);
+        for m in frames {
+            match m {
+                Down::Collective(frame) => self.machine.receive(Peer::Node(p), frame),
+                other => {
+                    end = Some(End::Broke(format!("sent {}, which only srun sends", other.name())));
+                    break;
+                }
+            }
+            self.pump();
+        }
+        if end.is_none() && self.parent.as_ref().is_some_and(Link::is_broken) {
+            end = Some(End::Closed("a write failed".into()));
+        }
+        if let Some(end) = end {
+            self.parent = None;
+            if let End::Broke(why) = end {
+                let what = format!("the slurmstepd of {} {why} to {}", self.names[p as usize], self.place.node_name);
+                self.job_error(Some(p), what);
+            }
+            self.parent_lost = true;
+            self.machine.lost(Peer::Node(p));
+            self.pump();
+            self.parent_lost = false;
+        }
+    }
+
+    /// What child `first + i` sent.
+    fn hear_child(&mut self, i: usize, events: u32) {
+        let c = self.first_child() + i as u32;
+        let max = self.machine.frame_max(Peer::Node(c)) + 1;
+        let Some(Child::Linked(link)) = self.children.get_mut(i) else { return };
+        if events & libc::EPOLLOUT as u32 != 0 {
+            link.flush();
+        }
+        let (frames, mut end) = hear(link, &mut self.buf, max, Up::decode);
+        for m in frames {
+            match m {
+                Up::Collective(frame) => self.machine.receive(Peer::Node(c), frame),
+                other => {
+                    end = Some(End::Broke(format!("sent {}, which only srun takes", other.name())));
+                    break;
+                }
+            }
+            self.pump();
+        }
+        let broken = matches!(self.children.get(i), Some(Child::Linked(l)) if l.is_broken());
+        if end.is_none() && broken {
+            end = Some(End::Closed("a write failed".into()));
+        }
+        if let Some(end) = end {
+            self.children[i] = Child::Gone;
+            if let End::Broke(why) = end {
+                let what = format!("the slurmstepd of {} {why} to {}", self.names[c as usize], self.place.node_name);
+                self.job_error(Some(c), what);
+            }
+            self.machine.lost(Peer::Node(c));
+            self.pump();
+        }
+    }
+
+    /// Takes what the acceptor has: admitted children, and lines about refusals.
+    fn admissions(&mut self) {
+        while let Some(event) = self.acceptor.as_mut().and_then(Acceptor::poll) {
+            match event {
+                Event::Debug(line) => self.log(log::Level::Debug, &line),
+                Event::Joined(j) => {
+                    let i = (j.node - self.first_child()) as usize;
+                    let link = Link::new(j.stream, CHILDREN + i as u64, j.input).and_then(|mut l| {
+                        if let Some(w) = &self.watch {
+                            l.watch(w.clone())?;
+                        }
+                        Ok(l)
+                    });
+                    let mut link = match link {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let what = format!("cannot serve the connection of {}: {e}", self.names[j.node as usize]);
+                            self.job_error_text(&what);
+                            continue;
+                        }
+                    };
+                    if let Some(Child::Awaited(waiting)) = self.children.get(i) {
+                        for frame in waiting {
+                            let _ = link.send_collective(Direction::Down, frame);
+                        }
+                    }
+                    if let Some(slot) = self.children.get_mut(i) {
+                        *slot = Child::Linked(link);
+                    }
+                    // What it sent right after its proof.
+                    self.hear_child(i, 0);
+                }
             }
         }
     }
 
-    /// Handles every whole frame received from srun.
-    fn frames(&mut self, shell: &mut Shell) -> Option<String> {
+    /// Does what the collective asks.
+    fn pump(&mut self) {
+        while let Some(output) = self.machine.poll() {
+            match output {
+                Output::Send { to, frame } => self.send(to, &frame),
+                Output::Done { parts, .. } => self.completion = Some(Ok(parts)),
+                Output::Failed { message, .. } => {
+                    self.completion = Some(Err(escape_text(&self.named(&message), MESSAGE_MAX)));
+                }
+                Output::JobError { node, message } => {
+                    let text = self.named(&message);
+                    self.job_error(node, text);
+                }
+                Output::Report { .. } => {}
+            }
+        }
+    }
+
+    /// A frame of the collective for `to`.
+    fn send(&mut self, to: Peer, frame: &Bytes) {
+        let parent = self.parent_node();
+        let first = self.first_child();
+        let link = match to {
+            Peer::Root => self.uplink.as_mut().map(|l| (l, Direction::Up)),
+            Peer::Node(n) if Some(n) == parent => self.parent.as_mut().map(|l| (l, Direction::Up)),
+            Peer::Node(c) => match child_slot(&mut self.children, first, c) {
+                Some(Child::Linked(l)) => Some((l, Direction::Down)),
+                Some(Child::Awaited(waiting)) => {
+                    waiting.push(frame.clone());
+                    None
+                }
+                Some(Child::Gone) | None => None,
+            },
+        };
+        if let Some((l, direction)) = link {
+            let _ = l.send_collective(direction, frame);
+        }
+    }
+
+    /// The collective cannot go on; `node` is at fault (`None`: srun). srun ends the step when this node
+    /// tells it why; when srun itself is at fault, or the parent's connection closed while it mattered (as
+    /// when srun's does), this node ends it itself.
+    fn job_error(&mut self, node: Option<u32>, text: String) {
+        match node {
+            None => {
+                // srun broke the protocol (or is gone): it is not trusted any more.
+                self.uplink = None;
+                self.end_from_here(&text);
+            }
+            Some(p) if Some(p) == self.parent_node() && self.parent_lost => {
+                self.end_step(Up::Error { rank: u32::MAX, failed: true, message: text.clone() }, &text);
+                self.end_from_here(&text);
+            }
+            Some(n) => {
+                let failed = n != self.me();
+                self.end_step(Up::Error { rank: u32::MAX, failed, message: text.clone() }, &text);
+            }
+        }
+    }
+
+    /// Arms the timer for the acceptor's next deadline, or disarms it.
+    fn arm_timer(&self) {
+        let (Some(timer), Some(acceptor)) = (&self.timer, &self.acceptor) else { return };
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let value = match acceptor.deadline() {
+            None => zero,
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos() as _ }
+            }
+        };
+        let spec = libc::itimerspec { it_interval: zero, it_value: value };
+        // SAFETY: our timerfd and a live itimerspec.
+        unsafe { libc::timerfd_settime(timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    /// Hands the shell what the collective completed for it.
+    fn complete(&mut self, shell: &mut Shell) {
+        match self.completion.take() {
+            Some(Ok(parts)) => {
+                let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
+                shell.collective_complete(self, Ok(&parts));
+            }
+            Some(Err(why)) => shell.collective_complete(self, Err(&why)),
+            None => {}
+        }
+    }
+
+    /// Every connection of the tree this node still has.
+    fn links(&mut self) -> Vec<&mut Link> {
+        let children = self.children.iter_mut().filter_map(|c| match c {
+            Child::Linked(l) => Some(l),
+            _ => None,
+        });
+        self.uplink.iter_mut().chain(self.parent.iter_mut()).chain(children).collect()
+    }
+}
+
+/// Child `c`'s slot, when `c` is one of the children from `first`.
+fn child_slot(children: &mut [Child], first: u32, c: u32) -> Option<&mut Child> {
+    children.get_mut(c.checked_sub(first)? as usize)
+}
+
+/// Reads what `link` has (until its socket would block, or a read that does not fill `buf`), and decodes
+/// every whole frame of at most `max` bytes; with why the connection is done, if it is. Frames that came
+/// before a close are handed back before it.
+fn hear<M>(
+    link: &mut Link,
+    buf: &mut [u8],
+    max: usize,
+    decode: impl Fn(&[u8]) -> Result<M, Malformed>,
+) -> (Vec<M>, Option<End>) {
+    let mut got = Vec::new();
+    loop {
+        let n = match link.read(buf) {
+            Read::Data(n) => n,
+            Read::Blocked => return (got, None),
+            Read::Closed(why) => return (got, Some(End::Closed(why))),
+        };
         loop {
-            let frame = match self.uplink.input.next(self.all_max) {
+            match link.next(max) {
                 Ok(None) => break,
-                Ok(Some(f)) => FromRoot::decode(f).map_err(|e| e.to_string()),
-                Err(e) => Err(format!(
-                    "{e}: more than this node's key-value store may hold ({} bytes)",
-                    Limits::default().kvs_bytes_max
-                )),
-            };
-            // The frame was copied out: its bytes need not stay beside the parts.
-            self.uplink.input.release();
-            match frame {
-                Ok(FromRoot::All { epoch, parts }) => {
-                    // srun is the user's: a result must answer this node's barrier and hold one part per node,
-                    // in order, or nothing of it is kept.
-                    let in_order =
-                        parts.len() == self.nodes && parts.iter().enumerate().all(|(i, (n, _))| *n as usize == i);
-                    if !in_order {
-                        return Some("srun sent an exchange result that is not one part per node".into());
-                    }
-                    if self.pending != Some(epoch) {
-                        return Some("srun sent an exchange result no barrier waits for".into());
-                    }
-                    self.pending = None;
-                    let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes.as_slice()).collect();
-                    shell.collective_complete(self, Ok(&parts));
-                }
-                Ok(FromRoot::End) => self.srun_done = true,
-                Ok(FromRoot::Fail { message, .. }) => {
-                    self.ending = true;
-                    self.fail_collective(shell, &escape_text(&message, MESSAGE_MAX));
-                }
-                Ok(other @ (FromRoot::Challenge { .. } | FromRoot::Welcome { .. })) => {
-                    return Some(format!("srun sent {other:?} after the handshake"));
-                }
-                Err(e) => return Some(format!("srun sent a {e}")),
+                Ok(Some(payload)) => match decode(payload) {
+                    Ok(m) => got.push(m),
+                    Err(e) => return (got, Some(End::Broke(format!("sent a {e}")))),
+                },
+                Err(e) => return (got, Some(End::Broke(format!("sent {e}")))),
             }
         }
-        self.uplink.input.release();
-        None
-    }
-
-    /// The connection to srun is gone: no exchange can complete any more.
-    fn lost_root(&mut self, shell: &mut Shell, why: &str) {
-        self.uplink.lost = true;
-        self.uplink.output.clear();
-        if let Some(w) = &self.uplink.watcher {
-            let _ = w.remove(self.uplink.stream.as_raw_fd());
-        }
-        self.fail_collective(shell, &format!("lost the connection to srun (the collective root): {why}"));
-        if !self.finished && !self.stopping.load(SeqCst) && !self.srun_done {
-            // srun was killed, or the network failed.
-            self.slurm.error(&format!(
-                "step {}.{} on {}: {why}; srun is gone, ending the step",
-                self.place.job, self.place.step, self.place.node_name
-            ));
-            // Every node tries; all but the first find the step ending already.
-            if let Err(e) = kill_own_step(self.slurm, self.ids_confirmed, &self.place) {
-                self.slurm.info(&e);
-            }
+        // A frame's bytes were copied out: an exchange need not stay in the buffer beside its parts.
+        link.release();
+        if n < buf.len() {
+            return (got, None);
         }
     }
 }
 
 impl HostFds for SlurmHost {
     fn watch(&mut self, watcher: Watcher) {
+        let watch: Arc<dyn Watch> = Arc::new(watcher);
         let events = libc::EPOLLIN as u32;
-        if let Err(e) = watcher.add(self.uplink.stream.as_raw_fd(), events, UPLINK) {
-            self.uplink.lost = true;
-            self.slurm.error(&format!("cannot watch the connection to srun: {e}"));
+        let mut failed = Vec::new();
+        for link in self.links() {
+            if let Err(e) = link.watch(watch.clone()) {
+                failed.push(e);
+            }
         }
-        if let Err(e) = watcher.add(self.notify.as_raw_fd(), events, NOTICE) {
+        if let Some(a) = &mut self.acceptor {
+            if let Err(e) = a.watch(watch.clone()) {
+                failed.push(e);
+            }
+        }
+        if let Some(t) = &self.timer {
+            if let Err(e) = watch.add(t.as_raw_fd(), events, TIMER) {
+                failed.push(e);
+            }
+        }
+        if let Err(e) = watch.add(self.notify.as_raw_fd(), events, NOTICE) {
             self.slurm.error(&format!("cannot watch the tasks' notices: {e}"));
         }
-        self.uplink.watcher = Some(watcher);
+        self.watch = Some(watch);
+        if let Some(e) = failed.first() {
+            self.job_error_text(&format!("cannot watch the connections of the PMI tree: {e}"));
+        }
     }
 
     fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
         match token {
             NOTICE => self.take_notices(),
-            UPLINK if !self.uplink.lost => {
-                if events & libc::EPOLLOUT as u32 != 0 {
-                    self.uplink.write();
+            TIMER => {
+                if let Some(t) = &self.timer {
+                    let mut expirations = [0u8; 8];
+                    // SAFETY: an 8-byte read into a live buffer from our non-blocking timerfd.
+                    unsafe { libc::read(t.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
                 }
-                let why = if events & !(libc::EPOLLOUT as u32) != 0 { self.hear_root(shell) } else { None };
-                if let Some(why) = why.or_else(|| self.uplink.lost.then(|| "the connection to srun failed".into())) {
-                    self.lost_root(shell, &why);
+                if let Some(a) = &mut self.acceptor {
+                    a.tick();
                 }
+                self.admissions();
             }
+            UPLINK => self.hear_srun(events),
+            PARENT => self.hear_parent(events),
+            t if self.acceptor.as_ref().is_some_and(|a| a.owns(t)) => {
+                if let Some(a) = &mut self.acceptor {
+                    a.ready(t);
+                }
+                self.admissions();
+            }
+            t if t >= CHILDREN => self.hear_child((t - CHILDREN) as usize, events),
             _ => {}
         }
+        self.arm_timer();
+        self.complete(shell);
     }
 }
 
 impl Host for SlurmHost {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
-        let epoch = self.epoch;
-        self.epoch = epoch.wrapping_add(1);
-        let frame = wire::contrib(epoch, self.place.node, contribution).map_err(|e| e.to_string())?;
-        if !self.send(frame) {
-            return Err("lost the connection to srun (the collective root)".into());
+        // srun's checks of who can still join an exchange rest on this.
+        self.report(&Up::Joined { epoch: self.machine.epoch() });
+        self.machine.contribute(contribution.to_vec()).map_err(|e| e.to_string())?;
+        self.pump();
+        match self.completion.take() {
+            Some(Err(why)) => Err(why),
+            other => {
+                self.completion = other;
+                Ok(())
+            }
         }
-        self.pending = Some(epoch);
-        Ok(())
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
@@ -405,13 +715,13 @@ impl Host for SlurmHost {
             if message.is_empty() { "" } else { ": " },
             escape_text(message, LOGGED_TEXT_MAX)
         );
-        self.end_step(ToRoot::Abort { rank, code: exit_code, message: message.to_string() }, &logged);
+        self.end_step(Up::Abort { rank, code: exit_code, message: message.to_string() }, &logged);
     }
 
     fn job_error(&mut self, error: &JobError) {
         let message = error.to_string();
-        let task_failed = matches!(error, JobError::TaskLost { .. });
-        self.end_step(ToRoot::Error { rank: error.rank(), task_failed, message: message.clone() }, &message);
+        let failed = matches!(error, JobError::TaskLost { .. });
+        self.end_step(Up::Error { rank: error.rank(), failed, message: message.clone() }, &message);
     }
 
     fn log(&mut self, level: log::Level, message: &str) {
@@ -430,7 +740,7 @@ impl Host for SlurmHost {
         self.slurm.log(level, &escape_text(message, MESSAGE_MAX));
     }
 
-    fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
+    fn trace(&mut self, rank: u32, direction: TraceDirection, line: &[u8]) {
         if let Some(t) = &self.trace {
             t.line(&format!("rpmi: rank {rank} {direction}: {}", String::from_utf8_lossy(line)));
         }
@@ -438,9 +748,7 @@ impl Host for SlurmHost {
 
     fn task_closed(&mut self, rank: u32, finalized: bool) {
         if !finalized {
-            if let Ok(frame) = (ToRoot::Gone { rank }).encode() {
-                self.send(frame);
-            }
+            self.report(&Up::Gone { rank });
         }
     }
 }
@@ -450,14 +758,19 @@ impl NodeHost for SlurmHost {
         match result {
             Ok(()) => {
                 self.finished = true;
-                if let Ok(bye) = ToRoot::Bye.encode() {
-                    self.send(bye);
-                }
+                // The collective's goodbyes to srun, the parent and the children, then srun's own.
+                self.machine.finish();
+                self.pump();
+                self.report(&Up::Bye);
             }
             Err(why) => self.job_error_text(&format!("the PMI progress loop stopped: {why}")),
         }
+        if let Some(a) = &mut self.acceptor {
+            a.close();
+        }
+        self.admissions();
         // The loop no longer runs: what is queued goes now, within `fini`'s grace.
-        self.uplink.drain(Instant::now() + FINI_GRACE);
+        Link::drain(&mut self.links(), Instant::now() + FINI_GRACE);
     }
 }
 
@@ -478,6 +791,163 @@ struct Record {
     tasks: u32,
     node: u32,
     node_tasks: u32,
+}
+
+/// The tree's width: srun's for this job if it set one, else mpi.conf's, else [`DEFAULT_TREE_WIDTH`].
+fn tree_width(envp: *const *const c_char) -> Result<u32, String> {
+    // SAFETY: Slurm's environment array.
+    match unsafe { getenvp(envp, ENV_WIDTH) } {
+        Some(w) => w
+            .parse::<u32>()
+            .ok()
+            .filter(|&w| w > 0)
+            .ok_or_else(|| format!("{ENV_WIDTH}={} is not a width of 1 or more", escape_text(&w, 32))),
+        None => Ok(super::conf_tree_width().unwrap_or(DEFAULT_TREE_WIDTH)),
+    }
+}
+
+/// srun's bounds of one exchange, within what this node's key-value store can take in anyway (a larger
+/// exchange could not complete, and an interior node would hold it for nothing).
+fn exchange_bounds(envp: *const *const c_char) -> Result<Bounds, String> {
+    let text = need(envp, ENV_BOUNDS)?;
+    let byte_count = |s: &str| s.parse::<usize>().ok().filter(|&b| b > 0 && b <= BYTES_MAX_LIMIT);
+    let Some((Some(part), Some(exchange))) = text.split_once(',').map(|(p, e)| (byte_count(p), byte_count(e))) else {
+        return Err(format!("{ENV_BOUNDS}={} is not two byte counts", escape_text(&text, 64)));
+    };
+    let mut b = bounds(part, exchange);
+    let store = collective::Bound {
+        bytes: Limits::default().kvs_bytes_max,
+        option: "the most a slurmstepd's key-value store holds",
+    };
+    for bound in [&mut b.part_max, &mut b.exchange_max] {
+        if bound.bytes > store.bytes {
+            *bound = store;
+        }
+    }
+    Ok(b)
+}
+
+/// The slurm.conf address of `name`, for the tree's connections; `what` says which node it is, for the
+/// error.
+fn address_of(slurm: &Slurm, name: &str, what: &str) -> Result<IpAddr, String> {
+    slurm.node_address(name).ok_or_else(|| {
+        format!(
+            "slurm.conf gives no address for {name} ({what} in the PMI tree); SLURM_RPMI_TREE_WIDTH at least the \
+             step's node count in srun's environment makes the tree a star, without links between nodes"
+        )
+    })
+}
+
+/// Gives a node's address as slurm.conf does: its index, and what it is to this node (for the error).
+type Address<'a> = &'a dyn Fn(u32, &str) -> Result<IpAddr, String>;
+
+/// This node's connections in the tree, made in prefork.
+struct TreeLinks {
+    srun: TcpStream,
+    /// The parent, if it is a stepd, and the connection to it (`None`: it finished before this node reached
+    /// it).
+    parent: Option<(u32, Option<TcpStream>)>,
+    /// Admits the children, if there are any.
+    acceptor: Option<Acceptor>,
+}
+
+/// Listens for this node's children in the tree (if it has any) on its own address, joins srun at `srun`
+/// with the port, then its parent (if that is a stepd) once srun says where it listens.
+fn join_tree(
+    srun: &[SocketAddr],
+    tree: Tree,
+    node: u32,
+    secret: &Secret,
+    names: &[String],
+    address: Address,
+) -> Result<TreeLinks, String> {
+    let children = tree.children(Peer::Node(node));
+    let acceptor = match children.is_empty() {
+        true => None,
+        false => Some(children_acceptor(node, children, secret, tree.width(), address)?),
+    };
+    let hello = Hello { node, to: auth::ROOT, port: acceptor.as_ref().map_or(0, Acceptor::port), width: tree.width() };
+    let mut s = uplink::join(srun, &hello, secret, JOIN_PATIENCE, "srun's collective root", uplink::sleep)
+        .map_err(|e| e.to_string())?;
+    let parent = match tree.parent(node) {
+        Peer::Root => None,
+        Peer::Node(p) => Some((p, join_parent(&mut s, names, Hello { to: p, ..hello }, secret, address)?)),
+    };
+    Ok(TreeLinks { srun: s, parent, acceptor })
+}
+
+/// Joins this node's parent (`hello.to`) once srun says where it listens; `None` if srun says it finished
+/// first.
+fn join_parent(
+    srun: &mut TcpStream,
+    names: &[String],
+    hello: Hello,
+    secret: &Secret,
+    address: Address,
+) -> Result<Option<TcpStream>, String> {
+    let p = hello.to;
+    let parent = &names[p as usize];
+    let deadline = Instant::now() + JOIN_PATIENCE;
+    let port = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "srun did not say within {JOIN_PATIENCE:?} where {parent} (this node's parent in the PMI tree) listens"
+            ));
+        }
+        match uplink::notice(srun, left)? {
+            None => {}
+            Some(Down::Parent { port }) => break port,
+            Some(Down::ParentDone) => return Ok(None),
+            Some(other) => {
+                return Err(format!("srun sent {} before it said where this node's parent listens", other.name()))
+            }
+        }
+    };
+    let addr = SocketAddr::new(address(p, "this node's parent")?, port);
+    let whom = format!("{parent} (this node's parent in the PMI tree)");
+    let mut done = false;
+    let joined =
+        uplink::join(&[addr], &hello, secret, JOIN_PATIENCE, &whom, |wait| match uplink::notice(srun, wait)? {
+            None => Ok(()),
+            Some(Down::ParentDone) => {
+                done = true;
+                Err(format!("{parent} finished"))
+            }
+            Some(other) => Err(format!("srun sent {} while this node joined its parent", other.name())),
+        });
+    match joined {
+        Ok(s) => Ok(Some(s)),
+        Err(_) if done => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A timerfd for the acceptor's deadlines.
+fn timer() -> Result<OwnedFd, String> {
+    // SAFETY: a plain syscall, checked at once.
+    let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("timerfd: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: fresh and ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The listener for this node's children in the tree, on its own address as slurm.conf gives it, and the
+/// acceptor that admits them (from their addresses, where slurm.conf gives them all).
+fn children_acceptor(
+    node: u32,
+    children: Range<u32>,
+    secret: &Secret,
+    width: u32,
+    address: Address,
+) -> Result<Acceptor, String> {
+    let own = address(node, "a node with children")?;
+    let listener = TcpListener::bind((own, 0)).map_err(|e| format!("cannot listen on {own} for the PMI tree: {e}"))?;
+    let addresses = children.clone().map(|c| address(c, "a child").ok()).collect();
+    let gate = Gate { secret: secret.clone(), to: node, members: children, addresses, width: Some(width) };
+    Acceptor::new(listener, gate, ACCEPTOR).map_err(|e| format!("cannot listen for the PMI tree: {e}"))
 }
 
 /// `mpi_p_slurmstepd_prefork`.
@@ -545,6 +1015,9 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     if local_ranks.len() != rec.node_tasks as usize {
         return Err(format!("{ENV_MAP} puts {} tasks on this node, Slurm {}", local_ranks.len(), rec.node_tasks));
     }
+    let width = tree_width(envp)?;
+    let bounds = exchange_bounds(envp)?;
+    let tree = Tree::new(rec.nodes, width).map_err(|e| e.to_string())?;
     // SAFETY: Slurm's environment array, as the caller promises.
     let debug = unsafe { getenvp(envp, "PMI_DEBUG") };
     let trace = match debug.is_some_and(|v| !v.is_empty() && v != "0") {
@@ -553,8 +1026,19 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     };
     let place = Place { job: rec.job, step: rec.step, node, node_name: names[node as usize].clone() };
 
-    let info =
-        JobInfo::new(format!("rpmi_{}.{}", rec.job, rec.step), TaskMap::new(node_of), local_ranks.clone(), names);
+    let addrs: Vec<_> = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve srun's address {host}: {e}"))?
+        .collect();
+    let links = join_tree(&addrs, tree, node, &secret, &names, &|n, what| address_of(slurm, &names[n as usize], what))?;
+    let srun_copy = links.srun.try_clone().map_err(|e| format!("socket: {e}"))?;
+
+    let info = JobInfo::new(
+        format!("rpmi_{}.{}", rec.job, rec.step),
+        TaskMap::new(node_of),
+        local_ranks.clone(),
+        names.clone(),
+    );
     let mut shell = Shell::new(info, Limits::default()).map_err(|e| format!("cannot serve this step: {e}"))?;
     shell.set_trace(trace.is_some());
 
@@ -566,41 +1050,10 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     // SAFETY: both fresh and ours.
     let (notify_r, notify_w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
 
-    let addrs: Vec<_> = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve srun's address {host}: {e}"))?
-        .collect();
-    let uplink = uplink::join(&addrs, node, &secret, JOIN_PATIENCE).map_err(|e| e.to_string())?;
-    uplink.set_nonblocking(true).map_err(|e| format!("socket: {e}"))?;
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
-    let host_side = SlurmHost {
-        uplink: Uplink {
-            stream: uplink.try_clone().map_err(|e| format!("socket: {e}"))?,
-            watcher: None,
-            input: FrameBuf::default(),
-            output: VecDeque::new(),
-            written: 0,
-            watching_out: false,
-            lost: false,
-        },
-        place: place.clone(),
-        nodes: rec.nodes as usize,
-        all_max: wire::all_len(rec.nodes as usize, Limits::default().kvs_bytes_max) - 4,
-        epoch: 0,
-        pending: None,
-        slurm,
-        trace,
-        notify: notify_r,
-        child_ends: None,
-        ids_confirmed: false,
-        finished: false,
-        stopping: stopping.clone(),
-        srun_done: false,
-        ending: false,
-        ended: false,
-        logged: 0,
-    };
+    let host_side =
+        SlurmHost::new(place.clone(), names, tree, bounds, links, slurm, trace, notify_r, stopping.clone())?;
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: false };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
@@ -622,21 +1075,20 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         notify_w: notify_w.into_raw_fd(),
         notify_r: notify_r_raw,
         stopping,
-        uplink,
+        uplink: srun_copy,
     }));
     // SAFETY: just made; freed only in `fini`.
     let shared: &'static Stepd = unsafe { &*stepd };
     STEPD.store(stepd, SeqCst);
-    // The secret and the map are for the stepds only; the tasks get their PMI_* variables.
-    // SAFETY: Slurm's environment array, as the caller promises.
-    unsafe {
-        slurm.unsetenv(*env, &cstring(ENV_SECRET.into()));
-        slurm.unsetenv(*env, &cstring(ENV_MAP.into()));
+    // What srun passed for the stepds only; the tasks get their PMI_* variables.
+    for name in [ENV_SECRET, ENV_MAP, ENV_BOUNDS, ENV_WIDTH] {
+        // SAFETY: Slurm's environment array, as the caller promises.
+        unsafe { slurm.unsetenv(*env, &cstring(name.into())) };
     }
     slurm.log(
         log::Level::Debug,
         &format!(
-            "serving {} local tasks of step {}.{} on {} (node {node})",
+            "serving {} local tasks of step {}.{} on {} (node {node}, PMI tree width {width})",
             shared.local_ranks.len(),
             rec.job,
             rec.step,
@@ -721,5 +1173,303 @@ unsafe fn set_up_task(stepd: &Stepd, info: &sys::mpi_plugin_task_info_t, env: *m
         sys::SLURM_SUCCESS
     } else {
         sys::SLURM_ERROR
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slurm::link::Epoll;
+    use crate::slurm::root::{Outcome, Reporter, Root, Step};
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::Ipv4Addr;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Mutex;
+
+    const KVSNAME: &str = "rpmi_1.0";
+
+    #[derive(Clone, Default)]
+    struct Record(Arc<Mutex<Vec<String>>>);
+
+    impl Reporter for Record {
+        fn error(&mut self, m: &str) {
+            self.0.lock().unwrap().push(format!("error: {m}"));
+        }
+        fn debug(&mut self, m: &str) {
+            self.0.lock().unwrap().push(format!("debug: {m}"));
+        }
+        fn end_step(&mut self) {
+            self.0.lock().unwrap().push("end".into());
+        }
+    }
+
+    impl Record {
+        fn lines(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+        fn wait_for(&self, what: &str) -> String {
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(l) = self.lines().into_iter().find(|l| l.contains(what)) {
+                    return l;
+                }
+                assert!(Instant::now() < until, "no `{what}` in {:?}", self.lines());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    fn names(nodes: u32) -> Vec<String> {
+        (1..=nodes).map(|n| format!("n{n}")).collect()
+    }
+
+    /// srun's root for a step of `nodes` nodes with one rank each, the width left to the stepds.
+    fn srun(nodes: u32, secret: &Secret) -> (Root, Record) {
+        let record = Record::default();
+        let step = Step {
+            node_names: names(nodes),
+            node_of: (0..nodes).collect(),
+            secret: secret.clone(),
+            addresses: None,
+            bounds: bounds(1 << 20, 4 << 20),
+            width: None,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)
+    }
+
+    /// Every node on this machine, as a local cluster's slurm.conf has them.
+    fn loopback(_: u32, _: &str) -> Result<IpAddr, String> {
+        Ok(Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// A task's PMI connection.
+    struct Task(BufReader<UnixStream>);
+
+    impl Task {
+        fn ask(&mut self, line: &str) -> String {
+            self.0.get_mut().write_all(format!("{line}\n").as_bytes()).unwrap();
+            let mut answer = String::new();
+            self.0.read_line(&mut answer).unwrap();
+            answer.trim_end().to_string()
+        }
+    }
+
+    /// Node `node`'s stepd, as prefork makes it (joined to srun at `port` and to its parent), serving its one
+    /// task (rank `node`) on a progress thread; and that task's connection.
+    fn stepd(port: u16, nodes: u32, width: u32, node: u32, secret: &Secret) -> (Node<SlurmHost>, Task) {
+        let tree = Tree::new(nodes, width).unwrap();
+        let names = names(nodes);
+        let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
+        let links = join_tree(&srun, tree, node, secret, &names, &loopback).unwrap();
+        let place = Place { job: 1, step: 0, node, node_name: names[node as usize].clone() };
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two fds pipe2 writes; both are ours at once.
+        let notify = unsafe {
+            assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK), 0);
+            drop(OwnedFd::from_raw_fd(fds[1]));
+            OwnedFd::from_raw_fd(fds[0])
+        };
+        let stopping = Arc::new(AtomicBool::new(false));
+        let bounds = bounds(1 << 20, 4 << 20);
+        let host =
+            SlurmHost::new(place, names.clone(), tree, bounds, links, sys::slurm(), None, notify, stopping).unwrap();
+        let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
+        let shell = Shell::new(info, Limits::default()).unwrap();
+        let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into(), spawned: false }).unwrap();
+        let end = rt.connect_task(0).unwrap().child_fd;
+        // SAFETY: a copy of the task's end, which the node closes once the task is "forked".
+        let task = unsafe { UnixStream::from_raw_fd(libc::dup(end)) };
+        rt.forked_all();
+        rt.start(Looping::OwnThread).unwrap();
+        task.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        (rt, Task(BufReader::new(task)))
+    }
+
+    /// Every node's stepd of a step of `nodes` nodes over a tree of `width`, each set up on a thread of its
+    /// own (a child's prefork waits for its parent's progress loop, as on a cluster).
+    fn stepds(port: u16, nodes: u32, width: u32, secret: &Secret) -> Vec<(Node<SlurmHost>, Task)> {
+        let threads: Vec<_> = (0..nodes)
+            .rev()
+            .map(|n| {
+                let secret = secret.clone();
+                std::thread::spawn(move || stepd(port, nodes, width, n, &secret))
+            })
+            .collect();
+        let mut all: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        all.reverse();
+        all
+    }
+
+    /// Each rank puts its key, all meet in a barrier, each reads every key; then they finalize and leave.
+    fn exchange_every_put(tasks: &mut [Task]) {
+        let nodes = tasks.len();
+        for (rank, t) in tasks.iter_mut().enumerate() {
+            assert!(t.ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
+            let put = t.ask(&format!("cmd=put kvsname={KVSNAME} key=k{rank} value=v{rank}"));
+            assert_eq!(put, "cmd=put_result rc=0");
+        }
+        for t in tasks.iter_mut() {
+            t.0.get_mut().write_all(b"cmd=barrier_in\n").unwrap();
+        }
+        for t in tasks.iter_mut() {
+            let mut answer = String::new();
+            t.0.read_line(&mut answer).unwrap();
+            assert_eq!(answer.trim_end(), "cmd=barrier_out rc=0");
+        }
+        for t in tasks.iter_mut() {
+            for other in 0..nodes {
+                let got = t.ask(&format!("cmd=get kvsname={KVSNAME} key=k{other}"));
+                assert_eq!(got, format!("cmd=get_result rc=0 value=v{other}"));
+            }
+            assert_eq!(t.ask("cmd=finalize"), "cmd=finalize_ack rc=0");
+        }
+    }
+
+    #[test]
+    fn every_put_reaches_every_node_over_chains_and_trees() {
+        for (nodes, width) in [(3, 1), (7, 2), (5, 8)] {
+            let secret = Secret::generate().unwrap();
+            let (root, record) = srun(nodes, &secret);
+            let (nodes_rt, mut tasks): (Vec<_>, Vec<_>) =
+                stepds(root.port(), nodes, width, &secret).into_iter().unzip();
+            exchange_every_put(&mut tasks);
+            // srun sent the exchange's result to its children in the tree only.
+            let line = record.wait_for("PMI exchange 0: srun sent");
+            assert!(line.contains(&format!("to its {} children", width.min(nodes))), "{line}");
+            drop(tasks);
+            // Every task gone: each stepd says goodbye as its loop ends.
+            drop(nodes_rt);
+            assert_eq!(root.stop(), Outcome::default(), "{nodes} nodes, width {width}");
+            let lines = record.lines();
+            assert!(!lines.iter().any(|l| l.starts_with("error")), "{nodes} nodes, width {width}: {lines:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_whose_parent_finished_before_it_came_goes_on_without_it() {
+        let secret = Secret::generate().unwrap();
+        let (root, record) = srun(2, &secret);
+        // A chain: n1, then n2 below it. n1's task leaves without PMI before n2's stepd starts.
+        let (first, task) = stepd(root.port(), 2, 1, 0, &secret);
+        drop(task);
+        // Its loop ends (its one task is gone) and it says goodbye to srun.
+        let until = Instant::now() + Duration::from_secs(10);
+        while first.handle().post(crate::driver::Event::Stop).is_ok() {
+            assert!(Instant::now() < until, "n1's progress loop did not end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let (second, mut task) = stepd(root.port(), 2, 1, 1, &secret);
+        // n2 joined without a parent; its barrier cannot complete, and srun says why, naming n1.
+        assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
+        let answer = task.ask("cmd=barrier_in");
+        assert!(answer.starts_with("cmd=barrier_out rc=-1"), "{answer}");
+        record.wait_for("error: ranks wait in a PMI barrier that n1 cannot join: every rank on it has closed");
+        drop((first, second));
+        assert!(root.stop().ended);
+    }
+
+    /// An acceptor for node `me`'s children, served on a thread of its own; what it admits comes back.
+    fn parent(me: u32, children: Range<u32>, width: u32, secret: &Secret) -> (u16, std::sync::mpsc::Receiver<u32>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let gate =
+            Gate { secret: secret.clone(), to: me, members: children.clone(), addresses: None, width: Some(width) };
+        let mut acceptor = Acceptor::new(listener, gate, 1).unwrap();
+        let port = acceptor.port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let expected = children.len();
+        std::thread::spawn(move || {
+            let epoll = Arc::new(Epoll::new().unwrap());
+            acceptor.watch(epoll.clone()).unwrap();
+            let mut kept = Vec::new();
+            let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
+            while kept.len() < expected {
+                // SAFETY: a live buffer, its length passed.
+                let n = unsafe { libc::epoll_wait(epoll.fd(), events.as_mut_ptr(), 16, 100) };
+                for ev in &events[..n.max(0) as usize] {
+                    acceptor.ready(ev.u64);
+                }
+                while let Some(e) = acceptor.poll() {
+                    if let Event::Joined(j) = e {
+                        let _ = tx.send(j.node);
+                        kept.push(j.stream);
+                    }
+                }
+            }
+            // Every child is in.
+            let _ = tx.send(u32::MAX);
+            std::thread::sleep(Duration::from_secs(1));
+        });
+        (port, rx)
+    }
+
+    fn join_parent_at(port: u16, hello: Hello, secret: &Secret, patience: Duration) -> Result<TcpStream, String> {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        uplink::join(&[addr], &hello, secret, patience, "the parent", uplink::sleep).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_parent_admits_its_own_children_once_each_and_no_one_else() {
+        let secret = Secret::generate().unwrap();
+        // Width 3: node 0's children are 3, 4 and 5.
+        let (port, admitted) = parent(0, 3..6, 3, &secret);
+        let hello = |node| Hello { node, to: 0, port: 0, width: 3 };
+        let short = Duration::from_millis(300);
+        let _c3 = join_parent_at(port, hello(3), &secret, short).unwrap();
+        assert_eq!(admitted.recv().unwrap(), 3);
+        // Node 3 again, a node that is not a child, a tree of another width, a proof made for srun, a
+        // wrong secret: none is admitted.
+        assert!(join_parent_at(port, hello(3), &secret, short).is_err());
+        assert!(join_parent_at(port, hello(2), &secret, short).is_err());
+        assert!(join_parent_at(port, Hello { width: 2, ..hello(4) }, &secret, short).is_err());
+        assert!(join_parent_at(port, Hello { to: auth::ROOT, ..hello(4) }, &secret, short).is_err());
+        assert!(join_parent_at(port, hello(4), &Secret::generate().unwrap(), short).is_err());
+        let _c4 = join_parent_at(port, hello(4), &secret, short).unwrap();
+        let _c5 = join_parent_at(port, hello(5), &secret, short).unwrap();
+        assert_eq!((admitted.recv().unwrap(), admitted.recv().unwrap()), (4, 5));
+        assert_eq!(admitted.recv().unwrap(), u32::MAX);
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "the listener is still open");
+    }
+
+    #[test]
+    fn a_child_waits_for_srun_to_say_where_its_parent_listens() {
+        let secret = Secret::generate().unwrap();
+        let (port, admitted) = parent(0, 1..2, 1, &secret);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut fake, _) = l.accept().unwrap();
+        let child = std::thread::spawn(move || {
+            let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
+            join_parent(&mut srun, &names(2), hello, &secret, &loopback)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        fake.write_all(&Down::Parent { port }.encode().unwrap()).unwrap();
+        assert!(child.join().unwrap().unwrap().is_some());
+        assert_eq!(admitted.recv().unwrap(), 1);
+
+        // Told that the parent finished, the child stops trying to reach it (here: nobody listens).
+        let nobody = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut fake, _) = l.accept().unwrap();
+        let secret = Secret::generate().unwrap();
+        let child = std::thread::spawn(move || {
+            let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
+            join_parent(&mut srun, &names(2), hello, &secret, &loopback)
+        });
+        fake.write_all(&Down::Parent { port: nobody }.encode().unwrap()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        fake.write_all(&Down::ParentDone.encode().unwrap()).unwrap();
+        assert!(matches!(child.join().unwrap(), Ok(None)));
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        // srun ending the step first is an error.
+        let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut fake, _) = l.accept().unwrap();
+        fake.write_all(&Down::End.encode().unwrap()).unwrap();
+        let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
+        let err = join_parent(&mut srun, &names(2), hello, &Secret::generate().unwrap(), &loopback).unwrap_err();
+        assert!(err.contains("srun sent END before it said where this node's parent listens"), "{err}");
     }
 }

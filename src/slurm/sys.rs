@@ -91,6 +91,14 @@ type HostlistShift = unsafe extern "C" fn(*mut c_void) -> *mut c_char;
 type HostlistDestroy = unsafe extern "C" fn(*mut c_void);
 type LogFn = unsafe extern "C" fn(*const c_char, ...);
 type StrError = unsafe extern "C" fn(c_int) -> *const c_char;
+/// mpi.conf's parser (`src/common/parse_config.h`, not installed): `transfer_s_p_options(s_p_options_t
+/// **full, s_p_options_t *options, int *full_cnt)`, `int s_p_get_uint32(uint32_t *, const char *key,
+/// const s_p_hashtbl_t *)`, `s_p_hashtbl_t *s_p_hashtbl_create(const s_p_options_t [])` and
+/// `int s_p_parse_pair(s_p_hashtbl_t *, const char *key, const char *value)`.
+type TransferOptions = unsafe extern "C" fn(*mut *mut ConfOption, *const ConfOption, *mut c_int);
+type GetUint32 = unsafe extern "C" fn(*mut u32, *const c_char, *const c_void) -> c_int;
+type HashtblCreate = unsafe extern "C" fn(*const ConfOption) -> *mut c_void;
+type ParsePair = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> c_int;
 /// `int slurm_conf_get_addr(const char *node_name, slurm_addr_t *address, uint16_t flags)`; `slurm_addr_t` is
 /// a `struct sockaddr_storage`.
 type ConfGetAddr = unsafe extern "C" fn(*const c_char, *mut libc::sockaddr_storage, u16) -> c_int;
@@ -109,7 +117,25 @@ pub struct Slurm {
     debug: Option<LogFn>,
     strerror: Option<StrError>,
     conf_get_addr: Option<ConfGetAddr>,
+    transfer_options: Option<TransferOptions>,
+    get_uint32: Option<GetUint32>,
+    hashtbl_create: Option<HashtblCreate>,
+    parse_pair: Option<ParsePair>,
 }
+
+/// `s_p_options_t` of Slurm 22.05 (`src/common/parse_config.h`): one option a plugin takes from mpi.conf.
+#[repr(C)]
+pub struct ConfOption {
+    pub key: *const c_char,
+    /// `slurm_parser_enum_t`.
+    pub kind: c_int,
+    pub handler: *const c_void,
+    pub destroy: *const c_void,
+    pub line_options: *const c_void,
+}
+
+/// `S_P_UINT32` of `slurm_parser_enum_t`.
+pub const S_P_UINT32: c_int = 4;
 
 fn lookup(name: &CStr) -> *mut c_void {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the process's global scope.
@@ -141,6 +167,10 @@ pub fn slurm() -> &'static Slurm {
         debug: find!(c"slurm_debug"),
         strerror: find!(c"slurm_strerror"),
         conf_get_addr: find!(c"slurm_conf_get_addr"),
+        transfer_options: find!(c"transfer_s_p_options"),
+        get_uint32: find!(c"s_p_get_uint32"),
+        hashtbl_create: find!(c"s_p_hashtbl_create"),
+        parse_pair: find!(c"s_p_parse_pair"),
     })
 }
 
@@ -216,6 +246,47 @@ impl Slurm {
             None => format!("error {errno}"),
         };
         Err(format!("cannot end step {job}.{step}: {why}"))
+    }
+
+    /// Adds `options` (ending with a NULL key) to a plugin's mpi.conf options, as `mpi_p_conf_options` must.
+    ///
+    /// # Safety
+    /// `full` and `count` as Slurm passes them to `mpi_p_conf_options`; `options` lives for the call.
+    pub unsafe fn add_conf_options(&self, full: *mut *mut ConfOption, options: *const ConfOption, count: *mut c_int) {
+        if let (Some(f), false) = (self.transfer_options, full.is_null() || count.is_null()) {
+            // SAFETY: Slurm's function on the pointers Slurm handed over and our NULL-terminated options.
+            unsafe { f(full, options, count) }
+        }
+    }
+
+    /// The value of `key` (an `S_P_UINT32` option) in an mpi.conf table, if it has one.
+    ///
+    /// # Safety
+    /// `table` is NULL or an `s_p_hashtbl_t` Slurm handed to `mpi_p_conf_set`.
+    pub unsafe fn conf_uint32(&self, table: *const c_void, key: &CStr) -> Option<u32> {
+        let f = self.get_uint32?;
+        let mut value = 0u32;
+        // SAFETY: Slurm's function on its table, a NUL-terminated key and a live u32.
+        (!table.is_null() && unsafe { f(&mut value, key.as_ptr(), table) } == 1).then_some(value)
+    }
+
+    /// A new mpi.conf table of `options` holding `key=value`, for `mpi_p_conf_get` (Slurm frees it); NULL
+    /// without Slurm's parser.
+    ///
+    /// # Safety
+    /// `options` ends with a NULL key and lives for the call.
+    pub unsafe fn conf_table(&self, options: *const ConfOption, key: &CStr, value: &CStr) -> *mut c_void {
+        let (Some(create), Some(parse)) = (self.hashtbl_create, self.parse_pair) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: Slurm's functions: a table made from our options, and a NUL-terminated pair.
+        unsafe {
+            let table = create(options);
+            if !table.is_null() {
+                parse(table, key.as_ptr(), value.as_ptr());
+            }
+            table
+        }
     }
 
     /// The address slurm.conf gives node `name` (its `NodeAddr`), if this process has Slurm's configuration.

@@ -1,83 +1,100 @@
-//! The TCP protocol between each node's slurmstepd and the collective root in srun.
+//! The TCP protocol of the plugin's collective: between each node's slurmstepd and srun's root, and between
+//! a stepd and its parent in the tree.
 //!
 //! Every message is a frame: a `u32` big-endian payload length, then the payload, whose first byte is the
 //! message kind. Integers are big-endian. A connection starts with the handshake of [`super::auth`]
 //! (HELLO, CHALLENGE, PROOF, WELCOME); nothing else is accepted before it completes.
 //!
 //! ```text
-//! stepd -> root                                          root -> stepd
-//!   1 HELLO    "RPMI" version:u16 node:u32 nonce:[32]      0x84 CHALLENGE nonce:[32]
-//!   7 PROOF    mac:[32]                                    0x85 WELCOME   mac:[32] (the root's proof)
-//!   2 CONTRIB  epoch:u32 count:u32 count*(node:u32 len:u32 bytes)
-//!                                                          0x81 ALL  epoch:u32 count:u32 count*(node:u32 len:u32 bytes)
-//!   3 ABORT    rank:u32 code:i32 message                   0x82 FAIL epoch:u32 message
-//!   4 ERROR    rank:u32 failed:u8 message  (a job error the shell reported; failed=1 if a task failed
-//!                                          on its own, 0 if rpmi ends the job though none did)
-//!   5 GONE     rank:u32               (a task closed its connection without finalize)
-//!   6 BYE                             (every local task has closed its connection: a normal end)
-//!                                                          0x83 END  (srun is done with the step: the close
-//!                                                                     that follows is the normal end)
+//! up: a stepd to srun, or to its parent            down: srun, or a parent, to a stepd
+//!   1 HELLO   "RPMI" version:u16 node:u32            0x84 CHALLENGE nonce:[32]
+//!             nonce:[32] port:u16 width:u32
+//!   7 PROOF   mac:[32]                               0x85 WELCOME   mac:[32] (the acceptor's proof)
+//!   8 COLLECTIVE  a frame of the collective          0x88 COLLECTIVE  a frame of the collective
+//!                 (crate::collective::frame)
+//! to srun only                                      from srun only
+//!   2 JOINED  epoch:u32   (this node's shell           0x86 PARENT port:u16 (connect to your parent's
+//!                          joined exchange epoch)                            address, this port)
+//!   3 ABORT   rank:u32 code:i32 message              0x87 PARENT_DONE (your parent finished before you
+//!   4 ERROR   rank:u32 failed:u8 message                                joined it: no link)
+//!   5 GONE    rank:u32 (a task closed its            0x83 END (srun is done with the step: the close
+//!                       connection without finalize)           that follows is the normal end)
+//!   6 BYE     (every local task has closed its connection: a normal end)
 //! ```
 //!
-//! A CONTRIB carries a list of (node, bytes) parts, not one, so that an interior stepd of a future tree can
-//! forward its subtree's parts in one frame; today every stepd sends only its own part.
+//! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
+//! tree's width it builds the tree with; ERROR's `failed` is 1 if something failed on its own (a task, a
+//! node), 0 if rpmi ends a job in which nothing did (a protocol error, a bound). The collective's own frames
+//! (CONTRIB, ALL, FAIL, LOST, ...) travel inside COLLECTIVE on the links of the tree: srun and its children,
+//! a stepd and its parent and children.
 //!
 //! Sizes are bounded on both sides: a message text at most [`MESSAGE_MAX`] bytes (longer ones are cut when
 //! encoded), every other frame at most what its receiver accepts ([`FrameBuf::next`]); every length is
 //! checked before it is written as a `u32`.
 
 use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
+use crate::collective::Bytes;
 use std::fmt;
+use std::sync::Arc;
 
-/// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response).
-pub const VERSION: u16 = 2;
-/// The payload length of HELLO and of PROOF: the only frames a root accepts before authentication.
-pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN;
+/// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
+/// tree).
+pub const VERSION: u16 = 3;
+/// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
+pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
-/// The longest message text (abort, error, failure) a frame carries; longer ones are cut.
+/// The longest message text (abort, error) a frame carries; longer ones are cut.
 pub const MESSAGE_MAX: usize = 4096;
-/// The largest frame of any kind but CONTRIB and ALL.
+/// The largest frame of any kind but COLLECTIVE.
 pub const CONTROL_MAX: usize = 16 + MESSAGE_MAX;
 
 const MAGIC: &[u8; 4] = b"RPMI";
 
 const HELLO: u8 = 1;
-const CONTRIB: u8 = 2;
+const JOINED: u8 = 2;
 const ABORT: u8 = 3;
 const ERROR: u8 = 4;
 const GONE: u8 = 5;
 const BYE: u8 = 6;
 const PROOF: u8 = 7;
-const ALL: u8 = 0x81;
-const FAIL: u8 = 0x82;
+const UP_COLLECTIVE: u8 = 8;
 const END: u8 = 0x83;
 const CHALLENGE: u8 = 0x84;
 const WELCOME: u8 = 0x85;
+const PARENT: u8 = 0x86;
+const PARENT_DONE: u8 = 0x87;
+const DOWN_COLLECTIVE: u8 = 0x88;
 
-/// A message from a stepd to the root.
+/// A message from a stepd to srun's root or to its parent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToRoot {
+pub enum Up {
     Hello {
         node: u32,
         nonce: Nonce,
+        /// Where the stepd listens for its children in the tree; 0 if it has none.
+        port: u16,
+        /// The tree's width the stepd builds the tree with.
+        width: u32,
     },
     Proof {
         proof: Proof,
     },
-    Contrib {
+    /// A frame of the collective (its payload).
+    Collective(Bytes),
+    /// The node's shell joined exchange `epoch`.
+    Joined {
         epoch: u32,
-        parts: Vec<(u32, Vec<u8>)>,
     },
     Abort {
         rank: u32,
         code: i32,
         message: String,
     },
-    /// A job error; `task_failed` if a task failed on its own (its status explains the end), not if rpmi
-    /// ends a job none of whose tasks failed (a protocol error).
+    /// A job error; `failed` if something failed on its own (a task, a node): that explains the end, not
+    /// rpmi, which only ends a job none of whose parts failed for a protocol error or a bound.
     Error {
         rank: u32,
-        task_failed: bool,
+        failed: bool,
         message: String,
     },
     Gone {
@@ -86,19 +103,28 @@ pub enum ToRoot {
     Bye,
 }
 
-/// A message from the root to a stepd.
+/// A message from srun's root, or from a parent, to a stepd.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FromRoot {
-    /// The root's nonce, in answer to HELLO.
+pub enum Down {
+    /// The acceptor's nonce, in answer to HELLO.
     Challenge { nonce: Nonce },
-    /// The stepd's proof was right: it is admitted, and this is the root's own proof.
+    /// The stepd's proof was right: it is admitted, and this is the acceptor's own proof.
     Welcome { proof: Proof },
-    /// The collective of `epoch` finished: every node's part.
-    All { epoch: u32, parts: Vec<(u32, Vec<u8>)> },
-    /// The collective of `epoch` failed.
-    Fail { epoch: u32, message: String },
+    /// A frame of the collective (its payload).
+    Collective(Bytes),
+    /// srun: the stepd's parent in the tree listens on `port` of its node's address.
+    Parent { port: u16 },
+    /// srun: the stepd's parent finished (every task of it closed its connection) before the stepd joined it.
+    ParentDone,
     /// srun is done with the step: the connection closing next is the normal end, not srun's death.
     End,
+}
+
+/// Which way a COLLECTIVE frame goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Up,
+    Down,
 }
 
 /// A frame that does not decode.
@@ -152,27 +178,15 @@ fn control(kind: u8, fields: &[&[u8]]) -> Vec<u8> {
     frame(kind, fields).unwrap_or_default()
 }
 
-/// A frame of `parts`, (node, bytes) each, for exchange `epoch`: CONTRIB or ALL.
-fn parts_frame<'a>(
-    kind: u8,
-    epoch: u32,
-    parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone,
-) -> Result<Vec<u8>, TooLarge> {
-    let count = parts.len();
-    let bytes = parts.clone().map(|(_, b)| b.len()).fold(0usize, usize::saturating_add);
-    let len = all_len(count, bytes) - 4;
-    let mut f = Vec::with_capacity(4 + len);
-    f.extend_from_slice(&u32::try_from(len).map_err(|_| TooLarge(4 + len))?.to_be_bytes());
-    f.push(kind);
-    f.extend_from_slice(&epoch.to_be_bytes());
-    f.extend_from_slice(&(count as u32).to_be_bytes());
-    for (node, part) in parts {
-        f.extend_from_slice(&node.to_be_bytes());
-        // Each part is shorter than the whole, which fits (checked above).
-        f.extend_from_slice(&(part.len() as u32).to_be_bytes());
-        f.extend_from_slice(part);
-    }
-    Ok(f)
+/// What goes before a collective frame of `len` bytes on the wire: the length prefix and the kind. The
+/// frame itself follows unchanged, so that one frame is sent to several peers without a copy.
+pub fn collective_head(direction: Direction, len: usize) -> Result<[u8; 5], TooLarge> {
+    let prefix = u32::try_from(len + 1).map_err(|_| TooLarge(5 + len))?.to_be_bytes();
+    let kind = match direction {
+        Direction::Up => UP_COLLECTIVE,
+        Direction::Down => DOWN_COLLECTIVE,
+    };
+    Ok([prefix[0], prefix[1], prefix[2], prefix[3], kind])
 }
 
 /// A message text cut to [`MESSAGE_MAX`] bytes (at a character boundary).
@@ -189,45 +203,44 @@ fn text_end(text: &str) -> usize {
     end
 }
 
-/// A CONTRIB frame with one part, built without copying the bytes twice.
-pub fn contrib(epoch: u32, node: u32, bytes: &[u8]) -> Result<Vec<u8>, TooLarge> {
-    parts_frame(CONTRIB, epoch, std::iter::once((node, bytes)))
-}
+impl Up {
+    /// The message's kind, for messages about it (not its contents: they may be the peer's to choose).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Up::Hello { .. } => "HELLO",
+            Up::Proof { .. } => "PROOF",
+            Up::Collective(_) => "COLLECTIVE",
+            Up::Joined { .. } => "JOINED",
+            Up::Abort { .. } => "ABORT",
+            Up::Error { .. } => "ERROR",
+            Up::Gone { .. } => "GONE",
+            Up::Bye => "BYE",
+        }
+    }
 
-/// An ALL frame over `parts` (sent, the same bytes, to every node).
-pub fn all<'a>(epoch: u32, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone) -> Result<Vec<u8>, TooLarge> {
-    parts_frame(ALL, epoch, parts)
-}
-
-/// The bytes an ALL frame of `parts` parts holding `bytes` bytes in all takes, length prefix included.
-pub fn all_len(parts: usize, bytes: usize) -> usize {
-    4 + 1 + 4 + 4 + parts.saturating_mul(8).saturating_add(bytes)
-}
-
-impl ToRoot {
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
         Ok(match self {
-            ToRoot::Hello { node, nonce } => {
-                control(HELLO, &[MAGIC, &VERSION.to_be_bytes(), &node.to_be_bytes(), nonce])
-            }
-            ToRoot::Proof { proof } => control(PROOF, &[proof]),
-            ToRoot::Contrib { epoch, parts } => {
-                parts_frame(CONTRIB, *epoch, parts.iter().map(|(n, b)| (*n, b.as_slice())))?
-            }
-            ToRoot::Abort { rank, code, message } => {
+            Up::Hello { node, nonce, port, width } => control(
+                HELLO,
+                &[MAGIC, &VERSION.to_be_bytes(), &node.to_be_bytes(), nonce, &port.to_be_bytes(), &width.to_be_bytes()],
+            ),
+            Up::Proof { proof } => control(PROOF, &[proof]),
+            Up::Collective(payload) => frame(UP_COLLECTIVE, &[payload.as_slice()])?,
+            Up::Joined { epoch } => control(JOINED, &[&epoch.to_be_bytes()]),
+            Up::Abort { rank, code, message } => {
                 control(ABORT, &[&rank.to_be_bytes(), &code.to_be_bytes(), cut(message)])
             }
-            ToRoot::Error { rank, task_failed, message } => {
-                control(ERROR, &[&rank.to_be_bytes(), &[u8::from(*task_failed)], cut(message)])
+            Up::Error { rank, failed, message } => {
+                control(ERROR, &[&rank.to_be_bytes(), &[u8::from(*failed)], cut(message)])
             }
-            ToRoot::Gone { rank } => control(GONE, &[&rank.to_be_bytes()]),
-            ToRoot::Bye => control(BYE, &[]),
+            Up::Gone { rank } => control(GONE, &[&rank.to_be_bytes()]),
+            Up::Bye => control(BYE, &[]),
         })
     }
 
     /// Decodes a payload (without its length prefix).
-    pub fn decode(payload: &[u8]) -> Result<ToRoot, Malformed> {
+    pub fn decode(payload: &[u8]) -> Result<Up, Malformed> {
         let mut r = Reader(payload);
         let m = match r.u8()? {
             HELLO => {
@@ -238,22 +251,23 @@ impl ToRoot {
                 if version != VERSION {
                     return Err(Malformed(format!("protocol version {version}, expected {VERSION}")));
                 }
-                ToRoot::Hello { node: r.u32()?, nonce: r.array()? }
+                Up::Hello { node: r.u32()?, nonce: r.array()?, port: r.u16()?, width: r.u32()? }
             }
-            PROOF => ToRoot::Proof { proof: r.array()? },
-            CONTRIB => ToRoot::Contrib { epoch: r.u32()?, parts: r.parts()? },
-            ABORT => ToRoot::Abort { rank: r.u32()?, code: r.u32()? as i32, message: r.rest_text()? },
-            ERROR => ToRoot::Error {
+            PROOF => Up::Proof { proof: r.array()? },
+            UP_COLLECTIVE => Up::Collective(r.rest()),
+            JOINED => Up::Joined { epoch: r.u32()? },
+            ABORT => Up::Abort { rank: r.u32()?, code: r.u32()? as i32, message: r.rest_text()? },
+            ERROR => Up::Error {
                 rank: r.u32()?,
-                task_failed: match r.u8()? {
+                failed: match r.u8()? {
                     0 => false,
                     1 => true,
                     b => return Err(Malformed(format!("an error whose cause is {b}"))),
                 },
                 message: r.rest_text()?,
             },
-            GONE => ToRoot::Gone { rank: r.u32()? },
-            BYE => ToRoot::Bye,
+            GONE => Up::Gone { rank: r.u32()? },
+            BYE => Up::Bye,
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
         r.end()?;
@@ -261,27 +275,41 @@ impl ToRoot {
     }
 }
 
-impl FromRoot {
+impl Down {
+    /// The message's kind, for messages about it (not its contents: they may be the peer's to choose).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Down::Challenge { .. } => "CHALLENGE",
+            Down::Welcome { .. } => "WELCOME",
+            Down::Collective(_) => "COLLECTIVE",
+            Down::Parent { .. } => "PARENT",
+            Down::ParentDone => "PARENT_DONE",
+            Down::End => "END",
+        }
+    }
+
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
         Ok(match self {
-            FromRoot::Challenge { nonce } => control(CHALLENGE, &[nonce]),
-            FromRoot::Welcome { proof } => control(WELCOME, &[proof]),
-            FromRoot::All { epoch, parts } => all(*epoch, parts.iter().map(|(n, b)| (*n, b.as_slice())))?,
-            FromRoot::Fail { epoch, message } => control(FAIL, &[&epoch.to_be_bytes(), cut(message)]),
-            FromRoot::End => control(END, &[]),
+            Down::Challenge { nonce } => control(CHALLENGE, &[nonce]),
+            Down::Welcome { proof } => control(WELCOME, &[proof]),
+            Down::Collective(payload) => frame(DOWN_COLLECTIVE, &[payload.as_slice()])?,
+            Down::Parent { port } => control(PARENT, &[&port.to_be_bytes()]),
+            Down::ParentDone => control(PARENT_DONE, &[]),
+            Down::End => control(END, &[]),
         })
     }
 
     /// Decodes a payload (without its length prefix).
-    pub fn decode(payload: &[u8]) -> Result<FromRoot, Malformed> {
+    pub fn decode(payload: &[u8]) -> Result<Down, Malformed> {
         let mut r = Reader(payload);
         let m = match r.u8()? {
-            CHALLENGE => FromRoot::Challenge { nonce: r.array()? },
-            WELCOME => FromRoot::Welcome { proof: r.array()? },
-            ALL => FromRoot::All { epoch: r.u32()?, parts: r.parts()? },
-            FAIL => FromRoot::Fail { epoch: r.u32()?, message: r.rest_text()? },
-            END => FromRoot::End,
+            CHALLENGE => Down::Challenge { nonce: r.array()? },
+            WELCOME => Down::Welcome { proof: r.array()? },
+            DOWN_COLLECTIVE => Down::Collective(r.rest()),
+            PARENT => Down::Parent { port: r.u16()? },
+            PARENT_DONE => Down::ParentDone,
+            END => Down::End,
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
         r.end()?;
@@ -379,19 +407,9 @@ impl<'a> Reader<'a> {
     fn u32(&mut self) -> Result<u32, Malformed> {
         Ok(u32::from_be_bytes(self.array()?))
     }
-    fn parts(&mut self) -> Result<Vec<(u32, Vec<u8>)>, Malformed> {
-        let count = self.u32()? as usize;
-        // Each part takes at least 8 bytes: a count beyond that is a lie, not a reason to allocate.
-        if count > self.0.len() / 8 {
-            return Err(Malformed(format!("{count} parts in {} bytes", self.0.len())));
-        }
-        let mut parts = Vec::with_capacity(count);
-        for _ in 0..count {
-            let node = self.u32()?;
-            let len = self.u32()? as usize;
-            parts.push((node, self.take(len)?.to_vec()));
-        }
-        Ok(parts)
+    /// The rest of the payload, copied out of the receive buffer (which is reused) into a frame of its own.
+    fn rest(&mut self) -> Bytes {
+        Arc::new(std::mem::take(&mut self.0).to_vec())
     }
     fn rest_text(&mut self) -> Result<String, Malformed> {
         let rest = std::mem::take(&mut self.0);
@@ -425,81 +443,93 @@ mod tests {
     #[test]
     fn every_message_round_trips() {
         for m in [
-            ToRoot::Hello { node: 3, nonce: [7; NONCE_LEN] },
-            ToRoot::Proof { proof: [9; PROOF_LEN] },
-            ToRoot::Contrib { epoch: 9, parts: vec![(1, b"abc".to_vec()), (2, vec![])] },
-            ToRoot::Abort { rank: 2, code: -7, message: "bye now".into() },
-            ToRoot::Error { rank: 5, task_failed: true, message: "rank 5 went".into() },
-            ToRoot::Error { rank: 6, task_failed: false, message: "bad line".into() },
-            ToRoot::Gone { rank: 4 },
-            ToRoot::Bye,
+            Up::Hello { node: 3, nonce: [7; NONCE_LEN], port: 4242, width: 8 },
+            Up::Proof { proof: [9; PROOF_LEN] },
+            Up::Collective(Arc::new(vec![1, 0, 0, 0, 0])),
+            Up::Joined { epoch: 9 },
+            Up::Abort { rank: 2, code: -7, message: "bye now".into() },
+            Up::Error { rank: 5, failed: true, message: "rank 5 went".into() },
+            Up::Error { rank: 6, failed: false, message: "bad line".into() },
+            Up::Gone { rank: 4 },
+            Up::Bye,
         ] {
-            assert_eq!(ToRoot::decode(payload(&m.encode().unwrap())), Ok(m));
+            assert_eq!(Up::decode(payload(&m.encode().unwrap())), Ok(m));
         }
-        assert_eq!(payload(&ToRoot::Hello { node: 0, nonce: [0; NONCE_LEN] }.encode().unwrap()).len(), HELLO_LEN);
-        assert_eq!(payload(&ToRoot::Proof { proof: [0; PROOF_LEN] }.encode().unwrap()).len(), PROOF_LEN_ON_WIRE);
+        let hello = Up::Hello { node: 0, nonce: [0; NONCE_LEN], port: 0, width: 1 };
+        assert_eq!(payload(&hello.encode().unwrap()).len(), HELLO_LEN);
+        assert_eq!(payload(&Up::Proof { proof: [0; PROOF_LEN] }.encode().unwrap()).len(), PROOF_LEN_ON_WIRE);
         for m in [
-            FromRoot::Challenge { nonce: [1; NONCE_LEN] },
-            FromRoot::Welcome { proof: [2; PROOF_LEN] },
-            FromRoot::All { epoch: 1, parts: vec![(0, b"x".to_vec()), (1, b"yz".to_vec())] },
-            FromRoot::Fail { epoch: 2, message: "node n2 lost".into() },
-            FromRoot::End,
+            Down::Challenge { nonce: [1; NONCE_LEN] },
+            Down::Welcome { proof: [2; PROOF_LEN] },
+            Down::Collective(Arc::new(vec![0x83])),
+            Down::Parent { port: 65535 },
+            Down::ParentDone,
+            Down::End,
         ] {
-            assert_eq!(FromRoot::decode(payload(&m.encode().unwrap())), Ok(m));
+            assert_eq!(Down::decode(payload(&m.encode().unwrap())), Ok(m));
         }
-        assert_eq!(
-            ToRoot::decode(payload(&contrib(4, 2, b"kv").unwrap())),
-            Ok(ToRoot::Contrib { epoch: 4, parts: vec![(2, b"kv".to_vec())] })
-        );
-        let parts = [(0u32, &b"ab"[..]), (1, b"")];
-        assert_eq!(all(0, parts.iter().copied()).unwrap().len(), all_len(2, 2));
+    }
+
+    #[test]
+    fn a_collective_frame_goes_out_behind_its_head_unchanged() {
+        let inner = Arc::new(vec![0x81, 1, 2, 3]);
+        for (direction, whole) in [
+            (Direction::Up, Up::Collective(inner.clone()).encode().unwrap()),
+            (Direction::Down, Down::Collective(inner.clone()).encode().unwrap()),
+        ] {
+            let head = collective_head(direction, inner.len()).unwrap();
+            assert_eq!([&head[..], &inner[..]].concat(), whole);
+        }
+        // A kind of one direction is not one of the other.
+        assert!(Down::decode(&Up::Collective(inner.clone()).encode().unwrap()[4..]).is_err());
+        assert!(Up::decode(&Down::Collective(inner).encode().unwrap()[4..]).is_err());
     }
 
     #[test]
     fn garbage_is_refused() {
-        assert!(ToRoot::decode(b"").is_err());
-        assert!(ToRoot::decode(&[99]).is_err());
-        assert!(ToRoot::decode(b"\x01HTTP/1.1 GET /").is_err());
-        let mut hello = ToRoot::Hello { node: 0, nonce: [0; NONCE_LEN] }.encode().unwrap();
+        assert!(Up::decode(b"").is_err());
+        assert!(Up::decode(&[99]).is_err());
+        assert!(Up::decode(b"\x01HTTP/1.1 GET /").is_err());
+        let mut hello = Up::Hello { node: 0, nonce: [0; NONCE_LEN], port: 1, width: 2 }.encode().unwrap();
         hello.push(0);
-        assert!(ToRoot::decode(&hello[4..]).is_err());
-        // Version 1 (the secret in clear) is refused.
-        let mut v1 = hello[4..hello.len() - 1].to_vec();
-        v1[6] = 1;
-        assert!(ToRoot::decode(&v1).unwrap_err().0.contains("version 1"));
-        // A part count that the frame cannot hold.
-        assert!(FromRoot::decode(&[ALL, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]).is_err());
-        assert!(ToRoot::decode(&[CONTRIB, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9, 1]).is_err());
-        assert!(ToRoot::decode(&[BYE, 0]).is_err());
+        assert!(Up::decode(&hello[4..]).is_err());
+        // Version 2 (the star's) is refused.
+        let mut v2 = hello[4..hello.len() - 1].to_vec();
+        v2[6] = 2;
+        assert!(Up::decode(&v2).unwrap_err().0.contains("version 2"));
+        assert!(Up::decode(&[BYE, 0]).is_err());
+        assert!(Up::decode(&[JOINED, 0, 0]).is_err());
+        assert!(Down::decode(&[PARENT, 1]).is_err());
+        assert!(Down::decode(&[PARENT_DONE, 0]).is_err());
         // A message longer than any encoder writes.
         let mut abort = vec![ABORT, 0, 0, 0, 1, 0, 0, 0, 7];
         abort.extend(std::iter::repeat_n(b'x', MESSAGE_MAX + 1));
-        assert!(ToRoot::decode(&abort).is_err());
+        assert!(Up::decode(&abort).is_err());
     }
 
     #[test]
     fn long_messages_are_cut_at_a_character() {
         let message = "é".repeat(MESSAGE_MAX);
-        let f = ToRoot::Abort { rank: 1, code: 2, message }.encode().unwrap();
+        let f = Up::Abort { rank: 1, code: 2, message }.encode().unwrap();
         assert!(f.len() <= 4 + CONTROL_MAX);
-        let ToRoot::Abort { message, .. } = ToRoot::decode(payload(&f)).unwrap() else { panic!() };
+        let Up::Abort { message, .. } = Up::decode(payload(&f)).unwrap() else { panic!() };
         assert_eq!(message.len(), MESSAGE_MAX);
         assert!(message.chars().all(|c| c == 'é'));
         // A text that is not UTF-8 grows when decoded (U+FFFD for each bad byte): it is cut the same way.
         let mut abort = vec![ABORT, 0, 0, 0, 1, 0, 0, 0, 2];
         abort.extend(std::iter::repeat_n(0xff, MESSAGE_MAX));
-        let ToRoot::Abort { message, .. } = ToRoot::decode(&abort).unwrap() else { panic!() };
+        let Up::Abort { message, .. } = Up::decode(&abort).unwrap() else { panic!() };
         assert_eq!(message, "\u{fffd}".repeat(MESSAGE_MAX / 3));
-        let m = ToRoot::Abort { rank: 1, code: 2, message };
-        assert_eq!(ToRoot::decode(payload(&m.encode().unwrap())), Ok(m));
+        let m = Up::Abort { rank: 1, code: 2, message };
+        assert_eq!(Up::decode(payload(&m.encode().unwrap())), Ok(m));
     }
 
     #[test]
     fn frames_are_split_however_the_bytes_come() {
         let frames: Vec<u8> = [
-            ToRoot::Gone { rank: 1 }.encode().unwrap(),
-            ToRoot::Bye.encode().unwrap(),
-            contrib(0, 1, &[5; 300]).unwrap(),
+            Up::Gone { rank: 1 }.encode().unwrap(),
+            Up::Bye.encode().unwrap(),
+            Up::Collective(Arc::new(vec![5; 300])).encode().unwrap(),
         ]
         .into_iter()
         .flatten()
@@ -510,7 +540,7 @@ mod tests {
             for piece in frames.chunks(chunk) {
                 fb.extend(piece);
                 while let Some(p) = fb.next(CONTROL_MAX).unwrap() {
-                    got.push(ToRoot::decode(p).unwrap());
+                    got.push(Up::decode(p).unwrap());
                 }
             }
             assert_eq!(got.len(), 3, "chunk {chunk}");

@@ -1,0 +1,327 @@
+//! One connection of the collective, served non-blocking in an epoll loop: frames come in as they arrive,
+//! and go out through a queue that holds what the socket cannot take yet. srun's root serves one per node;
+//! a stepd one to srun, one to its parent and one per child in the tree.
+
+use super::wire::{collective_head, Direction, FrameBuf, FrameError, TooLarge};
+use crate::collective::Bytes;
+use crate::driver::{epoll_create, epoll_ctl, Watcher};
+use std::collections::VecDeque;
+use std::io::{self, Read as _};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The epoll set links and the acceptor are served in: srun's own, or a stepd's progress loop.
+pub trait Watch: Send + Sync {
+    fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()>;
+    fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()>;
+    fn remove(&self, fd: RawFd) -> io::Result<()>;
+}
+
+impl Watch for Watcher {
+    fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        Watcher::add(self, fd, events, token)
+    }
+    fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        Watcher::modify(self, fd, events, token)
+    }
+    fn remove(&self, fd: RawFd) -> io::Result<()> {
+        Watcher::remove(self, fd)
+    }
+}
+
+/// An epoll set of its own: srun's root thread.
+pub struct Epoll(OwnedFd);
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        epoll_create().map(Epoll)
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl Watch for Epoll {
+    fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        epoll_ctl(&self.0, libc::EPOLL_CTL_ADD, fd, events, token)
+    }
+    fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        epoll_ctl(&self.0, libc::EPOLL_CTL_MOD, fd, events, token)
+    }
+    fn remove(&self, fd: RawFd) -> io::Result<()> {
+        epoll_ctl(&self.0, libc::EPOLL_CTL_DEL, fd, 0, 0)
+    }
+}
+
+/// A frame waiting to go out: a short head (a collective frame's length and kind) and a body that may be
+/// shared with other links (one ALL, queued for every child).
+struct Out {
+    head: [u8; 5],
+    head_len: usize,
+    body: Bytes,
+    /// Bytes of head and body already written.
+    at: usize,
+}
+
+impl Out {
+    fn len(&self) -> usize {
+        self.head_len + self.body.len()
+    }
+}
+
+/// What one read brought.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read {
+    /// This many bytes, now in the link's input.
+    Data(usize),
+    /// Nothing more for now.
+    Blocked,
+    /// The peer closed the connection, or it failed: why.
+    Closed(String),
+}
+
+/// A framed, non-blocking connection.
+pub struct Link {
+    stream: TcpStream,
+    token: u64,
+    watch: Option<Arc<dyn Watch>>,
+    input: FrameBuf,
+    output: VecDeque<Out>,
+    /// epoll watches it for writing too, while output waits.
+    watching_out: bool,
+    /// A write failed: the peer is gone (the reading side sees the close and reports it).
+    broken: bool,
+}
+
+impl Link {
+    /// A link over `stream` (made non-blocking), served under `token`, with `input` already received.
+    pub fn new(stream: TcpStream, token: u64, input: FrameBuf) -> io::Result<Link> {
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        Ok(Link { stream, token, watch: None, input, output: VecDeque::new(), watching_out: false, broken: false })
+    }
+
+    /// Adds the link to `watch`'s epoll set.
+    pub fn watch(&mut self, watch: Arc<dyn Watch>) -> io::Result<()> {
+        watch.add(self.stream.as_raw_fd(), self.events(), self.token)?;
+        self.watch = Some(watch);
+        Ok(())
+    }
+
+    /// Whether a write failed.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Queues a whole encoded frame and writes what the socket takes now.
+    pub fn send(&mut self, frame: Vec<u8>) {
+        self.queue(Out { head: [0; 5], head_len: 0, body: Arc::new(frame), at: 0 });
+    }
+
+    /// Queues a collective frame (shared, not copied) behind its head, and writes what the socket takes now.
+    pub fn send_collective(&mut self, direction: Direction, frame: &Bytes) -> Result<(), TooLarge> {
+        let head = collective_head(direction, frame.len())?;
+        self.queue(Out { head, head_len: head.len(), body: frame.clone(), at: 0 });
+        Ok(())
+    }
+
+    fn queue(&mut self, out: Out) {
+        if self.broken {
+            return;
+        }
+        self.output.push_back(out);
+        self.flush();
+    }
+
+    /// Writes queued frames until the socket would block; then has epoll say when it can take more.
+    pub fn flush(&mut self) {
+        while let Some(out) = self.output.front_mut() {
+            let head = &out.head[..out.head_len];
+            let (h, b) = match out.at.checked_sub(head.len()) {
+                None => (&head[out.at..], &out.body[..]),
+                Some(at) => (&[][..], &out.body[at..]),
+            };
+            match send_vectored(self.stream.as_raw_fd(), h, b) {
+                Ok(n) => {
+                    out.at += n;
+                    if out.at == out.len() {
+                        self.output.pop_front();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.broken = true;
+                    self.output.clear();
+                    break;
+                }
+            }
+        }
+        let want_out = !self.output.is_empty();
+        if want_out != self.watching_out {
+            self.watching_out = want_out;
+            if let Some(w) = &self.watch {
+                let _ = w.modify(self.stream.as_raw_fd(), self.events(), self.token);
+            }
+        }
+    }
+
+    fn events(&self) -> u32 {
+        (libc::EPOLLIN | if self.watching_out { libc::EPOLLOUT } else { 0 }) as u32
+    }
+
+    /// Reads once from the socket into the link's input.
+    pub fn read(&mut self, buf: &mut [u8]) -> Read {
+        loop {
+            return match self.stream.read(buf) {
+                Ok(0) => Read::Closed("the peer closed the connection".into()),
+                Ok(n) => {
+                    self.input.extend(&buf[..n]);
+                    Read::Data(n)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Read::Blocked,
+                Err(e) => Read::Closed(e.to_string()),
+            };
+        }
+    }
+
+    /// The next whole frame received (see [`FrameBuf::next`]).
+    pub fn next(&mut self, max: usize) -> Result<Option<&[u8]>, FrameError> {
+        self.input.next(max)
+    }
+
+    /// Frees the input buffer once every frame in it was handed out (see [`FrameBuf::release`]).
+    pub fn release(&mut self) {
+        self.input.release();
+    }
+
+    /// Writes what is queued on every link of `links`, waiting for their sockets at most until `deadline`
+    /// (the loop that serves them has ended).
+    pub fn drain(links: &mut [&mut Link], deadline: Instant) {
+        loop {
+            links.iter_mut().for_each(|l| l.flush());
+            let mut waiting: Vec<libc::pollfd> = links
+                .iter()
+                .filter(|l| !l.output.is_empty() && !l.broken)
+                .map(|l| libc::pollfd { fd: l.stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 })
+                .collect();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if waiting.is_empty() || left.is_zero() {
+                return;
+            }
+            // SAFETY: a live array of pollfds, its length passed.
+            unsafe {
+                libc::poll(waiting.as_mut_ptr(), waiting.len() as libc::nfds_t, left.as_millis().clamp(1, 1000) as i32)
+            };
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // A copy of the socket elsewhere (a stepd keeps one to cut it at the end) would keep it in the set.
+        if let Some(w) = &self.watch {
+            let _ = w.remove(self.stream.as_raw_fd());
+        }
+    }
+}
+
+/// Writes `head` then `body` in one call. `sendmsg` with `MSG_NOSIGNAL`: a peer that closed its end must not
+/// raise SIGPIPE in srun or slurmstepd.
+fn send_vectored(fd: RawFd, head: &[u8], body: &[u8]) -> io::Result<usize> {
+    let mut iov = [
+        libc::iovec { iov_base: head.as_ptr() as *mut libc::c_void, iov_len: head.len() },
+        libc::iovec { iov_base: body.as_ptr() as *mut libc::c_void, iov_len: body.len() },
+    ];
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    // SAFETY: the iovecs point into live buffers that are only read.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slurm::wire::{Down, Up};
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn a_shared_frame_goes_out_whole_on_every_link_and_a_full_socket_waits() {
+        let (a, mut peer) = pair();
+        let mut link = Link::new(a, 0, FrameBuf::default()).unwrap();
+        // Far more than the socket buffers take: the rest waits in the queue.
+        let big: Bytes = Arc::new(vec![7; 16 << 20]);
+        link.send_collective(Direction::Down, &big).unwrap();
+        link.send(Up::Bye.encode().unwrap());
+        assert!(!link.output.is_empty(), "16 MiB went out at once");
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            peer.read_to_end(&mut all).unwrap();
+            all
+        });
+        Link::drain(&mut [&mut link], Instant::now() + std::time::Duration::from_secs(20));
+        assert!(link.output.is_empty() && !link.is_broken());
+        drop(link);
+        let all = reader.join().unwrap();
+        let mut fb = FrameBuf::default();
+        fb.extend(&all);
+        assert_eq!(Down::decode(fb.next(usize::MAX).unwrap().unwrap()), Ok(Down::Collective(big)));
+        assert_eq!(Up::decode(fb.next(usize::MAX).unwrap().unwrap()), Ok(Up::Bye));
+    }
+
+    #[test]
+    fn a_closed_peer_breaks_the_link_without_a_signal() {
+        let (a, peer) = pair();
+        let mut link = Link::new(a, 0, FrameBuf::default()).unwrap();
+        drop(peer);
+        for _ in 0..100 {
+            link.send(vec![0; 64 << 10]);
+            if link.is_broken() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(link.is_broken());
+        let mut buf = [0u8; 16];
+        assert!(matches!(link.read(&mut buf), Read::Closed(_)));
+    }
+
+    #[test]
+    fn frames_come_in_as_they_arrive() {
+        let (a, mut peer) = pair();
+        let mut link = Link::new(a, 0, FrameBuf::default()).unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(link.read(&mut buf), Read::Blocked);
+        let joined = Up::Joined { epoch: 3 }.encode().unwrap();
+        peer.write_all(&joined).unwrap();
+        peer.flush().unwrap();
+        let mut got = 0;
+        while got < joined.len() {
+            match link.read(&mut buf) {
+                Read::Data(n) => got += n,
+                Read::Blocked => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Read::Closed(why) => panic!("{why}"),
+            }
+        }
+        assert_eq!(Up::decode(link.next(64).unwrap().unwrap()), Ok(Up::Joined { epoch: 3 }));
+        assert_eq!(link.next(64), Ok(None));
+    }
+}
