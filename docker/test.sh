@@ -19,3 +19,6 @@ cargo test --lib --bins --tests --locked   # not --all-targets: that would also 
 # (docker/with-slurm.sh).
 cargo clippy --all-targets --locked --features slurm -- -D warnings
 bash docker/with-slurm.sh cargo test --locked --features slurm --lib --test slurm
+# The same plugin over 100 nodes (100 slurmd on this machine): the tests that need that many, which the run on
+# 3 nodes leaves out (#[ignore]).
+RPMI_SLURM_NODES=100 bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored
