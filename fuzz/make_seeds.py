@@ -6,11 +6,13 @@ fuzz/seeds/frames (streams of slurmstepd-srun frames, src/slurm/wire.rs) and of 
 The engine input format is the one fuzz_targets/engine.rs decodes: byte 0 is the configuration (bit 0
 trace, bit 1 host offers services, bit 2 small limits, bit 3 cyclic task map), then operations, each an
 op byte (op % 16 = what, (op // 16) % 3 = task) and its argument bytes. The frames input format is the
-one fuzz_targets/frames.rs decodes: 4 header bytes (receiver and bounds, small bound / 16, nodes - 1,
-chunk sizes), then the stream. Run from anywhere:
+one fuzz_targets/frames.rs decodes: 4 header bytes (see fuzz/README.md, "The `frames` target"), then the
+stream. Run from anywhere:
     python3 fuzz/make_seeds.py
 """
 
+import hashlib
+import hmac
 import os
 import struct
 
@@ -179,31 +181,53 @@ PARSE_SEEDS = [
 ]
 
 
-# The frames of src/slurm/wire.rs: a u32 big-endian payload length, then the payload (kind byte first).
-K_HELLO, K_CONTRIB, K_ABORT, K_ERROR, K_GONE, K_BYE, K_PROOF = 1, 2, 3, 4, 5, 6, 7
-K_ALL, K_FAIL, K_END, K_CHALLENGE, K_WELCOME = 0x81, 0x82, 0x83, 0x84, 0x85
-VERSION = 2
+# The frames of src/slurm/wire.rs (protocol version 3): a u32 big-endian payload length, then the payload
+# (kind byte first). A COLLECTIVE carries a frame of the collective (src/collective/frame.rs) unchanged.
+
+K_HELLO, K_JOINED, K_ABORT, K_ERROR, K_GONE, K_BYE, K_PROOF, K_UP = 1, 2, 3, 4, 5, 6, 7, 8
+K_END, K_CHALLENGE, K_WELCOME, K_PARENT, K_PARENT_DONE, K_DOWN = 0x83, 0x84, 0x85, 0x86, 0x87, 0x88
+# The collective's kinds.
+C_CONTRIB, C_LOST, C_BYE, C_REPORT, C_ALL, C_FAIL, C_END = 1, 2, 3, 4, 0x81, 0x82, 0x83
+VERSION = 3
 MESSAGE_MAX = 4096
+# Who admits, in a transcript, when it is srun (src/slurm/auth.rs).
+TO_ROOT = 0xFFFFFFFF
+# The target's step secret, the nonce its acceptor challenges with and the one its joiner says HELLO with.
+SECRET = b"\x5a" * 32
+ACCEPTOR_NONCE = b"\x5a" * 32
+JOINER_NONCE = b"\xa5" * 32
 
 
 def frame(kind, payload=b""):
     return struct.pack(">IB", 1 + len(payload), kind) + payload
 
 
-def hello(node, nonce):
-    return frame(K_HELLO, b"RPMI" + struct.pack(">HI", VERSION, node) + nonce)
+def hello(node, nonce, port=0, width=1, version=VERSION):
+    return frame(K_HELLO, b"RPMI" + struct.pack(">HI", version, node) + nonce + struct.pack(">HI", port, width))
 
 
-def parts(ps):
-    return struct.pack(">I", len(ps)) + b"".join(struct.pack(">II", n, len(b)) + b for n, b in ps)
+def prove(label, node, to, joiner_nonce, acceptor_nonce):
+    """A proof of the handshake (auth::Secret::prove): HMAC-SHA256 over the label and the transcript."""
+    message = label + struct.pack(">II", node, to) + joiner_nonce + acceptor_nonce
+    return hmac.new(SECRET, message, hashlib.sha256).digest()
 
 
-def contrib(epoch, ps):
-    return frame(K_CONTRIB, struct.pack(">I", epoch) + parts(ps))
+def proof(node, to, joiner_nonce):
+    """The joiner's right PROOF, after the target's acceptor challenged with ACCEPTOR_NONCE."""
+    return frame(K_PROOF, prove(b"rpmi join", node, to, joiner_nonce, ACCEPTOR_NONCE))
 
 
-def all_(epoch, ps):
-    return frame(K_ALL, struct.pack(">I", epoch) + parts(ps))
+def welcome(node, to, acceptor_nonce):
+    """The acceptor's right WELCOME to the target's joiner (HELLO with JOINER_NONCE)."""
+    return frame(K_WELCOME, prove(b"rpmi admit", node, to, JOINER_NONCE, acceptor_nonce))
+
+
+def up(inner):
+    return frame(K_UP, inner)
+
+
+def down(inner):
+    return frame(K_DOWN, inner)
 
 
 def abort(rank, code, message):
@@ -214,18 +238,46 @@ def error(rank, failed, message):
     return frame(K_ERROR, struct.pack(">IB", rank, failed) + message)
 
 
+def u32(kind, n):
+    return frame(kind, struct.pack(">I", n))
+
+
+# The collective's frames (the payload of a COLLECTIVE).
+def parts(ps):
+    return struct.pack(">I", len(ps)) + b"".join(struct.pack(">II", n, len(b)) + b for n, b in ps)
+
+
+def contrib(epoch, ps):
+    return bytes([C_CONTRIB]) + struct.pack(">I", epoch) + parts(ps)
+
+
+def all_(epoch, ps):
+    return bytes([C_ALL]) + struct.pack(">I", epoch) + parts(ps)
+
+
 def fail(epoch, message):
-    return frame(K_FAIL, struct.pack(">I", epoch) + message)
+    return bytes([C_FAIL]) + struct.pack(">I", epoch) + message
 
 
-# Header byte 0: the receiver (0 root from the start, 1 root after the handshake, 2 stepd, 3 stepd in the
-# handshake), + SMALL for small bounds (byte 1 * 64 bytes); byte 2: nodes - 1; byte 3: chunk sizes (bits 0-1:
-# at most 1, 7, 64, 4096 bytes; the rest seeds them).
-ROOT, ADMITTED, STEPD, HANDSHAKE, SMALL = 0, 1, 2, 3, 4
+def lost(node):
+    return bytes([C_LOST]) + struct.pack(">I", node)
 
 
-def frames(receiver, stream, bound=0, nodes=1, chunks=2):
-    return bytes([receiver, bound, nodes - 1, chunks]) + stream
+def report(data):
+    return bytes([C_REPORT]) + data
+
+
+# Header byte 0: the receiver (SRUN: srun from node n; PARENT_OF: n's parent from n, n moved among the
+# nodes whose parent is a stepd; FROM_SRUN: stepd n from srun; FROM_PARENT: stepd n (moved likewise) from
+# its parent), + FIRST for the stream from the connection's first byte (the handshake first), + SMALL for
+# small bounds, + the tree's width * 16 (0: the star); byte 1: n (modulo the nodes), and with SMALL the
+# bound on a part in units of 256 bytes; byte 2: nodes - 1; byte 3: chunk sizes (bits 0-1: at most 1, 7,
+# 64, 4096 bytes; the rest seeds them).
+SRUN, PARENT_OF, FROM_SRUN, FROM_PARENT, FIRST, SMALL = 0, 1, 2, 3, 4, 8
+
+
+def frames(receiver, stream, node=0, nodes=1, width=0, chunks=2):
+    return bytes([receiver | width << 4, node, nodes - 1, chunks]) + stream
 
 
 def kvs(node, n):
@@ -234,80 +286,170 @@ def kvs(node, n):
 
 
 FRAME_SEEDS = {
-    # A stepd's whole life, as the root reads it: handshake, two exchanges, a rank gone, the end.
-    "root_session": frames(
-        ROOT,
-        hello(1, bytes(range(32)))
-        + frame(K_PROOF, bytes(range(100, 132)))
-        + contrib(0, [(1, kvs(1, 2))])
-        + contrib(1, [(1, b"")])
-        + frame(K_GONE, struct.pack(">I", 3))
+    # A stepd's whole life as srun reads it: node 1 of 5 in a tree of width 2 (its subtree: 1 and 4), with
+    # the right proof; two exchanges of its subtree's parts, a rank gone, its child lost, a report, the end.
+    "srun_session": frames(
+        SRUN | FIRST,
+        hello(1, bytes(range(32)), port=4242, width=2)
+        + proof(1, TO_ROOT, bytes(range(32)))
+        + u32(K_JOINED, 0)
+        + up(contrib(0, [(1, kvs(1, 2)), (4, kvs(4, 1))]))
+        + u32(K_JOINED, 1)
+        + up(contrib(1, [(1, b""), (4, b"")]))
+        + u32(K_GONE, 3)
+        + up(lost(4))
+        + up(report(b"\x01rank 9 exited"))
+        + up(bytes([C_BYE]))
         + frame(K_BYE),
+        node=1,
+        nodes=5,
+        width=2,
         chunks=1,
     ),
     # Aborts and job errors (with a UTF-8 text, an empty one, one of MESSAGE_MAX bytes), after the handshake.
-    "root_faults": frames(
-        ADMITTED,
+    "srun_faults": frames(
+        SRUN,
         abort(0, 7, b"rank 0: out of memory")
         + abort(2, -1, b"")
         + error(5, 1, "caf\u00e9 \u2014 rank 5 exited".encode())
         + error(6, 0, b"x" * MESSAGE_MAX)
-        + frame(K_GONE, struct.pack(">I", 4)),
+        + u32(K_GONE, 4)
+        + u32(K_JOINED, 2),
         chunks=3,
     ),
-    # A tree's CONTRIB of several nodes' parts, then one over a small bound (65 * 64 bytes per node: the
-    # root takes any frame up to CONTROL_MAX, 4112 bytes).
-    "root_small_bound": frames(
-        ADMITTED | SMALL,
-        contrib(3, [(2, kvs(2, 3)), (3, kvs(3, 1)), (4, b"")]) + contrib(4, [(2, b"y" * 4200)]),
-        bound=65,
+    # A text over MESSAGE_MAX, which no encoder writes: refused.
+    "srun_long_text": frames(SRUN, abort(1, 2, b"z" * (MESSAGE_MAX + 1)) + frame(K_BYE), chunks=2),
+    # Small bounds (768 bytes a part, node 0 of a star of 3): a CONTRIB, one with a part over the bound
+    # (refused by the collective), then a frame over the transport's bound (16,386 bytes: a control frame of
+    # the collective and its kind), refused as soon as its length has come.
+    "srun_small_bound": frames(
+        SRUN | SMALL,
+        up(contrib(3, [(0, kvs(0, 3))]))
+        + up(contrib(4, [(0, b"y" * 800)]))
+        + struct.pack(">IB", 16387, K_UP)
+        + bytes([C_REPORT]) * 8,
+        node=3,
+        nodes=3,
         chunks=6,
     ),
-    # Not a stepd: an HTTP request, and a HELLO of protocol version 1, as the root's first frame.
-    "root_garbage": frames(ROOT, b"GET / HTTP/1.0\r\n\r\n", chunks=0),
-    "root_version_1": frames(
-        ROOT, frame(K_HELLO, b"RPMI" + struct.pack(">HI", 1, 0) + bytes(32)) + frame(K_PROOF, bytes(32)), chunks=4
+    # Not a stepd: an HTTP request, and a HELLO of protocol version 2 (without port and width), as srun's
+    # first frame.
+    "srun_garbage": frames(SRUN | FIRST, b"GET / HTTP/1.0\r\n\r\n", chunks=0),
+    "srun_version_2": frames(
+        SRUN | FIRST,
+        frame(K_HELLO, b"RPMI" + struct.pack(">HI", 2, 0) + bytes(32)) + frame(K_PROOF, bytes(32)),
+        chunks=4,
     ),
-    # Malformed frames: a part count the frame cannot hold, a part longer than the frame, a trailing byte,
-    # a job error whose cause is 2, an unknown kind, an empty frame.
+    # Malformed frames: a trailing byte, a job error whose cause is 2, an unknown kind, an empty frame, a
+    # JOINED cut short; COLLECTIVEs with nothing inside, a part count the frame cannot hold, a part longer
+    # than the frame, a FAIL text over MESSAGE_MAX, an unknown collective kind.
     "malformed": frames(
-        ADMITTED,
-        frame(K_CONTRIB, struct.pack(">II", 0, 1000) + bytes(8))
-        + frame(K_CONTRIB, struct.pack(">IIII", 0, 1, 0, 9) + b"a")
-        + frame(K_BYE, b"\0")
+        SRUN,
+        frame(K_BYE, b"\0")
         + error(1, 2, b"?")
         + frame(99)
-        + struct.pack(">I", 0),
+        + struct.pack(">I", 0)
+        + frame(K_JOINED, b"\0\0")
+        + up(b"")
+        + up(bytes([C_CONTRIB]) + struct.pack(">II", 0, 1000) + bytes(8))
+        + up(bytes([C_CONTRIB]) + struct.pack(">IIII", 0, 1, 0, 9) + b"a")
+        + down(fail(0, b"f" * (MESSAGE_MAX + 1)))
+        + up(bytes([0x42])),
         chunks=5,
     ),
-    # The stepd's side: the handshake, then exchanges for 3 nodes, a failure, the end.
-    "stepd_handshake": frames(
-        HANDSHAKE, frame(K_CHALLENGE, bytes(range(32, 64))) + frame(K_WELCOME, bytes(range(64, 96))), chunks=7
+    # A parent stepd admits its child: node 2 of 7 in a tree of width 2 (parent 0, subtree 2 and 6), with
+    # the right proof; the child's CONTRIB, its goodbye (the collective's and a BYE, which only srun takes).
+    "parent_from_child": frames(
+        PARENT_OF | FIRST,
+        hello(2, bytes(range(64, 96)), port=0, width=2)
+        + proof(2, 0, bytes(range(64, 96)))
+        + up(contrib(0, [(2, kvs(2, 1)), (6, kvs(6, 2))]))
+        + up(bytes([C_BYE]))
+        + frame(K_BYE),
+        node=0,
+        nodes=7,
+        width=2,
+        chunks=3,
     ),
-    "stepd_session": frames(
-        STEPD,
-        all_(0, [(0, kvs(0, 2)), (1, kvs(1, 2)), (2, kvs(2, 1))])
-        + all_(1, [(0, b""), (1, b""), (2, b"")])
-        + fail(2, b"rank 3 on n2 closed its PMI connection")
+    # The stepd's side: node 3 of 7 in a tree of width 2 joins srun (the right WELCOME), hears where its
+    # parent listens, then only the end; node 0, srun's child, gets the exchanges, a failure and the end.
+    "stepd_from_srun": frames(
+        FROM_SRUN | FIRST,
+        frame(K_CHALLENGE, bytes(range(32, 64)))
+        + welcome(3, TO_ROOT, bytes(range(32, 64)))
+        + frame(K_PARENT, struct.pack(">H", 4242))
+        + down(bytes([C_END]))
         + frame(K_END),
+        node=3,
+        nodes=7,
+        width=2,
+        chunks=7,
+    ),
+    "stepd_from_srun_child": frames(
+        FROM_SRUN | FIRST,
+        frame(K_CHALLENGE, bytes(range(32, 64)))
+        + welcome(0, TO_ROOT, bytes(range(32, 64)))
+        + down(all_(0, [(0, kvs(0, 2)), (1, kvs(1, 2)), (2, kvs(2, 1))]))
+        + down(all_(1, [(0, b""), (1, b""), (2, b"")]))
+        + down(fail(2, b"rank 3 on n2 closed its PMI connection"))
+        + down(bytes([C_END]))
+        + frame(K_END),
+        node=0,
         nodes=3,
+        width=2,
         chunks=2,
     ),
-    # An ALL over a small store (4 * 64 bytes): refused before it is read.
+    # A parent that finished before its child joined it; a WELCOME whose proof is wrong.
+    "stepd_parent_done": frames(
+        FROM_SRUN | FIRST,
+        frame(K_CHALLENGE, bytes(32)) + frame(K_WELCOME, bytes(32)) + frame(K_PARENT_DONE) + frame(K_END),
+        node=5,
+        nodes=6,
+        width=1,
+        chunks=1,
+    ),
+    # Node 2 of 7 (width 2) joins its parent, node 0 (the right WELCOME): the ALL, the parent's goodbye, a
+    # failure of the next exchange, the root's end.
+    "stepd_from_parent": frames(
+        FROM_PARENT | FIRST,
+        frame(K_CHALLENGE, bytes(range(96, 128)))
+        + welcome(2, 0, bytes(range(96, 128)))
+        + down(all_(0, [(i, kvs(i, 1)) for i in range(7)]))
+        + down(bytes([C_BYE]))
+        + down(fail(1, b"node 4 lost"))
+        + down(bytes([C_END])),
+        node=0,
+        nodes=7,
+        width=2,
+        chunks=2,
+    ),
+    # Small bounds (256 bytes a part, a store of 1024; node 1 of a chain of 2): an ALL with a part over the
+    # bound, one within, then a frame over the transport's bound (16,386 bytes), refused.
     "stepd_small_bound": frames(
-        STEPD | SMALL, all_(0, [(0, b"a" * 100), (1, b"b" * 200)]) + fail(1, b"late"), bound=4, nodes=2, chunks=1
+        FROM_PARENT | SMALL,
+        down(all_(0, [(0, b"a" * 100), (1, b"b" * 300)]))
+        + down(all_(1, [(0, b""), (1, b"")]))
+        + struct.pack(">IB", 16387, K_DOWN)
+        + bytes([C_ALL]),
+        node=1,
+        nodes=2,
+        width=1,
+        chunks=1,
     ),
     # A failure whose text is not UTF-8 (each bad byte decodes to U+FFFD, 3 bytes).
-    "stepd_not_utf8": frames(STEPD, fail(0, b"\xff" * 64 + "\u00e9".encode()[:1]) + frame(K_END), nodes=1, chunks=3),
-    # The frames of both sides in one stream, whole.
+    "stepd_not_utf8": frames(FROM_SRUN, down(fail(0, b"\xff" * 64 + "\u00e9".encode()[:1])) + frame(K_END), chunks=3),
+    # The frames of both directions in one stream, whole.
     "both_sides": frames(
-        ADMITTED,
-        hello(0, bytes(32))
+        SRUN,
+        hello(0, bytes(32), width=4)
         + frame(K_CHALLENGE, bytes(32))
         + frame(K_PROOF, bytes(32))
         + frame(K_WELCOME, bytes(32))
-        + contrib(0, [(0, b"0 k=v\n")])
-        + all_(0, [(0, b"0 k=v\n")])
+        + u32(K_JOINED, 0)
+        + frame(K_PARENT, struct.pack(">H", 1))
+        + frame(K_PARENT_DONE)
+        + up(contrib(0, [(0, b"0 k=v\n")]))
+        + down(all_(0, [(0, b"0 k=v\n")]))
         + frame(K_BYE)
         + frame(K_END),
         chunks=3,
