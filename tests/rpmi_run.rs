@@ -42,7 +42,7 @@ struct Programs {
 }
 
 /// The private copies, by name in the temp dir: of mpi_pairs, of rpmi-probe and of sleep(1).
-const PRIVATE_MPI: &[&str] = &["mpi_abort_pos", "mpi_abort_neg", "mpi_killed"];
+const PRIVATE_MPI: &[&str] = &["mpi_abort_pos", "mpi_abort_neg", "mpi_killed", "mpi_abort_tree", "mpi_killed_tree"];
 const PRIVATE_PROBE: &str = "probe_killed";
 const PRIVATE_SLEEP: &str = "sleep_sigterm";
 
@@ -535,6 +535,18 @@ fn mpi_event_loop() {
     mpi_job(8, &["--event-loop", "--nodes", "2"]);
 }
 
+/// 64 virtual nodes exchanging over a binary tree (depth 6): one rank each.
+#[test]
+fn mpi_sixty_four_nodes_binary_tree() {
+    mpi_job(64, &["--nodes", "64", "--tree-width", "2"]);
+}
+
+/// Eight virtual nodes in a chain: each exchange passes through every node, up and down.
+#[test]
+fn mpi_eight_nodes_chain() {
+    mpi_job(8, &["--nodes", "8", "--tree-width", "1"]);
+}
+
 /// Enough tasks on one node for the driver to answer them in turns of groups: a real MPI job in
 /// event-loop mode, where `progress` serves one group per call and leaves its fd readable.
 #[test]
@@ -587,22 +599,30 @@ fn mapping_cyclic_uneven() {
 // ---------------------------------------------------------------------------------------------------------
 // Ending the job: MPI_Abort, a killed task, signals.
 
-/// Rank 2 of 4 calls MPI_Abort(MPI_COMM_WORLD, code): rpmi-run exits with the code's low byte, says so, and
-/// no task is left. On one node: across nodes, a rank whose MPI_Init fails when rank 2 dies may abort too,
-/// and which abort reaches rpmi-run first is a race (`failing_rank` covers a job ending across nodes).
-fn abort_job(private: &str, code: i32, status: i32) {
+/// Rank `rank` of `n` calls MPI_Abort(MPI_COMM_WORLD, code), with rpmi-run's `opts`: rpmi-run exits with the
+/// code's low byte, says so, and no task is left. On one node, or with one rank per node: a rank whose
+/// MPI_Init fails when the aborting rank dies may abort too, and which abort reaches rpmi-run first is a
+/// race (`failing_rank` covers a job ending across nodes that share ranks).
+fn abort_job(private: &str, opts: &[&str], n: u32, rank: u32, code: i32, status: i32) {
     let exe = programs().private(private);
-    let arg = format!("abort=2:{code}");
-    let args = [OsStr::new("-n"), OsStr::new("4"), exe.as_os_str(), OsStr::new(&arg)];
+    let arg = format!("abort={rank}:{code}");
+    let n_text = n.to_string();
+    let mut args: Vec<&OsStr> = vec![OsStr::new("-n"), OsStr::new(&n_text)];
+    args.extend(opts.iter().map(OsStr::new));
+    args.extend([exe.as_os_str(), OsStr::new(&arg)]);
     let done = start(RUN, &args).wait(END_GUARD);
-    eprintln!("MPI_Abort({code}) on rank 2 of 4: rpmi-run ended after {:.2?} with {}", done.elapsed, done.status);
+    eprintln!(
+        "MPI_Abort({code}) on rank {rank} of {n} {opts:?}: rpmi-run ended after {:.2?} with {}",
+        done.elapsed, done.status
+    );
     assert_none_left(&exe, &done, "after MPI_Abort");
     assert_eq!(done.code(), Some(status), "MPI_Abort({code}):\n{}", done.dump());
     let said = own_messages(&done.stderr);
     assert!(
-        said.iter()
-            .any(|l| l.contains("PMI_Abort") && l.contains(&format!("exit code {code}")) && l.contains("rank 2")),
-        "no message naming rank 2, PMI_Abort and exit code {code}:\n{}",
+        said.iter().any(|l| l.contains("PMI_Abort")
+            && l.contains(&format!("exit code {code}"))
+            && l.contains(&format!("rank {rank} "))),
+        "no message naming rank {rank}, PMI_Abort and exit code {code}:\n{}",
         done.dump()
     );
     assert!(!done.stdout.contains("mpi_pairs:"), "the job finished despite the abort:\n{}", done.dump());
@@ -610,12 +630,21 @@ fn abort_job(private: &str, code: i32, status: i32) {
 
 #[test]
 fn mpi_abort_exit_code() {
-    abort_job(PRIVATE_MPI[0], 7, 7);
+    abort_job(PRIVATE_MPI[0], &[], 4, 2, 7, 7);
 }
 
 #[test]
 fn mpi_abort_negative_exit_code() {
-    abort_job(PRIVATE_MPI[1], -3, 253);
+    abort_job(PRIVATE_MPI[1], &[], 4, 2, -3, 253);
+}
+
+/// Width 2 over 7 nodes, one rank each: node 6 is a leaf at depth 3, under nodes 2 and 0.
+const TREE_OF_SEVEN: &[&str] = &["--nodes", "7", "--tree-width", "2"];
+
+/// An abort on a leaf of a depth-3 tree: its code is the job's status.
+#[test]
+fn mpi_abort_on_a_leaf_of_a_tree() {
+    abort_job(PRIVATE_MPI[3], TREE_OF_SEVEN, 7, 6, 7, 7);
 }
 
 /// Checks what rpmi-run did after the test killed `rank` with SIGKILL.
@@ -636,32 +665,52 @@ fn check_killed_task(done: &Done, exe: &Path, rank: u32, since_kill: Duration) {
     );
 }
 
-#[test]
-fn mpi_task_killed_while_others_wait_in_init_barrier() {
-    let exe = programs().private(PRIVATE_MPI[2]);
-    // rpmi-run learns of the death twice, racing: from waitpid and from the plugin (the task's PMI connection
-    // closed during a barrier). Three rounds, so that either order is likely to be seen.
+/// `rpmi-run -n N OPTS... --trace EXE hang_before_init=VICTIM`: rank VICTIM sleeps before MPI_Init, the others
+/// reach the PMI barrier inside MPI_Init and wait there; then the test kills the victim. rpmi-run learns of
+/// the death several ways, racing: from waitpid, from the plugin (the task's PMI connection closed during a
+/// barrier) when the victim shares its node, and from the collective (its node left the exchange). Three
+/// rounds, so that different orders are likely to be seen.
+fn kill_in_init_barrier(private: &str, n: u32, opts: &[&str], victim: u32) {
+    let exe = programs().private(private);
+    let n_text = n.to_string();
+    let hang = format!("hang_before_init={victim}");
+    let mut args: Vec<&OsStr> = vec![OsStr::new("-n"), OsStr::new(&n_text), OsStr::new("--trace")];
+    args.extend(opts.iter().map(OsStr::new));
+    args.extend([exe.as_os_str(), OsStr::new(&hang)]);
     for round in 1..=3 {
         eprintln!("round {round}:");
-        // Rank 3 sleeps before MPI_Init; ranks 0-2 reach the PMI barrier inside MPI_Init and wait there.
-        let mut job = start(
-            RUN,
-            &[OsStr::new("-n"), OsStr::new("4"), OsStr::new("--trace"), exe.as_os_str(), "hang_before_init=3".as_ref()],
-        );
-        job.wait_for_stderr(GUARD, "barrier_in from ranks 0-2", |err| {
-            (0..3).all(|r| err.contains(&format!("rank {r} C: cmd=barrier_in")))
+        let mut job = start(RUN, &args);
+        job.wait_for_stderr(GUARD, "barrier_in from every other rank", |err| {
+            (0..n).filter(|&r| r != victim).all(|r| err.contains(&format!("rank {r} C: cmd=barrier_in")))
         });
         let rpmi = job.pid();
-        let victim = job.wait_until(GUARD, "rank 3's process", |_| task_pid(rpmi, 3));
+        // With several nodes, the tasks are the children of the nodes' shells.
+        let task = job.wait_until(GUARD, &format!("rank {victim}'s process"), |_| {
+            std::iter::once(rpmi).chain(descendants(rpmi)).find_map(|p| task_pid(p, victim))
+        });
         assert!(
-            !job.stderr_now().contains("rank 3 C:"),
-            "rank 3 spoke PMI although it sleeps before MPI_Init:\n{}",
+            !job.stderr_now().contains(&format!("rank {victim} C:")),
+            "rank {victim} spoke PMI although it sleeps before MPI_Init:\n{}",
             job.stderr_now()
         );
         let killed = Instant::now();
-        signal(victim, libc::SIGKILL);
+        signal(task, libc::SIGKILL);
         let done = job.wait_ending(END_GUARD);
-        check_killed_task(&done, &exe, 3, done.ended - killed);
+        check_killed_task(&done, &exe, victim, done.ended - killed);
+    }
+}
+
+#[test]
+fn mpi_task_killed_while_others_wait_in_init_barrier() {
+    kill_in_init_barrier(PRIVATE_MPI[2], 4, &[], 3);
+}
+
+/// Over a tree, a task killed on an interior node (node 2: under node 0, over node 6) and on a leaf (node
+/// 6), while the others wait in the barrier inside MPI_Init.
+#[test]
+fn mpi_task_killed_in_a_tree_while_others_wait() {
+    for victim in [2, 6] {
+        kill_in_init_barrier(PRIVATE_MPI[4], 7, TREE_OF_SEVEN, victim);
     }
 }
 
@@ -709,15 +758,22 @@ const MODES: &[&[&str]] = &[&[], &["--event-loop"], &["--nodes", "2"], &["--node
 /// `rpmi-run -n 4 MODE... pmi_barrier_break DIR 1 ACTION`: ranks 0, 2 and 3 wait in a barrier, then rank 1
 /// does ACTION. Every rank is ended: none is left in the job's process group.
 fn break_barrier(mode: &[&str], action: &str) -> Done {
+    break_barrier_at(4, mode, 1, action)
+}
+
+/// `rpmi-run -n N MODE... pmi_barrier_break DIR RANK ACTION`: every other rank waits in a barrier, then
+/// RANK does ACTION.
+fn break_barrier_at(n: u32, mode: &[&str], rank: u32, action: &str) -> Done {
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let dir = programs().dir.join(format!("barrier-{n}"));
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = programs().dir.join(format!("barrier-{run}"));
     std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-    let mut args: Vec<&OsStr> = vec!["-n".as_ref(), "4".as_ref()];
+    let (n_text, rank_text) = (n.to_string(), rank.to_string());
+    let mut args: Vec<&OsStr> = vec!["-n".as_ref(), n_text.as_ref()];
     args.extend(mode.iter().map(OsStr::new));
-    args.extend([programs().barrier_break.as_os_str(), dir.as_os_str(), "1".as_ref(), action.as_ref()]);
+    args.extend([programs().barrier_break.as_os_str(), dir.as_os_str(), rank_text.as_ref(), action.as_ref()]);
     let done = start(RUN, &args).wait(END_GUARD);
-    eprintln!("{mode:?} {action}: rpmi-run ended after {:.2?} with {}", done.elapsed, done.status);
+    eprintln!("-n {n} {mode:?}, rank {rank} {action}: rpmi-run ended after {:.2?} with {}", done.elapsed, done.status);
     assert!(done.stragglers.is_empty(), "tasks outlived rpmi-run ({mode:?} {action}):\n{}", done.dump());
     let _ = std::fs::remove_dir_all(&dir);
     done
@@ -776,6 +832,23 @@ fn an_abort_is_the_one_line_said() {
             "{mode:?}:\n{}",
             done.dump()
         );
+    }
+}
+
+/// Over a tree, rank 2 (on interior node 2) or rank 6 (on leaf node 6) leaves the barrier the others wait in,
+/// alone on its node. Exiting 0 without PMI_Finalize, the job error is its node's leaving (status 125); the
+/// one line said names the node and the rank. Exiting 3, it failed on its own: its status, and its line.
+#[test]
+fn leaving_a_barrier_in_a_tree_ends_the_job() {
+    for rank in [2, 6] {
+        let done = break_barrier_at(7, TREE_OF_SEVEN, rank, "exit:0");
+        assert_eq!(done.code(), Some(125), "rank {rank} exit:0:\n{}", done.dump());
+        let want = format!("virtual node {rank} ended: rank {rank} exited while other ranks wait for it in a barrier");
+        assert_eq!(own_messages(&done.stderr), [format!("rpmi-run: {want}")], "rank {rank} exit:0:\n{}", done.dump());
+        let done = break_barrier_at(7, TREE_OF_SEVEN, rank, "exit:3");
+        assert_eq!(done.code(), Some(3), "rank {rank} exit:3:\n{}", done.dump());
+        let want = format!("rpmi-run: rank {rank} exited with code 3; ending the job");
+        assert_eq!(own_messages(&done.stderr), [want], "rank {rank} exit:3:\n{}", done.dump());
     }
 }
 

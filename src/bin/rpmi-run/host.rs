@@ -1,11 +1,11 @@
 //! rpmi-run as the plugin's host: the callbacks of `rpmi_host_ops` for one virtual node's instance, the
-//! collective (done on the spot for a one-node job, else through the coordinator), and ending the job.
+//! collective (done on the spot for a one-node job, else over the nodes' tree), and ending the job.
 
 use crate::link::Link;
 use crate::plugin::{call, Plugin};
 use rpmi::abi::ffi::{self, rpmi_buf, rpmi_host_ops, rpmi_instance};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
-use std::ffi::c_int;
+use std::ffi::{c_int, CString};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -23,6 +23,9 @@ pub enum Cause {
     JobError { rank: u32, lost: bool },
     /// A signal passed on to the tasks, or the coordinator's order to end them: their own statuses decide.
     Signal,
+    /// This node's machine of the collective found a job error: `node` at fault (`None`: the coordinator),
+    /// which (`left`) had said it was done. The tasks rpmi-run then kills did not fail on their own.
+    Collective { node: Option<u32>, left: bool },
 }
 
 /// How a node's part of the job ends: the first cause, and the first abort.
@@ -55,9 +58,10 @@ impl Fate {
 
     /// The node's exit status, from each reaped task's rank and code (128+signal if it was killed), in the
     /// order they were reaped: the first abort's code; else what the first cause gives: a failure's code,
-    /// or for a job error [`JOB_ERROR_EXIT_CODE`], since the tasks rpmi-run then kills did not fail on their
-    /// own (but a lost task that failed gives its own code: the plugin may see it leave before it is reaped);
-    /// else, after a signal, the first failing task's code; else 0.
+    /// or for a job error (the plugin's or the collective's) [`JOB_ERROR_EXIT_CODE`], since the tasks
+    /// rpmi-run then kills did not fail on their own (but a lost task that failed gives its own code: the
+    /// plugin may see it leave before it is reaped); else, after a signal, the first failing task's code;
+    /// else 0.
     pub fn status(&self, exits: &[(u32, i32)]) -> i32 {
         let failed = |rank: Option<u32>| {
             exits.iter().find(|&&(r, code)| code != 0 && rank.is_none_or(|rank| r == rank)).map(|&(_, code)| code)
@@ -66,7 +70,7 @@ impl Fate {
             (Some(code), _) => code,
             (None, Some(Cause::Failed(code))) => code,
             (None, Some(Cause::JobError { rank, lost: true })) => failed(Some(rank)).unwrap_or(JOB_ERROR_EXIT_CODE),
-            (None, Some(Cause::JobError { lost: false, .. })) => JOB_ERROR_EXIT_CODE,
+            (None, Some(Cause::JobError { lost: false, .. } | Cause::Collective { .. })) => JOB_ERROR_EXIT_CODE,
             (None, Some(Cause::Signal | Cause::Abort(_)) | None) => failed(None).unwrap_or(0),
         }
     }
@@ -125,7 +129,7 @@ impl Shell {
     /// coordinator, which says only what is news for the whole job), else only at debug level.
     pub fn end_job(&self, cause: Cause, message: &str) {
         if self.record(cause) {
-            let told = self.link.as_ref().is_some_and(|link| link.send_ending(cause, message).is_ok());
+            let told = self.link.as_ref().is_some_and(|link| link.send_ending(self, cause, message));
             if !told && !message.is_empty() {
                 say!("{message}");
             }
@@ -175,11 +179,20 @@ impl Shell {
     }
 
     /// Completes the collective in progress with every node's part, in node order.
-    pub fn complete(&self, parts: &[&[u8]]) {
-        let bufs: Vec<rpmi_buf> = parts.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect();
+    pub fn complete<'a>(&self, parts: impl Iterator<Item = &'a [u8]>) {
+        let bufs: Vec<rpmi_buf> = parts.map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect();
         call!(
             self.plugin,
             collective_complete(self.instance(), ffi::RPMI_OK, bufs.as_ptr(), bufs.len(), std::ptr::null())
+        );
+    }
+
+    /// Fails the collective in progress: every task waiting in the barrier gets a failure.
+    pub fn fail_collective(&self, message: &str) {
+        let error = CString::new(message.replace('\0', " ")).unwrap_or_default();
+        call!(
+            self.plugin,
+            collective_complete(self.instance(), ffi::RPMI_ERR_STATE, std::ptr::null(), 0, error.as_ptr())
         );
     }
 }
@@ -216,16 +229,13 @@ unsafe extern "C" fn collective(
         _ => unsafe { std::slice::from_raw_parts(bytes, len) },
     };
     match &shell.link {
-        // The bytes are the caller's only until we return: the link copies them into the socket, and the
-        // parts come back later on the link's own thread.
-        Some(link) => match link.send_part(contribution) {
-            Ok(()) => ffi::RPMI_OK,
-            Err(_) => ffi::RPMI_ERR_INTERNAL,
-        },
+        // The bytes are the caller's only until we return: the node's machine copies them, and the parts
+        // come back later on the event loop.
+        Some(link) => link.contribute(shell, contribution),
         // The only node completes at once (allowed from this very thread), its part uncopied: the instance
         // copies parts before collective_complete returns.
         None => {
-            shell.complete(&[contribution]);
+            shell.complete(std::iter::once(contribution));
             ffi::RPMI_OK
         }
     }

@@ -1,484 +1,329 @@
-//! Virtual nodes as processes of their own. With `--nodes M` above 1, rpmi-run forks one shell process per
-//! node, each the leader of a session of its own (as a real node's job shell is, e.g. Slurm's slurmstepd),
-//! so the kernel schedules each node's shell and its tasks as one group. rpmi-run itself stays as the
-//! coordinator: it relays each collective's parts between the shells over a socketpair per node, as a host
-//! would between machines, and passes on why and when the job ends: it says what is news for the whole job
-//! (the first reason, the first abort), and ends a job whose barrier waits for a node that has ended.
-//!
-//! On the socket, a frame is a kind byte, a little-endian u64 length, and that many bytes.
+//! A virtual node's shell in the collective's tree: its node's machine (`rpmi::collective::Node`, node index
+//! = virtual node index) and its connections, to the coordinator (the root: every node's reports and
+//! goodbyes, its ending, and the coordinator's order to end the tasks), to its parent when that is a node,
+//! and to its children. The shell's event loop reads and writes them; nothing that the plugin calls waits on
+//! a socket.
 
+use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, KILL};
 use crate::host::{Cause, Shell};
 use rpmi::abi::ffi;
-use rpmi::server::JOB_ERROR_EXIT_CODE;
-use std::io::{self, Read, Write};
-use std::net::Shutdown;
-use std::os::fd::{AsRawFd, RawFd};
+use rpmi::collective::{frame, Bounds, Node, Output, Parts, Peer, Tree};
+use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-/// A node's part of a collective: from a shell, and back to every shell, once per node, in node order.
-const PART: u8 = 1;
-/// Shell to coordinator: this node ended the job; what to say about it, if anything, in UTF-8. The job's
-/// status is then the node's exit status: only the node knows it, once its tasks are reaped.
-const ENDING: u8 = 2;
-/// Coordinator to shell: end your tasks with this signal (an i32).
-const KILL: u8 = 3;
-/// Shell to coordinator: a task of this node called PMI_Abort (the exit code as i32, then what to say).
-const ABORT: u8 = 4;
-
-fn write_frame(to: &mut &UnixStream, kind: u8, payload: &[u8]) -> io::Result<()> {
-    let mut head = [0u8; 9];
-    head[0] = kind;
-    head[1..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    to.write_all(&head)?;
-    to.write_all(payload)
-}
-
-/// The next frame, or `None` at the end of the stream.
-fn read_frame(from: &mut &UnixStream) -> io::Result<Option<(u8, Vec<u8>)>> {
-    let mut head = [0u8; 9];
-    match from.read_exact(&mut head) {
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        other => other?,
-    }
-    let len = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
-    let len = usize::try_from(len).map_err(|_| io::Error::other("a frame too long for this machine"))?;
-    let mut payload = Vec::new();
-    payload.try_reserve_exact(len).map_err(|_| io::Error::other(format!("no memory for a frame of {len} bytes")))?;
-    payload.resize(len, 0);
-    from.read_exact(&mut payload)?;
-    Ok(Some((head[0], payload)))
-}
-
-fn i32_at(payload: &[u8], at: usize) -> Option<i32> {
-    Some(i32::from_le_bytes(payload.get(at..at + 4)?.try_into().ok()?))
-}
-
-/// An ABORT frame's exit code and message (see `Link::send_ending`).
-fn abort(payload: &[u8]) -> (i32, &[u8]) {
-    (i32_at(payload, 0).unwrap_or(1), payload.get(4..).unwrap_or_default())
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// The shell's side.
-
-/// A shell's connection to the coordinator. The shell's event loop hears it (`hear`), so that a
-/// collective's parts are freed before the instance, at its next `progress`, merges its copy of them.
+/// A shell's connections and its node's machine, shared by the event loop and the plugin's callbacks.
 pub struct Link {
-    stream: UnixStream,
-    /// Held while writing a frame: the loop sends parts, other threads send endings.
-    writing: Mutex<()>,
-    nodes: usize,
-    /// The parts of the collective in progress heard so far.
-    parts: Mutex<Vec<Vec<u8>>>,
-    /// Set when the shell stops hearing the link itself, so that its end is not taken for a lost coordinator.
-    closing: AtomicBool,
+    state: Mutex<State>,
+}
+
+struct State {
+    node: Node,
+    me: u32,
+    /// The connections: the coordinator's first (so that its order to end the tasks is heard before a
+    /// failure that follows from it), then the parent's when it is a node, then the children's.
+    conns: Vec<Conn>,
+    /// Who is at the other end of each.
+    peers: Vec<Peer>,
+    /// Whether each peer said it is done.
+    said_bye: Vec<bool>,
+    /// The tasks are all gone and the instance is destroyed: this node said it is done, and results that
+    /// come now are nobody's.
+    finished: bool,
+}
+
+/// What the machine asks of the shell, done once the link is unlocked (it calls into the plugin).
+enum Act {
+    Complete(Parts),
+    Fail { message: String, live: bool },
+    JobError(Blame),
 }
 
 impl Link {
-    fn new(stream: UnixStream, nodes: usize) -> Link {
-        Link {
-            stream,
-            writing: Mutex::new(()),
-            nodes,
-            parts: Mutex::new(Vec::with_capacity(nodes)),
-            closing: AtomicBool::new(false),
+    /// Node `me` of `tree`: `root` to the coordinator, `parent` to its parent node (if it is not the root),
+    /// `children` to each child node.
+    pub fn new(
+        tree: Tree,
+        me: u32,
+        bounds: Bounds,
+        root: UnixStream,
+        parent: Option<UnixStream>,
+        children: Vec<(u32, UnixStream)>,
+    ) -> Result<Link, String> {
+        // Every node's part, each at most the exchange's bound, and all of them too.
+        let all_max = frame::parts_len(tree.nodes() as usize, bounds.exchange_max.bytes);
+        let node = Node::new(tree, me, bounds, all_max).map_err(|e| e.to_string())?;
+        let mut ends = vec![(Peer::Root, root)];
+        ends.extend(parent.map(|p| (tree.parent(me), p)));
+        ends.extend(children.into_iter().map(|(c, s)| (Peer::Node(c), s)));
+        let mut conns = Vec::with_capacity(ends.len());
+        let mut peers = Vec::with_capacity(ends.len());
+        for (peer, stream) in ends {
+            conns.push(Conn::new(stream).map_err(|e| format!("cannot connect virtual node {me} to {peer}: {e}"))?);
+            peers.push(peer);
         }
+        let said_bye = vec![false; conns.len()];
+        Ok(Link { state: Mutex::new(State { node, me, conns, peers, said_bye, finished: false }) })
     }
 
-    fn send(&self, kind: u8, payload: &[u8]) -> io::Result<()> {
-        let _writing = self.writing.lock().map_err(|_| io::Error::other("the link's lock is poisoned"))?;
-        write_frame(&mut &self.stream, kind, payload)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn send_part(&self, part: &[u8]) -> io::Result<()> {
-        self.send(PART, part)
-    }
-
-    /// Tells the coordinator that this node ended the job for `cause`, news on this node (the shell tells
-    /// its first cause, and its first abort: an abort line a task wrote before it was killed may be served
-    /// after the job began ending). The coordinator says `message` (unless empty) if it is news for the
-    /// whole job too. If this fails, the coordinator is gone: the shell says the message itself, and its
-    /// loop hears the link end and ends this node's tasks anyway.
-    pub fn send_ending(&self, cause: Cause, message: &str) -> io::Result<()> {
-        match cause {
-            Cause::Abort(code) => {
-                let mut payload = code.to_le_bytes().to_vec();
-                payload.extend_from_slice(message.as_bytes());
-                self.send(ABORT, &payload)
-            }
-            Cause::Failed(_) | Cause::JobError { .. } | Cause::Signal => self.send(ENDING, message.as_bytes()),
-        }
-    }
-
-    /// The fd the event loop polls.
-    pub fn fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
-    }
-
-    /// Takes one frame from the coordinator: a part (the last completes the collective on this node), or
-    /// the order to end the tasks. Returns false once the link has ended; a lost coordinator ends the tasks.
-    pub fn hear(&self, shell: &Shell) -> bool {
-        match read_frame(&mut &self.stream) {
-            Ok(Some((PART, part))) => {
-                let Ok(mut parts) = self.parts.lock() else { return true };
-                parts.push(part);
-                if parts.len() == self.nodes {
-                    shell.complete(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>());
-                    parts.clear();
-                }
-                true
-            }
-            Ok(Some((KILL, payload))) => {
-                shell.end(i32_at(&payload, 0).unwrap_or(libc::SIGKILL));
-                true
-            }
-            Ok(Some(_)) => true,
-            Ok(None) | Err(_) => {
-                if !self.closing.load(Ordering::SeqCst) {
-                    say!("a virtual node lost rpmi-run's coordinator; ending its tasks");
+    /// Runs `f` on the state, sends the frames the machine hands back, then does what else it asks.
+    fn drive<T>(&self, shell: &Shell, f: impl FnOnce(&mut State) -> T) -> T {
+        let (value, acts) = {
+            let mut state = self.lock();
+            let value = f(&mut state);
+            (value, state.take_outputs())
+        };
+        for act in acts {
+            match act {
+                Act::Complete(parts) => shell.complete(parts.iter().map(|(_, part)| part)),
+                Act::Fail { message, live } => {
+                    // A machine fails for good, so the job cannot go on here: the tasks are ended before
+                    // their barrier fails, so that none takes the failure for a reason to call PMI_Abort,
+                    // whose code would become the job's status.
                     shell.end(libc::SIGKILL);
+                    shell.debug(&message);
+                    if live {
+                        shell.fail_collective(&message);
+                    }
                 }
-                false
+                Act::JobError(Blame { node, left, message }) => {
+                    shell.end_job(Cause::Collective { node, left }, &message)
+                }
             }
         }
+        value
     }
 
-    /// Stops hearing the coordinator: after it, no collective completes on this node. Endings can still be
-    /// told (what the tasks wrote last is served after this); the link closes when the shell exits.
-    pub fn stop_hearing(&self) {
-        self.closing.store(true, Ordering::SeqCst);
-        let _ = self.stream.shutdown(Shutdown::Read);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// The coordinator's side.
-
-/// What the coordinator hears from a node's shell.
-enum Heard {
-    Frame(u8, Vec<u8>),
-    Gone,
-}
-
-/// Who ended the job first, as the coordinator heard it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum First {
-    /// A node's shell, which then exits with the job's status (unless a task called PMI_Abort).
-    Node(usize),
-    /// The coordinator: a node's tasks had all exited while other nodes' tasks waited for them in a
-    /// barrier, which could then never complete.
-    Deserted,
-}
-
-/// What the coordinator heard of the job's ending.
-#[derive(Default, Debug)]
-struct Outcome {
-    first: Option<First>,
-    /// The first PMI_Abort's exit code, from any node.
-    abort: Option<i32>,
-}
-
-/// Forks a shell process for each node (`cliques`: each node's ranks), which runs `shell(index, link)` in a
-/// session of its own and exits with what it returns, then relays between them until all have exited.
-/// Returns rpmi-run's exit status: the code of the first PMI_Abort; else, if a node ended the job, that
-/// node's exit status (which follows the same rules, see `host::Fate::status`); if the coordinator did,
-/// [`JOB_ERROR_EXIT_CODE`]; else the first non-zero status of a shell; else 0. Messages that are not news
-/// for the job are said only at `verbosity` debug. Call it before any other thread exists (it forks).
-pub fn coordinate(cliques: &[Vec<u32>], verbosity: i32, shell: impl Fn(usize, Link) -> i32) -> Result<i32, String> {
-    let nodes = cliques.len();
-    let mut streams: Vec<UnixStream> = Vec::with_capacity(nodes);
-    let mut pids: Vec<libc::pid_t> = Vec::with_capacity(nodes);
-    for index in 0..nodes {
-        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("cannot connect virtual node {index}: {e}"))?;
-        // SAFETY: no other thread exists yet, so the child may go on running Rust code after fork.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            for &pid in &pids {
-                // SAFETY: kill on our own children.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+    /// The plugin's `collective`: this node's part of the exchange in progress.
+    pub fn contribute(&self, shell: &Shell, part: &[u8]) -> c_int {
+        self.drive(shell, |s| match s.node.contribute(part.to_vec()) {
+            Ok(()) => ffi::RPMI_OK,
+            Err(e) => {
+                say!("virtual node {}: the plugin started {e}", s.me);
+                ffi::RPMI_ERR_STATE
             }
-            return Err(format!("cannot start virtual node {index}: {}", io::Error::last_os_error()));
-        }
-        if pid == 0 {
-            // Only its own end of its own link stays open, so that every link ends when its shell does.
-            drop(streams);
-            drop(ours);
-            // SAFETY: setsid has no memory effects; it fails only for a process group leader, which a child
-            // just forked is not.
-            unsafe { libc::setsid() };
-            let status = shell(index, Link::new(theirs, nodes));
-            std::process::exit(status);
-        }
-        drop(theirs);
-        streams.push(ours);
-        pids.push(pid);
+        })
     }
 
-    let signalled = pids.clone();
-    crate::output::forward_signals(move |sig| {
-        say!("got signal {sig}, passing it to every task");
-        for &pid in &signalled {
-            // SAFETY: kill on our own children; each shell passes the signal on to its tasks.
-            unsafe { libc::kill(pid, sig) };
-        }
-    });
+    /// Tells the coordinator that this node ended the job for `cause`, news on this node (see
+    /// `Shell::end_job`); the coordinator says `message` (unless empty) if it is news for the whole job too.
+    /// Returns false if the coordinator is gone.
+    pub fn send_ending(&self, shell: &Shell, cause: Cause, message: &str) -> bool {
+        let (kind, payload) = match cause {
+            Cause::Abort(code) => (conn::ABORT, conn::abort(code, conn::now(), message)),
+            Cause::Collective { node, left } => {
+                let blame = Blame { node, left, message: message.to_string() };
+                return self.drive(shell, |s| s.conns[0].open() && s.node.report(&blame.encode()).is_ok());
+            }
+            Cause::Failed(_) | Cause::JobError { .. } | Cause::Signal => (ENDING, conn::ending(message)),
+        };
+        self.lock().conns[0].send(kind, payload)
+    }
 
-    let (heard, hearing) = mpsc::channel();
-    for (index, stream) in streams.iter().enumerate() {
-        let from = stream.try_clone().map_err(|e| format!("cannot listen to virtual node {index}: {e}"))?;
-        let heard = heard.clone();
-        std::thread::spawn(move || loop {
-            match read_frame(&mut &from) {
-                Ok(Some((kind, payload))) => {
-                    let _ = heard.send((index, Heard::Frame(kind, payload)));
-                }
-                Ok(None) | Err(_) => {
-                    let _ = heard.send((index, Heard::Gone));
-                    return;
+    /// Adds what to poll for, one entry per connection, in the order `ready` takes them.
+    pub fn watch(&self, fds: &mut Vec<libc::pollfd>) {
+        fds.extend(self.lock().conns.iter().map(Conn::pollfd));
+    }
+
+    /// Writes and reads the connections that `fds` (from `watch`, polled) found ready.
+    pub fn ready(&self, shell: &Shell, fds: &[libc::pollfd]) {
+        self.drive(shell, |s| {
+            for (i, fd) in fds.iter().enumerate().take(s.conns.len()) {
+                if fd.revents != 0 && !s.conns[i].ended() {
+                    s.conns[i].flush();
+                    s.hear(i, shell);
                 }
             }
         });
     }
-    drop(heard);
 
-    let outcome = relay(&streams, cliques, hearing, verbosity);
-    let mut statuses = Vec::with_capacity(nodes);
-    for (index, &pid) in pids.iter().enumerate() {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child into a local.
-        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
-            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                break;
+    /// The node's tasks are all gone and its instance destroyed: says so to the tree, then sends what is
+    /// still queued before the shell exits, reading meanwhile, so that a peer that writes to this node is
+    /// not kept waiting by it.
+    pub fn finish(&self, shell: &Shell) {
+        self.drive(shell, |s| {
+            s.finished = true;
+            s.node.finish();
+        });
+        loop {
+            let mut fds = Vec::new();
+            self.watch(&mut fds);
+            if fds.iter().all(|fd| fd.events & libc::POLLOUT == 0) {
+                return;
+            }
+            // SAFETY: poll over our own array.
+            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } > 0 {
+                self.ready(shell, &fds);
             }
         }
-        let code = if libc::WIFEXITED(status) {
-            libc::WEXITSTATUS(status)
-        } else {
-            say!("virtual node {index} died of signal {}", libc::WTERMSIG(status));
-            128 + libc::WTERMSIG(status)
-        };
-        statuses.push(code);
     }
-    Ok(match outcome {
-        Outcome { abort: Some(code), .. } => code,
-        Outcome { first: Some(First::Node(index)), .. } => statuses[index],
-        Outcome { first: Some(First::Deserted), .. } => JOB_ERROR_EXIT_CODE,
-        Outcome { first: None, .. } => statuses.iter().copied().find(|&code| code != 0).unwrap_or(0),
-    })
 }
 
-/// `rank 3`, `ranks 0,2`: a node's ranks, the first few of many.
-fn ranks(clique: &[u32]) -> String {
-    const SHOWN: usize = 8;
-    let listed: Vec<String> = clique.iter().take(SHOWN).map(u32::to_string).collect();
-    let more = if clique.len() > SHOWN { format!(",... ({} ranks)", clique.len()) } else { String::new() };
-    let noun = if clique.len() == 1 { "rank" } else { "ranks" };
-    format!("{noun} {}{more}", listed.join(","))
-}
-
-/// The node that has ended (its link closed) without its part of a collective others have joined: every
-/// task of it has exited, so the collective can never complete.
-fn deserted(parts: &[Option<Vec<u8>>], gone: &[bool]) -> Option<usize> {
-    if parts.iter().all(Option::is_none) {
-        return None;
+impl State {
+    /// Reads connection `i` until no whole frame is left; the coordinator's order to end the tasks is
+    /// carried out at once.
+    fn hear(&mut self, i: usize, shell: &Shell) {
+        let peer = self.peers[i];
+        loop {
+            let node = &self.node;
+            let max = |kind| if kind == COLLECTIVE { node.frame_max(peer) } else { CONTROL_MAX };
+            match self.conns[i].receive(max) {
+                Heard::Frame(COLLECTIVE, frame) => {
+                    self.said_bye[i] |= conn::is_bye(&frame);
+                    self.node.receive(peer, Arc::new(frame));
+                }
+                Heard::Frame(KILL, signal) if peer == Peer::Root => {
+                    let signal = signal.get(..4).and_then(|s| s.try_into().ok()).map(i32::from_le_bytes);
+                    shell.end(signal.unwrap_or(libc::SIGKILL));
+                }
+                Heard::Frame(..) => {}
+                Heard::Pending => return,
+                Heard::Ended => return self.node.lost(peer),
+                Heard::TooLong { kind, len, max } => {
+                    say!(
+                        "virtual node {}: {peer} sent a frame (kind {kind}) of {len} bytes, over the {max} it may; \
+                         closing the connection",
+                        self.me
+                    );
+                    return self.node.lost(peer);
+                }
+            }
+        }
     }
-    parts.iter().zip(gone).position(|(part, &gone)| gone && part.is_none())
-}
 
-/// Passes every collective's parts to every shell once all have given theirs, and an ending node's news to
-/// the others, until every shell has gone. Says what is news for the whole job: the first reason it ends
-/// for and the first abort (a reason every node gives alike, once); the rest, which follows from the
-/// ending, only at `verbosity` debug.
-fn relay(
-    streams: &[UnixStream],
-    cliques: &[Vec<u32>],
-    hearing: mpsc::Receiver<(usize, Heard)>,
-    verbosity: i32,
-) -> Outcome {
-    let nodes = streams.len();
-    let mut parts: Vec<Option<Vec<u8>>> = vec![None; nodes];
-    let mut gone = vec![false; nodes];
-    let mut outcome = Outcome::default();
-    let mut said: Vec<Vec<u8>> = Vec::new();
-    let mut say_once = |message: &[u8], news: bool| {
-        if message.is_empty() || said.iter().any(|m| m == message) {
-            return;
-        }
-        if news {
-            say!("{}", String::from_utf8_lossy(message));
-        } else if verbosity >= ffi::RPMI_LOG_DEBUG {
-            say!("as the job ends: {}", String::from_utf8_lossy(message));
-        } else {
-            return;
-        }
-        said.push(message.to_vec());
-    };
-    // The first ending stops every other node's tasks.
-    let kill_others = |but: Option<usize>, gone: &[bool]| {
-        let kill = libc::SIGKILL.to_le_bytes();
-        for (_, mut to) in streams.iter().enumerate().filter(|&(i, _)| Some(i) != but && !gone[i]) {
-            let _ = write_frame(&mut to, KILL, &kill);
-        }
-    };
-    while let Ok((index, heard)) = hearing.recv() {
-        match heard {
-            Heard::Frame(PART, part) => {
-                parts[index] = Some(part);
-                if parts.iter().all(Option::is_some) {
-                    let all: Vec<Vec<u8>> = parts.iter_mut().filter_map(Option::take).collect();
-                    for (mut to, _) in streams.iter().zip(&gone).filter(|(_, &g)| !g) {
-                        // A shell that cannot take them has ended; its going is heard on its own.
-                        let _ = all.iter().try_for_each(|part| write_frame(&mut to, PART, part));
+    /// Sends what the machine hands back, and returns what else it asks.
+    fn take_outputs(&mut self) -> Vec<Act> {
+        let mut acts = Vec::new();
+        while let Some(output) = self.node.poll() {
+            match output {
+                // The queues stay bounded: on each connection the machine has at most one exchange's frame
+                // in flight (a CONTRIB up once every part of it is in; an ALL to each child, one frame
+                // shared, and the child's next CONTRIB, so the next ALL, waits until it has read that one),
+                // besides a few control frames.
+                Output::Send { to, frame } => {
+                    if let Some(i) = self.peers.iter().position(|&p| p == to) {
+                        self.conns[i].send(COLLECTIVE, frame);
                     }
                 }
-            }
-            Heard::Frame(ENDING, message) => {
-                let news = outcome.first.is_none();
-                if news {
-                    outcome.first = Some(First::Node(index));
-                    kill_others(Some(index), &gone);
+                Output::Done { parts, .. } if !self.finished => acts.push(Act::Complete(parts)),
+                Output::Failed { message, .. } => acts.push(Act::Fail { message, live: !self.finished }),
+                Output::JobError { node, message } => {
+                    let left = node.is_some_and(|n| self.left(n));
+                    acts.push(Act::JobError(Blame { node, left, message }));
                 }
-                say_once(&message, news);
-            }
-            Heard::Frame(ABORT, payload) => {
-                let (code, message) = abort(&payload);
-                let news = outcome.abort.is_none();
-                if news {
-                    outcome.abort = Some(code);
-                }
-                if outcome.first.is_none() {
-                    outcome.first = Some(First::Node(index));
-                    kill_others(Some(index), &gone);
-                }
-                say_once(message, news);
-            }
-            Heard::Frame(..) => {}
-            Heard::Gone => {
-                gone[index] = true;
-                if gone.iter().all(|&g| g) {
-                    break;
-                }
+                Output::Done { .. } | Output::Report { .. } => {}
             }
         }
-        if outcome.first.is_none() {
-            if let Some(node) = deserted(&parts, &gone) {
-                outcome.first = Some(First::Deserted);
-                kill_others(None, &gone);
-                let why = format!(
-                    "virtual node {node} ended: {} exited while other ranks wait for {} in a barrier",
-                    ranks(&cliques[node]),
-                    if cliques[node].len() == 1 { "it" } else { "them" }
-                );
-                say_once(why.as_bytes(), true);
-            }
-        }
+        acts
     }
-    outcome
+
+    /// Whether node `n` (this one, or a peer) had said it is done.
+    fn left(&self, n: u32) -> bool {
+        if n == self.me {
+            return self.finished;
+        }
+        self.peers.iter().zip(&self.said_bye).any(|(&p, &bye)| p == Peer::Node(n) && bye)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::tests::{read_frame, write_frame as send};
+    use crate::plugin::Plugin;
+    use rpmi::abi::ffi::rpmi_plugin;
+    use rpmi::collective::frame::Frame;
+    use rpmi::collective::Bound;
 
-    /// A frame's kind and payload.
-    type Frame = (u8, Vec<u8>);
-
-    /// Every frame sent to `end` until it closes.
-    fn frames(end: &UnixStream) -> Vec<Frame> {
-        let mut all = Vec::new();
-        while let Some(frame) = read_frame(&mut &*end).unwrap() {
-            all.push(frame);
-        }
-        all
+    /// A shell whose plugin has no functions: what these tests do never calls into it.
+    fn shell(link: Link) -> Shell {
+        // SAFETY: a table of null pointers and absent functions is a valid `rpmi_plugin`.
+        let table: &'static rpmi_plugin = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
+        Shell::new(Plugin { table }, Some(link), ffi::RPMI_LOG_WARN)
     }
 
+    fn next(from: &mut UnixStream) -> (u8, Vec<u8>) {
+        read_frame(from).expect("a frame")
+    }
+
+    fn decode(frame: Vec<u8>) -> Frame {
+        Frame::decode(&Arc::new(frame), usize::MAX).unwrap()
+    }
+
+    /// One turn of the shell's event loop, without the instance.
+    fn turn(shell: &Shell) {
+        let link = shell.link.as_ref().unwrap();
+        let mut fds = Vec::new();
+        link.watch(&mut fds);
+        // SAFETY: poll over our own array.
+        assert!(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5000) } > 0);
+        link.ready(shell, &fds);
+    }
+
+    fn bounds() -> Bounds {
+        let bound = Bound { bytes: 1 << 20, option: "-o kvs_bytes_max" };
+        Bounds { part_max: bound, exchange_max: bound }
+    }
+
+    /// Node 1 of a chain of 3: under node 0, over node 2.
     #[test]
-    fn a_node_is_named_by_its_first_few_ranks() {
-        assert_eq!(ranks(&[3]), "rank 3");
-        assert_eq!(ranks(&[1, 5]), "ranks 1,5");
-        assert_eq!(ranks(&(0..512).collect::<Vec<_>>()), "ranks 0,1,2,3,4,5,6,7,... (512 ranks)");
-    }
+    fn a_node_sends_its_subtrees_parts_up_and_its_news_to_the_coordinator() {
+        let pair = || UnixStream::pair().unwrap();
+        let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
+        let link = Link::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let shell = shell(link);
+        let link = shell.link.as_ref().unwrap();
 
-    #[test]
-    fn an_abort_carries_its_code_and_other_endings_only_what_to_say() {
-        let (shell, coordinator) = UnixStream::pair().unwrap();
-        let link = Link::new(shell, 2);
-        link.send_ending(Cause::JobError { rank: 1, lost: true }, "rank 1 left").unwrap();
-        link.send_ending(Cause::Abort(-3), "rank 2 called PMI_Abort").unwrap();
-        drop(link);
-        let got = frames(&coordinator);
-        assert_eq!(got[0], (ENDING, b"rank 1 left".to_vec()));
-        assert_eq!(got[1].0, ABORT);
-        assert_eq!(abort(&got[1].1), (-3, &b"rank 2 called PMI_Abort"[..]));
-        assert_eq!(got.len(), 2);
-    }
+        assert_eq!(link.contribute(&shell, b"x"), ffi::RPMI_OK);
+        send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
+        turn(&shell);
+        let Frame::Contrib { epoch: 0, parts } = decode(next(&mut parent).1) else { panic!("not a CONTRIB") };
+        assert_eq!(parts.iter().collect::<Vec<_>>(), [(1, &b"x"[..]), (2, &b"y"[..])]);
+        assert_eq!(link.contribute(&shell, b"z"), ffi::RPMI_ERR_STATE, "one exchange at a time");
 
-    /// Runs `relay` over `nodes` links on what the shells are heard to do; returns its outcome and the
-    /// frames each shell was sent.
-    fn relayed(nodes: usize, heard: Vec<(usize, Heard)>) -> (Outcome, Vec<Vec<Frame>>) {
-        let (ours, theirs): (Vec<_>, Vec<_>) = (0..nodes).map(|_| UnixStream::pair().unwrap()).unzip();
-        let (tx, rx) = mpsc::channel();
-        for h in heard {
-            tx.send(h).unwrap();
-        }
-        drop(tx);
-        let cliques: Vec<Vec<u32>> = (0..nodes as u32).map(|n| vec![n]).collect();
-        let outcome = relay(&ours, &cliques, rx, ffi::RPMI_LOG_WARN);
-        drop(ours);
-        (outcome, theirs.iter().map(frames).collect())
-    }
-
-    fn kinds(frames: &[Frame]) -> Vec<u8> {
-        frames.iter().map(|f| f.0).collect()
-    }
-
-    #[test]
-    fn a_node_that_ends_outside_a_barrier_others_wait_in_ends_the_job() {
-        let (outcome, sent) = relayed(
-            3,
-            vec![
-                (0, Heard::Frame(PART, b"a".to_vec())),
-                (2, Heard::Frame(PART, b"c".to_vec())),
-                (1, Heard::Gone),
-                (0, Heard::Gone),
-                (2, Heard::Gone),
-            ],
+        assert!(link.send_ending(&shell, Cause::JobError { rank: 1, lost: true }, "rank 1 left"));
+        assert_eq!(next(&mut root), (ENDING, b"rank 1 left".to_vec()));
+        let before = conn::now();
+        assert!(link.send_ending(&shell, Cause::Abort(-3), "rank 1 called PMI_Abort"));
+        let (kind, abort) = next(&mut root);
+        let (code, at, message) = conn::read_abort(&abort);
+        assert_eq!((kind, code, message), (conn::ABORT, -3, &b"rank 1 called PMI_Abort"[..]));
+        assert!(before <= at && at <= conn::now());
+        assert!(link.send_ending(&shell, Cause::Collective { node: Some(2), left: true }, "node 2 cannot join"));
+        let (kind, report) = next(&mut root);
+        let Frame::Report(bytes) = decode(report) else { panic!("not a REPORT (kind {kind})") };
+        assert_eq!(
+            Blame::decode(&bytes),
+            Some(Blame { node: Some(2), left: true, message: "node 2 cannot join".into() })
         );
-        assert_eq!(outcome.first, Some(First::Deserted));
-        assert_eq!(outcome.abort, None);
-        assert_eq!(kinds(&sent[0]), [KILL]);
-        assert!(sent[1].is_empty());
-        assert_eq!(kinds(&sent[2]), [KILL]);
+
+        assert!(!shell.ending());
+        send(&mut root, KILL, &libc::SIGKILL.to_le_bytes());
+        turn(&shell);
+        assert!(shell.ending(), "the coordinator's order ends the tasks");
     }
 
+    /// Node 1 of a chain of 3 ends, its child's part in: it says goodbye to everyone, and reports that it left
+    /// the exchange its child joined.
     #[test]
-    fn a_node_that_ends_after_its_part_holds_nobody_up() {
-        let (outcome, sent) = relayed(
-            2,
-            vec![(1, Heard::Frame(PART, b"b".to_vec())), (1, Heard::Gone), (0, Heard::Frame(PART, b"a".to_vec()))],
-        );
-        assert_eq!(outcome.first, None);
-        assert_eq!(kinds(&sent[0]), [PART, PART], "node 0 gets both parts");
-        assert!(sent[1].is_empty(), "node 1 had gone");
-    }
-
-    #[test]
-    fn the_first_node_to_end_the_job_decides_and_a_later_abort_still_counts() {
-        let (outcome, sent) = relayed(
-            3,
-            vec![
-                (1, Heard::Frame(ENDING, b"rank 1 left".to_vec())),
-                (0, Heard::Frame(ENDING, b"rank 0 left".to_vec())),
-                (0, Heard::Frame(ABORT, [7i32.to_le_bytes().to_vec(), b"rank 0 aborts".to_vec()].concat())),
-            ],
-        );
-        assert_eq!(outcome.first, Some(First::Node(1)));
-        assert_eq!(outcome.abort, Some(7));
-        assert_eq!(kinds(&sent[0]), [KILL]);
-        assert!(sent[1].is_empty());
-        assert_eq!(kinds(&sent[2]), [KILL]);
+    fn a_node_that_ends_during_an_exchange_says_it_left() {
+        let pair = || UnixStream::pair().unwrap();
+        let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
+        let link = Link::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let shell = shell(link);
+        send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
+        turn(&shell);
+        shell.link.as_ref().unwrap().finish(&shell);
+        assert_eq!(decode(next(&mut parent).1), Frame::Bye);
+        assert_eq!(decode(next(&mut root).1), Frame::Bye);
+        let Frame::Report(bytes) = decode(next(&mut root).1) else { panic!("no report") };
+        let blame = Blame::decode(&bytes).unwrap();
+        assert_eq!((blame.node, blame.left), (Some(1), true), "{blame:?}");
+        assert_eq!(decode(next(&mut child).1), Frame::Bye);
+        assert!(matches!(decode(next(&mut child).1), Frame::Fail { epoch: 0, .. }));
     }
 }

@@ -1,6 +1,7 @@
 //! rpmi-run: runs an MPI (or any PMI-1) program on this machine, its tasks served by `librpmi.so`, which it
 //! loads through the job-shell plugin ABI exactly as a foreign job shell would: one plugin instance per
-//! virtual node, each node's shell a process of its own when there are several (see `link`).
+//! virtual node, each node's shell a process of its own when there are several, exchanging each collective
+//! over a tree (see `coordinator`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -13,6 +14,8 @@ macro_rules! say {
     }};
 }
 
+mod conn;
+mod coordinator;
 mod host;
 mod link;
 mod output;
@@ -20,17 +23,20 @@ mod plugin;
 mod shell;
 
 use plugin::Plugin;
-use rpmi::abi::ffi;
+use rpmi::abi::{ffi, Options};
+use rpmi::collective::{Bound, Bounds, Tree};
 use rpmi::server::TaskMap;
 use std::ffi::{CString, OsString};
 use std::path::PathBuf;
 use std::process::exit;
 
-const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--map block|cyclic] [-l] [--trace] [-o KEY=VALUE]... \
-[--event-loop] [--plugin PATH] [--] PROGRAM [ARGS]...
+const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--tree-width K] [--map block|cyclic] [-l] [--trace] \
+[-o KEY=VALUE]... [--event-loop] [--plugin PATH] [--] PROGRAM [ARGS]...
 
   -n N              run N tasks (default 1)
   --nodes M         split them over M virtual nodes, one plugin instance each (default 1)
+  --tree-width K    the nodes exchange over a tree, each with at most K children (default 4; 1 is a
+                    chain, M or more a star around rpmi-run)
   --map block|cyclic  how ranks are dealt to nodes (default block)
   -l                prefix every line of output with its rank
   --trace           print every PMI line each task sends (C:) and receives (S:)
@@ -38,9 +44,13 @@ const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--map block|cyclic] [-l
   --event-loop      drive the plugin from rpmi-run's own loop instead of its progress thread
   --plugin PATH     the plugin to load (default: librpmi.so next to rpmi-run)";
 
+/// `--tree-width`'s default, chosen by measurement (see the README).
+const TREE_WIDTH: u32 = 4;
+
 struct Args {
     n: u32,
     nodes: u32,
+    tree_width: u32,
     cyclic: bool,
     label: bool,
     trace: bool,
@@ -59,6 +69,7 @@ fn parse_args() -> Args {
     let mut a = Args {
         n: 1,
         nodes: 1,
+        tree_width: TREE_WIDTH,
         cyclic: false,
         label: false,
         trace: false,
@@ -78,6 +89,7 @@ fn parse_args() -> Args {
         match arg.to_str().unwrap_or("") {
             "-n" | "--ntasks" => a.n = count(value(&mut it, "-n"), "-n"),
             "--nodes" | "-N" => a.nodes = count(value(&mut it, "--nodes"), "--nodes"),
+            "--tree-width" => a.tree_width = count(value(&mut it, "--tree-width"), "--tree-width"),
             "--map" | "-m" => match value(&mut it, "--map").as_str() {
                 "block" => a.cyclic = false,
                 "cyclic" => a.cyclic = true,
@@ -137,6 +149,16 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// What one exchange between the nodes may carry: what every instance must be able to hold, as
+/// `kvs_bytes_max` bounds the store of each (an exchange over it fails there anyway). Options the plugin
+/// refuses leave the default: the plugin says why.
+fn exchange_bounds(options: &CString) -> Bounds {
+    let limits = options.to_str().ok().and_then(|o| Options::parse(Some(o)).ok()).map(|o| o.limits);
+    let bytes = limits.unwrap_or_default().kvs_bytes_max;
+    let bound = Bound { bytes, option: "-o kvs_bytes_max" };
+    Bounds { part_max: bound, exchange_max: bound }
+}
+
 /// The job as every node's shell sees it.
 pub struct Plan {
     /// The node of each rank.
@@ -181,8 +203,9 @@ fn main() {
     if args.nodes == 1 {
         exit(shell::run(&plan, plugin, 0, None));
     }
+    let tree = Tree::new(args.nodes, args.tree_width).unwrap_or_else(|e| die(e));
     let run_node = |index, link| shell::run(&plan, plugin, index, Some(link));
-    match link::coordinate(&plan.cliques, plan.verbosity, run_node) {
+    match coordinator::coordinate(&plan.cliques, tree, exchange_bounds(&plan.options), plan.verbosity, run_node) {
         Ok(status) => exit(status),
         Err(e) => die(e),
     }

@@ -135,7 +135,7 @@ pub fn unblock_signals() {
 }
 
 /// The event loop that drives the instance in `--event-loop` mode, and always on a virtual node with a link
-/// to the coordinator: polls the instance's watched fd, calling `progress`, and the link, hearing it.
+/// to the other nodes: polls the instance's watched fd, calling `progress`, and the link's connections.
 pub struct EventLoop {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
@@ -153,23 +153,23 @@ pub fn spawn_event_loop(shell: &'static Shell) -> EventLoop {
     let stopping = stop.clone();
     let thread = std::thread::spawn(move || {
         let watched = libc::pollfd { fd: shell.watch.load(Ordering::SeqCst), events: libc::POLLIN, revents: 0 };
-        let mut fds = vec![watched];
-        if let Some(link) = &shell.link {
-            fds.push(libc::pollfd { fd: link.fd(), events: libc::POLLIN, revents: 0 });
-        }
+        let mut fds = Vec::new();
         while !stopping.load(Ordering::SeqCst) {
+            fds.clear();
+            fds.push(watched);
+            if let Some(link) = &shell.link {
+                link.watch(&mut fds);
+            }
             // A short timeout so that a stop is seen promptly.
             // SAFETY: poll over our own array.
             if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) } <= 0 {
                 continue;
             }
+            if let Some(link) = &shell.link {
+                link.ready(shell, &fds[1..]);
+            }
             if fds[0].revents != 0 {
                 call!(shell.plugin, progress(shell.instance()));
-            }
-            if let (Some(link), Some(fd)) = (&shell.link, fds.get(1)) {
-                if fd.revents != 0 && !link.hear(shell) {
-                    fds.truncate(1);
-                }
             }
         }
     });

@@ -37,7 +37,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
         universe_size: 0,
         spawned: 0,
     };
-    // A node with a link is driven by the loop that hears it (see `Link`).
+    // A node with a link is driven by the loop that serves its connections (see `Link`).
     let event_loop = plan.event_loop || shell.link.is_some();
     let ops = shell.ops(event_loop);
     let mut inst: *mut rpmi_instance = std::ptr::null_mut();
@@ -140,16 +140,16 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
     shell.status(&exits)
 }
 
-/// Stops what drives the instance (hearing the link, then the event loop), then destroys it, which serves
-/// what the tasks wrote last (an abort line, which still reaches the coordinator).
+/// Stops the event loop, then destroys the instance, which serves what the tasks wrote last (an abort line,
+/// which still reaches the coordinator); then this node says it is done to the tree.
 fn finish(shell: &Shell, event_loop: Option<output::EventLoop>) {
-    if let Some(link) = &shell.link {
-        link.stop_hearing();
-    }
     if let Some(t) = event_loop {
         t.stop();
     }
     call!(shell.plugin, destroy(shell.instance()));
+    if let Some(link) = &shell.link {
+        link.finish(shell);
+    }
 }
 
 /// Reaps every task; ends the job at the first that fails on its own. Returns each task's rank and code
