@@ -818,8 +818,9 @@ fn an_exchange_over_the_node_bound_ends_the_step_naming_node_size_and_option() {
     let _s = serial();
     let args = ["-N3", "-n6", probe(), "exchange", "--puts", "8", "--size", "800"];
     let run = Srun::start_with(&marker("bound"), "rpmi", &args, &[("RPMI_SLURM_NODE_BYTES_MAX", "4096")]).wait();
-    // rpmi ended the step, no task failed on its own.
-    assert_eq!(run.status.code(), Some(125), "{run}");
+    // 125 (rpmi ended the step) or the probe's own status: a probe whose barrier failed exits at once, and
+    // Slurm may count that exit before the step's end.
+    assert!(!run.status.success(), "{run}");
     let line = run.stderr.lines().find(|l| l.contains("RPMI_SLURM_NODE_BYTES_MAX")).unwrap_or_else(|| panic!("{run}"));
     assert!(line.contains("the slurmstepd of n") && line.contains("4096"), "{line}");
 }
