@@ -669,7 +669,7 @@ impl Collective {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::collective::frame;
     use crate::collective::Bound;
@@ -679,8 +679,9 @@ mod tests {
     use std::sync::{Arc as StdArc, Mutex};
     use std::time::Duration;
 
+    /// What a root reported, for tests here and in `super::stepd`.
     #[derive(Clone, Default)]
-    struct Record(StdArc<Mutex<Vec<String>>>);
+    pub(in crate::slurm) struct Record(StdArc<Mutex<Vec<String>>>);
 
     impl Reporter for Record {
         fn error(&mut self, m: &str) {
@@ -695,11 +696,11 @@ mod tests {
     }
 
     impl Record {
-        fn lines(&self) -> Vec<String> {
+        pub(in crate::slurm) fn lines(&self) -> Vec<String> {
             self.0.lock().unwrap().clone()
         }
-        fn wait_for(&self, what: &str) -> String {
-            let until = Instant::now() + Duration::from_secs(10);
+        pub(in crate::slurm) fn wait_for(&self, what: &str) -> String {
+            let until = Instant::now() + Duration::from_secs(20);
             loop {
                 if let Some(l) = self.lines().into_iter().find(|l| l.contains(what)) {
                     return l;

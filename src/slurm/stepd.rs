@@ -1180,44 +1180,14 @@ unsafe fn set_up_task(stepd: &Stepd, info: &sys::mpi_plugin_task_info_t, env: *m
 mod tests {
     use super::*;
     use crate::slurm::link::Epoll;
-    use crate::slurm::root::{Outcome, Reporter, Root, Step};
+    use crate::slurm::root::{Outcome, Root, Step};
     use std::io::{BufRead, BufReader, Write};
     use std::net::Ipv4Addr;
     use std::os::unix::net::UnixStream;
-    use std::sync::Mutex;
 
     const KVSNAME: &str = "rpmi_1.0";
 
-    #[derive(Clone, Default)]
-    struct Record(Arc<Mutex<Vec<String>>>);
-
-    impl Reporter for Record {
-        fn error(&mut self, m: &str) {
-            self.0.lock().unwrap().push(format!("error: {m}"));
-        }
-        fn debug(&mut self, m: &str) {
-            self.0.lock().unwrap().push(format!("debug: {m}"));
-        }
-        fn end_step(&mut self) {
-            self.0.lock().unwrap().push("end".into());
-        }
-    }
-
-    impl Record {
-        fn lines(&self) -> Vec<String> {
-            self.0.lock().unwrap().clone()
-        }
-        fn wait_for(&self, what: &str) -> String {
-            let until = Instant::now() + Duration::from_secs(20);
-            loop {
-                if let Some(l) = self.lines().into_iter().find(|l| l.contains(what)) {
-                    return l;
-                }
-                assert!(Instant::now() < until, "no `{what}` in {:?}", self.lines());
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-    }
+    use crate::slurm::root::tests::Record;
 
     fn names(nodes: u32) -> Vec<String> {
         (1..=nodes).map(|n| format!("n{n}")).collect()
