@@ -15,11 +15,13 @@
 
 mod turns;
 
+pub use crate::os::socketpair;
 pub use turns::{Turns, GROUPED_ABOVE};
 
+use crate::os::{self, Epoll};
 use crate::server::{Host, HostReply, Shell, TaskId};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
@@ -50,10 +52,7 @@ impl DriverHandle {
     /// Hands `event` to the driver. Fails only once the driver is gone.
     pub fn post(&self, event: Event) -> Result<(), Event> {
         self.tx.send(event).map_err(|e| e.0)?;
-        let one = 1u64.to_ne_bytes();
-        // An eventfd write only fails when the counter would overflow, and then the driver is awake anyway.
-        // SAFETY: writing 8 bytes from a live buffer to an eventfd we own.
-        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        os::wake(&self.wake);
         Ok(())
     }
 }
@@ -66,8 +65,7 @@ pub struct Inbox {
 
 /// A handle and the inbox it posts to. Made before the driver, so that the driver's host can hold the handle.
 pub fn channel() -> io::Result<(DriverHandle, Inbox)> {
-    // SAFETY: a plain syscall; the fd is checked and owned at once.
-    let wake = Arc::new(unsafe { owned(libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))? });
+    let wake = Arc::new(os::eventfd()?);
     let (tx, rx) = std::sync::mpsc::channel();
     Ok((DriverHandle { tx, wake: wake.clone() }, Inbox { rx, wake }))
 }
@@ -134,23 +132,23 @@ pub trait HostFds: Host {
 /// [`HostFds::ready`] with the token given here.
 #[derive(Clone)]
 pub struct Watcher {
-    epoll: Arc<OwnedFd>,
+    epoll: Arc<Epoll>,
 }
 
 impl Watcher {
     /// Watches `fd` for `events` under `token` (below 2^62).
     pub fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-        epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, fd, events, Self::tag(token)?)
+        self.epoll.add(fd, events, Self::tag(token)?)
     }
 
     /// Changes what `fd` is watched for.
     pub fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-        epoll_ctl(&self.epoll, libc::EPOLL_CTL_MOD, fd, events, Self::tag(token)?)
+        self.epoll.modify(fd, events, Self::tag(token)?)
     }
 
     /// Stops watching `fd` (closing it does too).
     pub fn remove(&self, fd: RawFd) -> io::Result<()> {
-        epoll_ctl(&self.epoll, libc::EPOLL_CTL_DEL, fd, 0, 0)
+        self.epoll.remove(fd)
     }
 
     fn tag(token: u64) -> io::Result<u64> {
@@ -200,7 +198,7 @@ impl<H: HostFds> Driver<H> {
         if slot.is_some() {
             return Err(invalid(format!("task {task} is already attached")));
         }
-        set_nonblocking(&fd)?;
+        os::set_nonblocking(&fd)?;
         self.turns.add(task, fd.as_raw_fd(), libc::EPOLLIN as u32)?;
         *slot = Some(fd);
         Ok(())
@@ -260,9 +258,7 @@ impl<H: HostFds> Driver<H> {
     }
 
     fn take_events(&mut self) -> io::Result<()> {
-        let mut count = [0u8; 8];
-        // SAFETY: reading 8 bytes into a live buffer from our eventfd (non-blocking).
-        unsafe { libc::read(self.wake.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+        os::drain_counter(&self.wake);
         while let Ok(event) = self.events.try_recv() {
             match event {
                 Event::CollectiveDone(result) => {
@@ -411,58 +407,6 @@ impl<H: HostFds> Driver<H> {
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
-}
-
-/// Owns the fd a syscall returned, or turns its failure into an error.
-///
-/// # Safety
-/// `fd` must be a fresh fd (or -1) that nothing else owns.
-unsafe fn owned(fd: RawFd) -> io::Result<OwnedFd> {
-    if fd < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        // SAFETY: the caller's contract: `fd` is fresh and nothing else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-}
-
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: fcntl on a live fd.
-    unsafe {
-        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// A new epoll set, close-on-exec.
-pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
-    // SAFETY: a plain syscall; the fd is checked and owned at once.
-    unsafe { owned(libc::epoll_create1(libc::EPOLL_CLOEXEC)) }
-}
-
-/// `epoll_ctl(op)` on `fd` in `epoll`, its events tagged with `token`.
-pub(crate) fn epoll_ctl(epoll: &OwnedFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: both fds are live; the event struct outlives the call.
-    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// A connected pair of Unix stream sockets, both close-on-exec: (server end, task end).
-/// The host clears close-on-exec on the task end in the child (`PMI_FD`).
-pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds has room for the two fds socketpair writes.
-    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both fds are fresh and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 #[cfg(test)]

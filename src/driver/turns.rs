@@ -11,9 +11,9 @@
 //! [`GROUPED_ABOVE`] tasks are one set, answered whoever is ready: so few processes switch cheaply, and
 //! turns would only add syscalls (at 64 tasks they made every workload of the benchmark slower).
 
-use super::{epoll_create, epoll_ctl};
+use crate::os::Epoll;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 /// Tasks per group.
@@ -31,9 +31,9 @@ const GROUP_TOKEN: u64 = 1 << 63;
 /// Task connections in groups, each group an epoll set nested in one top set.
 pub struct Turns {
     /// Shared with the host's [`super::Watcher`], which adds its own fds to it.
-    top: Arc<OwnedFd>,
+    top: Arc<Epoll>,
     /// Empty when the tasks are few: their connections are then in the top set.
-    groups: Vec<OwnedFd>,
+    groups: Vec<Epoll>,
     tasks: usize,
     /// The group whose turn it is, and how many ready connections it was given in this turn.
     current: usize,
@@ -44,11 +44,11 @@ pub struct Turns {
 impl Turns {
     /// Sets for `tasks` tasks, numbered from 0.
     pub fn new(tasks: usize) -> io::Result<Self> {
-        let top = Arc::new(epoll_create()?);
+        let top = Arc::new(Epoll::new()?);
         let count = if tasks > GROUPED_ABOVE { tasks.div_ceil(GROUP) } else { 0 };
-        let groups = (0..count).map(|_| epoll_create()).collect::<io::Result<Vec<_>>>()?;
+        let groups = (0..count).map(|_| Epoll::new()).collect::<io::Result<Vec<_>>>()?;
         for (g, group) in groups.iter().enumerate() {
-            epoll_ctl(&top, libc::EPOLL_CTL_ADD, group.as_raw_fd(), libc::EPOLLIN as u32, GROUP_TOKEN | g as u64)?;
+            top.add(group.fd(), libc::EPOLLIN as u32, GROUP_TOKEN | g as u64)?;
         }
         let top_ready = vec![libc::epoll_event { events: 0, u64: 0 }; groups.len() + 8];
         Ok(Turns { top, groups, tasks, current: 0, given: 0, top_ready })
@@ -56,11 +56,11 @@ impl Turns {
 
     /// The fd that is readable whenever [`Turns::wait`] has something to report.
     pub fn fd(&self) -> RawFd {
-        self.top.as_raw_fd()
+        self.top.fd()
     }
 
     /// The top set, for fds the host serves itself.
-    pub fn top(&self) -> Arc<OwnedFd> {
+    pub(crate) fn top(&self) -> Arc<Epoll> {
         self.top.clone()
     }
 
@@ -68,20 +68,20 @@ impl Turns {
     /// it whoever's turn it is. `token` must not have bit 63 set.
     pub fn watch(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
         debug_assert_eq!(token & GROUP_TOKEN, 0);
-        epoll_ctl(&self.top, libc::EPOLL_CTL_ADD, fd, events, token)
+        self.top.add(fd, events, token)
     }
 
     /// Watches `task`'s connection `fd` for `events`; its events carry `task` as their token.
     pub fn add(&self, task: usize, fd: RawFd, events: u32) -> io::Result<()> {
-        epoll_ctl(self.group_of(task)?, libc::EPOLL_CTL_ADD, fd, events, task as u64)
+        self.group_of(task)?.add(fd, events, task as u64)
     }
 
     /// Changes the events watched on `task`'s connection `fd`.
     pub fn modify(&self, task: usize, fd: RawFd, events: u32) -> io::Result<()> {
-        epoll_ctl(self.group_of(task)?, libc::EPOLL_CTL_MOD, fd, events, task as u64)
+        self.group_of(task)?.modify(fd, events, task as u64)
     }
 
-    fn group_of(&self, task: usize) -> io::Result<&OwnedFd> {
+    fn group_of(&self, task: usize) -> io::Result<&Epoll> {
         if task >= self.tasks {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no such task"));
         }
@@ -93,14 +93,9 @@ impl Turns {
     /// the next one with events. Returns how many it filled (0 on a timeout or a signal).
     pub fn wait(&mut self, ready: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
         let top = if self.groups.is_empty() { &mut *ready } else { &mut self.top_ready[..] };
-        // SAFETY: the buffer outlives the call and its length is passed.
-        let n = unsafe { libc::epoll_wait(self.top.as_raw_fd(), top.as_mut_ptr(), max_events(top), timeout_ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
-        }
+        let n = self.top.wait(top, timeout_ms)?;
         if self.groups.is_empty() {
-            return Ok(n as usize);
+            return Ok(n);
         }
         let top = &self.top_ready;
         let mut filled = 0;
@@ -108,7 +103,7 @@ impl Turns {
         let mut current_ready = false;
         // How far group g comes after the current one, going round.
         let after = |g: usize| (g + self.groups.len() - self.current - 1) % self.groups.len();
-        for ev in &top[..n as usize] {
+        for ev in &top[..n] {
             if ev.u64 & GROUP_TOKEN == 0 {
                 if filled < ready.len() {
                     ready[filled] = *ev;
@@ -131,25 +126,18 @@ impl Turns {
             (self.current, self.given) = (group, 0);
         }
         let room = &mut ready[filled..];
-        // SAFETY: as above; a zero timeout, since the top set said this group has events.
-        let m = unsafe { libc::epoll_wait(self.groups[group].as_raw_fd(), room.as_mut_ptr(), max_events(room), 0) };
-        if m > 0 {
-            self.given += m as usize;
-            filled += m as usize;
-        }
-        Ok(filled)
+        // A zero timeout: the top set said this group has events (epoll refuses an empty buffer).
+        let m = if room.is_empty() { 0 } else { self.groups[group].wait(room, 0)? };
+        self.given += m;
+        Ok(filled + m)
     }
-}
-
-/// How many events `epoll_wait` may fill in `buf`.
-fn max_events(buf: &[libc::epoll_event]) -> i32 {
-    i32::try_from(buf.len()).unwrap_or(i32::MAX)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::driver::socketpair;
+    use std::os::fd::{AsRawFd, OwnedFd};
 
     /// Turns for enough tasks to be grouped, with task 0 (group 0) and task GROUP (group 1) connected;
     /// the task ends are returned to write requests on.

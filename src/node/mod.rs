@@ -12,7 +12,8 @@
 //! [`Node::forked`] (one task) or [`Node::forked_all`] closes the node's copy of the task's end: until then the
 //! node cannot see the task leave.
 
-use crate::driver::{channel, socketpair, Driver, DriverHandle, Event, HostFds};
+use crate::driver::{channel, Driver, DriverHandle, Event, HostFds};
+use crate::os::socketpair;
 use crate::server::{Shell, TaskId};
 use std::ffi::CString;
 use std::fmt;

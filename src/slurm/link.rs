@@ -2,13 +2,14 @@
 //! and go out through a queue that holds what the socket cannot take yet. srun's root serves one per node;
 //! a stepd one to srun, one to its parent and one per child in the tree.
 
-use super::wire::{collective_head, Direction, FrameBuf, FrameError, TooLarge};
+use super::protocol::{collective_head, Direction, FrameBuf, FrameError, TooLarge};
 use crate::collective::Bytes;
-use crate::driver::{epoll_create, epoll_ctl, Watcher};
+use crate::driver::Watcher;
+use crate::os::Epoll;
 use std::collections::VecDeque;
 use std::io::{self, Read as _};
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,27 +33,15 @@ impl Watch for Watcher {
 }
 
 /// An epoll set of its own: srun's root thread.
-pub struct Epoll(OwnedFd);
-
-impl Epoll {
-    pub fn new() -> io::Result<Epoll> {
-        epoll_create().map(Epoll)
-    }
-
-    pub fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 impl Watch for Epoll {
     fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-        epoll_ctl(&self.0, libc::EPOLL_CTL_ADD, fd, events, token)
+        Epoll::add(self, fd, events, token)
     }
     fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-        epoll_ctl(&self.0, libc::EPOLL_CTL_MOD, fd, events, token)
+        Epoll::modify(self, fd, events, token)
     }
     fn remove(&self, fd: RawFd) -> io::Result<()> {
-        epoll_ctl(&self.0, libc::EPOLL_CTL_DEL, fd, 0, 0)
+        Epoll::remove(self, fd)
     }
 }
 
@@ -252,7 +241,7 @@ fn send_vectored(fd: RawFd, head: &[u8], body: &[u8]) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm::wire::{Down, Up};
+    use crate::slurm::protocol::{Down, Up};
     use std::io::Write;
     use std::net::TcpListener;
 

@@ -24,12 +24,13 @@
 use super::admit::{Acceptor, Event, Gate, Joined};
 use super::auth::{self, Secret};
 use super::layout::with_node_names;
-use super::link::{Epoll, Link, Read, Watch};
-use super::wire::{Direction, Down, FrameError, Up, CONTROL_MAX};
+use super::link::{Link, Read};
+use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX};
 use crate::collective::{self, frame::Frame, Bounds, Bytes, Output, Peer, Tree};
+use crate::os::{self, Epoll};
 use std::io;
 use std::net::{IpAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -83,13 +84,7 @@ impl Root {
     /// Serves `listener` for `step` on a new thread.
     pub fn start(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>) -> io::Result<Root> {
         let port = listener.local_addr()?.port();
-        // SAFETY: a plain syscall, checked at once.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh and ours.
-        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let stop = Arc::new(os::eventfd()?);
         let mut state = State::new(listener, step, reporter, stop.clone())?;
         let thread = std::thread::Builder::new().name("rpmi-root".into()).spawn(move || {
             crate::node::block_signals();
@@ -111,9 +106,7 @@ impl Root {
     }
 
     fn shutdown(&mut self) -> Outcome {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: an 8-byte write to our eventfd.
-        unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
+        os::wake(&self.stop);
         self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
     }
 }
@@ -238,17 +231,15 @@ impl State {
                 Some(t) => t.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000) as i32,
                 None => 1000,
             };
-            // SAFETY: the buffer outlives the call and its length is passed.
-            let n = unsafe { libc::epoll_wait(self.epoll.fd(), events.as_mut_ptr(), 64, timeout) };
-            if n < 0 {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.reporter.error(&format!("the collective root stopped: {e}"));
+                    return self.outcome.clone();
                 }
-                self.reporter.error(&format!("the collective root stopped: {}", io::Error::last_os_error()));
-                return self.outcome.clone();
-            }
+            };
             let mut stopping = false;
-            for ev in &events[..n as usize] {
+            for ev in &events[..n] {
                 let (token, flags) = (ev.u64, ev.events);
                 match token {
                     STOP => stopping = true,
@@ -676,6 +667,7 @@ pub(super) mod tests {
     use crate::slurm::uplink::{self, Hello};
     use std::io::{Read as _, Write};
     use std::net::{SocketAddr, TcpStream};
+    use std::os::fd::FromRawFd;
     use std::sync::{Arc as StdArc, Mutex};
     use std::time::Duration;
 

@@ -40,19 +40,20 @@ use super::auth::{self, Secret};
 use super::client::{bounds, BYTES_MAX_LIMIT};
 use super::layout::{self, with_node_names};
 use super::link::{Link, Read, Watch};
+use super::protocol::{Direction, Down, Malformed, Up, CONTROL_MAX, MESSAGE_MAX};
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink::{self, Hello};
-use super::wire::{Direction, Down, Malformed, Up, CONTROL_MAX, MESSAGE_MAX};
 use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
+use crate::os;
 use crate::server::{Direction as TraceDirection, Host, JobError, JobInfo, Limits, Shell, TaskMap};
 use std::ffi::{c_char, c_int, CString};
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::ops::Range;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -560,17 +561,9 @@ impl SlurmHost {
     /// Arms the timer for the acceptor's next deadline, or disarms it.
     fn arm_timer(&self) {
         let (Some(timer), Some(acceptor)) = (&self.timer, &self.acceptor) else { return };
-        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        let value = match acceptor.deadline() {
-            None => zero,
-            Some(at) => {
-                let left = at.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-                libc::timespec { tv_sec: left.as_secs() as libc::time_t, tv_nsec: left.subsec_nanos() as _ }
-            }
-        };
-        let spec = libc::itimerspec { it_interval: zero, it_value: value };
-        // SAFETY: our timerfd and a live itimerspec.
-        unsafe { libc::timerfd_settime(timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        let after = acceptor.deadline().map(|at| at.saturating_duration_since(Instant::now()));
+        // Setting a live timerfd to a valid time does not fail.
+        let _ = os::set_timer(timer, after);
     }
 
     /// Hands the shell what the collective completed for it.
@@ -668,9 +661,7 @@ impl HostFds for SlurmHost {
             NOTICE => self.take_notices(),
             TIMER => {
                 if let Some(t) = &self.timer {
-                    let mut expirations = [0u8; 8];
-                    // SAFETY: an 8-byte read into a live buffer from our non-blocking timerfd.
-                    unsafe { libc::read(t.as_raw_fd(), expirations.as_mut_ptr().cast(), 8) };
+                    os::drain_counter(t);
                 }
                 if let Some(a) = &mut self.acceptor {
                     a.tick();
@@ -925,13 +916,7 @@ fn join_parent(
 
 /// A timerfd for the acceptor's deadlines.
 fn timer() -> Result<OwnedFd, String> {
-    // SAFETY: a plain syscall, checked at once.
-    let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(format!("timerfd: {}", io::Error::last_os_error()));
-    }
-    // SAFETY: fresh and ours.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    os::timerfd().map_err(|e| format!("timerfd: {e}"))
 }
 
 /// The listener for this node's children in the tree, on its own address as slurm.conf gives it, and the
@@ -1042,13 +1027,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let mut shell = Shell::new(info, Limits::default()).map_err(|e| format!("cannot serve this step: {e}"))?;
     shell.set_trace(trace.is_some());
 
-    let mut fds = [0; 2];
-    // SAFETY: fds has room for the two fds pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
-        return Err(format!("pipe: {}", io::Error::last_os_error()));
-    }
-    // SAFETY: both fresh and ours.
-    let (notify_r, notify_w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (notify_r, notify_w) = os::pipe().map_err(|e| format!("pipe: {e}"))?;
 
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
@@ -1179,10 +1158,11 @@ unsafe fn set_up_task(stepd: &Stepd, info: &sys::mpi_plugin_task_info_t, env: *m
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slurm::link::Epoll;
+    use crate::os::Epoll;
     use crate::slurm::root::{Outcome, Root, Step};
     use std::io::{BufRead, BufReader, Write};
     use std::net::Ipv4Addr;
+    use std::os::fd::FromRawFd;
     use std::os::unix::net::UnixStream;
 
     const KVSNAME: &str = "rpmi_1.0";
@@ -1233,13 +1213,7 @@ mod tests {
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
         let links = join_tree(&srun, tree, node, secret, &names, &loopback).unwrap();
         let place = Place { job: 1, step: 0, node, node_name: names[node as usize].clone() };
-        let mut fds = [0; 2];
-        // SAFETY: fds has room for the two fds pipe2 writes; both are ours at once.
-        let notify = unsafe {
-            assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK), 0);
-            drop(OwnedFd::from_raw_fd(fds[1]));
-            OwnedFd::from_raw_fd(fds[0])
-        };
+        let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
         let bounds = bounds(1 << 20, 4 << 20);
         let host =
@@ -1355,9 +1329,8 @@ mod tests {
             let mut kept = Vec::new();
             let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
             while kept.len() < expected {
-                // SAFETY: a live buffer, its length passed.
-                let n = unsafe { libc::epoll_wait(epoll.fd(), events.as_mut_ptr(), 16, 100) };
-                for ev in &events[..n.max(0) as usize] {
+                let n = epoll.wait(&mut events, 100).unwrap();
+                for ev in &events[..n] {
                     acceptor.ready(ev.u64);
                 }
                 while let Some(e) = acceptor.poll() {
