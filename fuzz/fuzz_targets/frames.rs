@@ -1,5 +1,5 @@
 //! Fuzz target `frames`: arbitrary bytes as a TCP stream of the Slurm plugin's collective
-//! (`rpmi::slurm::wire`, version 3): what srun reads from a slurmstepd, a stepd from a child, a stepd from
+//! (`rpmi::slurm::protocol`, version 3): what srun reads from a slurmstepd, a stepd from a child, a stepd from
 //! srun or a stepd from its parent in the tree. The stream is cut into chunks chosen by the input, split into
 //! frames by `FrameBuf` with the bounds the real receiver uses, and every frame decoded as `Up` and as
 //! `Down`; the collective's frame inside a COLLECTIVE is decoded as `rpmi::collective::Frame` with the
@@ -37,7 +37,7 @@ use rpmi::collective::{Bytes, Frame, Node, Peer, Root, Tree};
 use rpmi::server::Limits;
 use rpmi::slurm::auth::{Role, Secret, Transcript, NONCE_LEN, ROOT};
 use rpmi::slurm::client;
-use rpmi::slurm::wire::{
+use rpmi::slurm::protocol::{
     collective_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX, PROOF_LEN_ON_WIRE,
 };
 use std::alloc::{GlobalAlloc, Layout, System};

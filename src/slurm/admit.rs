@@ -15,7 +15,7 @@
 
 use super::auth::{self, Role, Secret, Transcript};
 use super::link::Watch;
-use super::wire::{Down, FrameBuf, Up, HELLO_LEN, PROOF_LEN_ON_WIRE};
+use super::protocol::{Down, FrameBuf, Up, HELLO_LEN, PROOF_LEN_ON_WIRE};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};

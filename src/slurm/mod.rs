@@ -19,28 +19,30 @@
 //!  client_fini: stop root; exit code of a PMI_Abort
 //! ```
 //!
-//! The wire protocol is in [`wire`] and its challenge-response in [`auth`]; the accepting side of it, shared
-//! by srun and a stepd with children, in [`admit`], the joining side in [`uplink`]; a connection served in an
-//! epoll loop in [`link`]; the root in [`root`]; the stepd side in [`stepd`]; srun's side in [`client`]; the
-//! layout encoding in [`layout`]; Slurm's types and functions in [`sys`]; the wire trace in [`trace`]. The
-//! exchange itself is [`crate::collective`]'s. The plugin is not linked against libslurm: it finds the
-//! `slurm_*` functions it needs in the process that loads it (srun, slurmd and slurmstepd carry
-//! libslurmfull).
+//! The plugin's own protocol between srun and the stepds is in [`protocol`] and its challenge-response in
+//! [`auth`]; the accepting side of it, shared by srun and a stepd with children, in `admit`, the joining side
+//! in `uplink`; a connection served in an epoll loop in `link`; the root in `root`; the stepd side in
+//! `stepd`; srun's side in [`client`]; the layout encoding in `layout`; Slurm's types and functions in `sys`;
+//! the wire trace in `trace`. The exchange itself is [`crate::collective`]'s. The plugin is not linked
+//! against libslurm: it finds the `slurm_*` functions it needs in the process that loads it (srun, slurmd
+//! and slurmstepd carry libslurmfull).
 //!
 //! Every exported function catches panics and returns an error code: nothing unwinds into Slurm and the
 //! daemon is never aborted.
 
-pub mod admit;
+// Public only for the fuzz targets, which drive the protocol's decoders and handshake as srun and a stepd do.
 pub mod auth;
 pub mod client;
-pub mod layout;
-pub mod link;
-pub mod root;
-pub mod stepd;
-pub mod sys;
-pub mod trace;
-pub mod uplink;
-pub mod wire;
+pub mod protocol;
+
+mod admit;
+mod layout;
+mod link;
+mod root;
+mod stepd;
+mod sys;
+mod trace;
+mod uplink;
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};

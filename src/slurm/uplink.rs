@@ -9,7 +9,7 @@
 //! at once.
 
 use super::auth::{self, Role, Secret, Transcript};
-use super::wire::{Down, Up, CONTROL_MAX};
+use super::protocol::{Down, Up, CONTROL_MAX};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -271,10 +271,10 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let fake = std::thread::spawn(move || {
             let (mut c, _) = l.accept().unwrap();
-            let mut hello = [0u8; 4 + crate::slurm::wire::HELLO_LEN];
+            let mut hello = [0u8; 4 + crate::slurm::protocol::HELLO_LEN];
             c.read_exact(&mut hello).unwrap();
             c.write_all(&Down::Challenge { nonce: [1; 32] }.encode().unwrap()).unwrap();
-            let mut proof = [0u8; 4 + crate::slurm::wire::PROOF_LEN_ON_WIRE];
+            let mut proof = [0u8; 4 + crate::slurm::protocol::PROOF_LEN_ON_WIRE];
             c.read_exact(&mut proof).unwrap();
             c.write_all(&Down::Welcome { proof: [0; 32] }.encode().unwrap()).unwrap();
         });
