@@ -1,19 +1,24 @@
-//! A virtual node's shell in the collective's tree: its node's machine (`rpmi::collective::Node`, node index
+//! A virtual node's branch of the collective's tree: its node's machine (`rpmi::collective::Node`, node index
 //! = virtual node index) and its connections, to the coordinator (the root: every node's reports and
 //! goodbyes, its ending, and the coordinator's order to end the tasks), to its parent when that is a node,
 //! and to its children. The shell's event loop reads and writes them; nothing that the plugin calls waits on
 //! a socket.
 
 use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, KILL};
-use crate::host::{Cause, Shell};
+use crate::host::{Cause, Host};
 use rpmi::abi::ffi;
 use rpmi::collective::{frame, Bounds, Node, Output, Parts, Peer, Tree};
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long a node's shell that has ended keeps sending what it still has queued for the tree to a peer that
+/// takes none of it (a stopped process, say) before it exits anyway.
+pub const FINISH_GRACE: Duration = Duration::from_secs(10);
 
 /// A shell's connections and its node's machine, shared by the event loop and the plugin's callbacks.
-pub struct Link {
+pub struct Branch {
     state: Mutex<State>,
 }
 
@@ -32,14 +37,14 @@ struct State {
     finished: bool,
 }
 
-/// What the machine asks of the shell, done once the link is unlocked (it calls into the plugin).
+/// What the machine asks of the shell, done once the branch is unlocked (it calls into the plugin).
 enum Act {
     Complete(Parts),
     Fail { message: String, live: bool },
     JobError(Blame),
 }
 
-impl Link {
+impl Branch {
     /// Node `me` of `tree`: `root` to the coordinator, `parent` to its parent node (if it is not the root),
     /// `children` to each child node.
     pub fn new(
@@ -49,7 +54,7 @@ impl Link {
         root: UnixStream,
         parent: Option<UnixStream>,
         children: Vec<(u32, UnixStream)>,
-    ) -> Result<Link, String> {
+    ) -> Result<Branch, String> {
         // Every node's part, each at most the exchange's bound, and all of them too.
         let all_max = frame::parts_len(tree.nodes() as usize, bounds.exchange_max.bytes);
         let node = Node::new(tree, me, bounds, all_max).map_err(|e| e.to_string())?;
@@ -63,7 +68,7 @@ impl Link {
             peers.push(peer);
         }
         let said_bye = vec![false; conns.len()];
-        Ok(Link { state: Mutex::new(State { node, me, conns, peers, said_bye, finished: false }) })
+        Ok(Branch { state: Mutex::new(State { node, me, conns, peers, said_bye, finished: false }) })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -71,7 +76,7 @@ impl Link {
     }
 
     /// Runs `f` on the state, sends the frames the machine hands back, then does what else it asks.
-    fn drive<T>(&self, shell: &Shell, f: impl FnOnce(&mut State) -> T) -> T {
+    fn drive<T>(&self, host: &Host, f: impl FnOnce(&mut State) -> T) -> T {
         let (value, acts) = {
             let mut state = self.lock();
             let value = f(&mut state);
@@ -79,19 +84,19 @@ impl Link {
         };
         for act in acts {
             match act {
-                Act::Complete(parts) => shell.complete(parts.iter().map(|(_, part)| part)),
+                Act::Complete(parts) => host.complete(parts.iter().map(|(_, part)| part)),
                 Act::Fail { message, live } => {
                     // A machine fails for good, so the job cannot go on here: the tasks are ended before
                     // their barrier fails, so that none takes the failure for a reason to call PMI_Abort,
                     // whose code would become the job's status.
-                    shell.end(libc::SIGKILL);
-                    shell.debug(&message);
+                    host.end(libc::SIGKILL);
+                    host.debug(&message);
                     if live {
-                        shell.fail_collective(&message);
+                        host.fail_collective(&message);
                     }
                 }
                 Act::JobError(Blame { node, left, message }) => {
-                    shell.end_job(Cause::Collective { node, left }, &message)
+                    host.end_job(Cause::Collective { node, left }, &message)
                 }
             }
         }
@@ -99,8 +104,8 @@ impl Link {
     }
 
     /// The plugin's `collective`: this node's part of the exchange in progress.
-    pub fn contribute(&self, shell: &Shell, part: &[u8]) -> c_int {
-        self.drive(shell, |s| match s.node.contribute(part.to_vec()) {
+    pub fn contribute(&self, host: &Host, part: &[u8]) -> c_int {
+        self.drive(host, |s| match s.node.contribute(part.to_vec()) {
             Ok(()) => ffi::RPMI_OK,
             Err(e) => {
                 say!("virtual node {}: the plugin started {e}", s.me);
@@ -110,14 +115,14 @@ impl Link {
     }
 
     /// Tells the coordinator that this node ended the job for `cause`, news on this node (see
-    /// `Shell::end_job`); the coordinator says `message` (unless empty) if it is news for the whole job too.
+    /// `Host::end_job`); the coordinator says `message` (unless empty) if it is news for the whole job too.
     /// Returns false if the coordinator is gone.
-    pub fn send_ending(&self, shell: &Shell, cause: Cause, message: &str) -> bool {
+    pub fn send_ending(&self, host: &Host, cause: Cause, message: &str) -> bool {
         let (kind, payload) = match cause {
             Cause::Abort(code) => (conn::ABORT, conn::abort(code, conn::now(), message)),
             Cause::Collective { node, left } => {
                 let blame = Blame { node, left, message: message.to_string() };
-                return self.drive(shell, |s| s.conns[0].open() && s.node.report(&blame.encode()).is_ok());
+                return self.drive(host, |s| s.conns[0].open() && s.node.report(&blame.encode()).is_ok());
             }
             Cause::Failed(_) | Cause::JobError { .. } | Cause::Signal => (ENDING, conn::ending(message)),
         };
@@ -130,12 +135,12 @@ impl Link {
     }
 
     /// Writes and reads the connections that `fds` (from `watch`, polled) found ready.
-    pub fn ready(&self, shell: &Shell, fds: &[libc::pollfd]) {
-        self.drive(shell, |s| {
+    pub fn ready(&self, host: &Host, fds: &[libc::pollfd]) {
+        self.drive(host, |s| {
             for (i, fd) in fds.iter().enumerate().take(s.conns.len()) {
                 if fd.revents != 0 && !s.conns[i].ended() {
                     s.conns[i].flush();
-                    s.hear(i, shell);
+                    s.hear(i, host);
                 }
             }
         });
@@ -143,21 +148,32 @@ impl Link {
 
     /// The node's tasks are all gone and its instance destroyed: says so to the tree, then sends what is
     /// still queued before the shell exits, reading meanwhile, so that a peer that writes to this node is
-    /// not kept waiting by it.
-    pub fn finish(&self, shell: &Shell) {
-        self.drive(shell, |s| {
+    /// not kept waiting by it. Once `grace` ([`FINISH_GRACE`]) has passed, whatever is left is given up
+    /// on, so that a peer that takes nothing (stopped, say) cannot keep this node's shell from exiting.
+    pub fn finish(&self, host: &Host, grace: Duration) {
+        self.drive(host, |s| {
             s.finished = true;
             s.node.finish();
         });
+        let deadline = Instant::now() + grace;
         loop {
             let mut fds = Vec::new();
             self.watch(&mut fds);
             if fds.iter().all(|fd| fd.events & libc::POLLOUT == 0) {
                 return;
             }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let me = self.lock().me;
+                return say!(
+                    "virtual node {me}: a peer in the tree took nothing for {:.1} s; exiting without sending it the \
+                     rest",
+                    grace.as_secs_f64()
+                );
+            }
             // SAFETY: poll over our own array.
-            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } > 0 {
-                self.ready(shell, &fds);
+            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, left.as_millis() as i32 + 1) } > 0 {
+                self.ready(host, &fds);
             }
         }
     }
@@ -166,7 +182,7 @@ impl Link {
 impl State {
     /// Reads connection `i` until no whole frame is left; the coordinator's order to end the tasks is
     /// carried out at once.
-    fn hear(&mut self, i: usize, shell: &Shell) {
+    fn hear(&mut self, i: usize, host: &Host) {
         let peer = self.peers[i];
         loop {
             let node = &self.node;
@@ -178,7 +194,7 @@ impl State {
                 }
                 Heard::Frame(KILL, signal) if peer == Peer::Root => {
                     let signal = signal.get(..4).and_then(|s| s.try_into().ok()).map(i32::from_le_bytes);
-                    shell.end(signal.unwrap_or(libc::SIGKILL));
+                    host.end(signal.unwrap_or(libc::SIGKILL));
                 }
                 Heard::Frame(..) => {}
                 Heard::Pending => return,
@@ -240,10 +256,10 @@ mod tests {
     use rpmi::collective::Bound;
 
     /// A shell whose plugin has no functions: what these tests do never calls into it.
-    fn shell(link: Link) -> Shell {
+    fn host(branch: Branch) -> Host {
         // SAFETY: a table of null pointers and absent functions is a valid `rpmi_plugin`.
         let table: &'static rpmi_plugin = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
-        Shell::new(Plugin { table }, Some(link), ffi::RPMI_LOG_WARN)
+        Host::new(Plugin { table }, Some(branch), ffi::RPMI_LOG_WARN)
     }
 
     fn next(from: &mut UnixStream) -> (u8, Vec<u8>) {
@@ -255,13 +271,13 @@ mod tests {
     }
 
     /// One turn of the shell's event loop, without the instance.
-    fn turn(shell: &Shell) {
-        let link = shell.link.as_ref().unwrap();
+    fn turn(host: &Host) {
+        let branch = host.branch.as_ref().unwrap();
         let mut fds = Vec::new();
-        link.watch(&mut fds);
+        branch.watch(&mut fds);
         // SAFETY: poll over our own array.
         assert!(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5000) } > 0);
-        link.ready(shell, &fds);
+        branch.ready(host, &fds);
     }
 
     fn bounds() -> Bounds {
@@ -274,26 +290,26 @@ mod tests {
     fn a_node_sends_its_subtrees_parts_up_and_its_news_to_the_coordinator() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let link = Link::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
-        let shell = shell(link);
-        let link = shell.link.as_ref().unwrap();
+        let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let host = host(branch);
+        let branch = host.branch.as_ref().unwrap();
 
-        assert_eq!(link.contribute(&shell, b"x"), ffi::RPMI_OK);
+        assert_eq!(branch.contribute(&host, b"x"), ffi::RPMI_OK);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
-        turn(&shell);
+        turn(&host);
         let Frame::Contrib { epoch: 0, parts } = decode(next(&mut parent).1) else { panic!("not a CONTRIB") };
         assert_eq!(parts.iter().collect::<Vec<_>>(), [(1, &b"x"[..]), (2, &b"y"[..])]);
-        assert_eq!(link.contribute(&shell, b"z"), ffi::RPMI_ERR_STATE, "one exchange at a time");
+        assert_eq!(branch.contribute(&host, b"z"), ffi::RPMI_ERR_STATE, "one exchange at a time");
 
-        assert!(link.send_ending(&shell, Cause::JobError { rank: 1, lost: true }, "rank 1 left"));
+        assert!(branch.send_ending(&host, Cause::JobError { rank: 1, lost: true }, "rank 1 left"));
         assert_eq!(next(&mut root), (ENDING, b"rank 1 left".to_vec()));
         let before = conn::now();
-        assert!(link.send_ending(&shell, Cause::Abort(-3), "rank 1 called PMI_Abort"));
+        assert!(branch.send_ending(&host, Cause::Abort(-3), "rank 1 called PMI_Abort"));
         let (kind, abort) = next(&mut root);
         let (code, at, message) = conn::read_abort(&abort);
         assert_eq!((kind, code, message), (conn::ABORT, -3, &b"rank 1 called PMI_Abort"[..]));
         assert!(before <= at && at <= conn::now());
-        assert!(link.send_ending(&shell, Cause::Collective { node: Some(2), left: true }, "node 2 cannot join"));
+        assert!(branch.send_ending(&host, Cause::Collective { node: Some(2), left: true }, "node 2 cannot join"));
         let (kind, report) = next(&mut root);
         let Frame::Report(bytes) = decode(report) else { panic!("not a REPORT (kind {kind})") };
         assert_eq!(
@@ -301,10 +317,10 @@ mod tests {
             Some(Blame { node: Some(2), left: true, message: "node 2 cannot join".into() })
         );
 
-        assert!(!shell.ending());
+        assert!(!host.ending());
         send(&mut root, KILL, &libc::SIGKILL.to_le_bytes());
-        turn(&shell);
-        assert!(shell.ending(), "the coordinator's order ends the tasks");
+        turn(&host);
+        assert!(host.ending(), "the coordinator's order ends the tasks");
     }
 
     /// Node 1 of a chain of 3 ends, its child's part in: it says goodbye to everyone, and reports that it left
@@ -313,11 +329,11 @@ mod tests {
     fn a_node_that_ends_during_an_exchange_says_it_left() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let link = Link::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
-        let shell = shell(link);
+        let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let host = host(branch);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
-        turn(&shell);
-        shell.link.as_ref().unwrap().finish(&shell);
+        turn(&host);
+        host.branch.as_ref().unwrap().finish(&host, FINISH_GRACE);
         assert_eq!(decode(next(&mut parent).1), Frame::Bye);
         assert_eq!(decode(next(&mut root).1), Frame::Bye);
         let Frame::Report(bytes) = decode(next(&mut root).1) else { panic!("no report") };
@@ -325,5 +341,24 @@ mod tests {
         assert_eq!((blame.node, blame.left), (Some(1), true), "{blame:?}");
         assert_eq!(decode(next(&mut child).1), Frame::Bye);
         assert!(matches!(decode(next(&mut child).1), Frame::Fail { epoch: 0, .. }));
+    }
+
+    /// Node 1 of a chain of 3 ends while its parent reads nothing, its CONTRIB too large for the socket: it
+    /// gives up on the parent after the grace, having said goodbye to the others.
+    #[test]
+    fn a_node_that_ends_gives_up_on_a_peer_that_reads_nothing() {
+        let pair = || UnixStream::pair().unwrap();
+        let ((mut root, r), (_parent, p), (mut child, c)) = (pair(), pair(), pair());
+        let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let host = host(branch);
+        let branch = host.branch.as_ref().unwrap();
+        assert_eq!(branch.contribute(&host, &vec![b'x'; 900 << 10]), ffi::RPMI_OK);
+        send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
+        turn(&host);
+        let start = Instant::now();
+        branch.finish(&host, Duration::from_millis(300));
+        assert!(start.elapsed() >= Duration::from_millis(300), "it waited for the parent first");
+        assert_eq!(decode(next(&mut root).1), Frame::Bye);
+        assert_eq!(decode(next(&mut child).1), Frame::Bye);
     }
 }

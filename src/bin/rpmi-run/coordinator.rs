@@ -2,13 +2,13 @@
 //! node, each the leader of a session of its own (as a real node's job shell is, e.g. Slurm's slurmstepd),
 //! so the kernel schedules each node's shell and its tasks as one group. The nodes exchange each
 //! collective over a k-ary tree (`--tree-width`), through a socketpair per edge, each node's shell running
-//! its node's machine (see `link`); rpmi-run itself stays as the coordinator, the tree's root
+//! its node's machine (see `branch`); rpmi-run itself stays as the coordinator, the tree's root
 //! (`rpmi::collective::Root`), with a socketpair to every node. It passes on why and when the job ends: it
 //! says what is news for the whole job (the first reason, the first abort), and ends a job that cannot go
 //! on, such as one whose barrier waits for a node that has ended.
 
+use crate::branch::Branch;
 use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, KILL};
-use crate::link::Link;
 use rpmi::abi::ffi;
 use rpmi::collective::{Bounds, Bytes, Output, Peer, Root, Tree};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
@@ -50,7 +50,7 @@ struct Outcome {
 }
 
 /// Forks a shell process for each node (`cliques`: each node's ranks) of `tree`, which runs `shell(index,
-/// link)` in a session of its own and exits with what it returns, then serves as the tree's root until all
+/// branch)` in a session of its own and exits with what it returns, then serves as the tree's root until all
 /// have exited. Returns rpmi-run's exit status: the code of the first PMI_Abort (see [`Outcome::abort`]);
 /// else, if a node ended the job, that node's exit status (which follows the same rules, see
 /// `host::Fate::status`); if the collective did (a node left an exchange the others joined, a node was
@@ -61,7 +61,7 @@ pub fn coordinate(
     tree: Tree,
     bounds: Bounds,
     verbosity: i32,
-    shell: impl Fn(usize, Link) -> i32,
+    host: impl Fn(usize, Branch) -> i32,
 ) -> Result<i32, String> {
     let nodes = cliques.len();
     let mut conns: Vec<Conn> = Vec::with_capacity(nodes);
@@ -79,7 +79,7 @@ pub fn coordinate(
             up[child as usize] = Some(upward);
             children.push((child, down));
         }
-        let link = Link::new(tree, me, bounds, theirs, up[index].take(), children)?;
+        let branch = Branch::new(tree, me, bounds, theirs, up[index].take(), children)?;
         let ours = Conn::new(ours).map_err(connect)?;
         // SAFETY: no other thread exists yet, so the child may go on running Rust code after fork.
         let pid = unsafe { libc::fork() };
@@ -96,9 +96,9 @@ pub fn coordinate(
             // SAFETY: setsid has no memory effects; it fails only for a process group leader, which a child
             // just forked is not.
             unsafe { libc::setsid() };
-            std::process::exit(shell(index, link));
+            std::process::exit(host(index, branch));
         }
-        drop(link);
+        drop(branch);
         conns.push(ours);
         pids.push(pid);
     }

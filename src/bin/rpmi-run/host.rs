@@ -1,7 +1,7 @@
 //! rpmi-run as the plugin's host: the callbacks of `rpmi_host_ops` for one virtual node's instance, the
 //! collective (done on the spot for a one-node job, else over the nodes' tree), and ending the job.
 
-use crate::link::Link;
+use crate::branch::Branch;
 use crate::plugin::{call, Plugin};
 use rpmi::abi::ffi::{self, rpmi_buf, rpmi_host_ops, rpmi_instance};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
@@ -76,13 +76,14 @@ impl Fate {
     }
 }
 
-/// What one virtual node's shell holds: the plugin, its instance, its tasks, and how its job ends.
-pub struct Shell {
+/// A virtual node's shell as the host of its plugin instance (the ABI's host): the plugin, the instance, its
+/// tasks, and how its job ends.
+pub struct Host {
     pub plugin: Plugin,
-    /// This node's instance (as an address, so the shell can be shared between threads); set once created.
+    /// This node's instance (as an address, so the host can be shared between threads); set once created.
     pub instance: OnceLock<usize>,
     /// The way to the other nodes; `None` when this node is the whole job.
-    pub link: Option<Link>,
+    pub branch: Option<Branch>,
     fate: Mutex<Fate>,
     /// Process ids of the running tasks.
     pub pids: Mutex<Vec<libc::pid_t>>,
@@ -92,12 +93,12 @@ pub struct Shell {
     pub watch: AtomicI32,
 }
 
-impl Shell {
-    pub fn new(plugin: Plugin, link: Option<Link>, verbosity: i32) -> Shell {
-        Shell {
+impl Host {
+    pub fn new(plugin: Plugin, branch: Option<Branch>, verbosity: i32) -> Host {
+        Host {
             plugin,
             instance: OnceLock::new(),
-            link,
+            branch,
             fate: Mutex::new(Fate::default()),
             pids: Mutex::new(Vec::new()),
             verbosity,
@@ -129,7 +130,7 @@ impl Shell {
     /// coordinator, which says only what is news for the whole job), else only at debug level.
     pub fn end_job(&self, cause: Cause, message: &str) {
         if self.record(cause) {
-            let told = self.link.as_ref().is_some_and(|link| link.send_ending(self, cause, message));
+            let told = self.branch.as_ref().is_some_and(|branch| branch.send_ending(self, cause, message));
             if !told && !message.is_empty() {
                 say!("{message}");
             }
@@ -166,7 +167,7 @@ impl Shell {
         rpmi_host_ops {
             struct_size: std::mem::size_of::<rpmi_host_ops>() as u32,
             abi_version: ffi::RPMI_ABI_VERSION as u32,
-            host_data: self as *const Shell as *mut _,
+            host_data: self as *const Host as *mut _,
             collective: Some(collective),
             abort: Some(abort),
             log: Some(log),
@@ -198,10 +199,10 @@ impl Shell {
 }
 
 /// # Safety
-/// `data` is the host data of an instance: a `Shell` that outlives it.
-unsafe fn shell<'a>(data: *mut std::ffi::c_void) -> &'a Shell {
-    // SAFETY: the caller's contract: `data` points to a live `Shell`.
-    unsafe { &*(data as *const Shell) }
+/// `data` is the host data of an instance: a `Host` that outlives it.
+unsafe fn host<'a>(data: *mut std::ffi::c_void) -> &'a Host {
+    // SAFETY: the caller's contract: `data` points to a live `Host`.
+    unsafe { &*(data as *const Host) }
 }
 
 /// # Safety
@@ -220,22 +221,22 @@ unsafe extern "C" fn collective(
     bytes: *const u8,
     len: usize,
 ) -> c_int {
-    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
-    let shell = unsafe { shell(data) };
+    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    let host = unsafe { host(data) };
     let contribution = match (len, bytes.is_null()) {
         (0, _) => &[][..],
         (_, true) => return ffi::RPMI_ERR_INVALID,
         // SAFETY: not NULL (checked above): the plugin's `len` bytes, valid during this call.
         _ => unsafe { std::slice::from_raw_parts(bytes, len) },
     };
-    match &shell.link {
+    match &host.branch {
         // The bytes are the caller's only until we return: the node's machine copies them, and the parts
         // come back later on the event loop.
-        Some(link) => link.contribute(shell, contribution),
+        Some(branch) => branch.contribute(host, contribution),
         // The only node completes at once (allowed from this very thread), its part uncopied: the instance
         // copies parts before collective_complete returns.
         None => {
-            shell.complete(std::iter::once(contribution));
+            host.complete(std::iter::once(contribution));
             ffi::RPMI_OK
         }
     }
@@ -249,35 +250,35 @@ unsafe extern "C" fn abort(
     msg: *const std::ffi::c_char,
     len: usize,
 ) {
-    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
-    let shell = unsafe { shell(data) };
+    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    let host = unsafe { host(data) };
     // SAFETY: the plugin's message: `len` bytes, valid during this call.
     let message = unsafe { text(msg, len) };
     if reason == ffi::RPMI_ABORT_CALLED {
         let sep = if message.is_empty() { "" } else { ": " };
-        shell.end_job(Cause::Abort(code), &format!("rank {rank} called PMI_Abort with exit code {code}{sep}{message}"));
+        host.end_job(Cause::Abort(code), &format!("rank {rank} called PMI_Abort with exit code {code}{sep}{message}"));
     } else {
         let lost = reason != ffi::RPMI_ABORT_PROTOCOL;
-        shell.end_job(Cause::JobError { rank, lost }, &message);
+        host.end_job(Cause::JobError { rank, lost }, &message);
     }
 }
 
 unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const std::ffi::c_char, len: usize) {
-    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
-    let shell = unsafe { shell(data) };
-    if level <= ffi::RPMI_LOG_WARN && shell.ending() {
+    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    let host = unsafe { host(data) };
+    if level <= ffi::RPMI_LOG_WARN && host.ending() {
         // A barrier that failed as tasks were killed, say: a consequence, not a new fault.
         // SAFETY: the plugin's message: `len` bytes, valid during this call.
-        shell.debug(&unsafe { text(msg, len) });
-    } else if level <= shell.verbosity {
+        host.debug(&unsafe { text(msg, len) });
+    } else if level <= host.verbosity {
         // SAFETY: as above.
         say!("{}", unsafe { text(msg, len) });
     }
 }
 
 unsafe extern "C" fn watch_fd(data: *mut std::ffi::c_void, _: *mut rpmi_instance, fd: c_int) -> c_int {
-    // SAFETY: the host data given to this instance: a `Shell` that outlives it.
-    unsafe { shell(data) }.watch.store(fd, Ordering::SeqCst);
+    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    unsafe { host(data) }.watch.store(fd, Ordering::SeqCst);
     ffi::RPMI_OK
 }
 

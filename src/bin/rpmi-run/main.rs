@@ -14,10 +14,10 @@ macro_rules! say {
     }};
 }
 
+mod branch;
 mod conn;
 mod coordinator;
 mod host;
-mod link;
 mod output;
 mod plugin;
 mod shell;
@@ -204,7 +204,7 @@ fn main() {
         exit(shell::run(&plan, plugin, 0, None));
     }
     let tree = Tree::new(args.nodes, args.tree_width).unwrap_or_else(|e| die(e));
-    let run_node = |index, link| shell::run(&plan, plugin, index, Some(link));
+    let run_node = |index, branch| shell::run(&plan, plugin, index, Some(branch));
     match coordinator::coordinate(&plan.cliques, tree, exchange_bounds(&plan.options), plan.verbosity, run_node) {
         Ok(status) => exit(status),
         Err(e) => die(e),

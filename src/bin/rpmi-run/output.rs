@@ -1,7 +1,7 @@
 //! The threads rpmi-run runs beside its tasks: rank labels on output (`-l`), signal forwarding, and the
 //! event loop that drives the plugin in `--event-loop` mode.
 
-use crate::host::Shell;
+use crate::host::Host;
 use crate::plugin::call;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -134,8 +134,8 @@ pub fn unblock_signals() {
     unsafe { libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
 }
 
-/// The event loop that drives the instance in `--event-loop` mode, and always on a virtual node with a link
-/// to the other nodes: polls the instance's watched fd, calling `progress`, and the link's connections.
+/// The event loop that drives the instance in `--event-loop` mode, and always on a virtual node with a branch
+/// of the tree: polls the instance's watched fd, calling `progress`, and the branch's connections.
 pub struct EventLoop {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
@@ -148,28 +148,28 @@ impl EventLoop {
     }
 }
 
-pub fn spawn_event_loop(shell: &'static Shell) -> EventLoop {
+pub fn spawn_event_loop(host: &'static Host) -> EventLoop {
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
     let thread = std::thread::spawn(move || {
-        let watched = libc::pollfd { fd: shell.watch.load(Ordering::SeqCst), events: libc::POLLIN, revents: 0 };
+        let watched = libc::pollfd { fd: host.watch.load(Ordering::SeqCst), events: libc::POLLIN, revents: 0 };
         let mut fds = Vec::new();
         while !stopping.load(Ordering::SeqCst) {
             fds.clear();
             fds.push(watched);
-            if let Some(link) = &shell.link {
-                link.watch(&mut fds);
+            if let Some(branch) = &host.branch {
+                branch.watch(&mut fds);
             }
             // A short timeout so that a stop is seen promptly.
             // SAFETY: poll over our own array.
             if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) } <= 0 {
                 continue;
             }
-            if let Some(link) = &shell.link {
-                link.ready(shell, &fds[1..]);
+            if let Some(branch) = &host.branch {
+                branch.ready(host, &fds[1..]);
             }
             if fds[0].revents != 0 {
-                call!(shell.plugin, progress(shell.instance()));
+                call!(host.plugin, progress(host.instance()));
             }
         }
     });

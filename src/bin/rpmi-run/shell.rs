@@ -1,8 +1,8 @@
 //! One virtual node's job shell: creates the node's plugin instance, starts the node's tasks through it, and
 //! reaps them. The whole of rpmi-run for a one-node job; a process of its own per node otherwise.
 
-use crate::host::{Cause, Shell};
-use crate::link::Link;
+use crate::branch::Branch;
+use crate::host::{Cause, Host};
 use crate::output;
 use crate::plugin::{call, Plugin};
 use crate::Plan;
@@ -18,8 +18,8 @@ struct Task {
 }
 
 /// Runs node `index` of the job to its end; returns its exit status (see `host::Fate::status`).
-pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32 {
-    let shell: &'static Shell = Box::leak(Box::new(Shell::new(plugin, link, plan.verbosity)));
+pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>) -> i32 {
+    let host: &'static Host = Box::leak(Box::new(Host::new(plugin, branch, plan.verbosity)));
     let local_ranks = &plan.cliques[index];
     let hostname_ptrs: Vec<*const std::ffi::c_char> = plan.hostnames.iter().map(|h| h.as_ptr()).collect();
     let info = rpmi_job_info {
@@ -37,34 +37,34 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
         universe_size: 0,
         spawned: 0,
     };
-    // A node with a link is driven by the loop that serves its connections (see `Link`).
-    let event_loop = plan.event_loop || shell.link.is_some();
-    let ops = shell.ops(event_loop);
+    // A node with a branch is driven by the loop that serves its connections (see `Branch`).
+    let event_loop = plan.event_loop || host.branch.is_some();
+    let ops = host.ops(event_loop);
     let mut inst: *mut rpmi_instance = std::ptr::null_mut();
     let mut err = [0 as std::ffi::c_char; 512];
     if call!(plugin, create(&info, &ops, &mut inst, err.as_mut_ptr(), err.len())) != ffi::RPMI_OK {
         // SAFETY: create wrote a NUL-terminated message into err.
         let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-        shell.end_job(Cause::Failed(2), &format!("the plugin refused the job: {msg}"));
+        host.end_job(Cause::Failed(2), &format!("the plugin refused the job: {msg}"));
         return 2;
     }
-    let _ = shell.instance.set(inst as usize);
-    let event_loop = event_loop.then(|| output::spawn_event_loop(shell));
+    let _ = host.instance.set(inst as usize);
+    let event_loop = event_loop.then(|| output::spawn_event_loop(host));
 
     // SIGINT and SIGTERM go to the tasks; the shell ends when they do. Behind a coordinator, which says so
     // itself, the signal comes from it.
-    let alone = shell.link.is_none();
+    let alone = host.branch.is_none();
     let signals = output::forward_signals(move |sig| {
         if alone {
             say!("got signal {sig}, passing it to every task");
         }
-        shell.end(sig);
+        host.end(sig);
     });
     let mut labels = plan.label.then(output::Labeler::new);
 
     let mut tasks: Vec<Task> = Vec::with_capacity(local_ranks.len());
     for (local, &rank) in local_ranks.iter().enumerate() {
-        if shell.ending() {
+        if host.ending() {
             break;
         }
         let local = local as u32;
@@ -75,7 +75,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
             env: std::ptr::null(),
         };
         if call!(plugin, task_init(inst, local, &mut env)) != ffi::RPMI_OK {
-            shell.end_job(Cause::Failed(1), &format!("the plugin could not set up rank {rank}"));
+            host.end_job(Cause::Failed(1), &format!("the plugin could not set up rank {rank}"));
             break;
         }
         let mut cmd = Command::new(&plan.program[0]);
@@ -113,48 +113,48 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, link: Option<Link>) -> i32
                 if let Some(l) = labels.as_mut() {
                     l.add(rank, child.stdout.take(), child.stderr.take());
                 }
-                if let Ok(mut pids) = shell.pids.lock() {
+                if let Ok(mut pids) = host.pids.lock() {
                     pids.push(pid);
                 }
                 tasks.push(Task { rank, local, pid });
             }
             Err(e) => {
                 let why = format!("cannot start {}: {e}", plan.program[0].to_string_lossy());
-                shell.end_job(Cause::Failed(127), &why);
+                host.end_job(Cause::Failed(127), &why);
                 break;
             }
         }
     }
-    if shell.ending() {
-        shell.signal_all(libc::SIGKILL);
+    if host.ending() {
+        host.signal_all(libc::SIGKILL);
     }
     let output_thread = labels.map(output::Labeler::start);
 
-    let exits = wait_for(shell, &mut tasks);
-    finish(shell, event_loop);
+    let exits = wait_for(host, &mut tasks);
+    finish(host, event_loop);
     if let Some(t) = output_thread {
         let _ = t.join();
     }
     drop(signals);
     // After `finish`: an abort line served by destroy still decides the status.
-    shell.status(&exits)
+    host.status(&exits)
 }
 
 /// Stops the event loop, then destroys the instance, which serves what the tasks wrote last (an abort line,
 /// which still reaches the coordinator); then this node says it is done to the tree.
-fn finish(shell: &Shell, event_loop: Option<output::EventLoop>) {
+fn finish(host: &Host, event_loop: Option<output::EventLoop>) {
     if let Some(t) = event_loop {
         t.stop();
     }
-    call!(shell.plugin, destroy(shell.instance()));
-    if let Some(link) = &shell.link {
-        link.finish(shell);
+    call!(host.plugin, destroy(host.instance()));
+    if let Some(branch) = &host.branch {
+        branch.finish(host, crate::branch::FINISH_GRACE);
     }
 }
 
 /// Reaps every task; ends the job at the first that fails on its own. Returns each task's rank and code
 /// (128+signal if it was killed), in the order they were reaped.
-fn wait_for(shell: &Shell, tasks: &mut [Task]) -> Vec<(u32, i32)> {
+fn wait_for(host: &Host, tasks: &mut [Task]) -> Vec<(u32, i32)> {
     let mut exits = Vec::with_capacity(tasks.len());
     let mut left = tasks.len();
     while left > 0 {
@@ -170,19 +170,19 @@ fn wait_for(shell: &Shell, tasks: &mut [Task]) -> Vec<(u32, i32)> {
         let Some(task) = tasks.iter_mut().find(|t| t.pid == pid) else { continue };
         task.pid = 0;
         left -= 1;
-        call!(shell.plugin, task_exit(shell.instance(), task.local, status));
+        call!(host.plugin, task_exit(host.instance(), task.local, status));
         let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
         // Tasks rpmi-run killed itself are not news.
-        if code != 0 && !shell.ending() {
+        if code != 0 && !host.ending() {
             let why = if libc::WIFSIGNALED(status) {
                 format!("rank {} was killed by signal {}; ending the job", task.rank, libc::WTERMSIG(status))
             } else {
                 format!("rank {} exited with code {code}; ending the job", task.rank)
             };
-            shell.end_job(Cause::Failed(code), &why);
+            host.end_job(Cause::Failed(code), &why);
         }
         exits.push((task.rank, code));
-        if let Ok(mut pids) = shell.pids.lock() {
+        if let Ok(mut pids) = host.pids.lock() {
             pids.retain(|&p| p != pid);
         }
     }
