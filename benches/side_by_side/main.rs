@@ -5,8 +5,15 @@
 //!
 //! `bash docker/bench.sh` sets up everything (the local Slurm cluster with the plugin) and runs it; by
 //! hand: `cargo bench --features slurm --bench side_by_side -- [--runs 5] [--sizes 64,256,1024]
-//! [--servers rpmi-run,rpmi-run-4,srun-rpmi,hydra,srun-pmi2,floor] [--workloads a,b,c] [--out DIR]`.
-//! srun must reach a cluster (SLURM_CONF) whose slurmd have `mpi_rpmi.so` in their PluginDir.
+//! [--servers rpmi-run,rpmi-run-4,srun-rpmi,srun-rpmi-star,hydra,srun-pmi2,floor] [--workloads a,b,c]
+//! [--slurm-nodes 3] [--barriers 1000] [--out DIR]`. srun must reach a cluster (SLURM_CONF) whose slurmd have
+//! `mpi_rpmi.so` in their PluginDir and at least `--slurm-nodes` nodes.
+//!
+//! `srun-rpmi-star` is the same plugin with a tree as wide as the step (`SLURM_RPMI_TREE_WIDTH` = nodes):
+//! every stepd is srun's child, the star that the tree replaced. It is not in the default set, since on 3
+//! nodes the default width already makes the star; compare it on many nodes, e.g.
+//! `RPMI_SLURM_NODES=100 bash docker/bench.sh --slurm-nodes 100 --servers srun-rpmi,srun-rpmi-star,srun-pmi2
+//! --workloads b,c --sizes 200,400 --barriers 100 --out benches/results/slurm-100`.
 
 mod floor;
 mod memory;
@@ -17,11 +24,19 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_rpmi-probe");
 const RPMI_RUN: &str = env!("CARGO_BIN_EXE_rpmi-run");
+/// Barriers of workload (c), from `--barriers`.
+static BARRIERS: AtomicUsize = AtomicUsize::new(1000);
+
+fn barriers() -> usize {
+    BARRIERS.load(Ordering::Relaxed)
+}
+
 /// Longest a single job may take before it is killed and recorded as failed.
 const JOB_TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -30,16 +45,32 @@ pub enum Server {
     RpmiRun,
     RpmiRun4,
     SrunRpmi,
+    SrunRpmiStar,
     Hydra,
     SrunPmi2,
     Floor,
 }
 
-pub const SERVERS: [Server; 6] =
+pub const SERVERS: [Server; 7] = [
+    Server::RpmiRun,
+    Server::RpmiRun4,
+    Server::SrunRpmi,
+    Server::SrunRpmiStar,
+    Server::Hydra,
+    Server::SrunPmi2,
+    Server::Floor,
+];
+
+/// What runs without `--servers`: all but the star, which on 3 nodes is what `srun-rpmi` runs anyway.
+const DEFAULT_SERVERS: [Server; 6] =
     [Server::RpmiRun, Server::RpmiRun4, Server::SrunRpmi, Server::Hydra, Server::SrunPmi2, Server::Floor];
 
-/// Nodes of the local Slurm cluster the srun servers spread a job over (`-N3`).
-const SLURM_NODES: usize = 3;
+/// Nodes of the Slurm cluster the srun servers spread a job over (`-N`), from `--slurm-nodes`.
+static SLURM_NODES: AtomicUsize = AtomicUsize::new(3);
+
+pub fn slurm_nodes() -> usize {
+    SLURM_NODES.load(Ordering::Relaxed)
+}
 
 impl Server {
     pub fn key(self) -> &'static str {
@@ -47,6 +78,7 @@ impl Server {
             Server::RpmiRun => "rpmi-run",
             Server::RpmiRun4 => "rpmi-run-4",
             Server::SrunRpmi => "srun-rpmi",
+            Server::SrunRpmiStar => "srun-rpmi-star",
             Server::Hydra => "hydra",
             Server::SrunPmi2 => "srun-pmi2",
             Server::Floor => "floor",
@@ -58,6 +90,7 @@ impl Server {
             Server::RpmiRun => "rpmi-run",
             Server::RpmiRun4 => "rpmi-run --nodes 4",
             Server::SrunRpmi => "srun --mpi=rpmi",
+            Server::SrunRpmiStar => "srun --mpi=rpmi, star",
             Server::Hydra => "mpiexec.hydra",
             Server::SrunPmi2 => "srun --mpi=pmi2",
             Server::Floor => "floor",
@@ -69,7 +102,7 @@ impl Server {
     pub fn reference(self) -> Option<Server> {
         match self {
             Server::RpmiRun | Server::SrunRpmi => None,
-            Server::SrunPmi2 => Some(Server::SrunRpmi),
+            Server::SrunPmi2 | Server::SrunRpmiStar => Some(Server::SrunRpmi),
             _ => Some(Server::RpmiRun),
         }
     }
@@ -78,7 +111,7 @@ impl Server {
     pub fn nodes(self) -> usize {
         match self {
             Server::RpmiRun4 => 4,
-            Server::SrunRpmi | Server::SrunPmi2 => SLURM_NODES,
+            Server::SrunRpmi | Server::SrunRpmiStar | Server::SrunPmi2 => slurm_nodes(),
             _ => 1,
         }
     }
@@ -88,14 +121,14 @@ impl Server {
             Server::RpmiRun | Server::Floor => Serving::Launcher,
             Server::RpmiRun4 => Serving::Shells { nodes: self.nodes() },
             Server::Hydra => Serving::HydraProxy,
-            Server::SrunRpmi | Server::SrunPmi2 => Serving::Stepds { nodes: SLURM_NODES },
+            Server::SrunRpmi | Server::SrunRpmiStar | Server::SrunPmi2 => Serving::Stepds { nodes: slurm_nodes() },
         }
     }
 
     /// Whether the serving processes are rpmi's, each holding one complete key-value store, and so held to
     /// rpmi's memory bound.
     pub fn is_rpmi(self) -> bool {
-        matches!(self, Server::RpmiRun | Server::RpmiRun4 | Server::SrunRpmi)
+        matches!(self, Server::RpmiRun | Server::RpmiRun4 | Server::SrunRpmi | Server::SrunRpmiStar)
     }
 
     /// Tasks served by the busiest serving process.
@@ -114,10 +147,15 @@ impl Server {
                 c.args(["-n", &n, "--nodes", &self.nodes().to_string()]);
                 c
             }
-            Server::SrunRpmi | Server::SrunPmi2 => {
-                let mpi = if self == Server::SrunRpmi { "--mpi=rpmi" } else { "--mpi=pmi2" };
+            Server::SrunRpmi | Server::SrunRpmiStar | Server::SrunPmi2 => {
+                let mpi = if self == Server::SrunPmi2 { "--mpi=pmi2" } else { "--mpi=rpmi" };
                 let mut c = Command::new("srun");
-                c.args(["-Q", mpi, "-O", &format!("-N{SLURM_NODES}"), &format!("-n{n}")]);
+                c.args(["-Q", mpi, "-O", &format!("-N{}", slurm_nodes()), &format!("-n{n}")]);
+                // The site's and the user's width would make the default server something else.
+                c.env_remove("SLURM_RPMI_TREE_WIDTH");
+                if self == Server::SrunRpmiStar {
+                    c.env("SLURM_RPMI_TREE_WIDTH", slurm_nodes().to_string());
+                }
                 c
             }
             Server::Hydra => {
@@ -142,7 +180,7 @@ pub enum Workload {
     AllToAll,
     /// (b) 8 puts of 800 characters, barrier, 64 gets.
     BusinessCards,
-    /// (c) 1000 empty barriers.
+    /// (c) empty barriers (`--barriers`, 1000 unless told).
     Barriers,
 }
 
@@ -157,11 +195,13 @@ impl Workload {
         }
     }
 
-    pub fn title(self) -> &'static str {
+    pub fn title(self) -> String {
         match self {
-            Workload::AllToAll => "(a) all-to-all: 1 put of 96 chars, barrier, a get of every rank's key, barrier",
-            Workload::BusinessCards => "(b) business cards: 8 puts of 800 chars, barrier, 64 gets, barrier",
-            Workload::Barriers => "(c) 1000 empty barriers",
+            Workload::AllToAll => {
+                "(a) all-to-all: 1 put of 96 chars, barrier, a get of every rank's key, barrier".into()
+            }
+            Workload::BusinessCards => "(b) business cards: 8 puts of 800 chars, barrier, 64 gets, barrier".into(),
+            Workload::Barriers => format!("(c) {} empty barriers", barriers()),
         }
     }
 
@@ -177,7 +217,7 @@ impl Workload {
 
     fn probe_args(self) -> Vec<String> {
         let Some((puts, len, gets)) = self.exchange() else {
-            return ["barrier", "--count", "1000"].map(String::from).to_vec();
+            return vec!["barrier".into(), "--count".into(), barriers().to_string()];
         };
         let mut args = ["exchange", "--puts", &puts.to_string(), "--size", &len.to_string()].map(String::from).to_vec();
         if let Some(gets) = gets {
@@ -348,8 +388,8 @@ impl Baseline {
 /// A `--mpi=none` step of `size` tasks that live long enough for the sampler to find every stepd.
 fn slurm_own_peak(size: usize) -> Result<Option<u64>, String> {
     let mut command = Command::new("srun");
-    command.args(["-Q", "--mpi=none", "-O", &format!("-N{SLURM_NODES}"), &format!("-n{size}"), "sleep", "1"]);
-    let job = run(command, Serving::Stepds { nodes: SLURM_NODES }, "srun --mpi=none")?;
+    command.args(["-Q", "--mpi=none", "-O", &format!("-N{}", slurm_nodes()), &format!("-n{size}"), "sleep", "1"]);
+    let job = run(command, Serving::Stepds { nodes: slurm_nodes() }, "srun --mpi=none")?;
     if job.status != 0 {
         return Err(format!("srun --mpi=none at N={size} failed (exit {}): {}", job.status, job.stderr));
     }
@@ -389,11 +429,15 @@ fn parse_list<T: Copy>(text: &str, all: &[T], key: impl Fn(T) -> String) -> Resu
         .collect()
 }
 
+fn count(option: &str, text: &str) -> Result<usize, String> {
+    text.parse().ok().filter(|&n| n > 0).ok_or_else(|| format!("{option} wants a number of 1 or more"))
+}
+
 fn parse_args(args: &[String]) -> Result<Config, String> {
     let mut config = Config {
         runs: 5,
         sizes: vec![64, 256, 1024],
-        servers: SERVERS.to_vec(),
+        servers: DEFAULT_SERVERS.to_vec(),
         workloads: WORKLOADS.to_vec(),
         out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results")),
     };
@@ -415,11 +459,13 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
             "--servers" => config.servers = parse_list(value()?, &SERVERS, |s| s.key().to_string())?,
             "--workloads" => config.workloads = parse_list(value()?, &WORKLOADS, |w| w.key().to_string())?,
             "--out" => config.out = PathBuf::from(value()?),
+            "--slurm-nodes" => SLURM_NODES.store(count(arg, value()?)?, Ordering::Relaxed),
+            "--barriers" => BARRIERS.store(count(arg, value()?)?, Ordering::Relaxed),
             _ => return Err(format!("unknown argument `{arg}`")),
         }
     }
-    if config.runs == 0 || config.sizes.iter().any(|&n| n < SLURM_NODES) {
-        return Err("--runs must be at least 1 and every size at least 3".to_string());
+    if config.runs == 0 || config.sizes.iter().any(|&n| n < slurm_nodes()) {
+        return Err(format!("--runs must be at least 1 and every size at least --slurm-nodes ({})", slurm_nodes()));
     }
     Ok(config)
 }
@@ -448,12 +494,14 @@ fn benchmark(config: &Config) -> Result<(), String> {
         if job.status != 0 || parse_result(Workload::AllToAll, &job.stdout).is_none() {
             return Err(fail(server, 64, "verified exchange", &job));
         }
-        // Long enough (about half a second) for the sampler to see the serving process settled. A process's
+        // Long enough (about half a second, with the default --barriers) for the sampler to see the serving
+        // process settled. A process's
         // resident set at rest varies by a few hundred KiB from run to run (rpmi-run's shells inherit the
         // launcher's at fork), so the baseline is a median over as many runs as each cell has.
         let mut peaks = Vec::with_capacity(config.runs);
         for _ in 0..config.runs {
-            let job = run_job(server, server.nodes(), &["barrier", "--count", "2000"])?;
+            let idle = (2 * barriers()).to_string();
+            let job = run_job(server, server.nodes(), &["barrier", "--count", &idle])?;
             if job.status != 0 {
                 return Err(fail(server, server.nodes(), "idle", &job));
             }
@@ -464,7 +512,7 @@ fn benchmark(config: &Config) -> Result<(), String> {
     let mut slurm_own = BTreeMap::new();
     if config.servers.iter().any(|s| matches!(s.serving(), Serving::Stepds { .. })) {
         eprintln!("Slurm's own memory: a --mpi=none step of each size");
-        for &size in config.sizes.iter().chain(&[SLURM_NODES]) {
+        for &size in config.sizes.iter().chain(&[slurm_nodes()]) {
             slurm_own.insert(size, slurm_own_peak(size)?);
         }
     }

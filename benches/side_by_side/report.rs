@@ -1,7 +1,7 @@
 //! The report: medians with min and max per server, workload and size, ratios, memory, the issue's
 //! targets checked against the figures, the raw runs as JSON and a plot through gnuplot.
 
-use crate::{Baseline, Config, Run, Server, Workload};
+use crate::{slurm_nodes, Baseline, Config, Run, Server, Workload};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
@@ -121,12 +121,40 @@ fn targets(cells: &BTreeMap<Key, Cell>, baseline: &Baseline) -> Vec<Check> {
             met: pmi2 / rpmi >= 1.5,
         });
     }
+    let nodes = slurm_nodes();
     if let (Some(rpmi), Some(pmi2)) = (median(c, 64, Server::SrunRpmi), median(c, 64, Server::SrunPmi2)) {
         checks.push(Check {
-            what: "srun --mpi=rpmi: at least 5x faster than pmi2 on (c) at N=64 over 3 nodes".into(),
+            what: format!("srun --mpi=rpmi: at least 5x faster than pmi2 on (c) at N=64 over {nodes} nodes"),
             figure: format!("pmi2 {:.2} ms / rpmi {:.2} ms = {:.1}x", pmi2 * 1e3, rpmi * 1e3, pmi2 / rpmi),
             met: pmi2 / rpmi >= 5.0,
         });
+    }
+    // The tree against the star it replaced, where the star was measured: each barrier and each put+barrier
+    // within 1.25x of the star's, and each barrier still at least 10x faster than pmi2's.
+    for (&(w, n, server), star) in cells {
+        if server != Server::SrunRpmiStar || w == Workload::AllToAll {
+            continue;
+        }
+        let Some(tree) = cells.get(&(w, n, Server::SrunRpmi)) else { continue };
+        let (what, tree_s, star_s) = match w {
+            Workload::Barriers => ("a barrier", tree.time.median, star.time.median),
+            _ => ("put+barrier of (b)", tree.put.median, star.put.median),
+        };
+        checks.push(Check {
+            what: format!("srun --mpi=rpmi's tree within 1.25x of the star: {what} at N={n} over {nodes} nodes"),
+            figure: format!("tree {} / star {} = {:.2}x", shown(w, tree_s), shown(w, star_s), tree_s / star_s),
+            met: tree_s / star_s <= 1.25,
+        });
+        if let (Workload::Barriers, Some(pmi2)) = (w, cells.get(&(w, n, Server::SrunPmi2))) {
+            let pmi2 = pmi2.time.median;
+            checks.push(Check {
+                what: format!(
+                    "srun --mpi=rpmi's tree at least 10x faster than pmi2: a barrier at N={n} over {nodes} nodes"
+                ),
+                figure: format!("pmi2 {} / tree {} = {:.1}x", shown(w, pmi2), shown(w, tree_s), pmi2 / tree_s),
+                met: pmi2 / tree_s >= 10.0,
+            });
+        }
     }
     let mut worst: Option<(f64, String)> = None;
     for (&(w, n, server), cell) in cells {
@@ -297,7 +325,8 @@ fn plot(config: &Config, cells: &BTreeMap<Key, Cell>) -> Result<(), String> {
             rows.push('\n');
         }
         fs::write(&data, rows).map_err(|e| format!("{}: {e}", data.display()))?;
-        let title = workload.title().split(':').next().unwrap_or("");
+        let title = workload.title();
+        let title = title.split(':').next().unwrap_or("");
         let _ = writeln!(
             script,
             "set title '{}'\nset ylabel '{}'\nplot {}",
