@@ -4,7 +4,6 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
 
 /// Takes ownership of what a call that makes an fd returned, or its error.
 ///
@@ -52,6 +51,7 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     unsafe { owned_pair(rc, fds) }
 }
 
+#[cfg(feature = "slurm")] // the Slurm plugin's stepd
 /// A non-blocking pipe, close-on-exec at both ends: (read end, write end).
 pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
@@ -82,19 +82,21 @@ pub(crate) fn drain_counter(fd: &OwnedFd) {
     unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
 }
 
+#[cfg(feature = "slurm")] // the Slurm plugin's stepd
 /// A non-blocking timerfd on the monotonic clock.
 pub(crate) fn timerfd() -> io::Result<OwnedFd> {
     // SAFETY: a plain syscall; the fd is checked and owned at once.
     unsafe { owned(libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC)) }
 }
 
+#[cfg(feature = "slurm")] // the Slurm plugin's stepd
 /// Sets a timerfd to fire once, `after` from now (at least 1 ms, so that it is armed), or disarms it.
-pub(crate) fn set_timer(timer: &OwnedFd, after: Option<Duration>) -> io::Result<()> {
+pub(crate) fn set_timer(timer: &OwnedFd, after: Option<std::time::Duration>) -> io::Result<()> {
     let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     let value = match after {
         None => zero,
         Some(d) => {
-            let d = d.max(Duration::from_millis(1));
+            let d = d.max(std::time::Duration::from_millis(1));
             libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as _ }
         }
     };
