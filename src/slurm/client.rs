@@ -6,7 +6,7 @@ use super::auth::Secret;
 use super::layout;
 use super::root::{Outcome, Reporter, Root, Step};
 use super::stepd::{ENV_BOUNDS, ENV_MAP, ENV_PORT, ENV_SECRET, ENV_WIDTH};
-use super::sys::{self, mpi_plugin_client_info_t, slurm_step_layout_t, Slurm, NO_VAL};
+use super::sys::{self, slurm_step_layout_t, Slurm, StepInfo, NO_VAL};
 use crate::collective::{Bound, Bounds};
 use crate::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -114,10 +114,7 @@ pub unsafe fn task_map(layout: &slurm_step_layout_t) -> Result<Vec<u32>, String>
 ///
 /// # Safety
 /// Pointers as srun passes them.
-pub unsafe fn prelaunch(
-    info: *const mpi_plugin_client_info_t,
-    env: *mut *mut *mut c_char,
-) -> Result<*mut c_void, String> {
+pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Result<*mut c_void, String> {
     let slurm = sys::slurm();
     // SAFETY: the caller's contract: `info` is NULL or srun's step information, valid for the call.
     let info = unsafe { info.as_ref() }.ok_or("no step information")?;

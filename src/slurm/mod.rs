@@ -43,18 +43,21 @@ mod stepd;
 mod sys;
 mod trace;
 mod uplink;
+mod version;
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-use sys::{mpi_plugin_client_info_t, mpi_plugin_task_info_t, ConfOption, SLURM_ERROR, SLURM_SUCCESS};
+use sys::{StepInfo, SLURM_ERROR, SLURM_SUCCESS};
+use version::{ConfOption, TaskInfo};
 
 /// Slurm's plugin identification, read with `dlsym`: NUL-terminated arrays and `uint32_t`s.
 #[no_mangle]
 pub static plugin_name: [u8; 28] = *b"rpmi: PMI-1 server for srun\0";
 #[no_mangle]
 pub static plugin_type: [u8; 9] = *b"mpi/rpmi\0";
-/// "RPMI" in ASCII: unique, non-zero, and clear of the ids Slurm 22.05 gives its own MPI plugins (101..107).
+/// "RPMI" in ASCII: unique, neither 0 nor `NO_VAL` (which Slurm refuses since 24.11), and clear of the ids
+/// Slurm gives its own MPI plugins (101 to 108).
 #[no_mangle]
 pub static plugin_id: u32 = 0x5250_4d49;
 /// Must equal the running Slurm's `SLURM_VERSION_NUMBER`, micro number included: the plugin is tied to the
@@ -105,10 +108,7 @@ pub extern "C" fn fini() {
 /// # Safety
 /// Pointers as srun passes them.
 #[no_mangle]
-pub unsafe extern "C" fn mpi_p_client_prelaunch(
-    job: *const mpi_plugin_client_info_t,
-    env: *mut *mut *mut c_char,
-) -> *mut c_void {
+pub unsafe extern "C" fn mpi_p_client_prelaunch(job: *const StepInfo, env: *mut *mut *mut c_char) -> *mut c_void {
     // SAFETY: srun's pointers, as the caller's contract says.
     guard(std::ptr::null_mut(), || match unsafe { client::prelaunch(job, env) } {
         Ok(state) => state,
@@ -147,10 +147,7 @@ pub unsafe extern "C" fn mpi_p_slurmstepd_prefork(
 /// # Safety
 /// Pointers as Slurm passes them.
 #[no_mangle]
-pub unsafe extern "C" fn mpi_p_slurmstepd_task(
-    job: *const mpi_plugin_task_info_t,
-    env: *mut *mut *mut c_char,
-) -> c_int {
+pub unsafe extern "C" fn mpi_p_slurmstepd_task(job: *const TaskInfo, env: *mut *mut *mut c_char) -> c_int {
     // SAFETY: Slurm's pointers for this task, as the caller's contract says.
     guard(SLURM_ERROR, || unsafe { stepd::task(job, env) })
 }
@@ -165,22 +162,8 @@ struct ConfOptions([ConfOption; 2]);
 // SAFETY: only constant pointers to static strings, never written.
 unsafe impl Sync for ConfOptions {}
 
-static CONF_OPTIONS: ConfOptions = ConfOptions([
-    ConfOption {
-        key: CONF_TREE_WIDTH.as_ptr(),
-        kind: sys::S_P_UINT32,
-        handler: std::ptr::null(),
-        destroy: std::ptr::null(),
-        line_options: std::ptr::null(),
-    },
-    ConfOption {
-        key: std::ptr::null(),
-        kind: 0,
-        handler: std::ptr::null(),
-        destroy: std::ptr::null(),
-        line_options: std::ptr::null(),
-    },
-]);
+static CONF_OPTIONS: ConfOptions =
+    ConfOptions([ConfOption::new(CONF_TREE_WIDTH.as_ptr(), sys::S_P_UINT32), ConfOption::new(std::ptr::null(), 0)]);
 
 /// mpi.conf's `RpmiTreeWidth`, as Slurm handed it to this process (0: not set). slurmd reads mpi.conf and
 /// passes each stepd its plugin's options; srun never sees them, so the stepds tell srun the width they use.

@@ -44,6 +44,7 @@ use super::protocol::{Direction, Down, Malformed, Up, CONTROL_MAX, MESSAGE_MAX};
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink::{self, Hello};
+use super::version::TaskInfo;
 use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
@@ -1105,7 +1106,7 @@ pub fn fini() {
 ///
 /// # Safety
 /// Pointers as Slurm passes them.
-pub unsafe fn task(info: *const sys::mpi_plugin_task_info_t, env: *mut *mut *mut c_char) -> c_int {
+pub unsafe fn task(info: *const TaskInfo, env: *mut *mut *mut c_char) -> c_int {
     let p = STEPD.load(SeqCst);
     if p.is_null() {
         // Not an rpmi step (see prefork): nothing to set.
@@ -1139,7 +1140,7 @@ pub unsafe fn task(info: *const sys::mpi_plugin_task_info_t, env: *mut *mut *mut
 ///
 /// # Safety
 /// `env` as Slurm passes it to the task hook.
-unsafe fn set_up_task(stepd: &Stepd, info: &sys::mpi_plugin_task_info_t, env: *mut *mut *mut c_char) -> c_int {
+unsafe fn set_up_task(stepd: &Stepd, info: &TaskInfo, env: *mut *mut *mut c_char) -> c_int {
     let Ok(task) = stepd.local_ranks.binary_search(&info.gtaskid) else { return sys::SLURM_ERROR };
     if stepd.node.exec_hook(task).is_err() {
         return sys::SLURM_ERROR;

@@ -1,5 +1,6 @@
-//! Slurm's side of the plugin: the public types (bindgen over `<slurm/slurm.h>`), the two private structs
-//! Slurm 22.05 hands to MPI plugins, and the few `slurm_*` functions the plugin calls.
+//! Slurm's side of the plugin: the public types (bindgen over `<slurm/slurm.h>`), the private structs Slurm
+//! hands to MPI plugins that are alike in every supported line (what differs is in [`super::version`]), and
+//! the few `slurm_*` functions the plugin calls.
 //!
 //! The functions are not linked: librpmi.so must not pull in a second libslurm (the daemons and srun already
 //! carry `libslurmfull`, with its own globals). They are looked up in the host process with
@@ -7,6 +8,7 @@
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
 
+use super::version::{self, ConfOption, KillJobStep};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
@@ -18,10 +20,11 @@ pub mod bindings {
 
 pub use bindings::{slurm_step_id_t, slurm_step_layout_t, NO_VAL, SLURM_VERSION_NUMBER};
 
-/// `mpi_plugin_client_info_t` of Slurm 22.05 (`src/common/slurm_mpi.h`, not installed): what srun passes to
-/// `mpi_p_client_prelaunch`.
+/// srun's step info for `mpi_p_client_prelaunch`: `mpi_plugin_client_info_t` in 22.05 (`src/common/slurm_mpi.h`),
+/// `mpi_step_info_t` since (`src/interfaces/mpi.h`); not installed. The same fields in every supported line
+/// (their offsets are asserted in [`super::version`]).
 #[repr(C)]
-pub struct mpi_plugin_client_info_t {
+pub struct StepInfo {
     /// Hetjob leader id, or `NO_VAL`.
     pub het_job_id: u32,
     pub het_job_task_offset: u32,
@@ -29,26 +32,12 @@ pub struct mpi_plugin_client_info_t {
     pub step_layout: *const slurm_step_layout_t,
 }
 
-/// `mpi_plugin_task_info_t` of Slurm 22.05: what the task child passes to `mpi_p_slurmstepd_task`.
-#[repr(C)]
-pub struct mpi_plugin_task_info_t {
-    pub client: *const c_void,
-    /// The task's global rank.
-    pub gtaskid: u32,
-    pub ltaskid: c_int,
-    pub ltasks: u32,
-    pub nnodes: u32,
-    pub nodeid: u32,
-    pub ntasks: u32,
-    pub self_: *const c_void,
-    pub step_id: slurm_step_id_t,
-}
-
-/// The start of slurmstepd's step record, `stepd_step_rec_t` of Slurm 22.05
-/// (`src/slurmd/slurmstepd/slurmstepd_job.h`, not installed), up to the fields the plugin reads: the step
-/// the plugin serves is the one Slurm says, never one named in the job's environment (which the user
-/// controls). Each task child checks the ids against its `mpi_plugin_task_info_t`, which Slurm fills from
-/// the same record, so a layout that ever disagreed would fail the step instead of acting on wrong ids.
+/// The start of slurmstepd's step record, `stepd_step_rec_t` (`src/slurmd/slurmstepd/slurmstepd_job.h`, not
+/// installed), up to the fields the plugin reads; the same fields in every supported line (offsets asserted
+/// in [`super::version`]). The step the plugin serves is the one Slurm says, never one named in the job's
+/// environment (which the user controls). Each task child checks the ids against its task info, which
+/// Slurm fills from the same record, so a layout that ever disagreed would fail the step instead of acting
+/// on wrong ids.
 #[repr(C)]
 pub struct stepd_step_rec_t {
     alias_list: *const c_char,
@@ -66,26 +55,12 @@ pub struct stepd_step_rec_t {
     pub node_tasks: u32,
 }
 
-// The offsets checked against Slurm 22.05.8 on x86_64: the structs as declared in its sources.
-const _: () = {
-    assert!(std::mem::offset_of!(stepd_step_rec_t, step_id) == 112);
-    assert!(std::mem::offset_of!(stepd_step_rec_t, nnodes) == 132);
-    assert!(std::mem::offset_of!(stepd_step_rec_t, node_tasks) == 144);
-    assert!(std::mem::offset_of!(mpi_plugin_client_info_t, step_id) == 8);
-    assert!(std::mem::offset_of!(mpi_plugin_client_info_t, step_layout) == 24);
-    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, gtaskid) == 8);
-    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, ltaskid) == 12);
-    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, self_) == 32);
-    assert!(std::mem::offset_of!(mpi_plugin_task_info_t, step_id) == 40);
-};
-
 pub const SLURM_SUCCESS: c_int = bindings::SLURM_SUCCESS as c_int;
 pub const SLURM_ERROR: c_int = bindings::SLURM_ERROR as c_int;
 
 /// `int slurm_env_array_overwrite_fmt(char ***env, const char *name, const char *fmt, ...)`: 1 on success.
 pub type EnvOverwriteFmt = unsafe extern "C" fn(*mut *mut *mut c_char, *const c_char, *const c_char, ...) -> c_int;
 type UnsetEnvp = unsafe extern "C" fn(*mut *mut c_char, *const c_char);
-type KillJobStep = unsafe extern "C" fn(u32, u32, u16) -> c_int;
 type HostlistCreate = unsafe extern "C" fn(*const c_char) -> *mut c_void;
 type HostlistShift = unsafe extern "C" fn(*mut c_void) -> *mut c_char;
 type HostlistDestroy = unsafe extern "C" fn(*mut c_void);
@@ -123,18 +98,7 @@ pub struct Slurm {
     parse_pair: Option<ParsePair>,
 }
 
-/// `s_p_options_t` of Slurm 22.05 (`src/common/parse_config.h`): one option a plugin takes from mpi.conf.
-#[repr(C)]
-pub struct ConfOption {
-    pub key: *const c_char,
-    /// `slurm_parser_enum_t`.
-    pub kind: c_int,
-    pub handler: *const c_void,
-    pub destroy: *const c_void,
-    pub line_options: *const c_void,
-}
-
-/// `S_P_UINT32` of `slurm_parser_enum_t`.
+/// `S_P_UINT32` of `slurm_parser_enum_t` (the same in every supported line).
 pub const S_P_UINT32: c_int = 4;
 
 fn lookup(name: &CStr) -> *mut c_void {
@@ -235,8 +199,8 @@ impl Slurm {
     /// Asks Slurm to signal every task of the step (`slurm_kill_job_step`).
     pub fn kill_step(&self, job: u32, step: u32, signal: i32) -> Result<(), String> {
         let f = self.kill_job_step.ok_or("slurm_kill_job_step is not in this process")?;
-        // SAFETY: a plain Slurm API call.
-        if unsafe { f(job, step, signal as u16) } == SLURM_SUCCESS {
+        // SAFETY: this line's slurm_kill_job_step, found by its name.
+        if unsafe { version::kill_job_step(f, job, step, signal as u16) } == SLURM_SUCCESS {
             return Ok(());
         }
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
