@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway, real 3-node Slurm 22.05 cluster on localhost, for rpmi's end-to-end tests, benchmarks and CI.
+# A throwaway, real 3-node Slurm cluster (22.05, 24.11 or 26.05) on localhost, for rpmi's end-to-end tests, benchmarks and CI.
 #
 #   docker/slurm-cluster.sh start [--plugin-dir DIR] [--nodes N] [--mpi-conf FILE]
 #                                                      (re)start the cluster; DIR (holding mpi_rpmi.so) comes
@@ -338,6 +338,9 @@ EOF
   } >"$CONF"
   if [[ -n $MPI_CONF ]]; then cp -- "$MPI_CONF" "$D/mpi.conf"; fi   # read by slurmd at start, beside slurm.conf
   : >"$D/plugstack.conf"   # keep the host's /etc/slurm/plugstack.conf (SPANK plugins) out of the tests
+  # Slurm 23.02 and later probe cgroups at slurmd's start even with proctrack/pgid, and fail where there are none
+  # to use (a chroot, a container); this cluster uses none. 22.05 knows no `disabled`.
+  if [[ $(slurmd -V | awk '{print $2}') != 22.* ]]; then echo "CgroupPlugin=disabled" >"$D/cgroup.conf"; fi
   cat >"$D/prolog.sh" <<EOF
 #!/bin/sh
 i=0
