@@ -38,8 +38,9 @@ fn slurm_bindings() {
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
         .clang_arg("-DRPMI_SLURM")
-        // Searched before /usr/include, so that a host's own libslurm-dev cannot shadow the headers asked for.
-        .clang_arg(format!("-I{}", include.display()))
+        // Searched before /usr/include, so that a host's own libslurm-dev cannot shadow the headers asked for;
+        // only their slurm/ (a chroot's libc headers would not match this system's).
+        .clang_arg(format!("-I{}", slurm_only(&include).display()))
         .allowlist_type("slurm_step_layout_t")
         .allowlist_type("slurm_step_id_t")
         .allowlist_var("SLURM_VERSION_NUMBER")
@@ -52,6 +53,17 @@ fn slurm_bindings() {
         });
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm.rs");
     bindings.write_to_file(&out).unwrap_or_else(|e| panic!("cannot write {}: {e}", out.display()));
+}
+
+/// A directory in OUT_DIR that holds only `slurm/`, a link to `<include>/slurm`.
+fn slurm_only(include: &Path) -> PathBuf {
+    let dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm-include");
+    let link = dir.join("slurm");
+    let _ = std::fs::remove_file(&link);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
+    std::os::unix::fs::symlink(include.join("slurm"), &link)
+        .unwrap_or_else(|e| panic!("cannot link {}: {e}", link.display()));
+    dir
 }
 
 /// The supported release line `<include>/slurm/slurm_version.h` names; any other fails the build, since the

@@ -78,6 +78,10 @@ ensure_chroot() {
     touch "$dir/.rpmi-ready"
   fi
   mount_chroot "$dir"
+  # Slurm 24.11's slurmctld answers a client by this machine's name: the chroot must resolve it as the host does.
+  local name
+  name=$(hostname)
+  grep -qw -- "$name" "$dir/etc/hosts" 2>/dev/null || echo "127.0.1.1 $name" >>"$dir/etc/hosts"
   local want have
   want=$version
   have=$(chroot "$dir" slurmd -V | awk '{print $2}')
@@ -91,7 +95,9 @@ build_plugin() {
   root=$(ensure_chroot "$version")
   include=${root%/}/usr/include
   [[ -f $include/slurm/slurm_version.h ]] || die "$include/slurm/slurm_version.h is missing (libslurm-dev)"
-  log "building the plugin against $(grep -m1 'define SLURM_VERSION_STRING' "$include/slurm/slurm_version.h" | awk '{print $3}')"
+  local n
+  n=$(sed -n 's/^#define SLURM_VERSION_NUMBER *\(0x[0-9a-fA-F]*\).*/\1/p' "$include/slurm/slurm_version.h")
+  log "building the plugin against Slurm $((n >> 16 & 255)).$(printf %02d $((n >> 8 & 255))).$((n & 255)) ($include)"
   SLURM_INCLUDE_DIR=$include CARGO_TARGET_DIR=$repo/target/slurm-$version \
     cargo build --locked --release --features slurm >&2
   echo "$repo/target/slurm-$version/release/librpmi.so"
@@ -115,7 +121,11 @@ case $cmd in
     # The test binary, built against the same headers; its path from cargo's own report.
     tests=$(SLURM_INCLUDE_DIR=${root%/}/usr/include CARGO_TARGET_DIR=$repo/target/slurm-$version \
       cargo test --locked --release --features slurm --test slurm --no-run --message-format=json |
-      sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+      python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "slurm" and m.get("executable"):
+        print(m["executable"])')
     [[ -x $tests ]] || die "no test binary"
     run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target/slurm-$version RPMI_SLURM_DIR=/tmp/rpmi-slurm-$version
       bash docker/with-slurm.sh "$tests")
