@@ -45,8 +45,13 @@ mount_chroot() {
   mountpoint -q "$dir$repo" || mount --bind "$repo" "$dir$repo"
 }
 
+# Stops what still runs in the chroot (its munged, which the cluster's `stop` leaves running), then unmounts.
 release_chroot() {
-  local dir=$1 m
+  local dir=$1 m p
+  for p in /proc/[0-9]*; do
+    if [[ $(readlink "$p/root" 2>/dev/null) == "$dir" ]]; then kill "${p#/proc/}" 2>/dev/null || true; fi
+  done
+  sleep 0.5
   for m in "$dir$repo" "$dir/tmp" "$dir/dev" "$dir/sys" "$dir/proc"; do
     mountpoint -q "$m" && umount -R "$m" 2>/dev/null || umount -Rl "$m" 2>/dev/null || true
   done
@@ -109,6 +114,8 @@ case $cmd in
     (($# == 3)) || usage
     version=$2 out=$3
     lib=$(build_plugin "$version")
+    suite=$(suite_of "$version")
+    [[ -z $suite ]] || release_chroot "$chroots/$suite"
     mkdir -p "$out"
     install -m 0755 "$lib" "$out/mpi_rpmi.so"
     log "$out/mpi_rpmi.so (Slurm $version)"
@@ -121,11 +128,7 @@ case $cmd in
     # The test binary, built against the same headers; its path from cargo's own report.
     tests=$(SLURM_INCLUDE_DIR=${root%/}/usr/include CARGO_TARGET_DIR=$repo/target/slurm-$version \
       cargo test --locked --release --features slurm --test slurm --no-run --message-format=json |
-      python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "slurm" and m.get("executable"):
-        print(m["executable"])')
+      grep '"src_path":"[^"]*/tests/slurm.rs"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
     [[ -x $tests ]] || die "no test binary"
     run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target/slurm-$version RPMI_SLURM_DIR=/tmp/rpmi-slurm-$version
       bash docker/with-slurm.sh "$tests")
