@@ -335,6 +335,11 @@ pub fn bye() -> Bytes {
     Arc::new(vec![BYE])
 }
 
+/// Whether `frame` is a goodbye, without decoding it.
+pub fn is_bye(frame: &[u8]) -> bool {
+    frame == [BYE]
+}
+
 pub fn end() -> Bytes {
     Arc::new(vec![END])
 }

@@ -189,7 +189,7 @@ impl State {
             let max = |kind| if kind == COLLECTIVE { node.frame_max(peer) } else { CONTROL_MAX };
             match self.conns[i].receive(max) {
                 Heard::Frame(COLLECTIVE, frame) => {
-                    self.said_bye[i] |= conn::is_bye(&frame);
+                    self.said_bye[i] |= frame::is_bye(&frame);
                     self.node.receive(peer, Arc::new(frame));
                 }
                 Heard::Frame(KILL, signal) if peer == Peer::Root => {

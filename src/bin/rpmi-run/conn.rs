@@ -2,7 +2,7 @@
 //! and that many bytes. The socket never blocks: frames to send wait in a queue until it takes them, and a
 //! frame coming in is held until it is whole. Also what the shells and the coordinator say in them.
 
-use rpmi::collective::frame::{self, REPORT_MAX};
+use rpmi::collective::frame::REPORT_MAX;
 use rpmi::collective::Bytes;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -231,11 +231,6 @@ pub fn now() -> u64 {
     (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 
-/// Whether a collective frame is a goodbye: the node that sent it is done.
-pub fn is_bye(frame: &[u8]) -> bool {
-    frame == frame::bye().as_slice()
-}
-
 /// A job error a node's machine of the collective found, as the node's shell reports it to the coordinator
 /// (the machine's REPORT): node (u32 LE, all ones for the coordinator), left (one byte), message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,6 +288,7 @@ fn read_into(stream: &mut UnixStream, buf: &mut [u8]) -> Got {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use rpmi::collective::frame;
 
     fn pair() -> (Conn, UnixStream) {
         let (ours, theirs) = UnixStream::pair().unwrap();
@@ -384,7 +380,7 @@ pub mod tests {
         assert!(!conn.open() && !conn.ended());
         assert_eq!(conn.receive(any), Heard::Frame(ENDING, b"rank 1 left".to_vec()));
         match conn.receive(any) {
-            Heard::Frame(COLLECTIVE, f) => assert!(is_bye(&f)),
+            Heard::Frame(COLLECTIVE, f) => assert!(frame::is_bye(&f)),
             other => panic!("{other:?}"),
         }
         assert_eq!(conn.receive(any), Heard::Ended);

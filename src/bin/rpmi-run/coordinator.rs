@@ -10,7 +10,7 @@
 use crate::branch::Branch;
 use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, KILL};
 use rpmi::abi::ffi;
-use rpmi::collective::{Bounds, Bytes, Output, Peer, Root, Tree};
+use rpmi::collective::{frame, Bounds, Bytes, Output, Peer, Root, Tree};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -219,7 +219,7 @@ impl<'a> Coordinator<'a> {
             let max = |kind| if kind == COLLECTIVE { root.frame_max(from) } else { CONTROL_MAX };
             match self.conns[index].receive(max) {
                 Heard::Frame(COLLECTIVE, frame) => {
-                    self.said_bye[index] |= conn::is_bye(&frame);
+                    self.said_bye[index] |= frame::is_bye(&frame);
                     self.root.receive(from, Arc::new(frame));
                 }
                 Heard::Frame(ENDING, message) => {
