@@ -22,9 +22,3 @@ bash docker/with-slurm.sh cargo test --locked --features slurm --lib --test slur
 # The same plugin over 100 nodes (100 slurmd on this machine): the tests that need that many, which the run on
 # 3 nodes leaves out (#[ignore]).
 RPMI_SLURM_NODES=100 bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored
-
-# The same real-Slurm tests on the other supported Slurm lines: 24.11 (Debian 13) and 26.05 (Debian unstable),
-# each built against and run on its own Slurm and MPICH in a Debian chroot (docker/slurm-plugin.sh; made with
-# debootstrap where missing, a few minutes each).
-bash docker/slurm-plugin.sh test 24.11
-bash docker/slurm-plugin.sh test 26.05
