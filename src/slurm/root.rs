@@ -453,8 +453,7 @@ impl State {
             }
             Up::Joined { epoch } => {
                 self.joined[n as usize] = Some(epoch);
-                self.check_finished();
-                self.check_gone();
+                self.check_blocked();
                 true
             }
             Up::Abort { rank, code, message } => {
@@ -486,7 +485,7 @@ impl State {
                 if !std::mem::replace(&mut self.gone_seen[rank as usize], true) {
                     self.gone.push((rank, n));
                 }
-                self.check_gone();
+                self.check_blocked();
                 true
             }
             Up::Bye => {
@@ -498,7 +497,7 @@ impl State {
                         self.send(c, &Down::ParentDone);
                     }
                 }
-                self.check_finished();
+                self.check_blocked();
                 false
             }
         }
@@ -559,11 +558,21 @@ impl State {
         self.joined.contains(&Some(epoch)).then_some(epoch)
     }
 
-    /// An exchange cannot complete if a node whose shell has not joined it is gone.
-    fn check_finished(&mut self) {
+    /// An exchange cannot complete if a node whose shell has not joined it is gone, or a rank on such a node
+    /// left without finalize. The rank is named first: when it was its node's only rank, the node is
+    /// finished too, and the GONE that names it may have come before the first JOINED.
+    fn check_blocked(&mut self) {
         let Some(epoch) = self.exchange() else { return };
         if self.outcome.ended {
             return;
+        }
+        if let Some(&(rank, node)) = self.gone.iter().find(|(_, n)| self.joined[*n as usize] != Some(epoch)) {
+            let what = format!(
+                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
+                 ranks wait for it in a barrier",
+                self.node_name(node)
+            );
+            return self.fatal(what, None);
         }
         for n in 0..self.nodes.len() {
             if self.joined[n] == Some(epoch) {
@@ -576,22 +585,6 @@ impl State {
             };
             let what = format!("ranks wait in a PMI barrier that {} cannot join: {why}", self.node_name(n as u32));
             return self.fatal(what, None);
-        }
-    }
-
-    /// An exchange cannot complete if a rank left, without finalize, from a node whose shell has not joined it.
-    fn check_gone(&mut self) {
-        let Some(epoch) = self.exchange() else { return };
-        if self.outcome.ended {
-            return;
-        }
-        if let Some(&(rank, node)) = self.gone.iter().find(|(_, n)| self.joined[*n as usize] != Some(epoch)) {
-            let what = format!(
-                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
-                 ranks wait for it in a barrier",
-                self.node_name(node)
-            );
-            self.fatal(what, None);
         }
     }
 
@@ -610,7 +603,7 @@ impl State {
             }
         }
         self.pump();
-        self.check_finished();
+        self.check_blocked();
     }
 
     /// The first fatal event ends the step; later ones follow from the ending (the tasks it kills leave
@@ -1080,6 +1073,20 @@ pub(super) mod tests {
         join_exchange(&mut s[0], 0, 0, b"a");
         assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
         record.wait_for("rank 1 on n2 closed its PMI connection");
+        assert!(root.stop().ended);
+    }
+
+    #[test]
+    fn a_rank_gone_from_a_node_that_finished_before_the_exchange_is_named() {
+        // Its only rank gone, n2 says GONE and BYE before n1 joins: the step ends naming the rank, not n2.
+        let (root, record, mut s) = connected(2);
+        s[1].write_all(&frame(Up::Gone { rank: 1 })).unwrap();
+        s[1].write_all(&frame(Up::Bye)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        join_exchange(&mut s[0], 0, 0, b"a");
+        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
+        record.wait_for("rank 1 on n2 closed its PMI connection");
+        assert!(!record.lines().iter().any(|l| l.contains("cannot join")), "{:?}", record.lines());
         assert!(root.stop().ended);
     }
 
