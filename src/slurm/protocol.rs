@@ -353,6 +353,10 @@ impl FrameBuf {
         }
         if self.buf.len() - self.used < 4 + len {
             self.compact();
+            // Room for the whole frame at once (its length is within `max` now): grown by doubling as it
+            // comes, a large frame (an exchange's result) would be copied again at every step and could
+            // leave up to twice its size allocated.
+            self.buf.reserve_exact(4 + len - self.buf.len());
             return Ok(None);
         }
         let start = self.used + 4;
@@ -550,5 +554,21 @@ mod tests {
         fb.extend(&[0, 0, 1, 0]);
         assert_eq!(fb.next(HELLO_LEN), Err(FrameError::TooLarge { len: 256, max: HELLO_LEN }));
         assert_eq!(fb.announced(), Some(256));
+        assert!(fb.buf.capacity() < 256, "room was made for a frame over the bound");
+    }
+
+    #[test]
+    fn a_large_frame_is_received_into_one_allocation_of_its_size() {
+        let frame = Down::Collective(Arc::new(vec![7; 1 << 20])).encode().unwrap();
+        let mut fb = FrameBuf::default();
+        fb.extend(&frame[..1000]);
+        assert_eq!(fb.next(2 << 20), Ok(None));
+        let room = fb.buf.capacity();
+        assert_eq!(room, frame.len());
+        for piece in frame[1000..].chunks(65536) {
+            fb.extend(piece);
+        }
+        assert_eq!(fb.buf.capacity(), room, "grew while the frame came");
+        assert_eq!(fb.next(2 << 20).unwrap().map(<[u8]>::len), Some(frame.len() - 4));
     }
 }
