@@ -225,6 +225,7 @@ impl Workload {
         }
         // Values are not verified while timing, so every server (the floor too) costs the client the same.
         args.push("--no-verify".to_string());
+        args.push("--times".to_string());
         args
     }
 
@@ -244,6 +245,8 @@ pub struct Run {
     /// (a), (b): put+barrier and gets+barrier seconds; (c): mean barrier in seconds (in `put_s`).
     pub put_s: f64,
     pub gets_s: f64,
+    /// (a), (b): from the first rank's puts to the last rank out of that barrier, when every rank said.
+    pub put_all_s: Option<f64>,
     /// Peak resident set of the busiest serving process (Hydra: mpiexec and its proxy together), KiB.
     pub peak_kib: Option<u64>,
     pub wall_s: f64,
@@ -355,6 +358,26 @@ fn parse_result(workload: Workload, stdout: &str) -> Option<(f64, f64)> {
             Some((field(line, "put+barrier_s")?, field(line, "gets+barrier_s")?))
         }
     }
+}
+
+/// From the first rank's puts to the last rank out of the barrier after them, from every rank's
+/// `exchange-times:` line (`rpmi-probe exchange --times`); `None` unless each of the `size` ranks gave one.
+/// Every server here runs all its tasks on this one machine, so their monotonic clocks are one clock.
+fn exchange_span(stdout: &str, size: usize) -> Option<f64> {
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.split_whitespace().find_map(|t| t.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+    };
+    let mut said = vec![false; size];
+    let (mut first, mut last) = (u64::MAX, 0);
+    for line in stdout.lines().filter_map(|l| l.strip_prefix("exchange-times: ")) {
+        let rank = usize::try_from(field(line, "rank")?).ok()?;
+        if std::mem::replace(said.get_mut(rank)?, true) {
+            return None;
+        }
+        first = first.min(field(line, "put_began_ns")?);
+        last = last.max(field(line, "put_ended_ns")?);
+    }
+    (said.iter().all(|&s| s) && last >= first).then(|| (last - first) as f64 * 1e-9)
 }
 
 /// What a serving process holds before the workload's own memory: the same server with one task per
@@ -532,6 +555,7 @@ fn benchmark(config: &Config) -> Result<(), String> {
                         size,
                         put_s,
                         gets_s,
+                        put_all_s: exchange_span(&job.stdout, size),
                         peak_kib: peak_of(server, &job.peaks),
                         wall_s: job.wall_s,
                     };

@@ -32,6 +32,8 @@ fn stats(mut xs: Vec<f64>) -> Option<Stats> {
 struct Cell {
     time: Stats,
     put: Stats,
+    /// Put+barrier from the first rank in to the last rank out; `None` if a run lacks it.
+    put_all: Option<Stats>,
     peak_kib: Option<u64>,
 }
 
@@ -51,6 +53,7 @@ fn cells(runs: &[Run]) -> BTreeMap<Key, Cell> {
                 Cell {
                     time: stats(runs.iter().map(|r| r.time_s()).collect())?,
                     put: stats(runs.iter().map(|r| r.put_s).collect())?,
+                    put_all: runs.iter().map(|r| r.put_all_s).collect::<Option<Vec<f64>>>().and_then(stats),
                     peak_kib: stats(peaks).map(|s| s.median as u64),
                 },
             ))
@@ -136,17 +139,22 @@ fn targets(cells: &BTreeMap<Key, Cell>, baseline: &Baseline) -> Vec<Check> {
             continue;
         }
         let Some(tree) = cells.get(&(w, n, Server::SrunRpmi)) else { continue };
-        let (what, tree_s, star_s) = match w {
-            Workload::Barriers => ("a barrier", tree.time.median, star.time.median),
-            _ => ("put+barrier of (b)", tree.put.median, star.put.median),
+        let mut compared = match w {
+            Workload::Barriers => vec![("a barrier", tree.time.median, star.time.median)],
+            _ => vec![("put+barrier of (b), rank 0", tree.put.median, star.put.median)],
         };
-        checks.push(Check {
-            what: format!("srun --mpi=rpmi's tree within 1.25x of the star: {what} at N={n} over {nodes} nodes"),
-            figure: format!("tree {} / star {} = {:.2}x", shown(w, tree_s), shown(w, star_s), tree_s / star_s),
-            met: tree_s / star_s <= 1.25,
-        });
+        if let (Some(tree_all), Some(star_all)) = (&tree.put_all, &star.put_all) {
+            compared.push(("put+barrier of (b), first rank in to last out", tree_all.median, star_all.median));
+        }
+        for (what, tree_s, star_s) in compared {
+            checks.push(Check {
+                what: format!("srun --mpi=rpmi's tree within 1.25x of the star: {what} at N={n} over {nodes} nodes"),
+                figure: format!("tree {} / star {} = {:.2}x", shown(w, tree_s), shown(w, star_s), tree_s / star_s),
+                met: tree_s / star_s <= 1.25,
+            });
+        }
         if let (Workload::Barriers, Some(pmi2)) = (w, cells.get(&(w, n, Server::SrunPmi2))) {
-            let pmi2 = pmi2.time.median;
+            let (pmi2, tree_s) = (pmi2.time.median, tree.time.median);
             checks.push(Check {
                 what: format!(
                     "srun --mpi=rpmi's tree at least 10x faster than pmi2: a barrier at N={n} over {nodes} nodes"
@@ -223,7 +231,9 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
     let _ = writeln!(md, "Machine: {}. {} runs per cell; median, [min, max].", machine(), config.runs);
     let _ = writeln!(
         md,
-        "Times are rank 0's, from a start barrier (launch excluded). \"vs\" is this server's median over the \
+        "Times are rank 0's, from a start barrier (launch excluded), but for \"put+barrier, all ranks\": from the \
+         first rank to start its puts to the last rank out of the barrier after them (every task runs on this \
+         machine, so all share one monotonic clock). \"vs\" is this server's median over the \
          median of the server named (above 1: slower than it). Peak: resident set high-water mark of the \
          busiest serving process (rpmi-run, or one node's shell of rpmi-run --nodes 4; the floor; one slurmstepd; \
          Hydra: mpiexec + hydra_pmi_proxy); per task: its growth over the same server with one task per node \
@@ -250,9 +260,9 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
             md,
             "| N | server | {} | min, max | vs |{} peak RSS | per task |",
             if barriers { "one barrier" } else { "total" },
-            if barriers { "" } else { " put+barrier |" }
+            if barriers { "" } else { " put+barrier, rank 0 | put+barrier, all ranks |" }
         );
-        let _ = writeln!(md, "|---|---|---|---|---|{}---|---|", if barriers { "" } else { "---|" });
+        let _ = writeln!(md, "|---|---|---|---|---|{}---|---|", if barriers { "" } else { "---|---|" });
         for &size in &config.sizes {
             for &server in &config.servers {
                 let Some(cell) = cells.get(&(workload, size, server)) else { continue };
@@ -271,7 +281,15 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
                     shown(workload, cell.time.median),
                     shown(workload, cell.time.min),
                     shown(workload, cell.time.max),
-                    if barriers { String::new() } else { format!(" {} |", shown(workload, cell.put.median)) },
+                    if barriers {
+                        String::new()
+                    } else {
+                        format!(
+                            " {} | {} |",
+                            shown(workload, cell.put.median),
+                            cell.put_all.as_ref().map_or("?".into(), |s| shown(workload, s.median))
+                        )
+                    },
                     cell.peak_kib.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
                 );
             }
@@ -286,7 +304,8 @@ fn json(runs: &[Run]) -> serde_json::Value {
             .map(|r| {
                 serde_json::json!({
                     "server": r.server.key(), "workload": r.workload.key(), "n": r.size,
-                    "put_barrier_s": r.put_s, "gets_barrier_s": r.gets_s, "time_s": r.time_s(),
+                    "put_barrier_s": r.put_s, "put_barrier_all_ranks_s": r.put_all_s,
+                    "gets_barrier_s": r.gets_s, "time_s": r.time_s(),
                     "peak_kib": r.peak_kib, "job_wall_s": r.wall_s,
                 })
             })

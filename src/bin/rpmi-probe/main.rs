@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 const USAGE: &str =
-    "usage: rpmi-probe info|barrier|exchange|get KEY... [--count N] [--size BYTES] [--puts N] [--no-verify]";
+    "usage: rpmi-probe info|barrier|exchange|get KEY... [--count N] [--size BYTES] [--puts N] [--no-verify]\n       [--times]";
 
 const HELP: &str = "
 Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE set).
@@ -28,7 +28,10 @@ Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE
   exchange    each rank puts --puts keys (default 1) probe-<rank>-<i> of --size chars
               (default 96), barrier, then gets --count keys (default: one of every rank),
               one of each following rank in turn, verifying each value unless --no-verify;
-              then a barrier. Rank 0 prints the times of both phases, from a start barrier
+              then a barrier. Rank 0 prints the times of both phases, from a start barrier;
+              with --times every rank also prints when its puts began and its barrier
+              ended on this machine's monotonic clock (ns), so that the job's exchange can
+              be timed from the first rank in to the last rank out when all ranks share a clock
   get KEY...  after a barrier, each rank prints the value of each KEY, or `absent`
 ";
 
@@ -49,6 +52,7 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     let mut size = None;
     let mut puts = None;
     let mut verify = true;
+    let mut times = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         if arg == "--" {
@@ -59,6 +63,8 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
             return Ok(None);
         } else if arg == "--no-verify" {
             verify = false;
+        } else if arg == "--times" {
+            times = true;
         } else {
             let (name, inline) = match arg.split_once('=') {
                 Some((name, value)) => (name, Some(value)),
@@ -85,7 +91,9 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     let command = match name.as_str() {
         "info" => Command::Info,
         "barrier" => Command::Barrier { count: count.unwrap_or(100) },
-        "exchange" => Command::Exchange(Exchange { count, len: size.unwrap_or(96), puts: puts.unwrap_or(1), verify }),
+        "exchange" => {
+            Command::Exchange(Exchange { count, len: size.unwrap_or(96), puts: puts.unwrap_or(1), verify, times })
+        }
         "get" if rest.is_empty() => return Err("get needs at least one KEY".to_string()),
         "get" => {
             for key in rest {
@@ -101,8 +109,8 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     if count.is_some() && !matches!(command, Command::Barrier { .. } | Command::Exchange(_)) {
         return Err(format!("--count does not apply to {name}"));
     }
-    if (size.is_some() || puts.is_some() || !verify) && !matches!(command, Command::Exchange(_)) {
-        return Err(format!("--size, --puts and --no-verify apply only to exchange, not to {name}"));
+    if (size.is_some() || puts.is_some() || !verify || times) && !matches!(command, Command::Exchange(_)) {
+        return Err(format!("--size, --puts, --no-verify and --times apply only to exchange, not to {name}"));
     }
     if puts == Some(0) {
         return Err("--puts must be at least 1".to_string());
@@ -240,6 +248,8 @@ struct Exchange {
     len: usize,
     puts: usize,
     verify: bool,
+    /// Every rank prints when its puts began and its barrier ended (`exchange-times:`).
+    times: bool,
 }
 
 fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, x: &Exchange) -> Result<String, String> {
@@ -257,12 +267,14 @@ fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, x: &Exchange) -> Resul
         .collect();
     let (mut key, mut want) = (String::with_capacity(64), String::with_capacity(x.len));
     c.barrier()?;
+    let put_began_ns = monotonic_ns();
     let start = Instant::now();
     for (key, value) in &puts {
         c.put(kvs, key, value)?;
     }
     c.barrier()?;
     let put_s = start.elapsed().as_secs_f64();
+    let put_ended_ns = monotonic_ns();
     let start = Instant::now();
     // Start at the next rank so the reads of all tasks spread over every key; the i-th get reads key
     // i / size of its rank, so every rank is read once before any is read twice.
@@ -286,14 +298,26 @@ fn exchange(c: &mut Client<File>, task: &Task, kvs: &str, x: &Exchange) -> Resul
     }
     c.barrier()?;
     let gets_s = start.elapsed().as_secs_f64();
-    Ok(if task.rank == 0 {
-        format!(
+    let mut out = String::new();
+    if task.rank == 0 {
+        out = format!(
             "exchange: size={} puts={} value_len={} gets={count} put+barrier_s={put_s:.6} gets+barrier_s={gets_s:.6}\n",
             task.size, x.puts, x.len
-        )
-    } else {
-        String::new()
-    })
+        );
+    }
+    if x.times {
+        out += &format!("exchange-times: rank={} put_began_ns={put_began_ns} put_ended_ns={put_ended_ns}\n", task.rank);
+    }
+    Ok(out)
+}
+
+/// Now on CLOCK_MONOTONIC, which every process of one machine shares (unlike `Instant`, whose value is
+/// opaque).
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec for the call to fill; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 fn get(c: &mut Client<File>, task: &Task, kvs: &str, keys: &[String]) -> Result<String, String> {
@@ -364,15 +388,15 @@ mod tests {
         assert_eq!(parse(&["barrier", "--count=5"]), Ok(Some(Command::Barrier { count: 5 })));
         assert_eq!(
             parse(&["--size", "10", "exchange", "--count", "3"]),
-            Ok(Some(Command::Exchange(Exchange { count: Some(3), len: 10, puts: 1, verify: true })))
+            Ok(Some(Command::Exchange(Exchange { count: Some(3), len: 10, puts: 1, verify: true, times: false })))
         );
         assert_eq!(
             parse(&["exchange"]),
-            Ok(Some(Command::Exchange(Exchange { count: None, len: 96, puts: 1, verify: true })))
+            Ok(Some(Command::Exchange(Exchange { count: None, len: 96, puts: 1, verify: true, times: false })))
         );
         assert_eq!(
-            parse(&["exchange", "--puts=8", "--size", "800", "--count", "64", "--no-verify"]),
-            Ok(Some(Command::Exchange(Exchange { count: Some(64), len: 800, puts: 8, verify: false })))
+            parse(&["exchange", "--puts=8", "--size", "800", "--count", "64", "--no-verify", "--times"]),
+            Ok(Some(Command::Exchange(Exchange { count: Some(64), len: 800, puts: 8, verify: false, times: true })))
         );
         assert_eq!(
             parse(&["get", "PMI_process_mapping", "-bcast-1-0", "--", "--odd"]),
@@ -396,6 +420,7 @@ mod tests {
             &["exchange", "--sizes=4"],
             &["exchange", "--puts", "0"],
             &["barrier", "--no-verify"],
+            &["barrier", "--times"],
             &["info", "--puts", "2"],
             &["get"],
             &["get", "a=b"],
