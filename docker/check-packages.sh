@@ -47,6 +47,11 @@ expect() {
   grep -qE -- "$1" "$work/out" || { cat "$work/out" >&2; die "no line matching '$1' in that output"; }
 }
 
+# Fails if the last step's output has a line matching $1.
+refuse() {
+  ! grep -qE -- "$1" "$work/out" || { cat "$work/out" >&2; die "a line matching '$1' in that output"; }
+}
+
 start_cluster() { eval "$(bash docker/slurm-cluster.sh start "$@")"; }
 
 step "mpicc tests/programs/mpi_pairs.c" mpicc -O1 -o "$work/mpi_pairs" tests/programs/mpi_pairs.c
@@ -56,6 +61,7 @@ pairs4='^mpi_pairs: 4 ranks, allreduce 10, all pairs exchanged$'
 # --- rpmi-slurm
 step "dpkg -i ${plugin_deb##*/} ${dev_deb##*/}" dpkg -i "$plugin_deb" "$dev_deb"
 expect 'Restart slurmctld, and slurmd on'
+refuse 'warning'   # e.g. a control file without a field dpkg requires
 plugin=$(dpkg -L rpmi-slurm | grep '/mpi_rpmi\.so$') || die "rpmi-slurm has no mpi_rpmi.so"
 [[ -f $(dirname "$plugin")/mpi_pmi2.so ]] || die "$plugin is not beside Slurm's own MPI plugins"
 log "rpmi-slurm installed $plugin"

@@ -144,7 +144,7 @@ build_plugin() {
 # manifest is written here, per build, for a package that cargo never builds (cargo deb --no-build) and whose
 # library is the one in target/slurm-$1.
 package_plugin() {
-  local version=$1 out=$2 root release next plugindir crate dir deb
+  local version=$1 out=$2 root release next plugindir crate maintainer dir deb
   root=$(ensure_chroot "$version")
   release=$(slurm_release "${root%/}/usr/include")
   next=${release%.*}.$((${release##*.} + 1))
@@ -152,6 +152,7 @@ package_plugin() {
   plugindir=$(dpkg-query --admindir="${root%/}/var/lib/dpkg" -L slurm-wlm-basic-plugins | sed -n 's,/mpi_pmi2\.so$,,p')
   [[ -n $plugindir ]] || die "slurm-wlm-basic-plugins in $root has no mpi_pmi2.so: where is Slurm's PluginDir?"
   crate=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+  maintainer=$(sed -n 's/^maintainer = "\(.*\)"$/\1/p' Cargo.toml)
   dir=$repo/target/slurm-$version/package
   mkdir -p "$dir" "$out"
   cat >"$dir/Cargo.toml" <<EOF
@@ -187,7 +188,7 @@ maintainer-scripts = "$repo/packaging/slurm-plugin/"
 assets = [["target/release/librpmi.so", "${plugindir#/}/mpi_rpmi.so", "644"]]
 EOF
   deb=$(CARGO_TARGET_DIR=$repo/target/slurm-$version cargo deb --manifest-path "$dir/Cargo.toml" --no-build \
-    --deb-version "$crate+slurm$release-1" --output "$out" | tail -1)
+    --deb-version "$crate+slurm$release-1" --maintainer "$maintainer" --output "$out" | tail -1)
   [[ -f $deb ]] || die "cargo deb did not say where it put the package"
   echo "$deb"
 }
