@@ -14,6 +14,10 @@ packages=(
 if [[ ${1:-} == bench ]]; then
   packages+=(gnuplot-nox)     # the benchmark's plot
 fi
+# `install-deps.sh deb`: also what the Debian packages are made with (docker/slurm-plugin.sh, `cargo deb`).
+if [[ ${1:-} == deb ]]; then
+  packages+=(dpkg-dev)        # dpkg-shlibdeps, which gives cargo-deb its `$auto` Depends
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -21,4 +25,11 @@ done
 if ((${#missing[@]})); then
   apt-get update
   apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# cargo-deb, from crates.io through cargo (Debian 12 has none): the version the packages were made and tested
+# with, its dependencies as its Cargo.lock pins them.
+cargo_deb_version=3.8.0
+if [[ ${1:-} == deb && $(cargo deb --version 2>/dev/null) != "cargo-deb $cargo_deb_version" ]]; then
+  cargo install cargo-deb --locked --version "$cargo_deb_version"
 fi

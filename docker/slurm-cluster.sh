@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A throwaway, real 3-node Slurm cluster (22.05, 24.11 or 26.05) on localhost, for rpmi's end-to-end tests, benchmarks and CI.
 #
-#   docker/slurm-cluster.sh start [--plugin-dir DIR] [--nodes N] [--mpi-conf FILE]
+#   docker/slurm-cluster.sh start [--plugin-dir DIR] [--nodes N] [--mpi-conf FILE] [--mpi-default TYPE]
 #                                                      (re)start the cluster; DIR (holding mpi_rpmi.so) comes
 #                                                      first in PluginDir; N nodes n1..nN instead of 3; FILE
-#                                                      becomes the cluster's mpi.conf
+#                                                      becomes the cluster's mpi.conf; TYPE is its MpiDefault
+#                                                      (none unless given, e.g. rpmi)
 #   docker/slurm-cluster.sh stop                       stop it and remove its state directory
 #   docker/slurm-cluster.sh status                     sinfo of the cluster
 #   docker/slurm-cluster.sh env                        prints `export SLURM_CONF=...`; use as
@@ -31,6 +32,7 @@ set -euo pipefail
 D=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm}
 NODES=(n1 n2 n3)
 MPI_CONF=""
+MPI_DEFAULT=none
 MARK_FILE=.rpmi-slurm-cluster   # present in every state dir this script made; `stop` removes nothing else
 MARK_VAR=RPMI_SLURM_CLUSTER     # =$D in slurmctld's and the slurmds' environment, to recognise them safely
 START_TIMEOUT=${RPMI_SLURM_START_TIMEOUT:-60}
@@ -39,7 +41,7 @@ log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 usage() {
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -319,7 +321,7 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-MpiDefault=none
+MpiDefault=$MPI_DEFAULT
 ReturnToService=2
 SlurmdParameters=config_overrides
 SlurmdTimeout=300
@@ -445,6 +447,8 @@ do_start() {
       --nodes=*) set_nodes "${1#*=}"; shift ;;
       --mpi-conf) (($# >= 2)) || die "--mpi-conf needs a file"; MPI_CONF=$(realpath -- "$2"); shift 2 ;;
       --mpi-conf=*) MPI_CONF=$(realpath -- "${1#*=}"); shift ;;
+      --mpi-default) (($# >= 2)) || die "--mpi-default needs a type"; MPI_DEFAULT=$2; shift 2 ;;
+      --mpi-default=*) MPI_DEFAULT=${1#*=}; shift ;;
       *) die "unknown option for start: $1" ;;
     esac
   done

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The Slurm plugin for one supported Slurm release line, built against and tested on that line's own Slurm.
 #
-#   docker/slurm-plugin.sh build VERSION OUTDIR   build mpi_rpmi.so for that Slurm into OUTDIR
+#   docker/slurm-plugin.sh build VERSION OUTDIR   build mpi_rpmi.so for that Slurm into OUTDIR, and its Debian
+#                                                 package, rpmi-slurm_<rpmi>+slurm<X.Y.Z>-1_<arch>.deb
 #   docker/slurm-plugin.sh test VERSION           build it, start that Slurm's local 3-node cluster with it,
 #                                                 run tests/slurm.rs against it, and stop the cluster
+#   docker/slurm-plugin.sh package-test VERSION   build its package and the developers' (cargo deb), install
+#                                                 both with dpkg -i in that Slurm's Debian chroot, check them
+#                                                 there (docker/check-packages.sh) and remove them
 #   docker/slurm-plugin.sh chroot VERSION         make the Debian system that runs that Slurm (if missing)
 #                                                 and print its path
 #
@@ -13,8 +17,11 @@
 # built on this machine against the chroot's headers (SLURM_INCLUDE_DIR; it links against nothing newer than
 # this machine's glibc, which the chroot's is not older than), and the tests run inside the chroot, where srun,
 # the daemons and mpicc are that Slurm's and that Debian's. The project directory is bind-mounted into the
-# chroot at the same path, so the test binary finds its programs. RPMI_CHROOT_FRESH=1 makes the chroot anew.
-# Must run as root. Builds go to target/slurm-VERSION (CARGO_TARGET_DIR is not used).
+# chroot at the same path, so the test binary finds its programs. The packages of 22.05 are tried in a Debian 12
+# (bookworm) chroot made the same way, so that this machine's own system is left as it is. RPMI_CHROOT_FRESH=1
+# makes the chroot anew. Must run as root. Builds go to target/slurm-VERSION (CARGO_TARGET_DIR is not used), the
+# developers' package's to target/package; the packages are made with cargo-deb, which
+# `docker/install-deps.sh deb` installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -22,7 +29,7 @@ chroots=${RPMI_CHROOTS:-/var/tmp/rpmi-chroots}
 
 log() { printf 'slurm-plugin: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 # The Debian suite that carries each line's Slurm ("" for this machine's own).
 suite_of() {
@@ -33,6 +40,15 @@ suite_of() {
     *) die "unsupported Slurm version '$1': 22.05, 24.11 or 26.05" ;;
   esac
 }
+
+# The Debian suite where the packages for each line are tried: its own, and bookworm for this machine's.
+package_suite_of() {
+  if [[ $1 == 22.05 ]]; then echo bookworm; else suite_of "$1"; fi
+}
+
+# What each chroot has installed: Slurm, munge and MPICH from Debian, and what the builds and tests run there.
+chroot_packages=(slurm-wlm slurm-client munge libslurm-dev mpich libmpich-dev gcc libc6-dev binutils procps psmisc
+  pkg-config)
 
 # Mounts what a chroot needs to run daemons and builds (idempotent); `release_chroot` undoes it.
 mount_chroot() {
@@ -57,12 +73,16 @@ release_chroot() {
   done
 }
 
-# Makes the chroot for Slurm line $1 unless a complete one is there (marked by .rpmi-ready); prints its path.
+# Makes the chroot for Slurm line $1 in Debian suite $2 (default: the line's own, `suite_of`) unless one is there
+# (its debootstrap marked complete by .rpmi-ready), installs what it lacks of chroot_packages, mounts what it
+# needs; prints its path.
 ensure_chroot() {
-  local version=$1 suite dir apt_opts=()
-  suite=$(suite_of "$version")
+  local version=$1 suite=${2:-} dir apt_opts=()
+  [[ -n $suite ]] || suite=$(suite_of "$version")
   [[ -n $suite ]] || { echo /; return; }
   dir=$chroots/$suite
+  # sid's archive is signed for days at a time; an image older than that is still what is wanted here.
+  [[ $suite == sid ]] && apt_opts=(-o Acquire::Check-Valid-Until=false)
   if [[ ${RPMI_CHROOT_FRESH:-0} == 1 && -d $dir ]]; then
     release_chroot "$dir"
     rm -rf --one-file-system "$dir"
@@ -74,15 +94,18 @@ ensure_chroot() {
     rm -rf --one-file-system "$dir"
     mkdir -p "$chroots"
     debootstrap --variant=minbase "$suite" "$dir" http://deb.debian.org/debian >&2
-    # sid's archive is signed for days at a time; an image older than that is still what is wanted here.
-    [[ $suite == sid ]] && apt_opts=(-o Acquire::Check-Valid-Until=false)
-    mount_chroot "$dir"
-    chroot "$dir" apt-get "${apt_opts[@]}" update >&2
-    chroot "$dir" env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y --no-install-recommends \
-      slurm-wlm slurm-client munge libslurm-dev mpich libmpich-dev gcc libc6-dev binutils procps psmisc >&2
     touch "$dir/.rpmi-ready"
   fi
   mount_chroot "$dir"
+  local p missing=()
+  for p in "${chroot_packages[@]}"; do
+    chroot "$dir" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    chroot "$dir" apt-get "${apt_opts[@]}" update >&2
+    chroot "$dir" env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y --no-install-recommends \
+      "${missing[@]}" >&2
+  fi
   # Slurm 24.11's slurmctld answers a client by this machine's name: the chroot must resolve it as the host does.
   local name
   name=$(hostname)
@@ -94,18 +117,80 @@ ensure_chroot() {
   echo "$dir"
 }
 
+# The Slurm release X.YY.Z of the headers under $1 (an include directory), from SLURM_VERSION_NUMBER, the
+# number the plugin's plugin_version is built from.
+slurm_release() {
+  local n
+  n=$(sed -n 's/^#define SLURM_VERSION_NUMBER *\(0x[0-9a-fA-F]*\).*/\1/p' "$1/slurm/slurm_version.h")
+  [[ -n $n ]] || die "$1/slurm/slurm_version.h has no SLURM_VERSION_NUMBER"
+  echo "$((n >> 16 & 255)).$(printf %02d $((n >> 8 & 255))).$((n & 255))"
+}
+
 # Builds the plugin for line $1 into target/slurm-$1; prints the library's path.
 build_plugin() {
   local version=$1 root include
   root=$(ensure_chroot "$version")
   include=${root%/}/usr/include
   [[ -f $include/slurm/slurm_version.h ]] || die "$include/slurm/slurm_version.h is missing (libslurm-dev)"
-  local n
-  n=$(sed -n 's/^#define SLURM_VERSION_NUMBER *\(0x[0-9a-fA-F]*\).*/\1/p' "$include/slurm/slurm_version.h")
-  log "building the plugin against Slurm $((n >> 16 & 255)).$(printf %02d $((n >> 8 & 255))).$((n & 255)) ($include)"
+  log "building the plugin against Slurm $(slurm_release "$include") ($include)"
   SLURM_INCLUDE_DIR=$include CARGO_TARGET_DIR=$repo/target/slurm-$version \
     cargo build --locked --release --features slurm >&2
   echo "$repo/target/slurm-$version/release/librpmi.so"
+}
+
+# Makes the Debian package rpmi-slurm of the plugin that build_plugin built for line $1, in directory $2, with
+# cargo-deb; prints its path. What the package depends on and where it puts the plugin are those of the Slurm
+# the plugin was built against, and cargo-deb reads a package's metadata from its Cargo.toml alone: so that
+# manifest is written here, per build, for a package that cargo never builds (cargo deb --no-build) and whose
+# library is the one in target/slurm-$1.
+package_plugin() {
+  local version=$1 out=$2 root release next plugindir crate maintainer dir deb
+  root=$(ensure_chroot "$version")
+  release=$(slurm_release "${root%/}/usr/include")
+  next=${release%.*}.$((${release##*.} + 1))
+  # The PluginDir: where the package that owns it, slurm-wlm-basic-plugins, put Slurm's own MPI plugins.
+  plugindir=$(dpkg-query --admindir="${root%/}/var/lib/dpkg" -L slurm-wlm-basic-plugins | sed -n 's,/mpi_pmi2\.so$,,p')
+  [[ -n $plugindir ]] || die "slurm-wlm-basic-plugins in $root has no mpi_pmi2.so: where is Slurm's PluginDir?"
+  crate=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+  maintainer=$(sed -n 's/^maintainer = "\(.*\)"$/\1/p' Cargo.toml)
+  dir=$repo/target/slurm-$version/package
+  mkdir -p "$dir" "$out"
+  cat >"$dir/Cargo.toml" <<EOF
+# Written by docker/slurm-plugin.sh for cargo-deb: the Debian package of the Slurm plugin built against Slurm
+# $release, from the library in $repo/target/slurm-$version.
+[package]
+name = "rpmi-slurm"
+version = "$crate"
+edition = "2021"
+description = "rpmi's PMI-1 plugin for Slurm $release (srun --mpi=rpmi)"
+license = "MIT"
+publish = false
+
+[lib]
+name = "rpmi"
+path = "$repo/src/lib.rs"
+crate-type = ["cdylib"]
+
+[workspace]
+
+[package.metadata.deb]
+section = "net"
+# Slurm loads a plugin only if it was built for its very release (plugin_version against its own
+# SLURM_VERSION_NUMBER, to the micro release); the packages of slurmd, slurmctld and srun (slurm-client) each
+# depend on exactly their own version of slurm-wlm-basic-plugins, which owns the PluginDir.
+depends = "\$auto, slurm-wlm-basic-plugins (>= $release~), slurm-wlm-basic-plugins (<< $next~)"
+extended-description = """\\
+Installs mpi_rpmi.so in $plugindir, Slurm's PluginDir. Restart slurmctld, and slurmd on every node, \\
+so that they load it; then srun --mpi=rpmi, or MpiDefault=rpmi in slurm.conf, runs a job's tasks with it."""
+maintainer-scripts = "$repo/packaging/slurm-plugin/"
+# dpkg unpacks every file as NAME.dpkg-new beside NAME and renames it over NAME, so a loaded mpi_rpmi.so is never
+# written over (docker/check-packages.sh checks that an install gives the file a new inode).
+assets = [["target/release/librpmi.so", "${plugindir#/}/mpi_rpmi.so", "644"]]
+EOF
+  deb=$(CARGO_TARGET_DIR=$repo/target/slurm-$version cargo deb --manifest-path "$dir/Cargo.toml" --no-build \
+    --deb-version "$crate+slurm$release-1" --maintainer "$maintainer" --output "$out" | tail -1)
+  [[ -f $deb ]] || die "cargo deb did not say where it put the package"
+  echo "$deb"
 }
 
 cmd=${1:-}
@@ -113,12 +198,13 @@ case $cmd in
   build)
     (($# == 3)) || usage
     version=$2 out=$3
+    bash docker/install-deps.sh deb >&2
     lib=$(build_plugin "$version")
+    deb=$(package_plugin "$version" "$out")
     suite=$(suite_of "$version")
     [[ -z $suite ]] || release_chroot "$chroots/$suite"
-    mkdir -p "$out"
     install -m 0755 "$lib" "$out/mpi_rpmi.so"
-    log "$out/mpi_rpmi.so (Slurm $version)"
+    log "$out/mpi_rpmi.so and $deb (Slurm $version)"
     ;;
   test)
     (($# == 2)) || usage
@@ -138,6 +224,22 @@ case $cmd in
       trap 'release_chroot "$root"' EXIT
       chroot "$root" bash -c 'cd "$1" && shift && exec "$@"' - "$repo" "${run[@]}"
     fi
+    ;;
+  package-test)
+    (($# == 2)) || usage
+    version=$2
+    bash docker/install-deps.sh deb >&2
+    debs=$repo/target/slurm-$version/debian
+    rm -rf "$debs"
+    build_plugin "$version" >/dev/null
+    plugin_deb=$(package_plugin "$version" "$debs")
+    dev_deb=$(CARGO_TARGET_DIR=$repo/target/package cargo deb --locked --output "$debs" | tail -1)
+    [[ -f $dev_deb ]] || die "cargo deb did not say where it put the developers' package"
+    suite=$(suite_of "$version")
+    [[ -z $suite ]] || release_chroot "$chroots/$suite"
+    root=$(ensure_chroot "$version" "$(package_suite_of "$version")")
+    trap 'release_chroot "$root"' EXIT
+    chroot "$root" bash -c 'cd "$1" && shift && exec "$@"' - "$repo" bash docker/check-packages.sh "$plugin_deb" "$dev_deb"
     ;;
   chroot)
     (($# == 2)) || usage

@@ -41,10 +41,12 @@ struct Programs {
     dir: PathBuf,
 }
 
-/// The private copies, by name in the temp dir: of mpi_pairs, of rpmi-probe and of sleep(1).
+/// The private copies, by name in the temp dir: of mpi_pairs, of rpmi-probe, of sleep(1), and of rpmi-run
+/// (with no librpmi.so beside it).
 const PRIVATE_MPI: &[&str] = &["mpi_abort_pos", "mpi_abort_neg", "mpi_killed", "mpi_abort_tree", "mpi_killed_tree"];
 const PRIVATE_PROBE: &str = "probe_killed";
 const PRIVATE_SLEEP: &str = "sleep_sigterm";
+const PRIVATE_RUN: &str = "rpmi-run";
 
 impl Programs {
     /// The private copy `name` (one of the PRIVATE_* names).
@@ -75,6 +77,7 @@ fn build_programs() -> Programs {
     std::fs::copy(PROBE, dir.join(PRIVATE_PROBE)).expect("copy rpmi-probe");
     let sleep = ["/usr/bin/sleep", "/bin/sleep"].into_iter().find(|p| Path::new(p).exists()).expect("sleep(1)");
     std::fs::copy(sleep, dir.join(PRIVATE_SLEEP)).expect("copy sleep");
+    std::fs::copy(RUN, dir.join(PRIVATE_RUN)).expect("copy rpmi-run");
     Programs { mpi_pairs, barrier_break, dir }
 }
 
@@ -178,8 +181,13 @@ fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> J
 }
 
 fn start<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Running {
+    start_with_env(program, args, &[])
+}
+
+/// `start` with `env` added to the program's environment.
+fn start_with_env<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S], env: &[(&str, &OsStr)]) -> Running {
     let mut cmd = Command::new(program.as_ref());
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args).envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // Its own process group, so that the guard can kill every task along with it.
     cmd.process_group(0);
     let what = std::iter::once(program.as_ref())
@@ -498,6 +506,19 @@ fn mpi_job(n: u64, opts: &[&str]) {
     eprintln!("rpmi-run {how} mpi_pairs: {:.2?}", done.elapsed);
     done.assert_success(&format!("rpmi-run {how} mpi_pairs"));
     assert!(done.stdout.contains(&mpi_ok_line(n)), "no `{}` line:\n{}", mpi_ok_line(n), done.dump());
+}
+
+/// Without a librpmi.so beside it (where the `rpmi` package installs it), rpmi-run loads the one the dynamic
+/// linker finds: here the build's, through LD_LIBRARY_PATH.
+#[test]
+fn without_a_plugin_beside_it_rpmi_run_loads_the_systems() {
+    let build_dir = Path::new(RUN).parent().expect("rpmi-run's directory");
+    let run = programs().private(PRIVATE_RUN);
+    let env = [("LD_LIBRARY_PATH", build_dir.as_os_str())];
+    let done = start_with_env(&run, &["--trace", "-n", "2", PROBE, "info"], &env).wait(GUARD);
+    done.assert_success("rpmi-run with the plugin found by the dynamic linker");
+    assert!(done.stderr.contains(" from librpmi.so\n"), "the plugin was not loaded by its bare name:\n{}", done.dump());
+    assert_eq!(parse_info(&done.stdout).len(), 2, "not every rank answered:\n{}", done.dump());
 }
 
 #[test]

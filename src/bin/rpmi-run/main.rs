@@ -42,7 +42,7 @@ const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--tree-width K] [--map 
   --trace           print every PMI line each task sends (C:) and receives (S:)
   -o KEY=VALUE      a plugin option (see the README), e.g. -o vallen_max=512
   --event-loop      drive the plugin from rpmi-run's own loop instead of its progress thread
-  --plugin PATH     the plugin to load (default: librpmi.so next to rpmi-run)";
+  --plugin PATH     the plugin to load (default: librpmi.so next to rpmi-run, else the system's librpmi.so)";
 
 /// `--tree-width`'s default, chosen by measurement (see the README).
 const TREE_WIDTH: u32 = 4;
@@ -134,9 +134,17 @@ fn parse_args() -> Args {
     a
 }
 
+/// `librpmi.so` next to rpmi-run, where a build leaves it; else the bare name, which `dlopen` looks up as the
+/// dynamic linker does: the `rpmi` package installs rpmi-run in `/usr/bin` and the library in the system's
+/// library directory.
 fn default_plugin() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|e| die(format!("cannot find where rpmi-run is: {e}")));
-    exe.with_file_name("librpmi.so")
+    let beside = exe.with_file_name("librpmi.so");
+    if beside.exists() {
+        beside
+    } else {
+        PathBuf::from("librpmi.so")
+    }
 }
 
 fn hostname() -> String {

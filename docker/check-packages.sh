@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Installs rpmi's two Debian packages on this system with dpkg -i, checks what they do, and removes them again.
+# docker/slurm-plugin.sh package-test runs it as root in the Debian chroot of the Slurm the plugin was built for.
+#
+#   docker/check-packages.sh PLUGIN_DEB DEV_DEB
+#
+# rpmi-slurm (PLUGIN_DEB): dpkg -i puts mpi_rpmi.so in the PluginDir of this system's Slurm and its postinst says
+# to restart the daemons. On a local 3-node cluster with that PluginDir alone (docker/slurm-cluster.sh), srun
+# --mpi=list lists rpmi and an MPICH job runs with srun --mpi=rpmi. Installed again while the cluster runs, the
+# file is a new one (a new inode: dpkg renames the new file over the old, which a daemon may have loaded, and
+# never writes into it), and the next job runs. With MpiDefault=rpmi in slurm.conf, a job runs with it and
+# no --mpi.
+# rpmi (DEV_DEB): tests/c_host/host.c builds and links with `pkg-config --cflags --libs rpmi` and runs an MPICH
+# job over the installed librpmi.so; the installed rpmi-run runs rpmi-probe and an MPICH job.
+# Each step's time is said. Both packages are purged at the end (on a failure too) and their files checked gone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'check-packages: %s\n' "$*" >&2; }
+die() { log "FAILED: $*"; exit 1; }
+(($# == 2)) || { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+plugin_deb=$1 dev_deb=$2
+[[ -f $plugin_deb && -f $dev_deb ]] || die "no such package: $plugin_deb or $dev_deb"
+
+work=$(mktemp -d /tmp/rpmi-packages.XXXXXX)
+export RPMI_SLURM_DIR=$work/slurm
+cleanup() {
+  bash docker/slurm-cluster.sh stop >/dev/null 2>&1 || true
+  dpkg --purge rpmi-slurm rpmi >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Runs "$@" with its output in $work/out and says how long it took; fails, showing that output, if it fails.
+step() {
+  local what=$1 t=$EPOCHREALTIME
+  shift
+  if ! "$@" >"$work/out" 2>&1; then
+    cat "$work/out" >&2
+    die "$what"
+  fi
+  log "$what: ok, $(awk -v a="$t" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s"
+}
+
+# Fails unless the last step's output has a line matching the extended regular expression $1.
+expect() {
+  grep -qE -- "$1" "$work/out" || { cat "$work/out" >&2; die "no line matching '$1' in that output"; }
+}
+
+# Fails if the last step's output has a line matching $1.
+refuse() {
+  ! grep -qE -- "$1" "$work/out" || { cat "$work/out" >&2; die "a line matching '$1' in that output"; }
+}
+
+start_cluster() { eval "$(bash docker/slurm-cluster.sh start "$@")"; }
+
+step "mpicc tests/programs/mpi_pairs.c" mpicc -O1 -o "$work/mpi_pairs" tests/programs/mpi_pairs.c
+pairs6='^mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged$'
+pairs4='^mpi_pairs: 4 ranks, allreduce 10, all pairs exchanged$'
+
+# --- rpmi-slurm
+step "dpkg -i ${plugin_deb##*/} ${dev_deb##*/}" dpkg -i "$plugin_deb" "$dev_deb"
+expect 'Restart slurmctld, and slurmd on'
+refuse 'warning'   # e.g. a control file without a field dpkg requires
+plugin=$(dpkg -L rpmi-slurm | grep '/mpi_rpmi\.so$') || die "rpmi-slurm has no mpi_rpmi.so"
+[[ -f $(dirname "$plugin")/mpi_pmi2.so ]] || die "$plugin is not beside Slurm's own MPI plugins"
+log "rpmi-slurm installed $plugin"
+
+step "the cluster, on Slurm's PluginDir" start_cluster
+step "srun --mpi=list" timeout 60 srun --mpi=list
+expect '(^|[[:space:]])rpmi$'
+step "srun --mpi=rpmi -N3 -n6 mpi_pairs" timeout 120 srun -Q --mpi=rpmi -N3 -n6 "$work/mpi_pairs"
+expect "$pairs6"
+
+inode=$(stat -c %i "$plugin")
+step "dpkg -i ${plugin_deb##*/} again, the cluster running" dpkg -i "$plugin_deb"
+[[ $(stat -c %i "$plugin") != "$inode" ]] || die "dpkg -i wrote into $plugin (inode $inode) instead of replacing it"
+step "srun --mpi=rpmi -N3 -n6 mpi_pairs after it" timeout 120 srun -Q --mpi=rpmi -N3 -n6 "$work/mpi_pairs"
+expect "$pairs6"
+
+step "the cluster again, with MpiDefault=rpmi" start_cluster --mpi-default rpmi
+step "srun -N3 -n6 mpi_pairs (MpiDefault=rpmi)" timeout 120 srun -Q -N3 -n6 "$work/mpi_pairs"
+expect "$pairs6"
+step "srun -N1 -n1 printenv SLURM_MPI_TYPE" timeout 60 srun -Q -N1 -n1 printenv SLURM_MPI_TYPE
+expect '^rpmi$'
+step "stopping the cluster" bash docker/slurm-cluster.sh stop
+
+# --- rpmi
+lib=$(dpkg -L rpmi | grep '/librpmi\.so$') || die "rpmi has no librpmi.so"
+version=$(dpkg-query -W -f='${Version}' rpmi)
+step "pkg-config --modversion rpmi" pkg-config --modversion rpmi
+expect "^${version%-*}\$"
+# The flags tests/c_host.rs builds it with, the header and library from pkg-config instead of the source tree.
+# shellcheck disable=SC2046  # pkg-config's words are separate arguments
+step "cc tests/c_host/host.c \$(pkg-config --cflags --libs rpmi)" cc -std=c99 -Wall -Wextra -Werror -O2 \
+  -D_GNU_SOURCE $(pkg-config --cflags rpmi) tests/c_host/host.c -o "$work/host" $(pkg-config --libs rpmi) -ldl -lpthread
+step "host -n 4 --nodes 2 librpmi.so mpi_pairs" timeout 120 "$work/host" -n 4 --nodes 2 librpmi.so "$work/mpi_pairs"
+expect "$pairs4"
+[[ $(command -v rpmi-run) == /usr/bin/rpmi-run ]] || die "rpmi-run is not the package's: $(command -v rpmi-run)"
+step "rpmi-run -n 2 rpmi-probe info" timeout 60 rpmi-run -n 2 rpmi-probe info
+expect '^rank=0 size=2 '
+expect '^rank=1 size=2 '
+step "rpmi-run -n 4 --nodes 2 mpi_pairs" timeout 120 rpmi-run -n 4 --nodes 2 "$work/mpi_pairs"
+expect "$pairs4"
+
+step "dpkg --purge rpmi-slurm rpmi" dpkg --purge rpmi-slurm rpmi
+[[ ! -e $plugin && ! -e $lib ]] || die "$plugin or $lib is left after the purge"
+log "every check passed"
