@@ -22,3 +22,15 @@ bash docker/with-slurm.sh cargo test --locked --features slurm --lib --test slur
 # The same plugin over 100 nodes (100 slurmd on this machine): the tests that need that many, which the run on
 # 3 nodes leaves out (#[ignore]).
 RPMI_SLURM_NODES=100 bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored
+
+# The same real-Slurm tests on the other supported Slurm lines: 24.11 (Debian 13) and 26.05 (Debian unstable),
+# each built against and run on its own Slurm and MPICH in a Debian chroot (docker/slurm-plugin.sh; made with
+# debootstrap where missing, a few minutes each).
+bash docker/slurm-plugin.sh test 24.11
+bash docker/slurm-plugin.sh test 26.05
+
+# The Debian packages of each line: built with cargo-deb, installed with dpkg -i into that line's chroot (Debian 12
+# for 22.05, so this machine's system stays as it is), then MPICH jobs through them (docker/check-packages.sh).
+for version in 22.05 24.11 26.05; do
+  bash docker/slurm-plugin.sh package-test "$version"
+done
