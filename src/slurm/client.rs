@@ -5,7 +5,7 @@
 
 use super::auth::Secret;
 use super::layout;
-use super::options::{bound_option, Id, Job, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET};
+use super::options::{bound_option, Id, Job, INTERNAL};
 use super::root::{Outcome, Reporter, Root, Step};
 use super::sys::{self, slurm_step_layout_t, Slurm, StepInfo, NO_VAL};
 use crate::collective::{Bound, Bounds};
@@ -144,9 +144,9 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
     let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job: job_id, step }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
-    // Each of the plugin's own variables, whatever srun's environment held (see `options`).
-    let vars = [(ENV_PORT, root.port().to_string()), (ENV_SECRET, hex), (ENV_MAP, map), (ENV_OPTIONS, job.encode())];
-    for (name, value) in vars {
+    // Every one of the plugin's own variables, whatever srun's environment held (see `options`).
+    let values = [root.port().to_string(), hex, map, job.encode()];
+    for (name, value) in INTERNAL.into_iter().zip(values) {
         // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
         unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
     }

@@ -16,9 +16,11 @@
 //! store allow; the tree's width; the trace on the job's own stderr): the site's value is the default, and a
 //! job may set any value in the option's range.
 //!
-//! Variables with the prefix `RPMI_SLURM_` are the plugin's own, set by srun's side for the stepds
-//! ([`INTERNAL`]): srun overwrites them in every launch, so what a user sets there never reaches a stepd.
-//! They stay out of the user's options; any other name with that prefix is refused at srun.
+//! The plugin's own variables, which srun's side sets for the stepds ([`INTERNAL`], prefix `RPMI_SLURM_`), are
+//! no options: srun sets every one of them in every launch, so what a user put there never reaches a stepd
+//! (and a task's copy does not hold up an srun it runs). The options' names before they took the
+//! `SLURM_RPMI_` prefix are refused, naming the new ones; other `RPMI_SLURM_*` names are not the plugin's
+//! (the project's test scripts use some).
 
 use super::trace::escape_text;
 use crate::collective::{Bound, Bounds};
@@ -28,8 +30,6 @@ use std::ops::RangeInclusive;
 
 /// The prefix of the job's options in srun's environment.
 pub const JOB_PREFIX: &str = "SLURM_RPMI_";
-/// The prefix of what srun's side of the plugin sets for the stepds.
-pub const INTERNAL_PREFIX: &str = "RPMI_SLURM_";
 /// The root's port on `SLURM_SRUN_COMM_HOST`; stays in the tasks' environment.
 pub const ENV_PORT: &str = "RPMI_SLURM_PORT";
 /// The step's secret, 64 hex digits.
@@ -38,7 +38,8 @@ pub const ENV_SECRET: &str = "RPMI_SLURM_SECRET";
 pub const ENV_MAP: &str = "RPMI_SLURM_MAP";
 /// The job's options as srun took them from its environment: `VAR=value` of each one set, comma-separated.
 pub const ENV_OPTIONS: &str = "RPMI_SLURM_OPTIONS";
-/// Every variable srun's side sets for the stepds; srun sets each of them in every launch.
+/// Every variable srun's side sets for the stepds, in the order srun's prelaunch gives their values: the
+/// port, the secret, the map, the options. srun sets each of them in every launch.
 pub const INTERNAL: [&str; 4] = [ENV_PORT, ENV_SECRET, ENV_MAP, ENV_OPTIONS];
 
 /// Names the job's options had before they took the `SLURM_RPMI_` prefix, and their names now.
@@ -215,29 +216,15 @@ pub struct Job([Option<u64>; 9]);
 
 impl Job {
     /// The job's options in srun's environment (`vars`): every `SLURM_RPMI_*` variable must be an option with
-    /// a value of its kind; `RPMI_SLURM_*` ones are the plugin's own (srun replaces them), and any other
-    /// name with that prefix is refused. The first fault, by name, is the error.
+    /// a value of its kind, and the options' old names are refused. The first fault, by name, is the error.
     pub fn from_env(vars: impl IntoIterator<Item = (String, String)>) -> Result<Job, String> {
-        let mut vars: Vec<_> = vars
-            .into_iter()
-            .filter(|(name, _)| name.starts_with(JOB_PREFIX) || name.starts_with(INTERNAL_PREFIX))
-            .collect();
+        let mut vars: Vec<_> =
+            vars.into_iter().filter(|(name, _)| name.starts_with(JOB_PREFIX) || renamed(name).is_some()).collect();
         vars.sort();
         let mut job = Job::default();
         for (name, text) in vars {
-            if name.starts_with(INTERNAL_PREFIX) {
-                if INTERNAL.contains(&name.as_str()) {
-                    continue;
-                }
-                return Err(match RENAMED.iter().find(|(old, _)| *old == name) {
-                    Some((_, new)) => format!("{name} is now named {new}"),
-                    None => format!(
-                        "{} is not an option of mpi/rpmi: {INTERNAL_PREFIX}* variables are the plugin's own; its \
-                         options are {}",
-                        escape_text(&name, ECHO_MAX),
-                        known()
-                    ),
-                });
+            if let Some(new) = renamed(&name) {
+                return Err(format!("{name} is now named {new}"));
             }
             job.set(&name, &text)?;
         }
@@ -279,6 +266,11 @@ impl Job {
         }
         Ok(job)
     }
+}
+
+/// The name an option's old variable `name` has now.
+fn renamed(name: &str) -> Option<&'static str> {
+    RENAMED.iter().find(|(old, _)| *old == name).map(|(_, new)| *new)
 }
 
 /// The job's variables, for messages.
@@ -489,8 +481,11 @@ mod tests {
         assert_eq!(Job::decode(&job.encode()), Ok(job.clone()));
         assert_eq!(job.encode(), "SLURM_RPMI_KVS_BYTES_MAX=4096,SLURM_RPMI_TREE_WIDTH=2");
         assert_eq!(Job::decode(""), Ok(Job::default()));
-        // The plugin's own variables are srun's to set: not options, and no fault.
-        assert_eq!(env(&[("RPMI_SLURM_PORT", "1"), ("RPMI_SLURM_OPTIONS", "x")]), Ok(Job::default()));
+        // The plugin's own variables are srun's to set: not options, and no fault (srun overwrites them).
+        let internal: Vec<_> = INTERNAL.iter().map(|&n| (n, "x")).collect();
+        assert_eq!(env(&internal), Ok(Job::default()));
+        // Nor are names of others with the same prefix (the project's test scripts set RPMI_SLURM_DIR).
+        assert_eq!(env(&[("RPMI_SLURM_DIR", "/tmp/x")]), Ok(Job::default()));
     }
 
     #[test]
@@ -498,11 +493,6 @@ mod tests {
         let e = env(&[("SLURM_RPMI_TREE_WIDHT", "2")]).unwrap_err();
         assert!(
             e.starts_with("SLURM_RPMI_TREE_WIDHT is not an option of mpi/rpmi (its options are SLURM_RPMI_KVSNAME_MAX"),
-            "{e}"
-        );
-        let e = env(&[("RPMI_SLURM_WIDTH", "2")]).unwrap_err();
-        assert!(
-            e.starts_with("RPMI_SLURM_WIDTH is not an option of mpi/rpmi: RPMI_SLURM_* variables are the plugin's own"),
             "{e}"
         );
         assert_eq!(
