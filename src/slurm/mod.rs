@@ -189,9 +189,21 @@ fn site() -> Site {
 /// Pointers as Slurm passes them.
 #[no_mangle]
 pub unsafe extern "C" fn mpi_p_conf_options(full_options: *mut *mut ConfOption, full_opt_cnt: *mut c_int) {
-    // SAFETY: Slurm's pointers, and our static options.
-    guard((), || unsafe { sys::slurm().add_conf_options(full_options, CONF_OPTIONS.0.as_ptr(), full_opt_cnt) })
+    guard((), || {
+        let slurm = sys::slurm();
+        // Asked only where mpi.conf is read, before it is: the keys Slurm will skip are said now.
+        let misnamed = slurm.extra_conf(c"mpi.conf").map(|text| options::misnamed_keys(&text)).unwrap_or_default();
+        for key in &misnamed {
+            slurm.error(&format!("mpi.conf: {key} is {}", options::misnamed()));
+        }
+        *MISNAMED.lock().unwrap_or_else(|e| e.into_inner()) = misnamed;
+        // SAFETY: Slurm's pointers, and our static options.
+        unsafe { slurm.add_conf_options(full_options, CONF_OPTIONS.0.as_ptr(), full_opt_cnt) }
+    })
 }
+
+/// Keys in mpi.conf that look like the plugin's but are not (see [`options::misnamed_keys`]).
+static MISNAMED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// The options mpi.conf gave (slurmctld, slurmd: at start), or that slurmd passed on (slurmstepd). A value
 /// that is not one is said here, in the daemon's log, and refuses every step (see [`options::resolve`]).
@@ -234,8 +246,13 @@ pub extern "C" fn mpi_p_conf_get() -> *mut c_void {
 }
 
 /// What `scontrol show config` prints under "MPI Plugins Configuration" (slurmctld asks): every option as
-/// this site sets it, in a list Slurm frees.
+/// this site sets it, and the misnamed keys, in a list Slurm frees.
 #[no_mangle]
 pub extern "C" fn mpi_p_conf_get_printable() -> *mut c_void {
-    guard(std::ptr::null_mut(), || sys::slurm().key_pairs(&site().printable()))
+    guard(std::ptr::null_mut(), || {
+        let mut lines = site().printable();
+        let misnamed = MISNAMED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        lines.extend(misnamed.into_iter().map(|key| (key, options::misnamed())));
+        sys::slurm().key_pairs(&lines)
+    })
 }

@@ -314,7 +314,7 @@ impl Site {
     }
 
     /// Each option as this site sets it, for `scontrol show config`: the value, and what it is to a job.
-    pub fn printable(&self) -> Vec<(&'static CStr, String)> {
+    pub fn printable(&self) -> Vec<(String, String)> {
         let show = |id: Id| {
             let opt = id.opt();
             let given = match self.get(id) {
@@ -335,8 +335,28 @@ impl Site {
                 None => format!("{} (default{source})", shown(given.unwrap_or(opt.default))),
             }
         };
-        Id::ALL.into_iter().map(|id| (id.opt().key, show(id))).collect()
+        Id::ALL.into_iter().map(|id| (id.opt().key().to_string(), show(id))).collect()
     }
+}
+
+/// The most misnamed keys [`misnamed_keys`] reports.
+const MISNAMED_MAX: usize = 16;
+
+/// The keys in mpi.conf's `text` that look like the plugin's (they start with `Rpmi`, without regard to case,
+/// as Slurm reads keys) but are none of its options, escaped and cut. Slurm skips a key no MPI plugin takes
+/// without a word at the usual log levels, so a misspelled ceiling would silently be no ceiling.
+pub fn misnamed_keys(text: &str) -> Vec<String> {
+    let ours = |key: &str| OPTIONS.iter().any(|o| o.key().eq_ignore_ascii_case(key));
+    let words = text.lines().flat_map(|line| line.split('#').next().unwrap_or_default().split_whitespace());
+    let keys = words.map(|word| word.split('=').next().unwrap_or_default());
+    let misnamed = keys.filter(|key| key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("rpmi")) && !ours(key));
+    misnamed.take(MISNAMED_MAX).map(|key| escape_text(key, ECHO_MAX)).collect()
+}
+
+/// What a misnamed key is, in the daemons' logs and `scontrol show config`.
+pub fn misnamed() -> String {
+    let keys = OPTIONS.iter().map(|o| o.key()).collect::<Vec<_>>().join(", ");
+    format!("not an option of mpi/rpmi, so Slurm skips it (its keys are {keys})")
 }
 
 /// The options a step runs with.
@@ -589,9 +609,17 @@ mod tests {
     }
 
     #[test]
+    fn misnamed_keys_are_found() {
+        let conf = "# RpmiCommented=1\nPMIxTimeout=30 rpmikvsbytesmax=1 RpmiKvsByteMax=2 # RpmiAfter=3\nRPMITREEWIDTH=4\nRpmi\x1b[2J=5\n";
+        assert_eq!(misnamed_keys(conf), ["RpmiKvsByteMax", "Rpmi\\x1b[2J"]);
+        assert_eq!(misnamed_keys(&"RpmiX=1\n".repeat(100)).len(), MISNAMED_MAX);
+        assert!(misnamed().starts_with("not an option of mpi/rpmi, so Slurm skips it (its keys are RpmiKvsnameMax"));
+    }
+
+    #[test]
     fn what_scontrol_shows() {
         let shown = site(&[(Id::RequestLineMax, "2048"), (Id::TreeWidth, "2"), (Id::Trace, "bad")]).printable();
-        let get = |key: &str| shown.iter().find(|(k, _)| k.to_str() == Ok(key)).map(|(_, v)| v.as_str()).unwrap();
+        let get = |key: &str| shown.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap();
         assert_eq!(shown.len(), OPTIONS.len());
         assert_eq!(get("RpmiRequestLineMax"), "2048 (ceiling; default 2048)");
         assert_eq!(get("RpmiKvsBytesMax"), "536870912 (ceiling, built in; default 536870912)");

@@ -87,6 +87,9 @@ type Xfree = unsafe extern "C" fn(*mut *mut c_void);
 type ListCreate = unsafe extern "C" fn(Option<ListDel>) -> *mut c_void;
 type ListAppend = unsafe extern "C" fn(*mut c_void, *mut c_void);
 type ListDel = unsafe extern "C" fn(*mut c_void);
+/// `char *get_extra_conf_path(char *conf_name)` (`src/common/read_config.h`; `const char *` in 26.05): the
+/// path of a file beside slurm.conf, allocated with `xmalloc`.
+type ExtraConfPath = unsafe extern "C" fn(*const c_char) -> *mut c_char;
 /// `int slurm_conf_get_addr(const char *node_name, slurm_addr_t *address, uint16_t flags)`; `slurm_addr_t` is
 /// a `struct sockaddr_storage`.
 type ConfGetAddr = unsafe extern "C" fn(*const c_char, *mut libc::sockaddr_storage, u16) -> c_int;
@@ -115,6 +118,7 @@ pub struct Slurm {
     list_create: Option<ListCreate>,
     list_append: Option<ListAppend>,
     destroy_key_pair: Option<ListDel>,
+    extra_conf_path: Option<ExtraConfPath>,
 }
 
 /// `S_P_STRING` of `slurm_parser_enum_t` (the same in every supported line).
@@ -168,6 +172,7 @@ pub fn slurm() -> &'static Slurm {
         list_create: find!(c"slurm_list_create"),
         list_append: find!(c"slurm_list_append"),
         destroy_key_pair: find!(c"slurm_destroy_config_key_pair"),
+        extra_conf_path: find!(c"slurm_get_extra_conf_path"),
     })
 }
 
@@ -298,7 +303,7 @@ impl Slurm {
 
     /// A list of `name = value` lines as `mpi_p_conf_get_printable` returns it (Slurm frees it, each line
     /// with `destroy_config_key_pair`); NULL without Slurm's list and allocator.
-    pub fn key_pairs(&self, pairs: &[(&CStr, String)]) -> *mut c_void {
+    pub fn key_pairs(&self, pairs: &[(String, String)]) -> *mut c_void {
         let (Some(create), Some(append), Some(destroy), Some(xcalloc), Some(xstrdup)) =
             (self.list_create, self.list_append, self.destroy_key_pair, self.xcalloc, self.xstrdup)
         else {
@@ -314,13 +319,34 @@ impl Slurm {
             for (name, value) in pairs {
                 let size = std::mem::size_of::<KeyPair>();
                 let pair = xcalloc(1, size, true, false, c"rpmi".as_ptr(), 0, c"key_pairs".as_ptr()).cast::<KeyPair>();
-                let value = c_text(value);
+                let (name, value) = (c_text(name), c_text(value));
                 (*pair).name = xstrdup(name.as_ptr());
                 (*pair).value = xstrdup(value.as_ptr());
                 append(list, pair.cast());
             }
             list
         }
+    }
+
+    /// The text (its first MiB) of the file `name` beside slurm.conf, if this process has Slurm's
+    /// configuration and the file is there.
+    pub fn extra_conf(&self, name: &CStr) -> Option<String> {
+        use std::io::Read;
+        let (f, xfree) = (self.extra_conf_path?, self.xfree?);
+        // SAFETY: Slurm's function with a NUL-terminated name, which it only reads.
+        let mut p = unsafe { f(name.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: Slurm's NUL-terminated path, copied then freed with Slurm's own free, once.
+        let path = unsafe {
+            let path = CStr::from_ptr(p).to_string_lossy().into_owned();
+            xfree((&mut p as *mut *mut c_char).cast());
+            path
+        };
+        let mut text = String::new();
+        std::fs::File::open(path).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
+        Some(text)
     }
 
     /// The address slurm.conf gives node `name` (its `NodeAddr`), if this process has Slurm's configuration.
