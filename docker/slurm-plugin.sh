@@ -14,7 +14,10 @@
 # this machine's glibc, which the chroot's is not older than), and the tests run inside the chroot, where srun,
 # the daemons and mpicc are that Slurm's and that Debian's. The project directory is bind-mounted into the
 # chroot at the same path, so the test binary finds its programs. RPMI_CHROOT_FRESH=1 makes the chroot anew.
-# Must run as root. Builds go to target/slurm-VERSION (CARGO_TARGET_DIR is not used).
+# Must run as root. Builds go to target/slurm-VERSION (CARGO_TARGET_DIR is not used). The cluster's state
+# directory is $RPMI_SLURM_DIR, else /tmp/rpmi-slurm-VERSION (in the chroot's own /tmp); docker/slurm-cluster.sh
+# tells its processes from others' by that path through /proc, which every chroot shares, so two runs of one
+# VERSION at once (from two clones, with two RPMI_CHROOTS) need two different ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -130,7 +133,7 @@ case $cmd in
       cargo test --locked --release --features slurm --test slurm --no-run --message-format=json |
       grep '"src_path":"[^"]*/tests/slurm.rs"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
     [[ -x $tests ]] || die "no test binary"
-    run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target/slurm-$version RPMI_SLURM_DIR=/tmp/rpmi-slurm-$version
+    run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target/slurm-$version RPMI_SLURM_DIR=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm-$version}
       bash docker/with-slurm.sh "$tests")
     if [[ $root == / ]]; then
       "${run[@]}"
