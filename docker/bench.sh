@@ -11,4 +11,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash docker/install-deps.sh bench
 export RPMI_SLURM_DIR=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm-bench}
+export RPMI_SLURM_MPI_CONF=   # the plugin as built, without the test cluster's site settings
 exec bash docker/with-slurm.sh cargo bench --locked --features slurm --bench side_by_side -- "$@"

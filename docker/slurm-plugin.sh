@@ -21,7 +21,10 @@
 # (bookworm) chroot made the same way, so that this machine's own system is left as it is. RPMI_CHROOT_FRESH=1
 # makes the chroot anew. Must run as root. Builds go to target/slurm-VERSION (CARGO_TARGET_DIR is not used), the
 # developers' package's to target/package; the packages are made with cargo-deb, which
-# `docker/install-deps.sh deb` installs.
+# `docker/install-deps.sh deb` installs. The cluster's state directory is $RPMI_SLURM_DIR, else
+# /tmp/rpmi-slurm-VERSION (in the chroot's own /tmp); docker/slurm-cluster.sh tells its processes from others' by
+# that path through /proc, which every chroot shares, so two runs of one VERSION at once (from two clones, with
+# two RPMI_CHROOTS) need two different ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -216,7 +219,7 @@ case $cmd in
       cargo test --locked --release --features slurm --test slurm --no-run --message-format=json |
       grep '"src_path":"[^"]*/tests/slurm.rs"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
     [[ -x $tests ]] || die "no test binary"
-    run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target/slurm-$version RPMI_SLURM_DIR=/tmp/rpmi-slurm-$version
+    run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target/slurm-$version RPMI_SLURM_DIR=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm-$version}
       bash docker/with-slurm.sh "$tests")
     if [[ $root == / ]]; then
       "${run[@]}"

@@ -817,11 +817,13 @@ fn a_protocol_error_ends_the_step_with_status_125() {
 fn an_exchange_over_the_node_bound_ends_the_step_naming_node_size_and_option() {
     let _s = serial();
     let args = ["-N3", "-n6", probe(), "exchange", "--puts", "8", "--size", "800"];
-    let run = Srun::start_with(&marker("bound"), "rpmi", &args, &[("RPMI_SLURM_NODE_BYTES_MAX", "4096")]).wait();
+    let run = Srun::start_with(&marker("bound"), "rpmi", &args, &[("SLURM_RPMI_NODE_BYTES_MAX", "4096")]).wait();
     // 125 (rpmi ended the step) or the probe's own status: a probe whose barrier failed exits at once, and
     // Slurm may count that exit before the step's end.
     assert!(!run.status.success(), "{run}");
-    let line = run.stderr.lines().find(|l| l.contains("RPMI_SLURM_NODE_BYTES_MAX")).unwrap_or_else(|| panic!("{run}"));
+    // srun's own line; the probe's failed barrier may quote the same message first (spaces made `_`).
+    let said = |l: &&str| l.starts_with("srun: error: rpmi: ") && l.contains("SLURM_RPMI_NODE_BYTES_MAX");
+    let line = run.stderr.lines().find(said).unwrap_or_else(|| panic!("{run}"));
     assert!(line.contains("the slurmstepd of n") && line.contains("4096"), "{line}");
 }
 
@@ -992,4 +994,128 @@ fn an_exchange_result_no_barrier_waits_for_ends_the_step() {
         run.stderr.contains(want) || slurmd_logs().matches(want).count() > logged,
         "neither the job's stderr nor slurmd's log says `{want}`: {run}"
     );
+}
+
+/// What every task of a step that must be refused would print, had it started.
+const TASK_RAN: &str = "rpmi-test: a task ran";
+
+/// `srun -N3 -n3` of tasks that print [`TASK_RAN`], with `env` in srun's environment: it must fail, and no
+/// task may have started.
+fn refused(name: &str, env: &[(&str, &str)]) -> Run {
+    let script = format!("echo '{TASK_RAN}'");
+    let run = Srun::start_with(&marker(name), "rpmi", &["-N3", "-n3", "bash", "-c", &script], env).wait();
+    assert!(!run.status.success(), "{run}");
+    assert!(!run.stdout.contains(TASK_RAN), "a task started: {run}");
+    run
+}
+
+#[test]
+fn an_unknown_option_is_refused_by_srun_before_any_task_starts() {
+    let _s = serial();
+    let run = refused("unknown-option", &[("SLURM_RPMI_NO_SUCH_OPTION", "1")]);
+    let want = "srun: error: rpmi: SLURM_RPMI_NO_SUCH_OPTION is not an option of mpi/rpmi (its options are \
+                SLURM_RPMI_KVSNAME_MAX, ";
+    assert!(run.stderr.contains(want), "no `{want}`: {run}");
+    let run = refused("old-option-name", &[("RPMI_SLURM_NODE_BYTES_MAX", "4096")]);
+    let want = "srun: error: rpmi: RPMI_SLURM_NODE_BYTES_MAX is now named SLURM_RPMI_NODE_BYTES_MAX";
+    assert!(run.stderr.contains(want), "no `{want}`: {run}");
+}
+
+#[test]
+fn a_malformed_value_is_refused_by_srun_before_any_task_starts() {
+    let _s = serial();
+    let run = refused("malformed-option", &[("SLURM_RPMI_KVS_BYTES_MAX", "64M")]);
+    let want = "srun: error: rpmi: SLURM_RPMI_KVS_BYTES_MAX=64M is not a number of bytes from 1 to 4293918719";
+    assert!(run.stderr.contains(want), "no `{want}`: {run}");
+}
+
+/// The test cluster's mpi.conf says `line` (docker/with-slurm.sh gives it tests/slurm/mpi.conf).
+fn site_says(line: &str) {
+    let conf = std::fs::read_to_string(cluster_dir().join("mpi.conf")).unwrap_or_default();
+    assert!(
+        conf.lines().any(|l| l.trim() == line),
+        "the cluster's mpi.conf does not say `{line}`; docker/with-slurm.sh starts the cluster with tests/slurm/mpi.conf"
+    );
+}
+
+/// A task that writes one PMI request line of `len` bytes, newline included, and waits.
+fn long_line(len: usize) -> String {
+    format!("head -c {} /dev/zero | tr '\\0' x >&$PMI_FD; echo >&$PMI_FD; exec sleep 30", len - 1)
+}
+
+#[test]
+fn the_sites_ceiling_bounds_every_job_and_a_job_that_asks_more_is_refused() {
+    let _s = serial();
+    site_says("RpmiRequestLineMax=2048");
+    // Below the built-in 4096: a line of 3000 bytes is over the site's ceiling.
+    let run = srun(&marker("site-line"), &["-N1", "-n1", "bash", "-c", &long_line(3000)]);
+    assert_eq!(run.status.code(), Some(125), "srun should exit 125 when rpmi ends the step: {run}");
+    assert!(run.stderr.contains("rank 0: PMI protocol error: a line longer than 2048 bytes"), "{run}");
+    // The built-in default is more than this site allows: each stepd refuses the step, and srun says why.
+    let run = refused("site-ceiling", &[("SLURM_RPMI_REQUEST_LINE_MAX", "4096")]);
+    let want = "refuses the step: SLURM_RPMI_REQUEST_LINE_MAX=4096 asks more than this site allows: at most 2048 \
+                (the site's ceiling, mpi.conf's RpmiRequestLineMax)";
+    let line = run.stderr.lines().find(|l| l.contains(want)).unwrap_or_else(|| panic!("no `{want}`: {run}"));
+    assert!(line.starts_with("srun: error: rpmi: the slurmstepd of n"), "{line}");
+}
+
+#[test]
+fn a_job_lowers_a_ceiling_and_sets_the_maxes() {
+    let _s = serial();
+    let env = [("SLURM_RPMI_REQUEST_LINE_MAX", "1500")];
+    let run = Srun::start_with(&marker("job-line"), "rpmi", &["-N1", "-n1", "bash", "-c", &long_line(1800)], &env);
+    let run = run.wait();
+    assert_eq!(run.status.code(), Some(125), "srun should exit 125 when rpmi ends the step: {run}");
+    assert!(run.stderr.contains("rank 0: PMI protocol error: a line longer than 1500 bytes"), "{run}");
+    let env = [("SLURM_RPMI_KEYLEN_MAX", "32"), ("SLURM_RPMI_VALLEN_MAX", "512")];
+    let run = Srun::start_with(&marker("job-maxes"), "rpmi", &["-N3", "-n3", probe(), "info"], &env).wait();
+    assert_success(&run);
+    let maxes: Vec<String> =
+        run.stdout.lines().filter(|l| l.starts_with("rank=")).map(|l| words(l)["maxes"].to_string()).collect();
+    assert_eq!(maxes, ["64/32/512"; 3], "{run}");
+}
+
+/// What srun's side sets for the stepds is srun's own: a user's copy in srun's environment changes nothing.
+#[test]
+fn the_plugins_own_variables_in_sruns_environment_are_not_options() {
+    let _s = serial();
+    let args = ["-v", "-N3", "-n3", probe(), "exchange"];
+    let secret = "0".repeat(64);
+    let env = [("RPMI_SLURM_OPTIONS", "SLURM_RPMI_TREE_WIDTH=1"), ("RPMI_SLURM_SECRET", secret.as_str())];
+    let run = Srun::start_with(&marker("internal-vars"), "rpmi", &args, &env).wait();
+    assert_success(&run);
+    // The default width makes 3 nodes a star (a chain, width 1, would give srun one child).
+    assert!(run.stderr.contains("to its 3 children in the PMI tree"), "{run}");
+}
+
+#[test]
+fn scontrol_show_config_shows_the_plugins_settings() {
+    let _s = serial();
+    site_says("RpmiRequestLineMax=2048");
+    let out = Command::new("scontrol").args(["show", "config"]).output().expect("scontrol");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let section = text
+        .split("MPI Plugins Configuration:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("scontrol show config has no MPI plugins' section:\n{text}"));
+    let setting = |key: &str| {
+        section.lines().find_map(|l| l.split_once('=').filter(|(k, _)| k.trim() == key).map(|(_, v)| v.trim()))
+    };
+    for (key, want) in [
+        ("RpmiRequestLineMax", "2048 (ceiling; default 2048)"),
+        ("RpmiTreeWidth", "4 (default, built in)"),
+        ("RpmiTrace", "no (default, built in)"),
+    ] {
+        assert_eq!(setting(key), Some(want), "{key} in scontrol show config:{section}");
+    }
+    site_says("RpmiKvsByteMax=1024");
+    let misnamed =
+        setting("RpmiKvsByteMax").unwrap_or_else(|| panic!("no RpmiKvsByteMax in scontrol show config:{section}"));
+    assert!(
+        misnamed.starts_with("not an option of mpi/rpmi, so Slurm skips it (its keys are RpmiKvsnameMax"),
+        "{misnamed}"
+    );
+    // Not the misspelled key's 1024.
+    let store = setting("RpmiKvsBytesMax");
+    assert_eq!(store, Some("536870912 (ceiling, built in; default 536870912)"), "{section}");
 }

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
 /// srun's default bounds on one node's part of an exchange and on a whole exchange
-/// (`RPMI_SLURM_NODE_BYTES_MAX`, `RPMI_SLURM_EXCHANGE_BYTES_MAX`, in src/slurm/client.rs).
+/// (`SLURM_RPMI_NODE_BYTES_MAX`, `SLURM_RPMI_EXCHANGE_BYTES_MAX`, in src/slurm/options.rs).
 const NODE_BYTES_MAX: usize = 256 << 20;
 const EXCHANGE_BYTES_MAX: usize = 512 << 20;
 

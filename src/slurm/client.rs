@@ -1,11 +1,12 @@
-//! The srun side: `mpi_p_client_prelaunch` computes the task map from the step layout, makes the step's
+//! The srun side: `mpi_p_client_prelaunch` checks the job's options (`super::options`), computes the task
+//! map from the step layout, makes the step's
 //! secret, starts the collective root and passes what the stepds need in the launch environment;
 //! `mpi_p_client_fini` stops the root and hands srun the exit code of a `PMI_Abort`.
 
 use super::auth::Secret;
 use super::layout;
+use super::options::{bound_option, Id, Job, INTERNAL};
 use super::root::{Outcome, Reporter, Root, Step};
-use super::stepd::{ENV_BOUNDS, ENV_MAP, ENV_PORT, ENV_SECRET, ENV_WIDTH};
 use super::sys::{self, slurm_step_layout_t, Slurm, StepInfo, NO_VAL};
 use crate::collective::{Bound, Bounds};
 use crate::server::JOB_ERROR_EXIT_CODE;
@@ -13,31 +14,12 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::net::TcpListener;
 use std::sync::Mutex;
 
-/// Options srun takes from its own environment (the user's: they shape only the user's own step). The bounds
-/// of one exchange go to the stepds too (`RPMI_SLURM_BOUNDS`), which check what they gather with them.
-pub const ENV_NODE_BYTES_MAX: &str = "RPMI_SLURM_NODE_BYTES_MAX";
-pub const ENV_EXCHANGE_BYTES_MAX: &str = "RPMI_SLURM_EXCHANGE_BYTES_MAX";
-/// The tree's width for this job (as pmi2's `SLURM_PMI2_TREE_WIDTH`); without it the stepds build the tree
-/// with mpi.conf's `RpmiTreeWidth`, or the default.
-pub const ENV_TREE_WIDTH: &str = "SLURM_RPMI_TREE_WIDTH";
-/// Their defaults: a node's part of one exchange, and all parts together (a stepd's key-value store holds at
-/// most 512 MiB, so a larger exchange could not be taken in anyway).
-const NODE_BYTES_MAX: usize = 256 << 20;
-const EXCHANGE_BYTES_MAX: usize = 512 << 20;
-/// The most either may be set to: what one frame's 32-bit length can carry.
-pub const BYTES_MAX_LIMIT: usize = (u32::MAX as usize) - (1 << 20);
-
-/// The bounds of one exchange, with the options that set them (as messages name them).
+/// srun's bounds of one exchange: the job's (srun's root checks what it gathers with them; the stepds hold
+/// them to the site's ceilings too).
 pub fn bounds(part_max: usize, exchange_max: usize) -> Bounds {
     Bounds {
-        part_max: Bound {
-            bytes: part_max,
-            option: "RPMI_SLURM_NODE_BYTES_MAX: raise it in srun's environment if the job needs more",
-        },
-        exchange_max: Bound {
-            bytes: exchange_max,
-            option: "RPMI_SLURM_EXCHANGE_BYTES_MAX: raise it in srun's environment if the job needs more",
-        },
+        part_max: Bound { bytes: part_max, option: bound_option(Id::NodeBytesMax, false) },
+        exchange_max: Bound { bytes: exchange_max, option: bound_option(Id::ExchangeBytesMax, false) },
     }
 }
 
@@ -121,10 +103,13 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
     if env.is_null() {
         return Err("no environment".into());
     }
-    let (job, step) = (info.step_id.job_id, info.step_id.step_id);
+    // The job's options: an unknown one, or a value that is not one, ends srun here, before any task starts.
+    let vars = std::env::vars_os().map(|(n, v)| (n.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()));
+    let job = Job::from_env(vars)?;
+    let (job_id, step) = (info.step_id.job_id, info.step_id.step_id);
     if info.het_job_id != NO_VAL {
         return Err(format!(
-            "step {job}.{step} is part of heterogeneous job {}: mpi/rpmi serves one component at a time; \
+            "step {job_id}.{step} is part of heterogeneous job {}: mpi/rpmi serves one component at a time; \
              launch the components as separate steps, or use --mpi=pmi2",
             info.het_job_id
         ));
@@ -148,56 +133,26 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
         }
         _ => ((0..nodes).map(|n| format!("node {n}")).collect(), None),
     };
-    let bounds = bounds(
-        byte_count(ENV_NODE_BYTES_MAX, NODE_BYTES_MAX)?,
-        byte_count(ENV_EXCHANGE_BYTES_MAX, EXCHANGE_BYTES_MAX)?,
-    );
-    let width = tree_width()?;
+    let job_or_default = |id: Id| job.get(id).unwrap_or(id.opt().default);
+    let bounds = bounds(job_or_default(Id::NodeBytesMax) as usize, job_or_default(Id::ExchangeBytesMax) as usize);
+    let width = job.get(Id::TreeWidth).map(|w| w as u32);
     let secret = Secret::generate().map_err(|e| format!("no random bytes for the step's secret: {e}"))?;
     let listener = listen().map_err(|e| format!("cannot open the collective port: {e}"))?;
     let map = layout::encode(&node_of);
     let hex = secret.to_hex();
-    let limits = format!("{},{}", bounds.part_max.bytes, bounds.exchange_max.bytes);
     let step_info = Step { node_names, node_of, secret, addresses, bounds, width };
-    let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job, step }))
+    let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job: job_id, step }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
-    let mut vars = vec![(ENV_PORT, root.port().to_string()), (ENV_SECRET, hex), (ENV_MAP, map), (ENV_BOUNDS, limits)];
-    vars.extend(width.map(|w| (ENV_WIDTH, w.to_string())));
-    for (name, value) in vars {
+    // Every one of the plugin's own variables, whatever srun's environment held (see `options`).
+    let values = [root.port().to_string(), hex, map, job.encode()];
+    for (name, value) in INTERNAL.into_iter().zip(values) {
         // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
         unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
     }
     let client = Box::into_raw(Box::new(Client { root }));
     live().push(client as usize);
     Ok(client.cast())
-}
-
-/// A byte bound from srun's environment, or its default.
-fn byte_count(option: &str, default: usize) -> Result<usize, String> {
-    match std::env::var(option) {
-        Err(_) => Ok(default),
-        Ok(text) => text
-            .trim()
-            .parse::<usize>()
-            .ok()
-            .filter(|&b| b > 0 && b <= BYTES_MAX_LIMIT)
-            .ok_or_else(|| format!("{option}={text} is not a number of bytes from 1 to {BYTES_MAX_LIMIT}")),
-    }
-}
-
-/// The tree's width from srun's environment, if it sets one.
-fn tree_width() -> Result<Option<u32>, String> {
-    match std::env::var(ENV_TREE_WIDTH) {
-        Err(_) => Ok(None),
-        Ok(text) => text
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|&w| w > 0)
-            .map(Some)
-            .ok_or_else(|| format!("{ENV_TREE_WIDTH}={text} is not a width of 1 or more")),
-    }
 }
 
 /// The collective port: every address, as srun's other listening sockets (the stepds connect to

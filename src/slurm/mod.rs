@@ -8,7 +8,7 @@
 //!    secret (32 random bytes)               record; RPMI_SLURM_* from the environment;
 //!    root thread: TCP listener  <-------    with children: listen on its own address;
 //!    env RPMI_SLURM_PORT/SECRET/MAP/        join srun (challenge-response), then, told
-//!        BOUNDS[/WIDTH]                     where (PARENT), its parent stepd; Shell,
+//!        OPTIONS                            where (PARENT), its parent stepd; Shell,
 //!                                           socketpair per task, one progress thread
 //!  root: the collective's root machine    slurmstepd_task (forked child):      PMI_FD PMI_RANK
 //!        over a k-ary tree of stepds:       PMI_FD, PMI_RANK, PMI_SIZE,  ----> PMI_SIZE PMI_JOBID
@@ -22,7 +22,8 @@
 //! The plugin's own protocol between srun and the stepds is in [`protocol`] and its challenge-response in
 //! [`auth`]; the accepting side of it, shared by srun and a stepd with children, in `admit`, the joining side
 //! in `uplink`; a connection served in an epoll loop in `link`; the root in `root`; the stepd side in
-//! `stepd`; srun's side in [`client`]; the layout encoding in `layout`; Slurm's types and functions in `sys`;
+//! `stepd`; srun's side in [`client`]; the options (mpi.conf's and the job's) in `options`; the layout
+//! encoding in `layout`; Slurm's types and functions in `sys`;
 //! the wire trace in `trace`. The exchange itself is [`crate::collective`]'s. The plugin is not linked
 //! against libslurm: it finds the `slurm_*` functions it needs in the process that loads it (srun, slurmd
 //! and slurmstepd carry libslurmfull).
@@ -38,6 +39,7 @@ pub mod protocol;
 mod admit;
 mod layout;
 mod link;
+mod options;
 mod root;
 mod stepd;
 mod sys;
@@ -45,9 +47,10 @@ mod trace;
 mod uplink;
 mod version;
 
+use options::{Id, Site};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::Mutex;
 use sys::{StepInfo, SLURM_ERROR, SLURM_SUCCESS};
 use version::{ConfOption, TaskInfo};
 
@@ -152,66 +155,104 @@ pub unsafe extern "C" fn mpi_p_slurmstepd_task(job: *const TaskInfo, env: *mut *
     guard(SLURM_ERROR, || unsafe { stepd::task(job, env) })
 }
 
-/// mpi.conf's key for the collective tree's width: the site's default (srun's `SLURM_RPMI_TREE_WIDTH`
-/// sets one per job).
-const CONF_TREE_WIDTH: &CStr = c"RpmiTreeWidth";
-
-/// The plugin's mpi.conf options, ending with a NULL key (Slurm copies them).
-struct ConfOptions([ConfOption; 2]);
+/// The plugin's mpi.conf options (every one `S_P_STRING`: the plugin reads the values itself, with the same
+/// checks as the job's variables, see [`options`]), ending with a NULL key (Slurm copies them).
+struct ConfOptions([ConfOption; options::OPTIONS.len() + 1]);
 
 // SAFETY: only constant pointers to static strings, never written.
 unsafe impl Sync for ConfOptions {}
 
-static CONF_OPTIONS: ConfOptions =
-    ConfOptions([ConfOption::new(CONF_TREE_WIDTH.as_ptr(), sys::S_P_UINT32), ConfOption::new(std::ptr::null(), 0)]);
+static CONF_OPTIONS: ConfOptions = ConfOptions(conf_options());
 
-/// mpi.conf's `RpmiTreeWidth`, as Slurm handed it to this process (0: not set). slurmd reads mpi.conf and
-/// passes each stepd its plugin's options; srun never sees them, so the stepds tell srun the width they use.
-static CONF_WIDTH: AtomicU32 = AtomicU32::new(0);
-
-/// mpi.conf's tree width, if it sets one.
-fn conf_tree_width() -> Option<u32> {
-    Some(CONF_WIDTH.load(SeqCst)).filter(|&w| w > 0)
+const fn conf_options() -> [ConfOption; options::OPTIONS.len() + 1] {
+    let mut all = [const { ConfOption::new(std::ptr::null(), 0) }; options::OPTIONS.len() + 1];
+    let mut i = 0;
+    while i < options::OPTIONS.len() {
+        all[i] = ConfOption::new(options::OPTIONS[i].key.as_ptr(), sys::S_P_STRING);
+        i += 1;
+    }
+    all
 }
 
-/// slurmd asks which options the plugin takes from mpi.conf: `RpmiTreeWidth`.
+/// mpi.conf's options, as Slurm handed them to this process: slurmctld and slurmd read mpi.conf, and slurmd
+/// passes each stepd what [`mpi_p_conf_get`] gives; srun never sees them.
+static SITE: Mutex<Site> = Mutex::new(Site::EMPTY);
+
+/// mpi.conf's options in this process.
+fn site() -> Site {
+    SITE.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// slurmctld and slurmd ask which options the plugin takes from mpi.conf.
 ///
 /// # Safety
 /// Pointers as Slurm passes them.
 #[no_mangle]
 pub unsafe extern "C" fn mpi_p_conf_options(full_options: *mut *mut ConfOption, full_opt_cnt: *mut c_int) {
-    // SAFETY: Slurm's pointers, and our static options.
-    guard((), || unsafe { sys::slurm().add_conf_options(full_options, CONF_OPTIONS.0.as_ptr(), full_opt_cnt) })
+    guard((), || {
+        let slurm = sys::slurm();
+        // Asked only where mpi.conf is read, before it is: the keys Slurm will skip are said now.
+        let misnamed = slurm.extra_conf(c"mpi.conf").map(|text| options::misnamed_keys(&text)).unwrap_or_default();
+        for key in &misnamed {
+            slurm.error(&format!("mpi.conf: {key} is {}", options::misnamed()));
+        }
+        *MISNAMED.lock().unwrap_or_else(|e| e.into_inner()) = misnamed;
+        // SAFETY: Slurm's pointers, and our static options.
+        unsafe { slurm.add_conf_options(full_options, CONF_OPTIONS.0.as_ptr(), full_opt_cnt) }
+    })
 }
 
-/// The options mpi.conf gave (slurmd), or that slurmd passed on (slurmstepd).
+/// Keys in mpi.conf that look like the plugin's but are not (see [`options::misnamed_keys`]).
+static MISNAMED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// The options mpi.conf gave (slurmctld, slurmd: at start), or that slurmd passed on (slurmstepd). A value
+/// that is not one is said here, in the daemon's log, and refuses every step (see [`options::resolve`]).
 ///
 /// # Safety
 /// `tbl` is NULL or the table Slurm passes.
 #[no_mangle]
 pub unsafe extern "C" fn mpi_p_conf_set(tbl: *mut c_void) {
     guard((), || {
-        // SAFETY: Slurm's table, as the caller's contract says.
-        let width = unsafe { sys::slurm().conf_uint32(tbl, CONF_TREE_WIDTH) };
-        if width == Some(0) {
-            sys::slurm().error("mpi.conf: RpmiTreeWidth=0 is not a width; the default is used");
+        let mut site = Site::default();
+        for id in Id::ALL {
+            // SAFETY: Slurm's table, as the caller's contract says.
+            if let Some(text) = unsafe { sys::slurm().conf_string(tbl, id.opt().key) } {
+                site.set(id, text);
+            }
         }
-        CONF_WIDTH.store(width.unwrap_or(0), SeqCst);
+        for fault in site.faults() {
+            sys::slurm().error(&format!("{fault}: mpi/rpmi refuses every step until it is mended"));
+        }
+        *SITE.lock().unwrap_or_else(|e| e.into_inner()) = site;
     })
 }
 
-/// The options to pass on to each slurmstepd, as a table Slurm packs and frees; NULL if mpi.conf set none.
+/// The options to pass on to each slurmstepd, as mpi.conf wrote them, in a table Slurm packs and frees; NULL
+/// if mpi.conf set none.
 #[no_mangle]
 pub extern "C" fn mpi_p_conf_get() -> *mut c_void {
     guard(std::ptr::null_mut(), || {
-        let Some(width) = conf_tree_width() else { return std::ptr::null_mut() };
-        let value = CString::new(width.to_string()).unwrap_or_default();
+        let site = site();
+        let pairs: Vec<(&CStr, CString)> = Id::ALL
+            .into_iter()
+            .filter_map(|id| site.text(id).map(|t| (id.opt().key, CString::new(t).unwrap_or_default())))
+            .collect();
+        if pairs.is_empty() {
+            return std::ptr::null_mut();
+        }
         // SAFETY: our static options and NUL-terminated strings.
-        unsafe { sys::slurm().conf_table(CONF_OPTIONS.0.as_ptr(), CONF_TREE_WIDTH, &value) }
+        unsafe { sys::slurm().conf_table(CONF_OPTIONS.0.as_ptr(), &pairs) }
     })
 }
 
+/// What `scontrol show config` prints under "MPI Plugins Configuration" (slurmctld asks): every option as
+/// this site sets it, and the misnamed keys, in a list Slurm frees.
 #[no_mangle]
 pub extern "C" fn mpi_p_conf_get_printable() -> *mut c_void {
-    std::ptr::null_mut()
+    guard(std::ptr::null_mut(), || {
+        let mut lines = site().printable();
+        let misnamed = MISNAMED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        lines.extend(misnamed.into_iter().map(|key| (key, options::misnamed())));
+        sys::slurm().key_pairs(&lines)
+    })
 }

@@ -4,8 +4,9 @@
 //!
 //! `mpi_p_slurmstepd_prefork` (before the tasks are forked, as root) takes the step's ids, this node's index
 //! and the step's shape from Slurm's step record, and from the environment what srun's side of the plugin
-//! put there (the root's port, the secret, the task map, the bounds, the tree's width), checked against the
-//! record. A stepd with children in the tree listens on an ephemeral port of its own node's address (as
+//! put there (the root's port, the secret, the task map, the job's options), checked against the
+//! record; the job's options are held to mpi.conf's ceilings (`super::options`), and a step that asks more is
+//! refused before any task exists: the stepd joins srun only to say why, so that srun's user reads it. A stepd with children in the tree listens on an ephemeral port of its own node's address (as
 //! slurm.conf gives it), and its HELLO to srun carries the port. It joins srun ([`super::uplink`]); a stepd
 //! whose parent is another stepd then waits for srun to say where that parent listens (PARENT) and joins it
 //! with the same handshake, at the parent's address as slurm.conf gives it (only the port comes from srun,
@@ -37,9 +38,9 @@
 
 use super::admit::{Acceptor, Event, Gate};
 use super::auth::{self, Secret};
-use super::client::{bounds, BYTES_MAX_LIMIT};
 use super::layout::{self, with_node_names};
 use super::link::{Link, Read, Watch};
+use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET};
 use super::protocol::{Direction, Down, Malformed, Up, CONTROL_MAX, MESSAGE_MAX};
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
@@ -49,9 +50,9 @@ use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
 use crate::os;
-use crate::server::{Direction as TraceDirection, Host, JobError, JobInfo, Limits, Shell, TaskMap};
+use crate::server::{Direction as TraceDirection, Host, JobError, JobInfo, Shell, TaskMap};
 use std::ffi::{c_char, c_int, CString};
-use std::io;
+use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
@@ -59,14 +60,6 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Environment srun's prelaunch adds for the stepds (see `super::client`).
-pub const ENV_PORT: &str = "RPMI_SLURM_PORT";
-pub const ENV_SECRET: &str = "RPMI_SLURM_SECRET";
-pub const ENV_MAP: &str = "RPMI_SLURM_MAP";
-/// The bounds of one exchange srun applies: `PART_MAX,EXCHANGE_MAX` (bytes).
-pub const ENV_BOUNDS: &str = "RPMI_SLURM_BOUNDS";
-/// The tree's width for this job, when srun's environment sets one (`SLURM_RPMI_TREE_WIDTH`).
-pub const ENV_WIDTH: &str = "RPMI_SLURM_WIDTH";
 /// The tree's width when neither srun's environment nor mpi.conf sets one. In `benches/tree`'s model of a
 /// fence (MPICH's start-up, 32 ranks a node, at 10 and 100 Gb/s) 3 is the fastest at every size, and 4
 /// within 13 % of it (4 % at 4096 nodes) with fewer hops, each a stepd's wake-up the model leaves out.
@@ -216,6 +209,7 @@ impl SlurmHost {
         names: Vec<String>,
         tree: Tree,
         bounds: Bounds,
+        store_max: usize,
         links: TreeLinks,
         slurm: &'static Slurm,
         trace: Option<Trace>,
@@ -223,7 +217,7 @@ impl SlurmHost {
         stopping: Arc<AtomicBool>,
     ) -> Result<SlurmHost, String> {
         let socket = |e: io::Error| format!("socket: {e}");
-        let all_max = frame::parts_len(names.len(), Limits::default().kvs_bytes_max);
+        let all_max = frame::parts_len(names.len(), store_max);
         let mut machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
         let parent = match links.parent {
             Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default()).map_err(socket)?),
@@ -785,38 +779,21 @@ struct Record {
     node_tasks: u32,
 }
 
-/// The tree's width: srun's for this job if it set one, else mpi.conf's, else [`DEFAULT_TREE_WIDTH`].
-fn tree_width(envp: *const *const c_char) -> Result<u32, String> {
-    // SAFETY: Slurm's environment array.
-    match unsafe { getenvp(envp, ENV_WIDTH) } {
-        Some(w) => w
-            .parse::<u32>()
-            .ok()
-            .filter(|&w| w > 0)
-            .ok_or_else(|| format!("{ENV_WIDTH}={} is not a width of 1 or more", escape_text(&w, 32))),
-        None => Ok(super::conf_tree_width().unwrap_or(DEFAULT_TREE_WIDTH)),
-    }
-}
-
-/// srun's bounds of one exchange, within what this node's key-value store can take in anyway (a larger
+/// The bounds of one exchange, within what this node's key-value store can take in anyway (a larger
 /// exchange could not complete, and an interior node would hold it for nothing).
-fn exchange_bounds(envp: *const *const c_char) -> Result<Bounds, String> {
-    let text = need(envp, ENV_BOUNDS)?;
-    let byte_count = |s: &str| s.parse::<usize>().ok().filter(|&b| b > 0 && b <= BYTES_MAX_LIMIT);
-    let Some((Some(part), Some(exchange))) = text.split_once(',').map(|(p, e)| (byte_count(p), byte_count(e))) else {
-        return Err(format!("{ENV_BOUNDS}={} is not two byte counts", escape_text(&text, 64)));
-    };
-    let mut b = bounds(part, exchange);
+fn exchange_bounds(settings: &Settings) -> Bounds {
+    let mut b = settings.bounds();
     let store = collective::Bound {
-        bytes: Limits::default().kvs_bytes_max,
-        option: "the most a slurmstepd's key-value store holds",
+        bytes: settings.limits().kvs_bytes_max,
+        option: "the most this slurmstepd's key-value store holds (SLURM_RPMI_KVS_BYTES_MAX, within mpi.conf's \
+                 RpmiKvsBytesMax)",
     };
     for bound in [&mut b.part_max, &mut b.exchange_max] {
         if bound.bytes > store.bytes {
             *bound = store;
         }
     }
-    Ok(b)
+    b
 }
 
 /// The slurm.conf address of `name`, for the tree's connections; `what` says which node it is, for the
@@ -853,19 +830,42 @@ fn join_tree(
     names: &[String],
     address: Address,
 ) -> Result<TreeLinks, String> {
+    let (mut s, acceptor, hello) = join_srun(srun, tree, node, secret, address)?;
+    let parent = match tree.parent(node) {
+        Peer::Root => None,
+        Peer::Node(p) => Some((p, join_parent(&mut s, names, Hello { to: p, ..hello }, secret, address)?)),
+    };
+    Ok(TreeLinks { srun: s, parent, acceptor })
+}
+
+/// Listens for this node's children in the tree (if it has any) and joins srun with the port: the
+/// connection, the acceptor and the HELLO it sent.
+fn join_srun(
+    srun: &[SocketAddr],
+    tree: Tree,
+    node: u32,
+    secret: &Secret,
+    address: Address,
+) -> Result<(TcpStream, Option<Acceptor>, Hello), String> {
     let children = tree.children(Peer::Node(node));
     let acceptor = match children.is_empty() {
         true => None,
         false => Some(children_acceptor(node, children, secret, tree.width(), address)?),
     };
     let hello = Hello { node, to: auth::ROOT, port: acceptor.as_ref().map_or(0, Acceptor::port), width: tree.width() };
-    let mut s = uplink::join(srun, &hello, secret, JOIN_PATIENCE, "srun's collective root", uplink::sleep)
+    let s = uplink::join(srun, &hello, secret, JOIN_PATIENCE, "srun's collective root", uplink::sleep)
         .map_err(|e| e.to_string())?;
-    let parent = match tree.parent(node) {
-        Peer::Root => None,
-        Peer::Node(p) => Some((p, join_parent(&mut s, names, Hello { to: p, ..hello }, secret, address)?)),
-    };
-    Ok(TreeLinks { srun: s, parent, acceptor })
+    Ok((s, acceptor, hello))
+}
+
+/// Tells srun why this node refuses the step, so that srun's user reads it (a stepd's log is the site's): it
+/// joins srun as for the step, says it as an error, and leaves. srun ends the step; no task starts here
+/// either way.
+fn refuse(srun: &[SocketAddr], tree: Tree, node: u32, secret: &Secret, address: Address, why: &str) {
+    let Ok((mut s, _acceptor, _)) = join_srun(srun, tree, node, secret, address) else { return };
+    if let Ok(frame) = (Up::Error { rank: u32::MAX, failed: false, message: why.to_string() }).encode() {
+        let _ = s.write_all(&frame);
+    }
 }
 
 /// Joins this node's parent (`hello.to`) once srun says where it listens; `None` if srun says it finished
@@ -1001,22 +1001,35 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     if local_ranks.len() != rec.node_tasks as usize {
         return Err(format!("{ENV_MAP} puts {} tasks on this node, Slurm {}", local_ranks.len(), rec.node_tasks));
     }
-    let width = tree_width(envp)?;
-    let bounds = exchange_bounds(envp)?;
-    let tree = Tree::new(rec.nodes, width).map_err(|e| e.to_string())?;
+    // The job's options as srun passed them (its user's: checked as anything else), held to mpi.conf's.
+    let job = Job::decode(&need(envp, ENV_OPTIONS)?)?;
+    let site = super::site();
     // SAFETY: Slurm's environment array, as the caller promises.
-    let debug = unsafe { getenvp(envp, "PMI_DEBUG") };
-    let trace = match debug.is_some_and(|v| !v.is_empty() && v != "0") {
-        true => Some(Trace::start(libc::STDERR_FILENO).map_err(|e| format!("cannot start the trace: {e}"))?),
-        false => None,
-    };
+    let pmi_debug = unsafe { getenvp(envp, "PMI_DEBUG") };
+    let settings = options::resolve(&site, &job, pmi_debug.as_deref());
+    let tree = Tree::new(rec.nodes, options::tree_width(&site, &job)).map_err(|e| e.to_string())?;
+    let width = tree.width();
     let place = Place { job: rec.job, step: rec.step, node, node_name: names[node as usize].clone() };
 
     let addrs: Vec<_> = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve srun's address {host}: {e}"))?
         .collect();
-    let links = join_tree(&addrs, tree, node, &secret, &names, &|n, what| address_of(slurm, &names[n as usize], what))?;
+    let address = |n: u32, what: &str| address_of(slurm, &names[n as usize], what);
+    let settings = match settings {
+        Ok(s) => s,
+        Err(why) => {
+            let why = format!("the slurmstepd of {} refuses the step: {why}", place.node_name);
+            refuse(&addrs, tree, node, &secret, &address, &why);
+            return Err(why);
+        }
+    };
+    let bounds = exchange_bounds(&settings);
+    let trace = match settings.trace() {
+        true => Some(Trace::start(libc::STDERR_FILENO).map_err(|e| format!("cannot start the trace: {e}"))?),
+        false => None,
+    };
+    let links = join_tree(&addrs, tree, node, &secret, &names, &address)?;
     let srun_copy = links.srun.try_clone().map_err(|e| format!("socket: {e}"))?;
 
     let info = JobInfo::new(
@@ -1025,7 +1038,9 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         local_ranks.clone(),
         names.clone(),
     );
-    let mut shell = Shell::new(info, Limits::default()).map_err(|e| format!("cannot serve this step: {e}"))?;
+    let limits = settings.limits();
+    let store_max = limits.kvs_bytes_max;
+    let mut shell = Shell::new(info, limits).map_err(|e| format!("cannot serve this step: {e}"))?;
     shell.set_trace(trace.is_some());
 
     let (notify_r, notify_w) = os::pipe().map_err(|e| format!("pipe: {e}"))?;
@@ -1033,7 +1048,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
     let host_side =
-        SlurmHost::new(place.clone(), names, tree, bounds, links, slurm, trace, notify_r, stopping.clone())?;
+        SlurmHost::new(place.clone(), names, tree, bounds, store_max, links, slurm, trace, notify_r, stopping.clone())?;
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: false };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
@@ -1061,7 +1076,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let shared: &'static Stepd = unsafe { &*stepd };
     STEPD.store(stepd, SeqCst);
     // What srun passed for the stepds only; the tasks get their PMI_* variables.
-    for name in [ENV_SECRET, ENV_MAP, ENV_BOUNDS, ENV_WIDTH] {
+    for name in [ENV_SECRET, ENV_MAP, ENV_OPTIONS] {
         // SAFETY: Slurm's environment array, as the caller promises.
         unsafe { slurm.unsetenv(*env, &cstring(name.into())) };
     }
@@ -1160,6 +1175,8 @@ unsafe fn set_up_task(stepd: &Stepd, info: &TaskInfo, env: *mut *mut *mut c_char
 mod tests {
     use super::*;
     use crate::os::Epoll;
+    use crate::server::Limits;
+    use crate::slurm::client::bounds;
     use crate::slurm::root::{Outcome, Root, Step};
     use std::io::{BufRead, BufReader, Write};
     use std::net::Ipv4Addr;
@@ -1217,8 +1234,10 @@ mod tests {
         let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
         let bounds = bounds(1 << 20, 4 << 20);
+        let store = Limits::default().kvs_bytes_max;
         let host =
-            SlurmHost::new(place, names.clone(), tree, bounds, links, sys::slurm(), None, notify, stopping).unwrap();
+            SlurmHost::new(place, names.clone(), tree, bounds, store, links, sys::slurm(), None, notify, stopping)
+                .unwrap();
         let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
         let shell = Shell::new(info, Limits::default()).unwrap();
         let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into(), spawned: false }).unwrap();

@@ -67,13 +67,29 @@ type HostlistDestroy = unsafe extern "C" fn(*mut c_void);
 type LogFn = unsafe extern "C" fn(*const c_char, ...);
 type StrError = unsafe extern "C" fn(c_int) -> *const c_char;
 /// mpi.conf's parser (`src/common/parse_config.h`, not installed): `transfer_s_p_options(s_p_options_t
-/// **full, s_p_options_t *options, int *full_cnt)`, `int s_p_get_uint32(uint32_t *, const char *key,
-/// const s_p_hashtbl_t *)`, `s_p_hashtbl_t *s_p_hashtbl_create(const s_p_options_t [])` and
-/// `int s_p_parse_pair(s_p_hashtbl_t *, const char *key, const char *value)`.
+/// **full, s_p_options_t *options, int *full_cnt)`, `int s_p_get_string(char **, const char *key,
+/// const s_p_hashtbl_t *)` (an `xstrdup`ed copy), `s_p_hashtbl_t *s_p_hashtbl_create(const s_p_options_t [])`
+/// and `int s_p_parse_pair(s_p_hashtbl_t *, const char *key, const char *value)`.
 type TransferOptions = unsafe extern "C" fn(*mut *mut ConfOption, *const ConfOption, *mut c_int);
-type GetUint32 = unsafe extern "C" fn(*mut u32, *const c_char, *const c_void) -> c_int;
+type GetString = unsafe extern "C" fn(*mut *mut c_char, *const c_char, *const c_void) -> c_int;
 type HashtblCreate = unsafe extern "C" fn(*const ConfOption) -> *mut c_void;
 type ParsePair = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> c_int;
+/// Slurm's allocator (`src/common/xmalloc.h`, `xstring.h`): what Slurm frees must come from it.
+/// `void *slurm_xcalloc(size_t, size_t, bool clear, bool try, const char *file, int line, const char *func)`,
+/// `char *xstrdup(const char *)`, `void slurm_xfree(void **)`.
+type Xcalloc = unsafe extern "C" fn(usize, usize, bool, bool, *const c_char, c_int, *const c_char) -> *mut c_void;
+type Xstrdup = unsafe extern "C" fn(*const c_char) -> *mut c_char;
+type Xfree = unsafe extern "C" fn(*mut *mut c_void);
+/// The list `mpi_p_conf_get_printable` returns (`src/common/list.h`, `read_config.h`): `list_t
+/// *list_create(ListDelF)`, `list_append(list_t *, void *)` (22.05 returns the item, later lines nothing; the
+/// return value is not read, which the x86_64 calling convention makes the same call), and
+/// `destroy_config_key_pair(void *)`, the destructor Slurm's own plugins give such a list.
+type ListCreate = unsafe extern "C" fn(Option<ListDel>) -> *mut c_void;
+type ListAppend = unsafe extern "C" fn(*mut c_void, *mut c_void);
+type ListDel = unsafe extern "C" fn(*mut c_void);
+/// `char *get_extra_conf_path(char *conf_name)` (`src/common/read_config.h`; `const char *` in 26.05): the
+/// path of a file beside slurm.conf, allocated with `xmalloc`.
+type ExtraConfPath = unsafe extern "C" fn(*const c_char) -> *mut c_char;
 /// `int slurm_conf_get_addr(const char *node_name, slurm_addr_t *address, uint16_t flags)`; `slurm_addr_t` is
 /// a `struct sockaddr_storage`.
 type ConfGetAddr = unsafe extern "C" fn(*const c_char, *mut libc::sockaddr_storage, u16) -> c_int;
@@ -93,13 +109,28 @@ pub struct Slurm {
     strerror: Option<StrError>,
     conf_get_addr: Option<ConfGetAddr>,
     transfer_options: Option<TransferOptions>,
-    get_uint32: Option<GetUint32>,
+    get_string: Option<GetString>,
     hashtbl_create: Option<HashtblCreate>,
     parse_pair: Option<ParsePair>,
+    xcalloc: Option<Xcalloc>,
+    xstrdup: Option<Xstrdup>,
+    xfree: Option<Xfree>,
+    list_create: Option<ListCreate>,
+    list_append: Option<ListAppend>,
+    destroy_key_pair: Option<ListDel>,
+    extra_conf_path: Option<ExtraConfPath>,
 }
 
-/// `S_P_UINT32` of `slurm_parser_enum_t` (the same in every supported line).
-pub const S_P_UINT32: c_int = 4;
+/// `S_P_STRING` of `slurm_parser_enum_t` (the same in every supported line).
+pub const S_P_STRING: c_int = 1;
+
+/// `config_key_pair_t` (`src/common/read_config.h`, the same in every supported line): one line of
+/// `scontrol show config`.
+#[repr(C)]
+struct KeyPair {
+    name: *mut c_char,
+    value: *mut c_char,
+}
 
 fn lookup(name: &CStr) -> *mut c_void {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the process's global scope.
@@ -132,9 +163,16 @@ pub fn slurm() -> &'static Slurm {
         strerror: find!(c"slurm_strerror"),
         conf_get_addr: find!(c"slurm_conf_get_addr"),
         transfer_options: find!(c"transfer_s_p_options"),
-        get_uint32: find!(c"s_p_get_uint32"),
+        get_string: find!(c"s_p_get_string"),
         hashtbl_create: find!(c"s_p_hashtbl_create"),
         parse_pair: find!(c"s_p_parse_pair"),
+        xcalloc: find!(c"slurm_xcalloc"),
+        xstrdup: find!(c"slurm_xstrdup"),
+        xfree: find!(c"slurm_xfree"),
+        list_create: find!(c"slurm_list_create"),
+        list_append: find!(c"slurm_list_append"),
+        destroy_key_pair: find!(c"slurm_destroy_config_key_pair"),
+        extra_conf_path: find!(c"slurm_get_extra_conf_path"),
     })
 }
 
@@ -223,34 +261,92 @@ impl Slurm {
         }
     }
 
-    /// The value of `key` (an `S_P_UINT32` option) in an mpi.conf table, if it has one.
+    /// The value of `key` (an `S_P_STRING` option) in an mpi.conf table, if it has one.
     ///
     /// # Safety
     /// `table` is NULL or an `s_p_hashtbl_t` Slurm handed to `mpi_p_conf_set`.
-    pub unsafe fn conf_uint32(&self, table: *const c_void, key: &CStr) -> Option<u32> {
-        let f = self.get_uint32?;
-        let mut value = 0u32;
-        // SAFETY: Slurm's function on its table, a NUL-terminated key and a live u32.
-        (!table.is_null() && unsafe { f(&mut value, key.as_ptr(), table) } == 1).then_some(value)
+    pub unsafe fn conf_string(&self, table: *const c_void, key: &CStr) -> Option<String> {
+        let (Some(get), Some(xfree)) = (self.get_string, self.xfree) else { return None };
+        let mut copy: *mut c_char = std::ptr::null_mut();
+        // SAFETY: Slurm's function on its table, a NUL-terminated key and a live pointer it sets to a copy.
+        if table.is_null() || unsafe { get(&mut copy, key.as_ptr(), table) } != 1 || copy.is_null() {
+            return None;
+        }
+        // SAFETY: Slurm's NUL-terminated copy, read then freed with Slurm's own free, once.
+        unsafe {
+            let value = CStr::from_ptr(copy).to_string_lossy().into_owned();
+            xfree((&mut copy as *mut *mut c_char).cast());
+            Some(value)
+        }
     }
 
-    /// A new mpi.conf table of `options` holding `key=value`, for `mpi_p_conf_get` (Slurm frees it); NULL
-    /// without Slurm's parser.
+    /// A new mpi.conf table of `options` holding each `key=value` of `pairs`, for `mpi_p_conf_get` (Slurm
+    /// frees it); NULL without Slurm's parser.
     ///
     /// # Safety
     /// `options` ends with a NULL key and lives for the call.
-    pub unsafe fn conf_table(&self, options: *const ConfOption, key: &CStr, value: &CStr) -> *mut c_void {
+    pub unsafe fn conf_table(&self, options: *const ConfOption, pairs: &[(&CStr, CString)]) -> *mut c_void {
         let (Some(create), Some(parse)) = (self.hashtbl_create, self.parse_pair) else {
             return std::ptr::null_mut();
         };
-        // SAFETY: Slurm's functions: a table made from our options, and a NUL-terminated pair.
+        // SAFETY: Slurm's functions: a table made from our options, and NUL-terminated pairs.
         unsafe {
             let table = create(options);
             if !table.is_null() {
-                parse(table, key.as_ptr(), value.as_ptr());
+                for (key, value) in pairs {
+                    parse(table, key.as_ptr(), value.as_ptr());
+                }
             }
             table
         }
+    }
+
+    /// A list of `name = value` lines as `mpi_p_conf_get_printable` returns it (Slurm frees it, each line
+    /// with `destroy_config_key_pair`); NULL without Slurm's list and allocator.
+    pub fn key_pairs(&self, pairs: &[(String, String)]) -> *mut c_void {
+        let (Some(create), Some(append), Some(destroy), Some(xcalloc), Some(xstrdup)) =
+            (self.list_create, self.list_append, self.destroy_key_pair, self.xcalloc, self.xstrdup)
+        else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: Slurm's list and allocator: each pair is allocated as Slurm's own plugins allocate theirs,
+        // with strings Slurm copies from NUL-terminated ones, so that Slurm's destructor frees it.
+        unsafe {
+            let list = create(Some(destroy));
+            if list.is_null() {
+                return list;
+            }
+            for (name, value) in pairs {
+                let size = std::mem::size_of::<KeyPair>();
+                let pair = xcalloc(1, size, true, false, c"rpmi".as_ptr(), 0, c"key_pairs".as_ptr()).cast::<KeyPair>();
+                let (name, value) = (c_text(name), c_text(value));
+                (*pair).name = xstrdup(name.as_ptr());
+                (*pair).value = xstrdup(value.as_ptr());
+                append(list, pair.cast());
+            }
+            list
+        }
+    }
+
+    /// The text (its first MiB) of the file `name` beside slurm.conf, if this process has Slurm's
+    /// configuration and the file is there.
+    pub fn extra_conf(&self, name: &CStr) -> Option<String> {
+        use std::io::Read;
+        let (f, xfree) = (self.extra_conf_path?, self.xfree?);
+        // SAFETY: Slurm's function with a NUL-terminated name, which it only reads.
+        let mut p = unsafe { f(name.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: Slurm's NUL-terminated path, copied then freed with Slurm's own free, once.
+        let path = unsafe {
+            let path = CStr::from_ptr(p).to_string_lossy().into_owned();
+            xfree((&mut p as *mut *mut c_char).cast());
+            path
+        };
+        let mut text = String::new();
+        std::fs::File::open(path).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
+        Some(text)
     }
 
     /// The address slurm.conf gives node `name` (its `NodeAddr`), if this process has Slurm's configuration.
