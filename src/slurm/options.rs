@@ -173,7 +173,7 @@ pub const OPTIONS: [Opt; 9] = [
 ];
 
 impl Id {
-    pub const ALL: [Id; 9] = [
+    pub const ALL: [Id; OPTIONS.len()] = [
         Id::KvsnameMax,
         Id::KeylenMax,
         Id::VallenMax,
@@ -212,7 +212,7 @@ fn parse(opt: &Opt, name: &str, text: &str) -> Result<u64, String> {
 
 /// The options a job set, each at most once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Job([Option<u64>; 9]);
+pub struct Job([Option<u64>; OPTIONS.len()]);
 
 impl Job {
     /// The job's options in srun's environment (`vars`): every `SLURM_RPMI_*` variable must be an option with
@@ -282,10 +282,10 @@ fn known() -> String {
 /// mpi.conf's options, as the site wrote them (unchecked: a value that is not one refuses every step, see
 /// [`resolve`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Site([Option<String>; 9]);
+pub struct Site([Option<String>; OPTIONS.len()]);
 
 impl Site {
-    pub const EMPTY: Site = Site([const { None }; 9]);
+    pub const EMPTY: Site = Site([const { None }; OPTIONS.len()]);
 
     pub fn set(&mut self, id: Id, text: String) {
         self.0[id as usize] = Some(text);
@@ -362,9 +362,9 @@ pub fn misnamed() -> String {
 /// The options a step runs with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    values: [u64; 9],
+    values: [u64; OPTIONS.len()],
     /// Which values are the site's ceiling (the job did not set them, and the site's is below the default).
-    site_ceiling: [bool; 9],
+    site_ceiling: [bool; OPTIONS.len()],
 }
 
 /// The options a step runs with: the job's (`job`; `pmi_debug`, the job's `PMI_DEBUG`), else the site's,
@@ -374,7 +374,7 @@ pub fn resolve(site: &Site, job: &Job, pmi_debug: Option<&str>) -> Result<Settin
     if let Some(fault) = site.faults().into_iter().next() {
         return Err(format!("{fault}; mpi/rpmi refuses every step until the site mends it"));
     }
-    let mut s = Settings { values: [0; 9], site_ceiling: [false; 9] };
+    let mut s = Settings { values: [0; OPTIONS.len()], site_ceiling: [false; OPTIONS.len()] };
     for id in Id::ALL {
         let opt = id.opt();
         let asked = match id {
