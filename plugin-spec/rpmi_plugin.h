@@ -6,7 +6,8 @@
  *
  * Rules that hold everywhere:
  *  - Both tables (rpmi_host_ops, rpmi_plugin) begin with struct_size and abi_version. Fields are only ever
- *    appended; a reader checks struct_size before reading a field. A NULL callback means "not supported".
+ *    appended (each revision below appends to the one before); a reader checks struct_size before reading a
+ *    field. A NULL callback means "not supported".
  *  - Arguments are borrowed for the duration of a call. Anything handed back for later use says how long it
  *    lives. No variadic functions, no format strings: text is (pointer, length) or NUL-terminated as stated.
  *  - Every fd the plugin creates is close-on-exec; only a task's own PMI_FD survives its exec.
@@ -23,9 +24,18 @@
 extern "C" {
 #endif
 
-/* The ABI version this header describes. A host and a plugin work together when their versions are equal;
- * an incompatible change bumps it (appending a field does not). */
+/* The ABI version: a host and a plugin work together when their versions are equal. Only an incompatible
+ * change would raise it; appending does not, so it stays 1 and a host built against any revision of this
+ * header keeps working with every later plugin. */
 #define RPMI_ABI_VERSION 1
+
+/* The revision of ABI version 1 this header describes. Each revision only appends fields and constants:
+ *  1: the first.
+ *  2: dynamic processes: per-rank appnums (MPMD launch, a spawn of several commands) and preputs in
+ *     rpmi_job_info; rpmi_plugin.abi_revision.
+ * A plugin serves hosts of every revision up to its own; a host that needs revision R checks
+ * rpmi_plugin.abi_revision >= R (a plugin of revision 1 has no such field: see struct_size). */
+#define RPMI_ABI_REVISION 2
 
 /* Return codes of the plugin's functions and of the host's callbacks. */
 #define RPMI_OK 0
@@ -57,6 +67,12 @@ typedef struct rpmi_buf {
     size_t len;
 } rpmi_buf;
 
+/* A key and its value, both NUL-terminated. */
+typedef struct rpmi_keyval {
+    const char *key;
+    const char *value;
+} rpmi_keyval;
+
 /* What the host knows about the job, given to create(). Borrowed for the call; the plugin copies it. */
 typedef struct rpmi_job_info {
     uint32_t struct_size; /* sizeof(rpmi_job_info) as the host compiled it; at least ABI version 1's */
@@ -76,6 +92,16 @@ typedef struct rpmi_job_info {
     int32_t appnum;               /* PMI_Get_appnum: 0 for the job's first (or only) application */
     uint32_t universe_size;       /* PMI_Get_universe_size; 0 means size */
     uint32_t spawned;             /* non-zero: the job was created by PMI_Spawn_multiple (sets PMI_SPAWNED=1) */
+    /* Revision 2. A host of revision 1 passes a struct_size that ends here. */
+    /* NULL, or size entries: the appnum of every rank, which PMI_Get_appnum answers instead of `appnum` (an
+     * MPMD launch, or a spawn of several commands: each command's ranks have its index). Same on every
+     * shell. */
+    const int32_t *appnums;
+    /* preput_count pairs in the job's key-value space before any task runs, readable by every rank and put
+     * by none (PMI_Spawn_multiple's preputs: the spawner's, for the job it spawns). Keys and values follow
+     * the same rules and limits as a task's put. Same on every shell. */
+    const rpmi_keyval *preputs;
+    uint32_t preput_count;
 } rpmi_job_info;
 
 /* What task_init gives the host for one task. Owned by the instance; valid until task_forked or
@@ -126,14 +152,18 @@ typedef struct rpmi_host_ops {
     int (*watch_fd)(void *host_data, rpmi_instance *instance, int fd);
 
     /* Optional name service and spawn. Each starts a request for local task `task` and returns RPMI_OK, then
-     * the host answers once with rpmi_plugin.service_complete, from any thread. Another return code fails
-     * the request now. NULL: the task gets a failure reply. */
+     * the host answers once with rpmi_plugin.service_complete, from any thread, even before returning (a
+     * failure status with a message is how a host refuses with words of its own: a spawn it cannot place,
+     * say). Another return code fails the request now with a generic message. NULL: the task gets a failure
+     * reply. */
     int (*publish)(void *host_data, rpmi_instance *instance, uint32_t task, const char *service,
                    const char *port);
     int (*unpublish)(void *host_data, rpmi_instance *instance, uint32_t task, const char *service);
     int (*lookup)(void *host_data, rpmi_instance *instance, uint32_t task, const char *service);
     /* The whole spawn request as a JSON object: {"commands": [{"nprocs": N, "execname": "...",
-     * "args": [...], "preputs": [["k","v"]...], "infos": [["k","v"]...]}...]} (len bytes, no NUL). */
+     * "args": [...], "preputs": [["k","v"]...], "infos": [["k","v"]...]}...]} (len bytes, no NUL). The new
+     * job's instances get the preputs (rpmi_job_info.preputs), spawned = 1, and each command's index as its
+     * ranks' appnum (plugin-spec/README.md, section 8, also says how the jobs' ends are tied). */
     int (*spawn)(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len);
 } rpmi_host_ops;
 
@@ -175,7 +205,9 @@ typedef struct rpmi_plugin {
 
     /* The answer to a publish/unpublish/lookup/spawn request of `task`. status RPMI_OK: `result` is NULL for
      * publish and unpublish, the port for lookup, and for spawn a comma-separated list of one error code per
-     * process. Otherwise `result` is the failure's message (may be NULL). Any thread. */
+     * process asked for, in the order of the commands, 0 for a process started (any other value: not
+     * started; the task sees it as it is). Otherwise `result` is the failure's message (may be NULL). Any
+     * thread, even inside the request's own callback. */
     int (*service_complete)(rpmi_instance *instance, uint32_t task, int status, const char *result);
 
     /* Stop serving and free the instance: serves what the tasks wrote before they left (on the progress
@@ -183,6 +215,10 @@ typedef struct rpmi_plugin {
      * other call on the instance may run concurrently with it or follow it, completions included; since
      * callbacks run meanwhile, the host must not hold a lock its callbacks take while calling it. */
     void (*destroy)(rpmi_instance *instance);
+
+    /* Revision 2. The revision of ABI version 1 the plugin serves (RPMI_ABI_REVISION as it was compiled);
+     * a table whose struct_size ends before this field is revision 1. */
+    uint32_t abi_revision;
 } rpmi_plugin;
 
 /* The one symbol a host looks up: the plugin table, static for the life of the library. */

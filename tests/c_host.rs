@@ -129,8 +129,13 @@ fn compile(compiler: &str, args: &[&str], source: &Path, out: &Path, libs: &[&st
 
 /// Builds `tests/c_host/host.c` into `dir` with the flags the header promises suffice.
 fn build_host(dir: &TempDir) -> PathBuf {
+    build_host_with(dir, "plugin-spec")
+}
+
+/// Builds `tests/c_host/host.c` against the header in `include` (relative to the repository).
+fn build_host_with(dir: &TempDir, include: &str) -> PathBuf {
     let root = manifest_dir();
-    let include = root.join("plugin-spec");
+    let include = root.join(include);
     let out = dir.path("host");
     compile(
         "cc",
@@ -196,6 +201,21 @@ fn mpi_abort_ends_the_job(name: &str, mode: &[&str]) {
     assert!(r.stderr.contains("host: rank 1 called PMI_Abort with exit code 7"), "the abort was not reported\n{r}");
     assert!(!r.stdout.contains("mpi_pairs: 4 ranks"), "the job ran to its end despite the abort\n{r}");
     assert_callback_threads(&r, mode);
+}
+
+/// A host built against revision 1 of the header (before dynamic processes) keeps working unchanged with
+/// this plugin: its shorter `rpmi_job_info`, and a table it checks for version 1 only.
+#[test]
+fn a_host_of_abi_revision_1_runs_mpi_jobs() {
+    let dir = TempDir::new("revision-1");
+    let (host, program) = (build_host_with(&dir, "tests/c_host/abi-revision-1"), build_mpi_pairs(&dir));
+    for mode in [&[][..], &["--event-loop"][..]] {
+        let r = host_run(&host, &[mode, &["-n", "4", "--nodes", "2"]].concat(), &program, &[]);
+        assert_eq!(r.code(), 0, "the MPI job failed\n{r}");
+        assert!(r.stdout.contains("mpi_pairs: 4 ranks, allreduce 10, all pairs exchanged"), "no summary line\n{r}");
+    }
+    let r = host_run(&host, &["-n", "2"], &program, &["abort=1:7"]);
+    assert_eq!(r.code(), 7, "the job did not exit with the abort's code\n{r}");
 }
 
 #[test]

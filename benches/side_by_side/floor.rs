@@ -94,7 +94,7 @@ impl Floor {
         match command {
             "cmd=init" => self.out.extend_from_slice(b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n"),
             "cmd=get_maxes" => {
-                self.out.extend_from_slice(b"cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024\n")
+                self.out.extend_from_slice(b"cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=866\n")
             }
             "cmd=get_my_kvsname" => self.out.extend_from_slice(b"cmd=my_kvsname rc=0 kvsname=floor\n"),
             "cmd=get_universe_size" => {

@@ -156,10 +156,55 @@ pub fn spawn_json(spawn: &SpawnRequest) -> String {
     json!({ "commands": commands }).to_string()
 }
 
+/// Reads a spawn request back from the JSON of `rpmi_host_ops.spawn` (for a host that passes it on before
+/// acting on it, as rpmi-run does between its processes). `Err` says what is wrong with it.
+pub fn spawn_request(json: &[u8]) -> Result<SpawnRequest, String> {
+    use crate::wire::SpawnCommand;
+    use serde_json::Value;
+    let v: Value = serde_json::from_slice(json).map_err(|e| format!("that is not JSON: {e}"))?;
+    let bad = |what: &str| format!("without a valid '{what}'");
+    let bytes = |v: &Value, what: &str| v.as_str().map(|s| s.as_bytes().to_vec()).ok_or_else(|| bad(what));
+    let pairs = |v: &Value, what: &str| -> Result<crate::wire::Pairs, String> {
+        let list = v.as_array().ok_or_else(|| bad(what))?;
+        list.iter().map(|pair| Ok((bytes(&pair[0], what)?, bytes(&pair[1], what)?))).collect()
+    };
+    let mut commands = Vec::new();
+    for c in v["commands"].as_array().ok_or_else(|| bad("commands"))? {
+        let args = c["args"].as_array().ok_or_else(|| bad("args"))?;
+        commands.push(SpawnCommand {
+            nprocs: c["nprocs"].as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad("nprocs"))?,
+            execname: bytes(&c["execname"], "execname")?,
+            args: args.iter().map(|a| bytes(a, "args")).collect::<Result<_, _>>()?,
+            preputs: pairs(&c["preputs"], "preputs")?,
+            infos: pairs(&c["infos"], "infos")?,
+        });
+    }
+    Ok(SpawnRequest { commands })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::wire::SpawnCommand;
+
+    #[test]
+    fn a_spawn_request_reads_back_from_its_json() {
+        let req = SpawnRequest {
+            commands: vec![
+                SpawnCommand {
+                    nprocs: 3,
+                    execname: b"/bin/x y".to_vec(),
+                    args: vec![b"a b".to_vec(), b"\"q\"".to_vec()],
+                    preputs: vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"tag#0$x$".to_vec())],
+                    infos: vec![(b"wdir".to_vec(), b"/tmp".to_vec())],
+                },
+                SpawnCommand { nprocs: 1, execname: b"b".to_vec(), ..Default::default() },
+            ],
+        };
+        assert_eq!(spawn_request(spawn_json(&req).as_bytes()), Ok(req));
+        assert!(spawn_request(br#"{"commands":[{"args":[],"nprocs":-1}]}"#).unwrap_err().contains("nprocs"));
+        assert!(spawn_request(b"[").is_err());
+    }
 
     #[test]
     fn spawn_request_as_json() {

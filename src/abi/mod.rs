@@ -8,7 +8,7 @@ mod c_host;
 mod options;
 pub mod root;
 
-pub use c_host::spawn_json;
+pub use c_host::{spawn_json, spawn_request};
 pub use options::Options;
 
 use crate::driver::Event;
@@ -45,6 +45,7 @@ static PLUGIN: Table = Table(rpmi_plugin {
     collective_complete: Some(collective_complete),
     service_complete: Some(service_complete),
     destroy: Some(destroy),
+    abi_revision: ffi::RPMI_ABI_REVISION as u32,
 });
 
 /// The one symbol a host looks up (`dlsym(lib, "rpmi_plugin_entry")`).
@@ -142,10 +143,23 @@ fn code(inst: *mut rpmi_instance, r: Result<(), Failure>) -> c_int {
     }
 }
 
+/// The size of revision 1's `rpmi_job_info`: a host built against it passes no more.
+const JOB_INFO_REVISION_1: usize = std::mem::offset_of!(rpmi_job_info, appnums);
+/// At most this many preputs in one job (a spawn's request is bounded by `spawn_bytes_max` already).
+const PREPUTS_MAX: u32 = 4096;
+
 /// # Safety
-/// `job` is at least as long as this version's `rpmi_job_info` (the caller checks its struct_size), its
-/// pointers as `rpmi_job_info` documents.
-unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, bool), Failure> {
+/// `job` points to the host's `rpmi_job_info` of `job_size` bytes, at least revision 1's (the caller checks),
+/// its pointers as `rpmi_job_info` documents. Nothing beyond `job_size` is read.
+unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInfo, Options, String, bool), Failure> {
+    // Revision 2's fields are read only when the host's struct reaches them; else they stay NULL and 0.
+    // SAFETY: all zeroes is a valid rpmi_job_info (integers and NULL pointers); the copy takes the host's
+    // job_size bytes, which it has, and no more than ours.
+    let mut copy: rpmi_job_info = unsafe { std::mem::zeroed() };
+    let n = job_size.min(std::mem::size_of::<rpmi_job_info>());
+    // SAFETY: n bytes are readable at `job` (the caller's contract) and fit in `copy`.
+    unsafe { std::ptr::copy_nonoverlapping(job.cast::<u8>(), (&mut copy as *mut rpmi_job_info).cast::<u8>(), n) };
+    let job = &copy;
     let invalid = |m: String| fail(ffi::RPMI_ERR_INVALID, m);
     if job.job_id.is_null() {
         return invalid("job_id is NULL".into());
@@ -207,12 +221,45 @@ unsafe fn read_job(job: &rpmi_job_info) -> Result<(JobInfo, Options, String, boo
         Some(unsafe { CStr::from_ptr(job.options_json) }.to_string_lossy().into_owned())
     };
     let options = Options::parse(options_json.as_deref()).or_else(|m| fail(ffi::RPMI_ERR_OPTION, m))?;
+    let appnums = if job.appnums.is_null() {
+        vec![job.appnum; local_ranks.len()]
+    } else {
+        // SAFETY: not NULL (checked above), and `size` entries, as rpmi_job_info documents.
+        let all = unsafe { std::slice::from_raw_parts(job.appnums, job.size as usize) };
+        local_ranks.iter().map(|&r| all[r as usize]).collect()
+    };
+    // SAFETY: the preputs as rpmi_job_info documents them.
+    let preputs = unsafe { read_preputs(job) }?;
     let mut info = JobInfo::new(format!("rpmi_{job_id}"), TaskMap::new(task_map), local_ranks, hostnames);
     if job.universe_size != 0 {
         info.universe_size = job.universe_size;
     }
-    info.appnum = job.appnum;
+    info.appnums = appnums;
+    info.preputs = preputs;
     Ok((info, options, job_id, job.spawned != 0))
+}
+
+/// # Safety
+/// `job.preputs` is NULL or points to `job.preput_count` pairs of NUL-terminated strings.
+unsafe fn read_preputs(job: &rpmi_job_info) -> Result<crate::wire::Pairs, Failure> {
+    if job.preput_count == 0 {
+        return Ok(Vec::new());
+    }
+    if job.preputs.is_null() || job.preput_count > PREPUTS_MAX {
+        return fail(ffi::RPMI_ERR_INVALID, format!("{} preputs at {:?}", job.preput_count, job.preputs));
+    }
+    // SAFETY: not NULL (checked above) with preput_count entries (the caller's contract).
+    let pairs = unsafe { std::slice::from_raw_parts(job.preputs, job.preput_count as usize) };
+    let mut preputs = Vec::with_capacity(pairs.len());
+    for (i, pair) in pairs.iter().enumerate() {
+        if pair.key.is_null() || pair.value.is_null() {
+            return fail(ffi::RPMI_ERR_INVALID, format!("preput {i} has a NULL key or value"));
+        }
+        // SAFETY: not NULL (checked above), and NUL-terminated (the caller's contract).
+        let (key, value) = unsafe { (CStr::from_ptr(pair.key), CStr::from_ptr(pair.value)) };
+        preputs.push((key.to_bytes().to_vec(), value.to_bytes().to_vec()));
+    }
+    Ok(preputs)
 }
 
 impl Instance {
@@ -254,13 +301,11 @@ impl Instance {
         // SAFETY: the caller's contract: `job` is the host's rpmi_job_info, valid for the call; struct_size
         // is its first field.
         let job_size = unsafe { std::ptr::addr_of!((*job).struct_size).read() } as usize;
-        if job_size < std::mem::size_of::<rpmi_job_info>() {
+        if job_size < JOB_INFO_REVISION_1 {
             return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_job_info of {job_size} bytes is too short"));
         }
-        // SAFETY: as above, and at least as long as our rpmi_job_info (checked).
-        let job = unsafe { &*job };
-        // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents.
-        let (info, options, job_id, spawned) = unsafe { read_job(job) }?;
+        // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents; its size is checked.
+        let (info, options, job_id, spawned) = unsafe { read_job(job, job_size) }?;
         let n = info.local_ranks.len();
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);

@@ -27,15 +27,20 @@ pub struct JobInfo {
     pub hostnames: Vec<String>,
     /// `get_universe_size`: usually the job size.
     pub universe_size: u32,
-    /// `get_appnum`: 0 for the first (or only) application of a job.
-    pub appnum: i32,
+    /// `get_appnum` of each local task, indexed by [`TaskId`]: the index of its command in an MPMD launch
+    /// or a spawn of several commands, else 0.
+    pub appnums: Vec<i32>,
+    /// Keys in the job's key-value space before any task runs, put by no rank: the preputs of the spawn
+    /// that started the job.
+    pub preputs: crate::wire::Pairs,
 }
 
 impl JobInfo {
     /// Job information for a job of `task_map.size()` ranks, of which this shell runs `local_ranks`.
     pub fn new(kvsname: impl Into<String>, task_map: TaskMap, local_ranks: Vec<u32>, hostnames: Vec<String>) -> Self {
         let universe_size = u32::try_from(task_map.size()).unwrap_or(u32::MAX);
-        JobInfo { kvsname: kvsname.into(), task_map, local_ranks, hostnames, universe_size, appnum: 0 }
+        let appnums = vec![0; local_ranks.len()];
+        JobInfo { kvsname: kvsname.into(), task_map, local_ranks, hostnames, universe_size, appnums, preputs: vec![] }
     }
 
     fn validate(&self, limits: &Limits) -> Result<(), ShellError> {
@@ -58,6 +63,9 @@ impl JobInfo {
                 Some(true) => return bad(format!("local rank {r} is given twice")),
                 Some(s) => *s = true,
             }
+        }
+        if self.appnums.len() != self.local_ranks.len() {
+            return bad(format!("{} appnums for {} local tasks", self.appnums.len(), self.local_ranks.len()));
         }
         if self.hostnames.len() < self.task_map.node_count() {
             return bad(format!(

@@ -148,6 +148,14 @@ impl Shell {
             kvs.put(kvs::SERVER, PROCESS_MAPPING_KEY.as_bytes(), mapping.as_bytes())
                 .map_err(|e| ShellError(format!("cannot store {PROCESS_MAPPING_KEY}: {e}")))?;
         }
+        for (key, value) in &job.preputs {
+            let stored = check_key(&limits, key)
+                .and_then(|()| check_value(&limits, value))
+                .and_then(|()| kvs.put(kvs::SERVER, key, value).map_err(|e| (0, e.to_string())));
+            if let Err((_, why)) = stored {
+                return Err(ShellError(format!("preput '{}': {why}", super::excerpt(key))));
+            }
+        }
         let owed = OwedAnswers::new(job.local_ranks.len());
         let clients = job
             .local_ranks
@@ -529,7 +537,7 @@ impl Shell {
             }
             Request::GetMaxes => {
                 let l = &self.limits;
-                let (n, k, v) = (l.kvsname_max, l.keylen_max, l.vallen_max);
+                let (n, k, v) = (l.kvsname_max, l.keylen_max, l.vallen_advertised());
                 self.respond(host, task, |out| {
                     Line::new(out, "maxes", rc::SUCCESS)
                         .int("kvsname_max", n.into())
@@ -545,7 +553,7 @@ impl Shell {
                 });
             }
             Request::GetAppnum => {
-                let appnum = self.job.appnum;
+                let appnum = self.job.appnums[task];
                 self.respond(host, task, |out| {
                     Line::new(out, "appnum", rc::SUCCESS).int("appnum", appnum.into()).finish()
                 });
@@ -629,13 +637,7 @@ impl Shell {
     fn put(&mut self, rank: u32, kvsname: &[u8], key: &[u8], value: &[u8]) -> Result<(), (i32, String)> {
         check_name(&self.job, kvsname)?;
         check_key(&self.limits, key)?;
-        if value.is_empty() {
-            // An empty value could only be returned as an empty `value=` token, which clients reject.
-            return Err((rc::ERR_INVALID_VAL, "empty value".into()));
-        }
-        if value.len() > self.limits.value_max() {
-            return Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {}", self.limits.value_max())));
-        }
+        check_value(&self.limits, value)?;
         // Rewrites by the key's owner are all sent at the barrier: the puts on their way are bounded with
         // the store, not by it.
         let pending = self.pending_charge(kvs::encoded_len(rank, key, value));
@@ -816,6 +818,20 @@ fn check_key(limits: &Limits, key: &[u8]) -> Result<(), (i32, String)> {
         Err((rc::ERR_INVALID_KEY, "invalid key".into()))
     } else if key.len() > limits.key_max() {
         Err((rc::ERR_INVALID_KEY_LENGTH, format!("key longer than {}", limits.key_max())))
+    } else {
+        Ok(())
+    }
+}
+
+/// A value a get can return: not empty (an empty `value=` token is rejected by clients), within the limit,
+/// and on one line (a task's put cannot hold a line break; a host's preput is checked here).
+fn check_value(limits: &Limits, value: &[u8]) -> Result<(), (i32, String)> {
+    if value.is_empty() {
+        Err((rc::ERR_INVALID_VAL, "empty value".into()))
+    } else if value.len() > limits.value_max() {
+        Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {}", limits.value_max())))
+    } else if value.contains(&b'\n') {
+        Err((rc::ERR_INVALID_VAL, "a line break in the value".into()))
     } else {
         Ok(())
     }

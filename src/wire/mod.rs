@@ -6,4 +6,4 @@ pub mod response;
 pub mod spawn;
 
 pub use request::{parse, ParseError, Request};
-pub use spawn::{SpawnBuilder, SpawnCommand, SpawnRequest};
+pub use spawn::{Pairs, SpawnBuilder, SpawnCommand, SpawnRequest};

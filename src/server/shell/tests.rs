@@ -106,7 +106,7 @@ fn information_commands() {
     // A client from before PMI 1.1 sends no init: it is served all the same.
     assert_eq!(
         send(&mut s, &mut h, 0, "cmd=get_maxes\n"),
-        "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024\n"
+        "cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=866\n"
     );
     assert_eq!(send(&mut s, &mut h, 0, "cmd=get_universe_size\n"), "cmd=universe_size rc=0 size=4\n");
     assert_eq!(send(&mut s, &mut h, 1, "cmd=get_appnum\n"), "cmd=appnum rc=0 appnum=0\n");
@@ -477,7 +477,7 @@ fn lines_split_and_joined_arbitrarily() {
     assert_eq!(
         drain(&mut s, 0),
         "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n\
-         cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=1024\ncmd=appnum rc=0 appnum=0\n"
+         cmd=maxes rc=0 kvsname_max=64 keylen_max=64 vallen_max=866\ncmd=appnum rc=0 appnum=0\n"
     );
 }
 
@@ -577,6 +577,43 @@ fn inconsistent_job_info_is_refused() {
         let err = Shell::new(job, Limits::default()).err().expect(why);
         assert!(err.to_string().contains(why), "{err} lacks {why}");
     }
+}
+
+/// A spawned job's preputs are in every shell's store before any task runs, put by no rank; each task
+/// reads its own appnum.
+#[test]
+fn preputs_and_appnums_of_a_spawned_job() {
+    let map = TaskMap::block(&[3]);
+    let mut job = JobInfo::new("kvs_9", map, vec![0, 1, 2], vec!["h".into()]);
+    job.appnums = vec![0, 1, 1];
+    job.preputs = vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"tag#0$port 1$".to_vec())];
+    let mut s = Shell::new(job, Limits::default()).unwrap();
+    let mut h = Recorder::default();
+    let get = "cmd=get kvsname=kvs_9 key=PARENT_ROOT_PORT_NAME\n";
+    assert_eq!(send(&mut s, &mut h, 2, get), "cmd=get_result rc=0 value=tag#0$port 1$\n");
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=get_appnum\n"), "cmd=appnum rc=0 appnum=0\n");
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=get_appnum\n"), "cmd=appnum rc=0 appnum=1\n");
+    let put = "cmd=put kvsname=kvs_9 key=PARENT_ROOT_PORT_NAME value=mine\n";
+    assert!(send(&mut s, &mut h, 1, put).starts_with("cmd=put_result rc=4 "), "a preput belongs to no rank");
+}
+
+#[test]
+fn preputs_that_a_get_could_not_return_are_refused() {
+    let long = vec![b'v'; Limits::default().value_max() + 1];
+    for (key, value, why) in [
+        (&b"a b"[..], &b"v"[..], "invalid key"),
+        (&b"k"[..], &b""[..], "empty value"),
+        (&b"k"[..], &b"two\nlines"[..], "line break"),
+        (&b"k"[..], &long[..], "value longer than 866"),
+    ] {
+        let mut job = JobInfo::new("k", TaskMap::block(&[1]), vec![0], vec!["h".into()]);
+        job.preputs = vec![(key.to_vec(), value.to_vec())];
+        let err = Shell::new(job, Limits::default()).err().expect(why);
+        assert!(err.to_string().contains(why), "{err} lacks {why}");
+    }
+    let mut job = JobInfo::new("k", TaskMap::block(&[2]), vec![0, 1], vec!["h".into()]);
+    job.appnums = vec![0];
+    assert!(Shell::new(job, Limits::default()).err().expect("appnums").to_string().contains("1 appnums for 2"));
 }
 
 #[test]
