@@ -9,6 +9,7 @@ packages=(
   mpich libmpich-dev          # real MPI clients for the end-to-end tests
   slurm-wlm munge libslurm-dev # the local multi-node Slurm cluster and the srun --mpi=rpmi plugin
   procps psmisc               # pgrep/pkill/killall used by the test scripts to check for leftovers
+  python3-venv                # MPICH 5 from PyPI (below)
 )
 # `install-deps.sh bench`: also what the side-by-side benchmark needs (docker/bench.sh).
 if [[ ${1:-} == bench ]]; then
@@ -25,6 +26,16 @@ done
 if ((${#missing[@]})); then
   apt-get update
   apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# MPICH 5 (`pip install mpich`: mpicc and its Hydra) in a venv of its own, for the tests of dynamic processes:
+# Debian 12's MPICH 4.0.2 (ch4:ucx) refuses MPI_Comm_spawn and MPI_Open_port itself. Pinned: the version the
+# tests were written against.
+mpich5=/opt/rpmi-mpich5
+mpich5_version=5.0.2
+if [[ $("$mpich5/bin/pip" list 2>/dev/null | awk '$1 == "mpich" { print $2 }') != "$mpich5_version" ]]; then
+  /usr/bin/python3 -m venv "$mpich5"
+  "$mpich5/bin/pip" install --quiet "mpich==$mpich5_version"
 fi
 
 # cargo-deb, from crates.io through cargo (Debian 12 has none): the version the packages were made and tested

@@ -124,7 +124,9 @@ impl Branch {
                 let blame = Blame { node, left, message: message.to_string() };
                 return self.drive(host, |s| s.conns[0].open() && s.node.report(&blame.encode()).is_ok());
             }
-            Cause::Failed(_) | Cause::JobError { .. } | Cause::Signal => (ENDING, conn::ending(message)),
+            Cause::Failed(_) | Cause::JobError { .. } | Cause::Signal | Cause::Launch(_) => {
+                (ENDING, conn::ending(message))
+            }
         };
         self.lock().conns[0].send(kind, payload)
     }
@@ -259,7 +261,7 @@ mod tests {
     fn host(branch: Branch) -> Host {
         // SAFETY: a table of null pointers and absent functions is a valid `rpmi_plugin`.
         let table: &'static rpmi_plugin = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
-        Host::new(Plugin { table }, Some(branch), ffi::RPMI_LOG_WARN)
+        Host::new(Plugin { table }, Some(branch), None, ffi::RPMI_LOG_WARN)
     }
 
     fn next(from: &mut UnixStream) -> (u8, Vec<u8>) {

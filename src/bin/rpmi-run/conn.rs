@@ -108,6 +108,11 @@ impl Conn {
         !self.unwritable
     }
 
+    /// Whether frames wait to be written.
+    pub fn sending(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
     /// Writes queued frames until the socket takes no more.
     pub fn flush(&mut self) {
         while let Some((head, payload)) = self.queue.front() {
@@ -262,6 +267,33 @@ impl Blame {
     }
 }
 
+/// Writes a frame on a blocking end (a connection whose other end is a [`Conn`]).
+pub fn write_frame(to: &mut impl Write, kind: u8, payload: &[u8]) -> io::Result<()> {
+    let mut head = [0u8; HEAD];
+    head[0] = kind;
+    head[1..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    to.write_all(&head)?;
+    to.write_all(payload)
+}
+
+/// The next frame on a blocking end, or `None` at the end; a frame longer than `max` is an error.
+pub fn read_frame(from: &mut impl Read, max: usize) -> io::Result<Option<(u8, Vec<u8>)>> {
+    let mut head = [0u8; HEAD];
+    match from.read_exact(&mut head) {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        other => other?,
+    }
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&head[1..]);
+    let len = u64::from_le_bytes(len);
+    if len > max as u64 {
+        return Err(io::Error::other(format!("a frame of {len} bytes, over the {max} taken")));
+    }
+    let mut payload = vec![0; len as usize];
+    from.read_exact(&mut payload)?;
+    Ok(Some((head[0], payload)))
+}
+
 /// What one read gave.
 #[derive(Clone, Copy)]
 enum Got {
@@ -301,18 +333,12 @@ pub mod tests {
 
     /// Writes a frame on a blocking end, as the other side of a connection.
     pub fn write_frame(to: &mut UnixStream, kind: u8, payload: &[u8]) {
-        to.write_all(&[kind]).unwrap();
-        to.write_all(&(payload.len() as u64).to_le_bytes()).unwrap();
-        to.write_all(payload).unwrap();
+        super::write_frame(to, kind, payload).unwrap();
     }
 
     /// The next frame on a blocking end, or `None` at the end.
     pub fn read_frame(from: &mut UnixStream) -> Option<(u8, Vec<u8>)> {
-        let mut head = [0u8; HEAD];
-        from.read_exact(&mut head).ok()?;
-        let mut payload = vec![0; u64::from_le_bytes(head[1..].try_into().unwrap()) as usize];
-        from.read_exact(&mut payload).unwrap();
-        Some((head[0], payload))
+        super::read_frame(from, usize::MAX).unwrap()
     }
 
     #[test]

@@ -9,13 +9,14 @@
 
 use crate::branch::Branch;
 use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, KILL};
+use crate::host::Ended;
 use rpmi::abi::ffi;
 use rpmi::collective::{frame, Bounds, Bytes, Output, Peer, Root, Tree};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Who ended the job first, as the coordinator heard it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -39,6 +40,8 @@ struct Abort {
 #[derive(Default, Debug)]
 struct Outcome {
     first: Option<First>,
+    /// When the coordinator heard of the first (`conn::now`).
+    began: Option<u64>,
     /// The first PMI_Abort, from any node: by when its shell heard of it, not when the coordinator did. A
     /// task's abort can make others fail and abort too (an MPI rank whose peer vanished during MPI_Init),
     /// and their nodes' news can reach the coordinator first.
@@ -61,8 +64,10 @@ pub fn coordinate(
     tree: Tree,
     bounds: Bounds,
     verbosity: i32,
+    spawned_runs: &Arc<Mutex<Vec<libc::pid_t>>>,
+    forked: impl FnOnce(),
     host: impl Fn(usize, Branch) -> i32,
-) -> Result<i32, String> {
+) -> Result<Ended, String> {
     let nodes = cliques.len();
     let mut conns: Vec<Conn> = Vec::with_capacity(nodes);
     let mut pids: Vec<libc::pid_t> = Vec::with_capacity(nodes);
@@ -103,9 +108,11 @@ pub fn coordinate(
         pids.push(pid);
     }
 
+    forked();
+
     // After a signal passed on, the tasks end by it: what follows (a node left an exchange) is no news.
     let signalled = Arc::new(AtomicBool::new(false));
-    let (passed, shells) = (signalled.clone(), pids.clone());
+    let (passed, shells, spawned_runs) = (signalled.clone(), pids.clone(), spawned_runs.clone());
     crate::output::forward_signals(move |sig| {
         say!("got signal {sig}, passing it to every task");
         passed.store(true, Ordering::SeqCst);
@@ -113,6 +120,7 @@ pub fn coordinate(
             // SAFETY: kill on our own children; each shell passes the signal on to its tasks.
             unsafe { libc::kill(pid, sig) };
         }
+        crate::output::signal_each(&spawned_runs, sig);
     });
 
     let mut coordinator = Coordinator::new(tree, bounds, cliques, conns, verbosity, signalled);
@@ -135,12 +143,14 @@ pub fn coordinate(
         };
         statuses.push(code);
     }
-    Ok(match outcome {
-        Outcome { abort: Some(Abort { code, .. }), .. } => code,
-        Outcome { first: Some(First::Node(index)), .. } => statuses[index],
+    let status = match &outcome {
+        Outcome { abort: Some(Abort { code, .. }), .. } => *code,
+        Outcome { first: Some(First::Node(index)), .. } => statuses[*index],
         Outcome { first: Some(First::Collective), .. } => JOB_ERROR_EXIT_CODE,
         Outcome { first: None, .. } => statuses.iter().copied().find(|&code| code != 0).unwrap_or(0),
-    })
+    };
+    let began = outcome.abort.as_ref().map(|a| a.at).into_iter().chain(outcome.began).min();
+    Ok(Ended { status, began })
 }
 
 /// `rank 3`, `ranks 0,2`: a node's ranks, the first few of many.
@@ -290,6 +300,7 @@ impl<'a> Coordinator<'a> {
         };
         if first {
             self.outcome.first = Some(First::Node(index));
+            self.outcome.began.get_or_insert_with(conn::now);
         }
         first
     }
@@ -323,6 +334,7 @@ impl<'a> Coordinator<'a> {
             }
             self.end_job(None, &blame.message);
             self.outcome.first = Some(First::Collective);
+            self.outcome.began.get_or_insert_with(conn::now);
         }
         let gone = blame.node.is_none_or(|n| self.conns.get(n as usize).is_none_or(Conn::ended));
         self.outcome.blamed = Some(blame);

@@ -3,6 +3,7 @@
 
 use crate::branch::Branch;
 use crate::plugin::{call, Plugin};
+use crate::services::{NodeLink, Service};
 use rpmi::abi::ffi::{self, rpmi_buf, rpmi_host_ops, rpmi_instance};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_int, CString};
@@ -26,6 +27,9 @@ pub enum Cause {
     /// This node's machine of the collective found a job error: `node` at fault (`None`: the coordinator),
     /// which (`left`) had said it was done. The tasks rpmi-run then kills did not fail on their own.
     Collective { node: Option<u32>, left: bool },
+    /// Another job of the launch (the one that spawned this job, or one it spawned) ended with this status,
+    /// said by that job's rpmi-run: this one ends with it too (see `services`).
+    Launch(i32),
 }
 
 /// How a node's part of the job ends: the first cause, and the first abort.
@@ -33,6 +37,16 @@ pub enum Cause {
 pub struct Fate {
     cause: Option<Cause>,
     abort: Option<i32>,
+    /// When the first cause was recorded (`conn::now`).
+    began: Option<u64>,
+}
+
+/// How a job (or a node's part of it) ended: its status, and when it began to end, if it was ended (see
+/// `services`: of the jobs of a launch that fail, the one that began to end first gives the status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    pub status: i32,
+    pub began: Option<u64>,
 }
 
 impl Fate {
@@ -42,6 +56,7 @@ impl Fate {
         let first = self.cause.is_none();
         if first {
             self.cause = Some(cause);
+            self.began = Some(crate::conn::now());
         }
         match cause {
             Cause::Abort(code) if self.abort.is_none() => {
@@ -68,7 +83,7 @@ impl Fate {
         };
         match (self.abort, self.cause) {
             (Some(code), _) => code,
-            (None, Some(Cause::Failed(code))) => code,
+            (None, Some(Cause::Failed(code) | Cause::Launch(code))) => code,
             (None, Some(Cause::JobError { rank, lost: true })) => failed(Some(rank)).unwrap_or(JOB_ERROR_EXIT_CODE),
             (None, Some(Cause::JobError { lost: false, .. } | Cause::Collective { .. })) => JOB_ERROR_EXIT_CODE,
             (None, Some(Cause::Signal | Cause::Abort(_)) | None) => failed(None).unwrap_or(0),
@@ -84,6 +99,10 @@ pub struct Host {
     pub instance: OnceLock<usize>,
     /// The way to the other nodes; `None` when this node is the whole job.
     pub branch: Option<Branch>,
+    /// The way to the launch's name service and spawn (see `services`).
+    pub link: Option<NodeLink>,
+    /// Whether the instance still takes answers to its tasks' requests: not once it is being destroyed.
+    serving: Mutex<bool>,
     fate: Mutex<Fate>,
     /// Process ids of the running tasks.
     pub pids: Mutex<Vec<libc::pid_t>>,
@@ -94,11 +113,13 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn new(plugin: Plugin, branch: Option<Branch>, verbosity: i32) -> Host {
+    pub fn new(plugin: Plugin, branch: Option<Branch>, link: Option<NodeLink>, verbosity: i32) -> Host {
         Host {
             plugin,
             instance: OnceLock::new(),
             branch,
+            link,
+            serving: Mutex::new(true),
             fate: Mutex::new(Fate::default()),
             pids: Mutex::new(Vec::new()),
             verbosity,
@@ -120,9 +141,9 @@ impl Host {
         self.fate.lock().is_ok_and(|mut f| f.record(cause))
     }
 
-    /// This node's exit status, from its reaped tasks (see [`Fate::status`]).
-    pub fn status(&self, exits: &[(u32, i32)]) -> i32 {
-        self.fate.lock().map_or(1, |f| f.status(exits))
+    /// How this node's part of the job ended, from its reaped tasks (see [`Fate::status`]).
+    pub fn ended(&self, exits: &[(u32, i32)]) -> Ended {
+        self.fate.lock().map_or(Ended { status: 1, began: None }, |f| Ended { status: f.status(exits), began: f.began })
     }
 
     /// Ends the job for a cause found on this node: its tasks get SIGKILL, and so, through the
@@ -138,6 +159,33 @@ impl Host {
             self.debug(message);
         }
         self.signal_all(libc::SIGKILL);
+    }
+
+    /// Another job of the launch ended with `status` (its rpmi-run said why): this one ends too.
+    pub fn end_by_launch(&self, status: i32) {
+        self.end_job(Cause::Launch(status), "");
+    }
+
+    /// Hands the launcher's answer to task `task`'s request to the plugin, unless the instance is being
+    /// destroyed (no call may follow or overlap destroy).
+    pub fn answer(&self, task: u32, ok: bool, text: &[u8]) {
+        let Ok(serving) = self.serving.lock() else { return };
+        if !*serving {
+            return;
+        }
+        let text: Vec<u8> = text.iter().copied().filter(|&b| b != 0).collect();
+        let text = CString::new(text).unwrap_or_default();
+        // Publish and unpublish succeed with no text: NULL, as the header asks.
+        let result = if ok && text.is_empty() { std::ptr::null() } else { text.as_ptr() };
+        let status = if ok { ffi::RPMI_OK } else { ffi::RPMI_ERR_INVALID };
+        call!(self.plugin, service_complete(self.instance(), task, status, result));
+    }
+
+    /// No more answers reach the instance: it is about to be destroyed.
+    pub fn close_services(&self) {
+        if let Ok(mut serving) = self.serving.lock() {
+            *serving = false;
+        }
     }
 
     /// Ends this node's part of the job: every task gets `signal`, and no more are started.
@@ -172,10 +220,10 @@ impl Host {
             abort: Some(abort),
             log: Some(log),
             watch_fd: if event_loop { Some(watch_fd) } else { None },
-            publish: None,
-            unpublish: None,
-            lookup: None,
-            spawn: None,
+            publish: self.link.as_ref().map(|_| publish as _),
+            unpublish: self.link.as_ref().map(|_| unpublish as _),
+            lookup: self.link.as_ref().map(|_| lookup as _),
+            spawn: self.link.as_ref().map(|_| spawn as _),
         }
     }
 
@@ -274,6 +322,72 @@ unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const st
         // SAFETY: as above.
         say!("{}", unsafe { text(msg, len) });
     }
+}
+
+/// Passes task `task`'s request to the launcher, which answers on the node's link.
+fn request(data: *mut std::ffi::c_void, task: u32, service: Service, text: &[u8]) -> c_int {
+    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    let host = unsafe { host(data) };
+    match &host.link {
+        Some(link) if link.request(task, service, text) => ffi::RPMI_OK,
+        _ => ffi::RPMI_ERR_SYSTEM,
+    }
+}
+
+/// # Safety
+/// `s` is a NUL-terminated string, as the plugin passes services and ports.
+unsafe fn word<'a>(s: *const std::ffi::c_char) -> &'a [u8] {
+    if s.is_null() {
+        return b"";
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ffi::CStr::from_ptr(s) }.to_bytes()
+}
+
+unsafe extern "C" fn publish(
+    data: *mut std::ffi::c_void,
+    _: *mut rpmi_instance,
+    task: u32,
+    service: *const std::ffi::c_char,
+    port: *const std::ffi::c_char,
+) -> c_int {
+    // SAFETY: the plugin's NUL-terminated strings, valid during this call.
+    let text = unsafe { [word(service), b"\0", word(port)].concat() };
+    request(data, task, Service::Publish, &text)
+}
+
+unsafe extern "C" fn unpublish(
+    data: *mut std::ffi::c_void,
+    _: *mut rpmi_instance,
+    task: u32,
+    service: *const std::ffi::c_char,
+) -> c_int {
+    // SAFETY: the plugin's NUL-terminated string, valid during this call.
+    request(data, task, Service::Unpublish, unsafe { word(service) })
+}
+
+unsafe extern "C" fn lookup(
+    data: *mut std::ffi::c_void,
+    _: *mut rpmi_instance,
+    task: u32,
+    service: *const std::ffi::c_char,
+) -> c_int {
+    // SAFETY: the plugin's NUL-terminated string, valid during this call.
+    request(data, task, Service::Lookup, unsafe { word(service) })
+}
+
+unsafe extern "C" fn spawn(
+    data: *mut std::ffi::c_void,
+    _: *mut rpmi_instance,
+    task: u32,
+    json: *const std::ffi::c_char,
+    len: usize,
+) -> c_int {
+    if json.is_null() {
+        return ffi::RPMI_ERR_INVALID;
+    }
+    // SAFETY: not NULL (checked above): the plugin's `len` bytes, valid during this call.
+    request(data, task, Service::Spawn, unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) })
 }
 
 unsafe extern "C" fn watch_fd(data: *mut std::ffi::c_void, _: *mut rpmi_instance, fd: c_int) -> c_int {

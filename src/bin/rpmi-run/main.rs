@@ -10,7 +10,8 @@
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write;
-        let _ = std::io::stderr().write_all(format!("rpmi-run: {}\n", format_args!($($arg)*)).as_bytes());
+        let line = format!("{}: {}\n", crate::who(), format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }};
 }
 
@@ -18,46 +19,52 @@ mod branch;
 mod conn;
 mod coordinator;
 mod host;
+mod launch;
 mod output;
 mod plugin;
+mod services;
 mod shell;
 
+use host::Ended;
+use launch::{App, Job};
 use plugin::Plugin;
 use rpmi::abi::{ffi, Options};
 use rpmi::collective::{Bound, Bounds, Tree};
 use rpmi::server::TaskMap;
+use services::Launch;
 use std::ffi::{CString, OsString};
+use std::os::fd::FromRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::exit;
+use std::sync::{Arc, Mutex, OnceLock};
 
-const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--tree-width K] [--map block|cyclic] [-l] [--trace] \
-[-o KEY=VALUE]... [--event-loop] [--plugin PATH] [--] PROGRAM [ARGS]...
+const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--tree-width K] [--map block|cyclic] [--universe U] [-l] \
+[--trace] [-o KEY=VALUE]... [--event-loop] [--plugin PATH] [--] PROGRAM [ARGS]... [: -n N PROGRAM [ARGS]...]...
 
   -n N              run N tasks (default 1)
   --nodes M         split them over M virtual nodes, one plugin instance each (default 1)
   --tree-width K    the nodes exchange over a tree, each with at most K children (default 4; 1 is a
                     chain, M or more a star around rpmi-run)
   --map block|cyclic  how ranks are dealt to nodes (default block)
+  --universe U      what PMI_Get_universe_size answers (MPI_UNIVERSE_SIZE): how many processes the
+                    job expects to have with those it spawns (default: the job's size)
   -l                prefix every line of output with its rank
   --trace           print every PMI line each task sends (C:) and receives (S:)
   -o KEY=VALUE      a plugin option (see the README), e.g. -o vallen_max=512
   --event-loop      drive the plugin from rpmi-run's own loop instead of its progress thread
-  --plugin PATH     the plugin to load (default: librpmi.so next to rpmi-run, else the system's librpmi.so)";
+  --plugin PATH     the plugin to load (default: librpmi.so next to rpmi-run, else the system's librpmi.so)
+  : -n N PROGRAM    one more application of N tasks in the same job (MPMD): its ranks follow the ones
+                    before, with the next appnum";
 
 /// `--tree-width`'s default, chosen by measurement (see the README).
 const TREE_WIDTH: u32 = 4;
 
-struct Args {
-    n: u32,
-    nodes: u32,
-    tree_width: u32,
-    cyclic: bool,
-    label: bool,
-    trace: bool,
-    event_loop: bool,
-    options: serde_json::Map<String, serde_json::Value>,
-    plugin: Option<PathBuf>,
-    program: Vec<OsString>,
+/// How rpmi-run names itself in its messages: with the job's id in a spawned job's rpmi-run.
+static WHO: OnceLock<String> = OnceLock::new();
+
+fn who() -> &'static str {
+    WHO.get().map_or("rpmi-run", String::as_str)
 }
 
 fn die(msg: impl std::fmt::Display) -> ! {
@@ -65,9 +72,14 @@ fn die(msg: impl std::fmt::Display) -> ! {
     exit(2)
 }
 
-fn parse_args() -> Args {
-    let mut a = Args {
-        n: 1,
+/// The job the command line asks for.
+fn parse_args() -> Job {
+    let mut job = Job {
+        apps: Vec::new(),
+        job_id: format!("run{}", std::process::id()),
+        preputs: Vec::new(),
+        spawned: false,
+        universe: 0,
         nodes: 1,
         tree_width: TREE_WIDTH,
         cyclic: false,
@@ -76,62 +88,143 @@ fn parse_args() -> Args {
         event_loop: false,
         options: serde_json::Map::new(),
         plugin: None,
-        program: Vec::new(),
     };
-    let mut it = std::env::args_os().skip(1);
+    let mut it = std::env::args_os().skip(1).peekable();
     let value = |it: &mut dyn Iterator<Item = OsString>, flag: &str| -> String {
         it.next().and_then(|v| v.into_string().ok()).unwrap_or_else(|| die(format!("{flag} needs a value\n{USAGE}")))
     };
     let count = |v: String, flag: &str| -> u32 {
         v.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| die(format!("{flag} takes a positive number, not '{v}'")))
     };
+    // The options of the first application are rpmi-run's own; after each ':' only -n.
+    let mut n = 1;
     while let Some(arg) = it.next() {
         match arg.to_str().unwrap_or("") {
-            "-n" | "--ntasks" => a.n = count(value(&mut it, "-n"), "-n"),
-            "--nodes" | "-N" => a.nodes = count(value(&mut it, "--nodes"), "--nodes"),
-            "--tree-width" => a.tree_width = count(value(&mut it, "--tree-width"), "--tree-width"),
+            "-n" | "--ntasks" => n = count(value(&mut it, "-n"), "-n"),
+            "--nodes" | "-N" => job.nodes = count(value(&mut it, "--nodes"), "--nodes"),
+            "--tree-width" => job.tree_width = count(value(&mut it, "--tree-width"), "--tree-width"),
             "--map" | "-m" => match value(&mut it, "--map").as_str() {
-                "block" => a.cyclic = false,
-                "cyclic" => a.cyclic = true,
+                "block" => job.cyclic = false,
+                "cyclic" => job.cyclic = true,
                 other => die(format!("--map takes block or cyclic, not '{other}'")),
             },
-            "-l" | "--label" => a.label = true,
-            "--trace" => a.trace = true,
-            "--event-loop" => a.event_loop = true,
+            "--universe" => job.universe = count(value(&mut it, "--universe"), "--universe"),
+            "-l" | "--label" => job.label = true,
+            "--trace" => job.trace = true,
+            "--event-loop" => job.event_loop = true,
             "-o" | "--option" => {
                 let kv = value(&mut it, "-o");
                 let Some((k, v)) = kv.split_once('=') else { die(format!("-o takes KEY=VALUE, not '{kv}'")) };
                 // Numbers and booleans are JSON; anything else is a string.
                 let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()));
-                a.options.insert(k.to_string(), v);
+                job.options.insert(k.to_string(), v);
             }
-            "--plugin" => a.plugin = Some(PathBuf::from(value(&mut it, "--plugin"))),
+            "--plugin" => job.plugin = Some(PathBuf::from(value(&mut it, "--plugin"))),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 exit(0)
             }
             "--" => {
-                a.program.extend(it.by_ref());
+                job.apps.push(App::new(n, application(&mut it)));
                 break;
             }
-            s if s.starts_with('-') && a.program.is_empty() => die(format!("unknown option '{s}'\n{USAGE}")),
+            s if s.starts_with('-') => die(format!("unknown option '{s}'\n{USAGE}")),
             _ => {
-                a.program.push(arg);
-                a.program.extend(it.by_ref());
+                let mut program = vec![arg];
+                program.extend(application(&mut it));
+                job.apps.push(App::new(n, program));
                 break;
             }
         }
     }
-    if a.program.is_empty() {
+    // Each ':' starts one more application: -n N, then its program.
+    while it.next().is_some() {
+        let mut n = 1;
+        loop {
+            match it.peek().and_then(|a| a.to_str()) {
+                Some("-n" | "--ntasks") => {
+                    it.next();
+                    n = count(value(&mut it, "-n"), "-n");
+                }
+                Some("--") => {
+                    it.next();
+                }
+                Some(s) if s.starts_with('-') => die(format!("only -n may follow ':', not '{s}'\n{USAGE}")),
+                _ => break,
+            }
+        }
+        let program = application(&mut it);
+        if program.is_empty() {
+            die(format!("no program after ':'\n{USAGE}"));
+        }
+        job.apps.push(App::new(n, program));
+    }
+    if job.apps.first().is_none_or(|a| a.program.is_empty()) {
         die(format!("no program to run\n{USAGE}"));
     }
-    if a.nodes > a.n {
-        die(format!("{} tasks cannot fill {} nodes", a.n, a.nodes));
+    let size: u64 = job.apps.iter().map(|a| u64::from(a.n)).sum();
+    if size > u64::from(u32::MAX / 2) {
+        die(format!("{size} tasks are more than rpmi-run runs"));
     }
-    if a.trace {
-        a.options.insert("trace".into(), serde_json::Value::Bool(true));
+    if u64::from(job.nodes) > size {
+        die(format!("{size} tasks cannot fill {} nodes", job.nodes));
     }
-    a
+    if job.trace {
+        job.options.insert("trace".into(), serde_json::Value::Bool(true));
+    }
+    job
+}
+
+/// A program and its arguments, up to the next ':' (which is left for the caller).
+fn application(it: &mut std::iter::Peekable<impl Iterator<Item = OsString>>) -> Vec<OsString> {
+    std::iter::from_fn(|| it.next_if(|a| a != ":")).collect()
+}
+
+/// The job a spawned job's rpmi-run is to run (`rpmi-run --spawned-job FD`, started by the first rpmi-run of
+/// the launch, see `services`), and its link to that rpmi-run.
+fn spawned_job(fd: Option<String>) -> (Job, UnixStream) {
+    let fd: i32 =
+        fd.and_then(|f| f.parse().ok()).filter(|&f| f > 2).unwrap_or_else(|| die("--spawned-job needs its link's fd"));
+    // SAFETY: F_GETFD only asks whether the fd is open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        die(format!("--spawned-job: fd {fd} is not open"));
+    }
+    // SAFETY: an open fd the first rpmi-run handed down for this process alone; taken once. It is made
+    // close-on-exec again, so that no task inherits it.
+    let mut link = unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        UnixStream::from_raw_fd(fd)
+    };
+    match conn::read_frame(&mut link, services::FRAME_MAX) {
+        Ok(Some((services::JOB, json))) => match Job::from_json(&json) {
+            Ok(job) => {
+                let _ = WHO.set(format!("rpmi-run (spawned job {})", job.job_id));
+                (job, link)
+            }
+            Err(e) => die(format!("--spawned-job: {e}")),
+        },
+        _ => die("--spawned-job: no job came from the rpmi-run that spawned it"),
+    }
+}
+
+/// Checks that every process of a spawned job can be started (its program found and executable) and tells
+/// the first rpmi-run the spawn's answer: one error code per process, 0 for each that starts. If one cannot
+/// start, none does and every code is PMI_FAIL (-1), and why is said: MPICH's spawner waits for the
+/// children to connect unless every code is non-zero.
+fn answer_spawn(job: &Job, link: &mut UnixStream) -> bool {
+    let mut fine = true;
+    for app in &job.apps {
+        if let Err(errno) = launch::resolve(&app.program[0], app.wdir.as_deref(), app.path.as_ref()) {
+            let why = std::io::Error::from_raw_os_error(errno);
+            say!("cannot start {}: {why}; the spawn fails", app.program[0].to_string_lossy());
+            fine = false;
+        }
+    }
+    let code = if fine { "0" } else { "-1" };
+    let mut payload = vec![1u8];
+    payload.extend_from_slice(vec![code; job.size() as usize].join(",").as_bytes());
+    let _ = conn::write_frame(link, services::STARTED, &payload);
+    fine
 }
 
 /// `librpmi.so` next to rpmi-run, where a build leaves it; else the bare name, which `dlopen` looks up as the
@@ -171,6 +264,8 @@ fn exchange_bounds(options: &CString) -> Bounds {
 pub struct Plan {
     /// The node of each rank.
     pub task_map: Vec<u32>,
+    /// Each rank's appnum: its application's index.
+    pub appnums: Vec<i32>,
     /// Each node's ranks, in local order.
     pub cliques: Vec<Vec<u32>>,
     /// Each node's hostname (all this machine's).
@@ -178,43 +273,77 @@ pub struct Plan {
     pub job_id: CString,
     /// The plugin options, as JSON.
     pub options: CString,
-    pub program: Vec<OsString>,
+    pub apps: Vec<App>,
+    /// The job's preputs, as the plugin takes them.
+    pub preputs: Vec<(CString, CString)>,
+    pub universe: u32,
+    pub spawned: bool,
     pub label: bool,
     pub event_loop: bool,
     /// Messages at this level or more urgent are printed (RPMI_LOG_*).
     pub verbosity: i32,
+    /// The rpmi-runs of jobs spawned in this launch, which signals are passed on to as well.
+    pub spawned_runs: Arc<Mutex<Vec<libc::pid_t>>>,
 }
 
 fn main() {
     output::block_signals();
-    let args = parse_args();
-    let plugin_path = args.plugin.clone().unwrap_or_else(default_plugin);
+    let mut args = std::env::args().skip(1);
+    let (mut job, mut up) = match args.next().as_deref() {
+        Some("--spawned-job") => {
+            let (job, link) = spawned_job(args.next());
+            (job, Some(link))
+        }
+        _ => (parse_args(), None),
+    };
+    let plugin_path = job.plugin.clone().unwrap_or_else(default_plugin);
     let plugin = Plugin::load(&plugin_path).unwrap_or_else(|e| die(e));
-    if args.trace {
+    if job.trace && up.is_none() {
         say!("{} from {}", plugin.version(), plugin_path.display());
+    }
+    job.plugin = Some(plugin_path);
+    if let Some(link) = up.as_mut() {
+        if !answer_spawn(&job, link) {
+            // The spawner hears which processes could not start; this job ends without running any.
+            let _ = conn::write_frame(link, services::EXIT, &services::exit(Ended { status: 0, began: None }));
+            exit(0);
+        }
     }
 
     // Ranks over nodes: as even as can be, the first nodes taking one more.
-    let ppn: Vec<u32> = (0..args.nodes).map(|i| args.n / args.nodes + u32::from(i < args.n % args.nodes)).collect();
-    let map = if args.cyclic { TaskMap::cyclic(&ppn) } else { TaskMap::block(&ppn) };
+    let (n, nodes) = (job.size(), job.nodes);
+    let ppn: Vec<u32> = (0..nodes).map(|i| n / nodes + u32::from(i < n % nodes)).collect();
+    let map = if job.cyclic { TaskMap::cyclic(&ppn) } else { TaskMap::block(&ppn) };
+    let launch =
+        Launch::new(&job, nodes as usize, up).unwrap_or_else(|e| die(format!("cannot set up the launch: {e}")));
+    let c_string = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
     let plan = Plan {
-        task_map: (0..args.n).map(|r| map.node_of(r).unwrap_or(0)).collect(),
-        cliques: (0..args.nodes).map(|n| map.clique(n)).collect(),
-        hostnames: (0..args.nodes).map(|_| CString::new(hostname()).unwrap_or_else(|_| c"localhost".into())).collect(),
-        job_id: CString::new(format!("run{}", std::process::id())).unwrap_or_default(),
-        options: CString::new(serde_json::Value::Object(args.options).to_string()).unwrap_or_default(),
-        program: args.program,
-        label: args.label,
-        event_loop: args.event_loop,
-        verbosity: if args.trace { ffi::RPMI_LOG_TRACE } else { ffi::RPMI_LOG_WARN },
+        task_map: (0..n).map(|r| map.node_of(r).unwrap_or(0)).collect(),
+        appnums: job.appnums(),
+        cliques: (0..nodes).map(|i| map.clique(i)).collect(),
+        hostnames: (0..nodes).map(|_| CString::new(hostname()).unwrap_or_else(|_| c"localhost".into())).collect(),
+        job_id: c_string(&job.job_id),
+        options: CString::new(serde_json::Value::Object(job.options.clone()).to_string()).unwrap_or_default(),
+        apps: job.apps.clone(),
+        preputs: job.preputs.iter().map(|(k, v)| (c_string(k), c_string(v))).collect(),
+        universe: job.universe,
+        spawned: job.spawned,
+        label: job.label,
+        event_loop: job.event_loop,
+        verbosity: if job.trace { ffi::RPMI_LOG_TRACE } else { ffi::RPMI_LOG_WARN },
+        spawned_runs: launch.spawned(),
     };
-    if args.nodes == 1 {
-        exit(shell::run(&plan, plugin, 0, None));
-    }
-    let tree = Tree::new(args.nodes, args.tree_width).unwrap_or_else(|e| die(e));
-    let run_node = |index, branch| shell::run(&plan, plugin, index, Some(branch));
-    match coordinator::coordinate(&plan.cliques, tree, exchange_bounds(&plan.options), plan.verbosity, run_node) {
-        Ok(status) => exit(status),
-        Err(e) => die(e),
-    }
+    let ended = if nodes == 1 {
+        launch.start(false);
+        shell::run(&plan, plugin, 0, None, launch.node_link(0, false))
+    } else {
+        let tree = Tree::new(nodes, job.tree_width).unwrap_or_else(|e| die(e));
+        let run_node =
+            |index, branch| shell::run(&plan, plugin, index, Some(branch), launch.node_link(index, true)).status;
+        let bounds = exchange_bounds(&plan.options);
+        let started = || launch.start(true);
+        coordinator::coordinate(&plan.cliques, tree, bounds, plan.verbosity, &plan.spawned_runs, started, run_node)
+            .unwrap_or_else(|e| die(e))
+    };
+    exit(launch.finish(ended))
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{ChildStderr, ChildStdout};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// The most of a line without its newline that `-l` holds per pipe: once it has this much, it passes it
@@ -93,6 +93,17 @@ fn emit(rank: u32, to_err: bool, lines: &mut Vec<u8>) {
     }
     let _ = if to_err { std::io::stderr().write_all(&labelled) } else { std::io::stdout().write_all(&labelled) };
     lines.clear();
+}
+
+/// Passes `signal` on to each process of `pids` (the rpmi-runs of spawned jobs, which pass it to their
+/// tasks).
+pub fn signal_each(pids: &Mutex<Vec<libc::pid_t>>, signal: i32) {
+    if let Ok(pids) = pids.lock() {
+        for &pid in pids.iter() {
+            // SAFETY: kill on our own child; one already gone makes it fail harmlessly.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
 }
 
 /// SIGINT and SIGTERM, which rpmi-run takes on a thread of its own and passes to every task.

@@ -42,8 +42,15 @@ impl Plugin {
                     ffi::RPMI_ABI_VERSION
                 ));
             }
-            if (table.struct_size as usize) < std::mem::size_of::<rpmi_plugin>() {
-                return Err(format!("{}: its plugin table is older than this rpmi-run", path.display()));
+            // Revision 2 (appnums and preputs: MPMD and spawn) is what this rpmi-run needs.
+            if (table.struct_size as usize) < std::mem::size_of::<rpmi_plugin>()
+                || table.abi_revision < ffi::RPMI_ABI_REVISION as u32
+            {
+                return Err(format!(
+                    "{}: its plugin table is of an older revision than this rpmi-run's ({})",
+                    path.display(),
+                    ffi::RPMI_ABI_REVISION
+                ));
             }
             let t = table;
             let complete = t.create.is_some()

@@ -2,12 +2,13 @@
 //! reaps them. The whole of rpmi-run for a one-node job; a process of its own per node otherwise.
 
 use crate::branch::Branch;
-use crate::host::{Cause, Host};
-use crate::output;
+use crate::host::{Cause, Ended, Host};
 use crate::plugin::{call, Plugin};
-use crate::Plan;
-use rpmi::abi::ffi::{self, rpmi_instance, rpmi_job_info, rpmi_task_env};
+use crate::services::NodeLink;
+use crate::{launch, output, Plan};
+use rpmi::abi::ffi::{self, rpmi_instance, rpmi_job_info, rpmi_keyval, rpmi_task_env};
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 /// A task of this node: its ranks and, once started, its process.
@@ -17,11 +18,14 @@ struct Task {
     pid: libc::pid_t,
 }
 
-/// Runs node `index` of the job to its end; returns its exit status (see `host::Fate::status`).
-pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>) -> i32 {
-    let host: &'static Host = Box::leak(Box::new(Host::new(plugin, branch, plan.verbosity)));
+/// Runs node `index` of the job to its end, its tasks' services through `link`; returns how it ended (its
+/// exit status: see `host::Fate::status`).
+pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>, link: Option<NodeLink>) -> Ended {
+    let host: &'static Host = Box::leak(Box::new(Host::new(plugin, branch, link, plan.verbosity)));
     let local_ranks = &plan.cliques[index];
     let hostname_ptrs: Vec<*const std::ffi::c_char> = plan.hostnames.iter().map(|h| h.as_ptr()).collect();
+    let preputs: Vec<rpmi_keyval> =
+        plan.preputs.iter().map(|(k, v)| rpmi_keyval { key: k.as_ptr(), value: v.as_ptr() }).collect();
     let info = rpmi_job_info {
         struct_size: std::mem::size_of::<rpmi_job_info>() as u32,
         job_id: plan.job_id.as_ptr(),
@@ -34,8 +38,11 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>) ->
         hostnames: hostname_ptrs.as_ptr(),
         options_json: plan.options.as_ptr(),
         appnum: 0,
-        universe_size: 0,
-        spawned: 0,
+        universe_size: plan.universe,
+        spawned: plan.spawned.into(),
+        appnums: plan.appnums.as_ptr(),
+        preputs: preputs.as_ptr(),
+        preput_count: preputs.len() as u32,
     };
     // A node with a branch is driven by the loop that serves its connections (see `Branch`).
     let event_loop = plan.event_loop || host.branch.is_some();
@@ -46,22 +53,39 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>) ->
         // SAFETY: create wrote a NUL-terminated message into err.
         let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
         host.end_job(Cause::Failed(2), &format!("the plugin refused the job: {msg}"));
-        return 2;
+        return host.ended(&[]);
     }
     let _ = host.instance.set(inst as usize);
     let event_loop = event_loop.then(|| output::spawn_event_loop(host));
+    if let Some(link) = &host.link {
+        std::thread::spawn(move || {
+            link.serve(|task, ok, text| host.answer(task, ok, text), |status| host.end_by_launch(status))
+        });
+    }
 
     // SIGINT and SIGTERM go to the tasks; the shell ends when they do. Behind a coordinator, which says so
     // itself, the signal comes from it.
     let alone = host.branch.is_none();
+    let spawned_runs = plan.spawned_runs.clone();
     let signals = output::forward_signals(move |sig| {
         if alone {
             say!("got signal {sig}, passing it to every task");
         }
         host.end(sig);
+        output::signal_each(&spawned_runs, sig);
     });
     let mut labels = plan.label.then(output::Labeler::new);
 
+    // Each application's program as exec finds it (in its `path` and `wdir`, for a spawned one); one that
+    // is not found fails as it is, when it is started.
+    let programs: Vec<PathBuf> = plan
+        .apps
+        .iter()
+        .map(|a| {
+            launch::resolve(&a.program[0], a.wdir.as_deref(), a.path.as_ref())
+                .unwrap_or_else(|_| a.program[0].clone().into())
+        })
+        .collect();
     let mut tasks: Vec<Task> = Vec::with_capacity(local_ranks.len());
     for (local, &rank) in local_ranks.iter().enumerate() {
         if host.ending() {
@@ -78,8 +102,16 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>) ->
             host.end_job(Cause::Failed(1), &format!("the plugin could not set up rank {rank}"));
             break;
         }
-        let mut cmd = Command::new(&plan.program[0]);
-        cmd.args(&plan.program[1..]);
+        let appnum = plan.appnums[rank as usize] as usize;
+        let app = &plan.apps[appnum];
+        let mut cmd = Command::new(&programs[appnum]);
+        cmd.arg0(&app.program[0]).args(&app.program[1..]);
+        if let Some(wdir) = &app.wdir {
+            cmd.current_dir(wdir);
+        }
+        if let Some(path) = &app.path {
+            cmd.env("PATH", path);
+        }
         // SAFETY: env holds env_count NUL-terminated strings, valid until task_forked.
         for i in 0..env.env_count {
             let var = unsafe { std::ffi::CStr::from_ptr(*env.env.add(i)) }.to_string_lossy().into_owned();
@@ -119,7 +151,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>) ->
                 tasks.push(Task { rank, local, pid });
             }
             Err(e) => {
-                let why = format!("cannot start {}: {e}", plan.program[0].to_string_lossy());
+                let why = format!("cannot start {}: {e}", app.program[0].to_string_lossy());
                 host.end_job(Cause::Failed(127), &why);
                 break;
             }
@@ -137,7 +169,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>) ->
     }
     drop(signals);
     // After `finish`: an abort line served by destroy still decides the status.
-    host.status(&exits)
+    host.ended(&exits)
 }
 
 /// Stops the event loop, then destroys the instance, which serves what the tasks wrote last (an abort line,
@@ -146,6 +178,7 @@ fn finish(host: &Host, event_loop: Option<output::EventLoop>) {
     if let Some(t) = event_loop {
         t.stop();
     }
+    host.close_services();
     call!(host.plugin, destroy(host.instance()));
     if let Some(branch) = &host.branch {
         branch.finish(host, crate::branch::FINISH_GRACE);
