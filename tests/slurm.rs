@@ -51,18 +51,21 @@ fn probe() -> &'static str {
 /// tests/programs/mpi_pairs.c built with MPICH's mpicc, once.
 fn mpi_pairs() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("slurm-mpi_pairs");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/mpi_pairs.c");
-        let status = Command::new("mpicc")
-            .args(["-O1", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .unwrap_or_else(|e| panic!("mpicc (MPICH) not found ({e}); run docker/install-deps.sh"));
-        assert!(status.success(), "mpicc failed on {}", src.display());
-        out
-    })
+    BUILT.get_or_init(|| build("mpi_pairs"))
+}
+
+/// tests/programs/NAME.c built with MPICH's mpicc.
+fn build(name: &str) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("slurm-{name}"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let status = Command::new("mpicc")
+        .args(["-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("mpicc (MPICH) not found ({e}); run docker/install-deps.sh"));
+    assert!(status.success(), "mpicc failed on {}", src.display());
+    out
 }
 
 /// A marker unique to one srun, in every task's environment (and the job name).
@@ -285,6 +288,44 @@ fn pairs_with(name: &str, layout: &[&str], ranks: usize, env: &[(&str, &str)]) {
     let want = format!("mpi_pairs: {ranks} ranks, allreduce {}, all pairs exchanged", ranks * (ranks + 1) / 2);
     assert!(run.stdout.contains(&want), "no `{want}`: {run}");
     eprintln!("{name}: {:.2?}", run.elapsed);
+}
+
+/// MPI_Publish_name, MPI_Lookup_name and MPI_Unpublish_name through srun's table for the step: 4 ranks, rank 0
+/// publishing, the others looking its port up; a second publish, a lookup of a name never published and one
+/// of the name once unpublished fail. (MPICH over UCX cannot open a port: the program then publishes a
+/// stand-in of the same shape.)
+fn names(name: &str, layout: &[&str]) {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let _s = serial();
+    let program = BUILT.get_or_init(|| build("mpi_names"));
+    let mut args = layout.to_vec();
+    args.push(program.to_str().unwrap());
+    let run = Srun::start_with(&marker(name), "rpmi", &args, &[]).wait();
+    assert_success(&run);
+    let want = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
+    assert!(run.stdout.contains(want), "no `{want}`: {run}");
+}
+
+#[test]
+fn names_on_one_node() {
+    names("names-one", &["-N1", "-n4"]);
+}
+
+#[test]
+fn names_on_three_nodes() {
+    names("names-three", &["-N3", "-n4", "-m", "cyclic"]);
+}
+
+/// A spawn is refused with a message the task reads, and the step goes on to its normal end.
+#[test]
+fn a_spawn_is_refused_with_a_message() {
+    let _s = serial();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn.sh");
+    let run =
+        Srun::start_with(&marker("spawn"), "rpmi", &["-N1", "-n1", script.to_str().unwrap(), probe()], &[]).wait();
+    assert_success(&run);
+    let refused = "spawner: cmd=spawn_result rc=-1 msg=srun_--mpi_rpmi_does_not_spawn_processes_yet";
+    assert_eq!(run.stdout.lines().filter(|l| *l == refused).count(), 3, "{run}");
 }
 
 #[test]

@@ -38,7 +38,8 @@ use rpmi::server::Limits;
 use rpmi::slurm::auth::{Role, Secret, Transcript, NONCE_LEN, ROOT};
 use rpmi::slurm::client;
 use rpmi::slurm::protocol::{
-    collective_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX, PROOF_LEN_ON_WIRE,
+    collective_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX, NAME_MAX,
+    PROOF_LEN_ON_WIRE,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -475,6 +476,7 @@ fn check_up(payload: &[u8], m: Up, receiver: &Receiver, hs: &mut Handshake) {
         }
         Up::Collective(inner) => check_collective(inner, receiver),
         Up::Abort { message, .. } | Up::Error { message, .. } => check_text(message),
+        Up::Name { name, port, .. } => assert!(name.len() <= NAME_MAX && port.len() <= NAME_MAX),
         Up::Joined { .. } | Up::Gone { .. } | Up::Bye => {}
     }
     let frame = m.encode().expect("a decoded message re-encodes");
@@ -503,6 +505,7 @@ fn check_down(payload: &[u8], m: Down, receiver: &Receiver, hs: &mut Handshake) 
         Down::Collective(inner) => check_collective(inner, receiver),
         Down::Parent { .. } => assert_eq!(payload.len(), 3),
         Down::ParentDone | Down::End => assert_eq!(payload.len(), 1),
+        Down::Named { text, .. } => check_text(text),
     }
     let frame = m.encode().expect("a decoded message re-encodes");
     let collective = match &m {

@@ -3,6 +3,7 @@
 mod host;
 pub mod kvs;
 mod limits;
+pub mod names;
 mod shell;
 pub mod taskmap;
 
@@ -10,6 +11,7 @@ pub use host::{
     Direction, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId, JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
 };
 pub use limits::{Limits, LimitsError};
+pub use names::Names;
 pub use shell::{Shell, ShellError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;
 

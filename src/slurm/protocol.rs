@@ -20,6 +20,9 @@
 //!   5 GONE    rank:u32 (a task closed its            0x83 END (srun is done with the step: the close
 //!                       connection without finalize)           that follows is the normal end)
 //!   6 BYE     (every local task has closed its connection: a normal end)
+//!   9 NAME    task:u32 op:u8 name_len:u16 name port   0x89 NAMED task:u32 ok:u8 text (the answer: a
+//!             (PMI_Publish_name, op 0, with the port;             lookup's port, or why it failed)
+//!              Unpublish_name 1; Lookup_name 2)
 //! ```
 //!
 //! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
@@ -38,8 +41,8 @@ use std::fmt;
 use std::sync::Arc;
 
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
-/// tree).
-pub const VERSION: u16 = 3;
+/// tree; 4 the name service).
+pub const VERSION: u16 = 4;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
@@ -47,6 +50,8 @@ pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
 pub const MESSAGE_MAX: usize = 4096;
 /// The largest frame of any kind but COLLECTIVE.
 pub const CONTROL_MAX: usize = 16 + MESSAGE_MAX;
+/// The longest service name, and the longest port, a NAME carries (a stepd refuses longer ones to its task).
+pub const NAME_MAX: usize = 1024;
 
 const MAGIC: &[u8; 4] = b"RPMI";
 
@@ -58,12 +63,14 @@ const GONE: u8 = 5;
 const BYE: u8 = 6;
 const PROOF: u8 = 7;
 const UP_COLLECTIVE: u8 = 8;
+const NAME: u8 = 9;
 const END: u8 = 0x83;
 const CHALLENGE: u8 = 0x84;
 const WELCOME: u8 = 0x85;
 const PARENT: u8 = 0x86;
 const PARENT_DONE: u8 = 0x87;
 const DOWN_COLLECTIVE: u8 = 0x88;
+const NAMED: u8 = 0x89;
 
 /// A message from a stepd to srun's root or to its parent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +108,21 @@ pub enum Up {
         rank: u32,
     },
     Bye,
+    /// Local task `task` asks srun's name table (one per step) for `op`; `port` is empty but to publish.
+    Name {
+        task: u32,
+        op: NameOp,
+        name: String,
+        port: String,
+    },
+}
+
+/// What a NAME asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameOp {
+    Publish = 0,
+    Unpublish = 1,
+    Lookup = 2,
 }
 
 /// A message from srun's root, or from a parent, to a stepd.
@@ -118,6 +140,8 @@ pub enum Down {
     ParentDone,
     /// srun is done with the step: the connection closing next is the normal end, not srun's death.
     End,
+    /// srun's answer to local task `task`'s NAME: the port of a lookup (empty otherwise), or why it failed.
+    Named { task: u32, ok: bool, text: String },
 }
 
 /// Which way a COLLECTIVE frame goes.
@@ -194,6 +218,15 @@ fn cut(text: &str) -> &[u8] {
     &text.as_bytes()[..text_end(text)]
 }
 
+/// `text` cut to at most `max` bytes (at a character boundary).
+fn cut_to(text: &str, max: usize) -> &[u8] {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text.as_bytes()[..end]
+}
+
 /// The length of `text` cut to [`MESSAGE_MAX`] bytes (at a character boundary).
 fn text_end(text: &str) -> usize {
     let mut end = text.len().min(MESSAGE_MAX);
@@ -215,6 +248,7 @@ impl Up {
             Up::Error { .. } => "ERROR",
             Up::Gone { .. } => "GONE",
             Up::Bye => "BYE",
+            Up::Name { .. } => "NAME",
         }
     }
 
@@ -236,6 +270,12 @@ impl Up {
             }
             Up::Gone { rank } => control(GONE, &[&rank.to_be_bytes()]),
             Up::Bye => control(BYE, &[]),
+            Up::Name { task, op, name, port } => {
+                // A stepd checks both against NAME_MAX; cut here all the same, so the frame stays a control frame.
+                let (name, port) = (cut_to(name, NAME_MAX), cut_to(port, NAME_MAX));
+                let len = (name.len() as u16).to_be_bytes();
+                control(NAME, &[&task.to_be_bytes(), &[*op as u8], &len, name, port])
+            }
         })
     }
 
@@ -268,6 +308,20 @@ impl Up {
             },
             GONE => Up::Gone { rank: r.u32()? },
             BYE => Up::Bye,
+            NAME => {
+                let task = r.u32()?;
+                let op = match r.u8()? {
+                    0 => NameOp::Publish,
+                    1 => NameOp::Unpublish,
+                    2 => NameOp::Lookup,
+                    b => return Err(Malformed(format!("a name request of kind {b}"))),
+                };
+                let len = r.u16()? as usize;
+                let name = r.text(len)?;
+                let port_len = r.0.len();
+                let port = r.text(port_len)?;
+                Up::Name { task, op, name, port }
+            }
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
         r.end()?;
@@ -285,6 +339,7 @@ impl Down {
             Down::Parent { .. } => "PARENT",
             Down::ParentDone => "PARENT_DONE",
             Down::End => "END",
+            Down::Named { .. } => "NAMED",
         }
     }
 
@@ -297,6 +352,7 @@ impl Down {
             Down::Parent { port } => control(PARENT, &[&port.to_be_bytes()]),
             Down::ParentDone => control(PARENT_DONE, &[]),
             Down::End => control(END, &[]),
+            Down::Named { task, ok, text } => control(NAMED, &[&task.to_be_bytes(), &[u8::from(*ok)], cut(text)]),
         })
     }
 
@@ -310,6 +366,15 @@ impl Down {
             PARENT => Down::Parent { port: r.u16()? },
             PARENT_DONE => Down::ParentDone,
             END => Down::End,
+            NAMED => Down::Named {
+                task: r.u32()?,
+                ok: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(Malformed(format!("an answer whose outcome is {b}"))),
+                },
+                text: r.rest_text()?,
+            },
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
         r.end()?;
@@ -425,6 +490,13 @@ impl<'a> Reader<'a> {
         text.truncate(text_end(&text));
         Ok(text)
     }
+    /// The next `len` bytes as a name or port: at most [`NAME_MAX`] bytes of UTF-8.
+    fn text(&mut self, len: usize) -> Result<String, Malformed> {
+        if len > NAME_MAX {
+            return Err(Malformed(format!("a name or port of {len} bytes (at most {NAME_MAX})")));
+        }
+        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| Malformed("a name or port that is not UTF-8".into()))
+    }
     fn end(&self) -> Result<(), Malformed> {
         if self.0.is_empty() {
             Ok(())
@@ -456,6 +528,8 @@ mod tests {
             Up::Error { rank: 6, failed: false, message: "bad line".into() },
             Up::Gone { rank: 4 },
             Up::Bye,
+            Up::Name { task: 1, op: NameOp::Publish, name: "svc".into(), port: "tag#0$port$".into() },
+            Up::Name { task: 0, op: NameOp::Lookup, name: "x".repeat(NAME_MAX), port: String::new() },
         ] {
             assert_eq!(Up::decode(payload(&m.encode().unwrap())), Ok(m));
         }
@@ -469,6 +543,8 @@ mod tests {
             Down::Parent { port: 65535 },
             Down::ParentDone,
             Down::End,
+            Down::Named { task: 3, ok: true, text: "tag#0$port$".into() },
+            Down::Named { task: 0, ok: false, text: "the service name 'svc' is not published".into() },
         ] {
             assert_eq!(Down::decode(payload(&m.encode().unwrap())), Ok(m));
         }

@@ -25,9 +25,10 @@ use super::admit::{Acceptor, Event, Gate, Joined};
 use super::auth::{self, Secret};
 use super::layout::with_node_names;
 use super::link::{Link, Read};
-use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX};
+use super::protocol::{Direction, Down, FrameError, NameOp, Up, CONTROL_MAX};
 use crate::collective::{self, frame::Frame, Bounds, Bytes, Output, Peer, Tree};
 use crate::os::{self, Epoll};
+use crate::server::Names;
 use std::io;
 use std::net::{IpAddr, TcpListener};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -170,6 +171,8 @@ struct State {
     /// Ranks that closed their connection without finalize, with their node.
     gone: Vec<(u32, u32)>,
     gone_seen: Vec<bool>,
+    /// The step's published names (PMI_Publish_name): one table for the step.
+    names: Names,
     outcome: Outcome,
     /// srun is done with the step: the root takes in what is left and stops.
     stopping: bool,
@@ -209,6 +212,7 @@ impl State {
             fence: Fence::default(),
             gone: Vec::new(),
             gone_seen: vec![false; size],
+            names: Names::new(),
             outcome: Outcome::default(),
             stopping: false,
             buf: vec![0; 256 * 1024],
@@ -486,6 +490,19 @@ impl State {
                     self.gone.push((rank, n));
                 }
                 self.check_blocked();
+                true
+            }
+            Up::Name { task, op, name, port } => {
+                let answer = match op {
+                    NameOp::Publish => self.names.publish(&name, &port).map(|()| String::new()),
+                    NameOp::Unpublish => self.names.unpublish(&name).map(|()| String::new()),
+                    NameOp::Lookup => self.names.lookup(&name),
+                };
+                let (ok, text) = match answer {
+                    Ok(port) => (true, port),
+                    Err(why) => (false, why),
+                };
+                self.send(n, &Down::Named { task, ok, text });
                 true
             }
             Up::Bye => {

@@ -41,7 +41,7 @@ use super::auth::{self, Secret};
 use super::layout::{self, with_node_names};
 use super::link::{Link, Read, Watch};
 use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET};
-use super::protocol::{Direction, Down, Malformed, Up, CONTROL_MAX, MESSAGE_MAX};
+use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX};
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink::{self, Hello};
@@ -50,7 +50,10 @@ use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
 use crate::os;
-use crate::server::{Direction as TraceDirection, Host, JobError, JobInfo, Shell, TaskMap};
+use crate::server::{
+    Direction as TraceDirection, Host, HostReply, HostRequest, JobError, JobInfo, Shell, TaskId, TaskMap,
+};
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, CString};
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -198,6 +201,10 @@ struct SlurmHost {
     parent_lost: bool,
     /// Lines this step has logged.
     logged: usize,
+    /// The name requests sent to srun that it has not answered, by local task.
+    asked: BTreeMap<TaskId, NameOp>,
+    /// srun's answers, until the shell takes them.
+    answers: Vec<(TaskId, HostReply)>,
     buf: Vec<u8>,
 }
 
@@ -254,6 +261,8 @@ impl SlurmHost {
             ended_here: false,
             parent_lost: false,
             logged: 0,
+            asked: BTreeMap::new(),
+            answers: Vec::new(),
             buf: vec![0; 64 * 1024],
         })
     }
@@ -358,6 +367,13 @@ impl SlurmHost {
             match m {
                 Down::Collective(frame) => self.machine.receive(Peer::Root, frame),
                 Down::End => self.srun_done = true,
+                Down::Named { task, ok, text } => match self.asked.remove(&(task as TaskId)) {
+                    Some(op) => self.answers.push((task as TaskId, name_reply(op, ok, text))),
+                    None => {
+                        end = Some(End::Broke(format!("answered a name request task {task} did not make")));
+                        break;
+                    }
+                },
                 // Taken at prefork; the parent's own connection says the rest.
                 Down::Parent { .. } | Down::ParentDone => {}
                 Down::Challenge { .. } | Down::Welcome { .. } => {
@@ -676,6 +692,18 @@ impl HostFds for SlurmHost {
         }
         self.arm_timer();
         self.complete(shell);
+        for (task, reply) in std::mem::take(&mut self.answers) {
+            shell.host_reply(self, task, reply);
+        }
+    }
+}
+
+/// srun's answer to a name request, as the shell takes it.
+fn name_reply(op: NameOp, ok: bool, text: String) -> HostReply {
+    match (ok, op) {
+        (false, _) => HostReply::Failed(text),
+        (true, NameOp::Lookup) => HostReply::Port(text),
+        (true, NameOp::Publish | NameOp::Unpublish) => HostReply::Done,
     }
 }
 
@@ -736,6 +764,25 @@ impl Host for SlurmHost {
         if !finalized {
             self.report(&Up::Gone { rank });
         }
+    }
+
+    /// Names go to srun's table for the step; spawn is not served yet.
+    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
+        let (op, name, port) = match request {
+            HostRequest::Publish { service, port } => (NameOp::Publish, service, port),
+            HostRequest::Unpublish { service } => (NameOp::Unpublish, service, ""),
+            HostRequest::Lookup { service } => (NameOp::Lookup, service, ""),
+            HostRequest::Spawn(_) => return Err("srun --mpi=rpmi does not spawn processes yet".into()),
+        };
+        if name.len() > NAME_MAX || port.len() > NAME_MAX {
+            return Err(format!("a service name or port longer than {NAME_MAX} bytes, the most srun --mpi=rpmi takes"));
+        }
+        let message = Up::Name { task: task as u32, op, name: name.into(), port: port.into() };
+        if !self.report(&message) {
+            return Err("srun (the collective root) is gone".into());
+        }
+        self.asked.insert(task, op);
+        Ok(())
     }
 }
 

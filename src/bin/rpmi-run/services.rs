@@ -17,8 +17,8 @@
 use crate::conn::{self, Conn, Heard};
 use crate::host::Ended;
 use crate::launch::{App, Job};
+use rpmi::server::Names;
 use rpmi::wire::SpawnRequest;
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -49,8 +49,6 @@ pub const FINAL: u8 = 16;
 /// The longest frame between rpmi-run's own processes: a spawn's request or job, bounded by the plugin's
 /// `spawn_bytes_max` (256 KiB by default), JSON-escaped.
 pub const FRAME_MAX: usize = 16 << 20;
-/// At most this many names published at once in a launch.
-const NAMES_MAX: usize = 1024;
 /// At most this many jobs spawned in one launch: a program that spawns itself without end is stopped.
 const SPAWNED_JOBS_MAX: u32 = 1024;
 
@@ -189,7 +187,7 @@ impl Launch {
                 Role::Relay
             }
             None => Role::First(Box::new(First {
-                names: BTreeMap::new(),
+                names: Names::new(),
                 template: job.clone(),
                 exe: std::env::current_exe()?,
                 jobs: 0,
@@ -290,8 +288,8 @@ struct Requester {
 
 /// What the first rpmi-run's launcher holds for the whole launch.
 struct First {
-    /// Published names: service to port.
-    names: BTreeMap<String, String>,
+    /// Published names.
+    names: Names,
     /// The first job: what a spawned job inherits (nodes, options, plugin...).
     template: Job,
     /// rpmi-run itself, which runs each spawned job.
@@ -513,10 +511,10 @@ impl Launcher {
         let answer = match service {
             Service::Publish => {
                 let (name, port) = text.split_once('\0').unwrap_or((&text, ""));
-                self.publish(name, port)
+                self.names().publish(name, port).map(|()| String::new())
             }
-            Service::Unpublish => self.unpublish(&text),
-            Service::Lookup => self.lookup(&text),
+            Service::Unpublish => self.names().unpublish(&text).map(|()| String::new()),
+            Service::Lookup => self.names().lookup(&text),
             Service::Spawn => match self.spawn(from, text.as_bytes()) {
                 // Answered when the spawned rpmi-run says it has started.
                 Ok(()) => return,
@@ -533,27 +531,8 @@ impl Launcher {
         }
     }
 
-    fn publish(&mut self, name: &str, port: &str) -> Result<String, String> {
-        let names = &mut self.first().names;
-        if names.contains_key(name) {
-            return Err(format!("the service name '{name}' is already published"));
-        }
-        if names.len() >= NAMES_MAX {
-            return Err(format!("{NAMES_MAX} names are published already, the most rpmi-run holds"));
-        }
-        names.insert(name.to_string(), port.to_string());
-        Ok(String::new())
-    }
-
-    fn unpublish(&mut self, name: &str) -> Result<String, String> {
-        match self.first().names.remove(name) {
-            Some(_) => Ok(String::new()),
-            None => Err(format!("the service name '{name}' is not published")),
-        }
-    }
-
-    fn lookup(&mut self, name: &str) -> Result<String, String> {
-        self.first().names.get(name).cloned().ok_or_else(|| format!("the service name '{name}' is not published"))
+    fn names(&mut self) -> &mut Names {
+        &mut self.first().names
     }
 
     /// Starts the rpmi-run of the job `request` (the plugin's JSON) asks for.
