@@ -292,3 +292,83 @@ fn spawn_on_the_wire_gives_the_new_job_what_pmi_promises() {
     let refused = done.stdout.lines().find(|l| l.starts_with("spawner: cmd=spawn_result rc=-1 msg="));
     assert!(refused.is_some_and(|l| l.contains("not_on_'elsewhere.example'")), "{}", done.dump());
 }
+
+/// `tests/programs/pmi_spawn_blocks.sh` sending `requests` under `rpmi-run ARGS`, from `dir`, with `env`:
+/// the run, and the spawner's answers.
+fn spawn_blocks(dir: &Path, args: &[&str], requests: &[&str], env: &[(&str, &OsStr)]) -> (Done, Vec<String>) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn_blocks.sh");
+    let run = args.first().map_or(RUN, |a| if a.ends_with("rpmi-run") { a } else { RUN });
+    let mut all: Vec<String> = os(if run == RUN { args } else { &args[1..] });
+    all.push(script.to_string_lossy().into_owned());
+    all.extend(os(requests));
+    let mut cmd = std::process::Command::new(run);
+    cmd.current_dir(dir);
+    let done = start_in(cmd, &all, env).wait(GUARD);
+    let answers = done.stdout.lines().filter_map(|l| l.strip_prefix("spawner: ")).map(str::to_string).collect();
+    (done, answers)
+}
+
+const TRUE_ONCE: &str = "mcmd=spawn\\nnprocs=1\\nexecname=/bin/true\\ntotspawns=1\\nspawnssofar=1\\nendcmd";
+
+/// What a spawn cannot be is refused or fails as a whole, and the launch goes on: too many processes, a
+/// preput a put could not be, a `wdir` that is no directory. A relative `wdir` and `./prog` are found as
+/// the task finds them.
+#[test]
+fn spawns_that_cannot_be_fail_and_the_launch_goes_on() {
+    let dir = programs().dir.join("wdir-test");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::copy("/bin/true", dir.join("sub/prog")).unwrap();
+    let requests = [
+        "mcmd=spawn\\nnprocs=4000000000\\nexecname=/bin/true\\ntotspawns=1\\nspawnssofar=1\\nendcmd",
+        "mcmd=spawn\\nnprocs=1\\nexecname=/bin/true\\ntotspawns=1\\nspawnssofar=1\\npreput_num=1\\npreput_key_0=k\\n\
+         preput_val_0=\\nendcmd",
+        "mcmd=spawn\\nnprocs=2\\nexecname=./prog\\ntotspawns=1\\nspawnssofar=1\\ninfo_num=1\\ninfo_key_0=wdir\\n\
+         info_val_0=sub\\nendcmd",
+        "mcmd=spawn\\nnprocs=1\\nexecname=./prog\\ntotspawns=1\\nspawnssofar=1\\ninfo_num=1\\ninfo_key_0=wdir\\n\
+         info_val_0=/no/such\\nendcmd",
+    ];
+    for mode in [&[][..], &["--event-loop"][..]] {
+        let (done, answers) = spawn_blocks(&dir, mode, &requests, &[]);
+        done.assert_success("spawns that cannot be");
+        assert_eq!(
+            answers,
+            [
+                "cmd=spawn_result rc=-1 msg=a_spawn_of_4000000000_processes,_more_than_the_65536_rpmi-run_starts_at_once",
+                "cmd=spawn_result rc=0 errcodes=-1",
+                "cmd=spawn_result rc=0 errcodes=0,0",
+                "cmd=spawn_result rc=0 errcodes=-1",
+            ],
+            "{}",
+            done.dump()
+        );
+        assert!(done.stderr.contains("the preput 'k': empty value; the spawn fails"), "{}", done.dump());
+        assert!(done.stderr.contains("cannot start ./prog in /no/such: not a directory"), "{}", done.dump());
+    }
+}
+
+/// rpmi-run removed while it runs (a package upgraded, `cargo clean`): a spawn fails with why, nothing
+/// else does.
+#[test]
+fn a_spawn_without_rpmi_run_to_start_fails_with_a_message() {
+    let dir = programs().dir.join("deleted-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    for mode in [&[][..], &["--nodes", "2", "-n", "2"][..]] {
+        let run = dir.join("rpmi-run");
+        std::fs::copy(RUN, &run).unwrap();
+        std::fs::copy(Path::new(RUN).with_file_name("librpmi.so"), dir.join("librpmi.so")).unwrap();
+        let run = run.to_string_lossy().into_owned();
+        let args: Vec<&str> = std::iter::once(run.as_str()).chain(mode.iter().copied()).collect();
+        let (done, answers) = spawn_blocks(&dir, &args, &[TRUE_ONCE], &[("DELETE", OsStr::new(&run))]);
+        done.assert_success("a spawn after rpmi-run was removed");
+        let want = "cmd=spawn_result rc=-1 msg=cannot_start_rpmi-run_for_the_spawned_job:_No_such_file_or_directory_(os_error_2)";
+        assert!(!answers.is_empty() && answers.iter().all(|a| a == want), "{}", done.dump());
+    }
+}
+
+#[test]
+fn a_colon_needs_a_program_on_each_side() {
+    for args in [&[":", "-n", "1", "true"][..], &["-n", "1", ":", "true"][..], &["-n", "1", "true", ":"][..]] {
+        let done = rpmi_run_env(&os(args), &[]);
+        assert_eq!(done.code(), Some(2), "{args:?}: {}", done.dump());
+    }
+}

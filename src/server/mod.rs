@@ -12,7 +12,7 @@ pub use host::{
 };
 pub use limits::{Limits, LimitsError};
 pub use names::Names;
-pub use shell::{Shell, ShellError, PROCESS_MAPPING_KEY};
+pub use shell::{check_preput, Shell, ShellError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;
 
 /// What the host knows about the job, as one shell sees it.

@@ -149,10 +149,9 @@ impl Shell {
                 .map_err(|e| ShellError(format!("cannot store {PROCESS_MAPPING_KEY}: {e}")))?;
         }
         for (key, value) in &job.preputs {
-            let stored = check_key(&limits, key)
-                .and_then(|()| check_value(&limits, value))
-                .and_then(|()| kvs.put(kvs::SERVER, key, value).map_err(|e| (0, e.to_string())));
-            if let Err((_, why)) = stored {
+            let stored = check_preput(&limits, key, value)
+                .and_then(|()| kvs.put(kvs::SERVER, key, value).map(|_| ()).map_err(|e| e.to_string()));
+            if let Err(why) = stored {
                 return Err(ShellError(format!("preput '{}': {why}", super::excerpt(key))));
             }
         }
@@ -835,6 +834,12 @@ fn check_value(limits: &Limits, value: &[u8]) -> Result<(), (i32, String)> {
     } else {
         Ok(())
     }
+}
+
+/// Whether a host may give `key=value` as a preput ([`JobInfo::preputs`]) under `limits`: the rules of a
+/// task's put. `Err` says why not.
+pub fn check_preput(limits: &Limits, key: &[u8], value: &[u8]) -> Result<(), String> {
+    check_key(limits, key).and_then(|()| check_value(limits, value)).map_err(|(_, why)| why)
 }
 
 fn utf8_word(s: &[u8]) -> Option<&str> {

@@ -111,11 +111,15 @@ pub fn start<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Running
 
 /// `start` with `env` added to the program's environment.
 pub fn start_with_env<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S], env: &[(&str, &OsStr)]) -> Running {
-    let mut cmd = Command::new(program.as_ref());
+    start_in(Command::new(program.as_ref()), args, env)
+}
+
+/// `start_with_env` of `cmd` as the caller set it up (its directory, say).
+pub fn start_in<S: AsRef<OsStr>>(mut cmd: Command, args: &[S], env: &[(&str, &OsStr)]) -> Running {
     cmd.args(args).envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // Its own process group, so that the guard can kill every task along with it.
     cmd.process_group(0);
-    let what = std::iter::once(program.as_ref())
+    let what = std::iter::once(cmd.get_program())
         .chain(args.iter().map(AsRef::as_ref))
         .map(|a| a.to_string_lossy().into_owned())
         .collect::<Vec<_>>()

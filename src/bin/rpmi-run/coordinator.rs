@@ -15,7 +15,7 @@ use rpmi::collective::{frame, Bounds, Bytes, Output, Peer, Root, Tree};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::io;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Who ended the job first, as the coordinator heard it.
@@ -112,10 +112,13 @@ pub fn coordinate(
 
     // After a signal passed on, the tasks end by it: what follows (a node left an exchange) is no news.
     let signalled = Arc::new(AtomicBool::new(false));
-    let (passed, shells, spawned_runs) = (signalled.clone(), pids.clone(), spawned_runs.clone());
+    // When the first signal came (0: none), which is when the job began to end if nothing else did first.
+    let signal_at = Arc::new(AtomicU64::new(0));
+    let (passed, at, shells, spawned_runs) = (signalled.clone(), signal_at.clone(), pids.clone(), spawned_runs.clone());
     crate::output::forward_signals(move |sig| {
         say!("got signal {sig}, passing it to every task");
         passed.store(true, Ordering::SeqCst);
+        let _ = at.compare_exchange(0, conn::now(), Ordering::SeqCst, Ordering::SeqCst);
         for &pid in &shells {
             // SAFETY: kill on our own children; each shell passes the signal on to its tasks.
             unsafe { libc::kill(pid, sig) };
@@ -149,7 +152,8 @@ pub fn coordinate(
         Outcome { first: Some(First::Collective), .. } => JOB_ERROR_EXIT_CODE,
         Outcome { first: None, .. } => statuses.iter().copied().find(|&code| code != 0).unwrap_or(0),
     };
-    let began = outcome.abort.as_ref().map(|a| a.at).into_iter().chain(outcome.began).min();
+    let signalled_at = Some(signal_at.load(Ordering::SeqCst)).filter(|&t| t != 0);
+    let began = outcome.abort.as_ref().map(|a| a.at).into_iter().chain(outcome.began).chain(signalled_at).min();
     Ok(Ended { status, began })
 }
 

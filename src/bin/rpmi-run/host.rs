@@ -161,9 +161,12 @@ impl Host {
         self.signal_all(libc::SIGKILL);
     }
 
-    /// Another job of the launch ended with `status` (its rpmi-run said why): this one ends too.
+    /// Another job of the launch ended with `status` (its rpmi-run said why): this one ends too, unless it
+    /// is ending already (by a signal passed on, say, which its tasks may be handling).
     pub fn end_by_launch(&self, status: i32) {
-        self.end_job(Cause::Launch(status), "");
+        if !self.ending() {
+            self.end_job(Cause::Launch(status), "");
+        }
     }
 
     /// Hands the launcher's answer to task `task`'s request to the plugin, unless the instance is being
@@ -324,14 +327,16 @@ unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const st
     }
 }
 
-/// Passes task `task`'s request to the launcher, which answers on the node's link.
+/// Passes task `task`'s request to the launcher, which answers on the node's link; one that cannot be
+/// passed on is answered at once with why (the ABI lets a callback complete its own request).
 fn request(data: *mut std::ffi::c_void, task: u32, service: Service, text: &[u8]) -> c_int {
     // SAFETY: the host data given to this instance: a `Host` that outlives it.
     let host = unsafe { host(data) };
-    match &host.link {
-        Some(link) if link.request(task, service, text) => ffi::RPMI_OK,
-        _ => ffi::RPMI_ERR_SYSTEM,
+    let Some(link) = &host.link else { return ffi::RPMI_ERR_SYSTEM };
+    if let Err(why) = link.request(task, service, text) {
+        host.answer(task, false, why.as_bytes());
     }
+    ffi::RPMI_OK
 }
 
 /// # Safety

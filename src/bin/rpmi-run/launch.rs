@@ -137,9 +137,20 @@ impl Job {
     }
 }
 
-/// The file `program` names, as exec would run it: a name with a `/` relative to `wdir`, else the first
-/// executable file of that name in `path` (or rpmi-run's PATH). `Err`: why it cannot be started, as errno.
+/// The file `program` names, as exec would run it from `wdir`: a name with a `/` relative to `wdir`, else the
+/// first executable file of that name in `path` (or rpmi-run's PATH, relative entries relative to `wdir`),
+/// made absolute (the task execs it once in `wdir`). `Err`: why it cannot be started, as errno.
 pub fn resolve(program: &OsString, wdir: Option<&Path>, path: Option<&OsString>) -> Result<PathBuf, i32> {
+    let found = find(program, wdir, path)?;
+    match found.is_absolute() {
+        true => Ok(found),
+        false => {
+            std::env::current_dir().map(|here| here.join(found)).map_err(|e| e.raw_os_error().unwrap_or(libc::ENOENT))
+        }
+    }
+}
+
+fn find(program: &OsString, wdir: Option<&Path>, path: Option<&OsString>) -> Result<PathBuf, i32> {
     let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if program.as_bytes().contains(&b'/') {
         let p = match wdir {
@@ -220,5 +231,16 @@ mod tests {
         assert_eq!(resolve(&"./sh".into(), Some(Path::new("/bin")), None), Ok("/bin/./sh".into()));
         assert_eq!(resolve(&"/etc/passwd".into(), None, None), Err(libc::EACCES));
         assert_eq!(resolve(&"./missing".into(), Some(Path::new("/")), None), Err(libc::ENOENT));
+        // Relative to rpmi-run's directory, so that the task, which execs it once in `wdir`, finds it.
+        let here = std::env::current_dir().unwrap();
+        let dir = here.join("target/resolve-test");
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::copy("/bin/sh", dir.join("sub/prog")).unwrap();
+        let relative = dir.strip_prefix(&here).unwrap().join("sub");
+        assert_eq!(resolve(&"./prog".into(), Some(&relative), None), Ok(here.join(&relative).join("./prog")));
+        assert_eq!(
+            resolve(&"prog".into(), Some(&relative), Some(&".".into())),
+            Ok(here.join(&relative).join("./prog"))
+        );
     }
 }

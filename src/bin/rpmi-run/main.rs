@@ -129,6 +129,7 @@ fn parse_args() -> Job {
                 break;
             }
             s if s.starts_with('-') => die(format!("unknown option '{s}'\n{USAGE}")),
+            ":" => die(format!("no program before ':'\n{USAGE}")),
             _ => {
                 let mut program = vec![arg];
                 program.extend(application(&mut it));
@@ -148,6 +149,7 @@ fn parse_args() -> Job {
                 }
                 Some("--") => {
                     it.next();
+                    break;
                 }
                 Some(s) if s.starts_with('-') => die(format!("only -n may follow ':', not '{s}'\n{USAGE}")),
                 _ => break,
@@ -207,17 +209,30 @@ fn spawned_job(fd: Option<String>) -> (Job, UnixStream) {
     }
 }
 
-/// Checks that every process of a spawned job can be started (its program found and executable) and tells
-/// the first rpmi-run the spawn's answer: one error code per process, 0 for each that starts. If one cannot
-/// start, none does and every code is PMI_FAIL (-1), and why is said: MPICH's spawner waits for the
-/// children to connect unless every code is non-zero.
+/// Checks that every process of a spawned job can be started (its program found and executable, its
+/// directory one, the preputs what a put may be) and tells the first rpmi-run the spawn's answer: one error
+/// code per process, 0 for each that starts. If one cannot start, none does and every code is PMI_FAIL (-1),
+/// and why is said: MPICH's spawner waits for the children to connect unless every code is non-zero.
 fn answer_spawn(job: &Job, link: &mut UnixStream) -> bool {
     let mut fine = true;
+    let mut fail = |why: String| {
+        say!("{why}; the spawn fails");
+        fine = false;
+    };
     for app in &job.apps {
-        if let Err(errno) = launch::resolve(&app.program[0], app.wdir.as_deref(), app.path.as_ref()) {
+        if let Some(wdir) = app.wdir.as_ref().filter(|w| !w.is_dir()) {
+            fail(format!("cannot start {} in {}: not a directory", app.program[0].to_string_lossy(), wdir.display()));
+        } else if let Err(errno) = launch::resolve(&app.program[0], app.wdir.as_deref(), app.path.as_ref()) {
             let why = std::io::Error::from_raw_os_error(errno);
-            say!("cannot start {}: {why}; the spawn fails", app.program[0].to_string_lossy());
-            fine = false;
+            fail(format!("cannot start {}: {why}", app.program[0].to_string_lossy()));
+        }
+    }
+    // The plugin's limits: options it refuses give the defaults, and it says why when the job starts.
+    let options = serde_json::Value::Object(job.options.clone()).to_string();
+    let limits = Options::parse(Some(&options)).map(|o| o.limits).unwrap_or_default();
+    for (key, value) in &job.preputs {
+        if let Err(why) = rpmi::server::check_preput(&limits, key.as_bytes(), value.as_bytes()) {
+            fail(format!("the preput '{key}': {why}"));
         }
     }
     let code = if fine { "0" } else { "-1" };

@@ -20,12 +20,12 @@ use crate::launch::{App, Job};
 use rpmi::server::Names;
 use rpmi::wire::SpawnRequest;
 use std::ffi::OsString;
+use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 /// Node (or spawned rpmi-run) to launcher: a task's request: node (u32 LE), task (u32 LE), [`Service`] (one
@@ -49,8 +49,11 @@ pub const FINAL: u8 = 16;
 /// The longest frame between rpmi-run's own processes: a spawn's request or job, bounded by the plugin's
 /// `spawn_bytes_max` (256 KiB by default), JSON-escaped.
 pub const FRAME_MAX: usize = 16 << 20;
-/// At most this many jobs spawned in one launch: a program that spawns itself without end is stopped.
-const SPAWNED_JOBS_MAX: u32 = 1024;
+/// At most this many spawned jobs run at once in a launch: a program that spawns itself without end is
+/// stopped.
+const SPAWNED_JOBS_MAX: usize = 1024;
+/// At most this many processes in one spawn (every process's error code must fit the answer).
+const SPAWN_PROCS_MAX: u64 = 65536;
 
 /// The service a task asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,10 +127,16 @@ impl NodeLink {
         Ok(NodeLink { node, writer: Mutex::new(stream), reader: Mutex::new(Some(reader)) })
     }
 
-    /// Sends task `task`'s request; false if the launcher has gone.
-    pub fn request(&self, task: u32, service: Service, text: &[u8]) -> bool {
+    /// Sends task `task`'s request. `Err` says why it was not: a request too large to pass on (the link
+    /// stays usable), or the launcher has gone.
+    pub fn request(&self, task: u32, service: Service, text: &[u8]) -> Result<(), String> {
+        // The spawned job's description carries the request again, JSON-escaped: half the frame is the most.
+        if text.len() > FRAME_MAX / 2 {
+            return Err(format!("a request of {} bytes, more than rpmi-run passes on ({})", text.len(), FRAME_MAX / 2));
+        }
         let payload = addressed(self.node, task, service as u8, text);
-        self.writer.lock().is_ok_and(|mut s| conn::write_frame(&mut *s, REQUEST, &payload).is_ok())
+        let sent = self.writer.lock().is_ok_and(|mut s| conn::write_frame(&mut *s, REQUEST, &payload).is_ok());
+        sent.then_some(()).ok_or_else(|| "rpmi-run's launcher has gone".into())
     }
 
     /// Reads what the launcher sends until it goes: each answer to `answer(task, ok, text)`, an order to
@@ -189,7 +198,8 @@ impl Launch {
             None => Role::First(Box::new(First {
                 names: Names::new(),
                 template: job.clone(),
-                exe: std::env::current_exe()?,
+                exe: CString::new(std::env::current_exe()?.into_os_string().into_vec())
+                    .map_err(|_| io::Error::other("rpmi-run's path holds a NUL"))?,
                 jobs: 0,
                 pids: spawned.clone(),
             })),
@@ -276,6 +286,8 @@ struct Spawned {
     waiting: Option<Requester>,
     /// How it ended, once it said it.
     exit: Option<Ended>,
+    /// Until its connection ends.
+    running: bool,
 }
 
 /// A task waiting for an answer: on which connection, and its node and local index there.
@@ -293,7 +305,7 @@ struct First {
     /// The first job: what a spawned job inherits (nodes, options, plugin...).
     template: Job,
     /// rpmi-run itself, which runs each spawned job.
-    exe: PathBuf,
+    exe: CString,
     /// Jobs spawned so far.
     jobs: u32,
     pids: Arc<Mutex<Vec<libc::pid_t>>>,
@@ -343,8 +355,7 @@ impl Launcher {
     /// Whether the launch is over for this launcher: it has told its main thread the launch's status.
     fn done(&mut self) -> bool {
         let Some(job) = self.job else { return false };
-        let running = |(s, c): (&Source, &Conn)| matches!(s, Source::Spawned(_)) && !c.ended();
-        if self.sources.iter().zip(&self.conns).any(running) {
+        if self.sources.iter().any(|s| matches!(s, Source::Spawned(Spawned { running: true, .. }))) {
             return false;
         }
         let launch = match self.role {
@@ -441,6 +452,13 @@ impl Launcher {
             Source::Spawned(s) => {
                 let (job, pid, waiting) = (s.job, s.pid, s.waiting.take());
                 let died = s.exit.is_none();
+                s.running = false;
+                if died {
+                    // Its own tasks (of a one-node job) are in its process group; a node's shell ends its
+                    // own when it loses its coordinator.
+                    // SAFETY: SIGKILL to the process group of our own child.
+                    unsafe { libc::kill(-pid, libc::SIGKILL) };
+                }
                 // SAFETY: waitpid on our own child into a local; a parent that reaps every child (a one-node
                 // shell waiting for its tasks) may have reaped it already.
                 unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
@@ -537,37 +555,72 @@ impl Launcher {
 
     /// Starts the rpmi-run of the job `request` (the plugin's JSON) asks for.
     fn spawn(&mut self, from: Requester, request: &[u8]) -> Result<(), String> {
-        let first = self.first();
-        if first.jobs >= SPAWNED_JOBS_MAX {
-            return Err(format!("{SPAWNED_JOBS_MAX} jobs were spawned already, the most one rpmi-run starts"));
+        let running = self.sources.iter().filter(|s| matches!(s, Source::Spawned(Spawned { running: true, .. })));
+        if running.count() >= SPAWNED_JOBS_MAX {
+            return Err(format!("{SPAWNED_JOBS_MAX} spawned jobs run already, the most rpmi-run runs at once"));
         }
+        let first = self.first();
         let request: SpawnRequest = rpmi::abi::spawn_request(request).map_err(|e| format!("a spawn request {e}"))?;
         let mut job = spawned_job(&first.template, &request)?;
-        first.jobs += 1;
-        let number = first.jobs;
+        let number = first.jobs + 1;
         job.job_id = format!("{}.{number}", first.template.job_id);
         let (ours, theirs) = UnixStream::pair().map_err(|e| format!("cannot connect a spawned job: {e}"))?;
-        let fd: RawFd = theirs.as_raw_fd();
-        let mut cmd = Command::new(&first.exe);
-        cmd.arg("--spawned-job").arg(fd.to_string());
-        // SAFETY: between fork and exec: fcntl only, async-signal-safe, on the fd the child is to keep.
-        unsafe {
-            cmd.pre_exec(move || match libc::fcntl(fd, libc::F_SETFD, 0) {
-                0 => Ok(()),
-                _ => Err(io::Error::last_os_error()),
-            });
-        }
-        let child = cmd.spawn().map_err(|e| format!("cannot start rpmi-run for the spawned job: {e}"))?;
+        let pid = start_rpmi_run(&first.exe, &theirs)
+            .map_err(|e| format!("cannot start rpmi-run for the spawned job: {e}"))?;
         drop(theirs);
-        let pid = child.id() as libc::pid_t;
+        first.jobs = number;
         if let Ok(mut pids) = first.pids.lock() {
             pids.push(pid);
         }
         let mut conn = Conn::new(ours).map_err(|e| format!("cannot connect a spawned job: {e}"))?;
         conn.send(JOB, Arc::new(job.to_json()));
         self.conns.push(conn);
-        self.sources.push(Source::Spawned(Spawned { job: number, pid, waiting: Some(from), exit: None }));
+        let spawned = Spawned { job: number, pid, waiting: Some(from), exit: None, running: true };
+        self.sources.push(Source::Spawned(spawned));
         Ok(())
+    }
+}
+
+extern "C" {
+    static environ: *const *mut libc::c_char;
+}
+
+/// Starts `exe --spawned-job 3`, `link` its fd 3, in a process group of its own (so that its tasks can be
+/// ended with it if it dies) and with stdin from /dev/null (only the first job's tasks read rpmi-run's). With
+/// posix_spawn, not std's Command: an exec that fails is reported by its result, and the child it leaves is
+/// reaped by whoever waits first (a one-node shell reaps every child), where Command's own wait would fail.
+fn start_rpmi_run(exe: &CStr, link: &UnixStream) -> io::Result<libc::pid_t> {
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) };
+    // A copy above the standard fds, so that dup2 onto 3 always makes a new fd (which exec keeps).
+    // SAFETY: F_DUPFD_CLOEXEC on our own open fd.
+    let copy = unsafe { libc::fcntl(link.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if copy < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd of ours, closed when this drops.
+    let copy = unsafe { OwnedFd::from_raw_fd(copy) };
+    let argv = [exe.as_ptr(), c"--spawned-job".as_ptr(), c"3".as_ptr(), std::ptr::null()];
+    // SAFETY: the attribute and action objects are initialized before use and destroyed after; every pointer
+    // passed lives through the call; `environ` is the process's environment.
+    unsafe {
+        let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut actions))?;
+        check(libc::posix_spawnattr_init(&mut attr))?;
+        let mut pid: libc::pid_t = 0;
+        let dev_null = c"/dev/null".as_ptr();
+        let spawned = check(libc::posix_spawn_file_actions_adddup2(&mut actions, copy.as_raw_fd(), 3))
+            .and_then(|()| check(libc::posix_spawn_file_actions_addopen(&mut actions, 0, dev_null, libc::O_RDONLY, 0)))
+            .and_then(|()| {
+                check(libc::posix_spawnattr_setflags(&mut attr, libc::POSIX_SPAWN_SETPGROUP as libc::c_short))
+            })
+            .and_then(|()| check(libc::posix_spawnattr_setpgroup(&mut attr, 0)))
+            .and_then(|()| {
+                check(libc::posix_spawn(&mut pid, exe.as_ptr(), &actions, &attr, argv.as_ptr().cast(), environ.cast()))
+            });
+        libc::posix_spawn_file_actions_destroy(&mut actions);
+        libc::posix_spawnattr_destroy(&mut attr);
+        spawned.map(|()| pid)
     }
 }
 
@@ -587,9 +640,8 @@ fn spawned_job(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
                 (b"path", path) => app.path = Some(OsString::from(path)),
                 (b"host" | b"hosts", hosts) => {
                     let here = crate::hostname();
-                    if let Some(other) =
-                        hosts.split(',').map(str::trim).find(|h| !["localhost", "127.0.0.1", &here].contains(h))
-                    {
+                    let mut named = hosts.split(',').map(str::trim).filter(|h| !h.is_empty());
+                    if let Some(other) = named.find(|h| !["localhost", "127.0.0.1", &here].contains(h)) {
                         return Err(format!("rpmi-run runs every task on this machine ({here}), not on '{other}'"));
                     }
                 }
@@ -610,6 +662,9 @@ fn spawned_job(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
         apps.push(app);
     }
     let size: u64 = apps.iter().map(|a| u64::from(a.n)).sum();
-    let size = u32::try_from(size).map_err(|_| format!("a spawn of {size} processes"))?;
+    if size > SPAWN_PROCS_MAX {
+        return Err(format!("a spawn of {size} processes, more than the {SPAWN_PROCS_MAX} rpmi-run starts at once"));
+    }
+    let size = size as u32;
     Ok(Job { apps, preputs, spawned: true, nodes: template.nodes.min(size).max(1), ..template.clone() })
 }
