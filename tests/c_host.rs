@@ -5,7 +5,10 @@
 //! (`host --check-errors`).
 //!
 //! `cc` and `mpicc` (MPICH) are required: without them the tests fail, saying to run docker/install-deps.sh.
-//! Every run of a program has a hang guard: it is killed, with its whole process group, after [`HANG_GUARD`].
+//! The spawn tests (the host's `spawn` callback, ABI revision 2) need MPICH 5, which that script installs in
+//! `/opt/rpmi-mpich5` (or `RPMI_MPICH5`, a directory with `bin/mpicc`): Debian's MPICH 4.0.2 cannot spawn.
+//! Every run of a program has a hang guard: it is killed, with its whole process group, after [`HANG_GUARD`];
+//! a host and every host it starts for a spawned job share that group, so no process of a run may outlive it.
 
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -154,10 +157,26 @@ fn build_mpi_pairs(dir: &TempDir) -> PathBuf {
     out
 }
 
+/// Builds `tests/programs/NAME.c` into `dir` with MPICH 5's `mpicc`.
+fn build_mpich5(dir: &TempDir, name: &str) -> PathBuf {
+    let mpich5 = std::env::var_os("RPMI_MPICH5").map_or_else(|| PathBuf::from("/opt/rpmi-mpich5"), PathBuf::from);
+    let mpicc = mpich5.join("bin/mpicc");
+    assert!(mpicc.exists(), "no MPICH 5 at {}: run docker/install-deps.sh to install it", mpicc.display());
+    let out = dir.path(name);
+    let source = manifest_dir().join(format!("tests/programs/{name}.c"));
+    compile(mpicc.to_str().expect("UTF-8"), &["-O1"], &source, &out, &[]);
+    out
+}
+
 /// Runs `host [mode...] PLUGIN PROGRAM [ARGS...]`.
 fn host_run(host: &Path, mode: &[&str], program: &Path, args: &[&str]) -> Run {
+    host_run_env(host, mode, program, args, &[])
+}
+
+/// Runs `host [mode...] PLUGIN PROGRAM [ARGS...]` with `env` added to its environment.
+fn host_run_env(host: &Path, mode: &[&str], program: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(host);
-    cmd.args(mode).arg(plugin()).arg(program).args(args);
+    cmd.args(mode).arg(plugin()).arg(program).args(args).envs(env.iter().copied());
     run(cmd)
 }
 
@@ -328,4 +347,180 @@ fn host_reports_its_own_errors() {
     let r = host_run(&host, &["-n", "1"], Path::new("no-such-program-anywhere"), &[]);
     assert_eq!(r.code(), 1, "{r}");
     assert!(r.stderr.contains("no-such-program-anywhere: not found"), "{r}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Spawn: the host serves PMI_Spawn_multiple through the ABI's spawn callback (revision 2) by starting itself
+// again as the host of the spawned job (tests/c_host/host.c, header comment).
+
+/// `host [mode] -n 2 PLUGIN mpi_spawn ARGS`: MPI_Comm_spawn of copies of the program, merged and checked.
+fn mpi_spawn_succeeds(name: &str, mode: &[&str], args: &[&str], line: &str) {
+    let dir = TempDir::new(name);
+    let (host, program) = (build_host(&dir), build_mpich5(&dir, "mpi_spawn"));
+    let r = host_run(&host, &[mode, &["-n", "2"]].concat(), &program, args);
+    assert_eq!(r.code(), 0, "the spawning job failed\n{r}");
+    assert!(r.stdout.contains(line), "no `{line}`\n{r}");
+    assert_callback_threads(&r, mode);
+}
+
+const SPAWN_OF_3: &str =
+    "mpi_spawn: 2 parents, 3 children, depth 1 (3 processes below the parents): merged and checked";
+
+#[test]
+fn mpi_spawn_in_thread_mode() {
+    mpi_spawn_succeeds("spawn-thread", &[], &["3"], SPAWN_OF_3);
+}
+
+#[test]
+fn mpi_spawn_in_event_loop_mode() {
+    mpi_spawn_succeeds("spawn-event-loop", &["--event-loop"], &["3"], SPAWN_OF_3);
+}
+
+/// The spawned job spawns in turn: three hosts, each waiting for the one it started. The parents are on two
+/// nodes, and so are the children (a spawned job gets at most as many nodes as its spawner).
+#[test]
+fn mpi_spawn_nested_two_levels() {
+    let line = "mpi_spawn: 2 parents, 3 children, depth 2 (6 processes below the parents): merged and checked";
+    mpi_spawn_succeeds("spawn-nested", &["--nodes", "2"], &["3", "2"], line);
+}
+
+/// MPI_Comm_spawn_multiple of two commands: each child's MPI_APPNUM is its command's index, and each command
+/// runs with its own arguments.
+#[test]
+fn mpi_spawn_multiple_gives_each_command_its_appnum() {
+    let dir = TempDir::new("spawn-multiple");
+    let (host, program) = (build_host(&dir), build_mpich5(&dir, "mpi_spawn_multiple"));
+    let r = host_run(&host, &["--event-loop", "-n", "2"], &program, &[]);
+    assert_eq!(r.code(), 0, "the spawning job failed\n{r}");
+    let line =
+        "mpi_spawn_multiple: 2 parents, 1 child of command 0 and 2 of command 1: appnums, argvs and merge checked";
+    assert!(r.stdout.contains(line), "no `{line}`\n{r}");
+}
+
+/// A spawn of a program that does not exist starts nothing and answers -1 for every process (MPICH's spawner
+/// waits for its children unless every code is an error): MPI_Comm_spawn returns, and nothing hangs.
+#[test]
+fn mpi_spawn_of_a_missing_program_fails_with_error_codes() {
+    let dir = TempDir::new("spawn-missing");
+    let (host, program) = (build_host(&dir), build_mpich5(&dir, "mpi_spawn_missing"));
+    for mode in [&[][..], &["--event-loop"][..]] {
+        let r = host_run(&host, &[mode, &["-n", "2"]].concat(), &program, &[]);
+        assert_eq!(r.code(), 0, "the spawning job failed ({mode:?})\n{r}");
+        assert!(r.stdout.contains("mpi_spawn_missing: spawn failed as expected"), "({mode:?})\n{r}");
+        assert!(r.stdout.contains("errcodes -1 -1"), "every process's code is -1 ({mode:?})\n{r}");
+        let why = "cannot start ./no-such-program-rpmi: not found, or not executable; the spawn fails";
+        assert!(r.stderr.contains(why), "the host did not say why ({mode:?})\n{r}");
+    }
+}
+
+/// Rank 0 of the spawned job calls MPI_Abort(42): the spawned job's host exits 42, which ends the spawning
+/// job with that status (its tasks killed), however the parents' MPI reacts to losing their children; no
+/// process of either job is left (run checks the process group). Nested: the abort at depth 2 goes up two
+/// hosts.
+#[test]
+fn an_abort_in_a_spawned_job_ends_the_spawning_job_with_its_code() {
+    let dir = TempDir::new("spawn-abort");
+    let (host, program) = (build_host(&dir), build_mpich5(&dir, "mpi_spawn"));
+    for (mode, args, level) in [
+        (&[][..], &["3"][..], "1"),
+        (&["--event-loop"][..], &["3"][..], "1"),
+        (&["--nodes", "2"][..], &["2", "2"][..], "2"),
+    ] {
+        let r =
+            host_run_env(&host, &[mode, &["-n", "2"]].concat(), &program, args, &[("MPI_SPAWN_ABORT_LEVEL", level)]);
+        assert_eq!(r.code(), 42, "the spawning job did not end with the abort's code ({mode:?}, level {level})\n{r}");
+        assert!(r.stderr.contains("host: rank 0 called PMI_Abort with exit code 42"), "({mode:?})\n{r}");
+        assert!(
+            r.stderr.contains("host: a spawned job failed: its host exited with status 42; ending this job"),
+            "the spawning host did not see its spawned job fail ({mode:?}, level {level})\n{r}"
+        );
+        assert!(!r.stdout.contains("merged and checked"), "the job ran to its end despite the abort\n{r}");
+    }
+}
+
+/// `rpmi-probe info` lines: rank -> its `key=value` fields.
+fn probe_info(stdout: &str) -> std::collections::BTreeMap<u32, std::collections::BTreeMap<String, String>> {
+    let mut ranks = std::collections::BTreeMap::new();
+    for line in stdout.lines().filter(|l| l.starts_with("rank=") && l.contains(" appnum=")) {
+        let fields: std::collections::BTreeMap<String, String> =
+            line.split_whitespace().filter_map(|t| t.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
+        ranks.insert(fields["rank"].parse().expect("a rank number"), fields);
+    }
+    ranks
+}
+
+/// A PMI-1 spawner on the wire (tests/programs/pmi_spawn.sh): two commands with their appnums, the preputs
+/// in the new job's KVS, a program found in the `path` info and run in the `wdir` info, PMI_SPAWNED=1 and
+/// the spawner's universe; a `host` info naming another machine is refused with the host's own message.
+#[test]
+fn pmi_spawn_on_the_wire_gives_the_new_job_what_pmi_promises() {
+    let dir = TempDir::new("spawn-wire");
+    let host = build_host(&dir);
+    let script = manifest_dir().join("tests/programs/pmi_spawn.sh");
+    let probe = env!("CARGO_BIN_EXE_rpmi-probe");
+    for mode in [&[][..], &["--event-loop"][..]] {
+        let r = host_run(&host, &[mode, &["-n", "1"]].concat(), &script, &[probe]);
+        assert_eq!(r.code(), 0, "pmi_spawn.sh failed ({mode:?})\n{r}");
+        let answers: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("spawner: ")).collect();
+        assert_eq!(
+            answers,
+            [
+                "spawner: cmd=spawn_result rc=0 errcodes=0,0,0",
+                "spawner: cmd=spawn_result rc=0 errcodes=0,0",
+                "spawner: cmd=spawn_result rc=0 errcodes=0"
+            ],
+            "({mode:?})\n{r}"
+        );
+        let ranks = probe_info(&r.stdout);
+        assert_eq!(ranks.keys().copied().collect::<Vec<_>>(), [0, 1, 2], "({mode:?})\n{r}");
+        for (rank, fields) in &ranks {
+            assert_eq!(fields["appnum"], if *rank == 0 { "0" } else { "1" }, "rank {rank} ({mode:?})\n{r}");
+            assert_eq!(fields["size"], "3", "({mode:?})\n{r}");
+            assert_eq!(fields["universe"], "1", "the spawner's universe ({mode:?})\n{r}");
+            assert_eq!(fields["kvsname"], ranks[&0]["kvsname"], "one job, one KVS ({mode:?})\n{r}");
+        }
+        for line in ["rank=0 greeting=hello world", "rank=1 greeting=hello world", "1"] {
+            assert!(r.stdout.lines().any(|l| l == line), "no `{line}` ({mode:?})\n{r}");
+        }
+    }
+
+    let r = host_run(&host, &["-n", "1"], &script, &[probe, "elsewhere.example"]);
+    assert_eq!(r.code(), 0, "pmi_spawn.sh elsewhere.example failed\n{r}");
+    let refused = r.stdout.lines().find(|l| l.starts_with("spawner: cmd=spawn_result rc=-1 msg="));
+    assert!(refused.is_some_and(|l| l.contains("not_on_'elsewhere.example'")), "the spawn was not refused\n{r}");
+    assert!(r.stderr.contains("a spawn is refused: this host runs every task on this machine"), "{r}");
+}
+
+/// In thread mode the spawn callback runs on the plugin's progress thread, which blocks every signal, and a
+/// signal mask survives exec: the spawned job's tasks must still get the host's own mask (MPI programs rely on
+/// signals: mpi_spawn's `alarm` guard, a launcher's SIGTERM). The spawner prints its mask, then spawns `grep`
+/// to print the spawned task's.
+#[test]
+fn a_spawned_job_gets_the_hosts_signal_mask() {
+    let dir = TempDir::new("spawn-sigmask");
+    let host = build_host(&dir);
+    let script = dir.path("sigmask.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/bash\n\
+         set -eu\n\
+         echo 'cmd=init pmi_version=1 pmi_subversion=1' >&$PMI_FD\n\
+         read -r line <&$PMI_FD\n\
+         grep SigBlk /proc/self/status | sed 's/^/spawner /'\n\
+         printf 'mcmd=spawn\\nnprocs=1\\nexecname=grep\\ntotspawns=1\\nspawnssofar=1\\nargcnt=2\\narg1=SigBlk\\n\
+         arg2=/proc/self/status\\npreput_num=0\\ninfo_num=0\\nendcmd\\n' >&$PMI_FD\n\
+         read -r line <&$PMI_FD\n\
+         echo \"spawner: $line\"\n\
+         echo 'cmd=finalize' >&$PMI_FD\n\
+         read -r line <&$PMI_FD\n",
+    )
+    .expect("writing the script");
+    for mode in [&[][..], &["--event-loop"][..]] {
+        let r = host_run(&host, &[mode, &["-n", "1"]].concat(), Path::new("/bin/bash"), &[script.to_str().unwrap()]);
+        assert_eq!(r.code(), 0, "({mode:?})\n{r}");
+        assert!(r.stdout.contains("spawner: cmd=spawn_result rc=0 errcodes=0"), "({mode:?})\n{r}");
+        let mask = |prefix: &str| r.stdout.lines().find_map(|l| l.strip_prefix(prefix)).map(str::trim);
+        let (spawner, spawned) = (mask("spawner SigBlk:"), mask("SigBlk:"));
+        assert!(spawner.is_some() && spawner == spawned, "the spawned task's signal mask differs ({mode:?})\n{r}");
+    }
 }

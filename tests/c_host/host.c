@@ -13,10 +13,43 @@
  *
  * --check-errors feeds the plugin bad input and checks that the documented error codes come back.
  *
- * Exit status: the code of an abort if the job was aborted, else the first failing task's (128+signal for a
- * task killed by a signal), else 0. The host's own failures exit 2 (bad usage) or 1. At the end of a job it
- * says on which threads the plugin called collective, abort and log: the main thread (which reaps tasks, and
- * in event-loop mode calls progress and destroy) or others (the plugin's progress threads).
+ * Spawn (PMI_Spawn_multiple; only when built against a header of revision 2 or later, and only with a plugin
+ * of revision 2 or later). The spawn callback reads the request's JSON, and checks it: every program must be
+ * found and executable as exec would find it (a name with a '/' is a path, others are looked for in the
+ * command's "path" info, else PATH; both from its "wdir" info, where its tasks start, with PATH set to
+ * "path"). If one is not, no process starts and every process's code is -1 (MPICH's spawner waits for its
+ * children unless every code is an error). A "host" info naming another machine than this one is refused
+ * with a message, as is a malformed request; other info keys are ignored. Otherwise the spawned job is run by
+ * a new host process, this program started again (/proc/self/exe, same mode and plugin, at most as many
+ * nodes as this job) as
+ *
+ *   host [--event-loop] --nodes M --spawned FD PLUGIN.so
+ *
+ * FD is one end of a socketpair, the other end kept by the spawning host. Over it the spawning host sends
+ * "UNIVERSE LENGTH\n" and the request itself; the spawned host runs one application per command, every
+ * instance created with spawned = 1, the preputs of all commands and each command's index as its ranks'
+ * appnum, and answers "ok\n" once every task has started (else a line saying why, which the spawning host
+ * passes on as its refusal). Only then is the spawn answered, with 0 for every process. The callback answers
+ * before it returns, so it waits for that word: the time a host takes to start its tasks, during which the
+ * instance (in event-loop mode, the loop) serves no one else.
+ *
+ * The jobs' ends are tied through that socket and the hosts' wait statuses:
+ *  - a spawned job that fails (its host exits non-zero) ends the spawning job (its tasks are killed), and a
+ *    job that ends on a failure shuts down its side of every spawned host's socket: at end-of-file a spawned
+ *    host ends its own job (exit status 1 if nothing else failed). A spawning host that dies is seen the
+ *    same way.
+ *  - a host waits for every host it spawned before it exits. Its exit status is that of the job that began
+ *    to fail first: each host notes when its job began to end (CLOCK_MONOTONIC) and a spawned host sends
+ *    "STATUS WHEN\n" just before it exits; so a spawned job's abort is reported, not the failures of the
+ *    spawning job's tasks that it caused. Without failures it is 0.
+ * A spawned host watches its socket on a thread of its own, in both modes, since it must notice the end of
+ * the spawning job while it waits for its tasks and for the hosts it spawned in turn.
+ *
+ * Exit status: that of the job that began to fail first, this one or one it spawned (see above); this job's
+ * own is the code of an abort if it was aborted, else the first failing task's (128+signal for a task killed
+ * by a signal), else 0. The host's own failures exit 2 (bad usage) or 1. At the end of a job it says on which
+ * threads the plugin called collective, abort, log and spawn: the main thread (which reaps tasks, and in
+ * event-loop mode calls progress and destroy) or others (the plugin's progress threads).
  *
  * Build: cc -std=c99 -Wall -Wextra -Werror -D_GNU_SOURCE -I plugin-spec tests/c_host/host.c -ldl -lpthread
  */
@@ -29,12 +62,15 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -42,8 +78,11 @@ extern char **environ;
 static const char usage[] = "usage: host [--event-loop] [--nodes M] -n N PLUGIN.so PROGRAM [ARGS...]\n"
                             "       host --check-errors PLUGIN.so\n";
 
-/* The plugin's table, for the life of the process. */
+/* The plugin's table, for the life of the process, and the revision of the ABI it serves. */
 static const rpmi_plugin *plugin;
+#ifdef RPMI_ABI_REVISION
+static uint32_t plugin_revision = 1;
+#endif
 
 static pthread_t main_thread;
 
@@ -96,13 +135,18 @@ static void load_plugin(const char *path) {
         die("%s: rpmi_plugin_entry returned NULL", path);
     if (t->abi_version != RPMI_ABI_VERSION)
         die("%s speaks plugin ABI version %u, this host speaks %d", path, (unsigned)t->abi_version, RPMI_ABI_VERSION);
-    if (t->struct_size < sizeof(rpmi_plugin))
-        die("%s: its plugin table has %u bytes, this host needs %zu", path, (unsigned)t->struct_size,
-            sizeof(rpmi_plugin));
+    /* Revision 1's table ends with destroy; a later revision's fields are read only if the table has them. */
+    size_t needed = offsetof(rpmi_plugin, destroy) + sizeof t->destroy;
+    if (t->struct_size < needed)
+        die("%s: its plugin table has %u bytes, this host needs %zu", path, (unsigned)t->struct_size, needed);
     if (!t->create || !t->task_init || !t->task_exec || !t->task_forked || !t->task_exit || !t->progress ||
         !t->collective_complete || !t->service_complete || !t->destroy)
         die("%s: its plugin table lacks functions of ABI version %d", path, RPMI_ABI_VERSION);
     plugin = t;
+#ifdef RPMI_ABI_REVISION
+    if (t->struct_size >= offsetof(rpmi_plugin, abi_revision) + sizeof t->abi_revision)
+        plugin_revision = t->abi_revision;
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -120,9 +164,28 @@ struct node {
     size_t len;
 };
 
+/* One application of the job: a run of ranks that start the same program (a spawned job has one per
+ * command). Made and freed by main, or (a spawned job) by plan_spawn and free_plan. */
+struct app {
+    uint32_t n;     /* ranks */
+    char **argv;    /* NULL-terminated, argv[0] as given */
+    char *exec;     /* what execve runs: found beforehand, relative to wdir if that is set */
+    const char *wdir; /* where the tasks start (a spawn's "wdir" info); NULL: the host's directory */
+    char *path_env; /* "PATH=..." for the tasks (a spawn's "path" info); NULL: the host's */
+};
+
 struct task {
     uint32_t node, local;
-    pid_t pid; /* 0: not started, or reaped */
+    uint32_t app; /* index in job.apps */
+    pid_t pid;    /* 0: not started, or reaped */
+};
+
+/* A host this one started for a spawned job (see the header comment). */
+struct spawned {
+    pid_t pid; /* 0 once reaped */
+    int code;  /* once reaped: its exit status (128+signal if killed) */
+    int fd;    /* our end of its socket, once it said its tasks started (its end is tied to ours); else -1 */
+    int told;  /* its socket was shut down: its job must end */
 };
 
 static struct {
@@ -130,11 +193,20 @@ static struct {
     struct node *nodes;
     uint32_t nnodes;
     uint32_t contributions; /* nodes that have contributed to the collective in progress */
+    struct app *apps;       /* set up before any task starts; read by the main thread only */
+    uint32_t napps;
     struct task *tasks;
     uint32_t ntasks;
     int ending;     /* the job is ending: no more tasks start, every task is killed */
     int aborted;    /* an abort came; abort_code is the job's exit status */
     int abort_code;
+    unsigned long long began; /* when the job began to end (now_ns) */
+    struct spawned *spawned;  /* the hosts of spawned jobs, reaped or not */
+    uint32_t nspawned, spawned_running;
+    int spawn_failure;              /* the exit status of the spawned job that began to fail first; 0: none */
+    unsigned long long spawn_began; /* when it began to fail */
+    int spawner_lost;               /* a spawned host: the spawning job ended, so this one did */
+    int done;                       /* the job's status is settled: nothing may end it any more */
 } job = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void lock(void) {
@@ -149,7 +221,16 @@ static void unlock(void) {
         die("pthread_mutex_unlock: %s", strerror(e));
 }
 
-/* How many callbacks (collective, abort, log) ran on the main thread, and on others. */
+/* CLOCK_MONOTONIC in nanoseconds: one clock for every process of the machine, so that hosts can compare when
+ * their jobs began to fail. */
+static unsigned long long now_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        die("clock_gettime: %s", strerror(errno));
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+/* How many callbacks (collective, abort, log, spawn) ran on the main thread, and on others. */
 static pthread_mutex_t threads_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long callbacks_on_main, callbacks_elsewhere;
 
@@ -162,13 +243,72 @@ static void count_callback_thread(void) {
     pthread_mutex_unlock(&threads_lock);
 }
 
-/* With job.lock held: end the job, killing every task. A task not yet reaped is at worst a zombie, whose pid
- * cannot have been reused (tasks are reaped under the lock). */
+/* With job.lock held: end the job, killing every task, and every job it spawned (end-of-file on their
+ * socket tells their host). A task not yet reaped is at worst a zombie, whose pid cannot have been reused
+ * (tasks are reaped under the lock). */
 static void end_job_locked(void) {
+    if (!job.ending)
+        job.began = now_ns();
     job.ending = 1;
     for (uint32_t r = 0; r < job.ntasks; r++)
         if (job.tasks[r].pid > 0)
             kill(job.tasks[r].pid, SIGKILL);
+    for (uint32_t i = 0; i < job.nspawned; i++) {
+        struct spawned *sp = &job.spawned[i];
+        if (sp->pid > 0 && sp->fd >= 0 && !sp->told) {
+            sp->told = 1;
+            if (shutdown(sp->fd, SHUT_WR) != 0)
+                fprintf(stderr, "host: shutdown of the socket of spawned host %ld: %s\n", (long)sp->pid,
+                        strerror(errno));
+        }
+    }
+}
+
+/* The exit status a wait status stands for: 128+signal for a process killed by a signal. */
+static int wait_code(int status) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+}
+
+/* With job.lock held: the spawned host `sp`, started and reaped, has ended. Its last words on the socket say
+ * when its job began to fail; a failure ends this job too. */
+static void spawned_ended_locked(struct spawned *sp) {
+    char said[64];
+    unsigned long long began = 0;
+    int status;
+    ssize_t got = recv(sp->fd, said, sizeof said - 1, MSG_DONTWAIT);
+    if (got > 0) {
+        said[got] = '\0';
+        if (sscanf(said, "%d %llu", &status, &began) != 2)
+            began = 0;
+    }
+    if (close(sp->fd) != 0)
+        fprintf(stderr, "host: close: %s\n", strerror(errno));
+    sp->fd = -1;
+    if (sp->code == 0)
+        return;
+    if (began == 0) /* it died without a word: it failed now */
+        began = now_ns();
+    fprintf(stderr, "host: a spawned job failed: its host exited with status %d; ending this job\n", sp->code);
+    if (!job.spawn_failure || began < job.spawn_began) {
+        job.spawn_failure = sp->code;
+        job.spawn_began = began;
+    }
+    end_job_locked();
+}
+
+/* With job.lock held, once waitpid reaped `pid` with `status`: if it is the host of a spawned job, note it. */
+static void spawned_exited_locked(pid_t pid, int status) {
+    for (uint32_t i = 0; i < job.nspawned; i++) {
+        struct spawned *sp = &job.spawned[i];
+        if (sp->pid != pid)
+            continue;
+        sp->pid = 0;
+        sp->code = wait_code(status);
+        job.spawned_running--;
+        if (sp->fd >= 0) /* else it never started its tasks: the spawn failed, its status does not count */
+            spawned_ended_locked(sp);
+        return;
+    }
 }
 
 /* rpmi_host_ops.collective: an allgather across the nodes of this process. The last node to contribute
@@ -298,9 +438,13 @@ static int on_watch_fd(void *host_data, rpmi_instance *instance, int fd) {
     return RPMI_OK;
 }
 
+#ifdef RPMI_ABI_REVISION
+static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len);
+#endif
+
 static rpmi_host_ops host_ops(struct node *node, int event_loop) {
     rpmi_host_ops ops;
-    memset(&ops, 0, sizeof ops); /* publish, unpublish, lookup and spawn: not supported */
+    memset(&ops, 0, sizeof ops); /* publish, unpublish and lookup: not supported */
     ops.struct_size = sizeof ops;
     ops.abi_version = RPMI_ABI_VERSION;
     ops.host_data = node;
@@ -308,18 +452,46 @@ static rpmi_host_ops host_ops(struct node *node, int event_loop) {
     ops.abort = on_abort;
     ops.log = on_log;
     ops.watch_fd = event_loop ? on_watch_fd : NULL;
+#ifdef RPMI_ABI_REVISION
+    /* A spawned job needs a plugin that takes its preputs and appnums. */
+    ops.spawn = plugin_revision >= 2 ? on_spawn : NULL;
+#endif
     return ops;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
  * Starting tasks. */
 
-/* PROGRAM as execve wants it: found on PATH now, so that the child, a fork of a multi-threaded process,
- * only has to call async-signal-safe functions. */
-static char *find_program(const char *name) {
-    if (strchr(name, '/'))
-        return strdup(name);
-    const char *path = getenv("PATH");
+/* Whether `file` (from `wdir` if it is relative and wdir is set) is an executable regular file. */
+static int executable(const char *file, const char *wdir) {
+    char *joined = NULL;
+    if (wdir && file[0] != '/') {
+        size_t size = strlen(wdir) + strlen(file) + 2;
+        joined = xcalloc(size, 1);
+        snprintf(joined, size, "%s/%s", wdir, file);
+        file = joined;
+    }
+    struct stat st;
+    int ok = stat(file, &st) == 0 && S_ISREG(st.st_mode) && access(file, X_OK) == 0;
+    free(joined);
+    return ok;
+}
+
+/* The program `name` as execve wants it, found now, so that the child, a fork of a multi-threaded process,
+ * only has to call async-signal-safe functions. As exec finds it: a name with a '/' is a path, others are
+ * looked for in `path` (NULL: PATH). With `wdir`, where the task starts, relative paths are checked from
+ * there and the result stays relative to it. NULL: not found, or not executable. */
+static char *find_program(const char *name, const char *wdir, const char *path) {
+    if (!*name)
+        return NULL;
+    if (strchr(name, '/')) {
+        if (!executable(name, wdir))
+            return NULL;
+        char *copy = xcalloc(strlen(name) + 1, 1);
+        return strcpy(copy, name);
+    }
+    if (!path)
+        path = getenv("PATH");
     if (!path || !*path)
         path = "/usr/local/bin:/usr/bin:/bin";
     size_t nlen = strlen(name);
@@ -328,8 +500,7 @@ static char *find_program(const char *name) {
         size_t dlen = end ? (size_t)(end - p) : strlen(p);
         char *candidate = xcalloc(dlen + nlen + 3, 1);
         snprintf(candidate, dlen + nlen + 3, "%.*s%s%s", (int)dlen, p, dlen ? "/" : "./", name);
-        struct stat st;
-        if (stat(candidate, &st) == 0 && S_ISREG(st.st_mode) && access(candidate, X_OK) == 0)
+        if (executable(candidate, wdir))
             return candidate;
         free(candidate);
         if (!end)
@@ -338,25 +509,32 @@ static char *find_program(const char *name) {
     }
 }
 
-/* The task's environment: the host's, with the plugin's "NAME=value" strings added or replacing. The
- * strings are borrowed (from environ and the plugin's rpmi_task_env); only the array is allocated. */
-static char **task_environment(const rpmi_task_env *env) {
+/* Whether the environment entry `entry` sets the variable that the "NAME=value" string `var` sets. */
+static int same_variable(const char *entry, const char *var) {
+    const char *eq = strchr(var, '=');
+    size_t name_len = eq ? (size_t)(eq - var) : strlen(var);
+    return strncmp(entry, var, name_len) == 0 && entry[name_len] == '=';
+}
+
+/* The task's environment: the host's, with the plugin's "NAME=value" strings and `extra` (NULL, or one more
+ * such string) added or replacing. The strings are borrowed; only the array is allocated. */
+static char **task_environment(const rpmi_task_env *env, char *extra) {
     size_t n = 0;
     while (environ[n])
         n++;
-    char **envp = xcalloc(n + env->env_count + 1, sizeof *envp);
+    char **envp = xcalloc(n + env->env_count + 2, sizeof *envp);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        const char *eq = strchr(environ[i], '=');
-        size_t name_len = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
-        int replaced = 0;
+        int replaced = extra && same_variable(environ[i], extra);
         for (size_t j = 0; j < env->env_count && !replaced; j++)
-            replaced = strncmp(env->env[j], environ[i], name_len) == 0 && env->env[j][name_len] == '=';
+            replaced = same_variable(environ[i], env->env[j]);
         if (!replaced)
             envp[k++] = environ[i];
     }
     for (size_t j = 0; j < env->env_count; j++)
         envp[k++] = (char *)env->env[j];
+    if (extra)
+        envp[k++] = extra;
     envp[k] = NULL;
     return envp;
 }
@@ -371,8 +549,9 @@ static void child_say(const char *a, const char *b) {
 
 /* Starts rank `rank`: task_init, fork, task_exec and execve in the child, task_forked in the parent.
  * Returns 0 if the task runs (if task_forked failed, the job is ending), or -1 after saying why it does not. */
-static int start_task(uint32_t rank, const char *program, char **argv) {
+static int start_task(uint32_t rank) {
     struct task *t = &job.tasks[rank];
+    const struct app *app = &job.apps[t->app];
     rpmi_instance *instance = job.nodes[t->node].instance;
     rpmi_task_env env;
     memset(&env, 0, sizeof env);
@@ -388,16 +567,20 @@ static int start_task(uint32_t rank, const char *program, char **argv) {
                 env.env_count);
         return -1;
     }
-    char **envp = task_environment(&env);
+    char **envp = task_environment(&env, app->path_env);
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
         if (plugin->task_exec(instance, t->local) != RPMI_OK) {
-            child_say("host: task_exec failed; not starting ", program);
+            child_say("host: task_exec failed; not starting ", app->exec);
             _exit(127);
         }
-        execve(program, argv, envp);
-        child_say("host: cannot execute ", program);
+        if (app->wdir && chdir(app->wdir) != 0) {
+            child_say("host: cannot change to the directory ", app->wdir);
+            _exit(127);
+        }
+        execve(app->exec, app->argv, envp);
+        child_say("host: cannot execute ", app->exec);
         _exit(127);
     }
     int fork_errno = errno;
@@ -424,11 +607,12 @@ static int start_task(uint32_t rank, const char *program, char **argv) {
 static uint32_t tasks_left;
 static int first_failure; /* the first failing task's exit code; 0: none */
 
-/* Reaps `pid` (known to have exited) and tells its instance. */
+/* Reaps `pid` (known to have exited): a task, whose instance is told, or the host of a spawned job. */
 static void reap(pid_t pid) {
     int status = 0;
     lock();
     pid_t got = waitpid(pid, &status, 0);
+    int wait_errno = errno;
     uint32_t rank = job.ntasks;
     if (got == pid) {
         for (uint32_t r = 0; r < job.ntasks; r++) {
@@ -437,21 +621,23 @@ static void reap(pid_t pid) {
                 rank = r;
             }
         }
+        if (rank == job.ntasks)
+            spawned_exited_locked(pid, status);
     }
     int ending = job.ending;
     unlock();
     if (got != pid) {
-        fprintf(stderr, "host: waitpid(%ld): %s\n", (long)pid, strerror(errno));
+        fprintf(stderr, "host: waitpid(%ld): %s\n", (long)pid, strerror(wait_errno));
         return;
     }
     if (rank == job.ntasks)
-        return; /* not a task of ours */
+        return; /* not a task */
     tasks_left--;
     struct task *t = &job.tasks[rank];
     int rc = plugin->task_exit(job.nodes[t->node].instance, t->local, status);
     if (rc != RPMI_OK)
         fprintf(stderr, "host: task_exit for rank %u failed: %s (%d)\n", (unsigned)rank, code_name(rc), rc);
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+    int code = wait_code(status);
     if (code != 0 && first_failure == 0 && !ending) {
         if (WIFSIGNALED(status))
             fprintf(stderr, "host: rank %u was killed by signal %d; ending the job\n", (unsigned)rank,
@@ -488,6 +674,17 @@ static void wait_thread_mode(void) {
     while (tasks_left > 0)
         if (reap_one(1) < 0)
             break;
+}
+
+/* Once the instances are destroyed (no spawn can start any more): waits for the hosts of spawned jobs. */
+static void wait_spawned(void) {
+    for (;;) {
+        lock();
+        uint32_t running = job.spawned_running;
+        unlock();
+        if (running == 0 || reap_one(1) < 0)
+            break;
+    }
 }
 
 /* Event-loop mode: SIGCHLD writes to a pipe, so one poll() waits for the plugin and for tasks. */
@@ -569,6 +766,558 @@ static void event_loop(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Talking to the host of a spawned job, or to the spawning one, on their socket. */
+
+/* How this host runs, for the hosts it starts for spawned jobs. Set before any task starts. */
+static struct {
+    const char *argv0, *plugin_path;
+    int event_loop;
+    uint32_t nnodes;
+    uint32_t universe; /* this job's: a job it spawns gets it */
+    /* The main thread's signal mask, which a spawned host gets back: in thread mode it is forked by the
+     * plugin's progress thread, which blocks every signal, and a mask survives exec. */
+    sigset_t sigmask;
+} self;
+
+/* Writes all of `buf` (MSG_NOSIGNAL: a peer that has gone is an error, not a SIGPIPE). */
+static int send_all(int fd, const char *buf, size_t len) {
+    while (len > 0) {
+        ssize_t sent = send(fd, buf, len, MSG_NOSIGNAL);
+        if (sent < 0 && errno == EINTR)
+            continue;
+        if (sent <= 0)
+            return -1;
+        buf += sent;
+        len -= (size_t)sent;
+    }
+    return 0;
+}
+
+static int send_line(int fd, const char *line) {
+    return send_all(fd, line, strlen(line)) == 0 && send_all(fd, "\n", 1) == 0 ? 0 : -1;
+}
+
+static void close_fd(int fd) {
+    if (close(fd) != 0)
+        fprintf(stderr, "host: close(%d): %s\n", fd, strerror(errno));
+}
+
+#ifdef RPMI_ABI_REVISION
+/* Reads one line (at most size - 1 bytes, newline dropped), a byte at a time so as to take nothing after it. */
+static int read_line(int fd, char *line, size_t size) {
+    size_t k = 0;
+    for (;;) {
+        char c;
+        ssize_t got = read(fd, &c, 1);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0 || (c != '\n' && k + 1 >= size))
+            return -1;
+        if (c == '\n')
+            break;
+        line[k++] = c;
+    }
+    line[k] = '\0';
+    return 0;
+}
+
+static int read_all(int fd, char *buf, size_t len) {
+    while (len > 0) {
+        ssize_t got = read(fd, buf, len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return -1;
+        buf += got;
+        len -= (size_t)got;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Spawn (revision 2 of the ABI): reading the request, checking it, starting a host for the spawned job. */
+
+/* At most this many processes in one spawn: this host forks them all on this machine. */
+#define SPAWN_PROCS_MAX 1024
+/* At most this many preputs, as for rpmi_job_info (plugin-spec/README.md, section 9). */
+#define SPAWN_PREPUTS_MAX 4096
+
+/* The request, read for exactly the shape the header gives: {"commands":[{"args":[...],"execname":"...",
+ * "infos":[["k","v"],...],"nprocs":N,"preputs":[["k","v"],...]},...]}, keys in any order, each at most once
+ * (nprocs and execname required, an unknown key refused). The reader never reads past the end and never
+ * recurses; a function returns -1 on malformed input (or no memory), and what was built so far is freed with
+ * the request. */
+struct command {
+    uint32_t nprocs;
+    char *execname;
+    char **args, **infos, **preputs; /* NULL-terminated; infos and preputs are key, value, key, value... */
+    size_t nargs, ninfos, npreputs;  /* strings in each */
+};
+
+struct request {
+    struct command *commands;
+    size_t ncommands;
+};
+
+struct json {
+    const char *p, *end;
+};
+
+static void json_space(struct json *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
+}
+
+/* Takes `c`, after white space, if it comes next. */
+static int json_take(struct json *j, char c) {
+    json_space(j);
+    if (j->p == j->end || *j->p != c)
+        return 0;
+    j->p++;
+    return 1;
+}
+
+static int json_hex4(const char *s, unsigned *out) {
+    *out = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0)
+            return -1;
+        *out = *out * 16 + (unsigned)d;
+    }
+    return 0;
+}
+
+/* A string, decoded into a new NUL-terminated one (bytes outside escapes are copied: UTF-8 stays UTF-8).
+ * NULL if malformed, if it holds a NUL (no C string can carry it), or out of memory. */
+static char *json_string(struct json *j) {
+    if (!json_take(j, '"'))
+        return NULL;
+    /* Find the closing quote first: what it encloses is never shorter than what it decodes to. */
+    const char *close = j->p;
+    for (; close < j->end && *close != '"'; close++)
+        if (*close == '\\' && ++close == j->end)
+            return NULL;
+    if (close == j->end)
+        return NULL;
+    char *out = malloc((size_t)(close - j->p) + 1), *o = out;
+    if (!out)
+        return NULL;
+    while (j->p < close) {
+        unsigned char c = (unsigned char)*j->p++;
+        unsigned cp, low;
+        if (c < 0x20)
+            goto bad; /* control characters come escaped */
+        if (c != '\\') {
+            *o++ = (char)c;
+            continue;
+        }
+        switch (*j->p++) { /* there is one: the scan above stepped over it */
+        case '"': *o++ = '"'; continue;
+        case '\\': *o++ = '\\'; continue;
+        case '/': *o++ = '/'; continue;
+        case 'b': *o++ = '\b'; continue;
+        case 'f': *o++ = '\f'; continue;
+        case 'n': *o++ = '\n'; continue;
+        case 'r': *o++ = '\r'; continue;
+        case 't': *o++ = '\t'; continue;
+        case 'u': break;
+        default: goto bad;
+        }
+        if (close - j->p < 4 || json_hex4(j->p, &cp) < 0 || cp == 0 || (cp >= 0xdc00 && cp <= 0xdfff))
+            goto bad; /* a NUL, or a low surrogate alone */
+        j->p += 4;
+        if (cp >= 0xd800 && cp <= 0xdbff) { /* a high surrogate: its low one must follow */
+            if (close - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || json_hex4(j->p + 2, &low) < 0 ||
+                low < 0xdc00 || low > 0xdfff)
+                goto bad;
+            j->p += 6;
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+        }
+        /* UTF-8: 6 bytes of escape make at most 3, 12 make 4. */
+        if (cp < 0x80) {
+            *o++ = (char)cp;
+        } else if (cp < 0x800) {
+            *o++ = (char)(0xc0 | cp >> 6);
+            *o++ = (char)(0x80 | (cp & 0x3f));
+        } else if (cp < 0x10000) {
+            *o++ = (char)(0xe0 | cp >> 12);
+            *o++ = (char)(0x80 | (cp >> 6 & 0x3f));
+            *o++ = (char)(0x80 | (cp & 0x3f));
+        } else {
+            *o++ = (char)(0xf0 | cp >> 18);
+            *o++ = (char)(0x80 | (cp >> 12 & 0x3f));
+            *o++ = (char)(0x80 | (cp >> 6 & 0x3f));
+            *o++ = (char)(0x80 | (cp & 0x3f));
+        }
+    }
+    j->p = close + 1;
+    *o = '\0';
+    return out;
+bad:
+    free(out);
+    return NULL;
+}
+
+/* A count: digits only (no sign, fraction or exponent), at most 9 of them. */
+static int json_count(struct json *j, uint32_t *out) {
+    int digits = 0;
+    json_space(j);
+    for (*out = 0; j->p < j->end && *j->p >= '0' && *j->p <= '9'; j->p++) {
+        if (++digits > 9)
+            return -1;
+        *out = *out * 10 + (uint32_t)(*j->p - '0');
+    }
+    return digits ? 0 : -1;
+}
+
+/* Appends `s` to the NULL-terminated array *v of *n strings; -1 (freeing s) if s is NULL or memory is out. */
+static int push(char ***v, size_t *n, char *s) {
+    char **grown = *v;
+    if (s && *n % 16 == 0)
+        grown = *n < SIZE_MAX / sizeof *grown - 17 ? realloc(*v, (*n + 17) * sizeof *grown) : NULL;
+    if (!s || !grown) {
+        free(s);
+        return -1;
+    }
+    *v = grown;
+    grown[(*n)++] = s;
+    grown[*n] = NULL;
+    return 0;
+}
+
+static void free_strings(char **v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* ["a","b",...], appended to *v. */
+static int json_strings(struct json *j, char ***v, size_t *n) {
+    if (!json_take(j, '['))
+        return -1;
+    if (json_take(j, ']'))
+        return 0;
+    do
+        if (push(v, n, json_string(j)) < 0)
+            return -1;
+    while (json_take(j, ','));
+    return json_take(j, ']') ? 0 : -1;
+}
+
+/* [["k","v"],...], appended to *v as k, v, k, v... */
+static int json_pairs(struct json *j, char ***v, size_t *n) {
+    if (!json_take(j, '['))
+        return -1;
+    if (json_take(j, ']'))
+        return 0;
+    do {
+        size_t before = *n;
+        if (json_strings(j, v, n) < 0 || *n - before != 2)
+            return -1;
+    } while (json_take(j, ','));
+    return json_take(j, ']') ? 0 : -1;
+}
+
+static int json_command(struct json *j, struct command *c) {
+    static const char *const keys[] = {"nprocs", "execname", "args", "infos", "preputs"};
+    unsigned seen = 0;
+    if (!json_take(j, '{'))
+        return -1;
+    do {
+        char *key = json_string(j);
+        unsigned k = 0;
+        if (!key)
+            return -1;
+        while (k < 5 && strcmp(key, keys[k]) != 0)
+            k++;
+        free(key);
+        if (k == 5 || (seen & 1u << k) || !json_take(j, ':'))
+            return -1;
+        seen |= 1u << k;
+        int rc = k == 0   ? json_count(j, &c->nprocs)
+                 : k == 1 ? ((c->execname = json_string(j)) ? 0 : -1)
+                 : k == 2 ? json_strings(j, &c->args, &c->nargs)
+                 : k == 3 ? json_pairs(j, &c->infos, &c->ninfos)
+                          : json_pairs(j, &c->preputs, &c->npreputs);
+        if (rc < 0)
+            return -1;
+    } while (json_take(j, ','));
+    return json_take(j, '}') && (seen & 3) == 3 ? 0 : -1;
+}
+
+static void free_request(struct request *r) {
+    for (size_t i = 0; i < r->ncommands; i++) {
+        struct command *c = &r->commands[i];
+        free(c->execname);
+        free_strings(c->args, c->nargs);
+        free_strings(c->infos, c->ninfos);
+        free_strings(c->preputs, c->npreputs);
+    }
+    free(r->commands);
+    memset(r, 0, sizeof *r);
+}
+
+static int read_request(const char *text, size_t len, struct request *r) {
+    memset(r, 0, sizeof *r);
+    if (!text)
+        return -1;
+    struct json j = {text, text + len};
+    char *key = NULL;
+    int ok = json_take(&j, '{') && (key = json_string(&j)) && strcmp(key, "commands") == 0 && json_take(&j, ':') &&
+             json_take(&j, '[');
+    free(key);
+    if (!ok)
+        return -1;
+    if (!json_take(&j, ']')) {
+        do {
+            if (r->ncommands % 8 == 0) {
+                struct command *grown = r->ncommands < SIZE_MAX / sizeof *grown - 8
+                                            ? realloc(r->commands, (r->ncommands + 8) * sizeof *grown)
+                                            : NULL;
+                if (!grown)
+                    return -1;
+                memset(grown + r->ncommands, 0, 8 * sizeof *grown);
+                r->commands = grown;
+            }
+            if (json_command(&j, &r->commands[r->ncommands++]) < 0)
+                return -1;
+        } while (json_take(&j, ','));
+        if (!json_take(&j, ']'))
+            return -1;
+    }
+    if (!json_take(&j, '}'))
+        return -1;
+    json_space(&j);
+    return j.p == j.end ? 0 : -1;
+}
+
+static void free_app(struct app *a) {
+    free(a->argv);
+    free(a->exec);
+    free(a->path_env);
+}
+
+/* A spawn as this host runs it: one application per command, the preputs of all commands. Its strings
+ * belong to the request. */
+struct plan {
+    struct request request;
+    struct app *apps;
+    uint32_t napps, size;
+    rpmi_keyval *preputs;
+    uint32_t npreputs;
+};
+
+static void free_plan(struct plan *pl) {
+    for (uint32_t i = 0; i < pl->napps; i++)
+        free_app(&pl->apps[i]);
+    free(pl->apps);
+    free(pl->preputs);
+    free_request(&pl->request);
+}
+
+enum { PLAN_OK, PLAN_REFUSED, PLAN_MISSING };
+
+static int refuse(char *why, size_t whylen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+    return PLAN_REFUSED;
+}
+
+/* Whether a "host" info names this machine. */
+static int this_machine(const char *host) {
+    char here[256];
+    if (gethostname(here, sizeof here) != 0)
+        here[0] = '\0';
+    here[sizeof here - 1] = '\0';
+    return strcmp(host, "localhost") == 0 || strcmp(host, "127.0.0.1") == 0 || strcmp(host, here) == 0;
+}
+
+/* Reads and checks a spawn request into `pl` (free it with free_plan whatever comes back). PLAN_REFUSED: it
+ * cannot be served; PLAN_MISSING: a program cannot start (not found or not executable, or its wdir is not a
+ * directory). Either way `why` says why. */
+static int plan_spawn(const char *json, size_t len, struct plan *pl, char *why, size_t whylen) {
+    memset(pl, 0, sizeof *pl);
+    struct request *rq = &pl->request;
+    if (read_request(json, len, rq) != 0)
+        return refuse(why, whylen, "the spawn request is not the JSON the plugin ABI specifies");
+    size_t npairs = 0;
+    for (size_t c = 0; c < rq->ncommands; c++)
+        npairs += rq->commands[c].npreputs / 2;
+    if (rq->ncommands == 0 || rq->ncommands > SPAWN_PROCS_MAX || npairs > SPAWN_PREPUTS_MAX)
+        return refuse(why, whylen, "a spawn of %zu commands and %zu preputs", rq->ncommands, npairs);
+    pl->apps = calloc(rq->ncommands, sizeof *pl->apps);
+    pl->preputs = calloc(npairs ? npairs : 1, sizeof *pl->preputs);
+    if (!pl->apps || !pl->preputs)
+        return refuse(why, whylen, "out of memory");
+    int missing = 0;
+    for (size_t c = 0; c < rq->ncommands; c++) {
+        const struct command *cmd = &rq->commands[c];
+        struct app *a = &pl->apps[pl->napps++];
+        const char *path = NULL;
+        if (cmd->nprocs == 0 || cmd->nprocs > SPAWN_PROCS_MAX - pl->size || !cmd->execname[0])
+            return refuse(why, whylen, "command %zu asks for %u processes of '%s'; this host spawns 1 to %d in all",
+                          c, (unsigned)cmd->nprocs, cmd->execname, SPAWN_PROCS_MAX);
+        a->n = cmd->nprocs;
+        pl->size += cmd->nprocs;
+        /* "wdir" and "path" as Hydra takes them, "host" only if it is this machine; others are ignored, as
+         * MPI lets a process manager do. */
+        for (size_t i = 0; i < cmd->ninfos; i += 2) {
+            const char *key = cmd->infos[i], *value = cmd->infos[i + 1];
+            if (strcmp(key, "wdir") == 0)
+                a->wdir = value;
+            else if (strcmp(key, "path") == 0)
+                path = value;
+            else if (strcmp(key, "host") == 0 && !this_machine(value))
+                return refuse(why, whylen, "this host runs every task on this machine, not on '%s'", value);
+        }
+        a->argv = calloc(cmd->nargs + 2, sizeof *a->argv);
+        a->path_env = path ? malloc(strlen(path) + sizeof "PATH=") : NULL;
+        if (!a->argv || (path && !a->path_env))
+            return refuse(why, whylen, "out of memory");
+        if (path)
+            strcat(strcpy(a->path_env, "PATH="), path);
+        a->argv[0] = cmd->execname;
+        for (size_t i = 0; i < cmd->nargs; i++)
+            a->argv[i + 1] = cmd->args[i];
+        struct stat st;
+        const char *cannot = NULL;
+        if (!missing && a->wdir && (stat(a->wdir, &st) != 0 || !S_ISDIR(st.st_mode)))
+            cannot = "its wdir is not a directory";
+        else if (!missing && !(a->exec = find_program(cmd->execname, a->wdir, path)))
+            cannot = "not found, or not executable";
+        if (cannot) {
+            snprintf(why, whylen, "cannot start %s: %s", cmd->execname, cannot);
+            missing = 1;
+        }
+        for (size_t i = 0; i < cmd->npreputs; i += 2) {
+            const char *key = cmd->preputs[i], *value = cmd->preputs[i + 1];
+            uint32_t k = 0;
+            while (k < pl->npreputs && strcmp(pl->preputs[k].key, key) != 0)
+                k++;
+            if (k == pl->npreputs)
+                pl->preputs[pl->npreputs++] = (rpmi_keyval){.key = key, .value = value};
+            else if (strcmp(pl->preputs[k].value, value) != 0)
+                return refuse(why, whylen, "the preput '%s' is given two values", key);
+        }
+    }
+    return missing ? PLAN_MISSING : PLAN_OK;
+}
+
+/* Starts the host of a spawned job (see the header comment) and waits for its word. Returns 0 once it has
+ * started every task, else -1 with why. */
+static int start_spawned(const char *json, size_t len, uint32_t size, char *why, size_t whylen) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        snprintf(why, whylen, "socketpair: %s", strerror(errno));
+        return -1;
+    }
+    char event_loop_opt[] = "--event-loop", nodes_opt[] = "--nodes", spawned_opt[] = "--spawned";
+    char fd_arg[16], nodes_arg[16];
+    snprintf(fd_arg, sizeof fd_arg, "%d", sv[1]);
+    snprintf(nodes_arg, sizeof nodes_arg, "%u", (unsigned)(size < self.nnodes ? size : self.nnodes));
+    char *argv[8];
+    int k = 0;
+    argv[k++] = (char *)self.argv0; /* execve takes char *const []; it changes nothing */
+    if (self.event_loop)
+        argv[k++] = event_loop_opt;
+    argv[k++] = nodes_opt;
+    argv[k++] = nodes_arg;
+    argv[k++] = spawned_opt;
+    argv[k++] = fd_arg;
+    argv[k++] = (char *)self.plugin_path;
+    argv[k] = NULL;
+
+    /* Forked and noted under the lock: the main thread, which reaps, cannot take it for a stranger. */
+    fflush(NULL);
+    lock();
+    struct spawned *grown = realloc(job.spawned, (job.nspawned + 1) * sizeof *grown);
+    pid_t pid = -1;
+    int fork_errno = ENOMEM;
+    if (grown) {
+        job.spawned = grown;
+        pid = fork();
+        fork_errno = errno;
+    }
+    if (pid == 0) {
+        /* The child of a multi-threaded process: async-signal-safe calls only. */
+        if (sigprocmask(SIG_SETMASK, &self.sigmask, NULL) == 0 && fcntl(sv[1], F_SETFD, 0) == 0)
+            execve("/proc/self/exe", argv, environ);
+        child_say("host: cannot start a host for a spawned job: exec /proc/self/exe failed", "");
+        _exit(127);
+    }
+    uint32_t index = job.nspawned;
+    if (pid > 0) {
+        job.spawned[job.nspawned++] = (struct spawned){.pid = pid, .code = 0, .fd = -1, .told = 0};
+        job.spawned_running++;
+    }
+    unlock();
+    close_fd(sv[1]);
+    if (pid < 0) {
+        close_fd(sv[0]);
+        snprintf(why, whylen, "fork: %s", strerror(fork_errno));
+        return -1;
+    }
+
+    /* Its job, then its word: "ok" once every task has started, or why not. */
+    char head[64], said[400];
+    int hlen = snprintf(head, sizeof head, "%u %zu\n", (unsigned)self.universe, len);
+    int heard = send_all(sv[0], head, (size_t)hlen) == 0 && send_all(sv[0], json, len) == 0 &&
+                read_line(sv[0], said, sizeof said) == 0;
+    int started = heard && strcmp(said, "ok") == 0;
+    if (started) {
+        lock();
+        struct spawned *sp = &job.spawned[index];
+        sp->fd = sv[0]; /* from now on its end is tied to this job's */
+        if (sp->pid == 0)
+            spawned_ended_locked(sp); /* it has ended already: its status counts now */
+        else if (job.ending)
+            end_job_locked(); /* this job is ending: shut its socket down */
+        unlock();
+        return 0;
+    }
+    close_fd(sv[0]); /* it ends, if it has not: its spawning side is gone */
+    snprintf(why, whylen, "%s", heard ? said : "the host of the spawned job ended before it started its tasks");
+    return -1;
+}
+
+/* rpmi_host_ops.spawn: answers at once, from this callback: every process -1 if a program cannot start, every
+ * process 0 once a host of the spawned job has started them all, else a refusal with the reason. */
+static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len) {
+    struct node *node = host_data;
+    char why[512] = "", codes[SPAWN_PROCS_MAX * 3] = "";
+    struct plan pl;
+    count_callback_thread();
+    int rc = plan_spawn(request_json, len, &pl, why, sizeof why);
+    uint32_t size = pl.size;
+    free_plan(&pl);
+    if (rc == PLAN_OK && start_spawned(request_json, len, size, why, sizeof why) != 0)
+        rc = PLAN_REFUSED;
+    int status = RPMI_OK;
+    if (rc == PLAN_REFUSED) {
+        fprintf(stderr, "host: node %u: a spawn is refused: %s\n", (unsigned)node->index, why);
+        status = RPMI_ERR_INVALID;
+    } else {
+        if (rc == PLAN_MISSING)
+            fprintf(stderr, "host: node %u: %s; the spawn fails\n", (unsigned)node->index, why);
+        size_t k = 0;
+        for (uint32_t i = 0; i < size; i++)
+            k += (size_t)snprintf(codes + k, sizeof codes - k, "%s%s", i ? "," : "", rc == PLAN_OK ? "0" : "-1");
+    }
+    int done = plugin->service_complete(instance, task, status, status == RPMI_OK ? codes : why);
+    if (done != RPMI_OK)
+        fprintf(stderr, "host: service_complete for a spawn failed: %s (%d)\n", code_name(done), done);
+    return RPMI_OK;
+}
+#endif /* RPMI_ABI_REVISION */
+
+/* ---------------------------------------------------------------------------------------------------------
  * Running a job. */
 
 static uint32_t count_arg(const char *flag, const char *v) {
@@ -582,17 +1331,33 @@ static uint32_t count_arg(const char *flag, const char *v) {
     return (uint32_t)n;
 }
 
-static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char *plugin_path, char **program_argv) {
-    load_plugin(plugin_path);
-    char *program = find_program(program_argv[0]);
-    if (!program)
-        die("%s: not found on PATH", program_argv[0]);
+/* What to run: applications, whose ranks follow each other; and for a spawned job, what its spawner gave. */
+struct job_spec {
+    struct app *apps;
+    uint32_t napps, size;
+    uint32_t universe; /* 0: size */
+    int spawner;       /* a spawned job: the socket to the spawning host; else -1 */
+#ifdef RPMI_ABI_REVISION
+    const rpmi_keyval *preputs;
+    uint32_t npreputs;
+#endif
+};
+
+static int run_job(int event_loop_mode, uint32_t nnodes, const struct job_spec *spec) {
+    uint32_t n = spec->size;
+    self.universe = spec->universe ? spec->universe : n;
 
     /* Ranks over nodes in blocks, as even as can be, the first nodes taking one more. */
     job.nnodes = nnodes;
     job.ntasks = n;
+    job.apps = spec->apps;
+    job.napps = spec->napps;
     job.nodes = xcalloc(nnodes, sizeof *job.nodes);
     job.tasks = xcalloc(n, sizeof *job.tasks);
+    int32_t *appnums = xcalloc(n, sizeof *appnums);
+    for (uint32_t a = 0, r = 0; a < spec->napps; a++)
+        for (uint32_t k = 0; k < spec->apps[a].n && r < n; k++, r++)
+            appnums[r] = (int32_t)(job.tasks[r].app = a);
     uint32_t *task_map = xcalloc(n, sizeof *task_map);
     uint32_t rank = 0;
     for (uint32_t i = 0; i < nnodes; i++) {
@@ -604,7 +1369,8 @@ static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char 
         for (uint32_t l = 0; l < nd->local_count; l++, rank++) {
             nd->local_ranks[l] = rank;
             task_map[rank] = i;
-            job.tasks[rank] = (struct task){.node = i, .local = l, .pid = 0};
+            job.tasks[rank].node = i;
+            job.tasks[rank].local = l;
         }
     }
 
@@ -615,8 +1381,10 @@ static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char 
     const char **hostnames = xcalloc(nnodes, sizeof *hostnames);
     for (uint32_t i = 0; i < nnodes; i++)
         hostnames[i] = hostname;
-    char job_id[32];
-    snprintf(job_id, sizeof job_id, "chost%ld", (long)getpid());
+    /* Unique over time, not only among live processes: MPICH names a job's shared memory after its KVS name,
+     * and a job whose tasks were killed leaves it behind, for a later job of a reused pid to trip over. */
+    char job_id[48];
+    snprintf(job_id, sizeof job_id, "chost%ld-%llx", (long)getpid(), now_ns());
 
     if (event_loop_mode)
         setup_sigchld();
@@ -636,14 +1404,24 @@ static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char 
         info.hostnames = hostnames;
         info.options_json = NULL;
         info.appnum = 0;
-        info.universe_size = 0;
-        info.spawned = 0;
+        info.universe_size = spec->universe;
+        info.spawned = spec->spawner >= 0;
+#ifdef RPMI_ABI_REVISION
+        info.appnums = appnums;
+        info.preputs = spec->preputs;
+        info.preput_count = spec->npreputs;
+#endif
         rpmi_host_ops ops = host_ops(nd, event_loop_mode);
         rpmi_instance *instance = NULL;
         char err[512] = "";
         int rc = plugin->create(&info, &ops, &instance, err, sizeof err);
-        if (rc != RPMI_OK)
-            die("create for node %u failed: %s (%d): %s", (unsigned)i, code_name(rc), rc, err);
+        if (rc != RPMI_OK) {
+            char why[600];
+            snprintf(why, sizeof why, "create for node %u failed: %s (%d): %s", (unsigned)i, code_name(rc), rc, err);
+            if (spec->spawner >= 0) /* the spawn is refused with the reason */
+                send_line(spec->spawner, why);
+            die("%s", why);
+        }
         if (!instance)
             die("create for node %u returned RPMI_OK but no instance", (unsigned)i);
         lock();
@@ -661,7 +1439,7 @@ static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char 
         unlock();
         if (ending)
             break;
-        if (start_task(rank, program, program_argv) != 0) {
+        if (start_task(rank) != 0) {
             if (first_failure == 0)
                 first_failure = 1;
             lock();
@@ -671,6 +1449,10 @@ static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char 
         }
         tasks_left++;
     }
+    /* A spawned job: the spawn is answered once every task has started. If the spawning host has gone, the
+     * thread watching its socket ends this job. */
+    if (spec->spawner >= 0)
+        send_line(spec->spawner, rank == n ? "ok" : "the host of the spawned job could not start all its tasks");
 
     if (event_loop_mode)
         event_loop();
@@ -681,19 +1463,99 @@ static int run_job(int event_loop_mode, uint32_t n, uint32_t nnodes, const char 
         plugin->destroy(job.nodes[i].instance);
     fprintf(stderr, "host: callbacks on the main thread: %lu, on other threads: %lu\n", callbacks_on_main,
             callbacks_elsewhere);
+    wait_spawned();
 
-    int status = job.aborted ? job.abort_code : first_failure;
+    /* The status of the job that began to fail first: this one's own, or one it spawned. */
+    lock();
+    job.done = 1;
+    int status = job.aborted ? job.abort_code : first_failure ? first_failure : job.spawner_lost;
+    unsigned long long began = job.began;
+    if (job.spawn_failure && (status == 0 || job.spawn_began < began)) {
+        status = job.spawn_failure;
+        began = job.spawn_began;
+    }
+    unlock();
+    if (spec->spawner >= 0) {
+        char last[64];
+        snprintf(last, sizeof last, "%d %llu", status, status ? began : 0ULL);
+        send_line(spec->spawner, last); /* if the spawning host is gone, nobody asks */
+    }
+
     for (uint32_t i = 0; i < nnodes; i++) {
         free(job.nodes[i].local_ranks);
         free(job.nodes[i].data);
     }
+    for (uint32_t i = 0; i < job.nspawned; i++)
+        if (job.spawned[i].fd >= 0)
+            close_fd(job.spawned[i].fd);
+    free(job.spawned);
     free(job.nodes);
     free(job.tasks);
+    free(appnums);
     free(task_map);
     free(hostnames);
-    free(program);
     return status;
 }
+
+#ifdef RPMI_ABI_REVISION
+static int spawner_fd = -1;
+
+/* A spawned host's thread: end-of-file on its socket means that the spawning job has ended (or its host has
+ * died), so this job ends too. */
+static void *watch_spawner(void *arg) {
+    char c;
+    (void)arg;
+    while (read(spawner_fd, &c, 1) < 0 && errno == EINTR) {
+    }
+    lock();
+    if (!job.done && !job.ending) {
+        fprintf(stderr, "host: the job that spawned this one has ended; ending this one\n");
+        job.spawner_lost = 1;
+        end_job_locked();
+    }
+    unlock();
+    return NULL;
+}
+
+/* --spawned FD: runs the job that the spawning host sends on FD (see start_spawned). */
+static int run_spawned(int event_loop_mode, uint32_t nnodes, int fd) {
+    /* Only this host may hold the socket: a task holding it would hide this host's end from the spawner. */
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0)
+        die("--spawned %d: %s", fd, strerror(errno));
+    char head[64];
+    unsigned universe = 0;
+    size_t len = 0;
+    if (read_line(fd, head, sizeof head) != 0 || sscanf(head, "%u %zu", &universe, &len) != 2 || len > (64u << 20))
+        die("--spawned %d: no job came from the spawning host", fd);
+    char *json = xcalloc(len + 1, 1);
+    if (read_all(fd, json, len) != 0)
+        die("--spawned %d: the spawning host sent part of a job", fd);
+    struct plan pl;
+    char why[512];
+    if (plan_spawn(json, len, &pl, why, sizeof why) != PLAN_OK) {
+        send_line(fd, why);
+        die("a spawned job: %s", why);
+    }
+    spawner_fd = fd;
+    pthread_t watcher;
+    int e = pthread_create(&watcher, NULL, watch_spawner, NULL);
+    if (e == 0)
+        e = pthread_detach(watcher); /* never joined: it may be blocked in read when the job is done */
+    if (e)
+        die("cannot start the thread that watches the spawning host: %s", strerror(e));
+    struct job_spec spec = {.apps = pl.apps,
+                            .napps = pl.napps,
+                            .size = pl.size,
+                            .universe = universe,
+                            .spawner = fd,
+                            .preputs = pl.preputs,
+                            .npreputs = pl.npreputs};
+    int status = run_job(event_loop_mode, nnodes < pl.size ? nnodes : pl.size, &spec);
+    free_plan(&pl);
+    free(json);
+    return status;
+}
+#endif
 
 /* ---------------------------------------------------------------------------------------------------------
  * --check-errors: bad input must come back as the documented error codes. */
@@ -1134,7 +1996,7 @@ static int check_errors(const char *plugin_path) {
 
 int main(int argc, char **argv) {
     int event_loop_mode = 0;
-    uint32_t n = 0, nnodes = 1;
+    uint32_t n = 0, nnodes = 1, spawned = 0;
     int i = 1;
     main_thread = pthread_self();
     if (argc == 3 && strcmp(argv[1], "--check-errors") == 0)
@@ -1146,6 +2008,10 @@ int main(int argc, char **argv) {
             nnodes = count_arg("--nodes", i + 1 < argc ? argv[++i] : NULL);
         } else if (strcmp(argv[i], "-n") == 0) {
             n = count_arg("-n", i + 1 < argc ? argv[++i] : NULL);
+#ifdef RPMI_ABI_REVISION
+        } else if (strcmp(argv[i], "--spawned") == 0) { /* started by a host for a spawned job: the header */
+            spawned = count_arg("--spawned", i + 1 < argc ? argv[++i] : NULL);
+#endif
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(usage, stdout);
             return 0;
@@ -1154,7 +2020,24 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (n == 0 || argc - i < 2) {
+    self.argv0 = argv[0];
+    self.event_loop = event_loop_mode;
+    self.nnodes = nnodes;
+    int e = pthread_sigmask(SIG_SETMASK, NULL, &self.sigmask);
+    if (e)
+        die("pthread_sigmask: %s", strerror(e));
+#ifdef RPMI_ABI_REVISION
+    if (spawned) {
+        if (n || argc - i != 1) {
+            fputs(usage, stderr);
+            return 2;
+        }
+        self.plugin_path = argv[i];
+        load_plugin(argv[i]);
+        return run_spawned(event_loop_mode, nnodes, (int)spawned) & 0xff;
+    }
+#endif
+    if (n == 0 || argc - i < 2 || spawned) {
         fputs(usage, stderr);
         return 2;
     }
@@ -1162,5 +2045,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "host: %u tasks cannot fill %u nodes\n", (unsigned)n, (unsigned)nnodes);
         return 2;
     }
-    return run_job(event_loop_mode, n, nnodes, argv[i], argv + i + 1) & 0xff;
+    self.plugin_path = argv[i];
+    load_plugin(argv[i]);
+    struct app app;
+    memset(&app, 0, sizeof app);
+    app.n = n;
+    app.exec = find_program(argv[i + 1], NULL, NULL);
+    if (!app.exec)
+        die("%s: not found, or not executable", argv[i + 1]);
+    app.argv = argv + i + 1;
+    struct job_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.apps = &app;
+    spec.napps = 1;
+    spec.size = n;
+    spec.spawner = -1;
+    int status = run_job(event_loop_mode, nnodes, &spec);
+    free(app.exec);
+    return status & 0xff;
 }

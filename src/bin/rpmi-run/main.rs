@@ -76,7 +76,9 @@ fn die(msg: impl std::fmt::Display) -> ! {
 fn parse_args() -> Job {
     let mut job = Job {
         apps: Vec::new(),
-        job_id: format!("run{}", std::process::id()),
+        // The pid and the clock: MPICH names a node's shared memory after the KVS name, and tasks killed by
+        // an abort leave theirs behind, which a later job of a reused pid alone would find.
+        job_id: format!("run{}-{:x}", std::process::id(), conn::now() & 0xffff_ffff),
         preputs: Vec::new(),
         spawned: false,
         universe: 0,
