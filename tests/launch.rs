@@ -372,3 +372,28 @@ fn a_colon_needs_a_program_on_each_side() {
         assert_eq!(done.code(), Some(2), "{args:?}: {}", done.dump());
     }
 }
+
+/// Each ended spawned job's connection is closed: 400 spawns in turn, with at most 256 fds open.
+#[test]
+fn spawns_in_turn_do_not_use_up_the_fds() {
+    use std::os::unix::process::CommandExt;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn_blocks.sh");
+    let mut cmd = std::process::Command::new(RUN);
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 256, rlim_max: 256 };
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let mut args = vec![script.to_string_lossy().into_owned()];
+    args.extend(std::iter::repeat_n(TRUE_ONCE.to_string(), 400));
+    let done = start_in(cmd, &args, &[]).wait(GUARD);
+    done.assert_success("400 spawns in turn");
+    let answers: Vec<&str> = done.stdout.lines().filter_map(|l| l.strip_prefix("spawner: ")).collect();
+    assert_eq!(answers.len(), 400, "{}", done.dump());
+    assert!(answers.iter().all(|a| *a == "cmd=spawn_result rc=0 errcodes=0"), "{}", done.dump());
+}

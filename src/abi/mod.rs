@@ -159,6 +159,17 @@ unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInf
     let n = job_size.min(std::mem::size_of::<rpmi_job_info>());
     // SAFETY: n bytes are readable at `job` (the caller's contract) and fit in `copy`.
     unsafe { std::ptr::copy_nonoverlapping(job.cast::<u8>(), (&mut copy as *mut rpmi_job_info).cast::<u8>(), n) };
+    // A field is read only if it lies wholly within struct_size: a size that ends inside one leaves it unset.
+    let within = |offset: usize, size: usize| offset + size <= job_size;
+    if !within(std::mem::offset_of!(rpmi_job_info, appnums), std::mem::size_of::<*const i32>()) {
+        copy.appnums = std::ptr::null();
+    }
+    if !within(std::mem::offset_of!(rpmi_job_info, preputs), std::mem::size_of::<*const ffi::rpmi_keyval>()) {
+        copy.preputs = std::ptr::null();
+    }
+    if !within(std::mem::offset_of!(rpmi_job_info, preput_count), std::mem::size_of::<u32>()) {
+        copy.preput_count = 0;
+    }
     let job = &copy;
     let invalid = |m: String| fail(ffi::RPMI_ERR_INVALID, m);
     if job.job_id.is_null() {

@@ -101,7 +101,9 @@ pub struct Host {
     pub branch: Option<Branch>,
     /// The way to the launch's name service and spawn (see `services`).
     pub link: Option<NodeLink>,
-    /// Whether the instance still takes answers to its tasks' requests: not once it is being destroyed.
+    /// Whether the instance still takes answers to its tasks' requests: not once it is being destroyed. A
+    /// lock, not an atomic: it is held through `service_complete`, so that `close_services` waits for an
+    /// answer in flight before destroy.
     serving: Mutex<bool>,
     fate: Mutex<Fate>,
     /// Process ids of the running tasks.

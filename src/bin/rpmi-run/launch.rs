@@ -31,7 +31,7 @@ impl App {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub apps: Vec<App>,
-    /// The job's id: `run<pid>` for the first, `run<pid>.<k>` for the k-th spawned.
+    /// The job's id: `run<pid>-<clock>` for the first, and `.<k>` after it for the k-th spawned.
     pub job_id: String,
     /// Keys in the job's key-value space before it starts (a spawn's preputs).
     pub preputs: Vec<(String, String)>,

@@ -186,7 +186,7 @@ fn application(it: &mut std::iter::Peekable<impl Iterator<Item = OsString>>) -> 
 
 /// The job a spawned job's rpmi-run is to run (`rpmi-run --spawned-job FD`, started by the first rpmi-run of
 /// the launch, see `services`), and its link to that rpmi-run.
-fn spawned_job(fd: Option<String>) -> (Job, UnixStream) {
+fn read_spawned_job(fd: Option<String>) -> (Job, UnixStream) {
     let fd: i32 =
         fd.and_then(|f| f.parse().ok()).filter(|&f| f > 2).unwrap_or_else(|| die("--spawned-job needs its link's fd"));
     // SAFETY: F_GETFD only asks whether the fd is open.
@@ -305,10 +305,10 @@ pub struct Plan {
 
 fn main() {
     output::block_signals();
-    let mut args = std::env::args().skip(1);
-    let (mut job, mut up) = match args.next().as_deref() {
-        Some("--spawned-job") => {
-            let (job, link) = spawned_job(args.next());
+    let mut args = std::env::args_os().skip(1);
+    let (mut job, mut up) = match args.next() {
+        Some(flag) if flag == "--spawned-job" => {
+            let (job, link) = read_spawned_job(args.next().and_then(|fd| fd.into_string().ok()));
             (job, Some(link))
         }
         _ => (parse_args(), None),
@@ -322,7 +322,7 @@ fn main() {
     if let Some(link) = up.as_mut() {
         if !answer_spawn(&job, link) {
             // The spawner hears which processes could not start; this job ends without running any.
-            let _ = conn::write_frame(link, services::EXIT, &services::exit(Ended { status: 0, began: None }));
+            let _ = conn::write_frame(link, services::EXIT, &services::exit_payload(Ended { status: 0, began: None }));
             exit(0);
         }
     }

@@ -11,8 +11,9 @@
 //!
 //! The jobs' ends are tied as Hydra ties them: a job that ends with a non-zero status (a task's PMI_Abort,
 //! a task that failed, a job error) ends every other job of the launch ([`END`]), whose tasks are then
-//! killed; the launch's status is the first job's, else the first non-zero status of a spawned job, else 0,
-//! and the first rpmi-run exits only once every job of the launch has ended.
+//! killed; the launch's status is that of the failed job that began to end first (a parent whose child
+//! aborts often fails in turn), else 0, and the first rpmi-run exits only once every job of the launch has
+//! ended.
 
 use crate::conn::{self, Conn, Heard};
 use crate::host::Ended;
@@ -54,6 +55,8 @@ pub const FRAME_MAX: usize = 16 << 20;
 const SPAWNED_JOBS_MAX: usize = 1024;
 /// At most this many processes in one spawn (every process's error code must fit the answer).
 const SPAWN_PROCS_MAX: u64 = 65536;
+/// At most this many preputs in a spawned job (what the plugin takes, `rpmi_job_info.preputs`).
+const PREPUTS_MAX: usize = 4096;
 
 /// The service a task asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +93,7 @@ fn read_addressed(payload: &[u8]) -> Option<(u32, u32, u8, &[u8])> {
 }
 
 /// An EXIT's payload.
-pub fn exit(ended: Ended) -> Vec<u8> {
+pub fn exit_payload(ended: Ended) -> Vec<u8> {
     let mut payload = ended.status.to_le_bytes().to_vec();
     payload.extend_from_slice(&ended.began.unwrap_or(u64::MAX).to_le_bytes());
     payload
@@ -177,21 +180,21 @@ impl Launch {
     /// job. Call it before any thread exists (the nodes are forked after it).
     pub fn new(job: &Job, nodes: usize, up: Option<UnixStream>) -> io::Result<Launch> {
         let mut node_ends = Vec::with_capacity(nodes);
-        let mut conns = Vec::with_capacity(nodes + 2);
+        let mut conns: Vec<Option<Conn>> = Vec::with_capacity(nodes + 2);
         let mut sources = Vec::with_capacity(nodes + 2);
         for _ in 0..nodes {
             let (ours, theirs) = UnixStream::pair()?;
-            conns.push(Conn::new(ours)?);
+            conns.push(Some(Conn::new(ours)?));
             sources.push(Source::Node);
             node_ends.push(Some(theirs));
         }
         let (ours, control) = UnixStream::pair()?;
-        conns.push(Conn::new(ours)?);
+        conns.push(Some(Conn::new(ours)?));
         sources.push(Source::Control);
         let spawned = Arc::new(Mutex::new(Vec::new()));
         let role = match up {
             Some(up) => {
-                conns.push(Conn::new(up)?);
+                conns.push(Some(Conn::new(up)?));
                 sources.push(Source::Up);
                 Role::Relay
             }
@@ -249,7 +252,7 @@ impl Launch {
     pub fn finish(&self, ended: Ended) -> i32 {
         let status = ended.status;
         let Some(mut control) = self.control.lock().ok().and_then(|mut c| c.take()) else { return status };
-        if conn::write_frame(&mut control, EXIT, &exit(ended)).is_err() {
+        if conn::write_frame(&mut control, EXIT, &exit_payload(ended)).is_err() {
             return status;
         }
         loop {
@@ -318,7 +321,9 @@ enum Role {
 }
 
 struct Launcher {
-    conns: Vec<Conn>,
+    /// One per source; `None` once a spawned job's has ended (closed, so that spawns in turn do not use up
+    /// the fds).
+    conns: Vec<Option<Conn>>,
     sources: Vec<Source>,
     role: Role,
     /// Connections `0..nodes` are this job's nodes.
@@ -335,14 +340,18 @@ struct Launcher {
 impl Launcher {
     fn run(mut self) {
         loop {
-            let mut fds: Vec<libc::pollfd> = self.conns.iter().map(Conn::pollfd).collect();
+            // Only the open connections: poll refuses more fds than the process may open (EINVAL), and a
+            // launch that spawns in turn leaves many closed.
+            let open: Vec<(usize, libc::pollfd)> =
+                self.conns.iter().enumerate().filter_map(|(i, c)| Some((i, c.as_ref()?.pollfd()))).collect();
+            let mut fds: Vec<libc::pollfd> = open.iter().map(|&(_, fd)| fd).collect();
             // SAFETY: poll over our own array.
             if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } < 0 {
                 continue;
             }
-            for (i, fd) in fds.iter().enumerate() {
-                if fd.revents != 0 {
-                    self.conns[i].flush();
+            for (&(i, _), fd) in open.iter().zip(&fds) {
+                if let Some(conn) = self.conns[i].as_mut().filter(|_| fd.revents != 0) {
+                    conn.flush();
                     self.hear(i);
                 }
             }
@@ -365,13 +374,13 @@ impl Launcher {
         let control = self.source(|s| matches!(s, Source::Control));
         let up = self.source(|s| matches!(s, Source::Up));
         if let Some(up) = up {
-            self.conns[up].send(EXIT, Arc::new(exit(job)));
+            self.send(up, EXIT, Arc::new(exit_payload(job)));
         }
         if let Some(control) = control {
-            self.conns[control].send(FINAL, status_frame(launch));
+            self.send(control, FINAL, status_frame(launch));
         }
         // What is queued still goes out before the thread ends.
-        for conn in self.conns.iter_mut().filter(|c| c.sending() && c.open()) {
+        for conn in self.conns.iter_mut().flatten().filter(|c| c.sending() && c.open()) {
             let mut fd = [conn.pollfd()];
             // SAFETY: poll over our own array, for at most a second per connection.
             while conn.sending() && conn.open() && unsafe { libc::poll(fd.as_mut_ptr(), 1, 1000) } > 0 {
@@ -385,9 +394,15 @@ impl Launcher {
         self.sources.iter().position(which)
     }
 
+    /// Queues a frame on connection `i`; false if it is closed or gone.
+    fn send(&mut self, i: usize, kind: u8, payload: Arc<Vec<u8>>) -> bool {
+        self.conns.get_mut(i).and_then(Option::as_mut).is_some_and(|c| c.send(kind, payload))
+    }
+
     fn hear(&mut self, i: usize) {
         loop {
-            match self.conns[i].receive(|_| FRAME_MAX) {
+            let Some(conn) = self.conns[i].as_mut() else { return };
+            match conn.receive(|_| FRAME_MAX) {
                 Heard::Frame(kind, payload) => self.frame(i, kind, &payload),
                 Heard::Pending => return,
                 Heard::Ended | Heard::TooLong { .. } => return self.ended(i),
@@ -410,7 +425,7 @@ impl Launcher {
             (Source::Up, REPLY) => {
                 if let Some((node, ..)) = read_addressed(payload) {
                     if (node as usize) < self.nodes {
-                        self.conns[node as usize].send(REPLY, Arc::new(payload.to_vec()));
+                        self.send(node as usize, REPLY, Arc::new(payload.to_vec()));
                     }
                 }
             }
@@ -470,6 +485,7 @@ impl Launcher {
                 if let Some(from) = waiting {
                     self.reply(from, Err(format!("the rpmi-run of spawned job {job} ended before it started")));
                 }
+                self.conns[i] = None;
                 if died {
                     say!("the rpmi-run of spawned job {job} died");
                     self.failed(Ended { status: 1, began: Some(conn::now()) });
@@ -498,7 +514,7 @@ impl Launcher {
         }
         self.ending = Some(status);
         for (source, conn) in self.sources.iter().zip(self.conns.iter_mut()) {
-            if matches!(source, Source::Node | Source::Spawned(_)) {
+            if let Some(conn) = conn.as_mut().filter(|_| matches!(source, Source::Node | Source::Spawned(_))) {
                 conn.send(END, status_frame(status));
             }
         }
@@ -510,14 +526,14 @@ impl Launcher {
             Err(why) => (0, why),
         };
         let payload = addressed(to.node, to.task, ok, text.as_bytes());
-        self.conns[to.source].send(REPLY, Arc::new(payload));
+        self.send(to.source, REPLY, Arc::new(payload));
     }
 
     fn request(&mut self, from: Requester, service: Service, text: &[u8]) {
         if let Role::Relay = self.role {
             let up = self.source(|s| matches!(s, Source::Up));
             let payload = addressed(from.node, from.task, service as u8, text);
-            if !up.is_some_and(|up| self.conns[up].send(REQUEST, Arc::new(payload))) {
+            if !up.is_some_and(|up| self.send(up, REQUEST, Arc::new(payload))) {
                 self.reply(from, Err("the rpmi-run that spawned this job has gone".into()));
             }
             return;
@@ -561,10 +577,12 @@ impl Launcher {
         }
         let first = self.first();
         let request: SpawnRequest = rpmi::abi::spawn_request(request).map_err(|e| format!("a spawn request {e}"))?;
-        let mut job = spawned_job(&first.template, &request)?;
+        let mut job = job_of_spawn(&first.template, &request)?;
         let number = first.jobs + 1;
         job.job_id = format!("{}.{number}", first.template.job_id);
-        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("cannot connect a spawned job: {e}"))?;
+        let connect = |e: io::Error| format!("cannot connect a spawned job: {e}");
+        let (ours, theirs) = UnixStream::pair().map_err(connect)?;
+        let mut conn = Conn::new(ours).map_err(connect)?;
         let pid = start_rpmi_run(&first.exe, &theirs)
             .map_err(|e| format!("cannot start rpmi-run for the spawned job: {e}"))?;
         drop(theirs);
@@ -572,9 +590,8 @@ impl Launcher {
         if let Ok(mut pids) = first.pids.lock() {
             pids.push(pid);
         }
-        let mut conn = Conn::new(ours).map_err(|e| format!("cannot connect a spawned job: {e}"))?;
         conn.send(JOB, Arc::new(job.to_json()));
-        self.conns.push(conn);
+        self.conns.push(Some(conn));
         let spawned = Spawned { job: number, pid, waiting: Some(from), exit: None, running: true };
         self.sources.push(Source::Spawned(spawned));
         Ok(())
@@ -627,7 +644,7 @@ fn start_rpmi_run(exe: &CStr, link: &UnixStream) -> io::Result<libc::pid_t> {
 /// The job a spawn asks for, run as `template` (the first job) was: its commands are its applications,
 /// the preputs of all of them its preputs. Info keys: `wdir` and `path` as Hydra takes them, `host` and
 /// `hosts` only if they name this machine; others are ignored, as MPI lets a process manager do.
-fn spawned_job(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
+fn job_of_spawn(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let mut apps = Vec::with_capacity(request.commands.len());
     let mut preputs: Vec<(String, String)> = Vec::new();
@@ -660,6 +677,9 @@ fn spawned_job(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
             }
         }
         apps.push(app);
+    }
+    if preputs.len() > PREPUTS_MAX {
+        return Err(format!("{} preputs, more than the {PREPUTS_MAX} a job takes", preputs.len()));
     }
     let size: u64 = apps.iter().map(|a| u64::from(a.n)).sum();
     if size > SPAWN_PROCS_MAX {
