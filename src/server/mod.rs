@@ -11,7 +11,7 @@ pub use host::{
     Direction, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId, JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
 };
 pub use limits::{Limits, LimitsError};
-pub use names::Names;
+pub use names::{NameOp, Names};
 pub use shell::{check_preput, Shell, ShellError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;
 

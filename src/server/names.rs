@@ -10,6 +10,17 @@ pub const NAMES_MAX: usize = 1024;
 /// At most this many bytes of names and ports are held at once.
 pub const NAME_BYTES_MAX: usize = 1 << 20;
 
+/// What a task asks of the name table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameOp {
+    /// `PMI_Publish_name(name, port)`
+    Publish,
+    /// `PMI_Unpublish_name(name)`
+    Unpublish,
+    /// `PMI_Lookup_name(name)`
+    Lookup,
+}
+
 /// Published names: service to port.
 #[derive(Debug, Default)]
 pub struct Names {
@@ -20,6 +31,16 @@ pub struct Names {
 impl Names {
     pub fn new() -> Names {
         Names::default()
+    }
+
+    /// Does `op` (`port` is read by a publish only): the port a lookup found, else empty; `Err` says why it
+    /// failed.
+    pub fn serve(&mut self, op: NameOp, name: &str, port: &str) -> Result<String, String> {
+        match op {
+            NameOp::Publish => self.publish(name, port).map(|()| String::new()),
+            NameOp::Unpublish => self.unpublish(name).map(|()| String::new()),
+            NameOp::Lookup => self.lookup(name),
+        }
     }
 
     /// `PMI_Publish_name(name, port)`; `Err` says why it failed.

@@ -37,6 +37,7 @@
 
 use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
 use crate::collective::Bytes;
+pub use crate::server::NameOp;
 use std::fmt;
 use std::sync::Arc;
 
@@ -115,14 +116,6 @@ pub enum Up {
         name: String,
         port: String,
     },
-}
-
-/// What a NAME asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NameOp {
-    Publish = 0,
-    Unpublish = 1,
-    Lookup = 2,
 }
 
 /// A message from srun's root, or from a parent, to a stepd.
@@ -274,7 +267,12 @@ impl Up {
                 // A stepd checks both against NAME_MAX; cut here all the same, so the frame stays a control frame.
                 let (name, port) = (cut_to(name, NAME_MAX), cut_to(port, NAME_MAX));
                 let len = (name.len() as u16).to_be_bytes();
-                control(NAME, &[&task.to_be_bytes(), &[*op as u8], &len, name, port])
+                let op = match op {
+                    NameOp::Publish => 0,
+                    NameOp::Unpublish => 1,
+                    NameOp::Lookup => 2,
+                };
+                control(NAME, &[&task.to_be_bytes(), &[op], &len, name, port])
             }
         })
     }

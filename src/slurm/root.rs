@@ -25,7 +25,7 @@ use super::admit::{Acceptor, Event, Gate, Joined};
 use super::auth::{self, Secret};
 use super::layout::with_node_names;
 use super::link::{Link, Read};
-use super::protocol::{Direction, Down, FrameError, NameOp, Up, CONTROL_MAX};
+use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX};
 use crate::collective::{self, frame::Frame, Bounds, Bytes, Output, Peer, Tree};
 use crate::os::{self, Epoll};
 use crate::server::Names;
@@ -493,12 +493,7 @@ impl State {
                 true
             }
             Up::Name { task, op, name, port } => {
-                let answer = match op {
-                    NameOp::Publish => self.names.publish(&name, &port).map(|()| String::new()),
-                    NameOp::Unpublish => self.names.unpublish(&name).map(|()| String::new()),
-                    NameOp::Lookup => self.names.lookup(&name),
-                };
-                let (ok, text) = match answer {
+                let (ok, text) = match self.names.serve(op, &name, &port) {
                     Ok(port) => (true, port),
                     Err(why) => (false, why),
                 };

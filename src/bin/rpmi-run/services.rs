@@ -18,7 +18,7 @@
 use crate::conn::{self, Conn, Heard};
 use crate::host::Ended;
 use crate::launch::{App, Job};
-use rpmi::server::Names;
+use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
 use std::ffi::OsString;
 use std::ffi::{CStr, CString};
@@ -68,6 +68,16 @@ pub enum Service {
 }
 
 impl Service {
+    /// What it asks of the name table, unless it is a spawn.
+    fn name_op(self) -> Option<NameOp> {
+        match self {
+            Service::Publish => Some(NameOp::Publish),
+            Service::Unpublish => Some(NameOp::Unpublish),
+            Service::Lookup => Some(NameOp::Lookup),
+            Service::Spawn => None,
+        }
+    }
+
     fn from_byte(b: u8) -> Option<Service> {
         [Service::Publish, Service::Unpublish, Service::Lookup, Service::Spawn].into_iter().find(|&s| s as u8 == b)
     }
@@ -542,14 +552,13 @@ impl Launcher {
             return self.reply(from, Err(format!("the launch is ending (status {status})")));
         }
         let text = String::from_utf8_lossy(text);
-        let answer = match service {
-            Service::Publish => {
+        let answer = match service.name_op() {
+            Some(op) => {
+                // A publish's text is `name NUL port`.
                 let (name, port) = text.split_once('\0').unwrap_or((&text, ""));
-                self.names().publish(name, port).map(|()| String::new())
+                self.names().serve(op, name, port)
             }
-            Service::Unpublish => self.names().unpublish(&text).map(|()| String::new()),
-            Service::Lookup => self.names().lookup(&text),
-            Service::Spawn => match self.spawn(from, text.as_bytes()) {
+            None => match self.spawn(from, text.as_bytes()) {
                 // Answered when the spawned rpmi-run says it has started.
                 Ok(()) => return,
                 Err(why) => Err(why),
