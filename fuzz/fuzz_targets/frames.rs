@@ -363,19 +363,23 @@ fn split(
                 assert_eq!(LIVE.load(Relaxed), base, "release() kept memory with nothing pending");
             }
         }
-        // Whatever the lengths announce, the buffer holds only what came (at most twice, as a Vec grows).
+        // Whatever the lengths announce, the buffer holds what came (at most twice, as a Vec grows), and room
+        // for the whole frame in progress once its announced length is within the receiver's bound (it is
+        // received into one allocation of its size).
         let held = LIVE.load(Relaxed) - base;
-        assert!(held <= 2 * fed + 64, "the FrameBuf holds {held} bytes after {fed} came");
+        let room = fb.announced().filter(|&len| len <= receiver.max(count)).map_or(0, |len| 4 + len);
+        assert!(held <= 2 * fed + 64 + room, "the FrameBuf holds {held} bytes after {fed} came");
     }
     (count, None)
 }
 
 /// Where the text of a frame starts in its payload, for the kinds that have one: a message's (`Up`'s ABORT
-/// and ERROR) or a collective frame's (FAIL).
+/// and ERROR, `Down`'s NAMED) or a collective frame's (FAIL).
 fn text_at(kind: u8, collective: bool) -> Option<usize> {
     match (collective, kind) {
         (false, 3) => Some(9),   // ABORT rank code text
         (false, 4) => Some(6),   // ERROR rank failed text
+        (false, 0x89) => Some(6), // NAMED task ok text
         (true, 0x82) => Some(5), // FAIL epoch text
         _ => None,
     }
