@@ -584,7 +584,14 @@ impl SlurmHost {
                 let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
                 shell.collective_complete(self, Ok(&parts));
             }
-            Some(Err(why)) => shell.collective_complete(self, Err(&why)),
+            Some(Err(why)) => {
+                // The node that found why the exchange failed has told srun, which tells the user (or, without
+                // srun, has ended the step itself): the barrier failing here follows from it, and what the
+                // shell says of it is no new fault for the job's stderr. Over a chain, a node hears its
+                // parent's failure before srun's end reaches it.
+                self.ending = true;
+                shell.collective_complete(self, Err(&why));
+            }
             None => {}
         }
     }

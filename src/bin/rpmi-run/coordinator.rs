@@ -57,15 +57,17 @@ struct Outcome {
 /// have exited. Returns rpmi-run's exit status: the code of the first PMI_Abort (see [`Outcome::abort`]);
 /// else, if a node ended the job, that node's exit status (which follows the same rules, see
 /// `host::Fate::status`); if the collective did (a node left an exchange the others joined, a node was
-/// lost), [`JOB_ERROR_EXIT_CODE`]; else the first non-zero status of a shell; else 0. Messages that are not
-/// news for the job are said only at `verbosity` debug. Call it before any other thread exists (it forks).
+/// lost), [`JOB_ERROR_EXIT_CODE`]; else the first non-zero status of a shell; else 0; with when the job began
+/// to end. Messages that are not news for the job are said only at `verbosity` debug. `after_fork` runs once
+/// every node is forked; signals are passed on to `spawned_runs` too. Call it before any other thread exists
+/// (it forks).
 pub fn coordinate(
     cliques: &[Vec<u32>],
     tree: Tree,
     bounds: Bounds,
     verbosity: i32,
     spawned_runs: &Arc<Mutex<Vec<libc::pid_t>>>,
-    forked: impl FnOnce(),
+    after_fork: impl FnOnce(),
     host: impl Fn(usize, Branch) -> i32,
 ) -> Result<Ended, String> {
     let nodes = cliques.len();
@@ -108,7 +110,7 @@ pub fn coordinate(
         pids.push(pid);
     }
 
-    forked();
+    after_fork();
 
     // After a signal passed on, the tasks end by it: what follows (a node left an exchange) is no news.
     let signalled = Arc::new(AtomicBool::new(false));

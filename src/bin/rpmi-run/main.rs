@@ -19,14 +19,14 @@ mod branch;
 mod conn;
 mod coordinator;
 mod host;
-mod launch;
+mod job;
 mod output;
 mod plugin;
 mod services;
 mod shell;
 
 use host::Ended;
-use launch::{App, Job};
+use job::{App, Job};
 use plugin::Plugin;
 use rpmi::abi::{ffi, Options};
 use rpmi::collective::{Bound, Bounds, Tree};
@@ -224,7 +224,7 @@ fn answer_spawn(job: &Job, link: &mut UnixStream) -> bool {
     for app in &job.apps {
         if let Some(wdir) = app.wdir.as_ref().filter(|w| !w.is_dir()) {
             fail(format!("cannot start {} in {}: not a directory", app.program[0].to_string_lossy(), wdir.display()));
-        } else if let Err(errno) = launch::resolve(&app.program[0], app.wdir.as_deref(), app.path.as_ref()) {
+        } else if let Err(errno) = job::resolve(&app.program[0], app.wdir.as_deref(), app.path.as_ref()) {
             let why = std::io::Error::from_raw_os_error(errno);
             fail(format!("cannot start {}: {why}", app.program[0].to_string_lossy()));
         }
@@ -348,7 +348,7 @@ fn main() {
         label: job.label,
         event_loop: job.event_loop,
         verbosity: if job.trace { ffi::RPMI_LOG_TRACE } else { ffi::RPMI_LOG_WARN },
-        spawned_runs: launch.spawned(),
+        spawned_runs: launch.spawned_runs(),
     };
     let ended = if nodes == 1 {
         launch.start(false);
@@ -358,8 +358,8 @@ fn main() {
         let run_node =
             |index, branch| shell::run(&plan, plugin, index, Some(branch), launch.node_link(index, true)).status;
         let bounds = exchange_bounds(&plan.options);
-        let started = || launch.start(true);
-        coordinator::coordinate(&plan.cliques, tree, bounds, plan.verbosity, &plan.spawned_runs, started, run_node)
+        let after_fork = || launch.start(true);
+        coordinator::coordinate(&plan.cliques, tree, bounds, plan.verbosity, &plan.spawned_runs, after_fork, run_node)
             .unwrap_or_else(|e| die(e))
     };
     exit(launch.finish(ended))

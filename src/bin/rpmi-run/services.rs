@@ -17,7 +17,7 @@
 
 use crate::conn::{self, Conn, Heard};
 use crate::host::Ended;
-use crate::launch::{App, Job};
+use crate::job::{App, Job};
 use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
 use std::ffi::OsString;
@@ -182,7 +182,7 @@ pub struct Launch {
     /// The main thread's end of its socketpair to the launcher.
     control: Mutex<Option<UnixStream>>,
     /// The rpmi-runs of spawned jobs, for passing signals on.
-    spawned: Arc<Mutex<Vec<libc::pid_t>>>,
+    spawned_runs: Arc<Mutex<Vec<libc::pid_t>>>,
 }
 
 impl Launch {
@@ -201,7 +201,7 @@ impl Launch {
         let (ours, control) = UnixStream::pair()?;
         conns.push(Some(Conn::new(ours)?));
         sources.push(Source::Control);
-        let spawned = Arc::new(Mutex::new(Vec::new()));
+        let spawned_runs = Arc::new(Mutex::new(Vec::new()));
         let role = match up {
             Some(up) => {
                 conns.push(Some(Conn::new(up)?));
@@ -214,7 +214,7 @@ impl Launch {
                 exe: CString::new(std::env::current_exe()?.into_os_string().into_vec())
                     .map_err(|_| io::Error::other("rpmi-run's path holds a NUL"))?,
                 jobs: 0,
-                pids: spawned.clone(),
+                spawned_runs: spawned_runs.clone(),
             })),
         };
         let launcher = Launcher { conns, sources, role, nodes, job: None, failure: None, ending: None };
@@ -222,7 +222,7 @@ impl Launch {
             node_ends: Mutex::new(node_ends),
             launcher: Mutex::new(Some(launcher)),
             control: Mutex::new(Some(control)),
-            spawned,
+            spawned_runs,
         })
     }
 
@@ -253,8 +253,8 @@ impl Launch {
     }
 
     /// The rpmi-runs of the spawned jobs running now.
-    pub fn spawned(&self) -> Arc<Mutex<Vec<libc::pid_t>>> {
-        self.spawned.clone()
+    pub fn spawned_runs(&self) -> Arc<Mutex<Vec<libc::pid_t>>> {
+        self.spawned_runs.clone()
     }
 
     /// The job has ended: waits until every job of the launch has, and returns the launch's status (a
@@ -321,7 +321,8 @@ struct First {
     exe: CString,
     /// Jobs spawned so far.
     jobs: u32,
-    pids: Arc<Mutex<Vec<libc::pid_t>>>,
+    /// The rpmi-runs of the spawned jobs running now (shared with the signal forwarding).
+    spawned_runs: Arc<Mutex<Vec<libc::pid_t>>>,
 }
 
 enum Role {
@@ -488,7 +489,7 @@ impl Launcher {
                 // shell waiting for its tasks) may have reaped it already.
                 unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
                 if let Role::First(first) = &self.role {
-                    if let Ok(mut pids) = first.pids.lock() {
+                    if let Ok(mut pids) = first.spawned_runs.lock() {
                         pids.retain(|&p| p != pid);
                     }
                 }
@@ -596,7 +597,7 @@ impl Launcher {
             .map_err(|e| format!("cannot start rpmi-run for the spawned job: {e}"))?;
         drop(theirs);
         first.jobs = number;
-        if let Ok(mut pids) = first.pids.lock() {
+        if let Ok(mut pids) = first.spawned_runs.lock() {
             pids.push(pid);
         }
         conn.send(JOB, Arc::new(job.to_json()));

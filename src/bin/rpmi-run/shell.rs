@@ -5,7 +5,7 @@ use crate::branch::Branch;
 use crate::host::{Cause, Ended, Host};
 use crate::plugin::{call, Plugin};
 use crate::services::NodeLink;
-use crate::{launch, output, Plan};
+use crate::{job, output, Plan};
 use rpmi::abi::ffi::{self, rpmi_instance, rpmi_job_info, rpmi_keyval, rpmi_task_env};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -82,7 +82,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>, li
         .apps
         .iter()
         .map(|a| {
-            launch::resolve(&a.program[0], a.wdir.as_deref(), a.path.as_ref())
+            job::resolve(&a.program[0], a.wdir.as_deref(), a.path.as_ref())
                 .unwrap_or_else(|_| a.program[0].clone().into())
         })
         .collect();
