@@ -145,8 +145,9 @@ fn code(inst: *mut rpmi_instance, r: Result<(), Failure>) -> c_int {
 
 /// The size of revision 1's `rpmi_job_info`: a host built against it passes no more.
 const JOB_INFO_REVISION_1: usize = std::mem::offset_of!(rpmi_job_info, appnums);
-/// At most this many preputs in one job (a spawn's request is bounded by `spawn_bytes_max` already).
-const PREPUTS_MAX: u32 = 4096;
+/// At most this many preputs in one job (`rpmi_job_info.preput_count`; a spawn's request is bounded by
+/// `spawn_bytes_max` already).
+pub const PREPUTS_MAX: u32 = 4096;
 
 /// # Safety
 /// `job` points to the host's `rpmi_job_info` of `job_size` bytes, at least revision 1's (the caller checks),

@@ -822,23 +822,23 @@ fn check_key(limits: &Limits, key: &[u8]) -> Result<(), (i32, String)> {
     }
 }
 
-/// A value a get can return: not empty (an empty `value=` token is rejected by clients), within the limit,
-/// and on one line (a task's put cannot hold a line break; a host's preput is checked here).
+/// A value a get can return: not empty (an empty `value=` token is rejected by clients) and within the limit.
 fn check_value(limits: &Limits, value: &[u8]) -> Result<(), (i32, String)> {
     if value.is_empty() {
         Err((rc::ERR_INVALID_VAL, "empty value".into()))
     } else if value.len() > limits.value_max() {
         Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {}", limits.value_max())))
-    } else if value.contains(&b'\n') {
-        Err((rc::ERR_INVALID_VAL, "a line break in the value".into()))
     } else {
         Ok(())
     }
 }
 
 /// Whether a host may give `key=value` as a preput ([`JobInfo::preputs`]) under `limits`: the rules of a
-/// task's put. `Err` says why not.
+/// task's put, and on one line (a task's value is one already: it came on one). `Err` says why not.
 pub fn check_preput(limits: &Limits, key: &[u8], value: &[u8]) -> Result<(), String> {
+    if value.contains(&b'\n') {
+        return Err("a line break in the value".into());
+    }
     check_key(limits, key).and_then(|()| check_value(limits, value)).map_err(|(_, why)| why)
 }
 

@@ -18,6 +18,7 @@
 use crate::conn::{self, Conn, Heard};
 use crate::host::Ended;
 use crate::job::{App, Job};
+use rpmi::abi::PREPUTS_MAX;
 use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
 use std::ffi::OsString;
@@ -55,8 +56,6 @@ pub const FRAME_MAX: usize = 16 << 20;
 const SPAWNED_JOBS_MAX: usize = 1024;
 /// At most this many processes in one spawn (every process's error code must fit the answer).
 const SPAWN_PROCS_MAX: u64 = 65536;
-/// At most this many preputs in a spawned job (what the plugin takes, `rpmi_job_info.preputs`).
-const PREPUTS_MAX: usize = 4096;
 
 /// The service a task asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,8 +298,6 @@ struct Spawned {
     waiting: Option<Requester>,
     /// How it ended, once it said it.
     exit: Option<Ended>,
-    /// Until its connection ends.
-    running: bool,
 }
 
 /// A task waiting for an answer: on which connection, and its node and local index there.
@@ -375,7 +372,7 @@ impl Launcher {
     /// Whether the launch is over for this launcher: it has told its main thread the launch's status.
     fn done(&mut self) -> bool {
         let Some(job) = self.job else { return false };
-        if self.sources.iter().any(|s| matches!(s, Source::Spawned(Spawned { running: true, .. }))) {
+        if self.spawned_running() > 0 {
             return false;
         }
         let launch = match self.role {
@@ -399,6 +396,11 @@ impl Launcher {
             }
         }
         true
+    }
+
+    /// Spawned jobs whose connection has not ended (it is closed when it does).
+    fn spawned_running(&self) -> usize {
+        self.sources.iter().zip(&self.conns).filter(|(s, c)| matches!(s, Source::Spawned(_)) && c.is_some()).count()
     }
 
     fn source(&self, which: impl Fn(&Source) -> bool) -> Option<usize> {
@@ -478,7 +480,6 @@ impl Launcher {
             Source::Spawned(s) => {
                 let (job, pid, waiting) = (s.job, s.pid, s.waiting.take());
                 let died = s.exit.is_none();
-                s.running = false;
                 if died {
                     // Its own tasks (of a one-node job) are in its process group; a node's shell ends its
                     // own when it loses its coordinator.
@@ -581,8 +582,7 @@ impl Launcher {
 
     /// Starts the rpmi-run of the job `request` (the plugin's JSON) asks for.
     fn spawn(&mut self, from: Requester, request: &[u8]) -> Result<(), String> {
-        let running = self.sources.iter().filter(|s| matches!(s, Source::Spawned(Spawned { running: true, .. })));
-        if running.count() >= SPAWNED_JOBS_MAX {
+        if self.spawned_running() >= SPAWNED_JOBS_MAX {
             return Err(format!("{SPAWNED_JOBS_MAX} spawned jobs run already, the most rpmi-run runs at once"));
         }
         let first = self.first();
@@ -602,7 +602,7 @@ impl Launcher {
         }
         conn.send(JOB, Arc::new(job.to_json()));
         self.conns.push(Some(conn));
-        let spawned = Spawned { job: number, pid, waiting: Some(from), exit: None, running: true };
+        let spawned = Spawned { job: number, pid, waiting: Some(from), exit: None };
         self.sources.push(Source::Spawned(spawned));
         Ok(())
     }
@@ -688,7 +688,7 @@ fn job_of_spawn(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
         }
         apps.push(app);
     }
-    if preputs.len() > PREPUTS_MAX {
+    if preputs.len() > PREPUTS_MAX as usize {
         return Err(format!("{} preputs, more than the {PREPUTS_MAX} a job takes", preputs.len()));
     }
     let size: u64 = apps.iter().map(|a| u64::from(a.n)).sum();
