@@ -19,9 +19,11 @@ cargo test --lib --bins --tests --locked   # not --all-targets: that would also 
 # (docker/with-slurm.sh).
 cargo clippy --all-targets --locked --features slurm -- -D warnings
 bash docker/with-slurm.sh cargo test --locked --features slurm --lib --test slurm
+# Spawn under srun with real MPICH 5 programs (from /opt/rpmi-mpich5: the other Slurm lines' chroots lack it).
+bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored mpich5_
 # The same plugin over 100 nodes (100 slurmd on this machine): the tests that need that many, which the run on
 # 3 nodes leaves out (#[ignore]).
-RPMI_SLURM_NODES=100 bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored
+RPMI_SLURM_NODES=100 bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored hundred
 
 # The same real-Slurm tests on the other supported Slurm lines: 24.11 (Debian 13) and 26.05 (Debian unstable),
 # each built against and run on its own Slurm and MPICH in a Debian chroot (docker/slurm-plugin.sh; made with

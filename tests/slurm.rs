@@ -121,9 +121,23 @@ impl Srun {
     /// `srun -Q --mpi=MPI ARGS...` with `env` added to srun's environment (without `-Q` when ARGS has `-v`:
     /// srun takes only one of them).
     fn start_with(mark: &str, mpi: &str, args: &[&str], env: &[(&str, &str)]) -> Srun {
+        Srun::launch(mark, Command::new("srun"), mpi, args, env)
+    }
+
+    /// `salloc -Q ALLOC srun -Q --mpi=rpmi --exact ARGS...`: a step that leaves the rest of its allocation to
+    /// the steps it spawns.
+    fn start_in(mark: &str, alloc: &[&str], args: &[&str]) -> Srun {
+        let mut salloc = Command::new("salloc");
+        salloc.args(["-Q", &format!("--job-name={mark}")]).args(alloc).arg("srun");
+        let args: Vec<&str> = std::iter::once("--exact").chain(args.iter().copied()).collect();
+        Srun::launch(mark, salloc, "rpmi", &args, &[])
+    }
+
+    /// `command` (srun, or what runs it), then srun's arguments.
+    fn launch(mark: &str, mut command: Command, mpi: &str, args: &[&str], env: &[(&str, &str)]) -> Srun {
         cluster();
         let quiet = (!args.contains(&"-v")).then_some("-Q");
-        let mut child = Command::new("srun")
+        let mut child = command
             .args(quiet)
             .args([&format!("--mpi={mpi}"), &format!("--job-name={mark}")])
             .args(args)
@@ -316,16 +330,128 @@ fn names_on_three_nodes() {
     names("names-three", &["-N3", "-n4", "-m", "cyclic"]);
 }
 
-/// A spawn is refused with a message the task reads, and the step goes on to its normal end.
+fn pmi_spawn_sh() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn.sh").to_string_lossy().into_owned()
+}
+
+/// Each spawn is a new step of the job: two commands with their appnums, the info keys `host`, `path` and
+/// `wdir`, the preputs, and `PMI_SPAWNED=1`.
 #[test]
-fn a_spawn_is_refused_with_a_message() {
+fn spawn_on_the_wire_starts_steps_with_preputs_and_appnums() {
     let _s = serial();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn.sh");
-    let run =
-        Srun::start_with(&marker("spawn"), "rpmi", &["-N1", "-n1", script.to_str().unwrap(), probe()], &[]).wait();
+    let script = pmi_spawn_sh();
+    let run = Srun::start_in(&marker("spawn"), &["-N2", "-n8"], &["-n1", &script, probe(), "n2"]).wait();
     assert_success(&run);
-    let refused = "spawner: cmd=spawn_result rc=-1 msg=srun_--mpi_rpmi_does_not_spawn_processes_yet";
-    assert_eq!(run.stdout.lines().filter(|l| *l == refused).count(), 3, "{run}");
+    let answers: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with("spawner: ")).collect();
+    let started = [
+        "spawner: cmd=spawn_result rc=0 errcodes=0,0,0",
+        "spawner: cmd=spawn_result rc=0 errcodes=0,0",
+        "spawner: cmd=spawn_result rc=0 errcodes=0",
+    ];
+    assert_eq!(answers, started, "{run}");
+    let infos: Vec<BTreeMap<&str, &str>> =
+        run.stdout.lines().filter(|l| l.starts_with("rank=") && l.contains(" appnum=")).map(words).collect();
+    let mut appnums: Vec<(&str, &str)> = infos.iter().map(|w| (w["rank"], w["appnum"])).collect();
+    appnums.sort();
+    assert_eq!(appnums, [("0", "0"), ("1", "1"), ("2", "1")], "{run}");
+    assert!(infos.iter().all(|w| w["size"] == "3" && w["kvsname"].starts_with("rpmi_")), "{run}");
+    for line in ["rank=0 greeting=hello world", "rank=1 greeting=hello world", "1"] {
+        assert!(run.stdout.lines().any(|l| l == line), "no `{line}`: {run}");
+    }
+}
+
+/// A spawn the allocation cannot hold now fails with a message the task reads; the step goes on.
+#[test]
+fn a_spawn_the_allocation_cannot_hold_fails_with_a_message() {
+    let _s = serial();
+    let script = pmi_spawn_sh();
+    let run = Srun::start_in(&marker("spawn-full"), &["-N1", "-n2"], &["-n1", &script, probe(), "n1"]).wait();
+    assert_success(&run);
+    let answers: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with("spawner: ")).collect();
+    assert_eq!(answers.len(), 3, "{run}");
+    // 3 and 2 processes do not fit in the 1 CPU left; 1 does.
+    for refused in &answers[..2] {
+        assert!(refused.contains("rc=-1 msg=srun_for_the_spawned_step_exited_with_status_1_before_its_step_started"));
+    }
+    assert_eq!(answers[2], "spawner: cmd=spawn_result rc=0 errcodes=0", "{run}");
+}
+
+/// The MPICH 5 programs of `tests/programs`, built with the MPICH 5 that `docker/install-deps.sh` installs in
+/// `/opt/rpmi-mpich5` (Debian 12's MPICH cannot spawn): only the run on this machine's Slurm has it, so these
+/// tests are run by name (`docker/test.sh`: `-- --ignored mpich5_`).
+fn mpich5(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("slurm-mpich5");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
+    let mpicc = Path::new("/opt/rpmi-mpich5/bin/mpicc");
+    assert!(mpicc.exists(), "no MPICH 5 at {}: run docker/install-deps.sh", mpicc.display());
+    let out = dir.join(name);
+    if !out.exists() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+        let status = Command::new(mpicc).args(["-O1", "-o"]).arg(&out).arg(&src).status().unwrap();
+        assert!(status.success(), "{} failed on {}", mpicc.display(), src.display());
+    }
+    out
+}
+
+fn mpich5_spawn(mark: &str, alloc: &[&str], args: &[&str]) -> Run {
+    let _s = serial();
+    let program = mpich5(args[0]);
+    let mut all = vec!["-n2", program.to_str().unwrap()];
+    all.extend(&args[1..]);
+    Srun::start_in(&marker(mark), alloc, &all).wait()
+}
+
+#[test]
+#[ignore = "needs MPICH 5: run by name"]
+fn mpich5_spawn_of_3_from_2_merged_and_checked() {
+    let run = mpich5_spawn("spawn-3", &["-N2", "-n5"], &["mpi_spawn", "3"]);
+    assert_success(&run);
+    assert!(run.stdout.contains("mpi_spawn: 2 parents, 3 children, depth 1"), "{run}");
+}
+
+#[test]
+#[ignore = "needs MPICH 5: run by name"]
+fn mpich5_nested_spawn_two_levels() {
+    let run = mpich5_spawn("spawn-nested", &["-N3", "-n8"], &["mpi_spawn", "3", "2"]);
+    assert_success(&run);
+    assert!(run.stdout.contains("mpi_spawn: 2 parents, 3 children, depth 2 (6 processes below"), "{run}");
+}
+
+#[test]
+#[ignore = "needs MPICH 5: run by name"]
+fn mpich5_spawn_multiple_with_appnums_and_argvs() {
+    let run = mpich5_spawn("spawn-multiple", &["-N2", "-n5"], &["mpi_spawn_multiple"]);
+    assert_success(&run);
+    assert!(run.stdout.contains("appnums, argvs and merge checked"), "{run}");
+    assert!(!run.stderr.contains("error"), "{run}");
+}
+
+/// A program missing on the nodes fails its step after the spawn was answered: both steps end, with srun's
+/// message naming the spawned step and the rank, and nothing is left.
+#[test]
+#[ignore = "needs MPICH 5: run by name"]
+fn mpich5_spawn_of_a_missing_program_ends_both_steps() {
+    let run = mpich5_spawn("spawn-missing", &["-N2", "-n5"], &["mpi_spawn_missing"]);
+    assert_eq!(run.status.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("which rank 0 spawned, failed: its srun exited with status 2"), "{run}");
+}
+
+/// An abort in a spawned step ends the step that spawned it, with the abort's exit code.
+#[test]
+#[ignore = "needs MPICH 5: run by name"]
+fn mpich5_an_abort_in_a_spawned_step_ends_both_with_its_code() {
+    let _s = serial();
+    let program = mpich5("mpi_spawn");
+    let args = ["--exact", "-n2", program.to_str().unwrap(), "3"];
+    let mut salloc = Command::new("salloc");
+    salloc.args(["-Q", "-N2", "-n5", "srun"]);
+    let run = Srun::launch(&marker("spawn-abort"), salloc, "rpmi", &args, &[("MPI_SPAWN_ABORT_LEVEL", "1")]).wait();
+    assert_eq!(run.status.code(), Some(42), "{run}");
+    assert!(run.stderr.contains("which rank 0 spawned, failed: its srun exited with status 42"), "{run}");
 }
 
 #[test]

@@ -39,7 +39,7 @@ use rpmi::slurm::auth::{Role, Secret, Transcript, NONCE_LEN, ROOT};
 use rpmi::slurm::client;
 use rpmi::slurm::protocol::{
     collective_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX, NAME_MAX,
-    PROOF_LEN_ON_WIRE,
+    PROOF_LEN_ON_WIRE, SPAWN_FRAME_MAX, SPAWN_MAX,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -184,7 +184,8 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
                         what: "srun from a node",
                         handshake: acceptor,
                         handshakes: 2,
-                        session: CONTROL_MAX.max(machine + 1),
+                        // srun also takes a SPAWN, the largest frame that is no COLLECTIVE.
+                        session: SPAWN_FRAME_MAX.max(machine + 1),
                         machine,
                         part_max: srun_bounds.part_max.bytes,
                         acceptor: true,
@@ -260,7 +261,8 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
     // After the handshake, every receiver takes a control frame of either layer (a REPORT of REPORT_MAX
     // bytes in a COLLECTIVE is the largest), and exactly the COLLECTIVE frames whose frame the machine takes.
     assert!(r.machine >= cframe::CONTROL_MAX, "{r:?}");
-    assert_eq!(r.session - 1, r.machine.max(CONTROL_MAX - 1), "{r:?}");
+    let control = if r.acceptor && r.to == ROOT { SPAWN_FRAME_MAX } else { CONTROL_MAX };
+    assert_eq!(r.session - 1, r.machine.max(control - 1), "{r:?}");
     r
 }
 
@@ -374,13 +376,13 @@ fn split(
 }
 
 /// Where the text of a frame starts in its payload, for the kinds that have one: a message's (`Up`'s ABORT
-/// and ERROR, `Down`'s NAMED) or a collective frame's (FAIL).
+/// and ERROR, `Down`'s ANSWER) or a collective frame's (FAIL).
 fn text_at(kind: u8, collective: bool) -> Option<usize> {
     match (collective, kind) {
-        (false, 3) => Some(9),   // ABORT rank code text
-        (false, 4) => Some(6),   // ERROR rank failed text
-        (false, 0x89) => Some(6), // NAMED task ok text
-        (true, 0x82) => Some(5), // FAIL epoch text
+        (false, 3) => Some(9),    // ABORT rank code text
+        (false, 4) => Some(6),    // ERROR rank failed text
+        (false, 0x89) => Some(6), // ANSWER task ok text
+        (true, 0x82) => Some(5),  // FAIL epoch text
         _ => None,
     }
 }
@@ -450,7 +452,10 @@ fn check_encoded(payload: &[u8], frame: &[u8], name: &str, collective: Option<(D
             assert_eq!(frame[..5], head, "a COLLECTIVE's head is not collective_head's");
             assert_eq!(frame[5..], inner[..]);
         }
-        None => assert!(frame.len() - 4 <= CONTROL_MAX, "a {name} frame of {} bytes", frame.len() - 4),
+        None => {
+            let max = if name == "SPAWN" { SPAWN_FRAME_MAX } else { CONTROL_MAX };
+            assert!(frame.len() - 4 <= max, "a {name} frame of {} bytes", frame.len() - 4)
+        }
     }
     check_same(payload, &frame[4..], false);
 }
@@ -481,6 +486,7 @@ fn check_up(payload: &[u8], m: Up, receiver: &Receiver, hs: &mut Handshake) {
         Up::Collective(inner) => check_collective(inner, receiver),
         Up::Abort { message, .. } | Up::Error { message, .. } => check_text(message),
         Up::Name { name, port, .. } => assert!(name.len() <= NAME_MAX && port.len() <= NAME_MAX),
+        Up::Spawn { request, .. } => assert!(request.len() <= SPAWN_MAX),
         Up::Joined { .. } | Up::Gone { .. } | Up::Bye => {}
     }
     let frame = m.encode().expect("a decoded message re-encodes");
@@ -509,7 +515,7 @@ fn check_down(payload: &[u8], m: Down, receiver: &Receiver, hs: &mut Handshake) 
         Down::Collective(inner) => check_collective(inner, receiver),
         Down::Parent { .. } => assert_eq!(payload.len(), 3),
         Down::ParentDone | Down::End => assert_eq!(payload.len(), 1),
-        Down::Named { text, .. } => check_text(text),
+        Down::Answer { text, .. } => check_text(text),
     }
     let frame = m.encode().expect("a decoded message re-encodes");
     let collective = match &m {

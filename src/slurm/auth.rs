@@ -109,6 +109,14 @@ impl Secret {
         mac
     }
 
+    /// A short name of this step's instance, the same in every stepd, that tells nothing of the secret
+    /// (8 hex digits of a MAC of a fixed label).
+    pub fn instance_tag(&self) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        mac.update(b"rpmi step instance");
+        mac.finalize().into_bytes()[..4].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// `role`'s proof over `t`.
     pub fn prove(&self, role: Role, t: &Transcript) -> Proof {
         self.mac(role, t).finalize().into_bytes().into()
@@ -187,6 +195,14 @@ mod tests {
         assert_eq!(Secret::from_hex("zz"), None);
         assert_eq!(Secret::from_hex(&"g".repeat(64)), None);
         assert!(!format!("{s:?}").contains(&hex[..8]));
+    }
+
+    #[test]
+    fn instance_tags_differ_between_secrets_and_are_short() {
+        let (a, b) = (Secret::generate().unwrap(), Secret::generate().unwrap());
+        assert_eq!(a.instance_tag(), a.clone().instance_tag());
+        assert_ne!(a.instance_tag(), b.instance_tag());
+        assert_eq!(a.instance_tag().len(), 8);
     }
 
     #[test]

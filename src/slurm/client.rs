@@ -7,6 +7,7 @@ use super::auth::Secret;
 use super::layout;
 use super::options::{bound_option, Id, Job, INTERNAL};
 use super::root::{Outcome, Reporter, Root, Step};
+use super::spawn::{self, Spawn, ENV_SPAWN};
 use super::sys::{self, slurm_step_layout_t, Slurm, StepInfo, NO_VAL};
 use crate::collective::{Bound, Bounds};
 use crate::server::JOB_ERROR_EXIT_CODE;
@@ -52,8 +53,11 @@ impl Reporter for SrunReporter {
         self.slurm.log(log::Level::Debug, message);
     }
     fn end_step(&mut self) {
-        if let Err(e) = self.slurm.kill_step(self.job, self.step, libc::SIGKILL) {
-            self.slurm.error(&format!("cannot end step {}.{}: {e}", self.job, self.step));
+        self.end_spawned(self.step);
+    }
+    fn end_spawned(&mut self, step: u32) {
+        if let Err(e) = self.slurm.kill_step(self.job, step, libc::SIGKILL) {
+            self.slurm.error(&format!("cannot end step {}.{step}: {e}", self.job));
         }
     }
 }
@@ -140,19 +144,49 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
     let listener = listen().map_err(|e| format!("cannot open the collective port: {e}"))?;
     let map = layout::encode(&node_of);
     let hex = secret.to_hex();
-    let step_info = Step { node_names, node_of, secret, addresses, bounds, width };
+    // This step is a spawned one if a spawning srun started this srun (or the user says so: it is their step).
+    let spawned = match std::env::var(ENV_SPAWN) {
+        Ok(text) if !text.is_empty() => Some(Spawn::decode(&text)?),
+        _ => None,
+    };
+    if let Some(s) = spawned.as_ref().filter(|s| s.size() != node_of.len() as u64) {
+        return Err(format!("the spawn asked for {} processes, srun's step has {} tasks", s.size(), node_of.len()));
+    }
+    let spawn_var = spawned.as_ref().map_or(String::new(), |s| Spawn { fd: None, ..s.clone() }.encode());
+    let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn: spawn_setup(job_id) };
     let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job: job_id, step }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
     // Every one of the plugin's own variables, whatever srun's environment held (see `options`).
-    let values = [root.port().to_string(), hex, map, job.encode()];
+    let values = [root.port().to_string(), hex, map, job.encode(), spawn_var];
     for (name, value) in INTERNAL.into_iter().zip(values) {
         // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
         unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
     }
+    if let Some(fd) = spawned.and_then(|s| s.fd) {
+        spawn::tell_started(fd, step)?;
+    }
     let client = Box::into_raw(Box::new(Client { root }));
     live().push(client as usize);
     Ok(client.cast())
+}
+
+/// What the root needs to start the steps this one spawns: srun's executable and environment now (read
+/// here, in srun's main thread, not while srun may change its environment). `None` if srun cannot find its
+/// executable: its spawns are then refused.
+fn spawn_setup(job: u32) -> Option<spawn::Setup> {
+    use std::os::unix::ffi::OsStrExt;
+    let srun = std::fs::read_link("/proc/self/exe").ok()?;
+    let srun = CString::new(srun.as_os_str().as_bytes()).ok()?;
+    let env = std::env::vars_os()
+        .filter_map(|(name, value)| {
+            let mut entry = name.as_bytes().to_vec();
+            entry.push(b'=');
+            entry.extend_from_slice(value.as_bytes());
+            CString::new(entry).ok()
+        })
+        .collect();
+    Some(spawn::Setup { srun, job, env })
 }
 
 /// The collective port: every address, as srun's other listening sockets (the stepds connect to
@@ -198,14 +232,14 @@ pub unsafe fn fini(state: *mut c_void) -> c_int {
 }
 
 /// srun's exit code for the step (0 leaves srun's own): an abort's code as a process would exit with it (its
-/// low 8 bits), or [`JOB_ERROR_EXIT_CODE`] when rpmi ended a step none of whose tasks failed on its own.
-/// srun takes any non-zero value over the tasks' statuses, which then show only the SIGKILL that ended the
+/// low 8 bits), [`JOB_ERROR_EXIT_CODE`] when rpmi ended a step none of whose tasks failed on its own, or the
+/// status of the srun of a spawned step that failed first. srun takes any non-zero value over the tasks' statuses, which then show only the SIGKILL that ended the
 /// step.
 pub fn exit_code(outcome: &Outcome) -> c_int {
     match outcome.abort_code {
         Some(c) => c & 0xff,
         None if outcome.job_error => JOB_ERROR_EXIT_CODE,
-        None => 0,
+        None => outcome.spawned_status.unwrap_or(0),
     }
 }
 
@@ -259,12 +293,15 @@ mod tests {
 
     #[test]
     fn exit_codes() {
-        let code = |abort_code, job_error| exit_code(&Outcome { abort_code, ended: true, job_error });
+        let code =
+            |abort_code, job_error| exit_code(&Outcome { abort_code, ended: true, job_error, spawned_status: None });
         assert_eq!(exit_code(&Outcome::default()), 0);
         assert_eq!(code(Some(7), false), 7);
         assert_eq!(code(Some(-1), false), 255);
         assert_eq!(code(Some(256), false), 0);
         assert_eq!(code(None, true), JOB_ERROR_EXIT_CODE);
         assert_eq!(code(None, false), 0);
+        let spawned = Outcome { ended: true, spawned_status: Some(2), ..Outcome::default() };
+        assert_eq!(exit_code(&spawned), 2);
     }
 }

@@ -41,6 +41,7 @@ mod layout;
 mod link;
 mod options;
 mod root;
+mod spawn;
 mod stepd;
 mod sys;
 mod trace;

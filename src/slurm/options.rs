@@ -38,9 +38,12 @@ pub const ENV_SECRET: &str = "RPMI_SLURM_SECRET";
 pub const ENV_MAP: &str = "RPMI_SLURM_MAP";
 /// The job's options as srun took them from its environment: `VAR=value` of each one set, comma-separated.
 pub const ENV_OPTIONS: &str = "RPMI_SLURM_OPTIONS";
+/// What a spawned step serves beyond a step's own (`super::spawn::Spawn`); empty in a step not spawned. In
+/// the environment of an srun that a spawning srun started, it is what that srun passes on.
+pub const ENV_SPAWN: &str = "RPMI_SLURM_SPAWN";
 /// Every variable srun's side sets for the stepds, in the order srun's prelaunch gives their values: the
-/// port, the secret, the map, the options. srun sets each of them in every launch.
-pub const INTERNAL: [&str; 4] = [ENV_PORT, ENV_SECRET, ENV_MAP, ENV_OPTIONS];
+/// port, the secret, the map, the options, the spawn. srun sets each of them in every launch.
+pub const INTERNAL: [&str; 5] = [ENV_PORT, ENV_SECRET, ENV_MAP, ENV_OPTIONS, ENV_SPAWN];
 
 /// Names the job's options had before they took the `SLURM_RPMI_` prefix, and their names now.
 const RENAMED: [(&str, &str); 2] = [

@@ -20,9 +20,11 @@
 //!   5 GONE    rank:u32 (a task closed its            0x83 END (srun is done with the step: the close
 //!                       connection without finalize)           that follows is the normal end)
 //!   6 BYE     (every local task has closed its connection: a normal end)
-//!   9 NAME    task:u32 op:u8 name_len:u16 name port   0x89 NAMED task:u32 ok:u8 text (the answer: a
-//!             (PMI_Publish_name, op 0, with the port;             lookup's port, or why it failed)
-//!              Unpublish_name 1; Lookup_name 2)
+//!   9 NAME    task:u32 op:u8 name_len:u16 name port   0x89 ANSWER task:u32 ok:u8 text (the answer
+//!             (PMI_Publish_name, op 0, with the port;             to a NAME or a SPAWN: a lookup's port,
+//!              Unpublish_name 1; Lookup_name 2)                   or why it failed)
+//!  10 SPAWN   task:u32 request (PMI_Spawn_multiple: the request as the plugin ABI's JSON, at most
+//!             SPAWN_MAX bytes)
 //! ```
 //!
 //! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
@@ -42,8 +44,8 @@ use std::fmt;
 use std::sync::Arc;
 
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
-/// tree; 4 the name service).
-pub const VERSION: u16 = 4;
+/// tree; 4 the name service; 5 spawn).
+pub const VERSION: u16 = 5;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
@@ -53,6 +55,10 @@ pub const MESSAGE_MAX: usize = 4096;
 pub const CONTROL_MAX: usize = 16 + MESSAGE_MAX;
 /// The longest service name, and the longest port, a NAME carries (a stepd refuses longer ones to its task).
 pub const NAME_MAX: usize = 1024;
+/// The longest spawn request (its JSON) a SPAWN carries (a stepd refuses longer ones to its task).
+pub const SPAWN_MAX: usize = 256 * 1024;
+/// The largest SPAWN frame.
+pub const SPAWN_FRAME_MAX: usize = 5 + SPAWN_MAX;
 
 const MAGIC: &[u8; 4] = b"RPMI";
 
@@ -65,13 +71,14 @@ const BYE: u8 = 6;
 const PROOF: u8 = 7;
 const UP_COLLECTIVE: u8 = 8;
 const NAME: u8 = 9;
+const SPAWN: u8 = 10;
 const END: u8 = 0x83;
 const CHALLENGE: u8 = 0x84;
 const WELCOME: u8 = 0x85;
 const PARENT: u8 = 0x86;
 const PARENT_DONE: u8 = 0x87;
 const DOWN_COLLECTIVE: u8 = 0x88;
-const NAMED: u8 = 0x89;
+const ANSWER: u8 = 0x89;
 
 /// A message from a stepd to srun's root or to its parent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +123,11 @@ pub enum Up {
         name: String,
         port: String,
     },
+    /// Local task `task` asks srun to start a new step (`request`: the plugin ABI's JSON of it).
+    Spawn {
+        task: u32,
+        request: String,
+    },
 }
 
 /// A message from srun's root, or from a parent, to a stepd.
@@ -133,8 +145,9 @@ pub enum Down {
     ParentDone,
     /// srun is done with the step: the connection closing next is the normal end, not srun's death.
     End,
-    /// srun's answer to local task `task`'s NAME: the port of a lookup (empty otherwise), or why it failed.
-    Named { task: u32, ok: bool, text: String },
+    /// srun's answer to local task `task`'s NAME or SPAWN: the port of a lookup (empty otherwise), or why it
+    /// failed.
+    Answer { task: u32, ok: bool, text: String },
 }
 
 /// Which way a COLLECTIVE frame goes.
@@ -242,6 +255,7 @@ impl Up {
             Up::Gone { .. } => "GONE",
             Up::Bye => "BYE",
             Up::Name { .. } => "NAME",
+            Up::Spawn { .. } => "SPAWN",
         }
     }
 
@@ -274,6 +288,7 @@ impl Up {
                 };
                 control(NAME, &[&task.to_be_bytes(), &[op], &len, name, port])
             }
+            Up::Spawn { task, request } => frame(SPAWN, &[&task.to_be_bytes(), request.as_bytes()])?,
         })
     }
 
@@ -320,6 +335,16 @@ impl Up {
                 let port = r.text(port_len)?;
                 Up::Name { task, op, name, port }
             }
+            SPAWN => {
+                let task = r.u32()?;
+                let rest = std::mem::take(&mut r.0);
+                if rest.len() > SPAWN_MAX {
+                    return Err(Malformed(format!("a spawn request of {} bytes (at most {SPAWN_MAX})", rest.len())));
+                }
+                let request =
+                    String::from_utf8(rest.to_vec()).map_err(|_| Malformed("a spawn request not in UTF-8".into()))?;
+                Up::Spawn { task, request }
+            }
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
         r.end()?;
@@ -337,7 +362,7 @@ impl Down {
             Down::Parent { .. } => "PARENT",
             Down::ParentDone => "PARENT_DONE",
             Down::End => "END",
-            Down::Named { .. } => "NAMED",
+            Down::Answer { .. } => "ANSWER",
         }
     }
 
@@ -350,7 +375,7 @@ impl Down {
             Down::Parent { port } => control(PARENT, &[&port.to_be_bytes()]),
             Down::ParentDone => control(PARENT_DONE, &[]),
             Down::End => control(END, &[]),
-            Down::Named { task, ok, text } => control(NAMED, &[&task.to_be_bytes(), &[u8::from(*ok)], cut(text)]),
+            Down::Answer { task, ok, text } => control(ANSWER, &[&task.to_be_bytes(), &[u8::from(*ok)], cut(text)]),
         })
     }
 
@@ -364,7 +389,7 @@ impl Down {
             PARENT => Down::Parent { port: r.u16()? },
             PARENT_DONE => Down::ParentDone,
             END => Down::End,
-            NAMED => Down::Named {
+            ANSWER => Down::Answer {
                 task: r.u32()?,
                 ok: match r.u8()? {
                     0 => false,
@@ -528,6 +553,8 @@ mod tests {
             Up::Bye,
             Up::Name { task: 1, op: NameOp::Publish, name: "svc".into(), port: "tag#0$port$".into() },
             Up::Name { task: 0, op: NameOp::Lookup, name: "x".repeat(NAME_MAX), port: String::new() },
+            Up::Spawn { task: 2, request: r#"{"commands":[]}"#.into() },
+            Up::Spawn { task: 0, request: "é".repeat(SPAWN_MAX / 2) },
         ] {
             assert_eq!(Up::decode(payload(&m.encode().unwrap())), Ok(m));
         }
@@ -541,8 +568,8 @@ mod tests {
             Down::Parent { port: 65535 },
             Down::ParentDone,
             Down::End,
-            Down::Named { task: 3, ok: true, text: "tag#0$port$".into() },
-            Down::Named { task: 0, ok: false, text: "the service name 'svc' is not published".into() },
+            Down::Answer { task: 3, ok: true, text: "tag#0$port$".into() },
+            Down::Answer { task: 0, ok: false, text: "the service name 'svc' is not published".into() },
         ] {
             assert_eq!(Down::decode(payload(&m.encode().unwrap())), Ok(m));
         }
@@ -583,6 +610,11 @@ mod tests {
         let mut abort = vec![ABORT, 0, 0, 0, 1, 0, 0, 0, 7];
         abort.extend(std::iter::repeat_n(b'x', MESSAGE_MAX + 1));
         assert!(Up::decode(&abort).is_err());
+        // A spawn request longer than a stepd sends, or not UTF-8.
+        let mut spawn = vec![SPAWN, 0, 0, 0, 1];
+        spawn.extend(std::iter::repeat_n(b'{', SPAWN_MAX + 1));
+        assert!(Up::decode(&spawn).unwrap_err().0.contains("spawn request of"));
+        assert!(Up::decode(&[SPAWN, 0, 0, 0, 1, 0xff]).is_err());
     }
 
     #[test]

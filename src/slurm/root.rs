@@ -25,7 +25,8 @@ use super::admit::{Acceptor, Event, Gate, Joined};
 use super::auth::{self, Secret};
 use super::layout::with_node_names;
 use super::link::{Link, Read};
-use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX};
+use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
+use super::spawn::{self, Asker, Launcher};
 use crate::collective::{self, frame::Frame, Bounds, Bytes, Output, Peer, Tree};
 use crate::os::{self, Epoll};
 use crate::server::Names;
@@ -45,6 +46,8 @@ pub trait Reporter: Send + 'static {
     fn debug(&mut self, message: &str);
     /// Ends the step (srun: `slurm_kill_job_step(.., SIGKILL)`).
     fn end_step(&mut self);
+    /// Ends step `step` of the job, one this step spawned.
+    fn end_spawned(&mut self, step: u32);
 }
 
 /// What the step's root saw, for srun's exit code.
@@ -57,6 +60,8 @@ pub struct Outcome {
     /// It was ended for a job error that no failure of its own explains (a protocol error, a bound): srun's
     /// status must then say so itself, since the tasks' show only the SIGKILL that ended the step.
     pub job_error: bool,
+    /// A step it spawned failed first: the exit status of that step's srun.
+    pub spawned_status: Option<i32>,
 }
 
 /// The step as the root sees it.
@@ -72,6 +77,8 @@ pub struct Step {
     pub bounds: Bounds,
     /// The tree's width, where srun's environment sets it; `None` takes the stepds'.
     pub width: Option<u32>,
+    /// How to start spawned steps; `None`: the step's spawns are refused.
+    pub spawn: Option<spawn::Setup>,
 }
 
 /// A running root; [`Root::stop`] ends it.
@@ -123,6 +130,8 @@ impl Drop for Root {
 const STOP: u64 = u64::MAX - 1;
 /// The acceptor's tokens start here; a node's connection's token is its node index.
 const ACCEPTOR: u64 = 1 << 32;
+/// The spawned sruns' tokens start here.
+const SPAWNED: u64 = 1 << 48;
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 enum NodeState {
@@ -173,6 +182,8 @@ struct State {
     gone_seen: Vec<bool>,
     /// The step's published names (PMI_Publish_name): one table for the step.
     names: Names,
+    /// The sruns of the steps this step spawned.
+    launcher: Option<Launcher>,
     outcome: Outcome,
     /// srun is done with the step: the root takes in what is left and stops.
     stopping: bool,
@@ -180,7 +191,12 @@ struct State {
 }
 
 impl State {
-    fn new(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>, stop: Arc<OwnedFd>) -> io::Result<State> {
+    fn new(
+        listener: TcpListener,
+        mut step: Step,
+        reporter: Box<dyn Reporter>,
+        stop: Arc<OwnedFd>,
+    ) -> io::Result<State> {
         let epoll = Arc::new(Epoll::new()?);
         epoll.add(stop.as_raw_fd(), libc::EPOLLIN as u32, STOP)?;
         let n = step.node_names.len();
@@ -198,6 +214,7 @@ impl State {
             None => None,
         };
         let size = step.node_of.len();
+        let launcher = step.spawn.take().map(|setup| Launcher::new(setup, epoll.clone(), SPAWNED));
         Ok(State {
             step,
             reporter,
@@ -213,6 +230,7 @@ impl State {
             gone: Vec::new(),
             gone_seen: vec![false; size],
             names: Names::new(),
+            launcher,
             outcome: Outcome::default(),
             stopping: false,
             buf: vec![0; 256 * 1024],
@@ -235,6 +253,8 @@ impl State {
                 Some(t) => t.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000) as i32,
                 None => 1000,
             };
+            // A spawned srun that closed its pipe is exiting: it is reaped as soon as it has.
+            let timeout = if self.launcher.as_ref().is_some_and(Launcher::reaping) { timeout.min(10) } else { timeout };
             let n = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(e) => {
@@ -251,6 +271,10 @@ impl State {
                         self.acceptor.ready(t);
                         self.admissions();
                     }
+                    t if t >= SPAWNED => {
+                        let events = self.launcher.as_mut().map(|l| l.ready(t)).unwrap_or_default();
+                        self.spawned(events);
+                    }
                     t => {
                         let node = t as u32;
                         if flags & libc::EPOLLOUT as u32 != 0 {
@@ -263,6 +287,9 @@ impl State {
                         }
                     }
                 }
+            }
+            if let Some(events) = self.launcher.as_mut().filter(|l| l.reaping()).map(|l| l.reap(false)) {
+                self.spawned(events);
             }
             if self.acceptor.deadline().is_some_and(|t| t <= Instant::now()) {
                 self.acceptor.tick();
@@ -291,7 +318,53 @@ impl State {
         }
         self.acceptor.close();
         self.admissions();
+        // srun's step is over; the steps it spawned may run on: srun ends with them.
+        if let Some(events) = self.launcher.as_mut().map(|l| l.reap(true)) {
+            self.spawned(events);
+        }
         self.outcome.clone()
+    }
+
+    /// What the sruns of spawned steps did.
+    fn spawned(&mut self, events: Vec<spawn::Event>) {
+        for event in events {
+            match event {
+                spawn::Event::Answer { asker, result } => self.answer(asker, result),
+                spawn::Event::Ended { status: 0, .. } => {}
+                spawn::Event::Ended { rank, step, status } => {
+                    let job = self.launcher.as_ref().map_or(0, Launcher::job);
+                    let what = format!(
+                        "step {job}.{step}, which rank {rank} spawned, failed: its srun exited with status {status}"
+                    );
+                    if self.outcome.abort_code.is_none() && !self.outcome.job_error {
+                        self.outcome.spawned_status.get_or_insert(status);
+                    }
+                    match self.stopping && !self.outcome.ended {
+                        // srun's own step is over: nothing to end, but srun's user hears why srun fails.
+                        true => {
+                            self.outcome.ended = true;
+                            self.reporter.error(&what);
+                        }
+                        false => self.fatal(what, None),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers the spawn of `asker`.
+    fn answer(&mut self, asker: Asker, result: Result<(), String>) {
+        let (ok, text) = match result {
+            Ok(()) => (true, String::new()),
+            Err(why) => (false, why),
+        };
+        self.send(asker.node, &Down::Answer { task: asker.task, ok, text });
+    }
+
+    /// The rank of local task `task` of node `node`.
+    fn rank_of(&self, node: u32, task: u32) -> Option<u32> {
+        let mut local = self.step.node_of.iter().enumerate().filter(|(_, &n)| n == node);
+        local.nth(task as usize).map(|(rank, _)| rank as u32)
     }
 
     fn link(&mut self, node: u32) -> Option<&mut Link> {
@@ -384,7 +457,7 @@ impl State {
     /// subtree's parts of one exchange.
     fn frame_max(&self, node: u32) -> usize {
         let collective = self.collective.as_ref().map_or(0, |c| c.root.frame_max(node) + 1);
-        CONTROL_MAX.max(collective)
+        CONTROL_MAX.max(SPAWN_FRAME_MAX).max(collective)
     }
 
     /// Handles every whole frame in node `node`'s input; false if its connection was dropped.
@@ -497,7 +570,26 @@ impl State {
                     Ok(port) => (true, port),
                     Err(why) => (false, why),
                 };
-                self.send(n, &Down::Named { task, ok, text });
+                self.send(n, &Down::Answer { task, ok, text });
+                true
+            }
+            Up::Spawn { task, request } => {
+                let Some(rank) = self.rank_of(n, task) else {
+                    self.fatal(
+                        format!("the slurmstepd of {name} asked a spawn for task {task}, not one of its own"),
+                        None,
+                    );
+                    return false;
+                };
+                let asker = Asker { node: n, task, rank };
+                let started = match &mut self.launcher {
+                    _ if self.outcome.ended || self.stopping => Err("the step is ending".to_string()),
+                    None => Err("this srun cannot start steps (it does not know its own executable)".to_string()),
+                    Some(l) => l.start(asker, &request),
+                };
+                if let Err(why) = started {
+                    self.answer(asker, Err(why));
+                }
                 true
             }
             Up::Bye => {
@@ -637,6 +729,11 @@ impl State {
         if !self.stopping {
             self.reporter.end_step();
         }
+        // The steps it spawned end with it.
+        if let Some(l) = &mut self.launcher {
+            let reporter = &mut self.reporter;
+            l.end_all(|step| reporter.end_spawned(step));
+        }
         self.pump();
     }
 
@@ -690,6 +787,9 @@ pub(super) mod tests {
         fn end_step(&mut self) {
             self.0.lock().unwrap().push("end".into());
         }
+        fn end_spawned(&mut self, step: u32) {
+            self.0.lock().unwrap().push(format!("end spawned step {step}"));
+        }
     }
 
     impl Record {
@@ -721,6 +821,7 @@ pub(super) mod tests {
             addresses: None,
             bounds: Bounds { part_max: PART_MAX, exchange_max: EXCHANGE_MAX },
             width: Some(STAR),
+            spawn: None,
         }
     }
 
@@ -975,7 +1076,9 @@ pub(super) mod tests {
     #[test]
     fn a_part_over_its_bound_ends_the_step_naming_node_size_and_option() {
         let (root, record, mut s) = connected(2);
-        join_exchange(&mut s[1], 0, 1, &vec![b'x'; PART_MAX.bytes + 1]);
+        s[1].write_all(&frame(Up::Joined { epoch: 0 })).unwrap();
+        // srun drops the connection once it has read the length: the rest of the frame may not go.
+        let _ = s[1].write_all(&contrib(0, &[(1, &vec![b'x'; PART_MAX.bytes + 1])]));
         let error = record.wait_for("RPMI_TEST_PART_MAX");
         // The frame: its kind, then a CONTRIB of one part (its kind, epoch, count, node and length).
         let len = PART_MAX.bytes + 1 + 1 + 17;
@@ -1037,7 +1140,7 @@ pub(super) mod tests {
         a.write_all(&frame(Up::Error { rank: 1, failed: false, message: "later".into() })).unwrap();
         record.wait_for("debug: later (on n1)");
         let outcome = root.stop();
-        assert_eq!(outcome, Outcome { abort_code: Some(7), ended: true, job_error: false });
+        assert_eq!(outcome, Outcome { abort_code: Some(7), ended: true, ..Outcome::default() });
         let lines = record.lines();
         assert_eq!(lines.iter().filter(|l| l.starts_with("error")).count(), 1, "{lines:?}");
         assert!(lines[0].contains("rank 0 on n1 called PMI_Abort with exit code 7: oops"), "{lines:?}");
@@ -1365,5 +1468,86 @@ pub(super) mod tests {
         assert!(fraction < 0.5, "a root that cannot accept used {:.0}% of a CPU", fraction * 100.0);
         assert!(joined.is_ok(), "once fds were free again the node could not join: {:?}", joined.err());
         assert!(status.success(), "the child failed: {status}");
+    }
+
+    /// A stand-in for srun (a shell script named so): it records its arguments and RPMI_SLURM_SPAWN in `dir`,
+    /// then runs `body` (which may write a step id to fd 3, as a spawned srun's prelaunch does).
+    fn fake_srun(name: &str, body: &str) -> (spawn::Setup, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rpmi-root-spawn-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("srun");
+        let text = format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > {d}/argv\nprintf '%s' \"$RPMI_SLURM_SPAWN\" > {d}/spawn\n{body}\n",
+            d = dir.display()
+        );
+        std::fs::write(&script, text).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let srun = std::ffi::CString::new(script.to_str().unwrap()).unwrap();
+        let env = vec![std::ffi::CString::new("PATH=/usr/bin:/bin").unwrap()];
+        (spawn::Setup { srun, job: 42, env }, dir)
+    }
+
+    const REQUEST: &str =
+        r#"{"commands":[{"nprocs":3,"execname":"./child","args":["x"],"preputs":[["k","v"]],"infos":[]}]}"#;
+
+    /// A root of 2 nodes with one rank each, whose spawns start `body`'s fake srun.
+    fn spawning(name: &str, body: &str) -> (Root, Record, Vec<TcpStream>, std::path::PathBuf) {
+        let secret = Secret::generate().unwrap();
+        let (setup, dir) = fake_srun(name, body);
+        let (root, record) = start(Step { spawn: Some(setup), ..step(2, &secret) });
+        let stepds = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
+        (root, record, stepds, dir)
+    }
+
+    #[test]
+    fn a_spawn_is_answered_once_its_step_exists_and_its_failure_ends_the_step() {
+        let (root, record, mut s, dir) = spawning("started", "echo 7 >&3\nread x < /dev/null\nsleep 0.3\nexit 3");
+        s[1].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
+        assert_eq!(receive(&mut s[1]), Down::Answer { task: 0, ok: true, text: String::new() });
+        let argv = std::fs::read_to_string(dir.join("argv")).unwrap();
+        assert_eq!(argv, "--jobid=42\n--mpi=rpmi\n--ntasks=3\n--nodes=1-3\n--immediate\n--exact\n./child\nx\n");
+        let spawn = spawn::Spawn::decode(&std::fs::read_to_string(dir.join("spawn")).unwrap()).unwrap();
+        assert_eq!((spawn.counts, spawn.preputs, spawn.fd), (vec![3], vec![("k".into(), "v".into())], Some(3)));
+        // Its srun fails: the spawning step ends, naming the step and the rank that spawned it.
+        let line = record.wait_for("error:");
+        assert!(line.contains("step 42.7, which rank 1 spawned, failed: its srun exited with status 3"), "{line}");
+        record.wait_for("end");
+        assert_eq!(root.stop().spawned_status, Some(3));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_spawn_whose_srun_ends_before_its_step_exists_fails_with_its_status() {
+        let (root, record, mut s, dir) = spawning("failed", "exit 1");
+        s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
+        let Down::Answer { task: 0, ok: false, text } = receive(&mut s[0]) else { panic!("no failed answer") };
+        assert!(text.contains("exited with status 1 before its step started"), "{text}");
+        // A malformed request, or one srun cannot start, is refused at once.
+        s[0].write_all(&frame(Up::Spawn { task: 0, request: "{".into() })).unwrap();
+        let Down::Answer { ok: false, text, .. } = receive(&mut s[0]) else { panic!("no failed answer") };
+        assert!(text.contains("not JSON"), "{text}");
+        // A task the node does not have is the stepd's fault.
+        s[0].write_all(&frame(Up::Spawn { task: 1, request: REQUEST.into() })).unwrap();
+        assert!(record.wait_for("error:").contains("not one of its own"));
+        let outcome = root.stop();
+        assert_eq!(outcome.spawned_status, None);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_spawning_steps_failure_ends_the_spawned_step_and_srun_waits_for_its_srun() {
+        let (root, record, mut s, dir) = spawning("parent-fails", "echo 9 >&3\nsleep 0.5");
+        s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
+        assert!(matches!(receive(&mut s[0]), Down::Answer { ok: true, .. }));
+        s[0].write_all(&frame(Up::Abort { rank: 0, code: 5, message: "bye".into() })).unwrap();
+        record.wait_for("end spawned step 9");
+        let started = Instant::now();
+        let outcome = root.stop();
+        // srun's end waited for the spawned srun, which exited 0 (the abort's code is srun's).
+        assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+        assert_eq!((outcome.abort_code, outcome.spawned_status), (Some(5), None));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

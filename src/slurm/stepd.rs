@@ -40,8 +40,9 @@ use super::admit::{Acceptor, Event, Gate};
 use super::auth::{self, Secret};
 use super::layout::{self, with_node_names};
 use super::link::{Link, Read, Watch};
-use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET};
-use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX};
+use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
+use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
+use super::spawn::Spawn;
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink::{self, Hello};
@@ -201,8 +202,8 @@ struct SlurmHost {
     parent_lost: bool,
     /// Lines this step has logged.
     logged: usize,
-    /// The name requests sent to srun that it has not answered, by local task.
-    asked: BTreeMap<TaskId, NameOp>,
+    /// The requests sent to srun that it has not answered, by local task.
+    asked: BTreeMap<TaskId, Asked>,
     /// srun's answers, until the shell takes them.
     answers: Vec<(TaskId, HostReply)>,
     buf: Vec<u8>,
@@ -367,10 +368,10 @@ impl SlurmHost {
             match m {
                 Down::Collective(frame) => self.machine.receive(Peer::Root, frame),
                 Down::End => self.srun_done = true,
-                Down::Named { task, ok, text } => match self.asked.remove(&(task as TaskId)) {
-                    Some(op) => self.answers.push((task as TaskId, name_reply(op, ok, text))),
+                Down::Answer { task, ok, text } => match self.asked.remove(&(task as TaskId)) {
+                    Some(asked) => self.answers.push((task as TaskId, asked.reply(ok, text))),
                     None => {
-                        end = Some(End::Broke(format!("answered a name request task {task} did not make")));
+                        end = Some(End::Broke(format!("answered a request task {task} did not make")));
                         break;
                     }
                 },
@@ -705,12 +706,24 @@ impl HostFds for SlurmHost {
     }
 }
 
-/// srun's answer to a name request, as the shell takes it.
-fn name_reply(op: NameOp, ok: bool, text: String) -> HostReply {
-    match (ok, op) {
-        (false, _) => HostReply::Failed(text),
-        (true, NameOp::Lookup) => HostReply::Port(text),
-        (true, NameOp::Publish | NameOp::Unpublish) => HostReply::Done,
+/// A request a task made of srun.
+#[derive(Debug, Clone, Copy)]
+enum Asked {
+    Name(NameOp),
+    /// A spawn of this many processes.
+    Spawn(u64),
+}
+
+impl Asked {
+    /// srun's answer, as the shell takes it.
+    fn reply(self, ok: bool, text: String) -> HostReply {
+        match (ok, self) {
+            (false, _) => HostReply::Failed(text),
+            (true, Asked::Name(NameOp::Lookup)) => HostReply::Port(text),
+            (true, Asked::Name(NameOp::Publish | NameOp::Unpublish)) => HostReply::Done,
+            // srun answers once every process has started (a step starts all of its tasks or none).
+            (true, Asked::Spawn(procs)) => HostReply::Spawned { errcodes: vec![0; procs as usize] },
+        }
     }
 }
 
@@ -773,22 +786,36 @@ impl Host for SlurmHost {
         }
     }
 
-    /// Names go to srun's table for the step; spawn is not served yet.
+    /// Names go to srun's table for the step, spawns to srun, which starts each as a step of the job.
     fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         let (op, name, port) = match request {
             HostRequest::Publish { service, port } => (NameOp::Publish, service, port),
             HostRequest::Unpublish { service } => (NameOp::Unpublish, service, ""),
             HostRequest::Lookup { service } => (NameOp::Lookup, service, ""),
-            HostRequest::Spawn(_) => return Err("srun --mpi=rpmi does not spawn processes yet".into()),
+            HostRequest::Spawn(spawn) => {
+                let request = crate::abi::spawn_json(spawn);
+                if request.len() > SPAWN_MAX {
+                    return Err(format!(
+                        "a spawn request of more than {SPAWN_MAX} bytes, the most srun --mpi=rpmi takes"
+                    ));
+                }
+                return self.ask(task, Asked::Spawn(spawn.total_procs()), Up::Spawn { task: task as u32, request });
+            }
         };
         if name.len() > NAME_MAX || port.len() > NAME_MAX {
             return Err(format!("a service name or port longer than {NAME_MAX} bytes, the most srun --mpi=rpmi takes"));
         }
-        let message = Up::Name { task: task as u32, op, name: name.into(), port: port.into() };
+        self.ask(task, Asked::Name(op), Up::Name { task: task as u32, op, name: name.into(), port: port.into() })
+    }
+}
+
+impl SlurmHost {
+    /// Sends task `task`'s request to srun, whose answer the task then waits for.
+    fn ask(&mut self, task: TaskId, asked: Asked, message: Up) -> Result<(), String> {
         if !self.report(&message) {
             return Err("srun (the collective root) is gone".into());
         }
-        self.asked.insert(task, op);
+        self.asked.insert(task, asked);
         Ok(())
     }
 }
@@ -1086,12 +1113,28 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let links = join_tree(&addrs, tree, node, &secret, &names, &address)?;
     let srun_copy = links.srun.try_clone().map_err(|e| format!("socket: {e}"))?;
 
-    let info = JobInfo::new(
-        format!("rpmi_{}.{}", rec.job, rec.step),
+    let mut info = JobInfo::new(
+        // Unique to this instance of the step: MPICH names its shared memory after the kvsname, and tasks that
+        // were killed leave theirs behind for a later step with the same ids (job ids start again when
+        // slurmctld's state is reset).
+        format!("rpmi_{}.{}_{}", rec.job, rec.step, secret.instance_tag()),
         TaskMap::new(node_of),
         local_ranks.clone(),
         names.clone(),
     );
+    // A spawned step: its preputs and appnums, as the spawning srun passed them on.
+    // SAFETY: Slurm's environment array, as the caller promises.
+    let spawn = match unsafe { getenvp(envp, ENV_SPAWN) }.filter(|v| !v.is_empty()) {
+        Some(text) => Some(Spawn::decode(&text)?),
+        None => None,
+    };
+    if let Some(s) = &spawn {
+        if s.size() != u64::from(rec.tasks) {
+            return Err(format!("{ENV_SPAWN} describes {} processes, Slurm's step has {}", s.size(), rec.tasks));
+        }
+        info.appnums = local_ranks.iter().map(|&r| s.appnum(r)).collect();
+        info.preputs = s.pairs();
+    }
     let limits = settings.limits();
     let store_max = limits.kvs_bytes_max;
     let mut shell = Shell::new(info, limits).map_err(|e| format!("cannot serve this step: {e}"))?;
@@ -1103,7 +1146,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let notify_r_raw = notify_r.as_raw_fd();
     let host_side =
         SlurmHost::new(place.clone(), names, tree, bounds, store_max, links, slurm, trace, notify_r, stopping.clone())?;
-    let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: false };
+    let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: spawn.is_some() };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
     if let Some(h) = node_rt.host_mut() {
@@ -1130,7 +1173,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let shared: &'static Stepd = unsafe { &*stepd };
     STEPD.store(stepd, SeqCst);
     // What srun passed for the stepds only; the tasks get their PMI_* variables.
-    for name in [ENV_SECRET, ENV_MAP, ENV_OPTIONS] {
+    for name in [ENV_SECRET, ENV_MAP, ENV_OPTIONS, ENV_SPAWN] {
         // SAFETY: Slurm's environment array, as the caller promises.
         unsafe { slurm.unsetenv(*env, &cstring(name.into())) };
     }
@@ -1255,6 +1298,7 @@ mod tests {
             addresses: None,
             bounds: bounds(1 << 20, 4 << 20),
             width: None,
+            spawn: None,
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)

@@ -36,6 +36,22 @@ impl SpawnRequest {
     pub fn total_procs(&self) -> u64 {
         self.commands.iter().map(|c| u64::from(c.nprocs)).sum()
     }
+
+    /// The new job's preputs: every command's, each key once (MPICH gives each command the same ones).
+    /// `Err` names a key given two values.
+    pub fn preputs(&self) -> Result<Pairs, String> {
+        let mut preputs: Pairs = Vec::new();
+        for (key, value) in self.commands.iter().flat_map(|c| &c.preputs) {
+            match preputs.iter().find(|(k, _)| k == key) {
+                Some((_, v)) if v != value => {
+                    return Err(format!("the preput '{}' is given two values", String::from_utf8_lossy(key)))
+                }
+                Some(_) => {}
+                None => preputs.push((key.clone(), value.clone())),
+            }
+        }
+        Ok(preputs)
+    }
 }
 
 /// Why a spawn request is malformed (a protocol error).

@@ -657,7 +657,6 @@ fn start_rpmi_run(exe: &CStr, link: &UnixStream) -> io::Result<libc::pid_t> {
 fn job_of_spawn(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let mut apps = Vec::with_capacity(request.commands.len());
-    let mut preputs: Vec<(String, String)> = Vec::new();
     for c in &request.commands {
         let mut app =
             App::new(c.nprocs, std::iter::once(&c.execname).chain(&c.args).map(|a| OsString::from(text(a))).collect());
@@ -678,16 +677,9 @@ fn job_of_spawn(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
         if app.n == 0 || app.program[0].is_empty() {
             return Err("a spawn of no processes or of no program".into());
         }
-        for (key, value) in &c.preputs {
-            let (key, value) = (text(key), text(value));
-            match preputs.iter().find(|(k, _)| *k == key) {
-                Some((_, v)) if *v != value => return Err(format!("the preput '{key}' is given two values")),
-                Some(_) => {}
-                None => preputs.push((key, value)),
-            }
-        }
         apps.push(app);
     }
+    let preputs: Vec<(String, String)> = request.preputs()?.iter().map(|(k, v)| (text(k), text(v))).collect();
     if preputs.len() > PREPUTS_MAX as usize {
         return Err(format!("{} preputs, more than the {PREPUTS_MAX} a job takes", preputs.len()));
     }

@@ -1,0 +1,642 @@
+//! `PMI_Spawn_multiple` under srun: the new processes are a new step of the job, started by the spawning
+//! step's srun.
+//!
+//! A task's spawn goes up to srun's root (SPAWN: the request as the plugin ABI's JSON). The root starts
+//! `srun --jobid=J --mpi=rpmi --ntasks=N --nodes=1-N --immediate --exact [--chdir=W] [--nodelist=H] program
+//! args`, or, for several commands, one step with `--multi-prog` (a file of the user's, removed when that
+//! srun exits), in srun's own
+//! environment plus [`ENV_SPAWN`]: what the new step's tasks get beyond a step's own (the preputs and each
+//! command's process count, from which each rank's appnum follows) and the fd of a pipe. The new srun's
+//! prelaunch passes that on to its stepds, and writes its step id into the pipe once its step exists: then
+//! the task's spawn is answered, every process started (error codes 0). A new srun that ends first (a
+//! step the allocation cannot hold now: `--immediate` does not wait for busy resources) fails the spawn
+//! with its exit status; its own error is on the job's stderr. With `--exact` a spawned step takes only
+//! the CPUs its tasks need, leaving the rest to later spawns; the spawning step must leave some too
+//! (`srun --exact`, or `-c`).
+//!
+//! **Tied ends.** A spawned step that fails (its srun exits non-zero) ends the step that spawned it, as the
+//! failure of one of its own tasks would: the spawning tasks may be waiting for processes that never
+//! come (a program missing on a node fails only after the answer). The spawning step ending for an error
+//! ends the steps it spawned. srun waits at the end of its step for every srun it started, and its exit
+//! code is then the first failure's.
+//!
+//! **Trust.** All of this runs as the user, in the user's srun, inside the user's allocation: it shapes the
+//! user's own steps only. The request is a task's, so it is bounded and checked before anything starts.
+
+pub use super::options::ENV_SPAWN;
+use crate::os::Epoll;
+use crate::wire::{Pairs, SpawnRequest};
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The longest [`ENV_SPAWN`] value: an environment string must stay under Linux's 128 KiB.
+pub const SPAWN_ENV_MAX: usize = 96 * 1024;
+/// The most processes one spawn starts.
+pub const SPAWN_PROCS_MAX: u64 = 65536;
+/// The most spawned sruns one step has running at once.
+pub const SPAWNED_STEPS_MAX: usize = 128;
+/// The fd a spawned srun finds its pipe on.
+const PIPE_FD: RawFd = 3;
+
+/// What a spawned step's tasks get beyond a step's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spawn {
+    /// The processes of each command, in rank order: command `i`'s ranks have appnum `i`.
+    pub counts: Vec<u32>,
+    /// Keys in the new job's key-value space before any task runs.
+    pub preputs: Vec<(String, String)>,
+    /// In the spawned srun only: where it tells the spawning srun that its step exists.
+    pub fd: Option<RawFd>,
+}
+
+impl Spawn {
+    /// [`ENV_SPAWN`]'s value.
+    pub fn encode(&self) -> String {
+        let mut v = serde_json::json!({ "counts": self.counts, "preputs": self.preputs });
+        if let Some(fd) = self.fd {
+            v["fd"] = fd.into();
+        }
+        v.to_string()
+    }
+
+    /// Reads [`ENV_SPAWN`]'s value (the user's environment: checked as anything else).
+    pub fn decode(text: &str) -> Result<Spawn, String> {
+        if text.len() > SPAWN_ENV_MAX {
+            return Err(format!("{ENV_SPAWN} has {} bytes, more than {SPAWN_ENV_MAX}", text.len()));
+        }
+        let bad = |what: &str| format!("{ENV_SPAWN} has no valid '{what}'");
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|_| bad("JSON"))?;
+        let counts = v["counts"].as_array().ok_or_else(|| bad("counts"))?;
+        let counts = counts
+            .iter()
+            .map(|c| c.as_u64().and_then(|c| u32::try_from(c).ok()).filter(|&c| c > 0).ok_or_else(|| bad("counts")))
+            .collect::<Result<Vec<u32>, _>>()?;
+        let pair = |p: &serde_json::Value| -> Option<(String, String)> {
+            Some((p.get(0)?.as_str()?.to_string(), p.get(1)?.as_str()?.to_string()))
+        };
+        let preputs = v["preputs"].as_array().ok_or_else(|| bad("preputs"))?;
+        let preputs = preputs.iter().map(|p| pair(p).ok_or_else(|| bad("preputs"))).collect::<Result<_, _>>()?;
+        let fd = match &v["fd"] {
+            serde_json::Value::Null => None,
+            fd => Some(fd.as_u64().and_then(|f| RawFd::try_from(f).ok()).ok_or_else(|| bad("fd"))?),
+        };
+        if counts.is_empty() {
+            return Err(bad("counts"));
+        }
+        Ok(Spawn { counts, preputs, fd })
+    }
+
+    /// The processes of the new step.
+    pub fn size(&self) -> u64 {
+        self.counts.iter().map(|&c| u64::from(c)).sum()
+    }
+
+    /// The appnum of `rank` (the index of its command).
+    pub fn appnum(&self, rank: u32) -> i32 {
+        let mut first = 0u64;
+        for (i, &c) in self.counts.iter().enumerate() {
+            first += u64::from(c);
+            if u64::from(rank) < first {
+                return i as i32;
+            }
+        }
+        0
+    }
+
+    /// The preputs as the server takes them.
+    pub fn pairs(&self) -> Pairs {
+        self.preputs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
+    }
+}
+
+/// In a spawned srun's prelaunch: tells the spawning srun that step `step` exists, and keeps the pipe open
+/// (close-on-exec) until srun exits, which the spawning srun sees as its end.
+pub fn tell_started(fd: RawFd, step: u32) -> Result<(), String> {
+    // SAFETY: fstat into our buffer; a bad fd only fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if fd < PIPE_FD || unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        return Err(format!("{ENV_SPAWN} names fd {fd}, which is no pipe of a spawning srun"));
+    }
+    // SAFETY: sets a flag on a pipe of ours.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let line = format!("{step}\n");
+    // SAFETY: writes our buffer (a few bytes: atomic on a pipe).
+    let n = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+    if n != line.len() as isize {
+        return Err(format!("cannot tell the spawning srun that the step started: {}", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The spawning task: where the answer goes, and the rank that names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asker {
+    pub node: u32,
+    pub task: u32,
+    pub rank: u32,
+}
+
+/// What a spawned srun did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The spawn of `asker` is answered: its step started, or why it did not.
+    Answer { asker: Asker, result: Result<(), String> },
+    /// A spawned srun whose step had started exited with `status` (a shell's: 128 + signal).
+    Ended { rank: u32, step: u32, status: i32 },
+}
+
+/// A spawned srun.
+struct Child {
+    pid: libc::pid_t,
+    /// The read end of its pipe, until it closes.
+    pipe: Option<OwnedFd>,
+    /// Not answered yet.
+    asker: Option<Asker>,
+    rank: u32,
+    step: Option<u32>,
+    /// The `--multi-prog` file, removed once srun has exited (it reads the file again after its step starts).
+    conf: Option<PathBuf>,
+    got: Vec<u8>,
+}
+
+/// What srun needs to start spawned steps.
+pub struct Setup {
+    /// srun's own executable.
+    pub srun: CString,
+    /// The job the steps belong to.
+    pub job: u32,
+    /// srun's environment when the step started (`NAME=value` entries).
+    pub env: Vec<CString>,
+}
+
+/// The sruns a step's srun started, watched in the root's epoll set.
+pub struct Launcher {
+    setup: Setup,
+    epoll: Arc<Epoll>,
+    /// Tokens from here: `base + slot`.
+    base: u64,
+    children: Vec<Option<Child>>,
+    started: u64,
+}
+
+impl Launcher {
+    pub fn new(setup: Setup, epoll: Arc<Epoll>, base: u64) -> Launcher {
+        Launcher { setup, epoll, base, children: Vec::new(), started: 0 }
+    }
+
+    pub fn job(&self) -> u32 {
+        self.setup.job
+    }
+
+    /// Whether a spawned srun has exited but is not reaped yet (the root then looks again soon).
+    pub fn reaping(&self) -> bool {
+        self.children.iter().flatten().any(|c| c.pipe.is_none())
+    }
+
+    fn running(&self) -> usize {
+        self.children.iter().flatten().count()
+    }
+
+    /// Starts the srun of `request`, which `asker` made; `Err` says why not (nothing was started).
+    pub fn start(&mut self, asker: Asker, request: &str) -> Result<(), String> {
+        if self.running() >= SPAWNED_STEPS_MAX {
+            return Err(format!("{SPAWNED_STEPS_MAX} spawned steps run already, the most one step starts at once"));
+        }
+        let request = crate::abi::spawn_request(request.as_bytes()).map_err(|e| format!("a spawn request {e}"))?;
+        let launch = Launch::of(&request)?;
+        let (r, w) = crate::os::pipe().map_err(|e| format!("pipe: {e}"))?;
+        let spawn = Spawn { fd: Some(PIPE_FD), ..launch.spawn.clone() };
+        let conf = match &launch.multi_prog {
+            Some(text) => Some(self.write_conf(text)?),
+            None => None,
+        };
+        let mut argv = vec![
+            self.setup.srun.clone(),
+            cstring(format!("--jobid={}", self.setup.job)),
+            cstring("--mpi=rpmi".into()),
+            cstring(format!("--ntasks={}", spawn.size())),
+            // As few nodes as hold it: srun's default is every node of the allocation, some of which the
+            // spawning step may fill.
+            cstring(format!("--nodes=1-{}", spawn.size())),
+            cstring("--immediate".into()),
+            cstring("--exact".into()),
+        ];
+        argv.extend(launch.options.iter().map(|o| cstring(o.clone())));
+        match &conf {
+            Some(path) => argv.extend([cstring("--multi-prog".into()), path_cstring(path)]),
+            None => argv.extend(launch.program.iter().cloned()),
+        }
+        let mut env: Vec<CString> = self
+            .setup
+            .env
+            .iter()
+            .filter(|e| !launch.replaces(e) && !e.as_bytes().starts_with(ENV_SPAWN.as_bytes()))
+            .cloned()
+            .collect();
+        env.push(cstring(format!("{ENV_SPAWN}={}", spawn.encode())));
+        env.extend(launch.path.iter().map(|p| cstring(format!("PATH={p}"))));
+        let pid = match start_process(&self.setup.srun, &argv, &env, &w) {
+            Ok(pid) => pid,
+            Err(e) => {
+                if let Some(path) = &conf {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(format!("cannot start srun for the spawned step: {e}"));
+            }
+        };
+        drop(w);
+        let slot = match self.children.iter().position(Option::is_none) {
+            Some(s) => s,
+            None => {
+                self.children.push(None);
+                self.children.len() - 1
+            }
+        };
+        if let Err(e) = self.epoll.add(r.as_raw_fd(), libc::EPOLLIN as u32, self.base + slot as u64) {
+            // SAFETY: ends and reaps our own child, which nobody else waits for.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            if let Some(path) = &conf {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(format!("cannot watch the srun of the spawned step: {e}"));
+        }
+        self.started += 1;
+        self.children[slot] =
+            Some(Child { pid, pipe: Some(r), asker: Some(asker), rank: asker.rank, step: None, conf, got: Vec::new() });
+        Ok(())
+    }
+
+    /// A `--multi-prog` file of srun's user, only they can read.
+    fn write_conf(&self, text: &str) -> Result<PathBuf, String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = std::env::temp_dir().join(format!("rpmi-spawn-{}-{}.conf", std::process::id(), self.started));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("cannot write the spawned step's --multi-prog file {}: {e}", path.display()))?;
+        f.write_all(text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(path)
+    }
+
+    /// What the srun of `token` did.
+    pub fn ready(&mut self, token: u64) -> Vec<Event> {
+        let slot = (token - self.base) as usize;
+        let Some(child) = self.children.get_mut(slot).and_then(Option::as_mut) else { return Vec::new() };
+        let mut events = Vec::new();
+        let mut buf = [0u8; 64];
+        let closed = loop {
+            let Some(pipe) = &child.pipe else { break false };
+            // SAFETY: reads into our buffer from our non-blocking pipe.
+            let n = unsafe { libc::read(pipe.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            match n {
+                0 => break true,
+                n if n < 0 => break io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock,
+                n => child.got.extend_from_slice(&buf[..n as usize]),
+            }
+            if child.got.len() > 32 {
+                break true;
+            }
+        };
+        if child.step.is_none() {
+            if let Some(line) = child.got.strip_suffix(b"\n") {
+                child.step = std::str::from_utf8(line).ok().and_then(|s| s.parse().ok());
+                if let (Some(asker), Some(_)) = (child.asker.take(), child.step) {
+                    events.push(Event::Answer { asker, result: Ok(()) });
+                }
+            }
+        }
+        if closed {
+            if let Some(pipe) = child.pipe.take() {
+                let _ = self.epoll.remove(pipe.as_raw_fd());
+            }
+        }
+        events.extend(self.reap(false));
+        events
+    }
+
+    /// Reaps the sruns whose pipe closed (all of them, waiting, when `wait`).
+    pub fn reap(&mut self, wait: bool) -> Vec<Event> {
+        let mut events = Vec::new();
+        for slot in self.children.iter_mut() {
+            let Some(child) = slot else { continue };
+            if child.pipe.is_some() && !wait {
+                continue;
+            }
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            let pid = unsafe { libc::waitpid(child.pid, &mut status, if wait { 0 } else { libc::WNOHANG }) };
+            let status = match pid {
+                0 => continue,
+                p if p == child.pid => shell_status(status),
+                // Reaped by someone else (an srun that ignores SIGCHLD): its status is lost.
+                _ => 0,
+            };
+            let Some(child) = slot.take() else { continue };
+            if let Some(pipe) = &child.pipe {
+                let _ = self.epoll.remove(pipe.as_raw_fd());
+            }
+            if let Some(path) = &child.conf {
+                let _ = std::fs::remove_file(path);
+            }
+            match (child.asker, child.step) {
+                (Some(asker), _) => events.push(Event::Answer {
+                    asker,
+                    result: Err(format!(
+                        "srun for the spawned step exited with status {status} before its step started (srun's \
+                         error is on the job's stderr)"
+                    )),
+                }),
+                (None, Some(step)) => events.push(Event::Ended { rank: child.rank, step, status }),
+                (None, None) => {}
+            }
+        }
+        events
+    }
+
+    /// Ends every spawned step: through `end_step` where its id is known, else by signalling its srun.
+    pub fn end_all(&mut self, mut end_step: impl FnMut(u32)) {
+        for child in self.children.iter().flatten() {
+            match child.step {
+                Some(step) => end_step(step),
+                // SAFETY: signals our own child, not reaped yet.
+                None => unsafe {
+                    libc::kill(child.pid, libc::SIGTERM);
+                },
+            }
+        }
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        for child in self.children.iter().flatten() {
+            if let Some(path) = &child.conf {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// How srun is to start one spawn.
+#[derive(Debug)]
+struct Launch {
+    spawn: Spawn,
+    /// `--chdir`, `--nodelist`.
+    options: Vec<String>,
+    /// The program and its arguments, of a spawn of one command.
+    program: Vec<CString>,
+    /// The `--multi-prog` file's text, of several commands.
+    multi_prog: Option<String>,
+    /// The tasks' PATH (info `path`).
+    path: Option<String>,
+}
+
+impl Launch {
+    /// How srun starts `request`. Info keys: `wdir` (srun's `--chdir`), `path` (the tasks' PATH), `host` and
+    /// `hosts` (`--nodelist`); a spawn of several commands is one step, which takes one of each. Others are
+    /// ignored, as MPI lets a process manager do.
+    fn of(request: &SpawnRequest) -> Result<Launch, String> {
+        let size = request.total_procs();
+        if request.commands.is_empty() || request.commands.iter().any(|c| c.nprocs == 0) {
+            return Err("a spawn of no processes".into());
+        }
+        if size > SPAWN_PROCS_MAX {
+            return Err(format!(
+                "a spawn of {size} processes, more than the {SPAWN_PROCS_MAX} srun --mpi=rpmi starts at once"
+            ));
+        }
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let preputs = request.preputs()?;
+        if preputs.len() > crate::abi::PREPUTS_MAX as usize {
+            return Err(format!("{} preputs, more than the {} a job takes", preputs.len(), crate::abi::PREPUTS_MAX));
+        }
+        let spawn = Spawn {
+            counts: request.commands.iter().map(|c| c.nprocs).collect(),
+            preputs: preputs.iter().map(|(k, v)| (text(k), text(v))).collect(),
+            fd: Some(PIPE_FD),
+        };
+        if spawn.encode().len() > SPAWN_ENV_MAX {
+            return Err(format!("preputs of more than {SPAWN_ENV_MAX} bytes, the most srun --mpi=rpmi passes on"));
+        }
+        let mut infos: Vec<(&str, String)> = Vec::new();
+        for (key, value) in request.commands.iter().flat_map(|c| &c.infos) {
+            let key = match key.as_slice() {
+                b"wdir" => "--chdir",
+                b"path" => "PATH",
+                b"host" | b"hosts" => "--nodelist",
+                _ => continue,
+            };
+            let value = text(value);
+            match infos.iter().find(|(k, _)| *k == key) {
+                Some((_, v)) if *v != value => {
+                    return Err(format!(
+                        "the commands of one spawn ask for two values of {key}: srun --mpi=rpmi starts them as one step"
+                    ))
+                }
+                Some(_) => {}
+                None => infos.push((key, value)),
+            }
+        }
+        if infos.iter().any(|(_, v)| v.is_empty() || v.contains('\0')) {
+            return Err("an empty spawn info value".into());
+        }
+        let path = infos.iter().find(|(k, _)| *k == "PATH").map(|(_, v)| v.clone());
+        let options = infos.iter().filter(|(k, _)| *k != "PATH").map(|(k, v)| format!("{k}={v}")).collect();
+        for c in &request.commands {
+            if c.execname.is_empty() || c.execname[0] == b'-' || c.execname.contains(&0) {
+                return Err(format!("'{}' is no program srun can start", text(&c.execname)));
+            }
+            if c.args.iter().any(|a| a.contains(&0)) {
+                return Err("an argument with a NUL byte".into());
+            }
+        }
+        if let [one] = request.commands.as_slice() {
+            let program = std::iter::once(&one.execname).chain(&one.args).map(|a| cstring(text(a))).collect();
+            return Ok(Launch { spawn, options, program, multi_prog: None, path });
+        }
+        // One line per command: `first-last 'program' 'args'...`. srun's parser splits a line at white space
+        // outside single quotes, keeps what is inside them as it is, and takes `\'` for a quote; it cannot
+        // pass an empty word or a line break.
+        let mut conf = String::new();
+        let mut first = 0u64;
+        for c in &request.commands {
+            let last = first + u64::from(c.nprocs) - 1;
+            conf.push_str(&format!("{first}-{last}"));
+            for word in std::iter::once(&c.execname).chain(&c.args) {
+                if word.is_empty() || word.iter().any(|b| b"\n\r".contains(b)) {
+                    return Err(format!(
+                        "an empty argument, or one with a line break, in a spawn of several commands: srun \
+                         --mpi=rpmi starts them with srun's --multi-prog, which cannot pass it ('{}')",
+                        text(word).escape_debug()
+                    ));
+                }
+                conf.push_str(&format!(" '{}'", text(word).replace('\'', "'\\''")));
+            }
+            conf.push('\n');
+            first = last + 1;
+        }
+        Ok(Launch { spawn, options, program: Vec::new(), multi_prog: Some(conf), path })
+    }
+
+    /// Whether srun's environment entry `entry` is one this launch sets anew: the PATH of an info `path`.
+    fn replaces(&self, entry: &CStr) -> bool {
+        self.path.is_some() && entry.to_bytes().starts_with(b"PATH=")
+    }
+}
+
+fn cstring(s: String) -> CString {
+    CString::new(s).unwrap_or_default()
+}
+
+fn path_cstring(p: &std::path::Path) -> CString {
+    CString::new(OsStr::as_bytes(p.as_os_str())).unwrap_or_default()
+}
+
+/// A wait status as a shell shows it.
+fn shell_status(status: libc::c_int) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    }
+}
+
+/// Starts `exe` with `argv` and `env`, `pipe` on its fd 3 and stdin from /dev/null (the spawning srun's
+/// tasks read its stdin), in srun's process group (a terminal's signals reach both). posix_spawn, so that
+/// srun's threads are not forked and an exec that fails is its result.
+fn start_process(exe: &CStr, argv: &[CString], env: &[CString], pipe: &OwnedFd) -> io::Result<libc::pid_t> {
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) };
+    // A copy above the standard fds and 3, so that dup2 onto 3 always makes a new fd (which exec keeps).
+    // SAFETY: F_DUPFD_CLOEXEC on our own open fd.
+    let copy = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if copy < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd of ours, closed when this drops.
+    let copy = unsafe { OwnedFd::from_raw_fd(copy) };
+    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let mut env_p: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_p.push(std::ptr::null());
+    // SAFETY: the action object is initialized before use and destroyed after; every pointer passed lives
+    // through the call; argv and env are NULL-terminated arrays of NUL-terminated strings.
+    unsafe {
+        let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut actions))?;
+        let mut pid: libc::pid_t = 0;
+        let started = check(libc::posix_spawn_file_actions_adddup2(&mut actions, copy.as_raw_fd(), PIPE_FD))
+            .and_then(|()| {
+                check(libc::posix_spawn_file_actions_addopen(&mut actions, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0))
+            })
+            .and_then(|()| {
+                check(libc::posix_spawn(
+                    &mut pid,
+                    exe.as_ptr(),
+                    &actions,
+                    std::ptr::null(),
+                    argv_p.as_ptr().cast(),
+                    env_p.as_ptr().cast(),
+                ))
+            });
+        libc::posix_spawn_file_actions_destroy(&mut actions);
+        started.map(|()| pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::SpawnCommand;
+
+    fn command(n: u32, program: &str, args: &[&str]) -> SpawnCommand {
+        SpawnCommand {
+            nprocs: n,
+            execname: program.into(),
+            args: args.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            preputs: vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"tag#0$x$".to_vec())],
+            infos: vec![],
+        }
+    }
+
+    #[test]
+    fn spawn_round_trips_and_gives_appnums() {
+        let s = Spawn { counts: vec![2, 3], preputs: vec![("k".into(), "v w".into())], fd: Some(3) };
+        assert_eq!(Spawn::decode(&s.encode()), Ok(s.clone()));
+        let without = Spawn { fd: None, ..s.clone() };
+        assert_eq!(Spawn::decode(&without.encode()), Ok(without));
+        assert_eq!((0..5).map(|r| s.appnum(r)).collect::<Vec<_>>(), [0, 0, 1, 1, 1]);
+        assert_eq!(s.size(), 5);
+        for bad in [
+            "",
+            "{}",
+            r#"{"counts":[0],"preputs":[]}"#,
+            r#"{"counts":[],"preputs":[]}"#,
+            r#"{"counts":[1],"preputs":[["k"]]}"#,
+            r#"{"counts":[1],"preputs":[],"fd":-1}"#,
+        ] {
+            assert!(Spawn::decode(bad).is_err(), "{bad}");
+        }
+        assert!(Spawn::decode(&" ".repeat(SPAWN_ENV_MAX + 1)).unwrap_err().contains("more than"));
+    }
+
+    #[test]
+    fn one_command_is_srun_with_its_program() {
+        let mut c = command(3, "./child", &["-v", "a b"]);
+        c.infos = vec![(b"wdir".to_vec(), b"/tmp".to_vec()), (b"path".to_vec(), b"/opt/bin".to_vec())];
+        let l = Launch::of(&SpawnRequest { commands: vec![c] }).unwrap();
+        assert_eq!(l.options, ["--chdir=/tmp"]);
+        assert_eq!(l.path.as_deref(), Some("/opt/bin"));
+        assert_eq!(l.program, [c"./child".to_owned(), c"-v".to_owned(), c"a b".to_owned()]);
+        assert_eq!(l.spawn.counts, [3]);
+        assert_eq!(l.spawn.preputs, [("PARENT_ROOT_PORT_NAME".to_string(), "tag#0$x$".to_string())]);
+    }
+
+    #[test]
+    fn several_commands_are_one_multi_prog_step() {
+        let l =
+            Launch::of(&SpawnRequest { commands: vec![command(2, "./a", &["x"]), command(1, "./b", &[])] }).unwrap();
+        assert_eq!(l.multi_prog.as_deref(), Some("0-1 './a' 'x'\n2-2 './b'\n"));
+        assert_eq!(l.spawn.counts, [2, 1]);
+        let words =
+            SpawnRequest { commands: vec![command(1, "./a", &["two words", "it's", "%t"]), command(1, "./b", &[])] };
+        assert_eq!(
+            Launch::of(&words).unwrap().multi_prog.as_deref(),
+            Some("0-0 './a' 'two words' 'it'\\''s' '%t'\n1-1 './b'\n")
+        );
+        for word in ["a\nb", ""] {
+            let r = SpawnRequest { commands: vec![command(1, "./a", &[word]), command(1, "./b", &[])] };
+            assert!(Launch::of(&r).unwrap_err().contains("--multi-prog"), "{word:?}");
+        }
+    }
+
+    #[test]
+    fn spawns_srun_cannot_start_are_refused() {
+        let refused = |commands| Launch::of(&SpawnRequest { commands }).unwrap_err();
+        assert!(refused(vec![]).contains("no processes"));
+        assert!(refused(vec![command(0, "./a", &[])]).contains("no processes"));
+        assert!(refused(vec![command(65537, "./a", &[])]).contains("more than"));
+        assert!(refused(vec![command(1, "--uid=0", &[])]).contains("no program"));
+        let mut a = command(1, "./a", &[]);
+        let mut b = command(1, "./b", &[]);
+        a.infos = vec![(b"wdir".to_vec(), b"/x".to_vec())];
+        b.infos = vec![(b"wdir".to_vec(), b"/y".to_vec())];
+        assert!(refused(vec![a.clone(), b.clone()]).contains("two values"));
+        b.preputs = vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"other".to_vec())];
+        b.infos.clear();
+        assert!(refused(vec![a.clone(), b]).contains("two values"));
+        a.preputs = vec![(b"k".to_vec(), "v".repeat(SPAWN_ENV_MAX).into_bytes())];
+        assert!(refused(vec![a]).contains("bytes"));
+    }
+}
