@@ -18,7 +18,9 @@
 //!
 //! The plugin's own variables, which srun's side sets for the stepds ([`INTERNAL`], prefix `RPMI_SLURM_`), are
 //! no options: srun sets every one of them in every launch, so what a user put there never reaches a stepd
-//! (and a task's copy does not hold up an srun it runs). The options' names before they took the
+//! (and a task's copy does not hold up an srun it runs). [`ENV_SPAWN`] in srun's own environment is what a
+//! spawning srun passed on (`super::spawn`): srun checks it and passes it on in turn; it shapes only the
+//! user's own step. The options' names before they took the
 //! `SLURM_RPMI_` prefix are refused, naming the new ones; other `RPMI_SLURM_*` names are not the plugin's
 //! (the project's test scripts use some).
 
