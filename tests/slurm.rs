@@ -330,6 +330,52 @@ fn names_on_three_nodes() {
     names("names-three", &["-N3", "-n4", "-m", "cyclic"]);
 }
 
+/// A `--multi-prog` configuration of `lines`, in a file of the test's own.
+fn multi_prog(name: &str, lines: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("slurm-{name}.conf"));
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
+/// MPMD with `srun --multi-prog`: each rank's appnum is the index of the line that runs it.
+#[test]
+fn a_multi_prog_steps_ranks_read_their_lines_appnums() {
+    let _s = serial();
+    let p = probe();
+    let conf = multi_prog("mpmd-probe", &format!("# MPMD\n0,2 {p} info\n1 {p} info\n3-4 {p} info\n"));
+    let run =
+        Srun::start_with(&marker("mpmd"), "rpmi", &["-N2", "-n5", "--multi-prog", conf.to_str().unwrap()], &[]).wait();
+    assert_success(&run);
+    let mut appnums: Vec<(u32, String)> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("rank=") && l.contains(" appnum="))
+        .map(|l| (words(l)["rank"].parse().unwrap(), words(l)["appnum"].to_string()))
+        .collect();
+    appnums.sort();
+    let want: Vec<(u32, String)> = [0, 1, 0, 2, 2].iter().enumerate().map(|(r, a)| (r as u32, a.to_string())).collect();
+    assert_eq!(appnums, want, "{run}");
+}
+
+/// The same with real MPICH: one MPI_COMM_WORLD over both programs, each rank's MPI_APPNUM its line's.
+#[test]
+fn mpmd_with_mpich_under_multi_prog() {
+    let _s = serial();
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let program = BUILT.get_or_init(|| build("mpi_mpmd")).to_str().unwrap();
+    let conf = multi_prog("mpmd-mpich", &format!("0-1 {program} a\n2-4 {program} b\n"));
+    let run =
+        Srun::start_with(&marker("mpmd-mpich"), "rpmi", &["-N3", "-n5", "--multi-prog", conf.to_str().unwrap()], &[])
+            .wait();
+    assert_success(&run);
+    for line in
+        ["rank 0 appnum 0 label a", "rank 1 appnum 0 label a", "rank 2 appnum 1 label b", "rank 4 appnum 1 label b"]
+    {
+        assert!(run.stdout.contains(line), "no `{line}`: {run}");
+    }
+    assert!(run.stdout.contains("mpi_mpmd: 5 ranks in one MPI_COMM_WORLD"), "{run}");
+}
+
 fn pmi_spawn_sh() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn.sh").to_string_lossy().into_owned()
 }

@@ -22,7 +22,7 @@
 //! The plugin's own protocol between srun and the stepds is in [`protocol`] and its challenge-response in
 //! [`auth`]; the accepting side of it, shared by srun and a stepd with children, in `admit`, the joining side
 //! in `uplink`; a connection served in an epoll loop in `link`; the root in `root`, and the steps it starts
-//! for `PMI_Spawn` in `spawn`; the stepd side in
+//! for `PMI_Spawn` in `spawn`; a `--multi-prog` step's appnums in `mpmd`; the stepd side in
 //! `stepd`; srun's side in [`client`]; the options (mpi.conf's and the job's) in `options`; the layout
 //! encoding in `layout`; Slurm's types and functions in `sys`;
 //! the wire trace in `trace`. The exchange itself is [`crate::collective`]'s. The plugin is not linked
@@ -40,6 +40,7 @@ pub mod protocol;
 mod admit;
 mod layout;
 mod link;
+mod mpmd;
 mod options;
 mod root;
 mod spawn;

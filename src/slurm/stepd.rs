@@ -40,6 +40,7 @@ use super::admit::{Acceptor, Event, Gate};
 use super::auth::{self, Secret};
 use super::layout::{self, with_node_names};
 use super::link::{Link, Read, Watch};
+use super::mpmd;
 use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
 use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
 use super::spawn::Spawn;
@@ -1037,6 +1038,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     if !STEPD.load(SeqCst).is_null() {
         return Err("prefork called twice in one slurmstepd".into());
     }
+    let record = job;
     // SAFETY: Slurm's step record, as the caller promises; only its leading fields are read.
     let r = unsafe { job.as_ref() }.ok_or("no step record")?;
     let rec = Record {
@@ -1134,6 +1136,9 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         }
         info.appnums = local_ranks.iter().map(|&r| s.appnum(r)).collect();
         info.preputs = s.pairs();
+    // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
+    } else if let Some(config) = unsafe { multi_prog_config(record, env) } {
+        info.appnums = mpmd::appnums(&config, &local_ranks);
     }
     let limits = settings.limits();
     let store_max = limits.kvs_bytes_max;
@@ -1188,6 +1193,35 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         ),
     );
     Ok(())
+}
+
+/// The text of the step's `srun --multi-prog` configuration, if it is such a step: the record's `argv[1]`
+/// when its launch flags say so. Slurm passes the address of the record's `env` field as `env`; the fields
+/// after it ([`sys::RecordFromEnv`]) are read only if that address lies within the record's first KiB and
+/// the record's `jmgr_pid` there is this process's pid, as Slurm sets it before prefork.
+///
+/// # Safety
+/// `job` is NULL or Slurm's step record, and `env` the address Slurm passes with it.
+unsafe fn multi_prog_config(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_char) -> Option<String> {
+    let (start, at) = (job as usize, env as usize);
+    if job.is_null() || at <= start || at - start > 1024 || at % std::mem::align_of::<sys::RecordFromEnv>() != 0 {
+        return None;
+    }
+    let rec = env as *const sys::RecordFromEnv;
+    // SAFETY: within Slurm's step record (larger than these fields in every supported line), read field by
+    // field as plain integers and pointers; `jmgr_pid` confirms the layout before anything else is used.
+    unsafe {
+        if std::ptr::addr_of!((*rec).jmgr_pid).read() != libc::getpid() {
+            return None;
+        }
+        let argv = std::ptr::addr_of!((*rec).argv).read();
+        if std::ptr::addr_of!((*rec).flags).read() & sys::LAUNCH_MULTI_PROG == 0 || argv.is_null() || (*argv).is_null()
+        {
+            return None;
+        }
+        let text = *argv.add(1);
+        (!text.is_null()).then(|| std::ffi::CStr::from_ptr(text).to_string_lossy().into_owned())
+    }
 }
 
 /// Stops the progress thread and frees the step: the thread gets [`FINI_GRACE`] to say BYE, then the

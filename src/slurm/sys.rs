@@ -55,6 +55,75 @@ pub struct stepd_step_rec_t {
     pub node_tasks: u32,
 }
 
+/// The step record from its `env` field (whose address Slurm passes to `mpi_p_slurmstepd_prefork`) to its
+/// launch flags, as each supported line lays it out (`slurmstepd_job.h` of 22.05.8, 24.11.7 and 26.05.3; enums
+/// are C `int`s). The plugin reads it only after checking `jmgr_pid` against slurmstepd's own pid, which
+/// Slurm sets before prefork: a record laid out otherwise is not read further.
+#[repr(C)]
+pub struct RecordFromEnv {
+    pub env: *mut *mut c_char,
+    pub argv: *mut *mut c_char,
+    cwd: *const c_char,
+    task_dist: c_int,
+    node_name: *const c_char,
+    cpu_bind_type: c_int,
+    cpu_bind: *const c_char,
+    mem_bind_type: c_int,
+    mem_bind: *const c_char,
+    accel_bind_type: u16,
+    cpu_freq_min: u32,
+    cpu_freq_max: u32,
+    cpu_freq_gov: u32,
+    switch_step: *const c_void,
+    uid: u32,
+    user_name: *const c_char,
+    pw_gecos: *const c_char,
+    pw_dir: *const c_char,
+    pw_shell: *const c_char,
+    gid: u32,
+    ngids: c_int,
+    gr_names: *const c_void,
+    gids: *const c_void,
+    aborted: bool,
+    batch: bool,
+    #[cfg(not(slurm = "26.05"))]
+    run_prolog: bool,
+    timelimit: i64,
+    profile: u32,
+    task_prolog: *const c_char,
+    task_epilog: *const c_char,
+    task: *const c_void,
+    eio: *const c_void,
+    sruns: *const c_void,
+    clients: *const c_void,
+    stdout_eio_objs: *const c_void,
+    stderr_eio_objs: *const c_void,
+    free_incoming: *const c_void,
+    free_outgoing: *const c_void,
+    incoming_count: c_int,
+    outgoing_count: c_int,
+    outgoing_cache: *const c_void,
+    #[cfg(slurm = "22.05")]
+    ioid: libc::pthread_t,
+    #[cfg(not(slurm = "22.05"))]
+    io_running: bool,
+    #[cfg(not(slurm = "22.05"))]
+    io_cond: libc::pthread_cond_t,
+    #[cfg(not(slurm = "22.05"))]
+    io_mutex: libc::pthread_mutex_t,
+    msgid: libc::pthread_t,
+    msg_handle: *const c_void,
+    /// slurmstepd's pid.
+    pub jmgr_pid: libc::pid_t,
+    pgid: libc::pid_t,
+    /// `LAUNCH_*`.
+    pub flags: u32,
+}
+
+/// The launch flag of a `srun --multi-prog` step (`slurm_protocol_defs.h`): its `argv[1]` is the text of the
+/// configuration file.
+pub const LAUNCH_MULTI_PROG: u32 = 1 << 1;
+
 pub const SLURM_SUCCESS: c_int = bindings::SLURM_SUCCESS as c_int;
 pub const SLURM_ERROR: c_int = bindings::SLURM_ERROR as c_int;
 

@@ -11,6 +11,7 @@
 //! | task info (`mpi_p_slurmstepd_task`) | `mpi_plugin_task_info_t`, with `self` | `mpi_task_info_t`, no `self` | as 24.11 |
 //! | mpi.conf option (`s_p_options_t`) | 5 fields | 7 (`pack`, `unpack`) | as 24.11 |
 //! | `slurm_kill_job_step` | `(job, step, signal)` | `(job, step, signal, flags)` | `(slurm_step_id_t *, signal, flags)` |
+//! | step record from `env` to `flags` ([`super::sys::RecordFromEnv`]) | `ioid` | `io_running`, `io_cond`, `io_mutex` | as 24.11, without `run_prolog` |
 //!
 //! The step record's and srun's step info's fields are the same in all three (their offsets move with
 //! `slurm_step_id_t`): they are declared once in [`super::sys`], and each line's module asserts the offsets
