@@ -336,7 +336,8 @@ impl State {
                     let what = format!(
                         "step {job}.{step}, which rank {rank} spawned, failed: its srun exited with status {status}"
                     );
-                    if self.outcome.abort_code.is_none() && !self.outcome.job_error {
+                    // Only a failure that came first is srun's status (ending a step kills the ones it spawned).
+                    if !self.outcome.ended {
                         self.outcome.spawned_status.get_or_insert(status);
                     }
                     match self.stopping && !self.outcome.ended {
@@ -1503,11 +1504,17 @@ pub(super) mod tests {
 
     #[test]
     fn a_spawn_is_answered_once_its_step_exists_and_its_failure_ends_the_step() {
-        let (root, record, mut s, dir) = spawning("started", "echo 7 >&3\nread x < /dev/null\nsleep 0.3\nexit 3");
+        let body = format!("grep SigBlk /proc/$$/status > {}/sigblk\necho 7 >&3\nsleep 0.3\nexit 3", "$(dirname $0)");
+        let (root, record, mut s, dir) = spawning("started", &body);
         s[1].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
         assert_eq!(receive(&mut s[1]), Down::Answer { task: 0, ok: true, text: String::new() });
         let argv = std::fs::read_to_string(dir.join("argv")).unwrap();
         assert_eq!(argv, "--jobid=42\n--mpi=rpmi\n--ntasks=3\n--nodes=1-3\n--immediate\n--exact\n./child\nx\n");
+        // srun starts with no signal blocked (the root's thread blocks them all).
+        assert_eq!(
+            std::fs::read_to_string(dir.join("sigblk")).unwrap().split_whitespace().nth(1),
+            Some("0000000000000000")
+        );
         let spawn = spawn::Spawn::decode(&std::fs::read_to_string(dir.join("spawn")).unwrap()).unwrap();
         assert_eq!((spawn.counts, spawn.preputs, spawn.fd), (vec![3], vec![("k".into(), "v".into())], Some(3)));
         // Its srun fails: the spawning step ends, naming the step and the rank that spawned it.
@@ -1538,16 +1545,17 @@ pub(super) mod tests {
 
     #[test]
     fn the_spawning_steps_failure_ends_the_spawned_step_and_srun_waits_for_its_srun() {
-        let (root, record, mut s, dir) = spawning("parent-fails", "echo 9 >&3\nsleep 0.5");
+        let (root, record, mut s, dir) = spawning("parent-fails", "echo 9 >&3\nsleep 0.5\nexit 137");
         s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
         assert!(matches!(receive(&mut s[0]), Down::Answer { ok: true, .. }));
         s[0].write_all(&frame(Up::Abort { rank: 0, code: 5, message: "bye".into() })).unwrap();
         record.wait_for("end spawned step 9");
         let started = Instant::now();
         let outcome = root.stop();
-        // srun's end waited for the spawned srun, which exited 0 (the abort's code is srun's).
+        // srun's end waited for the spawned srun; its status follows from the end, the abort's code is srun's.
         assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
         assert_eq!((outcome.abort_code, outcome.spawned_status), (Some(5), None));
+        assert_eq!(record.lines().iter().filter(|l| l.starts_with("error:")).count(), 1, "{:?}", record.lines());
         let _ = std::fs::remove_dir_all(dir);
     }
 }

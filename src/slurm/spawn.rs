@@ -41,6 +41,11 @@ pub const SPAWN_PROCS_MAX: u64 = 65536;
 pub const SPAWNED_STEPS_MAX: usize = 128;
 /// The fd a spawned srun finds its pipe on.
 const PIPE_FD: RawFd = 3;
+/// What srun's `--multi-prog` takes: arguments of a command (127 words with the program), bytes of a line
+/// (under), bytes of the file.
+const MULTI_PROG_ARGS_MAX: usize = 126;
+const MULTI_PROG_LINE_MAX: usize = 16 * 1024;
+const MULTI_PROG_BYTES_MAX: usize = 60000;
 
 /// What a spawned step's tasks get beyond a step's own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -273,18 +278,21 @@ impl Launcher {
         Ok(())
     }
 
-    /// A `--multi-prog` file of srun's user, only they can read.
+    /// A `--multi-prog` file of srun's user, only they can read, under a random name (another user cannot
+    /// take it first in a shared temporary directory).
     fn write_conf(&self, text: &str) -> Result<PathBuf, String> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
-        let path = std::env::temp_dir().join(format!("rpmi-spawn-{}-{}.conf", std::process::id(), self.started));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("cannot write the spawned step's --multi-prog file {}: {e}", path.display()))?;
-        f.write_all(text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let random = super::auth::nonce().map_err(|e| format!("no random bytes for a file name: {e}"))?;
+        let name: String = random[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let path = std::env::temp_dir().join(format!("rpmi-spawn-{name}.conf"));
+        let cannot =
+            |e: io::Error| format!("cannot write the spawned step's --multi-prog file {}: {e}", path.display());
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(cannot)?;
+        if let Err(e) = f.write_all(text.as_bytes()) {
+            let _ = std::fs::remove_file(&path);
+            return Err(cannot(e));
+        }
         Ok(path)
     }
 
@@ -365,7 +373,8 @@ impl Launcher {
 
     /// Ends every spawned step: through `end_step` where its id is known, else by signalling its srun.
     pub fn end_all(&mut self, mut end_step: impl FnMut(u32)) {
-        for child in self.children.iter().flatten() {
+        // One whose pipe closed is exiting already.
+        for child in self.children.iter().flatten().filter(|c| c.pipe.is_some()) {
             match child.step {
                 Some(step) => end_step(step),
                 // SAFETY: signals our own child, not reaped yet.
@@ -464,14 +473,23 @@ impl Launch {
             let program = std::iter::once(&one.execname).chain(&one.args).map(|a| cstring(text(a))).collect();
             return Ok(Launch { spawn, options, program, multi_prog: None, path });
         }
-        // One line per command: `first-last 'program' 'args'...`. srun's parser splits a line at white space
-        // outside single quotes, keeps what is inside them as it is, and takes `\'` for a quote; it cannot
-        // pass an empty word or a line break.
+        // One line per command: `first-last program args...`. srun's parser splits a line at white space
+        // outside single quotes, keeps what is inside them as it is, and takes `\'` for a quote; a word that
+        // needs none goes as it is (srun looks the program word up as it stands when a site asks it to check
+        // programs). srun takes at most 127 words a line (it drops the rest), lines under 16 KiB and a file
+        // of 60000 bytes; a line break cannot go through, nor, here, an empty word.
         let mut conf = String::new();
         let mut first = 0u64;
         for c in &request.commands {
+            if c.args.len() > MULTI_PROG_ARGS_MAX {
+                return Err(format!(
+                    "a command of {} arguments in a spawn of several commands: srun's --multi-prog passes at most \
+                     {MULTI_PROG_ARGS_MAX}",
+                    c.args.len()
+                ));
+            }
             let last = first + u64::from(c.nprocs) - 1;
-            conf.push_str(&format!("{first}-{last}"));
+            let mut line = format!("{first}-{last}");
             for word in std::iter::once(&c.execname).chain(&c.args) {
                 if word.is_empty() || word.iter().any(|b| b"\n\r".contains(b)) {
                     return Err(format!(
@@ -480,10 +498,28 @@ impl Launch {
                         text(word).escape_debug()
                     ));
                 }
-                conf.push_str(&format!(" '{}'", text(word).replace('\'', "'\\''")));
+                let word = text(word);
+                match word.bytes().any(|b| b.is_ascii_whitespace() || b"'\"\\%#".contains(&b)) {
+                    true => line.push_str(&format!(" '{}'", word.replace('\'', "'\\''"))),
+                    false => line.push_str(&format!(" {word}")),
+                }
             }
+            if line.len() >= MULTI_PROG_LINE_MAX {
+                return Err(format!(
+                    "a command of {} bytes in a spawn of several commands: srun's --multi-prog \
+                     takes lines under {MULTI_PROG_LINE_MAX}",
+                    line.len()
+                ));
+            }
+            conf.push_str(&line);
             conf.push('\n');
             first = last + 1;
+        }
+        if conf.len() > MULTI_PROG_BYTES_MAX {
+            return Err(format!(
+                "a spawn of several commands of {} bytes: srun's --multi-prog takes at most {MULTI_PROG_BYTES_MAX}",
+                conf.len()
+            ));
         }
         Ok(Launch { spawn, options, program: Vec::new(), multi_prog: Some(conf), path })
     }
@@ -530,13 +566,24 @@ fn start_process(exe: &CStr, argv: &[CString], env: &[CString], pipe: &OwnedFd) 
     argv_p.push(std::ptr::null());
     let mut env_p: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
     env_p.push(std::ptr::null());
-    // SAFETY: the action object is initialized before use and destroyed after; every pointer passed lives
-    // through the call; argv and env are NULL-terminated arrays of NUL-terminated strings.
+    // SAFETY: the attribute and action objects are initialized before use and destroyed after; every pointer
+    // passed lives through the call; argv and env are NULL-terminated arrays of NUL-terminated strings.
     unsafe {
         let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
         check(libc::posix_spawn_file_actions_init(&mut actions))?;
+        check(libc::posix_spawnattr_init(&mut attr))?;
+        // The root thread blocks every signal; srun must start with none blocked and every one at its default
+        // (it waits for the ones it handles itself, and a SIGTERM from `end_all` must reach it).
+        let (mut none, mut all): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigemptyset(&mut none);
+        libc::sigfillset(&mut all);
+        let flags = (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short;
         let mut pid: libc::pid_t = 0;
-        let started = check(libc::posix_spawn_file_actions_adddup2(&mut actions, copy.as_raw_fd(), PIPE_FD))
+        let started = check(libc::posix_spawnattr_setsigmask(&mut attr, &none))
+            .and_then(|()| check(libc::posix_spawnattr_setsigdefault(&mut attr, &all)))
+            .and_then(|()| check(libc::posix_spawnattr_setflags(&mut attr, flags)))
+            .and_then(|()| check(libc::posix_spawn_file_actions_adddup2(&mut actions, copy.as_raw_fd(), PIPE_FD)))
             .and_then(|()| {
                 check(libc::posix_spawn_file_actions_addopen(&mut actions, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0))
             })
@@ -545,12 +592,13 @@ fn start_process(exe: &CStr, argv: &[CString], env: &[CString], pipe: &OwnedFd) 
                     &mut pid,
                     exe.as_ptr(),
                     &actions,
-                    std::ptr::null(),
+                    &attr,
                     argv_p.as_ptr().cast(),
                     env_p.as_ptr().cast(),
                 ))
             });
         libc::posix_spawn_file_actions_destroy(&mut actions);
+        libc::posix_spawnattr_destroy(&mut attr);
         started.map(|()| pid)
     }
 }
@@ -607,14 +655,20 @@ mod tests {
     fn several_commands_are_one_multi_prog_step() {
         let l =
             Launch::of(&SpawnRequest { commands: vec![command(2, "./a", &["x"]), command(1, "./b", &[])] }).unwrap();
-        assert_eq!(l.multi_prog.as_deref(), Some("0-1 './a' 'x'\n2-2 './b'\n"));
+        assert_eq!(l.multi_prog.as_deref(), Some("0-1 ./a x\n2-2 ./b\n"));
         assert_eq!(l.spawn.counts, [2, 1]);
         let words =
             SpawnRequest { commands: vec![command(1, "./a", &["two words", "it's", "%t"]), command(1, "./b", &[])] };
         assert_eq!(
             Launch::of(&words).unwrap().multi_prog.as_deref(),
-            Some("0-0 './a' 'two words' 'it'\\''s' '%t'\n1-1 './b'\n")
+            Some("0-0 ./a 'two words' 'it'\\''s' '%t'\n1-1 ./b\n")
         );
+        let many = vec!["x"; MULTI_PROG_ARGS_MAX + 1];
+        let r = SpawnRequest { commands: vec![command(1, "./a", &many), command(1, "./b", &[])] };
+        assert!(Launch::of(&r).unwrap_err().contains("at most 126"));
+        let long = "x".repeat(MULTI_PROG_LINE_MAX);
+        let r = SpawnRequest { commands: vec![command(1, "./a", &[&long]), command(1, "./b", &[])] };
+        assert!(Launch::of(&r).unwrap_err().contains("lines under"));
         for word in ["a\nb", ""] {
             let r = SpawnRequest { commands: vec![command(1, "./a", &[word]), command(1, "./b", &[])] };
             assert!(Launch::of(&r).unwrap_err().contains("--multi-prog"), "{word:?}");

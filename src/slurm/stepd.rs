@@ -43,7 +43,7 @@ use super::link::{Link, Read, Watch};
 use super::mpmd;
 use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
 use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
-use super::spawn::Spawn;
+use super::spawn::{Spawn, SPAWN_PROCS_MAX};
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink::{self, Hello};
@@ -794,6 +794,13 @@ impl Host for SlurmHost {
             HostRequest::Unpublish { service } => (NameOp::Unpublish, service, ""),
             HostRequest::Lookup { service } => (NameOp::Lookup, service, ""),
             HostRequest::Spawn(spawn) => {
+                // Bounded here: srun is the user's, and its answer makes an error code per process.
+                if spawn.total_procs() > SPAWN_PROCS_MAX {
+                    return Err(format!(
+                        "a spawn of {} processes, more than the {SPAWN_PROCS_MAX} srun --mpi=rpmi starts at once",
+                        spawn.total_procs()
+                    ));
+                }
                 let request = crate::abi::spawn_json(spawn);
                 if request.len() > SPAWN_MAX {
                     return Err(format!(
