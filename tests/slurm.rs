@@ -422,6 +422,25 @@ fn a_spawn_the_allocation_cannot_hold_fails_with_a_message() {
     assert_eq!(answers[2], "spawner: cmd=spawn_result rc=0 errcodes=0", "{run}");
 }
 
+/// A spawn whose preput the new step would refuse (a key over `keylen_max`) is refused before any step
+/// starts, with a message the task reads; the step goes on.
+#[test]
+fn a_spawn_with_a_preput_the_new_step_would_refuse_fails_at_once() {
+    let _s = serial();
+    let key = "k".repeat(100);
+    let script = format!(
+        "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&$PMI_FD; read -r l <&$PMI_FD; \
+         printf 'mcmd=spawn\\nnprocs=1\\nexecname=true\\ntotspawns=1\\nspawnssofar=1\\nargcnt=0\\n\
+         preput_num=1\\npreput_key_0={key}\\npreput_val_0=v\\ninfo_num=0\\nendcmd\\n' >&$PMI_FD; \
+         read -r l <&$PMI_FD; echo \"spawner: $l\"; printf 'cmd=finalize\\n' >&$PMI_FD; read -r l <&$PMI_FD"
+    );
+    let run = Srun::start_in(&marker("spawn-preput"), &["-N1", "-n2"], &["-n1", "bash", "-c", &script]).wait();
+    assert_success(&run);
+    let answer = run.stdout.lines().find(|l| l.starts_with("spawner: ")).unwrap_or_default();
+    assert!(answer.starts_with("spawner: cmd=spawn_result rc=-1 msg=the_preput_'k"), "{run}");
+    assert!(!run.stderr.contains("Unable to create step"), "{run}");
+}
+
 /// The MPICH 5 programs of `tests/programs`, built with the MPICH 5 that `docker/install-deps.sh` installs in
 /// `/opt/rpmi-mpich5` (Debian 12's MPICH cannot spawn): only the run on this machine's Slurm has it, so these
 /// tests are run by name (`docker/test.sh`: `-- --ignored mpich5_`).

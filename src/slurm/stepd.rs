@@ -53,7 +53,8 @@ use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
 use crate::os;
 use crate::server::{
-    Direction as TraceDirection, Host, HostReply, HostRequest, JobError, JobInfo, Shell, TaskId, TaskMap,
+    check_preput, Direction as TraceDirection, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId,
+    TaskMap,
 };
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, CString};
@@ -205,6 +206,8 @@ struct SlurmHost {
     logged: usize,
     /// The requests sent to srun that it has not answered, by local task.
     asked: BTreeMap<TaskId, Asked>,
+    /// The step's limits, which a spawn's preputs must keep to in the new step.
+    limits: Limits,
     /// srun's answers, until the shell takes them.
     answers: Vec<(TaskId, HostReply)>,
     buf: Vec<u8>,
@@ -218,7 +221,7 @@ impl SlurmHost {
         names: Vec<String>,
         tree: Tree,
         bounds: Bounds,
-        store_max: usize,
+        limits: Limits,
         links: TreeLinks,
         slurm: &'static Slurm,
         trace: Option<Trace>,
@@ -226,7 +229,7 @@ impl SlurmHost {
         stopping: Arc<AtomicBool>,
     ) -> Result<SlurmHost, String> {
         let socket = |e: io::Error| format!("socket: {e}");
-        let all_max = frame::parts_len(names.len(), store_max);
+        let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
         let mut machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
         let parent = match links.parent {
             Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default()).map_err(socket)?),
@@ -264,6 +267,7 @@ impl SlurmHost {
             parent_lost: false,
             logged: 0,
             asked: BTreeMap::new(),
+            limits,
             answers: Vec::new(),
             buf: vec![0; 64 * 1024],
         })
@@ -801,6 +805,12 @@ impl Host for SlurmHost {
                         spawn.total_procs()
                     ));
                 }
+                // Checked now, as the new step will (a spawn answered and then refused by that step would
+                // end this one).
+                for (key, value) in spawn.commands.iter().flat_map(|c| &c.preputs) {
+                    check_preput(&self.limits, key, value)
+                        .map_err(|why| format!("the preput '{}': {why}", String::from_utf8_lossy(key)))?;
+                }
                 let request = crate::abi::spawn_json(spawn);
                 if request.len() > SPAWN_MAX {
                     return Err(format!(
@@ -1148,8 +1158,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         info.appnums = mpmd::appnums(&config, &local_ranks);
     }
     let limits = settings.limits();
-    let store_max = limits.kvs_bytes_max;
-    let mut shell = Shell::new(info, limits).map_err(|e| format!("cannot serve this step: {e}"))?;
+    let mut shell = Shell::new(info, limits.clone()).map_err(|e| format!("cannot serve this step: {e}"))?;
     shell.set_trace(trace.is_some());
 
     let (notify_r, notify_w) = os::pipe().map_err(|e| format!("pipe: {e}"))?;
@@ -1157,7 +1166,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
     let host_side =
-        SlurmHost::new(place.clone(), names, tree, bounds, store_max, links, slurm, trace, notify_r, stopping.clone())?;
+        SlurmHost::new(place.clone(), names, tree, bounds, limits, links, slurm, trace, notify_r, stopping.clone())?;
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: spawn.is_some() };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
@@ -1373,9 +1382,9 @@ mod tests {
         let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
         let bounds = bounds(1 << 20, 4 << 20);
-        let store = Limits::default().kvs_bytes_max;
+        let limits = Limits::default();
         let host =
-            SlurmHost::new(place, names.clone(), tree, bounds, store, links, sys::slurm(), None, notify, stopping)
+            SlurmHost::new(place, names.clone(), tree, bounds, limits, links, sys::slurm(), None, notify, stopping)
                 .unwrap();
         let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
         let shell = Shell::new(info, Limits::default()).unwrap();
