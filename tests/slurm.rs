@@ -505,7 +505,8 @@ fn mpich5_spawn_of_a_missing_program_ends_both_steps() {
     assert!(run.stderr.contains("which rank 0 spawned, failed: its srun exited with status 2"), "{run}");
 }
 
-/// An abort in a spawned step ends the step that spawned it, with the abort's exit code.
+/// An abort in a spawned step ends the step that spawned it, with the abort's exit code (the spawning ranks'
+/// own aborts, which follow from it, may reach srun first).
 #[test]
 #[ignore = "needs MPICH 5: run by name"]
 fn mpich5_an_abort_in_a_spawned_step_ends_both_with_its_code() {
@@ -516,7 +517,7 @@ fn mpich5_an_abort_in_a_spawned_step_ends_both_with_its_code() {
     salloc.args(["-Q", "-N2", "-n5", "srun"]);
     let run = Srun::launch(&marker("spawn-abort"), salloc, "rpmi", &args, &[("MPI_SPAWN_ABORT_LEVEL", "1")]).wait();
     assert_eq!(run.status.code(), Some(42), "{run}");
-    assert!(run.stderr.contains("which rank 0 spawned, failed: its srun exited with status 42"), "{run}");
+    assert!(run.stderr.contains("which rank 0 spawned, failed"), "{run}");
 }
 
 #[test]

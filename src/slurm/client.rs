@@ -153,7 +153,9 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
         return Err(format!("the spawn asked for {} processes, srun's step has {} tasks", s.size(), node_of.len()));
     }
     let spawn_var = spawned.as_ref().map_or(String::new(), |s| Spawn { fd: None, ..s.clone() }.encode());
-    let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn: spawn_setup(job_id) };
+    let spawned_by = spawned.as_ref().and_then(|s| s.fd);
+    let spawn = spawn_setup(job_id);
+    let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn, spawned_by };
     let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job: job_id, step }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
@@ -232,14 +234,15 @@ pub unsafe fn fini(state: *mut c_void) -> c_int {
 }
 
 /// srun's exit code for the step (0 leaves srun's own): an abort's code as a process would exit with it (its
-/// low 8 bits), [`JOB_ERROR_EXIT_CODE`] when rpmi ended a step none of whose tasks failed on its own, or the
-/// status of the srun of a spawned step that failed first. srun takes any non-zero value over the tasks' statuses, which then show only the SIGKILL that ended the
+/// low 8 bits), [`JOB_ERROR_EXIT_CODE`] when rpmi ended a step none of whose tasks failed on its own; the
+/// status of the srun of a spawned step that began to fail first goes before both. srun takes any non-zero value over the tasks' statuses, which then show only the SIGKILL that ended the
 /// step.
 pub fn exit_code(outcome: &Outcome) -> c_int {
-    match outcome.abort_code {
-        Some(c) => c & 0xff,
-        None if outcome.job_error => JOB_ERROR_EXIT_CODE,
-        None => outcome.spawned_status.unwrap_or(0),
+    match (outcome.spawned_status, outcome.abort_code) {
+        (Some(s), _) => s,
+        (None, Some(c)) => c & 0xff,
+        (None, None) if outcome.job_error => JOB_ERROR_EXIT_CODE,
+        (None, None) => 0,
     }
 }
 

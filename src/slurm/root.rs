@@ -60,7 +60,8 @@ pub struct Outcome {
     /// It was ended for a job error that no failure of its own explains (a protocol error, a bound): srun's
     /// status must then say so itself, since the tasks' show only the SIGKILL that ended the step.
     pub job_error: bool,
-    /// A step it spawned failed first: the exit status of that step's srun.
+    /// A step it spawned began to fail first: the exit status of that step's srun (srun's own, over an
+    /// abort's code that followed from it).
     pub spawned_status: Option<i32>,
 }
 
@@ -79,6 +80,8 @@ pub struct Step {
     pub width: Option<u32>,
     /// How to start spawned steps; `None`: the step's spawns are refused.
     pub spawn: Option<spawn::Setup>,
+    /// The pipe to the srun that spawned this step, if one did: told when this step begins to fail.
+    pub spawned_by: Option<std::os::fd::RawFd>,
 }
 
 /// A running root; [`Root::stop`] ends it.
@@ -184,6 +187,8 @@ struct State {
     names: Names,
     /// The sruns of the steps this step spawned.
     launcher: Option<Launcher>,
+    /// When this step began to fail ([`spawn::now`]).
+    failed_at: Option<u64>,
     outcome: Outcome,
     /// srun is done with the step: the root takes in what is left and stops.
     stopping: bool,
@@ -231,6 +236,7 @@ impl State {
             gone_seen: vec![false; size],
             names: Names::new(),
             launcher,
+            failed_at: None,
             outcome: Outcome::default(),
             stopping: false,
             buf: vec![0; 256 * 1024],
@@ -327,19 +333,30 @@ impl State {
 
     /// What the sruns of spawned steps did.
     fn spawned(&mut self, events: Vec<spawn::Event>) {
+        let job = self.launcher.as_ref().map_or(0, Launcher::job);
         for event in events {
             match event {
                 spawn::Event::Answer { asker, result } => self.answer(asker, result),
+                // Its srun has said why on the job's stderr; this step ends with it.
+                spawn::Event::Failing { rank, step } => {
+                    self.fatal(format!("step {job}.{step}, which rank {rank} spawned, failed"), None)
+                }
                 spawn::Event::Ended { status: 0, .. } => {}
-                spawn::Event::Ended { rank, step, status } => {
-                    let job = self.launcher.as_ref().map_or(0, Launcher::job);
+                spawn::Event::Ended { rank, step, status, failing_at } => {
+                    // srun's status is that of the step that began to fail first (ending a step kills the ones
+                    // it spawned, and their failures follow from it; a failure in a spawned step may make this
+                    // step's tasks fail too, before its srun says so).
+                    let first = match (failing_at, self.failed_at) {
+                        (Some(t), Some(ours)) => t <= ours,
+                        (_, None) => true,
+                        (None, Some(_)) => false,
+                    };
+                    if first {
+                        self.outcome.spawned_status.get_or_insert(status);
+                    }
                     let what = format!(
                         "step {job}.{step}, which rank {rank} spawned, failed: its srun exited with status {status}"
                     );
-                    // Only a failure that came first is srun's status (ending a step kills the ones it spawned).
-                    if !self.outcome.ended {
-                        self.outcome.spawned_status.get_or_insert(status);
-                    }
                     match self.stopping && !self.outcome.ended {
                         // srun's own step is over: nothing to end, but srun's user hears why srun fails.
                         true => {
@@ -722,6 +739,10 @@ impl State {
         }
         self.outcome.ended = true;
         self.outcome.abort_code = abort_code;
+        self.failed_at = Some(spawn::now());
+        if let Some(fd) = self.step.spawned_by {
+            spawn::tell_failing(fd);
+        }
         self.reporter.error(&what);
         // Every node waiting in the exchange in progress hears it failed, down the tree.
         if let Some(c) = &mut self.collective {
@@ -767,6 +788,7 @@ pub(super) mod tests {
     use super::*;
     use crate::collective::frame;
     use crate::collective::Bound;
+    use crate::slurm::client;
     use crate::slurm::uplink::{self, Hello};
     use std::io::{Read as _, Write};
     use std::net::{SocketAddr, TcpStream};
@@ -823,6 +845,7 @@ pub(super) mod tests {
             bounds: Bounds { part_max: PART_MAX, exchange_max: EXCHANGE_MAX },
             width: Some(STAR),
             spawn: None,
+            spawned_by: None,
         }
     }
 
@@ -1558,6 +1581,33 @@ pub(super) mod tests {
         assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
         assert_eq!((outcome.abort_code, outcome.spawned_status), (Some(5), None));
         assert_eq!(record.lines().iter().filter(|l| l.starts_with("error:")).count(), 1, "{:?}", record.lines());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A spawned step that says it began to fail ends the spawning step at once; its srun's status is srun's
+    /// even when an abort of this step (which follows from it) reached srun first.
+    #[test]
+    fn the_step_that_began_to_fail_first_gives_srun_its_status() {
+        let (root, record, mut s, dir) = spawning("failing", "echo 7 >&3\necho failed 1 >&3\nsleep 0.3\nexit 42");
+        s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
+        assert!(matches!(receive(&mut s[0]), Down::Answer { ok: true, .. }));
+        let line = record.wait_for("error:");
+        assert!(line.ends_with("step 42.7, which rank 0 spawned, failed"), "{line}");
+        record.wait_for("end");
+        // This step's ranks abort in turn: a consequence, logged only.
+        s[1].write_all(&frame(Up::Abort { rank: 1, code: 5, message: "lost my children".into() })).unwrap();
+        let outcome = root.stop();
+        assert_eq!((outcome.spawned_status, client::exit_code(&outcome)), (Some(42), 42));
+        let _ = std::fs::remove_dir_all(dir);
+
+        // The same when the spawning step's abort comes before the spawned srun says it began to fail.
+        let (root, record, mut s, dir) = spawning("failing-late", "echo 8 >&3\nsleep 0.3\necho failed 1 >&3\nexit 42");
+        s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
+        assert!(matches!(receive(&mut s[0]), Down::Answer { ok: true, .. }));
+        s[1].write_all(&frame(Up::Abort { rank: 1, code: 5, message: "lost my children".into() })).unwrap();
+        record.wait_for("end spawned step 8");
+        let outcome = root.stop();
+        assert_eq!((outcome.abort_code, client::exit_code(&outcome)), (Some(5), 42));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -14,11 +14,12 @@
 //! the CPUs its tasks need, leaving the rest to later spawns; the spawning step must leave some too
 //! (`srun --exact`, or `-c`).
 //!
-//! **Tied ends.** A spawned step that fails (its srun exits non-zero) ends the step that spawned it, as the
-//! failure of one of its own tasks would: the spawning tasks may be waiting for processes that never
-//! come (a program missing on a node fails only after the answer). The spawning step ending for an error
-//! ends the steps it spawned. srun waits at the end of its step for every srun it started, and its exit
-//! code is then the first failure's.
+//! **Tied ends.** A spawned step that fails ends the step that spawned it, as the failure of one of its own
+//! tasks would: the spawning tasks may be waiting for processes that never come (a program missing on a
+//! node fails only after the answer). A spawned srun writes `failed NS` on its pipe when its root decides its
+//! step fails, else its non-zero exit says so. The spawning step ending for an error ends the steps it
+//! spawned. srun waits at the end of its step for every srun it started, and its exit code is that of the
+//! step that began to fail first (by the machine's monotonic clock: both sruns run on it).
 //!
 //! **Trust.** All of this runs as the user, in the user's srun, inside the user's allocation: it shapes the
 //! user's own steps only. The request is a task's, so it is bounded and checked before anything starts.
@@ -118,6 +119,24 @@ impl Spawn {
     }
 }
 
+/// The time on the machine's monotonic clock in ns: the spawning and the spawned srun run on one machine,
+/// so their times compare.
+pub fn now() -> u64 {
+    // SAFETY: writes the time into our struct.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
+}
+
+/// In a spawned srun's root: tells the spawning srun, on `fd`, that this step began to fail now.
+pub fn tell_failing(fd: RawFd) {
+    let line = format!("failed {}\n", now());
+    // SAFETY: writes our buffer (a few bytes: atomic on a pipe) to the spawning srun's pipe; a failure only
+    // means it is gone.
+    unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+}
+
 /// In a spawned srun's prelaunch: tells the spawning srun that step `step` exists, and keeps the pipe open
 /// (close-on-exec) until srun exits, which the spawning srun sees as its end.
 pub fn tell_started(fd: RawFd, step: u32) -> Result<(), String> {
@@ -150,8 +169,11 @@ pub struct Asker {
 pub enum Event {
     /// The spawn of `asker` is answered: its step started, or why it did not.
     Answer { asker: Asker, result: Result<(), String> },
-    /// A spawned srun whose step had started exited with `status` (a shell's: 128 + signal).
-    Ended { rank: u32, step: u32, status: i32 },
+    /// The step of a spawned srun began to fail (its srun says so as it ends it).
+    Failing { rank: u32, step: u32 },
+    /// A spawned srun whose step had started exited with `status` (a shell's: 128 + signal); `failing_at`
+    /// when its step began to fail, if it said so ([`now`]).
+    Ended { rank: u32, step: u32, status: i32, failing_at: Option<u64> },
 }
 
 /// A spawned srun.
@@ -166,6 +188,8 @@ struct Child {
     /// The `--multi-prog` file, removed once srun has exited (it reads the file again after its step starts).
     conf: Option<PathBuf>,
     got: Vec<u8>,
+    /// When its step began to fail ([`now`]), as it said.
+    failing_at: Option<u64>,
 }
 
 /// What srun needs to start spawned steps.
@@ -176,6 +200,44 @@ pub struct Setup {
     pub job: u32,
     /// srun's environment when the step started (`NAME=value` entries).
     pub env: Vec<CString>,
+}
+
+impl Child {
+    /// Takes what its srun wrote (its step id, then `failed NS`); true once the pipe closed.
+    fn take_lines(&mut self, events: &mut Vec<Event>) -> bool {
+        let mut buf = [0u8; 64];
+        loop {
+            let Some(pipe) = &self.pipe else { return false };
+            // SAFETY: reads into our buffer from our non-blocking pipe.
+            let n = unsafe { libc::read(pipe.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            match n {
+                0 => return true,
+                n if n < 0 => return io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock,
+                n => self.got.extend_from_slice(&buf[..n as usize]),
+            }
+            while let Some(end) = self.got.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.got.drain(..=end).collect();
+                let line = std::str::from_utf8(&line[..end]).unwrap_or("");
+                match (self.step, line.strip_prefix("failed ")) {
+                    (None, _) => {
+                        self.step = line.parse().ok();
+                        if let (Some(asker), Some(_)) = (self.asker.take(), self.step) {
+                            events.push(Event::Answer { asker, result: Ok(()) });
+                        }
+                    }
+                    (Some(step), Some(at)) if self.failing_at.is_none() => {
+                        self.failing_at = at.parse().ok();
+                        events.push(Event::Failing { rank: self.rank, step });
+                    }
+                    _ => {}
+                }
+            }
+            // Only short lines come from a spawned srun.
+            if self.got.len() > 64 {
+                self.got.clear();
+            }
+        }
+    }
 }
 
 /// The sruns a step's srun started, watched in the root's epoll set.
@@ -273,8 +335,16 @@ impl Launcher {
             return Err(format!("cannot watch the srun of the spawned step: {e}"));
         }
         self.started += 1;
-        self.children[slot] =
-            Some(Child { pid, pipe: Some(r), asker: Some(asker), rank: asker.rank, step: None, conf, got: Vec::new() });
+        self.children[slot] = Some(Child {
+            pid,
+            pipe: Some(r),
+            asker: Some(asker),
+            rank: asker.rank,
+            step: None,
+            conf,
+            got: Vec::new(),
+            failing_at: None,
+        });
         Ok(())
     }
 
@@ -296,33 +366,13 @@ impl Launcher {
         Ok(path)
     }
 
-    /// What the srun of `token` did.
+    /// What the srun of `token` did: its lines (its step id, then `failed NS` when its step begins to fail),
+    /// and the pipe's close when it exits.
     pub fn ready(&mut self, token: u64) -> Vec<Event> {
         let slot = (token - self.base) as usize;
         let Some(child) = self.children.get_mut(slot).and_then(Option::as_mut) else { return Vec::new() };
         let mut events = Vec::new();
-        let mut buf = [0u8; 64];
-        let closed = loop {
-            let Some(pipe) = &child.pipe else { break false };
-            // SAFETY: reads into our buffer from our non-blocking pipe.
-            let n = unsafe { libc::read(pipe.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            match n {
-                0 => break true,
-                n if n < 0 => break io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock,
-                n => child.got.extend_from_slice(&buf[..n as usize]),
-            }
-            if child.got.len() > 32 {
-                break true;
-            }
-        };
-        if child.step.is_none() {
-            if let Some(line) = child.got.strip_suffix(b"\n") {
-                child.step = std::str::from_utf8(line).ok().and_then(|s| s.parse().ok());
-                if let (Some(asker), Some(_)) = (child.asker.take(), child.step) {
-                    events.push(Event::Answer { asker, result: Ok(()) });
-                }
-            }
-        }
+        let closed = child.take_lines(&mut events);
         if closed {
             if let Some(pipe) = child.pipe.take() {
                 let _ = self.epoll.remove(pipe.as_raw_fd());
@@ -349,7 +399,9 @@ impl Launcher {
                 // Reaped by someone else (an srun that ignores SIGCHLD): its status is lost.
                 _ => 0,
             };
-            let Some(child) = slot.take() else { continue };
+            let Some(mut child) = slot.take() else { continue };
+            // What it wrote before it exited is still in the pipe.
+            child.take_lines(&mut events);
             if let Some(pipe) = &child.pipe {
                 let _ = self.epoll.remove(pipe.as_raw_fd());
             }
@@ -364,7 +416,9 @@ impl Launcher {
                          error is on the job's stderr)"
                     )),
                 }),
-                (None, Some(step)) => events.push(Event::Ended { rank: child.rank, step, status }),
+                (None, Some(step)) => {
+                    events.push(Event::Ended { rank: child.rank, step, status, failing_at: child.failing_at })
+                }
                 (None, None) => {}
             }
         }

@@ -1349,6 +1349,7 @@ mod tests {
             bounds: bounds(1 << 20, 4 << 20),
             width: None,
             spawn: None,
+            spawned_by: None,
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)
