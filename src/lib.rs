@@ -17,7 +17,7 @@ pub mod abi;
 pub mod collective;
 pub mod driver;
 pub mod node;
-mod os;
+pub mod os;
 pub mod server;
 pub mod wire;
 

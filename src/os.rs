@@ -155,3 +155,71 @@ impl Epoll {
         Ok(n as usize)
     }
 }
+
+/// How [`start_linked`] starts a process besides its link on fd 3 and stdin from /dev/null.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Start {
+    /// In a process group of its own.
+    pub own_group: bool,
+    /// With no signal blocked and every one at its default (the caller's thread may block them all).
+    pub default_signals: bool,
+}
+
+/// Starts `exe` with `argv` (argv[0] first) and `env` (`NAME=value`; `None`: this process's environment),
+/// `link` on its fd 3 and stdin from /dev/null. With posix_spawn, not std's Command: the caller's threads
+/// are not forked, an exec that fails is its result, and the child is reaped by whoever waits for it.
+pub fn start_linked(
+    exe: &std::ffi::CStr,
+    argv: &[std::ffi::CString],
+    env: Option<&[std::ffi::CString]>,
+    link: &impl AsRawFd,
+    how: Start,
+) -> io::Result<libc::pid_t> {
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) };
+    // A copy above the standard fds and 3, so that dup2 onto 3 always makes a new fd (which exec keeps).
+    // SAFETY: F_DUPFD_CLOEXEC on the caller's open fd.
+    let copy = unsafe { owned(libc::fcntl(link.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10)) }?;
+    let nul_ended = |items: &[std::ffi::CString]| {
+        items.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect::<Vec<_>>()
+    };
+    let argv = nul_ended(argv);
+    let env_copy = env.map(nul_ended);
+    // SAFETY: the attribute and action objects are initialized before use and destroyed after; every pointer
+    // passed lives through the call; argv and env are NULL-terminated arrays of NUL-terminated strings
+    // (`environ` is the process's environment).
+    unsafe {
+        let envp = env_copy.as_ref().map_or(environ, |e| e.as_ptr());
+        let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut actions))?;
+        check(libc::posix_spawnattr_init(&mut attr))?;
+        let (mut none, mut all): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigemptyset(&mut none);
+        libc::sigfillset(&mut all);
+        let mut flags = 0;
+        if how.own_group {
+            flags |= libc::POSIX_SPAWN_SETPGROUP;
+        }
+        if how.default_signals {
+            flags |= libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+        }
+        let mut pid: libc::pid_t = 0;
+        let started = check(libc::posix_spawnattr_setflags(&mut attr, flags as libc::c_short))
+            .and_then(|()| check(libc::posix_spawnattr_setpgroup(&mut attr, 0)))
+            .and_then(|()| check(libc::posix_spawnattr_setsigmask(&mut attr, &none)))
+            .and_then(|()| check(libc::posix_spawnattr_setsigdefault(&mut attr, &all)))
+            .and_then(|()| check(libc::posix_spawn_file_actions_adddup2(&mut actions, copy.as_raw_fd(), 3)))
+            .and_then(|()| {
+                check(libc::posix_spawn_file_actions_addopen(&mut actions, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0))
+            })
+            .and_then(|()| {
+                check(libc::posix_spawn(&mut pid, exe.as_ptr(), &actions, &attr, argv.as_ptr().cast(), envp.cast()))
+            });
+        libc::posix_spawn_file_actions_destroy(&mut actions);
+        libc::posix_spawnattr_destroy(&mut attr);
+        started.map(|()| pid)
+    }
+}

@@ -330,22 +330,23 @@ fn names_on_three_nodes() {
     names("names-three", &["-N3", "-n4", "-m", "cyclic"]);
 }
 
-/// A `--multi-prog` configuration of `lines`, in a file of the test's own.
-fn multi_prog(name: &str, lines: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("slurm-{name}.conf"));
-    std::fs::write(&path, lines).unwrap();
-    path
+/// `srun LAYOUT --multi-prog CONF`, CONF a file of the test's own holding `lines`; it must succeed.
+fn multi_prog(name: &str, layout: &[&str], lines: &str) -> Run {
+    let _s = serial();
+    let conf = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("slurm-{name}.conf"));
+    std::fs::write(&conf, lines).unwrap();
+    let mut args = layout.to_vec();
+    args.extend(["--multi-prog", conf.to_str().unwrap()]);
+    let run = Srun::start_with(&marker(name), "rpmi", &args, &[]).wait();
+    assert_success(&run);
+    run
 }
 
 /// MPMD with `srun --multi-prog`: each rank's appnum is the index of the line that runs it.
 #[test]
 fn a_multi_prog_steps_ranks_read_their_lines_appnums() {
-    let _s = serial();
     let p = probe();
-    let conf = multi_prog("mpmd-probe", &format!("# MPMD\n0,2 {p} info\n1 {p} info\n3-4 {p} info\n"));
-    let run =
-        Srun::start_with(&marker("mpmd"), "rpmi", &["-N2", "-n5", "--multi-prog", conf.to_str().unwrap()], &[]).wait();
-    assert_success(&run);
+    let run = multi_prog("mpmd", &["-N2", "-n5"], &format!("# MPMD\n0,2 {p} info\n1 {p} info\n3-4 {p} info\n"));
     let mut appnums: Vec<(u32, String)> = run
         .stdout
         .lines()
@@ -360,14 +361,9 @@ fn a_multi_prog_steps_ranks_read_their_lines_appnums() {
 /// The same with real MPICH: one MPI_COMM_WORLD over both programs, each rank's MPI_APPNUM its line's.
 #[test]
 fn mpmd_with_mpich_under_multi_prog() {
-    let _s = serial();
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let program = BUILT.get_or_init(|| build("mpi_mpmd")).to_str().unwrap();
-    let conf = multi_prog("mpmd-mpich", &format!("0-1 {program} a\n2-4 {program} b\n"));
-    let run =
-        Srun::start_with(&marker("mpmd-mpich"), "rpmi", &["-N3", "-n5", "--multi-prog", conf.to_str().unwrap()], &[])
-            .wait();
-    assert_success(&run);
+    let run = multi_prog("mpmd-mpich", &["-N3", "-n5"], &format!("0-1 {program} a\n2-4 {program} b\n"));
     for line in
         ["rank 0 appnum 0 label a", "rank 1 appnum 0 label a", "rank 2 appnum 1 label b", "rank 4 appnum 1 label b"]
     {
@@ -376,19 +372,26 @@ fn mpmd_with_mpich_under_multi_prog() {
     assert!(run.stdout.contains("mpi_mpmd: 5 ranks in one MPI_COMM_WORLD"), "{run}");
 }
 
-fn pmi_spawn_sh() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn.sh").to_string_lossy().into_owned()
+/// `pmi_spawn.sh` as one task of a step in `salloc ALLOC`, its spawns asking for `host`; it must succeed.
+fn pmi_spawn_sh(mark: &str, alloc: &[&str], host: &str) -> Run {
+    let _s = serial();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn.sh");
+    let run = Srun::start_in(&marker(mark), alloc, &["-n1", script.to_str().unwrap(), probe(), host]).wait();
+    assert_success(&run);
+    run
+}
+
+/// The spawner's answers, in order.
+fn spawn_answers(run: &Run) -> Vec<&str> {
+    run.stdout.lines().filter(|l| l.starts_with("spawner: ")).collect()
 }
 
 /// Each spawn is a new step of the job: two commands with their appnums, the info keys `host`, `path` and
 /// `wdir`, the preputs, and `PMI_SPAWNED=1`.
 #[test]
 fn spawn_on_the_wire_starts_steps_with_preputs_and_appnums() {
-    let _s = serial();
-    let script = pmi_spawn_sh();
-    let run = Srun::start_in(&marker("spawn"), &["-N2", "-n8"], &["-n1", &script, probe(), "n2"]).wait();
-    assert_success(&run);
-    let answers: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with("spawner: ")).collect();
+    let run = pmi_spawn_sh("spawn", &["-N2", "-n8"], "n2");
+    let answers = spawn_answers(&run);
     let started = [
         "spawner: cmd=spawn_result rc=0 errcodes=0,0,0",
         "spawner: cmd=spawn_result rc=0 errcodes=0,0",
@@ -409,11 +412,8 @@ fn spawn_on_the_wire_starts_steps_with_preputs_and_appnums() {
 /// A spawn the allocation cannot hold now fails with a message the task reads; the step goes on.
 #[test]
 fn a_spawn_the_allocation_cannot_hold_fails_with_a_message() {
-    let _s = serial();
-    let script = pmi_spawn_sh();
-    let run = Srun::start_in(&marker("spawn-full"), &["-N1", "-n2"], &["-n1", &script, probe(), "n1"]).wait();
-    assert_success(&run);
-    let answers: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with("spawner: ")).collect();
+    let run = pmi_spawn_sh("spawn-full", &["-N1", "-n2"], "n1");
+    let answers = spawn_answers(&run);
     assert_eq!(answers.len(), 3, "{run}");
     // 3 and 2 processes do not fit in the 1 CPU left; 1 does.
     for refused in &answers[..2] {

@@ -7,29 +7,47 @@
 //! and lines whose first word starts with `#` are no commands; a line that ends with `\` goes on in the next,
 //! which is then not a command of its own.
 
+/// The most of a configuration read: srun sends at most 60000 bytes; a longer text (from a modified srun)
+/// leaves every appnum 0 rather than hold up the stepd.
+pub const TEXT_MAX: usize = 1 << 20;
+
+/// The ranks one line names.
+enum Spec {
+    All,
+    Ranges(Vec<(u32, u32)>),
+}
+
 /// The appnum of each of `ranks` under `config`; 0 for a rank no line names (Slurm fails such a step itself).
 pub fn appnums(config: &str, ranks: &[u32]) -> Vec<i32> {
-    let mut commands: Vec<&str> = Vec::new();
+    if config.len() > TEXT_MAX {
+        return vec![0; ranks.len()];
+    }
+    let mut commands: Vec<Spec> = Vec::new();
     let mut continued = false;
     for line in config.lines() {
         let was_continued = std::mem::replace(&mut continued, line.ends_with('\\'));
         let spec = line.split_whitespace().next().unwrap_or("");
         if !was_continued && !spec.is_empty() && !spec.starts_with('#') {
-            commands.push(spec);
+            commands.push(parse(spec));
         }
     }
+    let names = |spec: &Spec, rank: u32| match spec {
+        Spec::All => true,
+        Spec::Ranges(ranges) => ranges.iter().any(|&(first, last)| first <= rank && rank <= last),
+    };
     ranks.iter().map(|&r| commands.iter().position(|spec| names(spec, r)).map_or(0, |i| i as i32)).collect()
 }
 
-/// Whether rank spec `spec` names `rank`.
-fn names(spec: &str, rank: u32) -> bool {
-    spec == "*"
-        || spec.split(',').any(|range| match range.split_once('-') {
-            Some((first, last)) => {
-                matches!((first.parse::<u32>(), last.parse::<u32>()), (Ok(f), Ok(l)) if f <= rank && rank <= l)
-            }
-            None => range.parse() == Ok(rank),
-        })
+/// A line's rank spec: `*`, or ranks and `first-last` ranges, comma-separated (what is no rank names none).
+fn parse(spec: &str) -> Spec {
+    if spec == "*" {
+        return Spec::All;
+    }
+    let range = |r: &str| match r.split_once('-') {
+        Some((first, last)) => Some((first.parse().ok()?, last.parse().ok()?)),
+        None => r.parse().ok().map(|n| (n, n)),
+    };
+    Spec::Ranges(spec.split(',').filter_map(range).collect())
 }
 
 #[cfg(test)]
@@ -48,5 +66,7 @@ mod tests {
         assert_eq!(appnums(config, &[0, 1, 2, 3]), [0, 1, 1, 2]);
         assert_eq!(appnums("x-y ./a\n0 ./b\n", &[0, 1]), [1, 0]);
         assert_eq!(appnums("", &[0]), [0]);
+        let long = format!("0 ./a\n1 ./b\n{}", "#\n".repeat(TEXT_MAX / 2));
+        assert_eq!(appnums(&long, &[0, 1]), [0, 0]);
     }
 }

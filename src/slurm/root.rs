@@ -1525,14 +1525,19 @@ pub(super) mod tests {
         (root, record, stepds, dir)
     }
 
+    /// Task 0 of the stepd on `s` spawns REQUEST, and its spawn is answered as started.
+    fn spawn_answered(s: &mut TcpStream) {
+        s.write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
+        assert_eq!(receive(s), Down::Answer { task: 0, ok: true, text: String::new() });
+    }
+
     #[test]
     fn a_spawn_is_answered_once_its_step_exists_and_its_failure_ends_the_step() {
         // The shell reads its own mask (a child would see the mask the shell holds while it forks and waits).
         let body = "while read -r k v; do [ \"$k\" = SigBlk: ] && echo \"$k $v\" > \"${0%/*}/sigblk\"; done < /proc/$$/status\n\
                     echo 7 >&3\nsleep 0.3\nexit 3";
         let (root, record, mut s, dir) = spawning("started", body);
-        s[1].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
-        assert_eq!(receive(&mut s[1]), Down::Answer { task: 0, ok: true, text: String::new() });
+        spawn_answered(&mut s[1]);
         let argv = std::fs::read_to_string(dir.join("argv")).unwrap();
         assert_eq!(argv, "--jobid=42\n--mpi=rpmi\n--ntasks=3\n--nodes=1-3\n--immediate\n--exact\n./child\nx\n");
         // srun starts with no signal blocked (the root's thread blocks them all).
@@ -1571,8 +1576,7 @@ pub(super) mod tests {
     #[test]
     fn the_spawning_steps_failure_ends_the_spawned_step_and_srun_waits_for_its_srun() {
         let (root, record, mut s, dir) = spawning("parent-fails", "echo 9 >&3\nsleep 0.5\nexit 137");
-        s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
-        assert!(matches!(receive(&mut s[0]), Down::Answer { ok: true, .. }));
+        spawn_answered(&mut s[0]);
         s[0].write_all(&frame(Up::Abort { rank: 0, code: 5, message: "bye".into() })).unwrap();
         record.wait_for("end spawned step 9");
         let started = Instant::now();
@@ -1589,8 +1593,7 @@ pub(super) mod tests {
     #[test]
     fn the_step_that_began_to_fail_first_gives_srun_its_status() {
         let (root, record, mut s, dir) = spawning("failing", "echo 7 >&3\necho failed 1 >&3\nsleep 0.3\nexit 42");
-        s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
-        assert!(matches!(receive(&mut s[0]), Down::Answer { ok: true, .. }));
+        spawn_answered(&mut s[0]);
         let line = record.wait_for("error:");
         assert!(line.ends_with("step 42.7, which rank 0 spawned, failed"), "{line}");
         record.wait_for("end");
@@ -1602,8 +1605,7 @@ pub(super) mod tests {
 
         // The same when the spawning step's abort comes before the spawned srun says it began to fail.
         let (root, record, mut s, dir) = spawning("failing-late", "echo 8 >&3\nsleep 0.3\necho failed 1 >&3\nexit 42");
-        s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
-        assert!(matches!(receive(&mut s[0]), Down::Answer { ok: true, .. }));
+        spawn_answered(&mut s[0]);
         s[1].write_all(&frame(Up::Abort { rank: 1, code: 5, message: "lost my children".into() })).unwrap();
         record.wait_for("end spawned step 8");
         let outcome = root.stop();

@@ -25,11 +25,11 @@
 //! user's own steps only. The request is a task's, so it is bounded and checked before anything starts.
 
 pub use super::options::ENV_SPAWN;
-use crate::os::Epoll;
+use crate::os::{Epoll, Start};
 use crate::wire::{Pairs, SpawnRequest};
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -101,16 +101,19 @@ impl Spawn {
         self.counts.iter().map(|&c| u64::from(c)).sum()
     }
 
-    /// The appnum of `rank` (the index of its command).
-    pub fn appnum(&self, rank: u32) -> i32 {
-        let mut first = 0u64;
-        for (i, &c) in self.counts.iter().enumerate() {
-            first += u64::from(c);
-            if u64::from(rank) < first {
-                return i as i32;
-            }
-        }
-        0
+    /// The appnum of each of `ranks` (the index of its command).
+    pub fn appnums(&self, ranks: &[u32]) -> Vec<i32> {
+        let ends: Vec<u64> = self
+            .counts
+            .iter()
+            .scan(0u64, |end, &c| {
+                *end += u64::from(c);
+                Some(*end)
+            })
+            .collect();
+        let appnum =
+            |rank: u32| ends.partition_point(|&end| end <= u64::from(rank)).min(ends.len().saturating_sub(1)) as i32;
+        ranks.iter().map(|&r| appnum(r)).collect()
     }
 
     /// The preputs as the server takes them.
@@ -185,8 +188,8 @@ struct Child {
     asker: Option<Asker>,
     rank: u32,
     step: Option<u32>,
-    /// The `--multi-prog` file, removed once srun has exited (it reads the file again after its step starts).
-    conf: Option<PathBuf>,
+    /// The `--multi-prog` file, kept until srun has exited (it reads the file again after its step starts).
+    _conf: Option<ConfFile>,
     got: Vec<u8>,
     /// When its step began to fail ([`now`]), as it said.
     failing_at: Option<u64>,
@@ -278,7 +281,7 @@ impl Launcher {
         let (r, w) = crate::os::pipe().map_err(|e| format!("pipe: {e}"))?;
         let spawn = Spawn { fd: Some(PIPE_FD), ..launch.spawn.clone() };
         let conf = match &launch.multi_prog {
-            Some(text) => Some(self.write_conf(text)?),
+            Some(text) => Some(ConfFile::write(text)?),
             None => None,
         };
         let mut argv = vec![
@@ -294,7 +297,7 @@ impl Launcher {
         ];
         argv.extend(launch.options.iter().map(|o| cstring(o.clone())));
         match &conf {
-            Some(path) => argv.extend([cstring("--multi-prog".into()), path_cstring(path)]),
+            Some(conf) => argv.extend([cstring("--multi-prog".into()), path_cstring(&conf.0)]),
             None => argv.extend(launch.program.iter().cloned()),
         }
         let mut env: Vec<CString> = self
@@ -306,15 +309,11 @@ impl Launcher {
             .collect();
         env.push(cstring(format!("{ENV_SPAWN}={}", spawn.encode())));
         env.extend(launch.path.iter().map(|p| cstring(format!("PATH={p}"))));
-        let pid = match start_process(&self.setup.srun, &argv, &env, &w) {
-            Ok(pid) => pid,
-            Err(e) => {
-                if let Some(path) = &conf {
-                    let _ = std::fs::remove_file(path);
-                }
-                return Err(format!("cannot start srun for the spawned step: {e}"));
-            }
-        };
+        // Stdin from /dev/null (the spawning srun's tasks read its stdin), in srun's process group (a terminal's
+        // signals reach both).
+        let how = Start { own_group: false, default_signals: true };
+        let pid = crate::os::start_linked(&self.setup.srun, &argv, Some(&env), &w, how)
+            .map_err(|e| format!("cannot start srun for the spawned step: {e}"))?;
         drop(w);
         let slot = match self.children.iter().position(Option::is_none) {
             Some(s) => s,
@@ -329,9 +328,6 @@ impl Launcher {
                 libc::kill(pid, libc::SIGKILL);
                 libc::waitpid(pid, std::ptr::null_mut(), 0);
             }
-            if let Some(path) = &conf {
-                let _ = std::fs::remove_file(path);
-            }
             return Err(format!("cannot watch the srun of the spawned step: {e}"));
         }
         self.started += 1;
@@ -341,29 +337,11 @@ impl Launcher {
             asker: Some(asker),
             rank: asker.rank,
             step: None,
-            conf,
+            _conf: conf,
             got: Vec::new(),
             failing_at: None,
         });
         Ok(())
-    }
-
-    /// A `--multi-prog` file of srun's user, only they can read, under a random name (another user cannot
-    /// take it first in a shared temporary directory).
-    fn write_conf(&self, text: &str) -> Result<PathBuf, String> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let random = super::auth::nonce().map_err(|e| format!("no random bytes for a file name: {e}"))?;
-        let name: String = random[..8].iter().map(|b| format!("{b:02x}")).collect();
-        let path = std::env::temp_dir().join(format!("rpmi-spawn-{name}.conf"));
-        let cannot =
-            |e: io::Error| format!("cannot write the spawned step's --multi-prog file {}: {e}", path.display());
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(cannot)?;
-        if let Err(e) = f.write_all(text.as_bytes()) {
-            let _ = std::fs::remove_file(&path);
-            return Err(cannot(e));
-        }
-        Ok(path)
     }
 
     /// What the srun of `token` did: its lines (its step id, then `failed NS` when its step begins to fail),
@@ -405,9 +383,6 @@ impl Launcher {
             if let Some(pipe) = &child.pipe {
                 let _ = self.epoll.remove(pipe.as_raw_fd());
             }
-            if let Some(path) = &child.conf {
-                let _ = std::fs::remove_file(path);
-            }
             match (child.asker, child.step) {
                 (Some(asker), _) => events.push(Event::Answer {
                     asker,
@@ -440,13 +415,35 @@ impl Launcher {
     }
 }
 
-impl Drop for Launcher {
+/// A `--multi-prog` file of srun's user, only they can read, under a random name (another user cannot take
+/// it first in a shared temporary directory); removed when dropped.
+struct ConfFile(PathBuf);
+
+impl ConfFile {
+    fn write(text: &str) -> Result<ConfFile, String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let random = super::auth::nonce().map_err(|e| format!("no random bytes for a file name: {e}"))?;
+        let name: String = random[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let path = std::env::temp_dir().join(format!("rpmi-spawn-{name}.conf"));
+        let cannot = |path: &PathBuf, e: io::Error| {
+            format!("cannot write the spawned step's --multi-prog file {}: {e}", path.display())
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| cannot(&path, e))?;
+        let conf = ConfFile(path);
+        f.write_all(text.as_bytes()).map_err(|e| cannot(&conf.0, e))?;
+        Ok(conf)
+    }
+}
+
+impl Drop for ConfFile {
     fn drop(&mut self) {
-        for child in self.children.iter().flatten() {
-            if let Some(path) = &child.conf {
-                let _ = std::fs::remove_file(path);
-            }
-        }
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -603,60 +600,6 @@ fn shell_status(status: libc::c_int) -> i32 {
     }
 }
 
-/// Starts `exe` with `argv` and `env`, `pipe` on its fd 3 and stdin from /dev/null (the spawning srun's
-/// tasks read its stdin), in srun's process group (a terminal's signals reach both). posix_spawn, so that
-/// srun's threads are not forked and an exec that fails is its result.
-fn start_process(exe: &CStr, argv: &[CString], env: &[CString], pipe: &OwnedFd) -> io::Result<libc::pid_t> {
-    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) };
-    // A copy above the standard fds and 3, so that dup2 onto 3 always makes a new fd (which exec keeps).
-    // SAFETY: F_DUPFD_CLOEXEC on our own open fd.
-    let copy = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
-    if copy < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new fd of ours, closed when this drops.
-    let copy = unsafe { OwnedFd::from_raw_fd(copy) };
-    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_p.push(std::ptr::null());
-    let mut env_p: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
-    env_p.push(std::ptr::null());
-    // SAFETY: the attribute and action objects are initialized before use and destroyed after; every pointer
-    // passed lives through the call; argv and env are NULL-terminated arrays of NUL-terminated strings.
-    unsafe {
-        let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
-        check(libc::posix_spawn_file_actions_init(&mut actions))?;
-        check(libc::posix_spawnattr_init(&mut attr))?;
-        // The root thread blocks every signal; srun must start with none blocked and every one at its default
-        // (it waits for the ones it handles itself, and a SIGTERM from `end_all` must reach it).
-        let (mut none, mut all): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
-        libc::sigemptyset(&mut none);
-        libc::sigfillset(&mut all);
-        let flags = (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short;
-        let mut pid: libc::pid_t = 0;
-        let started = check(libc::posix_spawnattr_setsigmask(&mut attr, &none))
-            .and_then(|()| check(libc::posix_spawnattr_setsigdefault(&mut attr, &all)))
-            .and_then(|()| check(libc::posix_spawnattr_setflags(&mut attr, flags)))
-            .and_then(|()| check(libc::posix_spawn_file_actions_adddup2(&mut actions, copy.as_raw_fd(), PIPE_FD)))
-            .and_then(|()| {
-                check(libc::posix_spawn_file_actions_addopen(&mut actions, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0))
-            })
-            .and_then(|()| {
-                check(libc::posix_spawn(
-                    &mut pid,
-                    exe.as_ptr(),
-                    &actions,
-                    &attr,
-                    argv_p.as_ptr().cast(),
-                    env_p.as_ptr().cast(),
-                ))
-            });
-        libc::posix_spawn_file_actions_destroy(&mut actions);
-        libc::posix_spawnattr_destroy(&mut attr);
-        started.map(|()| pid)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -678,7 +621,7 @@ mod tests {
         assert_eq!(Spawn::decode(&s.encode()), Ok(s.clone()));
         let without = Spawn { fd: None, ..s.clone() };
         assert_eq!(Spawn::decode(&without.encode()), Ok(without));
-        assert_eq!((0..5).map(|r| s.appnum(r)).collect::<Vec<_>>(), [0, 0, 1, 1, 1]);
+        assert_eq!(s.appnums(&[0, 1, 2, 3, 4]), [0, 0, 1, 1, 1]);
         assert_eq!(s.size(), 5);
         for bad in [
             "",

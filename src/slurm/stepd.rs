@@ -1151,7 +1151,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         if s.size() != u64::from(rec.tasks) {
             return Err(format!("{ENV_SPAWN} describes {} processes, Slurm's step has {}", s.size(), rec.tasks));
         }
-        info.appnums = local_ranks.iter().map(|&r| s.appnum(r)).collect();
+        info.appnums = s.appnums(&local_ranks);
         info.preputs = s.pairs();
     // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
     } else if let Some(config) = unsafe { multi_prog_config(record, env) } {

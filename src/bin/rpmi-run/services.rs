@@ -19,12 +19,12 @@ use crate::conn::{self, Conn, Heard};
 use crate::host::Ended;
 use crate::job::{App, Job};
 use rpmi::abi::PREPUTS_MAX;
+use rpmi::os::Start;
 use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
 use std::ffi::OsString;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -608,47 +608,14 @@ impl Launcher {
     }
 }
 
-extern "C" {
-    static environ: *const *mut libc::c_char;
-}
-
 /// Starts `exe --spawned-job 3`, `link` its fd 3, in a process group of its own (so that its tasks can be
 /// ended with it if it dies) and with stdin from /dev/null (only the first job's tasks read rpmi-run's). With
 /// posix_spawn, not std's Command: an exec that fails is reported by its result, and the child it leaves is
 /// reaped by whoever waits first (a one-node shell reaps every child), where Command's own wait would fail.
+/// It inherits the blocked SIGINT and SIGTERM, which it takes on a thread of its own.
 fn start_rpmi_run(exe: &CStr, link: &UnixStream) -> io::Result<libc::pid_t> {
-    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) };
-    // A copy above the standard fds, so that dup2 onto 3 always makes a new fd (which exec keeps).
-    // SAFETY: F_DUPFD_CLOEXEC on our own open fd.
-    let copy = unsafe { libc::fcntl(link.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
-    if copy < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new fd of ours, closed when this drops.
-    let copy = unsafe { OwnedFd::from_raw_fd(copy) };
-    let argv = [exe.as_ptr(), c"--spawned-job".as_ptr(), c"3".as_ptr(), std::ptr::null()];
-    // SAFETY: the attribute and action objects are initialized before use and destroyed after; every pointer
-    // passed lives through the call; `environ` is the process's environment.
-    unsafe {
-        let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
-        check(libc::posix_spawn_file_actions_init(&mut actions))?;
-        check(libc::posix_spawnattr_init(&mut attr))?;
-        let mut pid: libc::pid_t = 0;
-        let dev_null = c"/dev/null".as_ptr();
-        let spawned = check(libc::posix_spawn_file_actions_adddup2(&mut actions, copy.as_raw_fd(), 3))
-            .and_then(|()| check(libc::posix_spawn_file_actions_addopen(&mut actions, 0, dev_null, libc::O_RDONLY, 0)))
-            .and_then(|()| {
-                check(libc::posix_spawnattr_setflags(&mut attr, libc::POSIX_SPAWN_SETPGROUP as libc::c_short))
-            })
-            .and_then(|()| check(libc::posix_spawnattr_setpgroup(&mut attr, 0)))
-            .and_then(|()| {
-                check(libc::posix_spawn(&mut pid, exe.as_ptr(), &actions, &attr, argv.as_ptr().cast(), environ.cast()))
-            });
-        libc::posix_spawn_file_actions_destroy(&mut actions);
-        libc::posix_spawnattr_destroy(&mut attr);
-        spawned.map(|()| pid)
-    }
+    let argv = [exe.to_owned(), c"--spawned-job".to_owned(), c"3".to_owned()];
+    rpmi::os::start_linked(exe, &argv, None, link, Start { own_group: true, default_signals: false })
 }
 
 /// The job a spawn asks for, run as `template` (the first job) was: its commands are its applications,
