@@ -43,6 +43,13 @@ pub trait Host {
         log::trace!("rank {rank} {direction}: {}", String::from_utf8_lossy(line));
     }
 
+    /// Task `rank` sent its first PMI line: its program was found and runs, and speaks PMI. A host that
+    /// answers a spawn only once every process has started waits for this from each. The default does
+    /// nothing.
+    fn task_started(&mut self, rank: u32) {
+        let _ = rank;
+    }
+
     /// Task `rank`'s PMI connection closed (`finalized`: after it sent `finalize`). A host whose job spans
     /// several shells can use it to fail, on the other shells, a barrier this task can no longer join; a
     /// barrier on this shell is already handled by the shell. The default does nothing.

@@ -91,6 +91,8 @@ struct Client {
     queued: bool,
     /// A job error naming this task has been reported; do not report it twice.
     reported: bool,
+    /// It has sent a line (the host heard of its start).
+    spoke: bool,
     spawn: Option<SpawnBuilder>,
 }
 
@@ -171,6 +173,7 @@ impl Shell {
                 held: Vec::new(),
                 queued: false,
                 reported: false,
+                spoke: false,
                 spawn: None,
             })
             .collect();
@@ -483,6 +486,9 @@ impl Shell {
 
     fn line(&mut self, host: &mut dyn Host, task: TaskId, line: &[u8]) {
         let rank = self.clients[task].rank;
+        if !std::mem::replace(&mut self.clients[task].spoke, true) {
+            host.task_started(rank);
+        }
         if self.trace {
             host.trace(rank, Direction::Client, line);
         }

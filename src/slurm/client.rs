@@ -155,6 +155,10 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
     let spawn_var = spawned.as_ref().map_or(String::new(), |s| Spawn { fd: None, ..s.clone() }.encode());
     let spawned_by = spawned.as_ref().and_then(|s| s.fd);
     let spawn = spawn_setup(job_id);
+    // Before the root runs: its lines (`started`, `failed NS`) follow the step id.
+    if let Some(fd) = spawned_by {
+        spawn::tell_step(fd, step)?;
+    }
     let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn, spawned_by };
     let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job: job_id, step }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
@@ -164,9 +168,6 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
     for (name, value) in INTERNAL.into_iter().zip(values) {
         // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
         unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
-    }
-    if let Some(fd) = spawned.and_then(|s| s.fd) {
-        spawn::tell_started(fd, step)?;
     }
     let client = Box::into_raw(Box::new(Client { root }));
     live().push(client as usize);

@@ -21,14 +21,16 @@
 //!                       connection without finalize)           that follows is the normal end)
 //!   6 BYE     (every local task has closed its connection: a normal end)
 //!   9 NAME    task:u32 op:u8 name_len:u16 name port   0x89 ANSWER task:u32 ok:u8 text (the answer
-//!             (PMI_Publish_name, op 0, with the port;             to a NAME or a SPAWN: a lookup's port,
-//!              Unpublish_name 1; Lookup_name 2)                   or why it failed)
+//!             (PMI_Publish_name, op 0, with the port;             to a NAME or a SPAWN, or why it
+//!              Unpublish_name 1; Lookup_name 2)                   failed)
 //!  10 SPAWN   task:u32 request (PMI_Spawn_multiple: the request as the plugin ABI's JSON, at most
 //!             SPAWN_MAX bytes)
+//!  11 STARTED (every local task has sent its first PMI line: its program runs)
 //! ```
 //!
 //! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
-//! tree's width it builds the tree with; ERROR's `failed` is 1 if something failed on its own (a task, a
+//! tree's width it builds the tree with; ANSWER's `text` to a SPAWN is the error code of every process (0:
+//! all started, -1: none), to a NAME a lookup's port; ERROR's `failed` is 1 if something failed on its own (a task, a
 //! node), 0 if rpmi ends a job in which nothing did (a protocol error, a bound). The collective's own frames
 //! (CONTRIB, ALL, FAIL, LOST, ...) travel inside COLLECTIVE on the links of the tree: srun and its children,
 //! a stepd and its parent and children.
@@ -44,8 +46,8 @@ use std::fmt;
 use std::sync::Arc;
 
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
-/// tree; 4 the name service; 5 spawn).
-pub const VERSION: u16 = 5;
+/// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run).
+pub const VERSION: u16 = 6;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
@@ -72,6 +74,7 @@ const PROOF: u8 = 7;
 const UP_COLLECTIVE: u8 = 8;
 const NAME: u8 = 9;
 const SPAWN: u8 = 10;
+const STARTED: u8 = 11;
 const END: u8 = 0x83;
 const CHALLENGE: u8 = 0x84;
 const WELCOME: u8 = 0x85;
@@ -128,6 +131,8 @@ pub enum Up {
         task: u32,
         request: String,
     },
+    /// Every local task has sent its first PMI line: its program was found and runs.
+    Started,
 }
 
 /// A message from srun's root, or from a parent, to a stepd.
@@ -145,8 +150,8 @@ pub enum Down {
     ParentDone,
     /// srun is done with the step: the connection closing next is the normal end, not srun's death.
     End,
-    /// srun's answer to local task `task`'s NAME or SPAWN: the port of a lookup (empty otherwise), or why it
-    /// failed.
+    /// srun's answer to local task `task`'s NAME or SPAWN: the port of a lookup (empty for other names), the
+    /// error code of every process of a spawn, or why it failed.
     Answer { task: u32, ok: bool, text: String },
 }
 
@@ -256,6 +261,7 @@ impl Up {
             Up::Bye => "BYE",
             Up::Name { .. } => "NAME",
             Up::Spawn { .. } => "SPAWN",
+            Up::Started => "STARTED",
         }
     }
 
@@ -289,6 +295,7 @@ impl Up {
                 control(NAME, &[&task.to_be_bytes(), &[op], &len, name, port])
             }
             Up::Spawn { task, request } => frame(SPAWN, &[&task.to_be_bytes(), request.as_bytes()])?,
+            Up::Started => control(STARTED, &[]),
         })
     }
 
@@ -321,6 +328,7 @@ impl Up {
             },
             GONE => Up::Gone { rank: r.u32()? },
             BYE => Up::Bye,
+            STARTED => Up::Started,
             NAME => {
                 let task = r.u32()?;
                 let op = match r.u8()? {
@@ -551,6 +559,7 @@ mod tests {
             Up::Error { rank: 6, failed: false, message: "bad line".into() },
             Up::Gone { rank: 4 },
             Up::Bye,
+            Up::Started,
             Up::Name { task: 1, op: NameOp::Publish, name: "svc".into(), port: "tag#0$port$".into() },
             Up::Name { task: 0, op: NameOp::Lookup, name: "x".repeat(NAME_MAX), port: String::new() },
             Up::Spawn { task: 2, request: r#"{"commands":[]}"#.into() },
@@ -603,6 +612,7 @@ mod tests {
         v2[6] = 2;
         assert!(Up::decode(&v2).unwrap_err().0.contains("version 2"));
         assert!(Up::decode(&[BYE, 0]).is_err());
+        assert!(Up::decode(&[STARTED, 0]).is_err());
         assert!(Up::decode(&[JOINED, 0, 0]).is_err());
         assert!(Down::decode(&[PARENT, 1]).is_err());
         assert!(Down::decode(&[PARENT_DONE, 0]).is_err());

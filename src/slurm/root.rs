@@ -80,7 +80,8 @@ pub struct Step {
     pub width: Option<u32>,
     /// How to start spawned steps; `None`: the step's spawns are refused.
     pub spawn: Option<spawn::Setup>,
-    /// The pipe to the srun that spawned this step, if one did: told when this step begins to fail.
+    /// The pipe to the srun that spawned this step, if one did: told when every task runs, and when this step
+    /// begins to fail.
     pub spawned_by: Option<std::os::fd::RawFd>,
 }
 
@@ -178,6 +179,9 @@ struct State {
     ports: Vec<u16>,
     /// The exchange each node's shell joined last.
     joined: Vec<Option<u32>>,
+    /// The nodes whose tasks have all sent a PMI line (STARTED), and how many have not.
+    started: Vec<bool>,
+    unstarted: usize,
     collective: Option<Collective>,
     fence: Fence,
     /// Ranks that closed their connection without finalize, with their node.
@@ -230,6 +234,8 @@ impl State {
             nodes: vec![NodeState::default(); n],
             ports: vec![0; n],
             joined: vec![None; n],
+            started: vec![false; n],
+            unstarted: n,
             collective,
             fence: Fence::default(),
             gone: Vec::new(),
@@ -371,9 +377,9 @@ impl State {
     }
 
     /// Answers the spawn of `asker`.
-    fn answer(&mut self, asker: Asker, result: Result<(), String>) {
+    fn answer(&mut self, asker: Asker, result: Result<i32, String>) {
         let (ok, text) = match result {
-            Ok(()) => (true, String::new()),
+            Ok(code) => (true, code.to_string()),
             Err(why) => (false, why),
         };
         self.send(asker.node, &Down::Answer { task: asker.task, ok, text });
@@ -549,6 +555,16 @@ impl State {
             Up::Joined { epoch } => {
                 self.joined[n as usize] = Some(epoch);
                 self.check_blocked();
+                true
+            }
+            Up::Started => {
+                if !std::mem::replace(&mut self.started[n as usize], true) {
+                    self.unstarted -= 1;
+                    // The step's spawner answers the spawn now; a step that began to fail has said so instead.
+                    if let (0, Some(fd), false) = (self.unstarted, self.step.spawned_by, self.outcome.ended) {
+                        spawn::tell_started(fd);
+                    }
+                }
                 true
             }
             Up::Abort { rank, code, message } => {
@@ -1525,17 +1541,22 @@ pub(super) mod tests {
         (root, record, stepds, dir)
     }
 
-    /// Task 0 of the stepd on `s` spawns REQUEST, and its spawn is answered as started.
-    fn spawn_answered(s: &mut TcpStream) {
+    /// Task 0 of the stepd on `s` spawns REQUEST, and its spawn is answered with `code` for every process.
+    fn spawn_answered_with(s: &mut TcpStream, code: i32) {
         s.write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
-        assert_eq!(receive(s), Down::Answer { task: 0, ok: true, text: String::new() });
+        assert_eq!(receive(s), Down::Answer { task: 0, ok: true, text: code.to_string() });
+    }
+
+    /// As [`spawn_answered_with`], every process started.
+    fn spawn_answered(s: &mut TcpStream) {
+        spawn_answered_with(s, 0)
     }
 
     #[test]
-    fn a_spawn_is_answered_once_its_step_exists_and_its_failure_ends_the_step() {
+    fn a_spawn_is_answered_once_its_tasks_run_and_its_failure_ends_the_step() {
         // The shell reads its own mask (a child would see the mask the shell holds while it forks and waits).
         let body = "while read -r k v; do [ \"$k\" = SigBlk: ] && echo \"$k $v\" > \"${0%/*}/sigblk\"; done < /proc/$$/status\n\
-                    echo 7 >&3\nsleep 0.3\nexit 3";
+                    echo 7 >&3\necho started >&3\nsleep 0.3\nexit 3";
         let (root, record, mut s, dir) = spawning("started", body);
         spawn_answered(&mut s[1]);
         let argv = std::fs::read_to_string(dir.join("argv")).unwrap();
@@ -1560,7 +1581,7 @@ pub(super) mod tests {
         let (root, record, mut s, dir) = spawning("failed", "exit 1");
         s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
         let Down::Answer { task: 0, ok: false, text } = receive(&mut s[0]) else { panic!("no failed answer") };
-        assert!(text.contains("exited with status 1 before its step started"), "{text}");
+        assert!(text.contains("exited with status 1 before its tasks ran"), "{text}");
         // A malformed request, or one srun cannot start, is refused at once.
         s[0].write_all(&frame(Up::Spawn { task: 0, request: "{".into() })).unwrap();
         let Down::Answer { ok: false, text, .. } = receive(&mut s[0]) else { panic!("no failed answer") };
@@ -1575,7 +1596,7 @@ pub(super) mod tests {
 
     #[test]
     fn the_spawning_steps_failure_ends_the_spawned_step_and_srun_waits_for_its_srun() {
-        let (root, record, mut s, dir) = spawning("parent-fails", "echo 9 >&3\nsleep 0.5\nexit 137");
+        let (root, record, mut s, dir) = spawning("parent-fails", "echo 9 >&3\necho started >&3\nsleep 0.5\nexit 137");
         spawn_answered(&mut s[0]);
         s[0].write_all(&frame(Up::Abort { rank: 0, code: 5, message: "bye".into() })).unwrap();
         record.wait_for("end spawned step 9");
@@ -1592,7 +1613,8 @@ pub(super) mod tests {
     /// even when an abort of this step (which follows from it) reached srun first.
     #[test]
     fn the_step_that_began_to_fail_first_gives_srun_its_status() {
-        let (root, record, mut s, dir) = spawning("failing", "echo 7 >&3\necho failed 1 >&3\nsleep 0.3\nexit 42");
+        let (root, record, mut s, dir) =
+            spawning("failing", "echo 7 >&3\necho started >&3\necho failed 1 >&3\nsleep 0.3\nexit 42");
         spawn_answered(&mut s[0]);
         let line = record.wait_for("error:");
         assert!(line.ends_with("step 42.7, which rank 0 spawned, failed"), "{line}");
@@ -1604,12 +1626,61 @@ pub(super) mod tests {
         let _ = std::fs::remove_dir_all(dir);
 
         // The same when the spawning step's abort comes before the spawned srun says it began to fail.
-        let (root, record, mut s, dir) = spawning("failing-late", "echo 8 >&3\nsleep 0.3\necho failed 1 >&3\nexit 42");
+        let (root, record, mut s, dir) =
+            spawning("failing-late", "echo 8 >&3\necho started >&3\nsleep 0.3\necho failed 1 >&3\nexit 42");
         spawn_answered(&mut s[0]);
         s[1].write_all(&frame(Up::Abort { rank: 1, code: 5, message: "lost my children".into() })).unwrap();
         record.wait_for("end spawned step 8");
         let outcome = root.stop();
         assert_eq!((outcome.abort_code, client::exit_code(&outcome)), (Some(5), 42));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A spawned step that begins to fail before all of its tasks ran (a program missing on a node) answers
+    /// the spawn with -1 for every process; the spawning step goes on, and its srun's status is its own.
+    #[test]
+    fn a_spawned_step_failing_before_its_tasks_ran_answers_error_codes() {
+        let (root, record, mut s, dir) = spawning("unstarted", "echo 6 >&3\necho failed 1 >&3\nsleep 0.2\nexit 2");
+        spawn_answered_with(&mut s[0], -1);
+        // Its srun's exit, well after, ends nothing.
+        std::thread::sleep(Duration::from_millis(500));
+        let outcome = root.stop();
+        assert!(!record.lines().iter().any(|l| l.starts_with("error:") || l == "end"), "{:?}", record.lines());
+        assert_eq!((outcome.ended, outcome.spawned_status, client::exit_code(&outcome)), (false, None, 0));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A spawned step's root tells its spawner `started` once every node's tasks run, and not after it began
+    /// to fail.
+    #[test]
+    fn a_spawned_steps_root_says_started_once_every_node_has() {
+        let read_all = |r: &OwnedFd| {
+            let mut buf = [0u8; 256];
+            // SAFETY: reads into our buffer from our non-blocking pipe.
+            let n = unsafe { libc::read(r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            String::from_utf8_lossy(&buf[..n.max(0) as usize]).into_owned()
+        };
+        for fail_first in [false, true] {
+            let secret = Secret::generate().unwrap();
+            let (r, w) = os::pipe().unwrap();
+            let (root, record) = start(Step { spawned_by: Some(w.as_raw_fd()), ..step(2, &secret) });
+            let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
+            s[0].write_all(&frame(Up::Started)).unwrap();
+            s[0].write_all(&frame(Up::Started)).unwrap();
+            if fail_first {
+                s[1].write_all(&frame(Up::Gone { rank: 1 })).unwrap();
+                s[1].write_all(&frame(Up::Error { rank: 1, failed: true, message: "rank 1 left".into() })).unwrap();
+                record.wait_for("end");
+            }
+            s[1].write_all(&frame(Up::Started)).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            let said = read_all(&r);
+            match fail_first {
+                false => assert_eq!(said, "started\n"),
+                true => assert!(said.starts_with("failed ") && !said.contains("started"), "{said:?}"),
+            }
+            root.stop();
+            drop(w);
+        }
     }
 }

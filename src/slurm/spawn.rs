@@ -7,19 +7,24 @@
 //! srun exits), in srun's own
 //! environment plus [`ENV_SPAWN`]: what the new step's tasks get beyond a step's own (the preputs and each
 //! command's process count, from which each rank's appnum follows) and the fd of a pipe. The new srun's
-//! prelaunch passes that on to its stepds, and writes its step id into the pipe once its step exists: then
-//! the task's spawn is answered, every process started (error codes 0). A new srun that ends first (a
-//! step the allocation cannot hold now: `--immediate` does not wait for busy resources) fails the spawn
-//! with its exit status; its own error is on the job's stderr. With `--exact` a spawned step takes only
-//! the CPUs its tasks need, leaving the rest to later spawns; the spawning step must leave some too
-//! (`srun --exact`, or `-c`).
+//! prelaunch passes that on to its stepds and writes its step id into the pipe. Its root writes `started`
+//! once every task of the step has sent its first PMI line (STARTED from every stepd): then the task's spawn
+//! is answered, every process started (error codes 0). Waiting for less would answer before Slurm finds a
+//! program missing on a node (in each task's `execve`, after the step exists); waiting for more would
+//! deadlock, since MPI's children connect to their parents inside `MPI_Init`, before any PMI barrier. A new
+//! step that begins to fail before then (a task whose program is missing exits without a line) is ended,
+//! and the spawn is answered with error code -1 for every process: MPI returns the error to the spawner.
+//! A new srun that ends before its step exists (a step the allocation cannot hold now: `--immediate` does
+//! not wait for busy resources) fails the spawn with its exit status; its own error is on the job's
+//! stderr. With `--exact` a spawned step takes only the CPUs its tasks need, leaving the rest to later
+//! spawns; the spawning step must leave some too (`srun --exact`, or `-c`).
 //!
-//! **Tied ends.** A spawned step that fails ends the step that spawned it, as the failure of one of its own
-//! tasks would: the spawning tasks may be waiting for processes that never come (a program missing on a
-//! node fails only after the answer). A spawned srun writes `failed NS` on its pipe when its root decides its
-//! step fails, else its non-zero exit says so. The spawning step ending for an error ends the steps it
-//! spawned. srun waits at the end of its step for every srun it started, and its exit code is that of the
-//! step that began to fail first (by the machine's monotonic clock: both sruns run on it).
+//! **Tied ends.** Once started, a spawned step that fails ends the step that spawned it, as the failure of
+//! one of its own tasks would: the spawning tasks may be waiting for processes that are gone. A spawned
+//! srun writes `failed NS` on its pipe when its root decides its step fails, else its non-zero exit says so.
+//! The spawning step ending for an error ends the steps it spawned. srun waits at the end of its step for
+//! every srun it started, and its exit code is that of the step that began to fail first (by the machine's
+//! monotonic clock: both sruns run on it).
 //!
 //! **Trust.** All of this runs as the user, in the user's srun, inside the user's allocation: it shapes the
 //! user's own steps only. The request is a task's, so it is bounded and checked before anything starts.
@@ -40,6 +45,8 @@ pub const SPAWN_ENV_MAX: usize = 96 * 1024;
 pub const SPAWN_PROCS_MAX: u64 = 65536;
 /// The most spawned sruns one step has running at once.
 pub const SPAWNED_STEPS_MAX: usize = 128;
+/// The error code of a process that did not start (PMI's `PMI_FAIL`).
+const PMI_FAIL: i32 = -1;
 /// The fd a spawned srun finds its pipe on.
 const PIPE_FD: RawFd = 3;
 /// What srun's `--multi-prog` takes: arguments of a command (127 words with the program), bytes of a line
@@ -134,7 +141,15 @@ pub fn now() -> u64 {
 
 /// In a spawned srun's root: tells the spawning srun, on `fd`, that this step began to fail now.
 pub fn tell_failing(fd: RawFd) {
-    let line = format!("failed {}\n", now());
+    tell(fd, &format!("failed {}\n", now()));
+}
+
+/// In a spawned srun's root: tells the spawning srun, on `fd`, that every task of this step runs.
+pub fn tell_started(fd: RawFd) {
+    tell(fd, "started\n");
+}
+
+fn tell(fd: RawFd, line: &str) {
     // SAFETY: writes our buffer (a few bytes: atomic on a pipe) to the spawning srun's pipe; a failure only
     // means it is gone.
     unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
@@ -142,7 +157,7 @@ pub fn tell_failing(fd: RawFd) {
 
 /// In a spawned srun's prelaunch: tells the spawning srun that step `step` exists, and keeps the pipe open
 /// (close-on-exec) until srun exits, which the spawning srun sees as its end.
-pub fn tell_started(fd: RawFd, step: u32) -> Result<(), String> {
+pub fn tell_step(fd: RawFd, step: u32) -> Result<(), String> {
     // SAFETY: fstat into our buffer; a bad fd only fails.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     if fd < PIPE_FD || unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
@@ -154,7 +169,7 @@ pub fn tell_started(fd: RawFd, step: u32) -> Result<(), String> {
     // SAFETY: writes our buffer (a few bytes: atomic on a pipe).
     let n = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
     if n != line.len() as isize {
-        return Err(format!("cannot tell the spawning srun that the step started: {}", io::Error::last_os_error()));
+        return Err(format!("cannot tell the spawning srun that the step exists: {}", io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -170,8 +185,9 @@ pub struct Asker {
 /// What a spawned srun did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Event {
-    /// The spawn of `asker` is answered: its step started, or why it did not.
-    Answer { asker: Asker, result: Result<(), String> },
+    /// The spawn of `asker` is answered: the error code of every process (0: its step's tasks run, -1: its
+    /// step failed before they did), or why no step was made.
+    Answer { asker: Asker, result: Result<i32, String> },
     /// The step of a spawned srun began to fail (its srun says so as it ends it).
     Failing { rank: u32, step: u32 },
     /// A spawned srun whose step had started exited with `status` (a shell's: 128 + signal); `failing_at`
@@ -188,6 +204,9 @@ struct Child {
     asker: Option<Asker>,
     rank: u32,
     step: Option<u32>,
+    /// Its step's tasks all ran (the spawn was answered with code 0): from then on its step and the
+    /// spawning one are tied.
+    ran: bool,
     /// The `--multi-prog` file, kept until srun has exited (it reads the file again after its step starts).
     _conf: Option<ConfFile>,
     got: Vec<u8>,
@@ -206,7 +225,8 @@ pub struct Setup {
 }
 
 impl Child {
-    /// Takes what its srun wrote (its step id, then `failed NS`); true once the pipe closed.
+    /// Takes what its srun wrote (its step id, then `started` once its tasks run, `failed NS` when its step begins to fail); true once
+    /// the pipe closed.
     fn take_lines(&mut self, events: &mut Vec<Event>) -> bool {
         let mut buf = [0u8; 64];
         loop {
@@ -220,25 +240,37 @@ impl Child {
             }
             while let Some(end) = self.got.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.got.drain(..=end).collect();
-                let line = std::str::from_utf8(&line[..end]).unwrap_or("");
-                match (self.step, line.strip_prefix("failed ")) {
-                    (None, _) => {
-                        self.step = line.parse().ok();
-                        if let (Some(asker), Some(_)) = (self.asker.take(), self.step) {
-                            events.push(Event::Answer { asker, result: Ok(()) });
-                        }
-                    }
-                    (Some(step), Some(at)) if self.failing_at.is_none() => {
-                        self.failing_at = at.parse().ok();
-                        events.push(Event::Failing { rank: self.rank, step });
-                    }
-                    _ => {}
-                }
+                self.line(std::str::from_utf8(&line[..end]).unwrap_or(""), events);
             }
             // Only short lines come from a spawned srun.
             if self.got.len() > 64 {
                 self.got.clear();
             }
+        }
+    }
+
+    /// One line of its srun: its step id first.
+    fn line(&mut self, line: &str, events: &mut Vec<Event>) {
+        let Some(step) = self.step else {
+            self.step = line.parse().ok();
+            return;
+        };
+        match (line, line.strip_prefix("failed ")) {
+            ("started", _) => {
+                if let Some(asker) = self.asker.take() {
+                    self.ran = true;
+                    events.push(Event::Answer { asker, result: Ok(0) });
+                }
+            }
+            (_, Some(at)) if self.failing_at.is_none() => {
+                self.failing_at = at.parse().ok();
+                match self.asker.take() {
+                    // Its step is ended before all of its tasks ran: none of the processes counts as started.
+                    Some(asker) => events.push(Event::Answer { asker, result: Ok(PMI_FAIL) }),
+                    None => events.push(Event::Failing { rank: self.rank, step }),
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -337,6 +369,7 @@ impl Launcher {
             asker: Some(asker),
             rank: asker.rank,
             step: None,
+            ran: false,
             _conf: conf,
             got: Vec::new(),
             failing_at: None,
@@ -344,8 +377,7 @@ impl Launcher {
         Ok(())
     }
 
-    /// What the srun of `token` did: its lines (its step id, then `failed NS` when its step begins to fail),
-    /// and the pipe's close when it exits.
+    /// What the srun of `token` did: its lines ([`Child::take_lines`]), and the pipe's close when it exits.
     pub fn ready(&mut self, token: u64) -> Vec<Event> {
         let slot = (token - self.base) as usize;
         let Some(child) = self.children.get_mut(slot).and_then(Option::as_mut) else { return Vec::new() };
@@ -383,18 +415,16 @@ impl Launcher {
             if let Some(pipe) = &child.pipe {
                 let _ = self.epoll.remove(pipe.as_raw_fd());
             }
-            match (child.asker, child.step) {
-                (Some(asker), _) => events.push(Event::Answer {
+            if let Some(asker) = child.asker {
+                events.push(Event::Answer {
                     asker,
                     result: Err(format!(
-                        "srun for the spawned step exited with status {status} before its step started (srun's \
-                         error is on the job's stderr)"
+                        "srun for the spawned step exited with status {status} before its tasks ran (srun's error \
+                         is on the job's stderr)"
                     )),
-                }),
-                (None, Some(step)) => {
-                    events.push(Event::Ended { rank: child.rank, step, status, failing_at: child.failing_at })
-                }
-                (None, None) => {}
+                });
+            } else if let (true, Some(step)) = (child.ran, child.step) {
+                events.push(Event::Ended { rank: child.rank, step, status, failing_at: child.failing_at });
             }
         }
         events

@@ -56,7 +56,7 @@ use crate::server::{
     check_preput, Direction as TraceDirection, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId,
     TaskMap,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, CString};
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -210,6 +210,10 @@ struct SlurmHost {
     limits: Limits,
     /// srun's answers, until the shell takes them.
     answers: Vec<(TaskId, HostReply)>,
+    /// In a spawned step, until each has sent its first PMI line: the local ranks that have not. STARTED goes
+    /// to srun when none is left (srun's root then answers the spawn); one that exits before is a program
+    /// that did not start, and fails the step.
+    unspoken: Option<BTreeSet<u32>>,
     buf: Vec<u8>,
 }
 
@@ -227,6 +231,7 @@ impl SlurmHost {
         trace: Option<Trace>,
         notify: OwnedFd,
         stopping: Arc<AtomicBool>,
+        unspoken: Option<BTreeSet<u32>>,
     ) -> Result<SlurmHost, String> {
         let socket = |e: io::Error| format!("socket: {e}");
         let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
@@ -269,6 +274,7 @@ impl SlurmHost {
             asked: BTreeMap::new(),
             limits,
             answers: Vec::new(),
+            unspoken,
             buf: vec![0; 64 * 1024],
         })
     }
@@ -726,8 +732,11 @@ impl Asked {
             (false, _) => HostReply::Failed(text),
             (true, Asked::Name(NameOp::Lookup)) => HostReply::Port(text),
             (true, Asked::Name(NameOp::Publish | NameOp::Unpublish)) => HostReply::Done,
-            // srun answers once every process has started (a step starts all of its tasks or none).
-            (true, Asked::Spawn(procs)) => HostReply::Spawned { errcodes: vec![0; procs as usize] },
+            // One code for every process: a step starts all of its tasks or none.
+            (true, Asked::Spawn(procs)) => match text.parse::<i32>() {
+                Ok(code) => HostReply::Spawned { errcodes: vec![code; procs as usize] },
+                Err(_) => HostReply::Failed(format!("srun answered the spawn with '{}'", escape_text(&text, 32))),
+            },
         }
     }
 }
@@ -785,7 +794,26 @@ impl Host for SlurmHost {
         }
     }
 
+    fn task_started(&mut self, rank: u32) {
+        if let Some(unspoken) = &mut self.unspoken {
+            unspoken.remove(&rank);
+            if unspoken.is_empty() {
+                self.unspoken = None;
+                self.report(&Up::Started);
+            }
+        }
+    }
+
     fn task_closed(&mut self, rank: u32, finalized: bool) {
+        if self.unspoken.as_ref().is_some_and(|u| u.contains(&rank)) {
+            // Its spawner would wait for it without end; before STARTED, the spawn fails with error codes.
+            let Place { job, step, .. } = self.place;
+            let message = format!(
+                "rank {rank} of spawned step {job}.{step} exited before its first PMI line: its program could not \
+                 be run (see Slurm's execve error), or does not call PMI_Init (MPI_Init), as spawned processes must"
+            );
+            self.end_step(Up::Error { rank, failed: true, message: message.clone() }, &message);
+        }
         if !finalized {
             self.report(&Up::Gone { rank });
         }
@@ -1165,8 +1193,20 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
 
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
-    let host_side =
-        SlurmHost::new(place.clone(), names, tree, bounds, limits, links, slurm, trace, notify_r, stopping.clone())?;
+    let unspoken = spawn.is_some().then(|| local_ranks.iter().copied().collect());
+    let host_side = SlurmHost::new(
+        place.clone(),
+        names,
+        tree,
+        bounds,
+        limits,
+        links,
+        slurm,
+        trace,
+        notify_r,
+        stopping.clone(),
+        unspoken,
+    )?;
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: spawn.is_some() };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
@@ -1384,9 +1424,20 @@ mod tests {
         let stopping = Arc::new(AtomicBool::new(false));
         let bounds = bounds(1 << 20, 4 << 20);
         let limits = Limits::default();
-        let host =
-            SlurmHost::new(place, names.clone(), tree, bounds, limits, links, sys::slurm(), None, notify, stopping)
-                .unwrap();
+        let host = SlurmHost::new(
+            place,
+            names.clone(),
+            tree,
+            bounds,
+            limits,
+            links,
+            sys::slurm(),
+            None,
+            notify,
+            stopping,
+            None,
+        )
+        .unwrap();
         let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
         let shell = Shell::new(info, Limits::default()).unwrap();
         let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into(), spawned: false }).unwrap();

@@ -7,7 +7,8 @@
 #    info names HOST (default localhost) as where to run.
 # 2. Two tasks of `rpmi-probe get greeting`, found in the `path` info (PROBE's directory) and run in the
 #    `wdir` /, with the preput greeting="hello world".
-# 3. One task of `printenv PMI_SPAWNED`.
+# 3. One task of a shell that says init and finalize and prints its PMI_SPAWNED (a spawned process speaks
+#    PMI: srun --mpi=rpmi answers a spawn once each one has).
 set -eu
 probe=$1
 host=${2:-localhost}
@@ -20,7 +21,8 @@ printf 'mcmd=spawn\nnprocs=2\nexecname=%s\ntotspawns=2\nspawnssofar=2\nargcnt=1\
 echo "spawner: $(hear)"
 printf 'mcmd=spawn\nnprocs=2\nexecname=%s\ntotspawns=1\nspawnssofar=1\nargcnt=2\narg1=get\narg2=greeting\npreput_num=1\npreput_key_0=greeting\npreput_val_0=hello world\ninfo_num=2\ninfo_key_0=path\ninfo_val_0=%s\ninfo_key_1=wdir\ninfo_val_1=/\nendcmd\n' "${probe##*/}" "${probe%/*}" >&"$PMI_FD"
 echo "spawner: $(hear)"
-printf 'mcmd=spawn\nnprocs=1\nexecname=printenv\ntotspawns=1\nspawnssofar=1\nargcnt=1\narg1=PMI_SPAWNED\npreput_num=0\ninfo_num=0\nendcmd\n' >&"$PMI_FD"
+child='echo "cmd=init pmi_version=1 pmi_subversion=1" >&$PMI_FD; read -r l <&$PMI_FD; printenv PMI_SPAWNED; echo cmd=finalize >&$PMI_FD; read -r l <&$PMI_FD'
+printf 'mcmd=spawn\nnprocs=1\nexecname=bash\ntotspawns=1\nspawnssofar=1\nargcnt=2\narg1=-c\narg2=%s\npreput_num=0\ninfo_num=0\nendcmd\n' "$child" >&"$PMI_FD"
 echo "spawner: $(hear)"
 say 'cmd=finalize'
 hear >/dev/null

@@ -18,6 +18,7 @@ struct Recorder {
     refusal: Option<&'static str>,
     requests: Vec<String>,
     spawns: Vec<SpawnRequest>,
+    started: Vec<u32>,
 }
 
 impl Host for Recorder {
@@ -36,6 +37,9 @@ impl Host for Recorder {
     }
     fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
         self.traces.push(format!("{rank} {direction}: {}", String::from_utf8_lossy(line)));
+    }
+    fn task_started(&mut self, rank: u32) {
+        self.started.push(rank);
     }
     fn request(&mut self, _task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         if !self.offer {
@@ -940,4 +944,19 @@ fn a_task_that_reads_its_answers_is_never_held() {
         assert!(!s.holds_input(0));
         assert_eq!(drain(&mut s, 0), format!("cmd=get_result rc=0 value={v}\n"));
     }
+}
+
+#[test]
+fn the_host_hears_of_each_tasks_start_once_at_its_first_whole_line() {
+    let mut shell = shell_on(&[1, 3], 1);
+    let mut host = Recorder::default();
+    shell.receive(&mut host, 1, b"cmd=in");
+    assert!(host.started.is_empty(), "a part of a line is no start");
+    shell.receive(&mut host, 1, b"it pmi_version=1 pmi_subversion=1\ncmd=get_maxes\n");
+    send(&mut shell, &mut host, 0, "cmd=get_maxes\n");
+    send(&mut shell, &mut host, 1, "cmd=get_appnum\n");
+    assert_eq!(host.started, [2, 1]);
+    // A task whose first line is garbage has started all the same (its program runs).
+    send(&mut shell, &mut host, 2, "garbage\n");
+    assert_eq!(host.started, [2, 1, 3]);
 }
