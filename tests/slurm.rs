@@ -417,7 +417,7 @@ fn a_spawn_the_allocation_cannot_hold_fails_with_a_message() {
     assert_eq!(answers.len(), 3, "{run}");
     // 3 and 2 processes do not fit in the 1 CPU left; 1 does.
     for refused in &answers[..2] {
-        assert!(refused.contains("rc=-1 msg=srun_for_the_spawned_step_exited_with_status_1_before_its_tasks_ran"));
+        assert!(refused.contains("rc=-1 msg=srun_for_the_spawned_step_exited_with_status_1_before_its_step_started"));
     }
     assert_eq!(answers[2], "spawner: cmd=spawn_result rc=0 errcodes=0", "{run}");
 }

@@ -749,7 +749,10 @@ impl State {
     /// is done with the step (the final drain) a lost connection means nothing, and there is no step left
     /// to end.
     fn fatal(&mut self, what: String, abort_code: Option<i32>) {
-        if self.outcome.ended || (self.stopping && abort_code.is_none()) {
+        // Except in a spawned step whose tasks have not all run: srun may be done with it because they all
+        // exited (a missing program), and its spawner must hear that none started, and the user why.
+        let starting = self.step.spawned_by.is_some() && self.unstarted > 0;
+        if self.outcome.ended || (self.stopping && abort_code.is_none() && !starting) {
             self.reporter.debug(&what);
             return;
         }
@@ -1581,7 +1584,7 @@ pub(super) mod tests {
         let (root, record, mut s, dir) = spawning("failed", "exit 1");
         s[0].write_all(&frame(Up::Spawn { task: 0, request: REQUEST.into() })).unwrap();
         let Down::Answer { task: 0, ok: false, text } = receive(&mut s[0]) else { panic!("no failed answer") };
-        assert!(text.contains("exited with status 1 before its tasks ran"), "{text}");
+        assert!(text.contains("exited with status 1 before its step started"), "{text}");
         // A malformed request, or one srun cannot start, is refused at once.
         s[0].write_all(&frame(Up::Spawn { task: 0, request: "{".into() })).unwrap();
         let Down::Answer { ok: false, text, .. } = receive(&mut s[0]) else { panic!("no failed answer") };
@@ -1640,14 +1643,20 @@ pub(super) mod tests {
     /// the spawn with -1 for every process; the spawning step goes on, and its srun's status is its own.
     #[test]
     fn a_spawned_step_failing_before_its_tasks_ran_answers_error_codes() {
-        let (root, record, mut s, dir) = spawning("unstarted", "echo 6 >&3\necho failed 1 >&3\nsleep 0.2\nexit 2");
-        spawn_answered_with(&mut s[0], -1);
-        // Its srun's exit, well after, ends nothing.
-        std::thread::sleep(Duration::from_millis(500));
-        let outcome = root.stop();
-        assert!(!record.lines().iter().any(|l| l.starts_with("error:") || l == "end"), "{:?}", record.lines());
-        assert_eq!((outcome.ended, outcome.spawned_status, client::exit_code(&outcome)), (false, None, 0));
-        let _ = std::fs::remove_dir_all(dir);
+        // It says so, or its srun exits first (it was done with its step: every task had exited).
+        for (name, body) in [
+            ("unstarted", "echo 6 >&3\necho failed 1 >&3\nsleep 0.2\nexit 2"),
+            ("unstarted-exit", "echo 6 >&3\nexit 2"),
+        ] {
+            let (root, record, mut s, dir) = spawning(name, body);
+            spawn_answered_with(&mut s[0], -1);
+            // Its srun's exit, well after, ends nothing.
+            std::thread::sleep(Duration::from_millis(500));
+            let outcome = root.stop();
+            assert!(!record.lines().iter().any(|l| l.starts_with("error:") || l == "end"), "{:?}", record.lines());
+            assert_eq!((outcome.ended, outcome.spawned_status, client::exit_code(&outcome)), (false, None, 0));
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 
     /// A spawned step's root tells its spawner `started` once every node's tasks run, and not after it began
@@ -1660,7 +1669,8 @@ pub(super) mod tests {
             let n = unsafe { libc::read(r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             String::from_utf8_lossy(&buf[..n.max(0) as usize]).into_owned()
         };
-        for fail_first in [false, true] {
+        // A failure while srun stops the step (its tasks all exited) still counts.
+        for (fail_first, stop_at_once) in [(false, false), (true, false), (true, true)] {
             let secret = Secret::generate().unwrap();
             let (r, w) = os::pipe().unwrap();
             let (root, record) = start(Step { spawned_by: Some(w.as_raw_fd()), ..step(2, &secret) });
@@ -1670,6 +1680,12 @@ pub(super) mod tests {
             if fail_first {
                 s[1].write_all(&frame(Up::Gone { rank: 1 })).unwrap();
                 s[1].write_all(&frame(Up::Error { rank: 1, failed: true, message: "rank 1 left".into() })).unwrap();
+                if stop_at_once {
+                    root.stop();
+                    assert!(read_all(&r).starts_with("failed "));
+                    assert!(record.lines().iter().any(|l| l.contains("rank 1 left")), "{:?}", record.lines());
+                    continue;
+                }
                 record.wait_for("end");
             }
             s[1].write_all(&frame(Up::Started)).unwrap();

@@ -416,13 +416,15 @@ impl Launcher {
                 let _ = self.epoll.remove(pipe.as_raw_fd());
             }
             if let Some(asker) = child.asker {
-                events.push(Event::Answer {
-                    asker,
-                    result: Err(format!(
-                        "srun for the spawned step exited with status {status} before its tasks ran (srun's error \
-                         is on the job's stderr)"
+                let result = match child.step {
+                    // Its step was made, and is over before all of its tasks ran: none counts as started.
+                    Some(_) => Ok(PMI_FAIL),
+                    None => Err(format!(
+                        "srun for the spawned step exited with status {status} before its step started (srun's \
+                         error is on the job's stderr)"
                     )),
-                });
+                };
+                events.push(Event::Answer { asker, result });
             } else if let (true, Some(step)) = (child.ran, child.step) {
                 events.push(Event::Ended { rank: child.rank, step, status, failing_at: child.failing_at });
             }
