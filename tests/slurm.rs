@@ -417,7 +417,7 @@ fn a_spawn_the_allocation_cannot_hold_fails_with_a_message() {
     assert_eq!(answers.len(), 3, "{run}");
     // 3 and 2 processes do not fit in the 1 CPU left; 1 does.
     for refused in &answers[..2] {
-        assert!(refused.contains("rc=-1 msg=srun_for_the_spawned_step_exited_with_status_1_before_its_step_started"));
+        assert!(refused.contains("rc=-1 msg=srun_for_the_spawned_step_exited_with_status_1_before_its_step_was_made"));
     }
     assert_eq!(answers[2], "spawner: cmd=spawn_result rc=0 errcodes=0", "{run}");
 }
@@ -459,7 +459,7 @@ fn a_spawn_of_a_missing_program_answers_error_codes_and_ends_the_new_step() {
     let run = Srun::start_in(&marker("spawn-missing"), &["-N2", "-n6"], &["-n1", "bash", "-c", &script]).wait();
     assert_success(&run);
     assert_eq!(spawn_answers(&run), ["spawner: cmd=spawn_result rc=0 errcodes=-1,-1,-1"], "{run}");
-    assert!(run.stderr.contains("exited before its first PMI line"), "{run}");
+    assert!(run.stderr.contains("before its first PMI line"), "{run}");
     assert!(run.stderr.lines().any(|l| l.contains("rank 2 of spawned step ")), "{run}");
     assert!(run.stderr.contains("/nonexistent/rpmi-no-such-program"), "Slurm's own reason: {run}");
 }
@@ -526,7 +526,7 @@ fn mpich5_spawn_of_a_missing_program_returns_error_codes() {
     let run = mpich5_spawn("spawn-missing", &["-N2", "-n5"], &["mpi_spawn_missing"]);
     assert_success(&run);
     assert!(run.stdout.contains("mpi_spawn_missing: spawn failed as expected"), "{run}");
-    assert!(run.stderr.contains("exited before its first PMI line"), "{run}");
+    assert!(run.stderr.contains("before its first PMI line"), "{run}");
 }
 
 /// An abort in a spawned step ends the step that spawned it, with the abort's exit code (the spawning ranks'

@@ -190,6 +190,9 @@ pub enum Event {
     Answer { asker: Asker, result: Result<i32, String> },
     /// The step of a spawned srun began to fail (its srun says so as it ends it).
     Failing { rank: u32, step: u32 },
+    /// A spawned srun whose step was made exited with `status` before all of its tasks ran, without saying
+    /// why: the spawn was answered with error codes.
+    Unstarted { rank: u32, step: u32, status: i32 },
     /// A spawned srun whose step had started exited with `status` (a shell's: 128 + signal); `failing_at`
     /// when its step began to fail, if it said so ([`now`]).
     Ended { rank: u32, step: u32, status: i32, failing_at: Option<u64> },
@@ -200,18 +203,29 @@ struct Child {
     pid: libc::pid_t,
     /// The read end of its pipe, until it closes.
     pipe: Option<OwnedFd>,
-    /// Not answered yet.
-    asker: Option<Asker>,
+    /// Where it is, as its lines say.
+    state: Started,
+    /// The rank that spawned it.
     rank: u32,
-    step: Option<u32>,
-    /// Its step's tasks all ran (the spawn was answered with code 0): from then on its step and the
-    /// spawning one are tied.
-    ran: bool,
     /// The `--multi-prog` file, kept until srun has exited (it reads the file again after its step starts).
     _conf: Option<ConfFile>,
     got: Vec<u8>,
     /// When its step began to fail ([`now`]), as it said.
     failing_at: Option<u64>,
+}
+
+/// How far a spawned srun got. The spawn is answered when it leaves `Asked` or `Made`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Started {
+    /// Its step id has not come yet.
+    Asked(Asker),
+    /// Its step was made (this id); its tasks have not all run.
+    Made(Asker, u32),
+    /// Every task of its step ran (the spawn was answered with code 0): its step and the spawning one are
+    /// tied from now on.
+    Ran(u32),
+    /// Its step failed before all of its tasks ran (answered with code -1): it ends on its own, untied.
+    Unstarted(u32),
 }
 
 /// What srun needs to start spawned steps.
@@ -249,26 +263,28 @@ impl Child {
         }
     }
 
-    /// One line of its srun: its step id first.
+    /// One line of its srun: its step id first, then `started` once its tasks run, and `failed NS` when its
+    /// step begins to fail; anything else (which its own srun would not write) is ignored.
     fn line(&mut self, line: &str, events: &mut Vec<Event>) {
-        let Some(step) = self.step else {
-            self.step = line.parse().ok();
-            return;
-        };
-        match (line, line.strip_prefix("failed ")) {
-            ("started", _) => {
-                if let Some(asker) = self.asker.take() {
-                    self.ran = true;
-                    events.push(Event::Answer { asker, result: Ok(0) });
+        let failed = line.strip_prefix("failed ");
+        match (self.state, line, failed) {
+            (Started::Asked(asker), _, _) => {
+                if let Ok(step) = line.parse() {
+                    self.state = Started::Made(asker, step);
                 }
             }
-            (_, Some(at)) if self.failing_at.is_none() => {
-                self.failing_at = at.parse().ok();
-                match self.asker.take() {
-                    // Its step is ended before all of its tasks ran: none of the processes counts as started.
-                    Some(asker) => events.push(Event::Answer { asker, result: Ok(PMI_FAIL) }),
-                    None => events.push(Event::Failing { rank: self.rank, step }),
-                }
+            (Started::Made(asker, step), "started", _) => {
+                self.state = Started::Ran(step);
+                events.push(Event::Answer { asker, result: Ok(0) });
+            }
+            // Its step is ended before all of its tasks ran: none of the processes counts as started.
+            (Started::Made(asker, step), _, Some(_)) => {
+                self.state = Started::Unstarted(step);
+                events.push(Event::Answer { asker, result: Ok(PMI_FAIL) });
+            }
+            (Started::Ran(step), _, Some(at)) if self.failing_at.is_none() => {
+                self.failing_at = Some(at.parse().unwrap_or_else(|_| now()));
+                events.push(Event::Failing { rank: self.rank, step });
             }
             _ => {}
         }
@@ -366,10 +382,8 @@ impl Launcher {
         self.children[slot] = Some(Child {
             pid,
             pipe: Some(r),
-            asker: Some(asker),
+            state: Started::Asked(asker),
             rank: asker.rank,
-            step: None,
-            ran: false,
             _conf: conf,
             got: Vec::new(),
             failing_at: None,
@@ -415,18 +429,22 @@ impl Launcher {
             if let Some(pipe) = &child.pipe {
                 let _ = self.epoll.remove(pipe.as_raw_fd());
             }
-            if let Some(asker) = child.asker {
-                let result = match child.step {
-                    // Its step was made, and is over before all of its tasks ran: none counts as started.
-                    Some(_) => Ok(PMI_FAIL),
-                    None => Err(format!(
-                        "srun for the spawned step exited with status {status} before its step started (srun's \
+            let (rank, failing_at) = (child.rank, child.failing_at);
+            match child.state {
+                Started::Asked(asker) => events.push(Event::Answer {
+                    asker,
+                    result: Err(format!(
+                        "srun for the spawned step exited with status {status} before its step was made (srun's \
                          error is on the job's stderr)"
                     )),
-                };
-                events.push(Event::Answer { asker, result });
-            } else if let (true, Some(step)) = (child.ran, child.step) {
-                events.push(Event::Ended { rank: child.rank, step, status, failing_at: child.failing_at });
+                }),
+                // Its step was made and is over before all of its tasks ran: none counts as started.
+                Started::Made(asker, step) => {
+                    events.push(Event::Answer { asker, result: Ok(PMI_FAIL) });
+                    events.push(Event::Unstarted { rank, step, status });
+                }
+                Started::Ran(step) => events.push(Event::Ended { rank, step, status, failing_at }),
+                Started::Unstarted(_) => {}
             }
         }
         events
@@ -436,12 +454,14 @@ impl Launcher {
     pub fn end_all(&mut self, mut end_step: impl FnMut(u32)) {
         // One whose pipe closed is exiting already.
         for child in self.children.iter().flatten().filter(|c| c.pipe.is_some()) {
-            match child.step {
-                Some(step) => end_step(step),
+            match child.state {
+                Started::Made(_, step) | Started::Ran(step) => end_step(step),
                 // SAFETY: signals our own child, not reaped yet.
-                None => unsafe {
+                Started::Asked(_) => unsafe {
                     libc::kill(child.pid, libc::SIGTERM);
                 },
+                // A step that failed before its tasks ran is ending already.
+                Started::Unstarted(_) => {}
             }
         }
     }
@@ -721,5 +741,43 @@ mod tests {
         assert!(refused(vec![a.clone(), b]).contains("two values"));
         a.preputs = vec![(b"k".to_vec(), "v".repeat(SPAWN_ENV_MAX).into_bytes())];
         assert!(refused(vec![a]).contains("bytes"));
+    }
+
+    /// What a spawned srun's lines `lines` make of a spawn of rank 4.
+    fn lines(lines: &[&str]) -> (Vec<Event>, Child) {
+        let asker = Asker { node: 1, task: 0, rank: 4 };
+        let mut child = Child {
+            pid: 0,
+            pipe: None,
+            state: Started::Asked(asker),
+            rank: 4,
+            _conf: None,
+            got: Vec::new(),
+            failing_at: None,
+        };
+        let mut events = Vec::new();
+        for line in lines {
+            child.line(line, &mut events);
+        }
+        (events, child)
+    }
+
+    #[test]
+    fn a_spawn_is_answered_once_and_tied_only_after_its_tasks_ran() {
+        let asker = Asker { node: 1, task: 0, rank: 4 };
+        let (ran, unstarted) = (Event::Answer { asker, result: Ok(0) }, Event::Answer { asker, result: Ok(PMI_FAIL) });
+        let (events, child) = lines(&["7", "started", "failed 12", "failed 13", "started"]);
+        assert_eq!(events, [ran, Event::Failing { rank: 4, step: 7 }]);
+        assert_eq!((child.state, child.failing_at), (Started::Ran(7), Some(12)));
+        // Failing before its tasks ran: -1 codes, and no tie then or later.
+        let (events, child) = lines(&["7", "failed 1", "failed 2", "started"]);
+        assert_eq!(events, [unstarted]);
+        assert_eq!(child.state, Started::Unstarted(7));
+        // A first line that is no step id is ignored; a failure time that is no number still ties, once.
+        let (events, child) = lines(&["junk", "8", "started", "failed x", "failed 3"]);
+        assert_eq!(events, [Event::Answer { asker, result: Ok(0) }, Event::Failing { rank: 4, step: 8 }]);
+        assert!(child.failing_at.is_some_and(|t| t > 3));
+        // Nothing answers a spawn whose step id has not come.
+        assert_eq!(lines(&["started", "failed 1"]).0, []);
     }
 }

@@ -767,7 +767,12 @@ impl Host for SlurmHost {
     }
 
     fn job_error(&mut self, error: &JobError) {
-        let message = error.to_string();
+        // A spawned task lost before its first line: that it never spoke says more than the barrier it left.
+        let unspoken = match error {
+            JobError::TaskLost { rank, .. } => self.left_unspoken(*rank),
+            JobError::Protocol { .. } => None,
+        };
+        let message = unspoken.unwrap_or_else(|| error.to_string());
         let failed = matches!(error, JobError::TaskLost { .. });
         self.end_step(Up::Error { rank: error.rank(), failed, message: message.clone() }, &message);
     }
@@ -805,13 +810,7 @@ impl Host for SlurmHost {
     }
 
     fn task_closed(&mut self, rank: u32, finalized: bool) {
-        if self.unspoken.as_ref().is_some_and(|u| u.contains(&rank)) {
-            // Its spawner would wait for it without end; before STARTED, the spawn fails with error codes.
-            let Place { job, step, .. } = self.place;
-            let message = format!(
-                "rank {rank} of spawned step {job}.{step} exited before its first PMI line: its program could not \
-                 be run (see Slurm's execve error), or does not call PMI_Init (MPI_Init), as spawned processes must"
-            );
+        if let Some(message) = self.left_unspoken(rank) {
             self.end_step(Up::Error { rank, failed: true, message: message.clone() }, &message);
         }
         if !finalized {
@@ -856,6 +855,19 @@ impl Host for SlurmHost {
 }
 
 impl SlurmHost {
+    /// Why this spawned step fails if rank `rank`, which has not sent its first PMI line, left: its spawner
+    /// would wait for it without end. `None` once it spoke, or in a step no spawn started.
+    fn left_unspoken(&self, rank: u32) -> Option<String> {
+        let Place { job, step, .. } = self.place;
+        self.unspoken.as_ref().filter(|u| u.contains(&rank)).map(|_| {
+            format!(
+                "rank {rank} of spawned step {job}.{step} closed its PMI connection before its first PMI line: its \
+                 program could not be run (see Slurm's execve error), was killed, or does not call PMI_Init \
+                 (MPI_Init), as spawned processes must"
+            )
+        })
+    }
+
     /// Sends task `task`'s request to srun, whose answer the task then waits for.
     fn ask(&mut self, task: TaskId, asked: Asked, message: Up) -> Result<(), String> {
         if !self.report(&message) {
@@ -1380,16 +1392,22 @@ mod tests {
 
     /// srun's root for a step of `nodes` nodes with one rank each, the width left to the stepds.
     fn srun(nodes: u32, secret: &Secret) -> (Root, Record) {
+        srun_of((0..nodes).collect(), nodes, secret, None)
+    }
+
+    /// srun's root for a step whose rank `r` runs on node `node_of[r]`; `spawned_by`: the pipe to a spawning
+    /// srun.
+    fn srun_of(node_of: Vec<u32>, nodes: u32, secret: &Secret, spawned_by: Option<RawFd>) -> (Root, Record) {
         let record = Record::default();
         let step = Step {
             node_names: names(nodes),
-            node_of: (0..nodes).collect(),
+            node_of,
             secret: secret.clone(),
             addresses: None,
             bounds: bounds(1 << 20, 4 << 20),
             width: None,
             spawn: None,
-            spawned_by: None,
+            spawned_by,
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)
@@ -1415,6 +1433,21 @@ mod tests {
     /// Node `node`'s stepd, as prefork makes it (joined to srun at `port` and to its parent), serving its one
     /// task (rank `node`) on a progress thread; and that task's connection.
     fn stepd(port: u16, nodes: u32, width: u32, node: u32, secret: &Secret) -> (Node<SlurmHost>, Task) {
+        let (rt, mut tasks) = stepd_of(port, (0..nodes).collect(), nodes, width, node, secret, false);
+        (rt, tasks.remove(0))
+    }
+
+    /// As [`stepd`], for a step whose rank `r` runs on node `node_of[r]`, a spawned one if `spawned`: node
+    /// `node`'s tasks' connections, in rank order.
+    fn stepd_of(
+        port: u16,
+        node_of: Vec<u32>,
+        nodes: u32,
+        width: u32,
+        node: u32,
+        secret: &Secret,
+        spawned: bool,
+    ) -> (Node<SlurmHost>, Vec<Task>) {
         let tree = Tree::new(nodes, width).unwrap();
         let names = names(nodes);
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
@@ -1424,6 +1457,8 @@ mod tests {
         let stopping = Arc::new(AtomicBool::new(false));
         let bounds = bounds(1 << 20, 4 << 20);
         let limits = Limits::default();
+        let local: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
+        let unspoken = spawned.then(|| local.iter().copied().collect());
         let host = SlurmHost::new(
             place,
             names.clone(),
@@ -1435,19 +1470,26 @@ mod tests {
             None,
             notify,
             stopping,
-            None,
+            unspoken,
         )
         .unwrap();
-        let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
+        let info = JobInfo::new(KVSNAME, TaskMap::new(node_of), local.clone(), names);
         let shell = Shell::new(info, Limits::default()).unwrap();
-        let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into(), spawned: false }).unwrap();
-        let end = rt.connect_task(0).unwrap().child_fd;
-        // SAFETY: a copy of the task's end, which the node closes once the task is "forked".
-        let task = unsafe { UnixStream::from_raw_fd(libc::dup(end)) };
+        let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into(), spawned }).unwrap();
+        let ends: Vec<RawFd> = (0..local.len()).map(|t| rt.connect_task(t).unwrap().child_fd).collect();
+        // SAFETY: copies of the tasks' ends, which the node closes once the tasks are "forked".
+        let tasks: Vec<UnixStream> =
+            ends.iter().map(|&end| unsafe { UnixStream::from_raw_fd(libc::dup(end)) }).collect();
         rt.forked_all();
         rt.start(Looping::OwnThread).unwrap();
-        task.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        (rt, Task(BufReader::new(task)))
+        let tasks = tasks
+            .into_iter()
+            .map(|t| {
+                t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                Task(BufReader::new(t))
+            })
+            .collect();
+        (rt, tasks)
     }
 
     /// Every node's stepd of a step of `nodes` nodes over a tree of `width`, each set up on a thread of its
@@ -1532,6 +1574,54 @@ mod tests {
         record.wait_for("error: rank 0 on n1 closed its PMI connection (exited or crashed) without PMI_Finalize");
         drop((first, second));
         assert!(root.stop().ended);
+    }
+
+    /// A spawned step's stepd says STARTED once each of its tasks has sent a line, and srun's root passes
+    /// it on to the spawning srun; a task that leaves before its first line fails the step, saying so even
+    /// when another task waits in a barrier (which names it as lost first).
+    #[test]
+    fn a_spawned_steps_tasks_start_at_their_first_line_or_fail_it() {
+        let read_all = |r: OwnedFd| {
+            let mut said = String::new();
+            std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut said).unwrap();
+            said
+        };
+        for leave in [false, true] {
+            let secret = Secret::generate().unwrap();
+            let (r, w) = os::pipe().unwrap();
+            let (root, record) = srun_of(vec![0, 0], 1, &secret, Some(w.as_raw_fd()));
+            let (rt, mut tasks) = stepd_of(root.port(), vec![0, 0], 1, 2, 0, &secret, true);
+            assert!(tasks[0].ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
+            match leave {
+                false => {
+                    assert!(tasks[1].ask("cmd=get_maxes").contains("rc=0"));
+                    std::thread::sleep(Duration::from_millis(100));
+                    assert!(!record.lines().iter().any(|l| l.starts_with("error:")), "{:?}", record.lines());
+                }
+                true => {
+                    let mut waiting = tasks.remove(0);
+                    waiting.0.get_mut().write_all(b"cmd=barrier_in\n").unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                    drop(tasks);
+                    let line = record.wait_for("error:");
+                    assert!(
+                        line.contains("rank 1 of spawned step 1.0 closed its PMI connection before its first PMI line"),
+                        "{line}"
+                    );
+                    let mut answer = String::new();
+                    waiting.0.read_line(&mut answer).unwrap();
+                    assert!(answer.starts_with("cmd=barrier_out rc=-1"), "{answer}");
+                }
+            }
+            drop(rt);
+            root.stop();
+            drop(w);
+            let said = read_all(r);
+            match leave {
+                false => assert_eq!(said, "started\n"),
+                true => assert!(said.starts_with("failed ") && !said.contains("started"), "{said:?}"),
+            }
+        }
     }
 
     /// An acceptor for node `me`'s children, served on a thread of its own; what it admits comes back.
