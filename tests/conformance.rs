@@ -446,48 +446,45 @@ fn barrier(clients: &mut [Client]) -> Vec<String> {
 // Initialization and process group information.
 
 /// RFC 13: the client sends the highest version it supports and the server answers with the version used.
-/// rpmi serves PMI 1.1: 1.0 and 1.1 clients are served; 1.2 is answered with 1.1 (clients.md: answering 1.2
-/// obliges the server to barrier groups); a PMI-2 client is refused with a log naming it; anything else is
-/// refused. Every answer carries both `pmi_version` and `pmi_subversion` (newer MPICH needs both).
+/// rpmi serves PMI 1.1 and PMI-2: 1.0 and 1.1 clients are served; 1.2 is answered with 1.1 (clients.md:
+/// answering 1.2 obliges the server to barrier groups); a client asking for 2 gets 2.0 (and speaks PMI-2
+/// from then on); anything else is refused. Every answer carries both `pmi_version` and `pmi_subversion`
+/// (newer MPICH needs both).
 #[test]
-fn init_negotiates_pmi_1_1_and_refuses_other_versions() {
-    let cases: &[(&str, bool)] = &[
-        ("1 0", true),
-        ("1 1", true),
-        ("1 2", true),
-        ("2 0", false),
-        ("2 1", false),
-        ("0 0", false),
-        ("3 0", false),
-        ("1 -1", false),
-        ("-1 1", false),
+fn init_negotiates_pmi_1_1_or_2_and_refuses_other_versions() {
+    let cases: &[(&str, Option<&str>)] = &[
+        ("1 0", Some("1 1")),
+        ("1 1", Some("1 1")),
+        ("1 2", Some("1 1")),
+        ("2 0", Some("2 0")),
+        ("2 1", Some("2 0")),
+        ("0 0", None),
+        ("3 0", None),
+        ("1 -1", None),
+        ("-1 1", None),
     ];
     let (job, mut clients) = Setup::block(&[cases.len() as u32], 0).start();
-    for ((versions, ok), c) in cases.iter().zip(clients.iter_mut()) {
+    for ((versions, answered), c) in cases.iter().zip(clients.iter_mut()) {
         let (v, s) = versions.split_once(' ').unwrap();
         let answer = c.ask(&format!("cmd=init pmi_version={v} pmi_subversion={s}"));
         assert!(answer.starts_with("cmd=response_to_init "), "{answer}");
-        assert_eq!(field(&answer, "pmi_version"), Some("1"), "{versions}: {answer}");
-        assert_eq!(field(&answer, "pmi_subversion"), Some("1"), "{versions}: {answer}");
-        if *ok {
+        let (av, asub) = answered.unwrap_or("1 1").split_once(' ').unwrap();
+        assert_eq!(field(&answer, "pmi_version"), Some(av), "{versions}: {answer}");
+        assert_eq!(field(&answer, "pmi_subversion"), Some(asub), "{versions}: {answer}");
+        if answered.is_some() {
             assert_eq!(rc(&answer), 0, "{versions}: {answer}");
         } else {
             assert_ne!(rc(&answer), 0, "{versions}: {answer}");
             assert!(field(&answer, "msg").is_some(), "{versions}: a refusal says why: {answer}");
         }
     }
-    let pmi2_ranks = [3, 4];
     let record = job.shared.get();
-    for rank in pmi2_ranks {
-        assert!(
-            record.logs.iter().any(
-                |(level, m)| *level == log::Level::Error && m.contains(&format!("rank {rank} runs a PMI-2 client"))
-            ),
-            "no error log names rank {rank}'s PMI-2 client: {:?}",
-            record.logs
-        );
-    }
     assert!(record.errors.is_empty(), "a refused init is not a protocol error: {:?}", record.errors);
+    // Each refusal is logged, naming the rank and the version asked for.
+    for (rank, asked) in [(5, "0.0"), (6, "3.0"), (7, "1.-1"), (8, "-1.1")] {
+        let said = format!("rank {rank} asked for PMI version {asked}; rpmi serves 1.1 and 2.0");
+        assert!(record.logs.iter().any(|(l, m)| *l == log::Level::Error && *m == said), "{said}: {:?}", record.logs);
+    }
     drop(record);
     drop(clients);
     job.finished();
@@ -1262,6 +1259,278 @@ fn a_task_that_does_not_read_its_answers_is_held_back() {
     }
     finisher.join().unwrap().unwrap();
     assert_eq!(clients[1].ask("cmd=get_appnum"), "cmd=appnum rc=0 appnum=0");
+    drop(clients);
+    job.finished();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// PMI-2, on a connection whose client asked for version 2 at `cmd=init` (MPICH 4.1 and later with
+// `MPIR_CVAR_PMI_VERSION=2`, Slurm's and Cray's libpmi2): frames of a 6-byte length and `key=value;` pairs.
+
+impl Client {
+    /// `cmd=init pmi_version=2 pmi_subversion=0`, answered on a PMI-1 line; PMI-2 frames follow.
+    fn init2(&mut self) {
+        let answer = self.ask("cmd=init pmi_version=2 pmi_subversion=0");
+        assert_eq!(answer, "cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0");
+    }
+
+    /// Writes one PMI-2 frame with `body`, its length prefix as MPICH writes it.
+    fn send2(&mut self, body: &str) {
+        self.send(frame2(body));
+    }
+
+    /// Reads one PMI-2 frame and checks it: a 6-byte decimal length, then exactly that many bytes that begin
+    /// with `cmd=` and end with `;`. Returns its body.
+    fn recv2(&mut self) -> String {
+        let mut header = [0u8; 6];
+        self.reader.read_exact(&mut header).unwrap_or_else(|e| panic!("rank {}: no PMI-2 answer: {e}", self.rank));
+        let len: usize = lossy(&header).trim().parse().unwrap_or_else(|_| panic!("a bad prefix {:?}", lossy(&header)));
+        let mut body = vec![0u8; len];
+        self.reader.read_exact(&mut body).unwrap();
+        let body = String::from_utf8(body).unwrap();
+        assert!(body.starts_with("cmd=") && body.ends_with(';'), "a malformed PMI-2 answer {body:?}");
+        body
+    }
+
+    fn ask2(&mut self, body: &str) -> String {
+        self.send2(body);
+        self.recv2()
+    }
+}
+
+fn frame2(body: &str) -> String {
+    format!("{:>6}{body}", body.len())
+}
+
+#[test]
+fn pmi2_fullinit_job_attributes_and_finalize() {
+    let mut setup = Setup::block(&[2, 2], 1);
+    setup.job.universe_size = 8;
+    setup.job.spawned = true;
+    let (job, mut clients) = setup.start();
+    let c = &mut clients[0];
+    c.init2();
+    assert_eq!(
+        c.ask2("cmd=fullinit;pmirank=2;"),
+        "cmd=fullinit-response;rc=0;rank=2;size=4;appnum=0;spawner-jobid=spawner;pmiverbose=0;"
+    );
+    // Without PMI_RANK MPICH sends -1; Slurm's clients add a jobid. A rank not the connection's fails.
+    assert!(c.ask2("cmd=fullinit;pmijobid=7.0;pmirank=-1;threaded=FALSE;").contains(";rc=0;rank=2;"));
+    let wrong = c.ask2("cmd=fullinit;pmirank=3;");
+    assert!(wrong.starts_with("cmd=fullinit-response;rc=-1;errmsg=fullinit names rank 3"), "{wrong}");
+    assert_eq!(c.ask2("cmd=job-getid;"), format!("cmd=job-getid-response;rc=0;jobid={KVS};"));
+    assert_eq!(
+        c.ask2("cmd=info-getjobattr;key=PMI_process_mapping;"),
+        "cmd=info-getjobattr-response;rc=0;value=(vector,(0,2,2));found=TRUE;"
+    );
+    assert_eq!(
+        c.ask2("cmd=info-getjobattr;key=universeSize;"),
+        "cmd=info-getjobattr-response;rc=0;value=8;found=TRUE;"
+    );
+    assert_eq!(c.ask2("cmd=info-getjobattr;key=PMI_hwloc_xmlfile;"), "cmd=info-getjobattr-response;rc=0;found=FALSE;");
+    // A threaded client's thrid comes back, before rc.
+    assert_eq!(c.ask2("cmd=job-getid;thrid=0x55d0;"), format!("cmd=job-getid-response;thrid=0x55d0;rc=0;jobid={KVS};"));
+    for cmd in ["job-connect", "job-disconnect"] {
+        let refused = c.ask2(&format!("cmd={cmd};jobid=other;"));
+        assert!(refused.starts_with(&format!("cmd={cmd}-response;rc=-1;errmsg={cmd} is not served")), "{refused}");
+    }
+    assert_eq!(c.ask2("cmd=finalize;"), "cmd=finalize-response;rc=0;");
+    clients[1].init2();
+    assert_eq!(clients[1].ask2("cmd=finalize;"), "cmd=finalize-response;rc=0;");
+    assert!(job.shared.get().errors.is_empty());
+    drop(clients);
+    job.finished();
+}
+
+/// kvs-put, kvs-fence and kvs-get, with another shell's puts brought by the collective; a PMI-1 task of the
+/// same shell meets the PMI-2 ones in the same barrier and reads their puts.
+#[test]
+fn pmi2_put_fence_get_beside_a_pmi1_task() {
+    let mut other = Vec::new();
+    kvs::encode(&mut other, 0, b"card-0", b"from node 0");
+    let (job, mut clients) = Setup::block(&[1, 2], 1).plan(vec![Collective::Gather(vec![other])]).start();
+    let (v2, v1) = clients.split_at_mut(1);
+    let (a, b) = (&mut v2[0], &mut v1[0]);
+    a.init2();
+    b.init();
+    assert_eq!(a.ask2("cmd=kvs-put;key=card-1;value=a;;b c=d;"), "cmd=kvs-put-response;rc=0;");
+    assert_eq!(b.put("card-2", "plain"), "cmd=put_result rc=0");
+    // Before the fence, another node's key is not there yet.
+    let missing = a.ask2(&format!("cmd=kvs-get;jobid={KVS};srcid=0;key=card-0;"));
+    assert_eq!(missing, "cmd=kvs-get-response;rc=0;found=FALSE;");
+    a.send2("cmd=kvs-fence;");
+    b.send("cmd=barrier_in\n");
+    assert_eq!(a.recv2(), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(b.recv(), "cmd=barrier_out rc=0");
+    for (key, value) in [("card-0", "from node 0"), ("card-1", "a;;b c=d"), ("card-2", "plain")] {
+        let got = a.ask2(&format!("cmd=kvs-get;jobid={KVS};srcid=-1;key={key};"));
+        assert_eq!(got, format!("cmd=kvs-get-response;rc=0;value={value};found=TRUE;"));
+    }
+    assert_eq!(b.get("card-1"), "cmd=get_result rc=0 value=a;b c=d");
+    // Another job's key-value space is not this task's to read.
+    let other_job = a.ask2("cmd=kvs-get;jobid=kvs_99;srcid=0;key=card-0;");
+    assert!(other_job.starts_with("cmd=kvs-get-response;rc=-1;errmsg=no job of that jobid"), "{other_job}");
+    // A PMI-2 value may be longer than a PMI-1 line holds; the PMI-1 task is told, not sent a long line.
+    let long = "v".repeat(1000);
+    assert_eq!(a.ask2(&format!("cmd=kvs-put;key=long;value={long};")), "cmd=kvs-put-response;rc=0;");
+    let too_long = a.ask2(&format!("cmd=kvs-put;key=longer;value={};", "v".repeat(1024)));
+    assert!(too_long.starts_with("cmd=kvs-put-response;rc=-1;errmsg=value longer than 1023"), "{too_long}");
+    a.send2("cmd=kvs-fence;");
+    b.send("cmd=barrier_in\n");
+    assert_eq!(a.recv2(), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(b.recv(), "cmd=barrier_out rc=0");
+    assert!(b.get("long").starts_with("cmd=get_result rc=7 msg=value_longer_than_a_PMI-1_line"));
+    assert_eq!(a.ask2("cmd=kvs-get;key=long;"), format!("cmd=kvs-get-response;rc=0;value={long};found=TRUE;"));
+    assert!(job.shared.get().errors.is_empty());
+    drop(clients);
+    job.finished();
+}
+
+/// Node attributes are the shell's: a get finds what a task of the node put; with `wait`, it is answered
+/// when the attribute comes, or as not found once no task of the node could put it any more.
+#[test]
+fn pmi2_node_attributes_wait_and_never_hang() {
+    let (job, mut clients) = Setup::block(&[3], 0).start();
+    for c in clients.iter_mut() {
+        c.init2();
+    }
+    let got = |c: &mut Client, key: &str, wait: &str| c.ask2(&format!("cmd=info-getnodeattr;key={key};wait={wait};"));
+    assert_eq!(got(&mut clients[1], "-bcast-1-0", "FALSE"), "cmd=info-getnodeattr-response;rc=0;found=FALSE;");
+    // Tasks 1 and 2 wait; task 0's put answers both.
+    for c in &mut clients[1..] {
+        c.send2("cmd=info-getnodeattr;key=-bcast-1-0;wait=TRUE;");
+    }
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        clients[0].ask2("cmd=info-putnodeattr;key=-bcast-1-0;value=2F6465;"),
+        "cmd=info-putnodeattr-response;rc=0;"
+    );
+    for c in &mut clients[1..] {
+        assert_eq!(c.recv2(), "cmd=info-getnodeattr-response;rc=0;value=2F6465;found=TRUE;");
+    }
+    assert_eq!(
+        got(&mut clients[2], "-bcast-1-0", "TRUE"),
+        "cmd=info-getnodeattr-response;rc=0;value=2F6465;found=TRUE;"
+    );
+    // Task 1 waits for an attribute nobody puts; once the others are in the fence, nobody can: not found.
+    clients[1].send2("cmd=info-getnodeattr;key=never;wait=TRUE;");
+    clients[0].send2("cmd=kvs-fence;");
+    clients[2].send2("cmd=kvs-fence;");
+    assert_eq!(clients[1].recv2(), "cmd=info-getnodeattr-response;rc=0;found=FALSE;");
+    assert_eq!(clients[1].ask2("cmd=kvs-fence;"), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(clients[0].recv2(), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(clients[2].recv2(), "cmd=kvs-fence-response;rc=0;");
+    // The same when the others leave instead.
+    clients[1].send2("cmd=info-getnodeattr;key=never;wait=TRUE;");
+    assert_eq!(clients[0].ask2("cmd=finalize;"), "cmd=finalize-response;rc=0;");
+    assert_eq!(clients[2].ask2("cmd=finalize;"), "cmd=finalize-response;rc=0;");
+    assert_eq!(clients[1].recv2(), "cmd=info-getnodeattr-response;rc=0;found=FALSE;");
+    assert!(job.shared.get().errors.is_empty());
+    drop(clients);
+    job.finished();
+}
+
+/// abort ends the job with its code and message (the client exits without an answer); names and spawn go
+/// to the host as PMI-1's do, and come back as PMI-2 answers (a spawn with any process not started fails:
+/// PMI-2 has no error codes).
+#[test]
+fn pmi2_abort_names_and_spawn_through_the_host() {
+    let (job, mut clients) = Setup::block(&[2], 0).offer_services().start();
+    let c = &mut clients[0];
+    c.init2();
+    let steps: [(&str, HostReply, &str); 4] = [
+        ("cmd=name-publish;name=ocean;port=tcp://h:1;", HostReply::Done, "cmd=name-publish-response;rc=0;"),
+        (
+            "cmd=name-lookup;name=ocean;",
+            HostReply::Port("tcp://h:1".into()),
+            "cmd=name-lookup-response;rc=0;port=tcp://h:1;",
+        ),
+        (
+            "cmd=name-lookup;name=sea;",
+            HostReply::Failed("no such service".into()),
+            "cmd=name-lookup-response;rc=-1;errmsg=no such service;",
+        ),
+        ("cmd=name-unpublish;name=ocean;", HostReply::Done, "cmd=name-unpublish-response;rc=0;"),
+    ];
+    for (n, (request, reply, want)) in steps.into_iter().enumerate() {
+        c.send2(request);
+        drop(job.shared.wait_for("the request", |r| r.requests.len() == n + 1));
+        job.post(Event::HostReply(0, reply));
+        assert_eq!(c.recv2(), want);
+    }
+    let spawn = "cmd=spawn;thrid=0x1;ncmds=2;preputcount=1;ppkey0=PARENT_ROOT_PORT_NAME;ppval0=tag#0$;\
+                 subcmd=./child;maxprocs=2;argc=2;argv0=-v;argv1=a b;infokeycount=1;infokey0=wdir;infoval0=/tmp x;\
+                 subcmd=./other;maxprocs=1;argc=0;infokeycount=0;";
+    for (n, (codes, want)) in [
+        (vec![0, 0, 0], "cmd=spawn-response;thrid=0x1;rc=0;"),
+        (vec![0, -1, 0], "cmd=spawn-response;thrid=0x1;rc=-1;errmsg=1 of the 3 processes failed to start;"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        c.send2(spawn);
+        drop(job.shared.wait_for("the spawn", |r| r.spawns.len() == n + 1));
+        job.post(Event::HostReply(0, HostReply::Spawned { errcodes: codes }));
+        assert_eq!(c.recv2(), want);
+    }
+    let preputs = vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"tag#0$".to_vec())];
+    let want = SpawnRequest {
+        commands: vec![
+            SpawnCommand {
+                nprocs: 2,
+                execname: b"./child".to_vec(),
+                args: vec![b"-v".to_vec(), b"a b".to_vec()],
+                preputs: preputs.clone(),
+                infos: vec![(b"wdir".to_vec(), b"/tmp x".to_vec())],
+            },
+            SpawnCommand { nprocs: 1, execname: b"./other".to_vec(), args: vec![], preputs, infos: vec![] },
+        ],
+    };
+    assert_eq!(job.shared.get().spawns[0], (0, want));
+    let d = &mut clients[1];
+    d.init2();
+    // Older clients double a `;` in a value.
+    d.send2("cmd=abort;exitcode=42;message=lost;; my way;");
+    let record = job.shared.wait_for("the abort", |r| !r.aborts.is_empty());
+    assert_eq!(record.aborts, [(1, 42, "lost; my way".to_string())]);
+    drop(record);
+    drop(clients);
+    job.finished();
+}
+
+/// Frames come split anywhere and several in one write; a bad length prefix, an unknown command and a
+/// request while another waits are protocol errors that cut the task off, naming its rank.
+#[test]
+fn pmi2_frames_split_anywhere_and_protocol_errors_cut_the_task_off() {
+    let (job, mut clients) = Setup::block(&[4], 0).start();
+    let c = &mut clients[0];
+    c.init2();
+    let all = [frame2("cmd=job-getid;"), frame2("cmd=kvs-put;key=k;value=v;"), frame2("cmd=kvs-get;key=k;")].concat();
+    for piece in all.as_bytes().chunks(1) {
+        c.send(piece);
+    }
+    assert_eq!(c.recv2(), format!("cmd=job-getid-response;rc=0;jobid={KVS};"));
+    assert_eq!(c.recv2(), "cmd=kvs-put-response;rc=0;");
+    assert_eq!(c.recv2(), "cmd=kvs-get-response;rc=0;value=v;found=TRUE;");
+    c.send(all.clone());
+    assert!(c.recv2().starts_with("cmd=job-getid-response"));
+    assert!(c.recv2().starts_with("cmd=kvs-put-response"));
+    assert!(c.recv2().starts_with("cmd=kvs-get-response"));
+    let bad: [(&str, &str); 3] = [
+        ("cmd=job-getid;", "no PMI-2 length prefix"),
+        (&frame2("cmd=no-such-thing;"), "unknown command 'no-such-thing'"),
+        (&format!("{}{}", frame2("cmd=info-getnodeattr;key=k;wait=TRUE;"), frame2("cmd=job-getid;")), "still waits"),
+    ];
+    for (i, (bytes, why)) in bad.iter().enumerate() {
+        let c = &mut clients[i + 1];
+        c.init2();
+        c.send(bytes);
+        let record = job.shared.wait_for("the protocol error", |r| r.errors.len() > i);
+        let said = record.errors[i].to_string();
+        assert!(said.contains(&format!("rank {}", i + 1)) && said.contains(why), "{said}");
+        drop(record);
+        c.assert_cut_off();
+    }
     drop(clients);
     job.finished();
 }

@@ -1044,11 +1044,12 @@ fn the_wire_trace_goes_to_the_jobs_stderr_not_the_daemons_log() {
 #[test]
 fn a_task_cannot_flood_the_daemons_log() {
     let _s = serial();
-    let said = |logs: &str| logs.lines().filter(|l| l.contains("runs a PMI-2 client")).count();
+    let said = |logs: &str| logs.lines().filter(|l| l.contains("asked for PMI version 3.0")).count();
     let before = said(&slurmd_logs());
-    // Each PMI-2 init is answered with an error and makes the engine say why: 5000 of them, read as they come.
+    // Each init of an unknown version is answered with an error and makes the engine say why: 5000 of them,
+    // read as they come.
     let script = "(timeout 10 cat <&$PMI_FD >/dev/null &); \
-                  yes 'cmd=init pmi_version=2 pmi_subversion=0' | head -n 5000 >&$PMI_FD; sleep 1";
+                  yes 'cmd=init pmi_version=3 pmi_subversion=0' | head -n 5000 >&$PMI_FD; sleep 1";
     let run = srun(&marker("log-flood"), &["-N1", "-n1", "bash", "-c", script]);
     assert_success(&run);
     let logs = slurmd_logs();

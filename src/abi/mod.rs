@@ -152,7 +152,7 @@ pub const PREPUTS_MAX: u32 = 4096;
 /// # Safety
 /// `job` points to the host's `rpmi_job_info` of `job_size` bytes, at least revision 1's (the caller checks),
 /// its pointers as `rpmi_job_info` documents. Nothing beyond `job_size` is read.
-unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInfo, Options, String, bool), Failure> {
+unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInfo, Options, String), Failure> {
     // Revision 2's fields are read only when the host's struct reaches them; else they stay NULL and 0.
     // SAFETY: all zeroes is a valid rpmi_job_info (integers and NULL pointers); the copy takes the host's
     // job_size bytes, which it has, and no more than ours.
@@ -248,7 +248,8 @@ unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInf
     }
     info.appnums = appnums;
     info.preputs = preputs;
-    Ok((info, options, job_id, job.spawned != 0))
+    info.spawned = job.spawned != 0;
+    Ok((info, options, job_id))
 }
 
 /// # Safety
@@ -317,13 +318,13 @@ impl Instance {
             return fail(ffi::RPMI_ERR_VERSION, format!("rpmi_job_info of {job_size} bytes is too short"));
         }
         // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents; its size is checked.
-        let (info, options, job_id, spawned) = unsafe { read_job(job, job_size) }?;
+        let (info, options, job_id) = unsafe { read_job(job, job_size) }?;
         let n = info.local_ranks.len();
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);
         let owed = shell.owed_answers();
         let host = CHost { ops: ops_copy, instance: std::ptr::null_mut() };
-        let node = Node::new(shell, host, JobVars { job_id, spawned })
+        let node = Node::new(shell, host, JobVars { job_id })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {
             node,

@@ -64,12 +64,11 @@ impl fmt::Display for NodeError {
     }
 }
 
-/// The job facts every task's environment carries besides its own rank and fd.
+/// The job facts every task's environment carries besides its own rank and fd, and those the shell's job
+/// information holds (`PMI_SPAWNED=1` when the job was started by `PMI_Spawn`).
 pub struct JobVars {
     /// `PMI_JOBID`.
     pub job_id: String,
-    /// `PMI_SPAWNED=1` when the job was started by `PMI_Spawn`.
-    pub spawned: bool,
 }
 
 /// One variable of a task's environment, in the forms hosts set it: name and value apart (a setter such as
@@ -106,6 +105,7 @@ pub struct Node<H: NodeHost> {
     ranks: Vec<u32>,
     size: usize,
     job: JobVars,
+    spawned: bool,
     /// The driver's epoll fd, for a host loop to watch; it lives as long as the driver.
     watch_fd: RawFd,
     progress: Progress<H>,
@@ -128,7 +128,7 @@ impl<H: NodeHost> Node<H> {
     pub fn new(shell: Shell, host: H, job: JobVars) -> io::Result<Node<H>> {
         let n = shell.task_count();
         let ranks = (0..n).map(|t| shell.rank_of(t).unwrap_or(u32::MAX)).collect();
-        let size = shell.job().task_map.size();
+        let (size, spawned) = (shell.job().task_map.size(), shell.job().spawned);
         let (handle, inbox) = channel()?;
         let driver = Driver::new(shell, host, inbox)?;
         Ok(Node {
@@ -139,6 +139,7 @@ impl<H: NodeHost> Node<H> {
             ranks,
             size,
             job,
+            spawned,
             progress: Progress::Ready(Mutex::new(Box::new(driver))),
         })
     }
@@ -215,7 +216,7 @@ impl<H: NodeHost> Node<H> {
             EnvVar::new("PMI_SIZE", self.size.to_string()),
             EnvVar::new("PMI_JOBID", self.job.job_id.clone()),
         ];
-        if self.job.spawned {
+        if self.spawned {
             vars.push(EnvVar::new("PMI_SPAWNED", "1".into()));
         }
         Ok(TaskEnv { child_fd: fd, vars })

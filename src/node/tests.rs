@@ -54,10 +54,11 @@ impl NodeHost for TestHost {
 }
 
 fn node(tasks: u32) -> (Node<TestHost>, Seen) {
-    let info = JobInfo::new("kvs", TaskMap::new(vec![0; tasks as usize]), (0..tasks).collect(), vec!["h".into()]);
+    let mut info = JobInfo::new("kvs", TaskMap::new(vec![0; tasks as usize]), (0..tasks).collect(), vec!["h".into()]);
+    info.spawned = true;
     let shell = Shell::new(info, Limits::default()).unwrap();
     let seen = Seen::default();
-    let job = JobVars { job_id: "42".into(), spawned: true };
+    let job = JobVars { job_id: "42".into() };
     (Node::new(shell, TestHost(seen.clone()), job).unwrap(), seen)
 }
 

@@ -96,6 +96,13 @@ impl Limits {
         advertised.min(self.mpich_vallen()).min(line)
     }
 
+    /// The longest value a PMI-2 client's put may carry: what was advertised, less the NUL. PMI-2 frames
+    /// have no line limit, and its clients (which never ask for `get_maxes`) hold values of up to 1024
+    /// bytes with their NUL.
+    pub fn pmi2_value_max(&self) -> usize {
+        (self.vallen_max as usize).saturating_sub(1).max(self.value_max())
+    }
+
     /// The `vallen_max` that `get_maxes` advertises: at most the longest value accepted plus its NUL, since
     /// a client that trusts the number (MPICH 5 cuts its business cards into pieces to fit it) would put
     /// longer values, which are refused; and even: MPICH 5.0.2 hex-encodes a card and cuts it into pieces

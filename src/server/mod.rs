@@ -35,6 +35,8 @@ pub struct JobInfo {
     /// Keys in the job's key-value space before any task runs, put by no rank: the preputs of the spawn
     /// that started the job.
     pub preputs: crate::wire::Pairs,
+    /// The job was started by a spawn (`PMI_SPAWNED=1`; PMI-2's `fullinit` names a spawner).
+    pub spawned: bool,
 }
 
 impl JobInfo {
@@ -42,7 +44,17 @@ impl JobInfo {
     pub fn new(kvsname: impl Into<String>, task_map: TaskMap, local_ranks: Vec<u32>, hostnames: Vec<String>) -> Self {
         let universe_size = u32::try_from(task_map.size()).unwrap_or(u32::MAX);
         let appnums = vec![0; local_ranks.len()];
-        JobInfo { kvsname: kvsname.into(), task_map, local_ranks, hostnames, universe_size, appnums, preputs: vec![] }
+        let preputs = vec![];
+        JobInfo {
+            kvsname: kvsname.into(),
+            task_map,
+            local_ranks,
+            hostnames,
+            universe_size,
+            appnums,
+            preputs,
+            spawned: false,
+        }
     }
 
     fn validate(&self, limits: &Limits) -> Result<(), ShellError> {

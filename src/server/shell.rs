@@ -15,6 +15,7 @@
 use super::host::{Direction, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId};
 use super::kvs::{self, Bounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
+use crate::wire::pmi2::Frame;
 use crate::wire::response::{rc, Line, MAX_LINE};
 use crate::wire::spawn::Progress;
 use crate::wire::{parse, Request, SpawnBuilder};
@@ -56,8 +57,18 @@ enum Status {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waiting {
     Nothing,
+    /// `barrier_in`, or PMI-2's `kvs-fence`.
     Barrier,
     Host(Service),
+    /// PMI-2's `info-getnodeattr` with `wait`, for the key in [`Client::awaited`].
+    NodeAttr,
+}
+
+/// The protocol a task's connection speaks: PMI-1 lines until its client asks for version 2 at `init`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    V1,
+    V2,
 }
 
 impl Service {
@@ -93,6 +104,11 @@ struct Client {
     reported: bool,
     /// It has sent a line (the host heard of its start).
     spoke: bool,
+    wire: Wire,
+    /// The `thrid` of the PMI-2 request it waits for, echoed in the answer.
+    thrid: Option<Vec<u8>>,
+    /// The node attribute it waits for ([`Waiting::NodeAttr`]).
+    awaited: Vec<u8>,
     spawn: Option<SpawnBuilder>,
 }
 
@@ -133,6 +149,10 @@ pub struct Shell {
     trace: bool,
     /// The `get_ranks2hosts` answer, made at the first request: it depends only on the job.
     ranks2hosts: Option<Arc<[u8]>>,
+    /// PMI-2's node attributes: this shell's own (`info-putnodeattr`), and the bytes they hold, charged to
+    /// the same limit as the key-value store.
+    node_attrs: std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+    node_attr_bytes: usize,
 }
 
 impl Shell {
@@ -141,7 +161,7 @@ impl Shell {
         limits.validate().map_err(|e| ShellError(e.to_string()))?;
         job.validate(&limits)?;
         let size = u32::try_from(job.task_map.size()).map_err(|_| ShellError("too many ranks".into()))?;
-        let bounds = Bounds { size, key_max: limits.key_max(), value_max: limits.value_max() };
+        let bounds = Bounds { size, key_max: limits.key_max(), value_max: limits.pmi2_value_max() };
         let mut kvs = Kvs::new(limits.kvs_bytes_max);
         // RFC 13 says an empty value when the mapping does not fit; real clients die on that, and fall back
         // to exchanging hostnames when the key is absent (clients.md). So it is left out instead.
@@ -174,6 +194,9 @@ impl Shell {
                 queued: false,
                 reported: false,
                 spoke: false,
+                wire: Wire::V1,
+                thrid: None,
+                awaited: Vec::new(),
                 spawn: None,
             })
             .collect();
@@ -191,6 +214,8 @@ impl Shell {
             owed,
             trace: false,
             ranks2hosts: None,
+            node_attrs: Default::default(),
+            node_attr_bytes: 0,
         })
     }
 
@@ -235,7 +260,7 @@ impl Shell {
     /// entry (key, value and [`kvs::ENTRY_OVERHEAD`]) and the puts since the last barrier, on their way to
     /// the other shells (twice their length: a buffer that grows by doubling).
     pub fn kvs_bytes(&self) -> usize {
-        self.kvs.bytes() + self.pending_charge(0)
+        self.kvs.bytes() + self.pending_charge(0) + self.node_attr_bytes
     }
 
     /// Takes in bytes task `task` wrote on its PMI connection, and answers every whole line, unless the
@@ -286,9 +311,18 @@ impl Shell {
         }
     }
 
-    /// Answers the whole lines of `bytes`, the first one finishing the line carried over, until the task's
-    /// answers are backed up; returns how many bytes it took in (all of them unless it stopped).
+    /// Answers the whole requests of `bytes` in the task's protocol, until the task's answers are backed up;
+    /// returns how many bytes it took in (all of them unless it stopped).
     fn parse(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) -> usize {
+        match self.clients[task].wire {
+            Wire::V1 => self.parse_lines(host, task, bytes),
+            Wire::V2 => self.parse_frames(host, task, bytes),
+        }
+    }
+
+    /// [`Shell::parse`] for PMI-1: whole lines, the first one finishing the line carried over. A line that
+    /// switches the task to PMI-2 (`init` asking for version 2) hands the rest to [`Shell::parse_frames`].
+    fn parse_lines(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) -> usize {
         let max = self.limits.request_line_max - 1;
         let mut rest = bytes;
         let c = &mut self.clients[task];
@@ -317,6 +351,9 @@ impl Shell {
             line.clear();
             self.clients[task].partial = line;
             rest = &rest[nl + 1..];
+            if self.clients[task].wire == Wire::V2 {
+                return bytes.len() - rest.len() + self.parse_frames(host, task, rest);
+            }
         }
         while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
             let c = &self.clients[task];
@@ -332,6 +369,9 @@ impl Shell {
             }
             self.line(host, task, &rest[..nl]);
             rest = &rest[nl + 1..];
+            if self.clients[task].wire == Wire::V2 {
+                return bytes.len() - rest.len() + self.parse_frames(host, task, rest);
+            }
         }
         if rest.is_empty() || self.clients[task].status == Status::Gone {
             return bytes.len();
@@ -420,6 +460,9 @@ impl Shell {
             return;
         }
         let reply = reply(service);
+        if c.wire == Wire::V2 {
+            return self.answer_v2(host, task, service, reply);
+        }
         let cmd = service.response();
         self.respond(host, task, |out| match (service, reply) {
             (Service::Publish | Service::Unpublish, HostReply::Done) => Line::new(out, cmd, rc::SUCCESS).finish(),
@@ -484,11 +527,16 @@ impl Shell {
         }
     }
 
+    /// The host hears of a task's start at its first request.
+    fn spoke(&mut self, host: &mut dyn Host, task: TaskId) {
+        if !std::mem::replace(&mut self.clients[task].spoke, true) {
+            host.task_started(self.clients[task].rank);
+        }
+    }
+
     fn line(&mut self, host: &mut dyn Host, task: TaskId, line: &[u8]) {
         let rank = self.clients[task].rank;
-        if !std::mem::replace(&mut self.clients[task].spoke, true) {
-            host.task_started(rank);
-        }
+        self.spoke(host, task);
         if self.trace {
             host.trace(rank, Direction::Client, line);
         }
@@ -519,26 +567,32 @@ impl Shell {
         let rank = self.clients[task].rank;
         match request {
             Request::Init { version, subversion } => {
-                // Answer 1.1 to 1.x: 1.2 would oblige us to barrier groups, which clients then rely on.
-                let ok = version == 1 && subversion >= 0;
-                if version == 2 {
-                    host.log(
-                        log::Level::Error,
-                        &format!(
-                            "rank {rank} runs a PMI-2 client (it sent 'cmd=init pmi_version=2'); rpmi serves \
-                             PMI-1: use a PMI-1 build of the MPI library (MPICH's default simple PMI)"
-                        ),
-                    );
+                // Answer 1.1 to 1.x: 1.2 would oblige us to barrier groups, which clients then rely on. A client
+                // that asks for 2 speaks PMI-2 from its next message on.
+                let (ok, answered) = match (version, subversion) {
+                    (1, 0..) => (true, (1, 1)),
+                    (2, 0..) => (true, (2, 0)),
+                    _ => (false, (1, 1)),
+                };
+                if !ok {
+                    let why =
+                        format!("rank {rank} asked for PMI version {version}.{subversion}; rpmi serves 1.1 and 2.0");
+                    host.log(log::Level::Error, &why);
                 }
                 let code = if ok { rc::SUCCESS } else { rc::FAIL };
                 self.respond(host, task, |out| {
-                    let l = Line::new(out, "response_to_init", code).int("pmi_version", 1).int("pmi_subversion", 1);
+                    let l = Line::new(out, "response_to_init", code)
+                        .int("pmi_version", answered.0)
+                        .int("pmi_subversion", answered.1);
                     if ok {
                         l.finish()
                     } else {
                         l.msg("unsupported PMI version").finish()
                     }
                 });
+                if answered.0 == 2 {
+                    self.clients[task].wire = Wire::V2;
+                }
             }
             Request::GetMaxes => {
                 let l = &self.limits;
@@ -570,7 +624,7 @@ impl Shell {
                 });
             }
             Request::Put { kvsname, key, value } => {
-                let code = self.put(rank, kvsname, key, value);
+                let code = self.put(rank, kvsname, key, value, self.limits.value_max());
                 self.respond(host, task, |out| match code {
                     Ok(()) => Line::new(out, "put_result", rc::SUCCESS).finish(),
                     Err((code, why)) => Line::new(out, "put_result", code).msg(&why).finish(),
@@ -578,9 +632,14 @@ impl Shell {
             }
             Request::Get { kvsname, key } => {
                 let Shell { job, clients, kvs, limits, ready, trace, .. } = self;
+                // A PMI-2 task of the job may have put a value longer than a PMI-1 line holds.
                 let found = check_name(job, kvsname)
                     .and_then(|()| check_key(limits, key))
-                    .and_then(|()| kvs.get(key).ok_or_else(|| (rc::FAIL, "key not found".to_string())));
+                    .and_then(|()| kvs.get(key).ok_or_else(|| (rc::FAIL, "key not found".to_string())))
+                    .and_then(|v| match v.len() <= limits.value_max() {
+                        true => Ok(v),
+                        false => Err((rc::ERR_INVALID_VAL_LENGTH, "value longer than a PMI-1 line holds".into())),
+                    });
                 respond(&mut clients[task], ready, *trace, host, |out| match found {
                     Ok(value) => Line::new(out, "get_result", rc::SUCCESS).value(value),
                     Err((code, why)) => Line::new(out, "get_result", code).msg(&why).finish(),
@@ -638,11 +697,19 @@ impl Shell {
         }
     }
 
-    /// Checks and stores a put; `Err` holds the rc and message for the task.
-    fn put(&mut self, rank: u32, kvsname: &[u8], key: &[u8], value: &[u8]) -> Result<(), (i32, String)> {
+    /// Checks and stores a put of a value of at most `value_max` bytes; `Err` holds the rc and message for
+    /// the task.
+    fn put(
+        &mut self,
+        rank: u32,
+        kvsname: &[u8],
+        key: &[u8],
+        value: &[u8],
+        value_max: usize,
+    ) -> Result<(), (i32, String)> {
         check_name(&self.job, kvsname)?;
         check_key(&self.limits, key)?;
-        check_value(&self.limits, value)?;
+        check_value(value, value_max)?;
         // Rewrites by the key's owner are all sent at the barrier: the puts on their way are bounded with
         // the store, not by it.
         let pending = self.pending_charge(kvs::encoded_len(rank, key, value));
@@ -666,6 +733,7 @@ impl Shell {
     /// Starts the collective when every local task is in the barrier; fails the barrier when a task that
     /// is not in it never can be.
     fn check_barrier(&mut self, host: &mut dyn Host) {
+        self.check_node_waiters(host);
         if self.collective_pending || self.entered == 0 {
             return;
         }
@@ -706,7 +774,11 @@ impl Shell {
         let Shell { clients, ready, trace, .. } = self;
         for c in clients.iter_mut().filter(|c| c.waiting == Waiting::Barrier) {
             c.waiting = Waiting::Nothing;
-            respond(c, ready, *trace, host, |out| Line::new(out, "barrier_out", code).msg(why).finish());
+            let (wire, thrid) = (c.wire, c.thrid.take());
+            respond(c, ready, *trace, host, |out| match wire {
+                Wire::V1 => Line::new(out, "barrier_out", code).msg(why).finish(),
+                Wire::V2 => Frame::new(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish(),
+            });
         }
     }
 
@@ -728,7 +800,10 @@ impl Shell {
     }
 
     fn refuse_service(&mut self, host: &mut dyn Host, task: TaskId, service: Service, why: &str) {
-        self.respond(host, task, |out| Line::new(out, service.response(), rc::FAIL).msg(why).finish());
+        match self.clients[task].wire {
+            Wire::V1 => self.respond(host, task, |out| Line::new(out, service.response(), rc::FAIL).msg(why).finish()),
+            Wire::V2 => self.answer_v2(host, task, service, HostReply::Failed(why.into())),
+        }
     }
 
     fn line_too_long(&mut self, host: &mut dyn Host, task: TaskId, start: &[u8]) {
@@ -828,12 +903,15 @@ fn check_key(limits: &Limits, key: &[u8]) -> Result<(), (i32, String)> {
     }
 }
 
-/// A value a get can return: not empty (an empty `value=` token is rejected by clients) and within the limit.
-fn check_value(limits: &Limits, value: &[u8]) -> Result<(), (i32, String)> {
+/// A value a get can return: not empty (an empty `value=` token is rejected by clients), on one line, and
+/// at most `max` bytes.
+fn check_value(value: &[u8], max: usize) -> Result<(), (i32, String)> {
     if value.is_empty() {
         Err((rc::ERR_INVALID_VAL, "empty value".into()))
-    } else if value.len() > limits.value_max() {
-        Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {}", limits.value_max())))
+    } else if value.len() > max {
+        Err((rc::ERR_INVALID_VAL_LENGTH, format!("value longer than {max}")))
+    } else if value.contains(&b'\n') {
+        Err((rc::ERR_INVALID_VAL, "a line break in the value".into()))
     } else {
         Ok(())
     }
@@ -842,15 +920,13 @@ fn check_value(limits: &Limits, value: &[u8]) -> Result<(), (i32, String)> {
 /// Whether a host may give `key=value` as a preput ([`JobInfo::preputs`]) under `limits`: the rules of a
 /// task's put, and on one line (a task's value is one already: it came on one). `Err` says why not.
 pub fn check_preput(limits: &Limits, key: &[u8], value: &[u8]) -> Result<(), String> {
-    if value.contains(&b'\n') {
-        return Err("a line break in the value".into());
-    }
-    check_key(limits, key).and_then(|()| check_value(limits, value)).map_err(|(_, why)| why)
+    check_key(limits, key).and_then(|()| check_value(value, limits.value_max())).map_err(|(_, why)| why)
 }
 
 fn utf8_word(s: &[u8]) -> Option<&str> {
     std::str::from_utf8(s).ok().filter(|w| kvs::is_key(w.as_bytes()))
 }
 
+mod pmi2;
 #[cfg(test)]
 mod tests;

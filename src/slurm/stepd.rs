@@ -1193,6 +1193,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         }
         info.appnums = s.appnums(&local_ranks);
         info.preputs = s.pairs();
+        info.spawned = true;
     // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
     } else if let Some(config) = unsafe { multi_prog_config(record, env) } {
         info.appnums = mpmd::appnums(&config, &local_ranks);
@@ -1219,7 +1220,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
         stopping.clone(),
         unspoken,
     )?;
-    let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step), spawned: spawn.is_some() };
+    let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step) };
     let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
     if let Some(h) = node_rt.host_mut() {
@@ -1473,9 +1474,10 @@ mod tests {
             unspoken,
         )
         .unwrap();
-        let info = JobInfo::new(KVSNAME, TaskMap::new(node_of), local.clone(), names);
+        let mut info = JobInfo::new(KVSNAME, TaskMap::new(node_of), local.clone(), names);
+        info.spawned = spawned;
         let shell = Shell::new(info, Limits::default()).unwrap();
-        let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into(), spawned }).unwrap();
+        let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into() }).unwrap();
         let ends: Vec<RawFd> = (0..local.len()).map(|t| rt.connect_task(t).unwrap().child_fd).collect();
         // SAFETY: copies of the tasks' ends, which the node closes once the tasks are "forked".
         let tasks: Vec<UnixStream> =

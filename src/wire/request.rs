@@ -84,6 +84,10 @@ pub enum ParseError {
     BadToken,
     /// More tuples than any request has.
     TooManyTuples,
+    /// A PMI-2 field that must be `TRUE` or `FALSE` is neither.
+    BadBoolean { field: &'static str },
+    /// A PMI-2 spawn request that does not hold together.
+    Spawn(String),
 }
 
 impl fmt::Display for ParseError {
@@ -96,7 +100,9 @@ impl fmt::Display for ParseError {
             }
             ParseError::BadInteger { field } => write!(f, "'{field}=' is not an integer"),
             ParseError::BadToken => write!(f, "a token is not of the form key=value"),
-            ParseError::TooManyTuples => write!(f, "more than {MAX_TUPLES} key=value tuples"),
+            ParseError::TooManyTuples => write!(f, "more key=value tuples than any request has"),
+            ParseError::BadBoolean { field } => write!(f, "'{field}=' is neither TRUE nor FALSE"),
+            ParseError::Spawn(why) => write!(f, "malformed spawn request: {why}"),
         }
     }
 }

@@ -1,0 +1,351 @@
+//! The PMI-2 side of the shell: frames in ([`crate::wire::pmi2`]), the same job, key-value store, barrier
+//! (`kvs-fence`) and host services as PMI-1, and PMI-2's node attributes.
+//!
+//! A connection speaks PMI-2 once its client asked for version 2 at `cmd=init` (MPICH 4.1 and later with
+//! `MPIR_CVAR_PMI_VERSION=2`, Slurm's and Cray's libpmi2). It stays lock-step as PMI-1 is: a request while
+//! another waits is a protocol error, but for `abort`. What differs:
+//!
+//! - `kvs-get` names a job (`jobid`): only the task's own is known, another fails the request.
+//! - `info-getjobattr` answers `PMI_process_mapping` and `universeSize`; every other attribute is not found
+//!   (MPICH then goes without it).
+//! - Node attributes (`info-putnodeattr`, `info-getnodeattr`) are this shell's: the tasks of one node. A get
+//!   with `wait=TRUE` of an attribute not put yet is answered when a task puts it, or as not found once no
+//!   task of the node could put it any more (every one left or waits too): it never hangs for ever.
+//! - A spawn's answer carries no error codes (PMI-2 has none): a spawn in which any process failed fails.
+//! - `job-connect` and `job-disconnect` are refused with a message.
+
+use super::{check_key, check_name, check_value, Shell, Status, Waiting, MAX_LINE};
+use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
+use crate::server::PROCESS_MAPPING_KEY;
+use crate::wire::pmi2::{body_len, Frame, Message, Request2, HEADER_LEN};
+use crate::wire::response::rc;
+
+impl Service {
+    /// The PMI-2 answer's command.
+    fn response_v2(self) -> &'static str {
+        match self {
+            Service::Publish => "name-publish-response",
+            Service::Unpublish => "name-unpublish-response",
+            Service::Lookup => "name-lookup-response",
+            Service::Spawn => "spawn-response",
+        }
+    }
+}
+
+impl Shell {
+    /// [`Shell::parse`] for PMI-2: whole frames, the first one finishing the frame carried over.
+    pub(super) fn parse_frames(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) -> usize {
+        let mut rest = bytes;
+        loop {
+            let c = &mut self.clients[task];
+            if c.status == Status::Gone {
+                return bytes.len();
+            }
+            if !c.partial.is_empty() {
+                // The frame carried over: its prefix first, then the rest of it.
+                let take = HEADER_LEN.saturating_sub(c.partial.len()).min(rest.len());
+                c.partial.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if c.partial.len() < HEADER_LEN {
+                    return bytes.len();
+                }
+                let header = self.clients[task].partial[..HEADER_LEN].to_vec();
+                let total = match self.frame_len(&header) {
+                    Ok(total) => total,
+                    Err(why) => return self.frame_error(host, task, &header, &why, bytes.len()),
+                };
+                let c = &mut self.clients[task];
+                let want = total - c.partial.len();
+                if rest.len() < want {
+                    c.partial.extend_from_slice(rest);
+                    return bytes.len();
+                }
+                if c.backed_up() {
+                    return bytes.len() - rest.len();
+                }
+                c.partial.extend_from_slice(&rest[..want]);
+                rest = &rest[want..];
+                let mut frame = std::mem::take(&mut c.partial);
+                self.frame(host, task, &frame[HEADER_LEN..]);
+                frame.clear();
+                self.clients[task].partial = frame;
+                continue;
+            }
+            if rest.len() < HEADER_LEN {
+                c.partial.extend_from_slice(rest);
+                return bytes.len();
+            }
+            let total = match self.frame_len(&rest[..HEADER_LEN]) {
+                Ok(total) => total,
+                Err(why) => return self.frame_error(host, task, &rest[..HEADER_LEN], &why, bytes.len()),
+            };
+            let c = &mut self.clients[task];
+            if rest.len() < total {
+                c.partial.extend_from_slice(rest);
+                return bytes.len();
+            }
+            if c.backed_up() {
+                return bytes.len() - rest.len();
+            }
+            self.frame(host, task, &rest[HEADER_LEN..total]);
+            rest = &rest[total..];
+        }
+    }
+
+    /// The whole length of the frame whose prefix is `header`, within the limits: a spawn is the longest
+    /// request (any other over a line's limit is refused once it is read).
+    fn frame_len(&self, header: &[u8]) -> Result<usize, String> {
+        let max = self.limits.request_line_max.max(self.limits.spawn_bytes_max);
+        match body_len(header) {
+            Some(len) if len <= max => Ok(HEADER_LEN + len),
+            Some(len) => Err(format!("a PMI-2 message of {len} bytes, over the limit of {max}")),
+            None => Err("no PMI-2 length prefix (6 decimal digits, padded with spaces)".into()),
+        }
+    }
+
+    fn frame_error(&mut self, host: &mut dyn Host, task: TaskId, header: &[u8], why: &str, all: usize) -> usize {
+        self.clients[task].partial = Vec::new();
+        self.protocol_error(host, task, header, why);
+        all
+    }
+
+    /// One PMI-2 message of task `task`.
+    fn frame(&mut self, host: &mut dyn Host, task: TaskId, body: &[u8]) {
+        let rank = self.clients[task].rank;
+        self.spoke(host, task);
+        if self.trace {
+            host.trace(rank, crate::server::host::Direction::Client, body);
+        }
+        let message = match Message::parse(body) {
+            Ok(m) => m,
+            Err(e) => return self.protocol_error(host, task, body, &e.to_string()),
+        };
+        let request = match message.request() {
+            Ok(r) => r,
+            Err(e) => return self.protocol_error(host, task, body, &e.to_string()),
+        };
+        let waiting = self.clients[task].waiting != Waiting::Nothing;
+        if waiting && !matches!(request, Request2::Abort { .. }) {
+            let why = "a request sent while an earlier one still waits for its answer";
+            return self.protocol_error(host, task, body, why);
+        }
+        if !matches!(request, Request2::Spawn(_)) && body.len() > self.limits.request_line_max {
+            let why = format!("a PMI-2 message longer than {} bytes", self.limits.request_line_max);
+            return self.protocol_error(host, task, body, &why);
+        }
+        self.clients[task].thrid = message.get("thrid").map(<[u8]>::to_vec);
+        self.dispatch_v2(host, task, request);
+    }
+
+    fn dispatch_v2(&mut self, host: &mut dyn Host, task: TaskId, request: Request2<'_>) {
+        let rank = self.clients[task].rank;
+        match request {
+            Request2::FullInit { pmirank } => match pmirank {
+                Some(r) if r >= 0 && r != i64::from(rank) => {
+                    let why = format!("fullinit names rank {r}; this connection is rank {rank}'s");
+                    self.answer_fail(host, task, "fullinit-response", &why);
+                }
+                _ => {
+                    let (size, appnum) = (self.job.task_map.size() as i64, self.job.appnums[task]);
+                    // MPICH reads any spawner-jobid as "spawned"; this job's spawner is not named to the shell.
+                    let spawner = self.job.spawned.then_some(&b"spawner"[..]);
+                    self.answer_v2_with(host, task, "fullinit-response", rc::SUCCESS, |f| {
+                        let f = f.int("rank", rank.into()).int("size", size).int("appnum", appnum.into());
+                        let f = match spawner {
+                            Some(s) => f.str("spawner-jobid", s),
+                            None => f,
+                        };
+                        f.int("pmiverbose", 0)
+                    });
+                }
+            },
+            Request2::JobGetId => {
+                let id = self.job.kvsname.clone();
+                self.answer_v2_with(host, task, "job-getid-response", rc::SUCCESS, |f| f.str("jobid", id.as_bytes()));
+            }
+            Request2::JobConnect | Request2::JobDisconnect => {
+                let cmd = if matches!(request, Request2::JobConnect) { "job-connect" } else { "job-disconnect" };
+                let why = format!("{cmd} is not served by rpmi: a job's key-value space is its own");
+                self.answer_fail(host, task, &format!("{cmd}-response"), &why);
+            }
+            Request2::KvsPut { key, value } => {
+                let kvsname = self.job.kvsname.clone();
+                match self.put(rank, kvsname.as_bytes(), key, value, self.limits.pmi2_value_max()) {
+                    Ok(()) => self.answer_v2_with(host, task, "kvs-put-response", rc::SUCCESS, |f| f),
+                    Err((_, why)) => self.answer_fail(host, task, "kvs-put-response", &why),
+                }
+            }
+            Request2::KvsFence => {
+                self.clients[task].waiting = Waiting::Barrier;
+                self.entered += 1;
+                self.check_barrier(host);
+            }
+            Request2::KvsGet { jobid, key } => {
+                let found = check_name(&self.job, jobid.unwrap_or(self.job.kvsname.as_bytes()))
+                    .map_err(|_| "no job of that jobid: a task reads its own job's key-value space".to_string())
+                    .and_then(|()| check_key(&self.limits, key).map_err(|(_, why)| why))
+                    .map(|()| self.kvs.get(key).map(<[u8]>::to_vec));
+                match found {
+                    Ok(value) => self.answer_found(host, task, "kvs-get-response", value.as_deref()),
+                    Err(why) => self.answer_fail(host, task, "kvs-get-response", &why),
+                }
+            }
+            Request2::GetJobAttr { key } => {
+                let value = match key {
+                    b"universeSize" => Some(self.job.universe_size.to_string().into_bytes()),
+                    k if k == PROCESS_MAPPING_KEY.as_bytes() => self.kvs.get(k).map(<[u8]>::to_vec),
+                    _ => None,
+                };
+                self.answer_found(host, task, "info-getjobattr-response", value.as_deref());
+            }
+            Request2::PutNodeAttr { key, value } => match self.put_node_attr(key, value) {
+                Ok(()) => {
+                    self.answer_v2_with(host, task, "info-putnodeattr-response", rc::SUCCESS, |f| f);
+                    self.wake_node_waiters(host, key);
+                }
+                Err(why) => self.answer_fail(host, task, "info-putnodeattr-response", &why),
+            },
+            Request2::GetNodeAttr { key, wait } => {
+                if let Err((_, why)) = check_key(&self.limits, key) {
+                    return self.answer_fail(host, task, "info-getnodeattr-response", &why);
+                }
+                match self.node_attrs.get(key).cloned() {
+                    None if wait => {
+                        let c = &mut self.clients[task];
+                        c.waiting = Waiting::NodeAttr;
+                        c.awaited = key.to_vec();
+                        self.check_node_waiters(host);
+                    }
+                    value => self.answer_found(host, task, "info-getnodeattr-response", value.as_deref()),
+                }
+            }
+            Request2::Abort { exit_code, message } => {
+                // Codes beyond i32 are clamped; a missing code is a plain failure. No answer: the client exits.
+                let code = exit_code.map_or(1, |c| c.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32);
+                let message = message.map(String::from_utf8_lossy).unwrap_or_default();
+                self.clients[task].reported = true;
+                host.abort(rank, code, &message);
+                self.leave(host, task);
+            }
+            Request2::Finalize => {
+                self.set_status(task, Status::Finalized);
+                self.answer_v2_with(host, task, "finalize-response", rc::SUCCESS, |f| f);
+                self.check_barrier(host);
+            }
+            Request2::Publish { name, port } => match (super::utf8_word(name), super::utf8_word(port)) {
+                (Some(service), Some(port)) => self.start_service(host, task, HostRequest::Publish { service, port }),
+                _ => self.refuse_service(host, task, Service::Publish, "name and port must be words"),
+            },
+            Request2::Unpublish { name } => match super::utf8_word(name) {
+                Some(service) => self.start_service(host, task, HostRequest::Unpublish { service }),
+                None => self.refuse_service(host, task, Service::Unpublish, "name must be a word"),
+            },
+            Request2::Lookup { name } => match super::utf8_word(name) {
+                Some(service) => self.start_service(host, task, HostRequest::Lookup { service }),
+                None => self.refuse_service(host, task, Service::Lookup, "name must be a word"),
+            },
+            Request2::Spawn(spawn) => self.start_service(host, task, HostRequest::Spawn(&spawn)),
+        }
+    }
+
+    /// The answer to the host service task `task` waited for, as PMI-2 has it.
+    pub(super) fn answer_v2(&mut self, host: &mut dyn Host, task: TaskId, service: Service, reply: HostReply) {
+        let cmd = service.response_v2();
+        match (service, reply) {
+            (Service::Publish | Service::Unpublish, HostReply::Done) => {
+                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f)
+            }
+            (Service::Lookup, HostReply::Port(port)) if port.len() + 64 <= MAX_LINE => {
+                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("port", port.as_bytes()))
+            }
+            (Service::Spawn, HostReply::Spawned { errcodes }) => match errcodes.iter().filter(|&&c| c != 0).count() {
+                0 => self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f),
+                n => {
+                    let why = format!("{n} of the {} processes failed to start", errcodes.len());
+                    self.answer_fail(host, task, cmd, &why)
+                }
+            },
+            (_, HostReply::Failed(why)) => self.answer_fail(host, task, cmd, &why),
+            (_, _) => self.answer_fail(host, task, cmd, "the resource manager gave an unusable answer"),
+        }
+    }
+
+    /// Queues `cmd`'s answer to task `task`: `rc`, then what `fields` adds.
+    fn answer_v2_with(
+        &mut self,
+        host: &mut dyn Host,
+        task: TaskId,
+        cmd: &str,
+        rc: i32,
+        fields: impl FnOnce(Frame<'_>) -> Frame<'_>,
+    ) {
+        let thrid = self.clients[task].thrid.take();
+        self.respond(host, task, |out| fields(Frame::new(out, cmd, thrid.as_deref(), rc)).finish());
+    }
+
+    fn answer_fail(&mut self, host: &mut dyn Host, task: TaskId, cmd: &str, why: &str) {
+        self.answer_v2_with(host, task, cmd, rc::FAIL, |f| f.errmsg(why));
+    }
+
+    /// `found=TRUE;value=V;` or `found=FALSE;`.
+    fn answer_found(&mut self, host: &mut dyn Host, task: TaskId, cmd: &str, value: Option<&[u8]>) {
+        self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| match value {
+            Some(v) => f.str("value", v).str("found", b"TRUE"),
+            None => f.str("found", b"FALSE"),
+        });
+    }
+
+    /// Stores a node attribute, within the store's limit; a new value replaces the old.
+    fn put_node_attr(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        check_key(&self.limits, key).map_err(|(_, why)| why)?;
+        check_value(value, self.limits.pmi2_value_max()).map_err(|(_, why)| why)?;
+        let old = self.node_attrs.get(key).map_or(0, |v| key.len() + v.len());
+        let new = key.len() + value.len();
+        if self.kvs_bytes() - old + new > self.limits.kvs_bytes_max {
+            return Err(format!(
+                "the node's attributes and key-value store are full ({} bytes)",
+                self.limits.kvs_bytes_max
+            ));
+        }
+        self.node_attr_bytes = self.node_attr_bytes - old + new;
+        self.node_attrs.insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    /// Answers every task waiting for node attribute `key`, just put.
+    fn wake_node_waiters(&mut self, host: &mut dyn Host, key: &[u8]) {
+        let value = self.node_attrs.get(key).cloned();
+        let waiters: Vec<TaskId> = (0..self.clients.len())
+            .filter(|&t| self.clients[t].waiting == Waiting::NodeAttr && self.clients[t].awaited == key)
+            .collect();
+        for t in waiters {
+            self.stop_waiting(t);
+            self.answer_found(host, t, "info-getnodeattr-response", value.as_deref());
+        }
+    }
+
+    /// Tasks waiting for node attributes that no task of the node could put any more (each one has left or
+    /// waits itself) get "not found", so that no cycle of waits hangs the job.
+    pub(super) fn check_node_waiters(&mut self, host: &mut dyn Host) {
+        let stuck = self
+            .clients
+            .iter()
+            .filter(|c| c.status == Status::Active)
+            .all(|c| matches!(c.waiting, Waiting::NodeAttr | Waiting::Barrier));
+        if !stuck {
+            return;
+        }
+        for t in 0..self.clients.len() {
+            if self.clients[t].waiting == Waiting::NodeAttr {
+                self.stop_waiting(t);
+                self.answer_found(host, t, "info-getnodeattr-response", None);
+            }
+        }
+    }
+
+    fn stop_waiting(&mut self, task: TaskId) {
+        let c = &mut self.clients[task];
+        c.waiting = Waiting::Nothing;
+        c.awaited = Vec::new();
+    }
+}
