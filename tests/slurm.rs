@@ -292,7 +292,7 @@ fn pairs(name: &str, layout: &[&str], ranks: usize) {
     pairs_with(name, layout, ranks, &[]);
 }
 
-fn pairs_with(name: &str, layout: &[&str], ranks: usize, env: &[(&str, &str)]) {
+fn pairs_with(name: &str, layout: &[&str], ranks: usize, env: &[(&str, &str)]) -> Run {
     let _s = serial();
     let program = mpi_pairs().to_str().unwrap();
     let mut args = layout.to_vec();
@@ -302,22 +302,80 @@ fn pairs_with(name: &str, layout: &[&str], ranks: usize, env: &[(&str, &str)]) {
     let want = format!("mpi_pairs: {ranks} ranks, allreduce {}, all pairs exchanged", ranks * (ranks + 1) / 2);
     assert!(run.stdout.contains(&want), "no `{want}`: {run}");
     eprintln!("{name}: {:.2?}", run.elapsed);
+    run
+}
+
+/// MPICH's own PMI-2 client (MPICH 4.1 and later with `MPIR_CVAR_PMI_VERSION=2`: Debian 13's 4.2.1 and
+/// unstable's 5.0). Only the chroots of the 24.11 and 26.05 lines have one (this machine's 4.0.2 ignores the
+/// variable and speaks PMI-1), so these tests are run by name there (docker/slurm-plugin.sh). The wire trace
+/// (`PMI_DEBUG=1`) shows that every rank spoke PMI-2.
+const PMI2: &[(&str, &str)] = &[("MPIR_CVAR_PMI_VERSION", "2"), ("PMI_DEBUG", "1")];
+
+fn assert_spoke_pmi2(run: &Run, ranks: usize) {
+    for rank in 0..ranks {
+        let want = format!("rank {rank} C: cmd=fullinit;");
+        assert!(run.stderr.contains(&want), "rank {rank} did not speak PMI-2 (no `{want}`): {run}");
+    }
+}
+
+#[test]
+#[ignore = "needs an MPICH that speaks PMI-2 (4.1 or later): run by name in the 24.11 and 26.05 chroots"]
+fn pmi2_mpich_pairs() {
+    for (name, layout) in
+        [("pmi2-block", ["-N3", "-n6", "-m", "block"]), ("pmi2-cyclic", ["-N3", "-n6", "-m", "cyclic"])]
+    {
+        let run = pairs_with(name, &layout, 6, PMI2);
+        assert_spoke_pmi2(&run, 6);
+    }
+}
+
+#[test]
+#[ignore = "needs an MPICH that speaks PMI-2 (4.1 or later): run by name in the 24.11 and 26.05 chroots"]
+fn pmi2_mpich_names() {
+    let run = names_with("pmi2-names", &["-N3", "-n4", "-m", "cyclic"], PMI2);
+    assert_spoke_pmi2(&run, 4);
+}
+
+/// The same MPICH under rpmi-run (here: only the chroots have it), 8 ranks over 3 virtual nodes.
+#[test]
+#[ignore = "needs an MPICH that speaks PMI-2 (4.1 or later): run by name in the 24.11 and 26.05 chroots"]
+fn pmi2_mpich_pairs_under_rpmi_run() {
+    let _s = serial();
+    let out = Command::new(env!("CARGO_BIN_EXE_rpmi-run"))
+        .args(["-n", "8", "--nodes", "3", "--trace"])
+        .arg(mpi_pairs())
+        .env("MPIR_CVAR_PMI_VERSION", "2")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("mpi_pairs: 8 ranks, allreduce 36, all pairs exchanged"),
+        "{stdout}{stderr}"
+    );
+    for rank in 0..8 {
+        assert!(stderr.contains(&format!("rank {rank} C: cmd=fullinit;")), "rank {rank} did not speak PMI-2: {stderr}");
+    }
 }
 
 /// MPI_Publish_name, MPI_Lookup_name and MPI_Unpublish_name through srun's table for the step: 4 ranks, rank 0
 /// publishing, the others looking its port up; a second publish, a lookup of a name never published and one
 /// of the name once unpublished fail. (MPICH over UCX cannot open a port: the program then publishes a
 /// stand-in of the same shape.)
-fn names(name: &str, layout: &[&str]) {
+fn names(name: &str, layout: &[&str]) -> Run {
+    names_with(name, layout, &[])
+}
+
+fn names_with(name: &str, layout: &[&str], env: &[(&str, &str)]) -> Run {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let _s = serial();
     let program = BUILT.get_or_init(|| build("mpi_names"));
     let mut args = layout.to_vec();
     args.push(program.to_str().unwrap());
-    let run = Srun::start_with(&marker(name), "rpmi", &args, &[]).wait();
+    let run = Srun::start_with(&marker(name), "rpmi", &args, env).wait();
     assert_success(&run);
     let want = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
     assert!(run.stdout.contains(want), "no `{want}`: {run}");
+    run
 }
 
 #[test]
