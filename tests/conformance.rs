@@ -1480,10 +1480,11 @@ fn pmi2_abort_names_and_spawn_through_the_host() {
                 nprocs: 2,
                 execname: b"./child".to_vec(),
                 args: vec![b"-v".to_vec(), b"a b".to_vec()],
-                preputs: preputs.clone(),
+                preputs,
                 infos: vec![(b"wdir".to_vec(), b"/tmp x".to_vec())],
             },
-            SpawnCommand { nprocs: 1, execname: b"./other".to_vec(), args: vec![], preputs, infos: vec![] },
+            // The preputs go with the first command: the new job gets every command's.
+            SpawnCommand { nprocs: 1, execname: b"./other".to_vec(), args: vec![], preputs: vec![], infos: vec![] },
         ],
     };
     assert_eq!(job.shared.get().spawns[0], (0, want));

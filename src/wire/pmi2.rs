@@ -127,94 +127,91 @@ impl<'a> Message<'a> {
     }
 
     /// `cmd=spawn;ncmds=N;preputcount=P;ppkey0=..;ppval0=..;` then per command `subcmd=EXE;maxprocs=N;argc=A;
-    /// argv0=..;infokeycount=I;infokey0=..;infoval0=..;`. The preputs go with every command.
+    /// argv0=..;infokeycount=I;infokey0=..;infoval0=..;`. Items come in order (each index the next one), so
+    /// what is kept is what was sent: a count alone allocates nothing. The preputs go with the first command
+    /// (the new job gets every command's: [`SpawnRequest::preputs`]).
     fn spawn(&self) -> Result<SpawnRequest, super::spawn::SpawnError> {
         use super::spawn::SpawnError;
         let bad = |what: String| Err(SpawnError(what));
         let count = |v: &[u8], what: &str, max: u32| match parse_int(v) {
-            Some(n) if (0..=i64::from(max)).contains(&n) => Ok(n as u32),
+            Some(n) if (0..=i64::from(max)).contains(&n) => Ok(n as usize),
             _ => Err(SpawnError(format!("{what} is not a count from 0 to {max}"))),
         };
-        let mut preputs = Vec::new();
+        let mut preputs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut commands: Vec<SpawnCommand> = Vec::new();
+        // What each command declared: argc and infokeycount.
+        let mut declared: Vec<(usize, usize)> = Vec::new();
         let (mut ncmds, mut preputcount) = (None, 0);
         for (key, value) in &self.pairs {
             let key = *key;
-            let value = value.to_vec();
             let indexed = |prefix: &str| key.strip_prefix(prefix.as_bytes()).and_then(parse_int);
-            match commands.last_mut() {
+            let shown = || String::from_utf8_lossy(key).into_owned();
+            match (commands.last_mut(), declared.last_mut()) {
                 _ if key == b"subcmd" => {
                     if commands.len() as u32 == MAX_COMMANDS {
                         return bad(format!("more than {MAX_COMMANDS} commands"));
                     }
-                    commands.push(SpawnCommand { execname: value, ..SpawnCommand::default() });
+                    commands.push(SpawnCommand { execname: value.to_vec(), ..SpawnCommand::default() });
+                    declared.push((0, 0));
                 }
-                None if key == b"ncmds" => ncmds = Some(count(&value, "ncmds", MAX_COMMANDS)?),
-                None if key == b"preputcount" => preputcount = count(&value, "preputcount", MAX_ITEMS)?,
-                None if indexed("ppkey").is_some() || indexed("ppval").is_some() => {
-                    let (i, is_key) = match indexed("ppkey") {
-                        Some(i) => (i, true),
-                        None => (indexed("ppval").unwrap_or(-1), false),
-                    };
-                    if !(0..i64::from(preputcount)).contains(&i) {
-                        return bad(format!("{} is beyond preputcount", String::from_utf8_lossy(key)));
-                    }
-                    set_item(&mut preputs, i as usize, is_key, value);
-                }
-                None => {}
-                Some(c) if key == b"maxprocs" => c.nprocs = count(&value, "maxprocs", u32::MAX)?,
-                Some(c) if key == b"argc" => {
-                    let n = count(&value, "argc", MAX_ITEMS)?;
-                    c.args.resize(n as usize, Vec::new());
-                }
-                Some(c) if key == b"infokeycount" => {
-                    let n = count(&value, "infokeycount", MAX_ITEMS)?;
-                    c.infos.resize(n as usize, (Vec::new(), Vec::new()));
-                }
-                Some(c) if indexed("argv").is_some() => {
-                    let i = indexed("argv").unwrap_or(-1);
-                    match usize::try_from(i).ok().and_then(|i| c.args.get_mut(i)) {
-                        Some(slot) => *slot = value,
-                        None => return bad(format!("{} is beyond argc", String::from_utf8_lossy(key))),
+                (None, _) if key == b"ncmds" => ncmds = Some(count(value, "ncmds", MAX_COMMANDS)?),
+                (None, _) if key == b"preputcount" => preputcount = count(value, "preputcount", MAX_ITEMS)?,
+                (None, _) => {
+                    if let Some(i) = indexed("ppkey") {
+                        if i != preputs.len() as i64 || preputs.len() == preputcount {
+                            return bad(format!("{} out of order or beyond preputcount", shown()));
+                        }
+                        preputs.push((value.to_vec(), Vec::new()));
+                    } else if let Some(i) = indexed("ppval") {
+                        let len = preputs.len() as i64;
+                        match preputs.last_mut().filter(|_| i == len - 1) {
+                            Some(p) => p.1 = value.to_vec(),
+                            None => return bad(format!("{} without its ppkey", shown())),
+                        }
                     }
                 }
-                Some(c) if indexed("infokey").is_some() || indexed("infoval").is_some() => {
-                    let (i, is_key) = match indexed("infokey") {
-                        Some(i) => (i, true),
-                        None => (indexed("infoval").unwrap_or(-1), false),
-                    };
-                    if !(0..c.infos.len() as i64).contains(&i) {
-                        return bad(format!("{} is beyond infokeycount", String::from_utf8_lossy(key)));
+                (Some(c), _) if key == b"maxprocs" => c.nprocs = count(value, "maxprocs", u32::MAX)? as u32,
+                (Some(_), Some(d)) if key == b"argc" => d.0 = count(value, "argc", MAX_ITEMS)?,
+                (Some(_), Some(d)) if key == b"infokeycount" => d.1 = count(value, "infokeycount", MAX_ITEMS)?,
+                (Some(c), Some(d)) => {
+                    if let Some(i) = indexed("argv") {
+                        if i != c.args.len() as i64 || c.args.len() == d.0 {
+                            return bad(format!("{} out of order or beyond argc", shown()));
+                        }
+                        c.args.push(value.to_vec());
+                    } else if let Some(i) = indexed("infokey") {
+                        if i != c.infos.len() as i64 || c.infos.len() == d.1 {
+                            return bad(format!("{} out of order or beyond infokeycount", shown()));
+                        }
+                        c.infos.push((value.to_vec(), Vec::new()));
+                    } else if let Some(i) = indexed("infoval") {
+                        let len = c.infos.len() as i64;
+                        match c.infos.last_mut().filter(|_| i == len - 1) {
+                            Some(info) => info.1 = value.to_vec(),
+                            None => return bad(format!("{} without its infokey", shown())),
+                        }
                     }
-                    set_item(&mut c.infos, i as usize, is_key, value);
                 }
-                Some(_) => {}
+                (Some(_), None) => {}
             }
         }
-        if ncmds != Some(commands.len() as u32) {
+        if commands.is_empty() || ncmds != Some(commands.len()) {
             return bad(format!("ncmds says {}, the request has {} commands", ncmds.unwrap_or(0), commands.len()));
         }
-        if preputs.len() != preputcount as usize {
+        if preputs.len() != preputcount {
             return bad(format!("preputcount says {preputcount}, the request has {}", preputs.len()));
         }
-        for c in &mut commands {
+        for (c, &(argc, infos)) in commands.iter().zip(&declared) {
             if c.execname.is_empty() {
                 return bad("a command without a program".into());
             }
-            c.preputs = preputs.clone();
+            if c.args.len() != argc || c.infos.len() != infos {
+                let program = String::from_utf8_lossy(&c.execname);
+                return bad(format!("the argc or infokeycount of {program} does not match its items"));
+            }
         }
+        commands[0].preputs = preputs;
         Ok(SpawnRequest { commands })
-    }
-}
-
-/// Sets the key or the value of item `i` of `items`, growing it as needed (the caller bounds `i`).
-fn set_item(items: &mut Vec<(Vec<u8>, Vec<u8>)>, i: usize, is_key: bool, value: Vec<u8>) {
-    if items.len() <= i {
-        items.resize(i + 1, (Vec::new(), Vec::new()));
-    }
-    match is_key {
-        true => items[i].0 = value,
-        false => items[i].1 = value,
     }
 }
 
@@ -422,13 +419,18 @@ mod tests {
         assert_eq!((s.commands[0].nprocs, s.commands[1].nprocs), (2, 1));
         assert_eq!(s.commands[0].args, [b"x".to_vec(), b"two words".to_vec()]);
         assert_eq!(s.commands[0].infos, [(b"wdir".to_vec(), b"/tmp".to_vec())]);
-        assert_eq!((&s.commands[0].preputs, &s.commands[1].preputs), (&pp, &pp));
+        assert_eq!((&s.commands[0].preputs, &s.commands[1].preputs), (&pp, &vec![]));
+        assert_eq!(s.preputs(), Ok(pp));
         for bad in [
             &b"cmd=spawn;ncmds=2;preputcount=0;subcmd=./a;maxprocs=1;argc=0;"[..],
             b"cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=1;argv1=x;",
             b"cmd=spawn;ncmds=1;preputcount=1;subcmd=./a;maxprocs=1;argc=0;",
             b"cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=-1;argc=0;",
             b"cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;infokeycount=1;infokey3=k;",
+            b"cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=2;argv1=b;argv0=a;",
+            b"cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=2;argv0=a;",
+            b"cmd=spawn;ncmds=0;preputcount=0;",
+            b"cmd=spawn;ncmds=1;preputcount=1;ppval0=v;ppkey0=k;subcmd=./a;maxprocs=1;argc=0;",
         ] {
             let m = Message::parse(bad).unwrap();
             assert!(matches!(m.request(), Err(ParseError::Spawn(_))), "{}", String::from_utf8_lossy(bad));

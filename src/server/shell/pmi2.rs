@@ -14,7 +14,7 @@
 //! - A spawn's answer carries no error codes (PMI-2 has none): a spawn in which any process failed fails.
 //! - `job-connect` and `job-disconnect` are refused with a message.
 
-use super::{check_key, check_name, check_value, Shell, Status, Waiting, MAX_LINE};
+use super::{check_key, check_name, check_value, kvs, Shell, Status, Waiting, MAX_LINE};
 use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
 use crate::server::PROCESS_MAPPING_KEY;
 use crate::wire::pmi2::{body_len, Frame, Message, Request2, HEADER_LEN};
@@ -114,7 +114,15 @@ impl Shell {
         let rank = self.clients[task].rank;
         self.spoke(host, task);
         if self.trace {
-            host.trace(rank, crate::server::host::Direction::Client, body);
+            // A frame's values may hold line breaks; a traced line does not.
+            let mut line = Vec::with_capacity(body.len());
+            for &b in body {
+                match b {
+                    b'\n' => line.extend_from_slice(b"\\n"),
+                    b => line.push(b),
+                }
+            }
+            host.trace(rank, crate::server::host::Direction::Client, &line);
         }
         let message = match Message::parse(body) {
             Ok(m) => m,
@@ -255,7 +263,8 @@ impl Shell {
             (Service::Publish | Service::Unpublish, HostReply::Done) => {
                 self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f)
             }
-            (Service::Lookup, HostReply::Port(port)) if port.len() + 64 <= MAX_LINE => {
+            // A port is one word, as PMI-1's (an empty one could not be read back).
+            (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) && port.len() + 64 <= MAX_LINE => {
                 self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("port", port.as_bytes()))
             }
             (Service::Spawn, HostReply::Spawned { errcodes }) => match errcodes.iter().filter(|&&c| c != 0).count() {
