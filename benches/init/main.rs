@@ -1,7 +1,8 @@
 //! MPI start-up side by side: `MPI_Init` + `MPI_Finalize` of `mpi_init.c` under rpmi-run and MPICH's own
 //! `mpiexec.hydra`, each over the same number of virtual nodes (rpmi-run `--nodes M`; Hydra `-launcher fork`
-//! with M host names, one proxy each), for each PMI the MPI library speaks: PMI-1 (MPICH's default) and PMI-2
-//! (`MPIR_CVAR_PMI_VERSION=2`). Runs are interleaved (each round runs every server once) so that the
+//! with M host names, one proxy each) and Hydra on one node (its single proxy: its best case here), for each
+//! PMI the MPI library speaks: PMI-1 (MPICH's default) and PMI-2 (`MPIR_CVAR_PMI_VERSION=2`). A server whose
+//! job fails or hangs (killed after 120 s) twice in a cell is not run again in it. Runs are interleaved (each round runs every server once) so that the
 //! machine's drift hits both alike. Prints a table of medians (and ranges) with Hydra's time over rpmi's,
 //! and PMI messages per rank (counted from MPICH's own client trace, `PMI_DEBUG=1`, in one more run each),
 //! and writes it to `--out` (markdown).
@@ -10,19 +11,25 @@
 //! later): `bash docker/bench-init.sh` runs it in the Debian unstable chroot (MPICH 5.0.2). By hand:
 //! `cargo bench --bench init -- [--ranks 64,256] [--nodes 4] [--runs 5] [--out benches/results/init.md]`.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 const RPMI_RUN: &str = env!("CARGO_BIN_EXE_rpmi-run");
 /// Longest one job may take before it is killed and recorded as failed.
-const JOB_TIMEOUT: Duration = Duration::from_secs(600);
+const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+/// Failures after which a server is not run again in a cell.
+const GIVE_UP: usize = 2;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Server {
     RpmiRun,
     Hydra,
+    HydraOneNode,
 }
+
+const SERVERS: [Server; 3] = [Server::RpmiRun, Server::Hydra, Server::HydraOneNode];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pmi {
@@ -81,6 +88,11 @@ fn command(server: Server, pmi: Pmi, ranks: usize, nodes: usize, program: &Path)
             c.args(["-launcher", "fork", "-hosts", &hosts.join(","), "-n", &ranks.to_string()]);
             c
         }
+        Server::HydraOneNode => {
+            let mut c = Command::new("mpiexec.hydra");
+            c.args(["-n", &ranks.to_string()]);
+            c
+        }
     };
     c.arg(program);
     if pmi == Pmi::Two {
@@ -92,7 +104,14 @@ fn command(server: Server, pmi: Pmi, ranks: usize, nodes: usize, program: &Path)
 /// Runs `c` to its end: its wall time, or why it failed.
 fn run(mut c: Command, output: Stdio) -> Result<(Duration, Vec<u8>), String> {
     let start = Instant::now();
-    let mut child = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(output).spawn().map_err(|e| e.to_string())?;
+    // In a process group of its own, so that a job that hangs is killed whole (Hydra ignores SIGTERM then).
+    let mut child = c
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(output)
+        .spawn()
+        .map_err(|e| e.to_string())?;
     let mut err = child.stderr.take();
     let reader = std::thread::spawn(move || {
         let mut buf = Vec::new();
@@ -111,7 +130,8 @@ fn run(mut c: Command, output: Stdio) -> Result<(Duration, Vec<u8>), String> {
             };
         }
         if start.elapsed() > JOB_TIMEOUT {
-            let _ = child.kill();
+            // SAFETY: signals the job's own process group.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
             return Err(format!("killed after {JOB_TIMEOUT:?}"));
         }
@@ -156,14 +176,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let servers = [Server::RpmiRun, Server::Hydra];
     let mut rows = Vec::new();
     for pmi in [Pmi::One, Pmi::Two] {
         for &ranks in &args.ranks {
-            let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-            let mut failures = [0usize; 2];
+            let mut times: [Vec<f64>; 3] = Default::default();
+            let mut failures = [0usize; 3];
             for round in 0..args.runs {
-                for (i, &server) in servers.iter().enumerate() {
+                for (i, &server) in SERVERS.iter().enumerate() {
+                    if failures[i] >= GIVE_UP {
+                        continue;
+                    }
                     match run(command(server, pmi, ranks, args.nodes, &program), Stdio::null()) {
                         Ok((t, _)) => times[i].push(t.as_secs_f64()),
                         Err(e) => {
@@ -174,9 +196,13 @@ fn main() -> ExitCode {
                 }
             }
             // One more run each, with MPICH's client trace: one `send to fd` line per PMI message it sends.
-            let messages: Vec<Option<f64>> = servers
+            let messages: Vec<Option<f64>> = SERVERS
                 .iter()
-                .map(|&server| {
+                .enumerate()
+                .map(|(i, &server)| {
+                    if failures[i] >= GIVE_UP {
+                        return None;
+                    }
                     let mut c = command(server, pmi, ranks, args.nodes, &program);
                     c.env("PMI_DEBUG", "1");
                     run(c, Stdio::piped()).ok().map(|(_, text)| {
@@ -206,15 +232,16 @@ fn name(server: Server) -> &'static str {
     match server {
         Server::RpmiRun => "rpmi-run",
         Server::Hydra => "hydra",
+        Server::HydraOneNode => "hydra-1",
     }
 }
 
 struct Row {
     pmi: Pmi,
     ranks: usize,
-    /// Seconds of each run, rpmi-run's then Hydra's.
-    times: [Vec<f64>; 2],
-    failures: [usize; 2],
+    /// Seconds of each run, by server ([`SERVERS`]).
+    times: [Vec<f64>; 3],
+    failures: [usize; 3],
     /// PMI messages a rank sent, on average.
     messages: Vec<Option<f64>>,
 }
@@ -233,8 +260,9 @@ impl Row {
         }
     }
 
-    fn ratio(&self) -> String {
-        match (median(self.times[0].clone()), median(self.times[1].clone())) {
+    /// Server `i`'s median time over rpmi-run's.
+    fn ratio(&self, i: usize) -> String {
+        match (median(self.times[0].clone()), median(self.times[i].clone())) {
             (Some(r), Some(h)) => format!("{:.2}x", h / r),
             _ => "-".into(),
         }
@@ -246,14 +274,17 @@ impl Row {
 
     fn line(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
             self.pmi.name(),
             self.ranks,
             self.cell(0),
             self.cell(1),
-            self.ratio(),
+            self.ratio(1),
+            self.cell(2),
+            self.ratio(2),
             self.messages(0),
-            self.messages(1)
+            self.messages(1),
+            self.messages(2)
         )
     }
 }
@@ -264,12 +295,22 @@ fn report(args: &Args, mpich: &str, rows: &[Row]) -> String {
     s.push_str(&format!(
         "`cargo bench --bench init` (`bash docker/bench-init.sh`): `MPI_Init` + `MPI_Finalize` ({}), {} runs each, \
          interleaved, over {} virtual nodes (rpmi-run `--nodes {}`; `mpiexec.hydra -launcher fork` with {} host \
-         names). Whole command wall time: median (range). Hydra/rpmi above 1 means rpmi is faster. Messages: PMI \
-         messages one rank sends, from MPICH's client trace (`PMI_DEBUG=1`), rpmi / Hydra. Under PMI-1, rpmi \
-         answers 1.1 and Hydra 1.2.\n\n",
-        mpich, args.runs, args.nodes, args.nodes, args.nodes
+         names), and Hydra on one node. Whole command wall time: median (range); a job that fails or hangs is \
+         killed after {} s, and a server that failed {} times in a cell is not run again in it. Hydra/rpmi above \
+         1 means rpmi is faster. Messages: PMI messages one rank sends, from MPICH's client trace \
+         (`PMI_DEBUG=1`), rpmi / Hydra / Hydra on one node. Under PMI-1, rpmi answers 1.1 and Hydra 1.2.\n\n",
+        mpich,
+        args.runs,
+        args.nodes,
+        args.nodes,
+        args.nodes,
+        JOB_TIMEOUT.as_secs(),
+        GIVE_UP
     ));
-    s.push_str("| PMI | ranks | rpmi-run | Hydra | Hydra/rpmi | messages per rank |\n|---|---|---|---|---|---|\n");
+    s.push_str(
+        "| PMI | ranks | rpmi-run | Hydra | Hydra/rpmi | Hydra, one node | its /rpmi | messages per rank |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
     for r in rows {
         s.push_str(&r.line());
         s.push('\n');
