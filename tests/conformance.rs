@@ -1535,3 +1535,29 @@ fn pmi2_frames_split_anywhere_and_protocol_errors_cut_the_task_off() {
     drop(clients);
     job.finished();
 }
+
+/// Node attributes count in the shell's one bound with its key-value store: a put that fits alone is refused
+/// beside them.
+#[test]
+fn pmi2_node_attributes_and_the_store_share_one_bound() {
+    let big = "v".repeat(1000);
+    for attributes in [0, 2] {
+        let limits = Limits { kvs_bytes_max: 4096, ..Limits::default() };
+        let (job, mut clients) = Setup::block(&[1], 0).limits(limits).start();
+        let c = &mut clients[0];
+        c.init2();
+        for i in 0..attributes {
+            let answer = c.ask2(&format!("cmd=info-putnodeattr;key=a{i};value={big};"));
+            assert_eq!(answer, "cmd=info-putnodeattr-response;rc=0;", "attribute {i}");
+        }
+        let put = c.ask2(&format!("cmd=kvs-put;key=k;value={big};"));
+        match attributes {
+            0 => assert_eq!(put, "cmd=kvs-put-response;rc=0;"),
+            _ => {
+                assert!(put.starts_with("cmd=kvs-put-response;rc=-1;errmsg=the job's key-value store is full"), "{put}")
+            }
+        }
+        drop(clients);
+        job.finished();
+    }
+}

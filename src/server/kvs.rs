@@ -130,13 +130,14 @@ impl Kvs {
         }
     }
 
-    /// Stores every put of a collective's result (all shells' contributions, this one's included).
-    /// A contribution that breaks the bounds or the duplicate rule is an error naming what is wrong;
-    /// the store then holds the puts before it (the barrier fails and the job is expected to end).
-    pub fn merge(&mut self, contribution: &[u8], bounds: &Bounds) -> Result<(), MergeError> {
+    /// Stores every put of a collective's result (all shells' contributions, this one's included), with
+    /// `beside` bytes held elsewhere for this store ([`Kvs::put_beside`]). A contribution that breaks the
+    /// bounds or the duplicate rule is an error naming what is wrong; the store then holds the puts before
+    /// it (the barrier fails and the job is expected to end).
+    pub fn merge(&mut self, contribution: &[u8], bounds: &Bounds, beside: usize) -> Result<(), MergeError> {
         for line in contribution.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             let (rank, key, value) = decode(line, bounds)?;
-            self.put(rank, key, value).map_err(|e| match e {
+            self.put_beside(rank, key, value, beside).map_err(|e| match e {
                 PutError::Taken { owner } => {
                     MergeError::Conflict { key: String::from_utf8_lossy(key).into_owned(), ranks: (owner, rank) }
                 }
@@ -284,24 +285,27 @@ mod tests {
         encode(&mut c, 4, b"card-4", b"x");
         assert_eq!(c, b"3 card-3=a=b c\n4 card-4=x\n");
         let mut kvs = Kvs::new(1 << 20);
-        assert_eq!(kvs.merge(&c, &BOUNDS), Ok(()));
+        assert_eq!(kvs.merge(&c, &BOUNDS, 0), Ok(()));
         assert_eq!(kvs.get(b"card-3"), Some(&b"a=b c"[..]));
         // The echo of a shell's own contribution changes nothing.
-        assert_eq!(kvs.merge(&c, &BOUNDS), Ok(()));
+        assert_eq!(kvs.merge(&c, &BOUNDS, 0), Ok(()));
     }
 
     #[test]
     fn conflicting_epoch_puts_name_key_and_ranks() {
         let mut kvs = Kvs::new(1 << 20);
         kvs.put(1, b"k", b"mine").unwrap();
-        assert_eq!(kvs.merge(b"5 k=theirs\n", &BOUNDS), Err(MergeError::Conflict { key: "k".into(), ranks: (1, 5) }));
+        assert_eq!(
+            kvs.merge(b"5 k=theirs\n", &BOUNDS, 0),
+            Err(MergeError::Conflict { key: "k".into(), ranks: (1, 5) })
+        );
     }
 
     #[test]
     fn malformed_contributions_are_refused() {
         let mut kvs = Kvs::new(1 << 20);
         for bad in [&b"x k=v\n"[..], b"9 k=v\n", b"1 k\n", b"1 =v\n", b"1 k=\n", b"1 a b=v\n", b"-1 k=v\n"] {
-            assert!(matches!(kvs.merge(bad, &BOUNDS), Err(MergeError::Malformed(_))), "{bad:?}");
+            assert!(matches!(kvs.merge(bad, &BOUNDS, 0), Err(MergeError::Malformed(_))), "{bad:?}");
         }
     }
 }

@@ -419,7 +419,10 @@ impl Shell {
         }
         self.collective_pending = false;
         let outcome = match result {
-            Ok(parts) => parts.iter().try_for_each(|p| self.kvs.merge(p, &self.bounds)).map_err(|e| e.to_string()),
+            Ok(parts) => {
+                let beside = self.node_attr_bytes;
+                parts.iter().try_for_each(|p| self.kvs.merge(p, &self.bounds, beside)).map_err(|e| e.to_string())
+            }
             Err(why) => Err(why.to_string()),
         };
         match outcome {
@@ -711,8 +714,8 @@ impl Shell {
         check_key(&self.limits, key)?;
         check_value(value, value_max)?;
         // Rewrites by the key's owner are all sent at the barrier: the puts on their way are bounded with
-        // the store, not by it.
-        let pending = self.pending_charge(kvs::encoded_len(rank, key, value));
+        // the store, not by it; so are PMI-2's node attributes.
+        let pending = self.pending_charge(kvs::encoded_len(rank, key, value)).saturating_add(self.node_attr_bytes);
         match self.kvs.put_beside(rank, key, value, pending) {
             Ok(Stored::Changed) => {
                 kvs::encode(&mut self.contribution, rank, key, value);
