@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions), of
-fuzz/seeds/frames (streams of slurmstepd-srun frames, src/slurm/wire.rs) and of fuzz/seeds/collective
+"""Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions, and PMI-2
+sessions for the engine), of fuzz/seeds/pmi2 (PMI-2 frames and bodies), of fuzz/seeds/frames (streams of slurmstepd-srun frames, src/slurm/wire.rs) and of fuzz/seeds/collective
 (events for one of the collective's machines, src/collective/).
 
 The engine input format is the one fuzz_targets/engine.rs decodes: byte 0 is the configuration (bit 0
@@ -21,6 +21,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Canned request indices (fuzz_targets/engine.rs, canned()).
 INIT, INIT2, MAXES, USIZE, APPNUM, KVSNAME, PUT, PUT_SPACES, GET, GET_MAPPING, BARRIER, FINALIZE, ABORT = range(13)
 PUBLISH, UNPUBLISH, LOOKUP, R2H, SPAWN, SPAWN_START, ENDCMD = range(13, 19 + 1)
+# Canned PMI-2 request indices (fuzz_targets/engine.rs, canned2()): the same ops send these to a task once the
+# shell has answered its INIT2 (and the host has written the answer).
+(F_INIT, F_GETID, F_CONNECT, F_DISCONNECT, F_PUT, F_PUT_SEMI, F_FENCE, F_GET, F_GET_VAR, F_GET_MAPPING, F_JOBATTR,
+ F_PUTNODE, F_GETNODE_WAIT, F_GETNODE, F_GETNODE_MAYBE, F_ABORT, F_FINALIZE, F_PUBLISH, F_UNPUBLISH, F_LOOKUP,
+ F_SPAWN, F_SPAWN_BAD, F_BAD_PREFIX, F_UNKNOWN, F_MISSING, F_THRID, F_MALFORMED, F_TOO_LONG, F_NEWLINE,
+ F_SPAWN_MANY, F_PMI1_LINE, F_TWO) = range(32)
+# Bit 5 of a PMI-2 kind: the length is padded on the left (Slurm's libpmi2), not the right (MPICH).
+LEFT = 0x20
 
 
 class Session:
@@ -163,7 +171,155 @@ def sessions():
     # PMI-2 client, Intel's ranks2hosts, garbage.
     s = Session(0).req(0, INIT2).req(1, INIT).req(1, R2H).raw(2, b"cmd=put kvsname=kvs_fuzz_1 key=a\n")
     out["odd_clients"] = s
+
+    out.update(pmi2_sessions())
     return out
+
+
+def frame2(body, left=False):
+    """A PMI-2 frame: the body's length in 6 bytes, padded with spaces, then the body."""
+    return (b"%-6d" if left else b"%6d") % len(body) + body
+
+
+def pmi2_wire_up(s, tasks=3, value=0x22):
+    """MPICH 4 with PMI-2: init asking for 2, fullinit, job id, job attributes, a put each, a fence."""
+    for t in range(tasks):
+        s.req(t, INIT2).req(t, F_INIT, 0).req(t, F_GETID).req(t, F_JOBATTR, 0).req(t, F_JOBATTR, 1)
+        s.req(t, F_PUT, t, value)
+        s.req(t, F_FENCE)
+    return s
+
+
+def pmi2_sessions():
+    out = {}
+    # Wire-up over two nodes: the other shell brings ranks 3 and 4; gets, a second fence, finalize.
+    s = pmi2_wire_up(Session(0)).complete_remote([(3, 3, 30), (4, 4, 40)])
+    for t in range(3):
+        for key in range(5):
+            s.req(t, F_GET, key)
+        s.req(t, F_GET_VAR, 2, t).req(t, F_GET_MAPPING)
+    for t in range(3):
+        s.req(t, F_FENCE | LEFT)
+    s.complete_own()
+    for t in range(3):
+        s.req(t, F_FINALIZE)
+        s.disconnect(t)
+    out["pmi2_wireup"] = s
+
+    # PMI-1 and PMI-2 tasks in one job, traced, with big values (800 bytes; 1000 and 1100 for PMI-2), a
+    # value with ';' and a thrid; Slurm's fullinit.
+    s = Session(1)
+    for k in (INIT, MAXES, KVSNAME):
+        s.req(0, k)
+    s.req(0, PUT, 0, 0x90).req(0, BARRIER)
+    s.req(1, INIT2).req(1, F_INIT, 3).req(1, F_PUT, 1, 0xd0).req(1, F_PUT_SEMI, 2, 7).req(1, F_FENCE)
+    s.req(2, INIT2).req(2, F_INIT, 1).req(2, F_PUT, 3, 0xe0).req(2, F_THRID, 0, 0x42).complete_own()
+    s.req(0, GET, 1).req(0, GET, 2).req(1, F_GET, 0).req(1, F_GET, 2).req(2, F_THRID, 1, 9)
+    s.req(2, F_GET_VAR, 2, 1)
+    out["pmi2_mixed_trace"] = s
+
+    # Node attributes: a waiter woken by a put, waits nobody can satisfy any more, wait=FALSE.
+    s = Session(0)
+    for t in range(3):
+        s.req(t, INIT2).req(t, F_INIT, 0)
+    s.req(0, F_GETNODE_WAIT, 1).req(1, F_PUTNODE, 1, 5).req(0, F_GETNODE, 1).req(2, F_GETNODE, 2, 1)
+    s.req(0, F_GETNODE_WAIT, 2, 1).req(2, F_GETNODE_WAIT, 3).req(1, F_FINALIZE)
+    s.req(0, F_PUTNODE, 2, 0x90).req(2, F_FENCE).req(0, F_FENCE)
+    out["pmi2_nodeattr"] = s
+
+    # Name service and spawns through a host that offers them; job-connect refused.
+    s = Session(2)
+    for t in range(3):
+        s.req(t, INIT2).req(t, F_INIT, 0)
+    s.req(0, F_PUBLISH, 1, 2).reply(0, 0).req(1, F_LOOKUP, 1).reply(1, 1).req(1, F_LOOKUP, 5).reply(1, 6)
+    s.req(0, F_PUBLISH, 6, 3).reply(0, 7).req(0, F_UNPUBLISH, 1).reply(0, 0)
+    s.req(2, F_SPAWN, 3, 1).reply(2, 4).req(2, F_SPAWN, 0, 2).reply(2, 9).req(2, F_SPAWN, 1, 3).reply(2, 6)
+    s.req(1, F_CONNECT).req(1, F_DISCONNECT).req(1, F_LOOKUP, 2).req(1, F_ABORT, 3, 0)
+    out["pmi2_services"] = s
+
+    # The same without services, spawns of 256 and 257 commands, and a spawn whose counts disagree.
+    s = Session(0)
+    for t in range(3):
+        s.req(t, INIT2)
+    s.req(0, F_PUBLISH, 1, 2).req(0, F_LOOKUP, 1).req(0, F_SPAWN, 1, 0).req(0, F_SPAWN_MANY, 255, 0)
+    s.req(1, F_SPAWN_MANY, 255, 1).req(2, F_SPAWN_BAD, 1)
+    out["pmi2_no_services"] = s
+
+    # Malformed requests, one per task (each cuts its task off).
+    faults = [
+        (F_UNKNOWN, 0, 0), (F_MISSING, 0, 0), (F_GETNODE_MAYBE, 1, 0),
+        (F_BAD_PREFIX, 0, 0), (F_BAD_PREFIX, 3, 0), (F_MALFORMED, 0, 0),
+        (F_SPAWN_BAD, 0, 0), (F_SPAWN_BAD, 3, 0), (F_SPAWN_BAD, 4, 0),
+        (F_TOO_LONG, 0, 5), (F_TOO_LONG, 1, 0), (F_NEWLINE, 0, 1),
+        (F_PMI1_LINE, 10, 0), (F_TWO, 1, 3), (F_MALFORMED, 6, 0),
+    ]
+    for i in range(0, len(faults), 3):
+        s = Session(0)
+        for t, (k, a, b) in enumerate(faults[i:i + 3]):
+            s.req(t, INIT2).req(t, F_INIT, 0).req(t, k, a, b)
+        out["pmi2_faults_%d" % (i // 3)] = s
+
+    # Small limits, cyclic map, output a few bytes at a time: frames split (in the prefix too), typed in
+    # small chunks, left-padded lengths, puts over the limit, a fence with a task that aborts while waiting.
+    s = Session(4 | 8).piece(5)
+    for t in range(3):
+        s.req(t, INIT2)
+    s.piece(200)
+    for t in range(3):
+        s.req(t, F_INIT | LEFT, 0).req(t, F_PUT, t, 0x70).req(t, F_PUT, t, 0x80)
+    s.split(0, F_GET, 1, 0, 3).split(1, F_PUTNODE, 2, 0x97, 100).split(2, F_JOBATTR | LEFT, 0, 0, 200)
+    s.raw(0, frame2(b"cmd=kvs-put;key=z0;value=" + b"v" * 200 + b";"), chunk=4)
+    s.raw(1, frame2(b"cmd=kvs-get;jobid=kvs_fuzz_1;srcid=-1;key=z0;", left=True) + frame2(b"cmd=kvs-fence;"), chunk=5)
+    s.req(0, F_FENCE).req(2, F_TWO, 2, 1)
+    out["pmi2_small_limits"] = s
+
+    # Raw frames: a session typed out by hand, a frame that announces more than comes, then a disconnect.
+    s = Session(2).req(0, INIT2).req(1, INIT2).req(2, INIT)
+    s.raw(0, frame2(b"cmd=fullinit;pmirank=0;") + frame2(b"cmd=job-getid;thrid=1;") + frame2(b"cmd=kvs-put;key=a;value=b;;c;"))
+    s.raw(0, frame2(b"cmd=spawn;ncmds=1;preputcount=0;subcmd=./x;maxprocs=2;argc=1;argv0=-v;infokeycount=0;"), chunk=9)
+    s.reply(0, 4)
+    s.raw(1, b"    40cmd=kvs-get;key=a;")
+    s.disconnect(1)
+    s.raw(2, b"cmd=init pmi_version=2 pmi_subversion=0\n" + frame2(b"cmd=fullinit;pmirank=2;"), chunk=11)
+    out["pmi2_raw"] = s
+    return out
+
+
+# PMI-2 seeds for the pmi2 target: whole frames (prefix and body) and bare bodies.
+PMI2_SEEDS = [
+    frame2(b"cmd=fullinit;pmirank=0;"),
+    frame2(b"cmd=fullinit;pmijobid=1.0;pmirank=3;threaded=FALSE;", left=True),
+    frame2(b"cmd=job-getid;thrid=0x7ffd1234;"),
+    frame2(b"cmd=kvs-put;key=-bcast-1-0;value=a b=c;"),
+    frame2(b"cmd=kvs-put;key=P0-businesscard;value=description#node0$port#4242$ifname#10.0.0.1$;"),
+    b"cmd=kvs-get;thrid=0x1;jobid=kvs_1;srcid=-1;key=x;;y",
+    frame2(b"cmd=kvs-fence;"),
+    frame2(b"cmd=info-getjobattr;key=PMI_process_mapping;"),
+    frame2(b"cmd=info-putnodeattr;key=shm;value=/dev/shm/x;;1;"),
+    frame2(b"cmd=info-getnodeattr;key=shm;wait=TRUE;"),
+    b"cmd=info-getnodeattr;key=k;wait=maybe;",
+    frame2(b"cmd=abort;isworld=1;exitcode=-3;message=rank 3: out of memory;"),
+    frame2(b"cmd=finalize;"),
+    frame2(b"cmd=name-publish;name=svc;port=tag#0$port#42$;"),
+    frame2(b"cmd=name-unpublish;name=svc;"),
+    frame2(b"cmd=name-lookup;thrid=7;name=svc;"),
+    frame2(b"cmd=job-connect;jobid=kvs_2;"),
+    frame2(
+        b"cmd=spawn;thrid=1;ncmds=2;preputcount=1;ppkey0=PARENT_ROOT_PORT_NAME;ppval0=tag#0$port$;"
+        b"subcmd=./a;maxprocs=2;argc=2;argv0=x;argv1=two words;infokeycount=1;infokey0=wdir;infoval0=/tmp;"
+        b"subcmd=./b;maxprocs=1;argc=0;infokeycount=0;"
+    ),
+    b"cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=1;argv1=x;",
+    b"cmd=spawn;ncmds=2;preputcount=0;subcmd=./a;maxprocs=1;argc=0;",
+    b"cmd=spawn;ncmds=1;preputcount=1;subcmd=./a;maxprocs=-1;argc=0;infokeycount=1;infokey3=k;",
+    b"cmd=spawn;ncmds=257;preputcount=0;" + b"subcmd=./a;" * 257,
+    b" 1 3  cmd=finalize;",
+    b"-00013cmd=finalize;",
+    b"cmd=finalize;junk;",
+    b"cmd=kvs-put;=v;",
+    b"key=v;cmd=finalize;",
+    b"cmd=no-such;",
+]
 
 
 PARSE_SEEDS = [
@@ -479,6 +635,11 @@ def main():
             f.write(bytes(s.b))
     for i, data in enumerate(PARSE_SEEDS):
         with open(os.path.join(parse, "seed%02d" % i), "wb") as f:
+            f.write(data)
+    pmi2 = os.path.join(HERE, "seeds", "pmi2")
+    os.makedirs(pmi2, exist_ok=True)
+    for i, data in enumerate(PMI2_SEEDS):
+        with open(os.path.join(pmi2, "seed%02d" % i), "wb") as f:
             f.write(data)
     frames_dir = os.path.join(HERE, "seeds", "frames")
     os.makedirs(frames_dir, exist_ok=True)

@@ -4,6 +4,9 @@
 //! Input format (see README.md): byte 0 is the configuration, then operations until the input ends; every
 //! operation is one byte `op` (`op % 16` = what, `(op / 16) % 3` = which task) followed by its arguments.
 //! A missing argument byte reads as 0.
+//!
+//! A task speaks PMI-1 until the shell answers its `cmd=init pmi_version=2` with `pmi_version=2`; from then
+//! on its output is checked as PMI-2 frames, and the canned requests sent to it are PMI-2 frames.
 
 #![no_main]
 
@@ -23,6 +26,9 @@ fn debug() -> bool {
     static DEBUG: OnceLock<bool> = OnceLock::new();
     *DEBUG.get_or_init(|| std::env::var_os("RPMI_FUZZ_DEBUG").is_some_and(|v| v != "0"))
 }
+
+/// No PMI-2 answer is longer than this (the longest real ones, a value or a port, are about 1 KiB).
+const FRAME_BODY_MAX: usize = 64 * 1024;
 
 /// The input, read one byte at a time; past its end every byte is 0.
 struct Input<'a> {
@@ -138,7 +144,8 @@ impl Host for FuzzHost {
 
     fn trace(&mut self, rank: u32, _direction: Direction, line: &[u8]) {
         let _ = self.task_of(rank);
-        assert!(!line.contains(&b'\n'), "a traced line holds a newline");
+        // A PMI-2 request's body may hold line breaks: the shell escapes them.
+        assert!(!line.contains(&b'\n'), "a traced line holds a newline: {:?}", String::from_utf8_lossy(line));
     }
 
     fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
@@ -159,7 +166,8 @@ impl Host for FuzzHost {
                 Service::Lookup
             }
             HostRequest::Spawn(req) => {
-                assert!(!req.commands.is_empty() && req.commands.len() <= 256);
+                let n = req.commands.len();
+                assert!((1..=256).contains(&n), "a spawn of {n} commands");
                 self.spawn_procs[task] = req.total_procs();
                 Service::Spawn
             }
@@ -176,10 +184,14 @@ impl Host for FuzzHost {
     }
 }
 
-/// What the host has written to each task, checked line by line.
+/// What the host has written to each task, checked line by line (PMI-1) or frame by frame (PMI-2).
 struct Wire {
-    /// Bytes written after the last newline.
+    /// Bytes written after the last newline (PMI-1) or after the last whole frame (PMI-2).
     partial: Vec<Vec<u8>>,
+    /// The task's answers are PMI-2 frames: the shell answered its init with version 2.
+    v2: Vec<bool>,
+    /// The longest value a PMI-2 answer may carry (`Limits::pmi2_value_max`).
+    value_max: usize,
     /// The next line is the second line of a `get_ranks2hosts` answer.
     r2h_second: Vec<bool>,
     /// Tasks with output left after a partial write (the host's own write queue).
@@ -189,12 +201,101 @@ struct Wire {
 impl Wire {
     fn written(&mut self, task: TaskId, bytes: &[u8]) {
         self.partial[task].extend_from_slice(bytes);
-        while let Some(nl) = self.partial[task].iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.partial[task].drain(..=nl).collect();
-            self.check_line(task, &line);
+        loop {
+            if self.v2[task] {
+                let p = &self.partial[task];
+                if p.len() < 6 {
+                    break;
+                }
+                let len = frame_len(&p[..6]);
+                if p.len() < 6 + len {
+                    break;
+                }
+                let frame: Vec<u8> = self.partial[task].drain(..6 + len).collect();
+                self.check_frame(task, &frame);
+            } else {
+                let Some(nl) = self.partial[task].iter().position(|&b| b == b'\n') else { break };
+                let line: Vec<u8> = self.partial[task].drain(..=nl).collect();
+                self.check_line(task, &line);
+            }
         }
-        if !self.r2h_second[task] && !self.partial[task].starts_with(b"put_ranks2hosts") {
+        if !self.v2[task] && !self.r2h_second[task] && !self.partial[task].starts_with(b"put_ranks2hosts") {
             assert!(self.partial[task].len() < MAX_LINE, "an unfinished response line over {MAX_LINE} bytes");
+        }
+    }
+
+    /// One PMI-2 answer: `cmd=NAME-response;[thrid=T;]rc=N;` then fields, each ended by `;` (a `;` in a value
+    /// doubled); `errmsg=` only on failure; `value=` only with `found=TRUE`, in a successful get.
+    fn check_frame(&mut self, task: TaskId, frame: &[u8]) {
+        let shown = String::from_utf8_lossy(frame);
+        if debug() {
+            eprintln!("task {task} <- {shown}");
+        }
+        let body = &frame[6..];
+        assert!(body.starts_with(b"cmd="), "a frame not starting with cmd=: {shown}");
+        assert!(body.ends_with(b";"), "a frame not ending with ';': {shown}");
+        let pairs = split_pairs(body).unwrap_or_else(|why| panic!("{why} in the frame {shown}"));
+        let cmd = pairs[0].1.as_slice();
+        const ANSWERS: [&[u8]; 15] = [
+            b"fullinit-response",
+            b"job-getid-response",
+            b"job-connect-response",
+            b"job-disconnect-response",
+            b"kvs-put-response",
+            b"kvs-fence-response",
+            b"kvs-get-response",
+            b"info-getjobattr-response",
+            b"info-putnodeattr-response",
+            b"info-getnodeattr-response",
+            b"finalize-response",
+            b"name-publish-response",
+            b"name-unpublish-response",
+            b"name-lookup-response",
+            b"spawn-response",
+        ];
+        assert!(ANSWERS.contains(&cmd), "an answer of an unknown command: {shown}");
+        let at = if pairs.get(1).is_some_and(|(k, _)| k == b"thrid") { 2 } else { 1 };
+        let (key, rc) = pairs.get(at).unwrap_or_else(|| panic!("a frame without rc=: {shown}"));
+        assert_eq!(key, b"rc", "rc= is not right after cmd= (and thrid=): {shown}");
+        let rc: i32 =
+            std::str::from_utf8(rc).ok().and_then(|r| r.parse().ok()).unwrap_or_else(|| panic!("rc= {shown}"));
+        let get = |k: &[u8]| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_slice());
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            assert!(pairs[..i].iter().all(|(key, _)| key != k), "a key twice: {shown}");
+            assert!(k == b"thrid" || !v.is_empty(), "an empty {}= in {shown}", String::from_utf8_lossy(k));
+            let known = [
+                &b"cmd"[..],
+                b"thrid",
+                b"rc",
+                b"errmsg",
+                b"rank",
+                b"size",
+                b"appnum",
+                b"spawner-jobid",
+                b"pmiverbose",
+                b"jobid",
+                b"value",
+                b"found",
+                b"port",
+            ];
+            assert!(known.contains(&k.as_slice()), "an unknown field in {shown}");
+        }
+        assert!(get(b"errmsg").is_none() || rc != 0, "errmsg= with rc=0: {shown}");
+        let getter = [&b"kvs-get-response"[..], b"info-getjobattr-response", b"info-getnodeattr-response"];
+        match get(b"found") {
+            Some(found) => {
+                assert!(getter.contains(&cmd) && rc == 0, "found= outside a successful get: {shown}");
+                assert!(found == b"TRUE" || found == b"FALSE", "found= is neither TRUE nor FALSE: {shown}");
+                let value = get(b"value");
+                assert_eq!(value.is_some(), found == b"TRUE", "value= and found= disagree: {shown}");
+                if let Some(v) = value {
+                    assert!(v.len() <= self.value_max, "a value of {} bytes: {shown}", v.len());
+                }
+            }
+            None => {
+                assert!(get(b"value").is_none(), "value= without found=: {shown}");
+                assert!(!getter.contains(&cmd) || rc != 0, "a successful get without found=: {shown}");
+            }
         }
     }
 
@@ -212,6 +313,11 @@ impl Wire {
         if line.starts_with(b"put_ranks2hosts ") {
             self.r2h_second[task] = true;
             return;
+        }
+        if line.starts_with(b"cmd=response_to_init rc=0 pmi_version=2 ") {
+            // From now on the task speaks PMI-2, and so do its answers.
+            assert_eq!(line, b"cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0\n");
+            self.v2[task] = true;
         }
         assert!(line.len() <= MAX_LINE, "a response line of {} bytes: {shown}", line.len());
         assert!(line.starts_with(b"cmd="), "a response line not starting with cmd=: {shown}");
@@ -231,6 +337,83 @@ impl Wire {
             assert!(body.len() > at + 7, "an empty value= in {shown}");
             assert!(head.starts_with(b"cmd=get_result rc=0"), "value= outside a successful get_result: {shown}");
         }
+    }
+}
+
+/// What a PMI-2 answer's length prefix says: the server writes `{:>6}` (as MPICH does), and no answer is
+/// longer than [`FRAME_BODY_MAX`].
+fn frame_len(prefix: &[u8]) -> usize {
+    let shown = String::from_utf8_lossy(prefix);
+    let len: usize = shown.trim_start_matches(' ').parse().unwrap_or_else(|_| panic!("a frame prefix '{shown}'"));
+    assert_eq!(format!("{len:>6}").as_bytes(), prefix, "a frame prefix '{shown}'");
+    assert!(len <= FRAME_BODY_MAX, "an answer of {len} bytes");
+    len
+}
+
+/// The `key=value;` pairs of a PMI-2 body (`;;` is a `;` of the value), each ended by its `;`.
+fn split_pairs(body: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
+    let mut pairs = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let eq = rest.iter().position(|&b| b == b'=').ok_or("a field without '='")?;
+        let key = &rest[..eq];
+        if key.is_empty() || key.iter().any(|&b| b == b';' || b == b' ') {
+            return Err(format!("a bad key '{}'", String::from_utf8_lossy(key)));
+        }
+        let mut value = Vec::new();
+        let mut i = eq + 1;
+        loop {
+            match (rest.get(i), rest.get(i + 1)) {
+                (None, _) => return Err("a field without its ';'".into()),
+                (Some(b';'), Some(b';')) => {
+                    value.push(b';');
+                    i += 2;
+                }
+                (Some(b';'), _) => break,
+                (Some(&b), _) => {
+                    value.push(b);
+                    i += 1;
+                }
+            }
+        }
+        pairs.push((key.to_vec(), value));
+        rest = &rest[i + 1..];
+    }
+    match pairs.first() {
+        Some((k, _)) if k == b"cmd" => Ok(pairs),
+        _ => Err("no cmd= first".into()),
+    }
+}
+
+/// What each task wrote that the host has not passed to the shell yet (its socket): a host reads nothing
+/// from a task while the shell holds input of it (`Shell::holds_input`), then one write per step.
+struct Sockets {
+    unread: Vec<std::collections::VecDeque<Vec<u8>>>,
+}
+
+impl Sockets {
+    /// Task `task` writes `bytes`: the host reads them at once, unless the shell holds the task's input or
+    /// earlier writes wait.
+    fn write(&mut self, shell: &mut Shell, host: &mut FuzzHost, task: TaskId, bytes: &[u8]) {
+        if self.unread[task].is_empty() && !shell.holds_input(task) {
+            shell.receive(host, task, bytes);
+        } else if !bytes.is_empty() {
+            self.unread[task].push_back(bytes.to_vec());
+        }
+    }
+
+    /// Reads one waiting write of every task whose input the shell no longer holds; whether it read any.
+    fn read(&mut self, shell: &mut Shell, host: &mut FuzzHost) -> bool {
+        let mut read = false;
+        for t in 0..NTASKS {
+            if !shell.holds_input(t) {
+                if let Some(bytes) = self.unread[t].pop_front() {
+                    shell.receive(host, t, &bytes);
+                    read = true;
+                }
+            }
+        }
+        read
     }
 }
 
@@ -325,6 +508,207 @@ fn canned(k: u8, a: u8, b: u8) -> Vec<u8> {
     line
 }
 
+/// A PMI-2 frame of `body`: its length right-aligned in 6 bytes (MPICH's `%6u`), or left-aligned (Slurm's
+/// `%-6d`).
+fn frame(body: &[u8], left: bool) -> Vec<u8> {
+    let mut f = match left {
+        true => format!("{:<6}", body.len()),
+        false => format!("{:>6}", body.len()),
+    }
+    .into_bytes();
+    f.extend_from_slice(body);
+    f
+}
+
+/// A realistic PMI-2 request (one frame, or a few bytes that are not one), for a task of rank `rank`. Bit 5
+/// of `k` pads the length on the left.
+fn canned2(k: u8, a: u8, b: u8, rank: u32) -> Vec<u8> {
+    let key = |a: u8| format!("k{}", a % 8);
+    let node_key = |a: u8| format!("n{}", a % 4);
+    let body: Vec<u8> = match k % 32 {
+        0 => match a % 4 {
+            0 => format!("cmd=fullinit;pmirank={rank};"),
+            1 => "cmd=fullinit;pmirank=-1;".into(),
+            2 => format!("cmd=fullinit;pmirank={};", (rank + 1 + u32::from(b % 4)) % JOB_SIZE as u32),
+            // Slurm's libpmi2.
+            _ => format!("cmd=fullinit;pmijobid=1.0;pmirank={rank};threaded=FALSE;"),
+        }
+        .into_bytes(),
+        1 => b"cmd=job-getid;".to_vec(),
+        2 => format!("cmd=job-connect;jobid={KVSNAME};").into_bytes(),
+        3 => format!("cmd=job-disconnect;jobid={KVSNAME};").into_bytes(),
+        4 => {
+            let mut body = format!("cmd=kvs-put;key={};value=", key(a)).into_bytes();
+            body.extend(value(b >> 4, b));
+            body.push(b';');
+            body
+        }
+        // A value with `;` in it, as older clients write it, and with spaces and `=`.
+        5 => format!("cmd=kvs-put;key={};value=x;;y=z ;;{b};", key(a)).into_bytes(),
+        6 => b"cmd=kvs-fence;".to_vec(),
+        7 => format!("cmd=kvs-get;jobid={KVSNAME};srcid=-1;key={};", key(a)).into_bytes(),
+        8 => match a % 3 {
+            0 => format!("cmd=kvs-get;key={};", key(b)),
+            1 => format!("cmd=kvs-get;jobid=other;srcid={b};key={};", key(b)),
+            _ => format!("cmd=kvs-get;thrid=0x7f{b:02x};jobid={KVSNAME};srcid=3;key={};", key(b)),
+        }
+        .into_bytes(),
+        9 => format!("cmd=kvs-get;jobid={KVSNAME};srcid=-1;key=PMI_process_mapping;").into_bytes(),
+        10 => {
+            let attr = ["PMI_process_mapping", "universeSize", "PMI_hwloc_xmlfile", "PMI_dead_processes"];
+            format!("cmd=info-getjobattr;key={};", attr[usize::from(a % 4)]).into_bytes()
+        }
+        11 => match b & 0x80 {
+            0 => format!("cmd=info-putnodeattr;key={};value=v{b};", node_key(a)).into_bytes(),
+            _ => {
+                let mut body = format!("cmd=info-putnodeattr;key={};value=", node_key(a)).into_bytes();
+                body.extend(value(b >> 3, b));
+                body.push(b';');
+                body
+            }
+        },
+        12 => {
+            let wait = if b & 1 == 0 { "TRUE" } else { "true" };
+            format!("cmd=info-getnodeattr;key={};wait={wait};", node_key(a)).into_bytes()
+        }
+        13 => match b & 1 {
+            0 => format!("cmd=info-getnodeattr;key={};wait=FALSE;", node_key(a)),
+            _ => format!("cmd=info-getnodeattr;key={};", node_key(a)),
+        }
+        .into_bytes(),
+        14 => format!("cmd=info-getnodeattr;key={};wait=maybe;", node_key(a)).into_bytes(),
+        15 => match b % 3 {
+            0 => format!("cmd=abort;isworld=1;exitcode={};message=rank {rank}: bye;; {b};", a as i8),
+            1 => "cmd=abort;".into(),
+            _ => format!("cmd=abort;exitcode={}99999999999;", a),
+        }
+        .into_bytes(),
+        16 => b"cmd=finalize;".to_vec(),
+        17 => match a & 4 {
+            0 => format!("cmd=name-publish;name=s{};port=tag#0$port#{b}$;", a % 4),
+            _ => format!("cmd=name-publish;name=s{};port=p {b};;x;", a % 4),
+        }
+        .into_bytes(),
+        18 => format!("cmd=name-unpublish;name=s{};", a % 4).into_bytes(),
+        19 => match a & 4 {
+            0 => format!("cmd=name-lookup;name=s{};", a % 4),
+            _ => format!("cmd=name-lookup;thrid=9;name=s {};", a % 4),
+        }
+        .into_bytes(),
+        // MPICH's spawn of one or two commands, with the parent's port as a preput.
+        20 => {
+            let n = 1 + usize::from(a & 1);
+            let mut body = format!(
+                "cmd=spawn;thrid=0x{b:x};ncmds={n};preputcount=1;ppkey0=PARENT_ROOT_PORT_NAME;ppval0=tag#0$port#{b}$;"
+            );
+            for c in 0..n {
+                body += &format!(
+                    "subcmd=./child{c};maxprocs={};argc=2;argv0=-n;argv1=two words;infokeycount=1;infokey0=wdir;                     infoval0=/tmp;",
+                    (a >> 1) % 4 + 1
+                );
+            }
+            body.into_bytes()
+        }
+        21 => match a % 8 {
+            0 => "cmd=spawn;ncmds=2;preputcount=0;subcmd=./a;maxprocs=1;argc=0;".into(),
+            1 => "cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=1;argv1=x;".into(),
+            2 => "cmd=spawn;ncmds=1;preputcount=1;subcmd=./a;maxprocs=1;argc=0;".into(),
+            3 => "cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=-1;argc=0;".into(),
+            4 => "cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;infokeycount=1;infokey3=k;".into(),
+            5 => "cmd=spawn;ncmds=0;preputcount=0;".into(),
+            6 => "cmd=spawn;ncmds=1;preputcount=0;subcmd=;maxprocs=1;argc=0;".into(),
+            _ => format!("cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs={};argc={};", b, 4096 + usize::from(b)),
+        }
+        .into_bytes(),
+        // Not a length prefix: the connection is cut at once.
+        22 => {
+            return match a % 4 {
+                0 => b" 1 3  cmd=finalize;".to_vec(),
+                1 => b"-00013cmd=finalize;".to_vec(),
+                2 => b"cmd=finalize;".to_vec(),
+                _ => b"0x000dcmd=finalize;".to_vec(),
+            }
+        }
+        23 => match a % 3 {
+            0 => "cmd=no-such;",
+            1 => "cmd=kvs_put;key=a;value=b;",
+            _ => "cmd=init;pmi_version=2;pmi_subversion=0;",
+        }
+        .into(),
+        24 => {
+            let missing = [
+                "cmd=kvs-put;value=x;",
+                "cmd=kvs-get;jobid=kvs_fuzz_1;srcid=0;",
+                "cmd=info-getjobattr;",
+                "cmd=info-putnodeattr;value=x;",
+                "cmd=info-getnodeattr;wait=TRUE;",
+                "cmd=name-publish;name=s0;",
+                "cmd=name-unpublish;",
+                "cmd=name-lookup;",
+            ];
+            missing[usize::from(a % 8)].into()
+        }
+        25 => match a % 3 {
+            0 => format!("cmd=kvs-fence;thrid=0x{b:x};"),
+            1 => format!("cmd=kvs-put;thrid=a;;b{b};key={};value=v;", key(a)),
+            _ => format!("cmd=job-getid;thrid={};", "t".repeat(usize::from(b) * 4)),
+        }
+        .into_bytes(),
+        26 => {
+            let bad = [
+                "cmd=finalize;junk;",
+                "key=v;cmd=finalize;",
+                "cmd=;",
+                "",
+                "cmd=kvs-put;=v;",
+                "cmd=kvs-fence",
+                " cmd=job-getid;",
+                "cmd=finalize;a;b=c;",
+            ];
+            bad[usize::from(a % 8)].into()
+        }
+        // Longer than a request may be (but a spawn), or than any limit: refused from the prefix.
+        27 => match a & 1 {
+            0 => {
+                let mut body = format!("cmd=kvs-put;key={};value=", key(b)).into_bytes();
+                body.extend(vec![b'w'; 4096 + usize::from(b)]);
+                body.push(b';');
+                body
+            }
+            _ => return b"999999cmd=kvs-put;key=a;value=".to_vec(),
+        },
+        28 => match a % 3 {
+            0 => format!("cmd=kvs-put;key={};value=a\nb;", key(b)),
+            1 => format!("cmd=info-putnodeattr;key={};value=a\rb\n;", node_key(b)),
+            _ => format!("cmd=kvs-put;key=a b;value=c;"),
+        }
+        .into_bytes(),
+        // A spawn of 1 to 257 commands.
+        29 => {
+            let n = usize::from(a) + 1 + usize::from(a == 255 && b & 1 != 0);
+            let mut body = format!("cmd=spawn;ncmds={n};preputcount=0;");
+            for c in 0..n {
+                body += &format!("subcmd=./c{c};maxprocs={};argc=0;infokeycount=0;", b % 3 + 1);
+            }
+            body.into_bytes()
+        }
+        // A PMI-1 line to a PMI-2 task.
+        30 => return canned(a, b, 0),
+        // Two requests in one write: pipelined, the second while the first waits, abort while one waits.
+        _ => {
+            let (first, second) = match a % 3 {
+                0 => (format!("cmd=kvs-put;key={};value=p{b};", key(b)), format!("cmd=kvs-get;key={};", key(b))),
+                1 => ("cmd=kvs-fence;".into(), format!("cmd=kvs-get;key={};", key(b))),
+                _ => (format!("cmd=info-getnodeattr;key={};wait=TRUE;", node_key(b)), "cmd=abort;exitcode=2;".into()),
+            };
+            let mut f = frame(first.as_bytes(), k & 0x20 != 0);
+            f.extend(frame(second.as_bytes(), k & 0x40 != 0));
+            return f;
+        }
+    };
+    frame(&body, k & 0x20 != 0)
+}
+
 /// The host's answer to a service request. `procs` is what the spawn asked for: a host answers one error
 /// code per process.
 fn reply(v: u8, procs: u64) -> HostReply {
@@ -342,6 +726,15 @@ fn reply(v: u8, procs: u64) -> HostReply {
         // Up to 2000 bytes: longer than any response line may be.
         8 => HostReply::Port("p".repeat(usize::from(v / 10) * 80)),
         _ => HostReply::Spawned { errcodes: vec![-1, i32::MIN, i32::MAX] },
+    }
+}
+
+/// A canned request in the task's protocol, as far as the host has written the task's answers (a task
+/// whose init answer is still queued is sent PMI-1).
+fn request(wire: &Wire, host: &FuzzHost, task: TaskId, k: u8, a: u8, b: u8) -> Vec<u8> {
+    match wire.v2[task] {
+        true => canned2(k, a, b, host.local_ranks[task]),
+        false => canned(k, a, b),
     }
 }
 
@@ -366,6 +759,7 @@ fn run(data: &[u8]) {
     };
     let hostnames = vec!["node0".to_string(), "node1".to_string()];
     let kvs_bytes_max = limits.kvs_bytes_max;
+    let value_max = limits.pmi2_value_max();
     let job = JobInfo::new(KVSNAME, task_map, local_ranks.clone(), hostnames);
     let mut shell = Shell::new(job, limits).expect("a valid job");
     shell.set_trace(config & 1 != 0);
@@ -382,8 +776,15 @@ fn run(data: &[u8]) {
         host_bug_logs: 0,
         kvs_bytes_max,
     };
-    let mut wire = Wire { partial: vec![Vec::new(); NTASKS], r2h_second: vec![false; NTASKS], backlog: Vec::new() };
+    let mut wire = Wire {
+        partial: vec![Vec::new(); NTASKS],
+        v2: vec![false; NTASKS],
+        value_max,
+        r2h_second: vec![false; NTASKS],
+        backlog: Vec::new(),
+    };
 
+    let mut sockets = Sockets { unread: vec![Default::default(); NTASKS] };
     // How much of each task's output the host writes per step (op 14 changes it).
     let mut piece = usize::MAX;
     while !input.is_empty() {
@@ -391,28 +792,32 @@ fn run(data: &[u8]) {
         let task = (op as usize / 16) % NTASKS;
         match op % 16 {
             0..=5 => {
-                let line = canned(input.byte(), input.byte(), input.byte());
-                shell.receive(&mut host, task, &line);
+                let line = request(&wire, &host, task, input.byte(), input.byte(), input.byte());
+                sockets.write(&mut shell, &mut host, task, &line);
             }
             6 => {
-                let line = canned(input.byte(), input.byte(), input.byte());
+                let line = request(&wire, &host, task, input.byte(), input.byte(), input.byte());
                 let at = usize::from(input.byte()) * line.len() / 256;
-                shell.receive(&mut host, task, &line[..at]);
-                shell.receive(&mut host, task, &line[at..]);
+                sockets.write(&mut shell, &mut host, task, &line[..at]);
+                sockets.write(&mut shell, &mut host, task, &line[at..]);
             }
             7 => {
                 let len = input.byte() as usize;
                 let chunk = input.byte();
                 let bytes = input.bytes(len);
                 if chunk & 0x80 != 0 {
-                    shell.receive(&mut host, task, bytes);
+                    sockets.write(&mut shell, &mut host, task, bytes);
                 } else {
                     for c in bytes.chunks(chunk as usize % 32 + 1) {
-                        shell.receive(&mut host, task, c);
+                        sockets.write(&mut shell, &mut host, task, c);
                     }
                 }
             }
-            8 => shell.disconnected(&mut host, task),
+            8 => {
+                // What the task wrote and the host did not read is lost with the connection.
+                sockets.unread[task].clear();
+                shell.disconnected(&mut host, task);
+            }
             9 => match host.collective.take() {
                 Some(own) => shell.collective_complete(&mut host, Ok(&[&own])),
                 None => {
@@ -478,8 +883,21 @@ fn run(data: &[u8]) {
         }
         host.misuse = false;
         drain(&mut shell, &mut host, &mut wire, piece);
+        while sockets.read(&mut shell, &mut host) {
+            drain(&mut shell, &mut host, &mut wire, piece);
+            if piece != usize::MAX {
+                break;
+            }
+        }
         assert!(shell.kvs_bytes() <= kvs_bytes_max, "the KVS holds {} bytes", shell.kvs_bytes());
         let queued = |shell: &Shell| (0..NTASKS).map(|t| shell.output(t).len()).sum::<usize>();
+        if debug() {
+            let each: Vec<usize> = (0..NTASKS).map(|t| shell.output(t).len()).collect();
+            eprintln!(
+                "op {op:#04x}: output queued {each:?}, input held {:?}",
+                (0..NTASKS).map(|t| shell.holds_input(t)).collect::<Vec<_>>()
+            );
+        }
         if piece == usize::MAX {
             assert_eq!(queued(&shell), 0, "output left after a full drain");
             assert!((0..NTASKS).all(|t| !shell.holds_input(t)), "input held after every answer was written");
@@ -490,6 +908,9 @@ fn run(data: &[u8]) {
         }
     }
     drain(&mut shell, &mut host, &mut wire, usize::MAX);
+    while sockets.read(&mut shell, &mut host) {
+        drain(&mut shell, &mut host, &mut wire, usize::MAX);
+    }
     for t in 0..NTASKS {
         assert!(shell.output(t).is_empty());
     }
