@@ -304,12 +304,16 @@ impl Shell {
         });
     }
 
-    /// Stores a node attribute, within the store's limit; a new value replaces the old.
+    /// Stores a node attribute, within the store's limit (charged as a store entry); a new value replaces the
+    /// old.
     fn put_node_attr(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
         check_key(&self.limits, key).map_err(|(_, why)| why)?;
         check_value(value, self.limits.pmi2_value_max()).map_err(|(_, why)| why)?;
-        let old = self.node_attrs.get(key).map_or(0, |v| key.len() + v.len());
-        let new = key.len() + value.len();
+        // Charged as a store entry is, heap blocks and all: a task putting many tiny attributes must not get
+        // past the bound through what each costs beyond its bytes.
+        let cost = |value: &[u8]| kvs::ENTRY_OVERHEAD + key.len() + value.len();
+        let old = self.node_attrs.get(key).map_or(0, |v| cost(v));
+        let new = cost(value);
         if self.kvs_bytes() - old + new > self.limits.kvs_bytes_max {
             return Err(format!(
                 "the node's attributes and key-value store are full ({} bytes)",
