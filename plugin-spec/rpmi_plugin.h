@@ -33,9 +33,10 @@ extern "C" {
  *  1: the first.
  *  2: dynamic processes: per-rank appnums (MPMD launch, a spawn of several commands) and preputs in
  *     rpmi_job_info; rpmi_plugin.abi_revision.
+ *  3: PMI 1.2's group barriers: rpmi_host_ops.group_collective, rpmi_plugin.group_complete.
  * A plugin serves hosts of every revision up to its own; a host that needs revision R checks
  * rpmi_plugin.abi_revision >= R (a plugin of revision 1 has no such field: see struct_size). */
-#define RPMI_ABI_REVISION 2
+#define RPMI_ABI_REVISION 3
 
 /* Return codes of the plugin's functions and of the host's callbacks. */
 #define RPMI_OK 0
@@ -165,6 +166,20 @@ typedef struct rpmi_host_ops {
      * job's instances get the preputs (rpmi_job_info.preputs), spawned = 1, and each command's index as its
      * ranks' appnum (plugin-spec/README.md, section 8, also says how the jobs' ends are tied). */
     int (*spawn)(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len);
+
+    /* Revision 3. Optional: PMI 1.2's group barriers (plugin-spec/README.md, section 9). Start this shell's
+     * part of group exchange `id` (id_len bytes, no NUL): an allgather of `data` (the new puts of this shell's
+     * members of the group, possibly empty) among only the nshells shells listed in `shells` (ascending,
+     * this one and at least one other); the job's other shells take no part. `id` names the group, the same on
+     * every member shell: "WORLD:<tag>" or ascending ranks "0,4,8:<tag>", at most 1024 bytes. A shell starts
+     * an exchange of an id only once its last one of that id completed, so the parts of one id that meet are
+     * all of one barrier. Complete it, once, with rpmi_plugin.group_complete and the same id, from any
+     * thread, even before this returns. Group exchanges of different ids may be outstanding at once, beside
+     * a collective. Data, id and shells are valid only during this call. Return RPMI_OK, or an error
+     * code to fail the group barrier now. NULL: the plugin answers PMI 1.1 to its clients, which then send
+     * no group barriers. */
+    int (*group_collective)(void *host_data, rpmi_instance *instance, const uint8_t *id, size_t id_len,
+                            const uint32_t *shells, size_t nshells, const uint8_t *data, size_t len);
 } rpmi_host_ops;
 
 /* The plugin's functions. */
@@ -219,6 +234,11 @@ typedef struct rpmi_plugin {
     /* Revision 2. The revision of ABI version 1 the plugin serves (RPMI_ABI_REVISION as it was compiled);
      * a table whose struct_size ends before this field is revision 1. */
     uint32_t abi_revision;
+
+    /* Revision 3. The group exchange `id` (id_len bytes) started by rpmi_host_ops.group_collective finished:
+     * as collective_complete, with the contributions of the member shells only. Any thread. */
+    int (*group_complete)(rpmi_instance *instance, const uint8_t *id, size_t id_len, int status,
+                          const rpmi_buf *parts, size_t nparts, const char *error);
 } rpmi_plugin;
 
 /* The one symbol a host looks up: the plugin table, static for the life of the library. */

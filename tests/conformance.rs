@@ -13,8 +13,8 @@
 
 use rpmi::driver::{channel, socketpair, Driver, DriverHandle, Event, HostFds};
 use rpmi::server::{
-    kvs, Host, HostReply, HostRequest, JobError, JobInfo, Limits, OwedAnswers, Shell, TaskId, TaskMap, NOT_SUPPORTED,
-    PROCESS_MAPPING_KEY,
+    kvs, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, OwedAnswers, Shell, TaskId, TaskMap,
+    NOT_SUPPORTED, PROCESS_MAPPING_KEY,
 };
 use rpmi::wire::{SpawnCommand, SpawnRequest};
 use std::collections::VecDeque;
@@ -46,6 +46,8 @@ struct Record {
     /// Publish, unpublish and lookup requests, as `(task, Debug of the request)`.
     requests: Vec<(TaskId, String)>,
     spawns: Vec<(TaskId, SpawnRequest)>,
+    /// Group exchanges, as `(id, shells, this shell's contribution)`; the test completes them.
+    groups: Vec<(String, Vec<u32>, Vec<u8>)>,
 }
 
 /// The record, shared between the host (on the driver thread) and the test, with a condition variable so
@@ -96,6 +98,8 @@ struct LoopbackHost {
     plan: VecDeque<Collective>,
     /// Offer publish, unpublish, lookup and spawn (the test answers them through the driver handle).
     offer_services: bool,
+    /// Run group exchanges (and so serve PMI 1.2).
+    serve_groups: bool,
 }
 
 impl HostFds for LoopbackHost {}
@@ -110,6 +114,16 @@ impl Host for LoopbackHost {
             Some(Collective::Refuse(why)) => return Err(why.to_string()),
         };
         assert!(self.handle.post(Event::CollectiveDone(result)).is_ok(), "the driver is gone");
+        Ok(())
+    }
+
+    fn serves_groups(&self) -> bool {
+        self.serve_groups
+    }
+
+    fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
+        let id = String::from_utf8(exchange.id.to_vec()).expect("a group exchange's id is text");
+        self.shared.update(|r| r.groups.push((id, exchange.shells.to_vec(), contribution.to_vec())));
         Ok(())
     }
 
@@ -145,6 +159,7 @@ struct Setup {
     limits: Limits,
     plan: Vec<Collective>,
     offer_services: bool,
+    serve_groups: bool,
     /// Hand the connections over with `Event::Attach` from the test thread, once the driver runs, instead of
     /// `Driver::attach` before.
     attach_by_event: bool,
@@ -159,7 +174,8 @@ impl Setup {
     }
 
     fn new(job: JobInfo) -> Setup {
-        Setup { job, limits: Limits::default(), plan: Vec::new(), offer_services: false, attach_by_event: false }
+        let (plan, limits) = (Vec::new(), Limits::default());
+        Setup { job, limits, plan, offer_services: false, serve_groups: false, attach_by_event: false }
     }
 
     fn plan(mut self, plan: Vec<Collective>) -> Setup {
@@ -174,6 +190,11 @@ impl Setup {
 
     fn offer_services(mut self) -> Setup {
         self.offer_services = true;
+        self
+    }
+
+    fn serve_groups(mut self) -> Setup {
+        self.serve_groups = true;
         self
     }
 
@@ -193,6 +214,7 @@ impl Setup {
             shared: shared.clone(),
             plan: self.plan.into(),
             offer_services: self.offer_services,
+            serve_groups: self.serve_groups,
         };
         let owed = shell.owed_answers();
         let mut driver = Driver::new(shell, host, inbox).expect("a driver");
@@ -1560,4 +1582,226 @@ fn pmi2_node_attributes_and_the_store_share_one_bound() {
         drop(clients);
         job.finished();
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// PMI 1.2: group barriers.
+
+impl Client {
+    /// `init` asking for 1.1, answered 1.2 by a host that runs group exchanges.
+    fn init12(&mut self) {
+        assert_eq!(
+            self.ask("cmd=init pmi_version=1 pmi_subversion=1"),
+            "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2"
+        );
+    }
+}
+
+impl Job {
+    /// Waits for the `n`th group exchange (from 0) and returns its id, shells and contribution.
+    fn group(&self, n: usize) -> (String, Vec<u32>, Vec<u8>) {
+        self.shared.wait_for("a group exchange", |r| r.groups.len() > n).groups[n].clone()
+    }
+
+    /// Completes group exchange `id` with this shell's part and `others`.
+    fn complete_group(&self, id: &str, parts: Vec<Vec<u8>>) {
+        self.post(Event::GroupDone { id: id.as_bytes().to_vec(), result: Ok(parts) });
+    }
+}
+
+/// 1.2 is answered only by a host that runs group exchanges: without one a client asking for 1.1 gets 1.1,
+/// and a `group=` it sends all the same is a plain barrier, answered as a 1.1 client knows it.
+#[test]
+fn pmi12_only_with_group_exchanges_and_1_1_clients_unchanged() {
+    let (job, mut clients) = Setup::block(&[1], 0).start();
+    let c = &mut clients[0];
+    c.init();
+    assert_eq!(c.ask("cmd=barrier_in group=WORLD:3"), "cmd=barrier_out rc=0");
+    drop(clients);
+    job.finished();
+
+    let (job, mut clients) = Setup::block(&[2], 0).serve_groups().start();
+    clients[0].init12();
+    assert_eq!(
+        clients[1].ask("cmd=init pmi_version=1 pmi_subversion=0"),
+        "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2"
+    );
+    // A plain barrier of a 1.2 client carries tag 0: MPICH 5 reads the tag of every barrier_out.
+    clients[0].send("cmd=barrier_in\n");
+    clients[1].send("cmd=barrier_in\n");
+    for c in &mut clients {
+        assert_eq!(c.recv(), "cmd=barrier_out rc=0 tag=0");
+    }
+    drop(clients);
+    job.finished();
+}
+
+/// `NODE:<tag>`, and a group whose members all run on this shell, end here: no exchange, and only the
+/// members take part.
+#[test]
+fn pmi12_node_and_local_groups_end_on_the_shell() {
+    let (job, mut clients) = Setup::block(&[3, 2], 0).serve_groups().start();
+    for c in &mut clients {
+        c.init12();
+    }
+    clients[0].send("cmd=barrier_in group=1,0:5\n");
+    clients[2].send("cmd=barrier_in group=NODE:9\n");
+    assert_eq!(clients[1].ask("cmd=barrier_in group=0,1:5"), "cmd=barrier_out rc=0 tag=5");
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=5");
+    clients[0].send("cmd=barrier_in group=NODE:9\n");
+    assert_eq!(clients[1].ask("cmd=barrier_in group=NODE:9"), "cmd=barrier_out rc=0 tag=9");
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=9");
+    assert_eq!(clients[2].recv(), "cmd=barrier_out rc=0 tag=9");
+    assert!(job.shared.get().groups.is_empty() && job.shared.get().collectives.is_empty());
+    drop(clients);
+    job.finished();
+}
+
+/// A task may have several group barriers outstanding (one per thread) and ask other things meanwhile; each
+/// is a group exchange of its own among the member shells, and they end in whatever order those do.
+#[test]
+fn pmi12_group_barriers_outstanding_at_once_end_out_of_order() {
+    let (job, mut clients) = Setup::block(&[3, 2], 0).serve_groups().start();
+    let c = &mut clients[0];
+    c.init12();
+    c.send("cmd=barrier_in group=3,0:1\n");
+    c.send("cmd=barrier_in group=WORLD:2\n");
+    assert_eq!(c.get("PMI_process_mapping"), "cmd=get_result rc=0 value=(vector,(0,1,3),(1,1,2))");
+    let (id1, shells1, _) = job.group(0);
+    assert_eq!((id1.as_str(), shells1), ("0,3:1", vec![0, 1]));
+    // WORLD waits for every local task.
+    for other in &mut clients[1..] {
+        other.init12();
+        other.send("cmd=barrier_in group=WORLD:2\n");
+    }
+    let (id2, shells2, _) = job.group(1);
+    assert_eq!((id2.as_str(), shells2), ("WORLD:2", vec![0, 1]));
+    job.complete_group("WORLD:2", vec![]);
+    for c in &mut clients {
+        assert_eq!(c.recv(), "cmd=barrier_out rc=0 tag=2");
+    }
+    job.complete_group("0,3:1", vec![]);
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=1");
+    drop(clients);
+    job.finished();
+}
+
+/// A member that enters a group barrier again before it ended joins the next generation: generations end
+/// first in, first out, each its own exchange.
+#[test]
+fn pmi12_generations_end_first_in_first_out() {
+    let (job, mut clients) = Setup::block(&[2, 1], 0).serve_groups().start();
+    for c in &mut clients {
+        c.init12();
+    }
+    clients[0].send("cmd=barrier_in group=0,1,2:7\n");
+    clients[0].send("cmd=barrier_in group=0,1,2:7\n");
+    clients[1].send("cmd=barrier_in group=0,1,2:7\n");
+    let (id, shells, _) = job.group(0);
+    assert_eq!((id.as_str(), shells), ("0,1,2:7", vec![0, 1]));
+    // The second generation is not exchanged before the first ends, nor before rank 1 is in it.
+    job.complete_group("0,1,2:7", vec![]);
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=7");
+    assert_eq!(clients[1].recv(), "cmd=barrier_out rc=0 tag=7");
+    assert_eq!(job.shared.get().groups.len(), 1);
+    // An answer to an exchange nobody waits for is a host bug, logged and dropped.
+    job.complete_group("0,1,2:7", vec![]);
+    job.shared.wait_for("the host bug logged", |r| r.logs.iter().any(|(_, m)| m.contains("'0,1,2:7' completed")));
+    clients[1].send("cmd=barrier_in group=0,1,2:7\n");
+    assert_eq!(job.group(1).0, "0,1,2:7");
+    job.complete_group("0,1,2:7", vec![]);
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=7");
+    assert_eq!(clients[1].recv(), "cmd=barrier_out rc=0 tag=7");
+    drop(clients);
+    job.finished();
+}
+
+/// A group exchange carries the puts of this shell's members only, and what it brings back can be read; the
+/// next plain barrier offers every put since the last world exchange to every shell.
+#[test]
+fn pmi12_a_group_exchange_moves_its_members_puts_only() {
+    let (job, mut clients) = Setup::block(&[2, 1], 0).serve_groups().start();
+    for c in &mut clients {
+        c.init12();
+    }
+    assert_eq!(clients[0].put("k0", "v0"), "cmd=put_result rc=0");
+    assert_eq!(clients[1].put("k1", "v1"), "cmd=put_result rc=0");
+    clients[0].send("cmd=barrier_in group=0,2:4\n");
+    let (id, _, part) = job.group(0);
+    assert_eq!(lossy(&part), "0 k0=v0\n");
+    job.complete_group(&id, vec![part, b"2 k2=v2\n".to_vec()]);
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=4");
+    assert_eq!(clients[0].get("k2"), "cmd=get_result rc=0 value=v2");
+    clients[0].send("cmd=barrier_in\n");
+    clients[1].send("cmd=barrier_in\n");
+    let record = job.shared.wait_for("the plain barrier's collective", |r| !r.collectives.is_empty());
+    assert_eq!(lossy(&record.collectives[0]), "0 k0=v0\n1 k1=v1\n");
+    drop(record);
+    for c in &mut clients {
+        assert_eq!(c.recv(), "cmd=barrier_out rc=0 tag=0");
+    }
+    // Delivered everywhere: the next group exchange has nothing to carry.
+    clients[0].send("cmd=barrier_in group=0,2:4\n");
+    assert_eq!(job.group(1).2, b"");
+    job.complete_group("0,2:4", vec![]);
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=4");
+    drop(clients);
+    job.finished();
+}
+
+/// A group barrier that cannot end fails for the members waiting in it, never hangs: a member on this shell
+/// that left without entering fails it and the job, naming its rank; a failed exchange fails it.
+#[test]
+fn pmi12_a_group_barrier_that_cannot_end_fails() {
+    let (job, mut clients) = Setup::block(&[3, 1], 0).serve_groups().start();
+    for c in &mut clients {
+        c.init12();
+    }
+    clients[0].send("cmd=barrier_in group=0,1:3\n");
+    clients[2].send("cmd=barrier_in group=2,3:8\n");
+    job.group(0);
+    let gone = clients.remove(1);
+    drop(gone);
+    let answer = clients[0].recv();
+    assert!(answer.starts_with("cmd=barrier_out rc=-1 tag=3 msg=rank_1_closed"), "{answer}");
+    let record = job.shared.wait_for("the job error", |r| !r.errors.is_empty());
+    assert_eq!(record.errors[0], JobError::TaskLost { rank: 1, finalized: false });
+    drop(record);
+    job.post(Event::GroupDone { id: b"2,3:8".to_vec(), result: Err("node 1 was lost".into()) });
+    assert_eq!(clients[1].recv(), "cmd=barrier_out rc=-1 tag=8 msg=node_1_was_lost");
+    drop(clients);
+    job.finished();
+}
+
+/// A group two tasks could not agree on, one without the caller, or too many outstanding: a protocol error
+/// that names the rank and the line, and the task is cut off.
+#[test]
+fn pmi12_groups_no_task_could_be_answered_are_protocol_errors() {
+    let (job, mut clients) = Setup::block(&[6], 0).serve_groups().start();
+    let bad = [
+        ("cmd=barrier_in group=0,9:1", "names rank 9, not in this job of 6 ranks"),
+        ("cmd=barrier_in group=0,1:1", "a group barrier over a group without the rank"),
+        ("cmd=barrier_in group=1,1:1", "names rank 1 twice"),
+        ("cmd=barrier_in group=SELF:1", "not WORLD, NODE or a comma-separated list"),
+    ];
+    for (i, (line, why)) in bad.iter().enumerate() {
+        let c = &mut clients[i + 1];
+        c.init12();
+        c.send(format!("{line}\n"));
+        let record = job.shared.wait_for("the protocol error", |r| r.errors.len() > i);
+        let said = record.errors[i].to_string();
+        assert!(said.contains(&format!("rank {}", i + 1)) && said.contains(why) && said.contains(line), "{said}");
+        drop(record);
+        c.assert_cut_off();
+    }
+    let c = &mut clients[0];
+    c.init12();
+    for tag in 0..=64 {
+        c.send(format!("cmd=barrier_in group=0,5:{tag}\n"));
+    }
+    let record = job.shared.wait_for("the protocol error", |r| r.errors.len() > bad.len());
+    assert!(record.errors[bad.len()].to_string().contains("more than 64 group barriers outstanding"));
+    drop(record);
+    drop(clients);
+    job.finished();
 }

@@ -1,7 +1,7 @@
 //! [`CHost`]: the engine's [`Host`] implemented by calling a C host's `rpmi_host_ops`.
 
 use super::ffi::{self, rpmi_host_ops, rpmi_instance};
-use crate::server::{Direction, Host, HostRequest, JobError, TaskId, NOT_SUPPORTED};
+use crate::server::{Direction, GroupExchange, Host, HostRequest, JobError, TaskId, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
 use std::ffi::CString;
 
@@ -53,6 +53,34 @@ impl Host for CHost {
         match rc {
             ffi::RPMI_OK => Ok(()),
             rc => Err(format!("the resource manager could not start the exchange ({rc})")),
+        }
+    }
+
+    fn serves_groups(&self) -> bool {
+        self.ops.group_collective.is_some() && self.has(end_of!(group_collective))
+    }
+
+    fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
+        let Some(f) = self.ops.group_collective.filter(|_| self.has(end_of!(group_collective))) else {
+            return Err(NOT_SUPPORTED.into());
+        };
+        let (id, shells) = (exchange.id, exchange.shells);
+        // SAFETY: a C callback with the host's own data and buffers that live through the call.
+        let rc = unsafe {
+            f(
+                self.ops.host_data,
+                self.instance,
+                id.as_ptr(),
+                id.len(),
+                shells.as_ptr(),
+                shells.len(),
+                contribution.as_ptr(),
+                contribution.len(),
+            )
+        };
+        match rc {
+            ffi::RPMI_OK => Ok(()),
+            rc => Err(format!("the resource manager could not start the group exchange ({rc})")),
         }
     }
 

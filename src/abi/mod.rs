@@ -46,6 +46,7 @@ static PLUGIN: Table = Table(rpmi_plugin {
     service_complete: Some(service_complete),
     destroy: Some(destroy),
     abi_revision: ffi::RPMI_ABI_REVISION as u32,
+    group_complete: Some(group_complete),
 });
 
 /// The one symbol a host looks up (`dlsym(lib, "rpmi_plugin_entry")`).
@@ -454,40 +455,80 @@ unsafe extern "C" fn collective_complete(
     error: *const c_char,
 ) -> c_int {
     on_instance(inst, |inst| {
-        let result = if status == ffi::RPMI_OK {
-            if parts.is_null() && nparts > 0 {
-                return fail(ffi::RPMI_ERR_INVALID, "parts is NULL");
-            }
-            let parts = if nparts == 0 {
-                &[][..]
-            } else {
-                // SAFETY: not NULL (checked above); the host's `nparts` buffers, borrowed for the call.
-                unsafe { std::slice::from_raw_parts(parts, nparts) }
-            };
-            let mut all = Vec::with_capacity(parts.len());
-            for p in parts {
-                if p.data.is_null() && p.len > 0 {
-                    return fail(ffi::RPMI_ERR_INVALID, "a part's data is NULL");
-                }
-                all.push(if p.len == 0 {
-                    Vec::new()
-                } else {
-                    // SAFETY: data is not NULL (checked above) and holds len bytes, borrowed for the call.
-                    unsafe { std::slice::from_raw_parts(p.data, p.len) }.to_vec()
-                });
-            }
-            Ok(all)
-        } else if error.is_null() {
-            Err(format!("the resource manager's exchange failed ({status})"))
-        } else {
-            // SAFETY: not NULL (checked above), and NUL-terminated as the header documents.
-            Err(unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned())
-        };
+        // SAFETY: the caller's contract, as for `exchange_result`.
+        let result = unsafe { exchange_result(status, parts, nparts, error) }?;
         inst.node
             .handle()
             .post(Event::CollectiveDone(result))
             .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
     })
+}
+
+unsafe extern "C" fn group_complete(
+    inst: *mut rpmi_instance,
+    id: *const u8,
+    id_len: usize,
+    status: c_int,
+    parts: *const rpmi_buf,
+    nparts: usize,
+    error: *const c_char,
+) -> c_int {
+    on_instance(inst, |inst| {
+        if id.is_null() || id_len == 0 || id_len > crate::server::GROUP_ID_MAX {
+            return fail(ffi::RPMI_ERR_INVALID, "id is NULL, empty, or longer than a group exchange's");
+        }
+        // SAFETY: not NULL (checked above): the host's `id_len` bytes, borrowed for the call.
+        let id = unsafe { std::slice::from_raw_parts(id, id_len) }.to_vec();
+        // SAFETY: the caller's contract, as for `exchange_result`.
+        let result = unsafe { exchange_result(status, parts, nparts, error) }?;
+        inst.node
+            .handle()
+            .post(Event::GroupDone { id, result })
+            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
+    })
+}
+
+/// An exchange's completion as a C host gives it, copied: every part, or why it failed.
+///
+/// # Safety
+/// As the header documents for `collective_complete`: `parts` holds `nparts` buffers and `error` is NULL or
+/// NUL-terminated, all valid for the call.
+unsafe fn exchange_result(
+    status: c_int,
+    parts: *const rpmi_buf,
+    nparts: usize,
+    error: *const c_char,
+) -> Result<Result<Vec<Vec<u8>>, String>, Failure> {
+    if status != ffi::RPMI_OK {
+        return Ok(Err(if error.is_null() {
+            format!("the resource manager's exchange failed ({status})")
+        } else {
+            // SAFETY: not NULL (checked above), and NUL-terminated as the header documents.
+            unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned()
+        }));
+    }
+    if parts.is_null() && nparts > 0 {
+        return fail(ffi::RPMI_ERR_INVALID, "parts is NULL");
+    }
+    let parts = if nparts == 0 {
+        &[][..]
+    } else {
+        // SAFETY: not NULL (checked above); the host's `nparts` buffers, borrowed for the call.
+        unsafe { std::slice::from_raw_parts(parts, nparts) }
+    };
+    let mut all = Vec::with_capacity(parts.len());
+    for p in parts {
+        if p.data.is_null() && p.len > 0 {
+            return fail(ffi::RPMI_ERR_INVALID, "a part's data is NULL");
+        }
+        all.push(if p.len == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: data is not NULL (checked above) and holds len bytes, borrowed for the call.
+            unsafe { std::slice::from_raw_parts(p.data, p.len) }.to_vec()
+        });
+    }
+    Ok(Ok(all))
 }
 
 unsafe extern "C" fn service_complete(

@@ -29,6 +29,9 @@ use std::sync::Arc;
 pub enum Event {
     /// The shell's collective finished: every shell's contribution, or why it failed.
     CollectiveDone(Result<Vec<Vec<u8>>, String>),
+    /// The group exchange `id` finished ([`crate::server::Host::group_collective`]): every member shell's
+    /// contribution, or why it failed.
+    GroupDone { id: Vec<u8>, result: Result<Vec<Vec<u8>>, String> },
     /// The host's answer to a service request of `task`.
     HostReply(TaskId, HostReply),
     /// A C host's untyped answer to a service request of `task` ([`Shell::untyped_reply`]), posted only once
@@ -39,6 +42,11 @@ pub enum Event {
     Attach(TaskId, OwnedFd),
     /// Stop serving; [`Driver::run`] returns.
     Stop,
+}
+
+/// An exchange's result as the shell takes it: the parts borrowed.
+fn borrowed(result: &Result<Vec<Vec<u8>>, String>) -> Result<Vec<&[u8]>, &String> {
+    result.as_ref().map(|all| all.iter().map(Vec::as_slice).collect())
 }
 
 /// Posts [`Event`]s to a driver from any thread, and wakes it.
@@ -262,15 +270,12 @@ impl<H: HostFds> Driver<H> {
         while let Ok(event) = self.events.try_recv() {
             match event {
                 Event::CollectiveDone(result) => {
-                    let parts: Vec<&[u8]>;
-                    let result = match &result {
-                        Ok(all) => {
-                            parts = all.iter().map(Vec::as_slice).collect();
-                            Ok(&parts[..])
-                        }
-                        Err(why) => Err(why.as_str()),
-                    };
-                    self.shell.collective_complete(&mut self.host, result);
+                    let parts = borrowed(&result);
+                    self.shell.collective_complete(&mut self.host, parts.as_deref().map_err(|e| e.as_str()));
+                }
+                Event::GroupDone { id, result } => {
+                    let parts = borrowed(&result);
+                    self.shell.group_complete(&mut self.host, &id, parts.as_deref().map_err(|e| e.as_str()));
                 }
                 Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
                 Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(&mut self.host, task, ok, text),

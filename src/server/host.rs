@@ -25,6 +25,24 @@ pub trait Host {
     /// and the host does not complete this collective.
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String>;
 
+    /// Whether this host runs group exchanges ([`Host::group_collective`]). The shell then answers PMI 1.2
+    /// to clients that ask for 1.1 or later, and they may send group barriers; otherwise it answers 1.1, and
+    /// MPICH's clients then send none. Asked at each task's `init`; the default is no.
+    fn serves_groups(&self) -> bool {
+        false
+    }
+
+    /// Starts this shell's part of group exchange `exchange.id`: an allgather of `contribution` (the puts
+    /// of this shell's members of the group, possibly empty) among the shells `exchange.shells` only. The
+    /// host copies the bytes and later calls `Shell::group_complete` with the same id and every member
+    /// shell's contribution, or with an error. Several group exchanges, of different ids, may be outstanding
+    /// at once, beside a [`Host::collective`]. `Err(why)`: it could not start; the group
+    /// barrier fails at once. Only called when [`Host::serves_groups`] says yes.
+    fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
+        let _ = (exchange, contribution);
+        Err(NOT_SUPPORTED.into())
+    }
+
     /// A task called `PMI_Abort`: end the job with `exit_code` and put `message` on the job's stderr.
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str);
 
@@ -66,6 +84,21 @@ pub trait Host {
         Err(NOT_SUPPORTED.into())
     }
 }
+
+/// One shell's part of a group exchange: which exchange, and among which shells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupExchange<'a> {
+    /// The exchange's name, the same on every member shell: the group's one written form
+    /// ([`crate::wire::group`]: `WORLD:<tag>` or ascending ranks `0,4,8:<tag>`), at most [`GROUP_ID_MAX`]
+    /// bytes. A host may read the members from it. A shell starts an exchange of an id only once its last
+    /// one of that id has completed, so the parts of one id that meet at the host are all of one barrier.
+    pub id: &'a [u8],
+    /// The shells that hold a member, ascending; this shell among them, and at least one other.
+    pub shells: &'a [u32],
+}
+
+/// The longest [`GroupExchange::id`]: a request line's group.
+pub const GROUP_ID_MAX: usize = 1024;
 
 /// Why a host refuses a service it does not offer; the task reads it in its error reply.
 pub const NOT_SUPPORTED: &str = "not supported by this resource manager";

@@ -8,7 +8,8 @@ mod shell;
 pub mod taskmap;
 
 pub use host::{
-    Direction, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId, JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
+    Direction, GroupExchange, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId, GROUP_ID_MAX,
+    JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
 };
 pub use limits::{Limits, LimitsError};
 pub use names::{NameOp, Names};

@@ -110,6 +110,12 @@ struct Client {
     /// The node attribute it waits for ([`Waiting::NodeAttr`]).
     awaited: Vec<u8>,
     spawn: Option<SpawnBuilder>,
+    /// It was answered PMI 1.2: its `barrier_in` may name a group.
+    groups: bool,
+    /// Group barriers it is in that have not ended.
+    groups_entered: usize,
+    /// Its puts since the last world exchange, for the group exchanges of groups it is a member of.
+    group_puts: Vec<u8>,
 }
 
 impl Client {
@@ -153,6 +159,10 @@ pub struct Shell {
     /// the same limit as the key-value store.
     node_attrs: std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
     node_attr_bytes: usize,
+    /// PMI 1.2's group barriers.
+    groups: group::Groups,
+    /// The bytes of every task's `group_puts`.
+    group_pending: usize,
 }
 
 impl Shell {
@@ -198,6 +208,9 @@ impl Shell {
                 thrid: None,
                 awaited: Vec::new(),
                 spawn: None,
+                groups: false,
+                groups_entered: 0,
+                group_puts: Vec::new(),
             })
             .collect();
         Ok(Shell {
@@ -216,6 +229,8 @@ impl Shell {
             ranks2hosts: None,
             node_attrs: Default::default(),
             node_attr_bytes: 0,
+            groups: Default::default(),
+            group_pending: 0,
         })
     }
 
@@ -530,6 +545,11 @@ impl Shell {
         }
     }
 
+    /// This shell's index among the job's (its node in the task map).
+    fn node(&self) -> u32 {
+        self.job.local_ranks.first().and_then(|&r| self.job.task_map.node_of(r)).unwrap_or(0)
+    }
+
     /// The host hears of a task's start at its first request.
     fn spoke(&mut self, host: &mut dyn Host, task: TaskId) {
         if !std::mem::replace(&mut self.clients[task].spoke, true) {
@@ -570,9 +590,13 @@ impl Shell {
         let rank = self.clients[task].rank;
         match request {
             Request::Init { version, subversion } => {
-                // Answer 1.1 to 1.x: 1.2 would oblige us to barrier groups, which clients then rely on. A client
-                // that asks for 2 speaks PMI-2 from its next message on.
+                // 1.2 (group barriers) to a 1.x client when the host can run group exchanges, else 1.1: a
+                // client asking for 1.1 takes the higher subversion as leave to send groups (MPICH 5), one
+                // asking for 1.0 or 1.1 that does not know them never sends any. A client that asks for 2
+                // speaks PMI-2 from its next message on.
+                let groups = version == 1 && subversion >= 0 && host.serves_groups();
                 let (ok, answered) = match (version, subversion) {
+                    (1, 0..) if groups => (true, (1, 2)),
                     (1, 0..) => (true, (1, 1)),
                     (2, 0..) => (true, (2, 0)),
                     _ => (false, (1, 1)),
@@ -596,6 +620,7 @@ impl Shell {
                 if answered.0 == 2 {
                     self.clients[task].wire = Wire::V2;
                 }
+                self.clients[task].groups = groups;
             }
             Request::GetMaxes => {
                 let l = &self.limits;
@@ -627,7 +652,7 @@ impl Shell {
                 });
             }
             Request::Put { kvsname, key, value } => {
-                let code = self.put(rank, kvsname, key, value, self.limits.value_max());
+                let code = self.put(task, kvsname, key, value, self.limits.value_max());
                 self.respond(host, task, |out| match code {
                     Ok(()) => Line::new(out, "put_result", rc::SUCCESS).finish(),
                     Err((code, why)) => Line::new(out, "put_result", code).msg(&why).finish(),
@@ -648,7 +673,10 @@ impl Shell {
                     Err((code, why)) => Line::new(out, "get_result", code).msg(&why).finish(),
                 });
             }
-            Request::BarrierIn => {
+            Request::BarrierIn { group: Some(group) } if self.clients[task].groups => {
+                self.enter_group(host, task, group);
+            }
+            Request::BarrierIn { .. } => {
                 self.clients[task].waiting = Waiting::Barrier;
                 self.entered += 1;
                 self.check_barrier(host);
@@ -704,7 +732,7 @@ impl Shell {
     /// the task.
     fn put(
         &mut self,
-        rank: u32,
+        task: TaskId,
         kvsname: &[u8],
         key: &[u8],
         value: &[u8],
@@ -713,12 +741,18 @@ impl Shell {
         check_name(&self.job, kvsname)?;
         check_key(&self.limits, key)?;
         check_value(value, value_max)?;
+        let rank = self.clients[task].rank;
         // Rewrites by the key's owner are all sent at the barrier: the puts on their way are bounded with
         // the store, not by it; so are PMI-2's node attributes.
         let pending = self.pending_charge(kvs::encoded_len(rank, key, value)).saturating_add(self.node_attr_bytes);
         match self.kvs.put_beside(rank, key, value, pending) {
             Ok(Stored::Changed) => {
                 kvs::encode(&mut self.contribution, rank, key, value);
+                let c = &mut self.clients[task];
+                if c.groups {
+                    kvs::encode(&mut c.group_puts, rank, key, value);
+                    self.group_pending += kvs::encoded_len(rank, key, value);
+                }
                 Ok(())
             }
             Ok(Stored::Unchanged) => Ok(()),
@@ -730,13 +764,16 @@ impl Shell {
     /// What the puts since the last barrier are charged, with `more` bytes of them added: twice their
     /// length, since the buffer that holds them grows by doubling.
     fn pending_charge(&self, more: usize) -> usize {
-        self.contribution.len().saturating_add(more).saturating_mul(2)
+        self.contribution.len().saturating_add(self.group_pending).saturating_add(more).saturating_mul(2)
     }
 
     /// Starts the collective when every local task is in the barrier; fails the barrier when a task that
     /// is not in it never can be.
     fn check_barrier(&mut self, host: &mut dyn Host) {
         self.check_node_waiters(host);
+        if self.groups.any() {
+            self.check_groups(host);
+        }
         if self.collective_pending || self.entered == 0 {
             return;
         }
@@ -758,6 +795,8 @@ impl Shell {
             // Not just cleared: its capacity would stay allocated until the next barrier, beside the store
             // that now holds the same puts. Puts of a failed barrier are not offered again either way.
             self.contribution = Vec::new();
+            self.clients.iter_mut().for_each(|c| c.group_puts = Vec::new());
+            self.group_pending = 0;
             match started {
                 Ok(()) => self.collective_pending = true,
                 Err(why) => self.fail_barrier(host, &why),
@@ -777,8 +816,11 @@ impl Shell {
         let Shell { clients, ready, trace, .. } = self;
         for c in clients.iter_mut().filter(|c| c.waiting == Waiting::Barrier) {
             c.waiting = Waiting::Nothing;
-            let (wire, thrid) = (c.wire, c.thrid.take());
+            let (wire, thrid, groups) = (c.wire, c.thrid.take(), c.groups);
             respond(c, ready, *trace, host, |out| match wire {
+                // A 1.2 client reads the tag of every barrier_out (MPICH 5 has no default for it); a 1.1
+                // client gets the line it knows.
+                Wire::V1 if groups => Line::new(out, "barrier_out", code).int("tag", 0).msg(why).finish(),
                 Wire::V1 => Line::new(out, "barrier_out", code).msg(why).finish(),
                 Wire::V2 => Frame::new(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish(),
             });
@@ -930,6 +972,7 @@ fn utf8_word(s: &[u8]) -> Option<&str> {
     std::str::from_utf8(s).ok().filter(|w| kvs::is_key(w.as_bytes()))
 }
 
+mod group;
 mod pmi2;
 #[cfg(test)]
 mod tests;

@@ -28,8 +28,8 @@ pub enum Request<'a> {
     Put { kvsname: &'a [u8], key: &'a [u8], value: &'a [u8] },
     /// `cmd=get kvsname=K key=KEY`
     Get { kvsname: &'a [u8], key: &'a [u8] },
-    /// `cmd=barrier_in` (a PMI 1.2 `group=` key is ignored: 1.2 is never negotiated)
-    BarrierIn,
+    /// `cmd=barrier_in [group=G]` (`group=` is PMI 1.2's, see [`crate::wire::group`])
+    BarrierIn { group: Option<&'a [u8]> },
     /// `cmd=finalize`
     Finalize,
     /// `cmd=abort [exitcode=N] [message=TEXT]`
@@ -57,7 +57,7 @@ impl Request<'_> {
             Request::GetMyKvsname => "get_my_kvsname",
             Request::Put { .. } => "put",
             Request::Get { .. } => "get",
-            Request::BarrierIn => "barrier_in",
+            Request::BarrierIn { .. } => "barrier_in",
             Request::Finalize => "finalize",
             Request::Abort { .. } => "abort",
             Request::PublishName { .. } => "publish_name",
@@ -230,7 +230,7 @@ pub fn parse(line: &[u8]) -> Result<Request<'_>, ParseError> {
             value: t.require("put", "value")?,
         },
         b"get" => Request::Get { kvsname: t.require("get", "kvsname")?, key: t.require("get", "key")? },
-        b"barrier_in" => Request::BarrierIn,
+        b"barrier_in" => Request::BarrierIn { group: t.get("group") },
         b"finalize" => Request::Finalize,
         b"abort" => Request::Abort {
             exit_code: match t.get("exitcode") {

@@ -229,6 +229,7 @@ impl Host {
             unpublish: self.link.as_ref().map(|_| unpublish as _),
             lookup: self.link.as_ref().map(|_| lookup as _),
             spawn: self.link.as_ref().map(|_| spawn as _),
+            group_collective: None,
         }
     }
 

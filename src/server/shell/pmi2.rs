@@ -178,7 +178,7 @@ impl Shell {
             }
             Request2::KvsPut { key, value } => {
                 let kvsname = self.job.kvsname.clone();
-                match self.put(rank, kvsname.as_bytes(), key, value, self.limits.pmi2_value_max()) {
+                match self.put(task, kvsname.as_bytes(), key, value, self.limits.pmi2_value_max()) {
                     Ok(()) => self.answer_v2_with(host, task, "kvs-put-response", rc::SUCCESS, |f| f),
                     Err((_, why)) => self.answer_fail(host, task, "kvs-put-response", &why),
                 }
