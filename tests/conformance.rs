@@ -1706,7 +1706,7 @@ fn pmi12_generations_end_first_in_first_out() {
     assert_eq!(job.shared.get().groups.len(), 1);
     // An answer to an exchange nobody waits for is a host bug, logged and dropped.
     job.complete_group("0,1,2:7", vec![]);
-    job.shared.wait_for("the host bug logged", |r| r.logs.iter().any(|(_, m)| m.contains("'0,1,2:7' completed")));
+    drop(job.shared.wait_for("the host bug logged", |r| r.logs.iter().any(|(_, m)| m.contains("'0,1,2:7' completed"))));
     clients[1].send("cmd=barrier_in group=0,1,2:7\n");
     assert_eq!(job.group(1).0, "0,1,2:7");
     job.complete_group("0,1,2:7", vec![]);

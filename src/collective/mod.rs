@@ -30,6 +30,7 @@
 
 pub mod frame;
 mod gather;
+pub mod groups;
 mod node;
 mod output;
 mod root;
@@ -39,6 +40,7 @@ mod tests;
 mod tree;
 
 pub use frame::{Bytes, Frame, Parts};
+pub use groups::{GroupDone, GroupRoot};
 pub use node::{ContributeError, Node};
 pub use output::Output;
 pub use root::Root;

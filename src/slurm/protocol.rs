@@ -26,6 +26,9 @@
 //!  10 SPAWN   task:u32 request (PMI_Spawn_multiple: the request as the plugin ABI's JSON, at most
 //!             SPAWN_MAX bytes)
 //!  11 STARTED (every local task has sent its first PMI line: its program runs)
+//!  12 GROUP   id_len:u16 id count:u32 count*node:u32  0x8A GROUP ok:u8 id_len:u16 id, then if ok
+//!             part (this node's part of PMI 1.2 group              count:u32 count*(len:u32 bytes), the
+//!             exchange `id` among the member nodes)                parts in member order, else why
 //! ```
 //!
 //! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
@@ -46,8 +49,9 @@ use std::fmt;
 use std::sync::Arc;
 
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
-/// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run).
-pub const VERSION: u16 = 6;
+/// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run; 7 PMI 1.2's group
+/// exchanges).
+pub const VERSION: u16 = 7;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
@@ -75,6 +79,7 @@ const UP_COLLECTIVE: u8 = 8;
 const NAME: u8 = 9;
 const SPAWN: u8 = 10;
 const STARTED: u8 = 11;
+const UP_GROUP: u8 = 12;
 const END: u8 = 0x83;
 const CHALLENGE: u8 = 0x84;
 const WELCOME: u8 = 0x85;
@@ -82,6 +87,7 @@ const PARENT: u8 = 0x86;
 const PARENT_DONE: u8 = 0x87;
 const DOWN_COLLECTIVE: u8 = 0x88;
 const ANSWER: u8 = 0x89;
+const DOWN_GROUP: u8 = 0x8A;
 
 /// A message from a stepd to srun's root or to its parent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +139,12 @@ pub enum Up {
     },
     /// Every local task has sent its first PMI line: its program was found and runs.
     Started,
+    /// The node's part of group exchange `id` among the nodes `shells` ([`crate::collective::groups`]).
+    Group {
+        id: Vec<u8>,
+        shells: Vec<u32>,
+        part: Vec<u8>,
+    },
 }
 
 /// A message from srun's root, or from a parent, to a stepd.
@@ -153,6 +165,8 @@ pub enum Down {
     /// srun's answer to local task `task`'s NAME or SPAWN: the port of a lookup (empty for other names), the
     /// error code of every process of a spawn, or why it failed.
     Answer { task: u32, ok: bool, text: String },
+    /// srun: group exchange `id` ended: every member node's part, in member order, or why it failed.
+    Group { id: Vec<u8>, result: Result<Vec<Vec<u8>>, String> },
 }
 
 /// Which way a COLLECTIVE frame goes.
@@ -262,6 +276,7 @@ impl Up {
             Up::Name { .. } => "NAME",
             Up::Spawn { .. } => "SPAWN",
             Up::Started => "STARTED",
+            Up::Group { .. } => "GROUP",
         }
     }
 
@@ -296,6 +311,12 @@ impl Up {
             }
             Up::Spawn { task, request } => frame(SPAWN, &[&task.to_be_bytes(), request.as_bytes()])?,
             Up::Started => control(STARTED, &[]),
+            Up::Group { id, shells, part } => {
+                let id = id_field(id)?;
+                let count = u32::try_from(shells.len()).map_err(|_| TooLarge(shells.len()))?;
+                let shells: Vec<u8> = shells.iter().flat_map(|s| s.to_be_bytes()).collect();
+                frame(UP_GROUP, &[&id.0, id.1, &count.to_be_bytes(), &shells, part])?
+            }
         })
     }
 
@@ -329,6 +350,15 @@ impl Up {
             GONE => Up::Gone { rank: r.u32()? },
             BYE => Up::Bye,
             STARTED => Up::Started,
+            UP_GROUP => {
+                let id = r.id()?;
+                let count = r.u32()? as usize;
+                if count > r.0.len() / 4 {
+                    return Err(Malformed(format!("a group exchange of {count} nodes in {} bytes", r.0.len())));
+                }
+                let shells = (0..count).map(|_| r.u32()).collect::<Result<_, _>>()?;
+                Up::Group { id, shells, part: std::mem::take(&mut r.0).to_vec() }
+            }
             NAME => {
                 let task = r.u32()?;
                 let op = match r.u8()? {
@@ -371,6 +401,7 @@ impl Down {
             Down::ParentDone => "PARENT_DONE",
             Down::End => "END",
             Down::Answer { .. } => "ANSWER",
+            Down::Group { .. } => "GROUP",
         }
     }
 
@@ -384,6 +415,23 @@ impl Down {
             Down::ParentDone => control(PARENT_DONE, &[]),
             Down::End => control(END, &[]),
             Down::Answer { task, ok, text } => control(ANSWER, &[&task.to_be_bytes(), &[u8::from(*ok)], cut(text)]),
+            Down::Group { id, result } => {
+                let id = id_field(id)?;
+                match result {
+                    Err(why) => frame(DOWN_GROUP, &[&[0], &id.0, id.1, cut(why)])?,
+                    Ok(parts) => {
+                        let count = u32::try_from(parts.len()).map_err(|_| TooLarge(parts.len()))?;
+                        let mut body = count.to_be_bytes().to_vec();
+                        for p in parts {
+                            body.extend_from_slice(
+                                &u32::try_from(p.len()).map_err(|_| TooLarge(p.len()))?.to_be_bytes(),
+                            );
+                            body.extend_from_slice(p);
+                        }
+                        frame(DOWN_GROUP, &[&[1], &id.0, id.1, &body])?
+                    }
+                }
+            }
         })
     }
 
@@ -406,11 +454,40 @@ impl Down {
                 },
                 text: r.rest_text()?,
             },
+            DOWN_GROUP => {
+                let ok = r.u8()?;
+                let id = r.id()?;
+                let result = match ok {
+                    0 => Err(r.rest_text()?),
+                    1 => {
+                        let count = r.u32()? as usize;
+                        if count > r.0.len() / 4 {
+                            return Err(Malformed(format!("{count} parts in {} bytes", r.0.len())));
+                        }
+                        let mut parts = Vec::with_capacity(count);
+                        for _ in 0..count {
+                            let len = r.u32()? as usize;
+                            parts.push(r.take(len)?.to_vec());
+                        }
+                        Ok(parts)
+                    }
+                    b => return Err(Malformed(format!("a group exchange whose outcome is {b}"))),
+                };
+                Down::Group { id, result }
+            }
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
         r.end()?;
         Ok(m)
     }
+}
+
+/// A group exchange's id as a frame carries it: its length, then its bytes.
+fn id_field(id: &[u8]) -> Result<([u8; 2], &[u8]), TooLarge> {
+    if id.len() > crate::server::GROUP_ID_MAX {
+        return Err(TooLarge(id.len()));
+    }
+    Ok(((id.len() as u16).to_be_bytes(), id))
 }
 
 /// Splits whole frames off the front of a receive buffer.
@@ -528,6 +605,15 @@ impl<'a> Reader<'a> {
         }
         String::from_utf8(self.take(len)?.to_vec()).map_err(|_| Malformed("a name or port that is not UTF-8".into()))
     }
+    /// A group exchange's id: a length and at most [`crate::server::GROUP_ID_MAX`] bytes.
+    fn id(&mut self) -> Result<Vec<u8>, Malformed> {
+        let len = self.u16()? as usize;
+        if len > crate::server::GROUP_ID_MAX {
+            return Err(Malformed(format!("a group exchange id of {len} bytes")));
+        }
+        Ok(self.take(len)?.to_vec())
+    }
+
     fn end(&self) -> Result<(), Malformed> {
         if self.0.is_empty() {
             Ok(())
@@ -564,6 +650,8 @@ mod tests {
             Up::Name { task: 0, op: NameOp::Lookup, name: "x".repeat(NAME_MAX), port: String::new() },
             Up::Spawn { task: 2, request: r#"{"commands":[]}"#.into() },
             Up::Spawn { task: 0, request: "é".repeat(SPAWN_MAX / 2) },
+            Up::Group { id: b"0,4:17".to_vec(), shells: vec![0, 2], part: b"0 k=v\n".to_vec() },
+            Up::Group { id: b"WORLD:0".to_vec(), shells: vec![0, 1, 2], part: vec![] },
         ] {
             assert_eq!(Up::decode(payload(&m.encode().unwrap())), Ok(m));
         }
@@ -579,6 +667,8 @@ mod tests {
             Down::End,
             Down::Answer { task: 3, ok: true, text: "tag#0$port$".into() },
             Down::Answer { task: 0, ok: false, text: "the service name 'svc' is not published".into() },
+            Down::Group { id: b"0,4:17".to_vec(), result: Ok(vec![b"0 k=v\n".to_vec(), vec![]]) },
+            Down::Group { id: b"0,4:17".to_vec(), result: Err("node 2 was lost".into()) },
         ] {
             assert_eq!(Down::decode(payload(&m.encode().unwrap())), Ok(m));
         }
@@ -616,6 +706,11 @@ mod tests {
         assert!(Up::decode(&[JOINED, 0, 0]).is_err());
         assert!(Down::decode(&[PARENT, 1]).is_err());
         assert!(Down::decode(&[PARENT_DONE, 0]).is_err());
+        // Counts that the bytes cannot hold, and an id over the bound.
+        assert!(Up::decode(&[UP_GROUP, 0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().0.contains("nodes in"));
+        assert!(Down::decode(&[DOWN_GROUP, 1, 0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));
+        assert!(Down::decode(&[DOWN_GROUP, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
+        assert!(Up::decode(&[UP_GROUP, 0x04, 0x01]).unwrap_err().0.contains("id of 1025 bytes"));
         // A message longer than any encoder writes.
         let mut abort = vec![ABORT, 0, 0, 0, 1, 0, 0, 0, 7];
         abort.extend(std::iter::repeat_n(b'x', MESSAGE_MAX + 1));

@@ -27,6 +27,7 @@ use super::layout::with_node_names;
 use super::link::{Link, Read};
 use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
 use super::spawn::{self, Asker, Launcher};
+use crate::collective::GroupRoot;
 use crate::collective::{self, frame::Frame, Bounds, Bytes, Output, Peer, Tree};
 use crate::os::{self, Epoll};
 use crate::server::Names;
@@ -183,6 +184,8 @@ struct State {
     started: Vec<bool>,
     unstarted: usize,
     collective: Option<Collective>,
+    /// PMI 1.2's group exchanges, a star through srun.
+    groups: GroupRoot,
     fence: Fence,
     /// Ranks that closed their connection without finalize, with their node.
     gone: Vec<(u32, u32)>,
@@ -224,6 +227,7 @@ impl State {
         };
         let size = step.node_of.len();
         let launcher = step.spawn.take().map(|setup| Launcher::new(setup, epoll.clone(), SPAWNED));
+        let groups = GroupRoot::new(n as u32, size as u32, step.bounds);
         Ok(State {
             step,
             reporter,
@@ -237,6 +241,7 @@ impl State {
             started: vec![false; n],
             unstarted: n,
             collective,
+            groups,
             fence: Fence::default(),
             gone: Vec::new(),
             gone_seen: vec![false; size],
@@ -486,7 +491,7 @@ impl State {
     /// subtree's parts of one exchange.
     fn frame_max(&self, node: u32) -> usize {
         let collective = self.collective.as_ref().map_or(0, |c| c.root.frame_max(node) + 1);
-        CONTROL_MAX.max(SPAWN_FRAME_MAX).max(collective)
+        CONTROL_MAX.max(SPAWN_FRAME_MAX).max(collective).max(self.groups.contribution_max() + 1)
     }
 
     /// Handles every whole frame in node `node`'s input; false if its connection was dropped.
@@ -551,6 +556,12 @@ impl State {
                 false
             }
             Up::Collective(frame) => {
+                // The link takes frames as large as a group exchange's part: an exchange's are bounded here.
+                if self.collective.as_ref().is_some_and(|c| frame.len() > c.root.frame_max(n)) {
+                    let what = self.too_large(n, frame.len() + 1);
+                    self.fatal(what, None);
+                    return false;
+                }
                 if let Some(c) = &mut self.collective {
                     c.root.receive(n, frame);
                 }
@@ -637,6 +648,24 @@ impl State {
                 }
                 true
             }
+            Up::Group { id, shells, part } => {
+                match self.groups.contribute(n, &id, &shells, part) {
+                    // A member may have finished or left before the first part came.
+                    Ok(None) => self.check_groups_blocked(),
+                    Ok(Some(done)) => {
+                        let answer = Down::Group { id: done.id, result: Ok(done.parts) };
+                        for member in done.shells {
+                            self.send(member, &answer);
+                        }
+                    }
+                    Err(what) => {
+                        let what = self.named(&what);
+                        self.fatal(what, None);
+                        return false;
+                    }
+                }
+                true
+            }
             Up::Bye => {
                 // Not a loss: the connection is dropped as the stepd asked.
                 self.nodes[n as usize] = NodeState::Finished;
@@ -711,6 +740,10 @@ impl State {
     /// left without finalize. The rank is named first: when it was its node's only rank, the node is
     /// finished too, and the GONE that names it may have come before the first JOINED.
     fn check_blocked(&mut self) {
+        if self.outcome.ended {
+            return;
+        }
+        self.check_groups_blocked();
         let Some(epoch) = self.exchange() else { return };
         if self.outcome.ended {
             return;
@@ -734,6 +767,32 @@ impl State {
             };
             let what = format!("ranks wait in a PMI barrier that {} cannot join: {why}", self.node_name(n as u32));
             return self.fatal(what, None);
+        }
+    }
+
+    /// Ends the step when a group exchange waits for a rank that left without finalize, or for a node that
+    /// can bring nothing more.
+    fn check_groups_blocked(&mut self) {
+        if let Some((rank, node, id)) =
+            self.gone.iter().find_map(|&(r, n)| Some((r, n, self.groups.blocked_by_rank(r, n)?)))
+        {
+            let what = format!(
+                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
+                 ranks wait for it in group barrier {id}",
+                self.node_name(node)
+            );
+            return self.fatal(what, None);
+        }
+        for n in 0..self.nodes.len() as u32 {
+            let why = match self.nodes[n as usize] {
+                NodeState::Finished => "every rank on it has closed its PMI connection",
+                NodeState::Lost => "its slurmstepd closed the connection (it was killed or failed)",
+                _ => continue,
+            };
+            if let Some(id) = self.groups.blocked_by_node(n) {
+                let what = format!("ranks wait in group barrier {id} that {} cannot join: {why}", self.node_name(n));
+                return self.fatal(what, None);
+            }
         }
     }
 

@@ -53,8 +53,8 @@ use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
 use crate::os;
 use crate::server::{
-    check_preput, Direction as TraceDirection, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId,
-    TaskMap,
+    check_preput, Direction as TraceDirection, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits,
+    Shell, TaskId, TaskMap,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, CString};
@@ -156,6 +156,9 @@ enum End {
     Broke(String),
 }
 
+/// A group exchange srun ended: its id, and every member node's part or why it failed.
+type GroupEnd = (Vec<u8>, Result<Vec<Vec<u8>>, String>);
+
 /// The engine's host on a slurmstepd. It runs on the progress thread and serves, beside the tasks, every
 /// connection of the tree, the admission of the node's children and the fork-notice pipe in the same loop:
 /// nothing it does blocks the tasks' answers.
@@ -210,6 +213,12 @@ struct SlurmHost {
     limits: Limits,
     /// srun's answers, until the shell takes them.
     answers: Vec<(TaskId, HostReply)>,
+    /// The group exchanges sent to srun that it has not ended.
+    groups_asked: BTreeSet<Vec<u8>>,
+    /// Group exchanges srun ended, until the shell takes them.
+    groups_done: Vec<GroupEnd>,
+    /// The largest result of a group exchange srun may send.
+    group_result_max: usize,
     /// In a spawned step, until each has sent its first PMI line: the local ranks that have not. STARTED goes
     /// to srun when none is left (srun's root then answers the spawn); one that exits before is a program
     /// that did not start, and fails the step.
@@ -235,6 +244,7 @@ impl SlurmHost {
     ) -> Result<SlurmHost, String> {
         let socket = |e: io::Error| format!("socket: {e}");
         let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
+        let group_result_max = collective::GroupRoot::new(names.len() as u32, 0, bounds).result_max();
         let mut machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
         let parent = match links.parent {
             Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default()).map_err(socket)?),
@@ -274,6 +284,9 @@ impl SlurmHost {
             asked: BTreeMap::new(),
             limits,
             answers: Vec::new(),
+            groups_asked: BTreeSet::new(),
+            groups_done: Vec::new(),
+            group_result_max,
             unspoken,
             buf: vec![0; 64 * 1024],
         })
@@ -369,7 +382,7 @@ impl SlurmHost {
 
     /// What srun sent.
     fn hear_srun(&mut self, events: u32) {
-        let max = CONTROL_MAX.max(self.machine.frame_max(Peer::Root) + 1);
+        let max = CONTROL_MAX.max(self.machine.frame_max(Peer::Root) + 1).max(self.group_result_max + 1);
         let Some(link) = &mut self.uplink else { return };
         if events & libc::EPOLLOUT as u32 != 0 {
             link.flush();
@@ -383,6 +396,13 @@ impl SlurmHost {
                     Some(asked) => self.answers.push((task as TaskId, asked.reply(ok, text))),
                     None => {
                         end = Some(End::Broke(format!("answered a request task {task} did not make")));
+                        break;
+                    }
+                },
+                Down::Group { id, result } => match self.groups_asked.remove(&id) {
+                    true => self.groups_done.push((id, result)),
+                    false => {
+                        end = Some(End::Broke("ended a group exchange this node did not start".into()));
                         break;
                     }
                 },
@@ -714,6 +734,10 @@ impl HostFds for SlurmHost {
         for (task, reply) in std::mem::take(&mut self.answers) {
             shell.host_reply(self, task, reply);
         }
+        for (id, result) in std::mem::take(&mut self.groups_done) {
+            let parts = result.as_ref().map(|all| all.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            shell.group_complete(self, &id, parts.as_deref().map_err(|e| e.as_str()));
+        }
     }
 }
 
@@ -754,6 +778,20 @@ impl Host for SlurmHost {
                 Ok(())
             }
         }
+    }
+
+    fn serves_groups(&self) -> bool {
+        true
+    }
+
+    /// A star through srun ([`crate::collective::groups`]), which checks the parts' bounds.
+    fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
+        let up = Up::Group { id: exchange.id.to_vec(), shells: exchange.shells.to_vec(), part: contribution.to_vec() };
+        if !self.report(&up) {
+            return Err("srun (the collective root) is gone".into());
+        }
+        self.groups_asked.insert(exchange.id.to_vec());
+        Ok(())
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
@@ -1523,7 +1561,8 @@ mod tests {
         for t in tasks.iter_mut() {
             let mut answer = String::new();
             t.0.read_line(&mut answer).unwrap();
-            assert_eq!(answer.trim_end(), "cmd=barrier_out rc=0");
+            // The stepd answers 1.2: a plain barrier's answer carries tag 0.
+            assert_eq!(answer.trim_end(), "cmd=barrier_out rc=0 tag=0");
         }
         for t in tasks.iter_mut() {
             for other in 0..nodes {

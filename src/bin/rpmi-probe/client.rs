@@ -68,8 +68,23 @@ impl<'a> Response<'a> {
         Ok(Response { line, cmd, rc })
     }
 
+    /// The command answered.
+    pub fn cmd(&self) -> &'a str {
+        self.cmd
+    }
+
+    /// The line's `rc` (0 when absent).
+    pub fn rc(&self) -> i64 {
+        self.rc
+    }
+
+    /// The line as it came, quoted for a message.
+    pub fn quoted(&self) -> String {
+        quote(self.line)
+    }
+
     /// The first tuple named `key` (a line that parsed has only well-formed tuples).
-    fn get(&self, key: &str) -> Option<&'a str> {
+    pub fn get(&self, key: &str) -> Option<&'a str> {
         tuples(self.line).flatten().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
@@ -145,6 +160,21 @@ impl<S: Read + Write> Client<S> {
         Ok(resp)
     }
 
+    /// Sends one request line without waiting for its reply (PMI 1.2's group barriers, which a threaded
+    /// client has several of outstanding).
+    pub fn send(&mut self, request: std::fmt::Arguments) -> Result<(), String> {
+        self.out.clear();
+        let _ = self.out.write_fmt(request);
+        self.out.push(b'\n');
+        self.stream.write_all(&self.out).map_err(|e| format!("sending {} to the server: {e}", command(&self.out)))
+    }
+
+    /// The next reply line, whatever it answers.
+    pub fn reply(&mut self) -> Result<Response<'_>, String> {
+        let line = Self::read_line(&mut self.stream, &mut self.buf, &mut self.start, &mut self.end)?;
+        Response::parse(line)
+    }
+
     /// Like `call`, for requests that must succeed.
     fn call_ok(&mut self, request: std::fmt::Arguments, expect: &str) -> Result<Response<'_>, String> {
         let resp = self.call(request, expect)?;
@@ -202,16 +232,13 @@ impl<S: Read + Write> Client<S> {
         }
     }
 
-    /// Negotiates PMI 1.1. The version fields are optional in the RFC, but if present they must
-    /// say 1: anything else means the server is speaking a protocol we cannot follow.
-    pub fn init(&mut self) -> Result<(), String> {
+    /// Negotiates PMI 1.1 or later, and says the subversion the server answered (1.2: group barriers).
+    pub fn init(&mut self) -> Result<i64, String> {
         let resp = self.call_ok(format_args!("cmd=init pmi_version=1 pmi_subversion=1"), "response_to_init")?;
-        if let Some(v) = resp.get("pmi_version") {
-            if v != "1" {
-                return Err(format!("server answered init with PMI version {v}, not 1: {}", quote(resp.line)));
-            }
+        if resp.get("pmi_version").is_some_and(|v| v != "1") {
+            return Err(format!("server answered init with another PMI version: {}", quote(resp.line)));
         }
-        Ok(())
+        Ok(resp.get("pmi_subversion").and_then(|s| s.parse().ok()).unwrap_or(1))
     }
 
     pub fn maxes(&mut self) -> Result<Maxes, String> {

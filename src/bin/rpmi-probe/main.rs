@@ -5,6 +5,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod client;
+mod groups;
 mod mapping;
 
 use client::Client;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 const USAGE: &str =
-    "usage: rpmi-probe info|barrier|exchange|get KEY... [--count N] [--size BYTES] [--puts N] [--no-verify]\n       [--times]";
+    "usage: rpmi-probe info|barrier|exchange|groups|get KEY... [--count N] [--size BYTES] [--puts N] [--no-verify]\n       [--times]";
 
 const HELP: &str = "
 Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE set).
@@ -32,6 +33,10 @@ Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE
               with --times every rank also prints when its puts began and its barrier
               ended on this machine's monotonic clock (ns), so that the job's exchange can
               be timed from the first rank in to the last rank out when all ranks share a clock
+  groups      PMI 1.2's group barriers (the server must answer 1.2): the node roots alone
+              exchange cards over a barrier of their group, each node meets in a NODE barrier,
+              then each rank waits in two barriers at once (WORLD, and the ranks of its parity)
+              and asks something meanwhile; the answers may come in any order
   get KEY...  after a barrier, each rank prints the value of each KEY, or `absent`
 ";
 
@@ -40,6 +45,7 @@ enum Command {
     Info,
     Barrier { count: usize },
     Exchange(Exchange),
+    Groups,
     Get(Vec<String>),
 }
 
@@ -90,6 +96,7 @@ fn parse_args(args: &[String]) -> Result<Option<Command>, String> {
     }
     let command = match name.as_str() {
         "info" => Command::Info,
+        "groups" => Command::Groups,
         "barrier" => Command::Barrier { count: count.unwrap_or(100) },
         "exchange" => {
             Command::Exchange(Exchange { count, len: size.unwrap_or(96), puts: puts.unwrap_or(1), verify, times })
@@ -347,13 +354,17 @@ fn run() -> Result<(), String> {
     };
     let mut c = connect()?;
     let task = Task::from_env()?;
-    c.init()?;
+    let subversion = c.init()?;
+    if command == Command::Groups && subversion < 2 {
+        return Err(format!("the server answered PMI 1.{subversion}: it serves no group barriers (1.2)"));
+    }
     let kvs = c.kvsname()?;
     let output = match &command {
         Command::Info => info(&mut c, &task, &kvs)?,
         Command::Barrier { count } => barrier(&mut c, &task, *count)?,
         Command::Exchange(x) => exchange(&mut c, &task, &kvs, x)?,
         Command::Get(keys) => get(&mut c, &task, &kvs, keys)?,
+        Command::Groups => groups::groups(&mut c, &task, &kvs)?,
     };
     c.finalize()?;
     // Printed only after finalize, so output means the whole session worked.

@@ -58,6 +58,12 @@ impl Mapping {
         self.blocks.iter().cycle().flat_map(|b| (0..b.nnodes).flat_map(move |j| std::iter::repeat_n(b.node + j, b.ppn)))
     }
 
+    /// The first rank of every node of a `size`-rank job, ascending (MPICH's node roots).
+    pub fn roots(&self, size: usize) -> Vec<usize> {
+        let mut seen = std::collections::BTreeSet::new();
+        self.nodes().take(size).enumerate().filter(|&(_, n)| seen.insert(n)).map(|(r, _)| r).collect()
+    }
+
     /// Ranks of a `size`-rank job that share `rank`'s node, ascending (what `PMI_Get_clique_ranks`
     /// returned). Walks the ranks without storing a node per rank, so a huge size costs no memory.
     pub fn clique(&self, size: usize, rank: usize) -> Result<Vec<usize>, String> {

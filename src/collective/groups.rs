@@ -1,0 +1,224 @@
+//! PMI 1.2's group exchanges as the root gathers them: an allgather among only the nodes that hold members of
+//! one group barrier ([`crate::server::Host::group_collective`]), the others taking no part.
+//!
+//! **A star through the root.** Each member node sends its part straight to the root, which sends every part
+//! back to each member once all are in. Groups are what MPICH makes of them: its node roots (one member per
+//! node, with a few bytes each), or the ranks of one communicator. The tree stays for the barrier every node
+//! joins; a group's members are few, and a star reaches them in one hop each way. Exchanges of different ids
+//! may be pending at once; each id has at most one (a node starts the next exchange of an id only once the
+//! last one ended for it).
+//!
+//! **Bounds.** A node's part is at most `part_max` bytes, and the parts held at once, over every pending
+//! exchange, at most `exchange_max`: the same bounds as one exchange of the tree. Pending exchanges are at
+//! most [`PENDING_MAX`].
+//!
+//! **Never hangs.** A node that can bring nothing more (every task on it closed its connection, or it was
+//! lost) blocks each pending exchange it is a member of and has not brought its part to; so does a rank
+//! that left without `PMI_Finalize`, for the exchanges of groups it is a member of. The host asks
+//! ([`GroupRoot::blocked_by_node`], [`GroupRoot::blocked_by_rank`]) and ends the job.
+
+use super::Bounds;
+use crate::server::GROUP_ID_MAX;
+use crate::wire::group::Group;
+use std::collections::BTreeMap;
+
+/// At most this many group exchanges pending at once in a job (a task has at most 64 group barriers
+/// outstanding; this is for a whole job).
+pub const PENDING_MAX: usize = 1 << 16;
+
+/// A group exchange every member's part came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupDone {
+    pub id: Vec<u8>,
+    /// The member nodes, ascending: each gets every part.
+    pub shells: Vec<u32>,
+    /// Each member's part, in the order of `shells`.
+    pub parts: Vec<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    shells: Vec<u32>,
+    parts: Vec<Option<Vec<u8>>>,
+    have: usize,
+}
+
+/// The group exchanges of one job, at its root.
+#[derive(Debug)]
+pub struct GroupRoot {
+    nodes: u32,
+    size: u32,
+    bounds: Bounds,
+    pending: BTreeMap<Vec<u8>, Pending>,
+    held: usize,
+}
+
+impl GroupRoot {
+    /// The root of a job of `size` ranks on `nodes` nodes.
+    pub fn new(nodes: u32, size: u32, bounds: Bounds) -> GroupRoot {
+        GroupRoot { nodes, size, bounds, pending: BTreeMap::new(), held: 0 }
+    }
+
+    /// The largest part of one node, id and member list included, for a transport's bound on its frame.
+    pub fn contribution_max(&self) -> usize {
+        GROUP_ID_MAX + 4 * self.nodes as usize + self.bounds.part_max.bytes + 64
+    }
+
+    /// The largest result, for a transport's bound on its frame.
+    pub fn result_max(&self) -> usize {
+        GROUP_ID_MAX + 8 * self.nodes as usize + self.bounds.exchange_max.bytes + 64
+    }
+
+    /// Bytes of parts held.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Node `from`'s part of exchange `id` among `shells`. `Ok(Some)` once every member's part is in.
+    /// `Err`: what the node sent breaks the protocol or a bound, naming the node; the job cannot go on.
+    pub fn contribute(
+        &mut self,
+        from: u32,
+        id: &[u8],
+        shells: &[u32],
+        part: Vec<u8>,
+    ) -> Result<Option<GroupDone>, String> {
+        let name = String::from_utf8_lossy(id);
+        let members_ok = id.len() <= GROUP_ID_MAX
+            && Group::parse(id, self.size).is_ok()
+            && shells.len() >= 2
+            && shells.windows(2).all(|w| w[0] < w[1])
+            && shells.last().is_some_and(|&s| s < self.nodes);
+        if !members_ok {
+            return Err(format!("node {from} sent a malformed group exchange '{}'", crate::server::excerpt(id)));
+        }
+        let Ok(place) = shells.binary_search(&from) else {
+            return Err(format!("node {from} sent a part of group exchange {name}, whose members it does not hold"));
+        };
+        let part_max = self.bounds.part_max;
+        if part.len() > part_max.bytes {
+            return Err(format!(
+                "node {from} brought {} bytes to group exchange {name}, over the limit of {} bytes per node ({})",
+                part.len(),
+                part_max.bytes,
+                part_max.option
+            ));
+        }
+        let held = self.held.saturating_add(part.len());
+        if held > self.bounds.exchange_max.bytes {
+            let max = self.bounds.exchange_max;
+            return Err(format!(
+                "the group exchanges pending would hold more than {} bytes ({}): node {from} brought {} bytes to \
+                 group exchange {name}",
+                max.bytes,
+                max.option,
+                part.len()
+            ));
+        }
+        if !self.pending.contains_key(id) && self.pending.len() >= PENDING_MAX {
+            return Err(format!("node {from} started group exchange {name} beside {PENDING_MAX} others pending"));
+        }
+        let pending = self.pending.entry(id.to_vec()).or_insert_with(|| Pending {
+            shells: shells.to_vec(),
+            parts: vec![None; shells.len()],
+            have: 0,
+        });
+        if pending.shells != shells {
+            return Err(format!("node {from} named other member nodes for group exchange {name} than another node"));
+        }
+        if pending.parts[place].is_some() {
+            return Err(format!("node {from} sent its part of group exchange {name} twice"));
+        }
+        pending.parts[place] = Some(part);
+        pending.have += 1;
+        self.held = held;
+        if pending.have < pending.shells.len() {
+            return Ok(None);
+        }
+        let Some(done) = self.pending.remove(id) else { return Ok(None) };
+        let parts: Vec<Vec<u8>> = done.parts.into_iter().flatten().collect();
+        self.held -= parts.iter().map(Vec::len).sum::<usize>();
+        Ok(Some(GroupDone { id: id.to_vec(), shells: done.shells, parts }))
+    }
+
+    /// Node `node` can bring nothing more: a pending exchange it is a member of and has not brought its part
+    /// to, by id, if any.
+    pub fn blocked_by_node(&self, node: u32) -> Option<String> {
+        self.pending
+            .iter()
+            .find(|(_, p)| p.shells.binary_search(&node).is_ok_and(|i| p.parts[i].is_none()))
+            .map(|(id, _)| String::from_utf8_lossy(id).into_owned())
+    }
+
+    /// Rank `rank`, on node `node`, left without `PMI_Finalize`: a pending exchange of a group it is a
+    /// member of, whose part its node has not brought (so it was not in the barrier), by id, if any.
+    pub fn blocked_by_rank(&self, rank: u32, node: u32) -> Option<String> {
+        self.pending
+            .iter()
+            .filter(|(_, p)| p.shells.binary_search(&node).is_ok_and(|i| p.parts[i].is_none()))
+            .find(|(id, _)| Group::parse(id, self.size).is_ok_and(|g| g.contains(rank)))
+            .map(|(id, _)| String::from_utf8_lossy(id).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::Bound;
+
+    fn root() -> GroupRoot {
+        let b = |bytes| Bound { bytes, option: "OPT" };
+        GroupRoot::new(4, 8, Bounds { part_max: b(100), exchange_max: b(250) })
+    }
+
+    #[test]
+    fn parts_meet_and_go_back_to_every_member_in_member_order() {
+        let mut r = root();
+        assert_eq!(r.contribute(3, b"0,6:1", &[0, 3], b"c".to_vec()), Ok(None));
+        assert_eq!(r.contribute(1, b"WORLD:2", &[0, 1, 2, 3], b"w1".to_vec()), Ok(None));
+        let done = r.contribute(0, b"0,6:1", &[0, 3], b"a".to_vec()).unwrap().unwrap();
+        assert_eq!(
+            done,
+            GroupDone { id: b"0,6:1".to_vec(), shells: vec![0, 3], parts: vec![b"a".to_vec(), b"c".to_vec()] }
+        );
+        assert_eq!(r.held(), 2);
+        // The same id again is the next barrier over that group.
+        assert_eq!(r.contribute(0, b"0,6:1", &[0, 3], vec![]), Ok(None));
+    }
+
+    #[test]
+    fn what_a_node_cannot_send_names_it() {
+        let mut r = root();
+        let e = |r: &mut GroupRoot, from, id: &[u8], shells: &[u32], n| {
+            r.contribute(from, id, shells, vec![0; n]).unwrap_err()
+        };
+        assert!(
+            e(&mut r, 1, b"0,6:1", &[0, 3], 1).contains("node 1 sent a part of group exchange 0,6:1, whose members")
+        );
+        assert!(e(&mut r, 0, b"0,6:1", &[0], 1).contains("malformed"));
+        assert!(e(&mut r, 0, b"0,6:1", &[3, 0], 1).contains("malformed"));
+        assert!(e(&mut r, 0, b"0,6:1", &[0, 4], 1).contains("malformed"));
+        assert!(e(&mut r, 0, b"0,9:1", &[0, 3], 1).contains("malformed"));
+        assert!(e(&mut r, 0, b"0,6:1", &[0, 3], 101).contains("over the limit of 100 bytes per node (OPT)"));
+        r.contribute(0, b"0,6:1", &[0, 3], vec![0; 100]).unwrap();
+        assert!(e(&mut r, 0, b"0,6:1", &[0, 3], 1).contains("twice"));
+        assert!(e(&mut r, 3, b"0,6:1", &[0, 1, 3], 1).contains("other member nodes"));
+        r.contribute(1, b"WORLD:1", &[0, 1, 2, 3], vec![0; 100]).unwrap();
+        assert!(e(&mut r, 2, b"WORLD:1", &[0, 1, 2, 3], 51).contains("more than 250 bytes (OPT)"));
+    }
+
+    #[test]
+    fn a_member_that_can_bring_nothing_more_blocks_what_waits_for_it() {
+        let mut r = root();
+        r.contribute(0, b"0,6:1", &[0, 3], vec![]).unwrap();
+        assert_eq!(r.blocked_by_node(0), None);
+        assert_eq!(r.blocked_by_node(3).as_deref(), Some("0,6:1"));
+        assert_eq!(r.blocked_by_node(1), None);
+        // Rank 7 is on node 3 too, but no member: it leaving blocks nothing; rank 6 leaving does.
+        assert_eq!(r.blocked_by_rank(7, 3), None);
+        assert_eq!(r.blocked_by_rank(6, 3).as_deref(), Some("0,6:1"));
+        assert_eq!(r.blocked_by_rank(0, 0), None);
+        r.contribute(0, b"WORLD:5", &[0, 1, 2, 3], vec![]).unwrap();
+        assert_eq!(r.blocked_by_rank(3, 1).as_deref(), Some("WORLD:5"));
+    }
+}
