@@ -746,3 +746,42 @@ fn virtual_nodes_are_sessions_of_their_own() {
     let ours = unsafe { libc::getsid(0) };
     assert!(!session.values().any(|&s| s == ours), "a task is in the test's session:\n{}", done.dump());
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// PMI 1.2: group barriers.
+
+/// `rpmi-probe groups` over virtual nodes: the node roots alone exchange cards over a group barrier, each
+/// node meets in a NODE barrier, and every rank waits in two group barriers at once (WORLD and its parity's),
+/// answered in any order, while it asks something else.
+#[test]
+fn group_barriers_over_virtual_nodes() {
+    for (n, opts) in [("6", &["--nodes", "3"][..]), ("96", &["--nodes", "3"]), ("8", &["--nodes", "4", "--event-loop"])]
+    {
+        let mut args = vec!["-n", n];
+        args.extend(opts);
+        args.extend([PROBE, "groups"]);
+        let done = rpmi_run(&args);
+        done.assert_success(&format!("groups {args:?}"));
+        let nodes = opts[1];
+        let want =
+            format!("groups: {n} ranks, {nodes} node roots exchanged cards, node, world and parity barriers checked");
+        assert!(done.stdout.contains(&want), "{args:?}:\n{}", done.dump());
+    }
+}
+
+/// A group barrier that a member on another node can no longer join ends the job, saying which barrier and
+/// why: the member's node is done (rank 1 finalized and left), or rank 1 left without finalize.
+#[test]
+fn a_group_barrier_a_member_cannot_join_ends_the_job() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_group_left.sh");
+    let script = script.to_str().unwrap();
+    for (n, how, about) in [
+        ("2", "finalize", "ranks wait in group barrier 0,1:5 that virtual node 1 cannot join"),
+        ("3", "exit", "rank 1 closed its PMI connection (exited or crashed) without PMI_Finalize"),
+    ] {
+        let done = start(RUN, &["-n", n, "--nodes", "2", "bash", script, how]).wait(END_GUARD);
+        assert_eq!(done.code(), Some(125), "{how}:\n{}", done.dump());
+        assert!(done.stderr.contains(about), "{how}:\n{}", done.dump());
+        assert!(done.stragglers.is_empty(), "tasks outlived rpmi-run ({how}):\n{}", done.dump());
+    }
+}

@@ -161,6 +161,113 @@ impl GroupRoot {
     }
 }
 
+/// A node's part of a group exchange as one message (integers big-endian):
+/// `id_len:u16 id count:u32 count*(node:u32) part`. `None` if the id or the list is too long for it.
+pub fn encode_part(id: &[u8], shells: &[u32], part: &[u8]) -> Option<Vec<u8>> {
+    let (id_len, count) = (u16::try_from(id.len()).ok()?, u32::try_from(shells.len()).ok()?);
+    let mut m = Vec::with_capacity(6 + id.len() + 4 * shells.len() + part.len());
+    m.extend_from_slice(&id_len.to_be_bytes());
+    m.extend_from_slice(id);
+    m.extend_from_slice(&count.to_be_bytes());
+    shells.iter().for_each(|s| m.extend_from_slice(&s.to_be_bytes()));
+    m.extend_from_slice(part);
+    Some(m)
+}
+
+/// Reads [`encode_part`]'s message: the id, the member nodes and the part.
+pub fn decode_part(m: &[u8]) -> Result<(Vec<u8>, Vec<u32>, Vec<u8>), String> {
+    let mut r = Reader(m);
+    let id = r.id()?;
+    let count = r.u32()? as usize;
+    if count > r.0.len() / 4 {
+        return Err(format!("a group exchange of {count} nodes in {} bytes", r.0.len()));
+    }
+    let shells = (0..count).map(|_| r.u32()).collect::<Result<_, _>>()?;
+    Ok((id, shells, r.0.to_vec()))
+}
+
+/// An exchange's end as one message: `ok:u8 id_len:u16 id`, then, if it succeeded, `count:u32
+/// count*(len:u32 bytes)` (the parts in member order), else why it failed (UTF-8, cut to `why_max` bytes).
+/// `None` if a length does not fit its field.
+pub fn encode_result(id: &[u8], result: &Result<Vec<Vec<u8>>, String>, why_max: usize) -> Option<Vec<u8>> {
+    let mut m = vec![u8::from(result.is_ok())];
+    m.extend_from_slice(&u16::try_from(id.len()).ok()?.to_be_bytes());
+    m.extend_from_slice(id);
+    match result {
+        Ok(parts) => {
+            m.extend_from_slice(&u32::try_from(parts.len()).ok()?.to_be_bytes());
+            for p in parts {
+                m.extend_from_slice(&u32::try_from(p.len()).ok()?.to_be_bytes());
+                m.extend_from_slice(p);
+            }
+        }
+        Err(why) => {
+            let mut end = why.len().min(why_max);
+            while !why.is_char_boundary(end) {
+                end -= 1;
+            }
+            m.extend_from_slice(&why.as_bytes()[..end]);
+        }
+    }
+    Some(m)
+}
+
+/// Reads [`encode_result`]'s message: the id, and every part or why the exchange failed.
+pub fn decode_result(m: &[u8]) -> Result<(Vec<u8>, Result<Vec<Vec<u8>>, String>), String> {
+    let mut r = Reader(m);
+    let ok = r.u8()?;
+    let id = r.id()?;
+    let result = match ok {
+        0 => Err(String::from_utf8_lossy(r.0).into_owned()),
+        1 => {
+            let count = r.u32()? as usize;
+            if count > r.0.len() / 4 {
+                return Err(format!("{count} parts in {} bytes", r.0.len()));
+            }
+            let mut parts = Vec::with_capacity(count);
+            for _ in 0..count {
+                let len = r.u32()? as usize;
+                parts.push(r.take(len)?.to_vec());
+            }
+            if !r.0.is_empty() {
+                return Err(format!("{} bytes after the parts", r.0.len()));
+            }
+            Ok(parts)
+        }
+        b => return Err(format!("a group exchange whose outcome is {b}")),
+    };
+    Ok((id, result))
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err(format!("{} bytes where {n} were expected", self.0.len()));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into().unwrap_or_default()))
+    }
+
+    fn id(&mut self) -> Result<Vec<u8>, String> {
+        let len = u16::from_be_bytes(self.take(2)?.try_into().unwrap_or_default()) as usize;
+        if len > GROUP_ID_MAX {
+            return Err(format!("a group exchange id of {len} bytes"));
+        }
+        Ok(self.take(len)?.to_vec())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +312,24 @@ mod tests {
         assert!(e(&mut r, 3, b"0,6:1", &[0, 1, 3], 1).contains("other member nodes"));
         r.contribute(1, b"WORLD:1", &[0, 1, 2, 3], vec![0; 100]).unwrap();
         assert!(e(&mut r, 2, b"WORLD:1", &[0, 1, 2, 3], 51).contains("more than 250 bytes (OPT)"));
+    }
+
+    #[test]
+    fn messages_read_back_and_lengths_are_checked() {
+        let m = encode_part(b"0,4:17", &[0, 2], b"0 k=v\n").unwrap();
+        assert_eq!(decode_part(&m), Ok((b"0,4:17".to_vec(), vec![0, 2], b"0 k=v\n".to_vec())));
+        for result in [Ok(vec![b"a".to_vec(), vec![]]), Err("node 2 was lost".to_string())] {
+            let m = encode_result(b"WORLD:3", &result, 100).unwrap();
+            assert_eq!(decode_result(&m), Ok((b"WORLD:3".to_vec(), result)));
+        }
+        let cut = encode_result(b"x", &Err("éé".into()), 3).unwrap();
+        assert_eq!(decode_result(&cut), Ok((b"x".to_vec(), Err("é".into()))));
+        assert!(decode_part(&[0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().contains("nodes in"));
+        assert!(decode_part(&[0x04, 0x01]).unwrap_err().contains("id of 1025 bytes"));
+        assert!(decode_result(&[1, 0, 0, 0x10, 0, 0, 0]).unwrap_err().contains("parts in"));
+        assert!(decode_result(&[1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
+        assert!(decode_result(&[1, 0, 0, 0, 0, 0, 0, 7]).unwrap_err().contains("after the parts"));
+        assert!(decode_result(&[2, 0, 0]).is_err());
     }
 
     #[test]

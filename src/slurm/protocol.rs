@@ -43,6 +43,7 @@
 //! checked before it is written as a `u32`.
 
 use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
+use crate::collective::groups;
 use crate::collective::Bytes;
 pub use crate::server::NameOp;
 use std::fmt;
@@ -312,10 +313,8 @@ impl Up {
             Up::Spawn { task, request } => frame(SPAWN, &[&task.to_be_bytes(), request.as_bytes()])?,
             Up::Started => control(STARTED, &[]),
             Up::Group { id, shells, part } => {
-                let id = id_field(id)?;
-                let count = u32::try_from(shells.len()).map_err(|_| TooLarge(shells.len()))?;
-                let shells: Vec<u8> = shells.iter().flat_map(|s| s.to_be_bytes()).collect();
-                frame(UP_GROUP, &[&id.0, id.1, &count.to_be_bytes(), &shells, part])?
+                let m = groups::encode_part(id, shells, part).ok_or(TooLarge(id.len() + 4 * shells.len()))?;
+                frame(UP_GROUP, &[&m])?
             }
         })
     }
@@ -351,13 +350,8 @@ impl Up {
             BYE => Up::Bye,
             STARTED => Up::Started,
             UP_GROUP => {
-                let id = r.id()?;
-                let count = r.u32()? as usize;
-                if count > r.0.len() / 4 {
-                    return Err(Malformed(format!("a group exchange of {count} nodes in {} bytes", r.0.len())));
-                }
-                let shells = (0..count).map(|_| r.u32()).collect::<Result<_, _>>()?;
-                Up::Group { id, shells, part: std::mem::take(&mut r.0).to_vec() }
+                let (id, shells, part) = groups::decode_part(std::mem::take(&mut r.0)).map_err(Malformed)?;
+                Up::Group { id, shells, part }
             }
             NAME => {
                 let task = r.u32()?;
@@ -416,21 +410,8 @@ impl Down {
             Down::End => control(END, &[]),
             Down::Answer { task, ok, text } => control(ANSWER, &[&task.to_be_bytes(), &[u8::from(*ok)], cut(text)]),
             Down::Group { id, result } => {
-                let id = id_field(id)?;
-                match result {
-                    Err(why) => frame(DOWN_GROUP, &[&[0], &id.0, id.1, cut(why)])?,
-                    Ok(parts) => {
-                        let count = u32::try_from(parts.len()).map_err(|_| TooLarge(parts.len()))?;
-                        let mut body = count.to_be_bytes().to_vec();
-                        for p in parts {
-                            body.extend_from_slice(
-                                &u32::try_from(p.len()).map_err(|_| TooLarge(p.len()))?.to_be_bytes(),
-                            );
-                            body.extend_from_slice(p);
-                        }
-                        frame(DOWN_GROUP, &[&[1], &id.0, id.1, &body])?
-                    }
-                }
+                let m = groups::encode_result(id, result, MESSAGE_MAX).ok_or(TooLarge(id.len()))?;
+                frame(DOWN_GROUP, &[&m])?
             }
         })
     }
@@ -455,24 +436,7 @@ impl Down {
                 text: r.rest_text()?,
             },
             DOWN_GROUP => {
-                let ok = r.u8()?;
-                let id = r.id()?;
-                let result = match ok {
-                    0 => Err(r.rest_text()?),
-                    1 => {
-                        let count = r.u32()? as usize;
-                        if count > r.0.len() / 4 {
-                            return Err(Malformed(format!("{count} parts in {} bytes", r.0.len())));
-                        }
-                        let mut parts = Vec::with_capacity(count);
-                        for _ in 0..count {
-                            let len = r.u32()? as usize;
-                            parts.push(r.take(len)?.to_vec());
-                        }
-                        Ok(parts)
-                    }
-                    b => return Err(Malformed(format!("a group exchange whose outcome is {b}"))),
-                };
+                let (id, result) = groups::decode_result(std::mem::take(&mut r.0)).map_err(Malformed)?;
                 Down::Group { id, result }
             }
             k => return Err(Malformed(format!("unknown kind {k}"))),
@@ -480,14 +444,6 @@ impl Down {
         r.end()?;
         Ok(m)
     }
-}
-
-/// A group exchange's id as a frame carries it: its length, then its bytes.
-fn id_field(id: &[u8]) -> Result<([u8; 2], &[u8]), TooLarge> {
-    if id.len() > crate::server::GROUP_ID_MAX {
-        return Err(TooLarge(id.len()));
-    }
-    Ok(((id.len() as u16).to_be_bytes(), id))
 }
 
 /// Splits whole frames off the front of a receive buffer.
@@ -605,15 +561,6 @@ impl<'a> Reader<'a> {
         }
         String::from_utf8(self.take(len)?.to_vec()).map_err(|_| Malformed("a name or port that is not UTF-8".into()))
     }
-    /// A group exchange's id: a length and at most [`crate::server::GROUP_ID_MAX`] bytes.
-    fn id(&mut self) -> Result<Vec<u8>, Malformed> {
-        let len = self.u16()? as usize;
-        if len > crate::server::GROUP_ID_MAX {
-            return Err(Malformed(format!("a group exchange id of {len} bytes")));
-        }
-        Ok(self.take(len)?.to_vec())
-    }
-
     fn end(&self) -> Result<(), Malformed> {
         if self.0.is_empty() {
             Ok(())

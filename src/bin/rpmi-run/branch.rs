@@ -4,10 +4,10 @@
 //! and to its children. The shell's event loop reads and writes them; nothing that the plugin calls waits on
 //! a socket.
 
-use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, KILL};
+use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL};
 use crate::host::{Cause, Host};
 use rpmi::abi::ffi;
-use rpmi::collective::{frame, Bounds, Node, Output, Parts, Peer, Tree};
+use rpmi::collective::{frame, groups, Bounds, GroupRoot, Node, Output, Parts, Peer, Tree};
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -35,6 +35,10 @@ struct State {
     /// The tasks are all gone and the instance is destroyed: this node said it is done, and results that
     /// come now are nobody's.
     finished: bool,
+    /// The largest end of a group exchange the coordinator may send.
+    group_max: usize,
+    /// Group exchanges the coordinator ended, for the plugin.
+    groups_done: Vec<(Vec<u8>, Result<Vec<Vec<u8>>, String>)>,
 }
 
 /// What the machine asks of the shell, done once the branch is unlocked (it calls into the plugin).
@@ -68,7 +72,9 @@ impl Branch {
             peers.push(peer);
         }
         let said_bye = vec![false; conns.len()];
-        Ok(Branch { state: Mutex::new(State { node, me, conns, peers, said_bye, finished: false }) })
+        let group_max = GroupRoot::new(tree.nodes(), 0, bounds).result_max();
+        let state = State { node, me, conns, peers, said_bye, finished: false, group_max, groups_done: Vec::new() };
+        Ok(Branch { state: Mutex::new(state) })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -77,11 +83,15 @@ impl Branch {
 
     /// Runs `f` on the state, sends the frames the machine hands back, then does what else it asks.
     fn drive<T>(&self, host: &Host, f: impl FnOnce(&mut State) -> T) -> T {
-        let (value, acts) = {
+        let (value, acts, groups_done) = {
             let mut state = self.lock();
             let value = f(&mut state);
-            (value, state.take_outputs())
+            let done = std::mem::take(&mut state.groups_done);
+            (value, state.take_outputs(), if state.finished { Vec::new() } else { done })
         };
+        for (id, result) in groups_done {
+            host.complete_group(&id, &result);
+        }
         for act in acts {
             match act {
                 Act::Complete(parts) => host.complete(parts.iter().map(|(_, part)| part)),
@@ -112,6 +122,17 @@ impl Branch {
                 ffi::RPMI_ERR_STATE
             }
         })
+    }
+
+    /// The plugin's `group_collective`: this node's part of group exchange `id`, which the coordinator
+    /// gathers from the member nodes `shells`.
+    pub fn group(&self, id: &[u8], shells: &[u32], part: &[u8]) -> c_int {
+        let sent = groups::encode_part(id, shells, part).is_some_and(|m| self.lock().conns[0].send(GROUP, Arc::new(m)));
+        if sent {
+            ffi::RPMI_OK
+        } else {
+            ffi::RPMI_ERR_STATE
+        }
     }
 
     /// Tells the coordinator that this node ended the job for `cause`, news on this node (see
@@ -188,12 +209,21 @@ impl State {
         let peer = self.peers[i];
         loop {
             let node = &self.node;
-            let max = |kind| if kind == COLLECTIVE { node.frame_max(peer) } else { CONTROL_MAX };
+            let group_max = self.group_max;
+            let max = |kind| match kind {
+                COLLECTIVE => node.frame_max(peer),
+                GROUP => group_max,
+                _ => CONTROL_MAX,
+            };
             match self.conns[i].receive(max) {
                 Heard::Frame(COLLECTIVE, frame) => {
                     self.said_bye[i] |= frame::is_bye(&frame);
                     self.node.receive(peer, Arc::new(frame));
                 }
+                Heard::Frame(GROUP, m) if peer == Peer::Root => match groups::decode_result(&m) {
+                    Ok(done) => self.groups_done.push(done),
+                    Err(why) => say!("virtual node {}: rpmi-run sent a malformed group exchange: {why}", self.me),
+                },
                 Heard::Frame(KILL, signal) if peer == Peer::Root => {
                     let signal = signal.get(..4).and_then(|s| s.try_into().ok()).map(i32::from_le_bytes);
                     host.end(signal.unwrap_or(libc::SIGKILL));

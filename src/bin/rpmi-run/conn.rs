@@ -20,6 +20,9 @@ pub const ENDING: u8 = 2;
 pub const KILL: u8 = 3;
 /// Shell to coordinator: a task of this node called PMI_Abort (see [`abort`]).
 pub const ABORT: u8 = 4;
+/// Shell to coordinator: the node's part of a PMI 1.2 group exchange; coordinator to each member shell: its
+/// end (`rpmi::collective::groups`' messages).
+pub const GROUP: u8 = 5;
 
 /// The largest frame of a kind other than [`COLLECTIVE`]; what to say is cut to fit.
 pub const CONTROL_MAX: usize = 64 * 1024;

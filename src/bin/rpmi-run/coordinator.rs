@@ -8,10 +8,10 @@
 //! on, such as one whose barrier waits for a node that has ended.
 
 use crate::branch::Branch;
-use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, KILL};
+use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL};
 use crate::host::Ended;
 use rpmi::abi::ffi;
-use rpmi::collective::{frame, Bounds, Bytes, Output, Peer, Root, Tree};
+use rpmi::collective::{frame, groups, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -171,6 +171,8 @@ fn ranks(clique: &[u32]) -> String {
 /// The tree's root and its connection to every node, on one thread.
 struct Coordinator<'a> {
     root: Root,
+    /// PMI 1.2's group exchanges, a star through the coordinator.
+    groups: GroupRoot,
     /// To each node, by index.
     conns: Vec<Conn>,
     cliques: &'a [Vec<u32>],
@@ -194,8 +196,10 @@ impl<'a> Coordinator<'a> {
     ) -> Coordinator<'a> {
         let said_bye = vec![false; conns.len()];
         let root = Root::new(tree, bounds);
+        let size = cliques.iter().map(Vec::len).sum::<usize>() as u32;
         Coordinator {
             root,
+            groups: GroupRoot::new(tree.nodes(), size, bounds),
             conns,
             cliques,
             said_bye,
@@ -231,12 +235,20 @@ impl<'a> Coordinator<'a> {
     fn hear(&mut self, index: usize) {
         let from = index as u32;
         loop {
-            let root = &self.root;
-            let max = |kind| if kind == COLLECTIVE { root.frame_max(from) } else { CONTROL_MAX };
+            let (root, group_max) = (&self.root, self.groups.contribution_max());
+            let max = |kind| match kind {
+                COLLECTIVE => root.frame_max(from),
+                GROUP => group_max,
+                _ => CONTROL_MAX,
+            };
             match self.conns[index].receive(max) {
                 Heard::Frame(COLLECTIVE, frame) => {
-                    self.said_bye[index] |= frame::is_bye(&frame);
+                    let bye = frame::is_bye(&frame);
+                    self.said_bye[index] |= bye;
                     self.root.receive(from, Arc::new(frame));
+                    if bye {
+                        self.group_blocked();
+                    }
                 }
                 Heard::Frame(ENDING, message) => {
                     let first = self.ended_by(index, &message);
@@ -247,10 +259,12 @@ impl<'a> Coordinator<'a> {
                     self.ended_by(index, message);
                     self.abort(Abort { code, at, message: message.to_vec() });
                 }
+                Heard::Frame(GROUP, m) => self.group(from, &m),
                 Heard::Frame(..) => {}
                 Heard::Pending => break,
                 Heard::Ended => {
                     self.root.lost(from);
+                    self.group_blocked();
                     break;
                 }
                 Heard::TooLong { kind, len, max } => {
@@ -268,6 +282,41 @@ impl<'a> Coordinator<'a> {
         self.serve_root();
         if self.conns[index].ended() && self.outcome.blamed.as_ref().is_some_and(|b| b.node == Some(from)) {
             self.say_blamed();
+        }
+    }
+
+    /// Node `from`'s part of a group exchange; once every member's is in, the parts go to each member.
+    fn group(&mut self, from: u32, m: &[u8]) {
+        let taken =
+            groups::decode_part(m).and_then(|(id, shells, part)| self.groups.contribute(from, &id, &shells, part));
+        match taken {
+            Ok(Some(done)) => {
+                let end = groups::encode_result(&done.id, &Ok(done.parts), usize::MAX).map(Arc::new);
+                for (member, end) in done.shells.iter().zip(std::iter::repeat(end).flatten()) {
+                    if let Some(conn) = self.conns.get_mut(*member as usize) {
+                        conn.send(GROUP, end);
+                    }
+                }
+            }
+            // A member may have gone before the first part came.
+            Ok(None) => self.group_blocked(),
+            Err(message) => self.blame(None, Blame { node: Some(from), left: false, message }),
+        }
+    }
+
+    /// Ends the job if a group exchange waits for a node that said it is done or has gone.
+    fn group_blocked(&mut self) {
+        let gone = |n: usize| self.said_bye[n] || self.conns[n].ended();
+        let blocked = (0..self.conns.len())
+            .filter(|&n| gone(n))
+            .find_map(|n| Some((n as u32, self.groups.blocked_by_node(n as u32)?)));
+        if let Some((node, id)) = blocked {
+            let message = format!(
+                "ranks wait in group barrier {id} that virtual node {node} cannot join: every rank on it has closed \
+                 its PMI connection"
+            );
+            // Said as it is (a node that left is otherwise said to have left "a barrier").
+            self.blame(None, Blame { node: Some(node), left: false, message });
         }
     }
 

@@ -229,7 +229,7 @@ impl Host {
             unpublish: self.link.as_ref().map(|_| unpublish as _),
             lookup: self.link.as_ref().map(|_| lookup as _),
             spawn: self.link.as_ref().map(|_| spawn as _),
-            group_collective: None,
+            group_collective: Some(group_collective),
         }
     }
 
@@ -239,6 +239,23 @@ impl Host {
         call!(
             self.plugin,
             collective_complete(self.instance(), ffi::RPMI_OK, bufs.as_ptr(), bufs.len(), std::ptr::null())
+        );
+    }
+
+    /// Ends group exchange `id`: every member node's part, or why it failed.
+    pub fn complete_group(&self, id: &[u8], result: &Result<Vec<Vec<u8>>, String>) {
+        let (status, bufs, error) = match result {
+            Ok(parts) => {
+                (ffi::RPMI_OK, parts.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect(), None)
+            }
+            Err(why) => {
+                (ffi::RPMI_ERR_STATE, Vec::new(), Some(CString::new(why.replace('\0', " ")).unwrap_or_default()))
+            }
+        };
+        let error = error.as_ref().map_or(std::ptr::null(), |e| e.as_ptr());
+        call!(
+            self.plugin,
+            group_complete(self.instance(), id.as_ptr(), id.len(), status, bufs.as_ptr(), bufs.len(), error)
         );
     }
 
@@ -293,6 +310,32 @@ unsafe extern "C" fn collective(
             host.complete(std::iter::once(contribution));
             ffi::RPMI_OK
         }
+    }
+}
+
+unsafe extern "C" fn group_collective(
+    data: *mut std::ffi::c_void,
+    _: *mut rpmi_instance,
+    id: *const u8,
+    id_len: usize,
+    shells: *const u32,
+    nshells: usize,
+    bytes: *const u8,
+    len: usize,
+) -> c_int {
+    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    let host = unsafe { host(data) };
+    if id.is_null() || shells.is_null() || (bytes.is_null() && len > 0) {
+        return ffi::RPMI_ERR_INVALID;
+    }
+    // SAFETY: not NULL (checked above): the plugin's buffers, valid during this call.
+    let (id, shells) = unsafe { (std::slice::from_raw_parts(id, id_len), std::slice::from_raw_parts(shells, nshells)) };
+    // SAFETY: as above, when not empty.
+    let part = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(bytes, len) } };
+    match &host.branch {
+        Some(branch) => branch.group(id, shells, part),
+        // A one-node job has no group spanning nodes: the plugin never asks.
+        None => ffi::RPMI_ERR_STATE,
     }
 }
 
