@@ -167,7 +167,7 @@ typedef struct rpmi_host_ops {
      * ranks' appnum (plugin-spec/README.md, section 8, also says how the jobs' ends are tied). */
     int (*spawn)(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len);
 
-    /* Revision 3. Optional: PMI 1.2's group barriers (plugin-spec/README.md, section 9). Start this shell's
+    /* Revision 3. Optional: PMI 1.2's group barriers (plugin-spec/README.md, section 6.1). Start this shell's
      * part of group exchange `id` (id_len bytes, no NUL): an allgather of `data` (the new puts of this shell's
      * members of the group, possibly empty) among only the nshells shells listed in `shells` (ascending,
      * this one and at least one other); the job's other shells take no part. `id` names the group, the same on

@@ -12,7 +12,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use rpmi::server::{
-    Direction, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap, NOT_SUPPORTED,
+    Direction, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap,
+    GROUP_ID_MAX, NOT_SUPPORTED,
 };
 use rpmi::wire::response::MAX_LINE;
 use std::sync::OnceLock;
@@ -82,6 +83,10 @@ struct FuzzHost {
     misuse: bool,
     host_bug_logs: usize,
     kvs_bytes_max: usize,
+    /// Run group exchanges (and so answer PMI 1.2).
+    serve_groups: bool,
+    /// The group exchanges the shell started that the host has not ended: id and this shell's part.
+    groups: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl FuzzHost {
@@ -110,6 +115,30 @@ impl Host for FuzzHost {
         // Rewrites of a key between barriers all travel, but the whole stays within the KVS bound.
         assert!(contribution.len() <= self.kvs_bytes_max, "a contribution of {} bytes", contribution.len());
         self.collective = Some(contribution.to_vec());
+        Ok(())
+    }
+
+    fn serves_groups(&self) -> bool {
+        self.serve_groups
+    }
+
+    fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
+        let GroupExchange { id, shells } = *exchange;
+        assert!(self.serve_groups, "a group exchange from a shell told groups are not served");
+        assert!(id.len() <= GROUP_ID_MAX, "a group exchange id of {} bytes", id.len());
+        assert!(!self.groups.iter().any(|(i, _)| i == id), "a second exchange of {} while one is outstanding", String::from_utf8_lossy(id));
+        // This shell is node 0 of two.
+        assert_eq!(shells, [0, 1], "group exchange {} among {shells:?}", String::from_utf8_lossy(id));
+        for line in contribution.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let sp = line.iter().position(|&b| b == b' ').expect("contribution line without rank");
+            let rank: u32 = std::str::from_utf8(&line[..sp]).unwrap().parse().expect("contribution rank");
+            assert!(self.local_ranks.contains(&rank), "group contribution for non-local rank {rank}");
+        }
+        assert!(contribution.len() <= self.kvs_bytes_max, "a group contribution of {} bytes", contribution.len());
+        if debug() {
+            eprintln!("group exchange {}: {} bytes", String::from_utf8_lossy(id), contribution.len());
+        }
+        self.groups.push((id.to_vec(), contribution.to_vec()));
         Ok(())
     }
 
@@ -494,7 +523,19 @@ fn canned(k: u8, a: u8, b: u8) -> Vec<u8> {
         20 => format!("cmd=put kvsname=other key={} value=x", key(a)).into_bytes(),
         21 => format!("cmd=get kvsname=other key={}", key(a)).into_bytes(),
         22 => format!("cmd=put kvsname={KVSNAME} key=PMI_process_mapping value=x{b}").into_bytes(),
-        23 => b"cmd=barrier_in group=WORLD".to_vec(),
+        23 => {
+            let group = match a % 8 {
+                0 => "WORLD".to_string(),
+                1 => format!("WORLD:{b}"),
+                2 => format!("NODE:{b}"),
+                3 => format!("0,1,2:{}", b % 3),
+                4 => format!("{},3:{}", a % 3, b % 3),
+                5 => format!("{},{}:{b}", a % 6, b % 6),
+                6 => format!("0,2,4:{}", b % 2),
+                _ => format!("{}:{}", "1,".repeat(usize::from(b)), b),
+            };
+            format!("cmd=barrier_in group={group}").into_bytes()
+        }
         24 => format!("cmd=put kvsname={KVSNAME} key={} value=x", "K".repeat(62 + (a % 4) as usize)).into_bytes(),
         25 => b"cmd=get_maxes extra=1 \r".to_vec(),
         26 => b"cmd=abort".to_vec(),
@@ -775,6 +816,8 @@ fn run(data: &[u8]) {
         misuse: false,
         host_bug_logs: 0,
         kvs_bytes_max,
+        serve_groups: config & 16 != 0,
+        groups: Vec::new(),
     };
     let mut wire = Wire {
         partial: vec![Vec::new(); NTASKS],
@@ -852,8 +895,23 @@ fn run(data: &[u8]) {
                 }
             }
             12 => {
-                if host.collective.take().is_some() {
-                    shell.collective_complete(&mut host, Err("the other shell is gone"));
+                let g = input.byte();
+                if g & 1 == 0 {
+                    if host.collective.take().is_some() {
+                        shell.collective_complete(&mut host, Err("the other shell is gone"));
+                    }
+                } else if !host.groups.is_empty() {
+                    // A group exchange ends, in any order: failed, or with the other node's part.
+                    let (id, own) = host.groups.remove(usize::from(g / 4) % host.groups.len());
+                    let len = input.byte() as usize;
+                    let theirs = input.bytes(len);
+                    match g & 2 {
+                        0 => shell.group_complete(&mut host, &id, Err("the other node is gone")),
+                        _ => shell.group_complete(&mut host, &id, Ok(&[&own, theirs])),
+                    }
+                } else if g & 2 != 0 {
+                    host.misuse = true;
+                    shell.group_complete(&mut host, b"WORLD:0", Ok(&[]));
                 }
             }
             13 => {
