@@ -1805,3 +1805,88 @@ fn pmi12_groups_no_task_could_be_answered_are_protocol_errors() {
     drop(clients);
     job.finished();
 }
+
+/// A 1.2 client's threads send group barriers without waiting for the connection: one may come while a
+/// plain request waits, and a member may put again while its group exchange is out, whose part, coming
+/// back, does not undo the newer value.
+#[test]
+fn pmi12_group_barriers_interleave_and_never_undo_a_newer_put() {
+    let (job, mut clients) = Setup::block(&[2, 2], 0).serve_groups().start();
+    for c in &mut clients {
+        c.init12();
+    }
+    let c = &mut clients[0];
+    c.send("cmd=barrier_in\n");
+    c.send("cmd=barrier_in group=0,2:1\n");
+    let (id, _, own) = job.group(0);
+    assert!(job.shared.get().errors.is_empty(), "{:?}", job.shared.get().errors);
+    assert_eq!(clients[1].ask("cmd=barrier_in"), "cmd=barrier_out rc=0 tag=0");
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=0");
+    let c = &mut clients[0];
+    assert_eq!(c.put("k", "v1"), "cmd=put_result rc=0");
+    c.send("cmd=barrier_in group=0,2:2\n");
+    let (id2, _, own2) = job.group(1);
+    assert_eq!(lossy(&own2), "0 k=v1\n");
+    assert_eq!(c.put("k", "v2"), "cmd=put_result rc=0");
+    job.complete_group(&id2, vec![own2, b"2 j=w\n".to_vec()]);
+    job.complete_group(&id, vec![own]);
+    let mut tags: Vec<String> = (0..2).map(|_| c.recv()).collect();
+    tags.sort();
+    assert_eq!(tags, ["cmd=barrier_out rc=0 tag=1", "cmd=barrier_out rc=0 tag=2"]);
+    assert_eq!(c.get("k"), "cmd=get_result rc=0 value=v2");
+    assert_eq!(c.get("j"), "cmd=get_result rc=0 value=w");
+    drop(clients);
+    job.finished();
+}
+
+/// What a group exchange carries is held by the host until it ends, and counts against the store's bound:
+/// a task with many group barriers out cannot make the host hold its puts once for each.
+#[test]
+fn pmi12_group_exchanges_out_count_against_the_store_bound() {
+    let limits = Limits { kvs_bytes_max: 8192, ..Limits::default() };
+    let (job, mut clients) = Setup::block(&[1, 1], 0).serve_groups().limits(limits).start();
+    let c = &mut clients[0];
+    c.init12();
+    assert_eq!(c.put("k", &"v".repeat(800)), "cmd=put_result rc=0");
+    for tag in 1..=8 {
+        c.send(format!("cmd=barrier_in group=0,1:{tag}\n"));
+    }
+    // The put is charged with its store entry and twice in each buffer that holds it on its way: 4.2 KB,
+    // and each exchange out holds its 806 bytes more; the fifth would go over 8192.
+    let refused = c.recv();
+    let started = job.shared.get().groups.len();
+    assert!((1..8).contains(&started), "{started} of 8 group exchanges started");
+    assert!(refused.starts_with(&format!("cmd=barrier_out rc=2 tag={}", started + 1)), "{refused}");
+    assert!(refused.contains("over_what_the_job's_key-value_store_bound_of_8192_bytes"), "{refused}");
+    drop(clients);
+    job.finished();
+}
+
+/// A task may not have two group barriers with one tag outstanding (their answers name only the tag), nor
+/// a group whose written form is longer than a group exchange's id.
+#[test]
+fn pmi12_answers_a_task_could_not_tell_apart_are_refused() {
+    let map = TaskMap::block(&[2, 398]);
+    let (job, mut clients) =
+        Setup::new(JobInfo::new(KVS, map.clone(), map.clique(0), hostnames(2))).serve_groups().start();
+    let c = &mut clients[0];
+    c.init12();
+    c.send("cmd=barrier_in group=0,3:4\n");
+    c.send("cmd=barrier_in group=0,5:4\n");
+    let record = job.shared.wait_for("the protocol error", |r| !r.errors.is_empty());
+    assert!(
+        record.errors[0].to_string().contains("with the tag of 0,3:4, which the rank is still in"),
+        "{:?}",
+        record.errors
+    );
+    drop(record);
+    let c = &mut clients[1];
+    c.init12();
+    let all: Vec<String> = (0..400).map(|r| r.to_string()).collect();
+    c.send(format!("cmd=barrier_in group={}:1\n", all.join(",")));
+    let record = job.shared.wait_for("the protocol error", |r| r.errors.len() > 1);
+    assert!(record.errors[1].to_string().contains("longer than 1024 bytes"), "{:?}", record.errors);
+    drop(record);
+    drop(clients);
+    job.finished();
+}

@@ -45,7 +45,7 @@ fn programs() -> &'static Programs {
             let out = compile("mpicc", name, &dir);
             std::fs::rename(&out, dir.join(format!("{name}4"))).expect("rename");
         }
-        for name in ["mpi_mpmd", "mpi_names", "mpi_spawn", "mpi_spawn_multiple", "mpi_spawn_missing"] {
+        for name in ["mpi_mpmd", "mpi_names", "mpi_spawn", "mpi_spawn_multiple", "mpi_spawn_missing", "mpi_sessions"] {
             let out = compile(mpicc5.to_str().expect("UTF-8 path"), name, &dir);
             std::fs::rename(&out, dir.join(format!("{name}5"))).expect("rename");
         }
@@ -396,4 +396,24 @@ fn spawns_in_turn_do_not_use_up_the_fds() {
     let answers: Vec<&str> = done.stdout.lines().filter_map(|l| l.strip_prefix("spawner: ")).collect();
     assert_eq!(answers.len(), 400, "{}", done.dump());
     assert!(answers.iter().all(|a| *a == "cmd=spawn_result rc=0 errcodes=0"), "{}", done.dump());
+}
+
+/// MPICH 5's sessions program over virtual nodes: communicators from the session's WORLD process set and from
+/// a subgroup only the even ranks take part in. rpmi-run answers 1.2, which turns on MPICH's threaded PMI
+/// mode (every `barrier_out` carries a tag); MPICH 5.0's own builds still send no group barrier (see
+/// README, "What the server answers").
+#[test]
+fn mpi_sessions_with_mpich_5_answered_pmi_1_2() {
+    let program = programs().get("mpi_sessions5");
+    for opts in [&["-n", "6", "--nodes", "3"][..], &["-n", "5", "--nodes", "2", "--map", "cyclic", "--event-loop"]] {
+        let mut args = os(opts);
+        args.extend(os(&["--trace", program.to_str().unwrap()]));
+        let done = rpmi_run_env(&args, &[]);
+        done.assert_success(&format!("{opts:?}"));
+        let (n, evens) = if opts[1] == "6" { (6, 3) } else { (5, 3) };
+        let want = format!("mpi_sessions: {n} ranks, world and {evens} even ranks checked");
+        assert!(done.stdout.contains(&want), "{opts:?}: no `{want}`:\n{}", done.dump());
+        assert!(done.stderr.contains("S: cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2"), "{}", done.dump());
+        assert!(done.stderr.contains("S: cmd=barrier_out rc=0 tag=0"), "{opts:?}: not in 1.2's threaded mode");
+    }
 }

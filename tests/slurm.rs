@@ -1462,8 +1462,8 @@ fn group_barriers_across_nodes() {
 }
 
 /// A group barrier that a member on another node can no longer join ends the step, saying which barrier
-/// and why, and leaves no task: the member's node is done (rank 1 finalized and left), or rank 1 left
-/// without finalize while a task of its node runs on.
+/// and why, and leaves no task: the member's node is done (rank 1 finalized and left), or rank 1 finalized,
+/// or left without finalize, while a task of its node runs on.
 #[test]
 fn a_group_barrier_a_member_cannot_join_ends_the_step() {
     let _s = serial();
@@ -1471,6 +1471,12 @@ fn a_group_barrier_a_member_cannot_join_ends_the_step() {
     let script = script.to_str().unwrap();
     for (name, layout, how, about) in [
         ("group-done", &["-N2", "-n2"][..], "finalize", "ranks wait in group barrier 0,1:5 that n2 cannot join"),
+        (
+            "group-finalized",
+            &["-N2", "-n4", "-m", "cyclic"],
+            "finalize",
+            "rank 1 on n2 called PMI_Finalize while other ranks wait for it in group barrier 0,1:5",
+        ),
         (
             "group-gone",
             &["-N2", "-n4", "-m", "cyclic"],

@@ -26,6 +26,18 @@ use std::collections::BTreeMap;
 /// outstanding; this is for a whole job).
 pub const PENDING_MAX: usize = 1 << 16;
 
+/// How a group exchange ended: every member node's part, in member order, or why it failed.
+pub type Outcome = Result<Vec<Vec<u8>>, String>;
+
+/// A node's part of a group exchange, as a message carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub id: Vec<u8>,
+    /// The member nodes, ascending.
+    pub shells: Vec<u32>,
+    pub part: Vec<u8>,
+}
+
 /// A group exchange every member's part came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupDone {
@@ -67,6 +79,11 @@ impl GroupRoot {
     /// The largest result, for a transport's bound on its frame.
     pub fn result_max(&self) -> usize {
         GROUP_ID_MAX + 8 * self.nodes as usize + self.bounds.exchange_max.bytes + 64
+    }
+
+    /// Whether no group exchange is pending.
+    pub fn is_idle(&self) -> bool {
+        self.pending.is_empty()
     }
 
     /// Bytes of parts held.
@@ -175,7 +192,7 @@ pub fn encode_part(id: &[u8], shells: &[u32], part: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Reads [`encode_part`]'s message: the id, the member nodes and the part.
-pub fn decode_part(m: &[u8]) -> Result<(Vec<u8>, Vec<u32>, Vec<u8>), String> {
+pub fn decode_part(m: &[u8]) -> Result<Part, String> {
     let mut r = Reader(m);
     let id = r.id()?;
     let count = r.u32()? as usize;
@@ -183,13 +200,13 @@ pub fn decode_part(m: &[u8]) -> Result<(Vec<u8>, Vec<u32>, Vec<u8>), String> {
         return Err(format!("a group exchange of {count} nodes in {} bytes", r.0.len()));
     }
     let shells = (0..count).map(|_| r.u32()).collect::<Result<_, _>>()?;
-    Ok((id, shells, r.0.to_vec()))
+    Ok(Part { id, shells, part: r.0.to_vec() })
 }
 
 /// An exchange's end as one message: `ok:u8 id_len:u16 id`, then, if it succeeded, `count:u32
 /// count*(len:u32 bytes)` (the parts in member order), else why it failed (UTF-8, cut to `why_max` bytes).
 /// `None` if a length does not fit its field.
-pub fn encode_result(id: &[u8], result: &Result<Vec<Vec<u8>>, String>, why_max: usize) -> Option<Vec<u8>> {
+pub fn encode_result(id: &[u8], result: &Outcome, why_max: usize) -> Option<Vec<u8>> {
     let mut m = vec![u8::from(result.is_ok())];
     m.extend_from_slice(&u16::try_from(id.len()).ok()?.to_be_bytes());
     m.extend_from_slice(id);
@@ -213,7 +230,7 @@ pub fn encode_result(id: &[u8], result: &Result<Vec<Vec<u8>>, String>, why_max: 
 }
 
 /// Reads [`encode_result`]'s message: the id, and every part or why the exchange failed.
-pub fn decode_result(m: &[u8]) -> Result<(Vec<u8>, Result<Vec<Vec<u8>>, String>), String> {
+pub fn decode_result(m: &[u8]) -> Result<(Vec<u8>, Outcome), String> {
     let mut r = Reader(m);
     let ok = r.u8()?;
     let id = r.id()?;
@@ -317,7 +334,8 @@ mod tests {
     #[test]
     fn messages_read_back_and_lengths_are_checked() {
         let m = encode_part(b"0,4:17", &[0, 2], b"0 k=v\n").unwrap();
-        assert_eq!(decode_part(&m), Ok((b"0,4:17".to_vec(), vec![0, 2], b"0 k=v\n".to_vec())));
+        let part = Part { id: b"0,4:17".to_vec(), shells: vec![0, 2], part: b"0 k=v\n".to_vec() };
+        assert_eq!(decode_part(&m), Ok(part));
         for result in [Ok(vec![b"a".to_vec(), vec![]]), Err("node 2 was lost".to_string())] {
             let m = encode_result(b"WORLD:3", &result, 100).unwrap();
             assert_eq!(decode_result(&m), Ok((b"WORLD:3".to_vec(), result)));

@@ -130,13 +130,22 @@ impl Kvs {
         }
     }
 
-    /// Stores every put of a collective's result (all shells' contributions, this one's included), with
-    /// `beside` bytes held elsewhere for this store ([`Kvs::put_beside`]). A contribution that breaks the
+    /// Stores every put of a collective's result (all shells' contributions, this one's included) by a rank
+    /// `take` says yes to, with `beside` bytes held elsewhere for this store ([`Kvs::put_beside`]). A contribution that breaks the
     /// bounds or the duplicate rule is an error naming what is wrong; the store then holds the puts before
     /// it (the barrier fails and the job is expected to end).
-    pub fn merge(&mut self, contribution: &[u8], bounds: &Bounds, beside: usize) -> Result<(), MergeError> {
+    pub fn merge(
+        &mut self,
+        contribution: &[u8],
+        bounds: &Bounds,
+        beside: usize,
+        take: impl Fn(u32) -> bool,
+    ) -> Result<(), MergeError> {
         for line in contribution.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             let (rank, key, value) = decode(line, bounds)?;
+            if !take(rank) {
+                continue;
+            }
             self.put_beside(rank, key, value, beside).map_err(|e| match e {
                 PutError::Taken { owner } => {
                     MergeError::Conflict { key: String::from_utf8_lossy(key).into_owned(), ranks: (owner, rank) }
@@ -285,10 +294,10 @@ mod tests {
         encode(&mut c, 4, b"card-4", b"x");
         assert_eq!(c, b"3 card-3=a=b c\n4 card-4=x\n");
         let mut kvs = Kvs::new(1 << 20);
-        assert_eq!(kvs.merge(&c, &BOUNDS, 0), Ok(()));
+        assert_eq!(kvs.merge(&c, &BOUNDS, 0, |_| true), Ok(()));
         assert_eq!(kvs.get(b"card-3"), Some(&b"a=b c"[..]));
         // The echo of a shell's own contribution changes nothing.
-        assert_eq!(kvs.merge(&c, &BOUNDS, 0), Ok(()));
+        assert_eq!(kvs.merge(&c, &BOUNDS, 0, |_| true), Ok(()));
     }
 
     #[test]
@@ -296,7 +305,7 @@ mod tests {
         let mut kvs = Kvs::new(1 << 20);
         kvs.put(1, b"k", b"mine").unwrap();
         assert_eq!(
-            kvs.merge(b"5 k=theirs\n", &BOUNDS, 0),
+            kvs.merge(b"5 k=theirs\n", &BOUNDS, 0, |_| true),
             Err(MergeError::Conflict { key: "k".into(), ranks: (1, 5) })
         );
     }
@@ -305,7 +314,7 @@ mod tests {
     fn malformed_contributions_are_refused() {
         let mut kvs = Kvs::new(1 << 20);
         for bad in [&b"x k=v\n"[..], b"9 k=v\n", b"1 k\n", b"1 =v\n", b"1 k=\n", b"1 a b=v\n", b"-1 k=v\n"] {
-            assert!(matches!(kvs.merge(bad, &BOUNDS, 0), Err(MergeError::Malformed(_))), "{bad:?}");
+            assert!(matches!(kvs.merge(bad, &BOUNDS, 0, |_| true), Err(MergeError::Malformed(_))), "{bad:?}");
         }
     }
 }

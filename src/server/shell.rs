@@ -163,6 +163,8 @@ pub struct Shell {
     groups: group::Groups,
     /// The bytes of every task's `group_puts`.
     group_pending: usize,
+    /// The bytes of the group exchanges' parts the host holds.
+    group_in_flight: usize,
 }
 
 impl Shell {
@@ -231,6 +233,7 @@ impl Shell {
             node_attr_bytes: 0,
             groups: Default::default(),
             group_pending: 0,
+            group_in_flight: 0,
         })
     }
 
@@ -272,8 +275,9 @@ impl Shell {
     }
 
     /// Bytes this shell holds for the job's key-value store, as charged against `kvs_bytes_max`: every
-    /// entry (key, value and [`kvs::ENTRY_OVERHEAD`]) and the puts since the last barrier, on their way to
-    /// the other shells (twice their length: a buffer that grows by doubling).
+    /// entry (key, value and [`kvs::ENTRY_OVERHEAD`]), the puts since the last barrier, on their way to
+    /// the other shells (twice their length: a buffer that grows by doubling), and the group exchanges'
+    /// parts the host holds.
     pub fn kvs_bytes(&self) -> usize {
         self.kvs.bytes() + self.pending_charge(0) + self.node_attr_bytes
     }
@@ -434,10 +438,7 @@ impl Shell {
         }
         self.collective_pending = false;
         let outcome = match result {
-            Ok(parts) => {
-                let beside = self.node_attr_bytes;
-                parts.iter().try_for_each(|p| self.kvs.merge(p, &self.bounds, beside)).map_err(|e| e.to_string())
-            }
+            Ok(parts) => self.merge(parts),
             Err(why) => Err(why.to_string()),
         };
         match outcome {
@@ -446,6 +447,15 @@ impl Shell {
         }
         // A task may have left while the collective ran; the next barrier cannot complete without it.
         self.check_barrier(host);
+    }
+
+    /// Stores every put of an exchange's parts, but this shell's own ranks': the store has them already,
+    /// and maybe newer (a group exchange's parts may come back after a member put a key again).
+    fn merge(&mut self, parts: &[&[u8]]) -> Result<(), String> {
+        let beside = self.node_attr_bytes.saturating_add(self.pending_charge(0));
+        let local = &self.job.local_ranks;
+        let foreign = |rank: u32| !local.contains(&rank);
+        parts.iter().try_for_each(|p| self.kvs.merge(p, &self.bounds, beside, foreign)).map_err(|e| e.to_string())
     }
 
     /// The host's answer to the [`HostRequest`] it took from task `task`.
@@ -577,12 +587,22 @@ impl Shell {
         match parse(line) {
             Err(e) => self.protocol_error(host, task, line, &e.to_string()),
             // PMI-1 is lock-step (RFC 13); only abort may come while a request waits (another thread of the
-            // task may call PMI_Abort).
-            Ok(request) if self.clients[task].waiting != Waiting::Nothing && request.name() != "abort" => {
+            // task may call PMI_Abort), and, from a 1.2 client, a group barrier (its threads send them
+            // without holding the connection: MPICH's client waits for their answers apart).
+            Ok(request) if self.clients[task].waiting != Waiting::Nothing && !self.interleaves(task, &request) => {
                 let why = format!("'{}' sent while an earlier request still waits for its answer", request.name());
                 self.protocol_error(host, task, line, &why)
             }
             Ok(request) => self.dispatch(host, task, request),
+        }
+    }
+
+    /// Whether `request` may come while the task waits for another answer.
+    fn interleaves(&self, task: TaskId, request: &Request<'_>) -> bool {
+        match request {
+            Request::Abort { .. } => true,
+            Request::BarrierIn { group: Some(_) } => self.clients[task].groups,
+            _ => false,
         }
     }
 
@@ -762,9 +782,11 @@ impl Shell {
     }
 
     /// What the puts since the last barrier are charged, with `more` bytes of them added: twice their
-    /// length, since the buffer that holds them grows by doubling.
+    /// length, since the buffer that holds them grows by doubling; and the parts of group exchanges that
+    /// the host holds.
     fn pending_charge(&self, more: usize) -> usize {
-        self.contribution.len().saturating_add(self.group_pending).saturating_add(more).saturating_mul(2)
+        let buffered = self.contribution.len().saturating_add(self.group_pending).saturating_add(more);
+        buffered.saturating_mul(2).saturating_add(self.group_in_flight)
     }
 
     /// Starts the collective when every local task is in the barrier; fails the barrier when a task that

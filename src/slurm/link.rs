@@ -110,6 +110,12 @@ impl Link {
         self.queue(Out { head: [0; 5], head_len: 0, body: Arc::new(frame), at: 0 });
     }
 
+    /// Queues a whole frame shared with other links (one encoding sent to many peers, not copied), and writes
+    /// what the socket takes now.
+    pub fn send_shared(&mut self, frame: &Bytes) {
+        self.queue(Out { head: [0; 5], head_len: 0, body: frame.clone(), at: 0 });
+    }
+
     /// Queues a collective frame (shared, not copied) behind its head, and writes what the socket takes now.
     pub fn send_collective(&mut self, direction: Direction, frame: &Bytes) -> Result<(), TooLarge> {
         let head = collective_head(direction, frame.len())?;

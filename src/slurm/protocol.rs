@@ -17,8 +17,8 @@
 //!                          joined exchange epoch)                            address, this port)
 //!   3 ABORT   rank:u32 code:i32 message              0x87 PARENT_DONE (your parent finished before you
 //!   4 ERROR   rank:u32 failed:u8 message                                joined it: no link)
-//!   5 GONE    rank:u32 (a task closed its            0x83 END (srun is done with the step: the close
-//!                       connection without finalize)           that follows is the normal end)
+//!   5 GONE    rank:u32 finalized:u8 (a task          0x83 END (srun is done with the step: the close
+//!             closed its connection)                           that follows is the normal end)
 //!   6 BYE     (every local task has closed its connection: a normal end)
 //!   9 NAME    task:u32 op:u8 name_len:u16 name port   0x89 ANSWER task:u32 ok:u8 text (the answer
 //!             (PMI_Publish_name, op 0, with the port;             to a NAME or a SPAWN, or why it
@@ -122,8 +122,10 @@ pub enum Up {
         failed: bool,
         message: String,
     },
+    /// Local rank `rank` closed its connection: after `finalize`, or without it.
     Gone {
         rank: u32,
+        finalized: bool,
     },
     Bye,
     /// Local task `task` asks srun's name table (one per step) for `op`; `port` is empty but to publish.
@@ -167,7 +169,7 @@ pub enum Down {
     /// error code of every process of a spawn, or why it failed.
     Answer { task: u32, ok: bool, text: String },
     /// srun: group exchange `id` ended: every member node's part, in member order, or why it failed.
-    Group { id: Vec<u8>, result: Result<Vec<Vec<u8>>, String> },
+    Group { id: Vec<u8>, result: groups::Outcome },
 }
 
 /// Which way a COLLECTIVE frame goes.
@@ -297,7 +299,7 @@ impl Up {
             Up::Error { rank, failed, message } => {
                 control(ERROR, &[&rank.to_be_bytes(), &[u8::from(*failed)], cut(message)])
             }
-            Up::Gone { rank } => control(GONE, &[&rank.to_be_bytes()]),
+            Up::Gone { rank, finalized } => control(GONE, &[&rank.to_be_bytes(), &[u8::from(*finalized)]]),
             Up::Bye => control(BYE, &[]),
             Up::Name { task, op, name, port } => {
                 // A stepd checks both against NAME_MAX; cut here all the same, so the frame stays a control frame.
@@ -346,11 +348,19 @@ impl Up {
                 },
                 message: r.rest_text()?,
             },
-            GONE => Up::Gone { rank: r.u32()? },
+            GONE => Up::Gone {
+                rank: r.u32()?,
+                finalized: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(Malformed(format!("a rank gone whose finalize is {b}"))),
+                },
+            },
             BYE => Up::Bye,
             STARTED => Up::Started,
             UP_GROUP => {
-                let (id, shells, part) = groups::decode_part(std::mem::take(&mut r.0)).map_err(Malformed)?;
+                let groups::Part { id, shells, part } =
+                    groups::decode_part(std::mem::take(&mut r.0)).map_err(Malformed)?;
                 Up::Group { id, shells, part }
             }
             NAME => {
@@ -590,7 +600,8 @@ mod tests {
             Up::Abort { rank: 2, code: -7, message: "bye now".into() },
             Up::Error { rank: 5, failed: true, message: "rank 5 went".into() },
             Up::Error { rank: 6, failed: false, message: "bad line".into() },
-            Up::Gone { rank: 4 },
+            Up::Gone { rank: 4, finalized: false },
+            Up::Gone { rank: 5, finalized: true },
             Up::Bye,
             Up::Started,
             Up::Name { task: 1, op: NameOp::Publish, name: "svc".into(), port: "tag#0$port$".into() },
@@ -689,7 +700,7 @@ mod tests {
     #[test]
     fn frames_are_split_however_the_bytes_come() {
         let frames: Vec<u8> = [
-            Up::Gone { rank: 1 }.encode().unwrap(),
+            Up::Gone { rank: 1, finalized: false }.encode().unwrap(),
             Up::Bye.encode().unwrap(),
             Up::Collective(Arc::new(vec![5; 300])).encode().unwrap(),
         ]

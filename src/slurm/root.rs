@@ -189,6 +189,8 @@ struct State {
     fence: Fence,
     /// Ranks that closed their connection without finalize, with their node.
     gone: Vec<(u32, u32)>,
+    /// Ranks that closed it after finalize, with their node: no group barrier can wait for them.
+    finalized: Vec<(u32, u32)>,
     gone_seen: Vec<bool>,
     /// The step's published names (PMI_Publish_name): one table for the step.
     names: Names,
@@ -244,6 +246,7 @@ impl State {
             groups,
             fence: Fence::default(),
             gone: Vec::new(),
+            finalized: Vec::new(),
             gone_seen: vec![false; size],
             names: Names::new(),
             launcher,
@@ -610,13 +613,16 @@ impl State {
                 }
                 true
             }
-            Up::Gone { rank } => {
+            Up::Gone { rank, finalized } => {
                 if self.step.node_of.get(rank as usize) != Some(&n) {
                     self.fatal(format!("the slurmstepd of {name} reported rank {rank}, not one of its own"), None);
                     return false;
                 }
                 if !std::mem::replace(&mut self.gone_seen[rank as usize], true) {
-                    self.gone.push((rank, n));
+                    match finalized {
+                        true => self.finalized.push((rank, n)),
+                        false => self.gone.push((rank, n)),
+                    }
                 }
                 self.check_blocked();
                 true
@@ -653,9 +659,12 @@ impl State {
                     // A member may have finished or left before the first part came.
                     Ok(None) => self.check_groups_blocked(),
                     Ok(Some(done)) => {
-                        let answer = Down::Group { id: done.id, result: Ok(done.parts) };
+                        // Encoded once, and the same bytes queued to every member.
+                        let answer = Down::Group { id: done.id, result: Ok(done.parts) }.encode().map(Arc::new);
                         for member in done.shells {
-                            self.send(member, &answer);
+                            if let (Ok(frame), Some(l)) = (&answer, self.link(member)) {
+                                l.send_shared(frame);
+                            }
                         }
                     }
                     Err(what) => {
@@ -773,12 +782,19 @@ impl State {
     /// Ends the step when a group exchange waits for a rank that left without finalize, or for a node that
     /// can bring nothing more.
     fn check_groups_blocked(&mut self) {
-        if let Some((rank, node, id)) =
-            self.gone.iter().find_map(|&(r, n)| Some((r, n, self.groups.blocked_by_rank(r, n)?)))
-        {
+        if self.groups.is_idle() {
+            return;
+        }
+        let mut left =
+            self.gone.iter().map(|&(r, n)| (r, n, false)).chain(self.finalized.iter().map(|&(r, n)| (r, n, true)));
+        let blocked = left.find_map(|(r, n, f)| Some((r, n, f, self.groups.blocked_by_rank(r, n)?)));
+        if let Some((rank, node, finalized, id)) = blocked {
+            let how = match finalized {
+                true => "called PMI_Finalize",
+                false => "closed its PMI connection (exited or crashed) without PMI_Finalize",
+            };
             let what = format!(
-                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
-                 ranks wait for it in group barrier {id}",
+                "rank {rank} on {} {how} while other ranks wait for it in group barrier {id}",
                 self.node_name(node)
             );
             return self.fatal(what, None);
@@ -1297,7 +1313,7 @@ pub(super) mod tests {
     #[test]
     fn a_rank_gone_from_a_node_that_has_not_joined_fails_the_exchange() {
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(Up::Gone { rank: 1 })).unwrap();
+        s[1].write_all(&frame(Up::Gone { rank: 1, finalized: false })).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert!(!record.lines().iter().any(|l| l == "end"), "no exchange yet: {:?}", record.lines());
         join_exchange(&mut s[0], 0, 0, b"a");
@@ -1310,7 +1326,7 @@ pub(super) mod tests {
     fn a_rank_gone_from_a_node_that_finished_before_the_exchange_is_named() {
         // Its only rank gone, n2 says GONE and BYE before n1 joins: the step ends naming the rank, not n2.
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(Up::Gone { rank: 1 })).unwrap();
+        s[1].write_all(&frame(Up::Gone { rank: 1, finalized: false })).unwrap();
         s[1].write_all(&frame(Up::Bye)).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         join_exchange(&mut s[0], 0, 0, b"a");
@@ -1784,7 +1800,7 @@ pub(super) mod tests {
             s[0].write_all(&frame(Up::Started)).unwrap();
             s[0].write_all(&frame(Up::Started)).unwrap();
             if fail_first {
-                s[1].write_all(&frame(Up::Gone { rank: 1 })).unwrap();
+                s[1].write_all(&frame(Up::Gone { rank: 1, finalized: false })).unwrap();
                 s[1].write_all(&frame(Up::Error { rank: 1, failed: true, message: "rank 1 left".into() })).unwrap();
                 record.wait_for("end");
             }

@@ -157,7 +157,7 @@ enum End {
 }
 
 /// A group exchange srun ended: its id, and every member node's part or why it failed.
-type GroupEnd = (Vec<u8>, Result<Vec<Vec<u8>>, String>);
+type GroupEnd = (Vec<u8>, collective::GroupOutcome);
 
 /// The engine's host on a slurmstepd. It runs on the progress thread and serves, beside the tasks, every
 /// connection of the tree, the admission of the node's children and the fork-notice pipe in the same loop:
@@ -851,9 +851,9 @@ impl Host for SlurmHost {
         if let Some(message) = self.left_unspoken(rank) {
             self.end_step(Up::Error { rank, failed: true, message: message.clone() }, &message);
         }
-        if !finalized {
-            self.report(&Up::Gone { rank });
-        }
+        // srun fails a barrier of another node that waits for it: a plain one if it left without finalize,
+        // a group barrier whichever way it left.
+        self.report(&Up::Gone { rank, finalized });
     }
 
     /// Names go to srun's table for the step, spawns to srun, which starts each as a step of the job.

@@ -4,7 +4,7 @@
 //! and to its children. The shell's event loop reads and writes them; nothing that the plugin calls waits on
 //! a socket.
 
-use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL};
+use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use crate::host::{Cause, Host};
 use rpmi::abi::ffi;
 use rpmi::collective::{frame, groups, Bounds, GroupRoot, Node, Output, Parts, Peer, Tree};
@@ -38,7 +38,9 @@ struct State {
     /// The largest end of a group exchange the coordinator may send.
     group_max: usize,
     /// Group exchanges the coordinator ended, for the plugin.
-    groups_done: Vec<(Vec<u8>, Result<Vec<Vec<u8>>, String>)>,
+    groups_done: Vec<(Vec<u8>, groups::Outcome)>,
+    /// The coordinator sent a group exchange's end that does not read: why.
+    bad_group: Option<String>,
 }
 
 /// What the machine asks of the shell, done once the branch is unlocked (it calls into the plugin).
@@ -73,7 +75,17 @@ impl Branch {
         }
         let said_bye = vec![false; conns.len()];
         let group_max = GroupRoot::new(tree.nodes(), 0, bounds).result_max();
-        let state = State { node, me, conns, peers, said_bye, finished: false, group_max, groups_done: Vec::new() };
+        let state = State {
+            node,
+            me,
+            conns,
+            peers,
+            said_bye,
+            finished: false,
+            group_max,
+            groups_done: Vec::new(),
+            bad_group: None,
+        };
         Ok(Branch { state: Mutex::new(state) })
     }
 
@@ -87,7 +99,11 @@ impl Branch {
             let mut state = self.lock();
             let value = f(&mut state);
             let done = std::mem::take(&mut state.groups_done);
-            (value, state.take_outputs(), if state.finished { Vec::new() } else { done })
+            let mut acts = state.take_outputs();
+            if let Some(message) = state.bad_group.take() {
+                acts.push(Act::JobError(Blame { node: None, left: false, message }));
+            }
+            (value, acts, if state.finished { Vec::new() } else { done })
         };
         for (id, result) in groups_done {
             host.complete_group(&id, &result);
@@ -133,6 +149,12 @@ impl Branch {
         } else {
             ffi::RPMI_ERR_STATE
         }
+    }
+
+    /// Tells the coordinator that rank `rank` of this node has exited, so that a group exchange waiting for
+    /// it there ends the job instead of waiting for ever.
+    pub fn send_left(&self, rank: u32) {
+        self.lock().conns[0].send(LEFT, Arc::new(rank.to_le_bytes().to_vec()));
     }
 
     /// Tells the coordinator that this node ended the job for `cause`, news on this node (see
@@ -222,7 +244,12 @@ impl State {
                 }
                 Heard::Frame(GROUP, m) if peer == Peer::Root => match groups::decode_result(&m) {
                     Ok(done) => self.groups_done.push(done),
-                    Err(why) => say!("virtual node {}: rpmi-run sent a malformed group exchange: {why}", self.me),
+                    // Its barrier would never end: the job cannot go on.
+                    Err(why) => {
+                        let message =
+                            format!("rpmi-run sent virtual node {} a malformed group exchange: {why}", self.me);
+                        self.bad_group = Some(message);
+                    }
                 },
                 Heard::Frame(KILL, signal) if peer == Peer::Root => {
                     let signal = signal.get(..4).and_then(|s| s.try_into().ok()).map(i32::from_le_bytes);

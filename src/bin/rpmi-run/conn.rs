@@ -23,6 +23,8 @@ pub const ABORT: u8 = 4;
 /// Shell to coordinator: the node's part of a PMI 1.2 group exchange; coordinator to each member shell: its
 /// end (`rpmi::collective::groups`' messages).
 pub const GROUP: u8 = 5;
+/// Shell to coordinator: this rank (a u32) of the node has exited: no group exchange can wait for it.
+pub const LEFT: u8 = 6;
 
 /// The largest frame of a kind other than [`COLLECTIVE`]; what to say is cut to fit.
 pub const CONTROL_MAX: usize = 64 * 1024;

@@ -8,7 +8,7 @@
 //! on, such as one whose barrier waits for a node that has ended.
 
 use crate::branch::Branch;
-use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL};
+use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use crate::host::Ended;
 use rpmi::abi::ffi;
 use rpmi::collective::{frame, groups, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
@@ -173,6 +173,8 @@ struct Coordinator<'a> {
     root: Root,
     /// PMI 1.2's group exchanges, a star through the coordinator.
     groups: GroupRoot,
+    /// Ranks that have exited, with their node.
+    left: Vec<(u32, u32)>,
     /// To each node, by index.
     conns: Vec<Conn>,
     cliques: &'a [Vec<u32>],
@@ -200,6 +202,7 @@ impl<'a> Coordinator<'a> {
         Coordinator {
             root,
             groups: GroupRoot::new(tree.nodes(), size, bounds),
+            left: Vec::new(),
             conns,
             cliques,
             said_bye,
@@ -260,6 +263,12 @@ impl<'a> Coordinator<'a> {
                     self.abort(Abort { code, at, message: message.to_vec() });
                 }
                 Heard::Frame(GROUP, m) => self.group(from, &m),
+                Heard::Frame(LEFT, rank) => {
+                    if let Some(rank) = rank.get(..4).and_then(|r| r.try_into().ok()).map(u32::from_le_bytes) {
+                        self.left.push((rank, from));
+                        self.group_blocked();
+                    }
+                }
                 Heard::Frame(..) => {}
                 Heard::Pending => break,
                 Heard::Ended => {
@@ -287,8 +296,7 @@ impl<'a> Coordinator<'a> {
 
     /// Node `from`'s part of a group exchange; once every member's is in, the parts go to each member.
     fn group(&mut self, from: u32, m: &[u8]) {
-        let taken =
-            groups::decode_part(m).and_then(|(id, shells, part)| self.groups.contribute(from, &id, &shells, part));
+        let taken = groups::decode_part(m).and_then(|p| self.groups.contribute(from, &p.id, &p.shells, p.part));
         match taken {
             Ok(Some(done)) => {
                 let end = groups::encode_result(&done.id, &Ok(done.parts), usize::MAX).map(Arc::new);
@@ -304,8 +312,18 @@ impl<'a> Coordinator<'a> {
         }
     }
 
-    /// Ends the job if a group exchange waits for a node that said it is done or has gone.
+    /// Ends the job if a group exchange waits for a rank that has exited, or a node that said it is done or
+    /// has gone.
     fn group_blocked(&mut self) {
+        if self.groups.is_idle() {
+            return;
+        }
+        if let Some((rank, node, id)) =
+            self.left.iter().find_map(|&(r, n)| Some((r, n, self.groups.blocked_by_rank(r, n)?)))
+        {
+            let message = format!("rank {rank} exited while other ranks wait for it in group barrier {id}");
+            return self.blame(None, Blame { node: Some(node), left: false, message });
+        }
         let gone = |n: usize| self.said_bye[n] || self.conns[n].ended();
         let blocked = (0..self.conns.len())
             .filter(|&n| gone(n))

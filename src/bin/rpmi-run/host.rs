@@ -243,7 +243,7 @@ impl Host {
     }
 
     /// Ends group exchange `id`: every member node's part, or why it failed.
-    pub fn complete_group(&self, id: &[u8], result: &Result<Vec<Vec<u8>>, String>) {
+    pub fn complete_group(&self, id: &[u8], result: &rpmi::collective::GroupOutcome) {
         let (status, bufs, error) = match result {
             Ok(parts) => {
                 (ffi::RPMI_OK, parts.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect(), None)

@@ -204,6 +204,9 @@ fn wait_for(host: &Host, tasks: &mut [Task]) -> Vec<(u32, i32)> {
         task.pid = 0;
         left -= 1;
         call!(host.plugin, task_exit(host.instance(), task.local, status));
+        if let Some(branch) = &host.branch {
+            branch.send_left(task.rank);
+        }
         let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
         // Tasks rpmi-run killed itself are not news.
         if code != 0 && !host.ending() {

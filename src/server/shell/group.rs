@@ -21,7 +21,7 @@
 //!   that shell's to report; its host ends the job.
 
 use super::{Client, Shell, Status};
-use crate::server::host::{GroupExchange, Host, JobError, TaskId};
+use crate::server::host::{GroupExchange, Host, JobError, TaskId, GROUP_ID_MAX};
 use crate::wire::group::{Group, Members};
 use crate::wire::response::{rc, Line};
 use std::collections::{BTreeMap, VecDeque};
@@ -41,6 +41,8 @@ pub(super) struct Barrier {
     generations: VecDeque<Vec<TaskId>>,
     /// The oldest generation went to the host, whose answer is due.
     exchanging: bool,
+    /// The bytes of the part that went to the host, which holds them until it answers.
+    in_flight: usize,
 }
 
 /// Every group barrier some member on this shell has entered.
@@ -67,13 +69,26 @@ impl Shell {
             Ok(_) => return self.protocol_error(host, task, line, "a group barrier over a group without the rank"),
             Err(why) => return self.protocol_error(host, task, line, &format!("a group barrier whose group {why}")),
         };
-        let c = &mut self.clients[task];
-        if c.groups_entered >= OUTSTANDING_MAX {
+        let name = group.to_string();
+        if name.len() > GROUP_ID_MAX {
+            let why = format!("a group barrier whose group is longer than {GROUP_ID_MAX} bytes");
+            return self.protocol_error(host, task, line, &why);
+        }
+        if self.clients[task].groups_entered >= OUTSTANDING_MAX {
             let why = format!("more than {OUTSTANDING_MAX} group barriers outstanding at once");
             return self.protocol_error(host, task, line, &why);
         }
-        c.groups_entered += 1;
-        let name = group.to_string();
+        // The answer names the tag alone: two of the task's barriers with one tag could not be told apart.
+        let clash = self
+            .groups
+            .barriers
+            .iter()
+            .find(|(n, b)| b.tag == group.tag && **n != name && b.generations.iter().any(|g| g.contains(&task)));
+        if let Some((other, _)) = clash {
+            let why = format!("a group barrier with the tag of {other}, which the rank is still in");
+            return self.protocol_error(host, task, line, &why);
+        }
+        self.clients[task].groups_entered += 1;
         let me = self.node();
         let Shell { groups, clients, job, .. } = self;
         let barrier = groups.barriers.entry(name.clone()).or_insert_with(|| {
@@ -89,7 +104,7 @@ impl Shell {
             };
             shells.sort_unstable();
             shells.dedup();
-            Barrier { tag: group.tag, local, shells, generations: VecDeque::new(), exchanging: false }
+            Barrier { tag: group.tag, local, shells, generations: VecDeque::new(), exchanging: false, in_flight: 0 }
         });
         match barrier.generations.iter_mut().find(|g| !g.contains(&task)) {
             Some(generation) => generation.push(task),
@@ -108,11 +123,13 @@ impl Shell {
             host.log(log::Level::Error, &format!("host bug: group exchange '{id}' completed, which none waits for"));
             return;
         };
+        // The host has let go of the part.
+        if let Some(b) = self.groups.barriers.get_mut(&name) {
+            b.exchanging = false;
+            self.group_in_flight -= std::mem::take(&mut b.in_flight);
+        }
         let outcome = match result {
-            Ok(parts) => {
-                let beside = self.node_attr_bytes;
-                parts.iter().try_for_each(|p| self.kvs.merge(p, &self.bounds, beside)).map_err(|e| e.to_string())
-            }
+            Ok(parts) => self.merge(parts),
             Err(why) => Err(why.to_string()),
         };
         if let Err(why) = &outcome {
@@ -122,9 +139,6 @@ impl Shell {
             Ok(()) => (rc::SUCCESS, ""),
             Err(why) => (rc::FAIL, why.as_str()),
         };
-        if let Some(b) = self.groups.barriers.get_mut(&name) {
-            b.exchanging = false;
-        }
         self.end_generation(host, &name, code, why);
         self.advance_group(host, &name);
     }
@@ -163,26 +177,44 @@ impl Shell {
             if head.len() < b.local.len() {
                 return;
             }
-            if b.shells.len() == 1 {
-                self.end_generation(host, name, rc::SUCCESS, "");
-                continue;
-            }
+            let (world, alone) = (name.starts_with("WORLD:"), b.shells.len() == 1);
             let shells = b.shells.clone();
-            let contribution = match name.starts_with("WORLD:") {
+            let contribution = match world {
                 // Every shell takes part: this shell's puts are all delivered, as by a plain barrier.
                 true => {
                     self.clients.iter_mut().for_each(|c| c.group_puts = Vec::new());
                     self.group_pending = 0;
                     std::mem::take(&mut self.contribution)
                 }
+                false if alone => Vec::new(),
                 false => b.local.iter().flat_map(|&t| self.clients[t].group_puts.iter().copied()).collect(),
             };
+            if alone {
+                self.end_generation(host, name, rc::SUCCESS, "");
+                continue;
+            }
+            // The host holds the part until it answers: it counts against the store's bound, so that a task
+            // cannot make a host hold its puts once for every group barrier it has outstanding.
+            let held = self.kvs_bytes().saturating_add(contribution.len());
+            if held > self.limits.kvs_bytes_max {
+                let why = format!(
+                    "group barrier {name} would carry {} bytes of puts, over what the job's key-value store bound \
+                     of {} bytes leaves beside what this node holds",
+                    contribution.len(),
+                    self.limits.kvs_bytes_max
+                );
+                host.log(log::Level::Error, &why);
+                self.end_generation(host, name, rc::ERR_NOMEM, &why);
+                continue;
+            }
             let started = host.group_collective(&GroupExchange { id: name.as_bytes(), shells: &shells }, &contribution);
             match started {
                 Ok(()) => {
                     if let Some(b) = self.groups.barriers.get_mut(name) {
                         b.exchanging = true;
+                        b.in_flight = contribution.len();
                     }
+                    self.group_in_flight += contribution.len();
                     return;
                 }
                 Err(why) => {
