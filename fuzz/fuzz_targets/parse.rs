@@ -1,13 +1,15 @@
-//! Fuzz target `parse`: arbitrary bytes as one request line (`rpmi::wire::parse`) and as the lines of
-//! spawn requests (`rpmi::wire::SpawnBuilder`).
+//! Fuzz target `parse`: arbitrary bytes as one request line (`rpmi::wire::parse`), as the lines of
+//! spawn requests (`rpmi::wire::SpawnBuilder`), and as a PMI 1.2 group (`rpmi::wire::group::Group`).
 //!
 //! Checks: no panic; a successful parse allocates nothing (the parser borrows from the line); leading and
 //! trailing blanks do not change the result; the fields of a request hold what the grammar allows; a
-//! finished spawn request is within the builder's bounds.
+//! finished spawn request is within the builder's bounds; a group that reads is written in one form, which
+//! reads back as the same group and holds no rank outside the job or twice.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use rpmi::wire::group::{Group, Members};
 use rpmi::wire::spawn::{Progress, MAX_COMMANDS, MAX_ITEMS};
 use rpmi::wire::{parse, Request, SpawnBuilder};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -110,7 +112,21 @@ fn check_spawn(data: &[u8]) {
     }
 }
 
+/// The job a group is read for.
+const GROUP_JOB: u32 = 600;
+
+fn check_group(text: &[u8]) {
+    let Ok(group) = Group::parse(text, GROUP_JOB) else { return };
+    if let Members::Ranks(ranks) = &group.members {
+        assert!(ranks.windows(2).all(|w| w[0] < w[1]), "ranks not ascending and unique: {group:?}");
+        assert!(ranks.last().is_some_and(|&r| r < GROUP_JOB), "a rank outside the job: {group:?}");
+    }
+    let written = group.to_string();
+    assert_eq!(Group::parse(written.as_bytes(), GROUP_JOB).as_ref(), Ok(&group), "{written} reads back otherwise");
+}
+
 fuzz_target!(|data: &[u8]| {
+    check_group(data);
     check_parse(data);
     for line in data.split(|&b| b == b'\n') {
         check_parse(line);
