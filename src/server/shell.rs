@@ -764,7 +764,10 @@ impl Shell {
         let rank = self.clients[task].rank;
         // Rewrites by the key's owner are all sent at the barrier: the puts on their way are bounded with
         // the store, not by it; so are PMI-2's node attributes.
-        let pending = self.pending_charge(kvs::encoded_len(rank, key, value)).saturating_add(self.node_attr_bytes);
+        // A 1.2 client's put waits in two buffers: the one for every shell and its own for group exchanges.
+        let copies = 1 + usize::from(self.clients[task].groups);
+        let more = kvs::encoded_len(rank, key, value) * copies;
+        let pending = self.pending_charge(more).saturating_add(self.node_attr_bytes);
         match self.kvs.put_beside(rank, key, value, pending) {
             Ok(Stored::Changed) => {
                 kvs::encode(&mut self.contribution, rank, key, value);
