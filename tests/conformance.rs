@@ -1890,3 +1890,20 @@ fn pmi12_answers_a_task_could_not_tell_apart_are_refused() {
     drop(clients);
     job.finished();
 }
+
+/// A task that asks for PMI-2 while its group barriers are out could not read their answers: a protocol
+/// error.
+#[test]
+fn pmi12_init_while_group_barriers_are_out_is_a_protocol_error() {
+    let (job, mut clients) = Setup::block(&[1, 1], 0).serve_groups().start();
+    let c = &mut clients[0];
+    c.init12();
+    c.send("cmd=barrier_in group=0,1:3\n");
+    c.send("cmd=init pmi_version=2 pmi_subversion=0\n");
+    let record = job.shared.wait_for("the protocol error", |r| !r.errors.is_empty());
+    assert!(record.errors[0].to_string().contains("init while group barriers are outstanding"), "{:?}", record.errors);
+    drop(record);
+    c.assert_cut_off();
+    drop(clients);
+    job.finished();
+}

@@ -34,7 +34,7 @@
 use libfuzzer_sys::fuzz_target;
 use rpmi::collective::frame::{self as cframe, DecodeError};
 use rpmi::collective::{Bytes, Frame, Node, Peer, Root, Tree};
-use rpmi::server::Limits;
+use rpmi::server::{Limits, GROUP_ID_MAX};
 use rpmi::slurm::auth::{Role, Secret, Transcript, NONCE_LEN, ROOT};
 use rpmi::slurm::client;
 use rpmi::slurm::protocol::{
@@ -453,7 +453,12 @@ fn check_encoded(payload: &[u8], frame: &[u8], name: &str, collective: Option<(D
             assert_eq!(frame[5..], inner[..]);
         }
         None => {
-            let max = if name == "SPAWN" { SPAWN_FRAME_MAX } else { CONTROL_MAX };
+            // A GROUP is bounded by what its receiver takes (its part, or every member's).
+            let max = match name {
+                "SPAWN" => SPAWN_FRAME_MAX,
+                "GROUP" => payload.len(),
+                _ => CONTROL_MAX,
+            };
             assert!(frame.len() - 4 <= max, "a {name} frame of {} bytes", frame.len() - 4)
         }
     }
@@ -487,7 +492,10 @@ fn check_up(payload: &[u8], m: Up, receiver: &Receiver, hs: &mut Handshake) {
         Up::Abort { message, .. } | Up::Error { message, .. } => check_text(message),
         Up::Name { name, port, .. } => assert!(name.len() <= NAME_MAX && port.len() <= NAME_MAX),
         Up::Spawn { request, .. } => assert!(request.len() <= SPAWN_MAX),
-        Up::Joined { .. } | Up::Gone { .. } | Up::Bye => {}
+        Up::Group { id, shells, .. } => {
+            assert!(id.len() <= GROUP_ID_MAX && 4 * shells.len() <= payload.len(), "a group part of {id:?} {shells:?}")
+        }
+        Up::Joined { .. } | Up::Gone { .. } | Up::Bye | Up::Started => {}
     }
     let frame = m.encode().expect("a decoded message re-encodes");
     let collective = match &m {
@@ -516,6 +524,9 @@ fn check_down(payload: &[u8], m: Down, receiver: &Receiver, hs: &mut Handshake) 
         Down::Parent { .. } => assert_eq!(payload.len(), 3),
         Down::ParentDone | Down::End => assert_eq!(payload.len(), 1),
         Down::Answer { text, .. } => check_text(text),
+        Down::Group { id, parts } => {
+            assert!(id.len() <= GROUP_ID_MAX && 4 * parts.len() <= payload.len(), "a group end of {id:?}")
+        }
     }
     let frame = m.encode().expect("a decoded message re-encodes");
     let collective = match &m {

@@ -26,9 +26,6 @@ use std::collections::BTreeMap;
 /// outstanding; this is for a whole job).
 pub const PENDING_MAX: usize = 1 << 16;
 
-/// How a group exchange ended: every member node's part, in member order, or why it failed.
-pub type Outcome = Result<Vec<Vec<u8>>, String>;
-
 /// A node's part of a group exchange, as a message carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
@@ -203,57 +200,38 @@ pub fn decode_part(m: &[u8]) -> Result<Part, String> {
     Ok(Part { id, shells, part: r.0.to_vec() })
 }
 
-/// An exchange's end as one message: `ok:u8 id_len:u16 id`, then, if it succeeded, `count:u32
-/// count*(len:u32 bytes)` (the parts in member order), else why it failed (UTF-8, cut to `why_max` bytes).
-/// `None` if a length does not fit its field.
-pub fn encode_result(id: &[u8], result: &Outcome, why_max: usize) -> Option<Vec<u8>> {
-    let mut m = vec![u8::from(result.is_ok())];
+/// The parts of an exchange every member's part came to, as one message: `id_len:u16 id count:u32
+/// count*(len:u32 bytes)`, the parts in member order. (A root sends no failure: a group exchange that cannot
+/// end ends the job.) `None` if a length does not fit its field.
+pub fn encode_done(id: &[u8], parts: &[Vec<u8>]) -> Option<Vec<u8>> {
+    let mut m = Vec::with_capacity(6 + id.len() + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
     m.extend_from_slice(&u16::try_from(id.len()).ok()?.to_be_bytes());
     m.extend_from_slice(id);
-    match result {
-        Ok(parts) => {
-            m.extend_from_slice(&u32::try_from(parts.len()).ok()?.to_be_bytes());
-            for p in parts {
-                m.extend_from_slice(&u32::try_from(p.len()).ok()?.to_be_bytes());
-                m.extend_from_slice(p);
-            }
-        }
-        Err(why) => {
-            let mut end = why.len().min(why_max);
-            while !why.is_char_boundary(end) {
-                end -= 1;
-            }
-            m.extend_from_slice(&why.as_bytes()[..end]);
-        }
+    m.extend_from_slice(&u32::try_from(parts.len()).ok()?.to_be_bytes());
+    for p in parts {
+        m.extend_from_slice(&u32::try_from(p.len()).ok()?.to_be_bytes());
+        m.extend_from_slice(p);
     }
     Some(m)
 }
 
-/// Reads [`encode_result`]'s message: the id, and every part or why the exchange failed.
-pub fn decode_result(m: &[u8]) -> Result<(Vec<u8>, Outcome), String> {
+/// Reads [`encode_done`]'s message: the id, and every part.
+pub fn decode_done(m: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), String> {
     let mut r = Reader(m);
-    let ok = r.u8()?;
     let id = r.id()?;
-    let result = match ok {
-        0 => Err(String::from_utf8_lossy(r.0).into_owned()),
-        1 => {
-            let count = r.u32()? as usize;
-            if count > r.0.len() / 4 {
-                return Err(format!("{count} parts in {} bytes", r.0.len()));
-            }
-            let mut parts = Vec::with_capacity(count);
-            for _ in 0..count {
-                let len = r.u32()? as usize;
-                parts.push(r.take(len)?.to_vec());
-            }
-            if !r.0.is_empty() {
-                return Err(format!("{} bytes after the parts", r.0.len()));
-            }
-            Ok(parts)
-        }
-        b => return Err(format!("a group exchange whose outcome is {b}")),
-    };
-    Ok((id, result))
+    let count = r.u32()? as usize;
+    if count > r.0.len() / 4 {
+        return Err(format!("{count} parts in {} bytes", r.0.len()));
+    }
+    let mut parts = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = r.u32()? as usize;
+        parts.push(r.take(len)?.to_vec());
+    }
+    if !r.0.is_empty() {
+        return Err(format!("{} bytes after the parts", r.0.len()));
+    }
+    Ok((id, parts))
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -266,10 +244,6 @@ impl<'a> Reader<'a> {
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
         Ok(head)
-    }
-
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
     }
 
     fn u32(&mut self) -> Result<u32, String> {
@@ -336,18 +310,14 @@ mod tests {
         let m = encode_part(b"0,4:17", &[0, 2], b"0 k=v\n").unwrap();
         let part = Part { id: b"0,4:17".to_vec(), shells: vec![0, 2], part: b"0 k=v\n".to_vec() };
         assert_eq!(decode_part(&m), Ok(part));
-        for result in [Ok(vec![b"a".to_vec(), vec![]]), Err("node 2 was lost".to_string())] {
-            let m = encode_result(b"WORLD:3", &result, 100).unwrap();
-            assert_eq!(decode_result(&m), Ok((b"WORLD:3".to_vec(), result)));
-        }
-        let cut = encode_result(b"x", &Err("éé".into()), 3).unwrap();
-        assert_eq!(decode_result(&cut), Ok((b"x".to_vec(), Err("é".into()))));
+        let parts = vec![b"a".to_vec(), vec![]];
+        let m = encode_done(b"WORLD:3", &parts).unwrap();
+        assert_eq!(decode_done(&m), Ok((b"WORLD:3".to_vec(), parts)));
         assert!(decode_part(&[0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().contains("nodes in"));
         assert!(decode_part(&[0x04, 0x01]).unwrap_err().contains("id of 1025 bytes"));
-        assert!(decode_result(&[1, 0, 0, 0x10, 0, 0, 0]).unwrap_err().contains("parts in"));
-        assert!(decode_result(&[1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
-        assert!(decode_result(&[1, 0, 0, 0, 0, 0, 0, 7]).unwrap_err().contains("after the parts"));
-        assert!(decode_result(&[2, 0, 0]).is_err());
+        assert!(decode_done(&[0, 0, 0x10, 0, 0, 0]).unwrap_err().contains("parts in"));
+        assert!(decode_done(&[0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
+        assert!(decode_done(&[0, 0, 0, 0, 0, 0, 7]).unwrap_err().contains("after the parts"));
     }
 
     #[test]

@@ -609,6 +609,11 @@ impl Shell {
     fn dispatch(&mut self, host: &mut dyn Host, task: TaskId, request: Request<'_>) {
         let rank = self.clients[task].rank;
         match request {
+            Request::Init { version, subversion } if self.clients[task].groups_entered > 0 => {
+                // Its group barriers would be answered in a protocol it no longer speaks.
+                let line = format!("cmd=init pmi_version={version} pmi_subversion={subversion}");
+                self.protocol_error(host, task, line.as_bytes(), "init while group barriers are outstanding");
+            }
             Request::Init { version, subversion } => {
                 // 1.2 (group barriers) to a 1.x client when the host can run group exchanges, else 1.1: a
                 // client asking for 1.1 takes the higher subversion as leave to send groups (MPICH 5), one

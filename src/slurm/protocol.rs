@@ -26,9 +26,9 @@
 //!  10 SPAWN   task:u32 request (PMI_Spawn_multiple: the request as the plugin ABI's JSON, at most
 //!             SPAWN_MAX bytes)
 //!  11 STARTED (every local task has sent its first PMI line: its program runs)
-//!  12 GROUP   id_len:u16 id count:u32 count*node:u32  0x8A GROUP ok:u8 id_len:u16 id, then if ok
-//!             part (this node's part of PMI 1.2 group              count:u32 count*(len:u32 bytes), the
-//!             exchange `id` among the member nodes)                parts in member order, else why
+//!  12 GROUP   id_len:u16 id count:u32 count*node:u32  0x8A GROUP id_len:u16 id count:u32
+//!             part (this node's part of PMI 1.2 group              count*(len:u32 bytes) (every member's
+//!             exchange `id` among the member nodes)                part, in member order)
 //! ```
 //!
 //! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
@@ -168,8 +168,8 @@ pub enum Down {
     /// srun's answer to local task `task`'s NAME or SPAWN: the port of a lookup (empty for other names), the
     /// error code of every process of a spawn, or why it failed.
     Answer { task: u32, ok: bool, text: String },
-    /// srun: group exchange `id` ended: every member node's part, in member order, or why it failed.
-    Group { id: Vec<u8>, result: groups::Outcome },
+    /// srun: group exchange `id` ended: every member node's part, in member order.
+    Group { id: Vec<u8>, parts: Vec<Vec<u8>> },
 }
 
 /// Which way a COLLECTIVE frame goes.
@@ -419,8 +419,8 @@ impl Down {
             Down::ParentDone => control(PARENT_DONE, &[]),
             Down::End => control(END, &[]),
             Down::Answer { task, ok, text } => control(ANSWER, &[&task.to_be_bytes(), &[u8::from(*ok)], cut(text)]),
-            Down::Group { id, result } => {
-                let m = groups::encode_result(id, result, MESSAGE_MAX).ok_or(TooLarge(id.len()))?;
+            Down::Group { id, parts } => {
+                let m = groups::encode_done(id, parts).ok_or(TooLarge(id.len()))?;
                 frame(DOWN_GROUP, &[&m])?
             }
         })
@@ -446,8 +446,8 @@ impl Down {
                 text: r.rest_text()?,
             },
             DOWN_GROUP => {
-                let (id, result) = groups::decode_result(std::mem::take(&mut r.0)).map_err(Malformed)?;
-                Down::Group { id, result }
+                let (id, parts) = groups::decode_done(std::mem::take(&mut r.0)).map_err(Malformed)?;
+                Down::Group { id, parts }
             }
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
@@ -625,8 +625,7 @@ mod tests {
             Down::End,
             Down::Answer { task: 3, ok: true, text: "tag#0$port$".into() },
             Down::Answer { task: 0, ok: false, text: "the service name 'svc' is not published".into() },
-            Down::Group { id: b"0,4:17".to_vec(), result: Ok(vec![b"0 k=v\n".to_vec(), vec![]]) },
-            Down::Group { id: b"0,4:17".to_vec(), result: Err("node 2 was lost".into()) },
+            Down::Group { id: b"0,4:17".to_vec(), parts: vec![b"0 k=v\n".to_vec(), vec![]] },
         ] {
             assert_eq!(Down::decode(payload(&m.encode().unwrap())), Ok(m));
         }
@@ -666,8 +665,8 @@ mod tests {
         assert!(Down::decode(&[PARENT_DONE, 0]).is_err());
         // Counts that the bytes cannot hold, and an id over the bound.
         assert!(Up::decode(&[UP_GROUP, 0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().0.contains("nodes in"));
-        assert!(Down::decode(&[DOWN_GROUP, 1, 0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));
-        assert!(Down::decode(&[DOWN_GROUP, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
+        assert!(Down::decode(&[DOWN_GROUP, 0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));
+        assert!(Down::decode(&[DOWN_GROUP, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
         assert!(Up::decode(&[UP_GROUP, 0x04, 0x01]).unwrap_err().0.contains("id of 1025 bytes"));
         // A message longer than any encoder writes.
         let mut abort = vec![ABORT, 0, 0, 0, 1, 0, 0, 0, 7];

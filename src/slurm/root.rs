@@ -660,7 +660,7 @@ impl State {
                     Ok(None) => self.check_groups_blocked(),
                     Ok(Some(done)) => {
                         // Encoded once, and the same bytes queued to every member.
-                        let answer = Down::Group { id: done.id, result: Ok(done.parts) }.encode().map(Arc::new);
+                        let answer = Down::Group { id: done.id, parts: done.parts }.encode().map(Arc::new);
                         for member in done.shells {
                             if let (Ok(frame), Some(l)) = (&answer, self.link(member)) {
                                 l.send_shared(frame);

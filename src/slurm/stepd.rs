@@ -156,9 +156,6 @@ enum End {
     Broke(String),
 }
 
-/// A group exchange srun ended: its id, and every member node's part or why it failed.
-type GroupEnd = (Vec<u8>, collective::GroupOutcome);
-
 /// The engine's host on a slurmstepd. It runs on the progress thread and serves, beside the tasks, every
 /// connection of the tree, the admission of the node's children and the fork-notice pipe in the same loop:
 /// nothing it does blocks the tasks' answers.
@@ -216,7 +213,7 @@ struct SlurmHost {
     /// The group exchanges sent to srun that it has not ended.
     groups_asked: BTreeSet<Vec<u8>>,
     /// Group exchanges srun ended, until the shell takes them.
-    groups_done: Vec<GroupEnd>,
+    groups_done: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
     /// The largest result of a group exchange srun may send.
     group_result_max: usize,
     /// In a spawned step, until each has sent its first PMI line: the local ranks that have not. STARTED goes
@@ -399,8 +396,8 @@ impl SlurmHost {
                         break;
                     }
                 },
-                Down::Group { id, result } => match self.groups_asked.remove(&id) {
-                    true => self.groups_done.push((id, result)),
+                Down::Group { id, parts } => match self.groups_asked.remove(&id) {
+                    true => self.groups_done.push((id, parts)),
                     false => {
                         end = Some(End::Broke("ended a group exchange this node did not start".into()));
                         break;
@@ -734,9 +731,9 @@ impl HostFds for SlurmHost {
         for (task, reply) in std::mem::take(&mut self.answers) {
             shell.host_reply(self, task, reply);
         }
-        for (id, result) in std::mem::take(&mut self.groups_done) {
-            let parts = result.as_ref().map(|all| all.iter().map(Vec::as_slice).collect::<Vec<_>>());
-            shell.group_complete(self, &id, parts.as_deref().map_err(|e| e.as_str()));
+        for (id, parts) in std::mem::take(&mut self.groups_done) {
+            let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            shell.group_complete(self, &id, Ok(&parts));
         }
     }
 }

@@ -38,7 +38,7 @@ struct State {
     /// The largest end of a group exchange the coordinator may send.
     group_max: usize,
     /// Group exchanges the coordinator ended, for the plugin.
-    groups_done: Vec<(Vec<u8>, groups::Outcome)>,
+    groups_done: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
     /// The coordinator sent a group exchange's end that does not read: why.
     bad_group: Option<String>,
 }
@@ -105,8 +105,8 @@ impl Branch {
             }
             (value, acts, if state.finished { Vec::new() } else { done })
         };
-        for (id, result) in groups_done {
-            host.complete_group(&id, &result);
+        for (id, parts) in groups_done {
+            host.complete_group(&id, &parts);
         }
         for act in acts {
             match act {
@@ -242,7 +242,7 @@ impl State {
                     self.said_bye[i] |= frame::is_bye(&frame);
                     self.node.receive(peer, Arc::new(frame));
                 }
-                Heard::Frame(GROUP, m) if peer == Peer::Root => match groups::decode_result(&m) {
+                Heard::Frame(GROUP, m) if peer == Peer::Root => match groups::decode_done(&m) {
                     Ok(done) => self.groups_done.push(done),
                     // Its barrier would never end: the job cannot go on.
                     Err(why) => {

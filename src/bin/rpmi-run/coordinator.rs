@@ -299,7 +299,7 @@ impl<'a> Coordinator<'a> {
         let taken = groups::decode_part(m).and_then(|p| self.groups.contribute(from, &p.id, &p.shells, p.part));
         match taken {
             Ok(Some(done)) => {
-                let end = groups::encode_result(&done.id, &Ok(done.parts), usize::MAX).map(Arc::new);
+                let end = groups::encode_done(&done.id, &done.parts).map(Arc::new);
                 for (member, end) in done.shells.iter().zip(std::iter::repeat(end).flatten()) {
                     if let Some(conn) = self.conns.get_mut(*member as usize) {
                         conn.send(GROUP, end);

@@ -242,20 +242,20 @@ impl Host {
         );
     }
 
-    /// Ends group exchange `id`: every member node's part, or why it failed.
-    pub fn complete_group(&self, id: &[u8], result: &rpmi::collective::GroupOutcome) {
-        let (status, bufs, error) = match result {
-            Ok(parts) => {
-                (ffi::RPMI_OK, parts.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect(), None)
-            }
-            Err(why) => {
-                (ffi::RPMI_ERR_STATE, Vec::new(), Some(CString::new(why.replace('\0', " ")).unwrap_or_default()))
-            }
-        };
-        let error = error.as_ref().map_or(std::ptr::null(), |e| e.as_ptr());
+    /// Ends group exchange `id`: every member node's part.
+    pub fn complete_group(&self, id: &[u8], parts: &[Vec<u8>]) {
+        let bufs: Vec<rpmi_buf> = parts.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect();
         call!(
             self.plugin,
-            group_complete(self.instance(), id.as_ptr(), id.len(), status, bufs.as_ptr(), bufs.len(), error)
+            group_complete(
+                self.instance(),
+                id.as_ptr(),
+                id.len(),
+                ffi::RPMI_OK,
+                bufs.as_ptr(),
+                bufs.len(),
+                std::ptr::null()
+            )
         );
     }
 
