@@ -457,10 +457,7 @@ unsafe extern "C" fn collective_complete(
     on_instance(inst, |inst| {
         // SAFETY: the caller's contract, as for `exchange_result`.
         let result = unsafe { exchange_result(status, parts, nparts, error) }?;
-        inst.node
-            .handle()
-            .post(Event::CollectiveDone(result))
-            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
+        post(inst, Event::CollectiveDone(result))
     })
 }
 
@@ -481,11 +478,13 @@ unsafe extern "C" fn group_complete(
         let id = unsafe { std::slice::from_raw_parts(id, id_len) }.to_vec();
         // SAFETY: the caller's contract, as for `exchange_result`.
         let result = unsafe { exchange_result(status, parts, nparts, error) }?;
-        inst.node
-            .handle()
-            .post(Event::GroupDone { id, result })
-            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
+        post(inst, Event::GroupDone { id, result })
     })
+}
+
+/// Hands `event` to the instance's progress loop.
+fn post(inst: &Instance, event: Event) -> Result<(), Failure> {
+    inst.node.handle().post(event).or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
 }
 
 /// An exchange's completion as a C host gives it, copied: every part, or why it failed.
@@ -549,10 +548,7 @@ unsafe extern "C" fn service_complete(
         }
         // SAFETY: only when not NULL; NUL-terminated as the header documents.
         let text = (!result.is_null()).then(|| unsafe { CStr::from_ptr(result) }.to_string_lossy().into_owned());
-        inst.node
-            .handle()
-            .post(Event::UntypedReply { task, ok: status == ffi::RPMI_OK, text })
-            .or_else(|_| fail(ffi::RPMI_ERR_STATE, "instance stopped"))
+        post(inst, Event::UntypedReply { task, ok: status == ffi::RPMI_OK, text })
     })
 }
 

@@ -63,17 +63,9 @@ impl Gather {
     /// Takes the node's own part of exchange `epoch`.
     pub(super) fn own(&mut self, epoch: u32, part: Vec<u8>) -> Result<(), Refusal> {
         let Some((me, _)) = self.own else { return Ok(()) };
-        let part_max = self.bounds.part_max;
-        if part.len() > part_max.bytes {
-            return Err(Refusal {
-                node: me,
-                message: format!(
-                    "node {me} brought {} bytes to PMI exchange {epoch}, over the limit of {} bytes per node ({})",
-                    part.len(),
-                    part_max.bytes,
-                    part_max.option
-                ),
-            });
+        if part.len() > self.bounds.part_max.bytes {
+            let message = super::over_part_max(me, &format!("PMI exchange {epoch}"), part.len(), self.bounds.part_max);
+            return Err(Refusal { node: me, message });
         }
         let total = self.bytes.saturating_add(part.len());
         if total > self.bounds.exchange_max.bytes {

@@ -26,6 +26,12 @@ use std::collections::BTreeMap;
 /// outstanding; this is for a whole job).
 pub const PENDING_MAX: usize = 1 << 16;
 
+/// The largest end of a group exchange a root sends a member of a job of `nodes` nodes under `bounds`, for a
+/// transport's bound on its frame.
+pub fn done_max(nodes: u32, bounds: &Bounds) -> usize {
+    GROUP_ID_MAX + 8 * nodes as usize + bounds.exchange_max.bytes + 64
+}
+
 /// A node's part of a group exchange, as a message carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
@@ -73,11 +79,6 @@ impl GroupRoot {
         GROUP_ID_MAX + 4 * self.nodes as usize + self.bounds.part_max.bytes + 64
     }
 
-    /// The largest result, for a transport's bound on its frame.
-    pub fn result_max(&self) -> usize {
-        GROUP_ID_MAX + 8 * self.nodes as usize + self.bounds.exchange_max.bytes + 64
-    }
-
     /// Whether no group exchange is pending.
     pub fn is_idle(&self) -> bool {
         self.pending.is_empty()
@@ -109,13 +110,12 @@ impl GroupRoot {
         let Ok(place) = shells.binary_search(&from) else {
             return Err(format!("node {from} sent a part of group exchange {name}, whose members it does not hold"));
         };
-        let part_max = self.bounds.part_max;
-        if part.len() > part_max.bytes {
-            return Err(format!(
-                "node {from} brought {} bytes to group exchange {name}, over the limit of {} bytes per node ({})",
+        if part.len() > self.bounds.part_max.bytes {
+            return Err(super::over_part_max(
+                from,
+                &format!("group exchange {name}"),
                 part.len(),
-                part_max.bytes,
-                part_max.option
+                self.bounds.part_max,
             ));
         }
         let held = self.held.saturating_add(part.len());

@@ -60,6 +60,15 @@ fn read(from: Peer, to: Peer, frame: &Bytes, max: usize, part_max: Bound) -> Res
     })
 }
 
+/// Why node `node`'s part of `exchange` ("PMI exchange 3", "group exchange 0,4:1") is refused: `len` bytes,
+/// over `max`.
+fn over_part_max(node: u32, exchange: &str, len: usize, max: Bound) -> String {
+    format!(
+        "node {node} brought {len} bytes to {exchange}, over the limit of {} bytes per node ({})",
+        max.bytes, max.option
+    )
+}
+
 /// A size bound and the option that sets it, for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bound {

@@ -453,8 +453,8 @@ impl Shell {
     /// and maybe newer (a group exchange's parts may come back after a member put a key again).
     fn merge(&mut self, parts: &[&[u8]]) -> Result<(), String> {
         let beside = self.node_attr_bytes.saturating_add(self.pending_charge(0));
-        let local = &self.job.local_ranks;
-        let foreign = |rank: u32| !local.contains(&rank);
+        let (map, me) = (&self.job.task_map, self.node());
+        let foreign = |rank: u32| map.node_of(rank) != Some(me);
         parts.iter().try_for_each(|p| self.kvs.merge(p, &self.bounds, beside, foreign)).map_err(|e| e.to_string())
     }
 

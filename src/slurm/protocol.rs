@@ -339,23 +339,8 @@ impl Up {
             UP_COLLECTIVE => Up::Collective(r.rest()),
             JOINED => Up::Joined { epoch: r.u32()? },
             ABORT => Up::Abort { rank: r.u32()?, code: r.u32()? as i32, message: r.rest_text()? },
-            ERROR => Up::Error {
-                rank: r.u32()?,
-                failed: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    b => return Err(Malformed(format!("an error whose cause is {b}"))),
-                },
-                message: r.rest_text()?,
-            },
-            GONE => Up::Gone {
-                rank: r.u32()?,
-                finalized: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    b => return Err(Malformed(format!("a rank gone whose finalize is {b}"))),
-                },
-            },
+            ERROR => Up::Error { rank: r.u32()?, failed: r.flag("an error whose cause")?, message: r.rest_text()? },
+            GONE => Up::Gone { rank: r.u32()?, finalized: r.flag("a rank gone whose finalize")? },
             BYE => Up::Bye,
             STARTED => Up::Started,
             UP_GROUP => {
@@ -436,15 +421,7 @@ impl Down {
             PARENT => Down::Parent { port: r.u16()? },
             PARENT_DONE => Down::ParentDone,
             END => Down::End,
-            ANSWER => Down::Answer {
-                task: r.u32()?,
-                ok: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    b => return Err(Malformed(format!("an answer whose outcome is {b}"))),
-                },
-                text: r.rest_text()?,
-            },
+            ANSWER => Down::Answer { task: r.u32()?, ok: r.flag("an answer whose outcome")?, text: r.rest_text()? },
             DOWN_GROUP => {
                 let (id, parts) = groups::decode_done(std::mem::take(&mut r.0)).map_err(Malformed)?;
                 Down::Group { id, parts }
@@ -543,6 +520,14 @@ impl<'a> Reader<'a> {
     }
     fn u8(&mut self) -> Result<u8, Malformed> {
         Ok(self.take(1)?[0])
+    }
+    /// A byte that must be 0 (false) or 1 (true); `what` names it in the error.
+    fn flag(&mut self, what: &str) -> Result<bool, Malformed> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(Malformed(format!("{what} is {b}"))),
+        }
     }
     fn u16(&mut self) -> Result<u16, Malformed> {
         Ok(u16::from_be_bytes(self.array()?))

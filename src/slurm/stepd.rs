@@ -241,7 +241,7 @@ impl SlurmHost {
     ) -> Result<SlurmHost, String> {
         let socket = |e: io::Error| format!("socket: {e}");
         let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
-        let group_result_max = collective::GroupRoot::new(names.len() as u32, 0, bounds).result_max();
+        let group_result_max = collective::groups::done_max(names.len() as u32, &bounds);
         let mut machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
         let parent = match links.parent {
             Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default()).map_err(socket)?),

@@ -7,7 +7,7 @@
 use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use crate::host::{Cause, Host};
 use rpmi::abi::ffi;
-use rpmi::collective::{frame, groups, Bounds, GroupRoot, Node, Output, Parts, Peer, Tree};
+use rpmi::collective::{frame, groups, Bounds, Node, Output, Parts, Peer, Tree};
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -74,7 +74,7 @@ impl Branch {
             peers.push(peer);
         }
         let said_bye = vec![false; conns.len()];
-        let group_max = GroupRoot::new(tree.nodes(), 0, bounds).result_max();
+        let group_max = groups::done_max(tree.nodes(), &bounds);
         let state = State {
             node,
             me,

@@ -92,11 +92,7 @@ impl Shell {
         let me = self.node();
         let Shell { groups, clients, job, .. } = self;
         let barrier = groups.barriers.entry(name.clone()).or_insert_with(|| {
-            let local = clients.iter().filter(|c| group.contains(c.rank)).map(|c| c.task);
-            let local = match group.members {
-                Members::Node => clients.iter().map(|c| c.task).collect(),
-                _ => local.collect(),
-            };
+            let local = clients.iter().filter(|c| group.contains(c.rank)).map(|c| c.task).collect();
             let mut shells: Vec<u32> = match &group.members {
                 Members::World => (0..job.task_map.node_count() as u32).collect(),
                 Members::Node => vec![me],
