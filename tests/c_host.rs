@@ -247,6 +247,38 @@ fn mpi_pairs_in_event_loop_mode() {
     mpi_pairs_succeed("event-loop", &["--event-loop"]);
 }
 
+/// The host carries every task's connection (ABI revision 4): its own socketpair, bytes through task_input
+/// and task_write.
+#[test]
+fn mpi_pairs_over_connections_the_host_carries() {
+    mpi_pairs_succeed("carry", &["--event-loop", "--carry"]);
+}
+
+#[test]
+fn mpi_abort_over_connections_the_host_carries() {
+    mpi_abort_ends_the_job("abort-carry", &["--event-loop", "--carry"]);
+}
+
+/// A larger exchange, and PMI-2's frames (not lines), over carried connections on three nodes.
+#[test]
+fn exchange_and_pmi2_over_connections_the_host_carries() {
+    let dir = TempDir::new("carry-exchange");
+    let host = build_host(&dir);
+    let probe = Path::new(env!("CARGO_BIN_EXE_rpmi-probe"));
+    let mode = ["--event-loop", "--carry", "-n", "12", "--nodes", "3"];
+    let r = host_run(&host, &mode, probe, &["exchange", "--puts", "8", "--size", "800"]);
+    assert_eq!(r.code(), 0, "the exchange failed\n{r}");
+    assert!(r.stdout.contains("exchange: size=12 puts=8 value_len=800 gets=12"), "no summary line\n{r}");
+    let frames = manifest_dir().join("tests/programs/pmi2_frames.sh");
+    let r = host_run(&host, &mode, Path::new("/bin/bash"), &[frames.to_str().expect("UTF-8")]);
+    assert_eq!(r.code(), 0, "the PMI-2 job failed\n{r}");
+    for rank in 0..12 {
+        let next = (rank + 1) % 12;
+        let answer = format!("rank {rank}: cmd=kvs-get-response;rc=0;value=v{next};found=TRUE;");
+        assert!(r.stdout.lines().any(|l| l == answer), "rank {rank} did not read its neighbour's key\n{r}");
+    }
+}
+
 #[test]
 fn mpi_abort_in_thread_mode() {
     mpi_abort_ends_the_job("abort-thread", &[]);
@@ -275,7 +307,7 @@ fn lost_task_ends_the_job_with_code_1() {
          read -r line <&$PMI_FD\n",
     )
     .expect("writing the script");
-    for mode in [&[][..], &["--event-loop"][..]] {
+    for mode in [&[][..], &["--event-loop"][..], &["--event-loop", "--carry"][..]] {
         let r = host_run(&host, &[mode, &["-n", "2"]].concat(), Path::new("/bin/bash"), &[script.to_str().unwrap()]);
         assert_eq!(r.code(), 1, "the job did not end with the lost task's code ({mode:?})\n{r}");
         assert!(

@@ -47,6 +47,8 @@ static PLUGIN: Table = Table(rpmi_plugin {
     destroy: Some(destroy),
     abi_revision: ffi::RPMI_ABI_REVISION as u32,
     group_complete: Some(group_complete),
+    task_carry: Some(task_carry),
+    task_input: Some(task_input),
 });
 
 /// The one symbol a host looks up (`dlsym(lib, "rpmi_plugin_entry")`).
@@ -77,6 +79,8 @@ struct Instance {
     owed: OwedAnswers,
     /// The host's log callback and data, for the reasons behind error codes of later calls.
     log: ffi::rpmi_host_ops,
+    /// The host can carry task connections (revision 4: `task_write` and `task_close`).
+    carries: bool,
 }
 
 fn node_failure(e: NodeError) -> Failure {
@@ -325,6 +329,7 @@ impl Instance {
         shell.set_trace(options.trace);
         let owed = shell.owed_answers();
         let host = CHost { ops: ops_copy, instance: std::ptr::null_mut() };
+        let carries = host.carries();
         let node = Node::new(shell, host, JobVars { job_id })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {
@@ -332,6 +337,7 @@ impl Instance {
             tasks: Mutex::new((0..n).map(|_| TaskSlot::default()).collect()),
             owed,
             log: ops_copy,
+            carries,
         }));
         // SAFETY: the live box made above; the host cannot call on it before create returns.
         let inst = unsafe { &mut *instance };
@@ -391,27 +397,64 @@ unsafe extern "C" fn create(
 }
 
 unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
+    // SAFETY: the caller's contract, as the header documents for task_init.
+    on_instance(inst, |inst| unsafe { set_up_task(inst, task, env, Node::connect_task) })
+}
+
+unsafe extern "C" fn task_carry(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
     on_instance(inst, |inst| {
-        if env.is_null() {
-            return fail(ffi::RPMI_ERR_INVALID, "env is NULL");
+        if !inst.carries {
+            return fail(ffi::RPMI_ERR_INVALID, "task_carry needs the host's task_write and task_close");
         }
-        // SAFETY: the caller's contract: `env` is the host's rpmi_task_env, valid for the call; struct_size is
-        // its first field, read before any reference to the whole is made.
-        if (unsafe { std::ptr::addr_of!((*env).struct_size).read() } as usize) < std::mem::size_of::<rpmi_task_env>() {
-            return fail(ffi::RPMI_ERR_VERSION, "rpmi_task_env is too short");
-        }
-        // SAFETY: as above, and at least as long as our rpmi_task_env (checked).
-        let env = unsafe { &mut *env };
-        let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
-        let connection = inst.node.connect_task(task as usize).map_err(node_failure)?;
-        let slot = &mut tasks[task as usize];
-        slot.env = connection.vars;
-        slot.env_ptrs = slot.env.iter().map(|v| v.entry.as_ptr()).collect();
-        env.child_fd = connection.child_fd;
-        env.env_count = slot.env_ptrs.len();
-        env.env = slot.env_ptrs.as_ptr();
-        Ok(())
+        // SAFETY: the caller's contract, as the header documents for task_carry.
+        unsafe { set_up_task(inst, task, env, Node::carry_task) }
     })
+}
+
+unsafe extern "C" fn task_input(inst: *mut rpmi_instance, task: u32, data: *const u8, len: usize) -> c_int {
+    on_instance(inst, |inst| {
+        if data.is_null() && len > 0 {
+            return fail(ffi::RPMI_ERR_INVALID, "data is NULL");
+        }
+        let bytes = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: not NULL (checked above): the host's `len` bytes, borrowed for the call.
+            unsafe { std::slice::from_raw_parts(data, len) }
+        };
+        inst.node.carried_input(task as usize, bytes).map_err(node_failure)
+    })
+}
+
+/// Makes task `task`'s connection with `connect` and fills the host's `env` with its environment.
+///
+/// # Safety
+/// `env` is NULL or the host's `rpmi_task_env`, valid for the call, its struct_size set.
+unsafe fn set_up_task(
+    inst: &Instance,
+    task: u32,
+    env: *mut rpmi_task_env,
+    connect: fn(&Node<CHost>, usize) -> Result<crate::node::TaskEnv, NodeError>,
+) -> Result<(), Failure> {
+    if env.is_null() {
+        return fail(ffi::RPMI_ERR_INVALID, "env is NULL");
+    }
+    // SAFETY: the caller's contract: `env` is the host's rpmi_task_env, valid for the call; struct_size is
+    // its first field, read before any reference to the whole is made.
+    if (unsafe { std::ptr::addr_of!((*env).struct_size).read() } as usize) < std::mem::size_of::<rpmi_task_env>() {
+        return fail(ffi::RPMI_ERR_VERSION, "rpmi_task_env is too short");
+    }
+    // SAFETY: as above, and at least as long as our rpmi_task_env (checked).
+    let env = unsafe { &mut *env };
+    let mut tasks = inst.tasks.lock().or_else(|_| fail(ffi::RPMI_ERR_INTERNAL, "task table poisoned"))?;
+    let connection = connect(&inst.node, task as usize).map_err(node_failure)?;
+    let slot = &mut tasks[task as usize];
+    slot.env = connection.vars;
+    slot.env_ptrs = slot.env.iter().map(|v| v.entry.as_ptr()).collect();
+    env.child_fd = connection.child_fd;
+    env.env_count = slot.env_ptrs.len();
+    env.env = slot.env_ptrs.as_ptr();
+    Ok(())
 }
 
 /// In the forked child: async-signal-safe only (no allocation, no lock, no panic path).

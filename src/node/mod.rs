@@ -11,6 +11,10 @@
 //! that a task that dies is seen at once by the node even while its siblings are not yet exec'd. In the parent,
 //! [`Node::forked`] (one task) or [`Node::forked_all`] closes the node's copy of the task's end: until then the
 //! node cannot see the task leave.
+//!
+//! **A connection the host carries** (its own channel, say a job shell's that closes every other fd in the
+//! child): [`Node::carry_task`] instead makes no socketpair, and the host passes the task's bytes to
+//! [`Node::carried_input`]; there is no exec hook.
 
 use crate::driver::{channel, Driver, DriverHandle, Event, HostFds};
 use crate::os::socketpair;
@@ -191,17 +195,12 @@ impl<H: NodeHost> Node<H> {
     /// Makes task `task`'s connection and returns its environment: `PMI_FD`, `PMI_RANK`, `PMI_SIZE`,
     /// `PMI_JOBID` (and `PMI_SPAWNED`). The task's end stays open in the node until [`Node::forked`].
     pub fn connect_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
-        let (Some(connected), Some(&rank)) = (self.connected.get(task), self.ranks.get(task)) else {
-            return Err(NodeError::Invalid(format!("no local task {task}")));
-        };
-        if connected.swap(true, SeqCst) {
-            return Err(NodeError::State(format!("task {task} is already connected")));
-        }
+        let rank = self.mark_connected(task)?;
         let pair = socketpair().map_err(|e| NodeError::System(format!("socketpair for local task {task}: {e}")));
         let (server, child) = match pair {
             Ok(p) => p,
             Err(e) => {
-                connected.store(false, SeqCst);
+                self.connected[task].store(false, SeqCst);
                 return Err(e);
             }
         };
@@ -210,8 +209,27 @@ impl<H: NodeHost> Node<H> {
             .map_err(|_| NodeError::State("the node no longer serves".into()))?;
         let fd = child.into_raw_fd();
         self.child_fds.0[task].store(fd, SeqCst);
+        let mut vars = self.task_vars(rank);
+        vars[0] = EnvVar::new("PMI_FD", fd.to_string());
+        Ok(TaskEnv { child_fd: fd, vars })
+    }
+
+    /// Marks local task `task` connected (once); returns its rank.
+    fn mark_connected(&self, task: TaskId) -> Result<u32, NodeError> {
+        let (Some(connected), Some(&rank)) = (self.connected.get(task), self.ranks.get(task)) else {
+            return Err(NodeError::Invalid(format!("no local task {task}")));
+        };
+        if connected.swap(true, SeqCst) {
+            return Err(NodeError::State(format!("task {task} is already connected")));
+        }
+        Ok(rank)
+    }
+
+    /// A task's environment: `PMI_FD` first (its value for the caller to set), then `PMI_RANK`, `PMI_SIZE`,
+    /// `PMI_JOBID` (and `PMI_SPAWNED`).
+    fn task_vars(&self, rank: u32) -> Vec<EnvVar> {
         let mut vars = vec![
-            EnvVar::new("PMI_FD", fd.to_string()),
+            EnvVar::new("PMI_FD", String::new()),
             EnvVar::new("PMI_RANK", rank.to_string()),
             EnvVar::new("PMI_SIZE", self.size.to_string()),
             EnvVar::new("PMI_JOBID", self.job.job_id.clone()),
@@ -219,7 +237,45 @@ impl<H: NodeHost> Node<H> {
         if self.spawned {
             vars.push(EnvVar::new("PMI_SPAWNED", "1".into()));
         }
-        Ok(TaskEnv { child_fd: fd, vars })
+        vars
+    }
+
+    /// Serves task `task` on a connection the host carries (its own channel, which it names in the task's
+    /// environment): no socketpair is made, and the environment returned has no `PMI_FD`. The host passes
+    /// what the task writes to [`Node::carried_input`] and takes the answers through
+    /// [`crate::driver::HostFds::carry_write`].
+    pub fn carry_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
+        let rank = self.mark_connected(task)?;
+        let carried = self.on_driver(|d| d.carry(task), Event::Carry(task));
+        if let Err(e) = carried {
+            self.connected[task].store(false, SeqCst);
+            return Err(e);
+        }
+        let mut vars = self.task_vars(rank);
+        vars.remove(0);
+        Ok(TaskEnv { child_fd: -1, vars })
+    }
+
+    /// What task `task` wrote on its carried connection (nothing: it closed its end). In the host's loop
+    /// ([`Looping::HostLoop`]) it is served, and answered, before this returns; with a progress thread, there.
+    pub fn carried_input(&self, task: TaskId, bytes: &[u8]) -> Result<(), NodeError> {
+        if task >= self.task_count() {
+            return Err(NodeError::Invalid(format!("no local task {task}")));
+        }
+        self.on_driver(|d| d.input(task, bytes), Event::Input(task, bytes.to_vec()))
+    }
+
+    /// Runs `f` on the driver where the host's thread may reach it (before the node starts, or in the host's
+    /// loop); otherwise posts `event` to the progress thread.
+    fn on_driver(&self, f: impl FnOnce(&mut Driver<H>) -> io::Result<()>, event: Event) -> Result<(), NodeError> {
+        let driver = match &self.progress {
+            Progress::Ready(d) | Progress::InHostLoop(d) => d,
+            Progress::Thread { .. } => {
+                return self.handle.post(event).map_err(|_| NodeError::State("the node no longer serves".into()))
+            }
+            Progress::Stopped => return Err(NodeError::State("the node no longer serves".into())),
+        };
+        locked(driver, f)
     }
 
     /// In the forked child of task `task`, before `exec`: clears close-on-exec on the task's end and closes
@@ -273,13 +329,7 @@ impl<H: NodeHost> Node<H> {
         let Progress::InHostLoop(driver) = &self.progress else {
             return Err(NodeError::State("progress called, but the node runs its own progress thread".into()));
         };
-        let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
-        match catch_unwind(AssertUnwindSafe(|| driver.on_ready(0))) {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(NodeError::System(format!("progress: {e}"))),
-            // The lock is poisoned by the unwind: every later call fails the same way.
-            Err(_) => Err(NodeError::State("the node stopped after an internal error".into())),
-        }
+        locked(driver, |d| d.on_ready(0).map(|_| ()).map_err(|e| io::Error::new(e.kind(), format!("progress: {e}"))))
     }
 
     /// Stops serving, after serving what the tasks wrote before they left (an abort line, say). With a
@@ -314,6 +364,19 @@ impl<H: NodeHost> Node<H> {
 impl<H: NodeHost> Drop for Node<H> {
     fn drop(&mut self) {
         self.stop(None, || {});
+    }
+}
+
+/// Runs `f` on the driver behind `driver`'s lock, with panics contained.
+fn locked<H: NodeHost>(
+    driver: &Mutex<Box<Driver<H>>>,
+    f: impl FnOnce(&mut Driver<H>) -> io::Result<()>,
+) -> Result<(), NodeError> {
+    let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
+    match catch_unwind(AssertUnwindSafe(|| f(&mut driver))) {
+        Ok(result) => result.map_err(|e| NodeError::System(e.to_string())),
+        // The lock is poisoned by the unwind: every later call fails the same way.
+        Err(_) => Err(NodeError::State("the node stopped after an internal error".into())),
     }
 }
 
