@@ -19,6 +19,13 @@ fi
 if [[ ${1:-} == deb ]]; then
   packages+=(dpkg-dev)        # dpkg-shlibdeps, which gives cargo-deb its `$auto` Depends
 fi
+# `install-deps.sh flux`: also what flux-core's build needs (the Debian packages its scripts/install-deps-deb.sh
+# lists, less documentation and valgrind), and the plugin's (docker/flux.sh).
+if [[ ${1:-} == flux ]]; then
+  packages+=(autoconf automake libtool make libzmq3-dev uuid-dev libjansson-dev liblz4-dev libarchive-dev
+    libhwloc-dev libsqlite3-dev lua5.1 liblua5.1-0-dev lua-posix python3-dev python3-cffi python3-ply
+    python3-setuptools python3-yaml)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -1,0 +1,799 @@
+/* rpmi_shell.c: the Flux job-shell plugin that serves a job's PMI with rpmi. It loads librpmi.so through the
+ * job-shell ABI (plugin-spec/rpmi_plugin.h) and knows nothing of rpmi beyond that header: the instance runs in
+ * event-loop mode on the shell's reactor, and the plugin is its host.
+ *
+ * Enabled by `-o pmi=rpmi` (a comma-separated list; Flux's own PMI server is then off, and naming both is an
+ * error, since both would set PMI_FD). `-o rpmi.KEY=VALUE` options go to rpmi (plugin-spec/README.md,
+ * "Options"), except `tree_width`, this plugin's own.
+ *
+ * Connections. Flux closes every fd of a task but its own channels before exec, so a socketpair made by rpmi
+ * would never reach the task. The plugin adds a channel named PMI_FD (Flux names its end in the task's
+ * environment) and carries the connection for rpmi (ABI revision 4): what the task writes goes to task_input,
+ * rpmi's answers come to task_write.
+ *
+ * The collective runs over RPCs between the job's shells along a k-ary tree of shell ranks: shell 0 is the
+ * root, shell i's children are k*i+1 .. k*i+k. A shell sends its subtree's contributions up ("rpmi-up") once
+ * its own and all its children's are in; the root sends all of them down ("rpmi-down"), and every shell passes
+ * them on to its children before completing its own. Contributions are self-delimiting, so they travel
+ * concatenated. Each message starts with the exchange's number and the sending shell's rank; a shell accepts
+ * a part only from its children (or, going down, its parent), for the exchange it is in, once, within the
+ * bounds below, and only from the job's owner (Flux lets any user of the instance reach a shell's service).
+ * Anything else fails the job.
+ */
+#define FLUX_SHELL_PLUGIN_NAME "rpmi"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <flux/core.h>
+#include <flux/idset.h>
+#include <flux/shell.h>
+#include <flux/taskmap.h>
+#include <jansson.h>
+
+#include "rpmi_plugin.h"
+
+/* Where librpmi.so is; docker/flux.sh sets it to where it installs the library. */
+#ifndef RPMI_LIBRARY
+#define RPMI_LIBRARY "librpmi.so"
+#endif
+
+/* rpmi's default kvs_bytes_max: what one shell's contribution can reach when the job sets no other. */
+#define KVS_BYTES_MAX_DEFAULT ((uint64_t)512 << 20)
+#define TREE_WIDTH_DEFAULT 4
+/* Exchange number and sender's shell rank, before the contributions. */
+#define HEADER_LEN 8
+
+struct task {
+    struct rpmi_flux *ctx;
+    flux_shell_task_t *task; /* NULL until task.init */
+    uint32_t local;
+    int input_closed; /* rpmi closed the connection, or the task did: nothing more goes to rpmi */
+    int exited;       /* the subprocess may be gone: nothing more is written to it */
+};
+
+struct rpmi_flux {
+    flux_shell_t *shell;
+    flux_t *h;
+    const rpmi_plugin *plugin;
+    rpmi_instance *inst;
+    flux_watcher_t *watch;
+    char topic_prefix[128]; /* "<shell service>." */
+    uint32_t rank, nshells, width, ntasks;
+    int *broker_rank; /* by shell rank */
+    struct task *tasks;
+    uint32_t local_count;
+    uint64_t part_max; /* one shell's contribution */
+    int failed;        /* the job is ending: exchanges are no longer started */
+
+    /* The collective in progress. */
+    uint32_t epoch;     /* exchanges completed so far */
+    int contributed;    /* this shell's contribution is in `gathered` */
+    int sent_up;        /* the subtree's went to the parent */
+    uint32_t children;  /* how many children this shell has */
+    uint32_t arrived;   /* children whose parts are in */
+    uint8_t *child_in;  /* by child index */
+    uint8_t *gathered;  /* header room, then this subtree's contributions */
+    size_t gathered_len, gathered_cap;
+};
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Failing the job. */
+
+/* Ends the job with a fatal exception (the shell's tasks are killed); the first one is what Flux reports. */
+static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) {
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    shell_log_error("%s", text);
+    if (!ctx->failed) {
+        ctx->failed = 1;
+        flux_shell_raise("exec", 0, "rpmi: %s", text);
+    }
+}
+
+/* Fails the collective in progress (its waiting tasks get a failure) and the job. */
+static void fail_exchange(struct rpmi_flux *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_exchange(struct rpmi_flux *ctx, const char *fmt, ...) {
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (ctx->contributed) {
+        ctx->contributed = 0;
+        ctx->plugin->collective_complete(ctx->inst, RPMI_ERR_SYSTEM, NULL, 0, text);
+    }
+    fail_job(ctx, "%s", text);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The tree and its bounds. */
+
+/* Shells in the subtree under shell `s` (itself included): one run of ranks per level. */
+static uint64_t subtree_size(const struct rpmi_flux *ctx, uint32_t s) {
+    uint64_t n = ctx->nshells, k = ctx->width, lo = s, hi = s, count = 0;
+    while (lo < n) {
+        count += (hi < n ? hi : n - 1) - lo + 1;
+        lo = lo * k + 1;
+        hi = hi * k + k;
+    }
+    return count;
+}
+
+static int parent_of(const struct rpmi_flux *ctx, uint32_t s) {
+    return s == 0 ? -1 : (int)((s - 1) / ctx->width);
+}
+
+static uint32_t first_child(const struct rpmi_flux *ctx) {
+    return ctx->rank * ctx->width + 1;
+}
+
+static int reserve(struct rpmi_flux *ctx, size_t more) {
+    if (ctx->gathered_cap - ctx->gathered_len >= more)
+        return 0;
+    size_t cap = ctx->gathered_cap ? ctx->gathered_cap : 4096;
+    while (cap - ctx->gathered_len < more) {
+        if (cap > SIZE_MAX / 2)
+            return -1;
+        cap *= 2;
+    }
+    uint8_t *p = realloc(ctx->gathered, cap);
+    if (!p)
+        return -1;
+    ctx->gathered = p;
+    ctx->gathered_cap = cap;
+    return 0;
+}
+
+static int append(struct rpmi_flux *ctx, const void *data, size_t len) {
+    if (reserve(ctx, len) < 0)
+        return -1;
+    if (len)
+        memcpy(ctx->gathered + ctx->gathered_len, data, len);
+    ctx->gathered_len += len;
+    return 0;
+}
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The collective. */
+
+static void sent_cb(flux_future_t *f, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    if (flux_future_get(f, NULL) < 0)
+        fail_exchange(ctx, "shell %u could not pass on the exchange: %s", (unsigned)ctx->rank,
+                      future_strerror(f, errno));
+    flux_future_destroy(f);
+}
+
+/* Sends `len` bytes (HEADER_LEN of room first, filled here) to shell `to` under `method`. */
+static int send_part(struct rpmi_flux *ctx, const char *method, uint32_t to, uint8_t *buf, size_t len) {
+    char topic[192];
+    put_u32(buf, ctx->epoch);
+    put_u32(buf + 4, ctx->rank);
+    if (snprintf(topic, sizeof topic, "%s%s", ctx->topic_prefix, method) >= (int)sizeof topic)
+        return -1;
+    flux_future_t *f = flux_rpc_raw(ctx->h, topic, buf, len, ctx->broker_rank[to], 0);
+    if (!f || flux_future_then(f, -1., sent_cb, ctx) < 0) {
+        flux_future_destroy(f);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every shell's contributions are here (`all`, after HEADER_LEN bytes of room): pass them down, complete. */
+static void deliver(struct rpmi_flux *ctx, uint8_t *all, size_t len) {
+    for (uint32_t c = first_child(ctx), i = 0; i < ctx->children; c++, i++) {
+        if (send_part(ctx, "rpmi-down", c, all, len) < 0) {
+            fail_exchange(ctx, "shell %u cannot send the exchange to shell %u: %s", (unsigned)ctx->rank,
+                          (unsigned)c, strerror(errno));
+            return;
+        }
+    }
+    rpmi_buf part = {.data = all + HEADER_LEN, .len = len - HEADER_LEN};
+    ctx->epoch++;
+    ctx->contributed = ctx->sent_up = 0;
+    ctx->arrived = 0;
+    memset(ctx->child_in, 0, ctx->children);
+    /* The plugin copies the parts: the buffer may be reused once this returns. */
+    int rc = ctx->plugin->collective_complete(ctx->inst, RPMI_OK, &part, 1, NULL);
+    ctx->gathered_len = HEADER_LEN;
+    if (rc != RPMI_OK)
+        fail_job(ctx, "collective_complete failed (%d)", rc);
+}
+
+/* Goes on once this shell's contribution and every child's are in. */
+static void advance(struct rpmi_flux *ctx) {
+    if (!ctx->contributed || ctx->sent_up || ctx->arrived < ctx->children)
+        return;
+    if (ctx->rank == 0) {
+        deliver(ctx, ctx->gathered, ctx->gathered_len);
+        return;
+    }
+    ctx->sent_up = 1;
+    if (send_part(ctx, "rpmi-up", (uint32_t)parent_of(ctx, ctx->rank), ctx->gathered, ctx->gathered_len) < 0)
+        fail_exchange(ctx, "shell %u cannot send its part up: %s", (unsigned)ctx->rank, strerror(errno));
+}
+
+static int on_collective(void *host_data, rpmi_instance *instance, const uint8_t *data, size_t len) {
+    struct rpmi_flux *ctx = host_data;
+    (void)instance;
+    if (ctx->failed)
+        return RPMI_ERR_STATE;
+    if (ctx->contributed)
+        return RPMI_ERR_STATE;
+    if (len > ctx->part_max || append(ctx, data, len) < 0)
+        return RPMI_ERR_SYSTEM;
+    ctx->contributed = 1;
+    advance(ctx);
+    return RPMI_OK;
+}
+
+/* Reads an exchange message: checks who may send it and its header. Returns the payload after the header, or
+ * NULL after failing the job (the request answered either way). */
+static const uint8_t *read_part(struct rpmi_flux *ctx, const flux_msg_t *msg, const char *what, size_t *len,
+                                uint32_t *from) {
+    const void *data = NULL;
+    size_t n = 0;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        /* Another user: refused, and no concern of this job. */
+        flux_respond_error(ctx->h, msg, EPERM, "only the job's owner may take part in its exchange");
+        return NULL;
+    }
+    if (flux_request_decode_raw(msg, NULL, &data, &n) < 0 || n < HEADER_LEN) {
+        flux_respond_error(ctx->h, msg, EPROTO, "malformed exchange message");
+        fail_exchange(ctx, "shell %u got a malformed %s message", (unsigned)ctx->rank, what);
+        return NULL;
+    }
+    const uint8_t *p = data;
+    uint32_t epoch = get_u32(p);
+    *from = get_u32(p + 4);
+    if (epoch != ctx->epoch) {
+        flux_respond_error(ctx->h, msg, EPROTO, "wrong exchange");
+        fail_exchange(ctx, "shell %u got %s from shell %u for exchange %u while in exchange %u", (unsigned)ctx->rank,
+                      what, (unsigned)*from, (unsigned)epoch, (unsigned)ctx->epoch);
+        return NULL;
+    }
+    *len = n - HEADER_LEN;
+    return p + HEADER_LEN;
+}
+
+static void up_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    uint32_t from;
+    size_t len;
+    const uint8_t *part = read_part(ctx, msg, "a part", &len, &from);
+    (void)mh;
+    if (!part)
+        return;
+    uint32_t first = first_child(ctx);
+    uint64_t max = subtree_size(ctx, from) * ctx->part_max;
+    const char *wrong = NULL;
+    if (from < first || from - first >= ctx->children)
+        wrong = "it is not a child of this shell";
+    else if (ctx->child_in[from - first])
+        wrong = "it sent its part twice";
+    else if (len > max)
+        wrong = "its part is over the bound of kvs_bytes_max per shell";
+    else if (append(ctx, part, len) < 0)
+        wrong = "out of memory";
+    if (wrong) {
+        flux_respond_error(h, msg, EPROTO, wrong);
+        fail_exchange(ctx, "shell %u refused the part of shell %u: %s", (unsigned)ctx->rank, (unsigned)from, wrong);
+        return;
+    }
+    ctx->child_in[from - first] = 1;
+    ctx->arrived++;
+    flux_respond(h, msg, NULL);
+    advance(ctx);
+}
+
+static void down_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    uint32_t from;
+    size_t len;
+    const uint8_t *all = read_part(ctx, msg, "the result", &len, &from);
+    (void)mh;
+    if (!all)
+        return;
+    const char *wrong = NULL;
+    if ((int)from != parent_of(ctx, ctx->rank))
+        wrong = "it is not this shell's parent";
+    else if (!ctx->sent_up)
+        wrong = "this shell has not sent its part up";
+    else if (len > (uint64_t)ctx->nshells * ctx->part_max)
+        wrong = "it is over the bound of kvs_bytes_max per shell";
+    if (wrong) {
+        flux_respond_error(h, msg, EPROTO, wrong);
+        fail_exchange(ctx, "shell %u refused the result from shell %u: %s", (unsigned)ctx->rank, (unsigned)from,
+                      wrong);
+        return;
+    }
+    flux_respond(h, msg, NULL);
+    /* Passed on with the same room for a header. */
+    ctx->gathered_len = 0;
+    if (append(ctx, all - HEADER_LEN, len + HEADER_LEN) < 0) {
+        fail_exchange(ctx, "shell %u: out of memory", (unsigned)ctx->rank);
+        return;
+    }
+    deliver(ctx, ctx->gathered, ctx->gathered_len);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * rpmi's other host callbacks. */
+
+/* Raises the job's one exception for an abort. The job's exit status is the abort's code (as a wait status,
+ * code << 8). */
+static void raise_abort(struct rpmi_flux *ctx, uint32_t rank, int exit_code, int reason, const char *message,
+                        size_t len) {
+    int shown = len > 900 ? 900 : (int)len;
+    if (ctx->failed)
+        return;
+    ctx->failed = 1;
+    if (reason == RPMI_ABORT_CALLED)
+        flux_shell_raise_exit_status((exit_code & 0xff) << 8, "rank %u called PMI_Abort(%d)%s%.*s", (unsigned)rank,
+                                     exit_code, shown ? ": " : "", shown, message);
+    else
+        flux_shell_raise_exit_status((exit_code & 0xff) << 8, "rpmi: %.*s", shown, message);
+}
+
+/* An abort a shell sent on to shell 0 (its text, to raise here if shell 0 cannot be reached). */
+struct abort_report {
+    struct rpmi_flux *ctx;
+    uint32_t rank;
+    int exit_code, reason;
+    size_t len;
+    char message[];
+};
+
+static void abort_sent_cb(flux_future_t *f, void *arg) {
+    struct abort_report *a = arg;
+    if (flux_future_get(f, NULL) < 0) {
+        a->ctx->failed = 0;
+        raise_abort(a->ctx, a->rank, a->exit_code, a->reason, a->message, a->len);
+    }
+    flux_future_destroy(f);
+    free(a);
+}
+
+/* Every shell's aborts go to shell 0, which raises the first: the tasks that die as the job is killed then
+ * raise nothing of their own, and the job's one exception names the cause. */
+static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
+                     size_t len) {
+    struct rpmi_flux *ctx = host_data;
+    char topic[192];
+    if (ctx->failed)
+        return;
+    if (ctx->rank == 0) {
+        raise_abort(ctx, rank, exit_code, reason, message, len);
+        return;
+    }
+    ctx->failed = 1;
+    struct abort_report *a = malloc(sizeof *a + len + 1);
+    flux_future_t *f = NULL;
+    if (a) {
+        *a = (struct abort_report){.ctx = ctx, .rank = rank, .exit_code = exit_code, .reason = reason, .len = len};
+        memcpy(a->message, message, len);
+        a->message[len] = '\0';
+        snprintf(topic, sizeof topic, "%srpmi-abort", ctx->topic_prefix);
+        f = flux_rpc_pack(ctx->h, topic, ctx->broker_rank[0], 0, "{s:i s:i s:i s:s#}", "rank", (int)rank,
+                          "exit_code", (int)exit_code, "reason", (int)reason, "message", message, len);
+    }
+    if (!f || flux_future_then(f, -1., abort_sent_cb, a) < 0) {
+        /* Not valid UTF-8, say, or no memory: raised here. */
+        flux_future_destroy(f);
+        free(a);
+        ctx->failed = 0;
+        raise_abort(ctx, rank, exit_code, reason, message, len);
+    }
+}
+
+static void abort_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    int rank, exit_code, reason;
+    const char *message;
+    size_t len;
+    (void)mh;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        flux_respond_error(h, msg, EPERM, "only the job's owner may end it");
+        return;
+    }
+    if (flux_request_unpack(msg, NULL, "{s:i s:i s:i s:s%}", "rank", &rank, "exit_code", &exit_code, "reason",
+                            &reason, "message", &message, &len) < 0 ||
+        rank < 0 || (uint32_t)rank >= ctx->ntasks) {
+        flux_respond_error(h, msg, EPROTO, "malformed abort");
+        return;
+    }
+    raise_abort(ctx, (uint32_t)rank, exit_code, reason, message, len);
+    flux_respond(h, msg, NULL);
+}
+
+static void on_log(void *host_data, int32_t level, const char *message, size_t len) {
+    int lvl = level <= RPMI_LOG_ERROR  ? FLUX_SHELL_ERROR
+              : level == RPMI_LOG_WARN ? FLUX_SHELL_WARN
+              : level == RPMI_LOG_INFO ? FLUX_SHELL_DEBUG
+                                       : FLUX_SHELL_TRACE;
+    (void)host_data;
+    flux_shell_log(FLUX_SHELL_PLUGIN_NAME, lvl, __FILE__, __LINE__, "%.*s", (int)(len > 4000 ? 4000 : len), message);
+}
+
+static void on_ready(flux_reactor_t *r, flux_watcher_t *w, int revents, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    (void)r;
+    (void)revents;
+    int rc = ctx->plugin->progress(ctx->inst);
+    if (rc != RPMI_OK) {
+        flux_watcher_stop(w);
+        fail_job(ctx, "the PMI server stopped (%d)", rc);
+    }
+}
+
+static int on_watch_fd(void *host_data, rpmi_instance *instance, int fd) {
+    struct rpmi_flux *ctx = host_data;
+    ctx->inst = instance;
+    ctx->watch = flux_fd_watcher_create(flux_get_reactor(ctx->h), fd, FLUX_POLLIN, on_ready, ctx);
+    if (!ctx->watch)
+        return RPMI_ERR_SYSTEM;
+    flux_watcher_start(ctx->watch);
+    return RPMI_OK;
+}
+
+static int on_task_write(void *host_data, rpmi_instance *instance, uint32_t task, const uint8_t *data, size_t len) {
+    struct rpmi_flux *ctx = host_data;
+    (void)instance;
+    if (task >= ctx->local_count || !ctx->tasks[task].task || ctx->tasks[task].exited)
+        return RPMI_ERR_STATE;
+    flux_subprocess_t *p = flux_shell_task_subprocess(ctx->tasks[task].task);
+    /* Flux takes all of it or none (ENOSPC: the task has left 4 MiB of answers unread). */
+    if (!p || flux_subprocess_write(p, "PMI_FD", (const char *)data, len) != (int)len) {
+        shell_log_error("cannot write to local task %u's PMI_FD: %s", (unsigned)task, strerror(errno));
+        return RPMI_ERR_SYSTEM;
+    }
+    return RPMI_OK;
+}
+
+static void on_task_close(void *host_data, rpmi_instance *instance, uint32_t task) {
+    struct rpmi_flux *ctx = host_data;
+    (void)instance;
+    if (task >= ctx->local_count || !ctx->tasks[task].task)
+        return;
+    ctx->tasks[task].input_closed = 1;
+    flux_subprocess_t *p = flux_shell_task_subprocess(ctx->tasks[task].task);
+    if (p && !ctx->tasks[task].exited)
+        flux_subprocess_close(p, "PMI_FD");
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The shell's hooks. */
+
+/* What the task wrote on its channel, passed on as it comes. */
+static void on_channel(flux_shell_task_t *task, const char *stream, void *arg) {
+    struct task *t = arg;
+    struct rpmi_flux *ctx = t->ctx;
+    flux_subprocess_t *p = flux_shell_task_subprocess(task);
+    const char *data;
+    int len = flux_subprocess_read(p, stream, &data);
+    if (len < 0 || t->input_closed)
+        return;
+    if (len == 0 && !flux_subprocess_read_stream_closed(p, stream))
+        return;
+    if (len == 0)
+        t->input_closed = 1;
+    int rc = ctx->plugin->task_input(ctx->inst, t->local, (const uint8_t *)data, (size_t)len);
+    if (rc != RPMI_OK)
+        fail_job(ctx, "task_input for local task %u failed (%d)", (unsigned)t->local, rc);
+}
+
+static int task_localid(flux_shell_task_t *task, int *localid, int *rank) {
+    return flux_shell_task_info_unpack(task, "{s:i s:i}", "localid", localid, "rank", rank);
+}
+
+static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
+    flux_shell_task_t *task;
+    flux_cmd_t *cmd;
+    int localid, rank;
+    (void)topic;
+    (void)args;
+    (void)arg;
+    if (!ctx)
+        return 0;
+    if (!(task = flux_shell_current_task(ctx->shell)) || !(cmd = flux_shell_task_cmd(task)) ||
+        task_localid(task, &localid, &rank) < 0 || localid < 0 || (uint32_t)localid >= ctx->local_count)
+        return shell_log_errno("cannot read the task's rank");
+    struct task *t = &ctx->tasks[localid];
+    rpmi_task_env env;
+    memset(&env, 0, sizeof env);
+    env.struct_size = sizeof env;
+    int rc = ctx->plugin->task_carry(ctx->inst, (uint32_t)localid, &env);
+    if (rc != RPMI_OK) {
+        shell_log_error("task_carry for rank %d failed (%d)", rank, rc);
+        return -1;
+    }
+    for (size_t i = 0; i < env.env_count; i++) {
+        const char *eq = strchr(env.env[i], '=');
+        if (!eq)
+            continue;
+        char name[64];
+        size_t n = (size_t)(eq - env.env[i]);
+        if (n >= sizeof name)
+            continue;
+        memcpy(name, env.env[i], n);
+        name[n] = '\0';
+        if (flux_cmd_setenvf(cmd, 1, name, "%s", eq + 1) < 0)
+            return shell_log_errno("cannot set %s", name);
+    }
+    t->task = task;
+    /* PMI-2 frames are not lines: every byte is passed on as it comes. */
+    if (flux_cmd_add_channel(cmd, "PMI_FD") < 0 || flux_cmd_setopt(cmd, "PMI_FD_LINE_BUFFER", "false") < 0 ||
+        flux_shell_task_channel_subscribe(task, "PMI_FD", on_channel, t) < 0)
+        return shell_log_errno("cannot make the PMI_FD channel for rank %d", rank);
+    return 0;
+}
+
+static int task_exit(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
+    flux_shell_task_t *task;
+    int localid, rank, status = 0;
+    (void)topic;
+    (void)args;
+    (void)arg;
+    if (!ctx || !(task = flux_shell_current_task(ctx->shell)) || task_localid(task, &localid, &rank) < 0 ||
+        localid < 0 || (uint32_t)localid >= ctx->local_count)
+        return 0;
+    (void)flux_shell_task_info_unpack(task, "{s:i}", "wait_status", &status);
+    ctx->tasks[localid].exited = 1;
+    ctx->plugin->task_exit(ctx->inst, (uint32_t)localid, status);
+    return 0;
+}
+
+static void rpmi_flux_destroy(void *arg) {
+    struct rpmi_flux *ctx = arg;
+    if (!ctx)
+        return;
+    if (ctx->inst)
+        ctx->plugin->destroy(ctx->inst);
+    flux_watcher_destroy(ctx->watch);
+    free(ctx->broker_rank);
+    free(ctx->tasks);
+    free(ctx->child_in);
+    free(ctx->gathered);
+    free(ctx);
+    /* librpmi.so stays loaded: unloading a library that has run threads is not safe. */
+}
+
+/* Is `word` one of the comma-separated `list`? */
+static int listed(const char *list, const char *word) {
+    size_t n = strlen(word);
+    for (const char *s = list; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL)
+        if (strncmp(s, word, n) == 0 && (s[n] == ',' || s[n] == '\0'))
+            return 1;
+    return 0;
+}
+
+/* The job's `-o rpmi` options for rpmi (a JSON object, or NULL), with this plugin's own taken out. */
+static int read_options(struct rpmi_flux *ctx, char **options_json) {
+    json_t *opts = NULL;
+    *options_json = NULL;
+    ctx->width = TREE_WIDTH_DEFAULT;
+    ctx->part_max = KVS_BYTES_MAX_DEFAULT;
+    if (flux_shell_getopt_unpack(ctx->shell, "rpmi", "o", &opts) < 0) {
+        shell_log_error("-o rpmi must be a set of rpmi.KEY=VALUE options");
+        return -1;
+    }
+    if (!opts)
+        return 0;
+    if (!json_is_object(opts)) {
+        shell_log_error("-o rpmi must be a set of rpmi.KEY=VALUE options");
+        return -1;
+    }
+    json_t *copy = json_deep_copy(opts), *width = json_object_get(copy, "tree_width"),
+           *kvs = json_object_get(copy, "kvs_bytes_max");
+    if (!copy)
+        return -1;
+    if (width) {
+        if (!json_is_integer(width) || json_integer_value(width) < 1 || json_integer_value(width) > 1 << 20) {
+            shell_log_error("option rpmi.tree_width must be an integer from 1 to %d", 1 << 20);
+            json_decref(copy);
+            return -1;
+        }
+        ctx->width = (uint32_t)json_integer_value(width);
+        json_object_del(copy, "tree_width");
+    }
+    /* rpmi checks it; here it bounds what a shell takes from another. */
+    if (kvs && json_is_integer(kvs) && json_integer_value(kvs) > 0)
+        ctx->part_max = (uint64_t)json_integer_value(kvs);
+    *options_json = json_dumps(copy, JSON_COMPACT);
+    json_decref(copy);
+    return *options_json ? 0 : -1;
+}
+
+static int load_rpmi(struct rpmi_flux *ctx) {
+    void *lib = dlopen(RPMI_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        shell_log_error("cannot load %s: %s", RPMI_LIBRARY, dlerror());
+        return -1;
+    }
+    const rpmi_plugin *(*entry)(void) = (const rpmi_plugin *(*)(void))dlsym(lib, "rpmi_plugin_entry");
+    const rpmi_plugin *t = entry ? entry() : NULL;
+    /* Revision 4 is the first with task_carry; a table that ends before it is older. */
+    if (!t || t->abi_version != RPMI_ABI_VERSION ||
+        t->struct_size < offsetof(rpmi_plugin, task_input) + sizeof t->task_input || t->abi_revision < 4 ||
+        !t->task_carry || !t->task_input) {
+        shell_log_error("%s is not an rpmi of ABI version %d, revision 4 or later", RPMI_LIBRARY, RPMI_ABI_VERSION);
+        return -1;
+    }
+    ctx->plugin = t;
+    return 0;
+}
+
+/* What rpmi needs to know of the job, from the shell's info. Freed by the caller, whatever is returned. */
+struct job {
+    uint32_t *task_map, *local_ranks;
+    const char **hostnames;
+};
+
+static int read_job(struct rpmi_flux *ctx, struct job *job) {
+    const struct taskmap *map = flux_shell_get_taskmap(ctx->shell);
+    if (!map || taskmap_unknown(map) || taskmap_total_ntasks(map) != (int)ctx->ntasks ||
+        taskmap_nnodes(map) != (int)ctx->nshells) {
+        shell_log_error("the job's task map is unknown or does not match its size");
+        return -1;
+    }
+    job->task_map = calloc(ctx->ntasks, sizeof *job->task_map);
+    job->hostnames = calloc(ctx->nshells, sizeof *job->hostnames);
+    ctx->broker_rank = calloc(ctx->nshells, sizeof *ctx->broker_rank);
+    if (!job->task_map || !job->hostnames || !ctx->broker_rank)
+        return -1;
+    for (uint32_t r = 0; r < ctx->ntasks; r++) {
+        int node = taskmap_nodeid(map, (int)r);
+        if (node < 0 || (uint32_t)node >= ctx->nshells)
+            return -1;
+        job->task_map[r] = (uint32_t)node;
+    }
+    for (uint32_t s = 0; s < ctx->nshells; s++) {
+        if (flux_shell_rank_info_unpack(ctx->shell, (int)s, "{s:s s:i}", "name", &job->hostnames[s], "broker_rank",
+                                        &ctx->broker_rank[s]) < 0)
+            return -1;
+    }
+    /* Local task i is rank taskids[i], ascending: Flux's localid order. */
+    const struct idset *ids = taskmap_taskids(map, (int)ctx->rank);
+    ctx->local_count = ids ? (uint32_t)idset_count(ids) : 0;
+    if (ctx->local_count == 0) {
+        shell_log_error("this shell has no tasks in the task map");
+        return -1;
+    }
+    job->local_ranks = calloc(ctx->local_count, sizeof *job->local_ranks);
+    ctx->tasks = calloc(ctx->local_count, sizeof *ctx->tasks);
+    if (!job->local_ranks || !ctx->tasks)
+        return -1;
+    uint32_t i = 0;
+    for (unsigned int id = idset_first(ids); id != IDSET_INVALID_ID && i < ctx->local_count;
+         id = idset_next(ids, id), i++) {
+        job->local_ranks[i] = id;
+        ctx->tasks[i] = (struct task){.ctx = ctx, .local = i};
+    }
+    return 0;
+}
+
+static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    flux_shell_t *shell = flux_plugin_get_shell(p);
+    const char *pmi = NULL, *service = NULL;
+    flux_jobid_t id;
+    int rank, size, ntasks;
+    (void)topic;
+    (void)args;
+    (void)arg;
+    if (flux_shell_getopt_unpack(shell, "pmi", "s", &pmi) < 0 || !pmi || !listed(pmi, "rpmi"))
+        return 0;
+    if (listed(pmi, "simple") || listed(pmi, "pmi1") || listed(pmi, "pmi2")) {
+        shell_log_error("-o pmi=%s: rpmi and Flux's simple PMI cannot serve one job (both set PMI_FD)", pmi);
+        return -1;
+    }
+    struct rpmi_flux *ctx = calloc(1, sizeof *ctx);
+    if (!ctx || flux_plugin_aux_set(p, "rpmi", ctx, rpmi_flux_destroy) < 0) {
+        free(ctx);
+        return -1;
+    }
+    ctx->shell = shell;
+    ctx->h = flux_shell_get_flux(shell);
+    if (flux_shell_info_unpack(shell, "{s:I s:i s:i s:i s:s}", "jobid", &id, "rank", &rank, "size", &size, "ntasks",
+                               &ntasks, "service", &service) < 0 ||
+        rank < 0 || size < 1 || ntasks < 1 || rank >= size)
+        return shell_log_errno("cannot read the shell's info");
+    ctx->rank = (uint32_t)rank;
+    ctx->nshells = (uint32_t)size;
+    ctx->ntasks = (uint32_t)ntasks;
+    if (snprintf(ctx->topic_prefix, sizeof ctx->topic_prefix, "%s.", service) >= (int)sizeof ctx->topic_prefix)
+        return -1;
+
+    char job_id[64], *options = NULL;
+    struct job job = {0};
+    int rc = -1;
+    if (flux_job_id_encode(id, "f58plain", job_id, sizeof job_id) < 0 || read_options(ctx, &options) < 0 ||
+        load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0)
+        goto done;
+    uint64_t first = (uint64_t)ctx->rank * ctx->width + 1;
+    ctx->children = first >= ctx->nshells ? 0 : (uint32_t)(ctx->nshells - first < ctx->width ? ctx->nshells - first
+                                                                                              : ctx->width);
+    ctx->child_in = calloc(ctx->children + 1, 1);
+    if (!ctx->child_in || reserve(ctx, HEADER_LEN) < 0)
+        goto done;
+    ctx->gathered_len = HEADER_LEN;
+    if (flux_shell_service_register(shell, "rpmi-up", up_cb, ctx) < 0 ||
+        flux_shell_service_register(shell, "rpmi-down", down_cb, ctx) < 0 ||
+        flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0) {
+        shell_log_errno("cannot register the exchange's services");
+        goto done;
+    }
+
+    rpmi_job_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    info.job_id = job_id;
+    info.shell_index = ctx->rank;
+    info.shell_count = ctx->nshells;
+    info.size = ctx->ntasks;
+    info.task_map = job.task_map;
+    info.local_ranks = job.local_ranks;
+    info.local_count = ctx->local_count;
+    info.hostnames = job.hostnames;
+    info.options_json = options;
+
+    rpmi_host_ops ops;
+    memset(&ops, 0, sizeof ops);
+    ops.struct_size = sizeof ops;
+    ops.abi_version = RPMI_ABI_VERSION;
+    ops.host_data = ctx;
+    ops.collective = on_collective;
+    ops.abort = on_abort;
+    ops.log = on_log;
+    ops.watch_fd = on_watch_fd;
+    ops.task_write = on_task_write;
+    ops.task_close = on_task_close;
+
+    char err[512] = "";
+    int crc = ctx->plugin->create(&info, &ops, &ctx->inst, err, sizeof err);
+    if (crc != RPMI_OK) {
+        ctx->inst = NULL;
+        shell_log_error("rpmi: %s", err);
+        goto done;
+    }
+    shell_debug("serving PMI for %u tasks (tree width %u)", (unsigned)ctx->local_count, (unsigned)ctx->width);
+    rc = 0;
+done:
+    free(options);
+    free(job.task_map);
+    free(job.local_ranks);
+    free(job.hostnames);
+    return rc;
+}
+
+int flux_plugin_init(flux_plugin_t *p) {
+    if (flux_plugin_set_name(p, FLUX_SHELL_PLUGIN_NAME) < 0 || flux_plugin_add_handler(p, "shell.init", shell_init, NULL) < 0 ||
+        flux_plugin_add_handler(p, "task.init", task_init, NULL) < 0 ||
+        flux_plugin_add_handler(p, "task.exit", task_exit, NULL) < 0)
+        return -1;
+    return 0;
+}

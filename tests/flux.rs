@@ -1,0 +1,223 @@
+//! rpmi under a real Flux: the job-shell plugin (`src/flux/rpmi_shell.c`) in 3-broker Flux instances
+//! (`flux start --test-size=3`: three brokers on this machine, each with its own job shell), serving
+//! `rpmi-probe`, Debian's MPICH and a PMI-2 client in bash across the three shells.
+//!
+//! Needs flux-core on the PATH (`bash docker/flux.sh build FLUX_SRC`); without it every test fails, saying so.
+//! The plugin is compiled here against this build's `librpmi.so` (`docker/flux.sh plugin`) and loaded the
+//! way a user does, with `-o userrc=`; one test runs the copy `docker/flux.sh install` put where the site's
+//! shells load it. The instances run one at a time: each has three brokers on a 2-core machine.
+//!
+//! Run with `bash docker/flux.sh test` (or `cargo test --features flux --test flux` once the plugin is installed).
+
+#![cfg(feature = "flux")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+use support::*;
+
+/// The plugin, its userrc and the test programs, built once per test binary.
+struct Setup {
+    userrc: PathBuf,
+    mpi_pairs: PathBuf,
+    /// A copy of rpmi-probe that only the test that kills a task runs, so that the task is found by its exe.
+    probe_killed: PathBuf,
+}
+
+fn setup() -> &'static Setup {
+    static SETUP: OnceLock<Setup> = OnceLock::new();
+    SETUP.get_or_init(|| {
+        let flux = Command::new("flux").arg("version").output();
+        assert!(
+            flux.is_ok_and(|o| o.status.success()),
+            "no `flux` on the PATH: build and install flux-core with `bash docker/flux.sh build FLUX_SRC`"
+        );
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("the test's directory");
+        let exe = std::env::current_exe().expect("the test executable's path");
+        let library = exe.parent().and_then(Path::parent).expect("target/<profile>/deps").join("librpmi.so");
+        assert!(library.is_file(), "{} is missing: build first (`cargo build`)", library.display());
+        let plugin = dir.join("rpmi.so");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("docker/flux.sh");
+        let out = Command::new("bash").arg(script).arg("plugin").arg(&plugin).arg(&library).output().expect("bash");
+        assert!(out.status.success(), "the plugin does not compile:\n{}", String::from_utf8_lossy(&out.stderr));
+        let userrc = dir.join("rpmi.lua");
+        std::fs::write(&userrc, format!("plugin.load {{ file = \"{}\" }}\n", plugin.display())).expect("userrc");
+        let probe_killed = dir.join("probe_killed");
+        std::fs::copy(PROBE, &probe_killed).expect("copy rpmi-probe");
+        Setup { userrc, mpi_pairs: compile("mpicc", "mpi_pairs", &dir), probe_killed }
+    })
+}
+
+/// One Flux instance at a time.
+fn instance() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `flux start --test-size=3 flux run -N3 ARGS...` with the plugin loaded through `-o userrc=`.
+fn flux_run_args(args: &[&str]) -> Vec<String> {
+    let rc = format!("userrc={}", setup().userrc.display());
+    let mut all: Vec<String> = ["start", "--test-size=3", "flux", "run", "-N3", "-o", &rc].map(String::from).to_vec();
+    all.extend(args.iter().map(|a| a.to_string()));
+    all
+}
+
+fn flux_run(args: &[&str]) -> Done {
+    let _one = instance();
+    let done = start("flux", &flux_run_args(args)).wait(GUARD);
+    eprintln!("flux run {args:?}: {} in {:.2?}", done.status, done.elapsed);
+    done
+}
+
+const RPMI: [&str; 2] = ["-o", "pmi=rpmi"];
+
+/// `rpmi-probe info` lines by rank: `key=value` words.
+fn info_by_rank(stdout: &str) -> std::collections::BTreeMap<u32, String> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let rank = l.strip_prefix("rank=")?.split(' ').next()?.parse().ok()?;
+            Some((rank, l.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn probe_info_and_exchange_across_three_shells() {
+    // Blocks of 2 (-n6) and of 32 (96 ranks: --tasks-per-node runs more tasks than the instance has cores).
+    for (tasks, per_node) in [(["-n6"], 2), (["--tasks-per-node=32"], 32)] {
+        let size = 3 * per_node;
+        let r = flux_run(&[&RPMI[..], &tasks[..], &[PROBE, "info"]].concat());
+        r.assert_success("rpmi-probe info");
+        let info = info_by_rank(&r.stdout);
+        assert_eq!(info.len(), size as usize, "not every rank answered:\n{}", r.dump());
+        for (rank, line) in &info {
+            let node = rank / per_node;
+            let clique: Vec<String> = (node * per_node..(node + 1) * per_node).map(|r| r.to_string()).collect();
+            assert!(line.contains(&format!("size={size} ")), "rank {rank}: {line}");
+            assert!(line.contains(&format!("mapping=(vector,(0,3,{per_node}))")), "rank {rank}: {line}");
+            assert!(line.ends_with(&format!("clique={}", clique.join(","))), "rank {rank}: {line}");
+        }
+        let r = flux_run(&[&RPMI[..], &tasks[..], &[PROBE, "exchange", "--puts", "8", "--size", "800"]].concat());
+        r.assert_success("rpmi-probe exchange");
+        let line = format!("exchange: size={size} puts=8 value_len=800 gets={size} ");
+        assert!(r.stdout.contains(&line), "no summary line:\n{}", r.dump());
+    }
+}
+
+/// A chain of shells (`-o rpmi.tree_width=1`: shell 2 under shell 1 under shell 0) carries the exchange too;
+/// an option rpmi does not know fails the job, naming it.
+#[test]
+fn options_reach_the_plugin_and_rpmi() {
+    let r = flux_run(
+        &[&RPMI[..], &["-o", "rpmi.tree_width=1", "-o", "rpmi.vallen_max=500", "-n6"], &[PROBE, "info"]].concat(),
+    );
+    r.assert_success("rpmi-probe info over a chain");
+    assert_eq!(info_by_rank(&r.stdout).values().filter(|l| l.contains("maxes=64/64/500")).count(), 6, "{}", r.dump());
+    let r = flux_run(&[&RPMI[..], &["-o", "rpmi.tree_width=1", "-n6", PROBE, "exchange"]].concat());
+    r.assert_success("rpmi-probe exchange over a chain");
+    let r = flux_run(&[&RPMI[..], &["-o", "rpmi.bogus=1", "-n3", PROBE, "info"]].concat());
+    assert_ne!(r.code(), Some(0), "an unknown option was accepted:\n{}", r.dump());
+    assert!(r.stderr.contains("unknown option 'bogus'"), "the option is not named:\n{}", r.dump());
+}
+
+#[test]
+fn mpich_programs_run_across_three_shells() {
+    let p = setup().mpi_pairs.to_str().expect("UTF-8").to_string();
+    let r = flux_run(&[&RPMI[..], &["-n6", &p]].concat());
+    r.assert_success("mpi_pairs");
+    assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "{}", r.dump());
+    let r = flux_run(&[&RPMI[..], &["--tasks-per-node=8", &p]].concat());
+    r.assert_success("mpi_pairs at 24 ranks");
+    assert!(r.stdout.contains("mpi_pairs: 24 ranks, allreduce 300, all pairs exchanged"), "{}", r.dump());
+}
+
+/// PMI-2's frames are not lines: the channel passes every byte on as it comes.
+#[test]
+fn pmi2_frames_across_three_shells() {
+    let frames = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi2_frames.sh");
+    let r = flux_run(&[&RPMI[..], &["-n6", "bash", frames.to_str().expect("UTF-8")]].concat());
+    r.assert_success("the PMI-2 client");
+    for rank in 0..6 {
+        let answer = format!("rank {rank}: cmd=kvs-get-response;rc=0;value=v{};found=TRUE;", (rank + 1) % 6);
+        assert!(r.stdout.lines().any(|l| l == answer), "rank {rank} did not read its neighbour's key:\n{}", r.dump());
+    }
+}
+
+/// Rank 4 calls MPI_Abort(7): the job's exit status is 7, and the job's one exception names the rank.
+#[test]
+fn mpi_abort_code_is_the_jobs_exit_status() {
+    let p = setup().mpi_pairs.to_str().expect("UTF-8").to_string();
+    let r = flux_run(&[&RPMI[..], &["-n6", &p, "abort=4:7"]].concat());
+    assert_eq!(r.code(), Some(7), "not the abort's code:\n{}", r.dump());
+    let exceptions: Vec<&str> = r.stderr.lines().filter(|l| l.contains("job.exception")).collect();
+    assert_eq!(exceptions.len(), 1, "one exception expected:\n{}", r.dump());
+    assert!(exceptions[0].contains("rank 4 called PMI_Abort(7)"), "{}", r.dump());
+    assert!(!r.stdout.contains("mpi_pairs:"), "the job ran to its end:\n{}", r.dump());
+}
+
+/// Rank 3 is killed while the others wait for it in a barrier: the job ends at once (not at Flux's own
+/// timeout for a failed task), and its one exception names rank 3; no task is left.
+#[test]
+fn a_task_killed_while_others_wait_ends_the_job_naming_its_rank() {
+    let probe = &setup().probe_killed;
+    let _one = instance();
+    let args = flux_run_args(
+        &[&RPMI[..], &["-n6", probe.to_str().expect("UTF-8"), "barrier", "--count", "100000000"]].concat(),
+    );
+    let mut job = start("flux", &args);
+    let want = "PMI_RANK=3".to_string();
+    let victim = job.wait_until(GUARD, "rank 3's process", |_| {
+        running_exe(probe).into_iter().find(|&p| environ(p).is_some_and(|e| e.contains(&want)))
+    });
+    // Stopped first, so that the others wait in the barrier it will never enter.
+    signal(victim, libc::SIGSTOP);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let killed = Instant::now();
+    signal(victim, libc::SIGKILL);
+    let done = job.wait_ending(END_GUARD);
+    eprintln!("rank 3 killed: the job ended {:.2?} later with {}", done.ended - killed, done.status);
+    assert_ne!(done.code(), Some(0), "{}", done.dump());
+    let exceptions: Vec<&str> = done.stderr.lines().filter(|l| l.contains("job.exception")).collect();
+    assert_eq!(exceptions.len(), 1, "one exception expected:\n{}", done.dump());
+    assert!(exceptions[0].contains("rank 3 closed its PMI connection"), "{}", done.dump());
+    assert!(running_exe(probe).is_empty(), "tasks left: {:?}\n{}", running_exe(probe), done.dump());
+}
+
+/// With `-o pmi=rpmi` Flux's own PMI server is off: each task has one PMI_FD (the channel rpmi serves) and none
+/// of Flux's PMI variables; both servers at once is refused. Without the option, rpmi stays out of the way.
+#[test]
+fn flux_own_pmi_is_off_and_rpmi_only_on_request() {
+    let env = "env | grep -c '^PMI_FD='; env | grep -c '^FLUX_PMI_LIBRARY_PATH=' || true";
+    let r = flux_run(&[&RPMI[..], &["-n3", "sh", "-c", env]].concat());
+    r.assert_success("env under rpmi");
+    assert_eq!(r.stdout.lines().filter(|l| *l == "1").count(), 3, "one PMI_FD per task:\n{}", r.dump());
+    assert_eq!(r.stdout.lines().filter(|l| *l == "0").count(), 3, "no Flux PMI variable:\n{}", r.dump());
+    let r = flux_run(&["-o", "pmi=rpmi,simple", "-n3", "true"]);
+    assert_ne!(r.code(), Some(0), "two PMI servers were accepted:\n{}", r.dump());
+    assert!(r.stderr.contains("cannot serve one job"), "{}", r.dump());
+    // The plugin is loaded but not asked for: Flux's own PMI serves, and the job runs as ever.
+    let p = setup().mpi_pairs.to_str().expect("UTF-8").to_string();
+    let r = flux_run(&["-n6", &p]);
+    r.assert_success("mpi_pairs under Flux's own PMI");
+    assert!(r.stdout.contains("mpi_pairs: 6 ranks"), "{}", r.dump());
+}
+
+/// The copy `docker/flux.sh install` put in Flux's shell plugin path serves a job that only asks for it.
+#[test]
+fn the_plugin_the_site_installed_serves_jobs() {
+    let path = Command::new("flux").args(["config", "builtin", "shell_pluginpath"]).output().expect("flux config");
+    let dir = String::from_utf8_lossy(&path.stdout).trim().split(':').next().unwrap_or_default().to_string();
+    assert!(Path::new(&dir).join("rpmi.so").is_file(), "no rpmi.so in {dir}: run `bash docker/flux.sh install`");
+    let _one = instance();
+    let done =
+        start("flux", &["start", "--test-size=3", "flux", "run", "-N3", "-n6", "-o", "pmi=rpmi", PROBE, "exchange"])
+            .wait(GUARD);
+    done.assert_success("rpmi-probe exchange through the installed plugin");
+    assert!(done.stdout.contains("exchange: size=6 "), "{}", done.dump());
+}
