@@ -1,11 +1,12 @@
 //! Side-by-side benchmark: the same PMI-1 workloads, run by `rpmi-probe` as every task, under rpmi-run,
-//! `srun --mpi=rpmi`, MPICH's `mpiexec.hydra`, `srun --mpi=pmi2` and a floor server (`floor.rs`), in one
-//! run, interleaved so that the machine's drift hits every server alike. Prints a table and writes a
+//! `srun --mpi=rpmi`, MPICH's `mpiexec.hydra`, `srun --mpi=pmi2`, a floor server (`floor.rs`) and, where Flux
+//! is installed, Flux with rpmi's shell plugin and with its own `pmi-simple`, in one run, interleaved so that the machine's drift hits every server alike. Prints a table and writes a
 //! markdown report, the raw runs (JSON) and a plot (PNG, through gnuplot) to the results folder.
 //!
 //! `bash docker/bench.sh` sets up everything (the local Slurm cluster with the plugin) and runs it; by
 //! hand: `cargo bench --features slurm --bench side_by_side -- [--runs 5] [--sizes 64,256,1024]
-//! [--servers rpmi-run,rpmi-run-4,srun-rpmi,srun-rpmi-star,hydra,srun-pmi2,floor] [--workloads a,b,c]
+//! [--servers rpmi-run,rpmi-run-4,srun-rpmi,srun-rpmi-star,hydra,srun-pmi2,floor,flux-rpmi,flux-simple]
+//! [--workloads a,b,c]
 //! [--slurm-nodes 3] [--barriers 1000] [--out DIR]`. srun must reach a cluster (SLURM_CONF) whose slurmd have
 //! `mpi_rpmi.so` in their PluginDir and at least `--slurm-nodes` nodes.
 //!
@@ -14,6 +15,11 @@
 //! nodes the default width already makes the star; compare it on many nodes, e.g.
 //! `RPMI_SLURM_NODES=100 bash docker/bench.sh --slurm-nodes 100 --servers srun-rpmi,srun-rpmi-star,srun-pmi2
 //! --workloads b,c --sizes 200,400 --barriers 100 --out benches/results/slurm-100`.
+//!
+//! The Flux servers start a 3-broker instance per job (`flux start --test-size=3`, its resources faked to
+//! 1024 cores per broker so that any size fits on 3 nodes) and `flux run -N3` in it; `flux-rpmi` needs the
+//! plugin installed (`bash docker/flux.sh install`). The figures are rank 0's, from inside the job, so the
+//! instance's start is not in them.
 
 mod floor;
 mod memory;
@@ -49,9 +55,11 @@ pub enum Server {
     Hydra,
     SrunPmi2,
     Floor,
+    FluxRpmi,
+    FluxSimple,
 }
 
-pub const SERVERS: [Server; 7] = [
+pub const SERVERS: [Server; 9] = [
     Server::RpmiRun,
     Server::RpmiRun4,
     Server::SrunRpmi,
@@ -59,11 +67,23 @@ pub const SERVERS: [Server; 7] = [
     Server::Hydra,
     Server::SrunPmi2,
     Server::Floor,
+    Server::FluxRpmi,
+    Server::FluxSimple,
 ];
 
-/// What runs without `--servers`: all but the star, which on 3 nodes is what `srun-rpmi` runs anyway.
-const DEFAULT_SERVERS: [Server; 6] =
-    [Server::RpmiRun, Server::RpmiRun4, Server::SrunRpmi, Server::Hydra, Server::SrunPmi2, Server::Floor];
+/// What runs without `--servers`: all but the star, which on 3 nodes is what `srun-rpmi` runs anyway, and
+/// the Flux servers where `flux` is installed.
+fn default_servers() -> Vec<Server> {
+    let mut servers =
+        vec![Server::RpmiRun, Server::RpmiRun4, Server::SrunRpmi, Server::Hydra, Server::SrunPmi2, Server::Floor];
+    if Command::new("flux").arg("version").output().is_ok_and(|o| o.status.success()) {
+        servers.extend([Server::FluxRpmi, Server::FluxSimple]);
+    }
+    servers
+}
+
+/// Brokers (nodes) of the Flux instance the Flux servers start.
+const FLUX_NODES: usize = 3;
 
 /// Nodes of the Slurm cluster the srun servers spread a job over (`-N`), from `--slurm-nodes`.
 static SLURM_NODES: AtomicUsize = AtomicUsize::new(3);
@@ -82,6 +102,8 @@ impl Server {
             Server::Hydra => "hydra",
             Server::SrunPmi2 => "srun-pmi2",
             Server::Floor => "floor",
+            Server::FluxRpmi => "flux-rpmi",
+            Server::FluxSimple => "flux-simple",
         }
     }
 
@@ -94,15 +116,18 @@ impl Server {
             Server::Hydra => "mpiexec.hydra",
             Server::SrunPmi2 => "srun --mpi=pmi2",
             Server::Floor => "floor",
+            Server::FluxRpmi => "flux run -o pmi=rpmi",
+            Server::FluxSimple => "flux run, pmi-simple",
         }
     }
 
-    /// The server this one is compared with in the tables: each Slurm plugin with the other, the rest
-    /// with rpmi-run.
+    /// The server this one is compared with in the tables: each resource manager's own PMI with rpmi's
+    /// plugin in it, the rest with rpmi-run.
     pub fn reference(self) -> Option<Server> {
         match self {
-            Server::RpmiRun | Server::SrunRpmi => None,
+            Server::RpmiRun | Server::SrunRpmi | Server::FluxRpmi => None,
             Server::SrunPmi2 | Server::SrunRpmiStar => Some(Server::SrunRpmi),
+            Server::FluxSimple => Some(Server::FluxRpmi),
             _ => Some(Server::RpmiRun),
         }
     }
@@ -112,6 +137,7 @@ impl Server {
         match self {
             Server::RpmiRun4 => 4,
             Server::SrunRpmi | Server::SrunRpmiStar | Server::SrunPmi2 => slurm_nodes(),
+            Server::FluxRpmi | Server::FluxSimple => FLUX_NODES,
             _ => 1,
         }
     }
@@ -122,19 +148,22 @@ impl Server {
             Server::RpmiRun4 => Serving::Shells { nodes: self.nodes() },
             Server::Hydra => Serving::HydraProxy,
             Server::SrunRpmi | Server::SrunRpmiStar | Server::SrunPmi2 => Serving::Stepds { nodes: slurm_nodes() },
+            Server::FluxRpmi | Server::FluxSimple => Serving::FluxShells { nodes: FLUX_NODES },
         }
     }
 
     /// Whether the serving processes are rpmi's, each holding one complete key-value store, and so held to
     /// rpmi's memory bound.
     pub fn is_rpmi(self) -> bool {
-        matches!(self, Server::RpmiRun | Server::RpmiRun4 | Server::SrunRpmi | Server::SrunRpmiStar)
+        matches!(self, Server::RpmiRun | Server::RpmiRun4 | Server::SrunRpmi | Server::SrunRpmiStar | Server::FluxRpmi)
     }
 
     /// Tasks served by the busiest serving process.
     pub fn local_tasks(self, size: usize) -> usize {
         match self.serving() {
-            Serving::Stepds { nodes } | Serving::Shells { nodes } => size.div_ceil(nodes),
+            Serving::Stepds { nodes } | Serving::Shells { nodes } | Serving::FluxShells { nodes } => {
+                size.div_ceil(nodes)
+            }
             _ => size,
         }
     }
@@ -168,10 +197,39 @@ impl Server {
                 c.args(["floor", &n]);
                 c
             }
+            Server::FluxRpmi | Server::FluxSimple => {
+                let pmi = if self == Server::FluxRpmi { "pmi=rpmi" } else { "pmi=simple" };
+                let mut c = Command::new("flux");
+                c.args(["start", &format!("--test-size={FLUX_NODES}"), "--config-path"]).arg(flux_config());
+                c.args(["flux", "run", &format!("-N{FLUX_NODES}"), &format!("-n{n}"), "-o", "cpu-affinity=off"]);
+                c.args(["-o", pmi]);
+                c
+            }
         };
         command.arg(PROBE).args(probe_args);
         command
     }
+}
+
+/// The configuration of the Flux instances: resources faked to 1024 cores on each of the brokers, all on this
+/// machine (`flux R encode`; `noverify`, since the machine has fewer), written once into the temp dir.
+fn flux_config() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("side_by_side-flux-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("the Flux config dir");
+        let host =
+            String::from_utf8_lossy(&Command::new("hostname").output().expect("hostname").stdout).trim().to_string();
+        let hosts = vec![host; FLUX_NODES].join(",");
+        let ranks = format!("0-{}", FLUX_NODES - 1);
+        let r = Command::new("flux").args(["R", "encode", "-r", &ranks, "-c", "0-1023", "-H", &hosts]).output();
+        let r = r.ok().filter(|o| o.status.success()).expect("flux R encode");
+        let r_path = dir.join("R.json");
+        std::fs::write(&r_path, r.stdout).expect("R.json");
+        let toml = format!("[resource]\npath = \"{}\"\nnoverify = true\n", r_path.display());
+        std::fs::write(dir.join("resource.toml"), toml).expect("resource.toml");
+        dir
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -460,7 +518,7 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
     let mut config = Config {
         runs: 5,
         sizes: vec![64, 256, 1024],
-        servers: DEFAULT_SERVERS.to_vec(),
+        servers: default_servers(),
         workloads: WORKLOADS.to_vec(),
         out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results")),
     };

@@ -22,6 +22,8 @@ pub enum Serving {
     HydraProxy,
     /// The step's slurmstepd on every node: those that appear after the job started.
     Stepds { nodes: usize },
+    /// The job's flux-shell on every broker: those that appear after the job started.
+    FluxShells { nodes: usize },
 }
 
 pub struct Sampler {
@@ -33,6 +35,7 @@ impl Sampler {
     pub fn start(root: u32, serving: Serving) -> Sampler {
         let existing = match serving {
             Serving::Stepds { .. } => stepds(),
+            Serving::FluxShells { .. } => named("flux-shell"),
             _ => BTreeSet::new(),
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -56,6 +59,10 @@ impl Sampler {
                         watched.extend(stepds().difference(&existing));
                     }
                     Serving::Stepds { .. } => {}
+                    Serving::FluxShells { nodes } if watched.len() < nodes && tick.is_multiple_of(10) => {
+                        watched.extend(named("flux-shell").difference(&existing));
+                    }
+                    Serving::FluxShells { .. } => {}
                     // Only until every shell is found, like the stepds.
                     Serving::Shells { nodes } if watched.len() < nodes => {
                         watched.extend(children(root).into_iter().filter(|&pid| comm(pid) == "rpmi-run"));
@@ -100,11 +107,16 @@ fn children(pid: u32) -> Vec<u32> {
     list.split_whitespace().filter_map(|p| p.parse().ok()).collect()
 }
 
+/// Every process of this machine whose command is `name`.
+fn named(name: &str) -> BTreeSet<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else { return BTreeSet::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&pid| comm(pid) == name).collect()
+}
+
 /// Every slurmstepd of a job step (not the extern or batch step) now running on this machine.
 fn stepds() -> BTreeSet<u32> {
-    let Ok(dir) = fs::read_dir("/proc") else { return BTreeSet::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|&pid| comm(pid) == "slurmstepd")
+    named("slurmstepd")
+        .into_iter()
         .filter(|&pid| {
             let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline);
