@@ -34,8 +34,7 @@ extern "C" {
  *  2: dynamic processes: per-rank appnums (MPMD launch, a spawn of several commands) and preputs in
  *     rpmi_job_info; rpmi_plugin.abi_revision.
  *  3: PMI 1.2's group barriers: rpmi_host_ops.group_collective, rpmi_plugin.group_complete.
- *  4: connections the host carries: rpmi_host_ops.task_write and task_close, rpmi_plugin.task_carry and
- *     task_input.
+ *  4: connections the host makes: rpmi_plugin.task_env and task_attach.
  * A plugin serves hosts of every revision up to its own; a host that needs revision R checks
  * rpmi_plugin.abi_revision >= R (a plugin of revision 1 has no such field: see struct_size). */
 #define RPMI_ABI_REVISION 4
@@ -107,11 +106,11 @@ typedef struct rpmi_job_info {
     uint32_t preput_count;
 } rpmi_job_info;
 
-/* What task_init (or task_carry) gives the host for one task. Owned by the instance; valid until task_forked
+/* What task_init (or task_env) gives the host for one task. Owned by the instance; valid until task_forked
  * or task_exit for that task, or destroy, whichever comes first. */
 typedef struct rpmi_task_env {
     uint32_t struct_size; /* set by the host to sizeof(rpmi_task_env) before the call; at least version 1's */
-    int child_fd;         /* the task's end of its PMI connection; the number PMI_FD names (-1: task_carry) */
+    int child_fd;         /* the task's end of its PMI connection; the number PMI_FD names (-1: task_env) */
     size_t env_count;
     /* env_count "NAME=value" strings to set in the task's environment. Build the task's environment from them
      * before fork: after fork the child of a multi-threaded host may only call async-signal-safe functions. */
@@ -182,16 +181,6 @@ typedef struct rpmi_host_ops {
      * no group barriers. */
     int (*group_collective)(void *host_data, rpmi_instance *instance, const uint8_t *id, size_t id_len,
                             const uint32_t *shells, size_t nshells, const uint8_t *data, size_t len);
-
-    /* Revision 4. Optional (both or neither): connections the host carries (rpmi_plugin.task_carry;
-     * plugin-spec/README.md, section 5.1). task_write sends `len` bytes (borrowed for the call) to carried
-     * task `task`. Return RPMI_OK once the host has taken them all (it may queue them); any other code means
-     * the connection is lost: rpmi serves the task no more, as if it had closed its end. */
-    int (*task_write)(void *host_data, rpmi_instance *instance, uint32_t task, const uint8_t *data, size_t len);
-    /* rpmi is done with carried task `task`'s connection: the task closed it, broke the protocol (after the
-     * answer it is owed), or task_write failed. The host closes its end; what it passes with task_input after
-     * this is dropped. Called once per carried task that got that far (not at destroy). */
-    void (*task_close)(void *host_data, rpmi_instance *instance, uint32_t task);
 } rpmi_host_ops;
 
 /* The plugin's functions. */
@@ -252,17 +241,17 @@ typedef struct rpmi_plugin {
     int (*group_complete)(rpmi_instance *instance, const uint8_t *id, size_t id_len, int status,
                           const rpmi_buf *parts, size_t nparts, const char *error);
 
-    /* Revision 4. Instead of task_init, for a host that carries the task's connection itself (a channel of
-     * its own that its job shell names in the task's environment, as Flux's does): rpmi makes no connection,
-     * sets env->child_fd to -1 and leaves PMI_FD out of env. The host passes what the task writes to
-     * task_input, and rpmi answers through rpmi_host_ops.task_write; task_exec and task_forked are not called
-     * for this task (task_exit is). Needs the host's task_write and task_close (else RPMI_ERR_INVALID). */
-    int (*task_carry)(rpmi_instance *instance, uint32_t task, rpmi_task_env *env);
+    /* Revision 4. Instead of task_init, for a host that makes the task's connection itself (a job shell that
+     * closes every fd of a task but its own before exec; plugin-spec/README.md, section 5.1): fills `env` with
+     * every variable but PMI_FD, which the host sets to its own end's number, and makes nothing (child_fd is
+     * -1). task_exec and task_forked are not called for this task; task_attach and task_exit are. */
+    int (*task_env)(rpmi_instance *instance, uint32_t task, rpmi_task_env *env);
 
-    /* Revision 4. Bytes carried task `task` wrote, as they come (any split; borrowed for the call); len 0:
-     * the task closed its end. In event-loop mode, on the host's thread between progress calls (the answers
-     * are written before this returns); otherwise from any one host thread at a time. */
-    int (*task_input)(rpmi_instance *instance, uint32_t task, const uint8_t *data, size_t len);
+    /* Revision 4. The host's end of the connection it made for task `task` (after task_env), a Unix stream
+     * socket: from this call on the plugin owns `fd` (it closes it, even when the call fails) and serves it as
+     * it serves the connections it makes. Once per task; a task that exits before it is attached is seen
+     * leaving at task_exit. */
+    int (*task_attach)(rpmi_instance *instance, uint32_t task, int fd);
 } rpmi_plugin;
 
 /* The one symbol a host looks up: the plugin table, static for the life of the library. */

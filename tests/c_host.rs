@@ -247,35 +247,37 @@ fn mpi_pairs_in_event_loop_mode() {
     mpi_pairs_succeed("event-loop", &["--event-loop"]);
 }
 
-/// The host carries every task's connection (ABI revision 4): its own socketpair, bytes through task_input
-/// and task_write.
+/// The host makes every task's connection and hands its end over (ABI revision 4), in both modes.
 #[test]
-fn mpi_pairs_over_connections_the_host_carries() {
-    mpi_pairs_succeed("carry", &["--event-loop", "--carry"]);
+fn mpi_pairs_over_connections_the_host_makes() {
+    mpi_pairs_succeed("attach", &["--attach"]);
+    mpi_pairs_succeed("attach-event-loop", &["--event-loop", "--attach"]);
 }
 
 #[test]
-fn mpi_abort_over_connections_the_host_carries() {
-    mpi_abort_ends_the_job("abort-carry", &["--event-loop", "--carry"]);
+fn mpi_abort_over_connections_the_host_makes() {
+    mpi_abort_ends_the_job("abort-attach", &["--event-loop", "--attach"]);
 }
 
-/// A larger exchange, and PMI-2's frames (not lines), over carried connections on three nodes.
+/// A larger exchange, and PMI-2's frames, over connections the host makes, on three nodes.
 #[test]
-fn exchange_and_pmi2_over_connections_the_host_carries() {
-    let dir = TempDir::new("carry-exchange");
+fn exchange_and_pmi2_over_connections_the_host_makes() {
+    let dir = TempDir::new("attach-exchange");
     let host = build_host(&dir);
     let probe = Path::new(env!("CARGO_BIN_EXE_rpmi-probe"));
-    let mode = ["--event-loop", "--carry", "-n", "12", "--nodes", "3"];
-    let r = host_run(&host, &mode, probe, &["exchange", "--puts", "8", "--size", "800"]);
-    assert_eq!(r.code(), 0, "the exchange failed\n{r}");
-    assert!(r.stdout.contains("exchange: size=12 puts=8 value_len=800 gets=12"), "no summary line\n{r}");
-    let frames = manifest_dir().join("tests/programs/pmi2_frames.sh");
-    let r = host_run(&host, &mode, Path::new("/bin/bash"), &[frames.to_str().expect("UTF-8")]);
-    assert_eq!(r.code(), 0, "the PMI-2 job failed\n{r}");
-    for rank in 0..12 {
-        let next = (rank + 1) % 12;
-        let answer = format!("rank {rank}: cmd=kvs-get-response;rc=0;value=v{next};found=TRUE;");
-        assert!(r.stdout.lines().any(|l| l == answer), "rank {rank} did not read its neighbour's key\n{r}");
+    for mode in [&["--attach"][..], &["--event-loop", "--attach"][..]] {
+        let mode = [mode, &["-n", "12", "--nodes", "3"]].concat();
+        let r = host_run(&host, &mode, probe, &["exchange", "--puts", "8", "--size", "800"]);
+        assert_eq!(r.code(), 0, "the exchange failed\n{r}");
+        assert!(r.stdout.contains("exchange: size=12 puts=8 value_len=800 gets=12"), "no summary line\n{r}");
+        let frames = manifest_dir().join("tests/programs/pmi2_frames.sh");
+        let r = host_run(&host, &mode, Path::new("/bin/bash"), &[frames.to_str().expect("UTF-8")]);
+        assert_eq!(r.code(), 0, "the PMI-2 job failed\n{r}");
+        for rank in 0..12 {
+            let next = (rank + 1) % 12;
+            let answer = format!("rank {rank}: cmd=kvs-get-response;rc=0;value=v{next};found=TRUE;");
+            assert!(r.stdout.lines().any(|l| l == answer), "rank {rank} did not read its neighbour's key\n{r}");
+        }
     }
 }
 
@@ -307,7 +309,7 @@ fn lost_task_ends_the_job_with_code_1() {
          read -r line <&$PMI_FD\n",
     )
     .expect("writing the script");
-    for mode in [&[][..], &["--event-loop"][..], &["--event-loop", "--carry"][..]] {
+    for mode in [&[][..], &["--event-loop"][..], &["--attach"][..], &["--event-loop", "--attach"][..]] {
         let r = host_run(&host, &[mode, &["-n", "2"]].concat(), Path::new("/bin/bash"), &[script.to_str().unwrap()]);
         assert_eq!(r.code(), 1, "the job did not end with the lost task's code ({mode:?})\n{r}");
         assert!(

@@ -221,3 +221,24 @@ fn the_plugin_the_site_installed_serves_jobs() {
     done.assert_success("rpmi-probe exchange through the installed plugin");
     assert!(done.stdout.contains("exchange: size=6 "), "{}", done.dump());
 }
+
+/// Each task connects itself to its shell, through a socket in a directory only the job's user may enter;
+/// a connection from any other process (here a child of the task) is refused and logged, and the task's own
+/// connection is served as ever.
+#[test]
+fn only_the_tasks_own_connection_is_taken() {
+    let intruder = "import glob, os, socket, stat\n\
+        d = glob.glob(os.environ['FLUX_JOB_TMPDIR'] + '/rpmi-*')[0]\n\
+        st = os.stat(d)\n\
+        print('dir mode', oct(stat.S_IMODE(st.st_mode)), 'owner', st.st_uid == os.getuid())\n\
+        s = socket.socket(socket.AF_UNIX)\n\
+        s.connect(d + '/pmi')\n\
+        print('intruder closed', s.recv(1) == b'')\n";
+    let script = format!("python3 -c \"{intruder}\" && exec {PROBE} info");
+    let r = flux_run(&[&RPMI[..], &["-n3", "sh", "-c", &script]].concat());
+    r.assert_success("rpmi-probe info after an intruder");
+    assert_eq!(r.stdout.lines().filter(|l| *l == "dir mode 0o700 owner True").count(), 3, "{}", r.dump());
+    assert_eq!(r.stdout.lines().filter(|l| *l == "intruder closed True").count(), 3, "{}", r.dump());
+    assert_eq!(info_by_rank(&r.stdout).len(), 3, "{}", r.dump());
+    assert!(r.stderr.contains("refused a PMI connection from pid"), "{}", r.dump());
+}

@@ -16,22 +16,17 @@ pub struct CHost {
 // (plugin-spec/README.md, "Threads"); the instance pointer is only passed back to them.
 unsafe impl Send for CHost {}
 
-macro_rules! end_of {
-    ($field:ident) => {
-        std::mem::offset_of!(rpmi_host_ops, $field) + std::mem::size_of::<usize>()
-    };
-}
-
 impl CHost {
     /// Has the C host's table got `field` (it may be an older, shorter table)?
     fn has(&self, end_of_field: usize) -> bool {
         self.ops.struct_size as usize >= end_of_field
     }
+}
 
-    /// Can the host carry task connections (revision 4, both callbacks)?
-    pub fn carries(&self) -> bool {
-        self.has(end_of!(task_close)) && self.ops.task_write.is_some() && self.ops.task_close.is_some()
-    }
+macro_rules! end_of {
+    ($field:ident) => {
+        std::mem::offset_of!(rpmi_host_ops, $field) + std::mem::size_of::<usize>()
+    };
 }
 
 /// `message` followed by a NUL, so that a C host that treats it as a string (even an empty one) stays in
@@ -152,20 +147,7 @@ impl Host for CHost {
     }
 }
 
-impl crate::driver::HostFds for CHost {
-    fn carry_write(&mut self, task: TaskId, bytes: &[u8]) -> bool {
-        let Some(f) = self.ops.task_write.filter(|_| self.carries()) else { return false };
-        // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
-        unsafe { f(self.ops.host_data, self.instance, task as u32, bytes.as_ptr(), bytes.len()) == ffi::RPMI_OK }
-    }
-
-    fn carry_close(&mut self, task: TaskId) {
-        if let Some(f) = self.ops.task_close.filter(|_| self.carries()) {
-            // SAFETY: a C callback with the host's own data.
-            unsafe { f(self.ops.host_data, self.instance, task as u32) };
-        }
-    }
-}
+impl crate::driver::HostFds for CHost {}
 
 impl crate::node::NodeHost for CHost {}
 

@@ -16,6 +16,7 @@ use crate::node::{EnvVar, ExecError, JobVars, Looping, Node, NodeError};
 use crate::server::{JobInfo, OwedAnswers, Shell, TaskMap};
 use c_host::CHost;
 use std::ffi::{c_char, c_int, CStr};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
@@ -47,8 +48,8 @@ static PLUGIN: Table = Table(rpmi_plugin {
     destroy: Some(destroy),
     abi_revision: ffi::RPMI_ABI_REVISION as u32,
     group_complete: Some(group_complete),
-    task_carry: Some(task_carry),
-    task_input: Some(task_input),
+    task_env: Some(task_env),
+    task_attach: Some(task_attach),
 });
 
 /// The one symbol a host looks up (`dlsym(lib, "rpmi_plugin_entry")`).
@@ -79,8 +80,6 @@ struct Instance {
     owed: OwedAnswers,
     /// The host's log callback and data, for the reasons behind error codes of later calls.
     log: ffi::rpmi_host_ops,
-    /// The host can carry task connections (revision 4: `task_write` and `task_close`).
-    carries: bool,
 }
 
 fn node_failure(e: NodeError) -> Failure {
@@ -329,7 +328,6 @@ impl Instance {
         shell.set_trace(options.trace);
         let owed = shell.owed_answers();
         let host = CHost { ops: ops_copy, instance: std::ptr::null_mut() };
-        let carries = host.carries();
         let node = Node::new(shell, host, JobVars { job_id })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {
@@ -337,7 +335,6 @@ impl Instance {
             tasks: Mutex::new((0..n).map(|_| TaskSlot::default()).collect()),
             owed,
             log: ops_copy,
-            carries,
         }));
         // SAFETY: the live box made above; the host cannot call on it before create returns.
         let inst = unsafe { &mut *instance };
@@ -401,29 +398,19 @@ unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rp
     on_instance(inst, |inst| unsafe { set_up_task(inst, task, env, Node::connect_task) })
 }
 
-unsafe extern "C" fn task_carry(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
-    on_instance(inst, |inst| {
-        if !inst.carries {
-            return fail(ffi::RPMI_ERR_INVALID, "task_carry needs the host's task_write and task_close");
-        }
-        // SAFETY: the caller's contract, as the header documents for task_carry.
-        unsafe { set_up_task(inst, task, env, Node::carry_task) }
-    })
+unsafe extern "C" fn task_env(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
+    // SAFETY: the caller's contract, as the header documents for task_env.
+    on_instance(inst, |inst| unsafe { set_up_task(inst, task, env, Node::env_task) })
 }
 
-unsafe extern "C" fn task_input(inst: *mut rpmi_instance, task: u32, data: *const u8, len: usize) -> c_int {
-    on_instance(inst, |inst| {
-        if data.is_null() && len > 0 {
-            return fail(ffi::RPMI_ERR_INVALID, "data is NULL");
-        }
-        let bytes = if len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: not NULL (checked above): the host's `len` bytes, borrowed for the call.
-            unsafe { std::slice::from_raw_parts(data, len) }
-        };
-        inst.node.carried_input(task as usize, bytes).map_err(node_failure)
-    })
+unsafe extern "C" fn task_attach(inst: *mut rpmi_instance, task: u32, fd: c_int) -> c_int {
+    if fd < 0 {
+        return on_instance(inst, |_| fail(ffi::RPMI_ERR_INVALID, "fd is negative"));
+    }
+    // SAFETY: the header's contract: the host hands over an open fd it owns, and uses it no more; from here
+    // on it is closed exactly once, by the node or by this drop on failure.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    on_instance(inst, |inst| inst.node.attach_task(task as usize, fd).map_err(node_failure))
 }
 
 /// Makes task `task`'s connection with `connect` and fills the host's `env` with its environment.
@@ -482,8 +469,12 @@ unsafe extern "C" fn task_forked(inst: *mut rpmi_instance, task: u32) -> c_int {
 }
 
 unsafe extern "C" fn task_exit(inst: *mut rpmi_instance, task: u32, _status: c_int) -> c_int {
-    // The engine learns that the task left from its connection closing; the status is the host's business.
-    on_instance(inst, |i| release_child(i, task))
+    // The engine learns that the task left from its connection closing; the status is the host's business. A
+    // task whose connection the host was to make and never handed over is served one closed at once.
+    on_instance(inst, |i| {
+        release_child(i, task)?;
+        i.node.abandon(task as usize).map_err(node_failure)
+    })
 }
 
 unsafe extern "C" fn progress(inst: *mut rpmi_instance) -> c_int {

@@ -12,9 +12,6 @@
 //! are backed up, [`Shell::holds_input`]), nothing more is read from it either. When a write empties the
 //! task's output, the held input is parsed ([`Shell::resume`]) within the same flush, so a task that has
 //! stopped writing is still answered.
-//!
-//! **A connection the host carries** ([`Event::Carry`]) has no fd here: the host passes what the task wrote
-//! ([`Driver::input`]) and takes the answers ([`HostFds::carry_write`]), which it accepts whole or not at all.
 
 mod turns;
 
@@ -43,10 +40,6 @@ pub enum Event {
     UntypedReply { task: TaskId, ok: bool, text: Option<String> },
     /// The server end of `task`'s PMI connection, from now on served.
     Attach(TaskId, OwnedFd),
-    /// `task`'s connection is carried by the host, from now on served.
-    Carry(TaskId),
-    /// Bytes `task` wrote on its carried connection; none: it closed its end.
-    Input(TaskId, Vec<u8>),
     /// Stop serving; [`Driver::run`] returns.
     Stop,
 }
@@ -98,8 +91,8 @@ pub enum Status {
 pub struct Driver<H: HostFds> {
     shell: Shell,
     host: H,
-    /// Each task's connection.
-    conns: Vec<Conn>,
+    /// The server end of each task's connection; `None` before it is attached and after it closed.
+    conns: Vec<Option<OwnedFd>>,
     /// How each task's connection is watched for writing.
     output: Vec<Output>,
     /// Tasks that were blocked and have become writable since the last flush.
@@ -110,18 +103,6 @@ pub struct Driver<H: HostFds> {
     wake: Arc<OwnedFd>,
     turns: Turns,
     buf: Vec<u8>,
-}
-
-/// A task's connection, as the driver serves it.
-enum Conn {
-    /// Not attached yet.
-    Waiting,
-    /// The server end of a socketpair (or any stream).
-    Socket(OwnedFd),
-    /// Carried by the host.
-    Carried,
-    /// Closed: by the task, or by the driver after a protocol error.
-    Closed,
 }
 
 /// How a task's connection is watched for writing.
@@ -152,18 +133,6 @@ pub trait HostFds: Host {
     /// collective's result, say) the host hands to `shell` itself.
     fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
         let _ = (token, events, shell);
-    }
-
-    /// Sends `bytes` to `task` on the connection the host carries. `false`: the connection is lost. A host
-    /// that carries none is never asked.
-    fn carry_write(&mut self, task: TaskId, bytes: &[u8]) -> bool {
-        let _ = (task, bytes);
-        false
-    }
-
-    /// The driver is done with `task`'s carried connection: the host closes its end.
-    fn carry_close(&mut self, task: TaskId) {
-        let _ = task;
     }
 }
 
@@ -209,7 +178,7 @@ impl<H: HostFds> Driver<H> {
         Ok(Driver {
             shell,
             host,
-            conns: (0..n).map(|_| Conn::Waiting).collect(),
+            conns: (0..n).map(|_| None).collect(),
             output: vec![Output::Flowing; n],
             unblocked: Vec::new(),
             closed: 0,
@@ -233,44 +202,14 @@ impl<H: HostFds> Driver<H> {
 
     /// Serves `fd` (the server end of a socketpair, or any stream) as task `task`'s connection.
     pub fn attach(&mut self, task: TaskId, fd: OwnedFd) -> io::Result<()> {
-        self.waiting(task)?;
+        let slot = self.conns.get_mut(task).ok_or_else(|| invalid(format!("no local task {task}")))?;
+        if slot.is_some() {
+            return Err(invalid(format!("task {task} is already attached")));
+        }
         os::set_nonblocking(&fd)?;
         self.turns.add(task, fd.as_raw_fd(), libc::EPOLLIN as u32)?;
-        self.conns[task] = Conn::Socket(fd);
+        *slot = Some(fd);
         Ok(())
-    }
-
-    /// Serves `task`'s connection as one the host carries: see [`Driver::input`].
-    pub fn carry(&mut self, task: TaskId) -> io::Result<()> {
-        self.waiting(task)?;
-        self.conns[task] = Conn::Carried;
-        Ok(())
-    }
-
-    fn waiting(&self, task: TaskId) -> io::Result<()> {
-        match self.conns.get(task) {
-            None => Err(invalid(format!("no local task {task}"))),
-            Some(Conn::Waiting) => Ok(()),
-            Some(_) => Err(invalid(format!("task {task} is already attached"))),
-        }
-    }
-
-    /// Takes in what `task` wrote on its carried connection (nothing: it closed its end), and writes the
-    /// answers. Input of a task whose connection is closed, or not carried, is dropped.
-    pub fn input(&mut self, task: TaskId, bytes: &[u8]) -> io::Result<()> {
-        if !matches!(self.conns.get(task), Some(Conn::Carried)) {
-            return Ok(());
-        }
-        if bytes.is_empty() {
-            self.close(task);
-        } else {
-            self.shell.receive(&mut self.host, task, bytes);
-            if self.shell.is_cut_off(task) {
-                self.cut_off(task);
-            }
-        }
-        // Answered before more is taken in: what the shell holds stays within one input's worth.
-        self.flush()
     }
 
     /// The one fd an event-loop host watches for readability: an epoll fd that becomes readable whenever
@@ -329,27 +268,32 @@ impl<H: HostFds> Driver<H> {
     fn take_events(&mut self) -> io::Result<()> {
         os::drain_counter(&self.wake);
         while let Ok(event) = self.events.try_recv() {
-            match event {
-                Event::CollectiveDone(result) => {
-                    let parts = borrowed(&result);
-                    self.shell.collective_complete(&mut self.host, parts.as_deref().map_err(|e| e.as_str()));
+            self.apply(event)?;
+        }
+        Ok(())
+    }
+
+    /// Takes in what another thread posted, or what the host's own thread hands over directly
+    /// ([`crate::node::Node`] does, in the host's loop).
+    pub fn apply(&mut self, event: Event) -> io::Result<()> {
+        match event {
+            Event::CollectiveDone(result) => {
+                let parts = borrowed(&result);
+                self.shell.collective_complete(&mut self.host, parts.as_deref().map_err(|e| e.as_str()));
+            }
+            Event::GroupDone { id, result } => {
+                let parts = borrowed(&result);
+                self.shell.group_complete(&mut self.host, &id, parts.as_deref().map_err(|e| e.as_str()));
+            }
+            Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
+            Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(&mut self.host, task, ok, text),
+            Event::Attach(task, fd) => self.attach(task, fd)?,
+            Event::Stop => {
+                // What tasks wrote before they left (an abort line, say) is still served.
+                for task in 0..self.conns.len() {
+                    self.read(task);
                 }
-                Event::GroupDone { id, result } => {
-                    let parts = borrowed(&result);
-                    self.shell.group_complete(&mut self.host, &id, parts.as_deref().map_err(|e| e.as_str()));
-                }
-                Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
-                Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(&mut self.host, task, ok, text),
-                Event::Attach(task, fd) => self.attach(task, fd)?,
-                Event::Carry(task) => self.carry(task)?,
-                Event::Input(task, bytes) => self.input(task, &bytes)?,
-                Event::Stop => {
-                    // What tasks wrote before they left (an abort line, say) is still served.
-                    for task in 0..self.conns.len() {
-                        self.read(task);
-                    }
-                    self.stopped = true;
-                }
+                self.stopped = true;
             }
         }
         Ok(())
@@ -358,8 +302,9 @@ impl<H: HostFds> Driver<H> {
     /// Reads what `task` has written, until the connection would block; nothing while the shell holds input
     /// of the task.
     fn read(&mut self, task: TaskId) {
-        let Some(Conn::Socket(fd)) = self.conns.get(task) else { return };
-        let fd = fd.as_raw_fd();
+        let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
+            return;
+        };
         if self.shell.holds_input(task) {
             return;
         }
@@ -402,55 +347,16 @@ impl<H: HostFds> Driver<H> {
     }
 
     fn write(&mut self, task: TaskId) -> io::Result<()> {
-        let written = match &self.conns[task] {
-            Conn::Socket(fd) => {
-                let fd = fd.as_raw_fd();
-                self.send(task, fd)?
+        let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
+            // Closed: what it was owed goes nowhere.
+            while !self.shell.output(task).is_empty() {
+                let n = self.shell.output(task).len();
+                self.shell.consume(task, n);
             }
-            Conn::Carried => self.carry_out(task),
-            Conn::Waiting | Conn::Closed => {
-                // Closed: what it was owed goes nowhere.
-                self.discard(task);
-                false
-            }
+            return Ok(());
         };
-        if written && self.shell.holds_input(task) {
-            // Parsed now, though the task may write nothing more; the answers are queued and go out in the
-            // flush this write is part of.
-            self.shell.resume(&mut self.host, task);
-            if self.shell.is_cut_off(task) {
-                self.cut_off(task);
-            }
-        }
-        Ok(())
-    }
-
-    fn discard(&mut self, task: TaskId) {
-        while !self.shell.output(task).is_empty() {
-            let n = self.shell.output(task).len();
-            self.shell.consume(task, n);
-        }
-    }
-
-    /// Hands `task`'s queued output to the host that carries its connection; `true` once it took it all.
-    fn carry_out(&mut self, task: TaskId) -> bool {
-        while !self.shell.output(task).is_empty() {
-            let out = self.shell.output(task);
-            let n = out.len();
-            if !self.host.carry_write(task, out) {
-                self.discard(task);
-                self.close(task);
-                return false;
-            }
-            self.shell.consume(task, n);
-        }
-        true
-    }
-
-    /// Writes `task`'s queued output on `fd` as far as it takes it; `true` once it is all written.
-    fn send(&mut self, task: TaskId, fd: RawFd) -> io::Result<bool> {
         if self.output[task] == Output::Blocked {
-            return Ok(false);
+            return Ok(());
         }
         while !self.shell.output(task).is_empty() {
             let out = self.shell.output(task);
@@ -467,14 +373,14 @@ impl<H: HostFds> Driver<H> {
                     // Nothing more is read from a task that does not read its answers, until it does:
                     // otherwise it could make the shell queue answers without bound.
                     let watched = std::mem::replace(&mut self.output[task], Output::Blocked) == Output::Unblocked;
-                    if !watched {
-                        self.turns.modify(task, fd, libc::EPOLLOUT as u32)?;
+                    if watched {
+                        return Ok(());
                     }
-                    return Ok(false);
+                    return self.turns.modify(task, fd, libc::EPOLLOUT as u32);
                 }
                 _ => {
                     self.close(task);
-                    return Ok(false);
+                    return Ok(());
                 }
             }
         }
@@ -482,7 +388,15 @@ impl<H: HostFds> Driver<H> {
         if std::mem::replace(&mut self.output[task], Output::Flowing) == Output::Unblocked {
             self.turns.modify(task, fd, libc::EPOLLIN as u32)?;
         }
-        Ok(true)
+        if self.shell.holds_input(task) {
+            // Parsed now, though the task may write nothing more; the answers are queued and go out in the
+            // flush this write is part of.
+            self.shell.resume(&mut self.host, task);
+            if self.shell.is_cut_off(task) {
+                self.cut_off(task);
+            }
+        }
+        Ok(())
     }
 
     /// RFC 13: after a protocol error (or an abort) the connection is closed, once what the task is owed
@@ -493,18 +407,13 @@ impl<H: HostFds> Driver<H> {
     }
 
     fn close(&mut self, task: TaskId) {
-        // Closing a socket's fd (dropped here) removes it from the epoll set.
-        match std::mem::replace(&mut self.conns[task], Conn::Closed) {
-            Conn::Socket(_) => {}
-            Conn::Carried => self.host.carry_close(task),
-            was @ (Conn::Waiting | Conn::Closed) => {
-                self.conns[task] = was;
-                return;
-            }
+        if let Some(fd) = self.conns[task].take() {
+            // Closing the fd removes it from the epoll set.
+            drop(fd);
+            self.closed += 1;
+            self.output[task] = Output::Flowing;
+            self.shell.disconnected(&mut self.host, task);
         }
-        self.closed += 1;
-        self.output[task] = Output::Flowing;
-        self.shell.disconnected(&mut self.host, task);
     }
 }
 

@@ -6,30 +6,39 @@
  * error, since both would set PMI_FD). `-o rpmi.KEY=VALUE` options go to rpmi (plugin-spec/README.md,
  * "Options"), except `tree_width`, this plugin's own.
  *
- * Connections. Flux closes every fd of a task but its own channels before exec, so a socketpair made by rpmi
- * would never reach the task. The plugin adds a channel named PMI_FD (Flux names its end in the task's
- * environment) and carries the connection for rpmi (ABI revision 4): what the task writes goes to task_input,
- * rpmi's answers come to task_write.
+ * Connections. Flux closes every fd of a task but its own channels in the child, before the task.exec hook
+ * runs, so a socketpair made by rpmi in task.init never reaches the task; and a Flux channel's other end is
+ * Flux's, not an fd rpmi could serve. So each task connects itself: in task.exec (the child, just before
+ * exec) it connects to a Unix socket this shell listens on, in a directory of its own that only the job's
+ * user can enter, and the shell hands the accepted end to rpmi (ABI revision 4: task_env, task_attach), which
+ * serves it in its own epoll like any connection it makes. The shell knows which task connected from the
+ * peer's pid (SO_PEERCRED), which is the task's own. PMI_FD names a number the shell holds open, on
+ * /dev/null, from task.init until the fork: no fd Flux makes for the task in between can take it, and in the
+ * child, where Flux has closed it, the connection is moved there.
  *
  * The collective runs over RPCs between the job's shells along a k-ary tree of shell ranks: shell 0 is the
- * root, shell i's children are k*i+1 .. k*i+k. A shell sends its subtree's contributions up ("rpmi-up") once
- * its own and all its children's are in; the root sends all of them down ("rpmi-down"), and every shell passes
- * them on to its children before completing its own. Contributions are self-delimiting, so they travel
- * concatenated. Each message starts with the exchange's number and the sending shell's rank; a shell accepts
- * a part only from its children (or, going down, its parent), for the exchange it is in, once, within the
- * bounds below, and only from the job's owner (Flux lets any user of the instance reach a shell's service).
- * Anything else fails the job.
+ * root, shell i's children are k*i+1 .. k*i+k. Once its own contribution and all its children's parts are in,
+ * a shell sends its subtree's contributions to its parent as a request ("rpmi-part"); the root answers its
+ * children's requests with everyone's, and every shell answers its own children's with the answer it got: two
+ * messages per edge of the tree. Contributions are self-delimiting, so they travel concatenated. A part starts
+ * with the exchange's number and the sending shell's rank; a shell takes it only from one of its children, for
+ * the exchange it is in, once, within the bounds below, and only from the job's owner (Flux lets any user of
+ * the instance reach a shell's service). Anything else fails the job.
  */
+#define _GNU_SOURCE /* accept4, struct ucred */
 #define FLUX_SHELL_PLUGIN_NAME "rpmi"
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <flux/core.h>
@@ -52,11 +61,10 @@
 #define HEADER_LEN 8
 
 struct task {
-    struct rpmi_flux *ctx;
-    flux_shell_task_t *task; /* NULL until task.init */
+    flux_shell_task_t *task; /* NULL until task.init, and after task.exit */
     uint32_t local;
-    int input_closed; /* rpmi closed the connection, or the task did: nothing more goes to rpmi */
-    int exited;       /* the subprocess may be gone: nothing more is written to it */
+    int reserved_fd; /* from task.init to task.fork: holds the number PMI_FD names (see task_exec) */
+    int attached;    /* its connection is rpmi's */
 };
 
 struct rpmi_flux {
@@ -65,6 +73,11 @@ struct rpmi_flux {
     const rpmi_plugin *plugin;
     rpmi_instance *inst;
     flux_watcher_t *watch;
+    /* Where the tasks connect, in a directory of this shell's own (mode 0700). */
+    char socket_dir[96];
+    struct sockaddr_un socket_addr;
+    int listen_fd;
+    flux_watcher_t *accept_w;
     char topic_prefix[128]; /* "<shell service>." */
     uint32_t rank, nshells, width, ntasks;
     int *broker_rank; /* by shell rank */
@@ -79,7 +92,8 @@ struct rpmi_flux {
     int sent_up;        /* the subtree's went to the parent */
     uint32_t children;  /* how many children this shell has */
     uint32_t arrived;   /* children whose parts are in */
-    uint8_t *child_in;  /* by child index */
+    const flux_msg_t **child_req; /* by child index: its part's request, answered with the result */
+    int in_collective;  /* inside rpmi's collective callback */
     uint8_t *gathered;  /* header room, then this subtree's contributions */
     size_t gathered_len, gathered_cap;
 };
@@ -131,6 +145,11 @@ static uint64_t subtree_size(const struct rpmi_flux *ctx, uint32_t s) {
     return count;
 }
 
+/* What `shells` shells' contributions can reach, saturated rather than wrapped. */
+static uint64_t bound(const struct rpmi_flux *ctx, uint64_t shells) {
+    return ctx->part_max > UINT64_MAX / shells ? UINT64_MAX : shells * ctx->part_max;
+}
+
 static int parent_of(const struct rpmi_flux *ctx, uint32_t s) {
     return s == 0 ? -1 : (int)((s - 1) / ctx->width);
 }
@@ -179,165 +198,124 @@ static uint32_t get_u32(const uint8_t *p) {
 /* ---------------------------------------------------------------------------------------------------------
  * The collective. */
 
-static void sent_cb(flux_future_t *f, void *arg) {
-    struct rpmi_flux *ctx = arg;
-    if (flux_future_get(f, NULL) < 0)
-        fail_exchange(ctx, "shell %u could not pass on the exchange: %s", (unsigned)ctx->rank,
-                      future_strerror(f, errno));
-    flux_future_destroy(f);
-}
+static void on_ready(flux_reactor_t *r, flux_watcher_t *w, int revents, void *arg);
 
-/* Sends `len` bytes (HEADER_LEN of room first, filled here) to shell `to` under `method`. */
-static int send_part(struct rpmi_flux *ctx, const char *method, uint32_t to, uint8_t *buf, size_t len) {
-    char topic[192];
-    put_u32(buf, ctx->epoch);
-    put_u32(buf + 4, ctx->rank);
-    if (snprintf(topic, sizeof topic, "%s%s", ctx->topic_prefix, method) >= (int)sizeof topic)
-        return -1;
-    flux_future_t *f = flux_rpc_raw(ctx->h, topic, buf, len, ctx->broker_rank[to], 0);
-    if (!f || flux_future_then(f, -1., sent_cb, ctx) < 0) {
-        flux_future_destroy(f);
-        return -1;
+/* Every shell's contributions (`all`): they answer each child's request, then complete this shell's part. */
+static void deliver(struct rpmi_flux *ctx, const void *all, size_t len) {
+    for (uint32_t i = 0; i < ctx->children; i++) {
+        if (flux_respond_raw(ctx->h, ctx->child_req[i], all, len) < 0)
+            shell_log_errno("cannot answer shell %u's part", (unsigned)(first_child(ctx) + i));
+        flux_msg_decref(ctx->child_req[i]);
+        ctx->child_req[i] = NULL;
     }
-    return 0;
-}
-
-/* Every shell's contributions are here (`all`, after HEADER_LEN bytes of room): pass them down, complete. */
-static void deliver(struct rpmi_flux *ctx, uint8_t *all, size_t len) {
-    for (uint32_t c = first_child(ctx), i = 0; i < ctx->children; c++, i++) {
-        if (send_part(ctx, "rpmi-down", c, all, len) < 0) {
-            fail_exchange(ctx, "shell %u cannot send the exchange to shell %u: %s", (unsigned)ctx->rank,
-                          (unsigned)c, strerror(errno));
-            return;
-        }
-    }
-    rpmi_buf part = {.data = all + HEADER_LEN, .len = len - HEADER_LEN};
     ctx->epoch++;
     ctx->contributed = ctx->sent_up = 0;
     ctx->arrived = 0;
-    memset(ctx->child_in, 0, ctx->children);
     /* The plugin copies the parts: the buffer may be reused once this returns. */
+    rpmi_buf part = {.data = all, .len = len};
     int rc = ctx->plugin->collective_complete(ctx->inst, RPMI_OK, &part, 1, NULL);
+    /* Copied: the root's `all`, in `gathered`, may now be written over by the next exchange. */
     ctx->gathered_len = HEADER_LEN;
     if (rc != RPMI_OK)
         fail_job(ctx, "collective_complete failed (%d)", rc);
+    /* Served now rather than at the reactor's next turn, unless rpmi is calling back (then it will be). */
+    else if (!ctx->in_collective)
+        on_ready(NULL, ctx->watch, 0, ctx);
 }
 
-/* Goes on once this shell's contribution and every child's are in. */
+/* The parent's answer to this shell's part: every shell's contributions. */
+static void result_cb(flux_future_t *f, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    const void *all = NULL;
+    size_t len = 0;
+    if (flux_rpc_get_raw(f, &all, &len) < 0)
+        fail_exchange(ctx, "shell %u's exchange failed: %s", (unsigned)ctx->rank, future_strerror(f, errno));
+    else if (len > bound(ctx, ctx->nshells))
+        fail_exchange(ctx, "shell %u's exchange brought %zu bytes, over kvs_bytes_max per shell", (unsigned)ctx->rank,
+                      len);
+    else
+        deliver(ctx, all, len);
+    flux_future_destroy(f);
+}
+
+/* Goes on once this shell's contribution and every child's part are in: up to the parent, or (the root) back
+ * down to everyone. */
 static void advance(struct rpmi_flux *ctx) {
     if (!ctx->contributed || ctx->sent_up || ctx->arrived < ctx->children)
         return;
+    size_t len = ctx->gathered_len - HEADER_LEN;
     if (ctx->rank == 0) {
-        deliver(ctx, ctx->gathered, ctx->gathered_len);
+        deliver(ctx, ctx->gathered + HEADER_LEN, len);
         return;
     }
     ctx->sent_up = 1;
-    if (send_part(ctx, "rpmi-up", (uint32_t)parent_of(ctx, ctx->rank), ctx->gathered, ctx->gathered_len) < 0)
-        fail_exchange(ctx, "shell %u cannot send its part up: %s", (unsigned)ctx->rank, strerror(errno));
+    char topic[192];
+    put_u32(ctx->gathered, ctx->epoch);
+    put_u32(ctx->gathered + 4, ctx->rank);
+    snprintf(topic, sizeof topic, "%srpmi-part", ctx->topic_prefix);
+    flux_future_t *f = flux_rpc_raw(ctx->h, topic, ctx->gathered, ctx->gathered_len,
+                                    ctx->broker_rank[parent_of(ctx, ctx->rank)], 0);
+    ctx->gathered_len = HEADER_LEN;
+    if (!f || flux_future_then(f, -1., result_cb, ctx) < 0) {
+        flux_future_destroy(f);
+        fail_exchange(ctx, "shell %u cannot send its part: %s", (unsigned)ctx->rank, strerror(errno));
+    }
 }
 
 static int on_collective(void *host_data, rpmi_instance *instance, const uint8_t *data, size_t len) {
     struct rpmi_flux *ctx = host_data;
     (void)instance;
-    if (ctx->failed)
-        return RPMI_ERR_STATE;
-    if (ctx->contributed)
+    if (ctx->failed || ctx->contributed)
         return RPMI_ERR_STATE;
     if (len > ctx->part_max || append(ctx, data, len) < 0)
         return RPMI_ERR_SYSTEM;
     ctx->contributed = 1;
+    ctx->in_collective = 1;
     advance(ctx);
+    ctx->in_collective = 0;
     return RPMI_OK;
 }
 
-/* Reads an exchange message: checks who may send it and its header. Returns the payload after the header, or
- * NULL after failing the job (the request answered either way). */
-static const uint8_t *read_part(struct rpmi_flux *ctx, const flux_msg_t *msg, const char *what, size_t *len,
-                                uint32_t *from) {
+/* A child's part: kept, and its request answered once the exchange is done. Taken only from the job's owner
+ * (others are refused and do not concern the job), from a child of this shell, once, for the exchange this
+ * shell is in, within the bound; anything else fails the job. */
+static void part_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
     const void *data = NULL;
     size_t n = 0;
+    (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
-        /* Another user: refused, and no concern of this job. */
-        flux_respond_error(ctx->h, msg, EPERM, "only the job's owner may take part in its exchange");
-        return NULL;
+        flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
+        return;
     }
+    const char *wrong = NULL;
+    uint32_t epoch = 0, from = UINT32_MAX, first = first_child(ctx);
     if (flux_request_decode_raw(msg, NULL, &data, &n) < 0 || n < HEADER_LEN) {
-        flux_respond_error(ctx->h, msg, EPROTO, "malformed exchange message");
-        fail_exchange(ctx, "shell %u got a malformed %s message", (unsigned)ctx->rank, what);
-        return NULL;
+        wrong = "malformed";
+    } else {
+        epoch = get_u32(data);
+        from = get_u32((const uint8_t *)data + 4);
+        n -= HEADER_LEN;
+        if (from < first || from - first >= ctx->children)
+            wrong = "not from a child of this shell";
+        else if (epoch != ctx->epoch)
+            wrong = "for another exchange";
+        else if (ctx->child_req[from - first])
+            wrong = "sent twice";
+        else if (n > bound(ctx, subtree_size(ctx, from)))
+            wrong = "over the bound of kvs_bytes_max per shell";
+        else if (append(ctx, (const uint8_t *)data + HEADER_LEN, n) < 0)
+            wrong = "more than this shell can hold";
     }
-    const uint8_t *p = data;
-    uint32_t epoch = get_u32(p);
-    *from = get_u32(p + 4);
-    if (epoch != ctx->epoch) {
-        flux_respond_error(ctx->h, msg, EPROTO, "wrong exchange");
-        fail_exchange(ctx, "shell %u got %s from shell %u for exchange %u while in exchange %u", (unsigned)ctx->rank,
-                      what, (unsigned)*from, (unsigned)epoch, (unsigned)ctx->epoch);
-        return NULL;
-    }
-    *len = n - HEADER_LEN;
-    return p + HEADER_LEN;
-}
-
-static void up_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
-    struct rpmi_flux *ctx = arg;
-    uint32_t from;
-    size_t len;
-    const uint8_t *part = read_part(ctx, msg, "a part", &len, &from);
-    (void)mh;
-    if (!part)
-        return;
-    uint32_t first = first_child(ctx);
-    uint64_t max = subtree_size(ctx, from) * ctx->part_max;
-    const char *wrong = NULL;
-    if (from < first || from - first >= ctx->children)
-        wrong = "it is not a child of this shell";
-    else if (ctx->child_in[from - first])
-        wrong = "it sent its part twice";
-    else if (len > max)
-        wrong = "its part is over the bound of kvs_bytes_max per shell";
-    else if (append(ctx, part, len) < 0)
-        wrong = "out of memory";
     if (wrong) {
         flux_respond_error(h, msg, EPROTO, wrong);
-        fail_exchange(ctx, "shell %u refused the part of shell %u: %s", (unsigned)ctx->rank, (unsigned)from, wrong);
+        fail_exchange(ctx, "shell %u refused a part (from shell %u, exchange %u, this shell in exchange %u): %s",
+                      (unsigned)ctx->rank, (unsigned)from, (unsigned)epoch, (unsigned)ctx->epoch, wrong);
         return;
     }
-    ctx->child_in[from - first] = 1;
+    ctx->child_req[from - first] = flux_msg_incref(msg);
     ctx->arrived++;
-    flux_respond(h, msg, NULL);
     advance(ctx);
-}
-
-static void down_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
-    struct rpmi_flux *ctx = arg;
-    uint32_t from;
-    size_t len;
-    const uint8_t *all = read_part(ctx, msg, "the result", &len, &from);
-    (void)mh;
-    if (!all)
-        return;
-    const char *wrong = NULL;
-    if ((int)from != parent_of(ctx, ctx->rank))
-        wrong = "it is not this shell's parent";
-    else if (!ctx->sent_up)
-        wrong = "this shell has not sent its part up";
-    else if (len > (uint64_t)ctx->nshells * ctx->part_max)
-        wrong = "it is over the bound of kvs_bytes_max per shell";
-    if (wrong) {
-        flux_respond_error(h, msg, EPROTO, wrong);
-        fail_exchange(ctx, "shell %u refused the result from shell %u: %s", (unsigned)ctx->rank, (unsigned)from,
-                      wrong);
-        return;
-    }
-    flux_respond(h, msg, NULL);
-    /* Passed on with the same room for a header. */
-    ctx->gathered_len = 0;
-    if (append(ctx, all - HEADER_LEN, len + HEADER_LEN) < 0) {
-        fail_exchange(ctx, "shell %u: out of memory", (unsigned)ctx->rank);
-        return;
-    }
-    deliver(ctx, ctx->gathered, ctx->gathered_len);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -397,7 +375,7 @@ static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t 
         memcpy(a->message, message, len);
         a->message[len] = '\0';
         snprintf(topic, sizeof topic, "%srpmi-abort", ctx->topic_prefix);
-        f = flux_rpc_pack(ctx->h, topic, ctx->broker_rank[0], 0, "{s:i s:i s:i s:s#}", "rank", (int)rank,
+        f = flux_rpc_pack(ctx->h, topic, ctx->broker_rank[0], 0, "{s:i s:i s:i s:s%}", "rank", (int)rank,
                           "exit_code", (int)exit_code, "reason", (int)reason, "message", message, len);
     }
     if (!f || flux_future_then(f, -1., abort_sent_cb, a) < 0) {
@@ -459,50 +437,82 @@ static int on_watch_fd(void *host_data, rpmi_instance *instance, int fd) {
     return RPMI_OK;
 }
 
-static int on_task_write(void *host_data, rpmi_instance *instance, uint32_t task, const uint8_t *data, size_t len) {
-    struct rpmi_flux *ctx = host_data;
-    (void)instance;
-    if (task >= ctx->local_count || !ctx->tasks[task].task || ctx->tasks[task].exited)
-        return RPMI_ERR_STATE;
-    flux_subprocess_t *p = flux_shell_task_subprocess(ctx->tasks[task].task);
-    /* Flux takes all of it or none (ENOSPC: the task has left 4 MiB of answers unread). */
-    if (!p || flux_subprocess_write(p, "PMI_FD", (const char *)data, len) != (int)len) {
-        shell_log_error("cannot write to local task %u's PMI_FD: %s", (unsigned)task, strerror(errno));
-        return RPMI_ERR_SYSTEM;
-    }
-    return RPMI_OK;
-}
-
-static void on_task_close(void *host_data, rpmi_instance *instance, uint32_t task) {
-    struct rpmi_flux *ctx = host_data;
-    (void)instance;
-    if (task >= ctx->local_count || !ctx->tasks[task].task)
-        return;
-    ctx->tasks[task].input_closed = 1;
-    flux_subprocess_t *p = flux_shell_task_subprocess(ctx->tasks[task].task);
-    if (p && !ctx->tasks[task].exited)
-        flux_subprocess_close(p, "PMI_FD");
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * The shell's hooks. */
 
-/* What the task wrote on its channel, passed on as it comes. */
-static void on_channel(flux_shell_task_t *task, const char *stream, void *arg) {
-    struct task *t = arg;
-    struct rpmi_flux *ctx = t->ctx;
-    flux_subprocess_t *p = flux_shell_task_subprocess(task);
-    const char *data;
-    int len = flux_subprocess_read(p, stream, &data);
-    if (len < 0 || t->input_closed)
-        return;
-    if (len == 0 && !flux_subprocess_read_stream_closed(p, stream))
-        return;
-    if (len == 0)
-        t->input_closed = 1;
-    int rc = ctx->plugin->task_input(ctx->inst, t->local, (const uint8_t *)data, (size_t)len);
-    if (rc != RPMI_OK)
-        fail_job(ctx, "task_input for local task %u failed (%d)", (unsigned)t->local, rc);
+/* A task connecting from its task.exec hook: handed to rpmi once its pid says which task it is. */
+static void on_connect(flux_reactor_t *r, flux_watcher_t *w, int revents, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    (void)r;
+    (void)w;
+    (void)revents;
+    for (;;) {
+        int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                shell_log_errno("accept on %s", ctx->socket_addr.sun_path);
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            return;
+        }
+        struct ucred peer;
+        socklen_t len = sizeof peer;
+        struct task *t = NULL;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 && peer.uid == getuid()) {
+            for (uint32_t i = 0; i < ctx->local_count && !t; i++) {
+                struct task *c = &ctx->tasks[i];
+                flux_subprocess_t *p = c->task ? flux_shell_task_subprocess(c->task) : NULL;
+                if (p && !c->attached && flux_subprocess_pid(p) == peer.pid)
+                    t = c;
+            }
+        }
+        if (!t) {
+            shell_log_error("refused a PMI connection from pid %ld: not a task of this shell waiting for one",
+                            (long)peer.pid);
+            close(fd);
+            continue;
+        }
+        t->attached = 1;
+        /* rpmi's from here on, even if the call fails. */
+        int rc = ctx->plugin->task_attach(ctx->inst, t->local, fd);
+        if (rc != RPMI_OK)
+            fail_job(ctx, "task_attach for local task %u failed (%d)", (unsigned)t->local, rc);
+    }
+}
+
+/* The directory of the shell's own (mode 0700, under the job's tmpdir when its path is short enough) and the
+ * socket in it where the tasks connect. */
+static int listen_for_tasks(struct rpmi_flux *ctx) {
+    const char *tmp = flux_shell_getenv(ctx->shell, "FLUX_JOB_TMPDIR");
+    if (!tmp || strlen(tmp) > 64)
+        tmp = "/tmp";
+    snprintf(ctx->socket_dir, sizeof ctx->socket_dir, "%s/rpmi-XXXXXX", tmp);
+    if (!mkdtemp(ctx->socket_dir)) {
+        ctx->socket_dir[0] = '\0';
+        return shell_log_errno("cannot make a directory for the tasks' socket in %s", tmp);
+    }
+    ctx->socket_addr.sun_family = AF_UNIX;
+    snprintf(ctx->socket_addr.sun_path, sizeof ctx->socket_addr.sun_path, "%s/pmi", ctx->socket_dir);
+    ctx->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (ctx->listen_fd < 0 ||
+        bind(ctx->listen_fd, (const struct sockaddr *)&ctx->socket_addr, sizeof ctx->socket_addr) < 0 ||
+        listen(ctx->listen_fd, SOMAXCONN) < 0)
+        return shell_log_errno("cannot listen on %s", ctx->socket_addr.sun_path);
+    ctx->accept_w = flux_fd_watcher_create(flux_get_reactor(ctx->h), ctx->listen_fd, FLUX_POLLIN, on_connect, ctx);
+    if (!ctx->accept_w)
+        return -1;
+    flux_watcher_start(ctx->accept_w);
+    return 0;
+}
+
+/* In the child, says why the task cannot start, with async-signal-safe calls only, and exits. */
+static void child_fail(const char *what) {
+    static const char prefix[] = "rpmi: cannot connect the task to its PMI server: ";
+    ssize_t ignored = write(STDERR_FILENO, prefix, sizeof prefix - 1);
+    ignored = write(STDERR_FILENO, what, strlen(what));
+    ignored = write(STDERR_FILENO, "\n", 1);
+    (void)ignored;
+    _exit(127);
 }
 
 static int task_localid(flux_shell_task_t *task, int *localid, int *rank) {
@@ -526,9 +536,9 @@ static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
     rpmi_task_env env;
     memset(&env, 0, sizeof env);
     env.struct_size = sizeof env;
-    int rc = ctx->plugin->task_carry(ctx->inst, (uint32_t)localid, &env);
+    int rc = ctx->plugin->task_env(ctx->inst, (uint32_t)localid, &env);
     if (rc != RPMI_OK) {
-        shell_log_error("task_carry for rank %d failed (%d)", rank, rc);
+        shell_log_error("task_env for rank %d failed (%d)", rank, rc);
         return -1;
     }
     for (size_t i = 0; i < env.env_count; i++) {
@@ -545,10 +555,60 @@ static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
             return shell_log_errno("cannot set %s", name);
     }
     t->task = task;
-    /* PMI-2 frames are not lines: every byte is passed on as it comes. */
-    if (flux_cmd_add_channel(cmd, "PMI_FD") < 0 || flux_cmd_setopt(cmd, "PMI_FD_LINE_BUFFER", "false") < 0 ||
-        flux_shell_task_channel_subscribe(task, "PMI_FD", on_channel, t) < 0)
-        return shell_log_errno("cannot make the PMI_FD channel for rank %d", rank);
+    t->reserved_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (t->reserved_fd < 0 || flux_cmd_setenvf(cmd, 1, "PMI_FD", "%d", t->reserved_fd) < 0)
+        return shell_log_errno("cannot reserve PMI_FD for rank %d", rank);
+    return 0;
+}
+
+/* In the child, after Flux closed every fd but its own and before exec: connects to the shell and moves the
+ * connection to the number PMI_FD names. Async-signal-safe calls only. */
+static int task_exec(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
+    flux_shell_task_t *task;
+    int localid, rank;
+    (void)topic;
+    (void)args;
+    (void)arg;
+    if (!ctx)
+        return 0;
+    if (!(task = flux_shell_current_task(ctx->shell)) || task_localid(task, &localid, &rank) < 0 || localid < 0 ||
+        (uint32_t)localid >= ctx->local_count)
+        child_fail("the task is unknown");
+    int want = ctx->tasks[localid].reserved_fd;
+    /* Not close-on-exec: the task keeps it. */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0)
+        child_fail("socket failed");
+    int rc;
+    do
+        rc = connect(fd, (const struct sockaddr *)&ctx->socket_addr, sizeof ctx->socket_addr);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0)
+        child_fail(ctx->socket_addr.sun_path);
+    if (fd != want && (dup2(fd, want) < 0 || close(fd) < 0))
+        child_fail("dup2 failed");
+    return 0;
+}
+
+/* In the parent, once the task is forked: the number it holds for PMI_FD is free again. */
+static void release_reserved(struct task *t) {
+    if (t->reserved_fd >= 0) {
+        close(t->reserved_fd);
+        t->reserved_fd = -1;
+    }
+}
+
+static int task_fork(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
+    flux_shell_task_t *task;
+    int localid, rank;
+    (void)topic;
+    (void)args;
+    (void)arg;
+    if (ctx && (task = flux_shell_current_task(ctx->shell)) && task_localid(task, &localid, &rank) == 0 &&
+        localid >= 0 && (uint32_t)localid < ctx->local_count)
+        release_reserved(&ctx->tasks[localid]);
     return 0;
 }
 
@@ -563,7 +623,10 @@ static int task_exit(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
         localid < 0 || (uint32_t)localid >= ctx->local_count)
         return 0;
     (void)flux_shell_task_info_unpack(task, "{s:i}", "wait_status", &status);
-    ctx->tasks[localid].exited = 1;
+    struct task *t = &ctx->tasks[localid];
+    release_reserved(t);
+    /* The shell may free the task after this; a task that never connected is seen leaving by rpmi here. */
+    t->task = NULL;
     ctx->plugin->task_exit(ctx->inst, (uint32_t)localid, status);
     return 0;
 }
@@ -572,12 +635,24 @@ static void rpmi_flux_destroy(void *arg) {
     struct rpmi_flux *ctx = arg;
     if (!ctx)
         return;
+    /* The fd is watched no more before destroy closes it. */
+    flux_watcher_destroy(ctx->watch);
     if (ctx->inst)
         ctx->plugin->destroy(ctx->inst);
-    flux_watcher_destroy(ctx->watch);
+    flux_watcher_destroy(ctx->accept_w);
+    if (ctx->listen_fd >= 0)
+        close(ctx->listen_fd);
+    if (ctx->socket_dir[0]) {
+        unlink(ctx->socket_addr.sun_path);
+        rmdir(ctx->socket_dir);
+    }
+    for (uint32_t i = 0; ctx->tasks && i < ctx->local_count; i++)
+        release_reserved(&ctx->tasks[i]);
     free(ctx->broker_rank);
     free(ctx->tasks);
-    free(ctx->child_in);
+    for (uint32_t i = 0; ctx->child_req && i < ctx->children; i++)
+        flux_msg_decref(ctx->child_req[i]);
+    free(ctx->child_req);
     free(ctx->gathered);
     free(ctx);
     /* librpmi.so stays loaded: unloading a library that has run threads is not safe. */
@@ -637,10 +712,10 @@ static int load_rpmi(struct rpmi_flux *ctx) {
     }
     const rpmi_plugin *(*entry)(void) = (const rpmi_plugin *(*)(void))dlsym(lib, "rpmi_plugin_entry");
     const rpmi_plugin *t = entry ? entry() : NULL;
-    /* Revision 4 is the first with task_carry; a table that ends before it is older. */
+    /* Revision 4 is the first with task_env and task_attach; a table that ends before them is older. */
     if (!t || t->abi_version != RPMI_ABI_VERSION ||
-        t->struct_size < offsetof(rpmi_plugin, task_input) + sizeof t->task_input || t->abi_revision < 4 ||
-        !t->task_carry || !t->task_input) {
+        t->struct_size < offsetof(rpmi_plugin, task_attach) + sizeof t->task_attach || t->abi_revision < 4 ||
+        !t->task_env || !t->task_attach) {
         shell_log_error("%s is not an rpmi of ABI version %d, revision 4 or later", RPMI_LIBRARY, RPMI_ABI_VERSION);
         return -1;
     }
@@ -692,7 +767,7 @@ static int read_job(struct rpmi_flux *ctx, struct job *job) {
     for (unsigned int id = idset_first(ids); id != IDSET_INVALID_ID && i < ctx->local_count;
          id = idset_next(ids, id), i++) {
         job->local_ranks[i] = id;
-        ctx->tasks[i] = (struct task){.ctx = ctx, .local = i};
+        ctx->tasks[i] = (struct task){.local = i, .reserved_fd = -1};
     }
     return 0;
 }
@@ -718,6 +793,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     }
     ctx->shell = shell;
     ctx->h = flux_shell_get_flux(shell);
+    ctx->listen_fd = -1;
     if (flux_shell_info_unpack(shell, "{s:I s:i s:i s:i s:s}", "jobid", &id, "rank", &rank, "size", &size, "ntasks",
                                &ntasks, "service", &service) < 0 ||
         rank < 0 || size < 1 || ntasks < 1 || rank >= size)
@@ -737,12 +813,11 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     uint64_t first = (uint64_t)ctx->rank * ctx->width + 1;
     ctx->children = first >= ctx->nshells ? 0 : (uint32_t)(ctx->nshells - first < ctx->width ? ctx->nshells - first
                                                                                               : ctx->width);
-    ctx->child_in = calloc(ctx->children + 1, 1);
-    if (!ctx->child_in || reserve(ctx, HEADER_LEN) < 0)
+    ctx->child_req = calloc(ctx->children + 1, sizeof *ctx->child_req);
+    if (!ctx->child_req || reserve(ctx, HEADER_LEN) < 0)
         goto done;
     ctx->gathered_len = HEADER_LEN;
-    if (flux_shell_service_register(shell, "rpmi-up", up_cb, ctx) < 0 ||
-        flux_shell_service_register(shell, "rpmi-down", down_cb, ctx) < 0 ||
+    if (flux_shell_service_register(shell, "rpmi-part", part_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0) {
         shell_log_errno("cannot register the exchange's services");
         goto done;
@@ -770,8 +845,6 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     ops.abort = on_abort;
     ops.log = on_log;
     ops.watch_fd = on_watch_fd;
-    ops.task_write = on_task_write;
-    ops.task_close = on_task_close;
 
     char err[512] = "";
     int crc = ctx->plugin->create(&info, &ops, &ctx->inst, err, sizeof err);
@@ -780,6 +853,8 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
         shell_log_error("rpmi: %s", err);
         goto done;
     }
+    if (listen_for_tasks(ctx) < 0)
+        goto done;
     shell_debug("serving PMI for %u tasks (tree width %u)", (unsigned)ctx->local_count, (unsigned)ctx->width);
     rc = 0;
 done:
@@ -793,6 +868,8 @@ done:
 int flux_plugin_init(flux_plugin_t *p) {
     if (flux_plugin_set_name(p, FLUX_SHELL_PLUGIN_NAME) < 0 || flux_plugin_add_handler(p, "shell.init", shell_init, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.init", task_init, NULL) < 0 ||
+        flux_plugin_add_handler(p, "task.exec", task_exec, NULL) < 0 ||
+        flux_plugin_add_handler(p, "task.fork", task_fork, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.exit", task_exit, NULL) < 0)
         return -1;
     return 0;

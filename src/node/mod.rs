@@ -12,9 +12,9 @@
 //! [`Node::forked`] (one task) or [`Node::forked_all`] closes the node's copy of the task's end: until then the
 //! node cannot see the task leave.
 //!
-//! **A connection the host carries** (its own channel, say a job shell's that closes every other fd in the
-//! child): [`Node::carry_task`] instead makes no socketpair, and the host passes the task's bytes to
-//! [`Node::carried_input`]; there is no exec hook.
+//! **A connection the host makes** (a job shell that closes every fd but its own in the child, before any
+//! hook of ours could keep one): [`Node::env_task`] makes no socketpair, and the host hands its end over with
+//! [`Node::attach_task`]; there is no exec hook.
 
 use crate::driver::{channel, Driver, DriverHandle, Event, HostFds};
 use crate::os::socketpair;
@@ -22,7 +22,7 @@ use crate::server::{Shell, TaskId};
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::{IntoRawFd, RawFd};
+use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
@@ -103,8 +103,10 @@ pub struct Node<H: NodeHost> {
     /// Each task's end of its connection while the node still holds it (-1 otherwise): read in a forked child
     /// without a lock.
     child_fds: ChildEnds,
-    /// A task's connection was made (once per task).
+    /// A task's connection was made, or its environment for a connection the host makes (once per task).
     connected: Box<[AtomicBool]>,
+    /// A task's connection is served (or posted to be): made here, or handed over by the host.
+    attached: Box<[AtomicBool]>,
     /// The rank of each local task, by [`TaskId`].
     ranks: Vec<u32>,
     size: usize,
@@ -140,6 +142,7 @@ impl<H: NodeHost> Node<H> {
             handle,
             child_fds: ChildEnds((0..n).map(|_| AtomicI32::new(-1)).collect()),
             connected: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            attached: (0..n).map(|_| AtomicBool::new(false)).collect(),
             ranks,
             size,
             job,
@@ -207,6 +210,7 @@ impl<H: NodeHost> Node<H> {
         self.handle
             .post(Event::Attach(task, server))
             .map_err(|_| NodeError::State("the node no longer serves".into()))?;
+        self.attached[task].store(true, SeqCst);
         let fd = child.into_raw_fd();
         self.child_fds.0[task].store(fd, SeqCst);
         let mut vars = self.task_vars(rank);
@@ -240,42 +244,44 @@ impl<H: NodeHost> Node<H> {
         vars
     }
 
-    /// Serves task `task` on a connection the host carries (its own channel, which it names in the task's
-    /// environment): no socketpair is made, and the environment returned has no `PMI_FD`. The host passes
-    /// what the task writes to [`Node::carried_input`] and takes the answers through
-    /// [`crate::driver::HostFds::carry_write`].
-    pub fn carry_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
+    /// The environment of task `task`, whose connection the host makes itself and hands over later
+    /// ([`Node::attach_task`]): no socketpair is made, and the environment has no `PMI_FD`.
+    pub fn env_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
         let rank = self.mark_connected(task)?;
-        let carried = self.on_driver(|d| d.carry(task), Event::Carry(task));
-        if let Err(e) = carried {
-            self.connected[task].store(false, SeqCst);
-            return Err(e);
-        }
         let mut vars = self.task_vars(rank);
         vars.remove(0);
         Ok(TaskEnv { child_fd: -1, vars })
     }
 
-    /// What task `task` wrote on its carried connection (nothing: it closed its end). In the host's loop
-    /// ([`Looping::HostLoop`]) it is served, and answered, before this returns; with a progress thread, there.
-    pub fn carried_input(&self, task: TaskId, bytes: &[u8]) -> Result<(), NodeError> {
-        if task >= self.task_count() {
-            return Err(NodeError::Invalid(format!("no local task {task}")));
+    /// Serves `fd`, the host's end of the connection it made for task `task` (after [`Node::env_task`]).
+    pub fn attach_task(&self, task: TaskId, fd: OwnedFd) -> Result<(), NodeError> {
+        if !self.connected.get(task).is_some_and(|c| c.load(SeqCst)) {
+            return Err(NodeError::State(format!("task {task} has no environment made for it")));
         }
-        self.on_driver(|d| d.input(task, bytes), Event::Input(task, bytes.to_vec()))
+        if self.attached[task].swap(true, SeqCst) {
+            return Err(NodeError::State(format!("task {task}'s connection is already served")));
+        }
+        match &self.progress {
+            // In the host's loop the driver takes it now: so it reports a task attached twice.
+            Progress::Ready(d) | Progress::InHostLoop(d) => locked(d, |d| d.apply(Event::Attach(task, fd))),
+            Progress::Thread { .. } => self
+                .handle
+                .post(Event::Attach(task, fd))
+                .map_err(|_| NodeError::State("the node no longer serves".into())),
+            Progress::Stopped => Err(NodeError::State("the node no longer serves".into())),
+        }
     }
 
-    /// Runs `f` on the driver where the host's thread may reach it (before the node starts, or in the host's
-    /// loop); otherwise posts `event` to the progress thread.
-    fn on_driver(&self, f: impl FnOnce(&mut Driver<H>) -> io::Result<()>, event: Event) -> Result<(), NodeError> {
-        let driver = match &self.progress {
-            Progress::Ready(d) | Progress::InHostLoop(d) => d,
-            Progress::Thread { .. } => {
-                return self.handle.post(event).map_err(|_| NodeError::State("the node no longer serves".into()))
-            }
-            Progress::Stopped => return Err(NodeError::State("the node no longer serves".into())),
-        };
-        locked(driver, f)
+    /// Task `task`, whose connection the host was to make, has ended without one: it is served a connection
+    /// already closed at the other end, so that the node sees it leave (and a barrier waiting for it fails).
+    /// Nothing for any other task.
+    pub fn abandon(&self, task: TaskId) -> Result<(), NodeError> {
+        let made = self.connected.get(task).is_some_and(|c| c.load(SeqCst));
+        if !made || self.attached[task].load(SeqCst) {
+            return Ok(());
+        }
+        let (ours, _gone) = socketpair().map_err(|e| NodeError::System(format!("socketpair: {e}")))?;
+        self.attach_task(task, ours)
     }
 
     /// In the forked child of task `task`, before `exec`: clears close-on-exec on the task's end and closes
@@ -374,6 +380,8 @@ fn locked<H: NodeHost>(
 ) -> Result<(), NodeError> {
     let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
     match catch_unwind(AssertUnwindSafe(|| f(&mut driver))) {
+        // The driver refuses what it cannot be asked now (a task attached twice) as invalid input.
+        Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidInput => Err(NodeError::State(e.to_string())),
         Ok(result) => result.map_err(|e| NodeError::System(e.to_string())),
         // The lock is poisoned by the unwind: every later call fails the same way.
         Err(_) => Err(NodeError::State("the node stopped after an internal error".into())),

@@ -189,3 +189,47 @@ fn the_stop_serves_what_tasks_wrote_before_they_left() {
         assert!(seen.all().contains(&"abort 0 7 bye".to_string()), "{looping:?}: {:?}", seen.all());
     }
 }
+
+/// A connection the host makes: an environment without `PMI_FD`, the host's end served once handed over (in
+/// both modes), handed over once only, and a task that never got one seen leaving when it is abandoned.
+#[test]
+fn a_connection_the_host_makes_is_served_once_handed_over() {
+    for looping in [Looping::OwnThread, Looping::HostLoop] {
+        let (mut node, seen) = node(2);
+        node.start(looping).unwrap();
+        let vars = node.env_task(0).unwrap().vars;
+        assert!(vars.iter().all(|v| v.name.to_str() != Ok("PMI_FD")), "{looping:?}");
+        assert_eq!(var(&vars, "PMI_RANK"), "0");
+        assert!(matches!(node.env_task(0), Err(NodeError::State(_))));
+        let (ours, theirs) = socketpair().unwrap();
+        assert!(matches!(node.attach_task(1, ours), Err(NodeError::State(_))), "task 1 has no environment yet");
+        let (ours, theirs_again) = socketpair().unwrap();
+        node.attach_task(0, ours).unwrap();
+        drop(theirs);
+        let mut task = UnixStream::from(theirs_again);
+        let (spare, _) = socketpair().unwrap();
+        assert!(matches!(node.attach_task(0, spare), Err(NodeError::State(_))), "attached twice");
+        if looping == Looping::HostLoop {
+            // The host's loop: the request is served by a progress call once it is written.
+            task.write_all(b"cmd=get_my_kvsname\n").unwrap();
+            node.progress().unwrap();
+            let mut answer = String::new();
+            BufReader::new(&mut task).read_line(&mut answer).unwrap();
+            assert_eq!(answer, "cmd=my_kvsname rc=0 kvsname=kvs\n");
+        } else {
+            assert_eq!(ask(&mut task, "cmd=get_my_kvsname\n"), "cmd=my_kvsname rc=0 kvsname=kvs\n");
+        }
+        // Task 0 waits in a barrier; task 1 never gets its connection, and is abandoned: it is seen leaving.
+        task.write_all(b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=barrier_in\n").unwrap();
+        node.env_task(1).unwrap();
+        node.abandon(1).unwrap();
+        node.abandon(0).unwrap();
+        if looping == Looping::HostLoop {
+            for _ in 0..3 {
+                node.progress().unwrap();
+            }
+        }
+        seen.wait_for("rank 1");
+        assert!(seen.all().iter().any(|s| s.starts_with("job_error") && s.contains("rank 1")), "{:?}", seen.all());
+    }
+}

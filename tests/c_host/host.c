@@ -4,17 +4,16 @@
  * runs N tasks of PROGRAM over M virtual nodes (one plugin instance per node, ranks dealt in blocks), does
  * the collective between the nodes in-process, and ends the job when a task aborts or fails.
  *
- *   host [--event-loop [--carry]] [--nodes M] -n N PLUGIN.so PROGRAM [ARGS...]
+ *   host [--event-loop] [--attach] [--nodes M] -n N PLUGIN.so PROGRAM [ARGS...]
  *   host --check-errors PLUGIN.so
  *
  * Thread mode (the default) lets each instance run its own progress thread; the main thread only reaps
  * tasks. --event-loop gives the plugin a watch_fd callback instead: the main thread polls every instance's
  * fd and a SIGCHLD self-pipe, and calls progress() and reaps tasks in one loop.
  *
- * --carry (ABI revision 4, event-loop mode) makes each task's connection itself, as a job shell whose tasks
- * keep only the host's own channels would: a socketpair whose end the task inherits as PMI_FD. The plugin gets
- * the task with task_carry; the loop polls the host's ends too and passes what tasks write to task_input, and
- * task_write sends the answers (blocking: answers are small and tasks read them; a real host would queue).
+ * --attach (ABI revision 4) makes each task's connection itself, as a job shell whose tasks keep only the
+ * host's own fds would: task_env instead of task_init, a socketpair of the host's whose end the task inherits
+ * as PMI_FD, and the other end handed to the plugin with task_attach once the task is forked.
  *
  * --check-errors feeds the plugin bad input and checks that the documented error codes come back.
  *
@@ -80,7 +79,7 @@
 
 extern char **environ;
 
-static const char usage[] = "usage: host [--event-loop [--carry]] [--nodes M] -n N PLUGIN.so PROGRAM [ARGS...]\n"
+static const char usage[] = "usage: host [--event-loop] [--attach] [--nodes M] -n N PLUGIN.so PROGRAM [ARGS...]\n"
                             "       host --check-errors PLUGIN.so\n";
 
 /* The plugin's table, for the life of the process, and the revision of the ABI it serves. */
@@ -183,17 +182,7 @@ struct task {
     uint32_t node, local;
     uint32_t app; /* index in job.apps */
     pid_t pid;    /* 0: not started, or reaped */
-    int carried;  /* --carry: the host's end of the task's connection until task_close, else -1 */
-    int eof;      /* --carry: the task closed its end (task_input was told) */
 };
-
-/* --carry: the host makes and carries every task's connection (ABI revision 4). */
-#if defined(RPMI_ABI_REVISION) && RPMI_ABI_REVISION >= 4
-#define CAN_CARRY 1
-#else
-#define CAN_CARRY 0
-#endif
-static int carry;
 
 /* A host this one started for a spawned job (see the header comment). */
 struct spawned {
@@ -457,34 +446,6 @@ static int on_watch_fd(void *host_data, rpmi_instance *instance, int fd) {
 static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len);
 #endif
 
-#if CAN_CARRY
-static int send_all(int fd, const char *buf, size_t len);
-
-/* The task that is local task `local` of `node`. */
-static struct task *local_task(struct node *node, uint32_t local) {
-    return local < node->local_count ? &job.tasks[node->local_ranks[local]] : NULL;
-}
-
-/* rpmi_host_ops.task_write (--carry): on the main thread, in progress() or task_input(). */
-static int on_task_write(void *host_data, rpmi_instance *instance, uint32_t local, const uint8_t *data, size_t len) {
-    struct task *t = local_task(host_data, local);
-    (void)instance;
-    if (!t || t->carried < 0)
-        return RPMI_ERR_INVALID;
-    return send_all(t->carried, (const char *)data, len) == 0 ? RPMI_OK : RPMI_ERR_SYSTEM;
-}
-
-/* rpmi_host_ops.task_close (--carry). */
-static void on_task_close(void *host_data, rpmi_instance *instance, uint32_t local) {
-    struct task *t = local_task(host_data, local);
-    (void)instance;
-    if (t && t->carried >= 0) {
-        close(t->carried);
-        t->carried = -1;
-    }
-}
-#endif
-
 static rpmi_host_ops host_ops(struct node *node, int event_loop) {
     rpmi_host_ops ops;
     memset(&ops, 0, sizeof ops); /* publish, unpublish and lookup: not supported */
@@ -498,10 +459,6 @@ static rpmi_host_ops host_ops(struct node *node, int event_loop) {
 #ifdef RPMI_ABI_REVISION
     /* A spawned job needs a plugin that takes its preputs and appnums. */
     ops.spawn = plugin_revision >= 2 ? on_spawn : NULL;
-#endif
-#if CAN_CARRY
-    ops.task_write = carry ? on_task_write : NULL;
-    ops.task_close = carry ? on_task_close : NULL;
 #endif
     return ops;
 }
@@ -589,6 +546,14 @@ static char **task_environment(const rpmi_task_env *env, char **extra, size_t ne
     return envp;
 }
 
+/* --attach: the host makes every task's connection and hands its end over (ABI revision 4). */
+#if defined(RPMI_ABI_REVISION) && RPMI_ABI_REVISION >= 4
+#define CAN_ATTACH 1
+#else
+#define CAN_ATTACH 0
+#endif
+static int attach;
+
 /* In the child: write a message with async-signal-safe calls only. */
 static void child_say(const char *a, const char *b) {
     ssize_t ignored = write(2, a, strlen(a));
@@ -598,8 +563,9 @@ static void child_say(const char *a, const char *b) {
 }
 
 /* Starts rank `rank`: task_init, fork, task_exec and execve in the child, task_forked in the parent (with
- * --carry: task_carry, the host's own socketpair, the task's end kept open across execve).
- * Returns 0 if the task runs (if task_forked failed, the job is ending), or -1 after saying why it does not. */
+ * --attach: task_env, the host's own socketpair, its end kept open across execve in the child, task_attach
+ * in the parent). Returns 0 if the task runs (if task_forked or task_attach failed, the job is ending), or -1
+ * after saying why it does not. */
 static int start_task(uint32_t rank) {
     struct task *t = &job.tasks[rank];
     const struct app *app = &job.apps[t->app];
@@ -610,20 +576,19 @@ static int start_task(uint32_t rank) {
     env.child_fd = -1;
     int pair[2] = {-1, -1}, rc;
     char pmi_fd[32] = "";
-    t->carried = -1;
-#if CAN_CARRY
-    if (carry) {
+#if CAN_ATTACH
+    if (attach) {
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) {
             fprintf(stderr, "host: socketpair for rank %u: %s\n", (unsigned)rank, strerror(errno));
             return -1;
         }
         snprintf(pmi_fd, sizeof pmi_fd, "PMI_FD=%d", pair[1]);
-        rc = plugin->task_carry(instance, t->local, &env);
+        rc = plugin->task_env(instance, t->local, &env);
     } else
 #endif
         rc = plugin->task_init(instance, t->local, &env);
     if (rc != RPMI_OK) {
-        fprintf(stderr, "host: task_%s for rank %u failed: %s (%d)\n", carry ? "carry" : "init", (unsigned)rank,
+        fprintf(stderr, "host: task_%s for rank %u failed: %s (%d)\n", attach ? "env" : "init", (unsigned)rank,
                 code_name(rc), rc);
         return -1;
     }
@@ -637,7 +602,7 @@ static int start_task(uint32_t rank) {
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
-        if (carry ? fcntl(pair[1], F_SETFD, 0) < 0 : plugin->task_exec(instance, t->local) != RPMI_OK) {
+        if (attach ? fcntl(pair[1], F_SETFD, 0) < 0 : plugin->task_exec(instance, t->local) != RPMI_OK) {
             child_say("host: the task's connection cannot be kept; not starting ", app->exec);
             _exit(127);
         }
@@ -652,11 +617,15 @@ static int start_task(uint32_t rank) {
     int fork_errno = errno;
     free(envp);
     /* Parent: the host's copy of the task's end is closed whether or not the fork worked. */
-    if (carry) {
+#if CAN_ATTACH
+    if (attach) {
         close(pair[1]);
-        t->carried = pair[0];
-        rc = RPMI_OK;
-    } else {
+        rc = plugin->task_attach(instance, t->local, pair[0]); /* the plugin's from now on */
+        if (rc != RPMI_OK)
+            fprintf(stderr, "host: task_attach for rank %u failed: %s (%d)\n", (unsigned)rank, code_name(rc), rc);
+    } else
+#endif
+    {
         rc = plugin->task_forked(instance, t->local);
         if (rc != RPMI_OK)
             fprintf(stderr, "host: task_forked for rank %u failed: %s (%d)\n", (unsigned)rank, code_name(rc), rc);
@@ -800,54 +769,12 @@ static void progress_ready(struct pollfd *fds) {
     }
 }
 
-#if CAN_CARRY
-/* --carry: passes what the tasks whose fds poll() found readable wrote to the plugin (end-of-file as len 0). */
-static void carry_ready(struct pollfd *fds) {
-    char buf[65536];
-    for (uint32_t r = 0; r < job.ntasks; r++) {
-        struct task *t = &job.tasks[r];
-        if (fds[r].fd < 0 || !fds[r].revents || t->carried < 0)
-            continue;
-        ssize_t got = read(t->carried, buf, sizeof buf);
-        if (got < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (got <= 0)
-            t->eof = 1;
-        int rc = plugin->task_input(job.nodes[t->node].instance, t->local, (const uint8_t *)buf,
-                                    got > 0 ? (size_t)got : 0);
-        if (rc != RPMI_OK)
-            fprintf(stderr, "host: task_input for rank %u failed: %s (%d)\n", (unsigned)r, code_name(rc), rc);
-    }
-}
-#endif
-
-/* The fds poll() waits for: every node's, the SIGCHLD pipe, and with --carry every task's that is open. */
-static nfds_t watched(struct pollfd *fds) {
-    uint32_t n = job.nnodes;
-    fds[n] = (struct pollfd){.fd = sigchld_pipe[0], .events = POLLIN};
-    if (!carry)
-        return n + 1;
-    for (uint32_t r = 0; r < job.ntasks; r++) {
-        const struct task *t = &job.tasks[r];
-        fds[n + 1 + r] = (struct pollfd){.fd = t->eof ? -1 : t->carried, .events = POLLIN};
-    }
-    return n + 1 + job.ntasks;
-}
-
-/* Serves what poll() found ready: the tasks' connections (--carry), then the nodes. */
-static void serve_ready(struct pollfd *fds) {
-#if CAN_CARRY
-    if (carry)
-        carry_ready(fds + job.nnodes + 1);
-#endif
-    progress_ready(fds);
-}
-
 static void event_loop(void) {
     uint32_t n = job.nnodes;
-    struct pollfd *fds = xcalloc(n + 1 + job.ntasks, sizeof *fds);
+    struct pollfd *fds = xcalloc(n + 1, sizeof *fds);
     for (uint32_t i = 0; i < n; i++)
         fds[i] = (struct pollfd){.fd = job.nodes[i].watch, .events = POLLIN};
+    fds[n] = (struct pollfd){.fd = sigchld_pipe[0], .events = POLLIN};
     while (tasks_left > 0) {
         /* Reap before sleeping: a SIGCHLD after this point still wakes poll() through the pipe. */
         int r;
@@ -855,7 +782,7 @@ static void event_loop(void) {
         }
         if (r < 0 || tasks_left == 0)
             break;
-        if (poll(fds, watched(fds), -1) < 0) {
+        if (poll(fds, n + 1, -1) < 0) {
             if (errno == EINTR)
                 continue;
             die("poll: %s", strerror(errno));
@@ -865,18 +792,16 @@ static void event_loop(void) {
             while (read(sigchld_pipe[0], buf, sizeof buf) > 0) {
             }
         }
-        serve_ready(fds);
+        progress_ready(fds);
     }
     /* The tasks are gone; let the plugin take in what they said last (an abort, say) before destroy. */
     for (int rounds = 0; rounds < 1000; rounds++) {
-        nfds_t nfds = watched(fds);
-        fds[n].fd = -1;
-        int ready = poll(fds, nfds, 0);
+        int ready = poll(fds, n, 0);
         if (ready < 0 && errno == EINTR)
             continue;
         if (ready <= 0)
             break;
-        serve_ready(fds);
+        progress_ready(fds);
     }
     free(fds);
 }
@@ -2120,9 +2045,9 @@ int main(int argc, char **argv) {
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--event-loop") == 0) {
             event_loop_mode = 1;
-#if CAN_CARRY
-        } else if (strcmp(argv[i], "--carry") == 0) {
-            carry = 1;
+#if CAN_ATTACH
+        } else if (strcmp(argv[i], "--attach") == 0) {
+            attach = 1;
 #endif
         } else if (strcmp(argv[i], "--nodes") == 0) {
             nnodes = count_arg("--nodes", i + 1 < argc ? argv[++i] : NULL);
@@ -2139,10 +2064,6 @@ int main(int argc, char **argv) {
             fprintf(stderr, "host: unknown option '%s'\n%s", argv[i], usage);
             return 2;
         }
-    }
-    if (carry && !event_loop_mode) {
-        fprintf(stderr, "host: --carry needs --event-loop\n%s", usage);
-        return 2;
     }
     self.argv0 = argv[0];
     self.event_loop = event_loop_mode;
@@ -2171,9 +2092,9 @@ int main(int argc, char **argv) {
     }
     self.plugin_path = argv[i];
     load_plugin(argv[i]);
-#if CAN_CARRY
-    if (carry && (plugin_revision < 4 || !plugin->task_carry || !plugin->task_input))
-        die("--carry needs a plugin of ABI revision 4 or later (this one is revision %u)", (unsigned)plugin_revision);
+#if CAN_ATTACH
+    if (attach && (plugin_revision < 4 || !plugin->task_env || !plugin->task_attach))
+        die("--attach needs a plugin of ABI revision 4 or later (this one is revision %u)", (unsigned)plugin_revision);
 #endif
     struct app app;
     memset(&app, 0, sizeof app);

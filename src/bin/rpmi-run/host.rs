@@ -230,9 +230,6 @@ impl Host {
             lookup: self.link.as_ref().map(|_| lookup as _),
             spawn: self.link.as_ref().map(|_| spawn as _),
             group_collective: Some(group_collective),
-            // Its tasks inherit the connections rpmi makes.
-            task_write: None,
-            task_close: None,
         }
     }
 
