@@ -206,7 +206,8 @@ typedef struct rpmi_plugin {
     int (*task_forked)(rpmi_instance *instance, uint32_t task);
 
     /* Parent, after the task exited with wait status `status`. Closes the host's copy of the task's end if
-     * task_forked was not called; the plugin sees the task leave when the task's end closes. */
+     * task_forked was not called; the plugin sees the task leave when the task's end closes (or here, for a
+     * task of task_env that was never attached). */
     int (*task_exit)(rpmi_instance *instance, uint32_t task, int status);
 
     /* Event-loop mode: do the work that made the watched fd readable. Never blocks. */

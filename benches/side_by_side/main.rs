@@ -1,7 +1,8 @@
 //! Side-by-side benchmark: the same PMI-1 workloads, run by `rpmi-probe` as every task, under rpmi-run,
 //! `srun --mpi=rpmi`, MPICH's `mpiexec.hydra`, `srun --mpi=pmi2`, a floor server (`floor.rs`) and, where Flux
-//! is installed, Flux with rpmi's shell plugin and with its own `pmi-simple`, in one run, interleaved so that the machine's drift hits every server alike. Prints a table and writes a
-//! markdown report, the raw runs (JSON) and a plot (PNG, through gnuplot) to the results folder.
+//! is installed, Flux with rpmi's shell plugin and with its own `pmi-simple`, in one run, interleaved so that
+//! the machine's drift hits every server alike. Prints a table and writes a markdown report, the raw runs
+//! (JSON) and a plot (PNG, through gnuplot) to the results folder.
 //!
 //! `bash docker/bench.sh` sets up everything (the local Slurm cluster with the plugin) and runs it; by
 //! hand: `cargo bench --features slurm --bench side_by_side -- [--runs 5] [--sizes 64,256,1024]
@@ -438,43 +439,91 @@ fn exchange_span(stdout: &str, size: usize) -> Option<f64> {
     (said.iter().all(|&s| s) && last >= first).then(|| (last - first) as f64 * 1e-9)
 }
 
+/// A resource manager whose own processes serve some servers' tasks: Slurm's stepds, Flux's shells. What they
+/// grow by per task without any PMI is taken out of those servers' memory per task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Manager {
+    Slurm,
+    Flux,
+}
+
+impl Manager {
+    fn of(server: Server) -> Option<Manager> {
+        match server.serving() {
+            Serving::Stepds { .. } => Some(Manager::Slurm),
+            Serving::FluxShells { .. } => Some(Manager::Flux),
+            _ => None,
+        }
+    }
+
+    /// What the report calls the job without PMI.
+    pub fn label(self) -> &'static str {
+        match self {
+            Manager::Slurm => "Busiest slurmstepd of an `srun --mpi=none` step",
+            Manager::Flux => "Busiest flux-shell of a `flux run -o pmi=none` job",
+        }
+    }
+
+    fn nodes(self) -> usize {
+        match self {
+            Manager::Slurm => slurm_nodes(),
+            Manager::Flux => FLUX_NODES,
+        }
+    }
+
+    /// The peak of its busiest serving process for a job of `size` tasks without PMI, which live long enough
+    /// for the sampler to find every one.
+    fn own_peak(self, size: usize) -> Result<Option<u64>, String> {
+        let n = format!("-n{size}");
+        let (command, serving) = match self {
+            Manager::Slurm => {
+                let mut c = Command::new("srun");
+                c.args(["-Q", "--mpi=none", "-O", &format!("-N{}", slurm_nodes()), &n, "sleep", "1"]);
+                (c, Serving::Stepds { nodes: slurm_nodes() })
+            }
+            Manager::Flux => {
+                let mut c = Command::new("flux");
+                c.args(["start", &format!("--test-size={FLUX_NODES}"), "--config-path"]).arg(flux_config());
+                c.args(["flux", "run", &format!("-N{FLUX_NODES}"), &n, "-o", "cpu-affinity=off", "-o", "pmi=none"]);
+                c.args(["sleep", "1"]);
+                (c, Serving::FluxShells { nodes: FLUX_NODES })
+            }
+        };
+        let job = run(command, serving, self.label())?;
+        if job.status != 0 {
+            return Err(format!("{} at N={size} failed (exit {}): {}", self.label(), job.status, job.stderr));
+        }
+        Ok(job.peaks.values().copied().max())
+    }
+}
+
 /// What a serving process holds before the workload's own memory: the same server with one task per
-/// node, and for the srun servers Slurm's own memory per task, taken from a `--mpi=none` step.
+/// node, and for the servers run by Slurm's or Flux's own processes their own memory per task.
 pub struct Baseline {
     idle: BTreeMap<Server, Option<u64>>,
-    /// Peak of the busiest slurmstepd of an `--mpi=none` step of this many tasks, KiB.
-    slurm_own: BTreeMap<usize, Option<u64>>,
+    /// Peak of the busiest serving process of a job without PMI of this many tasks, KiB.
+    own: BTreeMap<(Manager, usize), Option<u64>>,
 }
 
 impl Baseline {
-    /// The `--mpi=none` peaks by step size, for the report.
-    pub fn slurm_own(&self) -> impl Iterator<Item = (usize, Option<u64>)> + '_ {
-        self.slurm_own.iter().map(|(&n, &peak)| (n, peak))
+    /// The peaks without PMI by manager and size, for the report.
+    pub fn own(&self) -> impl Iterator<Item = (Manager, usize, Option<u64>)> + '_ {
+        self.own.iter().map(|(&(m, n), &peak)| (m, n, peak))
     }
 
-    /// KiB the serving process grew by for the workload at `size`, beyond what Slurm itself grows by.
+    /// KiB the serving process grew by for the workload at `size`, beyond what its resource manager itself
+    /// grows by.
     pub fn growth_kib(&self, server: Server, size: usize, peak_kib: u64) -> Option<u64> {
         let idle = (*self.idle.get(&server)?)?;
-        let slurm_own = match server.serving() {
-            Serving::Stepds { nodes } => {
-                let own = |n| self.slurm_own.get(&n).copied().flatten();
-                own(size)?.saturating_sub(own(nodes)?)
+        let own = match Manager::of(server) {
+            Some(m) => {
+                let own = |n| self.own.get(&(m, n)).copied().flatten();
+                own(size)?.saturating_sub(own(m.nodes())?)
             }
-            _ => 0,
+            None => 0,
         };
-        Some(peak_kib.saturating_sub(idle).saturating_sub(slurm_own))
+        Some(peak_kib.saturating_sub(idle).saturating_sub(own))
     }
-}
-
-/// A `--mpi=none` step of `size` tasks that live long enough for the sampler to find every stepd.
-fn slurm_own_peak(size: usize) -> Result<Option<u64>, String> {
-    let mut command = Command::new("srun");
-    command.args(["-Q", "--mpi=none", "-O", &format!("-N{}", slurm_nodes()), &format!("-n{size}"), "sleep", "1"]);
-    let job = run(command, Serving::Stepds { nodes: slurm_nodes() }, "srun --mpi=none")?;
-    if job.status != 0 {
-        return Err(format!("srun --mpi=none at N={size} failed (exit {}): {}", job.status, job.stderr));
-    }
-    Ok(job.peaks.values().copied().max())
 }
 
 /// The memory figure of a job: the busiest serving process, or Hydra's two together.
@@ -590,14 +639,16 @@ fn benchmark(config: &Config) -> Result<(), String> {
         }
         idle.insert(server, report::median(peaks).map(|kib| kib as u64));
     }
-    let mut slurm_own = BTreeMap::new();
-    if config.servers.iter().any(|s| matches!(s.serving(), Serving::Stepds { .. })) {
-        eprintln!("Slurm's own memory: a --mpi=none step of each size");
-        for &size in config.sizes.iter().chain(&[slurm_nodes()]) {
-            slurm_own.insert(size, slurm_own_peak(size)?);
+    let mut own = BTreeMap::new();
+    for manager in [Manager::Slurm, Manager::Flux] {
+        if config.servers.iter().any(|&s| Manager::of(s) == Some(manager)) {
+            eprintln!("{manager:?}'s own memory: a job without PMI of each size");
+            for &size in config.sizes.iter().chain(&[manager.nodes()]) {
+                own.insert((manager, size), manager.own_peak(size)?);
+            }
         }
     }
-    let baseline = Baseline { idle, slurm_own };
+    let baseline = Baseline { idle, own };
     let mut runs = Vec::new();
     for &workload in &config.workloads {
         for &size in &config.sizes {

@@ -1,7 +1,7 @@
 //! The report: medians with min and max per server, workload and size, ratios, memory, the issue's
 //! targets checked against the figures, the raw runs as JSON and a plot through gnuplot.
 
-use crate::{slurm_nodes, Baseline, Config, Run, Server, Workload};
+use crate::{slurm_nodes, Baseline, Config, Manager, Run, Server, Workload};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
@@ -245,17 +245,19 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
          machine, so all share one monotonic clock). \"vs\" is this server's median over the \
          median of the server named (above 1: slower than it). Peak: resident set high-water mark of the \
          busiest serving process (rpmi-run, or one node's shell of rpmi-run --nodes 4; the floor; one slurmstepd; \
-         Hydra: mpiexec + hydra_pmi_proxy); per task: its growth over the same server with one task per node \
+         one flux-shell; Hydra: mpiexec + hydra_pmi_proxy); per task: its growth over the same server with one task per node \
          (the median of as many runs), divided by the tasks it serves; for the srun \
          servers, less what the busiest slurmstepd of an `srun --mpi=none` step grows by over the same sizes \
-         (Slurm's own memory per task).\n"
+         (Slurm's own memory per task), and for the Flux servers, likewise, less what the busiest flux-shell of \
+         a job without PMI grows by.\n"
     );
-    let own: Vec<String> = baseline
-        .slurm_own()
-        .map(|(n, peak)| format!("N={n}: {}", peak.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))))
-        .collect();
-    if !own.is_empty() {
-        let _ = writeln!(md, "Busiest slurmstepd of an `srun --mpi=none` step: {}.\n", own.join(", "));
+    let mut own: BTreeMap<Manager, Vec<String>> = BTreeMap::new();
+    for (manager, n, peak) in baseline.own() {
+        let peak = peak.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        own.entry(manager).or_default().push(format!("N={n}: {peak}"));
+    }
+    for (manager, peaks) in own {
+        let _ = writeln!(md, "{}: {}.\n", manager.label(), peaks.join(", "));
     }
     let _ = writeln!(md, "## Targets\n\n| target | figure | |\n|---|---|---|");
     for check in checks {

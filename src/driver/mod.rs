@@ -273,9 +273,8 @@ impl<H: HostFds> Driver<H> {
         Ok(())
     }
 
-    /// Takes in what another thread posted, or what the host's own thread hands over directly
-    /// ([`crate::node::Node`] does, in the host's loop).
-    pub fn apply(&mut self, event: Event) -> io::Result<()> {
+    /// Takes in what another thread posted.
+    fn apply(&mut self, event: Event) -> io::Result<()> {
         match event {
             Event::CollectiveDone(result) => {
                 let parts = borrowed(&result);
@@ -287,7 +286,14 @@ impl<H: HostFds> Driver<H> {
             }
             Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
             Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(&mut self.host, task, ok, text),
-            Event::Attach(task, fd) => self.attach(task, fd)?,
+            Event::Attach(task, fd) => {
+                // A connection that cannot be watched is one the task has lost: it is seen leaving.
+                if let Err(e) = self.attach(task, fd) {
+                    self.host.log(log::Level::Error, &format!("cannot serve local task {task}'s connection: {e}"));
+                    self.closed += 1;
+                    self.shell.disconnected(&mut self.host, task);
+                }
+            }
             Event::Stop => {
                 // What tasks wrote before they left (an abort line, say) is still served.
                 for task in 0..self.conns.len() {

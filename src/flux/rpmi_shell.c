@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -83,6 +84,8 @@ struct rpmi_flux {
     int *broker_rank; /* by shell rank */
     struct task *tasks;
     uint32_t local_count;
+    /* The task being started: the shell runs task.init, forks and runs task.fork for one task at a time. */
+    struct task *starting;
     uint64_t part_max; /* one shell's contribution */
     int failed;        /* the job is ending: exchanges are no longer started */
 
@@ -127,6 +130,14 @@ static void fail_exchange(struct rpmi_flux *ctx, const char *fmt, ...) {
     if (ctx->contributed) {
         ctx->contributed = 0;
         ctx->plugin->collective_complete(ctx->inst, RPMI_ERR_SYSTEM, NULL, 0, text);
+    }
+    /* The children that wait for this shell's answer get the failure at once. */
+    for (uint32_t i = 0; ctx->child_req && i < ctx->children; i++) {
+        if (ctx->child_req[i]) {
+            flux_respond_error(ctx->h, ctx->child_req[i], EIO, text);
+            flux_msg_decref(ctx->child_req[i]);
+            ctx->child_req[i] = NULL;
+        }
     }
     fail_job(ctx, "%s", text);
 }
@@ -449,13 +460,16 @@ static void on_connect(flux_reactor_t *r, flux_watcher_t *w, int revents, void *
     for (;;) {
         int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-                shell_log_errno("accept on %s", ctx->socket_addr.sun_path);
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                /* Out of fds, say: the watcher would fire again at once, for ever. */
+                flux_watcher_stop(ctx->accept_w);
+                fail_job(ctx, "cannot accept the tasks' connections: %s", strerror(errno));
+            }
             return;
         }
-        struct ucred peer;
+        struct ucred peer = {0};
         socklen_t len = sizeof peer;
         struct task *t = NULL;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 && peer.uid == getuid()) {
@@ -555,7 +569,12 @@ static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
             return shell_log_errno("cannot set %s", name);
     }
     t->task = task;
-    t->reserved_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ctx->starting = t;
+    /* Above the standard streams, even when the shell runs without some of them. */
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    t->reserved_fd = null < 0 ? -1 : fcntl(null, F_DUPFD_CLOEXEC, 3);
+    if (null >= 0)
+        close(null);
     if (t->reserved_fd < 0 || flux_cmd_setenvf(cmd, 1, "PMI_FD", "%d", t->reserved_fd) < 0)
         return shell_log_errno("cannot reserve PMI_FD for rank %d", rank);
     return 0;
@@ -565,21 +584,22 @@ static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
  * connection to the number PMI_FD names. Async-signal-safe calls only. */
 static int task_exec(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
     struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
-    flux_shell_task_t *task;
-    int localid, rank;
     (void)topic;
     (void)args;
     (void)arg;
     if (!ctx)
         return 0;
-    if (!(task = flux_shell_current_task(ctx->shell)) || task_localid(task, &localid, &rank) < 0 || localid < 0 ||
-        (uint32_t)localid >= ctx->local_count)
-        child_fail("the task is unknown");
-    int want = ctx->tasks[localid].reserved_fd;
+    if (!ctx->starting || ctx->starting->reserved_fd < 0)
+        child_fail("no PMI_FD was reserved for it");
+    int want = ctx->starting->reserved_fd;
     /* Not close-on-exec: the task keeps it. */
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     if (fd < 0)
         child_fail("socket failed");
+    /* The shell takes each connection as soon as the task is forked (task_fork); a shell that does not within
+     * a minute is stuck, and the task says so rather than hang. */
+    struct timeval limit = {.tv_sec = 60};
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
     int rc;
     do
         rc = connect(fd, (const struct sockaddr *)&ctx->socket_addr, sizeof ctx->socket_addr);
@@ -606,9 +626,16 @@ static int task_fork(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
     (void)topic;
     (void)args;
     (void)arg;
-    if (ctx && (task = flux_shell_current_task(ctx->shell)) && task_localid(task, &localid, &rank) == 0 &&
-        localid >= 0 && (uint32_t)localid < ctx->local_count)
+    if (!ctx)
+        return 0;
+    if ((task = flux_shell_current_task(ctx->shell)) && task_localid(task, &localid, &rank) == 0 && localid >= 0 &&
+        (uint32_t)localid < ctx->local_count)
         release_reserved(&ctx->tasks[localid]);
+    ctx->starting = NULL;
+    /* The shell starts all its tasks before its reactor runs again: each connection is taken now (the child
+     * connected before it exec'd, which the fork waited for), so that no more than one waits in the listen
+     * queue, whatever its length. */
+    on_connect(NULL, ctx->accept_w, 0, ctx);
     return 0;
 }
 
@@ -623,6 +650,8 @@ static int task_exit(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
         localid < 0 || (uint32_t)localid >= ctx->local_count)
         return 0;
     (void)flux_shell_task_info_unpack(task, "{s:i}", "wait_status", &status);
+    /* Its connection, if it is still in the listen queue, goes to rpmi before the task is said to have left. */
+    on_connect(NULL, ctx->accept_w, 0, ctx);
     struct task *t = &ctx->tasks[localid];
     release_reserved(t);
     /* The shell may free the task after this; a task that never connected is seen leaving by rpmi here. */

@@ -253,23 +253,19 @@ impl<H: NodeHost> Node<H> {
         Ok(TaskEnv { child_fd: -1, vars })
     }
 
-    /// Serves `fd`, the host's end of the connection it made for task `task` (after [`Node::env_task`]).
+    /// Serves `fd`, the host's end of the connection it made for task `task` (after [`Node::env_task`]). Posted
+    /// to the progress loop, never taken under its lock: a host may call this from inside a callback.
     pub fn attach_task(&self, task: TaskId, fd: OwnedFd) -> Result<(), NodeError> {
-        if !self.connected.get(task).is_some_and(|c| c.load(SeqCst)) {
+        let Some(connected) = self.connected.get(task) else {
+            return Err(NodeError::Invalid(format!("no local task {task}")));
+        };
+        if !connected.load(SeqCst) {
             return Err(NodeError::State(format!("task {task} has no environment made for it")));
         }
         if self.attached[task].swap(true, SeqCst) {
             return Err(NodeError::State(format!("task {task}'s connection is already served")));
         }
-        match &self.progress {
-            // In the host's loop the driver takes it now: so it reports a task attached twice.
-            Progress::Ready(d) | Progress::InHostLoop(d) => locked(d, |d| d.apply(Event::Attach(task, fd))),
-            Progress::Thread { .. } => self
-                .handle
-                .post(Event::Attach(task, fd))
-                .map_err(|_| NodeError::State("the node no longer serves".into())),
-            Progress::Stopped => Err(NodeError::State("the node no longer serves".into())),
-        }
+        self.handle.post(Event::Attach(task, fd)).map_err(|_| NodeError::State("the node no longer serves".into()))
     }
 
     /// Task `task`, whose connection the host was to make, has ended without one: it is served a connection
@@ -380,8 +376,6 @@ fn locked<H: NodeHost>(
 ) -> Result<(), NodeError> {
     let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
     match catch_unwind(AssertUnwindSafe(|| f(&mut driver))) {
-        // The driver refuses what it cannot be asked now (a task attached twice) as invalid input.
-        Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidInput => Err(NodeError::State(e.to_string())),
         Ok(result) => result.map_err(|e| NodeError::System(e.to_string())),
         // The lock is poisoned by the unwind: every later call fails the same way.
         Err(_) => Err(NodeError::State("the node stopped after an internal error".into())),

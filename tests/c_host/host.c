@@ -590,6 +590,10 @@ static int start_task(uint32_t rank) {
     if (rc != RPMI_OK) {
         fprintf(stderr, "host: task_%s for rank %u failed: %s (%d)\n", attach ? "env" : "init", (unsigned)rank,
                 code_name(rc), rc);
+        if (attach) {
+            close(pair[0]);
+            close(pair[1]);
+        }
         return -1;
     }
     if (env.env_count && !env.env) {
