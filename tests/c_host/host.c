@@ -1960,6 +1960,42 @@ static int check_errors(const char *plugin_path) {
         again.struct_size = sizeof again;
         check_code("task_init of task 1 twice -> RPMI_ERR_STATE", plugin->task_init(inst, 1, &again), RPMI_ERR_STATE,
                    NULL);
+#if CAN_ATTACH
+        if (plugin_revision >= 4) {
+            /* A connection the host makes: task_env, then task_attach, which takes the fd whatever it returns. */
+            int sv[2];
+            check_code("task_attach with a negative fd -> RPMI_ERR_INVALID", plugin->task_attach(inst, 0, -1),
+                       RPMI_ERR_INVALID, NULL);
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+                check_code("task_attach before task_env -> RPMI_ERR_STATE", plugin->task_attach(inst, 0, sv[0]),
+                           RPMI_ERR_STATE, NULL);
+                check(fcntl(sv[0], F_GETFD) < 0 && errno == EBADF, "  ... and the fd is closed", NULL);
+                close(sv[1]);
+            }
+            rpmi_task_env own;
+            memset(&own, 0, sizeof own);
+            own.struct_size = sizeof own;
+            check_code("task_env of task 0 -> RPMI_OK", plugin->task_env(inst, 0, &own), RPMI_OK, NULL);
+            int has_fd = 0;
+            for (size_t i = 0; i < own.env_count; i++)
+                has_fd |= strncmp(own.env[i], "PMI_FD=", 7) == 0;
+            check(own.child_fd == -1 && !has_fd && own.env_count > 0, "  ... no fd made, no PMI_FD in env", NULL);
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+                check_code("task_attach of task 0 -> RPMI_OK", plugin->task_attach(inst, 0, sv[0]), RPMI_OK, NULL);
+                close(sv[1]);
+            }
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+                check_code("task_attach of task 0 twice -> RPMI_ERR_STATE", plugin->task_attach(inst, 0, sv[0]),
+                           RPMI_ERR_STATE, NULL);
+                close(sv[1]);
+            }
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+                check_code("task_attach of task 5 -> RPMI_ERR_INVALID", plugin->task_attach(inst, 5, sv[0]),
+                           RPMI_ERR_INVALID, NULL);
+                close(sv[1]);
+            }
+        }
+#endif
         check_code("task_forked of task 1 -> RPMI_OK", plugin->task_forked(inst, 1), RPMI_OK, NULL);
         last_log[0] = '\0';
         check_code("progress in thread mode -> RPMI_ERR_STATE", plugin->progress(inst), RPMI_ERR_STATE, NULL);
