@@ -242,3 +242,29 @@ fn only_the_tasks_own_connection_is_taken() {
     assert_eq!(info_by_rank(&r.stdout).len(), 3, "{}", r.dump());
     assert!(r.stderr.contains("refused a PMI connection from pid"), "{}", r.dump());
 }
+
+/// Seven shells under a tree of width 2 (shell 0 over 1 and 2, those over 3-6): parts climb two levels and
+/// the answers come back down; a leaf's abort climbs to shell 0.
+#[test]
+fn a_deeper_tree_of_seven_shells() {
+    let rc = format!("userrc={}", setup().userrc.display());
+    let p = setup().mpi_pairs.to_str().expect("UTF-8").to_string();
+    let _one = instance();
+    for program in [&[PROBE, "exchange", "--puts", "4", "--size", "500"][..], &[p.as_str()][..]] {
+        let mut args = vec!["start", "--test-size=7", "flux", "run", "-N7", "-n14", "-o", &rc];
+        args.extend(["-o", "pmi=rpmi", "-o", "rpmi.tree_width=2"]);
+        args.extend(program);
+        let done = start("flux", &args).wait(GUARD);
+        done.assert_success("a job over 7 shells");
+        let said = done.stdout.contains("exchange: size=14 puts=4 value_len=500 gets=14 ")
+            || done.stdout.contains("mpi_pairs: 14 ranks, allreduce 105, all pairs exchanged");
+        assert!(said, "no summary line:\n{}", done.dump());
+    }
+    // An abort on a leaf (rank 13 on shell 6, under shell 2) reaches shell 0, which raises the one exception.
+    let args = ["start", "--test-size=7", "flux", "run", "-N7", "-n14", "-o", &rc, "-o", "pmi=rpmi"];
+    let done = start("flux", &[&args[..], &["-o", "rpmi.tree_width=2", &p, "abort=13:7"]].concat()).wait(GUARD);
+    assert_eq!(done.code(), Some(7), "not the abort's code:\n{}", done.dump());
+    let exceptions: Vec<&str> = done.stderr.lines().filter(|l| l.contains("job.exception")).collect();
+    assert_eq!(exceptions.len(), 1, "one exception expected:\n{}", done.dump());
+    assert!(exceptions[0].contains("rank 13 called PMI_Abort(7)"), "{}", done.dump());
+}
