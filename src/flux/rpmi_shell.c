@@ -104,43 +104,35 @@ struct rpmi_flux {
 /* ---------------------------------------------------------------------------------------------------------
  * Failing the job. */
 
-/* Ends the job with a fatal exception (the shell's tasks are killed); the first one is what Flux reports. */
-static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) {
+/* Ends the job with a fatal exception (the shell's tasks are killed; the first exception is what Flux reports)
+ * and, if `exchange`, fails the collective in progress too: its waiting tasks get the failure, and so do the
+ * children that wait for this shell's answer. Called through fail_job and fail_exchange. */
+static void fail(struct rpmi_flux *ctx, int exchange, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(struct rpmi_flux *ctx, int exchange, const char *fmt, ...) {
     char text[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    shell_log_error("%s", text);
-    if (!ctx->failed) {
-        ctx->failed = 1;
-        flux_shell_raise("exec", 0, "rpmi: %s", text);
-    }
-}
-
-/* Fails the collective in progress (its waiting tasks get a failure) and the job. */
-static void fail_exchange(struct rpmi_flux *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail_exchange(struct rpmi_flux *ctx, const char *fmt, ...) {
-    char text[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    if (ctx->contributed) {
+    if (exchange && ctx->contributed) {
         ctx->contributed = 0;
         ctx->plugin->collective_complete(ctx->inst, RPMI_ERR_SYSTEM, NULL, 0, text);
     }
-    /* The children that wait for this shell's answer get the failure at once. */
-    for (uint32_t i = 0; ctx->child_req && i < ctx->children; i++) {
+    for (uint32_t i = 0; exchange && ctx->child_req && i < ctx->children; i++) {
         if (ctx->child_req[i]) {
             flux_respond_error(ctx->h, ctx->child_req[i], EIO, text);
             flux_msg_decref(ctx->child_req[i]);
             ctx->child_req[i] = NULL;
         }
     }
-    fail_job(ctx, "%s", text);
+    shell_log_error("%s", text);
+    if (!ctx->failed) {
+        ctx->failed = 1;
+        flux_shell_raise("exec", 0, "rpmi: %s", text);
+    }
 }
+#define fail_job(ctx, ...) fail(ctx, 0, __VA_ARGS__)
+#define fail_exchange(ctx, ...) fail(ctx, 1, __VA_ARGS__)
 
 /* ---------------------------------------------------------------------------------------------------------
  * The tree and its bounds. */
@@ -214,6 +206,8 @@ static void on_ready(flux_reactor_t *r, flux_watcher_t *w, int revents, void *ar
 /* Every shell's contributions (`all`): they answer each child's request, then complete this shell's part. */
 static void deliver(struct rpmi_flux *ctx, const void *all, size_t len) {
     for (uint32_t i = 0; i < ctx->children; i++) {
+        if (!ctx->child_req[i]) /* answered with a failure already */
+            continue;
         if (flux_respond_raw(ctx->h, ctx->child_req[i], all, len) < 0)
             shell_log_errno("cannot answer shell %u's part", (unsigned)(first_child(ctx) + i));
         flux_msg_decref(ctx->child_req[i]);
@@ -529,28 +523,33 @@ static void child_fail(const char *what) {
     _exit(127);
 }
 
-static int task_localid(flux_shell_task_t *task, int *localid, int *rank) {
-    return flux_shell_task_info_unpack(task, "{s:i s:i}", "localid", localid, "rank", rank);
+/* The task a task.* hook is called for (its Flux task and rank too), or NULL. */
+static struct task *current_task(struct rpmi_flux *ctx, flux_shell_task_t **task, int *rank) {
+    int localid;
+    if (!(*task = flux_shell_current_task(ctx->shell)) ||
+        flux_shell_task_info_unpack(*task, "{s:i s:i}", "localid", &localid, "rank", rank) < 0 || localid < 0 ||
+        (uint32_t)localid >= ctx->local_count)
+        return NULL;
+    return &ctx->tasks[localid];
 }
 
 static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
     struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
     flux_shell_task_t *task;
     flux_cmd_t *cmd;
-    int localid, rank;
+    struct task *t;
+    int rank;
     (void)topic;
     (void)args;
     (void)arg;
     if (!ctx)
         return 0;
-    if (!(task = flux_shell_current_task(ctx->shell)) || !(cmd = flux_shell_task_cmd(task)) ||
-        task_localid(task, &localid, &rank) < 0 || localid < 0 || (uint32_t)localid >= ctx->local_count)
+    if (!(t = current_task(ctx, &task, &rank)) || !(cmd = flux_shell_task_cmd(task)))
         return shell_log_errno("cannot read the task's rank");
-    struct task *t = &ctx->tasks[localid];
     rpmi_task_env env;
     memset(&env, 0, sizeof env);
     env.struct_size = sizeof env;
-    int rc = ctx->plugin->task_env(ctx->inst, (uint32_t)localid, &env);
+    int rc = ctx->plugin->task_env(ctx->inst, t->local, &env);
     if (rc != RPMI_OK) {
         shell_log_error("task_env for rank %d failed (%d)", rank, rc);
         return -1;
@@ -622,15 +621,15 @@ static void release_reserved(struct task *t) {
 static int task_fork(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
     struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
     flux_shell_task_t *task;
-    int localid, rank;
+    struct task *t;
+    int rank;
     (void)topic;
     (void)args;
     (void)arg;
     if (!ctx)
         return 0;
-    if ((task = flux_shell_current_task(ctx->shell)) && task_localid(task, &localid, &rank) == 0 && localid >= 0 &&
-        (uint32_t)localid < ctx->local_count)
-        release_reserved(&ctx->tasks[localid]);
+    if ((t = current_task(ctx, &task, &rank)))
+        release_reserved(t);
     ctx->starting = NULL;
     /* The shell starts all its tasks before its reactor runs again: each connection is taken now (the child
      * connected before it exec'd, which the fork waited for), so that no more than one waits in the listen
@@ -642,21 +641,20 @@ static int task_fork(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
 static int task_exit(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
     struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
     flux_shell_task_t *task;
-    int localid, rank, status = 0;
+    struct task *t;
+    int rank, status = 0;
     (void)topic;
     (void)args;
     (void)arg;
-    if (!ctx || !(task = flux_shell_current_task(ctx->shell)) || task_localid(task, &localid, &rank) < 0 ||
-        localid < 0 || (uint32_t)localid >= ctx->local_count)
+    if (!ctx || !(t = current_task(ctx, &task, &rank)))
         return 0;
     (void)flux_shell_task_info_unpack(task, "{s:i}", "wait_status", &status);
     /* Its connection, if it is still in the listen queue, goes to rpmi before the task is said to have left. */
     on_connect(NULL, ctx->accept_w, 0, ctx);
-    struct task *t = &ctx->tasks[localid];
     release_reserved(t);
     /* The shell may free the task after this; a task that never connected is seen leaving by rpmi here. */
     t->task = NULL;
-    ctx->plugin->task_exit(ctx->inst, (uint32_t)localid, status);
+    ctx->plugin->task_exit(ctx->inst, t->local, status);
     return 0;
 }
 
@@ -702,16 +700,12 @@ static int read_options(struct rpmi_flux *ctx, char **options_json) {
     *options_json = NULL;
     ctx->width = TREE_WIDTH_DEFAULT;
     ctx->part_max = KVS_BYTES_MAX_DEFAULT;
-    if (flux_shell_getopt_unpack(ctx->shell, "rpmi", "o", &opts) < 0) {
+    if (flux_shell_getopt_unpack(ctx->shell, "rpmi", "o", &opts) < 0 || (opts && !json_is_object(opts))) {
         shell_log_error("-o rpmi must be a set of rpmi.KEY=VALUE options");
         return -1;
     }
     if (!opts)
         return 0;
-    if (!json_is_object(opts)) {
-        shell_log_error("-o rpmi must be a set of rpmi.KEY=VALUE options");
-        return -1;
-    }
     json_t *copy = json_deep_copy(opts), *width = json_object_get(copy, "tree_width"),
            *kvs = json_object_get(copy, "kvs_bytes_max");
     if (!copy)

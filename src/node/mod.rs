@@ -213,9 +213,7 @@ impl<H: NodeHost> Node<H> {
         self.attached[task].store(true, SeqCst);
         let fd = child.into_raw_fd();
         self.child_fds.0[task].store(fd, SeqCst);
-        let mut vars = self.task_vars(rank);
-        vars[0] = EnvVar::new("PMI_FD", fd.to_string());
-        Ok(TaskEnv { child_fd: fd, vars })
+        Ok(TaskEnv { child_fd: fd, vars: self.task_vars(rank, Some(fd)) })
     }
 
     /// Marks local task `task` connected (once); returns its rank.
@@ -229,15 +227,15 @@ impl<H: NodeHost> Node<H> {
         Ok(rank)
     }
 
-    /// A task's environment: `PMI_FD` first (its value for the caller to set), then `PMI_RANK`, `PMI_SIZE`,
-    /// `PMI_JOBID` (and `PMI_SPAWNED`).
-    fn task_vars(&self, rank: u32) -> Vec<EnvVar> {
-        let mut vars = vec![
-            EnvVar::new("PMI_FD", String::new()),
+    /// A task's environment: `PMI_FD` (when the node makes the connection), `PMI_RANK`, `PMI_SIZE`, `PMI_JOBID`
+    /// (and `PMI_SPAWNED`).
+    fn task_vars(&self, rank: u32, pmi_fd: Option<RawFd>) -> Vec<EnvVar> {
+        let mut vars: Vec<EnvVar> = pmi_fd.map(|fd| EnvVar::new("PMI_FD", fd.to_string())).into_iter().collect();
+        vars.extend([
             EnvVar::new("PMI_RANK", rank.to_string()),
             EnvVar::new("PMI_SIZE", self.size.to_string()),
             EnvVar::new("PMI_JOBID", self.job.job_id.clone()),
-        ];
+        ]);
         if self.spawned {
             vars.push(EnvVar::new("PMI_SPAWNED", "1".into()));
         }
@@ -248,9 +246,7 @@ impl<H: NodeHost> Node<H> {
     /// ([`Node::attach_task`]): no socketpair is made, and the environment has no `PMI_FD`.
     pub fn env_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
         let rank = self.mark_connected(task)?;
-        let mut vars = self.task_vars(rank);
-        vars.remove(0);
-        Ok(TaskEnv { child_fd: -1, vars })
+        Ok(TaskEnv { child_fd: -1, vars: self.task_vars(rank, None) })
     }
 
     /// Serves `fd`, the host's end of the connection it made for task `task` (after [`Node::env_task`]). Posted
@@ -331,7 +327,13 @@ impl<H: NodeHost> Node<H> {
         let Progress::InHostLoop(driver) = &self.progress else {
             return Err(NodeError::State("progress called, but the node runs its own progress thread".into()));
         };
-        locked(driver, |d| d.on_ready(0).map(|_| ()).map_err(|e| io::Error::new(e.kind(), format!("progress: {e}"))))
+        let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
+        match catch_unwind(AssertUnwindSafe(|| driver.on_ready(0))) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(NodeError::System(format!("progress: {e}"))),
+            // The lock is poisoned by the unwind: every later call fails the same way.
+            Err(_) => Err(NodeError::State("the node stopped after an internal error".into())),
+        }
     }
 
     /// Stops serving, after serving what the tasks wrote before they left (an abort line, say). With a
@@ -366,19 +368,6 @@ impl<H: NodeHost> Node<H> {
 impl<H: NodeHost> Drop for Node<H> {
     fn drop(&mut self) {
         self.stop(None, || {});
-    }
-}
-
-/// Runs `f` on the driver behind `driver`'s lock, with panics contained.
-fn locked<H: NodeHost>(
-    driver: &Mutex<Box<Driver<H>>>,
-    f: impl FnOnce(&mut Driver<H>) -> io::Result<()>,
-) -> Result<(), NodeError> {
-    let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
-    match catch_unwind(AssertUnwindSafe(|| f(&mut driver))) {
-        Ok(result) => result.map_err(|e| NodeError::System(e.to_string())),
-        // The lock is poisoned by the unwind: every later call fails the same way.
-        Err(_) => Err(NodeError::State("the node stopped after an internal error".into())),
     }
 }
 
