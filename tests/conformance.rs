@@ -467,17 +467,19 @@ fn barrier(clients: &mut [Client]) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------------------
 // Initialization and process group information.
 
-/// RFC 13: the client sends the highest version it supports and the server answers with the version used.
-/// rpmi serves PMI 1.1 and PMI-2: 1.0 and 1.1 clients are served; 1.2 is answered with 1.1 (clients.md:
-/// answering 1.2 obliges the server to barrier groups); a client asking for 2 gets 2.0 (and speaks PMI-2
+/// RFC 13: the client sends the highest version it supports and the server answers with the version used,
+/// never above what the client asked for. rpmi serves PMI 1.1, 1.2 (when the host runs group exchanges) and
+/// PMI-2: a 1.0 or 1.1 client gets 1.1 (Flux's client accepts exactly that); one asking for 1.2 or a later 1.x
+/// gets 1.2 from a host with group exchanges, else 1.1; a client asking for 2 gets 2.0 (and speaks PMI-2
 /// from then on); anything else is refused. Every answer carries both `pmi_version` and `pmi_subversion`
 /// (newer MPICH needs both).
 #[test]
-fn init_negotiates_pmi_1_1_or_2_and_refuses_other_versions() {
-    let cases: &[(&str, Option<&str>)] = &[
+fn init_answers_the_lower_of_what_the_client_asked_and_what_is_served() {
+    let without_groups: &[(&str, Option<&str>)] = &[
         ("1 0", Some("1 1")),
         ("1 1", Some("1 1")),
         ("1 2", Some("1 1")),
+        ("1 3", Some("1 1")),
         ("2 0", Some("2 0")),
         ("2 1", Some("2 0")),
         ("0 0", None),
@@ -485,7 +487,17 @@ fn init_negotiates_pmi_1_1_or_2_and_refuses_other_versions() {
         ("1 -1", None),
         ("-1 1", None),
     ];
-    let (job, mut clients) = Setup::block(&[cases.len() as u32], 0).start();
+    let with_groups: &[(&str, Option<&str>)] =
+        &[("1 0", Some("1 1")), ("1 1", Some("1 1")), ("1 2", Some("1 2")), ("1 3", Some("1 2")), ("2 0", Some("2 0"))];
+    for (setup, cases) in
+        [(Setup::block(&[10], 0), without_groups), (Setup::block(&[5], 0).serve_groups(), with_groups)]
+    {
+        init_cases(setup, cases);
+    }
+}
+
+fn init_cases(setup: Setup, cases: &[(&str, Option<&str>)]) {
+    let (job, mut clients) = setup.start();
     for ((versions, answered), c) in cases.iter().zip(clients.iter_mut()) {
         let (v, s) = versions.split_once(' ').unwrap();
         let answer = c.ask(&format!("cmd=init pmi_version={v} pmi_subversion={s}"));
@@ -503,8 +515,10 @@ fn init_negotiates_pmi_1_1_or_2_and_refuses_other_versions() {
     let record = job.shared.get();
     assert!(record.errors.is_empty(), "a refused init is not a protocol error: {:?}", record.errors);
     // Each refusal is logged, naming the rank and the version asked for.
-    for (rank, asked) in [(5, "0.0"), (6, "3.0"), (7, "1.-1"), (8, "-1.1")] {
-        let said = format!("rank {rank} asked for PMI version {asked}; rpmi serves 1.1 and 2.0");
+    let refused = cases.iter().enumerate().filter(|(_, (_, answered))| answered.is_none());
+    for (rank, (asked, _)) in refused {
+        let asked = asked.replace(' ', ".");
+        let said = format!("rank {rank} asked for PMI version {asked}; rpmi serves 1.1, 1.2 and 2.0");
         assert!(record.logs.iter().any(|(l, m)| *l == log::Level::Error && *m == said), "{said}: {:?}", record.logs);
     }
     drop(record);
@@ -1311,6 +1325,9 @@ impl Client {
         self.reader.read_exact(&mut body).unwrap();
         let body = String::from_utf8(body).unwrap();
         assert!(body.starts_with("cmd=") && body.ends_with(';'), "a malformed PMI-2 answer {body:?}");
+        if let Err(why) = slurm_libpmi2_reads(&body) {
+            panic!("Slurm's libpmi2 would refuse {body:?}: {why}");
+        }
         body
     }
 
@@ -1324,6 +1341,74 @@ fn frame2(body: &str) -> String {
     format!("{:>6}{body}", body.len())
 }
 
+/// Reads a PMI-2 answer as the strictest real client does, Slurm's libpmi2 (`contribs/pmi2/pmi2_api.c`):
+/// every pair ends with `;` (a `;` in a value doubled), keys of at most 64 bytes and values of at most 1024,
+/// an integer `rc`; `found`, `pmiverbose`, `debugged` and `kvscopy` exactly `TRUE` or `FALSE`; and a
+/// successful `fullinit-response` carries `pmi-version`, `pmi-subversion`, `rank`, `size` and `appnum`.
+fn slurm_libpmi2_reads(body: &str) -> Result<(), String> {
+    let mut pairs = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=').ok_or("a pair without '='")?;
+        let (mut value, mut i) = (String::new(), 0);
+        let bytes = after.as_bytes();
+        loop {
+            match bytes.get(i) {
+                None => return Err(format!("'{key}' does not end with ';'")),
+                Some(b';') if bytes.get(i + 1) == Some(&b';') => {
+                    value.push(';');
+                    i += 2;
+                }
+                Some(b';') => break,
+                Some(&b) => {
+                    value.push(b as char);
+                    i += 1;
+                }
+            }
+        }
+        if key.len() > 64 || value.len() > 1024 {
+            return Err(format!("'{key}' is longer than the library's bounds"));
+        }
+        pairs.push((key.to_string(), value));
+        rest = &after[i + 1..];
+    }
+    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let int = |k: &str| get(k).ok_or(format!("no '{k}'"))?.parse::<i64>().map_err(|_| format!("'{k}' is no integer"));
+    let rc = int("rc")?;
+    for k in ["found", "pmiverbose", "debugged", "kvscopy"] {
+        if get(k).is_some_and(|v| v != "TRUE" && v != "FALSE") {
+            return Err(format!("'{k}' is not TRUE or FALSE"));
+        }
+    }
+    if get("cmd") == Some("fullinit-response") && rc == 0 {
+        for k in ["pmi-version", "pmi-subversion", "rank", "size", "appnum"] {
+            int(k)?;
+        }
+    }
+    Ok(())
+}
+
+/// The checker above refuses what Slurm's libpmi2 refuses (rpmi sent each of these once).
+#[test]
+fn slurm_libpmi2_rules() {
+    assert_eq!(
+        slurm_libpmi2_reads(
+            "cmd=fullinit-response;rc=0;pmi-version=2;pmi-subversion=0;rank=1;size=2;appnum=0;pmiverbose=FALSE;"
+        ),
+        Ok(())
+    );
+    let refused = [
+        "cmd=fullinit-response;rc=0;rank=1;size=2;appnum=0;pmiverbose=FALSE;",
+        "cmd=fullinit-response;rc=0;pmi-version=2;pmi-subversion=0;rank=1;size=2;appnum=0;pmiverbose=0;",
+        "cmd=kvs-get-response;rc=0;found=1;",
+        "cmd=kvs-get-response;rc=0;found=TRUE;value=a;;",
+        "cmd=kvs-get-response;found=FALSE;",
+    ];
+    for body in refused {
+        assert!(slurm_libpmi2_reads(body).is_err(), "{body}");
+    }
+}
+
 #[test]
 fn pmi2_fullinit_job_attributes_and_finalize() {
     let mut setup = Setup::block(&[2, 2], 1);
@@ -1334,10 +1419,13 @@ fn pmi2_fullinit_job_attributes_and_finalize() {
     c.init2();
     assert_eq!(
         c.ask2("cmd=fullinit;pmirank=2;"),
-        "cmd=fullinit-response;rc=0;rank=2;size=4;appnum=0;spawner-jobid=spawner;pmiverbose=0;"
+        "cmd=fullinit-response;rc=0;pmi-version=2;pmi-subversion=0;rank=2;size=4;appnum=0;spawner-jobid=spawner;\
+         pmiverbose=FALSE;"
     );
     // Without PMI_RANK MPICH sends -1; Slurm's clients add a jobid. A rank not the connection's fails.
-    assert!(c.ask2("cmd=fullinit;pmijobid=7.0;pmirank=-1;threaded=FALSE;").contains(";rc=0;rank=2;"));
+    assert!(c
+        .ask2("cmd=fullinit;pmijobid=7.0;pmirank=-1;threaded=FALSE;")
+        .contains(";rc=0;pmi-version=2;pmi-subversion=0;rank=2;"));
     let wrong = c.ask2("cmd=fullinit;pmirank=3;");
     assert!(wrong.starts_with("cmd=fullinit-response;rc=-1;errmsg=fullinit names rank 3"), "{wrong}");
     assert_eq!(c.ask2("cmd=job-getid;"), format!("cmd=job-getid-response;rc=0;jobid={KVS};"));
@@ -1452,6 +1540,42 @@ fn pmi2_node_attributes_wait_and_never_hang() {
     job.finished();
 }
 
+/// Flux's libpmi2 writes node attributes as PMI-1 puts and gets of `local::NAME`, which its own server keeps
+/// per node and shows the node's tasks at once: served the same way, as PMI-2's node attributes. A get before
+/// the put answers `PMI_ERR_INVALID_KEY` (4), the one code on which Flux's client polls again.
+#[test]
+fn local_keys_are_the_nodes_attributes_seen_without_a_barrier() {
+    let (job, mut clients) = Setup::block(&[3], 0).start();
+    clients[0].init();
+    clients[1].init();
+    clients[2].init2();
+    assert_eq!(clients[1].get("local::shm"), "cmd=get_result rc=4 msg=not_put_yet_on_this_node");
+    // A PMI-2 task waits for the attribute; a PMI-1 task's put answers it, and PMI-1 tasks see it at once.
+    clients[2].send2("cmd=info-getnodeattr;key=shm;wait=TRUE;");
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(clients[0].put("local::shm", "2F6465"), "cmd=put_result rc=0");
+    assert_eq!(clients[2].recv2(), "cmd=info-getnodeattr-response;rc=0;value=2F6465;found=TRUE;");
+    assert_eq!(clients[1].get("local::shm"), "cmd=get_result rc=0 value=2F6465");
+    // The other way round, and a new value replaces the old.
+    assert_eq!(clients[2].ask2("cmd=info-putnodeattr;key=shm;value=beef;"), "cmd=info-putnodeattr-response;rc=0;");
+    assert_eq!(clients[0].get("local::shm"), "cmd=get_result rc=0 value=beef");
+    // It is the node's, not the job's: the barrier carries nothing of it, and the store has no such key.
+    for c in &mut clients[..2] {
+        c.send("cmd=barrier_in\n");
+    }
+    clients[2].send2("cmd=kvs-fence;");
+    assert_eq!(clients[2].recv2(), "cmd=kvs-fence-response;rc=0;");
+    for c in &mut clients[..2] {
+        assert_eq!(c.recv(), "cmd=barrier_out rc=0");
+    }
+    let collectives = job.shared.get().collectives.clone();
+    assert!(collectives.iter().all(|part| !lossy(part).contains("shm")), "{collectives:?}");
+    assert_eq!(clients[1].get("shm"), "cmd=get_result rc=-1 msg=key_not_found");
+    assert!(job.shared.get().errors.is_empty());
+    drop(clients);
+    job.finished();
+}
+
 /// abort ends the job with its code and message (the client exits without an answer); names and spawn go
 /// to the host as PMI-1's do, and come back as PMI-2 answers (a spawn with any process not started fails:
 /// PMI-2 has no error codes).
@@ -1465,7 +1589,7 @@ fn pmi2_abort_names_and_spawn_through_the_host() {
         (
             "cmd=name-lookup;name=ocean;",
             HostReply::Port("tcp://h:1".into()),
-            "cmd=name-lookup-response;rc=0;port=tcp://h:1;",
+            "cmd=name-lookup-response;rc=0;port=tcp://h:1;value=tcp://h:1;",
         ),
         (
             "cmd=name-lookup;name=sea;",
@@ -1484,8 +1608,11 @@ fn pmi2_abort_names_and_spawn_through_the_host() {
                  subcmd=./child;maxprocs=2;argc=2;argv0=-v;argv1=a b;infokeycount=1;infokey0=wdir;infoval0=/tmp x;\
                  subcmd=./other;maxprocs=1;argc=0;infokeycount=0;";
     for (n, (codes, want)) in [
-        (vec![0, 0, 0], "cmd=spawn-response;thrid=0x1;rc=0;"),
-        (vec![0, -1, 0], "cmd=spawn-response;thrid=0x1;rc=-1;errmsg=1 of the 3 processes failed to start;"),
+        (vec![0, 0, 0], "cmd=spawn-response;thrid=0x1;rc=0;errcodes=0,0,0;"),
+        (
+            vec![0, -1, 0],
+            "cmd=spawn-response;thrid=0x1;rc=-1;errmsg=1 of the 3 processes failed to start;errcodes=0,-1,0;",
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -1588,10 +1715,10 @@ fn pmi2_node_attributes_and_the_store_share_one_bound() {
 // PMI 1.2: group barriers.
 
 impl Client {
-    /// `init` asking for 1.1, answered 1.2 by a host that runs group exchanges.
+    /// `init` asking for 1.2, answered 1.2 by a host that runs group exchanges.
     fn init12(&mut self) {
         assert_eq!(
-            self.ask("cmd=init pmi_version=1 pmi_subversion=1"),
+            self.ask("cmd=init pmi_version=1 pmi_subversion=2"),
             "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2"
         );
     }
@@ -1609,28 +1736,36 @@ impl Job {
     }
 }
 
-/// 1.2 is answered only by a host that runs group exchanges: without one a client asking for 1.1 gets 1.1,
-/// and a `group=` it sends all the same is a plain barrier, answered as a 1.1 client knows it.
+/// 1.2 is answered only by a host that runs group exchanges: without one a client asking for 1.2 gets 1.1,
+/// and a `group=` it sends all the same is a plain barrier, answered as a 1.1 client knows it. With one, a
+/// client that asked for 1.1 in a job whose other tasks speak 1.2 still gets untagged barriers.
 #[test]
 fn pmi12_only_with_group_exchanges_and_1_1_clients_unchanged() {
     let (job, mut clients) = Setup::block(&[1], 0).start();
     let c = &mut clients[0];
-    c.init();
+    assert_eq!(
+        c.ask("cmd=init pmi_version=1 pmi_subversion=2"),
+        "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"
+    );
     assert_eq!(c.ask("cmd=barrier_in group=WORLD:3"), "cmd=barrier_out rc=0");
     drop(clients);
     job.finished();
 
-    let (job, mut clients) = Setup::block(&[2], 0).serve_groups().start();
+    let (job, mut clients) = Setup::block(&[3], 0).serve_groups().start();
     clients[0].init12();
+    clients[1].init();
     assert_eq!(
-        clients[1].ask("cmd=init pmi_version=1 pmi_subversion=0"),
-        "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2"
+        clients[2].ask("cmd=init pmi_version=1 pmi_subversion=0"),
+        "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"
     );
-    // A plain barrier of a 1.2 client carries tag 0: MPICH 5 reads the tag of every barrier_out.
-    clients[0].send("cmd=barrier_in\n");
-    clients[1].send("cmd=barrier_in\n");
+    // A plain barrier of a 1.2 client carries tag 0 (MPICH 5 reads the tag of every barrier_out); a 1.1
+    // client's carries none (Flux's and older clients read nothing else on it).
     for c in &mut clients {
-        assert_eq!(c.recv(), "cmd=barrier_out rc=0 tag=0");
+        c.send("cmd=barrier_in\n");
+    }
+    assert_eq!(clients[0].recv(), "cmd=barrier_out rc=0 tag=0");
+    for c in &mut clients[1..] {
+        assert_eq!(c.recv(), "cmd=barrier_out rc=0");
     }
     drop(clients);
     job.finished();

@@ -26,8 +26,8 @@ pub trait Host {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String>;
 
     /// Whether this host runs group exchanges ([`Host::group_collective`]). The shell then answers PMI 1.2
-    /// to clients that ask for 1.1 or later, and they may send group barriers; otherwise it answers 1.1, and
-    /// MPICH's clients then send none. Asked at each task's `init`; the default is no.
+    /// to clients that ask for 1.2 or later, and they may send group barriers; otherwise it answers 1.1.
+    /// Asked at each task's `init`; the default is no.
     fn serves_groups(&self) -> bool {
         false
     }

@@ -25,6 +25,11 @@ use std::sync::Arc;
 /// The key under which the server provides the task map (RFC 13).
 pub const PROCESS_MAPPING_KEY: &str = "PMI_process_mapping";
 
+/// A PMI-1 key under this prefix names a node attribute (PMI-2's, without the prefix): Flux's libpmi2 writes
+/// `PMI2_Info_PutNodeAttr` and `GetNodeAttr` as PMI-1 puts and gets of `local::NAME`, which its own server
+/// keeps per node and shows the node's tasks at once, without a barrier.
+const LOCAL_KEY_PREFIX: &[u8] = b"local::";
+
 /// A task's input is held, not parsed, while more than this many bytes of its answers are unsent. PMI-1 is
 /// lock-step: a client waits for each answer before it asks again, so it has at most one answer queued
 /// (a line of at most 1 KiB, or the `get_ranks2hosts` answer, which is shared and held apart). Only a task
@@ -615,11 +620,11 @@ impl Shell {
                 self.protocol_error(host, task, line.as_bytes(), "init while group barriers are outstanding");
             }
             Request::Init { version, subversion } => {
-                // 1.2 (group barriers) to a 1.x client when the host can run group exchanges, else 1.1: a
-                // client asking for 1.1 takes the higher subversion as leave to send groups (MPICH 5), one
-                // asking for 1.0 or 1.1 that does not know them never sends any. A client that asks for 2
-                // speaks PMI-2 from its next message on.
-                let groups = version == 1 && subversion >= 0 && host.serves_groups();
+                // RFC 13: the client names the highest version it speaks, and the answer is never above
+                // it. 1.2 (group barriers) only to a client that asked for 1.2 or later, and only when the
+                // host runs group exchanges; 1.1 to any other 1.x client (Flux's client accepts exactly
+                // 1.1). A client that asks for 2 speaks PMI-2 from its next message on.
+                let groups = version == 1 && subversion >= 2 && host.serves_groups();
                 let (ok, answered) = match (version, subversion) {
                     (1, 0..) if groups => (true, (1, 2)),
                     (1, 0..) => (true, (1, 1)),
@@ -627,8 +632,9 @@ impl Shell {
                     _ => (false, (1, 1)),
                 };
                 if !ok {
-                    let why =
-                        format!("rank {rank} asked for PMI version {version}.{subversion}; rpmi serves 1.1 and 2.0");
+                    let why = format!(
+                        "rank {rank} asked for PMI version {version}.{subversion}; rpmi serves 1.1, 1.2 and 2.0"
+                    );
                     host.log(log::Level::Error, &why);
                 }
                 let code = if ok { rc::SUCCESS } else { rc::FAIL };
@@ -676,6 +682,13 @@ impl Shell {
                     Line::new(out, "my_kvsname", rc::SUCCESS).word("kvsname", job.kvsname.as_bytes()).finish()
                 });
             }
+            Request::Put { kvsname, key, value } if key.starts_with(LOCAL_KEY_PREFIX) => {
+                let code = self.put_local(host, kvsname, key, value);
+                self.respond(host, task, |out| match code {
+                    Ok(()) => Line::new(out, "put_result", rc::SUCCESS).finish(),
+                    Err((code, why)) => Line::new(out, "put_result", code).msg(&why).finish(),
+                });
+            }
             Request::Put { kvsname, key, value } => {
                 let code = self.put(task, kvsname, key, value, self.limits.value_max());
                 self.respond(host, task, |out| match code {
@@ -684,11 +697,18 @@ impl Shell {
                 });
             }
             Request::Get { kvsname, key } => {
-                let Shell { job, clients, kvs, limits, ready, trace, .. } = self;
+                let Shell { job, clients, kvs, limits, ready, trace, node_attrs, .. } = self;
+                let stored = |key: &[u8]| match key.strip_prefix(LOCAL_KEY_PREFIX) {
+                    // Flux's client polls while a node's key is not there yet, on this code only.
+                    Some(name) => {
+                        node_attrs.get(name).map(Vec::as_slice).ok_or((rc::ERR_INVALID_KEY, "not put yet on this node"))
+                    }
+                    None => kvs.get(key).ok_or((rc::FAIL, "key not found")),
+                };
                 // A PMI-2 task of the job may have put a value longer than a PMI-1 line holds.
                 let found = check_name(job, kvsname)
                     .and_then(|()| check_key(limits, key))
-                    .and_then(|()| kvs.get(key).ok_or_else(|| (rc::FAIL, "key not found".to_string())))
+                    .and_then(|()| stored(key).map_err(|(code, why)| (code, why.to_string())))
                     .and_then(|v| match v.len() <= limits.value_max() {
                         true => Ok(v),
                         false => Err((rc::ERR_INVALID_VAL_LENGTH, "value longer than a PMI-1 line holds".into())),

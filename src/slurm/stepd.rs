@@ -1548,7 +1548,7 @@ mod tests {
     fn exchange_every_put(tasks: &mut [Task]) {
         let nodes = tasks.len();
         for (rank, t) in tasks.iter_mut().enumerate() {
-            assert!(t.ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
+            assert!(t.ask("cmd=init pmi_version=1 pmi_subversion=2").contains("pmi_subversion=2"));
             let put = t.ask(&format!("cmd=put kvsname={KVSNAME} key=k{rank} value=v{rank}"));
             assert_eq!(put, "cmd=put_result rc=0");
         }
@@ -1558,7 +1558,7 @@ mod tests {
         for t in tasks.iter_mut() {
             let mut answer = String::new();
             t.0.read_line(&mut answer).unwrap();
-            // The stepd answers 1.2: a plain barrier's answer carries tag 0.
+            // The stepd answers 1.2 to a client that asks for it: a plain barrier's answer carries tag 0.
             assert_eq!(answer.trim_end(), "cmd=barrier_out rc=0 tag=0");
         }
         for t in tasks.iter_mut() {

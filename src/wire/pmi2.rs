@@ -322,6 +322,12 @@ impl<'a> Frame<'a> {
         self
     }
 
+    /// Appends `key=TRUE;` or `key=FALSE;`: the only spellings Slurm's libpmi2 reads as booleans (anything
+    /// else fails the call).
+    pub fn bool(self, key: &str, b: bool) -> Self {
+        self.str(key, if b { b"TRUE" } else { b"FALSE" })
+    }
+
     /// Appends `key=<value>;`, a `;` in the value doubled.
     pub fn str(mut self, key: &str, value: &[u8]) -> Self {
         self.field(key, value);

@@ -9,7 +9,7 @@
 set -eu
 say() { printf '%s\n' "$1" >&"$PMI_FD"; }
 hear() { read -r line <&"$PMI_FD"; printf '%s\n' "$line"; }
-say 'cmd=init pmi_version=1 pmi_subversion=1'
+say 'cmd=init pmi_version=1 pmi_subversion=2'
 hear >/dev/null
 case $PMI_RANK in
 0)

@@ -232,13 +232,16 @@ impl<S: Read + Write> Client<S> {
         }
     }
 
-    /// Negotiates PMI 1.1 or later, and says the subversion the server answered (1.2: group barriers).
-    pub fn init(&mut self) -> Result<i64, String> {
-        let resp = self.call_ok(format_args!("cmd=init pmi_version=1 pmi_subversion=1"), "response_to_init")?;
-        if resp.get("pmi_version").is_some_and(|v| v != "1") {
-            return Err(format!("server answered init with another PMI version: {}", quote(resp.line)));
+    /// Asks for PMI 1.`subversion` (1.2: group barriers) and says the subversion the server answered, which
+    /// may be lower but never higher (RFC 13).
+    pub fn init(&mut self, subversion: i64) -> Result<i64, String> {
+        let init = format_args!("cmd=init pmi_version=1 pmi_subversion={subversion}");
+        let resp = self.call_ok(init, "response_to_init")?;
+        let answered = resp.get("pmi_subversion").and_then(|s| s.parse().ok()).unwrap_or(1);
+        if resp.get("pmi_version").is_some_and(|v| v != "1") || answered > subversion {
+            return Err(format!("server answered init with a version not asked for: {}", quote(resp.line)));
         }
-        Ok(resp.get("pmi_subversion").and_then(|s| s.parse().ok()).unwrap_or(1))
+        Ok(answered)
     }
 
     pub fn maxes(&mut self) -> Result<Maxes, String> {
@@ -365,7 +368,7 @@ mod tests {
             "er_out\n",
         ]);
         let mut c = Client::new(script);
-        c.init().unwrap();
+        assert_eq!(c.init(1), Ok(1));
         assert_eq!(c.kvsname().unwrap(), "k1");
         c.barrier().unwrap();
         assert_eq!(
@@ -419,7 +422,13 @@ mod tests {
         assert!(e.contains("server closed the connection"), "{e}");
 
         let mut c = Client::new(Script::new(&["cmd=response_to_init rc=0 pmi_version=2\n"]));
-        assert!(c.init().is_err());
+        assert!(c.init(1).is_err());
+
+        // Above what was asked for is an error; below is what the probe then speaks.
+        let mut c = Client::new(Script::new(&["cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2\n"]));
+        assert!(c.init(1).unwrap_err().contains("not asked for"));
+        let mut c = Client::new(Script::new(&["cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n"]));
+        assert_eq!(c.init(2), Ok(1));
 
         let mut c = Client::new(Script::new(&["cmd=maxes rc=0 kvsname_max=64 keylen_max=64\n"]));
         assert!(c.maxes().is_err());

@@ -1,10 +1,10 @@
 //! PMI 1.2's group barriers: `cmd=barrier_in group=G` ([`crate::wire::group`]), answered
 //! `cmd=barrier_out tag=T`.
 //!
-//! Served only to clients the shell answered 1.2 at `init`, which it does when its host runs group exchanges
-//! ([`Host::serves_groups`]). Such a client (MPICH 5) turns on its threaded mode, and may then have several
-//! group barriers outstanding (one per thread), answered in any order, and send other requests meanwhile: a
-//! group barrier does not hold the connection's lock-step.
+//! Served only to clients the shell answered 1.2 at `init`: those that asked for 1.2 or later, when the host
+//! runs group exchanges ([`Host::serves_groups`]). Such a client (MPICH's, answered 1.2, turns on its
+//! threaded mode) may then have several group barriers outstanding (one per thread), answered in any order,
+//! and send other requests meanwhile: a group barrier does not hold the connection's lock-step.
 //!
 //! - **Generations.** A barrier is named by its group's one written form (members and tag). A member that
 //!   enters it again before it ended joins the next generation; generations end first in, first out, and

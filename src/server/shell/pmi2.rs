@@ -11,10 +11,10 @@
 //! - Node attributes (`info-putnodeattr`, `info-getnodeattr`) are this shell's: the tasks of one node. A get
 //!   with `wait=TRUE` of an attribute not put yet is answered when a task puts it, or as not found once no
 //!   task of the node could put it any more (every one left or waits too): it never hangs for ever.
-//! - A spawn's answer carries no error codes (PMI-2 has none): a spawn in which any process failed fails.
+//! - A spawn's answer carries the error codes of its processes, and fails if any one failed.
 //! - `job-connect` and `job-disconnect` are refused with a message.
 
-use super::{check_key, check_name, check_value, kvs, Shell, Status, Waiting, MAX_LINE};
+use super::{check_key, check_name, check_value, kvs, Shell, Status, Waiting, LOCAL_KEY_PREFIX, MAX_LINE};
 use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
 use crate::server::PROCESS_MAPPING_KEY;
 use crate::wire::pmi2::{body_len, Frame, Message, Request2, HEADER_LEN};
@@ -157,13 +157,16 @@ impl Shell {
                     let (size, appnum) = (self.job.task_map.size() as i64, self.job.appnums[task]);
                     // MPICH reads any spawner-jobid as "spawned"; this job's spawner is not named to the shell.
                     let spawner = self.job.spawned.then_some(&b"spawner"[..]);
+                    // Slurm's libpmi2 requires the version fields and reads `pmiverbose` as a boolean;
+                    // MPICH's client reads it as an integer (atoi: FALSE is 0).
                     self.answer_v2_with(host, task, "fullinit-response", rc::SUCCESS, |f| {
+                        let f = f.int("pmi-version", 2).int("pmi-subversion", 0);
                         let f = f.int("rank", rank.into()).int("size", size).int("appnum", appnum.into());
                         let f = match spawner {
                             Some(s) => f.str("spawner-jobid", s),
                             None => f,
                         };
-                        f.int("pmiverbose", 0)
+                        f.bool("pmiverbose", false)
                     });
                 }
             },
@@ -206,12 +209,9 @@ impl Shell {
                 };
                 self.answer_found(host, task, "info-getjobattr-response", value.as_deref());
             }
-            Request2::PutNodeAttr { key, value } => match self.put_node_attr(key, value) {
-                Ok(()) => {
-                    self.answer_v2_with(host, task, "info-putnodeattr-response", rc::SUCCESS, |f| f);
-                    self.wake_node_waiters(host, key);
-                }
-                Err(why) => self.answer_fail(host, task, "info-putnodeattr-response", &why),
+            Request2::PutNodeAttr { key, value } => match self.put_node_attr(host, key, value) {
+                Ok(()) => self.answer_v2_with(host, task, "info-putnodeattr-response", rc::SUCCESS, |f| f),
+                Err((_, why)) => self.answer_fail(host, task, "info-putnodeattr-response", &why),
             },
             Request2::GetNodeAttr { key, wait } => {
                 if let Err((_, why)) = check_key(&self.limits, key) {
@@ -264,16 +264,24 @@ impl Shell {
                 self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f)
             }
             // A port is one word, as PMI-1's (an empty one could not be read back).
-            (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) && port.len() + 64 <= MAX_LINE => {
-                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("port", port.as_bytes()))
+            // MPICH's client reads the port as `port`, Slurm's libpmi2 as `value`.
+            (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) && port.len() + 80 <= MAX_LINE => {
+                let port = port.as_bytes();
+                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("port", port).str("value", port))
             }
-            (Service::Spawn, HostReply::Spawned { errcodes }) => match errcodes.iter().filter(|&&c| c != 0).count() {
-                0 => self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f),
-                n => {
-                    let why = format!("{n} of the {} processes failed to start", errcodes.len());
-                    self.answer_fail(host, task, cmd, &why)
+            // Slurm's libpmi2 reads a spawn's outcome from `errcodes` alone (not from `rc`).
+            (Service::Spawn, HostReply::Spawned { errcodes }) => {
+                let codes = errcodes.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+                match errcodes.iter().filter(|&&c| c != 0).count() {
+                    0 => self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("errcodes", codes.as_bytes())),
+                    n => {
+                        let why = format!("{n} of the {} processes failed to start", errcodes.len());
+                        self.answer_v2_with(host, task, cmd, rc::FAIL, |f| {
+                            f.errmsg(&why).str("errcodes", codes.as_bytes())
+                        })
+                    }
                 }
-            },
+            }
             (_, HostReply::Failed(why)) => self.answer_fail(host, task, cmd, &why),
             (_, _) => self.answer_fail(host, task, cmd, "the resource manager gave an unusable answer"),
         }
@@ -299,29 +307,44 @@ impl Shell {
     /// `found=TRUE;value=V;` or `found=FALSE;`.
     fn answer_found(&mut self, host: &mut dyn Host, task: TaskId, cmd: &str, value: Option<&[u8]>) {
         self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| match value {
-            Some(v) => f.str("value", v).str("found", b"TRUE"),
-            None => f.str("found", b"FALSE"),
+            Some(v) => f.str("value", v).bool("found", true),
+            None => f.bool("found", false),
         });
     }
 
-    /// Stores a node attribute, within the store's limit (charged as a store entry); a new value replaces the
-    /// old.
-    fn put_node_attr(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
-        check_key(&self.limits, key).map_err(|(_, why)| why)?;
-        check_value(value, self.limits.pmi2_value_max()).map_err(|(_, why)| why)?;
+    /// A PMI-1 put of `local::NAME` ([`LOCAL_KEY_PREFIX`]): node attribute NAME, which PMI-2 tasks of the
+    /// node read too.
+    pub(super) fn put_local(
+        &mut self,
+        host: &mut dyn Host,
+        kvsname: &[u8],
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), (i32, String)> {
+        check_name(&self.job, kvsname)?;
+        check_key(&self.limits, key)?;
+        self.put_node_attr(host, &key[LOCAL_KEY_PREFIX.len()..], value)
+    }
+
+    /// Stores a node attribute, within the store's limit (charged as a store entry), and answers the tasks
+    /// that wait for it; a new value replaces the old.
+    fn put_node_attr(&mut self, host: &mut dyn Host, key: &[u8], value: &[u8]) -> Result<(), (i32, String)> {
+        check_key(&self.limits, key)?;
+        check_value(value, self.limits.pmi2_value_max())?;
         // Charged as a store entry is, heap blocks and all: a task putting many tiny attributes must not get
         // past the bound through what each costs beyond its bytes.
         let cost = |value: &[u8]| kvs::ENTRY_OVERHEAD + key.len() + value.len();
         let old = self.node_attrs.get(key).map_or(0, |v| cost(v));
         let new = cost(value);
         if self.kvs_bytes() - old + new > self.limits.kvs_bytes_max {
-            return Err(format!(
-                "the node's attributes and key-value store are full ({} bytes)",
-                self.limits.kvs_bytes_max
+            return Err((
+                rc::ERR_NOMEM,
+                format!("the node's attributes and key-value store are full ({} bytes)", self.limits.kvs_bytes_max),
             ));
         }
         self.node_attr_bytes = self.node_attr_bytes - old + new;
         self.node_attrs.insert(key.to_vec(), value.to_vec());
+        self.wake_node_waiters(host, key);
         Ok(())
     }
 

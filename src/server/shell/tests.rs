@@ -93,7 +93,7 @@ fn init_version_matrix() {
     let ok = "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n";
     assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=1 pmi_subversion=1\n"), ok);
     assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=1 pmi_subversion=0\n"), ok);
-    // 1.2 is answered with 1.1, which the client then uses (1.2 would oblige barrier groups).
+    // 1.2 is answered with 1.1 by a host that runs no group exchanges (1.2 would oblige barrier groups).
     assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=1 pmi_subversion=2\n"), ok);
     let refused = "cmd=response_to_init rc=-1 pmi_version=1 pmi_subversion=1 msg=unsupported_PMI_version\n";
     assert_eq!(send(&mut s, &mut h, 0, "cmd=init pmi_version=3 pmi_subversion=0\n"), refused);
