@@ -64,6 +64,8 @@ case ${1:-} in
   plugin) plugin "${2:?usage: docker/flux.sh plugin OUT LIB}" "${3:?usage: docker/flux.sh plugin OUT LIB}" ;;
   test)
     install_plugin
+    # The tests load target/debug/librpmi.so, which `cargo test` alone does not put there: a build does.
+    cargo build --locked --features flux --lib --bins
     cargo test --locked --features flux --test flux
     ;;
   *)

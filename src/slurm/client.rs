@@ -8,7 +8,7 @@ use super::layout;
 use super::options::{bound_option, Id, Job, INTERNAL};
 use super::root::{Outcome, Reporter, Root, Step};
 use super::spawn::{self, Spawn, ENV_SPAWN};
-use super::sys::{self, slurm_step_layout_t, Slurm, StepInfo, NO_VAL};
+use super::sys::{self, slurm_step_id_t, slurm_step_layout_t, Slurm, StepInfo, NO_VAL};
 use crate::collective::{Bound, Bounds};
 use crate::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -41,8 +41,8 @@ fn live() -> std::sync::MutexGuard<'static, Vec<usize>> {
 /// with `-Q`), and the step ended through slurmctld.
 struct SrunReporter {
     slurm: &'static Slurm,
-    job: u32,
-    step: u32,
+    /// The step srun runs, as Slurm named it to the plugin.
+    step: slurm_step_id_t,
 }
 
 impl Reporter for SrunReporter {
@@ -53,11 +53,13 @@ impl Reporter for SrunReporter {
         self.slurm.log(log::Level::Debug, message);
     }
     fn end_step(&mut self) {
-        self.end_spawned(self.step);
+        self.end_spawned(self.step.step_id);
     }
     fn end_spawned(&mut self, step: u32) {
-        if let Err(e) = self.slurm.kill_step(self.job, step, libc::SIGKILL) {
-            self.slurm.error(&format!("cannot end step {}.{step}: {e}", self.job));
+        // A spawned step is another step of the same job (the same sluid), never a het component.
+        let id = slurm_step_id_t { step_id: step, step_het_comp: NO_VAL, ..self.step };
+        if let Err(e) = self.slurm.kill_step(&id, libc::SIGKILL) {
+            self.slurm.error(&e);
         }
     }
 }
@@ -160,7 +162,7 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
         spawn::tell_step(fd, step)?;
     }
     let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn, spawned_by };
-    let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, job: job_id, step }))
+    let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, step: info.step_id }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
     // Every one of the plugin's own variables, whatever srun's environment held (see `options`).

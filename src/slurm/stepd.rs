@@ -117,7 +117,7 @@ fn kill_own_step(slurm: &Slurm, ids_confirmed: bool, place: &Place) -> Result<()
             place.job, place.step
         ));
     }
-    slurm.kill_step(place.job, place.step, libc::SIGKILL)
+    slurm.kill_step(&place.id, libc::SIGKILL)
 }
 
 /// The step ids and this node's place, for messages and for ending the step.
@@ -125,6 +125,8 @@ fn kill_own_step(slurm: &Slurm, ids_confirmed: bool, place: &Place) -> Result<()
 struct Place {
     job: u32,
     step: u32,
+    /// Slurm's own id of the step (from 24.11 on with its job's sluid), as slurmctld is asked to end it.
+    id: sys::slurm_step_id_t,
     node: u32,
     node_name: String,
 }
@@ -947,6 +949,7 @@ fn cstring(s: String) -> CString {
 struct Record {
     job: u32,
     step: u32,
+    id: sys::slurm_step_id_t,
     nodes: u32,
     tasks: u32,
     node: u32,
@@ -1136,6 +1139,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let rec = Record {
         job: r.step_id.job_id,
         step: r.step_id.step_id,
+        id: r.step_id,
         nodes: r.nnodes,
         tasks: r.ntasks,
         node: r.nodeid,
@@ -1184,7 +1188,7 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
     let settings = options::resolve(&site, &job, pmi_debug.as_deref());
     let tree = Tree::new(rec.nodes, options::tree_width(&site, &job)).map_err(|e| e.to_string())?;
     let width = tree.width();
-    let place = Place { job: rec.job, step: rec.step, node, node_name: names[node as usize].clone() };
+    let place = Place { job: rec.job, step: rec.step, id: rec.id, node, node_name: names[node as usize].clone() };
 
     let addrs: Vec<_> = (host.as_str(), port)
         .to_socket_addrs()
@@ -1488,7 +1492,10 @@ mod tests {
         let names = names(nodes);
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
         let links = join_tree(&srun, tree, node, secret, &names, &loopback).unwrap();
-        let place = Place { job: 1, step: 0, node, node_name: names[node as usize].clone() };
+        // SAFETY: slurm_step_id_t is plain integers: all zeroes is a valid value.
+        let mut id: sys::slurm_step_id_t = unsafe { std::mem::zeroed() };
+        (id.job_id, id.step_id) = (1, 0);
+        let place = Place { job: 1, step: 0, id, node, node_name: names[node as usize].clone() };
         let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
         let bounds = bounds(1 << 20, 4 << 20);

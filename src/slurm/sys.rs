@@ -303,11 +303,13 @@ impl Slurm {
         }
     }
 
-    /// Asks Slurm to signal every task of the step (`slurm_kill_job_step`).
-    pub fn kill_step(&self, job: u32, step: u32, signal: i32) -> Result<(), String> {
+    /// Asks Slurm to signal every task of step `id` (`slurm_kill_job_step`), named as Slurm named it to the
+    /// plugin (its sluid too, where the line has one), as Slurm's own MPI plugins do.
+    pub fn kill_step(&self, id: &slurm_step_id_t, signal: i32) -> Result<(), String> {
         let f = self.kill_job_step.ok_or("slurm_kill_job_step is not in this process")?;
+        let (job, step) = (id.job_id, id.step_id);
         // SAFETY: this line's slurm_kill_job_step, found by its name.
-        if unsafe { version::kill_job_step(f, job, step, signal as u16) } == SLURM_SUCCESS {
+        if unsafe { version::kill_job_step(f, id, signal as u16) } == SLURM_SUCCESS {
             return Ok(());
         }
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);

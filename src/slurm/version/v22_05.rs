@@ -44,13 +44,13 @@ impl ConfOption {
 /// `int slurm_kill_job_step(uint32_t job_id, uint32_t step_id, uint16_t signal)`.
 pub type KillJobStep = unsafe extern "C" fn(u32, u32, u16) -> c_int;
 
-/// Calls Slurm's `slurm_kill_job_step` for the step.
+/// Calls Slurm's `slurm_kill_job_step` for step `id`.
 ///
 /// # Safety
 /// `f` is this line's `slurm_kill_job_step`.
-pub unsafe fn kill_job_step(f: KillJobStep, job: u32, step: u32, signal: u16) -> c_int {
+pub unsafe fn kill_job_step(f: KillJobStep, id: &slurm_step_id_t, signal: u16) -> c_int {
     // SAFETY: the caller's contract: the function has this signature.
-    unsafe { f(job, step, signal) }
+    unsafe { f(id.job_id, id.step_id, signal) }
 }
 
 const _: () = {

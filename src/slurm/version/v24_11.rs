@@ -48,14 +48,14 @@ impl ConfOption {
 #[cfg(slurm = "24.11")]
 pub type KillJobStep = unsafe extern "C" fn(u32, u32, u16, u16) -> c_int;
 
-/// Calls Slurm's `slurm_kill_job_step` for the step, with no flags.
+/// Calls Slurm's `slurm_kill_job_step` for step `id`, with no flags.
 ///
 /// # Safety
 /// `f` is this line's `slurm_kill_job_step`.
 #[cfg(slurm = "24.11")]
-pub unsafe fn kill_job_step(f: KillJobStep, job: u32, step: u32, signal: u16) -> c_int {
+pub unsafe fn kill_job_step(f: KillJobStep, id: &slurm_step_id_t, signal: u16) -> c_int {
     // SAFETY: the caller's contract: the function has this signature.
-    unsafe { f(job, step, signal, 0) }
+    unsafe { f(id.job_id, id.step_id, signal, 0) }
 }
 
 const _: () = {
