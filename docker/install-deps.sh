@@ -9,7 +9,8 @@ packages=(
   mpich libmpich-dev          # real MPI clients for the end-to-end tests
   slurm-wlm munge libslurm-dev # the local multi-node Slurm cluster and the srun --mpi=rpmi plugin
   procps psmisc               # pgrep/pkill/killall used by the test scripts to check for leftovers
-  python3-venv                # MPICH 5 from PyPI (below)
+  python3-venv                # MPICH 5 and Intel MPI from PyPI (below)
+  libpmi2-0                   # Slurm's PMI-2 client library, which runtimes load (Intel MPI's I_MPI_PMI_LIBRARY)
 )
 # `install-deps.sh bench`: also what the side-by-side benchmark needs (docker/bench.sh).
 if [[ ${1:-} == bench ]]; then
@@ -43,6 +44,16 @@ mpich5_version=5.0.2
 if [[ $("$mpich5/bin/pip" list 2>/dev/null | awk '$1 == "mpich" { print $2 }') != "$mpich5_version" ]]; then
   /usr/bin/python3 -m venv "$mpich5"
   "$mpich5/bin/pip" install --quiet "mpich==$mpich5_version"
+fi
+
+# Intel MPI's runtime and its IMB-MPI1 (`pip install impi-rt`), in a venv of its own, for the tests of runtimes
+# that load a PMI library (I_MPI_PMI_LIBRARY): a real client of Slurm's and Flux's libraries. Pinned: 2021.17
+# is the release the tests were written against (2021.19 needs a libfabric pip cannot find here).
+impi=/opt/rpmi-impi
+impi_version=2021.17.0
+if [[ $("$impi/bin/pip" list 2>/dev/null | awk '$1 == "impi-rt" { print $2 }') != "$impi_version" ]]; then
+  /usr/bin/python3 -m venv "$impi"
+  "$impi/bin/pip" install --quiet "impi-rt==$impi_version"
 fi
 
 # cargo-deb, from crates.io through cargo (Debian 12 has none): the version the packages were made and tested

@@ -32,8 +32,15 @@ fi
 # (docker/with-slurm.sh).
 cargo clippy --all-targets --locked --features slurm -- -D warnings
 bash docker/with-slurm.sh cargo test --locked --features slurm --lib --test slurm
-# Spawn under srun with real MPICH 5 programs (from /opt/rpmi-mpich5: the other Slurm lines' chroots lack it).
-bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored mpich5_
+# Spawn under srun with real MPICH 5 programs (from /opt/rpmi-mpich5: the other Slurm lines' chroots lack it),
+# and Intel MPI through Slurm's libpmi2 (from /opt/rpmi-impi).
+bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored mpich5_ impi_
+# Flux started by srun, and Intel MPI through Flux's PMI libraries: where Flux is installed.
+if command -v flux >/dev/null; then
+  bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored flux_
+else
+  echo "NOT RUN: Flux under srun (tests/slurm.rs, flux_*): no flux on the PATH" >&2
+fi
 # The same plugin over 100 nodes (100 slurmd on this machine): the tests that need that many, which the run on
 # 3 nodes leaves out (#[ignore]).
 RPMI_SLURM_NODES=100 bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored hundred

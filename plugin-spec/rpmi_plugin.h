@@ -177,8 +177,8 @@ typedef struct rpmi_host_ops {
      * all of one barrier. Complete it, once, with rpmi_plugin.group_complete and the same id, from any
      * thread, even before this returns. Group exchanges of different ids may be outstanding at once, beside
      * a collective. Data, id and shells are valid only during this call. Return RPMI_OK, or an error
-     * code to fail the group barrier now. NULL: the plugin answers PMI 1.1 to its clients, which then send
-     * no group barriers. */
+     * code to fail the group barrier now. Set: the plugin answers PMI 1.2 to the clients that ask for it.
+     * NULL: it answers PMI 1.1 to every client, which then sends no group barriers. */
     int (*group_collective)(void *host_data, rpmi_instance *instance, const uint8_t *id, size_t id_len,
                             const uint32_t *shells, size_t nshells, const uint8_t *data, size_t len);
 } rpmi_host_ops;

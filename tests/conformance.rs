@@ -1,5 +1,5 @@
 //! PMI-1 conformance, over the wire: RFC 13 (the normative text), Intel's `get_ranks2hosts` extension, and
-//! every trap of clients.md, spoken over real socketpairs to a [`Driver`] that runs on its own thread exactly
+//! every trap of docs/clients.md, spoken over real socketpairs to a [`Driver`] that runs on its own thread exactly
 //! as a host's progress thread would run it.
 //!
 //! The test plays the tasks: each holds the task end of its socketpair and writes request lines and reads
@@ -8,7 +8,7 @@
 //! in-process, with other shells' contributions the test makes up.
 //!
 //! Every response line a client reads (except the abort reply and the ranks2hosts answer, which are not
-//! `cmd=` lines) is checked against clients.md's rules: it begins with `cmd=`, fits in 1024 bytes with its
+//! `cmd=` lines) is checked against docs/clients.md's rules: it begins with `cmd=`, fits in 1024 bytes with its
 //! newline, and carries no empty `key=` token.
 
 use rpmi::driver::{channel, socketpair, Driver, DriverHandle, Event, HostFds};
@@ -29,7 +29,7 @@ use std::time::Duration;
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// The job's KVS name.
 const KVS: &str = "kvs_13";
-/// The longest response line any client reads, newline included (clients.md).
+/// The longest response line any client reads, newline included (docs/clients.md).
 const MAX_RESPONSE_LINE: usize = 1024;
 
 // ---------------------------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ impl Client {
         }
     }
 
-    /// Reads one response line and checks it against clients.md's rules; returns it without its newline.
+    /// Reads one response line and checks it against docs/clients.md's rules; returns it without its newline.
     fn recv(&mut self) -> String {
         let line = self.raw_line();
         check_response(&line);
@@ -367,7 +367,7 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// clients.md: a response line begins with `cmd=`, fits in 1024 bytes with its newline, and has no token
+/// docs/clients.md: a response line begins with `cmd=`, fits in 1024 bytes with its newline, and has no token
 /// `key=` with an empty value (and so no stray token without `=`); `value=` runs to the end of the line.
 fn check_response(line: &[u8]) {
     if let Err(why) = response_rules(line) {
@@ -547,7 +547,7 @@ fn a_client_that_never_sends_init_is_served() {
 }
 
 /// `get_maxes` advertises 64/64/866: no more than the longest value accepted (866, what MPICH 4.0.2 makes of
-/// 1024 too, clients.md) so that clients that trust the number (MPICH 5) put no longer ones, and even (see
+/// 1024 too, docs/clients.md) so that clients that trust the number (MPICH 5) put no longer ones, and even (see
 /// `Limits::vallen_advertised`); and the process group information commands answer with the job's.
 #[test]
 fn maxes_universe_size_appnum_and_kvsname() {
@@ -617,7 +617,7 @@ fn puts_are_visible_after_the_barrier_across_tasks_and_shells() {
 }
 
 /// RFC 13: a value may be as long as `vallen_max` allows; rpmi's bound is `Limits::value_max()` (866 at the
-/// default maxes: what MPICH 4.0.2 can read back, clients.md). One character more is refused with
+/// default maxes: what MPICH 4.0.2 can read back, docs/clients.md). One character more is refused with
 /// `PMI_ERR_INVALID_VAL_LENGTH` (7).
 #[test]
 fn a_value_of_the_longest_allowed_length_round_trips_and_one_more_is_rc_7() {
@@ -651,7 +651,7 @@ fn a_key_longer_than_keylen_max_is_rc_5() {
     job.finished();
 }
 
-/// RFC 13: a get of a key nobody put fails; clients.md: the failure carries no `value=` token at all.
+/// RFC 13: a get of a key nobody put fails; docs/clients.md: the failure carries no `value=` token at all.
 #[test]
 fn a_get_of_a_missing_key_fails_without_a_value() {
     let (job, mut clients) = Setup::block(&[1], 0).start();
@@ -659,7 +659,7 @@ fn a_get_of_a_missing_key_fails_without_a_value() {
     assert!(answer.starts_with("cmd=get_result "), "{answer}");
     assert_ne!(rc(&answer), 0, "{answer}");
     assert!(!answer.contains("value="), "{answer}");
-    // Newer MPICH asks for these; "not found" is fine (clients.md).
+    // Newer MPICH asks for these; "not found" is fine (docs/clients.md).
     for key in ["PMI_hwloc_xmlfile", "PMI_mpi_memory_alloc_kinds"] {
         let answer = clients[0].get(key);
         assert_ne!(rc(&answer), 0, "{answer}");
@@ -669,7 +669,7 @@ fn a_get_of_a_missing_key_fails_without_a_value() {
     job.finished();
 }
 
-/// clients.md: `value=` runs to the end of the line, so a value may hold spaces and `=`; it comes back as put.
+/// docs/clients.md: `value=` runs to the end of the line, so a value may hold spaces and `=`; it comes back as put.
 #[test]
 fn a_value_with_spaces_and_equals_signs_round_trips() {
     let (job, mut clients) = Setup::block(&[2], 0).start();
@@ -769,7 +769,7 @@ fn process_mapping_via_get(map: TaskMap) -> String {
 
 /// RFC 13's table of `PMI_process_mapping` examples, block and cyclic, read with `get` as MPICH does.
 /// Cyclic 4096x256 does not fit in a value: RFC 13 says to return an empty value, but real clients die on
-/// that (clients.md), so the key is absent and the get fails: a documented deviation.
+/// that (docs/clients.md), so the key is absent and the get fails: a documented deviation.
 #[test]
 fn pmi_process_mapping_follows_the_rfc_13_table() {
     let table: &[(&[u32], &str, &str)] = &[
@@ -999,7 +999,7 @@ fn a_task_disconnecting_mid_barrier_fails_the_barrier_of_the_others_promptly() {
     job.finished();
 }
 
-/// RFC 13: `PMI_Abort` ends the job; the host gets the exit code (negative codes included, clients.md) and
+/// RFC 13: `PMI_Abort` ends the job; the host gets the exit code (negative codes included, docs/clients.md) and
 /// the message (spaces and `=` included), and the task gets RFC 13's `S:abort`, an empty line (MPICH 4.0.2
 /// waits for it). An abort is not reported again as a lost task.
 #[test]
@@ -1175,7 +1175,7 @@ fn spawn_without_host_support_answers_spawn_result_rc_minus_1() {
     job.finished();
 }
 
-/// clients.md: spawn's field order varies between client versions (`argN` before or after `argcnt`); both
+/// docs/clients.md: spawn's field order varies between client versions (`argN` before or after `argcnt`); both
 /// reach the host as the same request, and the host's answer comes back as `errcodes=`.
 #[test]
 fn spawn_fields_in_either_order_reach_the_host_as_the_same_request() {

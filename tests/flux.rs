@@ -268,3 +268,57 @@ fn a_deeper_tree_of_seven_shells() {
     assert_eq!(exceptions.len(), 1, "one exception expected:\n{}", done.dump());
     assert!(exceptions[0].contains("rank 13 called PMI_Abort(7)"), "{}", done.dump());
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Flux's own PMI clients under rpmi: Flux started by rpmi (as `srun --mpi=rpmi flux start` does on a
+// cluster), and runtimes that load Flux's PMI libraries.
+
+/// Flux's PMI library `name` (`libpmi.so.0`, `libpmi2.so.0`), beside the one Flux names as its own.
+fn flux_library(name: &str) -> PathBuf {
+    let out = Command::new("flux").args(["config", "builtin", "pmi_library_path"]).output().expect("flux config");
+    let own = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let library = own.parent().expect("Flux's library directory").join(name);
+    assert!(library.exists(), "{} is missing", library.display());
+    library
+}
+
+/// A Flux instance bootstraps through rpmi: each broker is a task of an rpmi-run job over two virtual nodes,
+/// and its PMI-1 client (which accepts exactly PMI 1.1) wires them up.
+#[test]
+fn flux_start_under_rpmi_run() {
+    let _one = instance();
+    let done = start(RUN, &["-n", "2", "--nodes", "2", "flux", "start", "flux", "getattr", "size"]).wait(GUARD);
+    done.assert_success("rpmi-run -n 2 --nodes 2 flux start flux getattr size");
+    assert_eq!(done.stdout.trim(), "2", "{}", done.dump());
+}
+
+/// Intel MPI through Flux's `libpmi.so.0` (PMI-1) and `libpmi2.so.0` (the PMI-2 API over PMI-1 lines, its
+/// node attributes as `local::` keys) under rpmi-run. Without the `local::` keys served, each rank but one
+/// waits in `PMI2_Info_GetNodeAttr` polling once a second for about 15 s; with them the job takes about a
+/// second here, so the bound tells the two apart.
+#[test]
+fn intel_mpi_through_fluxs_pmi_libraries() {
+    let intel = impi::intel_mpi();
+    for (name, mode) in [("libpmi.so.0", "pmi1"), ("libpmi2.so.0", "pmi2")] {
+        let library = flux_library(name);
+        let mut args = vec!["-n".to_string(), "4".into(), "--trace".into()];
+        args.extend(intel.imb(4));
+        let env = intel.env(Some((&library, mode)));
+        let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+        let done = start_with_env(RUN, &args, &env).wait(GUARD);
+        done.assert_success(&format!("IMB-MPI1 through Flux's {name}"));
+        assert!(impi::imb_ran(&done.stdout, 4), "{name}:\n{}", done.dump());
+        assert!(done.stderr.contains("S: cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"), "{name}");
+        if mode == "pmi2" {
+            assert!(done.stderr.contains(" key=local::"), "{name}: no node attribute as a local:: key");
+            let bound = std::time::Duration::from_secs(10);
+            assert!(
+                done.elapsed < bound,
+                "{name}: took {:.2?}: node attributes polled:\n{}",
+                done.elapsed,
+                done.dump()
+            );
+        }
+        eprintln!("IMB-MPI1 through Flux's {name}: {:.2?}", done.elapsed);
+    }
+}

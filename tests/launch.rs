@@ -419,3 +419,22 @@ fn mpi_sessions_with_mpich_5() {
         assert!(!done.stderr.contains("tag="), "{opts:?}: a 1.1 client got a tagged barrier:\n{}", done.dump());
     }
 }
+
+/// Intel MPI through Slurm's own PMI-2 library (Debian's `libpmi2-0`), the strictest reader of PMI-2
+/// answers (docs/clients.md: `fullinit-response` needs its version fields, booleans are `TRUE` or `FALSE`
+/// only; before rpmi wrote them so, it failed at `PMI2_Init`), and through Intel MPI's own PMI-1 client.
+#[test]
+fn intel_mpi_through_slurms_libpmi2_and_its_own_client() {
+    let intel = impi::intel_mpi();
+    for library in [Some((Path::new(impi::SLURM_LIBPMI2), "pmi2")), None] {
+        let mut args = os(&["-n", "4", "--trace"]);
+        args.extend(intel.imb(4));
+        let env = intel.env(library);
+        let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+        let done = rpmi_run_env(&args, &env);
+        done.assert_success(&format!("IMB-MPI1 through {library:?}"));
+        assert!(impi::imb_ran(&done.stdout, 4), "{library:?}:\n{}", done.dump());
+        let pmi2 = done.stderr.contains("S:     ") && done.stderr.contains("cmd=fullinit-response;rc=0;");
+        assert_eq!(pmi2, library.is_some(), "{library:?}: spoke PMI-2 {pmi2}:\n{}", done.dump());
+    }
+}

@@ -25,6 +25,9 @@ use std::sync::mpsc;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+#[path = "support/impi.rs"]
+mod impi;
+
 /// Longest any one srun may take before the test calls it hung.
 const GUARD: Duration = Duration::from_secs(60);
 
@@ -1541,5 +1544,75 @@ fn mpich5_sessions() {
         assert!(run.stdout.contains("mpi_sessions: 6 ranks, world and 3 even ranks checked"), "{name}: {run}");
         assert!(run.stderr.contains("S: cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"), "{run}");
         assert!(!run.stderr.contains("tag="), "{name}: a 1.1 client got a tagged barrier: {run}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Runtimes that load a PMI library, and Flux started by srun: each run by name where what it needs is
+// installed (docker/test.sh), never in the other lines' chroots, which have neither.
+
+/// Intel MPI's environment for `library` (`I_MPI_PMI=mode`), as srun's.
+fn intel_env(intel: &impi::IntelMpi, library: &Path, mode: &str) -> Vec<(&'static str, String)> {
+    let env = intel.env(Some((library, mode)));
+    env.into_iter().map(|(k, v)| (k, v.into_string().expect("UTF-8 paths"))).collect()
+}
+
+/// Intel MPI through Slurm's own PMI-2 library (Debian's `libpmi2-0`), as Slurm's guide tells its users,
+/// under `--mpi=rpmi` and, beside it, Slurm's own `--mpi=pmi2`: one node, since Intel MPI's shared-memory
+/// fabric cannot cross this machine's virtual nodes whatever the PMI.
+#[test]
+#[ignore = "needs Intel MPI: run by name"]
+fn impi_through_slurms_libpmi2() {
+    let _s = serial();
+    let intel = impi::intel_mpi();
+    let env = intel_env(&intel, Path::new(impi::SLURM_LIBPMI2), "pmi2");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let imb = intel.imb(4);
+    for mpi in ["rpmi", "pmi2"] {
+        let args: Vec<&str> = ["-N1", "-n4"].into_iter().chain(imb.iter().map(String::as_str)).collect();
+        let run = Srun::start_with(&marker(&format!("impi-libpmi2-{mpi}")), mpi, &args, &env).wait();
+        assert_success(&run);
+        assert!(impi::imb_ran(&run.stdout, 4), "--mpi={mpi}: {run}");
+        eprintln!("IMB-MPI1 through Slurm's libpmi2, --mpi={mpi}: {:.2?}", run.elapsed);
+    }
+}
+
+/// Flux's PMI library `name`, where the installed Flux keeps its own.
+fn flux_library(name: &str) -> PathBuf {
+    let out = Command::new("flux").args(["config", "builtin", "pmi_library_path"]).output().expect("flux config");
+    let own = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    own.parent().expect("Flux's library directory").join(name)
+}
+
+/// A Flux instance started by srun, as Flux's documentation starts one in a Slurm allocation: one broker
+/// per node, bootstrapped through rpmi's PMI-1 (Flux's client accepts exactly 1.1); it then runs jobs of
+/// its own across the three brokers.
+#[test]
+#[ignore = "needs Flux: run by name where it is installed"]
+fn flux_started_by_srun() {
+    let _s = serial();
+    let run = srun(&marker("flux-size"), &["-N3", "flux", "start", "flux", "getattr", "size"]);
+    assert_success(&run);
+    assert_eq!(run.stdout.trim(), "3", "{run}");
+    let run = srun(&marker("flux-run"), &["-N3", "flux", "start", "flux", "run", "-N3", "-n3", "hostname"]);
+    assert_success(&run);
+    assert_eq!(run.stdout.lines().count(), 3, "three tasks of Flux's own job: {run}");
+}
+
+/// Intel MPI through Flux's `libpmi.so.0` and `libpmi2.so.0` under `srun --mpi=rpmi` (one node).
+#[test]
+#[ignore = "needs Flux and Intel MPI: run by name where Flux is installed"]
+fn flux_libraries_with_impi_under_srun() {
+    let _s = serial();
+    let intel = impi::intel_mpi();
+    let imb = intel.imb(4);
+    for (name, mode) in [("libpmi.so.0", "pmi1"), ("libpmi2.so.0", "pmi2")] {
+        let env = intel_env(&intel, &flux_library(name), mode);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let args: Vec<&str> = ["-N1", "-n4"].into_iter().chain(imb.iter().map(String::as_str)).collect();
+        let run = Srun::start_with(&marker(&format!("flux-{mode}")), "rpmi", &args, &env).wait();
+        assert_success(&run);
+        assert!(impi::imb_ran(&run.stdout, 4), "Flux's {name}: {run}");
+        eprintln!("IMB-MPI1 through Flux's {name} under srun: {:.2?}", run.elapsed);
     }
 }

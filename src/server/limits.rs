@@ -3,7 +3,7 @@
 use crate::wire::response::MAX_LINE;
 use std::fmt;
 
-/// Limits of one [`crate::server::Shell`]. The defaults suit every client in clients.md.
+/// Limits of one [`crate::server::Shell`]. The defaults suit every client in docs/clients.md.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Advertised `kvsname_max` (includes the NUL, as PMI counts).
@@ -116,7 +116,7 @@ impl Limits {
 
     /// MPICH 4.0.2's client shrinks its value buffer when `kvsname_max + keylen_max + vallen_max + 30`
     /// exceeds its 1024-byte line, to `1024 - kvsname_max - min(keylen_max, 256) - 30`, and crashes on a
-    /// longer value (clients.md). At 64/64/1024 that is 866.
+    /// longer value (docs/clients.md). At 64/64/1024 that is 866.
     pub fn mpich_vallen(&self) -> usize {
         let (n, k, v) = (self.kvsname_max as usize, self.keylen_max as usize, self.vallen_max as usize);
         if n + k + v + 30 > MAX_LINE {

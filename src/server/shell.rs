@@ -181,7 +181,7 @@ impl Shell {
         let bounds = Bounds { size, key_max: limits.key_max(), value_max: limits.pmi2_value_max() };
         let mut kvs = Kvs::new(limits.kvs_bytes_max);
         // RFC 13 says an empty value when the mapping does not fit; real clients die on that, and fall back
-        // to exchanging hostnames when the key is absent (clients.md). So it is left out instead.
+        // to exchanging hostnames when the key is absent (docs/clients.md). So it is left out instead.
         let mapping = job.task_map.process_mapping();
         if mapping.len() <= limits.value_max() {
             kvs.put(kvs::SERVER, PROCESS_MAPPING_KEY.as_bytes(), mapping.as_bytes())

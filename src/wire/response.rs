@@ -1,6 +1,6 @@
 //! Formatting response lines (RFC 13's `S:` messages) so that every real client can read them.
 //!
-//! The rules come from clients.md: `cmd=` first (newer MPICH treats anything else as a PMI-2 frame), `rc=`
+//! The rules come from docs/clients.md: `cmd=` first (newer MPICH treats anything else as a PMI-2 frame), `rc=`
 //! next, `value=` last (older Hydra appended keys after it and broke clients), no `key=` token with an empty
 //! value (newer MPICH rejects it), and a whole line, newline included, of at most [`MAX_LINE`] bytes (MPICH
 //! reads 1024-byte lines and desynchronises on longer ones).

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod impi;
+
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
