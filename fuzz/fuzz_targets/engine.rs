@@ -254,7 +254,8 @@ impl Wire {
     }
 
     /// One PMI-2 answer: `cmd=NAME-response;[thrid=T;]rc=N;` then fields, each ended by `;` (a `;` in a value
-    /// doubled); `errmsg=` only on failure; `value=` only with `found=TRUE`, in a successful get.
+    /// doubled); `errmsg=` only on failure; `value=` only with `found=TRUE`, in a successful get, or beside
+    /// the same `port=` in a lookup's answer; booleans `TRUE` or `FALSE` (docs/clients.md).
     fn check_frame(&mut self, task: TaskId, frame: &[u8]) {
         let shown = String::from_utf8_lossy(frame);
         if debug() {
@@ -297,11 +298,14 @@ impl Wire {
                 b"thrid",
                 b"rc",
                 b"errmsg",
+                b"pmi-version",
+                b"pmi-subversion",
                 b"rank",
                 b"size",
                 b"appnum",
                 b"spawner-jobid",
                 b"pmiverbose",
+                b"errcodes",
                 b"jobid",
                 b"value",
                 b"found",
@@ -310,6 +314,13 @@ impl Wire {
             assert!(known.contains(&k.as_slice()), "an unknown field in {shown}");
         }
         assert!(get(b"errmsg").is_none() || rc != 0, "errmsg= with rc=0: {shown}");
+        assert!(get(b"pmiverbose").is_none_or(|v| v == b"FALSE"), "pmiverbose= is not FALSE: {shown}");
+        if cmd == b"fullinit-response" && rc == 0 {
+            assert!(get(b"pmi-version") == Some(b"2") && get(b"pmi-subversion") == Some(b"0"), "{shown}");
+        }
+        if cmd == b"name-lookup-response" {
+            assert_eq!(get(b"value"), get(b"port"), "a lookup's value= is not its port=: {shown}");
+        }
         let getter = [&b"kvs-get-response"[..], b"info-getjobattr-response", b"info-getnodeattr-response"];
         match get(b"found") {
             Some(found) => {
@@ -321,6 +332,7 @@ impl Wire {
                     assert!(v.len() <= self.value_max, "a value of {} bytes: {shown}", v.len());
                 }
             }
+            None if cmd == b"name-lookup-response" => {}
             None => {
                 assert!(get(b"value").is_none(), "value= without found=: {shown}");
                 assert!(!getter.contains(&cmd) || rc != 0, "a successful get without found=: {shown}");
@@ -487,7 +499,8 @@ fn value(len_sel: u8, fill: u8) -> Vec<u8> {
 
 /// A realistic request line (or spawn block), newline included.
 fn canned(k: u8, a: u8, b: u8) -> Vec<u8> {
-    let key = |a: u8| format!("k{}", a % 8);
+    // One key in eight is a node attribute written as Flux's libpmi2 writes it (`local::NAME`).
+    let key = |a: u8| if a % 8 == 7 { format!("local::k{}", a % 4) } else { format!("k{}", a % 8) };
     let mut line: Vec<u8> = match k % 32 {
         0 => b"cmd=init pmi_version=1 pmi_subversion=1".to_vec(),
         1 => b"cmd=init pmi_version=2 pmi_subversion=0".to_vec(),
@@ -564,7 +577,8 @@ fn frame(body: &[u8], left: bool) -> Vec<u8> {
 /// A realistic PMI-2 request (one frame, or a few bytes that are not one), for a task of rank `rank`. Bit 5
 /// of `k` pads the length on the left.
 fn canned2(k: u8, a: u8, b: u8, rank: u32) -> Vec<u8> {
-    let key = |a: u8| format!("k{}", a % 8);
+    // One key in eight is a node attribute written as Flux's libpmi2 writes it (`local::NAME`).
+    let key = |a: u8| if a % 8 == 7 { format!("local::k{}", a % 4) } else { format!("k{}", a % 8) };
     let node_key = |a: u8| format!("n{}", a % 4);
     let body: Vec<u8> = match k % 32 {
         0 => match a % 4 {
