@@ -1685,6 +1685,43 @@ fn pmi2_frames_split_anywhere_and_protocol_errors_cut_the_task_off() {
     job.finished();
 }
 
+/// Only a spawn may be longer than a request line (`request_line_max`): any other frame that announces more
+/// is refused, naming the rank, as soon as its first bytes say it is no spawn, before the shell holds more
+/// of it than a line; a spawn of that length is read whole and goes to the host.
+#[test]
+fn pmi2_a_frame_over_the_line_limit_is_refused_unless_a_spawn() {
+    let limits = Limits { request_line_max: 1024, ..Limits::default() };
+    let (job, mut clients) = Setup::block(&[3], 0).limits(limits).offer_services().start();
+    // Announced 200,000 bytes; only its start is ever sent.
+    for (i, head) in ["cmd=kvs-get;key=", "c"].into_iter().enumerate() {
+        let c = &mut clients[i];
+        c.init2();
+        c.send(format!("{:>6}{head}", 200_000));
+        if head.len() < 10 {
+            // Not yet known to be no spawn: its next byte says.
+            thread::sleep(Duration::from_millis(50));
+            assert!(job.shared.get().errors.len() == i, "refused before it could tell");
+            c.send("md=kvs-put;key=");
+        }
+        let record = job.shared.wait_for("the refusal", |r| r.errors.len() > i);
+        let said = record.errors[i].to_string();
+        assert!(said.contains(&format!("rank {i}")) && said.contains("only a spawn may be longer"), "{said}");
+        drop(record);
+        c.assert_cut_off();
+    }
+    // A spawn of 3,000 bytes (its arguments), over the line limit, is served.
+    let c = &mut clients[2];
+    c.init2();
+    let arg = "a".repeat(3000);
+    c.send2(&format!("cmd=spawn;ncmds=1;preputcount=0;subcmd=./child;maxprocs=1;argc=1;argv0={arg};infokeycount=0;"));
+    let record = job.shared.wait_for("the spawn", |r| !r.spawns.is_empty());
+    assert_eq!(record.spawns[0].1.commands[0].args, [arg.into_bytes()]);
+    assert_eq!(record.errors.len(), 2);
+    drop(record);
+    drop(clients);
+    job.finished();
+}
+
 /// Node attributes count in the shell's one bound with its key-value store: a put that fits alone is refused
 /// beside them.
 #[test]

@@ -513,6 +513,23 @@ fn a_spawn_with_a_preput_the_new_step_would_refuse_fails_at_once() {
     assert!(!run.stderr.contains("Unable to create step"), "{run}");
 }
 
+/// A spawn whose arguments hold a bare `:` is refused before any step starts: srun would read it as the
+/// separator of a heterogeneous step, and what follows as its own options (here `--mpi=none`, then a program
+/// that would print). The step goes on.
+#[test]
+fn a_spawn_with_a_bare_colon_argument_is_refused() {
+    let _s = serial();
+    let script = "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&$PMI_FD; read -r l <&$PMI_FD; \
+         printf 'mcmd=spawn\\nnprocs=1\\nexecname=true\\ntotspawns=1\\nspawnssofar=1\\nargcnt=4\\narg1=:\\n\
+         arg2=--mpi=none\\narg3=echo\\narg4=colon-ran\\npreput_num=0\\ninfo_num=0\\nendcmd\\n' >&$PMI_FD; \
+         read -r l <&$PMI_FD; echo \"spawner: $l\"; printf 'cmd=finalize\\n' >&$PMI_FD; read -r l <&$PMI_FD";
+    let run = Srun::start_in(&marker("spawn-colon"), &["-N1", "-n2"], &["-n1", "bash", "-c", script]).wait();
+    assert_success(&run);
+    let answer = run.stdout.lines().find(|l| l.starts_with("spawner: ")).unwrap_or_default();
+    assert!(answer.starts_with("spawner: cmd=spawn_result rc=-1 msg=an_argument_':'_in_a_spawn"), "{run}");
+    assert!(!run.stdout.contains("colon-ran"), "srun took the task's options: {run}");
+}
+
 /// A spawn one of whose programs is missing: the new step fails before all of its tasks ran, and the spawn is
 /// answered with error code -1 for every process; the tasks that did start (waiting in a barrier for the
 /// missing ones) are ended, and the spawning step goes on.
@@ -1315,6 +1332,97 @@ fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
     let _ = run.child.wait();
     cleanup(&mark);
     run.stdout.take();
+}
+
+/// A figure of `/proc/PID/status` (`VmRSS`, `VmHWM`), in bytes; 0 once the process is gone.
+fn vm(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap_or_default();
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).map_or(0, |kb| kb << 10)
+}
+
+/// The one task of srun `mark`'s step once it runs, and the step's one slurmstepd.
+fn task_and_stepd(mark: &str) -> (u32, u32) {
+    let until = Instant::now() + GUARD;
+    loop {
+        if let Some(&task) = marked(mark, None).first() {
+            let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
+            if let [stepd] = step_stepds(&var("SLURM_JOB_ID"), &var("SLURM_STEP_ID"))[..] {
+                return (task, stepd);
+            }
+        }
+        assert!(Instant::now() < until, "the step's task and slurmstepd never showed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What a root slurmstepd may grow by, whatever its user's srun and tasks do.
+const STEPD_GROWTH_MAX: u64 = 64 << 20;
+
+/// A user's srun may write valid frames to its stepds without pause (tests/slurm/flood_root.c writes
+/// PARENT_DONE after the handshake): a stepd takes them a buffer at a time and keeps none, so its memory
+/// stays flat while srun writes. (It once decoded all a socket held before handling any: +1.5 GiB in 4 s.)
+#[test]
+fn a_flooding_srun_does_not_grow_a_slurmstepd() {
+    let _s = serial();
+    let mark = marker("flood");
+    let preload = shim("flood_root");
+    let env = [("LD_PRELOAD", preload.to_str().unwrap())];
+    let mut run = Srun::start_with(&mark, "rpmi", &["-N1", "-n1", "sleep", "60"], &env);
+    let (_, stepd) = task_and_stepd(&mark);
+    let base = vm(stepd, "VmRSS");
+    std::thread::sleep(Duration::from_secs(5));
+    let (peak, alive) = (vm(stepd, "VmHWM"), vm(stepd, "VmRSS") > 0);
+    cleanup(&mark);
+    run.child.kill().expect("SIGKILL srun");
+    let _ = run.child.wait();
+    run.stdout.take();
+    eprintln!("flooding srun: the slurmstepd grew from {} to a peak of {} KiB in 5 s", base >> 10, peak >> 10);
+    assert!(alive, "the slurmstepd did not live through the flood");
+    assert!(peak.saturating_sub(base) < STEPD_GROWTH_MAX, "the slurmstepd grew {} KiB", (peak - base) >> 10);
+}
+
+/// srun stopped (`kill -STOP`, the user's right) while its job's collective has failed for good (a node bound
+/// of 1 byte) and a task asks for a barrier as fast as each fails: the stepd sends srun nothing for a failed
+/// collective, holds no more for it than a link's bound, and ends the step itself when srun does not. (It
+/// once queued a JOINED for srun per failed barrier: +980 MiB in 15 s from one task.)
+#[test]
+fn a_stopped_srun_does_not_grow_a_slurmstepd_and_a_failed_step_ends() {
+    let _s = serial();
+    let mark = marker("stopped-srun");
+    let flag = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{mark}.go"));
+    let _ = std::fs::remove_file(&flag);
+    let program = build("pmi_barrier_loop");
+    let args = ["-N1", "-n1", program.to_str().unwrap(), flag.to_str().unwrap()];
+    let run = Srun::start_with(&mark, "rpmi", &args, &[("SLURM_RPMI_NODE_BYTES_MAX", "1")]);
+    let (_, stepd) = task_and_stepd(&mark);
+    // SAFETY: a plain signal to this test's own srun.
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGSTOP) };
+    let base = vm(stepd, "VmRSS");
+    std::fs::write(&flag, b"").unwrap();
+    let started = Instant::now();
+    let mut peak = base;
+    // Until the task is gone: the step has ended (the stepd itself then waits on for the stopped srun, to
+    // tell it the tasks' ends, as Slurm's own stepds do).
+    while !marked(&mark, None).is_empty() && started.elapsed() < ENDED_WITHIN + Duration::from_secs(5) {
+        peak = peak.max(vm(stepd, "VmHWM"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (took, left) = (started.elapsed(), marked(&mark, None));
+    // SAFETY: as above.
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGCONT) };
+    let _ = std::fs::remove_file(&flag);
+    let run = run.wait();
+    eprintln!(
+        "stopped srun: the slurmstepd grew from {} to a peak of {} KiB; the task was gone {took:.2?} after the \
+         barriers began",
+        base >> 10,
+        peak >> 10
+    );
+    assert!(peak.saturating_sub(base) < STEPD_GROWTH_MAX, "the slurmstepd grew {} KiB", (peak - base) >> 10);
+    assert!(took < ENDED_WITHIN, "the failed step's task still ran {took:.2?} after its collective failed: {run}");
+    assert!(left.is_empty(), "tasks left: {left:?}");
+    assert!(run.stderr.contains("srun did not end the step within 5s"), "{run}");
 }
 
 /// A user's srun may send an exchange result no barrier asked for (tests/slurm/double_all.c sends every one

@@ -110,6 +110,11 @@ impl Node {
         }
     }
 
+    /// Whether the collective failed for good: every later part fails at once.
+    pub fn failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
     /// Bytes this node holds: parts gathered and frames not yet taken by [`Node::poll`].
     pub fn held(&self) -> usize {
         self.gather.held() + self.outbox.held()

@@ -13,6 +13,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Of what a link may hold unsent, the share for control frames: each task has at most one name or spawn
+/// request (or answer) out, a spawn's at most 256 KiB, and a node's other control frames are a few each.
+pub const CONTROL_QUEUED_MAX: usize = 64 << 20;
+
 /// The epoll set links and the acceptor are served in: srun's own, or a stepd's progress loop.
 pub trait Watch: Send + Sync {
     fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()>;
@@ -79,18 +83,37 @@ pub struct Link {
     watch: Option<Arc<dyn Watch>>,
     input: FrameBuf,
     output: VecDeque<Out>,
+    /// Bytes of `output` not written yet.
+    queued: usize,
+    /// The most `queued` may reach: a peer that leaves more unread has stopped reading (srun is the user's
+    /// own process, which it may stop), and the link is broken rather than the queue grown.
+    queued_max: usize,
     /// epoll watches it for writing too, while output waits.
     watching_out: bool,
-    /// A write failed: the peer is gone (the reading side sees the close and reports it).
+    /// A write failed, or the peer left more than `queued_max` bytes unread: the link is of no more use.
     broken: bool,
+    /// It broke for `queued_max`.
+    overflowed: bool,
 }
 
 impl Link {
-    /// A link over `stream` (made non-blocking), served under `token`, with `input` already received.
-    pub fn new(stream: TcpStream, token: u64, input: FrameBuf) -> io::Result<Link> {
+    /// A link over `stream` (made non-blocking), served under `token`, with `input` already received, that
+    /// holds at most `queued_max` bytes of output its peer has not taken.
+    pub fn new(stream: TcpStream, token: u64, input: FrameBuf, queued_max: usize) -> io::Result<Link> {
         stream.set_nonblocking(true)?;
         let _ = stream.set_nodelay(true);
-        Ok(Link { stream, token, watch: None, input, output: VecDeque::new(), watching_out: false, broken: false })
+        Ok(Link {
+            stream,
+            token,
+            watch: None,
+            input,
+            output: VecDeque::new(),
+            queued: 0,
+            queued_max,
+            watching_out: false,
+            broken: false,
+            overflowed: false,
+        })
     }
 
     /// Adds the link to `watch`'s epoll set.
@@ -100,9 +123,17 @@ impl Link {
         Ok(())
     }
 
-    /// Whether a write failed.
+    /// Whether a write failed, or the peer left more than the link holds unread.
     pub fn is_broken(&self) -> bool {
         self.broken
+    }
+
+    /// Why the link broke, for messages: its peer stopped reading, or a write failed.
+    pub fn broke_why(&self) -> String {
+        match self.overflowed {
+            true => format!("it left more than {} bytes unread", self.queued_max),
+            false => "a write failed".into(),
+        }
     }
 
     /// Queues a whole encoded frame and writes what the socket takes now.
@@ -127,8 +158,21 @@ impl Link {
         if self.broken {
             return;
         }
+        if self.queued + out.len() > self.queued_max {
+            self.overflowed = true;
+            self.break_off();
+            return;
+        }
+        self.queued += out.len();
         self.output.push_back(out);
         self.flush();
+    }
+
+    /// Drops what waits to go out: the link is of no more use.
+    fn break_off(&mut self) {
+        self.broken = true;
+        self.output.clear();
+        self.queued = 0;
     }
 
     /// Writes queued frames until the socket would block; then has epoll say when it can take more.
@@ -142,6 +186,7 @@ impl Link {
             match send_vectored(self.stream.as_raw_fd(), h, b) {
                 Ok(n) => {
                     out.at += n;
+                    self.queued -= n;
                     if out.at == out.len() {
                         self.output.pop_front();
                     }
@@ -149,8 +194,7 @@ impl Link {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => {
-                    self.broken = true;
-                    self.output.clear();
+                    self.break_off();
                     break;
                 }
             }
@@ -261,7 +305,7 @@ mod tests {
     #[test]
     fn a_shared_frame_goes_out_whole_on_every_link_and_a_full_socket_waits() {
         let (a, mut peer) = pair();
-        let mut link = Link::new(a, 0, FrameBuf::default()).unwrap();
+        let mut link = Link::new(a, 0, FrameBuf::default(), usize::MAX).unwrap();
         // Far more than the socket buffers take: the rest waits in the queue.
         let big: Bytes = Arc::new(vec![7; 16 << 20]);
         link.send_collective(Direction::Down, &big).unwrap();
@@ -283,9 +327,27 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_that_stops_reading_breaks_the_link_past_its_bound() {
+        let (a, _peer) = pair();
+        let mut link = Link::new(a, 0, FrameBuf::default(), 1 << 20).unwrap();
+        let mut sent = 0;
+        while !link.is_broken() {
+            link.send(vec![0; 64 << 10]);
+            sent += 64 << 10;
+            assert!(link.queued <= 1 << 20, "{} bytes queued", link.queued);
+            assert!(sent < 1 << 30, "never broke");
+        }
+        assert!(link.output.is_empty() && link.queued == 0);
+        assert_eq!(link.broke_why(), format!("it left more than {} bytes unread", 1 << 20));
+        // Nothing more is queued once it broke.
+        link.send(vec![0; 16]);
+        assert!(link.output.is_empty());
+    }
+
+    #[test]
     fn a_closed_peer_breaks_the_link_without_a_signal() {
         let (a, peer) = pair();
-        let mut link = Link::new(a, 0, FrameBuf::default()).unwrap();
+        let mut link = Link::new(a, 0, FrameBuf::default(), usize::MAX).unwrap();
         drop(peer);
         for _ in 0..100 {
             link.send(vec![0; 64 << 10]);
@@ -302,7 +364,7 @@ mod tests {
     #[test]
     fn frames_come_in_as_they_arrive() {
         let (a, mut peer) = pair();
-        let mut link = Link::new(a, 0, FrameBuf::default()).unwrap();
+        let mut link = Link::new(a, 0, FrameBuf::default(), usize::MAX).unwrap();
         let mut buf = [0u8; 4];
         assert_eq!(link.read(&mut buf), Read::Blocked);
         let joined = Up::Joined { epoch: 3 }.encode().unwrap();

@@ -24,6 +24,7 @@
 //! `SLURM_RPMI_` prefix are refused, naming the new ones; other `RPMI_SLURM_*` names are not the plugin's
 //! (the project's test scripts use some).
 
+use super::protocol::SPAWN_MAX;
 use super::trace::escape_text;
 use crate::collective::{Bound, Bounds};
 use crate::server::Limits;
@@ -97,12 +98,13 @@ pub enum Id {
     KvsBytesMax,
     NodeBytesMax,
     ExchangeBytesMax,
+    SpawnBytesMax,
     TreeWidth,
     Trace,
 }
 
 /// Every option, in [`Id`]'s order.
-pub const OPTIONS: [Opt; 9] = [
+pub const OPTIONS: [Opt; 10] = [
     // Advertised by get_maxes, NUL included. The upper end is a PMI-1 line (what MPICH reads one into):
     // longer keys or values could not travel anyway.
     Opt {
@@ -164,6 +166,16 @@ pub const OPTIONS: [Opt; 9] = [
         default: 512 << 20,
         ceiling: Some(BYTES_MAX_LIMIT),
     },
+    // What the stepd holds per task while a spawn request comes in (PMI-1's lines, or one PMI-2 frame): at
+    // most what one frame to srun carries.
+    Opt {
+        key: c"RpmiSpawnBytesMax",
+        var: "SLURM_RPMI_SPAWN_BYTES_MAX",
+        what: BYTES,
+        range: 1024..=(SPAWN_MAX as u64),
+        default: SPAWN_MAX as u64,
+        ceiling: Some(SPAWN_MAX as u64),
+    },
     // Any width of at least the node count is the star.
     Opt {
         key: c"RpmiTreeWidth",
@@ -186,6 +198,7 @@ impl Id {
         Id::KvsBytesMax,
         Id::NodeBytesMax,
         Id::ExchangeBytesMax,
+        Id::SpawnBytesMax,
         Id::TreeWidth,
         Id::Trace,
     ];
@@ -435,7 +448,7 @@ impl Settings {
             vallen_max: length(Id::VallenMax),
             request_line_max: self.get(Id::RequestLineMax) as usize,
             kvs_bytes_max: self.get(Id::KvsBytesMax) as usize,
-            ..Limits::default()
+            spawn_bytes_max: self.get(Id::SpawnBytesMax) as usize,
         }
     }
 

@@ -24,7 +24,7 @@
 use super::admit::{Acceptor, Event, Gate, Joined};
 use super::auth::{self, Secret};
 use super::layout::with_node_names;
-use super::link::{Link, Read};
+use super::link::{Link, Read, CONTROL_QUEUED_MAX};
 use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
 use super::spawn::{self, Asker, Launcher};
 use crate::collective::GroupRoot;
@@ -308,6 +308,12 @@ impl State {
                     }
                 }
             }
+            // A stepd that left more unread than a link holds is lost, as one whose connection closed.
+            for n in 0..self.links.len() as u32 {
+                if self.link(n).is_some_and(|l| l.is_broken()) {
+                    self.closed(n);
+                }
+            }
             if let Some(events) = self.launcher.as_mut().filter(|l| l.reaping()).map(|l| l.reap(false)) {
                 self.spawned(events);
             }
@@ -446,7 +452,10 @@ impl State {
             let what = format!("the slurmstepd of {name} has children in the PMI tree but does not listen for them");
             return self.fatal(what, None);
         }
-        let mut link = match Link::new(j.stream, u64::from(n), j.input) {
+        // What srun may hold unsent for a stepd: an exchange's result, the group exchanges' and the answers.
+        let groups = collective::groups::done_max(self.nodes.len() as u32, &self.step.bounds);
+        let queued_max = self.step.bounds.exchange_max.bytes.saturating_add(groups).saturating_add(CONTROL_QUEUED_MAX);
+        let mut link = match Link::new(j.stream, u64::from(n), j.input, queued_max) {
             Ok(l) => l,
             Err(e) => return self.fatal(format!("cannot serve the connection of the slurmstepd of {name}: {e}"), None),
         };

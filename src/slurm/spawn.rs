@@ -573,6 +573,13 @@ impl Launch {
             }
         }
         if let [one] = request.commands.as_slice() {
+            // srun splits its arguments at a bare `:` wherever it stands (a heterogeneous step's separator): what
+            // follows would be srun's options, chosen by the task, not its program's arguments.
+            if one.execname == b":" || one.args.iter().any(|a| a == b":") {
+                return Err("an argument ':' in a spawn: srun --mpi=rpmi starts it with srun, which reads a bare ':' \
+                            as the separator of a heterogeneous step"
+                    .into());
+            }
             let program = std::iter::once(&one.execname).chain(&one.args).map(|a| cstring(text(a))).collect();
             return Ok(Launch { spawn, options, program, multi_prog: None, path });
         }
@@ -686,6 +693,19 @@ mod tests {
             assert!(Spawn::decode(bad).is_err(), "{bad}");
         }
         assert!(Spawn::decode(&" ".repeat(SPAWN_ENV_MAX + 1)).unwrap_err().contains("more than"));
+    }
+
+    /// srun reads a bare `:` as a separator even after the program: a task cannot hand srun options so.
+    #[test]
+    fn a_bare_colon_is_refused() {
+        for c in [command(1, "./child", &[":", "--mpi=none", "./other"]), command(1, ":", &["--mpi=none"])] {
+            let e = Launch::of(&SpawnRequest { commands: vec![c] }).unwrap_err();
+            assert!(e.contains("an argument ':'"), "{e}");
+        }
+        // Inside an argument, or in a spawn of several commands (a --multi-prog file), it is plain text.
+        assert!(Launch::of(&SpawnRequest { commands: vec![command(1, "./child", &["a:b", "::"])] }).is_ok());
+        let two = vec![command(1, "./a", &[":"]), command(1, "./b", &[])];
+        assert!(Launch::of(&SpawnRequest { commands: two }).is_ok());
     }
 
     #[test]

@@ -39,7 +39,7 @@
 use super::admit::{Acceptor, Event, Gate};
 use super::auth::{self, Secret};
 use super::layout::{self, with_node_names};
-use super::link::{Link, Read, Watch};
+use super::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
 use super::mpmd;
 use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
 use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
@@ -179,8 +179,11 @@ struct SlurmHost {
     children: Vec<Child>,
     /// Admits the children (a node with none has none).
     acceptor: Option<Acceptor>,
-    /// Wakes the loop when the acceptor has a deadline.
-    timer: Option<OwnedFd>,
+    /// Wakes the loop at the acceptor's deadlines and at `end_by`.
+    timer: OwnedFd,
+    /// When srun was told the step must end: if the step still runs then, this node ends it (srun is the
+    /// user's, and may not act).
+    end_by: Option<Instant>,
     slurm: &'static Slurm,
     /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
     trace: Option<Trace>,
@@ -218,6 +221,8 @@ struct SlurmHost {
     groups_done: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
     /// The largest result of a group exchange srun may send.
     group_result_max: usize,
+    /// The most output a link may hold that its peer has not taken.
+    queued_max: usize,
     /// In a spawned step, until each has sent its first PMI line: the local ranks that have not. STARTED goes
     /// to srun when none is left (srun's root then answers the spawn); one that exits before is a program
     /// that did not start, and fails the step.
@@ -244,9 +249,12 @@ impl SlurmHost {
         let socket = |e: io::Error| format!("socket: {e}");
         let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
         let group_result_max = collective::groups::done_max(names.len() as u32, &bounds);
+        // What a link may hold unsent: an exchange's frame, the group exchanges' parts (held to the store's
+        // bound) and the control frames the tasks' requests make.
+        let queued_max = all_max.saturating_add(limits.kvs_bytes_max).saturating_add(CONTROL_QUEUED_MAX);
         let mut machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
         let parent = match links.parent {
-            Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default()).map_err(socket)?),
+            Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default(), queued_max).map_err(socket)?),
             Some((p, None)) => {
                 // srun said the parent finished before this node reached it: as if it had said goodbye and left.
                 machine.receive(Peer::Node(p), frame::bye());
@@ -263,9 +271,11 @@ impl SlurmHost {
             machine,
             completion: None,
             watch: None,
-            uplink: Some(Link::new(links.srun, UPLINK, Default::default()).map_err(socket)?),
+            uplink: Some(Link::new(links.srun, UPLINK, Default::default(), queued_max).map_err(socket)?),
+            queued_max,
             parent,
-            timer: links.acceptor.as_ref().map(|_| timer()).transpose()?,
+            timer: timer()?,
+            end_by: None,
             acceptor: links.acceptor,
             slurm,
             trace,
@@ -333,6 +343,8 @@ impl SlurmHost {
         }
         if self.report(&message) {
             self.ending = true;
+            self.end_by = Some(Instant::now() + END_PATIENCE);
+            self.arm_timer();
             self.log(log::Level::Info, text);
             return;
         }
@@ -414,8 +426,8 @@ impl SlurmHost {
             }
             self.pump();
         }
-        if end.is_none() && self.uplink.as_ref().is_some_and(Link::is_broken) {
-            end = Some(End::Closed("a write failed".into()));
+        if let Some(why) = self.uplink.as_ref().filter(|l| end.is_none() && l.is_broken()).map(Link::broke_why) {
+            end = Some(End::Closed(why));
         }
         match end {
             Some(End::Closed(why)) => {
@@ -454,8 +466,8 @@ impl SlurmHost {
             }
             self.pump();
         }
-        if end.is_none() && self.parent.as_ref().is_some_and(Link::is_broken) {
-            end = Some(End::Closed("a write failed".into()));
+        if let Some(why) = self.parent.as_ref().filter(|l| end.is_none() && l.is_broken()).map(Link::broke_why) {
+            end = Some(End::Closed(why));
         }
         if let Some(end) = end {
             self.parent = None;
@@ -489,9 +501,10 @@ impl SlurmHost {
             }
             self.pump();
         }
-        let broken = matches!(self.children.get(i), Some(Child::Linked(l)) if l.is_broken());
-        if end.is_none() && broken {
-            end = Some(End::Closed("a write failed".into()));
+        if let Some(Child::Linked(l)) = self.children.get(i).filter(|_| end.is_none()) {
+            if l.is_broken() {
+                end = Some(End::Closed(l.broke_why()));
+            }
         }
         if let Some(end) = end {
             self.children[i] = Child::Gone;
@@ -511,7 +524,7 @@ impl SlurmHost {
                 Event::Debug(line) => self.log(log::Level::Debug, &line),
                 Event::Joined(j) => {
                     let i = (j.node - self.first_child()) as usize;
-                    let link = Link::new(j.stream, CHILDREN + i as u64, j.input).and_then(|mut l| {
+                    let link = Link::new(j.stream, CHILDREN + i as u64, j.input, self.queued_max).and_then(|mut l| {
                         if let Some(w) = &self.watch {
                             l.watch(w.clone())?;
                         }
@@ -600,12 +613,12 @@ impl SlurmHost {
         }
     }
 
-    /// Arms the timer for the acceptor's next deadline, or disarms it.
+    /// Arms the timer for the next deadline (the acceptor's, or `end_by`), or disarms it.
     fn arm_timer(&self) {
-        let (Some(timer), Some(acceptor)) = (&self.timer, &self.acceptor) else { return };
-        let after = acceptor.deadline().map(|at| at.saturating_duration_since(Instant::now()));
+        let next = self.acceptor.as_ref().and_then(Acceptor::deadline).into_iter().chain(self.end_by).min();
+        let after = next.map(|at| at.saturating_duration_since(Instant::now()));
         // Setting a live timerfd to a valid time does not fail.
-        let _ = os::set_timer(timer, after);
+        let _ = os::set_timer(&self.timer, after);
     }
 
     /// Hands the shell what the collective completed for it.
@@ -627,6 +640,22 @@ impl SlurmHost {
         }
     }
 
+    /// Handles the links that broke while this node sent on them (a peer that stopped reading leaves the
+    /// link broken at once, not its output growing): as the peer's close would be.
+    fn check_links(&mut self) {
+        if self.uplink.as_ref().is_some_and(Link::is_broken) {
+            self.hear_srun(0);
+        }
+        if self.parent.as_ref().is_some_and(Link::is_broken) {
+            self.hear_parent(0);
+        }
+        for i in 0..self.children.len() {
+            if matches!(&self.children[i], Child::Linked(l) if l.is_broken()) {
+                self.hear_child(i, 0);
+            }
+        }
+    }
+
     /// Every connection of the tree this node still has.
     fn links(&mut self) -> Vec<&mut Link> {
         let children = self.children.iter_mut().filter_map(|c| match c {
@@ -642,9 +671,11 @@ fn child_slot(children: &mut [Child], first: u32, c: u32) -> Option<&mut Child> 
     children.get_mut(c.checked_sub(first)? as usize)
 }
 
-/// Reads what `link` has (until its socket would block, or a read that does not fill `buf`), and decodes
-/// every whole frame of at most `max` bytes; with why the connection is done, if it is. Frames that came
-/// before a close are handed back before it.
+/// Reads once from `link` (at most `buf`'s length), and decodes every whole frame of at most `max` bytes now
+/// in its input; with why the connection is done, if it is. Frames that came before a close are handed back
+/// before it. One read per wake-up: a peer that writes without pause (srun is the user's) is served a
+/// buffer at a time, epoll (level-triggered) calls again for the rest, and what the node holds of it stays
+/// within one buffer's frames; the rest waits in the socket, and TCP holds the writer back.
 fn hear<M>(
     link: &mut Link,
     buf: &mut [u8],
@@ -652,28 +683,23 @@ fn hear<M>(
     decode: impl Fn(&[u8]) -> Result<M, Malformed>,
 ) -> (Vec<M>, Option<End>) {
     let mut got = Vec::new();
+    let closed = match link.read(buf) {
+        Read::Data(_) | Read::Blocked => None,
+        Read::Closed(why) => Some(End::Closed(why)),
+    };
     loop {
-        let n = match link.read(buf) {
-            Read::Data(n) => n,
-            Read::Blocked => return (got, None),
-            Read::Closed(why) => return (got, Some(End::Closed(why))),
-        };
-        loop {
-            match link.next(max) {
-                Ok(None) => break,
-                Ok(Some(payload)) => match decode(payload) {
-                    Ok(m) => got.push(m),
-                    Err(e) => return (got, Some(End::Broke(format!("sent a {e}")))),
-                },
-                Err(e) => return (got, Some(End::Broke(format!("sent {e}")))),
-            }
-        }
-        // A frame's bytes were copied out: an exchange need not stay in the buffer beside its parts.
-        link.release();
-        if n < buf.len() {
-            return (got, None);
+        match link.next(max) {
+            Ok(None) => break,
+            Ok(Some(payload)) => match decode(payload) {
+                Ok(m) => got.push(m),
+                Err(e) => return (got, Some(End::Broke(format!("sent a {e}")))),
+            },
+            Err(e) => return (got, Some(End::Broke(format!("sent {e}")))),
         }
     }
+    // A frame's bytes were copied out: an exchange need not stay in the buffer beside its parts.
+    link.release();
+    (got, closed)
 }
 
 impl HostFds for SlurmHost {
@@ -691,10 +717,8 @@ impl HostFds for SlurmHost {
                 failed.push(e);
             }
         }
-        if let Some(t) = &self.timer {
-            if let Err(e) = watch.add(t.as_raw_fd(), events, TIMER) {
-                failed.push(e);
-            }
+        if let Err(e) = watch.add(self.timer.as_raw_fd(), events, TIMER) {
+            failed.push(e);
         }
         if let Err(e) = watch.add(self.notify.as_raw_fd(), events, NOTICE) {
             self.slurm.error(&format!("cannot watch the tasks' notices: {e}"));
@@ -709,13 +733,16 @@ impl HostFds for SlurmHost {
         match token {
             NOTICE => self.take_notices(),
             TIMER => {
-                if let Some(t) = &self.timer {
-                    os::drain_counter(t);
-                }
+                os::drain_counter(&self.timer);
                 if let Some(a) = &mut self.acceptor {
                     a.tick();
                 }
                 self.admissions();
+                if self.end_by.is_some_and(|at| at <= Instant::now()) {
+                    self.end_by = None;
+                    let why = format!("srun did not end the step within {END_PATIENCE:?} of being told to");
+                    self.end_from_here(&why);
+                }
             }
             UPLINK => self.hear_srun(events),
             PARENT => self.hear_parent(events),
@@ -728,6 +755,7 @@ impl HostFds for SlurmHost {
             t if t >= CHILDREN => self.hear_child((t - CHILDREN) as usize, events),
             _ => {}
         }
+        self.check_links();
         self.arm_timer();
         self.complete(shell);
         for (task, reply) in std::mem::take(&mut self.answers) {
@@ -766,8 +794,11 @@ impl Asked {
 
 impl Host for SlurmHost {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
-        // srun's checks of who can still join an exchange rest on this.
-        self.report(&Up::Joined { epoch: self.machine.epoch() });
+        // srun's checks of who can still join an exchange rest on this; once the collective failed, no one
+        // can, and a task's every later barrier must not cost srun's link a frame.
+        if !self.machine.failed() {
+            self.report(&Up::Joined { epoch: self.machine.epoch() });
+        }
         self.machine.contribute(contribution.to_vec()).map_err(|e| e.to_string())?;
         self.pump();
         match self.completion.take() {
@@ -1092,7 +1123,11 @@ fn join_parent(
     }
 }
 
-/// A timerfd for the acceptor's deadlines.
+/// How long srun, told that the step must end (an abort, a job error), has to end it before the stepd that
+/// told it ends it itself: srun is the user's own process, and a stopped one must not keep a failed step.
+const END_PATIENCE: Duration = Duration::from_secs(5);
+
+/// A timerfd for the acceptor's and the step's deadlines.
 fn timer() -> Result<OwnedFd, String> {
     os::timerfd().map_err(|e| format!("timerfd: {e}"))
 }

@@ -20,6 +20,9 @@ use crate::server::PROCESS_MAPPING_KEY;
 use crate::wire::pmi2::{body_len, Frame, Message, Request2, HEADER_LEN};
 use crate::wire::response::rc;
 
+/// How a spawn's frame begins, as every client writes it (`cmd` first).
+const SPAWN_HEAD: &[u8] = b"cmd=spawn;";
+
 impl Service {
     /// The PMI-2 answer's command.
     fn response_v2(self) -> &'static str {
@@ -54,6 +57,11 @@ impl Shell {
                     Ok(total) => total,
                     Err(why) => return self.frame_error(host, task, &header, &why, bytes.len()),
                 };
+                let mut seen = self.clients[task].partial[HEADER_LEN..].to_vec();
+                seen.extend(rest.iter().take(SPAWN_HEAD.len()));
+                if let Some(why) = self.over_line(total, &seen) {
+                    return self.frame_error(host, task, &header, &why, bytes.len());
+                }
                 let c = &mut self.clients[task];
                 let want = total - c.partial.len();
                 if rest.len() < want {
@@ -79,6 +87,9 @@ impl Shell {
                 Ok(total) => total,
                 Err(why) => return self.frame_error(host, task, &rest[..HEADER_LEN], &why, bytes.len()),
             };
+            if let Some(why) = self.over_line(total, &rest[HEADER_LEN..]) {
+                return self.frame_error(host, task, &rest[..HEADER_LEN], &why, bytes.len());
+            }
             let c = &mut self.clients[task];
             if rest.len() < total {
                 c.partial.extend_from_slice(rest);
@@ -92,8 +103,20 @@ impl Shell {
         }
     }
 
+    /// Why a frame of `total` bytes whose body begins with `seen` is refused before it is read: only a spawn
+    /// may be longer than a request line, and what the shell holds of any other frame stays within that.
+    /// `None` while `seen` may still be the start of a spawn.
+    fn over_line(&self, total: usize, seen: &[u8]) -> Option<String> {
+        let (len, max) = (total - HEADER_LEN, self.limits.request_line_max);
+        let n = seen.len().min(SPAWN_HEAD.len());
+        if len <= max || seen[..n] == SPAWN_HEAD[..n] {
+            return None;
+        }
+        Some(format!("a PMI-2 message of {len} bytes, over the limit of {max} (only a spawn may be longer)"))
+    }
+
     /// The whole length of the frame whose prefix is `header`, within the limits: a spawn is the longest
-    /// request (any other over a line's limit is refused once it is read).
+    /// request (any other over a line's limit is refused as soon as its first bytes say it is no spawn).
     fn frame_len(&self, header: &[u8]) -> Result<usize, String> {
         let max = self.limits.request_line_max.max(self.limits.spawn_bytes_max);
         match body_len(header) {
