@@ -250,3 +250,150 @@ fn tiny_puts_attack() {
     report("stored", stored);
     report("refused", u8::from(refused));
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// PMI 1.2 group barriers outstanding.
+
+/// The job of the group-barriers attack: 8192 nodes of 128 ranks; the shell serves node 0's 128 tasks.
+const GROUP_NODES: usize = 8192;
+const GROUP_PER_NODE: u32 = 128;
+/// The store's bound in the group-barriers attack.
+const GROUP_KVS_BYTES_MAX: usize = 1 << 20;
+/// What the shell may hold beside what it charges to the store: the one list of the job's shells that
+/// every `WORLD` barrier shares (32 KiB here), the tasks' answer buffers (one answer each: they are read as
+/// they come), and the allocator's rounding.
+const GROUP_SLACK: u64 = 512 << 10;
+
+/// A host that runs group exchanges and never ends one: what it is handed it holds.
+#[derive(Default)]
+struct GroupHost {
+    exchanges: usize,
+}
+
+impl Host for GroupHost {
+    fn collective(&mut self, _contribution: &[u8]) -> Result<(), String> {
+        panic!("no task of these tests enters a plain barrier");
+    }
+
+    fn serves_groups(&self) -> bool {
+        true
+    }
+
+    fn group_collective(
+        &mut self,
+        _exchange: &rpmi::server::GroupExchange<'_>,
+        _contribution: &[u8],
+    ) -> Result<(), String> {
+        self.exchanges += 1;
+        Ok(())
+    }
+
+    fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {
+        panic!("rank {rank} aborted: {message}");
+    }
+
+    fn job_error(&mut self, error: &JobError) {
+        panic!("{error}");
+    }
+
+    fn log(&mut self, _level: log::Level, _message: &str) {}
+}
+
+/// Every one of a shell's 128 tasks, in a job of 8192 nodes, asks for PMI 1.2 and enters 64 group barriers
+/// of tags its own (as many as a task may have outstanding), which none of the other tasks enters: 8192
+/// barriers. In the first attack they are `WORLD` barriers, each waiting for every node and every local
+/// task; in the second, groups of the task's rank and 120 ranks on other nodes, as long a group as a
+/// barrier may name (about 1 KB), each with its list of 121 shells. What they hold is charged to the store's
+/// bound (a barrier that would go over fails with rc=2, as a put does): the process may grow by that bound
+/// and a fixed overhead, and the shell's count of what it holds may not understate the growth.
+#[test]
+fn outstanding_group_barriers_are_bounded_by_the_store() {
+    let test = "outstanding_group_barriers_are_bounded_by_the_store";
+    if let Ok(attack @ ("group_barriers_world" | "group_barriers_ranks")) = std::env::var(CHILD).as_deref() {
+        return group_barriers_attack(attack);
+    }
+    for attack in ["group_barriers_world", "group_barriers_ranks"] {
+        let figures = run_child(test, attack);
+        let (growth, counted) = (figure(&figures, "peak_growth"), figure(&figures, "counted"));
+        let (held, refused) = (figure(&figures, "held"), figure(&figures, "refused"));
+        assert_eq!(held + refused, u64::from(GROUP_PER_NODE) * 64, "{attack}: every barrier is held or refused");
+        assert!(held > 0, "{attack}: no group barrier was held");
+        assert!(counted <= GROUP_KVS_BYTES_MAX as u64, "{attack}: the shell holds {counted} bytes, over its bound");
+        assert!(
+            growth <= GROUP_KVS_BYTES_MAX as u64 + GROUP_SLACK,
+            "{attack}: {held} group barriers grew the process by {} KiB (bound {} KiB and {} KiB beside)",
+            growth >> 10,
+            GROUP_KVS_BYTES_MAX >> 10,
+            GROUP_SLACK >> 10
+        );
+        assert!(
+            growth <= counted + GROUP_SLACK,
+            "{attack}: {held} group barriers were counted as {counted} bytes and grew the process by {growth}"
+        );
+    }
+}
+
+/// The group of task `task`'s `j`th barrier in `attack`.
+fn group_of(attack: &str, task: usize, j: usize) -> String {
+    let tag = task * 64 + j;
+    if attack == "group_barriers_world" {
+        return format!("WORLD:{tag}");
+    }
+    // The first rank of 120 other nodes, which differ from barrier to barrier.
+    let others = (0..120).map(|i| (1 + (tag * 120 + i) % (GROUP_NODES - 1)) * GROUP_PER_NODE as usize);
+    let ranks: Vec<String> = std::iter::once(task).chain(others).map(|r| r.to_string()).collect();
+    format!("{}:{tag}", ranks.join(","))
+}
+
+/// Everything queued for `task`, written.
+fn drain(shell: &mut Shell, task: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while !shell.output(task).is_empty() {
+        let piece = shell.output(task);
+        out.extend_from_slice(piece);
+        let n = piece.len();
+        shell.consume(task, n);
+    }
+    out
+}
+
+fn group_barriers_attack(attack: &str) {
+    let map = TaskMap::block(&vec![GROUP_PER_NODE; GROUP_NODES]);
+    let hosts: Vec<String> = (0..GROUP_NODES).map(|n| format!("node{n:04}")).collect();
+    let limits = Limits { kvs_bytes_max: GROUP_KVS_BYTES_MAX, ..Limits::default() };
+    let local = map.clique(0);
+    let tasks = local.len();
+    let mut shell = Shell::new(JobInfo::new("kvs_bounds", map, local, hosts), limits).expect("a shell");
+    let mut host = GroupHost::default();
+    // Made beforehand, so that only the shell's allocations are measured.
+    let lines: Vec<Vec<String>> = (0..tasks)
+        .map(|task| (0..64).map(|j| format!("cmd=barrier_in group={}\n", group_of(attack, task, j))).collect())
+        .collect();
+    let counted_before = shell.kvs_bytes();
+    let mut refused = 0u64;
+
+    let base = reset_peak();
+    for (task, lines) in lines.iter().enumerate() {
+        let init = b"cmd=init pmi_version=1 pmi_subversion=2\n";
+        shell.receive(&mut host, task, init);
+        assert_eq!(drain(&mut shell, task), b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2\n");
+        for line in lines {
+            shell.receive(&mut host, task, line.as_bytes());
+            // Answered as they come, as a client's threads read them: what a task that pipelines requests
+            // without reading is bounded by the shell's back-pressure (the first test).
+            let answer = drain(&mut shell, task);
+            match &answer[..] {
+                b"" => {}
+                a if a.starts_with(b"cmd=barrier_out rc=2 tag=") => refused += 1,
+                a => panic!("task {task}: {}", String::from_utf8_lossy(a)),
+            }
+        }
+        assert!(!shell.is_cut_off(task), "task {task} was cut off");
+    }
+    let held = tasks as u64 * 64 - refused;
+    report("peak_growth", peak_growth(base));
+    report("counted", shell.kvs_bytes() - counted_before);
+    report("held", held);
+    report("refused", refused);
+    report("exchanges", host.exchanges);
+}

@@ -281,8 +281,8 @@ impl Shell {
 
     /// Bytes this shell holds for the job's key-value store, as charged against `kvs_bytes_max`: every
     /// entry (key, value and [`kvs::ENTRY_OVERHEAD`]), the puts since the last barrier, on their way to
-    /// the other shells (twice their length: a buffer that grows by doubling), and the group exchanges'
-    /// parts the host holds.
+    /// the other shells (twice their length: a buffer that grows by doubling), the group exchanges'
+    /// parts the host holds, and what the group barriers hold (`group.rs`).
     pub fn kvs_bytes(&self) -> usize {
         self.kvs.bytes() + self.pending_charge(0) + self.node_attr_bytes
     }
@@ -810,11 +810,11 @@ impl Shell {
     }
 
     /// What the puts since the last barrier are charged, with `more` bytes of them added: twice their
-    /// length, since the buffer that holds them grows by doubling; and the parts of group exchanges that
-    /// the host holds.
+    /// length, since the buffer that holds them grows by doubling; the parts of group exchanges that
+    /// the host holds; and what the group barriers hold.
     fn pending_charge(&self, more: usize) -> usize {
         let buffered = self.contribution.len().saturating_add(self.group_pending).saturating_add(more);
-        buffered.saturating_mul(2).saturating_add(self.group_in_flight)
+        buffered.saturating_mul(2).saturating_add(self.group_in_flight).saturating_add(self.groups.bytes())
     }
 
     /// Starts the collective when every local task is in the barrier; fails the barrier when a task that

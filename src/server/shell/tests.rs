@@ -19,6 +19,10 @@ struct Recorder {
     requests: Vec<String>,
     spawns: Vec<SpawnRequest>,
     started: Vec<u32>,
+    /// Run group exchanges (and so serve PMI 1.2).
+    serve_groups: bool,
+    /// The group exchanges started: id, shells and contribution.
+    groups: Vec<(String, Vec<u32>, Vec<u8>)>,
 }
 
 impl Host for Recorder {
@@ -40,6 +44,18 @@ impl Host for Recorder {
     }
     fn task_started(&mut self, rank: u32) {
         self.started.push(rank);
+    }
+    fn serves_groups(&self) -> bool {
+        self.serve_groups
+    }
+    fn group_collective(
+        &mut self,
+        exchange: &crate::server::GroupExchange<'_>,
+        contribution: &[u8],
+    ) -> Result<(), String> {
+        let id = String::from_utf8(exchange.id.to_vec()).unwrap();
+        self.groups.push((id, exchange.shells.to_vec(), contribution.to_vec()));
+        Ok(())
     }
     fn request(&mut self, _task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
         if !self.offer {
@@ -961,4 +977,84 @@ fn the_host_hears_of_each_tasks_start_once_at_its_first_whole_line() {
     // A task whose first line is garbage has started all the same (its program runs).
     send(&mut shell, &mut host, 2, "garbage\n");
     assert_eq!(host.started, [2, 1, 3]);
+}
+
+/// A shell of a `ppn.len()`-node block-mapped job serving the ranks of node 0 under `limits`, its tasks
+/// answered PMI 1.2 by a host that runs group exchanges.
+fn shell_of_groups(ppn: &[u32], limits: Limits) -> (Shell, Recorder) {
+    let map = TaskMap::block(ppn);
+    let local = map.clique(0);
+    let hosts = (0..ppn.len()).map(|n| format!("node{n}")).collect();
+    let mut s = Shell::new(JobInfo::new("kvs_42", map, local, hosts), limits).unwrap();
+    let mut h = Recorder { serve_groups: true, ..Default::default() };
+    for task in 0..s.task_count() {
+        let answer = send(&mut s, &mut h, task, "cmd=init pmi_version=1 pmi_subversion=2\n");
+        assert_eq!(answer, "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2\n");
+    }
+    (s, h)
+}
+
+/// A `WORLD` barrier keeps no list of the job's shells or of the local tasks of its own (every one shares the
+/// shell's one list): it is charged the same in a job of 8192 nodes as in one of 2, and little; a
+/// generation more is charged more.
+#[test]
+fn a_world_group_barrier_is_charged_little_whatever_the_job() {
+    let charge = |nodes: usize| {
+        let (mut s, mut h) = shell_of_groups(&vec![4; nodes], Limits::default());
+        let before = s.kvs_bytes();
+        assert_eq!(send(&mut s, &mut h, 0, "cmd=barrier_in group=WORLD:1\n"), "");
+        let one = s.kvs_bytes() - before;
+        assert_eq!(send(&mut s, &mut h, 0, "cmd=barrier_in group=WORLD:1\n"), "");
+        assert!(s.kvs_bytes() - before > one, "a second generation is charged nothing");
+        one
+    };
+    let world = charge(2);
+    assert!(world > 0 && world < 512, "a WORLD barrier is charged {world} bytes");
+    assert_eq!(charge(8192), world);
+}
+
+/// What group barriers hold is charged to the store's bound: one that would go over fails with rc=2 for
+/// the task that entered it (not a protocol error), a put is refused beside them, and the barriers give back
+/// their charge when they end.
+#[test]
+fn a_group_barrier_over_the_store_bound_fails_and_ended_ones_give_back_their_charge() {
+    let limits = Limits { kvs_bytes_max: 16 << 10, ..Limits::default() };
+    let (mut s, mut h) = shell_of_groups(&[4, 4], limits);
+    let base = s.kvs_bytes();
+    // Task 0 enters barriers of tags of its own until one would go over.
+    let mut held = 0;
+    let refused = loop {
+        let answer = send(&mut s, &mut h, 0, &format!("cmd=barrier_in group=WORLD:{held}\n"));
+        if !answer.is_empty() {
+            break answer;
+        }
+        held += 1;
+        assert!(held < 64, "64 barriers held within 16 KiB");
+    };
+    assert!(held > 0, "{refused}");
+    let start = format!("cmd=barrier_out rc=2 tag={held} msg=group_barrier_WORLD:{held}_would_hold_");
+    assert!(refused.starts_with(&start), "{refused}");
+    assert!(refused.contains("over_what_the_job's_key-value_store_bound_of_16384_bytes"), "{refused}");
+    assert!(s.kvs_bytes() <= 16 << 10, "{} bytes held", s.kvs_bytes());
+    assert!(h.errors.is_empty(), "{:?}", h.errors);
+    assert!(h.logs.iter().any(|(l, m)| *l == log::Level::Error && m.contains("would hold")), "{:?}", h.logs);
+    let put = format!("cmd=put kvsname=kvs_42 key=k value={}\n", "v".repeat(800));
+    assert!(send(&mut s, &mut h, 1, &put).starts_with("cmd=put_result rc=2 "));
+    // The other tasks come in: each barrier goes to the host, and ends.
+    for task in 1..4 {
+        for tag in 0..held {
+            assert_eq!(send(&mut s, &mut h, task, &format!("cmd=barrier_in group=WORLD:{tag}\n")), "");
+        }
+    }
+    assert_eq!(h.groups.len(), held);
+    assert!(h.groups.iter().all(|(_, shells, _)| shells == &[0, 1]));
+    for tag in 0..held {
+        s.group_complete(&mut h, format!("WORLD:{tag}").as_bytes(), Ok(&[]));
+        for task in 0..4 {
+            assert_eq!(drain(&mut s, task), format!("cmd=barrier_out rc=0 tag={tag}\n"));
+        }
+    }
+    assert_eq!(s.kvs_bytes(), base);
+    assert_eq!(send(&mut s, &mut h, 0, &format!("cmd=barrier_in group=WORLD:{held}\n")), "");
+    assert!(h.errors.is_empty(), "{:?}", h.errors);
 }
