@@ -243,6 +243,27 @@ fn only_the_tasks_own_connection_is_taken() {
     assert!(r.stderr.contains("refused a PMI connection from pid"), "{}", r.dump());
 }
 
+/// A process of the job's user (here a task on shell 1, through `FLUX_URI`) forges, as shell 1, a part and an abort
+/// for a rank that shell 1 does not run, sent to shell 0's service: both are refused and logged, neither ends the
+/// job, and shell 1's own part is taken afterwards, so the exchange completes. A join with a nonce of its own is
+/// refused too, and a hello to shell 1 with that nonce is refused or, before shell 1 has joined, goes no further.
+#[test]
+fn forged_parts_and_aborts_are_refused_and_the_job_runs_on() {
+    let forge = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/flux_forge.py");
+    let script =
+        format!("if [ \"$FLUX_TASK_RANK\" = 2 ]; then flux python {}; fi; exec {PROBE} exchange", forge.display());
+    let r = flux_run(&[&RPMI[..], &["-n6", "sh", "-c", &script]].concat());
+    r.assert_success("rpmi-probe exchange after forged messages");
+    assert!(r.stdout.contains("exchange: size=6 "), "no summary line:\n{}", r.dump());
+    assert!(r.stdout.lines().any(|l| l.starts_with("forged part: refused")), "{}", r.dump());
+    assert!(r.stdout.lines().any(|l| l.starts_with("forged abort: refused")), "{}", r.dump());
+    assert!(r.stderr.contains("refused a part claiming to be from shell 1"), "not logged:\n{}", r.dump());
+    assert!(r.stderr.contains("refused an abort claiming to be from shell 1"), "not logged:\n{}", r.dump());
+    assert!(r.stdout.lines().any(|l| l.starts_with("forged join: refused")), "{}", r.dump());
+    assert!(r.stderr.contains("refused a join claiming to be from shell 1"), "not logged:\n{}", r.dump());
+    assert!(!r.stderr.contains("job.exception"), "{}", r.dump());
+}
+
 /// Seven shells under a tree of width 2 (shell 0 over 1 and 2, those over 3-6): parts climb two levels and
 /// the answers come back down; a leaf's abort climbs to shell 0.
 #[test]

@@ -21,9 +21,20 @@
  * a shell sends its subtree's contributions to its parent as a request ("rpmi-part"); the root answers its
  * children's requests with everyone's, and every shell answers its own children's with the answer it got: two
  * messages per edge of the tree. Contributions are self-delimiting, so they travel concatenated. A part starts
- * with the exchange's number and the sending shell's rank; a shell takes it only from one of its children, for
- * the exchange it is in, once, within the bounds below, and only from the job's owner (Flux lets any user of
- * the instance reach a shell's service). Anything else fails the job.
+ * with the exchange's number and the sending shell's rank. Aborts climb the same tree ("rpmi-abort") to shell 0.
+ *
+ * Trust. Flux lets any user of the instance reach a shell's service, and a process of the job's user (a task
+ * has FLUX_URI) sends with the same credentials as a shell, whatever its message says. What it cannot forge
+ * is the end of its request's route stack: the broker it is connected to pushes its connection's uuid there,
+ * after whatever the sender put, and the brokers on the way push theirs (flux-core's librouter/router.c,
+ * connector_interthread.c, overlay.c). So a request's route stack equals that of another only if both came
+ * over the same connection, and a shell knows a child by the route of one request proven the child's: in
+ * shell.post-init a shell sends each child a random nonce ("rpmi-hello", to the child's broker, where only the
+ * child's shell holds the job's service), the child sends it back ("rpmi-join"), and the request that carries
+ * it gives the child's route. A child sends no part before its join is taken. A shell takes a part only over
+ * the route of the child it claims to be from, and an abort only over a child's route for a rank run in that
+ * child's subtree; any other is refused and logged, and is no concern of the job. From a child, a part for
+ * another exchange, twice, or over the bounds below fails the job.
  */
 #define _GNU_SOURCE /* accept4, struct ucred */
 #define FLUX_SHELL_PLUGIN_NAME "rpmi"
@@ -37,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -60,12 +72,21 @@
 #define TREE_WIDTH_DEFAULT 4
 /* Exchange number and sender's shell rank, before the contributions. */
 #define HEADER_LEN 8
+/* A hello's nonce: 128 random bits in hex. */
+#define NONCE_LEN 33
 
 struct task {
     flux_shell_task_t *task; /* NULL until task.init, and after task.exit */
     uint32_t local;
     int reserved_fd; /* from task.init to task.fork: holds the number PMI_FD names (see task_exec) */
     int attached;    /* its connection is rpmi's */
+};
+
+/* A child shell, as its parent knows it. */
+struct child {
+    char nonce[NONCE_LEN];    /* sent in the hello, that only the child's join carries back */
+    const flux_msg_t *join;   /* the child's join: its route is the child's */
+    const flux_msg_t *part;   /* its part's request, answered with the result */
 };
 
 struct rpmi_flux {
@@ -88,6 +109,7 @@ struct rpmi_flux {
     struct task *starting;
     uint64_t part_max; /* one shell's contribution */
     int failed;        /* the job is ending: exchanges are no longer started */
+    int joined;        /* the parent took this shell's join, so knows its route (1), or cannot be reached (-1) */
 
     /* The collective in progress. */
     uint32_t epoch;     /* exchanges completed so far */
@@ -95,7 +117,7 @@ struct rpmi_flux {
     int sent_up;        /* the subtree's went to the parent */
     uint32_t children;  /* how many children this shell has */
     uint32_t arrived;   /* children whose parts are in */
-    const flux_msg_t **child_req; /* by child index: its part's request, answered with the result */
+    struct child *child; /* by child index */
     int in_collective;  /* inside rpmi's collective callback */
     uint8_t *gathered;  /* header room, then this subtree's contributions */
     size_t gathered_len, gathered_cap;
@@ -118,11 +140,11 @@ static void fail(struct rpmi_flux *ctx, int exchange, const char *fmt, ...) {
         ctx->contributed = 0;
         ctx->plugin->collective_complete(ctx->inst, RPMI_ERR_SYSTEM, NULL, 0, text);
     }
-    for (uint32_t i = 0; exchange && ctx->child_req && i < ctx->children; i++) {
-        if (ctx->child_req[i]) {
-            flux_respond_error(ctx->h, ctx->child_req[i], EIO, text);
-            flux_msg_decref(ctx->child_req[i]);
-            ctx->child_req[i] = NULL;
+    for (uint32_t i = 0; exchange && ctx->child && i < ctx->children; i++) {
+        if (ctx->child[i].part) {
+            flux_respond_error(ctx->h, ctx->child[i].part, EIO, text);
+            flux_msg_decref(ctx->child[i].part);
+            ctx->child[i].part = NULL;
         }
     }
     shell_log_error("%s", text);
@@ -206,12 +228,12 @@ static void on_ready(flux_reactor_t *r, flux_watcher_t *w, int revents, void *ar
 /* Every shell's contributions (`all`): they answer each child's request, then complete this shell's part. */
 static void deliver(struct rpmi_flux *ctx, const void *all, size_t len) {
     for (uint32_t i = 0; i < ctx->children; i++) {
-        if (!ctx->child_req[i]) /* answered with a failure already */
+        if (!ctx->child[i].part) /* answered with a failure already */
             continue;
-        if (flux_respond_raw(ctx->h, ctx->child_req[i], all, len) < 0)
+        if (flux_respond_raw(ctx->h, ctx->child[i].part, all, len) < 0)
             shell_log_errno("cannot answer shell %u's part", (unsigned)(first_child(ctx) + i));
-        flux_msg_decref(ctx->child_req[i]);
-        ctx->child_req[i] = NULL;
+        flux_msg_decref(ctx->child[i].part);
+        ctx->child[i].part = NULL;
     }
     ctx->epoch++;
     ctx->contributed = ctx->sent_up = 0;
@@ -243,14 +265,18 @@ static void result_cb(flux_future_t *f, void *arg) {
     flux_future_destroy(f);
 }
 
-/* Goes on once this shell's contribution and every child's part are in: up to the parent, or (the root) back
- * down to everyone. */
+/* Goes on once this shell's contribution and every child's part are in: up to the parent once it knows this
+ * shell's route, or (the root) back down to everyone. */
 static void advance(struct rpmi_flux *ctx) {
-    if (!ctx->contributed || ctx->sent_up || ctx->arrived < ctx->children)
+    if (!ctx->contributed || ctx->sent_up || ctx->arrived < ctx->children || (ctx->rank != 0 && ctx->joined == 0))
         return;
     size_t len = ctx->gathered_len - HEADER_LEN;
     if (ctx->rank == 0) {
         deliver(ctx, ctx->gathered + HEADER_LEN, len);
+        return;
+    }
+    if (ctx->joined < 0) {
+        fail_exchange(ctx, "shell %u cannot send its part: its parent did not take its join", (unsigned)ctx->rank);
         return;
     }
     ctx->sent_up = 1;
@@ -281,46 +307,208 @@ static int on_collective(void *host_data, rpmi_instance *instance, const uint8_t
     return RPMI_OK;
 }
 
-/* A child's part: kept, and its request answered once the exchange is done. Taken only from the job's owner
- * (others are refused and do not concern the job), from a child of this shell, once, for the exchange this
- * shell is in, within the bound; anything else fails the job. */
+/* Refuses a request that is not from whom it claims to be, and says so in the shell's log: the job goes on. */
+static void refuse(struct rpmi_flux *ctx, const flux_msg_t *msg, int errnum, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(struct rpmi_flux *ctx, const flux_msg_t *msg, int errnum, const char *fmt, ...) {
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    flux_respond_error(ctx->h, msg, errnum, text);
+    shell_log_error("shell %u refused %s", (unsigned)ctx->rank, text);
+}
+
+/* Did `msg` come over the connection `join` came over? Their whole route stacks are equal only then (see the
+ * top of this file); a request without one names no sender, and is taken from no one. */
+static int same_route(const flux_msg_t *msg, const flux_msg_t *join) {
+    int n = flux_msg_route_count(msg);
+    if (n < 0 || n != flux_msg_route_count(join))
+        return 0;
+    flux_msg_t *a = flux_msg_copy(msg, false), *b = flux_msg_copy(join, false);
+    int same = a && b;
+    for (; same && n > 0; n--) {
+        const char *x = flux_msg_route_last(a), *y = flux_msg_route_last(b);
+        same = x && y && strcmp(x, y) == 0 && flux_msg_route_delete_last(a) == 0 && flux_msg_route_delete_last(b) == 0;
+    }
+    flux_msg_destroy(a);
+    flux_msg_destroy(b);
+    return same;
+}
+
+/* Shell `shell`, if it is a child of this shell. */
+static struct child *child_at(struct rpmi_flux *ctx, int64_t shell) {
+    uint32_t first = first_child(ctx);
+    return shell >= first && shell - first < ctx->children ? &ctx->child[shell - first] : NULL;
+}
+
+/* Child shell `shell`, if `msg` came over its route; else NULL and why. */
+static struct child *sent_by(struct rpmi_flux *ctx, const flux_msg_t *msg, int64_t shell, const char **why) {
+    struct child *c = child_at(ctx, shell);
+    if (!c)
+        *why = "not a child of this shell";
+    else if (!c->join || !same_route(msg, c->join))
+        *why = "not sent by that shell";
+    else
+        return c;
+    return NULL;
+}
+
+/* A child's part: kept, and its request answered once the exchange is done. Taken only over the route of the
+ * child it claims to be from; then for the exchange this shell is in, once, within the bound, or the job
+ * fails. */
 static void part_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
     struct rpmi_flux *ctx = arg;
     const void *data = NULL;
     size_t n = 0;
+    const char *wrong = NULL;
     (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
         flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
         return;
     }
-    const char *wrong = NULL;
-    uint32_t epoch = 0, from = UINT32_MAX, first = first_child(ctx);
     if (flux_request_decode_raw(msg, NULL, &data, &n) < 0 || n < HEADER_LEN) {
-        wrong = "malformed";
-    } else {
-        epoch = get_u32(data);
-        from = get_u32((const uint8_t *)data + 4);
-        n -= HEADER_LEN;
-        if (from < first || from - first >= ctx->children)
-            wrong = "not from a child of this shell";
-        else if (epoch != ctx->epoch)
-            wrong = "for another exchange";
-        else if (ctx->child_req[from - first])
-            wrong = "sent twice";
-        else if (n > bound(ctx, subtree_size(ctx, from)))
-            wrong = "over the bound of kvs_bytes_max per shell";
-        else if (append(ctx, (const uint8_t *)data + HEADER_LEN, n) < 0)
-            wrong = "more than this shell can hold";
+        refuse(ctx, msg, EPROTO, "a malformed part");
+        return;
     }
+    uint32_t epoch = get_u32(data), from = get_u32((const uint8_t *)data + 4);
+    struct child *c = sent_by(ctx, msg, from, &wrong);
+    if (!c) {
+        refuse(ctx, msg, EPERM, "a part claiming to be from shell %u: %s", (unsigned)from, wrong);
+        return;
+    }
+    n -= HEADER_LEN;
+    if (epoch != ctx->epoch)
+        wrong = "for another exchange";
+    else if (c->part)
+        wrong = "sent twice";
+    else if (n > bound(ctx, subtree_size(ctx, from)))
+        wrong = "over the bound of kvs_bytes_max per shell";
+    else if (append(ctx, (const uint8_t *)data + HEADER_LEN, n) < 0)
+        wrong = "more than this shell can hold";
     if (wrong) {
         flux_respond_error(h, msg, EPROTO, wrong);
         fail_exchange(ctx, "shell %u refused a part (from shell %u, exchange %u, this shell in exchange %u): %s",
                       (unsigned)ctx->rank, (unsigned)from, (unsigned)epoch, (unsigned)ctx->epoch, wrong);
         return;
     }
-    ctx->child_req[from - first] = flux_msg_incref(msg);
+    c->part = flux_msg_incref(msg);
     ctx->arrived++;
     advance(ctx);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Knowing a child's route. */
+
+/* A child that is not sent its hello never joins, and its tasks would wait for ever. */
+static void hello_sent_cb(flux_future_t *f, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    if (flux_future_get(f, NULL) < 0)
+        fail_job(ctx, "shell %u cannot send a child its hello: %s", (unsigned)ctx->rank, future_strerror(f, errno));
+    flux_future_destroy(f);
+}
+
+/* shell.post-init: every shell holds its services now (the shells have passed their first barrier), and each
+ * child is sent its nonce. */
+static int post_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
+    char hello[192];
+    (void)topic;
+    (void)args;
+    (void)arg;
+    if (!ctx)
+        return 0;
+    snprintf(hello, sizeof hello, "%srpmi-hello", ctx->topic_prefix);
+    for (uint32_t i = 0; i < ctx->children; i++) {
+        struct child *c = &ctx->child[i];
+        uint8_t bytes[(NONCE_LEN - 1) / 2];
+        if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes)
+            return shell_log_errno("cannot make a nonce");
+        for (size_t j = 0; j < sizeof bytes; j++)
+            snprintf(c->nonce + 2 * j, 3, "%02x", bytes[j]);
+        flux_future_t *f =
+            flux_rpc_pack(ctx->h, hello, ctx->broker_rank[first_child(ctx) + i], 0, "{s:s}", "nonce", c->nonce);
+        if (!f || flux_future_then(f, -1., hello_sent_cb, ctx) < 0) {
+            flux_future_destroy(f);
+            return shell_log_errno("cannot send shell %u its hello", (unsigned)(first_child(ctx) + i));
+        }
+    }
+    return 0;
+}
+
+/* The parent's answer to this shell's join: once taken, parts may go up. Refused, the hello was not the
+ * parent's. Failing otherwise, the parent may have ended, its tasks done: only a part that needs it fails. */
+static void joined_cb(flux_future_t *f, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    if (flux_future_get(f, NULL) == 0) {
+        ctx->joined = 1;
+        advance(ctx);
+    } else if (errno == EPERM) {
+        shell_log_error("shell %u's parent refused a join (the hello was not the parent's): %s", (unsigned)ctx->rank,
+                        future_strerror(f, errno));
+    } else if (ctx->joined == 0) {
+        shell_debug("shell %u cannot join its parent: %s", (unsigned)ctx->rank, future_strerror(f, errno));
+        ctx->joined = -1;
+        advance(ctx);
+    }
+    flux_future_destroy(f);
+}
+
+/* A hello, with a nonce for the parent. Its sender cannot be told from the request (a parent is not known by its
+ * route), so its nonce only goes back to the parent, which takes its own alone. */
+static void hello_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    const char *nonce;
+    char join[192];
+    (void)mh;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
+        return;
+    }
+    if (ctx->rank == 0 || ctx->joined == 1) {
+        refuse(ctx, msg, EPERM, "a hello: %s", ctx->rank == 0 ? "shell 0 has no parent" : "it has joined already");
+        return;
+    }
+    if (flux_request_unpack(msg, NULL, "{s:s}", "nonce", &nonce) < 0) {
+        refuse(ctx, msg, EPROTO, "a malformed hello");
+        return;
+    }
+    snprintf(join, sizeof join, "%srpmi-join", ctx->topic_prefix);
+    flux_future_t *f = flux_rpc_pack(h, join, ctx->broker_rank[parent_of(ctx, ctx->rank)], 0, "{s:i s:s}", "shell",
+                                     (int)ctx->rank, "nonce", nonce);
+    if (!f || flux_future_then(f, -1., joined_cb, ctx) < 0) {
+        int e = errno;
+        flux_future_destroy(f);
+        flux_respond_error(h, msg, e, NULL);
+        fail_job(ctx, "shell %u cannot join its parent: %s", (unsigned)ctx->rank, strerror(e));
+        return;
+    }
+    flux_respond(h, msg, NULL);
+}
+
+/* A child's join: taken only with the nonce sent to that child, once. Its route is the child's from then on. */
+static void join_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    const char *nonce;
+    int shell;
+    (void)mh;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
+        return;
+    }
+    if (flux_request_unpack(msg, NULL, "{s:i s:s}", "shell", &shell, "nonce", &nonce) < 0) {
+        refuse(ctx, msg, EPROTO, "a malformed join");
+        return;
+    }
+    struct child *c = child_at(ctx, shell);
+    if (!c || c->join || !c->nonce[0] || strcmp(nonce, c->nonce) != 0) {
+        refuse(ctx, msg, EPERM, "a join claiming to be from shell %d: %s", shell,
+               !c ? "not a child of this shell" : c->join ? "it has joined already" : "not the nonce it was sent");
+        return;
+    }
+    c->join = flux_msg_incref(msg);
+    flux_respond(h, msg, NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -341,7 +529,7 @@ static void raise_abort(struct rpmi_flux *ctx, uint32_t rank, int exit_code, int
         flux_shell_raise_exit_status((exit_code & 0xff) << 8, "rpmi: %.*s", shown, message);
 }
 
-/* An abort a shell sent on to shell 0 (its text, to raise here if shell 0 cannot be reached). */
+/* An abort a shell sent on to its parent (its text, to raise here if the parent cannot be reached). */
 struct abort_report {
     struct rpmi_flux *ctx;
     uint32_t rank;
@@ -360,15 +548,16 @@ static void abort_sent_cb(flux_future_t *f, void *arg) {
     free(a);
 }
 
-/* Every shell's aborts go to shell 0, which raises the first: the tasks that die as the job is killed then
- * raise nothing of their own, and the job's one exception names the cause. */
+/* Every shell's aborts climb the tree to shell 0, which raises the first: the tasks that die as the job is
+ * killed then raise nothing of their own, and the job's one exception names the cause. A shell whose parent
+ * does not know its route yet raises its own. */
 static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
                      size_t len) {
     struct rpmi_flux *ctx = host_data;
     char topic[192];
     if (ctx->failed)
         return;
-    if (ctx->rank == 0) {
+    if (ctx->rank == 0 || ctx->joined != 1) {
         raise_abort(ctx, rank, exit_code, reason, message, len);
         return;
     }
@@ -380,8 +569,9 @@ static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t 
         memcpy(a->message, message, len);
         a->message[len] = '\0';
         snprintf(topic, sizeof topic, "%srpmi-abort", ctx->topic_prefix);
-        f = flux_rpc_pack(ctx->h, topic, ctx->broker_rank[0], 0, "{s:i s:i s:i s:s%}", "rank", (int)rank,
-                          "exit_code", (int)exit_code, "reason", (int)reason, "message", message, len);
+        f = flux_rpc_pack(ctx->h, topic, ctx->broker_rank[parent_of(ctx, ctx->rank)], 0, "{s:i s:i s:i s:i s:s%}",
+                          "shell", (int)ctx->rank, "rank", (int)rank, "exit_code", (int)exit_code, "reason",
+                          (int)reason, "message", message, len);
     }
     if (!f || flux_future_then(f, -1., abort_sent_cb, a) < 0) {
         /* Not valid UTF-8, say, or no memory: raised here. */
@@ -392,23 +582,38 @@ static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t 
     }
 }
 
+/* Is `rank` run by shell `s` or a shell under it? */
+static int runs_under(const struct rpmi_flux *ctx, uint32_t s, uint32_t rank) {
+    int t = taskmap_nodeid(flux_shell_get_taskmap(ctx->shell), (int)rank);
+    while (t > (int)s)
+        t = parent_of(ctx, (uint32_t)t);
+    return t == (int)s;
+}
+
+/* A child's abort, or one it passed on: taken only over a child's route, for a rank run in that child's subtree,
+ * then passed on up (or raised, on shell 0). */
 static void abort_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
     struct rpmi_flux *ctx = arg;
-    int rank, exit_code, reason;
-    const char *message;
+    int shell, rank, exit_code, reason;
+    const char *message, *why = NULL;
     size_t len;
     (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
         flux_respond_error(h, msg, EPERM, "only the job's owner may end it");
         return;
     }
-    if (flux_request_unpack(msg, NULL, "{s:i s:i s:i s:s%}", "rank", &rank, "exit_code", &exit_code, "reason",
-                            &reason, "message", &message, &len) < 0 ||
+    if (flux_request_unpack(msg, NULL, "{s:i s:i s:i s:i s:s%}", "shell", &shell, "rank", &rank, "exit_code",
+                            &exit_code, "reason", &reason, "message", &message, &len) < 0 ||
         rank < 0 || (uint32_t)rank >= ctx->ntasks) {
-        flux_respond_error(h, msg, EPROTO, "malformed abort");
+        refuse(ctx, msg, EPROTO, "a malformed abort");
         return;
     }
-    raise_abort(ctx, (uint32_t)rank, exit_code, reason, message, len);
+    if (!sent_by(ctx, msg, shell, &why) || !runs_under(ctx, (uint32_t)shell, (uint32_t)rank)) {
+        refuse(ctx, msg, EPERM, "an abort claiming to be from shell %d, for rank %d: %s", shell, rank,
+               why ? why : "not a rank run under that shell");
+        return;
+    }
+    on_abort(ctx, (uint32_t)rank, exit_code, reason, message, len);
     flux_respond(h, msg, NULL);
 }
 
@@ -677,9 +882,11 @@ static void rpmi_flux_destroy(void *arg) {
         release_reserved(&ctx->tasks[i]);
     free(ctx->broker_rank);
     free(ctx->tasks);
-    for (uint32_t i = 0; ctx->child_req && i < ctx->children; i++)
-        flux_msg_decref(ctx->child_req[i]);
-    free(ctx->child_req);
+    for (uint32_t i = 0; ctx->child && i < ctx->children; i++) {
+        flux_msg_decref(ctx->child[i].part);
+        flux_msg_decref(ctx->child[i].join);
+    }
+    free(ctx->child);
     free(ctx->gathered);
     free(ctx);
     /* librpmi.so stays loaded: unloading a library that has run threads is not safe. */
@@ -836,12 +1043,14 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     uint64_t first = (uint64_t)ctx->rank * ctx->width + 1;
     ctx->children = first >= ctx->nshells ? 0 : (uint32_t)(ctx->nshells - first < ctx->width ? ctx->nshells - first
                                                                                               : ctx->width);
-    ctx->child_req = calloc(ctx->children + 1, sizeof *ctx->child_req);
-    if (!ctx->child_req || reserve(ctx, HEADER_LEN) < 0)
+    ctx->child = calloc(ctx->children + 1, sizeof *ctx->child);
+    if (!ctx->child || reserve(ctx, HEADER_LEN) < 0)
         goto done;
     ctx->gathered_len = HEADER_LEN;
     if (flux_shell_service_register(shell, "rpmi-part", part_cb, ctx) < 0 ||
-        flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0) {
+        flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0 ||
+        flux_shell_service_register(shell, "rpmi-hello", hello_cb, ctx) < 0 ||
+        flux_shell_service_register(shell, "rpmi-join", join_cb, ctx) < 0) {
         shell_log_errno("cannot register the exchange's services");
         goto done;
     }
@@ -890,6 +1099,7 @@ done:
 
 int flux_plugin_init(flux_plugin_t *p) {
     if (flux_plugin_set_name(p, FLUX_SHELL_PLUGIN_NAME) < 0 || flux_plugin_add_handler(p, "shell.init", shell_init, NULL) < 0 ||
+        flux_plugin_add_handler(p, "shell.post-init", post_init, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.init", task_init, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.exec", task_exec, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.fork", task_fork, NULL) < 0 ||
