@@ -994,12 +994,18 @@ fn root_port(pid: u32) -> Option<u16> {
     })
 }
 
+/// A file, not there yet, whose creation tells srun `mark`'s tasks to go on.
+fn go_flag(mark: &str) -> PathBuf {
+    let flag = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{mark}.go"));
+    let _ = std::fs::remove_file(&flag);
+    flag
+}
+
 #[test]
 fn the_collective_port_closes_once_every_node_is_in() {
     let _s = serial();
     let mark = marker("port-closed");
-    let flag = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{mark}.go"));
-    let _ = std::fs::remove_file(&flag);
+    let flag = go_flag(&mark);
     // Rank 0 prints where the root listened, every rank that it runs; each waits for the flag before its
     // exchange.
     let script = format!(
@@ -1390,8 +1396,7 @@ fn a_flooding_srun_does_not_grow_a_slurmstepd() {
 fn a_stopped_srun_does_not_grow_a_slurmstepd_and_a_failed_step_ends() {
     let _s = serial();
     let mark = marker("stopped-srun");
-    let flag = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{mark}.go"));
-    let _ = std::fs::remove_file(&flag);
+    let flag = go_flag(&mark);
     let program = build("pmi_barrier_loop");
     let args = ["-N1", "-n1", program.to_str().unwrap(), flag.to_str().unwrap()];
     let run = Srun::start_with(&mark, "rpmi", &args, &[("SLURM_RPMI_NODE_BYTES_MAX", "1")]);
