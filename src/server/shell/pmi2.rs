@@ -292,6 +292,10 @@ impl Shell {
                 let port = port.as_bytes();
                 self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("port", port).str("value", port))
             }
+            // A spawn of no process has no codes (and an empty value is none to MPICH's reader).
+            (Service::Spawn, HostReply::Spawned { errcodes }) if errcodes.is_empty() => {
+                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f)
+            }
             // Slurm's libpmi2 reads a spawn's outcome from `errcodes` alone (not from `rc`).
             (Service::Spawn, HostReply::Spawned { errcodes }) => {
                 let codes = errcodes.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
