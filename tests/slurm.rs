@@ -910,6 +910,36 @@ fn stepd_of_node(job: &str, step: &str, node: &str) -> Option<u32> {
     })
 }
 
+/// A slurmstepd killed (with its task) after its tasks finalized: no barrier waits for it, but srun would wait
+/// for its tasks' ends for ever (as Slurm's own does for a killed slurmstepd): the step ends, naming the node.
+#[test]
+fn a_slurmstepd_killed_after_finalize_ends_the_step() {
+    let _s = serial();
+    let mark = marker("kill-stepd-finalized");
+    let script = "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&$PMI_FD; read -r l <&$PMI_FD; \
+                  printf 'cmd=finalize\\n' >&$PMI_FD; read -r l <&$PMI_FD; echo \"finalized $PMI_RANK\"; \
+                  if [ \"$PMI_RANK\" = 1 ]; then exec sleep 60; fi";
+    let run = Srun::start(&mark, &["-N2", "-n2", "bash", "-c", script]);
+    let lines: Vec<String> = (0..2).map(|_| run.line(|l| l.starts_with("finalized "))).collect();
+    assert_eq!(lines.len(), 2);
+    let task = marked(&mark, Some("PMI_RANK=1"))[0];
+    let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
+    let (job, step) = (var("SLURM_JOB_ID"), var("SLURM_STEP_ID"));
+    let stepd = stepd_of_node(&job, &step, "n2").unwrap_or_else(|| panic!("no slurmstepd of {job}.{step} on n2"));
+    let killed = Instant::now();
+    // Its task with it, as a node's failure takes both (with proctrack/pgid nothing else would end it).
+    for pid in [stepd, task] {
+        // SAFETY: plain kills of this step's slurmstepd on n2 and of its task.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let run = run.wait();
+    eprintln!("slurmstepd killed after finalize: srun gone {:.2?} after", killed.elapsed());
+    // srun's status is then Slurm's: after "Timed out waiting for job step to complete" it exits without
+    // asking the plugin (0 on 22.05).
+    assert!(killed.elapsed() < ENDED_WITHIN, "the step was not ended within {ENDED_WITHIN:?} of the kill: {run}");
+    assert!(run.stderr.contains("lost the connection to the slurmstepd of n2"), "{run}");
+}
+
 /// The slurmstepd in the middle of a chain (n2: srun, n1, n2, n3) is killed with its tasks, as when its node
 /// fails, while the other ranks wait in MPI_Init's barrier: the step must end, naming n2.
 #[test]

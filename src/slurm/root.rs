@@ -822,21 +822,23 @@ impl State {
     }
 
     /// A connection ended. A stepd says BYE before it closes, even when its step is cancelled: one that
-    /// closes without it was killed or failed, and the step cannot go on.
+    /// closes without it was killed or failed, and the step cannot go on, whether or not a barrier waits for
+    /// it (its tasks went with it; Slurm's srun would wait for them for ever, as it does for a killed
+    /// slurmstepd at finalize). What the barriers waiting for it say comes first.
     fn closed(&mut self, node: u32) {
         self.drop_link(node);
-        match &mut self.collective {
-            Some(c) => c.root.lost(node),
-            None => {
-                let what = format!(
-                    "lost the connection to the slurmstepd of {}: it was killed or failed",
-                    self.node_name(node)
-                );
-                self.fatal(what, None);
-            }
+        if let Some(c) = &mut self.collective {
+            c.root.lost(node);
         }
         self.pump();
         self.check_blocked();
+        // srun must not exit 0 for it: the statuses of that node's tasks are lost with it.
+        if !self.outcome.ended && !self.stopping {
+            self.outcome.job_error = true;
+        }
+        let what =
+            format!("lost the connection to the slurmstepd of {}: it was killed or failed", self.node_name(node));
+        self.fatal(what, None);
     }
 
     /// The first fatal event ends the step; later ones follow from the ending (the tasks it kills leave
