@@ -41,6 +41,10 @@ if command -v flux >/dev/null; then
 else
   echo "NOT RUN: Flux under srun (tests/slurm.rs, flux_*): no flux on the PATH" >&2
 fi
+# The fault and soak campaign's CI part (docker/campaign.sh --ci: each fault kind twice, 50 soak steps), its
+# report kept out of the tree (the full campaign's is benches/results/campaign.md).
+bash docker/campaign.sh --ci --out /tmp/rpmi-campaign-ci.md
+
 # The same plugin over 100 nodes (100 slurmd on this machine): the tests that need that many, which the run on
 # 3 nodes leaves out (#[ignore]).
 RPMI_SLURM_NODES=100 bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored hundred
