@@ -910,6 +910,21 @@ fn stepd_of_node(job: &str, step: &str, node: &str) -> Option<u32> {
     })
 }
 
+/// SIGKILLs the slurmstepd on n2 of srun `mark`'s step and rank 1, its task there, as a node's failure takes
+/// both (with proctrack/pgid nothing else would end the task); returns when.
+fn kill_stepd_of_rank_1_on_n2(mark: &str) -> Instant {
+    let task = marked(mark, Some("PMI_RANK=1"))[0];
+    let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
+    let (job, step) = (var("SLURM_JOB_ID"), var("SLURM_STEP_ID"));
+    let stepd = stepd_of_node(&job, &step, "n2").unwrap_or_else(|| panic!("no slurmstepd of {job}.{step} on n2"));
+    let killed = Instant::now();
+    for pid in [stepd, task] {
+        // SAFETY: plain kills of this step's slurmstepd on n2 and of its task.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    killed
+}
+
 /// A slurmstepd killed (with its task) after its tasks finalized: no barrier waits for it, but srun would wait
 /// for its tasks' ends for ever (as Slurm's own does for a killed slurmstepd): the step ends, naming the node.
 #[test]
@@ -922,16 +937,7 @@ fn a_slurmstepd_killed_after_finalize_ends_the_step() {
     let run = Srun::start(&mark, &["-N2", "-n2", "bash", "-c", script]);
     let lines: Vec<String> = (0..2).map(|_| run.line(|l| l.starts_with("finalized "))).collect();
     assert_eq!(lines.len(), 2);
-    let task = marked(&mark, Some("PMI_RANK=1"))[0];
-    let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
-    let (job, step) = (var("SLURM_JOB_ID"), var("SLURM_STEP_ID"));
-    let stepd = stepd_of_node(&job, &step, "n2").unwrap_or_else(|| panic!("no slurmstepd of {job}.{step} on n2"));
-    let killed = Instant::now();
-    // Its task with it, as a node's failure takes both (with proctrack/pgid nothing else would end it).
-    for pid in [stepd, task] {
-        // SAFETY: plain kills of this step's slurmstepd on n2 and of its task.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    }
+    let killed = kill_stepd_of_rank_1_on_n2(&mark);
     let run = run.wait();
     eprintln!("slurmstepd killed after finalize: srun gone {:.2?} after", killed.elapsed());
     // srun's status is then Slurm's: after "Timed out waiting for job step to complete" it exits without
@@ -955,15 +961,7 @@ fn a_killed_interior_slurmstepd_ends_the_step_naming_its_node() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let task = marked(&mark, Some("PMI_RANK=1"))[0];
-    let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
-    let (job, step) = (var("SLURM_JOB_ID"), var("SLURM_STEP_ID"));
-    let stepd = stepd_of_node(&job, &step, "n2").unwrap_or_else(|| panic!("no slurmstepd of {job}.{step} on n2"));
-    let killed = Instant::now();
-    for pid in [stepd, task] {
-        // SAFETY: plain kills of this step's slurmstepd on n2 and of its task.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    }
+    let killed = kill_stepd_of_rank_1_on_n2(&mark);
     let run = run.wait();
     eprintln!("killed interior slurmstepd: the step ended {:.2?} after", killed.elapsed());
     assert!(!run.status.success(), "{run}");
