@@ -20,12 +20,10 @@ fi
 if [[ ${1:-} == deb ]]; then
   packages+=(dpkg-dev)        # dpkg-shlibdeps, which gives cargo-deb its `$auto` Depends
 fi
-# `install-deps.sh flux`: also what flux-core's build needs (the Debian packages its scripts/install-deps-deb.sh
-# lists, less documentation and valgrind), and the plugin's (docker/flux.sh).
+# `install-deps.sh flux`: also what the Flux plugin's build needs beside the site's Flux (docker/flux.sh): jansson,
+# for its options.
 if [[ ${1:-} == flux ]]; then
-  packages+=(autoconf automake libtool make libzmq3-dev uuid-dev libjansson-dev liblz4-dev libarchive-dev
-    libhwloc-dev libsqlite3-dev lua5.1 liblua5.1-0-dev lua-posix python3-dev python3-cffi python3-ply
-    python3-setuptools python3-yaml)
+  packages+=(libjansson-dev)
 fi
 missing=()
 for p in "${packages[@]}"; do

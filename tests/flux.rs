@@ -2,7 +2,7 @@
 //! (`flux start --test-size=3`: three brokers on this machine, each with its own job shell), serving
 //! `rpmi-probe`, Debian's MPICH and a PMI-2 client in bash across the three shells.
 //!
-//! Needs flux-core on the PATH (`bash docker/flux.sh build FLUX_SRC`); without it every test fails, saying so.
+//! Needs Flux installed (`flux` on the PATH; the project builds none); without it every test fails, saying so.
 //! The plugin is compiled here against this build's `librpmi.so` (`docker/flux.sh plugin`) and loaded the
 //! way a user does, with `-o userrc=`; one test runs the copy `docker/flux.sh install` put where the site's
 //! shells load it. The instances run one at a time: each has three brokers on a 2-core machine.
@@ -33,7 +33,7 @@ fn setup() -> &'static Setup {
         let flux = Command::new("flux").arg("version").output();
         assert!(
             flux.is_ok_and(|o| o.status.success()),
-            "no `flux` on the PATH: build and install flux-core with `bash docker/flux.sh build FLUX_SRC`"
+            "no `flux` on the PATH: these tests need an installed Flux (flux-core)"
         );
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
