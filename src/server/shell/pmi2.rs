@@ -57,9 +57,7 @@ impl Shell {
                     Ok(total) => total,
                     Err(why) => return self.frame_error(host, task, &header, &why, bytes.len()),
                 };
-                let mut seen = self.clients[task].partial[HEADER_LEN..].to_vec();
-                seen.extend(rest.iter().take(SPAWN_HEAD.len()));
-                if let Some(why) = self.over_line(total, &seen) {
+                if let Some(why) = self.over_line(total, &self.clients[task].partial[HEADER_LEN..], rest) {
                     return self.frame_error(host, task, &header, &why, bytes.len());
                 }
                 let c = &mut self.clients[task];
@@ -87,7 +85,7 @@ impl Shell {
                 Ok(total) => total,
                 Err(why) => return self.frame_error(host, task, &rest[..HEADER_LEN], &why, bytes.len()),
             };
-            if let Some(why) = self.over_line(total, &rest[HEADER_LEN..]) {
+            if let Some(why) = self.over_line(total, &rest[HEADER_LEN..], &[]) {
                 return self.frame_error(host, task, &rest[..HEADER_LEN], &why, bytes.len());
             }
             let c = &mut self.clients[task];
@@ -103,13 +101,12 @@ impl Shell {
         }
     }
 
-    /// Why a frame of `total` bytes whose body begins with `seen` is refused before it is read: only a spawn
-    /// may be longer than a request line, and what the shell holds of any other frame stays within that.
-    /// `None` while `seen` may still be the start of a spawn.
-    fn over_line(&self, total: usize, seen: &[u8]) -> Option<String> {
+    /// Why a frame of `total` bytes whose body begins with `held` then `more` is refused before it is read:
+    /// only a spawn may be longer than a request line, and what the shell holds of any other frame stays
+    /// within that. `None` while what came may still be the start of a spawn.
+    fn over_line(&self, total: usize, held: &[u8], more: &[u8]) -> Option<String> {
         let (len, max) = (total - HEADER_LEN, self.limits.request_line_max);
-        let n = seen.len().min(SPAWN_HEAD.len());
-        if len <= max || seen[..n] == SPAWN_HEAD[..n] {
+        if len <= max || held.iter().chain(more).zip(SPAWN_HEAD).all(|(a, b)| a == b) {
             return None;
         }
         Some(format!("a PMI-2 message of {len} bytes, over the limit of {max} (only a spawn may be longer)"))
