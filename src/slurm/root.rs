@@ -198,6 +198,8 @@ struct State {
     launcher: Option<Launcher>,
     /// When this step began to fail ([`spawn::now`]).
     failed_at: Option<u64>,
+    /// The spawned step whose failure ended this one, named as such to the user.
+    failed_for: Option<u32>,
     outcome: Outcome,
     /// srun is done with the step: the root takes in what is left and stops.
     stopping: bool,
@@ -251,6 +253,7 @@ impl State {
             names: Names::new(),
             launcher,
             failed_at: None,
+            failed_for: None,
             outcome: Outcome::default(),
             stopping: false,
             buf: vec![0; 256 * 1024],
@@ -359,6 +362,9 @@ impl State {
                 spawn::Event::Answer { asker, result } => self.answer(asker, result),
                 // Its srun has said why on the job's stderr; this step ends with it.
                 spawn::Event::Failing { rank, step } => {
+                    if !self.outcome.ended && !self.stopping {
+                        self.failed_for = Some(step);
+                    }
                     self.fatal(format!("step {job}.{step}, which rank {rank} spawned, failed"), None)
                 }
                 // Its own srun's message, if it had one, is on the job's stderr.
@@ -382,13 +388,17 @@ impl State {
                     let what = format!(
                         "step {job}.{step}, which rank {rank} spawned, failed: its srun exited with status {status}"
                     );
-                    match self.stopping && !self.outcome.ended {
+                    match (self.outcome.ended, self.stopping) {
+                        (false, false) => self.fail(what, None),
                         // srun's own step is over: nothing to end, but srun's user hears why srun fails.
-                        true => {
+                        (false, true) => {
                             self.outcome.ended = true;
                             self.reporter.error(&what);
                         }
-                        false => self.fatal(what, None),
+                        // A failure that followed from this one ended the step first: srun's status is this
+                        // step's, and its user hears why.
+                        (true, _) if first && self.failed_for != Some(step) => self.reporter.error(&what),
+                        (true, _) => self.reporter.debug(&what),
                     }
                 }
             }
@@ -1725,6 +1735,7 @@ pub(super) mod tests {
         s[1].write_all(&frame(Up::Abort { rank: 1, code: 5, message: "lost my children".into() })).unwrap();
         let outcome = root.stop();
         assert_eq!((outcome.spawned_status, client::exit_code(&outcome)), (Some(42), 42));
+        assert_eq!(record.lines().iter().filter(|l| l.starts_with("error:")).count(), 1, "{:?}", record.lines());
         let _ = std::fs::remove_dir_all(dir);
 
         // The same when the spawning step's abort comes before the spawned srun says it began to fail.
@@ -1735,6 +1746,10 @@ pub(super) mod tests {
         record.wait_for("end spawned step 8");
         let outcome = root.stop();
         assert_eq!((outcome.abort_code, client::exit_code(&outcome)), (Some(5), 42));
+        // The abort was said first; the spawned step's failure, which srun's status comes from, is said too.
+        let errors: Vec<_> = record.lines().into_iter().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[1].contains("step 42.8, which rank 0 spawned, failed: its srun exited with status 42"));
         let _ = std::fs::remove_dir_all(dir);
     }
 
