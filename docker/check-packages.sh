@@ -12,6 +12,8 @@
 # no --mpi.
 # rpmi (DEV_DEB): tests/c_host/host.c builds and links with `pkg-config --cflags --libs rpmi` and runs an MPICH
 # job over the installed librpmi.so; the installed rpmi-run runs rpmi-probe and an MPICH job.
+# Both: the manual pages (docs/man, made by docker/man.sh) and the documentation are where each package puts
+# them, the pages roff that names itself (and found by man, where this system has it).
 # Each step's time is said. Both packages are purged at the end (on a failure too) and their files checked gone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +56,24 @@ refuse() {
 
 start_cluster() { eval "$(bash docker/slurm-cluster.sh start "$@")"; }
 
+# Fails unless package $1 installed file $2, not empty.
+installed() {
+  dpkg -L "$1" | grep -qxF -- "$2" || die "$1 does not list $2"
+  [[ -s $2 ]] || die "$1 lists $2, but it is not there"
+}
+
+# Fails unless package $1 installed the manual page $2 (a path), of page $3 in section $4; says what it checked.
+man_page() {
+  local pkg=$1 file=$2 name=$3 section=$4 found
+  installed "$pkg" "$file"
+  zcat -- "$file" | grep -qF ".TH \"${name^^}\" \"$section\"" || die "$file is not the manual page $name($section)"
+  if command -v man >/dev/null && [[ $file == /usr/share/man/* ]]; then
+    found=$(man -w "$section" "$name") || die "man -w $section $name finds nothing"
+    [[ $found == "$file" ]] || die "man -w $section $name finds $found, not $file"
+  fi
+  log "$pkg: $name($section) in $file"
+}
+
 step "mpicc tests/programs/mpi_pairs.c" mpicc -O1 -o "$work/mpi_pairs" tests/programs/mpi_pairs.c
 pairs6='^mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged$'
 pairs4='^mpi_pairs: 4 ranks, allreduce 10, all pairs exchanged$'
@@ -65,6 +85,11 @@ refuse 'warning'   # e.g. a control file without a field dpkg requires
 plugin=$(dpkg -L rpmi-slurm | grep '/mpi_rpmi\.so$') || die "rpmi-slurm has no mpi_rpmi.so"
 [[ -f $(dirname "$plugin")/mpi_pmi2.so ]] || die "$plugin is not beside Slurm's own MPI plugins"
 log "rpmi-slurm installed $plugin"
+man_page rpmi-slurm /usr/share/doc/rpmi-slurm/rpmi-options.7.gz rpmi-options 7
+for doc in docs/slurm.md docs/security.md docs/troubleshooting.md; do
+  installed rpmi-slurm "/usr/share/doc/rpmi-slurm/${doc##*/}"
+done
+installed rpmi-slurm /usr/share/doc/rpmi-slurm/copyright
 
 step "the cluster, on Slurm's PluginDir" start_cluster
 step "srun --mpi=list" timeout 60 srun --mpi=list
@@ -87,6 +112,16 @@ step "stopping the cluster" bash docker/slurm-cluster.sh stop
 
 # --- rpmi
 lib=$(dpkg -L rpmi | grep '/librpmi\.so$') || die "rpmi has no librpmi.so"
+man_page rpmi /usr/share/man/man1/rpmi-run.1.gz rpmi-run 1
+man_page rpmi /usr/share/man/man1/rpmi-probe.1.gz rpmi-probe 1
+man_page rpmi /usr/share/man/man7/rpmi-options.7.gz rpmi-options 7
+for doc in README.md CHANGELOG.md docs/*.md; do
+  installed rpmi "/usr/share/doc/rpmi/${doc##*/}"
+done
+installed rpmi /usr/share/doc/rpmi/plugin-spec.md
+installed rpmi /usr/share/doc/rpmi/copyright
+grep -qF 'Permission is hereby granted' /usr/share/doc/rpmi/copyright || die "rpmi's copyright file lacks the licence"
+log "rpmi: its documentation in /usr/share/doc/rpmi"
 version=$(dpkg-query -W -f='${Version}' rpmi)
 step "pkg-config --modversion rpmi" pkg-config --modversion rpmi
 expect "^${version%-*}\$"
@@ -105,4 +140,8 @@ expect "$pairs4"
 
 step "dpkg --purge rpmi-slurm rpmi" dpkg --purge rpmi-slurm rpmi
 [[ ! -e $plugin && ! -e $lib ]] || die "$plugin or $lib is left after the purge"
+for f in /usr/share/man/man1/rpmi-run.1.gz /usr/share/man/man7/rpmi-options.7.gz /usr/share/doc/rpmi \
+  /usr/share/doc/rpmi-slurm; do
+  [[ ! -e $f ]] || die "$f is left after the purge"
+done
 log "every check passed"

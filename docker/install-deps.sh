@@ -19,6 +19,7 @@ fi
 # `install-deps.sh deb`: also what the Debian packages are made with (docker/slurm-plugin.sh, `cargo deb`).
 if [[ ${1:-} == deb ]]; then
   packages+=(dpkg-dev)        # dpkg-shlibdeps, which gives cargo-deb its `$auto` Depends
+  packages+=(lowdown)         # the manual pages, from docs/man's Markdown (docker/man.sh)
 fi
 # `install-deps.sh flux`: also what the Flux plugin's build needs beside the site's Flux (docker/flux.sh): jansson,
 # for its options.

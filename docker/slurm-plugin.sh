@@ -134,6 +134,9 @@ slurm_release() {
   echo "$((n >> 16 & 255)).$(printf %02d $((n >> 8 & 255))).$((n & 255))"
 }
 
+# What the plugin's package installs in /usr/share/doc/rpmi-slurm besides the options' manual page.
+plugin_docs=(docs/slurm.md docs/security.md docs/troubleshooting.md)
+
 # Builds the plugin for line $1 into target/slurm-$1; prints the library's path.
 build_plugin() {
   local version=$1 root include
@@ -150,9 +153,16 @@ build_plugin() {
 # cargo-deb; prints its path. What the package depends on and where it puts the plugin are those of the Slurm
 # the plugin was built against, and cargo-deb reads a package's metadata from its Cargo.toml alone: so that
 # manifest is written here, per build, for a package that cargo never builds (cargo deb --no-build) and whose
-# library is the one in target/slurm-$1.
+# library is the one in target/slurm-$1. Beside the plugin it installs the site's documentation: the options'
+# manual page (docker/man.sh makes it; in the package's documentation directory, since the rpmi package
+# installs the same page in the manual's own, and dpkg lets no two packages own one file) and the guides a
+# site admin reads.
 package_plugin() {
-  local version=$1 out=$2 root release next plugindir crate maintainer dir deb
+  local version=$1 out=$2 root release next plugindir crate maintainer dir deb doc
+  for doc in "${plugin_docs[@]}"; do
+    [[ -f $doc ]] || die "$doc is missing: the rpmi-slurm package installs it"
+  done
+  bash docker/man.sh >&2
   root=$(ensure_chroot "$version")
   release=$(slurm_release "${root%/}/usr/include")
   next=${release%.*}.$((${release##*.} + 1))
@@ -193,7 +203,15 @@ so that they load it; then srun --mpi=rpmi, or MpiDefault=rpmi in slurm.conf, ru
 maintainer-scripts = "$repo/packaging/slurm-plugin/"
 # dpkg unpacks every file as NAME.dpkg-new beside NAME and renames it over NAME, so a loaded mpi_rpmi.so is never
 # written over (docker/check-packages.sh checks that an install gives the file a new inode).
-assets = [["target/release/librpmi.so", "${plugindir#/}/mpi_rpmi.so", "644"]]
+assets = [
+    ["target/release/librpmi.so", "${plugindir#/}/mpi_rpmi.so", "644"],
+    # From this manifest's directory, target/slurm-$version/package (cargo-deb takes only target/release/ as
+    # the target directory).
+    ["../../man/rpmi-options.7.gz", "usr/share/doc/rpmi-slurm/", "644"],
+$(for doc in "${plugin_docs[@]}"; do printf '    ["%s", "usr/share/doc/rpmi-slurm/", "644"],\n' "$repo/$doc"; done)
+]
+copyright = "2026, rpmi contributors"
+license-file = ["$repo/LICENSE", "0"]
 EOF
   deb=$(CARGO_TARGET_DIR=$repo/target/slurm-$version cargo deb --manifest-path "$dir/Cargo.toml" --no-build \
     --deb-version "$crate+slurm$release-1" --maintainer "$maintainer" --output "$out" | tail -1)
@@ -244,6 +262,7 @@ case $cmd in
     rm -rf "$debs"
     build_plugin "$version" >/dev/null
     plugin_deb=$(package_plugin "$version" "$debs")
+    # The developers' package as the README makes it: its manual pages first (package_plugin made them).
     dev_deb=$(CARGO_TARGET_DIR=$repo/target/package cargo deb --locked --output "$debs" | tail -1)
     [[ -f $dev_deb ]] || die "cargo deb did not say where it put the developers' package"
     suite=$(suite_of "$version")

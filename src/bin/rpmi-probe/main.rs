@@ -21,6 +21,8 @@ use std::time::Instant;
 const USAGE: &str =
     "usage: rpmi-probe info|barrier|exchange|groups|get KEY... [--count N] [--size BYTES] [--puts N] [--no-verify]\n       [--times]";
 
+/// What `--help` prints after [`USAGE`]: the commands, and one line per option, as
+/// docs/man/rpmi-probe.1.md's OPTIONS lists them (tests/docs.rs compares the two).
 const HELP: &str = "
 Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE set).
   info        each rank prints its rank, size, the PMI version it was answered (it asks
@@ -39,6 +41,14 @@ Run as every task of a job started by a PMI-1 server (PMI_FD, PMI_RANK, PMI_SIZE
               then each rank waits in two barriers at once (WORLD, and the ranks of its parity)
               and asks something meanwhile; the answers may come in any order
   get KEY...  after a barrier, each rank prints the value of each KEY, or `absent`
+
+options (--NAME VALUE or --NAME=VALUE, anywhere; `--` ends them):
+  --count N         barrier: barriers to time (default 100); exchange: gets (default: one per rank)
+  --size BYTES      exchange: each value's length in characters (default 96)
+  --puts N          exchange: keys each rank puts (default 1)
+  --no-verify       exchange: do not check the values got
+  --times           exchange: every rank also prints when its puts began and its barrier ended
+  --help            print this help and exit
 ";
 
 #[derive(Debug, PartialEq)]

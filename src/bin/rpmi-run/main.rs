@@ -40,22 +40,28 @@ use std::process::exit;
 use std::sync::{Arc, Mutex, OnceLock};
 
 const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--tree-width K] [--map block|cyclic] [--universe U] [-l] \
-[--trace] [-o KEY=VALUE]... [--event-loop] [--plugin PATH] [--] PROGRAM [ARGS]... [: -n N PROGRAM [ARGS]...]...
+[--trace] [-o KEY=VALUE]... [--event-loop] [--plugin PATH] [--] PROGRAM [ARGS]... [: -n N PROGRAM [ARGS]...]...";
 
-  -n N              run N tasks (default 1)
-  --nodes M         split them over M virtual nodes, one plugin instance each (default 1)
-  --tree-width K    the nodes exchange over a tree, each with at most K children (default 4; 1 is a
-                    chain, M or more a star around rpmi-run)
-  --map block|cyclic  how ranks are dealt to nodes (default block)
-  --universe U      what PMI_Get_universe_size answers (MPI_UNIVERSE_SIZE): how many processes the
-                    job expects to have with those it spawns (default: the job's size)
-  -l                prefix every line of output with its rank
-  --trace           print every PMI line each task sends (C:) and receives (S:)
-  -o KEY=VALUE      a plugin option (see the README), e.g. -o vallen_max=512
-  --event-loop      drive the plugin from rpmi-run's own loop instead of its progress thread
-  --plugin PATH     the plugin to load (default: librpmi.so next to rpmi-run, else the system's librpmi.so)
-  : -n N PROGRAM    one more application of N tasks in the same job (MPMD): its ranks follow the ones
-                    before, with the next appnum";
+/// What `--help` prints after [`USAGE`]: one line per option, as docs/man/rpmi-run.1.md's OPTIONS lists them
+/// (tests/docs.rs compares the two).
+const HELP: &str = "
+Runs PROGRAM as the tasks of one PMI job on this machine, served by librpmi.so (see rpmi-run(1)).
+
+options:
+  -n, --ntasks N            run N tasks (default 1)
+  -N, --nodes M             split them over M virtual nodes, one plugin instance each (default 1)
+  --tree-width K            the nodes exchange over a tree of at most K children each (default 4)
+  -m, --map block|cyclic    how ranks are dealt to the nodes (default block)
+  --universe U              what PMI_Get_universe_size answers (default: the job's size)
+  -l, --label               prefix every line of output with its rank
+  --trace                   print every PMI line each task sends (C:) and receives (S:)
+  -o, --option KEY=VALUE    a plugin option (see rpmi-options(7)), e.g. -o vallen_max=512
+  --event-loop              drive the plugin from rpmi-run's own loop instead of its progress thread
+  --plugin PATH             the plugin to load (default: librpmi.so beside rpmi-run, else the system's)
+  -h, --help                print this help and exit
+
+  : -n N PROGRAM [ARGS]...  one more application of N tasks in the same job (MPMD): its ranks follow
+                            the ones before, with the next appnum; only -n may follow ':'";
 
 /// `--tree-width`'s default, chosen by measurement (see the README).
 const TREE_WIDTH: u32 = 4;
@@ -123,7 +129,7 @@ fn parse_args() -> Job {
             }
             "--plugin" => job.plugin = Some(PathBuf::from(value(&mut it, "--plugin"))),
             "-h" | "--help" => {
-                println!("{USAGE}");
+                println!("{USAGE}\n{HELP}");
                 exit(0)
             }
             "--" => {
