@@ -9,6 +9,9 @@ if command -v rustup >/dev/null 2>&1; then
 fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The API documentation builds without a warning (a broken intra-doc link is one), with the Slurm plugin too.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --features slurm
 # `cargo test` alone does not put the cdylib at target/debug/librpmi.so, where rpmi-run and the host tests
 # load it from; a build does.
 cargo build --all-targets --locked

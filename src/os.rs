@@ -165,7 +165,7 @@ pub struct Start {
     pub default_signals: bool,
 }
 
-/// Starts `exe` with `argv` (argv[0] first) and `env` (`NAME=value`; `None`: this process's environment),
+/// Starts `exe` with `argv` (`argv[0]` first) and `env` (`NAME=value`; `None`: this process's environment),
 /// `link` on its fd 3 and stdin from /dev/null. With posix_spawn, not std's Command: the caller's threads
 /// are not forked, an exec that fails is its result, and the child is reaped by whoever waits for it.
 pub fn start_linked(

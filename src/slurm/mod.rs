@@ -209,7 +209,7 @@ pub unsafe extern "C" fn mpi_p_conf_options(full_options: *mut *mut ConfOption, 
 static MISNAMED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// The options mpi.conf gave (slurmctld, slurmd: at start), or that slurmd passed on (slurmstepd). A value
-/// that is not one is said here, in the daemon's log, and refuses every step (see [`options::resolve`]).
+/// that is not one is said here, in the daemon's log, and refuses every step (see `options::resolve`).
 ///
 /// # Safety
 /// `tbl` is NULL or the table Slurm passes.

@@ -43,7 +43,7 @@ pub const JOB: u8 = 13;
 /// Spawned rpmi-run to first: the spawn's answer: ok (one byte), then the error codes or why it failed.
 pub const STARTED: u8 = 14;
 /// Main thread to its launcher, and spawned rpmi-run to first: the job has ended: its status (i32 LE) and
-/// when it began to end (u64 LE, `conn::now`; all ones if nothing ended it), see [`exit`].
+/// when it began to end (u64 LE, `conn::now`; all ones if nothing ended it), see [`exit_payload`].
 pub const EXIT: u8 = 15;
 /// Launcher to its main thread: every job of the launch has ended; the launch's status (i32 LE).
 pub const FINAL: u8 = 16;
