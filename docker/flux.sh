@@ -23,7 +23,7 @@ plugin() {
 }
 
 install_plugin() {
-  command -v flux >/dev/null || { echo "flux-core is not installed (the site's own Flux: see README, Flux)" >&2; exit 1; }
+  command -v flux >/dev/null || { echo "flux-core is not installed (the site's own Flux: see docs/flux.md)" >&2; exit 1; }
   bash docker/install-deps.sh flux
   cargo build --release --locked --lib
   install -D -m 644 target/release/librpmi.so "$libdir/librpmi.so"

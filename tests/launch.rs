@@ -401,7 +401,7 @@ fn spawns_in_turn_do_not_use_up_the_fds() {
 /// MPICH 5's sessions program over virtual nodes: communicators from the session's WORLD process set and from
 /// a subgroup only the even ranks take part in. MPICH 5.0 asks for PMI 1.1 and is answered 1.1 (RFC 13:
 /// never above what the client asked for), so its barriers are untagged; its own builds send no group
-/// barrier either way (see README, "What the server answers").
+/// barrier either way (docs/protocol.md, "PMI 1.2").
 #[test]
 fn mpi_sessions_with_mpich_5() {
     let program = programs().get("mpi_sessions5");

@@ -298,8 +298,8 @@ fn report(args: &Args, mpich: &str, rows: &[Row]) -> String {
          names), and Hydra on one node. Whole command wall time: median (range); a job that fails or hangs is \
          killed after {} s, and a server that failed {} times in a cell is not run again in it. Hydra/rpmi above \
          1 means rpmi is faster. Messages: PMI messages one rank sends, from MPICH's client trace \
-         (`PMI_DEBUG=1`), rpmi / Hydra / Hydra on one node. PMI 1.2: MPICH asks for 1.1 and both servers answer 1.2, which turns on \
-         its threaded PMI mode; MPICH 5.0's own builds send no group barrier (see README).\n\n",
+         (`PMI_DEBUG=1`), rpmi / Hydra / Hydra on one node. PMI 1.2: MPICH asks for 1.1; rpmi answers 1.1, Hydra 1.2, \
+         which turns on its threaded PMI mode; MPICH 5.0's own builds send no group barrier (see docs/protocol.md).\n\n",
         mpich,
         args.runs,
         args.nodes,

@@ -1,7 +1,7 @@
 //! Fuzz target `engine`: drives one `Shell` (3 local tasks of a 5-rank job on 2 nodes) through a sequence
 //! of host operations decoded from the input, and checks what the shell writes and asks of the host.
 //!
-//! Input format (see README.md): byte 0 is the configuration, then operations until the input ends; every
+//! Input format (see fuzz/README.md): byte 0 is the configuration, then operations until the input ends; every
 //! operation is one byte `op` (`op % 16` = what, `(op / 16) % 3` = which task) followed by its arguments.
 //! A missing argument byte reads as 0.
 //!

@@ -5,7 +5,7 @@
 //! `Down`; the collective's frame inside a COLLECTIVE is decoded as `rpmi::collective::Frame` with the
 //! receiver's bound on a part.
 //!
-//! Input format (see README.md): 4 header bytes, then the stream. Byte 0: bits 0-1 the receiver (srun from
+//! Input format (see fuzz/README.md): 4 header bytes, then the stream. Byte 0: bits 0-1 the receiver (srun from
 //! node n; node n's parent from n, a stepd unless the tree has none; stepd n from srun; stepd n from its
 //! parent, srun if the tree has no stepd parent), bit 2 the stream starts at the connection's first byte
 //! (the handshake's frames first, with their bounds), bit 3 small bounds instead of the real defaults, bits

@@ -11,7 +11,7 @@ pub struct Options {
     pub trace: bool,
 }
 
-/// Every option, with what it sets; the README's table lists the same.
+/// Every option, with what it sets; docs/man/rpmi-options.7.md lists the same.
 const KNOWN: &[&str] =
     &["kvsname_max", "keylen_max", "vallen_max", "request_line_max", "kvs_bytes_max", "spawn_bytes_max", "trace"];
 

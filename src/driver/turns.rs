@@ -3,8 +3,8 @@
 //! Every answer wakes a task blocked on its read, and that costs a switch into the task's address space.
 //! When a node runs far more tasks than it has CPUs, that switch grows dearer the more distinct processes
 //! take turns on a CPU, and answering whoever is ready makes every task take its turn, where answering the
-//! tasks in turns keeps fewer of them switching (measured in the README, "Why tasks are answered in
-//! turns"). So the tasks are watched in groups of [`GROUP`], one epoll set each, nested in one
+//! tasks in turns keeps fewer of them switching (docs/architecture.md says why, benches/results/README.md
+//! has the measurements). So the tasks are watched in groups of [`GROUP`], one epoll set each, nested in one
 //! top set, and a group with requests keeps the server for a turn of up to [`TURN`] ready connections
 //! before the next ready group has its turn. The server never waits while a request is ready: when the
 //! group whose turn it is has nothing to ask, the next group with requests is served. Up to

@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(kvs.bytes(), 7 + 2 * ENTRY_OVERHEAD);
     }
 
-    /// The figure the README gives.
+    /// The figure docs/security.md gives.
     #[test]
     #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
     fn an_entry_is_charged_205_bytes_beyond_its_key_and_value() {

@@ -1,5 +1,5 @@
 //! The plugin's options: for the whole site in mpi.conf (`RpmiKvsBytesMax=...`), per job in srun's
-//! environment (`SLURM_RPMI_KVS_BYTES_MAX=...`). The README's table of options lists the same.
+//! environment (`SLURM_RPMI_KVS_BYTES_MAX=...`). docs/man/rpmi-options.7.md lists the same, one entry each.
 //!
 //! **Who reads what.** slurmctld and slurmd read mpi.conf (each its own copy, at start) and hand it to the
 //! plugin (`mpi_p_conf_set`); slurmd passes what the plugin gives back (`mpi_p_conf_get`) to the slurmstepd

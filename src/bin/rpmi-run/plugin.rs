@@ -42,7 +42,7 @@ impl Plugin {
                     ffi::RPMI_ABI_VERSION
                 ));
             }
-            // Revision 2 (appnums and preputs: MPMD and spawn) is what this rpmi-run needs.
+            // rpmi-run comes with the library: it asks for its own header's revision, whatever it calls.
             if (table.struct_size as usize) < std::mem::size_of::<rpmi_plugin>()
                 || table.abi_revision < ffi::RPMI_ABI_REVISION as u32
             {
