@@ -63,7 +63,7 @@ options:
   : -n N PROGRAM [ARGS]...  one more application of N tasks in the same job (MPMD): its ranks follow
                             the ones before, with the next appnum; only -n may follow ':'";
 
-/// `--tree-width`'s default, chosen by measurement (see the README).
+/// `--tree-width`'s default, chosen by measurement (docs/rpmi-run.md, "Tree width").
 const TREE_WIDTH: u32 = 4;
 
 /// How rpmi-run names itself in its messages: with the job's id in a spawned job's rpmi-run.
