@@ -44,7 +44,7 @@ pub use groups::{GroupDone, GroupRoot};
 pub use node::{ContributeError, Node};
 pub use output::Output;
 pub use root::Root;
-pub use tree::{Levels, Peer, Subtree, Tree, TreeError};
+pub use tree::{Levels, Peer, Subtree, Tree, TreeError, DEFAULT_WIDTH};
 
 /// The frame `from` sent `to`, or why it is refused unread: over `max` bytes, not a frame, or carrying a part
 /// over `part_max`.

@@ -6,9 +6,10 @@
 use super::auth::Secret;
 use super::layout;
 use super::options::{bound_option, Id, Job, INTERNAL};
+use super::records::{slurm_step_id_t, slurm_step_layout_t, StepInfo, NO_VAL};
 use super::root::{Outcome, Reporter, Root, Step};
 use super::spawn::{self, Spawn, ENV_SPAWN};
-use super::sys::{self, slurm_step_id_t, slurm_step_layout_t, Slurm, StepInfo, NO_VAL};
+use super::sys::{self, Slurm};
 use crate::collective::{Bound, Bounds};
 use crate::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};

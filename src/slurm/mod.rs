@@ -42,6 +42,7 @@ mod layout;
 mod link;
 mod mpmd;
 mod options;
+mod records;
 mod root;
 mod spawn;
 mod stepd;
@@ -51,10 +52,10 @@ mod uplink;
 mod version;
 
 use options::{Id, Site};
+use records::{StepInfo, SLURM_ERROR, SLURM_SUCCESS};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
-use sys::{StepInfo, SLURM_ERROR, SLURM_SUCCESS};
 use version::{ConfOption, TaskInfo};
 
 /// Slurm's plugin identification, read with `dlsym`: NUL-terminated arrays and `uint32_t`s.
@@ -69,7 +70,10 @@ pub static plugin_id: u32 = 0x5250_4d49;
 /// Must equal the running Slurm's `SLURM_VERSION_NUMBER`, micro number included: the plugin is tied to the
 /// Slurm it was built against (`<slurm/slurm_version.h>` at build time).
 #[no_mangle]
-pub static plugin_version: u32 = sys::SLURM_VERSION_NUMBER;
+pub static plugin_version: u32 = records::SLURM_VERSION_NUMBER;
+
+// The line build.rs chose is the one the header bindgen read says (major and minor).
+const _: () = assert!(records::SLURM_VERSION_NUMBER >> 8 == version::LINE);
 
 /// Runs an entry point; a panic becomes `on_panic` and a line in Slurm's log.
 fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
@@ -141,7 +145,7 @@ pub unsafe extern "C" fn mpi_p_client_fini(state: *mut c_void) -> c_int {
 /// `job` is slurmstepd's step record and `env` the step's environment, as Slurm passes them.
 #[no_mangle]
 pub unsafe extern "C" fn mpi_p_slurmstepd_prefork(
-    job: *const sys::stepd_step_rec_t,
+    job: *const records::stepd_step_rec_t,
     env: *mut *mut *mut c_char,
 ) -> c_int {
     // SAFETY: slurmstepd's step record and environment, as the caller's contract says.

@@ -182,7 +182,7 @@ pub const OPTIONS: [Opt; 10] = [
         var: "SLURM_RPMI_TREE_WIDTH",
         what: "a width",
         range: 1..=u32::MAX as u64,
-        default: super::stepd::DEFAULT_TREE_WIDTH as u64,
+        default: crate::collective::DEFAULT_WIDTH as u64,
         ceiling: None,
     },
     // The job's switch is PMI_DEBUG, which MPICH's own PMI client reads too: set and not 0 turns it on.

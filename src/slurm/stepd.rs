@@ -43,6 +43,7 @@ use super::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
 use super::mpmd;
 use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
 use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
+use super::records::{self, slurm_step_id_t, stepd_step_rec_t, RecordFromEnv};
 use super::spawn::{Spawn, SPAWN_PROCS_MAX};
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
@@ -65,12 +66,6 @@ use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The tree's width when neither srun's environment nor mpi.conf sets one. In `benches/tree`'s model of a
-/// fence (MPICH's start-up, 32 ranks a node, at 10 and 100 Gb/s) 3 is the fastest at every size, and 4
-/// within 13 % of it (4 % at 4096 nodes) with fewer hops, each a stepd's wake-up the model leaves out.
-/// Jobs of up to 4 nodes get the star.
-pub const DEFAULT_TREE_WIDTH: u32 = 4;
 
 /// How long a stepd keeps trying to join srun, or its parent, before the step fails.
 const JOIN_PATIENCE: Duration = Duration::from_secs(30);
@@ -126,7 +121,7 @@ struct Place {
     job: u32,
     step: u32,
     /// Slurm's own id of the step (from 24.11 on with its job's sluid), as slurmctld is asked to end it.
-    id: sys::slurm_step_id_t,
+    id: slurm_step_id_t,
     node: u32,
     node_name: String,
 }
@@ -980,7 +975,7 @@ fn cstring(s: String) -> CString {
 struct Record {
     job: u32,
     step: u32,
-    id: sys::slurm_step_id_t,
+    id: slurm_step_id_t,
     nodes: u32,
     tasks: u32,
     node: u32,
@@ -1153,7 +1148,7 @@ fn children_acceptor(
 /// # Safety
 /// `job` is slurmstepd's step record and `env` the `char ***` Slurm passes: the step's environment, which
 /// the tasks inherit.
-pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_char) -> Result<(), String> {
+pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) -> Result<(), String> {
     let slurm = sys::slurm();
     if env.is_null() {
         return Err("no environment".into());
@@ -1340,17 +1335,17 @@ pub unsafe fn prefork(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_c
 
 /// The text of the step's `srun --multi-prog` configuration, if it is such a step: the record's `argv[1]`
 /// when its launch flags say so. Slurm passes the address of the record's `env` field as `env`; the fields
-/// after it ([`sys::RecordFromEnv`]) are read only if that address lies within the record's first KiB and
+/// after it ([`RecordFromEnv`]) are read only if that address lies within the record's first KiB and
 /// the record's `jmgr_pid` there is this process's pid, as Slurm sets it before prefork.
 ///
 /// # Safety
 /// `job` is NULL or Slurm's step record, and `env` the address Slurm passes with it.
-unsafe fn multi_prog_config(job: *const sys::stepd_step_rec_t, env: *mut *mut *mut c_char) -> Option<String> {
+unsafe fn multi_prog_config(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) -> Option<String> {
     let (start, at) = (job as usize, env as usize);
-    if job.is_null() || at <= start || at - start > 1024 || at % std::mem::align_of::<sys::RecordFromEnv>() != 0 {
+    if job.is_null() || at <= start || at - start > 1024 || at % std::mem::align_of::<RecordFromEnv>() != 0 {
         return None;
     }
-    let rec = env as *const sys::RecordFromEnv;
+    let rec = env as *const RecordFromEnv;
     // SAFETY: within Slurm's step record (larger than these fields in every supported line), read field by
     // field as plain integers and pointers; `jmgr_pid` confirms the layout before anything else is used.
     unsafe {
@@ -1358,7 +1353,9 @@ unsafe fn multi_prog_config(job: *const sys::stepd_step_rec_t, env: *mut *mut *m
             return None;
         }
         let argv = std::ptr::addr_of!((*rec).argv).read();
-        if std::ptr::addr_of!((*rec).flags).read() & sys::LAUNCH_MULTI_PROG == 0 || argv.is_null() || (*argv).is_null()
+        if std::ptr::addr_of!((*rec).flags).read() & records::LAUNCH_MULTI_PROG == 0
+            || argv.is_null()
+            || (*argv).is_null()
         {
             return None;
         }
@@ -1399,10 +1396,10 @@ pub unsafe fn task(info: *const TaskInfo, env: *mut *mut *mut c_char) -> c_int {
     let p = STEPD.load(SeqCst);
     if p.is_null() {
         // Not an rpmi step (see prefork): nothing to set.
-        return sys::SLURM_SUCCESS;
+        return records::SLURM_SUCCESS;
     }
     // SAFETY: set at prefork and freed only at fini, which this forked child never runs.
-    let Some(stepd) = (unsafe { p.as_ref() }) else { return sys::SLURM_ERROR };
+    let Some(stepd) = (unsafe { p.as_ref() }) else { return records::SLURM_ERROR };
     // SAFETY: Slurm's task info, as the caller promises.
     let info = unsafe { info.as_ref() };
     // Slurm fills the task info from the same step record prefork read: ids that differ mean the record was
@@ -1411,7 +1408,7 @@ pub unsafe fn task(info: *const TaskInfo, env: *mut *mut *mut c_char) -> c_int {
     let rc = match info {
         // SAFETY: as above.
         Some(info) if confirmed => unsafe { set_up_task(stepd, info, env) },
-        _ => sys::SLURM_ERROR,
+        _ => records::SLURM_ERROR,
     };
     // Whatever happened, tell the stepd: every task is forked now (see the module's documentation), and
     // whether the ids are Slurm's.
@@ -1430,18 +1427,18 @@ pub unsafe fn task(info: *const TaskInfo, env: *mut *mut *mut c_char) -> c_int {
 /// # Safety
 /// `env` as Slurm passes it to the task hook.
 unsafe fn set_up_task(stepd: &Stepd, info: &TaskInfo, env: *mut *mut *mut c_char) -> c_int {
-    let Ok(task) = stepd.local_ranks.binary_search(&info.gtaskid) else { return sys::SLURM_ERROR };
+    let Ok(task) = stepd.local_ranks.binary_search(&info.gtaskid) else { return records::SLURM_ERROR };
     if stepd.node.exec_hook(task).is_err() {
-        return sys::SLURM_ERROR;
+        return records::SLURM_ERROR;
     }
     let set = |v: &EnvVar| {
         // SAFETY: Slurm's setter with a "%s" format and one NUL-terminated string.
         unsafe { (stepd.env_overwrite)(env, v.name.as_ptr(), c"%s".as_ptr(), v.value.as_ptr()) == 1 }
     };
     if stepd.task_env[task].iter().all(set) {
-        sys::SLURM_SUCCESS
+        records::SLURM_SUCCESS
     } else {
-        sys::SLURM_ERROR
+        records::SLURM_ERROR
     }
 }
 
@@ -1528,7 +1525,7 @@ mod tests {
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
         let links = join_tree(&srun, tree, node, secret, &names, &loopback).unwrap();
         // SAFETY: slurm_step_id_t is plain integers: all zeroes is a valid value.
-        let mut id: sys::slurm_step_id_t = unsafe { std::mem::zeroed() };
+        let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
         (id.job_id, id.step_id) = (1, 0);
         let place = Place { job: 1, step: 0, id, node, node_name: names[node as usize].clone() };
         let (notify, _) = os::pipe().unwrap();

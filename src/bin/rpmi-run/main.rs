@@ -63,9 +63,6 @@ options:
   : -n N PROGRAM [ARGS]...  one more application of N tasks in the same job (MPMD): its ranks follow
                             the ones before, with the next appnum; only -n may follow ':'";
 
-/// `--tree-width`'s default, chosen by measurement (docs/rpmi-run.md, "Tree width").
-const TREE_WIDTH: u32 = 4;
-
 /// How rpmi-run names itself in its messages: with the job's id in a spawned job's rpmi-run.
 static WHO: OnceLock<String> = OnceLock::new();
 
@@ -89,7 +86,7 @@ fn parse_args() -> Job {
         spawned: false,
         universe: 0,
         nodes: 1,
-        tree_width: TREE_WIDTH,
+        tree_width: rpmi::collective::DEFAULT_WIDTH,
         cyclic: false,
         label: false,
         trace: false,

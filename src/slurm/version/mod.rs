@@ -11,10 +11,10 @@
 //! | task info (`mpi_p_slurmstepd_task`) | `mpi_plugin_task_info_t`, with `self` | `mpi_task_info_t`, no `self` | as 24.11 |
 //! | mpi.conf option (`s_p_options_t`) | 5 fields | 7 (`pack`, `unpack`) | as 24.11 |
 //! | `slurm_kill_job_step` | `(job, step, signal)` | `(job, step, signal, flags)` | `(slurm_step_id_t *, signal, flags)` |
-//! | step record from `env` to `flags` ([`super::sys::RecordFromEnv`]) | `ioid` | `io_running`, `io_cond`, `io_mutex` | as 24.11, without `run_prolog` |
+//! | step record from `env` to `flags` ([`super::records::RecordFromEnv`]) | `ioid` | `io_running`, `io_cond`, `io_mutex` | as 24.11, without `run_prolog` |
 //!
 //! The step record's and srun's step info's fields are the same in all three (their offsets move with
-//! `slurm_step_id_t`): they are declared once in [`super::sys`], and each line's module asserts the offsets
+//! `slurm_step_id_t`): they are declared once in [`super::records`], and each line's module asserts the offsets
 //! its sources give, so a layout that disagrees fails the build instead of reading the wrong bytes.
 //! `plugin_version` comes from the same header, and Slurm loads only a plugin of its own exact version.
 
@@ -31,6 +31,3 @@ pub use v22_05::*;
 pub use v24_11::*;
 #[cfg(slurm = "26.05")]
 pub use v26_05::*;
-
-// The line build.rs chose is the one the header bindgen read says (major and minor).
-const _: () = assert!(super::sys::SLURM_VERSION_NUMBER >> 8 == LINE);

@@ -1,6 +1,6 @@
 //! Slurm 24.11 (checked against 24.11.5 on x86_64); 26.05 keeps these structs.
 
-use super::super::sys::{slurm_step_id_t, stepd_step_rec_t, StepInfo};
+use super::super::records::{slurm_step_id_t, stepd_step_rec_t, StepInfo};
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of};
 

@@ -1,7 +1,7 @@
 //! Slurm 26.05 (checked against 26.05's sources on x86_64): 24.11's structs, and `slurm_kill_job_step` takes
 //! the step's id.
 
-use super::super::sys::slurm_step_id_t;
+use super::super::records::slurm_step_id_t;
 use std::ffi::c_int;
 
 pub use super::v24_11::{ConfOption, TaskInfo};

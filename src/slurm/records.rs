@@ -1,0 +1,122 @@
+//! Slurm's types as the plugin reads them: the public ones (bindgen over `<slurm/slurm.h>`) and the private
+//! structs Slurm hands to MPI plugins that are alike in every supported line (what differs is in
+//! [`super::version`], which asserts their offsets).
+
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+
+use std::ffi::{c_char, c_int, c_void};
+
+/// The public Slurm types and constants (`build.rs`, feature `slurm`).
+pub mod bindings {
+    #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/slurm.rs"));
+}
+
+pub use bindings::{slurm_step_id_t, slurm_step_layout_t, NO_VAL, SLURM_VERSION_NUMBER};
+
+/// srun's step info for `mpi_p_client_prelaunch`: `mpi_plugin_client_info_t` in 22.05 (`src/common/slurm_mpi.h`),
+/// `mpi_step_info_t` since (`src/interfaces/mpi.h`); not installed. The same fields in every supported line
+/// (their offsets are asserted in [`super::version`]).
+#[repr(C)]
+pub struct StepInfo {
+    /// Hetjob leader id, or `NO_VAL`.
+    pub het_job_id: u32,
+    pub het_job_task_offset: u32,
+    pub step_id: slurm_step_id_t,
+    pub step_layout: *const slurm_step_layout_t,
+}
+
+/// The start of slurmstepd's step record, `stepd_step_rec_t` (`src/slurmd/slurmstepd/slurmstepd_job.h`, not
+/// installed), up to the fields the plugin reads; the same fields in every supported line (offsets asserted
+/// in [`super::version`]). The step the plugin serves is the one Slurm says, never one named in the job's
+/// environment (which the user controls). Each task child checks the ids against its task info, which
+/// Slurm fills from the same record, so a layout that ever disagreed would fail the step instead of acting
+/// on wrong ids.
+#[repr(C)]
+pub struct stepd_step_rec_t {
+    alias_list: *const c_char,
+    container: *const c_char,
+    state: c_int,
+    state_cond: libc::pthread_cond_t,
+    state_mutex: libc::pthread_mutex_t,
+    pub step_id: slurm_step_id_t,
+    array_job_id: u32,
+    array_task_id: u32,
+    /// Nodes and tasks of the step, this node's index and its task count.
+    pub nnodes: u32,
+    pub ntasks: u32,
+    pub nodeid: u32,
+    pub node_tasks: u32,
+}
+
+/// The step record from its `env` field (whose address Slurm passes to `mpi_p_slurmstepd_prefork`) to its
+/// launch flags, as each supported line lays it out (`slurmstepd_job.h` of 22.05.8, 24.11.7 and 26.05.3; enums
+/// are C `int`s). The plugin reads it only after checking `jmgr_pid` against slurmstepd's own pid, which
+/// Slurm sets before prefork: a record laid out otherwise is not read further.
+#[repr(C)]
+pub struct RecordFromEnv {
+    pub env: *mut *mut c_char,
+    pub argv: *mut *mut c_char,
+    cwd: *const c_char,
+    task_dist: c_int,
+    node_name: *const c_char,
+    cpu_bind_type: c_int,
+    cpu_bind: *const c_char,
+    mem_bind_type: c_int,
+    mem_bind: *const c_char,
+    accel_bind_type: u16,
+    cpu_freq_min: u32,
+    cpu_freq_max: u32,
+    cpu_freq_gov: u32,
+    switch_step: *const c_void,
+    uid: u32,
+    user_name: *const c_char,
+    pw_gecos: *const c_char,
+    pw_dir: *const c_char,
+    pw_shell: *const c_char,
+    gid: u32,
+    ngids: c_int,
+    gr_names: *const c_void,
+    gids: *const c_void,
+    aborted: bool,
+    batch: bool,
+    #[cfg(not(slurm = "26.05"))]
+    run_prolog: bool,
+    timelimit: i64,
+    profile: u32,
+    task_prolog: *const c_char,
+    task_epilog: *const c_char,
+    task: *const c_void,
+    eio: *const c_void,
+    sruns: *const c_void,
+    clients: *const c_void,
+    stdout_eio_objs: *const c_void,
+    stderr_eio_objs: *const c_void,
+    free_incoming: *const c_void,
+    free_outgoing: *const c_void,
+    incoming_count: c_int,
+    outgoing_count: c_int,
+    outgoing_cache: *const c_void,
+    #[cfg(slurm = "22.05")]
+    ioid: libc::pthread_t,
+    #[cfg(not(slurm = "22.05"))]
+    io_running: bool,
+    #[cfg(not(slurm = "22.05"))]
+    io_cond: libc::pthread_cond_t,
+    #[cfg(not(slurm = "22.05"))]
+    io_mutex: libc::pthread_mutex_t,
+    msgid: libc::pthread_t,
+    msg_handle: *const c_void,
+    /// slurmstepd's pid.
+    pub jmgr_pid: libc::pid_t,
+    pgid: libc::pid_t,
+    /// `LAUNCH_*`.
+    pub flags: u32,
+}
+
+/// The launch flag of a `srun --multi-prog` step (`slurm_protocol_defs.h`): its `argv[1]` is the text of the
+/// configuration file.
+pub const LAUNCH_MULTI_PROG: u32 = 1 << 1;
+
+pub const SLURM_SUCCESS: c_int = bindings::SLURM_SUCCESS as c_int;
+pub const SLURM_ERROR: c_int = bindings::SLURM_ERROR as c_int;
