@@ -28,6 +28,9 @@
 //! of the job; the root's host takes a report or a job error by ending the job ([`Root::fail`] releases
 //! the nodes that wait), and calls [`Root::end`] when the job ends normally.
 
+// Sans-I/O: bytes and state only, so nothing here may be unsafe.
+#![forbid(unsafe_code)]
+
 pub mod frame;
 mod gather;
 pub mod groups;

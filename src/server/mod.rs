@@ -1,5 +1,8 @@
 //! The PMI-1 server engine: one [`Shell`] per job shell, driven by a host through [`Host`].
 
+// Sans-I/O: bytes and state only, so nothing here may be unsafe.
+#![forbid(unsafe_code)]
+
 mod host;
 pub mod kvs;
 mod limits;

@@ -1,6 +1,9 @@
 //! The wire codecs: PMI-1's request lines in and response lines out, and PMI-2's frames ([`pmi2`]). Pure
 //! functions over bytes; the engine in [`crate::server`] decides what to answer.
 
+// Sans-I/O: bytes and state only, so nothing here may be unsafe.
+#![forbid(unsafe_code)]
+
 pub mod group;
 pub mod pmi2;
 pub mod request;

@@ -375,9 +375,7 @@ unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const st
 
 /// Passes task `task`'s request to the launcher, which answers on the node's link; one that cannot be
 /// passed on is answered at once with why (the ABI lets a callback complete its own request).
-fn request(data: *mut std::ffi::c_void, task: u32, service: Service, text: &[u8]) -> c_int {
-    // SAFETY: the host data given to this instance: a `Host` that outlives it.
-    let host = unsafe { host(data) };
+fn request(host: &Host, task: u32, service: Service, text: &[u8]) -> c_int {
     let Some(link) = &host.link else { return ffi::RPMI_ERR_SYSTEM };
     if let Err(why) = link.request(task, service, text) {
         host.answer(task, false, why.as_bytes());
@@ -402,9 +400,10 @@ unsafe extern "C" fn publish(
     service: *const std::ffi::c_char,
     port: *const std::ffi::c_char,
 ) -> c_int {
-    // SAFETY: the plugin's NUL-terminated strings, valid during this call.
+    // SAFETY: the plugin's NUL-terminated strings, valid during this call; the host data is a `Host` that
+    // outlives the instance.
     let text = unsafe { [word(service), b"\0", word(port)].concat() };
-    request(data, task, Service::Publish, &text)
+    request(unsafe { host(data) }, task, Service::Publish, &text)
 }
 
 unsafe extern "C" fn unpublish(
@@ -413,8 +412,8 @@ unsafe extern "C" fn unpublish(
     task: u32,
     service: *const std::ffi::c_char,
 ) -> c_int {
-    // SAFETY: the plugin's NUL-terminated string, valid during this call.
-    request(data, task, Service::Unpublish, unsafe { word(service) })
+    // SAFETY: the plugin's NUL-terminated string, valid during this call; the host data as in `publish`.
+    request(unsafe { host(data) }, task, Service::Unpublish, unsafe { word(service) })
 }
 
 unsafe extern "C" fn lookup(
@@ -423,8 +422,8 @@ unsafe extern "C" fn lookup(
     task: u32,
     service: *const std::ffi::c_char,
 ) -> c_int {
-    // SAFETY: the plugin's NUL-terminated string, valid during this call.
-    request(data, task, Service::Lookup, unsafe { word(service) })
+    // SAFETY: the plugin's NUL-terminated string, valid during this call; the host data as in `publish`.
+    request(unsafe { host(data) }, task, Service::Lookup, unsafe { word(service) })
 }
 
 unsafe extern "C" fn spawn(
@@ -437,8 +436,9 @@ unsafe extern "C" fn spawn(
     if json.is_null() {
         return ffi::RPMI_ERR_INVALID;
     }
-    // SAFETY: not NULL (checked above): the plugin's `len` bytes, valid during this call.
-    request(data, task, Service::Spawn, unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) })
+    // SAFETY: not NULL (checked above): the plugin's `len` bytes, valid during this call; the host data as
+    // in `publish`.
+    request(unsafe { host(data) }, task, Service::Spawn, unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) })
 }
 
 unsafe extern "C" fn watch_fd(data: *mut std::ffi::c_void, _: *mut rpmi_instance, fd: c_int) -> c_int {
