@@ -37,6 +37,8 @@ pub mod groups;
 mod node;
 mod output;
 mod root;
+// Public only for benches/tree, which runs the machines in memory at scale: not part of the library's API.
+#[doc(hidden)]
 pub mod sim;
 #[cfg(test)]
 mod tests;

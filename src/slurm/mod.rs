@@ -32,9 +32,13 @@
 //! Every exported function catches panics and returns an error code: nothing unwinds into Slurm and the
 //! daemon is never aborted.
 
-// Public only for the fuzz targets, which drive the protocol's decoders and handshake as srun and a stepd do.
+// Public only for the fuzz targets, which drive the protocol's decoders and handshake as srun and a stepd do:
+// not part of the library's API.
+#[doc(hidden)]
 pub mod auth;
+#[doc(hidden)]
 pub mod client;
+#[doc(hidden)]
 pub mod protocol;
 
 mod admit;
