@@ -12,7 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rpmi::server::{
-    Direction, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap,
+    Speaker, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap,
     GROUP_ID_MAX, NOT_SUPPORTED,
 };
 use rpmi::wire::response::MAX_LINE;
@@ -171,7 +171,7 @@ impl Host for FuzzHost {
         }
     }
 
-    fn trace(&mut self, rank: u32, _direction: Direction, line: &[u8]) {
+    fn trace(&mut self, rank: u32, _speaker: Speaker, line: &[u8]) {
         let _ = self.task_of(rank);
         // A PMI-2 request's body may hold line breaks: the shell escapes them.
         assert!(!line.contains(&b'\n'), "a traced line holds a newline: {:?}", String::from_utf8_lossy(line));

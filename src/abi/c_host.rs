@@ -1,7 +1,7 @@
 //! [`CHost`]: the engine's [`Host`] implemented by calling a C host's `rpmi_host_ops`.
 
 use super::ffi::{self, rpmi_host_ops, rpmi_instance};
-use crate::server::{Direction, GroupExchange, Host, HostRequest, JobError, TaskId, NOT_SUPPORTED};
+use crate::server::{GroupExchange, Host, HostRequest, JobError, Speaker, TaskId, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
 use std::ffi::CString;
 
@@ -108,8 +108,8 @@ impl Host for CHost {
         }
     }
 
-    fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
-        let text = format!("rank {rank} {direction}: {}", String::from_utf8_lossy(line));
+    fn trace(&mut self, rank: u32, speaker: Speaker, line: &[u8]) {
+        let text = format!("rank {rank} {speaker}: {}", String::from_utf8_lossy(line));
         self.log(log::Level::Trace, &text);
     }
 

@@ -12,7 +12,7 @@ pub use c_host::{spawn_json, spawn_request};
 pub use options::Options;
 
 use crate::driver::Event;
-use crate::node::{EnvVar, ExecError, JobVars, Looping, Node, NodeError};
+use crate::node::{EnvVar, ExecError, JobVars, Looping, NodeError, NodeRuntime};
 use crate::server::{JobInfo, OwedAnswers, Shell, TaskMap};
 use c_host::CHost;
 use std::ffi::{c_char, c_int, CStr};
@@ -73,7 +73,7 @@ struct TaskSlot {
 
 /// One instance: the PMI-1 server of one job shell.
 struct Instance {
-    node: Node<CHost>,
+    node: NodeRuntime<CHost>,
     tasks: Mutex<Vec<TaskSlot>>,
     /// The shell's record of the answers its host owes: `service_complete` comes on any thread and refuses
     /// there an answer nobody waits for.
@@ -328,7 +328,7 @@ impl Instance {
         shell.set_trace(options.trace);
         let owed = shell.owed_answers();
         let host = CHost { ops: ops_copy, instance: std::ptr::null_mut() };
-        let node = Node::new(shell, host, JobVars { job_id })
+        let node = NodeRuntime::new(shell, host, JobVars { job_id })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {
             node,
@@ -395,12 +395,12 @@ unsafe extern "C" fn create(
 
 unsafe extern "C" fn task_init(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
     // SAFETY: the caller's contract, as the header documents for task_init.
-    on_instance(inst, |inst| unsafe { set_up_task(inst, task, env, Node::connect_task) })
+    on_instance(inst, |inst| unsafe { set_up_task(inst, task, env, NodeRuntime::connect_task) })
 }
 
 unsafe extern "C" fn task_env(inst: *mut rpmi_instance, task: u32, env: *mut rpmi_task_env) -> c_int {
     // SAFETY: the caller's contract, as the header documents for task_env.
-    on_instance(inst, |inst| unsafe { set_up_task(inst, task, env, Node::env_task) })
+    on_instance(inst, |inst| unsafe { set_up_task(inst, task, env, NodeRuntime::env_task) })
 }
 
 unsafe extern "C" fn task_attach(inst: *mut rpmi_instance, task: u32, fd: c_int) -> c_int {
@@ -421,7 +421,7 @@ unsafe fn set_up_task(
     inst: &Instance,
     task: u32,
     env: *mut rpmi_task_env,
-    connect: fn(&Node<CHost>, usize) -> Result<crate::node::TaskEnv, NodeError>,
+    connect: fn(&NodeRuntime<CHost>, usize) -> Result<crate::node::TaskEnv, NodeError>,
 ) -> Result<(), Failure> {
     if env.is_null() {
         return fail(ffi::RPMI_ERR_INVALID, "env is NULL");

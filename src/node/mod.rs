@@ -1,20 +1,20 @@
 //! The node runtime: what runs around the engine on one node (one job shell), whichever host loads it. The C
-//! ABI's instance and the Slurm stepd both drive a [`Node`]; they only translate their host's calls into it.
+//! ABI's instance and the Slurm stepd both drive a [`NodeRuntime`]; they only translate their host's calls into it.
 //!
 //! A node owns, per local task, a connection (a socketpair: the node serves one end, the task inherits the
 //! other as `PMI_FD`) and the environment that tells the task about it; the hook that runs in the forked child
-//! before `exec`; the progress loop (a thread of its own, or the host's event loop calling [`Node::progress`]),
+//! before `exec`; the progress loop (a thread of its own, or the host's event loop calling [`NodeRuntime::progress`]),
 //! with panics contained; and the stop, which serves what the tasks wrote before they left.
 //!
-//! **Life of a task.** [`Node::connect_task`] makes the connection and the environment (before the fork). In the
-//! child, [`Node::exec_hook`] hands the task its end and closes every other task's end the child inherited, so
+//! **Life of a task.** [`NodeRuntime::connect_task`] makes the connection and the environment (before the fork). In the
+//! child, [`NodeRuntime::exec_hook`] hands the task its end and closes every other task's end the child inherited, so
 //! that a task that dies is seen at once by the node even while its siblings are not yet exec'd. In the parent,
-//! [`Node::forked`] (one task) or [`Node::forked_all`] closes the node's copy of the task's end: until then the
+//! [`NodeRuntime::forked`] (one task) or [`NodeRuntime::forked_all`] closes the node's copy of the task's end: until then the
 //! node cannot see the task leave.
 //!
 //! **A connection the host makes** (a job shell that closes every fd but its own in the child, before any
-//! hook of ours could keep one): [`Node::env_task`] makes no socketpair, and the host hands its end over with
-//! [`Node::attach_task`]; there is no exec hook.
+//! hook of ours could keep one): [`NodeRuntime::env_task`] makes no socketpair, and the host hands its end over with
+//! [`NodeRuntime::attach_task`]; there is no exec hook.
 
 use crate::driver::{channel, Driver, DriverHandle, Event, HostFds};
 use crate::os::socketpair;
@@ -45,7 +45,7 @@ pub trait NodeHost: HostFds + Send + 'static {
 pub enum Looping {
     /// A thread of the node's own (hosts without an event loop, such as slurmstepd).
     OwnThread,
-    /// The host's event loop watches [`Node::watch_fd`] and calls [`Node::progress`].
+    /// The host's event loop watches [`NodeRuntime::watch_fd`] and calls [`NodeRuntime::progress`].
     HostLoop,
 }
 
@@ -98,7 +98,7 @@ pub struct TaskEnv {
 }
 
 /// The runtime of one node: see the module's documentation.
-pub struct Node<H: NodeHost> {
+pub struct NodeRuntime<H: NodeHost> {
     handle: DriverHandle,
     /// Each task's end of its connection while the node still holds it (-1 otherwise): read in a forked child
     /// without a lock.
@@ -118,7 +118,7 @@ pub struct Node<H: NodeHost> {
 }
 
 enum Progress<H: NodeHost> {
-    /// Made, not yet started: the host may still reach its side ([`Node::host_mut`]). (Locked like the
+    /// Made, not yet started: the host may still reach its side ([`NodeRuntime::host_mut`]). (Locked like the
     /// others so that a node can be shared with the host's other threads from the start.)
     Ready(Mutex<Box<Driver<H>>>),
     Thread {
@@ -129,15 +129,15 @@ enum Progress<H: NodeHost> {
     Stopped,
 }
 
-impl<H: NodeHost> Node<H> {
-    /// A node serving `shell`'s tasks, its requests going to `host`. It serves nothing until [`Node::start`].
-    pub fn new(shell: Shell, host: H, job: JobVars) -> io::Result<Node<H>> {
+impl<H: NodeHost> NodeRuntime<H> {
+    /// A node serving `shell`'s tasks, its requests going to `host`. It serves nothing until [`NodeRuntime::start`].
+    pub fn new(shell: Shell, host: H, job: JobVars) -> io::Result<NodeRuntime<H>> {
         let n = shell.task_count();
         let ranks = (0..n).map(|t| shell.rank_of(t).unwrap_or(u32::MAX)).collect();
         let (size, spawned) = (shell.job().task_map.size(), shell.job().spawned);
         let (handle, inbox) = channel()?;
         let driver = Driver::new(shell, host, inbox)?;
-        Ok(Node {
+        Ok(NodeRuntime {
             watch_fd: driver.watch_fd(),
             handle,
             child_fds: ChildEnds((0..n).map(|_| AtomicI32::new(-1)).collect()),
@@ -196,7 +196,7 @@ impl<H: NodeHost> Node<H> {
     }
 
     /// Makes task `task`'s connection and returns its environment: `PMI_FD`, `PMI_RANK`, `PMI_SIZE`,
-    /// `PMI_JOBID` (and `PMI_SPAWNED`). The task's end stays open in the node until [`Node::forked`].
+    /// `PMI_JOBID` (and `PMI_SPAWNED`). The task's end stays open in the node until [`NodeRuntime::forked`].
     pub fn connect_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
         let rank = self.mark_connected(task)?;
         let pair = socketpair().map_err(|e| NodeError::System(format!("socketpair for local task {task}: {e}")));
@@ -243,13 +243,13 @@ impl<H: NodeHost> Node<H> {
     }
 
     /// The environment of task `task`, whose connection the host makes itself and hands over later
-    /// ([`Node::attach_task`]): no socketpair is made, and the environment has no `PMI_FD`.
+    /// ([`NodeRuntime::attach_task`]): no socketpair is made, and the environment has no `PMI_FD`.
     pub fn env_task(&self, task: TaskId) -> Result<TaskEnv, NodeError> {
         let rank = self.mark_connected(task)?;
         Ok(TaskEnv { child_fd: -1, vars: self.task_vars(rank, None) })
     }
 
-    /// Serves `fd`, the host's end of the connection it made for task `task` (after [`Node::env_task`]). Posted
+    /// Serves `fd`, the host's end of the connection it made for task `task` (after [`NodeRuntime::env_task`]). Posted
     /// to the progress loop, never taken under its lock: a host may call this from inside a callback.
     pub fn attach_task(&self, task: TaskId, fd: OwnedFd) -> Result<(), NodeError> {
         let Some(connected) = self.connected.get(task) else {
@@ -365,13 +365,13 @@ impl<H: NodeHost> Node<H> {
     }
 }
 
-impl<H: NodeHost> Drop for Node<H> {
+impl<H: NodeHost> Drop for NodeRuntime<H> {
     fn drop(&mut self) {
         self.stop(None, || {});
     }
 }
 
-/// Why [`Node::exec_hook`] failed; the child should `_exit` rather than run a task without its connection.
+/// Why [`NodeRuntime::exec_hook`] failed; the child should `_exit` rather than run a task without its connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecError {
     NoTask,

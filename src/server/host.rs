@@ -57,8 +57,8 @@ pub trait Host {
     }
 
     /// One line of the wire trace (`C:` from a task, `S:` to it), sent only when tracing is on.
-    fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
-        log::trace!("rank {rank} {direction}: {}", String::from_utf8_lossy(line));
+    fn trace(&mut self, rank: u32, speaker: Speaker, line: &[u8]) {
+        log::trace!("rank {rank} {speaker}: {}", String::from_utf8_lossy(line));
     }
 
     /// Task `rank` sent its first PMI line: its program was found and runs, and speaks PMI. A host that
@@ -103,20 +103,20 @@ pub const GROUP_ID_MAX: usize = 1024;
 /// Why a host refuses a service it does not offer; the task reads it in its error reply.
 pub const NOT_SUPPORTED: &str = "not supported by this resource manager";
 
-/// Which way a traced line went.
+/// Who wrote a traced line: the task (the PMI client) or the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
+pub enum Speaker {
     /// From the task (client) to the server.
     Client,
     /// From the server to the task.
     Server,
 }
 
-impl fmt::Display for Direction {
+impl fmt::Display for Speaker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Direction::Client => "C",
-            Direction::Server => "S",
+            Speaker::Client => "C",
+            Speaker::Server => "S",
         })
     }
 }

@@ -11,7 +11,7 @@ mod shell;
 pub mod taskmap;
 
 pub use host::{
-    Direction, GroupExchange, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId, GROUP_ID_MAX,
+    GroupExchange, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, Speaker, TaskId, GROUP_ID_MAX,
     JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
 };
 pub use limits::{Limits, LimitsError};

@@ -12,7 +12,7 @@
 //! task that pipelines requests without reading the answers costs is bounded by one read of input and
 //! about [`HELD_ABOVE`] bytes of answers, however many requests it sends.
 
-use super::host::{Direction, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, TaskId};
+use super::host::{Host, HostReply, HostRequest, JobError, OwedAnswers, Service, Speaker, TaskId};
 use super::kvs::{self, Bounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
 use crate::wire::pmi2::Frame;
@@ -576,7 +576,7 @@ impl Shell {
         let rank = self.clients[task].rank;
         self.spoke(host, task);
         if self.trace {
-            host.trace(rank, Direction::Client, line);
+            host.trace(rank, Speaker::Client, line);
         }
         if let Some(spawn) = self.clients[task].spawn.as_mut() {
             match spawn.line(line) {
@@ -967,7 +967,7 @@ fn respond(
 
 fn trace_lines(host: &mut dyn Host, rank: u32, answer: &[u8]) {
     for line in answer.split_inclusive(|&b| b == b'\n') {
-        host.trace(rank, Direction::Server, line.strip_suffix(b"\n").unwrap_or(line));
+        host.trace(rank, Speaker::Server, line.strip_suffix(b"\n").unwrap_or(line));
     }
 }
 

@@ -7,7 +7,7 @@ use super::auth::Secret;
 use super::layout;
 use super::options::{bound_option, Id, Job, INTERNAL};
 use super::records::{slurm_step_id_t, slurm_step_layout_t, StepInfo, NO_VAL};
-use super::root::{Outcome, Reporter, Root, Step};
+use super::root::{Outcome, Reporter, RootThread, Step};
 use super::spawn::{self, Spawn, ENV_SPAWN};
 use super::sys::{self, Slurm};
 use crate::collective::{Bound, Bounds};
@@ -27,7 +27,7 @@ pub fn bounds(part_max: usize, exchange_max: usize) -> Bounds {
 
 /// What `mpi_p_client_prelaunch` returns to srun (`mpi_plugin_client_state_t *`).
 pub struct Client {
-    root: Root,
+    root: RootThread,
 }
 
 /// Clients not yet given back through `mpi_p_client_fini`, so `fini` can stop their threads before the
@@ -163,7 +163,7 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
         spawn::tell_step(fd, step)?;
     }
     let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn, spawned_by };
-    let root = Root::start(listener, step_info, Box::new(SrunReporter { slurm, step: info.step_id }))
+    let root = RootThread::start(listener, step_info, Box::new(SrunReporter { slurm, step: info.step_id }))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     let text = |s: String| CString::new(s).expect("no NUL");
     // Every one of the plugin's own variables, whatever srun's environment held (see `options`).

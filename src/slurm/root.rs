@@ -86,16 +86,16 @@ pub struct Step {
     pub spawned_by: Option<std::os::fd::RawFd>,
 }
 
-/// A running root; [`Root::stop`] ends it.
-pub struct Root {
+/// srun's root, running on a thread of its own; [`RootThread::stop`] ends it.
+pub struct RootThread {
     port: u16,
     stop: Arc<OwnedFd>,
     thread: Option<JoinHandle<Outcome>>,
 }
 
-impl Root {
+impl RootThread {
     /// Serves `listener` for `step` on a new thread.
-    pub fn start(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>) -> io::Result<Root> {
+    pub fn start(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>) -> io::Result<RootThread> {
         let port = listener.local_addr()?.port();
         let stop = Arc::new(os::eventfd()?);
         let mut state = State::new(listener, step, reporter, stop.clone())?;
@@ -106,7 +106,7 @@ impl Root {
                 Err(_) => Outcome { ended: true, ..Outcome::default() },
             }
         })?;
-        Ok(Root { port, stop, thread: Some(thread) })
+        Ok(RootThread { port, stop, thread: Some(thread) })
     }
 
     pub fn port(&self) -> u16 {
@@ -124,7 +124,7 @@ impl Root {
     }
 }
 
-impl Drop for Root {
+impl Drop for RootThread {
     fn drop(&mut self) {
         if self.thread.is_some() {
             self.shutdown();
@@ -169,7 +169,7 @@ struct Fence {
 struct State {
     step: Step,
     reporter: Box<dyn Reporter>,
-    /// Kept open while the thread watches it (the [`Root`] holds the other reference).
+    /// Kept open while the thread watches it (the [`RootThread`] holds the other reference).
     _stop: Arc<OwnedFd>,
     epoll: Arc<Epoll>,
     acceptor: Acceptor,
@@ -977,18 +977,18 @@ pub(super) mod tests {
         }
     }
 
-    fn start(step: Step) -> (Root, Record) {
+    fn start(step: Step) -> (RootThread, Record) {
         let record = Record::default();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)
+        (RootThread::start(listener, step, Box::new(record.clone())).unwrap(), record)
     }
 
-    fn root(nodes: usize, secret: &Secret) -> (Root, Record) {
+    fn root(nodes: usize, secret: &Secret) -> (RootThread, Record) {
         start(step(nodes, secret))
     }
 
     /// A root for `nodes` nodes with every node's stepd connected and authenticated.
-    fn connected(nodes: usize) -> (Root, Record, Vec<TcpStream>) {
+    fn connected(nodes: usize) -> (RootThread, Record, Vec<TcpStream>) {
         let secret = Secret::generate().unwrap();
         let (root, record) = root(nodes, &secret);
         let stepds = (0..nodes as u32).map(|n| stepd(root.port(), n, &secret)).collect();
@@ -1371,7 +1371,7 @@ pub(super) mod tests {
     }
 
     /// A step of `nodes` nodes in a tree of `width`, its width from the stepds (not srun's environment).
-    fn tree_step(nodes: usize, secret: &Secret) -> (Root, Record) {
+    fn tree_step(nodes: usize, secret: &Secret) -> (RootThread, Record) {
         let mut s = step(nodes, secret);
         s.width = None;
         start(s)
@@ -1645,7 +1645,7 @@ pub(super) mod tests {
         r#"{"commands":[{"nprocs":3,"execname":"./child","args":["x"],"preputs":[["k","v"]],"infos":[]}]}"#;
 
     /// A root of 2 nodes with one rank each, whose spawns start `body`'s fake srun.
-    fn spawning(name: &str, body: &str) -> (Root, Record, Vec<TcpStream>, std::path::PathBuf) {
+    fn spawning(name: &str, body: &str) -> (RootThread, Record, Vec<TcpStream>, std::path::PathBuf) {
         let secret = Secret::generate().unwrap();
         let (setup, dir) = fake_srun(name, body);
         let (root, record) = start(Step { spawn: Some(setup), ..step(2, &secret) });

@@ -51,11 +51,11 @@ use super::uplink::{self, Hello};
 use super::version::TaskInfo;
 use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::driver::{HostFds, Watcher};
-use crate::node::{ChildEnds, EnvVar, JobVars, Looping, Node, NodeHost};
+use crate::node::{ChildEnds, EnvVar, JobVars, Looping, NodeHost, NodeRuntime};
 use crate::os;
 use crate::server::{
-    check_preput, Direction as TraceDirection, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits,
-    Shell, TaskId, TaskMap,
+    check_preput, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, Speaker, TaskId,
+    TaskMap,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, CString};
@@ -91,7 +91,7 @@ struct Stepd {
     /// The rank of each local task, ascending; a task's index here is its [`crate::server::TaskId`].
     local_ranks: Vec<u32>,
     /// The node's tasks, their connections and the progress thread.
-    node: Node<SlurmHost>,
+    node: NodeRuntime<SlurmHost>,
     /// Each task's PMI variables, prepared before the fork: the child only sets them.
     task_env: Vec<Vec<EnvVar>>,
     env_overwrite: sys::EnvOverwriteFmt,
@@ -856,9 +856,9 @@ impl Host for SlurmHost {
         self.slurm.log(level, &escape_text(message, MESSAGE_MAX));
     }
 
-    fn trace(&mut self, rank: u32, direction: TraceDirection, line: &[u8]) {
+    fn trace(&mut self, rank: u32, speaker: Speaker, line: &[u8]) {
         if let Some(t) = &self.trace {
-            t.line(&format!("rpmi: rank {rank} {direction}: {}", String::from_utf8_lossy(line)));
+            t.line(&format!("rpmi: rank {rank} {speaker}: {}", String::from_utf8_lossy(line)));
         }
     }
 
@@ -1290,7 +1290,8 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         unspoken,
     )?;
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step) };
-    let mut node_rt = Node::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
+    let mut node_rt =
+        NodeRuntime::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
     if let Some(h) = node_rt.host_mut() {
         h.child_ends = Some(child_ends);
@@ -1448,7 +1449,7 @@ mod tests {
     use crate::os::Epoll;
     use crate::server::Limits;
     use crate::slurm::client::bounds;
-    use crate::slurm::root::{Outcome, Root, Step};
+    use crate::slurm::root::{Outcome, RootThread, Step};
     use std::io::{BufRead, BufReader, Write};
     use std::net::Ipv4Addr;
     use std::os::fd::FromRawFd;
@@ -1463,13 +1464,13 @@ mod tests {
     }
 
     /// srun's root for a step of `nodes` nodes with one rank each, the width left to the stepds.
-    fn srun(nodes: u32, secret: &Secret) -> (Root, Record) {
+    fn srun(nodes: u32, secret: &Secret) -> (RootThread, Record) {
         srun_of((0..nodes).collect(), nodes, secret, None)
     }
 
     /// srun's root for a step whose rank `r` runs on node `node_of[r]`; `spawned_by`: the pipe to a spawning
     /// srun.
-    fn srun_of(node_of: Vec<u32>, nodes: u32, secret: &Secret, spawned_by: Option<RawFd>) -> (Root, Record) {
+    fn srun_of(node_of: Vec<u32>, nodes: u32, secret: &Secret, spawned_by: Option<RawFd>) -> (RootThread, Record) {
         let record = Record::default();
         let step = Step {
             node_names: names(nodes),
@@ -1482,7 +1483,7 @@ mod tests {
             spawned_by,
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        (Root::start(listener, step, Box::new(record.clone())).unwrap(), record)
+        (RootThread::start(listener, step, Box::new(record.clone())).unwrap(), record)
     }
 
     /// Every node on this machine, as a local cluster's slurm.conf has them.
@@ -1504,7 +1505,7 @@ mod tests {
 
     /// Node `node`'s stepd, as prefork makes it (joined to srun at `port` and to its parent), serving its one
     /// task (rank `node`) on a progress thread; and that task's connection.
-    fn stepd(port: u16, nodes: u32, width: u32, node: u32, secret: &Secret) -> (Node<SlurmHost>, Task) {
+    fn stepd(port: u16, nodes: u32, width: u32, node: u32, secret: &Secret) -> (NodeRuntime<SlurmHost>, Task) {
         let (rt, mut tasks) = stepd_of(port, (0..nodes).collect(), nodes, width, node, secret, false);
         (rt, tasks.remove(0))
     }
@@ -1519,7 +1520,7 @@ mod tests {
         node: u32,
         secret: &Secret,
         spawned: bool,
-    ) -> (Node<SlurmHost>, Vec<Task>) {
+    ) -> (NodeRuntime<SlurmHost>, Vec<Task>) {
         let tree = Tree::new(nodes, width).unwrap();
         let names = names(nodes);
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
@@ -1551,7 +1552,7 @@ mod tests {
         let mut info = JobInfo::new(KVSNAME, TaskMap::new(node_of), local.clone(), names);
         info.spawned = spawned;
         let shell = Shell::new(info, Limits::default()).unwrap();
-        let mut rt = Node::new(shell, host, JobVars { job_id: "1.0".into() }).unwrap();
+        let mut rt = NodeRuntime::new(shell, host, JobVars { job_id: "1.0".into() }).unwrap();
         let ends: Vec<RawFd> = (0..local.len()).map(|t| rt.connect_task(t).unwrap().child_fd).collect();
         // SAFETY: copies of the tasks' ends, which the node closes once the tasks are "forked".
         let tasks: Vec<UnixStream> =
@@ -1570,7 +1571,7 @@ mod tests {
 
     /// Every node's stepd of a step of `nodes` nodes over a tree of `width`, each set up on a thread of its
     /// own (a child's prefork waits for its parent's progress loop, as on a cluster).
-    fn stepds(port: u16, nodes: u32, width: u32, secret: &Secret) -> Vec<(Node<SlurmHost>, Task)> {
+    fn stepds(port: u16, nodes: u32, width: u32, secret: &Secret) -> Vec<(NodeRuntime<SlurmHost>, Task)> {
         let threads: Vec<_> = (0..nodes)
             .rev()
             .map(|n| {

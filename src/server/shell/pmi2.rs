@@ -142,7 +142,7 @@ impl Shell {
                     b => line.push(b),
                 }
             }
-            host.trace(rank, crate::server::host::Direction::Client, &line);
+            host.trace(rank, crate::server::host::Speaker::Client, &line);
         }
         let message = match Message::parse(body) {
             Ok(m) => m,

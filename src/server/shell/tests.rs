@@ -39,8 +39,8 @@ impl Host for Recorder {
     fn log(&mut self, level: log::Level, message: &str) {
         self.logs.push((level, message.to_string()));
     }
-    fn trace(&mut self, rank: u32, direction: Direction, line: &[u8]) {
-        self.traces.push(format!("{rank} {direction}: {}", String::from_utf8_lossy(line)));
+    fn trace(&mut self, rank: u32, speaker: Speaker, line: &[u8]) {
+        self.traces.push(format!("{rank} {speaker}: {}", String::from_utf8_lossy(line)));
     }
     fn task_started(&mut self, rank: u32) {
         self.started.push(rank);
