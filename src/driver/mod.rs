@@ -94,7 +94,7 @@ pub struct Driver<H: HostFds> {
     /// The server end of each task's connection; `None` before it is attached and after it closed.
     conns: Vec<Option<OwnedFd>>,
     /// How each task's connection is watched for writing.
-    output: Vec<Output>,
+    output: Vec<WriteState>,
     /// Tasks that were blocked and have become writable since the last flush.
     unblocked: Vec<TaskId>,
     closed: usize,
@@ -107,7 +107,7 @@ pub struct Driver<H: HostFds> {
 
 /// How a task's connection is watched for writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Output {
+enum WriteState {
     /// Answers are written as they come; epoll watches input only.
     Flowing,
     /// The connection was full: epoll watches EPOLLOUT only, and nothing is read from the task meanwhile.
@@ -179,7 +179,7 @@ impl<H: HostFds> Driver<H> {
             shell,
             host,
             conns: (0..n).map(|_| None).collect(),
-            output: vec![Output::Flowing; n],
+            output: vec![WriteState::Flowing; n],
             unblocked: Vec::new(),
             closed: 0,
             stopped: false,
@@ -240,8 +240,8 @@ impl<H: HostFds> Driver<H> {
                 // A hang-up or error is reported even while only EPOLLOUT is watched: the write that
                 // follows then finds the connection closed (even while the task's input is held).
                 let writable = (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32;
-                if flags & writable != 0 && self.output[task] == Output::Blocked {
-                    self.output[task] = Output::Unblocked;
+                if flags & writable != 0 && self.output[task] == WriteState::Blocked {
+                    self.output[task] = WriteState::Unblocked;
                     self.unblocked.push(task);
                 }
                 // Input, or a hang-up or error (reported even while only EPOLLOUT is watched).
@@ -361,7 +361,7 @@ impl<H: HostFds> Driver<H> {
             }
             return Ok(());
         };
-        if self.output[task] == Output::Blocked {
+        if self.output[task] == WriteState::Blocked {
             return Ok(());
         }
         while !self.shell.output(task).is_empty() {
@@ -378,7 +378,8 @@ impl<H: HostFds> Driver<H> {
                 io::ErrorKind::WouldBlock => {
                     // Nothing more is read from a task that does not read its answers, until it does:
                     // otherwise it could make the shell queue answers without bound.
-                    let watched = std::mem::replace(&mut self.output[task], Output::Blocked) == Output::Unblocked;
+                    let watched =
+                        std::mem::replace(&mut self.output[task], WriteState::Blocked) == WriteState::Unblocked;
                     if watched {
                         return Ok(());
                     }
@@ -391,7 +392,7 @@ impl<H: HostFds> Driver<H> {
             }
         }
         // Back to reading only, if it had been waiting to write (one syscall per answer otherwise).
-        if std::mem::replace(&mut self.output[task], Output::Flowing) == Output::Unblocked {
+        if std::mem::replace(&mut self.output[task], WriteState::Flowing) == WriteState::Unblocked {
             self.turns.modify(task, fd, libc::EPOLLIN as u32)?;
         }
         if self.shell.holds_input(task) {
@@ -417,7 +418,7 @@ impl<H: HostFds> Driver<H> {
             // Closing the fd removes it from the epoll set.
             drop(fd);
             self.closed += 1;
-            self.output[task] = Output::Flowing;
+            self.output[task] = WriteState::Flowing;
             self.shell.disconnected(&mut self.host, task);
         }
     }

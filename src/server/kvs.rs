@@ -137,7 +137,7 @@ impl Kvs {
     pub fn merge(
         &mut self,
         contribution: &[u8],
-        bounds: &Bounds,
+        bounds: &EntryBounds,
         beside: usize,
         take: impl Fn(u32) -> bool,
     ) -> Result<(), MergeError> {
@@ -158,7 +158,7 @@ impl Kvs {
 }
 
 /// What a contribution from another shell may contain.
-pub struct Bounds {
+pub struct EntryBounds {
     pub size: u32,
     pub key_max: usize,
     pub value_max: usize,
@@ -206,7 +206,7 @@ pub fn encode(out: &mut Vec<u8>, rank: u32, key: &[u8], value: &[u8]) {
     out.push(b'\n');
 }
 
-fn decode<'a>(line: &'a [u8], bounds: &Bounds) -> Result<(u32, &'a [u8], &'a [u8]), MergeError> {
+fn decode<'a>(line: &'a [u8], bounds: &EntryBounds) -> Result<(u32, &'a [u8], &'a [u8]), MergeError> {
     let bad = |why: &str| MergeError::Malformed(format!("{why} in '{}'", crate::server::excerpt(line)));
     let sp = line.iter().position(|&b| b == b' ').ok_or_else(|| bad("no rank"))?;
     let rank = crate::wire::request::parse_int(&line[..sp])
@@ -234,7 +234,7 @@ pub fn is_key(key: &[u8]) -> bool {
 mod tests {
     use super::*;
 
-    const BOUNDS: Bounds = Bounds { size: 8, key_max: 63, value_max: 866 };
+    const BOUNDS: EntryBounds = EntryBounds { size: 8, key_max: 63, value_max: 866 };
 
     #[test]
     fn owner_may_rewrite_others_may_not() {

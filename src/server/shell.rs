@@ -13,7 +13,7 @@
 //! about [`HELD_ABOVE`] bytes of answers, however many requests it sends.
 
 use super::host::{Host, HostReply, HostRequest, JobError, OwedAnswers, Service, Speaker, TaskId};
-use super::kvs::{self, Bounds, Kvs, PutError, Stored};
+use super::kvs::{self, EntryBounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
 use crate::wire::pmi2::Frame;
 use crate::wire::response::{rc, Line, MAX_LINE};
@@ -141,7 +141,7 @@ impl Client {
 pub struct Shell {
     job: JobInfo,
     limits: Limits,
-    bounds: Bounds,
+    bounds: EntryBounds,
     kvs: Kvs,
     clients: Vec<Client>,
     /// Tasks with output queued, in the order it was queued.
@@ -178,7 +178,7 @@ impl Shell {
         limits.validate().map_err(|e| ShellError(e.to_string()))?;
         job.validate(&limits)?;
         let size = u32::try_from(job.task_map.size()).map_err(|_| ShellError("too many ranks".into()))?;
-        let bounds = Bounds { size, key_max: limits.key_max(), value_max: limits.pmi2_value_max() };
+        let bounds = EntryBounds { size, key_max: limits.key_max(), value_max: limits.pmi2_value_max() };
         let mut kvs = Kvs::new(limits.kvs_bytes_max);
         // RFC 13 says an empty value when the mapping does not fit; real clients die on that, and fall back
         // to exchanging hostnames when the key is absent (docs/clients.md). So it is left out instead.

@@ -1,7 +1,7 @@
 //! Admission: the accepting side of the collective's handshake ([`super::auth`]), shared by srun's root,
 //! which every node's slurmstepd joins, and a stepd with children in the tree, which its children join.
 //! The [`Acceptor`] owns the listener and the connections still in the handshake, in its host's epoll set;
-//! it hands each admitted connection over to the host ([`Event::Joined`]).
+//! it hands each admitted connection over to the host ([`Admission::Joined`]).
 //!
 //! A connection's first bytes are read as soon as it is accepted and whenever it is readable, so a real
 //! stepd is admitted within two round trips. Connections still in the handshake are held in a table of
@@ -11,7 +11,7 @@
 //! [`HANDSHAKE_TIMEOUT`] to complete the handshake. Where slurm.conf gives the joiners' addresses,
 //! connections from other addresses are refused. Each node that may join is admitted once; once every one is
 //! in, the listener is closed: nobody else can connect at all. Refusals are counted and handed to the host
-//! as debug lines ([`Event::Debug`]), at most once per `REFUSAL_LOG_EVERY`: never on the job's stderr.
+//! as debug lines ([`Admission::Debug`]), at most once per `REFUSAL_LOG_EVERY`: never on the job's stderr.
 
 use super::auth::{self, Role, Secret, Transcript};
 use super::link::Watch;
@@ -62,7 +62,7 @@ pub struct Joined {
 }
 
 /// What the acceptor has for its host.
-pub enum Event {
+pub enum Admission {
     Joined(Joined),
     /// A line about refused connections, for whoever debugs (not the job's stderr).
     Debug(String),
@@ -118,7 +118,7 @@ pub struct Acceptor {
     /// Members not yet admitted.
     left: usize,
     refusals: Refusals,
-    events: VecDeque<Event>,
+    events: VecDeque<Admission>,
     buf: Vec<u8>,
 }
 
@@ -166,7 +166,7 @@ impl Acceptor {
     }
 
     /// The next thing for the host.
-    pub fn poll(&mut self) -> Option<Event> {
+    pub fn poll(&mut self) -> Option<Admission> {
         self.events.pop_front()
     }
 
@@ -320,7 +320,7 @@ impl Acceptor {
         );
         r.count = 0;
         r.logged = Some(Instant::now());
-        self.events.push_back(Event::Debug(line));
+        self.events.push_back(Admission::Debug(line));
     }
 
     fn drop_oldest(&mut self) {
@@ -446,7 +446,7 @@ impl Acceptor {
         let welcome = Down::Welcome { proof: self.gate.secret.prove(Role::Acceptor, &t) };
         let _ = write_whole(&mut p.stream, &welcome);
         let joined = Joined { node: t.node, port, width, stream: p.stream, input: p.input };
-        self.events.push_back(Event::Joined(joined));
+        self.events.push_back(Admission::Joined(joined));
     }
 }
 

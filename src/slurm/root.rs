@@ -21,7 +21,7 @@
 //! together at most its `exchange_max`: srun and every stepd with children check what they gather, and over
 //! either, the step ends with a message naming the node, the size and the option that sets the bound.
 
-use super::admit::{Acceptor, Event, Gate, Joined};
+use super::admit::{Acceptor, Admission, Gate, Joined};
 use super::auth::{self, Secret};
 use super::layout::with_node_names;
 use super::link::{Link, Read, CONTROL_QUEUED_MAX};
@@ -355,25 +355,25 @@ impl State {
     }
 
     /// What the sruns of spawned steps did.
-    fn spawned(&mut self, events: Vec<spawn::Event>) {
+    fn spawned(&mut self, events: Vec<spawn::SrunEvent>) {
         let job = self.launcher.as_ref().map_or(0, Launcher::job);
         for event in events {
             match event {
-                spawn::Event::Answer { asker, result } => self.answer(asker, result),
+                spawn::SrunEvent::Answer { asker, result } => self.answer(asker, result),
                 // Its srun has said why on the job's stderr; this step ends with it.
-                spawn::Event::Failing { rank, step } => {
+                spawn::SrunEvent::Failing { rank, step } => {
                     if !self.outcome.ended && !self.stopping {
                         self.failed_for = Some(step);
                     }
                     self.fatal(format!("step {job}.{step}, which rank {rank} spawned, failed"), None)
                 }
                 // Its own srun's message, if it had one, is on the job's stderr.
-                spawn::Event::Unstarted { rank, step, status } => self.reporter.error(&format!(
+                spawn::SrunEvent::Unstarted { rank, step, status } => self.reporter.error(&format!(
                     "step {job}.{step}, which rank {rank} spawned, ended with status {status} before all of its \
                      tasks ran: the spawn failed"
                 )),
-                spawn::Event::Ended { status: 0, .. } => {}
-                spawn::Event::Ended { rank, step, status, failing_at } => {
+                spawn::SrunEvent::Ended { status: 0, .. } => {}
+                spawn::SrunEvent::Ended { rank, step, status, failing_at } => {
                     // srun's status is that of the step that began to fail first (ending a step kills the ones
                     // it spawned, and their failures follow from it; a failure in a spawned step may make this
                     // step's tasks fail too, before its srun says so).
@@ -428,8 +428,8 @@ impl State {
     fn admissions(&mut self) {
         while let Some(event) = self.acceptor.poll() {
             match event {
-                Event::Debug(line) => self.reporter.debug(&line),
-                Event::Joined(joined) => self.admit(joined),
+                Admission::Debug(line) => self.reporter.debug(&line),
+                Admission::Joined(joined) => self.admit(joined),
             }
         }
     }

@@ -184,7 +184,7 @@ pub struct Asker {
 
 /// What a spawned srun did.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Event {
+pub enum SrunEvent {
     /// The spawn of `asker` is answered: the error code of every process (0: its step's tasks run, -1: its
     /// step failed before they did), or why no step was made.
     Answer { asker: Asker, result: Result<i32, String> },
@@ -241,7 +241,7 @@ pub struct Setup {
 impl Child {
     /// Takes what its srun wrote (its step id, then `started` once its tasks run, `failed NS` when its step begins to fail); true once
     /// the pipe closed.
-    fn take_lines(&mut self, events: &mut Vec<Event>) -> bool {
+    fn take_lines(&mut self, events: &mut Vec<SrunEvent>) -> bool {
         let mut buf = [0u8; 64];
         loop {
             let Some(pipe) = &self.pipe else { return false };
@@ -265,7 +265,7 @@ impl Child {
 
     /// One line of its srun: its step id first, then `started` once its tasks run, and `failed NS` when its
     /// step begins to fail; anything else (which its own srun would not write) is ignored.
-    fn line(&mut self, line: &str, events: &mut Vec<Event>) {
+    fn line(&mut self, line: &str, events: &mut Vec<SrunEvent>) {
         let failed = line.strip_prefix("failed ");
         match (self.state, line, failed) {
             (Started::Asked(asker), _, _) => {
@@ -275,16 +275,16 @@ impl Child {
             }
             (Started::Made(asker, step), "started", _) => {
                 self.state = Started::Ran(step);
-                events.push(Event::Answer { asker, result: Ok(0) });
+                events.push(SrunEvent::Answer { asker, result: Ok(0) });
             }
             // Its step is ended before all of its tasks ran: none of the processes counts as started.
             (Started::Made(asker, step), _, Some(_)) => {
                 self.state = Started::Unstarted(step);
-                events.push(Event::Answer { asker, result: Ok(PMI_FAIL) });
+                events.push(SrunEvent::Answer { asker, result: Ok(PMI_FAIL) });
             }
             (Started::Ran(step), _, Some(at)) if self.failing_at.is_none() => {
                 self.failing_at = Some(at.parse().unwrap_or_else(|_| now()));
-                events.push(Event::Failing { rank: self.rank, step });
+                events.push(SrunEvent::Failing { rank: self.rank, step });
             }
             _ => {}
         }
@@ -392,7 +392,7 @@ impl Launcher {
     }
 
     /// What the srun of `token` did: its lines ([`Child::take_lines`]), and the pipe's close when it exits.
-    pub fn ready(&mut self, token: u64) -> Vec<Event> {
+    pub fn ready(&mut self, token: u64) -> Vec<SrunEvent> {
         let slot = (token - self.base) as usize;
         let Some(child) = self.children.get_mut(slot).and_then(Option::as_mut) else { return Vec::new() };
         let mut events = Vec::new();
@@ -407,7 +407,7 @@ impl Launcher {
     }
 
     /// Reaps the sruns whose pipe closed (all of them, waiting, when `wait`).
-    pub fn reap(&mut self, wait: bool) -> Vec<Event> {
+    pub fn reap(&mut self, wait: bool) -> Vec<SrunEvent> {
         let mut events = Vec::new();
         for slot in self.children.iter_mut() {
             let Some(child) = slot else { continue };
@@ -431,7 +431,7 @@ impl Launcher {
             }
             let (rank, failing_at) = (child.rank, child.failing_at);
             match child.state {
-                Started::Asked(asker) => events.push(Event::Answer {
+                Started::Asked(asker) => events.push(SrunEvent::Answer {
                     asker,
                     result: Err(format!(
                         "srun for the spawned step exited with status {status} before its step was made (srun's \
@@ -440,10 +440,10 @@ impl Launcher {
                 }),
                 // Its step was made and is over before all of its tasks ran: none counts as started.
                 Started::Made(asker, step) => {
-                    events.push(Event::Answer { asker, result: Ok(PMI_FAIL) });
-                    events.push(Event::Unstarted { rank, step, status });
+                    events.push(SrunEvent::Answer { asker, result: Ok(PMI_FAIL) });
+                    events.push(SrunEvent::Unstarted { rank, step, status });
                 }
-                Started::Ran(step) => events.push(Event::Ended { rank, step, status, failing_at }),
+                Started::Ran(step) => events.push(SrunEvent::Ended { rank, step, status, failing_at }),
                 Started::Unstarted(_) => {}
             }
         }
@@ -764,7 +764,7 @@ mod tests {
     }
 
     /// What a spawned srun's lines `lines` make of a spawn of rank 4.
-    fn lines(lines: &[&str]) -> (Vec<Event>, Child) {
+    fn lines(lines: &[&str]) -> (Vec<SrunEvent>, Child) {
         let asker = Asker { node: 1, task: 0, rank: 4 };
         let mut child = Child {
             pid: 0,
@@ -785,9 +785,10 @@ mod tests {
     #[test]
     fn a_spawn_is_answered_once_and_tied_only_after_its_tasks_ran() {
         let asker = Asker { node: 1, task: 0, rank: 4 };
-        let (ran, unstarted) = (Event::Answer { asker, result: Ok(0) }, Event::Answer { asker, result: Ok(PMI_FAIL) });
+        let (ran, unstarted) =
+            (SrunEvent::Answer { asker, result: Ok(0) }, SrunEvent::Answer { asker, result: Ok(PMI_FAIL) });
         let (events, child) = lines(&["7", "started", "failed 12", "failed 13", "started"]);
-        assert_eq!(events, [ran, Event::Failing { rank: 4, step: 7 }]);
+        assert_eq!(events, [ran, SrunEvent::Failing { rank: 4, step: 7 }]);
         assert_eq!((child.state, child.failing_at), (Started::Ran(7), Some(12)));
         // Failing before its tasks ran: -1 codes, and no tie then or later.
         let (events, child) = lines(&["7", "failed 1", "failed 2", "started"]);
@@ -795,7 +796,7 @@ mod tests {
         assert_eq!(child.state, Started::Unstarted(7));
         // A first line that is no step id is ignored; a failure time that is no number still ties, once.
         let (events, child) = lines(&["junk", "8", "started", "failed x", "failed 3"]);
-        assert_eq!(events, [Event::Answer { asker, result: Ok(0) }, Event::Failing { rank: 4, step: 8 }]);
+        assert_eq!(events, [SrunEvent::Answer { asker, result: Ok(0) }, SrunEvent::Failing { rank: 4, step: 8 }]);
         assert!(child.failing_at.is_some_and(|t| t > 3));
         // Nothing answers a spawn whose step id has not come.
         assert_eq!(lines(&["started", "failed 1"]).0, []);

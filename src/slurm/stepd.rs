@@ -36,7 +36,7 @@
 //! means every child holds its own end: the progress thread then closes the stepd's copies of all of them, and
 //! a task that dies, even one that never reached the hook, is seen at once (EOF on the server end).
 
-use super::admit::{Acceptor, Event, Gate};
+use super::admit::{Acceptor, Admission, Gate};
 use super::auth::{self, Secret};
 use super::layout::{self, with_node_names};
 use super::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
@@ -516,8 +516,8 @@ impl SlurmHost {
     fn admissions(&mut self) {
         while let Some(event) = self.acceptor.as_mut().and_then(Acceptor::poll) {
             match event {
-                Event::Debug(line) => self.log(log::Level::Debug, &line),
-                Event::Joined(j) => {
+                Admission::Debug(line) => self.log(log::Level::Debug, &line),
+                Admission::Joined(j) => {
                     let i = (j.node - self.first_child()) as usize;
                     let link = Link::new(j.stream, CHILDREN + i as u64, j.input, self.queued_max).and_then(|mut l| {
                         if let Some(w) = &self.watch {
@@ -1722,7 +1722,7 @@ mod tests {
                     acceptor.ready(ev.u64);
                 }
                 while let Some(e) = acceptor.poll() {
-                    if let Event::Joined(j) = e {
+                    if let Admission::Joined(j) = e {
                         let _ = tx.send(j.node);
                         kept.push(j.stream);
                     }

@@ -86,7 +86,7 @@ impl Drop for Trace {
 fn write_loop(shared: &(Mutex<Queue>, Condvar), fd: i32) {
     let (lock, wake) = shared;
     // Opened at the first write, when the fd is the job's stderr (it is not yet at start).
-    let mut out: Option<Output> = None;
+    let mut out: Option<Sink> = None;
     // A token bucket: `budget` bytes may be written now; it refills at RATE, up to RATE.
     let mut budget = RATE as f64;
     let mut refilled = Instant::now();
@@ -109,7 +109,7 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), fd: i32) {
         if dropped > 0 {
             let note =
                 format!("rpmi: {dropped} PMI trace lines dropped (the trace is limited to {RATE} bytes a second)\n");
-            write_all(out.get_or_insert_with(|| Output::of(fd)).fd(), note.as_bytes());
+            write_all(out.get_or_insert_with(|| Sink::of(fd)).fd(), note.as_bytes());
         }
         let Some(line) = line else { return };
         // Once stopped, what is queued gets a second at most.
@@ -124,7 +124,7 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), fd: i32) {
             budget = line.len() as f64;
         }
         budget -= line.len() as f64;
-        write_all(out.get_or_insert_with(|| Output::of(fd)).fd(), &line);
+        write_all(out.get_or_insert_with(|| Sink::of(fd)).fd(), &line);
     }
 }
 
@@ -132,13 +132,13 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), fd: i32) {
 /// opened anew through /proc so that the flag does not change the pipe as Slurm and the tasks use it; a
 /// write then never blocks, even if a task fills the pipe between a poll and the write. Anything else
 /// (a file) as it is.
-enum Output {
+enum Sink {
     Pipe(OwnedFd),
     Other(i32),
 }
 
-impl Output {
-    fn of(fd: i32) -> Output {
+impl Sink {
+    fn of(fd: i32) -> Sink {
         // SAFETY: an all-zero stat is a valid buffer for fstat to fill.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fstat into our buffer.
@@ -149,16 +149,16 @@ impl Output {
             let own = unsafe { libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
             if own >= 0 {
                 // SAFETY: fresh and ours.
-                return Output::Pipe(unsafe { OwnedFd::from_raw_fd(own) });
+                return Sink::Pipe(unsafe { OwnedFd::from_raw_fd(own) });
             }
         }
-        Output::Other(fd)
+        Sink::Other(fd)
     }
 
     fn fd(&self) -> i32 {
         match self {
-            Output::Pipe(own) => own.as_raw_fd(),
-            Output::Other(fd) => *fd,
+            Sink::Pipe(own) => own.as_raw_fd(),
+            Sink::Other(fd) => *fd,
         }
     }
 }
