@@ -12,31 +12,25 @@
 //! **The tree's width** is srun's environment's (`SLURM_RPMI_TREE_WIDTH`), else what the stepds build the tree
 //! with (their mpi.conf, or the default): every stepd's HELLO says it, and all must agree.
 //!
-//! **Who waits.** srun no longer sees every node's part, so each stepd says straight when its own shell joins
-//! an exchange (JOINED). While some node's shell waits in an exchange, a node that has not joined it and has
-//! finished (every rank on it closed its PMI connection), was lost, or lost a rank without finalize cannot
-//! join it any more: the step ends, naming it.
-//!
-//! **Bounds.** A node's part of one exchange is at most [`Step::bounds`]' `part_max` bytes and all parts
-//! together at most its `exchange_max`: srun and every stepd with children check what they gather, and over
-//! either, the step ends with a message naming the node, the size and the option that sets the bound.
+//! What the root decides (who waits, who is at fault, what srun exits with) is [`watch::StepWatch`], a
+//! machine without I/O; this module is the thread and the epoll loop that move its bytes.
+
+mod watch;
 
 use super::admit::{Acceptor, Admission, Gate, Joined};
 use super::auth::{self, Secret};
-use super::layout::with_node_names;
-use super::link::{Link, Read, CONTROL_QUEUED_MAX};
-use super::protocol::{Direction, Down, FrameError, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
-use super::spawn::{self, Asker, Launcher};
-use crate::collective::GroupRoot;
-use crate::collective::{self, frame::Frame, Bounds, Bytes, Output, Peer, Tree};
+use super::link::{Link, Read};
+use super::protocol::{Direction, FrameError, Up};
+use super::spawn::{self, Launcher, SrunEvent};
+use crate::collective::Bounds;
 use crate::os::{self, Epoll};
-use crate::server::Names;
 use std::io;
 use std::net::{IpAddr, TcpListener};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
+use watch::{Action, Shape, StepWatch};
 
 /// Where the root's verdicts go: srun's stderr and Slurm in srun, a recorder in tests.
 pub trait Reporter: Send + 'static {
@@ -138,81 +132,26 @@ const ACCEPTOR: u64 = 1 << 32;
 /// The spawned sruns' tokens start here.
 const SPAWNED: u64 = 1 << 48;
 
-#[derive(Default, Clone, Copy, PartialEq, Eq)]
-enum NodeState {
-    #[default]
-    Unconnected,
-    Connected,
-    /// Said BYE: every task of the node has closed its PMI connection.
-    Finished,
-    /// Closed without BYE.
-    Lost,
-}
-
-/// The collective over the tree, once its width is known.
-struct Collective {
-    tree: Tree,
-    root: collective::Root,
-    /// The node whose HELLO set the width (`None`: srun's environment).
-    width_from: Option<u32>,
-}
-
-/// What srun sent its children in the tree since the exchange in progress began, for a debug line.
-#[derive(Default)]
-struct Fence {
-    epoch: u32,
-    sent: u64,
-    /// The last result sent, and the bytes of its parts.
-    result: Option<(Bytes, usize)>,
-}
-
+/// The I/O around the watch: one epoll set over the listener, every node's connection and the spawned
+/// sruns' pipes.
 struct State {
-    step: Step,
+    watch: StepWatch,
     reporter: Box<dyn Reporter>,
+    /// The pipe to the srun that spawned this step, if one did.
+    spawned_by: Option<RawFd>,
     /// Kept open while the thread watches it (the [`RootThread`] holds the other reference).
     _stop: Arc<OwnedFd>,
     epoll: Arc<Epoll>,
     acceptor: Acceptor,
     /// Each node's connection, by node index (its token).
     links: Vec<Option<Link>>,
-    nodes: Vec<NodeState>,
-    /// Where each admitted node listens for its children.
-    ports: Vec<u16>,
-    /// The exchange each node's shell joined last.
-    joined: Vec<Option<u32>>,
-    /// The nodes whose tasks have all sent a PMI line (STARTED), and how many have not.
-    started: Vec<bool>,
-    unstarted: usize,
-    collective: Option<Collective>,
-    /// PMI 1.2's group exchanges, a star through srun.
-    groups: GroupRoot,
-    fence: Fence,
-    /// Ranks that closed their connection without finalize, with their node.
-    gone: Vec<(u32, u32)>,
-    /// Ranks that closed it after finalize, with their node: no group barrier can wait for them.
-    finalized: Vec<(u32, u32)>,
-    gone_seen: Vec<bool>,
-    /// The step's published names (PMI_Publish_name): one table for the step.
-    names: Names,
     /// The sruns of the steps this step spawned.
     launcher: Option<Launcher>,
-    /// When this step began to fail ([`spawn::now`]).
-    failed_at: Option<u64>,
-    /// The spawned step whose failure ended this one, named as such to the user.
-    failed_for: Option<u32>,
-    outcome: Outcome,
-    /// srun is done with the step: the root takes in what is left and stops.
-    stopping: bool,
     buf: Vec<u8>,
 }
 
 impl State {
-    fn new(
-        listener: TcpListener,
-        mut step: Step,
-        reporter: Box<dyn Reporter>,
-        stop: Arc<OwnedFd>,
-    ) -> io::Result<State> {
+    fn new(listener: TcpListener, step: Step, reporter: Box<dyn Reporter>, stop: Arc<OwnedFd>) -> io::Result<State> {
         let epoll = Arc::new(Epoll::new()?);
         epoll.add(stop.as_raw_fd(), libc::EPOLLIN as u32, STOP)?;
         let n = step.node_names.len();
@@ -225,48 +164,26 @@ impl State {
         };
         let mut acceptor = Acceptor::new(listener, gate, ACCEPTOR)?;
         acceptor.watch(epoll.clone())?;
-        let collective = match step.width {
-            Some(width) => Some(Collective::new(n, width, step.bounds, None).map_err(io::Error::other)?),
-            None => None,
+        let launcher = step.spawn.map(|setup| Launcher::new(setup, epoll.clone(), SPAWNED));
+        let shape = Shape {
+            node_names: step.node_names,
+            node_of: step.node_of,
+            bounds: step.bounds,
+            width: step.width,
+            spawned: step.spawned_by.is_some(),
+            can_spawn: launcher.is_some(),
         };
-        let size = step.node_of.len();
-        let launcher = step.spawn.take().map(|setup| Launcher::new(setup, epoll.clone(), SPAWNED));
-        let groups = GroupRoot::new(n as u32, size as u32, step.bounds);
         Ok(State {
-            step,
+            watch: StepWatch::new(shape).map_err(io::Error::other)?,
             reporter,
+            spawned_by: step.spawned_by,
             _stop: stop,
             epoll,
             acceptor,
             links: (0..n).map(|_| None).collect(),
-            nodes: vec![NodeState::default(); n],
-            ports: vec![0; n],
-            joined: vec![None; n],
-            started: vec![false; n],
-            unstarted: n,
-            collective,
-            groups,
-            fence: Fence::default(),
-            gone: Vec::new(),
-            finalized: Vec::new(),
-            gone_seen: vec![false; size],
-            names: Names::new(),
             launcher,
-            failed_at: None,
-            failed_for: None,
-            outcome: Outcome::default(),
-            stopping: false,
             buf: vec![0; 256 * 1024],
         })
-    }
-
-    fn node_name(&self, node: u32) -> String {
-        self.step.node_names.get(node as usize).cloned().unwrap_or_else(|| format!("node {node}"))
-    }
-
-    /// A message of the collective's machines as the user reads it: nodes by name.
-    fn named(&self, text: &str) -> String {
-        with_node_names(text, &self.step.node_names)
     }
 
     fn run(&mut self) -> Outcome {
@@ -282,7 +199,7 @@ impl State {
                 Ok(n) => n,
                 Err(e) => {
                     self.reporter.error(&format!("the collective root stopped: {e}"));
-                    return self.outcome.clone();
+                    return self.watch.outcome().clone();
                 }
             };
             let mut stopping = false;
@@ -333,91 +250,77 @@ impl State {
     /// srun is done with the step: takes in what the stepds sent before it ended (an abort from the last
     /// task), and tells the stepds still connected that the close which follows is the normal end.
     fn stop(&mut self) -> Outcome {
-        self.stopping = true;
-        for n in 0..self.nodes.len() as u32 {
+        self.watch.draining();
+        for n in 0..self.links.len() as u32 {
             self.read(n);
         }
-        if let Some(c) = &mut self.collective {
-            c.root.end();
-        }
-        self.pump();
-        let end = Down::End.encode().unwrap_or_default();
-        for l in self.links.iter_mut().flatten() {
-            l.send(end.clone());
-        }
+        self.watch.stop();
+        self.act();
         self.acceptor.close();
         self.admissions();
         // srun's step is over; the steps it spawned may run on: srun ends with them.
         if let Some(events) = self.launcher.as_mut().map(|l| l.reap(true)) {
             self.spawned(events);
         }
-        self.outcome.clone()
+        self.watch.outcome().clone()
     }
 
     /// What the sruns of spawned steps did.
-    fn spawned(&mut self, events: Vec<spawn::SrunEvent>) {
+    fn spawned(&mut self, events: Vec<SrunEvent>) {
         let job = self.launcher.as_ref().map_or(0, Launcher::job);
-        for event in events {
-            match event {
-                spawn::SrunEvent::Answer { asker, result } => self.answer(asker, result),
-                // Its srun has said why on the job's stderr; this step ends with it.
-                spawn::SrunEvent::Failing { rank, step } => {
-                    if !self.outcome.ended && !self.stopping {
-                        self.failed_for = Some(step);
+        self.watch.spawned(job, events);
+        self.act();
+    }
+
+    /// Carries out what the watch asks, in order.
+    fn act(&mut self) {
+        while let Some(action) = self.watch.poll() {
+            match action {
+                Action::Send { node, frame } => {
+                    if let Some(l) = self.link(node) {
+                        l.send(frame);
                     }
-                    self.fatal(format!("step {job}.{step}, which rank {rank} spawned, failed"), None)
                 }
-                // Its own srun's message, if it had one, is on the job's stderr.
-                spawn::SrunEvent::Unstarted { rank, step, status } => self.reporter.error(&format!(
-                    "step {job}.{step}, which rank {rank} spawned, ended with status {status} before all of its \
-                     tasks ran: the spawn failed"
-                )),
-                spawn::SrunEvent::Ended { status: 0, .. } => {}
-                spawn::SrunEvent::Ended { rank, step, status, failing_at } => {
-                    // srun's status is that of the step that began to fail first (ending a step kills the ones
-                    // it spawned, and their failures follow from it; a failure in a spawned step may make this
-                    // step's tasks fail too, before its srun says so).
-                    let first = match (failing_at, self.failed_at) {
-                        (Some(t), Some(ours)) => t <= ours,
-                        (_, None) => true,
-                        (None, Some(_)) => false,
-                    };
-                    if first {
-                        self.outcome.spawned_status.get_or_insert(status);
+                Action::SendShared { node, frame } => {
+                    if let Some(l) = self.link(node) {
+                        l.send_shared(&frame);
                     }
-                    let what = format!(
-                        "step {job}.{step}, which rank {rank} spawned, failed: its srun exited with status {status}"
-                    );
-                    match (self.outcome.ended, self.stopping) {
-                        (false, false) => self.fail(what, None),
-                        // srun's own step is over: nothing to end, but srun's user hears why srun fails.
-                        (false, true) => {
-                            self.outcome.ended = true;
-                            self.reporter.error(&what);
-                        }
-                        // A failure that followed from this one ended the step first: srun's status is this
-                        // step's, and its user hears why.
-                        (true, _) if first && self.failed_for != Some(step) => self.reporter.error(&what),
-                        (true, _) => self.reporter.debug(&what),
+                }
+                Action::SendCollective { node, frame } => {
+                    if let Some(l) = self.link(node) {
+                        let _ = l.send_collective(Direction::Down, &frame);
+                    }
+                }
+                Action::Error(what) => self.reporter.error(&what),
+                Action::Debug(what) => self.reporter.debug(&what),
+                Action::EndStep => self.reporter.end_step(),
+                Action::EndSpawned => {
+                    if let Some(l) = &mut self.launcher {
+                        let reporter = &mut self.reporter;
+                        l.end_all(|step| reporter.end_spawned(step));
+                    }
+                }
+                Action::StartSpawn { asker, request } => {
+                    let started = match &mut self.launcher {
+                        Some(l) => l.start(asker, &request),
+                        None => Err("this srun cannot start steps".to_string()),
+                    };
+                    if let Err(why) = started {
+                        self.watch.answer(asker, Err(why));
+                    }
+                }
+                Action::TellStarted => {
+                    if let Some(fd) = self.spawned_by {
+                        spawn::tell_started(fd);
+                    }
+                }
+                Action::TellFailing => {
+                    if let Some(fd) = self.spawned_by {
+                        spawn::tell_failing(fd);
                     }
                 }
             }
         }
-    }
-
-    /// Answers the spawn of `asker`.
-    fn answer(&mut self, asker: Asker, result: Result<i32, String>) {
-        let (ok, text) = match result {
-            Ok(code) => (true, code.to_string()),
-            Err(why) => (false, why),
-        };
-        self.send(asker.node, &Down::Answer { task: asker.task, ok, text });
-    }
-
-    /// The rank of local task `task` of node `node`.
-    fn rank_of(&self, node: u32, task: u32) -> Option<u32> {
-        let mut local = self.step.node_of.iter().enumerate().filter(|(_, &n)| n == node);
-        local.nth(task as usize).map(|(rank, _)| rank as u32)
     }
 
     fn link(&mut self, node: u32) -> Option<&mut Link> {
@@ -434,63 +337,30 @@ impl State {
         }
     }
 
-    /// Node `j.node` is admitted: its connection is served from now on, and it and its children in the tree
-    /// hear where their parents listen, as far as they are known.
+    /// Node `j.node` is admitted: its connection is served from now on, if the watch takes it.
     fn admit(&mut self, j: Joined) {
-        let (n, name) = (j.node, self.node_name(j.node));
-        if self.collective.is_none() {
-            match Collective::new(self.nodes.len(), j.width, self.step.bounds, Some(n)) {
-                Ok(c) => self.collective = Some(c),
-                Err(e) => return self.fatal(format!("the slurmstepd of {name} cannot build the PMI tree: {e}"), None),
-            }
-        }
-        let Some(c) = &self.collective else { return };
-        let (tree, width_from) = (c.tree, c.width_from);
-        if j.width != tree.width() {
-            let from = width_from
-                .map_or("srun's environment".to_string(), |f| format!("the slurmstepd of {}", self.node_name(f)));
-            let what = format!(
-                "{from} builds the PMI tree with width {}, the slurmstepd of {name} with {} (mpi.conf's \
-                 RpmiTreeWidth differs between the nodes; SLURM_RPMI_TREE_WIDTH in srun's environment sets one \
-                 width for the job)",
-                tree.width(),
-                j.width
-            );
-            return self.fatal(what, None);
-        }
-        if !tree.children(Peer::Node(n)).is_empty() && j.port == 0 {
-            let what = format!("the slurmstepd of {name} has children in the PMI tree but does not listen for them");
-            return self.fatal(what, None);
-        }
-        // What srun may hold unsent for a stepd: an exchange's result, the group exchanges' and the answers.
-        let groups = collective::groups::done_max(self.nodes.len() as u32, &self.step.bounds);
-        let queued_max = self.step.bounds.exchange_max.bytes.saturating_add(groups).saturating_add(CONTROL_QUEUED_MAX);
+        let n = j.node;
+        let Some(queued_max) = self.watch.admit(n, j.width, j.port) else { return self.act() };
+        let name = self.watch.node_name(n);
         let mut link = match Link::new(j.stream, u64::from(n), j.input, queued_max) {
             Ok(l) => l,
-            Err(e) => return self.fatal(format!("cannot serve the connection of the slurmstepd of {name}: {e}"), None),
+            Err(e) => return self.broken(format!("cannot serve the connection of the slurmstepd of {name}: {e}")),
         };
         if let Err(e) = link.watch(self.epoll.clone()) {
-            return self.fatal(format!("cannot watch the connection of the slurmstepd of {name}: {e}"), None);
+            return self.broken(format!("cannot watch the connection of the slurmstepd of {name}: {e}"));
         }
         self.links[n as usize] = Some(link);
-        self.nodes[n as usize] = NodeState::Connected;
-        self.ports[n as usize] = j.port;
-        if let Peer::Node(p) = tree.parent(n) {
-            match self.nodes[p as usize] {
-                NodeState::Connected => self.send(n, &Down::Parent { port: self.ports[p as usize] }),
-                NodeState::Finished => self.send(n, &Down::ParentDone),
-                NodeState::Unconnected | NodeState::Lost => {}
-            }
-        }
-        for c in tree.children(Peer::Node(n)) {
-            if self.nodes[c as usize] == NodeState::Connected {
-                self.send(c, &Down::Parent { port: j.port });
-            }
-        }
+        self.watch.connected(n, j.port);
+        self.act();
         // What it sent right after its proof.
         if self.frames(n) {
             self.read(n);
         }
+    }
+
+    fn broken(&mut self, what: String) {
+        self.watch.broken(what);
+        self.act();
     }
 
     /// Reads whatever node `node` has sent and handles every whole frame.
@@ -509,414 +379,52 @@ impl State {
         }
     }
 
-    /// The largest frame node `node` may send: a control frame, or for srun's children in the tree their
-    /// subtree's parts of one exchange.
-    fn frame_max(&self, node: u32) -> usize {
-        let collective = self.collective.as_ref().map_or(0, |c| c.root.frame_max(node) + 1);
-        CONTROL_MAX.max(SPAWN_FRAME_MAX).max(collective).max(self.groups.contribution_max() + 1)
-    }
-
     /// Handles every whole frame in node `node`'s input; false if its connection was dropped.
     fn frames(&mut self, node: u32) -> bool {
         loop {
-            let max = self.frame_max(node);
+            let max = self.watch.frame_max(node);
             let Some(link) = self.link(node) else { return false };
-            let message = match link.next(max) {
+            let kept = match link.next(max) {
                 Ok(None) => {
                     link.release();
                     return true;
                 }
-                Ok(Some(payload)) => Up::decode(payload),
+                Ok(Some(payload)) => match Up::decode(payload) {
+                    Ok(message) => self.watch.message(node, message),
+                    Err(e) => {
+                        self.watch.malformed(node, &e.to_string());
+                        false
+                    }
+                },
                 Err(FrameError::TooLarge { len, .. }) => {
-                    let what = self.too_large(node, len);
-                    self.fatal(what, None);
-                    self.drop_link(node);
-                    return false;
-                }
-            };
-            let kept = match message {
-                Ok(m) => self.message(node, m),
-                Err(e) => {
-                    self.fatal(format!("the slurmstepd of {} sent a {e}", self.node_name(node)), None);
+                    self.watch.too_large(node, len);
                     false
                 }
             };
+            self.act();
             if !kept {
-                self.drop_link(node);
+                self.links[node as usize] = None;
                 return false;
             }
         }
     }
 
-    /// Why node `node`'s frame of `len` bytes is refused unread.
-    fn too_large(&self, node: u32, len: usize) -> String {
-        let name = self.node_name(node);
-        let Some(c) = self.collective.as_ref().filter(|c| c.tree.is_child(Peer::Root, node)) else {
-            return format!("the slurmstepd of {name} sent srun a frame of {len} bytes, more than a control frame");
-        };
-        let (part, all) = (self.step.bounds.part_max, self.step.bounds.exchange_max);
-        match c.tree.subtree(node).size() {
-            1 => format!(
-                "the slurmstepd of {name} sent {len} bytes for one PMI exchange, over the limit of {} bytes per node \
-                 ({})",
-                part.bytes, part.option
-            ),
-            size => format!(
-                "the slurmstepd of {name} sent {len} bytes for one PMI exchange of the {size} nodes it gathers, over \
-                 the limit of {} bytes per node ({}) or {} in all ({})",
-                part.bytes, part.option, all.bytes, all.option
-            ),
-        }
-    }
-
-    /// A message from admitted node `n`; false if its connection is to be dropped.
-    fn message(&mut self, n: u32, message: Up) -> bool {
-        let name = self.node_name(n);
-        match message {
-            Up::Hello { .. } | Up::Proof { .. } => {
-                self.fatal(format!("the slurmstepd of {name} authenticated twice"), None);
-                false
-            }
-            Up::Collective(frame) => {
-                // The link takes frames as large as a group exchange's part: an exchange's are bounded here.
-                if self.collective.as_ref().is_some_and(|c| frame.len() > c.root.frame_max(n)) {
-                    let what = self.too_large(n, frame.len() + 1);
-                    self.fatal(what, None);
-                    return false;
-                }
-                if let Some(c) = &mut self.collective {
-                    c.root.receive(n, frame);
-                }
-                self.pump();
-                true
-            }
-            Up::Joined { epoch } => {
-                self.joined[n as usize] = Some(epoch);
-                self.check_blocked();
-                true
-            }
-            Up::Started => {
-                if !std::mem::replace(&mut self.started[n as usize], true) {
-                    self.unstarted -= 1;
-                    // The step's spawner answers the spawn now; a step that began to fail has said so instead.
-                    if let (0, Some(fd), false) = (self.unstarted, self.step.spawned_by, self.outcome.ended) {
-                        spawn::tell_started(fd);
-                    }
-                }
-                true
-            }
-            Up::Abort { rank, code, message } => {
-                let what = format!(
-                    "rank {rank} on {name} called PMI_Abort with exit code {code}{}{}",
-                    if message.is_empty() { "" } else { ": " },
-                    message
-                );
-                self.fatal(what, Some(code));
-                true
-            }
-            Up::Error { rank: _, failed, message } => {
-                if !self.outcome.ended && !failed {
-                    self.outcome.job_error = true;
-                }
-                // The collective's own messages name the nodes already.
-                let what = match message.contains(&format!("the slurmstepd of {name}")) {
-                    true => message,
-                    false => format!("{message} (on {name})"),
-                };
-                // srun may be done with a spawned step whose tasks have not all run because they all exited
-                // (a missing program): its spawner must still hear that none started, and the user why.
-                let starting = self.step.spawned_by.is_some() && self.unstarted > 0;
-                match self.stopping && starting && !self.outcome.ended {
-                    true => self.fail(what, None),
-                    false => self.fatal(what, None),
-                }
-                true
-            }
-            Up::Gone { rank, finalized } => {
-                if self.step.node_of.get(rank as usize) != Some(&n) {
-                    self.fatal(format!("the slurmstepd of {name} reported rank {rank}, not one of its own"), None);
-                    return false;
-                }
-                if !std::mem::replace(&mut self.gone_seen[rank as usize], true) {
-                    match finalized {
-                        true => self.finalized.push((rank, n)),
-                        false => self.gone.push((rank, n)),
-                    }
-                }
-                self.check_blocked();
-                true
-            }
-            Up::Name { task, op, name, port } => {
-                let (ok, text) = match self.names.serve(op, &name, &port) {
-                    Ok(port) => (true, port),
-                    Err(why) => (false, why),
-                };
-                self.send(n, &Down::Answer { task, ok, text });
-                true
-            }
-            Up::Spawn { task, request } => {
-                let Some(rank) = self.rank_of(n, task) else {
-                    self.fatal(
-                        format!("the slurmstepd of {name} asked a spawn for task {task}, not one of its own"),
-                        None,
-                    );
-                    return false;
-                };
-                let asker = Asker { node: n, task, rank };
-                let started = match &mut self.launcher {
-                    _ if self.outcome.ended || self.stopping => Err("the step is ending".to_string()),
-                    None => Err("this srun cannot start steps (it does not know its own executable)".to_string()),
-                    Some(l) => l.start(asker, &request),
-                };
-                if let Err(why) = started {
-                    self.answer(asker, Err(why));
-                }
-                true
-            }
-            Up::Group { id, shells, part } => {
-                match self.groups.contribute(n, &id, &shells, part) {
-                    // A member may have finished or left before the first part came.
-                    Ok(None) => self.check_groups_blocked(),
-                    Ok(Some(done)) => {
-                        // Encoded once, and the same bytes queued to every member.
-                        let answer = Down::Group { id: done.id, parts: done.parts }.encode().map(Arc::new);
-                        for member in done.shells {
-                            if let (Ok(frame), Some(l)) = (&answer, self.link(member)) {
-                                l.send_shared(frame);
-                            }
-                        }
-                    }
-                    Err(what) => {
-                        let what = self.named(&what);
-                        self.fatal(what, None);
-                        return false;
-                    }
-                }
-                true
-            }
-            Up::Bye => {
-                // Not a loss: the connection is dropped as the stepd asked.
-                self.nodes[n as usize] = NodeState::Finished;
-                // Its children that have not reached it yet never will.
-                if let Some(tree) = self.collective.as_ref().map(|c| c.tree) {
-                    for c in tree.children(Peer::Node(n)) {
-                        self.send(c, &Down::ParentDone);
-                    }
-                }
-                self.check_blocked();
-                false
-            }
-        }
-    }
-
-    /// Does what the collective's root machine asks.
-    fn pump(&mut self) {
-        while let Some(output) = self.collective.as_mut().and_then(|c| c.root.poll()) {
-            match output {
-                Output::Send { to: Peer::Node(n), frame } => {
-                    self.fence.sent += 5 + frame.len() as u64;
-                    if !self.fence.result.as_ref().is_some_and(|(r, _)| Arc::ptr_eq(r, &frame)) {
-                        if let Ok(Frame::All { parts, .. }) = Frame::decode(&frame, usize::MAX) {
-                            self.fence.result = Some((frame.clone(), parts.bytes()));
-                        }
-                    }
-                    if let Some(l) = self.link(n) {
-                        let _ = l.send_collective(Direction::Down, &frame);
-                    }
-                }
-                Output::Report { from, bytes } => {
-                    let what = format!("{} (on {})", String::from_utf8_lossy(&bytes), self.node_name(from));
-                    self.fatal(what, None);
-                }
-                Output::JobError { message, .. } => {
-                    let what = self.named(&message);
-                    self.fatal(what, None);
-                }
-                Output::Send { to: Peer::Root, .. } | Output::Done { .. } | Output::Failed { .. } => {}
-            }
-        }
-        self.note_fence();
-    }
-
-    /// Says, at debug level, what srun sent for each exchange that completed.
-    fn note_fence(&mut self) {
-        let Some(c) = &self.collective else { return };
-        let epoch = c.root.epoch();
-        if epoch == self.fence.epoch {
-            return;
-        }
-        let children = c.tree.children(Peer::Root).len();
-        let gathered = self.fence.result.as_ref().map_or(0, |(_, bytes)| *bytes);
-        let line = format!(
-            "PMI exchange {}: srun sent {} bytes to its {children} children in the PMI tree; the exchange gathered \
-             {gathered} bytes from {} nodes",
-            self.fence.epoch,
-            self.fence.sent,
-            self.nodes.len()
-        );
-        self.fence = Fence { epoch, ..Fence::default() };
-        self.reporter.debug(&line);
-    }
-
-    /// The exchange in progress: some node's shell has joined it.
-    fn exchange(&self) -> Option<u32> {
-        let epoch = self.collective.as_ref()?.root.epoch();
-        self.joined.contains(&Some(epoch)).then_some(epoch)
-    }
-
-    /// An exchange cannot complete if a node whose shell has not joined it is gone, or a rank on such a node
-    /// left without finalize. The rank is named first: when it was its node's only rank, the node is
-    /// finished too, and the GONE that names it may have come before the first JOINED.
-    fn check_blocked(&mut self) {
-        if self.outcome.ended {
-            return;
-        }
-        self.check_groups_blocked();
-        let Some(epoch) = self.exchange() else { return };
-        if self.outcome.ended {
-            return;
-        }
-        if let Some(&(rank, node)) = self.gone.iter().find(|(_, n)| self.joined[*n as usize] != Some(epoch)) {
-            let what = format!(
-                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
-                 ranks wait for it in a barrier",
-                self.node_name(node)
-            );
-            return self.fatal(what, None);
-        }
-        for n in 0..self.nodes.len() {
-            if self.joined[n] == Some(epoch) {
-                continue;
-            }
-            let why = match self.nodes[n] {
-                NodeState::Finished => "every rank on it has closed its PMI connection",
-                NodeState::Lost => "its slurmstepd closed the connection (it was killed or failed)",
-                _ => continue,
-            };
-            let what = format!("ranks wait in a PMI barrier that {} cannot join: {why}", self.node_name(n as u32));
-            return self.fatal(what, None);
-        }
-    }
-
-    /// Ends the step when a group exchange waits for a rank that left without finalize, or for a node that
-    /// can bring nothing more.
-    fn check_groups_blocked(&mut self) {
-        if self.groups.is_idle() {
-            return;
-        }
-        let mut left =
-            self.gone.iter().map(|&(r, n)| (r, n, false)).chain(self.finalized.iter().map(|&(r, n)| (r, n, true)));
-        let blocked = left.find_map(|(r, n, f)| Some((r, n, f, self.groups.blocked_by_rank(r, n)?)));
-        if let Some((rank, node, finalized, id)) = blocked {
-            let how = match finalized {
-                true => "called PMI_Finalize",
-                false => "closed its PMI connection (exited or crashed) without PMI_Finalize",
-            };
-            let what = format!(
-                "rank {rank} on {} {how} while other ranks wait for it in group barrier {id}",
-                self.node_name(node)
-            );
-            return self.fatal(what, None);
-        }
-        for n in 0..self.nodes.len() as u32 {
-            let why = match self.nodes[n as usize] {
-                NodeState::Finished => "every rank on it has closed its PMI connection",
-                NodeState::Lost => "its slurmstepd closed the connection (it was killed or failed)",
-                _ => continue,
-            };
-            if let Some(id) = self.groups.blocked_by_node(n) {
-                let what = format!("ranks wait in group barrier {id} that {} cannot join: {why}", self.node_name(n));
-                return self.fatal(what, None);
-            }
-        }
-    }
-
-    /// A connection ended. A stepd says BYE before it closes, even when its step is cancelled: one that
-    /// closes without it was killed or failed, and the step cannot go on, whether or not a barrier waits for
-    /// it (its tasks went with it; Slurm's srun would wait for them for ever, as it does for a killed
-    /// slurmstepd at finalize). What the barriers waiting for it say comes first.
+    /// Node `node`'s connection ended, or broke.
     fn closed(&mut self, node: u32) {
-        self.drop_link(node);
-        if let Some(c) = &mut self.collective {
-            c.root.lost(node);
-        }
-        self.pump();
-        self.check_blocked();
-        // srun must not exit 0 for it: the statuses of that node's tasks are lost with it.
-        if !self.outcome.ended && !self.stopping {
-            self.outcome.job_error = true;
-        }
-        let what =
-            format!("lost the connection to the slurmstepd of {}: it was killed or failed", self.node_name(node));
-        self.fatal(what, None);
-    }
-
-    /// The first fatal event ends the step; later ones follow from the ending (the tasks it kills leave
-    /// their barriers) and are logged at debug level only, not on the job's stderr as new faults. Once srun
-    /// is done with the step (the final drain) a lost connection means nothing, and there is no step left
-    /// to end.
-    fn fatal(&mut self, what: String, abort_code: Option<i32>) {
-        if self.outcome.ended || (self.stopping && abort_code.is_none()) {
-            self.reporter.debug(&what);
-            return;
-        }
-        self.fail(what, abort_code);
-    }
-
-    /// Ends the step for `what`, its first fatal event.
-    fn fail(&mut self, what: String, abort_code: Option<i32>) {
-        self.outcome.ended = true;
-        self.outcome.abort_code = abort_code;
-        self.failed_at = Some(spawn::now());
-        if let Some(fd) = self.step.spawned_by {
-            spawn::tell_failing(fd);
-        }
-        self.reporter.error(&what);
-        // Every node waiting in the exchange in progress hears it failed, down the tree.
-        if let Some(c) = &mut self.collective {
-            c.root.fail(&what);
-        }
-        if !self.stopping {
-            self.reporter.end_step();
-        }
-        // The steps it spawned end with it.
-        if let Some(l) = &mut self.launcher {
-            let reporter = &mut self.reporter;
-            l.end_all(|step| reporter.end_spawned(step));
-        }
-        self.pump();
-    }
-
-    /// Queues `message` for node `node`, if it is connected.
-    fn send(&mut self, node: u32, message: &Down) {
-        if let (Some(l), Ok(frame)) = (self.link(node), message.encode()) {
-            l.send(frame);
-        }
-    }
-
-    fn drop_link(&mut self, node: u32) {
-        if let Some(slot) = self.links.get_mut(node as usize) {
-            *slot = None;
-        }
-        if let Some(s) = self.nodes.get_mut(node as usize).filter(|s| **s == NodeState::Connected) {
-            *s = NodeState::Lost;
-        }
-    }
-}
-
-impl Collective {
-    fn new(nodes: usize, width: u32, bounds: Bounds, width_from: Option<u32>) -> Result<Collective, String> {
-        let tree = Tree::new(nodes as u32, width).map_err(|e| e.to_string())?;
-        Ok(Collective { tree, root: collective::Root::new(tree, bounds), width_from })
+        self.links[node as usize] = None;
+        self.watch.closed(node);
+        self.act();
     }
 }
 
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::collective::frame;
+    use crate::collective::frame::{self, Frame};
     use crate::collective::Bound;
+    use crate::collective::{Peer, Tree};
     use crate::slurm::client;
+    use crate::slurm::protocol::Down;
     use crate::slurm::uplink::{self, Hello};
     use std::io::{Read as _, Write};
     use std::net::{SocketAddr, TcpStream};
@@ -1778,67 +1286,6 @@ pub(super) mod tests {
             assert!(!record.lines().iter().any(|l| l == "end"), "{:?}", record.lines());
             assert_eq!((outcome.ended, outcome.spawned_status, client::exit_code(&outcome)), (false, None, 0));
             let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-
-    /// In srun's final drain (srun is done with the step: its tasks all exited), a stepd's error about a
-    /// spawned step whose tasks have not all run still fails the spawn and reaches the user; another step's
-    /// is only logged (its end is normal).
-    #[test]
-    fn a_spawned_steps_error_in_the_final_drain_still_fails_its_spawn() {
-        for spawned in [true, false] {
-            let secret = Secret::generate().unwrap();
-            let (r, w) = os::pipe().unwrap();
-            let record = Record::default();
-            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-            let stop = Arc::new(os::eventfd().unwrap());
-            let spawned_by = spawned.then_some(w.as_raw_fd());
-            let mut state =
-                State::new(listener, Step { spawned_by, ..step(1, &secret) }, Box::new(record.clone()), stop).unwrap();
-            state.stopping = true;
-            let message = "rank 0 of spawned step 1.1 exited before its first PMI line".to_string();
-            state.message(0, Up::Error { rank: 0, failed: true, message });
-            let errors =
-                record.lines().iter().filter(|l| l.starts_with("error:") && l.contains("first PMI line")).count();
-            assert_eq!(errors, usize::from(spawned), "{:?}", record.lines());
-            drop(w);
-            let mut said = String::new();
-            std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut said).unwrap();
-            assert_eq!(said.starts_with("failed "), spawned, "{said:?}");
-        }
-    }
-
-    /// A spawned step's root tells its spawner `started` once every node's tasks run, and not after it began
-    /// to fail.
-    #[test]
-    fn a_spawned_steps_root_says_started_once_every_node_has() {
-        let read_all = |r: &OwnedFd| {
-            let mut buf = [0u8; 256];
-            // SAFETY: reads into our buffer from our non-blocking pipe.
-            let n = unsafe { libc::read(r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            String::from_utf8_lossy(&buf[..n.max(0) as usize]).into_owned()
-        };
-        for fail_first in [false, true] {
-            let secret = Secret::generate().unwrap();
-            let (r, w) = os::pipe().unwrap();
-            let (root, record) = start(Step { spawned_by: Some(w.as_raw_fd()), ..step(2, &secret) });
-            let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
-            s[0].write_all(&frame(Up::Started)).unwrap();
-            s[0].write_all(&frame(Up::Started)).unwrap();
-            if fail_first {
-                s[1].write_all(&frame(Up::Gone { rank: 1, finalized: false })).unwrap();
-                s[1].write_all(&frame(Up::Error { rank: 1, failed: true, message: "rank 1 left".into() })).unwrap();
-                record.wait_for("end");
-            }
-            s[1].write_all(&frame(Up::Started)).unwrap();
-            std::thread::sleep(Duration::from_millis(300));
-            let said = read_all(&r);
-            match fail_first {
-                false => assert_eq!(said, "started\n"),
-                true => assert!(said.starts_with("failed ") && !said.contains("started"), "{said:?}"),
-            }
-            root.stop();
-            drop(w);
         }
     }
 }

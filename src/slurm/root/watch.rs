@@ -1,0 +1,980 @@
+//! srun's watch over a step, sans-I/O: what the stepds say (decoded [`Up`] messages), that a connection
+//! closed, and what the sruns of spawned steps did go in; what to do comes out as [`Action`]s (send a frame,
+//! tell the user, end the step, start a spawn, tell the spawner), in order, for the I/O loop around it
+//! ([`super`]) to carry out. It decides who waits for whom, who is at fault and what srun exits with; it
+//! holds no socket, thread or clock but [`spawn::now`]'s timestamp of when the step began to fail.
+//!
+//! **Who waits.** srun no longer sees every node's part, so each stepd says straight when its own shell joins
+//! an exchange (JOINED). While some node's shell waits in an exchange, a node that has not joined it and has
+//! finished (every rank on it closed its PMI connection), was lost, or lost a rank without finalize cannot
+//! join it any more: the step ends, naming it.
+//!
+//! **Bounds.** A node's part of one exchange is at most [`Bounds`]' `part_max` bytes and all parts together
+//! at most its `exchange_max`: srun and every stepd with children check what they gather, and over either,
+//! the step ends with a message naming the node, the size and the option that sets the bound.
+
+use super::super::link::CONTROL_QUEUED_MAX;
+#[cfg(test)]
+use super::super::protocol::NameOp;
+use super::super::protocol::{Down, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
+use super::super::spawn::{self, Asker, SrunEvent};
+use super::Outcome;
+use crate::collective::{self, frame::Frame, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
+use crate::server::Names;
+use crate::slurm::layout::with_node_names;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// The step as the watch sees it.
+pub struct Shape {
+    /// The name of every node, by node index.
+    pub node_names: Vec<String>,
+    /// The node of every rank.
+    pub node_of: Vec<u32>,
+    /// What one exchange may gather, and the options that set it.
+    pub bounds: Bounds,
+    /// The tree's width, where srun's environment sets it; `None` takes the stepds'.
+    pub width: Option<u32>,
+    /// Another step spawned this one: its spawner hears when every task runs, and when this step begins to
+    /// fail.
+    pub spawned: bool,
+    /// This srun can start the steps that tasks spawn.
+    pub can_spawn: bool,
+}
+
+/// What the watch asks of the I/O around it, in the order it must happen.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Queue `frame` (an encoded [`Down`]) for node `node`, if it is connected.
+    Send { node: u32, frame: Vec<u8> },
+    /// Queue one frame's shared bytes for node `node` (a group exchange's result, the same for every member).
+    SendShared { node: u32, frame: Bytes },
+    /// Queue a frame of the collective for node `node`.
+    SendCollective { node: u32, frame: Bytes },
+    /// The first fatal event of the step, for the user.
+    Error(String),
+    /// What only someone debugging wants.
+    Debug(String),
+    /// End the step (srun: `slurm_kill_job_step`).
+    EndStep,
+    /// End every step this one spawned.
+    EndSpawned,
+    /// Start the spawn `request` of `asker`; if it cannot start, answer it with [`StepWatch::answer`].
+    StartSpawn { asker: Asker, request: String },
+    /// Tell the srun that spawned this step that every task of it runs.
+    TellStarted,
+    /// Tell the srun that spawned this step that it began to fail.
+    TellFailing,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+enum NodeState {
+    #[default]
+    Unconnected,
+    Connected,
+    /// Said BYE: every task of the node has closed its PMI connection.
+    Finished,
+    /// Closed without BYE.
+    Lost,
+}
+
+/// The collective over the tree, once its width is known.
+struct Collective {
+    tree: Tree,
+    root: collective::Root,
+    /// The node whose HELLO set the width (`None`: srun's environment).
+    width_from: Option<u32>,
+}
+
+impl Collective {
+    fn new(nodes: usize, width: u32, bounds: Bounds, width_from: Option<u32>) -> Result<Collective, String> {
+        let tree = Tree::new(nodes as u32, width).map_err(|e| e.to_string())?;
+        Ok(Collective { tree, root: collective::Root::new(tree, bounds), width_from })
+    }
+}
+
+/// What srun sent its children in the tree since the exchange in progress began, for a debug line.
+#[derive(Default)]
+struct Fence {
+    epoch: u32,
+    sent: u64,
+    /// The last result sent, and the bytes of its parts.
+    result: Option<(Bytes, usize)>,
+}
+
+/// srun's watch over one step.
+pub struct StepWatch {
+    shape: Shape,
+    nodes: Vec<NodeState>,
+    /// Where each admitted node listens for its children.
+    ports: Vec<u16>,
+    /// The exchange each node's shell joined last.
+    joined: Vec<Option<u32>>,
+    /// The nodes whose tasks have all sent a PMI line (STARTED), and how many have not.
+    started: Vec<bool>,
+    unstarted: usize,
+    collective: Option<Collective>,
+    /// PMI 1.2's group exchanges, a star through srun.
+    groups: GroupRoot,
+    fence: Fence,
+    /// Ranks that closed their connection without finalize, with their node.
+    gone: Vec<(u32, u32)>,
+    /// Ranks that closed it after finalize, with their node: no group barrier can wait for them.
+    finalized: Vec<(u32, u32)>,
+    gone_seen: Vec<bool>,
+    /// The step's published names (PMI_Publish_name): one table for the step.
+    names: Names,
+    /// When this step began to fail ([`spawn::now`]).
+    failed_at: Option<u64>,
+    /// The spawned step whose failure ended this one, named as such to the user.
+    failed_for: Option<u32>,
+    outcome: Outcome,
+    /// srun is done with the step: the watch takes in what is left.
+    stopping: bool,
+    actions: VecDeque<Action>,
+}
+
+impl StepWatch {
+    pub fn new(shape: Shape) -> Result<StepWatch, String> {
+        let n = shape.node_names.len();
+        let collective = match shape.width {
+            Some(width) => Some(Collective::new(n, width, shape.bounds, None)?),
+            None => None,
+        };
+        let size = shape.node_of.len();
+        let groups = GroupRoot::new(n as u32, size as u32, shape.bounds);
+        Ok(StepWatch {
+            nodes: vec![NodeState::default(); n],
+            ports: vec![0; n],
+            joined: vec![None; n],
+            started: vec![false; n],
+            unstarted: n,
+            collective,
+            groups,
+            fence: Fence::default(),
+            gone: Vec::new(),
+            finalized: Vec::new(),
+            gone_seen: vec![false; size],
+            names: Names::new(),
+            failed_at: None,
+            failed_for: None,
+            outcome: Outcome::default(),
+            stopping: false,
+            actions: VecDeque::new(),
+            shape,
+        })
+    }
+
+    /// The next thing to do, in order.
+    pub fn poll(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+
+    pub fn node_name(&self, node: u32) -> String {
+        self.shape.node_names.get(node as usize).cloned().unwrap_or_else(|| format!("node {node}"))
+    }
+
+    /// A message of the collective's machines as the user reads it: nodes by name.
+    fn named(&self, text: &str) -> String {
+        with_node_names(text, &self.shape.node_names)
+    }
+
+    /// Node `node`'s stepd proved it serves the step, building the tree with `width` and listening for its
+    /// children on `port`: what srun may queue unsent for it, or `None` if the step ends instead.
+    pub fn admit(&mut self, node: u32, width: u32, port: u16) -> Option<usize> {
+        let name = self.node_name(node);
+        if self.collective.is_none() {
+            match Collective::new(self.nodes.len(), width, self.shape.bounds, Some(node)) {
+                Ok(c) => self.collective = Some(c),
+                Err(e) => {
+                    self.fatal(format!("the slurmstepd of {name} cannot build the PMI tree: {e}"), None);
+                    return None;
+                }
+            }
+        }
+        let c = self.collective.as_ref()?;
+        let (tree, width_from) = (c.tree, c.width_from);
+        if width != tree.width() {
+            let from = width_from
+                .map_or("srun's environment".to_string(), |f| format!("the slurmstepd of {}", self.node_name(f)));
+            let what = format!(
+                "{from} builds the PMI tree with width {}, the slurmstepd of {name} with {width} (mpi.conf's \
+                 RpmiTreeWidth differs between the nodes; SLURM_RPMI_TREE_WIDTH in srun's environment sets one \
+                 width for the job)",
+                tree.width(),
+            );
+            self.fatal(what, None);
+            return None;
+        }
+        if !tree.children(Peer::Node(node)).is_empty() && port == 0 {
+            let what = format!("the slurmstepd of {name} has children in the PMI tree but does not listen for them");
+            self.fatal(what, None);
+            return None;
+        }
+        // What srun may hold unsent for a stepd: an exchange's result, the group exchanges' and the answers.
+        let groups = collective::groups::done_max(self.nodes.len() as u32, &self.shape.bounds);
+        Some(self.shape.bounds.exchange_max.bytes.saturating_add(groups).saturating_add(CONTROL_QUEUED_MAX))
+    }
+
+    /// Node `node`, admitted, is connected: it and its children in the tree hear where their parents listen,
+    /// as far as they are known.
+    pub fn connected(&mut self, node: u32, port: u16) {
+        let Some(tree) = self.collective.as_ref().map(|c| c.tree) else { return };
+        self.nodes[node as usize] = NodeState::Connected;
+        self.ports[node as usize] = port;
+        if let Peer::Node(p) = tree.parent(node) {
+            match self.nodes[p as usize] {
+                NodeState::Connected => self.send(node, &Down::Parent { port: self.ports[p as usize] }),
+                NodeState::Finished => self.send(node, &Down::ParentDone),
+                NodeState::Unconnected | NodeState::Lost => {}
+            }
+        }
+        for c in tree.children(Peer::Node(node)) {
+            if self.nodes[c as usize] == NodeState::Connected {
+                self.send(c, &Down::Parent { port });
+            }
+        }
+    }
+
+    /// The I/O around failed for `what`: the step cannot go on.
+    pub fn broken(&mut self, what: String) {
+        self.fatal(what, None);
+    }
+
+    /// The largest frame node `node` may send: a control frame, or for srun's children in the tree their
+    /// subtree's parts of one exchange.
+    pub fn frame_max(&self, node: u32) -> usize {
+        let collective = self.collective.as_ref().map_or(0, |c| c.root.frame_max(node) + 1);
+        CONTROL_MAX.max(SPAWN_FRAME_MAX).max(collective).max(self.groups.contribution_max() + 1)
+    }
+
+    /// Node `node` sent a frame of `len` bytes, over [`Self::frame_max`]: refused unread, and the step ends.
+    pub fn too_large(&mut self, node: u32, len: usize) {
+        let what = self.too_large_why(node, len);
+        self.fatal(what, None);
+        self.disconnected(node);
+    }
+
+    fn too_large_why(&self, node: u32, len: usize) -> String {
+        let name = self.node_name(node);
+        let Some(c) = self.collective.as_ref().filter(|c| c.tree.is_child(Peer::Root, node)) else {
+            return format!("the slurmstepd of {name} sent srun a frame of {len} bytes, more than a control frame");
+        };
+        let (part, all) = (self.shape.bounds.part_max, self.shape.bounds.exchange_max);
+        match c.tree.subtree(node).size() {
+            1 => format!(
+                "the slurmstepd of {name} sent {len} bytes for one PMI exchange, over the limit of {} bytes per node \
+                 ({})",
+                part.bytes, part.option
+            ),
+            size => format!(
+                "the slurmstepd of {name} sent {len} bytes for one PMI exchange of the {size} nodes it gathers, over \
+                 the limit of {} bytes per node ({}) or {} in all ({})",
+                part.bytes, part.option, all.bytes, all.option
+            ),
+        }
+    }
+
+    /// Node `node` sent a frame that does not decode (`what` says why).
+    pub fn malformed(&mut self, node: u32, what: &str) {
+        let what = format!("the slurmstepd of {} sent a {what}", self.node_name(node));
+        self.fatal(what, None);
+        self.disconnected(node);
+    }
+
+    /// A message from admitted node `n`; false if its connection is to be dropped (then it is no longer
+    /// connected, as the watch sees it).
+    pub fn message(&mut self, n: u32, message: Up) -> bool {
+        let kept = self.take(n, message);
+        if !kept {
+            self.disconnected(n);
+        }
+        kept
+    }
+
+    fn take(&mut self, n: u32, message: Up) -> bool {
+        let name = self.node_name(n);
+        match message {
+            Up::Hello { .. } | Up::Proof { .. } => {
+                self.fatal(format!("the slurmstepd of {name} authenticated twice"), None);
+                false
+            }
+            Up::Collective(frame) => {
+                // The link takes frames as large as a group exchange's part: an exchange's are bounded here.
+                if self.collective.as_ref().is_some_and(|c| frame.len() > c.root.frame_max(n)) {
+                    self.too_large(n, frame.len() + 1);
+                    return false;
+                }
+                if let Some(c) = &mut self.collective {
+                    c.root.receive(n, frame);
+                }
+                self.pump();
+                true
+            }
+            Up::Joined { epoch } => {
+                self.joined[n as usize] = Some(epoch);
+                self.check_blocked();
+                true
+            }
+            Up::Started => {
+                if !std::mem::replace(&mut self.started[n as usize], true) {
+                    self.unstarted -= 1;
+                    // The step's spawner answers the spawn now; a step that began to fail has said so instead.
+                    if self.unstarted == 0 && self.shape.spawned && !self.outcome.ended {
+                        self.actions.push_back(Action::TellStarted);
+                    }
+                }
+                true
+            }
+            Up::Abort { rank, code, message } => {
+                let what = format!(
+                    "rank {rank} on {name} called PMI_Abort with exit code {code}{}{}",
+                    if message.is_empty() { "" } else { ": " },
+                    message
+                );
+                self.fatal(what, Some(code));
+                true
+            }
+            Up::Error { rank: _, failed, message } => {
+                if !self.outcome.ended && !failed {
+                    self.outcome.job_error = true;
+                }
+                // The collective's own messages name the nodes already.
+                let what = match message.contains(&format!("the slurmstepd of {name}")) {
+                    true => message,
+                    false => format!("{message} (on {name})"),
+                };
+                // srun may be done with a spawned step whose tasks have not all run because they all exited
+                // (a missing program): its spawner must still hear that none started, and the user why.
+                let starting = self.shape.spawned && self.unstarted > 0;
+                match self.stopping && starting && !self.outcome.ended {
+                    true => self.fail(what, None),
+                    false => self.fatal(what, None),
+                }
+                true
+            }
+            Up::Gone { rank, finalized } => {
+                if self.shape.node_of.get(rank as usize) != Some(&n) {
+                    self.fatal(format!("the slurmstepd of {name} reported rank {rank}, not one of its own"), None);
+                    return false;
+                }
+                if !std::mem::replace(&mut self.gone_seen[rank as usize], true) {
+                    match finalized {
+                        true => self.finalized.push((rank, n)),
+                        false => self.gone.push((rank, n)),
+                    }
+                }
+                self.check_blocked();
+                true
+            }
+            Up::Name { task, op, name, port } => {
+                let (ok, text) = match self.names.serve(op, &name, &port) {
+                    Ok(port) => (true, port),
+                    Err(why) => (false, why),
+                };
+                self.send(n, &Down::Answer { task, ok, text });
+                true
+            }
+            Up::Spawn { task, request } => {
+                let Some(rank) = self.rank_of(n, task) else {
+                    let what = format!("the slurmstepd of {name} asked a spawn for task {task}, not one of its own");
+                    self.fatal(what, None);
+                    return false;
+                };
+                let asker = Asker { node: n, task, rank };
+                match () {
+                    _ if self.outcome.ended || self.stopping => self.answer(asker, Err("the step is ending".into())),
+                    _ if !self.shape.can_spawn => self.answer(
+                        asker,
+                        Err("this srun cannot start steps (it does not know its own executable)".into()),
+                    ),
+                    _ => self.actions.push_back(Action::StartSpawn { asker, request }),
+                }
+                true
+            }
+            Up::Group { id, shells, part } => {
+                match self.groups.contribute(n, &id, &shells, part) {
+                    // A member may have finished or left before the first part came.
+                    Ok(None) => self.check_groups_blocked(),
+                    Ok(Some(done)) => {
+                        // Encoded once, and the same bytes queued to every member.
+                        if let Ok(frame) = (Down::Group { id: done.id, parts: done.parts }).encode().map(Arc::new) {
+                            for node in done.shells {
+                                self.actions.push_back(Action::SendShared { node, frame: frame.clone() });
+                            }
+                        }
+                    }
+                    Err(what) => {
+                        let what = self.named(&what);
+                        self.fatal(what, None);
+                        return false;
+                    }
+                }
+                true
+            }
+            Up::Bye => {
+                // Not a loss: the connection is dropped as the stepd asked.
+                self.nodes[n as usize] = NodeState::Finished;
+                // Its children that have not reached it yet never will.
+                if let Some(tree) = self.collective.as_ref().map(|c| c.tree) {
+                    for c in tree.children(Peer::Node(n)) {
+                        self.send(c, &Down::ParentDone);
+                    }
+                }
+                self.check_blocked();
+                false
+            }
+        }
+    }
+
+    /// Answers the spawn of `asker`: every process's error code, or why no step was made.
+    pub fn answer(&mut self, asker: Asker, result: Result<i32, String>) {
+        let (ok, text) = match result {
+            Ok(code) => (true, code.to_string()),
+            Err(why) => (false, why),
+        };
+        self.send(asker.node, &Down::Answer { task: asker.task, ok, text });
+    }
+
+    /// What the sruns of steps this one spawned did; `job` is the job's id, for the messages.
+    pub fn spawned(&mut self, job: u32, events: Vec<SrunEvent>) {
+        for event in events {
+            match event {
+                SrunEvent::Answer { asker, result } => self.answer(asker, result),
+                // Its srun has said why on the job's stderr; this step ends with it.
+                SrunEvent::Failing { rank, step } => {
+                    if !self.outcome.ended && !self.stopping {
+                        self.failed_for = Some(step);
+                    }
+                    self.fatal(format!("step {job}.{step}, which rank {rank} spawned, failed"), None)
+                }
+                // Its own srun's message, if it had one, is on the job's stderr.
+                SrunEvent::Unstarted { rank, step, status } => self.actions.push_back(Action::Error(format!(
+                    "step {job}.{step}, which rank {rank} spawned, ended with status {status} before all of its \
+                     tasks ran: the spawn failed"
+                ))),
+                SrunEvent::Ended { status: 0, .. } => {}
+                SrunEvent::Ended { rank, step, status, failing_at } => {
+                    // srun's status is that of the step that began to fail first (ending a step kills the ones
+                    // it spawned, and their failures follow from it; a failure in a spawned step may make this
+                    // step's tasks fail too, before its srun says so).
+                    let first = match (failing_at, self.failed_at) {
+                        (Some(t), Some(ours)) => t <= ours,
+                        (_, None) => true,
+                        (None, Some(_)) => false,
+                    };
+                    if first {
+                        self.outcome.spawned_status.get_or_insert(status);
+                    }
+                    let what = format!(
+                        "step {job}.{step}, which rank {rank} spawned, failed: its srun exited with status {status}"
+                    );
+                    match (self.outcome.ended, self.stopping) {
+                        (false, false) => self.fail(what, None),
+                        // srun's own step is over: nothing to end, but srun's user hears why srun fails.
+                        (false, true) => {
+                            self.outcome.ended = true;
+                            self.actions.push_back(Action::Error(what));
+                        }
+                        // A failure that followed from this one ended the step first: srun's status is this
+                        // step's, and its user hears why.
+                        (true, _) if first && self.failed_for != Some(step) => {
+                            self.actions.push_back(Action::Error(what))
+                        }
+                        (true, _) => self.actions.push_back(Action::Debug(what)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// srun is done with the step: what the stepds sent before it ended (an abort from the last task) is
+    /// still taken in, but a lost connection means nothing now, and there is no step left to end.
+    pub fn draining(&mut self) {
+        self.stopping = true;
+    }
+
+    /// The drain is over: every stepd still connected hears that the close which follows is the normal end.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+        if let Some(c) = &mut self.collective {
+            c.root.end();
+        }
+        self.pump();
+        for n in 0..self.nodes.len() as u32 {
+            if self.nodes[n as usize] == NodeState::Connected {
+                self.send(n, &Down::End);
+            }
+        }
+    }
+
+    /// Node `node`'s connection ended. A stepd says BYE before it closes, even when its step is cancelled:
+    /// one that closes without it was killed or failed, and the step cannot go on, whether or not a barrier
+    /// waits for it (its tasks went with it; Slurm's srun would wait for them for ever, as it does for a
+    /// killed slurmstepd at finalize). What the barriers waiting for it say comes first.
+    pub fn closed(&mut self, node: u32) {
+        self.disconnected(node);
+        // srun must not exit 0 for it: the statuses of that node's tasks are lost with it (whoever says so
+        // first: the collective, a barrier waiting for it, or the loss itself).
+        if !self.outcome.ended && !self.stopping {
+            self.outcome.job_error = true;
+        }
+        if let Some(c) = &mut self.collective {
+            c.root.lost(node);
+        }
+        self.pump();
+        self.check_blocked();
+        let what =
+            format!("lost the connection to the slurmstepd of {}: it was killed or failed", self.node_name(node));
+        self.fatal(what, None);
+    }
+
+    /// A connected node's link is gone: lost, unless it said BYE.
+    fn disconnected(&mut self, node: u32) {
+        if let Some(s) = self.nodes.get_mut(node as usize).filter(|s| **s == NodeState::Connected) {
+            *s = NodeState::Lost;
+        }
+    }
+
+    /// The rank of local task `task` of node `node`.
+    fn rank_of(&self, node: u32, task: u32) -> Option<u32> {
+        let mut local = self.shape.node_of.iter().enumerate().filter(|(_, &n)| n == node);
+        local.nth(task as usize).map(|(rank, _)| rank as u32)
+    }
+
+    /// Does what the collective's root machine asks.
+    fn pump(&mut self) {
+        while let Some(output) = self.collective.as_mut().and_then(|c| c.root.poll()) {
+            match output {
+                Output::Send { to: Peer::Node(node), frame } => {
+                    self.fence.sent += 5 + frame.len() as u64;
+                    if !self.fence.result.as_ref().is_some_and(|(r, _)| Arc::ptr_eq(r, &frame)) {
+                        if let Ok(Frame::All { parts, .. }) = Frame::decode(&frame, usize::MAX) {
+                            self.fence.result = Some((frame.clone(), parts.bytes()));
+                        }
+                    }
+                    self.actions.push_back(Action::SendCollective { node, frame });
+                }
+                Output::Report { from, bytes } => {
+                    let what = format!("{} (on {})", String::from_utf8_lossy(&bytes), self.node_name(from));
+                    self.fatal(what, None);
+                }
+                Output::JobError { message, .. } => {
+                    let what = self.named(&message);
+                    self.fatal(what, None);
+                }
+                Output::Send { to: Peer::Root, .. } | Output::Done { .. } | Output::Failed { .. } => {}
+            }
+        }
+        self.note_fence();
+    }
+
+    /// Says, at debug level, what srun sent for each exchange that completed.
+    fn note_fence(&mut self) {
+        let Some(c) = &self.collective else { return };
+        let epoch = c.root.epoch();
+        if epoch == self.fence.epoch {
+            return;
+        }
+        let children = c.tree.children(Peer::Root).len();
+        let gathered = self.fence.result.as_ref().map_or(0, |(_, bytes)| *bytes);
+        let line = format!(
+            "PMI exchange {}: srun sent {} bytes to its {children} children in the PMI tree; the exchange gathered \
+             {gathered} bytes from {} nodes",
+            self.fence.epoch,
+            self.fence.sent,
+            self.nodes.len()
+        );
+        self.fence = Fence { epoch, ..Fence::default() };
+        self.actions.push_back(Action::Debug(line));
+    }
+
+    /// The exchange in progress: some node's shell has joined it.
+    fn exchange(&self) -> Option<u32> {
+        let epoch = self.collective.as_ref()?.root.epoch();
+        self.joined.contains(&Some(epoch)).then_some(epoch)
+    }
+
+    /// An exchange cannot complete if a node whose shell has not joined it is gone, or a rank on such a node
+    /// left without finalize. The rank is named first: when it was its node's only rank, the node is
+    /// finished too, and the GONE that names it may have come before the first JOINED.
+    fn check_blocked(&mut self) {
+        if self.outcome.ended {
+            return;
+        }
+        self.check_groups_blocked();
+        let Some(epoch) = self.exchange() else { return };
+        if self.outcome.ended {
+            return;
+        }
+        if let Some(&(rank, node)) = self.gone.iter().find(|(_, n)| self.joined[*n as usize] != Some(epoch)) {
+            let what = format!(
+                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
+                 ranks wait for it in a barrier",
+                self.node_name(node)
+            );
+            return self.fatal(what, None);
+        }
+        for n in 0..self.nodes.len() {
+            if self.joined[n] == Some(epoch) {
+                continue;
+            }
+            let Some(why) = cannot_join(self.nodes[n]) else { continue };
+            let what = format!("ranks wait in a PMI barrier that {} cannot join: {why}", self.node_name(n as u32));
+            return self.fatal(what, None);
+        }
+    }
+
+    /// Ends the step when a group exchange waits for a rank that left without finalize, or for a node that
+    /// can bring nothing more.
+    fn check_groups_blocked(&mut self) {
+        if self.groups.is_idle() {
+            return;
+        }
+        let mut left =
+            self.gone.iter().map(|&(r, n)| (r, n, false)).chain(self.finalized.iter().map(|&(r, n)| (r, n, true)));
+        let blocked = left.find_map(|(r, n, f)| Some((r, n, f, self.groups.blocked_by_rank(r, n)?)));
+        if let Some((rank, node, finalized, id)) = blocked {
+            let how = match finalized {
+                true => "called PMI_Finalize",
+                false => "closed its PMI connection (exited or crashed) without PMI_Finalize",
+            };
+            let what = format!(
+                "rank {rank} on {} {how} while other ranks wait for it in group barrier {id}",
+                self.node_name(node)
+            );
+            return self.fatal(what, None);
+        }
+        for n in 0..self.nodes.len() as u32 {
+            let Some(why) = cannot_join(self.nodes[n as usize]) else { continue };
+            if let Some(id) = self.groups.blocked_by_node(n) {
+                let what = format!("ranks wait in group barrier {id} that {} cannot join: {why}", self.node_name(n));
+                return self.fatal(what, None);
+            }
+        }
+    }
+
+    /// The first fatal event ends the step; later ones follow from the ending (the tasks it kills leave
+    /// their barriers) and are logged at debug level only, not on the job's stderr as new faults. Once srun
+    /// is done with the step (the final drain) a lost connection means nothing, and there is no step left
+    /// to end.
+    fn fatal(&mut self, what: String, abort_code: Option<i32>) {
+        if self.outcome.ended || (self.stopping && abort_code.is_none()) {
+            self.actions.push_back(Action::Debug(what));
+            return;
+        }
+        self.fail(what, abort_code);
+    }
+
+    /// Ends the step for `what`, its first fatal event.
+    fn fail(&mut self, what: String, abort_code: Option<i32>) {
+        self.outcome.ended = true;
+        self.outcome.abort_code = abort_code;
+        self.failed_at = Some(spawn::now());
+        if self.shape.spawned {
+            self.actions.push_back(Action::TellFailing);
+        }
+        // Every node waiting in the exchange in progress hears it failed, down the tree.
+        if let Some(c) = &mut self.collective {
+            c.root.fail(&what);
+        }
+        self.actions.push_back(Action::Error(what));
+        if !self.stopping {
+            self.actions.push_back(Action::EndStep);
+        }
+        // The steps it spawned end with it.
+        self.actions.push_back(Action::EndSpawned);
+        self.pump();
+    }
+
+    /// Queues `message` for node `node`.
+    fn send(&mut self, node: u32, message: &Down) {
+        if let Ok(frame) = message.encode() {
+            self.actions.push_back(Action::Send { node, frame });
+        }
+    }
+}
+
+/// Why a node in `state` cannot join an exchange any more, if it cannot.
+fn cannot_join(state: NodeState) -> Option<&'static str> {
+    match state {
+        NodeState::Finished => Some("every rank on it has closed its PMI connection"),
+        NodeState::Lost => Some("its slurmstepd closed the connection (it was killed or failed)"),
+        NodeState::Unconnected | NodeState::Connected => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::Bound;
+
+    const BOUNDS: Bounds = Bounds {
+        part_max: Bound { bytes: 1 << 20, option: "RPMI_TEST_PART_MAX" },
+        exchange_max: Bound { bytes: 3 << 20, option: "RPMI_TEST_EXCHANGE_MAX" },
+    };
+
+    /// A step of `nodes` nodes, one rank each, as a star, every node connected.
+    fn watch_of(nodes: usize, spawned: bool) -> StepWatch {
+        let shape = Shape {
+            node_names: (1..=nodes).map(|n| format!("n{n}")).collect(),
+            node_of: (0..nodes as u32).collect(),
+            bounds: BOUNDS,
+            width: Some(nodes as u32),
+            spawned,
+            can_spawn: true,
+        };
+        let mut w = StepWatch::new(shape).unwrap();
+        for n in 0..nodes as u32 {
+            assert!(w.admit(n, nodes as u32, 0).is_some());
+            w.connected(n, 0);
+        }
+        w
+    }
+
+    fn drain(w: &mut StepWatch) -> Vec<Action> {
+        std::iter::from_fn(|| w.poll()).collect()
+    }
+
+    /// The user-facing lines among `actions`: errors as `error: ...`, debug lines as `debug: ...`.
+    fn said(actions: &[Action]) -> Vec<String> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Error(m) => Some(format!("error: {m}")),
+                Action::Debug(m) => Some(format!("debug: {m}")),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn errors(actions: &[Action]) -> Vec<String> {
+        said(actions).into_iter().filter(|l| l.starts_with("error: ")).collect()
+    }
+
+    #[test]
+    fn a_node_that_finished_before_joining_the_exchange_in_progress_ends_the_step() {
+        let mut w = watch_of(3, false);
+        assert!(w.message(0, Up::Joined { epoch: 0 }));
+        assert!(errors(&drain(&mut w)).is_empty());
+        // Node 2 finished (BYE) without joining: its connection is dropped, and the barrier cannot complete.
+        assert!(!w.message(2, Up::Bye));
+        let actions = drain(&mut w);
+        assert_eq!(
+            errors(&actions),
+            ["error: ranks wait in a PMI barrier that n3 cannot join: every rank on it has closed its PMI connection"]
+        );
+        assert!(actions.contains(&Action::EndStep));
+        assert_eq!((w.outcome().ended, w.outcome().job_error), (true, false));
+    }
+
+    #[test]
+    fn a_rank_gone_without_finalize_is_named_before_its_node() {
+        let mut w = watch_of(2, false);
+        // The GONE may come before any JOINED: nothing waits yet.
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false }));
+        assert!(!w.message(1, Up::Bye));
+        assert!(errors(&drain(&mut w)).is_empty());
+        assert!(w.message(0, Up::Joined { epoch: 0 }));
+        let e = errors(&drain(&mut w));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize"));
+    }
+
+    #[test]
+    fn nodes_that_joined_the_exchange_are_not_blamed() {
+        let mut w = watch_of(2, false);
+        assert!(w.message(0, Up::Joined { epoch: 0 }));
+        assert!(w.message(1, Up::Joined { epoch: 0 }));
+        assert!(!w.message(1, Up::Bye));
+        assert!(errors(&drain(&mut w)).is_empty());
+        assert!(!w.outcome().ended);
+    }
+
+    #[test]
+    fn a_stepd_that_closes_without_bye_ends_the_step_as_a_job_error() {
+        let mut w = watch_of(2, false);
+        w.closed(1);
+        let e = errors(&drain(&mut w));
+        assert_eq!(e, ["error: lost the connection to the slurmstepd of n2: it was killed or failed"]);
+        assert!(w.outcome().job_error);
+        // In srun's final drain, a close is the normal end.
+        let mut w = watch_of(2, false);
+        w.draining();
+        w.closed(1);
+        assert!(errors(&drain(&mut w)).is_empty());
+        assert!(!w.outcome().ended);
+    }
+
+    #[test]
+    fn the_first_fault_is_the_error_and_what_follows_is_debug() {
+        let mut w = watch_of(2, false);
+        assert!(w.message(0, Up::Abort { rank: 0, code: 7, message: "oops".into() }));
+        assert!(w.message(1, Up::Abort { rank: 1, code: 9, message: String::new() }));
+        let actions = drain(&mut w);
+        let said = said(&actions);
+        assert_eq!(said[0], "error: rank 0 on n1 called PMI_Abort with exit code 7: oops");
+        assert_eq!(said[1], "debug: rank 1 on n2 called PMI_Abort with exit code 9");
+        assert_eq!(actions.iter().filter(|a| **a == Action::EndStep).count(), 1);
+        assert_eq!(w.outcome().abort_code, Some(7));
+    }
+
+    #[test]
+    fn a_job_error_that_no_failure_explains_is_srun_s_to_say() {
+        let mut w = watch_of(1, false);
+        let message = "rank 0: PMI protocol error: unknown command, in line 'x'".to_string();
+        assert!(w.message(0, Up::Error { rank: 0, failed: false, message }));
+        assert_eq!(errors(&drain(&mut w)), ["error: rank 0: PMI protocol error: unknown command, in line 'x' (on n1)"]);
+        assert!(w.outcome().job_error);
+        let mut w = watch_of(1, false);
+        assert!(w.message(0, Up::Error { rank: 0, failed: true, message: "rank 0 left".into() }));
+        assert!(!w.outcome().job_error);
+    }
+
+    #[test]
+    fn stepds_building_the_tree_with_another_width_end_the_step() {
+        let shape = Shape {
+            node_names: vec!["n1".into(), "n2".into()],
+            node_of: vec![0, 1],
+            bounds: BOUNDS,
+            width: None,
+            spawned: false,
+            can_spawn: false,
+        };
+        let mut w = StepWatch::new(shape).unwrap();
+        assert!(w.admit(0, 1, 4000).is_some());
+        w.connected(0, 4000);
+        assert_eq!(w.admit(1, 2, 0), None);
+        let e = errors(&drain(&mut w));
+        assert!(e[0].contains("the slurmstepd of n1 builds the PMI tree with width 1, the slurmstepd of n2 with 2"));
+    }
+
+    #[test]
+    fn a_node_hears_where_its_parent_listens_once_both_are_in() {
+        let shape = Shape {
+            node_names: vec!["n1".into(), "n2".into()],
+            node_of: vec![0, 1],
+            bounds: BOUNDS,
+            width: Some(1),
+            spawned: false,
+            can_spawn: false,
+        };
+        let mut w = StepWatch::new(shape).unwrap();
+        // A chain: n2 below n1. The child comes first and waits for its parent's port.
+        assert!(w.admit(1, 1, 0).is_some());
+        w.connected(1, 0);
+        assert!(drain(&mut w).is_empty());
+        assert!(w.admit(0, 1, 4321).is_some());
+        w.connected(0, 4321);
+        let parent = Down::Parent { port: 4321 }.encode().unwrap();
+        assert_eq!(drain(&mut w), [Action::Send { node: 1, frame: parent }]);
+        // A parent with children that does not listen is refused.
+        let mut w = StepWatch::new(Shape { width: Some(1), ..watch_of(2, false).shape }).unwrap();
+        assert_eq!(w.admit(0, 1, 0), None);
+        assert!(errors(&drain(&mut w))[0].contains("has children in the PMI tree but does not listen for them"));
+    }
+
+    #[test]
+    fn spawns_are_started_by_the_io_and_refused_while_the_step_ends() {
+        let mut w = watch_of(2, false);
+        assert!(w.message(1, Up::Spawn { task: 0, request: "{}".into() }));
+        let asker = Asker { node: 1, task: 0, rank: 1 };
+        assert_eq!(drain(&mut w), [Action::StartSpawn { asker, request: "{}".into() }]);
+        // A task the node does not have is the stepd's fault.
+        assert!(!w.message(1, Up::Spawn { task: 1, request: "{}".into() }));
+        assert!(errors(&drain(&mut w))[0].contains("asked a spawn for task 1, not one of its own"));
+        // The step ends: a spawn is answered at once.
+        assert!(w.message(0, Up::Spawn { task: 0, request: "{}".into() }));
+        let answer = Down::Answer { task: 0, ok: false, text: "the step is ending".into() }.encode().unwrap();
+        assert_eq!(drain(&mut w), [Action::Send { node: 0, frame: answer }]);
+    }
+
+    /// A spawned step tells its spawner `started` once every node's tasks run, and not after it began to fail.
+    #[test]
+    fn a_spawned_step_says_started_once_every_node_has() {
+        for fail_first in [false, true] {
+            let mut w = watch_of(2, true);
+            assert!(w.message(0, Up::Started));
+            assert!(w.message(0, Up::Started));
+            if fail_first {
+                assert!(w.message(1, Up::Error { rank: 1, failed: true, message: "rank 1 left".into() }));
+            }
+            assert!(w.message(1, Up::Started));
+            let actions = drain(&mut w);
+            assert_eq!(actions.contains(&Action::TellStarted), !fail_first, "{actions:?}");
+            assert_eq!(actions.contains(&Action::TellFailing), fail_first, "{actions:?}");
+        }
+    }
+
+    /// In srun's final drain (srun is done with the step: its tasks all exited), a stepd's error about a
+    /// spawned step whose tasks have not all run still fails the spawn and reaches the user; another step's
+    /// is only logged (its end is normal).
+    #[test]
+    fn a_spawned_steps_error_in_the_final_drain_still_fails_its_spawn() {
+        for spawned in [true, false] {
+            let mut w = watch_of(1, spawned);
+            w.draining();
+            let message = "rank 0 of spawned step 1.1 exited before its first PMI line".to_string();
+            assert!(w.message(0, Up::Error { rank: 0, failed: true, message }));
+            let actions = drain(&mut w);
+            assert_eq!(errors(&actions).len(), usize::from(spawned), "{actions:?}");
+            assert_eq!(actions.contains(&Action::TellFailing), spawned);
+        }
+    }
+
+    /// srun's status is that of the step that began to fail first, and its user hears why in every order.
+    #[test]
+    fn the_step_that_began_to_fail_first_gives_srun_its_status() {
+        let asker_rank = 0;
+        // The spawned step says it is failing first: one error line, naming it.
+        let mut w = watch_of(2, false);
+        w.spawned(42, vec![SrunEvent::Failing { rank: asker_rank, step: 7 }]);
+        assert!(w.message(1, Up::Abort { rank: 1, code: 5, message: "lost my children".into() }));
+        w.spawned(42, vec![SrunEvent::Ended { rank: 0, step: 7, status: 42, failing_at: Some(1) }]);
+        let actions = drain(&mut w);
+        assert_eq!(errors(&actions), ["error: step 42.7, which rank 0 spawned, failed"]);
+        assert!(actions.contains(&Action::EndSpawned));
+        assert_eq!((w.outcome().spawned_status, w.outcome().abort_code), (Some(42), None));
+        // This step's abort, which followed from it, is read first: srun's status is still the spawned
+        // step's, and the user hears that too.
+        let mut w = watch_of(2, false);
+        assert!(w.message(1, Up::Abort { rank: 1, code: 5, message: "lost my children".into() }));
+        w.spawned(42, vec![SrunEvent::Failing { rank: asker_rank, step: 8 }]);
+        w.spawned(42, vec![SrunEvent::Ended { rank: 0, step: 8, status: 42, failing_at: Some(1) }]);
+        let e = errors(&drain(&mut w));
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[1].contains("step 42.8, which rank 0 spawned, failed: its srun exited with status 42"));
+        assert_eq!((w.outcome().spawned_status, w.outcome().abort_code), (Some(42), Some(5)));
+        // A spawned step that failed after this one (its failure followed from ours) changes nothing.
+        let mut w = watch_of(2, false);
+        assert!(w.message(1, Up::Abort { rank: 1, code: 5, message: String::new() }));
+        w.spawned(42, vec![SrunEvent::Ended { rank: 0, step: 9, status: 137, failing_at: Some(u64::MAX) }]);
+        let e = errors(&drain(&mut w));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(w.outcome().spawned_status, None);
+    }
+
+    #[test]
+    fn names_are_served_for_the_step() {
+        let mut w = watch_of(2, false);
+        let publish = Up::Name { task: 0, op: NameOp::Publish, name: "svc".into(), port: "p1".into() };
+        assert!(w.message(0, publish));
+        let lookup = Up::Name { task: 0, op: NameOp::Lookup, name: "svc".into(), port: String::new() };
+        assert!(w.message(1, lookup));
+        let actions = drain(&mut w);
+        let ok = Down::Answer { task: 0, ok: true, text: String::new() }.encode().unwrap();
+        let found = Down::Answer { task: 0, ok: true, text: "p1".into() }.encode().unwrap();
+        assert_eq!(actions, [Action::Send { node: 0, frame: ok }, Action::Send { node: 1, frame: found }]);
+    }
+
+    #[test]
+    fn a_rank_reported_by_another_node_is_that_stepd_s_fault() {
+        let mut w = watch_of(2, false);
+        assert!(!w.message(0, Up::Gone { rank: 1, finalized: true }));
+        assert!(errors(&drain(&mut w))[0].contains("the slurmstepd of n1 reported rank 1, not one of its own"));
+    }
+}
