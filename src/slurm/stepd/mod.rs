@@ -36,15 +36,16 @@
 //! means every child holds its own end: the progress thread then closes the stepd's copies of all of them, and
 //! a task that dies, even one that never reached the hook, is seen at once (EOF on the server end).
 
+mod plan;
+
 use super::admit::{Acceptor, Admission, Gate};
 use super::auth::{self, Secret};
-use super::layout::{self, with_node_names};
+use super::layout::with_node_names;
 use super::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
-use super::mpmd;
-use super::options::{self, Job, Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
+use super::options::{Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
 use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
-use super::records::{self, slurm_step_id_t, stepd_step_rec_t, RecordFromEnv};
-use super::spawn::{Spawn, SPAWN_PROCS_MAX};
+use super::records::{self, stepd_step_rec_t, RecordFromEnv};
+use super::spawn::SPAWN_PROCS_MAX;
 use super::sys::{self, getenvp, Slurm};
 use super::trace::{escape_text, Trace};
 use super::uplink::{self, Hello};
@@ -54,9 +55,9 @@ use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, NodeHost, NodeRuntime};
 use crate::os;
 use crate::server::{
-    check_preput, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, Speaker, TaskId,
-    TaskMap,
+    check_preput, GroupExchange, Host, HostReply, HostRequest, JobError, Limits, Shell, Speaker, TaskId,
 };
+use plan::{Place, Record, LOGGED_TEXT_MAX};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, CString};
 use std::io::{self, Write};
@@ -71,8 +72,6 @@ use std::time::{Duration, Instant};
 const JOIN_PATIENCE: Duration = Duration::from_secs(30);
 /// How long `fini` lets the progress thread say BYE before it cuts the connection.
 const FINI_GRACE: Duration = Duration::from_secs(2);
-/// The longest text from a task (an abort message, an environment value) that reaches slurmd's log.
-const LOGGED_TEXT_MAX: usize = 256;
 /// The most lines one step logs into slurmd's log.
 const LOGGED_LINES_MAX: usize = 200;
 
@@ -113,17 +112,6 @@ fn kill_own_step(slurm: &Slurm, ids_confirmed: bool, place: &Place) -> Result<()
         ));
     }
     slurm.kill_step(&place.id, libc::SIGKILL)
-}
-
-/// The step ids and this node's place, for messages and for ending the step.
-#[derive(Clone)]
-struct Place {
-    job: u32,
-    step: u32,
-    /// Slurm's own id of the step (from 24.11 on with its job's sluid), as slurmctld is asked to end it.
-    id: slurm_step_id_t,
-    node: u32,
-    node_name: String,
 }
 
 /// The epoll tokens of the stepd's own fds in the progress loop.
@@ -962,24 +950,8 @@ impl NodeHost for SlurmHost {
     }
 }
 
-fn need(env: *const *const c_char, name: &str) -> Result<String, String> {
-    // SAFETY: Slurm's environment array.
-    unsafe { getenvp(env, name) }.ok_or_else(|| format!("{name} is not in the step's environment"))
-}
-
 fn cstring(s: String) -> CString {
     CString::new(s).unwrap_or_default()
-}
-
-/// The step as Slurm's step record gives it.
-struct Record {
-    job: u32,
-    step: u32,
-    id: slurm_step_id_t,
-    nodes: u32,
-    tasks: u32,
-    node: u32,
-    node_tasks: u32,
 }
 
 /// The bounds of one exchange, within what this node's key-value store can take in anyway (a larger
@@ -1155,11 +1127,6 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     }
     // SAFETY: Slurm's environment array, as the caller promises.
     let envp = unsafe { *env } as *const *const c_char;
-    // SAFETY: as above.
-    let Some(port) = (unsafe { getenvp(envp, ENV_PORT) }) else {
-        slurm.info(&format!("{ENV_PORT} is not set: this step was not started by `srun --mpi=rpmi`; no PMI"));
-        return Ok(());
-    };
     if !STEPD.load(SeqCst).is_null() {
         return Err("prefork called twice in one slurmstepd".into());
     }
@@ -1175,61 +1142,28 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         node: r.nodeid,
         node_tasks: r.node_tasks,
     };
-    for (name, value) in [("SLURM_JOB_ID", rec.job), ("SLURM_STEP_ID", rec.step)] {
-        // SAFETY: as above.
-        if let Some(v) = unsafe { getenvp(envp, name) }.filter(|v| *v != value.to_string()) {
-            slurm.info(&format!(
-                "ignored {name}={} in the step's environment: Slurm runs this step as {}.{}",
-                escape_text(&v, LOGGED_TEXT_MAX),
-                rec.job,
-                rec.step
-            ));
-        }
-    }
-    let env_overwrite = slurm.env_overwrite_fmt.ok_or("slurm_env_array_overwrite_fmt is not in this process")?;
-    let port: u16 = port.parse().map_err(|_| format!("{ENV_PORT}={} is not a port", escape_text(&port, 32)))?;
-    let secret = Secret::from_hex(&need(envp, ENV_SECRET)?).ok_or(format!("{ENV_SECRET} is malformed"))?;
-    // Set by slurmd: the address srun's launch request came from.
-    let host = need(envp, "SLURM_SRUN_COMM_HOST")?;
-    let nodelist = need(envp, "SLURM_STEP_NODELIST")?;
-    let names = slurm.expand_nodelist(&nodelist, rec.nodes as usize)?;
-    let node_of = layout::decode(&need(envp, ENV_MAP)?, names.len(), rec.tasks as usize)?;
-    let node = rec.node;
-    let local_ranks: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
-    if names.len() != rec.nodes as usize || node_of.len() != rec.tasks as usize || node >= rec.nodes {
-        return Err(format!(
-            "the step's environment describes {} nodes and {} tasks, Slurm's step {}.{} has {} and {}",
-            names.len(),
-            node_of.len(),
-            rec.job,
-            rec.step,
-            rec.nodes,
-            rec.tasks
-        ));
-    }
-    if local_ranks.len() != rec.node_tasks as usize {
-        return Err(format!("{ENV_MAP} puts {} tasks on this node, Slurm {}", local_ranks.len(), rec.node_tasks));
-    }
-    // The job's options as srun passed them (its user's: checked as anything else), held to mpi.conf's.
-    let job = Job::decode(&need(envp, ENV_OPTIONS)?)?;
-    let site = super::site();
     // SAFETY: Slurm's environment array, as the caller promises.
-    let pmi_debug = unsafe { getenvp(envp, "PMI_DEBUG") };
-    let settings = options::resolve(&site, &job, pmi_debug.as_deref());
-    let tree = Tree::new(rec.nodes, options::tree_width(&site, &job)).map_err(|e| e.to_string())?;
-    let width = tree.width();
-    let place = Place { job: rec.job, step: rec.step, id: rec.id, node, node_name: names[node as usize].clone() };
-
-    let addrs: Vec<_> = (host.as_str(), port)
+    let read = |name: &str| unsafe { getenvp(envp, name) };
+    let expand = |list: &str, max: usize| slurm.expand_nodelist(list, max);
+    let Some(plan) = plan::plan(rec, &read, &expand, &super::site())? else {
+        slurm.info(&format!("{ENV_PORT} is not set: this step was not started by `srun --mpi=rpmi`; no PMI"));
+        return Ok(());
+    };
+    let env_overwrite = slurm.env_overwrite_fmt.ok_or("slurm_env_array_overwrite_fmt is not in this process")?;
+    for note in &plan.notes {
+        slurm.info(note);
+    }
+    let (tree, node, width) = (plan.tree, plan.place.node, plan.tree.width());
+    let addrs: Vec<_> = (plan.host.as_str(), plan.port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve srun's address {host}: {e}"))?
+        .map_err(|e| format!("cannot resolve srun's address {}: {e}", plan.host))?
         .collect();
-    let address = |n: u32, what: &str| address_of(slurm, &names[n as usize], what);
-    let settings = match settings {
-        Ok(s) => s,
+    let address = |n: u32, what: &str| address_of(slurm, &plan.names[n as usize], what);
+    let settings = match &plan.settings {
+        Ok(s) => s.clone(),
         Err(why) => {
-            let why = format!("the slurmstepd of {} refuses the step: {why}", place.node_name);
-            refuse(&addrs, tree, node, &secret, &address, &why);
+            let why = format!("the slurmstepd of {} refuses the step: {why}", plan.place.node_name);
+            refuse(&addrs, tree, node, &plan.secret, &address, &why);
             return Err(why);
         }
     };
@@ -1238,35 +1172,12 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         true => Some(Trace::start(libc::STDERR_FILENO).map_err(|e| format!("cannot start the trace: {e}"))?),
         false => None,
     };
-    let links = join_tree(&addrs, tree, node, &secret, &names, &address)?;
+    let links = join_tree(&addrs, tree, node, &plan.secret, &plan.names, &address)?;
     let srun_copy = links.srun.try_clone().map_err(|e| format!("socket: {e}"))?;
-
-    let mut info = JobInfo::new(
-        // Unique to this instance of the step: MPICH names its shared memory after the kvsname, and tasks that
-        // were killed leave theirs behind for a later step with the same ids (job ids start again when
-        // slurmctld's state is reset).
-        format!("rpmi_{}.{}_{}", rec.job, rec.step, secret.instance_tag()),
-        TaskMap::new(node_of),
-        local_ranks.clone(),
-        names.clone(),
-    );
-    // A spawned step: its preputs and appnums, as the spawning srun passed them on.
-    // SAFETY: Slurm's environment array, as the caller promises.
-    let spawn = match unsafe { getenvp(envp, ENV_SPAWN) }.filter(|v| !v.is_empty()) {
-        Some(text) => Some(Spawn::decode(&text)?),
-        None => None,
-    };
-    if let Some(s) = &spawn {
-        if s.size() != u64::from(rec.tasks) {
-            return Err(format!("{ENV_SPAWN} describes {} processes, Slurm's step has {}", s.size(), rec.tasks));
-        }
-        info.appnums = s.appnums(&local_ranks);
-        info.preputs = s.pairs();
-        info.spawned = true;
     // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
-    } else if let Some(config) = unsafe { multi_prog_config(record, env) } {
-        info.appnums = mpmd::appnums(&config, &local_ranks);
-    }
+    let info = plan::job_info(&plan, &read, || unsafe { multi_prog_config(record, env) })?;
+    let spawned = info.spawned;
+    let (place, names, local_ranks) = (plan.place, plan.names, plan.local_ranks);
     let limits = settings.limits();
     let mut shell = Shell::new(info, limits.clone()).map_err(|e| format!("cannot serve this step: {e}"))?;
     shell.set_trace(trace.is_some());
@@ -1275,7 +1186,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
 
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
-    let unspoken = spawn.is_some().then(|| local_ranks.iter().copied().collect());
+    let unspoken = spawned.then(|| local_ranks.iter().copied().collect());
     let host_side = SlurmHost::new(
         place.clone(),
         names,
@@ -1447,8 +1358,9 @@ unsafe fn set_up_task(stepd: &Stepd, info: &TaskInfo, env: *mut *mut *mut c_char
 mod tests {
     use super::*;
     use crate::os::Epoll;
-    use crate::server::Limits;
+    use crate::server::{JobInfo, Limits, TaskMap};
     use crate::slurm::client::bounds;
+    use crate::slurm::records::slurm_step_id_t;
     use crate::slurm::root::{Outcome, RootThread, Step};
     use std::io::{BufRead, BufReader, Write};
     use std::net::Ipv4Addr;
