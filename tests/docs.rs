@@ -252,22 +252,30 @@ fn markdown_files() -> Vec<String> {
         ["README.md", "CHANGELOG.md", "plugin-spec/README.md", "benches/results/README.md", "fuzz/README.md"]
             .map(String::from)
             .to_vec();
-    let mut dirs = vec![root().join("docs")];
-    let mut found = Vec::new();
+    let mut found: Vec<String> = files_under("docs", "md")
+        .iter()
+        .map(|path| path.strip_prefix(root()).unwrap_or(path).to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    files.extend(found);
+    files
+}
+
+/// Every file below `dir` (relative to the root) whose name ends in `.ext`.
+fn files_under(dir: &str, ext: &str) -> Vec<PathBuf> {
+    let (mut dirs, mut found) = (vec![root().join(dir)], Vec::new());
     while let Some(dir) = dirs.pop() {
         let Ok(entries) = fs::read_dir(&dir) else { continue };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                found.push(path.strip_prefix(root()).unwrap_or(&path).to_string_lossy().into_owned());
+            } else if path.extension().is_some_and(|e| e == ext) {
+                found.push(path);
             }
         }
     }
-    found.sort();
-    files.extend(found);
-    files
+    found
 }
 
 /// `dir/target`, with `.` and `..` resolved within the tree (`None` if it climbs out of it).
@@ -458,28 +466,16 @@ fn help_lists_the_options_the_manual_pages_do() {
 /// The Rust constants of the library's sources: name to its expression's text.
 fn constants() -> HashMap<String, String> {
     let mut out = HashMap::new();
-    let mut dirs = vec![root().join("src")];
-    while let Some(dir) = dirs.pop() {
-        let Ok(entries) = fs::read_dir(&dir) else { continue };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let text = fs::read_to_string(&path).unwrap_or_default();
-            for statement in text.split(';') {
-                let Some(at) = statement.find("const ") else { continue };
-                let decl = &statement[at + "const ".len()..];
-                let Some((name, rest)) = decl.split_once(':') else { continue };
-                let Some((_, value)) = rest.split_once('=') else { continue };
-                let name = name.trim();
-                if name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') {
-                    out.entry(name.to_string()).or_insert_with(|| value.trim().to_string());
-                }
+    for path in files_under("src", "rs") {
+        let text = fs::read_to_string(&path).unwrap_or_default();
+        for statement in text.split(';') {
+            let Some(at) = statement.find("const ") else { continue };
+            let decl = &statement[at + "const ".len()..];
+            let Some((name, rest)) = decl.split_once(':') else { continue };
+            let Some((_, value)) = rest.split_once('=') else { continue };
+            let name = name.trim();
+            if name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') {
+                out.entry(name.to_string()).or_insert_with(|| value.trim().to_string());
             }
         }
     }

@@ -835,17 +835,17 @@ mod tests {
         assert!(!w.outcome().job_error);
     }
 
+    /// Two nodes of one rank each, not yet connected, the tree's width `width` (`None`: the stepds').
+    fn two_nodes(width: Option<u32>) -> StepWatch {
+        let names = vec!["n1".into(), "n2".into()];
+        let shape =
+            Shape { node_names: names, node_of: vec![0, 1], bounds: BOUNDS, width, spawned: false, can_spawn: false };
+        StepWatch::new(shape).unwrap()
+    }
+
     #[test]
     fn stepds_building_the_tree_with_another_width_end_the_step() {
-        let shape = Shape {
-            node_names: vec!["n1".into(), "n2".into()],
-            node_of: vec![0, 1],
-            bounds: BOUNDS,
-            width: None,
-            spawned: false,
-            can_spawn: false,
-        };
-        let mut w = StepWatch::new(shape).unwrap();
+        let mut w = two_nodes(None);
         assert!(w.admit(0, 1, 4000).is_some());
         w.connected(0, 4000);
         assert_eq!(w.admit(1, 2, 0), None);
@@ -855,15 +855,7 @@ mod tests {
 
     #[test]
     fn a_node_hears_where_its_parent_listens_once_both_are_in() {
-        let shape = Shape {
-            node_names: vec!["n1".into(), "n2".into()],
-            node_of: vec![0, 1],
-            bounds: BOUNDS,
-            width: Some(1),
-            spawned: false,
-            can_spawn: false,
-        };
-        let mut w = StepWatch::new(shape).unwrap();
+        let mut w = two_nodes(Some(1));
         // A chain: n2 below n1. The child comes first and waits for its parent's port.
         assert!(w.admit(1, 1, 0).is_some());
         w.connected(1, 0);
@@ -873,7 +865,7 @@ mod tests {
         let parent = Down::Parent { port: 4321 }.encode().unwrap();
         assert_eq!(drain(&mut w), [Action::Send { node: 1, frame: parent }]);
         // A parent with children that does not listen is refused.
-        let mut w = StepWatch::new(Shape { width: Some(1), ..watch_of(2, false).shape }).unwrap();
+        let mut w = two_nodes(Some(1));
         assert_eq!(w.admit(0, 1, 0), None);
         assert!(errors(&drain(&mut w))[0].contains("has children in the PMI tree but does not listen for them"));
     }
