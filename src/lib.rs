@@ -14,6 +14,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+// Public only for rpmi-run, which reads and writes its own frames with it: not part of the library's API.
+#[doc(hidden)]
+pub mod codec;
 pub mod collective;
 pub mod driver;
 pub mod node;

@@ -18,6 +18,7 @@
 //! Decoding never copies a part: [`Parts`] reads them in place from the shared frame, so that an ALL can
 //! be passed on to the children and handed to the host without a second copy of the exchange.
 
+use crate::codec::{Malformed, Reader, Writer};
 use std::fmt;
 use std::sync::Arc;
 
@@ -90,6 +91,12 @@ impl fmt::Display for DecodeError {
             DecodeError::Malformed(why) => write!(f, "a malformed frame ({why})"),
             DecodeError::PartTooLarge { node, len } => write!(f, "a part of {len} bytes for node {node}"),
         }
+    }
+}
+
+impl From<Malformed> for DecodeError {
+    fn from(m: Malformed) -> DecodeError {
+        DecodeError::Malformed(m.0)
     }
 }
 
@@ -240,14 +247,15 @@ impl Frame {
     /// present before it is used; nothing is allocated for parts (they stay in `payload`) and a message or
     /// report is bounded before it is copied.
     pub fn decode(payload: &Bytes, part_max: usize) -> Result<Frame, DecodeError> {
-        let mut r = Reader(payload);
+        let mut r = Reader::new(payload);
         let kind = r.u8()?;
         let frame = match kind {
             CONTRIB | ALL => {
                 let epoch = r.u32()?;
-                let start = payload.len() - r.0.len() + 4;
-                let count = r.u32()?;
-                let (bytes, misplaced) = r.parts(count, part_max)?;
+                // Each part takes at least 8 bytes.
+                let count = r.count(8, "parts")?;
+                let start = payload.len() - r.len();
+                let (bytes, misplaced) = parts(&mut r, count, part_max)?;
                 let parts = Parts { frame: payload.clone(), start, count, bytes, misplaced };
                 if kind == CONTRIB {
                     Frame::Contrib { epoch, parts }
@@ -255,22 +263,14 @@ impl Frame {
                     Frame::All { epoch, parts }
                 }
             }
-            FAIL => Frame::Fail { epoch: r.u32()?, message: r.text()? },
+            FAIL => Frame::Fail { epoch: r.u32()?, message: r.text(MESSAGE_MAX, "a message")? },
             LOST => Frame::Lost { node: r.u32()? },
             BYE => Frame::Bye,
-            REPORT => {
-                let rest = std::mem::take(&mut r.0);
-                if rest.len() > REPORT_MAX {
-                    return Err(malformed(format!("a report of {} bytes (at most {REPORT_MAX})", rest.len())));
-                }
-                Frame::Report(rest.to_vec())
-            }
+            REPORT => Frame::Report(r.rest_max(REPORT_MAX, "a report")?.to_vec()),
             END => Frame::End,
             k => return Err(malformed(format!("unknown kind {k}"))),
         };
-        if !r.0.is_empty() {
-            return Err(malformed(format!("{} bytes too many", r.0.len())));
-        }
+        r.end()?;
         Ok(frame)
     }
 }
@@ -304,31 +304,27 @@ fn parts_frame<'a>(
     if len > FRAME_MAX {
         return Err(TooLarge { len, max: FRAME_MAX });
     }
-    let mut f = Vec::with_capacity(len);
-    f.push(kind);
-    f.extend_from_slice(&epoch.to_be_bytes());
     // The frame's length fits a u32, so the count and every part's length do too.
-    f.extend_from_slice(&(count as u32).to_be_bytes());
+    let too_large = TooLarge { len, max: FRAME_MAX };
+    let mut f = Writer::with_capacity(len);
+    f.u8(kind).u32(epoch).len32(count).ok_or(too_large)?;
     for (node, part) in parts {
-        f.extend_from_slice(&node.to_be_bytes());
-        f.extend_from_slice(&(part.len() as u32).to_be_bytes());
-        f.extend_from_slice(part);
+        f.u32(node).prefixed32(part).ok_or(too_large)?;
     }
-    Ok(Arc::new(f))
+    Ok(Arc::new(f.into_vec()))
 }
 
 /// A FAIL of exchange `epoch`, its message cut to [`MESSAGE_MAX`] bytes at a character boundary.
 pub fn fail(epoch: u32, message: &str) -> Bytes {
-    let mut f = vec![FAIL];
-    f.extend_from_slice(&epoch.to_be_bytes());
-    f.extend_from_slice(&message.as_bytes()[..text_end(message)]);
-    Arc::new(f)
+    let mut f = Writer::new();
+    f.u8(FAIL).u32(epoch).text(message, MESSAGE_MAX);
+    Arc::new(f.into_vec())
 }
 
 pub fn lost(node: u32) -> Bytes {
-    let mut f = vec![LOST];
-    f.extend_from_slice(&node.to_be_bytes());
-    Arc::new(f)
+    let mut f = Writer::with_capacity(5);
+    f.u8(LOST).u32(node);
+    Arc::new(f.into_vec())
 }
 
 pub fn bye() -> Bytes {
@@ -349,19 +345,9 @@ pub fn report(bytes: &[u8]) -> Result<Bytes, TooLarge> {
     if bytes.len() > REPORT_MAX {
         return Err(TooLarge { len: 1 + bytes.len(), max: CONTROL_MAX });
     }
-    let mut f = Vec::with_capacity(1 + bytes.len());
-    f.push(REPORT);
-    f.extend_from_slice(bytes);
-    Ok(Arc::new(f))
-}
-
-/// The length of `text` cut to [`MESSAGE_MAX`] bytes at a character boundary.
-fn text_end(text: &str) -> usize {
-    let mut end = text.len().min(MESSAGE_MAX);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    end
+    let mut f = Writer::with_capacity(1 + bytes.len());
+    f.u8(REPORT).bytes(bytes);
+    Ok(Arc::new(f.into_vec()))
 }
 
 /// The big-endian `u32` at `at` in `b`, if it is all there. Inlined even without optimization: every
@@ -378,68 +364,31 @@ fn malformed(why: String) -> DecodeError {
     DecodeError::Malformed(why)
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if self.0.len() < n {
-            return Err(malformed(format!("{} bytes where {n} were expected", self.0.len())));
+/// Checks the `count` parts at the front of `r` and returns their bytes in all and the first part not in
+/// its place. (Reads by index: this runs once per node for every node's part of every exchange.)
+fn parts(r: &mut Reader, count: u32, part_max: usize) -> Result<(usize, Option<(u32, u32)>), DecodeError> {
+    let b = r.unread();
+    let (mut at, mut bytes, mut misplaced) = (0, 0usize, None);
+    for place in 0..count {
+        let (Some(node), Some(len)) = (be32(b, at), be32(b, at + 4)) else {
+            return Err(malformed(format!("a part cut short at byte {at} of {}", b.len())));
+        };
+        let len = len as usize;
+        at += 8;
+        if len > b.len() - at {
+            return Err(malformed(format!("a part of {len} bytes in the {} left", b.len() - at)));
         }
-        let (head, tail) = self.0.split_at(n);
-        self.0 = tail;
-        Ok(head)
-    }
-
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        let b = self.take(4)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    /// Checks `count` parts and returns their bytes in all and the first part not in its place. (Reads by
-    /// index: this runs once per node for every node's part of every exchange.)
-    fn parts(&mut self, count: u32, part_max: usize) -> Result<(usize, Option<(u32, u32)>), DecodeError> {
-        let b = self.0;
-        // Each part takes at least 8 bytes: a count beyond that is a lie.
-        if count as usize > b.len() / 8 {
-            return Err(malformed(format!("{count} parts in {} bytes", b.len())));
+        if len > part_max {
+            return Err(DecodeError::PartTooLarge { node, len });
         }
-        let (mut at, mut bytes, mut misplaced) = (0, 0usize, None);
-        for place in 0..count {
-            let (Some(node), Some(len)) = (be32(b, at), be32(b, at + 4)) else {
-                return Err(malformed(format!("a part cut short at byte {at} of {}", b.len())));
-            };
-            let len = len as usize;
-            at += 8;
-            if len > b.len() - at {
-                return Err(malformed(format!("a part of {len} bytes in the {} left", b.len() - at)));
-            }
-            if len > part_max {
-                return Err(DecodeError::PartTooLarge { node, len });
-            }
-            at += len;
-            bytes += len;
-            if node != place && misplaced.is_none() {
-                misplaced = Some((place, node));
-            }
+        at += len;
+        bytes += len;
+        if node != place && misplaced.is_none() {
+            misplaced = Some((place, node));
         }
-        self.take(at)?;
-        Ok((bytes, misplaced))
     }
-
-    fn text(&mut self) -> Result<String, DecodeError> {
-        let rest = std::mem::take(&mut self.0);
-        if rest.len() > MESSAGE_MAX {
-            return Err(malformed(format!("a message of {} bytes (at most {MESSAGE_MAX})", rest.len())));
-        }
-        // Every byte that is not UTF-8 becomes U+FFFD, 3 bytes: the text is cut as an encoder cuts it.
-        let mut text = String::from_utf8_lossy(rest).into_owned();
-        text.truncate(text_end(&text));
-        Ok(text)
-    }
+    r.take(at)?;
+    Ok((bytes, misplaced))
 }
 
 #[cfg(test)]

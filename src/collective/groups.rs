@@ -18,6 +18,7 @@
 //! ([`GroupRoot::blocked_by_node`], [`GroupRoot::blocked_by_rank`]) and ends the job.
 
 use super::Bounds;
+use crate::codec::{Malformed, Reader, Writer};
 use crate::server::GROUP_ID_MAX;
 use crate::wire::group::Group;
 use std::collections::BTreeMap;
@@ -178,85 +179,51 @@ impl GroupRoot {
 /// A node's part of a group exchange as one message (integers big-endian):
 /// `id_len:u16 id count:u32 count*(node:u32) part`. `None` if the id or the list is too long for it.
 pub fn encode_part(id: &[u8], shells: &[u32], part: &[u8]) -> Option<Vec<u8>> {
-    let (id_len, count) = (u16::try_from(id.len()).ok()?, u32::try_from(shells.len()).ok()?);
-    let mut m = Vec::with_capacity(6 + id.len() + 4 * shells.len() + part.len());
-    m.extend_from_slice(&id_len.to_be_bytes());
-    m.extend_from_slice(id);
-    m.extend_from_slice(&count.to_be_bytes());
-    shells.iter().for_each(|s| m.extend_from_slice(&s.to_be_bytes()));
-    m.extend_from_slice(part);
-    Some(m)
+    let mut m = Writer::with_capacity(6 + id.len() + 4 * shells.len() + part.len());
+    m.prefixed16(id)?.len32(shells.len())?;
+    for &shell in shells {
+        m.u32(shell);
+    }
+    m.bytes(part);
+    Some(m.into_vec())
 }
 
 /// Reads [`encode_part`]'s message: the id, the member nodes and the part.
-pub fn decode_part(m: &[u8]) -> Result<Part, String> {
-    let mut r = Reader(m);
-    let id = r.id()?;
-    let count = r.u32()? as usize;
-    if count > r.0.len() / 4 {
-        return Err(format!("a group exchange of {count} nodes in {} bytes", r.0.len()));
-    }
+pub fn decode_part(m: &[u8]) -> Result<Part, Malformed> {
+    let mut r = Reader::new(m);
+    let id = r.prefixed16(GROUP_ID_MAX, "a group exchange id")?.to_vec();
+    let count = r.count(4, "nodes")?;
     let shells = (0..count).map(|_| r.u32()).collect::<Result<_, _>>()?;
-    Ok(Part { id, shells, part: r.0.to_vec() })
+    Ok(Part { id, shells, part: r.rest().to_vec() })
 }
 
 /// The parts of an exchange every member's part came to, as one message: `id_len:u16 id count:u32
 /// count*(len:u32 bytes)`, the parts in member order. (A root sends no failure: a group exchange that cannot
 /// end ends the job.) `None` if a length does not fit its field.
 pub fn encode_done(id: &[u8], parts: &[Vec<u8>]) -> Option<Vec<u8>> {
-    let mut m = Vec::with_capacity(6 + id.len() + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
-    m.extend_from_slice(&u16::try_from(id.len()).ok()?.to_be_bytes());
-    m.extend_from_slice(id);
-    m.extend_from_slice(&u32::try_from(parts.len()).ok()?.to_be_bytes());
+    let mut m = Writer::with_capacity(6 + id.len() + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
+    m.prefixed16(id)?.len32(parts.len())?;
     for p in parts {
-        m.extend_from_slice(&u32::try_from(p.len()).ok()?.to_be_bytes());
-        m.extend_from_slice(p);
+        m.prefixed32(p)?;
     }
-    Some(m)
+    Some(m.into_vec())
 }
 
 /// Reads [`encode_done`]'s message: the id, and every part.
-pub fn decode_done(m: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), String> {
-    let mut r = Reader(m);
-    let id = r.id()?;
-    let count = r.u32()? as usize;
-    if count > r.0.len() / 4 {
-        return Err(format!("{count} parts in {} bytes", r.0.len()));
-    }
-    let mut parts = Vec::with_capacity(count);
+pub fn decode_done(m: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), Malformed> {
+    let mut r = Reader::new(m);
+    let id = r.prefixed16(GROUP_ID_MAX, "a group exchange id")?.to_vec();
+    // Each part takes at least its 4-byte length.
+    let count = r.count(4, "parts")?;
+    let mut parts = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let len = r.u32()? as usize;
         parts.push(r.take(len)?.to_vec());
     }
-    if !r.0.is_empty() {
-        return Err(format!("{} bytes after the parts", r.0.len()));
+    if !r.is_empty() {
+        return Err(Malformed(format!("{} bytes after the parts", r.len())));
     }
     Ok((id, parts))
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err(format!("{} bytes where {n} were expected", self.0.len()));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().unwrap_or_default()))
-    }
-
-    fn id(&mut self) -> Result<Vec<u8>, String> {
-        let len = u16::from_be_bytes(self.take(2)?.try_into().unwrap_or_default()) as usize;
-        if len > GROUP_ID_MAX {
-            return Err(format!("a group exchange id of {len} bytes"));
-        }
-        Ok(self.take(len)?.to_vec())
-    }
 }
 
 #[cfg(test)]
@@ -313,11 +280,11 @@ mod tests {
         let parts = vec![b"a".to_vec(), vec![]];
         let m = encode_done(b"WORLD:3", &parts).unwrap();
         assert_eq!(decode_done(&m), Ok((b"WORLD:3".to_vec(), parts)));
-        assert!(decode_part(&[0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().contains("nodes in"));
-        assert!(decode_part(&[0x04, 0x01]).unwrap_err().contains("id of 1025 bytes"));
-        assert!(decode_done(&[0, 0, 0x10, 0, 0, 0]).unwrap_err().contains("parts in"));
+        assert!(decode_part(&[0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().0.contains("nodes in"));
+        assert!(decode_part(&[0x04, 0x01]).unwrap_err().0.contains("id of 1025 bytes"));
+        assert!(decode_done(&[0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));
         assert!(decode_done(&[0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
-        assert!(decode_done(&[0, 0, 0, 0, 0, 0, 7]).unwrap_err().contains("after the parts"));
+        assert!(decode_done(&[0, 0, 0, 0, 0, 0, 7]).unwrap_err().0.contains("after the parts"));
     }
 
     #[test]

@@ -43,6 +43,8 @@
 //! checked before it is written as a `u32`.
 
 use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
+pub use crate::codec::Malformed;
+use crate::codec::{cut, utf8, Reader, Writer};
 use crate::collective::groups;
 use crate::collective::Bytes;
 pub use crate::server::NameOp;
@@ -179,16 +181,6 @@ pub enum Direction {
     Down,
 }
 
-/// A frame that does not decode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Malformed(pub String);
-
-impl fmt::Display for Malformed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "malformed frame: {}", self.0)
-    }
-}
-
 /// Why the next frame cannot be taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrameError {
@@ -214,19 +206,17 @@ impl fmt::Display for TooLarge {
     }
 }
 
-/// A frame of kind `kind` whose payload is `fields`, one after the other.
-fn frame(kind: u8, fields: &[&[u8]]) -> Result<Vec<u8>, TooLarge> {
-    let len = 1 + fields.iter().map(|f| f.len()).sum::<usize>();
-    let mut f = Vec::with_capacity(4 + len);
-    f.extend_from_slice(&u32::try_from(len).map_err(|_| TooLarge(4 + len))?.to_be_bytes());
-    f.push(kind);
-    fields.iter().for_each(|field| f.extend_from_slice(field));
-    Ok(f)
+/// A frame of kind `kind` whose payload is the kind, then `fields`.
+fn frame(kind: u8, fields: &[u8]) -> Result<Vec<u8>, TooLarge> {
+    let len = 1 + fields.len();
+    let mut f = Writer::with_capacity(4 + len);
+    f.len32(len).ok_or(TooLarge(4 + len))?.u8(kind).bytes(fields);
+    Ok(f.into_vec())
 }
 
 /// A control frame: its size is bounded by [`CONTROL_MAX`] (texts are cut to [`MESSAGE_MAX`]), so it always
 /// fits.
-fn control(kind: u8, fields: &[&[u8]]) -> Vec<u8> {
+fn control(kind: u8, fields: &[u8]) -> Vec<u8> {
     frame(kind, fields).unwrap_or_default()
 }
 
@@ -241,27 +231,9 @@ pub fn collective_head(direction: Direction, len: usize) -> Result<[u8; 5], TooL
     Ok([prefix[0], prefix[1], prefix[2], prefix[3], kind])
 }
 
-/// A message text cut to [`MESSAGE_MAX`] bytes (at a character boundary).
-fn cut(text: &str) -> &[u8] {
-    &text.as_bytes()[..text_end(text)]
-}
-
-/// `text` cut to at most `max` bytes (at a character boundary).
-fn cut_to(text: &str, max: usize) -> &[u8] {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text.as_bytes()[..end]
-}
-
-/// The length of `text` cut to [`MESSAGE_MAX`] bytes (at a character boundary).
-fn text_end(text: &str) -> usize {
-    let mut end = text.len().min(MESSAGE_MAX);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    end
+/// A COLLECTIVE's frame, copied out of the receive buffer (which is reused) into a frame of its own.
+fn collective(r: &mut Reader) -> Bytes {
+    Arc::new(r.rest().to_vec())
 }
 
 impl Up {
@@ -286,44 +258,45 @@ impl Up {
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
         Ok(match self {
-            Up::Hello { node, nonce, port, width } => control(
-                HELLO,
-                &[MAGIC, &VERSION.to_be_bytes(), &node.to_be_bytes(), nonce, &port.to_be_bytes(), &width.to_be_bytes()],
-            ),
-            Up::Proof { proof } => control(PROOF, &[proof]),
-            Up::Collective(payload) => frame(UP_COLLECTIVE, &[payload.as_slice()])?,
-            Up::Joined { epoch } => control(JOINED, &[&epoch.to_be_bytes()]),
+            Up::Hello { node, nonce, port, width } => {
+                control(HELLO, Writer::new().bytes(MAGIC).u16(VERSION).u32(*node).bytes(nonce).u16(*port).u32(*width))
+            }
+            Up::Proof { proof } => control(PROOF, proof),
+            Up::Collective(payload) => frame(UP_COLLECTIVE, payload)?,
+            Up::Joined { epoch } => control(JOINED, Writer::new().u32(*epoch)),
             Up::Abort { rank, code, message } => {
-                control(ABORT, &[&rank.to_be_bytes(), &code.to_be_bytes(), cut(message)])
+                control(ABORT, Writer::new().u32(*rank).i32(*code).text(message, MESSAGE_MAX))
             }
             Up::Error { rank, failed, message } => {
-                control(ERROR, &[&rank.to_be_bytes(), &[u8::from(*failed)], cut(message)])
+                control(ERROR, Writer::new().u32(*rank).flag(*failed).text(message, MESSAGE_MAX))
             }
-            Up::Gone { rank, finalized } => control(GONE, &[&rank.to_be_bytes(), &[u8::from(*finalized)]]),
+            Up::Gone { rank, finalized } => control(GONE, Writer::new().u32(*rank).flag(*finalized)),
             Up::Bye => control(BYE, &[]),
             Up::Name { task, op, name, port } => {
-                // A stepd checks both against NAME_MAX; cut here all the same, so the frame stays a control frame.
-                let (name, port) = (cut_to(name, NAME_MAX), cut_to(port, NAME_MAX));
-                let len = (name.len() as u16).to_be_bytes();
+                // A stepd checks both against NAME_MAX; cut here all the same, so the frame stays a control frame
+                // (and the name's length fits its u16).
+                let (name, port) = (cut(name, NAME_MAX), cut(port, NAME_MAX));
                 let op = match op {
                     NameOp::Publish => 0,
                     NameOp::Unpublish => 1,
                     NameOp::Lookup => 2,
                 };
-                control(NAME, &[&task.to_be_bytes(), &[op], &len, name, port])
+                let mut fields = Writer::new();
+                fields.u32(*task).u8(op).u16(name.len() as u16).bytes(name.as_bytes()).bytes(port.as_bytes());
+                control(NAME, &fields)
             }
-            Up::Spawn { task, request } => frame(SPAWN, &[&task.to_be_bytes(), request.as_bytes()])?,
+            Up::Spawn { task, request } => frame(SPAWN, Writer::new().u32(*task).bytes(request.as_bytes()))?,
             Up::Started => control(STARTED, &[]),
             Up::Group { id, shells, part } => {
                 let m = groups::encode_part(id, shells, part).ok_or(TooLarge(id.len() + 4 * shells.len()))?;
-                frame(UP_GROUP, &[&m])?
+                frame(UP_GROUP, &m)?
             }
         })
     }
 
     /// Decodes a payload (without its length prefix).
     pub fn decode(payload: &[u8]) -> Result<Up, Malformed> {
-        let mut r = Reader(payload);
+        let mut r = Reader::new(payload);
         let m = match r.u8()? {
             HELLO => {
                 if r.take(4)? != MAGIC {
@@ -336,16 +309,19 @@ impl Up {
                 Up::Hello { node: r.u32()?, nonce: r.array()?, port: r.u16()?, width: r.u32()? }
             }
             PROOF => Up::Proof { proof: r.array()? },
-            UP_COLLECTIVE => Up::Collective(r.rest()),
+            UP_COLLECTIVE => Up::Collective(collective(&mut r)),
             JOINED => Up::Joined { epoch: r.u32()? },
-            ABORT => Up::Abort { rank: r.u32()?, code: r.u32()? as i32, message: r.rest_text()? },
-            ERROR => Up::Error { rank: r.u32()?, failed: r.flag("an error whose cause")?, message: r.rest_text()? },
+            ABORT => Up::Abort { rank: r.u32()?, code: r.i32()?, message: r.text(MESSAGE_MAX, "a message")? },
+            ERROR => Up::Error {
+                rank: r.u32()?,
+                failed: r.flag("an error whose cause")?,
+                message: r.text(MESSAGE_MAX, "a message")?,
+            },
             GONE => Up::Gone { rank: r.u32()?, finalized: r.flag("a rank gone whose finalize")? },
             BYE => Up::Bye,
             STARTED => Up::Started,
             UP_GROUP => {
-                let groups::Part { id, shells, part } =
-                    groups::decode_part(std::mem::take(&mut r.0)).map_err(Malformed)?;
+                let groups::Part { id, shells, part } = groups::decode_part(r.rest())?;
                 Up::Group { id, shells, part }
             }
             NAME => {
@@ -356,20 +332,13 @@ impl Up {
                     2 => NameOp::Lookup,
                     b => return Err(Malformed(format!("a name request of kind {b}"))),
                 };
-                let len = r.u16()? as usize;
-                let name = r.text(len)?;
-                let port_len = r.0.len();
-                let port = r.text(port_len)?;
+                let name = utf8(r.prefixed16(NAME_MAX, "a name or port")?, "a name or port")?;
+                let port = utf8(r.rest_max(NAME_MAX, "a name or port")?, "a name or port")?;
                 Up::Name { task, op, name, port }
             }
             SPAWN => {
                 let task = r.u32()?;
-                let rest = std::mem::take(&mut r.0);
-                if rest.len() > SPAWN_MAX {
-                    return Err(Malformed(format!("a spawn request of {} bytes (at most {SPAWN_MAX})", rest.len())));
-                }
-                let request =
-                    String::from_utf8(rest.to_vec()).map_err(|_| Malformed("a spawn request not in UTF-8".into()))?;
+                let request = utf8(r.rest_max(SPAWN_MAX, "a spawn request")?, "a spawn request")?;
                 Up::Spawn { task, request }
             }
             k => return Err(Malformed(format!("unknown kind {k}"))),
@@ -397,33 +366,39 @@ impl Down {
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
         Ok(match self {
-            Down::Challenge { nonce } => control(CHALLENGE, &[nonce]),
-            Down::Welcome { proof } => control(WELCOME, &[proof]),
-            Down::Collective(payload) => frame(DOWN_COLLECTIVE, &[payload.as_slice()])?,
-            Down::Parent { port } => control(PARENT, &[&port.to_be_bytes()]),
+            Down::Challenge { nonce } => control(CHALLENGE, nonce),
+            Down::Welcome { proof } => control(WELCOME, proof),
+            Down::Collective(payload) => frame(DOWN_COLLECTIVE, payload)?,
+            Down::Parent { port } => control(PARENT, Writer::new().u16(*port)),
             Down::ParentDone => control(PARENT_DONE, &[]),
             Down::End => control(END, &[]),
-            Down::Answer { task, ok, text } => control(ANSWER, &[&task.to_be_bytes(), &[u8::from(*ok)], cut(text)]),
+            Down::Answer { task, ok, text } => {
+                control(ANSWER, Writer::new().u32(*task).flag(*ok).text(text, MESSAGE_MAX))
+            }
             Down::Group { id, parts } => {
                 let m = groups::encode_done(id, parts).ok_or(TooLarge(id.len()))?;
-                frame(DOWN_GROUP, &[&m])?
+                frame(DOWN_GROUP, &m)?
             }
         })
     }
 
     /// Decodes a payload (without its length prefix).
     pub fn decode(payload: &[u8]) -> Result<Down, Malformed> {
-        let mut r = Reader(payload);
+        let mut r = Reader::new(payload);
         let m = match r.u8()? {
             CHALLENGE => Down::Challenge { nonce: r.array()? },
             WELCOME => Down::Welcome { proof: r.array()? },
-            DOWN_COLLECTIVE => Down::Collective(r.rest()),
+            DOWN_COLLECTIVE => Down::Collective(collective(&mut r)),
             PARENT => Down::Parent { port: r.u16()? },
             PARENT_DONE => Down::ParentDone,
             END => Down::End,
-            ANSWER => Down::Answer { task: r.u32()?, ok: r.flag("an answer whose outcome")?, text: r.rest_text()? },
+            ANSWER => Down::Answer {
+                task: r.u32()?,
+                ok: r.flag("an answer whose outcome")?,
+                text: r.text(MESSAGE_MAX, "a message")?,
+            },
             DOWN_GROUP => {
-                let (id, parts) = groups::decode_done(std::mem::take(&mut r.0)).map_err(Malformed)?;
+                let (id, parts) = groups::decode_done(r.rest())?;
                 Down::Group { id, parts }
             }
             k => return Err(Malformed(format!("unknown kind {k}"))),
@@ -453,8 +428,7 @@ impl FrameBuf {
 
     /// The length the next frame's prefix announces, once its 4 bytes have come.
     pub fn announced(&self) -> Option<usize> {
-        let rest = &self.buf[self.used..];
-        rest.get(..4).map(|p| u32::from_be_bytes([p[0], p[1], p[2], p[3]]) as usize)
+        Reader::new(&self.buf[self.used..]).u32().ok().map(|len| len as usize)
     }
 
     /// The next whole frame's payload, `Ok(None)` if it has not all come yet, or an error if the length
@@ -498,69 +472,6 @@ impl FrameBuf {
         if self.used > 0 {
             self.buf.drain(..self.used);
             self.used = 0;
-        }
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
-        if self.0.len() < n {
-            return Err(Malformed(format!("{} bytes where {n} were expected", self.0.len())));
-        }
-        let (head, tail) = self.0.split_at(n);
-        self.0 = tail;
-        Ok(head)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], Malformed> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-    fn u8(&mut self) -> Result<u8, Malformed> {
-        Ok(self.take(1)?[0])
-    }
-    /// A byte that must be 0 (false) or 1 (true); `what` names it in the error.
-    fn flag(&mut self, what: &str) -> Result<bool, Malformed> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            b => Err(Malformed(format!("{what} is {b}"))),
-        }
-    }
-    fn u16(&mut self) -> Result<u16, Malformed> {
-        Ok(u16::from_be_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Result<u32, Malformed> {
-        Ok(u32::from_be_bytes(self.array()?))
-    }
-    /// The rest of the payload, copied out of the receive buffer (which is reused) into a frame of its own.
-    fn rest(&mut self) -> Bytes {
-        Arc::new(std::mem::take(&mut self.0).to_vec())
-    }
-    fn rest_text(&mut self) -> Result<String, Malformed> {
-        let rest = std::mem::take(&mut self.0);
-        if rest.len() > MESSAGE_MAX {
-            return Err(Malformed(format!("a message of {} bytes (at most {MESSAGE_MAX})", rest.len())));
-        }
-        // Every byte that is not UTF-8 becomes U+FFFD, 3 bytes: the text is cut as an encoder cuts it.
-        let mut text = String::from_utf8_lossy(rest).into_owned();
-        text.truncate(text_end(&text));
-        Ok(text)
-    }
-    /// The next `len` bytes as a name or port: at most [`NAME_MAX`] bytes of UTF-8.
-    fn text(&mut self, len: usize) -> Result<String, Malformed> {
-        if len > NAME_MAX {
-            return Err(Malformed(format!("a name or port of {len} bytes (at most {NAME_MAX})")));
-        }
-        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| Malformed("a name or port that is not UTF-8".into()))
-    }
-    fn end(&self) -> Result<(), Malformed> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(Malformed(format!("{} bytes too many", self.0.len())))
         }
     }
 }

@@ -7,6 +7,7 @@
 use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use crate::host::{Cause, Host};
 use rpmi::abi::ffi;
+use rpmi::codec::Reader;
 use rpmi::collective::{frame, groups, Bounds, Node, Output, Parts, Peer, Tree};
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
@@ -247,13 +248,12 @@ impl State {
                     // Its barrier would never end: the job cannot go on.
                     Err(why) => {
                         let message =
-                            format!("rpmi-run sent virtual node {} a malformed group exchange: {why}", self.me);
+                            format!("rpmi-run sent virtual node {} a malformed group exchange: {}", self.me, why.0);
                         self.bad_group = Some(message);
                     }
                 },
                 Heard::Frame(KILL, signal) if peer == Peer::Root => {
-                    let signal = signal.get(..4).and_then(|s| s.try_into().ok()).map(i32::from_le_bytes);
-                    host.end(signal.unwrap_or(libc::SIGKILL));
+                    host.end(Reader::new(&signal).i32_le().unwrap_or(libc::SIGKILL));
                 }
                 Heard::Frame(..) => {}
                 Heard::Pending => return,

@@ -2,6 +2,7 @@
 //! and that many bytes. The socket never blocks: frames to send wait in a queue until it takes them, and a
 //! frame coming in is held until it is whole. Also what the shells and the coordinator say in them.
 
+use rpmi::codec::{cut, Reader, Writer};
 use rpmi::collective::frame::REPORT_MAX;
 use rpmi::collective::Bytes;
 use std::collections::VecDeque;
@@ -30,6 +31,18 @@ pub const LEFT: u8 = 6;
 pub const CONTROL_MAX: usize = 64 * 1024;
 
 const HEAD: usize = 9;
+
+/// A frame's head: its kind and its payload's length.
+fn head(kind: u8, len: usize) -> [u8; HEAD] {
+    let mut head = [kind; HEAD];
+    head[1..].copy_from_slice(&(len as u64).to_le_bytes());
+    head
+}
+
+fn read_head(head: &[u8; HEAD]) -> (u8, u64) {
+    let [kind, len @ ..] = *head;
+    (kind, u64::from_le_bytes(len))
+}
 
 /// What reading a connection gave.
 #[derive(Debug, PartialEq, Eq)]
@@ -105,10 +118,7 @@ impl Conn {
         if !self.open() {
             return false;
         }
-        let mut head = [0u8; HEAD];
-        head[0] = kind;
-        head[1..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        self.queue.push_back((head, payload));
+        self.queue.push_back((head(kind, payload.len()), payload));
         self.flush();
         !self.unwritable
     }
@@ -156,10 +166,7 @@ impl Conn {
                     got
                 }
                 None => {
-                    let kind = self.head[0];
-                    let mut len = [0u8; 8];
-                    len.copy_from_slice(&self.head[1..]);
-                    let len = u64::from_le_bytes(len);
+                    let (kind, len) = read_head(&self.head);
                     let max = max(kind);
                     if len > max as u64 {
                         self.end();
@@ -204,15 +211,6 @@ impl Conn {
     }
 }
 
-/// `text`, cut to at most `max` bytes at a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// An ENDING's payload: what to say.
 pub fn ending(message: &str) -> Bytes {
     Arc::new(cut(message, CONTROL_MAX).as_bytes().to_vec())
@@ -220,17 +218,18 @@ pub fn ending(message: &str) -> Bytes {
 
 /// An ABORT's payload: the exit code, when the node's shell heard of it ([`now`]), then what to say.
 pub fn abort(code: i32, at: u64, message: &str) -> Bytes {
-    let mut payload = code.to_le_bytes().to_vec();
-    payload.extend_from_slice(&at.to_le_bytes());
-    payload.extend_from_slice(cut(message, CONTROL_MAX - 12).as_bytes());
-    Arc::new(payload)
+    let mut payload = Writer::new();
+    payload.i32_le(code).u64_le(at).text(message, CONTROL_MAX - 12);
+    Arc::new(payload.into_vec())
 }
 
-/// An ABORT's exit code, when it was heard of, and what to say.
+/// An ABORT's exit code, when it was heard of, and what to say (1, never and nothing for what is missing).
 pub fn read_abort(payload: &[u8]) -> (i32, u64, &[u8]) {
-    let code = payload.get(..4).and_then(|c| c.try_into().ok()).map_or(1, i32::from_le_bytes);
-    let at = payload.get(4..12).and_then(|t| t.try_into().ok()).map_or(u64::MAX, u64::from_le_bytes);
-    (code, at, payload.get(12..).unwrap_or_default())
+    let mut r = Reader::new(payload);
+    match (r.i32_le(), r.u64_le()) {
+        (Ok(code), Ok(at)) => (code, at, r.rest()),
+        (code, _) => (code.unwrap_or(1), u64::MAX, &[]),
+    }
 }
 
 /// Nanoseconds on the machine's monotonic clock, which all of rpmi-run's processes share.
@@ -256,28 +255,25 @@ pub struct Blame {
 
 impl Blame {
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = self.node.unwrap_or(u32::MAX).to_le_bytes().to_vec();
-        bytes.push(u8::from(self.left));
-        bytes.extend_from_slice(cut(&self.message, REPORT_MAX - 5).as_bytes());
-        bytes
+        let mut bytes = Writer::new();
+        bytes.u32_le(self.node.unwrap_or(u32::MAX)).u8(u8::from(self.left)).text(&self.message, REPORT_MAX - 5);
+        bytes.into_vec()
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Blame> {
-        let node = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?);
+        let mut r = Reader::new(bytes);
+        let node = r.u32_le().ok()?;
         Some(Blame {
             node: (node != u32::MAX).then_some(node),
-            left: *bytes.get(4)? != 0,
-            message: String::from_utf8_lossy(bytes.get(5..)?).into_owned(),
+            left: r.u8().ok()? != 0,
+            message: String::from_utf8_lossy(r.rest()).into_owned(),
         })
     }
 }
 
 /// Writes a frame on a blocking end (a connection whose other end is a [`Conn`]).
 pub fn write_frame(to: &mut impl Write, kind: u8, payload: &[u8]) -> io::Result<()> {
-    let mut head = [0u8; HEAD];
-    head[0] = kind;
-    head[1..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    to.write_all(&head)?;
+    to.write_all(&head(kind, payload.len()))?;
     to.write_all(payload)
 }
 
@@ -288,15 +284,13 @@ pub fn read_frame(from: &mut impl Read, max: usize) -> io::Result<Option<(u8, Ve
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
         other => other?,
     }
-    let mut len = [0u8; 8];
-    len.copy_from_slice(&head[1..]);
-    let len = u64::from_le_bytes(len);
+    let (kind, len) = read_head(&head);
     if len > max as u64 {
         return Err(io::Error::other(format!("a frame of {len} bytes, over the {max} taken")));
     }
     let mut payload = vec![0; len as usize];
     from.read_exact(&mut payload)?;
-    Ok(Some((head[0], payload)))
+    Ok(Some((kind, payload)))
 }
 
 /// What one read gave.

@@ -11,6 +11,7 @@ use crate::branch::Branch;
 use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use crate::host::Ended;
 use rpmi::abi::ffi;
+use rpmi::codec::Reader;
 use rpmi::collective::{frame, groups, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::io;
@@ -264,7 +265,7 @@ impl<'a> Coordinator<'a> {
                 }
                 Heard::Frame(GROUP, m) => self.group(from, &m),
                 Heard::Frame(LEFT, rank) => {
-                    if let Some(rank) = rank.get(..4).and_then(|r| r.try_into().ok()).map(u32::from_le_bytes) {
+                    if let Ok(rank) = Reader::new(&rank).u32_le() {
                         self.left.push((rank, from));
                         self.group_blocked();
                     }
@@ -296,7 +297,9 @@ impl<'a> Coordinator<'a> {
 
     /// Node `from`'s part of a group exchange; once every member's is in, the parts go to each member.
     fn group(&mut self, from: u32, m: &[u8]) {
-        let taken = groups::decode_part(m).and_then(|p| self.groups.contribute(from, &p.id, &p.shells, p.part));
+        let taken = groups::decode_part(m)
+            .map_err(|e| e.0)
+            .and_then(|p| self.groups.contribute(from, &p.id, &p.shells, p.part));
         match taken {
             Ok(Some(done)) => {
                 let end = groups::encode_done(&done.id, &done.parts).map(Arc::new);

@@ -19,6 +19,7 @@ use crate::conn::{self, Conn, Heard};
 use crate::host::Ended;
 use crate::job::{App, Job};
 use rpmi::abi::PREPUTS_MAX;
+use rpmi::codec::{Reader, Writer};
 use rpmi::os::Start;
 use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
@@ -82,43 +83,39 @@ impl Service {
     }
 }
 
-fn le32(bytes: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
-}
-
 /// A request's or a reply's head: node, task, one byte; then the text.
 fn addressed(node: u32, task: u32, byte: u8, text: &[u8]) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(9 + text.len());
-    payload.extend_from_slice(&node.to_le_bytes());
-    payload.extend_from_slice(&task.to_le_bytes());
-    payload.push(byte);
-    payload.extend_from_slice(text);
-    payload
+    let mut payload = Writer::with_capacity(9 + text.len());
+    payload.u32_le(node).u32_le(task).u8(byte).bytes(text);
+    payload.into_vec()
 }
 
 /// Reads what [`addressed`] made: node, task, the byte, the text.
 fn read_addressed(payload: &[u8]) -> Option<(u32, u32, u8, &[u8])> {
-    Some((le32(payload, 0)?, le32(payload, 4)?, *payload.get(8)?, payload.get(9..)?))
+    let mut r = Reader::new(payload);
+    Some((r.u32_le().ok()?, r.u32_le().ok()?, r.u8().ok()?, r.rest()))
 }
 
 /// An EXIT's payload.
 pub fn exit_payload(ended: Ended) -> Vec<u8> {
-    let mut payload = ended.status.to_le_bytes().to_vec();
-    payload.extend_from_slice(&ended.began.unwrap_or(u64::MAX).to_le_bytes());
-    payload
+    let mut payload = Writer::with_capacity(12);
+    payload.i32_le(ended.status).u64_le(ended.began.unwrap_or(u64::MAX));
+    payload.into_vec()
 }
 
 fn read_exit(payload: &[u8]) -> Ended {
-    let began = payload.get(4..12).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-    Ended { status: read_status(payload), began: began.filter(|&b| b != u64::MAX) }
+    let mut r = Reader::new(payload);
+    let status = r.i32_le().unwrap_or(1);
+    Ended { status, began: r.u64_le().ok().filter(|&b| b != u64::MAX) }
 }
 
 fn status_frame(status: i32) -> Arc<Vec<u8>> {
     Arc::new(status.to_le_bytes().to_vec())
 }
 
+/// A status (1 if it is missing).
 fn read_status(payload: &[u8]) -> i32 {
-    payload.get(..4).and_then(|s| s.try_into().ok()).map_or(1, i32::from_le_bytes)
+    Reader::new(payload).i32_le().unwrap_or(1)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -451,8 +448,9 @@ impl Launcher {
             (Source::Spawned(_), STARTED) => {
                 if let Source::Spawned(s) = &mut self.sources[i] {
                     if let Some(from) = s.waiting.take() {
-                        let text = String::from_utf8_lossy(payload.get(1..).unwrap_or_default()).into_owned();
-                        let ok = payload.first() == Some(&1);
+                        let mut r = Reader::new(payload);
+                        let ok = r.u8() == Ok(1);
+                        let text = String::from_utf8_lossy(r.rest()).into_owned();
                         self.reply(from, if ok { Ok(text) } else { Err(text) });
                     }
                 }
