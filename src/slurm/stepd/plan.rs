@@ -70,12 +70,7 @@ pub struct Plan {
 /// The step's plan, from Slurm's record `rec`, the step's environment `env`, the site's options and
 /// `expand`, Slurm's hostlist expansion of the step's node list for at most so many nodes. `None`: srun did
 /// not start this step with `--mpi=rpmi`, and it has no PMI.
-pub fn plan(
-    rec: Record,
-    env: Env,
-    expand: Expand,
-    site: &Site,
-) -> Result<Option<Plan>, String> {
+pub fn plan(rec: Record, env: Env, expand: Expand, site: &Site) -> Result<Option<Plan>, String> {
     let Some(port) = env(ENV_PORT) else { return Ok(None) };
     let mut notes = Vec::new();
     for (name, value) in [("SLURM_JOB_ID", rec.job), ("SLURM_STEP_ID", rec.step)] {
