@@ -2,10 +2,10 @@
 //! = virtual node index) and its connections, to the coordinator (the root: every node's reports and
 //! goodbyes, its ending, and the coordinator's order to end the tasks), to its parent when that is a node,
 //! and to its children. The shell's event loop reads and writes them; nothing that the plugin calls waits on
-//! a socket.
+//! a socket. What the branch needs of the shell comes back as [`Act`]s, for the shell to carry out once the
+//! branch is unlocked (they call into the plugin).
 
 use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
-use crate::host::{Cause, Host};
 use rpmi::abi::ffi;
 use rpmi::codec::Reader;
 use rpmi::collective::{frame, groups, Bounds, Node, Output, Parts, Peer, Tree};
@@ -38,16 +38,25 @@ struct State {
     finished: bool,
     /// The largest end of a group exchange the coordinator may send.
     group_max: usize,
-    /// Group exchanges the coordinator ended, for the plugin.
+    /// The coordinator's orders to end the tasks (a signal each), and the group exchanges it ended.
+    kills: Vec<c_int>,
     groups_done: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
     /// The coordinator sent a group exchange's end that does not read: why.
     bad_group: Option<String>,
 }
 
-/// What the machine asks of the shell, done once the branch is unlocked (it calls into the plugin).
-enum Act {
+/// What the branch asks of the shell, in order, once it is unlocked (it calls into the plugin).
+#[derive(Debug)]
+pub enum Act {
+    /// The coordinator's order: end the tasks with this signal.
+    Kill(c_int),
+    /// A group exchange the coordinator ended: every member's part.
+    CompleteGroup { id: Vec<u8>, parts: Vec<Vec<u8>> },
+    /// The exchange in progress completed.
     Complete(Parts),
+    /// The machine failed for good (`live`: the exchange's barrier is still to be failed).
     Fail { message: String, live: bool },
+    /// The job cannot go on, for what `Blame` says.
     JobError(Blame),
 }
 
@@ -84,6 +93,7 @@ impl Branch {
             said_bye,
             finished: false,
             group_max,
+            kills: Vec::new(),
             groups_done: Vec::new(),
             bad_group: None,
         };
@@ -94,45 +104,25 @@ impl Branch {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs `f` on the state, sends the frames the machine hands back, then does what else it asks.
-    fn drive<T>(&self, host: &Host, f: impl FnOnce(&mut State) -> T) -> T {
-        let (value, acts, groups_done) = {
-            let mut state = self.lock();
-            let value = f(&mut state);
-            let done = std::mem::take(&mut state.groups_done);
-            let mut acts = state.take_outputs();
-            if let Some(message) = state.bad_group.take() {
-                acts.push(Act::JobError(Blame { node: None, left: false, message }));
-            }
-            (value, acts, if state.finished { Vec::new() } else { done })
-        };
-        for (id, parts) in groups_done {
-            host.complete_group(&id, &parts);
+    /// Runs `f` on the state, sends the frames the machine hands back, and returns what else it asks.
+    fn drive<T>(&self, f: impl FnOnce(&mut State) -> T) -> (T, Vec<Act>) {
+        let mut state = self.lock();
+        let value = f(&mut state);
+        let mut acts: Vec<Act> = state.kills.drain(..).map(Act::Kill).collect();
+        let done = std::mem::take(&mut state.groups_done);
+        if !state.finished {
+            acts.extend(done.into_iter().map(|(id, parts)| Act::CompleteGroup { id, parts }));
         }
-        for act in acts {
-            match act {
-                Act::Complete(parts) => host.complete(parts.iter().map(|(_, part)| part)),
-                Act::Fail { message, live } => {
-                    // A machine fails for good, so the job cannot go on here: the tasks are ended before
-                    // their barrier fails, so that none takes the failure for a reason to call PMI_Abort,
-                    // whose code would become the job's status.
-                    host.end(libc::SIGKILL);
-                    host.debug(&message);
-                    if live {
-                        host.fail_collective(&message);
-                    }
-                }
-                Act::JobError(Blame { node, left, message }) => {
-                    host.end_job(Cause::Collective { node, left }, &message)
-                }
-            }
+        state.take_outputs(&mut acts);
+        if let Some(message) = state.bad_group.take() {
+            acts.push(Act::JobError(Blame { node: None, left: false, message }));
         }
-        value
+        (value, acts)
     }
 
     /// The plugin's `collective`: this node's part of the exchange in progress.
-    pub fn contribute(&self, host: &Host, part: &[u8]) -> c_int {
-        self.drive(host, |s| match s.node.contribute(part.to_vec()) {
+    pub fn contribute(&self, part: &[u8]) -> (c_int, Vec<Act>) {
+        self.drive(|s| match s.node.contribute(part.to_vec()) {
             Ok(()) => ffi::RPMI_OK,
             Err(e) => {
                 say!("virtual node {}: the plugin started {e}", s.me);
@@ -158,21 +148,21 @@ impl Branch {
         self.lock().conns[0].send(LEFT, Arc::new(rank.to_le_bytes().to_vec()));
     }
 
-    /// Tells the coordinator that this node ended the job for `cause`, news on this node (see
-    /// `Host::end_job`); the coordinator says `message` (unless empty) if it is news for the whole job too.
-    /// Returns false if the coordinator is gone.
-    pub fn send_ending(&self, host: &Host, cause: Cause, message: &str) -> bool {
-        let (kind, payload) = match cause {
-            Cause::Abort(code) => (conn::ABORT, conn::abort(code, conn::now(), message)),
-            Cause::Collective { node, left } => {
-                let blame = Blame { node, left, message: message.to_string() };
-                return self.drive(host, |s| s.conns[0].open() && s.node.report(&blame.encode()).is_ok());
-            }
-            Cause::Failed(_) | Cause::JobError { .. } | Cause::Signal | Cause::Launch(_) => {
-                (ENDING, conn::ending(message))
-            }
-        };
-        self.lock().conns[0].send(kind, payload)
+    /// Tells the coordinator that a rank of this node called `PMI_Abort` with `code`, news on this node (see
+    /// `Host::end_job`). Returns false if the coordinator is gone.
+    pub fn send_abort(&self, code: i32, message: &str) -> bool {
+        self.lock().conns[0].send(conn::ABORT, conn::abort(code, conn::now(), message))
+    }
+
+    /// Tells the coordinator, up the tree, that the job cannot go on for what `blame` says.
+    pub fn send_report(&self, blame: &Blame) -> (bool, Vec<Act>) {
+        self.drive(|s| s.conns[0].open() && s.node.report(&blame.encode()).is_ok())
+    }
+
+    /// Tells the coordinator that this node ended the job for another reason; it says `message` (unless
+    /// empty) if it is news for the whole job too.
+    pub fn send_ending(&self, message: &str) -> bool {
+        self.lock().conns[0].send(ENDING, conn::ending(message))
     }
 
     /// Adds what to poll for, one entry per connection, in the order `ready` takes them.
@@ -181,26 +171,29 @@ impl Branch {
     }
 
     /// Writes and reads the connections that `fds` (from `watch`, polled) found ready.
-    pub fn ready(&self, host: &Host, fds: &[libc::pollfd]) {
-        self.drive(host, |s| {
+    pub fn ready(&self, fds: &[libc::pollfd]) -> Vec<Act> {
+        let ((), acts) = self.drive(|s| {
             for (i, fd) in fds.iter().enumerate().take(s.conns.len()) {
                 if fd.revents != 0 && !s.conns[i].ended() {
                     s.conns[i].flush();
-                    s.hear(i, host);
+                    s.hear(i);
                 }
             }
         });
+        acts
     }
 
     /// The node's tasks are all gone and its instance destroyed: says so to the tree, then sends what is
     /// still queued before the shell exits, reading meanwhile, so that a peer that writes to this node is
     /// not kept waiting by it. Once `grace` ([`FINISH_GRACE`]) has passed, whatever is left is given up
     /// on, so that a peer that takes nothing (stopped, say) cannot keep this node's shell from exiting.
-    pub fn finish(&self, host: &Host, grace: Duration) {
-        self.drive(host, |s| {
+    /// `carry_out` does what the branch asks meanwhile.
+    pub fn finish(&self, grace: Duration, carry_out: &dyn Fn(Vec<Act>)) {
+        let ((), acts) = self.drive(|s| {
             s.finished = true;
             s.node.finish();
         });
+        carry_out(acts);
         let deadline = Instant::now() + grace;
         loop {
             let mut fds = Vec::new();
@@ -219,7 +212,7 @@ impl Branch {
             }
             // SAFETY: poll over our own array.
             if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, left.as_millis() as i32 + 1) } > 0 {
-                self.ready(host, &fds);
+                carry_out(self.ready(&fds));
             }
         }
     }
@@ -227,8 +220,8 @@ impl Branch {
 
 impl State {
     /// Reads connection `i` until no whole frame is left; the coordinator's order to end the tasks is
-    /// carried out at once.
-    fn hear(&mut self, i: usize, host: &Host) {
+    /// carried out first of all.
+    fn hear(&mut self, i: usize) {
         let peer = self.peers[i];
         loop {
             let node = &self.node;
@@ -253,7 +246,7 @@ impl State {
                     }
                 },
                 Heard::Frame(KILL, signal) if peer == Peer::Root => {
-                    host.end(Reader::new(&signal).i32_le().unwrap_or(libc::SIGKILL));
+                    self.kills.push(Reader::new(&signal).i32_le().unwrap_or(libc::SIGKILL));
                 }
                 Heard::Frame(..) => {}
                 Heard::Pending => return,
@@ -270,9 +263,8 @@ impl State {
         }
     }
 
-    /// Sends what the machine hands back, and returns what else it asks.
-    fn take_outputs(&mut self) -> Vec<Act> {
-        let mut acts = Vec::new();
+    /// Sends what the machine hands back, and adds to `acts` what else it asks.
+    fn take_outputs(&mut self, acts: &mut Vec<Act>) {
         while let Some(output) = self.node.poll() {
             match output {
                 // The queues stay bounded: on each connection the machine has at most one exchange's frame
@@ -293,7 +285,6 @@ impl State {
                 Output::Done { .. } | Output::Report { .. } => {}
             }
         }
-        acts
     }
 
     /// Whether node `n` (this one, or a peer) had said it is done.
@@ -309,17 +300,8 @@ impl State {
 mod tests {
     use super::*;
     use crate::conn::tests::{read_frame, write_frame as send};
-    use crate::plugin::Plugin;
-    use rpmi::abi::ffi::rpmi_plugin;
     use rpmi::collective::frame::Frame;
     use rpmi::collective::Bound;
-
-    /// A shell whose plugin has no functions: what these tests do never calls into it.
-    fn host(branch: Branch) -> Host {
-        // SAFETY: a table of null pointers and absent functions is a valid `rpmi_plugin`.
-        let table: &'static rpmi_plugin = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
-        Host::new(Plugin { table }, Some(branch), None, ffi::RPMI_LOG_WARN)
-    }
 
     fn next(from: &mut UnixStream) -> (u8, Vec<u8>) {
         read_frame(from).expect("a frame")
@@ -329,14 +311,13 @@ mod tests {
         Frame::decode(&Arc::new(frame), usize::MAX).unwrap()
     }
 
-    /// One turn of the shell's event loop, without the instance.
-    fn turn(host: &Host) {
-        let branch = host.branch.as_ref().unwrap();
+    /// One turn of the shell's event loop, without the instance: what the branch asks of the shell.
+    fn turn(branch: &Branch) -> Vec<Act> {
         let mut fds = Vec::new();
         branch.watch(&mut fds);
         // SAFETY: poll over our own array.
         assert!(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5000) } > 0);
-        branch.ready(host, &fds);
+        branch.ready(&fds)
     }
 
     fn bounds() -> Bounds {
@@ -350,25 +331,24 @@ mod tests {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
         let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
-        let host = host(branch);
-        let branch = host.branch.as_ref().unwrap();
 
-        assert_eq!(branch.contribute(&host, b"x"), ffi::RPMI_OK);
+        assert_eq!(branch.contribute(b"x").0, ffi::RPMI_OK);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
-        turn(&host);
+        turn(&branch);
         let Frame::Contrib { epoch: 0, parts } = decode(next(&mut parent).1) else { panic!("not a CONTRIB") };
         assert_eq!(parts.iter().collect::<Vec<_>>(), [(1, &b"x"[..]), (2, &b"y"[..])]);
-        assert_eq!(branch.contribute(&host, b"z"), ffi::RPMI_ERR_STATE, "one exchange at a time");
+        assert_eq!(branch.contribute(b"z").0, ffi::RPMI_ERR_STATE, "one exchange at a time");
 
-        assert!(branch.send_ending(&host, Cause::JobError { rank: 1, lost: true }, "rank 1 left"));
+        assert!(branch.send_ending("rank 1 left"));
         assert_eq!(next(&mut root), (ENDING, b"rank 1 left".to_vec()));
         let before = conn::now();
-        assert!(branch.send_ending(&host, Cause::Abort(-3), "rank 1 called PMI_Abort"));
+        assert!(branch.send_abort(-3, "rank 1 called PMI_Abort"));
         let (kind, abort) = next(&mut root);
         let (code, at, message) = conn::read_abort(&abort);
         assert_eq!((kind, code, message), (conn::ABORT, -3, &b"rank 1 called PMI_Abort"[..]));
         assert!(before <= at && at <= conn::now());
-        assert!(branch.send_ending(&host, Cause::Collective { node: Some(2), left: true }, "node 2 cannot join"));
+        let blame = Blame { node: Some(2), left: true, message: "node 2 cannot join".into() };
+        assert!(branch.send_report(&blame).0);
         let (kind, report) = next(&mut root);
         let Frame::Report(bytes) = decode(report) else { panic!("not a REPORT (kind {kind})") };
         assert_eq!(
@@ -376,10 +356,9 @@ mod tests {
             Some(Blame { node: Some(2), left: true, message: "node 2 cannot join".into() })
         );
 
-        assert!(!host.ending());
         send(&mut root, KILL, &libc::SIGKILL.to_le_bytes());
-        turn(&host);
-        assert!(host.ending(), "the coordinator's order ends the tasks");
+        let acts = turn(&branch);
+        assert!(matches!(acts[..], [Act::Kill(libc::SIGKILL)]), "the coordinator's order ends the tasks: {acts:?}");
     }
 
     /// Node 1 of a chain of 3 ends, its child's part in: it says goodbye to everyone, and reports that it left
@@ -389,15 +368,19 @@ mod tests {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
         let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
-        let host = host(branch);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
-        turn(&host);
-        host.branch.as_ref().unwrap().finish(&host, FINISH_GRACE);
+        turn(&branch);
+        // The job cannot go on: the shell hears it (and ends the job, which reports it up the tree).
+        let asked = std::cell::RefCell::new(Vec::new());
+        branch.finish(FINISH_GRACE, &|acts| asked.borrow_mut().extend(acts));
+        let asked = asked.into_inner();
+        let blame = asked.iter().find_map(|a| match a {
+            Act::JobError(blame) => Some(blame),
+            _ => None,
+        });
+        assert_eq!(blame.map(|b| (b.node, b.left)), Some((Some(1), true)), "{asked:?}");
         assert_eq!(decode(next(&mut parent).1), Frame::Bye);
         assert_eq!(decode(next(&mut root).1), Frame::Bye);
-        let Frame::Report(bytes) = decode(next(&mut root).1) else { panic!("no report") };
-        let blame = Blame::decode(&bytes).unwrap();
-        assert_eq!((blame.node, blame.left), (Some(1), true), "{blame:?}");
         assert_eq!(decode(next(&mut child).1), Frame::Bye);
         assert!(matches!(decode(next(&mut child).1), Frame::Fail { epoch: 0, .. }));
     }
@@ -409,13 +392,11 @@ mod tests {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (_parent, p), (mut child, c)) = (pair(), pair(), pair());
         let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
-        let host = host(branch);
-        let branch = host.branch.as_ref().unwrap();
-        assert_eq!(branch.contribute(&host, &vec![b'x'; 900 << 10]), ffi::RPMI_OK);
+        assert_eq!(branch.contribute(&vec![b'x'; 900 << 10]).0, ffi::RPMI_OK);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
-        turn(&host);
+        turn(&branch);
         let start = Instant::now();
-        branch.finish(&host, Duration::from_millis(300));
+        branch.finish(Duration::from_millis(300), &|_| {});
         assert!(start.elapsed() >= Duration::from_millis(300), "it waited for the parent first");
         assert_eq!(decode(next(&mut root).1), Frame::Bye);
         assert_eq!(decode(next(&mut child).1), Frame::Bye);

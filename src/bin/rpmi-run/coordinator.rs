@@ -9,7 +9,7 @@
 
 use crate::branch::Branch;
 use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
-use crate::host::Ended;
+use crate::services::Ended;
 use rpmi::abi::ffi;
 use rpmi::codec::Reader;
 use rpmi::collective::{frame, groups, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};

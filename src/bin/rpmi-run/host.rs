@@ -1,9 +1,10 @@
 //! rpmi-run as the plugin's host: the callbacks of `rpmi_host_ops` for one virtual node's instance, the
 //! collective (done on the spot for a one-node job, else over the nodes' tree), and ending the job.
 
-use crate::branch::Branch;
+use crate::branch::{Act, Branch};
+use crate::conn::Blame;
 use crate::plugin::{call, Plugin};
-use crate::services::{NodeLink, Service};
+use crate::services::{Ended, NodeLink, Service};
 use rpmi::abi::ffi::{self, rpmi_buf, rpmi_host_ops, rpmi_instance};
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_int, CString};
@@ -39,14 +40,6 @@ pub struct Fate {
     abort: Option<i32>,
     /// When the first cause was recorded (`conn::now`).
     began: Option<u64>,
-}
-
-/// How a job (or a node's part of it) ended: its status, and when it began to end, if it was ended (see
-/// `services`: of the jobs of a launch that fail, the one that began to end first gives the status).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ended {
-    pub status: i32,
-    pub began: Option<u64>,
 }
 
 impl Fate {
@@ -153,7 +146,7 @@ impl Host {
     /// coordinator, which says only what is news for the whole job), else only at debug level.
     pub fn end_job(&self, cause: Cause, message: &str) {
         if self.record(cause) {
-            let told = self.branch.as_ref().is_some_and(|branch| branch.send_ending(self, cause, message));
+            let told = self.branch.as_ref().is_some_and(|branch| self.tell_coordinator(branch, cause, message));
             if !told && !message.is_empty() {
                 say!("{message}");
             }
@@ -161,6 +154,44 @@ impl Host {
             self.debug(message);
         }
         self.signal_all(libc::SIGKILL);
+    }
+
+    /// Tells the coordinator that this node ended the job for `cause`, news on this node; it says `message`
+    /// (unless empty) if it is news for the whole job too. Returns false if the coordinator is gone.
+    fn tell_coordinator(&self, branch: &Branch, cause: Cause, message: &str) -> bool {
+        match cause {
+            Cause::Abort(code) => branch.send_abort(code, message),
+            Cause::Collective { node, left } => {
+                let (told, acts) = branch.send_report(&Blame { node, left, message: message.to_string() });
+                self.carry_out(acts);
+                told
+            }
+            Cause::Failed(_) | Cause::JobError { .. } | Cause::Signal | Cause::Launch(_) => branch.send_ending(message),
+        }
+    }
+
+    /// Does what the node's branch of the tree asks, in order.
+    pub fn carry_out(&self, acts: Vec<Act>) {
+        for act in acts {
+            match act {
+                Act::Kill(signal) => self.end(signal),
+                Act::CompleteGroup { id, parts } => self.complete_group(&id, &parts),
+                Act::Complete(parts) => self.complete(parts.iter().map(|(_, part)| part)),
+                Act::Fail { message, live } => {
+                    // A machine fails for good, so the job cannot go on here: the tasks are ended before
+                    // their barrier fails, so that none takes the failure for a reason to call PMI_Abort,
+                    // whose code would become the job's status.
+                    self.end(libc::SIGKILL);
+                    self.debug(&message);
+                    if live {
+                        self.fail_collective(&message);
+                    }
+                }
+                Act::JobError(Blame { node, left, message }) => {
+                    self.end_job(Cause::Collective { node, left }, &message)
+                }
+            }
+        }
     }
 
     /// Another job of the launch ended with `status` (its rpmi-run said why): this one ends too, unless it
@@ -303,7 +334,11 @@ unsafe extern "C" fn collective(
     match &host.branch {
         // The bytes are the caller's only until we return: the node's machine copies them, and the parts
         // come back later on the event loop.
-        Some(branch) => branch.contribute(host, contribution),
+        Some(branch) => {
+            let (rc, acts) = branch.contribute(contribution);
+            host.carry_out(acts);
+            rc
+        }
         // The only node completes at once (allowed from this very thread), its part uncopied: the instance
         // copies parts before collective_complete returns.
         None => {

@@ -25,12 +25,12 @@ mod plugin;
 mod services;
 mod shell;
 
-use host::Ended;
 use job::{App, Job};
 use plugin::Plugin;
 use rpmi::abi::{ffi, Options};
 use rpmi::collective::{Bound, Bounds, Tree};
 use rpmi::server::TaskMap;
+use services::Ended;
 use services::Launch;
 use std::ffi::{CString, OsString};
 use std::os::fd::FromRawFd;

@@ -177,7 +177,7 @@ pub fn spawn_event_loop(host: &'static Host) -> EventLoop {
                 continue;
             }
             if let Some(branch) = &host.branch {
-                branch.ready(host, &fds[1..]);
+                host.carry_out(branch.ready(&fds[1..]));
             }
             if fds[0].revents != 0 {
                 call!(host.plugin, progress(host.instance()));

@@ -16,7 +16,6 @@
 //! ended.
 
 use crate::conn::{self, Conn, Heard};
-use crate::host::Ended;
 use crate::job::{App, Job};
 use rpmi::abi::PREPUTS_MAX;
 use rpmi::codec::{Reader, Writer};
@@ -94,6 +93,14 @@ fn addressed(node: u32, task: u32, byte: u8, text: &[u8]) -> Vec<u8> {
 fn read_addressed(payload: &[u8]) -> Option<(u32, u32, u8, &[u8])> {
     let mut r = Reader::new(payload);
     Some((r.u32_le().ok()?, r.u32_le().ok()?, r.u8().ok()?, r.rest()))
+}
+
+/// How a job (or a node's part of it) ended: its status, and when it began to end, if it was ended (of the
+/// jobs of a launch that fail, the one that began to end first gives the status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    pub status: i32,
+    pub began: Option<u64>,
 }
 
 /// An EXIT's payload.

@@ -2,8 +2,9 @@
 //! reaps them. The whole of rpmi-run for a one-node job; a process of its own per node otherwise.
 
 use crate::branch::Branch;
-use crate::host::{Cause, Ended, Host};
+use crate::host::{Cause, Host};
 use crate::plugin::{call, Plugin};
+use crate::services::Ended;
 use crate::services::NodeLink;
 use crate::{job, output, Plan};
 use rpmi::abi::ffi::{self, rpmi_instance, rpmi_job_info, rpmi_keyval, rpmi_task_env};
@@ -181,7 +182,7 @@ fn finish(host: &Host, event_loop: Option<output::EventLoop>) {
     host.close_services();
     call!(host.plugin, destroy(host.instance()));
     if let Some(branch) = &host.branch {
-        branch.finish(host, crate::branch::FINISH_GRACE);
+        branch.finish(crate::branch::FINISH_GRACE, &|acts| host.carry_out(acts));
     }
 }
 
