@@ -149,7 +149,7 @@ impl Branch {
     }
 
     /// Tells the coordinator that a rank of this node called `PMI_Abort` with `code`, news on this node (see
-    /// `Host::end_job`). Returns false if the coordinator is gone.
+    /// `ShellHost::end_job`). Returns false if the coordinator is gone.
     pub fn send_abort(&self, code: i32, message: &str) -> bool {
         self.lock().conns[0].send(conn::ABORT, conn::abort(code, conn::now(), message))
     }

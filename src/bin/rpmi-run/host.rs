@@ -86,7 +86,7 @@ impl Fate {
 
 /// A virtual node's shell as the host of its plugin instance (the ABI's host): the plugin, the instance, its
 /// tasks, and how its job ends.
-pub struct Host {
+pub struct ShellHost {
     pub plugin: Plugin,
     /// This node's instance (as an address, so the host can be shared between threads); set once created.
     pub instance: OnceLock<usize>,
@@ -107,9 +107,9 @@ pub struct Host {
     pub watch: AtomicI32,
 }
 
-impl Host {
-    pub fn new(plugin: Plugin, branch: Option<Branch>, link: Option<NodeLink>, verbosity: i32) -> Host {
-        Host {
+impl ShellHost {
+    pub fn new(plugin: Plugin, branch: Option<Branch>, link: Option<NodeLink>, verbosity: i32) -> ShellHost {
+        ShellHost {
             plugin,
             instance: OnceLock::new(),
             branch,
@@ -251,7 +251,7 @@ impl Host {
         rpmi_host_ops {
             struct_size: std::mem::size_of::<rpmi_host_ops>() as u32,
             abi_version: ffi::RPMI_ABI_VERSION as u32,
-            host_data: self as *const Host as *mut _,
+            host_data: self as *const ShellHost as *mut _,
             collective: Some(collective),
             abort: Some(abort),
             log: Some(log),
@@ -301,10 +301,10 @@ impl Host {
 }
 
 /// # Safety
-/// `data` is the host data of an instance: a `Host` that outlives it.
-unsafe fn host<'a>(data: *mut std::ffi::c_void) -> &'a Host {
-    // SAFETY: the caller's contract: `data` points to a live `Host`.
-    unsafe { &*(data as *const Host) }
+/// `data` is the host data of an instance: a `ShellHost` that outlives it.
+unsafe fn host<'a>(data: *mut std::ffi::c_void) -> &'a ShellHost {
+    // SAFETY: the caller's contract: `data` points to a live `ShellHost`.
+    unsafe { &*(data as *const ShellHost) }
 }
 
 /// # Safety
@@ -323,7 +323,7 @@ unsafe extern "C" fn collective(
     bytes: *const u8,
     len: usize,
 ) -> c_int {
-    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    // SAFETY: the host data given to this instance: a `ShellHost` that outlives it.
     let host = unsafe { host(data) };
     let contribution = match (len, bytes.is_null()) {
         (0, _) => &[][..],
@@ -358,7 +358,7 @@ unsafe extern "C" fn group_collective(
     bytes: *const u8,
     len: usize,
 ) -> c_int {
-    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    // SAFETY: the host data given to this instance: a `ShellHost` that outlives it.
     let host = unsafe { host(data) };
     if id.is_null() || shells.is_null() || (bytes.is_null() && len > 0) {
         return ffi::RPMI_ERR_INVALID;
@@ -382,7 +382,7 @@ unsafe extern "C" fn abort(
     msg: *const std::ffi::c_char,
     len: usize,
 ) {
-    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    // SAFETY: the host data given to this instance: a `ShellHost` that outlives it.
     let host = unsafe { host(data) };
     // SAFETY: the plugin's message: `len` bytes, valid during this call.
     let message = unsafe { text(msg, len) };
@@ -396,7 +396,7 @@ unsafe extern "C" fn abort(
 }
 
 unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const std::ffi::c_char, len: usize) {
-    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    // SAFETY: the host data given to this instance: a `ShellHost` that outlives it.
     let host = unsafe { host(data) };
     if level <= ffi::RPMI_LOG_WARN && host.ending() {
         // A barrier that failed as tasks were killed, say: a consequence, not a new fault.
@@ -410,7 +410,7 @@ unsafe extern "C" fn log(data: *mut std::ffi::c_void, level: i32, msg: *const st
 
 /// Passes task `task`'s request to the launcher, which answers on the node's link; one that cannot be
 /// passed on is answered at once with why (the ABI lets a callback complete its own request).
-fn request(host: &Host, task: u32, service: Service, text: &[u8]) -> c_int {
+fn request(host: &ShellHost, task: u32, service: Service, text: &[u8]) -> c_int {
     let Some(link) = &host.link else { return ffi::RPMI_ERR_SYSTEM };
     if let Err(why) = link.request(task, service, text) {
         host.answer(task, false, why.as_bytes());
@@ -435,7 +435,7 @@ unsafe extern "C" fn publish(
     service: *const std::ffi::c_char,
     port: *const std::ffi::c_char,
 ) -> c_int {
-    // SAFETY: the plugin's NUL-terminated strings, valid during this call; the host data is a `Host` that
+    // SAFETY: the plugin's NUL-terminated strings, valid during this call; the host data is a `ShellHost` that
     // outlives the instance.
     let text = unsafe { [word(service), b"\0", word(port)].concat() };
     request(unsafe { host(data) }, task, Service::Publish, &text)
@@ -477,7 +477,7 @@ unsafe extern "C" fn spawn(
 }
 
 unsafe extern "C" fn watch_fd(data: *mut std::ffi::c_void, _: *mut rpmi_instance, fd: c_int) -> c_int {
-    // SAFETY: the host data given to this instance: a `Host` that outlives it.
+    // SAFETY: the host data given to this instance: a `ShellHost` that outlives it.
     unsafe { host(data) }.watch.store(fd, Ordering::SeqCst);
     ffi::RPMI_OK
 }

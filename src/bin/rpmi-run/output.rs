@@ -1,7 +1,7 @@
 //! The threads rpmi-run runs beside its tasks: rank labels on output (`-l`), signal forwarding, and the
 //! event loop that drives the plugin in `--event-loop` mode.
 
-use crate::host::Host;
+use crate::host::ShellHost;
 use crate::plugin::call;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -159,7 +159,7 @@ impl EventLoop {
     }
 }
 
-pub fn spawn_event_loop(host: &'static Host) -> EventLoop {
+pub fn spawn_event_loop(host: &'static ShellHost) -> EventLoop {
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
     let thread = std::thread::spawn(move || {

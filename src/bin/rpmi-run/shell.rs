@@ -2,7 +2,7 @@
 //! reaps them. The whole of rpmi-run for a one-node job; a process of its own per node otherwise.
 
 use crate::branch::Branch;
-use crate::host::{Cause, Host};
+use crate::host::{Cause, ShellHost};
 use crate::plugin::{call, Plugin};
 use crate::services::Ended;
 use crate::services::NodeLink;
@@ -22,7 +22,7 @@ struct Task {
 /// Runs node `index` of the job to its end, its tasks' services through `link`; returns how it ended (its
 /// exit status: see `host::Fate::status`).
 pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>, link: Option<NodeLink>) -> Ended {
-    let host: &'static Host = Box::leak(Box::new(Host::new(plugin, branch, link, plan.verbosity)));
+    let host: &'static ShellHost = Box::leak(Box::new(ShellHost::new(plugin, branch, link, plan.verbosity)));
     let local_ranks = &plan.cliques[index];
     let hostname_ptrs: Vec<*const std::ffi::c_char> = plan.hostnames.iter().map(|h| h.as_ptr()).collect();
     let preputs: Vec<rpmi_keyval> =
@@ -175,7 +175,7 @@ pub fn run(plan: &Plan, plugin: Plugin, index: usize, branch: Option<Branch>, li
 
 /// Stops the event loop, then destroys the instance, which serves what the tasks wrote last (an abort line,
 /// which still reaches the coordinator); then this node says it is done to the tree.
-fn finish(host: &Host, event_loop: Option<output::EventLoop>) {
+fn finish(host: &ShellHost, event_loop: Option<output::EventLoop>) {
     if let Some(t) = event_loop {
         t.stop();
     }
@@ -188,7 +188,7 @@ fn finish(host: &Host, event_loop: Option<output::EventLoop>) {
 
 /// Reaps every task; ends the job at the first that fails on its own. Returns each task's rank and code
 /// (128+signal if it was killed), in the order they were reaped.
-fn wait_for(host: &Host, tasks: &mut [Task]) -> Vec<(u32, i32)> {
+fn wait_for(host: &ShellHost, tasks: &mut [Task]) -> Vec<(u32, i32)> {
     let mut exits = Vec::with_capacity(tasks.len());
     let mut left = tasks.len();
     while left > 0 {
