@@ -10,7 +10,7 @@
 //! - `Message::parse` agrees with a model of the grammar (`key=value;` pairs, keys trimmed of leading
 //!   spaces, a `;;` in a value is one `;`, the first pair `cmd=` with a non-empty value): the same error, or
 //!   the same command and the same first value for every key;
-//! - a message that parses, re-encoded with `Frame` (as the server encodes its answers: `rc=` added after
+//! - a message that parses, re-encoded with `Answer` (as the server encodes its answers: `rc=` added after
 //!   `cmd=`, every `;` of a value doubled), has a prefix that says its length and parses back to the same
 //!   command, the same value of every key and the same request (or error);
 //! - `Message::request` agrees with the message: an unknown command is refused iff it is none of PMI-2's, a
@@ -27,7 +27,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi::wire::pmi2::{body_len, Frame, Message, Request2, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
+use rpmi::wire::pmi2::{body_len, Answer, Message, Request2, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
 use rpmi::wire::request::parse_int;
 use rpmi::wire::spawn::{MAX_COMMANDS, MAX_ITEMS};
 use rpmi::wire::ParseError;
@@ -319,14 +319,14 @@ fn check_request(m: &Message<'_>, pairs: &[Pair<'_>], r: &Result<Request2<'_>, P
     }
 }
 
-/// Re-encodes a parsed message with `Frame` (the answer encoder) and parses it back.
+/// Re-encodes a parsed message with `Answer` (the answer encoder) and parses it back.
 fn round_trip(m: &Message<'_>, pairs: &[Pair<'_>], request: &Result<Request2<'_>, ParseError>) {
     let Ok(cmd) = std::str::from_utf8(m.cmd) else { return };
     let Some(keys) = pairs[1..].iter().map(|(k, _, _)| std::str::from_utf8(k).ok()).collect::<Option<Vec<_>>>() else {
         return;
     };
     let mut out = Vec::new();
-    let mut f = Frame::new(&mut out, cmd, None, 0);
+    let mut f = Answer::new(&mut out, cmd, None, 0);
     for (key, (_, value, _)) in keys.iter().zip(&pairs[1..]) {
         f = f.str(key, value);
     }

@@ -2,7 +2,7 @@
 //! and go out through a queue that holds what the socket cannot take yet. srun's root serves one per node;
 //! a stepd one to srun, one to its parent and one per child in the tree.
 
-use super::protocol::{collective_head, Direction, FrameBuf, FrameError, TooLarge};
+use super::protocol::{collective_head, Direction, FrameBuf, FrameError, LengthOverflow};
 use crate::collective::Bytes;
 use crate::driver::Watcher;
 use crate::os::Epoll;
@@ -148,7 +148,7 @@ impl Link {
     }
 
     /// Queues a collective frame (shared, not copied) behind its head, and writes what the socket takes now.
-    pub fn send_collective(&mut self, direction: Direction, frame: &Bytes) -> Result<(), TooLarge> {
+    pub fn send_collective(&mut self, direction: Direction, frame: &Bytes) -> Result<(), LengthOverflow> {
         let head = collective_head(direction, frame.len())?;
         self.queue(Out { head, head_len: head.len(), body: frame.clone(), at: 0 });
         Ok(())

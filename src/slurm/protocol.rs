@@ -198,19 +198,19 @@ impl fmt::Display for FrameError {
 
 /// A frame too large for its `u32` length field.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TooLarge(pub usize);
+pub struct LengthOverflow(pub usize);
 
-impl fmt::Display for TooLarge {
+impl fmt::Display for LengthOverflow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "a frame of {} bytes does not fit the protocol's 32-bit length", self.0)
     }
 }
 
 /// A frame of kind `kind` whose payload is the kind, then `fields`.
-fn frame(kind: u8, fields: &[u8]) -> Result<Vec<u8>, TooLarge> {
+fn frame(kind: u8, fields: &[u8]) -> Result<Vec<u8>, LengthOverflow> {
     let len = 1 + fields.len();
     let mut f = Writer::with_capacity(4 + len);
-    f.len32(len).ok_or(TooLarge(4 + len))?.u8(kind).bytes(fields);
+    f.len32(len).ok_or(LengthOverflow(4 + len))?.u8(kind).bytes(fields);
     Ok(f.into_vec())
 }
 
@@ -222,8 +222,8 @@ fn control(kind: u8, fields: &[u8]) -> Vec<u8> {
 
 /// What goes before a collective frame of `len` bytes on the wire: the length prefix and the kind. The
 /// frame itself follows unchanged, so that one frame is sent to several peers without a copy.
-pub fn collective_head(direction: Direction, len: usize) -> Result<[u8; 5], TooLarge> {
-    let prefix = u32::try_from(len + 1).map_err(|_| TooLarge(5 + len))?.to_be_bytes();
+pub fn collective_head(direction: Direction, len: usize) -> Result<[u8; 5], LengthOverflow> {
+    let prefix = u32::try_from(len + 1).map_err(|_| LengthOverflow(5 + len))?.to_be_bytes();
     let kind = match direction {
         Direction::Up => UP_COLLECTIVE,
         Direction::Down => DOWN_COLLECTIVE,
@@ -256,7 +256,7 @@ impl Up {
     }
 
     /// The whole frame, length prefix included.
-    pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
+    pub fn encode(&self) -> Result<Vec<u8>, LengthOverflow> {
         Ok(match self {
             Up::Hello { node, nonce, port, width } => {
                 control(HELLO, Writer::new().bytes(MAGIC).u16(VERSION).u32(*node).bytes(nonce).u16(*port).u32(*width))
@@ -288,7 +288,7 @@ impl Up {
             Up::Spawn { task, request } => frame(SPAWN, Writer::new().u32(*task).bytes(request.as_bytes()))?,
             Up::Started => control(STARTED, &[]),
             Up::Group { id, shells, part } => {
-                let m = groups::encode_part(id, shells, part).ok_or(TooLarge(id.len() + 4 * shells.len()))?;
+                let m = groups::encode_part(id, shells, part).ok_or(LengthOverflow(id.len() + 4 * shells.len()))?;
                 frame(UP_GROUP, &m)?
             }
         })
@@ -364,7 +364,7 @@ impl Down {
     }
 
     /// The whole frame, length prefix included.
-    pub fn encode(&self) -> Result<Vec<u8>, TooLarge> {
+    pub fn encode(&self) -> Result<Vec<u8>, LengthOverflow> {
         Ok(match self {
             Down::Challenge { nonce } => control(CHALLENGE, nonce),
             Down::Welcome { proof } => control(WELCOME, proof),
@@ -376,7 +376,7 @@ impl Down {
                 control(ANSWER, Writer::new().u32(*task).flag(*ok).text(text, MESSAGE_MAX))
             }
             Down::Group { id, parts } => {
-                let m = groups::encode_done(id, parts).ok_or(TooLarge(id.len()))?;
+                let m = groups::encode_done(id, parts).ok_or(LengthOverflow(id.len()))?;
                 frame(DOWN_GROUP, &m)?
             }
         })

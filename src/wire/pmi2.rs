@@ -292,18 +292,18 @@ pub enum Request2<'a> {
     Spawn(SpawnRequest),
 }
 
-/// Builds one answer frame in a task's output buffer: `Frame::new`, fields, then `finish`.
-pub struct Frame<'a> {
+/// Builds one answer frame in a task's output buffer: `Answer::new`, fields, then `finish`.
+pub struct Answer<'a> {
     out: &'a mut Vec<u8>,
     start: usize,
 }
 
-impl<'a> Frame<'a> {
+impl<'a> Answer<'a> {
     /// Starts `cmd=<cmd>;[thrid=<thrid>;]rc=<rc>;`.
     pub fn new(out: &'a mut Vec<u8>, cmd: &str, thrid: Option<&[u8]>, rc: i32) -> Self {
         let start = out.len();
         out.extend_from_slice(&[b' '; HEADER_LEN]);
-        let mut f = Frame { out, start };
+        let mut f = Answer { out, start };
         f.field("cmd", cmd.as_bytes());
         if let Some(t) = thrid {
             f.field("thrid", t);
@@ -445,12 +445,12 @@ mod tests {
 
     #[test]
     fn answers_carry_their_length_thrid_and_rc() {
-        let s = frame(|o| Frame::new(o, "kvs-get-response", Some(b"0x7f"), 0).str("value", b"a;b").finish());
+        let s = frame(|o| Answer::new(o, "kvs-get-response", Some(b"0x7f"), 0).str("value", b"a;b").finish());
         assert_eq!(s, "    48cmd=kvs-get-response;thrid=0x7f;rc=0;value=a;;b;");
         assert_eq!(body_len(s.as_bytes()), Some(s.len() - HEADER_LEN));
-        let s = frame(|o| Frame::new(o, "kvs-fence-response", None, -1).errmsg("rank 3 left").finish());
+        let s = frame(|o| Answer::new(o, "kvs-fence-response", None, -1).errmsg("rank 3 left").finish());
         assert_eq!(s, "    48cmd=kvs-fence-response;rc=-1;errmsg=rank 3 left;");
-        let s = frame(|o| Frame::new(o, "fullinit-response", None, 0).int("rank", 1).errmsg(" ").finish());
+        let s = frame(|o| Answer::new(o, "fullinit-response", None, 0).int("rank", 1).errmsg(" ").finish());
         assert!(s.ends_with("cmd=fullinit-response;rc=0;rank=1;"), "{s}");
     }
 }
