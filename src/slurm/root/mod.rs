@@ -829,43 +829,6 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn an_exchange_a_finished_node_cannot_join_fails() {
-        let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(Up::Bye)).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        join_exchange(&mut s[0], 0, 0, b"a");
-        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
-        record.wait_for("error: ranks wait in a PMI barrier that n2 cannot join: every rank on it has closed");
-        assert!(root.stop().ended);
-    }
-
-    #[test]
-    fn a_rank_gone_from_a_node_that_has_not_joined_fails_the_exchange() {
-        let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(Up::Gone { rank: 1, finalized: false })).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(!record.lines().iter().any(|l| l == "end"), "no exchange yet: {:?}", record.lines());
-        join_exchange(&mut s[0], 0, 0, b"a");
-        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
-        record.wait_for("rank 1 on n2 closed its PMI connection");
-        assert!(root.stop().ended);
-    }
-
-    #[test]
-    fn a_rank_gone_from_a_node_that_finished_before_the_exchange_is_named() {
-        // Its only rank gone, n2 says GONE and BYE before n1 joins: the step ends naming the rank, not n2.
-        let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(Up::Gone { rank: 1, finalized: false })).unwrap();
-        s[1].write_all(&frame(Up::Bye)).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        join_exchange(&mut s[0], 0, 0, b"a");
-        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
-        record.wait_for("rank 1 on n2 closed its PMI connection");
-        assert!(!record.lines().iter().any(|l| l.contains("cannot join")), "{:?}", record.lines());
-        assert!(root.stop().ended);
-    }
-
-    #[test]
     fn a_silent_connection_does_not_hold_up_the_step() {
         let secret = Secret::generate().unwrap();
         let (root, _record) = root(1, &secret);
@@ -891,30 +854,6 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn each_node_hears_where_its_parent_listens_once_both_are_in() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = tree_step(5, &secret);
-        // Width 2: nodes 0 and 1 are srun's children, 2 and 3 node 0's, 4 node 1's.
-        let mut s4 = tree_stepd(root.port(), 4, 2, &secret);
-        let mut s0 = tree_stepd(root.port(), 0, 2, &secret);
-        let mut s2 = tree_stepd(root.port(), 2, 2, &secret);
-        // The child that came first hears it when its parent comes; the one after its parent at once.
-        let mut s1 = tree_stepd(root.port(), 1, 2, &secret);
-        assert_eq!(receive(&mut s4), Down::Parent { port: 20001 });
-        assert_eq!(receive(&mut s2), Down::Parent { port: 20000 });
-        // A parent that finishes before its child comes: the child hears so instead.
-        s0.write_all(&frame(Up::Bye)).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let mut s3 = tree_stepd(root.port(), 3, 2, &secret);
-        assert_eq!(receive(&mut s3), Down::ParentDone);
-        // Nodes that are srun's children hear nothing of parents.
-        s1.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-        assert!(s1.read(&mut [0u8; 1]).is_err());
-        root.stop();
-        assert!(!record.lines().iter().any(|l| l.starts_with("error")), "{:?}", record.lines());
-    }
-
-    #[test]
     fn stepds_that_build_the_tree_with_different_widths_end_the_step() {
         let secret = Secret::generate().unwrap();
         let (root, record) = tree_step(3, &secret);
@@ -930,37 +869,6 @@ pub(super) mod tests {
         let other = Hello { width: 7, ..hello(0) };
         assert!(uplink::join(&[addr], &other, &secret, Duration::from_millis(200), "srun", uplink::sleep).is_err());
         fixed.stop();
-    }
-
-    #[test]
-    fn a_finished_node_deep_in_the_tree_is_named_when_others_wait_for_it() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = tree_step(3, &secret);
-        // A chain: srun, n1, n2, n3.
-        let mut s: Vec<TcpStream> = (0..3).map(|n| tree_stepd(root.port(), n, 1, &secret)).collect();
-        s[2].write_all(&frame(Up::Bye)).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        // n1 joins: srun sees no part yet (n1 waits for n2's), but knows n3 cannot join.
-        s[0].write_all(&frame(Up::Joined { epoch: 0 })).unwrap();
-        record.wait_for("error: ranks wait in a PMI barrier that n3 cannot join: every rank on it has closed");
-        // Its wait is failed down the tree from srun.
-        assert!(matches!(collective(&mut s[0]), Frame::Fail { epoch: 0, .. }));
-        assert!(root.stop().ended);
-    }
-
-    #[test]
-    fn a_node_lost_below_srun_is_named_by_its_parents_report() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = tree_step(3, &secret);
-        let mut s: Vec<TcpStream> = (0..3).map(|n| tree_stepd(root.port(), n, 1, &secret)).collect();
-        // n1's machine says its child n2 closed its connection without saying it was done.
-        s[0].write_all(&frame(Up::Collective(frame::lost(1)))).unwrap();
-        let error = record.wait_for("error: ");
-        assert!(
-            error.contains("the slurmstepd of n2 was lost: its connection to the slurmstepd of n1 closed"),
-            "{error}"
-        );
-        assert!(root.stop().ended);
     }
 
     /// srun sends each of its k children the exchange's result once: k·S bytes and the frames' own (8 bytes a

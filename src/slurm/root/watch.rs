@@ -756,6 +756,79 @@ mod tests {
         said(actions).into_iter().filter(|l| l.starts_with("error: ")).collect()
     }
 
+    /// Node `node` joins exchange `epoch` with part `bytes`, as a stepd does (JOINED, then its CONTRIB).
+    fn join(w: &mut StepWatch, node: u32, epoch: u32, bytes: &[u8]) {
+        assert!(w.message(node, Up::Joined { epoch }));
+        let part = crate::collective::frame::contrib(epoch, std::iter::once((node, bytes))).unwrap();
+        assert!(w.message(node, Up::Collective(part)));
+    }
+
+    /// A chain of `nodes` nodes (srun, n1, n2, ...), every node connected and told where its parent listens.
+    fn chain(nodes: usize) -> StepWatch {
+        let mut w = StepWatch::new(Shape { width: Some(1), ..watch_of(nodes, false).shape }).unwrap();
+        for n in 0..nodes as u32 {
+            assert!(w.admit(n, 1, 20000 + n as u16).is_some());
+            w.connected(n, 20000 + n as u16);
+        }
+        drain(&mut w);
+        w
+    }
+
+    /// Whether `actions` fail the exchange of node `node` (a FAIL sent down to it).
+    fn fails(actions: &[Action], node: u32) -> bool {
+        actions.iter().any(|a| match a {
+            Action::SendCollective { node: n, frame } if *n == node => {
+                matches!(Frame::decode(frame, usize::MAX), Ok(Frame::Fail { .. }))
+            }
+            _ => false,
+        })
+    }
+
+    #[test]
+    fn an_exchange_a_finished_node_cannot_join_fails_down_the_tree() {
+        let mut w = watch_of(2, false);
+        assert!(!w.message(1, Up::Bye));
+        join(&mut w, 0, 0, b"a");
+        let actions = drain(&mut w);
+        assert!(fails(&actions, 0), "{actions:?}");
+        assert!(errors(&actions)[0].contains("ranks wait in a PMI barrier that n2 cannot join: every rank on it"));
+    }
+
+    #[test]
+    fn a_rank_gone_from_a_node_that_finished_before_the_exchange_is_named_not_its_node() {
+        // Its only rank gone, n2 says GONE and BYE before n1 joins: the step ends naming the rank, not n2.
+        let mut w = watch_of(2, false);
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false }));
+        assert!(!w.message(1, Up::Bye));
+        assert!(!drain(&mut w).contains(&Action::EndStep), "no exchange yet");
+        join(&mut w, 0, 0, b"a");
+        let actions = drain(&mut w);
+        assert!(fails(&actions, 0), "{actions:?}");
+        let e = errors(&actions);
+        assert!(e[0].contains("rank 1 on n2 closed its PMI connection"), "{e:?}");
+        assert!(!said(&actions).iter().any(|l| l.contains("cannot join")), "{actions:?}");
+    }
+
+    #[test]
+    fn a_finished_node_deep_in_the_tree_is_named_and_the_wait_failed_from_srun() {
+        // A chain: srun, n1, n2, n3. n3 finished; n1 joins (srun sees no part yet: n1 waits for n2's).
+        let mut w = chain(3);
+        assert!(!w.message(2, Up::Bye));
+        assert!(w.message(0, Up::Joined { epoch: 0 }));
+        let actions = drain(&mut w);
+        assert!(errors(&actions)[0].contains("ranks wait in a PMI barrier that n3 cannot join"), "{actions:?}");
+        assert!(fails(&actions, 0), "{actions:?}");
+    }
+
+    #[test]
+    fn a_node_lost_below_srun_is_named_by_its_parents_report() {
+        let mut w = chain(3);
+        // n1's machine says its child n2 closed its connection without saying it was done.
+        assert!(w.message(0, Up::Collective(crate::collective::frame::lost(1))));
+        let e = errors(&drain(&mut w));
+        assert!(e[0].contains("the slurmstepd of n2 was lost: its connection to the slurmstepd of n1 closed"), "{e:?}");
+    }
+
     #[test]
     fn a_node_that_finished_before_joining_the_exchange_in_progress_ends_the_step() {
         let mut w = watch_of(3, false);
@@ -864,6 +937,23 @@ mod tests {
         w.connected(0, 4321);
         let parent = Down::Parent { port: 4321 }.encode().unwrap();
         assert_eq!(drain(&mut w), [Action::Send { node: 1, frame: parent }]);
+        // Width 2 over 5 nodes: 0 and 1 are srun's children, 2 and 3 node 0's, 4 node 1's. The child that came
+        // first hears where its parent listens when the parent comes; one after its parent at once; one whose
+        // parent finished first, that it did; srun's children hear nothing of parents.
+        let mut w = StepWatch::new(Shape { width: Some(2), ..watch_of(5, false).shape }).unwrap();
+        let come = |w: &mut StepWatch, n: u32| {
+            assert!(w.admit(n, 2, 20000 + n as u16).is_some());
+            w.connected(n, 20000 + n as u16);
+            drain(w)
+        };
+        let parent = |port| Down::Parent { port }.encode().unwrap();
+        assert!(come(&mut w, 4).is_empty());
+        assert!(come(&mut w, 0).is_empty());
+        assert_eq!(come(&mut w, 2), [Action::Send { node: 2, frame: parent(20000) }]);
+        assert_eq!(come(&mut w, 1), [Action::Send { node: 4, frame: parent(20001) }]);
+        assert!(!w.message(0, Up::Bye));
+        drain(&mut w);
+        assert_eq!(come(&mut w, 3), [Action::Send { node: 3, frame: Down::ParentDone.encode().unwrap() }]);
         // A parent with children that does not listen is refused.
         let mut w = two_nodes(Some(1));
         assert_eq!(w.admit(0, 1, 0), None);
