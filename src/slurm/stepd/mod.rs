@@ -1145,7 +1145,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     // SAFETY: Slurm's environment array, as the caller promises.
     let read = |name: &str| unsafe { getenvp(envp, name) };
     let expand = |list: &str, max: usize| slurm.expand_nodelist(list, max);
-    let Some(plan) = plan::plan(rec, &read, &expand, &super::site())? else {
+    let Some(mut plan) = plan::plan(rec, &read, &expand, &super::site())? else {
         slurm.info(&format!("{ENV_PORT} is not set: this step was not started by `srun --mpi=rpmi`; no PMI"));
         return Ok(());
     };
@@ -1175,7 +1175,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     let links = join_tree(&addrs, tree, node, &plan.secret, &plan.names, &address)?;
     let srun_copy = links.srun.try_clone().map_err(|e| format!("socket: {e}"))?;
     // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
-    let info = plan::job_info(&plan, &read, || unsafe { multi_prog_config(record, env) })?;
+    let info = plan::job_info(&mut plan, &read, || unsafe { multi_prog_config(record, env) })?;
     let spawned = info.spawned;
     let (place, names, local_ranks) = (plan.place, plan.names, plan.local_ranks);
     let limits = settings.limits();

@@ -114,14 +114,15 @@ pub fn plan(rec: Record, env: Env, expand: Expand, site: &Site) -> Result<Option
 
 /// What this node's shell serves: the job's shape, and in a spawned step its preputs and appnums as the
 /// spawning srun passed them on, else an `srun --multi-prog` step's appnums (`multi_prog` reads its
-/// configuration, if it is one).
-pub fn job_info(plan: &Plan, env: Env, multi_prog: impl FnOnce() -> Option<String>) -> Result<JobInfo, String> {
+/// configuration, if it is one). The task map moves from the plan into it (a step may have 2^24 ranks).
+pub fn job_info(plan: &mut Plan, env: Env, multi_prog: impl FnOnce() -> Option<String>) -> Result<JobInfo, String> {
+    let tasks = plan.node_of.len();
     let mut info = JobInfo::new(
         // Unique to this instance of the step: MPICH names its shared memory after the kvsname, and tasks that
         // were killed leave theirs behind for a later step with the same ids (job ids start again when
         // slurmctld's state is reset).
         format!("rpmi_{}.{}_{}", plan.place.job, plan.place.step, plan.secret.instance_tag()),
-        TaskMap::new(plan.node_of.clone()),
+        TaskMap::new(std::mem::take(&mut plan.node_of)),
         plan.local_ranks.clone(),
         plan.names.clone(),
     );
@@ -130,12 +131,8 @@ pub fn job_info(plan: &Plan, env: Env, multi_prog: impl FnOnce() -> Option<Strin
         None => None,
     };
     if let Some(s) = &spawn {
-        if s.size() != plan.node_of.len() as u64 {
-            return Err(format!(
-                "{ENV_SPAWN} describes {} processes, Slurm's step has {}",
-                s.size(),
-                plan.node_of.len()
-            ));
+        if s.size() != tasks as u64 {
+            return Err(format!("{ENV_SPAWN} describes {} processes, Slurm's step has {}", s.size(), tasks));
         }
         info.appnums = s.appnums(&plan.local_ranks);
         info.preputs = s.pairs();
@@ -199,7 +196,8 @@ mod tests {
         assert_eq!((p.host.as_str(), p.port, p.local_ranks.clone()), ("10.0.0.1", 4567, vec![2, 3]));
         assert_eq!((p.tree.width(), p.names.len()), (crate::collective::DEFAULT_WIDTH, 3));
         assert!(p.settings.is_ok() && p.notes.is_empty());
-        let info = job_info(&p, &|_| None, || None).unwrap();
+        let mut p = p;
+        let info = job_info(&mut p, &|_| None, || None).unwrap();
         assert_eq!(info.kvsname, format!("rpmi_7.2_{}", secret.instance_tag()));
         assert!(!info.spawned);
     }
@@ -264,21 +262,22 @@ mod tests {
     #[test]
     fn a_spawned_steps_preputs_and_appnums_and_an_mpmd_steps_appnums() {
         let secret = Secret::generate().unwrap();
-        let p = plan_of(record(1), &env_of(&secret), &Site::default()).unwrap().unwrap();
+        let env = env_of(&secret);
+        let plan = || plan_of(record(1), &env, &Site::default()).unwrap().unwrap();
         let spawn = Spawn { counts: vec![3, 3], preputs: vec![("k".into(), "v".into())], fd: None };
         let text = spawn.encode();
         let read = |name: &str| (name == ENV_SPAWN).then(|| text.clone());
-        let info = job_info(&p, &read, || panic!("a spawned step is no MPMD step")).unwrap();
+        let info = job_info(&mut plan(), &read, || panic!("a spawned step is no MPMD step")).unwrap();
         // Ranks 2 and 3: the first command's last rank, the second's first.
         assert_eq!((info.appnums.clone(), info.spawned), (vec![0, 1], true));
         assert_eq!(info.preputs.len(), 1);
         // Processes that are not Slurm's step.
         let wrong = Spawn { counts: vec![2], ..spawn }.encode();
         let read = |name: &str| (name == ENV_SPAWN).then(|| wrong.clone());
-        let e = job_info(&p, &read, || None).err().unwrap();
+        let e = job_info(&mut plan(), &read, || None).err().unwrap();
         assert_eq!(e, "RPMI_SLURM_SPAWN describes 2 processes, Slurm's step has 6");
         // srun --multi-prog: each rank's line.
-        let info = job_info(&p, &|_| None, || Some("0-2 ./a\n3-5 ./b\n".into())).unwrap();
+        let info = job_info(&mut plan(), &|_| None, || Some("0-2 ./a\n3-5 ./b\n".into())).unwrap();
         assert_eq!(info.appnums, vec![0, 1]);
     }
 }
