@@ -37,28 +37,24 @@
 //! a task that dies, even one that never reached the hook, is seen at once (EOF on the server end).
 
 mod plan;
+mod watch;
 
 use super::admit::{Acceptor, Admission, Gate};
 use super::auth::{self, Secret};
-use super::layout::with_node_names;
 use super::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
 use super::options::{Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
-use super::protocol::{Direction, Down, Malformed, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
+use super::protocol::{Down, Up};
 use super::records::{self, stepd_step_rec_t, RecordFromEnv};
-use super::spawn::SPAWN_PROCS_MAX;
 use super::sys::{self, getenvp, Slurm};
-use super::trace::{escape_text, Trace};
+use super::trace::Trace;
 use super::uplink::{self, Hello};
 use super::version::TaskInfo;
-use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
+use crate::collective::{self, frame, Bounds, Peer, Tree};
 use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, EnvVar, JobVars, Looping, NodeHost, NodeRuntime};
 use crate::os;
-use crate::server::{
-    check_preput, GroupExchange, Host, HostReply, HostRequest, JobError, Limits, Shell, Speaker, TaskId,
-};
-use plan::{Place, Record, LOGGED_TEXT_MAX};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::server::{GroupExchange, Host, HostRequest, JobError, Shell, Speaker, TaskId};
+use plan::{Place, Record};
 use std::ffi::{c_char, c_int, CString};
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -67,13 +63,12 @@ use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use watch::{NodeAction, NodeShape, NodeWatch, END_PATIENCE};
 
 /// How long a stepd keeps trying to join srun, or its parent, before the step fails.
 const JOIN_PATIENCE: Duration = Duration::from_secs(30);
 /// How long `fini` lets the progress thread say BYE before it cuts the connection.
 const FINI_GRACE: Duration = Duration::from_secs(2);
-/// The most lines one step logs into slurmd's log.
-const LOGGED_LINES_MAX: usize = 200;
 
 /// The fork notice a task child writes: every task is forked, and whether its task info confirmed the ids.
 const NOTICE_FORKED: u8 = 0;
@@ -124,42 +119,23 @@ const CHILDREN: u64 = 16;
 /// The acceptor's tokens (children in the handshake) start here.
 const ACCEPTOR: u64 = 1 << 40;
 
-/// A child's place in the tree, as this node serves it.
-enum Child {
-    /// Not admitted yet: what the collective sends it waits here (a FAIL, END or BYE, at most a few).
-    Awaited(Vec<Bytes>),
-    Linked(Link),
-    /// Its connection closed.
-    Gone,
-}
-
-/// How reading a connection ended, when it did.
-enum End {
-    /// The peer closed it, or it failed.
-    Closed(String),
-    /// The peer sent what it may not.
-    Broke(String),
-}
-
-/// The engine's host on a slurmstepd. It runs on the progress thread and serves, beside the tasks, every
-/// connection of the tree, the admission of the node's children and the fork-notice pipe in the same loop:
-/// nothing it does blocks the tasks' answers.
+/// The engine's host on a slurmstepd: the I/O around the node's [`NodeWatch`]. It runs on the progress
+/// thread and serves, beside the tasks, every connection of the tree, the admission of the node's children
+/// and the fork-notice pipe in the same loop: nothing it does blocks the tasks' answers.
 struct SlurmHost {
     place: Place,
     /// Every node's name, for messages.
     names: Vec<String>,
-    tree: Tree,
-    /// The node's side of the collective.
-    machine: collective::Node,
-    /// What the collective completed for the shell (every part, or why it failed), until the shell takes it.
-    completion: Option<Result<Parts, String>>,
-    watch: Option<Arc<dyn Watch>>,
-    /// The connection to srun; `None` once it closed or srun is not trusted any more.
+    /// Decides; this host carries out what it asks.
+    watch: NodeWatch,
+    epoll: Option<Arc<dyn Watch>>,
+    /// The connection to srun, while the watch serves it.
     uplink: Option<Link>,
-    /// The connection to the parent in the tree; `None` if the parent is srun, or is done or gone.
+    /// The connection to the parent in the tree, while the watch serves it; `None` if the parent is srun.
     parent: Option<Link>,
-    /// The children in the tree, from `tree`'s first child of this node.
-    children: Vec<Child>,
+    /// The admitted children's connections, from the tree's first child of this node.
+    children: Vec<Option<Link>>,
+    first_child: u32,
     /// Admits the children (a node with none has none).
     acceptor: Option<Acceptor>,
     /// Wakes the loop at the acceptor's deadlines and at `end_by`.
@@ -176,84 +152,45 @@ struct SlurmHost {
     /// A task child found Slurm's task info naming the step read from the step record: only then does the
     /// stepd ask slurmctld to end that step.
     ids_confirmed: bool,
-    /// Every local task has closed its connection: the connections closing now is the normal end.
-    finished: bool,
-    /// Set by `fini`.
+    /// Set by `fini`: the step ending now is the normal end.
     stopping: Arc<AtomicBool>,
-    /// srun said it is done with the step (END): its close is the normal end.
-    srun_done: bool,
-    /// The step's end was decided (by srun, or from here): srun's user has been told.
-    ending: bool,
-    /// An abort or job error was sent: srun ends the step; say it once.
-    ended: bool,
-    /// This node has asked slurmctld to end the step itself.
-    ended_here: bool,
-    /// The collective is being told that the parent's connection closed: what fails now, fails for that.
-    parent_lost: bool,
-    /// Lines this step has logged.
-    logged: usize,
-    /// The requests sent to srun that it has not answered, by local task.
-    asked: BTreeMap<TaskId, Asked>,
-    /// The step's limits, which a spawn's preputs must keep to in the new step.
-    limits: Limits,
-    /// srun's answers, until the shell takes them.
-    answers: Vec<(TaskId, HostReply)>,
-    /// The group exchanges sent to srun that it has not ended.
-    groups_asked: BTreeSet<Vec<u8>>,
-    /// Group exchanges srun ended, until the shell takes them.
-    groups_done: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
-    /// The largest result of a group exchange srun may send.
-    group_result_max: usize,
     /// The most output a link may hold that its peer has not taken.
     queued_max: usize,
-    /// In a spawned step, until each has sent its first PMI line: the local ranks that have not. STARTED goes
-    /// to srun when none is left (srun's root then answers the spawn); one that exits before is a program
-    /// that did not start, and fails the step.
-    unspoken: Option<BTreeSet<u32>>,
     buf: Vec<u8>,
 }
 
 impl SlurmHost {
     /// The host of node `place.node` of `tree`, over the connections it made in prefork.
-    #[allow(clippy::too_many_arguments)]
     fn new(
-        place: Place,
-        names: Vec<String>,
-        tree: Tree,
-        bounds: Bounds,
-        limits: Limits,
+        shape: NodeShape,
         links: TreeLinks,
         slurm: &'static Slurm,
         trace: Option<Trace>,
         notify: OwnedFd,
         stopping: Arc<AtomicBool>,
-        unspoken: Option<BTreeSet<u32>>,
     ) -> Result<SlurmHost, String> {
         let socket = |e: io::Error| format!("socket: {e}");
-        let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
-        let group_result_max = collective::groups::done_max(names.len() as u32, &bounds);
+        let all_max = frame::parts_len(shape.names.len(), shape.limits.kvs_bytes_max);
         // What a link may hold unsent: an exchange's frame, the group exchanges' parts (held to the store's
         // bound) and the control frames the tasks' requests make.
-        let queued_max = all_max.saturating_add(limits.kvs_bytes_max).saturating_add(CONTROL_QUEUED_MAX);
-        let mut machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
+        let queued_max = all_max.saturating_add(shape.limits.kvs_bytes_max).saturating_add(CONTROL_QUEUED_MAX);
+        let (place, names) = (shape.place.clone(), shape.names.clone());
+        let mut watch = NodeWatch::new(shape)?;
         let parent = match links.parent {
             Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default(), queued_max).map_err(socket)?),
-            Some((p, None)) => {
-                // srun said the parent finished before this node reached it: as if it had said goodbye and left.
-                machine.receive(Peer::Node(p), frame::bye());
-                machine.lost(Peer::Node(p));
+            Some((_, None)) => {
+                watch.parent_done();
                 None
             }
             None => None,
         };
         Ok(SlurmHost {
-            children: tree.children(Peer::Node(place.node)).map(|_| Child::Awaited(Vec::new())).collect(),
+            children: watch.children().map(|_| None).collect(),
+            first_child: watch.children().start,
             place,
             names,
-            tree,
-            machine,
-            completion: None,
-            watch: None,
+            watch,
+            epoll: None,
             uplink: Some(Link::new(links.srun, UPLINK, Default::default(), queued_max).map_err(socket)?),
             queued_max,
             parent,
@@ -265,93 +202,71 @@ impl SlurmHost {
             notify,
             child_ends: None,
             ids_confirmed: false,
-            finished: false,
             stopping,
-            srun_done: false,
-            ending: false,
-            ended: false,
-            ended_here: false,
-            parent_lost: false,
-            logged: 0,
-            asked: BTreeMap::new(),
-            limits,
-            answers: Vec::new(),
-            groups_asked: BTreeSet::new(),
-            groups_done: Vec::new(),
-            group_result_max,
-            unspoken,
             buf: vec![0; 64 * 1024],
         })
     }
 
-    fn me(&self) -> u32 {
-        self.place.node
-    }
-
-    /// This node's first child in the tree (its children are `first..first + children.len()`).
-    fn first_child(&self) -> u32 {
-        self.tree.children(Peer::Node(self.me())).start
-    }
-
-    /// The parent's node index, if the parent is a stepd.
-    fn parent_node(&self) -> Option<u32> {
-        match self.tree.parent(self.me()) {
-            Peer::Node(p) => Some(p),
-            Peer::Root => None,
+    /// Where the connection to `peer` is kept while it is served.
+    fn slot(&mut self, peer: Peer) -> Option<&mut Option<Link>> {
+        match peer {
+            Peer::Root => Some(&mut self.uplink),
+            Peer::Node(p) if Some(p) == self.watch.parent_node() => Some(&mut self.parent),
+            Peer::Node(c) => self.children.get_mut(c.checked_sub(self.first_child)? as usize),
         }
     }
 
-    /// A message of the collective's machines as the user reads it: nodes by name.
-    fn named(&self, text: &str) -> String {
-        with_node_names(text, &self.names)
-    }
-
-    /// Sends a control frame to srun; false if the connection is gone.
-    fn report(&mut self, message: &Up) -> bool {
-        match (&mut self.uplink, message.encode()) {
-            (Some(l), Ok(frame)) => {
-                l.send(frame);
-                !l.is_broken()
+    /// Does what the watch asks, then tells it of the links that broke while this node sent on them (a peer
+    /// that stopped reading leaves the link broken at once, not its output growing), as the peer's close
+    /// would, until nothing is left to do.
+    fn carry_out(&mut self) {
+        loop {
+            while let Some(action) = self.watch.poll() {
+                self.act(action);
             }
-            _ => false,
+            let first = self.first_child;
+            let children =
+                self.children.iter().enumerate().filter_map(|(i, l)| Some((Peer::Node(first + i as u32), l.as_ref()?)));
+            let parent = self.watch.parent_node().map(Peer::Node).zip(self.parent.as_ref());
+            let mut links = self.uplink.as_ref().map(|l| (Peer::Root, l)).into_iter().chain(parent).chain(children);
+            match links.find(|(_, l)| l.is_broken()).map(|(peer, l)| (peer, l.broke_why())) {
+                Some((peer, why)) => self.watch.closed(peer, &why),
+                None => return,
+            }
         }
     }
 
-    /// The step must end, with `message` for the user: srun prints it on its stderr and ends the step.
-    /// Without srun (it is gone), the stepd does both: its errors reach the job's stderr.
-    fn end_step(&mut self, message: Up, text: &str) {
-        if std::mem::replace(&mut self.ended, true) {
-            self.log(log::Level::Info, text);
-            return;
+    fn act(&mut self, action: NodeAction) {
+        match action {
+            NodeAction::Report(frame) => {
+                if let Some(l) = &mut self.uplink {
+                    l.send(frame);
+                }
+            }
+            NodeAction::Send { to, direction, frame } => {
+                if let Some(l) = self.slot(to).and_then(Option::as_mut) {
+                    let _ = l.send_collective(direction, &frame);
+                }
+            }
+            NodeAction::Drop(peer) => {
+                if let Some(slot) = self.slot(peer) {
+                    *slot = None;
+                }
+            }
+            NodeAction::Log { level, text } => self.slurm.log(level, &text),
+            NodeAction::EndHere { why } if self.stopping.load(SeqCst) => self.watch.log(log::Level::Info, &why),
+            NodeAction::EndHere { why } => {
+                let Place { job, step, node_name, .. } = &self.place;
+                self.slurm.error(&format!("step {job}.{step} on {node_name}: {why}; ending the step"));
+                if let Err(e) = kill_own_step(self.slurm, self.ids_confirmed, &self.place) {
+                    self.slurm.info(&e);
+                }
+            }
+            NodeAction::AwaitEnd => {
+                self.end_by = Some(Instant::now() + END_PATIENCE);
+                self.arm_timer();
+            }
         }
-        if self.report(&message) {
-            self.ending = true;
-            self.end_by = Some(Instant::now() + END_PATIENCE);
-            self.arm_timer();
-            self.log(log::Level::Info, text);
-            return;
-        }
-        self.end_from_here(&format!("{text}; srun (the collective root) is gone"));
-    }
-
-    /// Asks slurmctld to end the step from this node (once), unless the step is ending normally.
-    fn end_from_here(&mut self, why: &str) {
-        let normal = self.finished || self.stopping.load(SeqCst) || self.srun_done;
-        if normal || std::mem::replace(&mut self.ended_here, true) {
-            self.log(log::Level::Info, why);
-            return;
-        }
-        self.ending = true;
-        let Place { job, step, node_name, .. } = &self.place;
-        self.slurm.error(&format!("step {job}.{step} on {node_name}: {why}; ending the step"));
-        if let Err(e) = kill_own_step(self.slurm, self.ids_confirmed, &self.place) {
-            self.slurm.info(&e);
-        }
-    }
-
-    fn job_error_text(&mut self, message: &str) {
-        let m = Up::Error { rank: u32::MAX, failed: false, message: message.to_string() };
-        self.end_step(m, message);
     }
 
     /// Notices from the task children: every task is forked (see the module's documentation). The pipe stays
@@ -365,7 +280,7 @@ impl SlurmHost {
         let n = unsafe { libc::read(self.notify.as_raw_fd(), notices.as_mut_ptr().cast(), notices.len()) };
         if n == 0 {
             // Every child and the stepd's own copy closed the write end: nothing more will come.
-            if let Some(w) = &self.watch {
+            if let Some(w) = &self.epoll {
                 let _ = w.remove(self.notify.as_raw_fd());
             }
         }
@@ -374,226 +289,74 @@ impl SlurmHost {
         }
     }
 
-    /// What srun sent.
-    fn hear_srun(&mut self, events: u32) {
-        let max = CONTROL_MAX.max(self.machine.frame_max(Peer::Root) + 1).max(self.group_result_max + 1);
-        let Some(link) = &mut self.uplink else { return };
-        if events & libc::EPOLLOUT as u32 != 0 {
-            link.flush();
-        }
-        let (frames, mut end) = hear(link, &mut self.buf, max, Down::decode);
-        for m in frames {
-            match m {
-                Down::Collective(frame) => self.machine.receive(Peer::Root, frame),
-                Down::End => self.srun_done = true,
-                Down::Answer { task, ok, text } => match self.asked.remove(&(task as TaskId)) {
-                    Some(asked) => self.answers.push((task as TaskId, asked.reply(ok, text))),
-                    None => {
-                        end = Some(End::Broke(format!("answered a request task {task} did not make")));
+    /// Reads once from `peer`'s connection (at most the buffer's length) and hands the watch every whole
+    /// frame now in its input, then why the connection is done, if it is. Frames that came before a close
+    /// are handed over before it. One read per wake-up: a peer that writes without pause (srun is the
+    /// user's) is served a buffer at a time, epoll (level-triggered) calls again for the rest, and what the
+    /// node holds of it stays within one buffer's frames; the rest waits in the socket, and TCP holds the
+    /// writer back.
+    fn hear(&mut self, peer: Peer, events: u32) {
+        let max = self.watch.frame_max(peer);
+        // Out of its slot while the watch hears it (the watch's actions are carried out after).
+        if let Some(mut link) = self.slot(peer).and_then(Option::take) {
+            if events & libc::EPOLLOUT as u32 != 0 {
+                link.flush();
+            }
+            let closed = match link.read(&mut self.buf) {
+                Read::Data(_) | Read::Blocked => None,
+                Read::Closed(why) => Some(why),
+            };
+            loop {
+                match link.next(max) {
+                    Ok(None) => break,
+                    Ok(Some(payload)) => self.watch.heard(peer, payload),
+                    Err(e) => {
+                        self.watch.broke(peer, &format!("sent {e}"));
                         break;
                     }
-                },
-                Down::Group { id, parts } => match self.groups_asked.remove(&id) {
-                    true => self.groups_done.push((id, parts)),
-                    false => {
-                        end = Some(End::Broke("ended a group exchange this node did not start".into()));
-                        break;
-                    }
-                },
-                // Taken at prefork; the parent's own connection says the rest.
-                Down::Parent { .. } | Down::ParentDone => {}
-                Down::Challenge { .. } | Down::Welcome { .. } => {
-                    end = Some(End::Broke("sent a handshake frame after the handshake".into()));
-                    break;
                 }
             }
-            self.pump();
-        }
-        if let Some(why) = self.uplink.as_ref().filter(|l| end.is_none() && l.is_broken()).map(Link::broke_why) {
-            end = Some(End::Closed(why));
-        }
-        match end {
-            Some(End::Closed(why)) => {
-                self.lost_srun(&format!("lost the connection to srun (the collective root): {why}"))
+            // A frame's bytes were copied out: an exchange need not stay in the buffer beside its parts.
+            link.release();
+            if let Some(slot) = self.slot(peer) {
+                *slot = Some(link);
             }
-            Some(End::Broke(why)) => self.lost_srun(&format!("srun {why}")),
-            None => {}
-        }
-    }
-
-    /// The connection to srun is gone, or srun broke the protocol: no exchange can complete any more, and
-    /// unless the step is ending anyway, this node ends it.
-    fn lost_srun(&mut self, why: &str) {
-        self.uplink = None;
-        self.end_from_here(why);
-        self.machine.lost(Peer::Root);
-        self.pump();
-    }
-
-    /// What the parent sent.
-    fn hear_parent(&mut self, events: u32) {
-        let Some(p) = self.parent_node() else { return };
-        let max = self.machine.frame_max(Peer::Node(p)) + 1;
-        let Some(link) = &mut self.parent else { return };
-        if events & libc::EPOLLOUT as u32 != 0 {
-            link.flush();
-        }
-        let (frames, mut end) = hear(link, &mut self.buf, max, Down::decode);
-        for m in frames {
-            match m {
-                Down::Collective(frame) => self.machine.receive(Peer::Node(p), frame),
-                other => {
-                    end = Some(End::Broke(format!("sent {}, which only srun sends", other.name())));
-                    break;
-                }
-            }
-            self.pump();
-        }
-        if let Some(why) = self.parent.as_ref().filter(|l| end.is_none() && l.is_broken()).map(Link::broke_why) {
-            end = Some(End::Closed(why));
-        }
-        if let Some(end) = end {
-            self.parent = None;
-            if let End::Broke(why) = end {
-                let what = format!("the slurmstepd of {} {why} to {}", self.names[p as usize], self.place.node_name);
-                self.job_error(Some(p), what);
-            }
-            self.parent_lost = true;
-            self.machine.lost(Peer::Node(p));
-            self.pump();
-            self.parent_lost = false;
-        }
-    }
-
-    /// What child `first + i` sent.
-    fn hear_child(&mut self, i: usize, events: u32) {
-        let c = self.first_child() + i as u32;
-        let max = self.machine.frame_max(Peer::Node(c)) + 1;
-        let Some(Child::Linked(link)) = self.children.get_mut(i) else { return };
-        if events & libc::EPOLLOUT as u32 != 0 {
-            link.flush();
-        }
-        let (frames, mut end) = hear(link, &mut self.buf, max, Up::decode);
-        for m in frames {
-            match m {
-                Up::Collective(frame) => self.machine.receive(Peer::Node(c), frame),
-                other => {
-                    end = Some(End::Broke(format!("sent {}, which only srun takes", other.name())));
-                    break;
-                }
-            }
-            self.pump();
-        }
-        if let Some(Child::Linked(l)) = self.children.get(i).filter(|_| end.is_none()) {
-            if l.is_broken() {
-                end = Some(End::Closed(l.broke_why()));
+            if let Some(why) = closed {
+                self.watch.closed(peer, &why);
             }
         }
-        if let Some(end) = end {
-            self.children[i] = Child::Gone;
-            if let End::Broke(why) = end {
-                let what = format!("the slurmstepd of {} {why} to {}", self.names[c as usize], self.place.node_name);
-                self.job_error(Some(c), what);
-            }
-            self.machine.lost(Peer::Node(c));
-            self.pump();
-        }
+        self.carry_out();
     }
 
     /// Takes what the acceptor has: admitted children, and lines about refusals.
     fn admissions(&mut self) {
         while let Some(event) = self.acceptor.as_mut().and_then(Acceptor::poll) {
             match event {
-                Admission::Debug(line) => self.log(log::Level::Debug, &line),
+                Admission::Debug(line) => self.watch.log(log::Level::Debug, &line),
                 Admission::Joined(j) => {
-                    let i = (j.node - self.first_child()) as usize;
+                    let i = (j.node - self.first_child) as usize;
                     let link = Link::new(j.stream, CHILDREN + i as u64, j.input, self.queued_max).and_then(|mut l| {
-                        if let Some(w) = &self.watch {
+                        if let Some(w) = &self.epoll {
                             l.watch(w.clone())?;
                         }
                         Ok(l)
                     });
-                    let mut link = match link {
-                        Ok(l) => l,
+                    match link {
+                        Ok(l) => {
+                            self.children[i] = Some(l);
+                            self.watch.child_joined(j.node);
+                            // What it sent right after its proof.
+                            self.hear(Peer::Node(j.node), 0);
+                        }
                         Err(e) => {
                             let what = format!("cannot serve the connection of {}: {e}", self.names[j.node as usize]);
-                            self.job_error_text(&what);
-                            continue;
-                        }
-                    };
-                    if let Some(Child::Awaited(waiting)) = self.children.get(i) {
-                        for frame in waiting {
-                            let _ = link.send_collective(Direction::Down, frame);
+                            self.watch.fault(&what);
                         }
                     }
-                    if let Some(slot) = self.children.get_mut(i) {
-                        *slot = Child::Linked(link);
-                    }
-                    // What it sent right after its proof.
-                    self.hear_child(i, 0);
                 }
             }
         }
-    }
-
-    /// Does what the collective asks.
-    fn pump(&mut self) {
-        while let Some(output) = self.machine.poll() {
-            match output {
-                Output::Send { to, frame } => self.send(to, &frame),
-                Output::Done { parts, .. } => self.completion = Some(Ok(parts)),
-                Output::Failed { message, .. } => {
-                    self.completion = Some(Err(escape_text(&self.named(&message), MESSAGE_MAX)));
-                }
-                Output::JobError { node, message } => {
-                    let text = self.named(&message);
-                    self.job_error(node, text);
-                }
-                Output::Report { .. } => {}
-            }
-        }
-    }
-
-    /// A frame of the collective for `to`.
-    fn send(&mut self, to: Peer, frame: &Bytes) {
-        let parent = self.parent_node();
-        let first = self.first_child();
-        let link = match to {
-            Peer::Root => self.uplink.as_mut().map(|l| (l, Direction::Up)),
-            Peer::Node(n) if Some(n) == parent => self.parent.as_mut().map(|l| (l, Direction::Up)),
-            Peer::Node(c) => match child_slot(&mut self.children, first, c) {
-                Some(Child::Linked(l)) => Some((l, Direction::Down)),
-                Some(Child::Awaited(waiting)) => {
-                    waiting.push(frame.clone());
-                    None
-                }
-                Some(Child::Gone) | None => None,
-            },
-        };
-        if let Some((l, direction)) = link {
-            let _ = l.send_collective(direction, frame);
-        }
-    }
-
-    /// The collective cannot go on; `node` is at fault (`None`: srun). srun ends the step when this node
-    /// tells it why; when srun itself is at fault, or the parent's connection closed while it mattered (as
-    /// when srun's does), this node ends it itself.
-    fn job_error(&mut self, node: Option<u32>, text: String) {
-        match node {
-            None => {
-                // srun broke the protocol (or is gone): it is not trusted any more.
-                self.uplink = None;
-                self.end_from_here(&text);
-            }
-            Some(p) if Some(p) == self.parent_node() && self.parent_lost => {
-                self.end_step(Up::Error { rank: u32::MAX, failed: true, message: text.clone() }, &text);
-                self.end_from_here(&text);
-            }
-            Some(n) => {
-                let failed = n != self.me();
-                self.end_step(Up::Error { rank: u32::MAX, failed, message: text.clone() }, &text);
-            }
-        }
+        self.carry_out();
     }
 
     /// Arms the timer for the next deadline (the acceptor's, or `end_by`), or disarms it.
@@ -604,111 +367,57 @@ impl SlurmHost {
         let _ = os::set_timer(&self.timer, after);
     }
 
-    /// Hands the shell what the collective completed for it.
+    /// Hands the shell what the collective completed for it, and srun's answers.
     fn complete(&mut self, shell: &mut Shell) {
-        match self.completion.take() {
+        match self.watch.take_completion() {
             Some(Ok(parts)) => {
                 let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
                 shell.collective_complete(self, Ok(&parts));
             }
-            Some(Err(why)) => {
-                // The node that found why the exchange failed has told srun, which tells the user (or, without
-                // srun, has ended the step itself): the barrier failing here follows from it, and what the
-                // shell says of it is no new fault for the job's stderr. Over a chain, a node hears its
-                // parent's failure before srun's end reaches it.
-                self.ending = true;
-                shell.collective_complete(self, Err(&why));
-            }
+            Some(Err(why)) => shell.collective_complete(self, Err(&why)),
             None => {}
         }
-    }
-
-    /// Handles the links that broke while this node sent on them (a peer that stopped reading leaves the
-    /// link broken at once, not its output growing): as the peer's close would be.
-    fn check_links(&mut self) {
-        if self.uplink.as_ref().is_some_and(Link::is_broken) {
-            self.hear_srun(0);
+        for (task, reply) in self.watch.take_answers() {
+            shell.host_reply(self, task, reply);
         }
-        if self.parent.as_ref().is_some_and(Link::is_broken) {
-            self.hear_parent(0);
-        }
-        for i in 0..self.children.len() {
-            if matches!(&self.children[i], Child::Linked(l) if l.is_broken()) {
-                self.hear_child(i, 0);
-            }
+        for (id, parts) in self.watch.take_groups_done() {
+            let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            shell.group_complete(self, &id, Ok(&parts));
         }
     }
 
     /// Every connection of the tree this node still has.
     fn links(&mut self) -> Vec<&mut Link> {
-        let children = self.children.iter_mut().filter_map(|c| match c {
-            Child::Linked(l) => Some(l),
-            _ => None,
-        });
+        let children = self.children.iter_mut().flatten();
         self.uplink.iter_mut().chain(self.parent.iter_mut()).chain(children).collect()
     }
 }
 
-/// Child `c`'s slot, when `c` is one of the children from `first`.
-fn child_slot(children: &mut [Child], first: u32, c: u32) -> Option<&mut Child> {
-    children.get_mut(c.checked_sub(first)? as usize)
-}
-
-/// Reads once from `link` (at most `buf`'s length), and decodes every whole frame of at most `max` bytes now
-/// in its input; with why the connection is done, if it is. Frames that came before a close are handed back
-/// before it. One read per wake-up: a peer that writes without pause (srun is the user's) is served a
-/// buffer at a time, epoll (level-triggered) calls again for the rest, and what the node holds of it stays
-/// within one buffer's frames; the rest waits in the socket, and TCP holds the writer back.
-fn hear<M>(
-    link: &mut Link,
-    buf: &mut [u8],
-    max: usize,
-    decode: impl Fn(&[u8]) -> Result<M, Malformed>,
-) -> (Vec<M>, Option<End>) {
-    let mut got = Vec::new();
-    let closed = match link.read(buf) {
-        Read::Data(_) | Read::Blocked => None,
-        Read::Closed(why) => Some(End::Closed(why)),
-    };
-    loop {
-        match link.next(max) {
-            Ok(None) => break,
-            Ok(Some(payload)) => match decode(payload) {
-                Ok(m) => got.push(m),
-                Err(e) => return (got, Some(End::Broke(format!("sent a {e}")))),
-            },
-            Err(e) => return (got, Some(End::Broke(format!("sent {e}")))),
-        }
-    }
-    // A frame's bytes were copied out: an exchange need not stay in the buffer beside its parts.
-    link.release();
-    (got, closed)
-}
-
 impl HostFds for SlurmHost {
     fn watch(&mut self, watcher: Watcher) {
-        let watch: Arc<dyn Watch> = Arc::new(watcher);
+        let epoll: Arc<dyn Watch> = Arc::new(watcher);
         let events = libc::EPOLLIN as u32;
         let mut failed = Vec::new();
         for link in self.links() {
-            if let Err(e) = link.watch(watch.clone()) {
+            if let Err(e) = link.watch(epoll.clone()) {
                 failed.push(e);
             }
         }
         if let Some(a) = &mut self.acceptor {
-            if let Err(e) = a.watch(watch.clone()) {
+            if let Err(e) = a.watch(epoll.clone()) {
                 failed.push(e);
             }
         }
-        if let Err(e) = watch.add(self.timer.as_raw_fd(), events, TIMER) {
+        if let Err(e) = epoll.add(self.timer.as_raw_fd(), events, TIMER) {
             failed.push(e);
         }
-        if let Err(e) = watch.add(self.notify.as_raw_fd(), events, NOTICE) {
+        if let Err(e) = epoll.add(self.notify.as_raw_fd(), events, NOTICE) {
             self.slurm.error(&format!("cannot watch the tasks' notices: {e}"));
         }
-        self.watch = Some(watch);
+        self.epoll = Some(epoll);
         if let Some(e) = failed.first() {
-            self.job_error_text(&format!("cannot watch the connections of the PMI tree: {e}"));
+            self.watch.fault(&format!("cannot watch the connections of the PMI tree: {e}"));
+            self.carry_out();
         }
     }
 
@@ -723,125 +432,60 @@ impl HostFds for SlurmHost {
                 self.admissions();
                 if self.end_by.is_some_and(|at| at <= Instant::now()) {
                     self.end_by = None;
-                    let why = format!("srun did not end the step within {END_PATIENCE:?} of being told to");
-                    self.end_from_here(&why);
+                    self.watch.srun_too_slow();
+                    self.carry_out();
                 }
             }
-            UPLINK => self.hear_srun(events),
-            PARENT => self.hear_parent(events),
+            UPLINK => self.hear(Peer::Root, events),
+            PARENT => {
+                if let Some(p) = self.watch.parent_node() {
+                    self.hear(Peer::Node(p), events);
+                }
+            }
             t if self.acceptor.as_ref().is_some_and(|a| a.owns(t)) => {
                 if let Some(a) = &mut self.acceptor {
                     a.ready(t);
                 }
                 self.admissions();
             }
-            t if t >= CHILDREN => self.hear_child((t - CHILDREN) as usize, events),
+            t if t >= CHILDREN => self.hear(Peer::Node(self.first_child + (t - CHILDREN) as u32), events),
             _ => {}
         }
-        self.check_links();
         self.arm_timer();
         self.complete(shell);
-        for (task, reply) in std::mem::take(&mut self.answers) {
-            shell.host_reply(self, task, reply);
-        }
-        for (id, parts) in std::mem::take(&mut self.groups_done) {
-            let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-            shell.group_complete(self, &id, Ok(&parts));
-        }
-    }
-}
-
-/// A request a task made of srun.
-#[derive(Debug, Clone, Copy)]
-enum Asked {
-    Name(NameOp),
-    /// A spawn of this many processes.
-    Spawn(u64),
-}
-
-impl Asked {
-    /// srun's answer, as the shell takes it.
-    fn reply(self, ok: bool, text: String) -> HostReply {
-        match (ok, self) {
-            (false, _) => HostReply::Failed(text),
-            (true, Asked::Name(NameOp::Lookup)) => HostReply::Port(text),
-            (true, Asked::Name(NameOp::Publish | NameOp::Unpublish)) => HostReply::Done,
-            // One code for every process: a step starts all of its tasks or none.
-            (true, Asked::Spawn(procs)) => match text.parse::<i32>() {
-                Ok(code) => HostReply::Spawned { errcodes: vec![code; procs as usize] },
-                Err(_) => HostReply::Failed(format!("srun answered the spawn with '{}'", escape_text(&text, 32))),
-            },
-        }
     }
 }
 
 impl Host for SlurmHost {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
-        // srun's checks of who can still join an exchange rest on this; once the collective failed, no one
-        // can, and a task's every later barrier must not cost srun's link a frame.
-        if !self.machine.failed() {
-            self.report(&Up::Joined { epoch: self.machine.epoch() });
-        }
-        self.machine.contribute(contribution.to_vec()).map_err(|e| e.to_string())?;
-        self.pump();
-        match self.completion.take() {
-            Some(Err(why)) => Err(why),
-            other => {
-                self.completion = other;
-                Ok(())
-            }
-        }
+        let joined = self.watch.contribute(contribution);
+        self.carry_out();
+        joined
     }
 
     fn serves_groups(&self) -> bool {
         true
     }
 
-    /// A star through srun ([`crate::collective::groups`]), which checks the parts' bounds.
     fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
-        let up = Up::Group { id: exchange.id.to_vec(), shells: exchange.shells.to_vec(), part: contribution.to_vec() };
-        if !self.report(&up) {
-            return Err("srun (the collective root) is gone".into());
-        }
-        self.groups_asked.insert(exchange.id.to_vec());
-        Ok(())
+        let asked = self.watch.group(exchange, contribution);
+        self.carry_out();
+        asked
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
-        // The message reaches srun's stderr (the user's) whole, and slurmd's log escaped and cut.
-        let logged = format!(
-            "rank {rank} called PMI_Abort with exit code {exit_code}{}{}",
-            if message.is_empty() { "" } else { ": " },
-            escape_text(message, LOGGED_TEXT_MAX)
-        );
-        self.end_step(Up::Abort { rank, code: exit_code, message: message.to_string() }, &logged);
+        self.watch.abort(rank, exit_code, message);
+        self.carry_out();
     }
 
     fn job_error(&mut self, error: &JobError) {
-        // A spawned task lost before its first line: that it never spoke says more than the barrier it left.
-        let unspoken = match error {
-            JobError::TaskLost { rank, .. } => self.left_unspoken(*rank),
-            JobError::Protocol { .. } => None,
-        };
-        let message = unspoken.unwrap_or_else(|| error.to_string());
-        let failed = matches!(error, JobError::TaskLost { .. });
-        self.end_step(Up::Error { rank: error.rank(), failed, message: message.clone() }, &message);
+        self.watch.job_error(error);
+        self.carry_out();
     }
 
     fn log(&mut self, level: log::Level, message: &str) {
-        // What reaches slurmd's log may carry what tasks or srun sent: it is escaped and cut, and a step
-        // logs at most LOGGED_LINES_MAX lines (tasks can make the engine say something per request).
-        self.logged += 1;
-        if self.logged > LOGGED_LINES_MAX {
-            if self.logged == LOGGED_LINES_MAX + 1 {
-                self.slurm.info("this step's further PMI messages are not logged");
-            }
-            return;
-        }
-        // A stepd's errors also reach the job's stderr: once the user has been told why the step ends, the
-        // consequences (every barrier failing) go to the slurmd log only.
-        let level = if level <= log::Level::Warn && self.ending { log::Level::Info } else { level };
-        self.slurm.log(level, &escape_text(message, MESSAGE_MAX));
+        self.watch.log(level, message);
+        self.carry_out();
     }
 
     fn trace(&mut self, rank: u32, speaker: Speaker, line: &[u8]) {
@@ -851,96 +495,25 @@ impl Host for SlurmHost {
     }
 
     fn task_started(&mut self, rank: u32) {
-        if let Some(unspoken) = &mut self.unspoken {
-            unspoken.remove(&rank);
-            if unspoken.is_empty() {
-                self.unspoken = None;
-                self.report(&Up::Started);
-            }
-        }
+        self.watch.task_started(rank);
+        self.carry_out();
     }
 
     fn task_closed(&mut self, rank: u32, finalized: bool) {
-        if let Some(message) = self.left_unspoken(rank) {
-            self.end_step(Up::Error { rank, failed: true, message: message.clone() }, &message);
-        }
-        // srun fails a barrier of another node that waits for it: a plain one if it left without finalize,
-        // a group barrier whichever way it left.
-        self.report(&Up::Gone { rank, finalized });
+        self.watch.task_closed(rank, finalized);
+        self.carry_out();
     }
 
-    /// Names go to srun's table for the step, spawns to srun, which starts each as a step of the job.
     fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
-        let (op, name, port) = match request {
-            HostRequest::Publish { service, port } => (NameOp::Publish, service, port),
-            HostRequest::Unpublish { service } => (NameOp::Unpublish, service, ""),
-            HostRequest::Lookup { service } => (NameOp::Lookup, service, ""),
-            HostRequest::Spawn(spawn) => {
-                // Bounded here: srun is the user's, and its answer makes an error code per process.
-                if spawn.total_procs() > SPAWN_PROCS_MAX {
-                    return Err(format!(
-                        "a spawn of {} processes, more than the {SPAWN_PROCS_MAX} srun --mpi=rpmi starts at once",
-                        spawn.total_procs()
-                    ));
-                }
-                // Checked now, as the new step will (a spawn answered and then refused by that step would
-                // end this one).
-                for (key, value) in spawn.commands.iter().flat_map(|c| &c.preputs) {
-                    check_preput(&self.limits, key, value)
-                        .map_err(|why| format!("the preput '{}': {why}", String::from_utf8_lossy(key)))?;
-                }
-                let request = crate::abi::spawn_json(spawn);
-                if request.len() > SPAWN_MAX {
-                    return Err(format!(
-                        "a spawn request of more than {SPAWN_MAX} bytes, the most srun --mpi=rpmi takes"
-                    ));
-                }
-                return self.ask(task, Asked::Spawn(spawn.total_procs()), Up::Spawn { task: task as u32, request });
-            }
-        };
-        if name.len() > NAME_MAX || port.len() > NAME_MAX {
-            return Err(format!("a service name or port longer than {NAME_MAX} bytes, the most srun --mpi=rpmi takes"));
-        }
-        self.ask(task, Asked::Name(op), Up::Name { task: task as u32, op, name: name.into(), port: port.into() })
-    }
-}
-
-impl SlurmHost {
-    /// Why this spawned step fails if rank `rank`, which has not sent its first PMI line, left: its spawner
-    /// would wait for it without end. `None` once it spoke, or in a step no spawn started.
-    fn left_unspoken(&self, rank: u32) -> Option<String> {
-        let Place { job, step, .. } = self.place;
-        self.unspoken.as_ref().filter(|u| u.contains(&rank)).map(|_| {
-            format!(
-                "rank {rank} of spawned step {job}.{step} closed its PMI connection before its first PMI line: its \
-                 program could not be run (see Slurm's execve error), was killed, or does not call PMI_Init \
-                 (MPI_Init), as spawned processes must"
-            )
-        })
-    }
-
-    /// Sends task `task`'s request to srun, whose answer the task then waits for.
-    fn ask(&mut self, task: TaskId, asked: Asked, message: Up) -> Result<(), String> {
-        if !self.report(&message) {
-            return Err("srun (the collective root) is gone".into());
-        }
-        self.asked.insert(task, asked);
-        Ok(())
+        let asked = self.watch.request(task, request);
+        self.carry_out();
+        asked
     }
 }
 
 impl NodeHost for SlurmHost {
     fn served(&mut self, result: Result<(), String>) {
-        match result {
-            Ok(()) => {
-                self.finished = true;
-                // The collective's goodbyes to srun, the parent and the children, then srun's own.
-                self.machine.finish();
-                self.pump();
-                self.report(&Up::Bye);
-            }
-            Err(why) => self.job_error_text(&format!("the PMI progress loop stopped: {why}")),
-        }
+        self.watch.served(result);
         if let Some(a) = &mut self.acceptor {
             a.close();
         }
@@ -1090,10 +663,6 @@ fn join_parent(
     }
 }
 
-/// How long srun, told that the step must end (an abort, a job error), has to end it before the stepd that
-/// told it ends it itself: srun is the user's own process, and a stopped one must not keep a failed step.
-const END_PATIENCE: Duration = Duration::from_secs(5);
-
 /// A timerfd for the acceptor's and the step's deadlines.
 fn timer() -> Result<OwnedFd, String> {
     os::timerfd().map_err(|e| format!("timerfd: {e}"))
@@ -1186,20 +755,9 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
 
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
-    let unspoken = spawned.then(|| local_ranks.iter().copied().collect());
-    let host_side = SlurmHost::new(
-        place.clone(),
-        names,
-        tree,
-        bounds,
-        limits,
-        links,
-        slurm,
-        trace,
-        notify_r,
-        stopping.clone(),
-        unspoken,
-    )?;
+    let spawned_ranks = spawned.then(|| local_ranks.iter().copied().collect());
+    let shape = NodeShape { place: place.clone(), names, tree, bounds, limits, spawned_ranks };
+    let host_side = SlurmHost::new(shape, links, slurm, trace, notify_r, stopping.clone())?;
     let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step) };
     let mut node_rt =
         NodeRuntime::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
@@ -1377,22 +935,16 @@ mod tests {
 
     /// srun's root for a step of `nodes` nodes with one rank each, the width left to the stepds.
     fn srun(nodes: u32, secret: &Secret) -> (RootThread, Record) {
-        srun_of((0..nodes).collect(), nodes, secret, None)
-    }
-
-    /// srun's root for a step whose rank `r` runs on node `node_of[r]`; `spawned_by`: the pipe to a spawning
-    /// srun.
-    fn srun_of(node_of: Vec<u32>, nodes: u32, secret: &Secret, spawned_by: Option<RawFd>) -> (RootThread, Record) {
         let record = Record::default();
         let step = Step {
             node_names: names(nodes),
-            node_of,
+            node_of: (0..nodes).collect(),
             secret: secret.clone(),
             addresses: None,
             bounds: bounds(1 << 20, 4 << 20),
             width: None,
             spawn: None,
-            spawned_by,
+            spawned_by: None,
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         (RootThread::start(listener, step, Box::new(record.clone())).unwrap(), record)
@@ -1418,21 +970,6 @@ mod tests {
     /// Node `node`'s stepd, as prefork makes it (joined to srun at `port` and to its parent), serving its one
     /// task (rank `node`) on a progress thread; and that task's connection.
     fn stepd(port: u16, nodes: u32, width: u32, node: u32, secret: &Secret) -> (NodeRuntime<SlurmHost>, Task) {
-        let (rt, mut tasks) = stepd_of(port, (0..nodes).collect(), nodes, width, node, secret, false);
-        (rt, tasks.remove(0))
-    }
-
-    /// As [`stepd`], for a step whose rank `r` runs on node `node_of[r]`, a spawned one if `spawned`: node
-    /// `node`'s tasks' connections, in rank order.
-    fn stepd_of(
-        port: u16,
-        node_of: Vec<u32>,
-        nodes: u32,
-        width: u32,
-        node: u32,
-        secret: &Secret,
-        spawned: bool,
-    ) -> (NodeRuntime<SlurmHost>, Vec<Task>) {
         let tree = Tree::new(nodes, width).unwrap();
         let names = names(nodes);
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
@@ -1444,41 +981,19 @@ mod tests {
         let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
         let bounds = bounds(1 << 20, 4 << 20);
-        let limits = Limits::default();
-        let local: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
-        let unspoken = spawned.then(|| local.iter().copied().collect());
-        let host = SlurmHost::new(
-            place,
-            names.clone(),
-            tree,
-            bounds,
-            limits,
-            links,
-            sys::slurm(),
-            None,
-            notify,
-            stopping,
-            unspoken,
-        )
-        .unwrap();
-        let mut info = JobInfo::new(KVSNAME, TaskMap::new(node_of), local.clone(), names);
-        info.spawned = spawned;
+        let shape =
+            NodeShape { place, names: names.clone(), tree, bounds, limits: Limits::default(), spawned_ranks: None };
+        let host = SlurmHost::new(shape, links, sys::slurm(), None, notify, stopping).unwrap();
+        let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
         let shell = Shell::new(info, Limits::default()).unwrap();
         let mut rt = NodeRuntime::new(shell, host, JobVars { job_id: "1.0".into() }).unwrap();
-        let ends: Vec<RawFd> = (0..local.len()).map(|t| rt.connect_task(t).unwrap().child_fd).collect();
-        // SAFETY: copies of the tasks' ends, which the node closes once the tasks are "forked".
-        let tasks: Vec<UnixStream> =
-            ends.iter().map(|&end| unsafe { UnixStream::from_raw_fd(libc::dup(end)) }).collect();
+        let end = rt.connect_task(0).unwrap().child_fd;
+        // SAFETY: a copy of the task's end, which the node closes once the task is "forked".
+        let task = unsafe { UnixStream::from_raw_fd(libc::dup(end)) };
         rt.forked_all();
         rt.start(Looping::OwnThread).unwrap();
-        let tasks = tasks
-            .into_iter()
-            .map(|t| {
-                t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                Task(BufReader::new(t))
-            })
-            .collect();
-        (rt, tasks)
+        task.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        (rt, Task(BufReader::new(task)))
     }
 
     /// Every node's stepd of a step of `nodes` nodes over a tree of `width`, each set up on a thread of its
@@ -1539,78 +1054,6 @@ mod tests {
             assert_eq!(root.stop(), Outcome::default(), "{nodes} nodes, width {width}");
             let lines = record.lines();
             assert!(!lines.iter().any(|l| l.starts_with("error")), "{nodes} nodes, width {width}: {lines:?}");
-        }
-    }
-
-    #[test]
-    fn a_node_whose_parent_finished_before_it_came_goes_on_without_it() {
-        let secret = Secret::generate().unwrap();
-        let (root, record) = srun(2, &secret);
-        // A chain: n1, then n2 below it. n1's task leaves without PMI before n2's stepd starts.
-        let (first, task) = stepd(root.port(), 2, 1, 0, &secret);
-        drop(task);
-        // Its loop ends (its one task is gone) and it says goodbye to srun.
-        let until = Instant::now() + Duration::from_secs(10);
-        while first.handle().post(crate::driver::Event::Stop).is_ok() {
-            assert!(Instant::now() < until, "n1's progress loop did not end");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        let (second, mut task) = stepd(root.port(), 2, 1, 1, &secret);
-        // n2 joined without a parent; its barrier cannot complete, and srun says why, naming n1's rank.
-        assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
-        let answer = task.ask("cmd=barrier_in");
-        assert!(answer.starts_with("cmd=barrier_out rc=-1"), "{answer}");
-        record.wait_for("error: rank 0 on n1 closed its PMI connection (exited or crashed) without PMI_Finalize");
-        drop((first, second));
-        assert!(root.stop().ended);
-    }
-
-    /// A spawned step's stepd says STARTED once each of its tasks has sent a line, and srun's root passes
-    /// it on to the spawning srun; a task that leaves before its first line fails the step, saying so even
-    /// when another task waits in a barrier (which names it as lost first).
-    #[test]
-    fn a_spawned_steps_tasks_start_at_their_first_line_or_fail_it() {
-        let read_all = |r: OwnedFd| {
-            let mut said = String::new();
-            std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut said).unwrap();
-            said
-        };
-        for leave in [false, true] {
-            let secret = Secret::generate().unwrap();
-            let (r, w) = os::pipe().unwrap();
-            let (root, record) = srun_of(vec![0, 0], 1, &secret, Some(w.as_raw_fd()));
-            let (rt, mut tasks) = stepd_of(root.port(), vec![0, 0], 1, 2, 0, &secret, true);
-            assert!(tasks[0].ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
-            match leave {
-                false => {
-                    assert!(tasks[1].ask("cmd=get_maxes").contains("rc=0"));
-                    std::thread::sleep(Duration::from_millis(100));
-                    assert!(!record.lines().iter().any(|l| l.starts_with("error:")), "{:?}", record.lines());
-                }
-                true => {
-                    let mut waiting = tasks.remove(0);
-                    waiting.0.get_mut().write_all(b"cmd=barrier_in\n").unwrap();
-                    std::thread::sleep(Duration::from_millis(100));
-                    drop(tasks);
-                    let line = record.wait_for("error:");
-                    assert!(
-                        line.contains("rank 1 of spawned step 1.0 closed its PMI connection before its first PMI line"),
-                        "{line}"
-                    );
-                    let mut answer = String::new();
-                    waiting.0.read_line(&mut answer).unwrap();
-                    assert!(answer.starts_with("cmd=barrier_out rc=-1"), "{answer}");
-                }
-            }
-            drop(rt);
-            root.stop();
-            drop(w);
-            let said = read_all(r);
-            match leave {
-                false => assert_eq!(said, "started\n"),
-                true => assert!(said.starts_with("failed ") && !said.contains("started"), "{said:?}"),
-            }
         }
     }
 
