@@ -1,0 +1,607 @@
+//! The I/O around a slurmstepd's [`NodeWatch`]: the engine's host on the node's progress thread. Its epoll
+//! loop serves, beside the tasks' connections (the [`crate::node`] runtime's), every connection of the tree
+//! (non-blocking, each with a queue: a slow peer never holds the tasks' answers), the admission of the
+//! node's children ([`super::super::admit`]), the fork-notice pipe and a timer. It reads whole frames and
+//! hands them to the watch, and carries out what the watch asks, in order; it decides nothing.
+
+use super::join::TreeLinks;
+use super::plan::Place;
+use super::watch::{NodeAction, NodeShape, NodeWatch, END_PATIENCE};
+use crate::collective::{frame, Peer};
+use crate::driver::{HostFds, Watcher};
+use crate::node::{ChildEnds, NodeHost};
+use crate::os;
+use crate::server::{GroupExchange, Host, HostRequest, JobError, Shell, Speaker, TaskId};
+use crate::slurm::admit::{Acceptor, Admission};
+use crate::slurm::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
+use crate::slurm::sys::Slurm;
+use crate::slurm::trace::Trace;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long `fini` lets the progress thread say BYE before it cuts the connection.
+pub const FINI_GRACE: Duration = Duration::from_secs(2);
+
+/// The fork notice a task child writes: every task is forked, and whether its task info confirmed the ids.
+pub const NOTICE_FORKED: u8 = 0;
+pub const NOTICE_IDS_CONFIRMED: u8 = 1;
+
+/// Asks slurmctld to end the step this stepd serves, once a task has confirmed its ids.
+fn kill_own_step(slurm: &Slurm, ids_confirmed: bool, place: &Place) -> Result<(), String> {
+    if !ids_confirmed {
+        return Err(format!(
+            "not ending step {}.{} from here: no task has confirmed that Slurm runs it under these ids",
+            place.job, place.step
+        ));
+    }
+    slurm.kill_step(&place.id, libc::SIGKILL)
+}
+
+/// The epoll tokens of the stepd's own fds in the progress loop.
+const UPLINK: u64 = 0;
+const NOTICE: u64 = 1;
+const TIMER: u64 = 2;
+const PARENT: u64 = 3;
+/// Child `first + i`'s connection has `CHILDREN + i`.
+const CHILDREN: u64 = 16;
+
+/// The engine's host on a slurmstepd: the I/O around the node's [`NodeWatch`]. It runs on the progress
+/// thread and serves, beside the tasks, every connection of the tree, the admission of the node's children
+/// and the fork-notice pipe in the same loop: nothing it does blocks the tasks' answers.
+pub struct SlurmHost {
+    place: Place,
+    /// Every node's name, for messages.
+    names: Vec<String>,
+    /// Decides; this host carries out what it asks.
+    watch: NodeWatch,
+    epoll: Option<Arc<dyn Watch>>,
+    /// The connection to srun, while the watch serves it.
+    uplink: Option<Link>,
+    /// The connection to the parent in the tree, while the watch serves it; `None` if the parent is srun.
+    parent: Option<Link>,
+    /// The admitted children's connections, from the tree's first child of this node.
+    children: Vec<Option<Link>>,
+    first_child: u32,
+    /// Admits the children (a node with none has none).
+    acceptor: Option<Acceptor>,
+    /// Wakes the loop at the acceptor's deadlines and at `end_by`.
+    timer: OwnedFd,
+    /// When srun was told the step must end: if the step still runs then, this node ends it (srun is the
+    /// user's, and may not act).
+    end_by: Option<Instant>,
+    slurm: &'static Slurm,
+    /// The wire trace (`PMI_DEBUG`); its writer stops when the progress thread drops its host.
+    trace: Option<Trace>,
+    /// The read end of the fork-notice pipe, and the node's copies of the tasks' ends it closes.
+    notify: OwnedFd,
+    pub child_ends: Option<ChildEnds>,
+    /// A task child found Slurm's task info naming the step read from the step record: only then does the
+    /// stepd ask slurmctld to end that step.
+    ids_confirmed: bool,
+    /// Set by `fini`: the step ending now is the normal end.
+    stopping: Arc<AtomicBool>,
+    /// The most output a link may hold that its peer has not taken.
+    queued_max: usize,
+    buf: Vec<u8>,
+}
+
+impl SlurmHost {
+    /// The host of node `place.node` of `tree`, over the connections it made in prefork.
+    pub fn new(
+        shape: NodeShape,
+        links: TreeLinks,
+        slurm: &'static Slurm,
+        trace: Option<Trace>,
+        notify: OwnedFd,
+        stopping: Arc<AtomicBool>,
+    ) -> Result<SlurmHost, String> {
+        let socket = |e: io::Error| format!("socket: {e}");
+        let all_max = frame::parts_len(shape.names.len(), shape.limits.kvs_bytes_max);
+        // What a link may hold unsent: an exchange's frame, the group exchanges' parts (held to the store's
+        // bound) and the control frames the tasks' requests make.
+        let queued_max = all_max.saturating_add(shape.limits.kvs_bytes_max).saturating_add(CONTROL_QUEUED_MAX);
+        let (place, names) = (shape.place.clone(), shape.names.clone());
+        let mut watch = NodeWatch::new(shape)?;
+        let parent = match links.parent {
+            Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default(), queued_max).map_err(socket)?),
+            Some((_, None)) => {
+                watch.parent_done();
+                None
+            }
+            None => None,
+        };
+        Ok(SlurmHost {
+            children: watch.children().map(|_| None).collect(),
+            first_child: watch.children().start,
+            place,
+            names,
+            watch,
+            epoll: None,
+            uplink: Some(Link::new(links.srun, UPLINK, Default::default(), queued_max).map_err(socket)?),
+            queued_max,
+            parent,
+            timer: timer()?,
+            end_by: None,
+            acceptor: links.acceptor,
+            slurm,
+            trace,
+            notify,
+            child_ends: None,
+            ids_confirmed: false,
+            stopping,
+            buf: vec![0; 64 * 1024],
+        })
+    }
+
+    /// Where the connection to `peer` is kept while it is served.
+    fn slot(&mut self, peer: Peer) -> Option<&mut Option<Link>> {
+        match peer {
+            Peer::Root => Some(&mut self.uplink),
+            Peer::Node(p) if Some(p) == self.watch.parent_node() => Some(&mut self.parent),
+            Peer::Node(c) => self.children.get_mut(c.checked_sub(self.first_child)? as usize),
+        }
+    }
+
+    /// Does what the watch asks, then tells it of the links that broke while this node sent on them (a peer
+    /// that stopped reading leaves the link broken at once, not its output growing), as the peer's close
+    /// would, until nothing is left to do.
+    fn carry_out(&mut self) {
+        loop {
+            while let Some(action) = self.watch.poll() {
+                self.act(action);
+            }
+            let first = self.first_child;
+            let children =
+                self.children.iter().enumerate().filter_map(|(i, l)| Some((Peer::Node(first + i as u32), l.as_ref()?)));
+            let parent = self.watch.parent_node().map(Peer::Node).zip(self.parent.as_ref());
+            let mut links = self.uplink.as_ref().map(|l| (Peer::Root, l)).into_iter().chain(parent).chain(children);
+            match links.find(|(_, l)| l.is_broken()).map(|(peer, l)| (peer, l.broke_why())) {
+                Some((peer, why)) => self.watch.closed(peer, &why),
+                None => return,
+            }
+        }
+    }
+
+    fn act(&mut self, action: NodeAction) {
+        match action {
+            NodeAction::Report(frame) => {
+                if let Some(l) = &mut self.uplink {
+                    l.send(frame);
+                }
+            }
+            NodeAction::Send { to, direction, frame } => {
+                if let Some(l) = self.slot(to).and_then(Option::as_mut) {
+                    let _ = l.send_collective(direction, &frame);
+                }
+            }
+            NodeAction::Drop(peer) => {
+                if let Some(slot) = self.slot(peer) {
+                    *slot = None;
+                }
+            }
+            NodeAction::Log { level, text } => self.slurm.log(level, &text),
+            NodeAction::EndHere { why } if self.stopping.load(SeqCst) => self.watch.log(log::Level::Info, &why),
+            NodeAction::EndHere { why } => {
+                let Place { job, step, node_name, .. } = &self.place;
+                self.slurm.error(&format!("step {job}.{step} on {node_name}: {why}; ending the step"));
+                if let Err(e) = kill_own_step(self.slurm, self.ids_confirmed, &self.place) {
+                    self.slurm.info(&e);
+                }
+            }
+            NodeAction::AwaitEnd => {
+                self.end_by = Some(Instant::now() + END_PATIENCE);
+                self.arm_timer();
+            }
+        }
+    }
+
+    /// Notices from the task children: every task is forked (see the module's documentation). The pipe stays
+    /// open (a child writing to a pipe nobody reads would die of SIGPIPE) and is drained.
+    fn take_notices(&mut self) {
+        if let Some(ends) = &self.child_ends {
+            ends.close_all();
+        }
+        let mut notices = [0u8; 256];
+        // SAFETY: reading into our buffer from our non-blocking pipe.
+        let n = unsafe { libc::read(self.notify.as_raw_fd(), notices.as_mut_ptr().cast(), notices.len()) };
+        if n == 0 {
+            // Every child and the stepd's own copy closed the write end: nothing more will come.
+            if let Some(w) = &self.epoll {
+                let _ = w.remove(self.notify.as_raw_fd());
+            }
+        }
+        if notices[..n.max(0) as usize].contains(&NOTICE_IDS_CONFIRMED) {
+            self.ids_confirmed = true;
+        }
+    }
+
+    /// Reads once from `peer`'s connection (at most the buffer's length) and hands the watch every whole
+    /// frame now in its input, then why the connection is done, if it is. Frames that came before a close
+    /// are handed over before it. One read per wake-up: a peer that writes without pause (srun is the
+    /// user's) is served a buffer at a time, epoll (level-triggered) calls again for the rest, and what the
+    /// node holds of it stays within one buffer's frames; the rest waits in the socket, and TCP holds the
+    /// writer back.
+    fn hear(&mut self, peer: Peer, events: u32) {
+        let max = self.watch.frame_max(peer);
+        // Out of its slot while the watch hears it (the watch's actions are carried out after).
+        if let Some(mut link) = self.slot(peer).and_then(Option::take) {
+            if events & libc::EPOLLOUT as u32 != 0 {
+                link.flush();
+            }
+            let closed = match link.read(&mut self.buf) {
+                Read::Data(_) | Read::Blocked => None,
+                Read::Closed(why) => Some(why),
+            };
+            loop {
+                match link.next(max) {
+                    Ok(None) => break,
+                    Ok(Some(payload)) => self.watch.heard(peer, payload),
+                    Err(e) => {
+                        self.watch.broke(peer, &format!("sent {e}"));
+                        break;
+                    }
+                }
+            }
+            // A frame's bytes were copied out: an exchange need not stay in the buffer beside its parts.
+            link.release();
+            if let Some(slot) = self.slot(peer) {
+                *slot = Some(link);
+            }
+            if let Some(why) = closed {
+                self.watch.closed(peer, &why);
+            }
+        }
+        self.carry_out();
+    }
+
+    /// Takes what the acceptor has: admitted children, and lines about refusals.
+    fn admissions(&mut self) {
+        while let Some(event) = self.acceptor.as_mut().and_then(Acceptor::poll) {
+            match event {
+                Admission::Debug(line) => self.watch.log(log::Level::Debug, &line),
+                Admission::Joined(j) => {
+                    let i = (j.node - self.first_child) as usize;
+                    let link = Link::new(j.stream, CHILDREN + i as u64, j.input, self.queued_max).and_then(|mut l| {
+                        if let Some(w) = &self.epoll {
+                            l.watch(w.clone())?;
+                        }
+                        Ok(l)
+                    });
+                    match link {
+                        Ok(l) => {
+                            self.children[i] = Some(l);
+                            self.watch.child_joined(j.node);
+                            // What it sent right after its proof.
+                            self.hear(Peer::Node(j.node), 0);
+                        }
+                        Err(e) => {
+                            let what = format!("cannot serve the connection of {}: {e}", self.names[j.node as usize]);
+                            self.watch.fault(&what);
+                        }
+                    }
+                }
+            }
+        }
+        self.carry_out();
+    }
+
+    /// Arms the timer for the next deadline (the acceptor's, or `end_by`), or disarms it.
+    fn arm_timer(&self) {
+        let next = self.acceptor.as_ref().and_then(Acceptor::deadline).into_iter().chain(self.end_by).min();
+        let after = next.map(|at| at.saturating_duration_since(Instant::now()));
+        // Setting a live timerfd to a valid time does not fail.
+        let _ = os::set_timer(&self.timer, after);
+    }
+
+    /// Hands the shell what the collective completed for it, and srun's answers.
+    fn complete(&mut self, shell: &mut Shell) {
+        match self.watch.take_completion() {
+            Some(Ok(parts)) => {
+                let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
+                shell.collective_complete(self, Ok(&parts));
+            }
+            Some(Err(why)) => shell.collective_complete(self, Err(&why)),
+            None => {}
+        }
+        for (task, reply) in self.watch.take_answers() {
+            shell.host_reply(self, task, reply);
+        }
+        for (id, parts) in self.watch.take_groups_done() {
+            let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            shell.group_complete(self, &id, Ok(&parts));
+        }
+    }
+
+    /// Every connection of the tree this node still has.
+    fn links(&mut self) -> Vec<&mut Link> {
+        let children = self.children.iter_mut().flatten();
+        self.uplink.iter_mut().chain(self.parent.iter_mut()).chain(children).collect()
+    }
+}
+
+impl HostFds for SlurmHost {
+    fn watch(&mut self, watcher: Watcher) {
+        let epoll: Arc<dyn Watch> = Arc::new(watcher);
+        let events = libc::EPOLLIN as u32;
+        let mut failed = Vec::new();
+        for link in self.links() {
+            if let Err(e) = link.watch(epoll.clone()) {
+                failed.push(e);
+            }
+        }
+        if let Some(a) = &mut self.acceptor {
+            if let Err(e) = a.watch(epoll.clone()) {
+                failed.push(e);
+            }
+        }
+        if let Err(e) = epoll.add(self.timer.as_raw_fd(), events, TIMER) {
+            failed.push(e);
+        }
+        if let Err(e) = epoll.add(self.notify.as_raw_fd(), events, NOTICE) {
+            self.slurm.error(&format!("cannot watch the tasks' notices: {e}"));
+        }
+        self.epoll = Some(epoll);
+        if let Some(e) = failed.first() {
+            self.watch.fault(&format!("cannot watch the connections of the PMI tree: {e}"));
+            self.carry_out();
+        }
+    }
+
+    fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
+        match token {
+            NOTICE => self.take_notices(),
+            TIMER => {
+                os::drain_counter(&self.timer);
+                if let Some(a) = &mut self.acceptor {
+                    a.tick();
+                }
+                self.admissions();
+                if self.end_by.is_some_and(|at| at <= Instant::now()) {
+                    self.end_by = None;
+                    self.watch.srun_too_slow();
+                    self.carry_out();
+                }
+            }
+            UPLINK => self.hear(Peer::Root, events),
+            PARENT => {
+                if let Some(p) = self.watch.parent_node() {
+                    self.hear(Peer::Node(p), events);
+                }
+            }
+            t if self.acceptor.as_ref().is_some_and(|a| a.owns(t)) => {
+                if let Some(a) = &mut self.acceptor {
+                    a.ready(t);
+                }
+                self.admissions();
+            }
+            t if t >= CHILDREN => self.hear(Peer::Node(self.first_child + (t - CHILDREN) as u32), events),
+            _ => {}
+        }
+        self.arm_timer();
+        self.complete(shell);
+    }
+}
+
+impl Host for SlurmHost {
+    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
+        let joined = self.watch.contribute(contribution);
+        self.carry_out();
+        joined
+    }
+
+    fn serves_groups(&self) -> bool {
+        true
+    }
+
+    fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
+        let asked = self.watch.group(exchange, contribution);
+        self.carry_out();
+        asked
+    }
+
+    fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
+        self.watch.abort(rank, exit_code, message);
+        self.carry_out();
+    }
+
+    fn job_error(&mut self, error: &JobError) {
+        self.watch.job_error(error);
+        self.carry_out();
+    }
+
+    fn log(&mut self, level: log::Level, message: &str) {
+        self.watch.log(level, message);
+        self.carry_out();
+    }
+
+    fn trace(&mut self, rank: u32, speaker: Speaker, line: &[u8]) {
+        if let Some(t) = &self.trace {
+            t.line(&format!("rpmi: rank {rank} {speaker}: {}", String::from_utf8_lossy(line)));
+        }
+    }
+
+    fn task_started(&mut self, rank: u32) {
+        self.watch.task_started(rank);
+        self.carry_out();
+    }
+
+    fn task_closed(&mut self, rank: u32, finalized: bool) {
+        self.watch.task_closed(rank, finalized);
+        self.carry_out();
+    }
+
+    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
+        let asked = self.watch.request(task, request);
+        self.carry_out();
+        asked
+    }
+}
+
+impl NodeHost for SlurmHost {
+    fn served(&mut self, result: Result<(), String>) {
+        self.watch.served(result);
+        if let Some(a) = &mut self.acceptor {
+            a.close();
+        }
+        self.admissions();
+        // The loop no longer runs: what is queued goes now, within `fini`'s grace.
+        Link::drain(&mut self.links(), Instant::now() + FINI_GRACE);
+    }
+}
+
+/// A timerfd for the acceptor's and the step's deadlines.
+fn timer() -> Result<OwnedFd, String> {
+    os::timerfd().map_err(|e| format!("timerfd: {e}"))
+}
+
+#[cfg(test)]
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::Tree;
+    use crate::node::{JobVars, Looping, NodeRuntime};
+    use crate::server::{JobInfo, Limits, TaskMap};
+    use crate::slurm::auth::Secret;
+    use crate::slurm::client::bounds;
+    use crate::slurm::records::slurm_step_id_t;
+    use crate::slurm::root::tests::Record;
+    use crate::slurm::root::{Outcome, RootThread, Step};
+    use crate::slurm::stepd::join::join_tree;
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+    use std::os::fd::FromRawFd;
+    use std::os::unix::net::UnixStream;
+
+    const KVSNAME: &str = "rpmi_1.0";
+
+    fn names(nodes: u32) -> Vec<String> {
+        (1..=nodes).map(|n| format!("n{n}")).collect()
+    }
+
+    /// srun's root for a step of `nodes` nodes with one rank each, the width left to the stepds.
+    fn srun(nodes: u32, secret: &Secret) -> (RootThread, Record) {
+        let record = Record::default();
+        let step = Step {
+            node_names: names(nodes),
+            node_of: (0..nodes).collect(),
+            secret: secret.clone(),
+            addresses: None,
+            bounds: bounds(1 << 20, 4 << 20),
+            width: None,
+            spawn: None,
+            spawned_by: None,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        (RootThread::start(listener, step, Box::new(record.clone())).unwrap(), record)
+    }
+
+    /// Every node on this machine, as a local cluster's slurm.conf has them.
+    fn loopback(_: u32, _: &str) -> Result<IpAddr, String> {
+        Ok(Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// A task's PMI connection.
+    struct Task(BufReader<UnixStream>);
+
+    impl Task {
+        fn ask(&mut self, line: &str) -> String {
+            self.0.get_mut().write_all(format!("{line}\n").as_bytes()).unwrap();
+            let mut answer = String::new();
+            self.0.read_line(&mut answer).unwrap();
+            answer.trim_end().to_string()
+        }
+    }
+
+    /// Node `node`'s stepd, as prefork makes it (joined to srun at `port` and to its parent), serving its one
+    /// task (rank `node`) on a progress thread; and that task's connection.
+    fn stepd(port: u16, nodes: u32, width: u32, node: u32, secret: &Secret) -> (NodeRuntime<SlurmHost>, Task) {
+        let tree = Tree::new(nodes, width).unwrap();
+        let names = names(nodes);
+        let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
+        let links = join_tree(&srun, tree, node, secret, &names, &loopback).unwrap();
+        // SAFETY: slurm_step_id_t is plain integers: all zeroes is a valid value.
+        let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
+        (id.job_id, id.step_id) = (1, 0);
+        let place = Place { job: 1, step: 0, id, node, node_name: names[node as usize].clone() };
+        let (notify, _) = os::pipe().unwrap();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let bounds = bounds(1 << 20, 4 << 20);
+        let shape =
+            NodeShape { place, names: names.clone(), tree, bounds, limits: Limits::default(), spawned_ranks: None };
+        let host = SlurmHost::new(shape, links, crate::slurm::sys::slurm(), None, notify, stopping).unwrap();
+        let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
+        let shell = Shell::new(info, Limits::default()).unwrap();
+        let mut rt = NodeRuntime::new(shell, host, JobVars { job_id: "1.0".into() }).unwrap();
+        let end = rt.connect_task(0).unwrap().child_fd;
+        // SAFETY: a copy of the task's end, which the node closes once the task is "forked".
+        let task = unsafe { UnixStream::from_raw_fd(libc::dup(end)) };
+        rt.forked_all();
+        rt.start(Looping::OwnThread).unwrap();
+        task.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        (rt, Task(BufReader::new(task)))
+    }
+
+    /// Every node's stepd of a step of `nodes` nodes over a tree of `width`, each set up on a thread of its
+    /// own (a child's prefork waits for its parent's progress loop, as on a cluster).
+    fn stepds(port: u16, nodes: u32, width: u32, secret: &Secret) -> Vec<(NodeRuntime<SlurmHost>, Task)> {
+        let threads: Vec<_> = (0..nodes)
+            .rev()
+            .map(|n| {
+                let secret = secret.clone();
+                std::thread::spawn(move || stepd(port, nodes, width, n, &secret))
+            })
+            .collect();
+        let mut all: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        all.reverse();
+        all
+    }
+
+    /// Each rank puts its key, all meet in a barrier, each reads every key; then they finalize and leave.
+    fn exchange_every_put(tasks: &mut [Task]) {
+        let nodes = tasks.len();
+        for (rank, t) in tasks.iter_mut().enumerate() {
+            assert!(t.ask("cmd=init pmi_version=1 pmi_subversion=2").contains("pmi_subversion=2"));
+            let put = t.ask(&format!("cmd=put kvsname={KVSNAME} key=k{rank} value=v{rank}"));
+            assert_eq!(put, "cmd=put_result rc=0");
+        }
+        for t in tasks.iter_mut() {
+            t.0.get_mut().write_all(b"cmd=barrier_in\n").unwrap();
+        }
+        for t in tasks.iter_mut() {
+            let mut answer = String::new();
+            t.0.read_line(&mut answer).unwrap();
+            // The stepd answers 1.2 to a client that asks for it: a plain barrier's answer carries tag 0.
+            assert_eq!(answer.trim_end(), "cmd=barrier_out rc=0 tag=0");
+        }
+        for t in tasks.iter_mut() {
+            for other in 0..nodes {
+                let got = t.ask(&format!("cmd=get kvsname={KVSNAME} key=k{other}"));
+                assert_eq!(got, format!("cmd=get_result rc=0 value=v{other}"));
+            }
+            assert_eq!(t.ask("cmd=finalize"), "cmd=finalize_ack rc=0");
+        }
+    }
+
+    #[test]
+    fn every_put_reaches_every_node_over_chains_and_trees() {
+        for (nodes, width) in [(3, 1), (7, 2), (5, 8)] {
+            let secret = Secret::generate().unwrap();
+            let (root, record) = srun(nodes, &secret);
+            let (nodes_rt, mut tasks): (Vec<_>, Vec<_>) =
+                stepds(root.port(), nodes, width, &secret).into_iter().unzip();
+            exchange_every_put(&mut tasks);
+            // srun sent the exchange's result to its children in the tree only.
+            let line = record.wait_for("PMI exchange 0: srun sent");
+            assert!(line.contains(&format!("to its {} children", width.min(nodes))), "{line}");
+            drop(tasks);
+            // Every task gone: each stepd says goodbye as its loop ends.
+            drop(nodes_rt);
+            assert_eq!(root.stop(), Outcome::default(), "{nodes} nodes, width {width}");
+            let lines = record.lines();
+            assert!(!lines.iter().any(|l| l.starts_with("error")), "{nodes} nodes, width {width}: {lines:?}");
+        }
+    }
+}
