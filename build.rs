@@ -3,14 +3,61 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
-/// The Slurm release lines the plugin supports: (major, minor) and the `slurm` cfg value that selects
-/// `src/slurm/version/`'s module for it.
-const SLURM_LINES: &[(u32, u32, &str)] = &[(22, 5, "22.05"), (24, 11, "24.11"), (26, 5, "26.05")];
+/// What differs between the Slurm release lines the plugin supports, as independent choices, each a cfg that
+/// `src/slurm/version.rs` and `src/slurm/records.rs` read (that file's table says what each means). The size
+/// of `slurm_step_id_t` comes from the headers themselves; `sluid` is what each line's sources give, asserted
+/// against it.
+struct Line {
+    major: u32,
+    minor: u32,
+    /// `slurm_step_id_t` starts with the job's `sluid` (24 bytes, not 12).
+    sluid: bool,
+    /// The task info has 22.05's `self` pointer.
+    task_self: bool,
+    /// mpi.conf's option struct has `pack` and `unpack`.
+    conf_pack: bool,
+    /// How `slurm_kill_job_step` names the step: `ids` (job, step, signal), `ids_flags` (and flags), `step_id`
+    /// (a `slurm_step_id_t *`, signal, flags).
+    kill: &'static str,
+    /// The step record's I/O thread: `ioid` (22.05) or `io_running` with its condition and mutex.
+    io: &'static str,
+    /// The step record still has `run_prolog`.
+    run_prolog: bool,
+}
+
+const fn line(major: u32, minor: u32, sluid: bool, kill: &'static str, run_prolog: bool) -> Line {
+    Line { major, minor, sluid, task_self: false, conf_pack: true, kill, io: "io_running", run_prolog }
+}
+
+const SLURM_LINES: &[Line] = &[
+    Line {
+        major: 22,
+        minor: 5,
+        sluid: false,
+        task_self: true,
+        conf_pack: false,
+        kill: "ids",
+        io: "ioid",
+        run_prolog: true,
+    },
+    line(23, 11, false, "ids_flags", true),
+    line(24, 5, false, "ids_flags", true),
+    line(24, 11, true, "ids_flags", true),
+    line(25, 5, true, "ids_flags", true),
+    line(25, 11, true, "step_id", true),
+    line(26, 5, true, "step_id", false),
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=plugin-spec/rpmi_plugin.h");
-    println!("cargo::rustc-check-cfg=cfg(slurm, values(\"22.05\", \"24.11\", \"26.05\"))");
+    for cfg in [
+        "cfg(slurm_sluid, slurm_task_self, slurm_conf_pack, slurm_run_prolog)",
+        "cfg(slurm_kill, values(\"ids\", \"ids_flags\", \"step_id\"))",
+        "cfg(slurm_io, values(\"ioid\", \"io_running\"))",
+    ] {
+        println!("cargo::rustc-check-cfg={cfg}");
+    }
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_type("rpmi_.*")
@@ -28,13 +75,25 @@ fn main() {
 }
 
 /// The `slurm` feature: the few public Slurm types and constants `src/slurm/` reads, from `<slurm/slurm.h>`
-/// (libslurm-dev) under `SLURM_INCLUDE_DIR` (default `/usr/include`), so that `plugin_version` always matches
-/// the Slurm the plugin is built against; and the release line, from the same headers, as `cfg(slurm)`.
+/// under the Slurm headers' directory ([`slurm_include`]), so that `plugin_version` always matches the Slurm
+/// the plugin is built against; and the release line's choices, from the same headers, as cfgs.
 fn slurm_bindings() {
-    println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
-    let include = PathBuf::from(env::var_os("SLURM_INCLUDE_DIR").unwrap_or_else(|| "/usr/include".into()));
+    let include = slurm_include();
     println!("cargo:rerun-if-changed={}", include.join("slurm/slurm.h").display());
-    println!("cargo::rustc-cfg=slurm=\"{}\"", slurm_line(&include));
+    let line = slurm_line(&include);
+    let flags = [
+        ("slurm_sluid", line.sluid),
+        ("slurm_task_self", line.task_self),
+        ("slurm_conf_pack", line.conf_pack),
+        ("slurm_run_prolog", line.run_prolog),
+    ];
+    for (cfg, set) in flags {
+        if set {
+            println!("cargo::rustc-cfg={cfg}");
+        }
+    }
+    println!("cargo::rustc-cfg=slurm_kill=\"{}\"", line.kill);
+    println!("cargo::rustc-cfg=slurm_io=\"{}\"", line.io);
     let bindings = bindgen::Builder::default()
         .header("wrapper.h")
         .clang_arg("-DRPMI_SLURM")
@@ -55,6 +114,23 @@ fn slurm_bindings() {
     bindings.write_to_file(&out).unwrap_or_else(|e| panic!("cannot write {}: {e}", out.display()));
 }
 
+/// The directory that holds Slurm's `slurm/` headers: `SLURM_INCLUDE_DIR` if set, else what `pkg-config slurm`
+/// says (SchedMD's packages install `slurm.pc`), else `/usr/include` (Debian's libslurm-dev).
+fn slurm_include() -> PathBuf {
+    println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
+    if let Some(dir) = env::var_os("SLURM_INCLUDE_DIR") {
+        return dir.into();
+    }
+    let pkg_config = std::process::Command::new("pkg-config").args(["--variable=includedir", "slurm"]).output();
+    match pkg_config {
+        Ok(out) if out.status.success() && !out.stdout.trim_ascii().is_empty() => {
+            PathBuf::from(String::from_utf8_lossy(out.stdout.trim_ascii()).into_owned())
+        }
+        _ => "/usr/include".into(),
+    }
+}
+
 /// A directory in OUT_DIR that holds only `slurm/`, a link to `<include>/slurm`.
 fn slurm_only(include: &Path) -> PathBuf {
     let dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm-include");
@@ -67,8 +143,8 @@ fn slurm_only(include: &Path) -> PathBuf {
 }
 
 /// The supported release line `<include>/slurm/slurm_version.h` names; any other fails the build, since the
-/// private structs Slurm hands the plugin are laid out per line (`src/slurm/version/`).
-fn slurm_line(include: &Path) -> &'static str {
+/// private structs Slurm hands the plugin are laid out per line.
+fn slurm_line(include: &Path) -> &'static Line {
     let path = include.join("slurm/slurm_version.h");
     println!("cargo:rerun-if-changed={}", path.display());
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
@@ -87,12 +163,26 @@ fn slurm_line(include: &Path) -> &'static str {
         .and_then(|v| u32::from_str_radix(v.trim_start_matches("0x"), 16).ok())
         .unwrap_or_else(|| panic!("{} has no `#define SLURM_VERSION_NUMBER 0x...`", path.display()));
     let (major, minor, micro) = (number >> 16 & 0xff, number >> 8 & 0xff, number & 0xff);
-    SLURM_LINES.iter().find(|&&(a, b, _)| (a, b) == (major, minor)).map(|&(_, _, line)| line).unwrap_or_else(|| {
+    let supported: Vec<String> = SLURM_LINES.iter().map(|l| format!("{}.{:02}", l.major, l.minor)).collect();
+    if (major, minor) == (23, 2) {
+        panic!(
+            "the Slurm plugin does not support Slurm 23.02 (found {major}.{minor:02}.{micro} in {}): that line, out of \
+             SchedMD's support, mixes 22.05's task info and slurm_kill_job_step with the newer mpi.conf options \
+             and step record, and changed the step record within the line (at 23.02.1). Supported: {}.",
+            path.display(),
+            supported.join(", ")
+        );
+    }
+    SLURM_LINES.iter().find(|l| (l.major, l.minor) == (major, minor)).unwrap_or_else(|| {
         panic!(
             "the Slurm plugin does not support Slurm {major}.{minor:02}.{micro} (SLURM_VERSION_NUMBER {number:#08x} \
-             in {}): it supports 22.05, 24.11 and 26.05. Another release line needs its own module in \
-             src/slurm/version/, checked against that release's MPI plugin structs.",
-            path.display()
+             in {}): it supports {}. Another release line needs its entry in build.rs's SLURM_LINES, each choice \
+             read from that release's sources: slurm_step_id_t in slurm/slurm.h, the task info passed to \
+             mpi_p_slurmstepd_task and slurm_kill_job_step in src/interfaces/mpi.h and slurm/slurm.h, \
+             s_p_options_t in src/common/parse_config.h, and stepd_step_rec_t in \
+             src/slurmd/slurmstepd/slurmstepd_job.h (see src/slurm/version.rs).",
+            path.display(),
+            supported.join(", ")
         )
     })
 }

@@ -9,9 +9,15 @@
 # against (plugin_version = SLURM_VERSION_NUMBER of <slurm/slurm_version.h>): rebuild after a Slurm upgrade.
 # The file is replaced atomically (install to a temporary name in the same directory, then mv): a loaded .so
 # must never be overwritten in place. slurmd loads plugins only at start-up: restart it on every node.
-# Environment: CARGO_TARGET_DIR (where cargo builds, as usual).
+# Environment: CARGO_TARGET_DIR (where cargo builds, as usual); SLURM_INCLUDE_DIR (the directory holding
+# slurm/slurm.h; else `pkg-config slurm`'s, else /usr/include); RPMI_SLURM_PREFIX (a Slurm installed under a
+# prefix: its bin/ comes first in PATH and its include/ is the default SLURM_INCLUDE_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ -n ${RPMI_SLURM_PREFIX:-} ]]; then
+  PATH=$RPMI_SLURM_PREFIX/bin:$PATH
+  export SLURM_INCLUDE_DIR=${SLURM_INCLUDE_DIR:-$RPMI_SLURM_PREFIX/include}
+fi
 
 plugin_dir=""
 build=1
@@ -20,7 +26,7 @@ while (($#)); do
     --plugin-dir) (($# >= 2)) || { echo "--plugin-dir needs a directory" >&2; exit 2; }; plugin_dir=$2; shift 2 ;;
     --plugin-dir=*) plugin_dir=${1#*=}; shift ;;
     --no-build) build=0; shift ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done

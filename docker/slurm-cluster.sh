@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway, real 3-node Slurm cluster (22.05, 24.11 or 26.05) on localhost, for rpmi's end-to-end tests, benchmarks and CI.
+# A throwaway, real 3-node Slurm cluster (any line from 22.05 to 26.05) on localhost, for rpmi's end-to-end tests, benchmarks and CI.
 #
 #   docker/slurm-cluster.sh start [--plugin-dir DIR] [--nodes N] [--mpi-conf FILE] [--mpi-default TYPE]
 #                                                      (re)start the cluster; DIR (holding mpi_rpmi.so) comes
@@ -20,7 +20,9 @@
 # is left running by `stop` (it may serve other users of the machine).
 # After replacing mpi_rpmi.so, run `start` again: the daemons load plugins only at start-up.
 #
-# Environment: RPMI_SLURM_DIR (state dir), RPMI_SLURM_START_TIMEOUT (seconds to wait for idle nodes, 60),
+# Environment: RPMI_SLURM_PREFIX (a Slurm installed under a prefix, e.g. built from source with
+# --enable-multiple-slurmd: its sbin/ and bin/ come first in PATH, its lib/slurm is the PluginDir; default:
+# Debian's packages), RPMI_SLURM_DIR (state dir), RPMI_SLURM_START_TIMEOUT (seconds to wait for idle nodes, 60),
 # RPMI_SLURM_PORTS="ctld n1 n2 n3 ..." (fixed ports instead of free random ones below the ephemeral range, one per
 # node after slurmctld's).
 # Notes for callers: `start` prints the `export SLURM_CONF=...` line on stdout (all else goes to stderr);
@@ -28,6 +30,7 @@
 # about a second (the previous job's nodes are still COMPLETING): use `srun -Q` where stderr is compared, and one
 # allocation (salloc) with many steps where launch latency is measured. -N3 -nK fills n1 first (block layout).
 set -euo pipefail
+[[ -z ${RPMI_SLURM_PREFIX:-} ]] || PATH=$RPMI_SLURM_PREFIX/sbin:$RPMI_SLURM_PREFIX/bin:$PATH
 
 D=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm}
 NODES=(n1 n2 n3)
@@ -282,10 +285,12 @@ ensure_munge() {
 
 default_plugin_dir() {
   local d
-  for d in "/usr/lib/$(uname -m)-linux-gnu/slurm-wlm" /usr/lib/x86_64-linux-gnu/slurm-wlm /usr/lib64/slurm /usr/lib/slurm; do
+  local dirs=("/usr/lib/$(uname -m)-linux-gnu/slurm-wlm" /usr/lib/x86_64-linux-gnu/slurm-wlm /usr/lib64/slurm /usr/lib/slurm)
+  [[ -z ${RPMI_SLURM_PREFIX:-} ]] || dirs=("$RPMI_SLURM_PREFIX/lib/slurm" "$RPMI_SLURM_PREFIX/lib64/slurm")
+  for d in "${dirs[@]}"; do
     [[ -e $d/auth_munge.so ]] && { echo "$d"; return; }
   done
-  die "cannot find Slurm's plugin directory (auth_munge.so); is slurm-wlm installed?"
+  die "cannot find Slurm's plugin directory (auth_munge.so) in ${dirs[*]}; is Slurm installed?"
 }
 
 write_conf() {

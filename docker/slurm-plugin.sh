@@ -42,7 +42,7 @@ suite_of() {
     22.05) echo "" ;;
     24.11) echo trixie ;;
     26.05) echo sid ;;
-    *) die "unsupported Slurm version '$1': 22.05, 24.11 or 26.05" ;;
+    *) die "no Debian chroot for Slurm '$1': 22.05, 24.11 or 26.05 (another installed Slurm: RPMI_SLURM_PREFIX with docker/with-slurm.sh)" ;;
   esac
 }
 

@@ -59,3 +59,7 @@ bash docker/slurm-plugin.sh test 26.05
 for version in 22.05 24.11 26.05; do
   bash docker/slurm-plugin.sh package-test "$version"
 done
+
+# The RPM for EL sites (packaging/rpm/rpmi-slurm.spec), made with Debian's rpm tools against this machine's Slurm
+# headers and checked by what it says of itself (docker/rpm.sh); installing it is left to EL hosts.
+bash docker/rpm.sh >/dev/null

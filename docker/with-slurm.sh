@@ -4,12 +4,20 @@
 # $RPMI_SLURM_NODES) with SLURM_CONF exported, runs the command, and stops the cluster on any exit. With
 # RPMI_PLUGIN_NO_BUILD=1 the plugin already built (in $CARGO_TARGET_DIR) is installed as it is. The cluster's
 # mpi.conf is $RPMI_SLURM_MPI_CONF, by default tests/slurm/mpi.conf (the site settings tests/slurm.rs
-# checks); empty for none.
+# checks); empty for none. With RPMI_SLURM_PREFIX, the Slurm installed under that prefix (built from source, say)
+# runs the cluster instead of Debian's: the plugin is built against its include/ into target/slurm-prefix-NAME
+# (unless CARGO_TARGET_DIR says otherwise; so is the COMMAND's cargo), and its bin/ comes first in PATH.
 #
-#   [RPMI_SLURM_NODES=N] [RPMI_PLUGIN_NO_BUILD=1] [RPMI_SLURM_MPI_CONF=FILE] docker/with-slurm.sh COMMAND [ARGS]...
+#   [RPMI_SLURM_PREFIX=DIR] [RPMI_SLURM_NODES=N] [RPMI_PLUGIN_NO_BUILD=1] [RPMI_SLURM_MPI_CONF=FILE] \
+#     docker/with-slurm.sh COMMAND [ARGS]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-(($#)) || { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+(($#)) || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+if [[ -n ${RPMI_SLURM_PREFIX:-} ]]; then
+  export PATH=$RPMI_SLURM_PREFIX/sbin:$RPMI_SLURM_PREFIX/bin:$PATH
+  export SLURM_INCLUDE_DIR=${SLURM_INCLUDE_DIR:-$RPMI_SLURM_PREFIX/include}
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/slurm-prefix-$(basename "$RPMI_SLURM_PREFIX")}
+fi
 plugin_dir=$(mktemp -d /tmp/rpmi-plugin.XXXXXX)
 export RPMI_SLURM_DIR=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm-test}
 trap 'bash docker/slurm-cluster.sh stop >/dev/null 2>&1 || true; rm -rf "$plugin_dir"' EXIT

@@ -76,9 +76,6 @@ pub static plugin_id: u32 = 0x5250_4d49;
 #[no_mangle]
 pub static plugin_version: u32 = records::SLURM_VERSION_NUMBER;
 
-// The line build.rs chose is the one the header bindgen read says (major and minor).
-const _: () = assert!(records::SLURM_VERSION_NUMBER >> 8 == version::LINE);
-
 /// Runs an entry point; a panic becomes `on_panic` and a line in Slurm's log.
 fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {

@@ -50,7 +50,8 @@ pub struct stepd_step_rec_t {
 }
 
 /// The step record from its `env` field (whose address Slurm passes to `mpi_p_slurmstepd_prefork`) to its
-/// launch flags, as each supported line lays it out (`slurmstepd_job.h` of 22.05.8, 24.11.7 and 26.05.3; enums
+/// launch flags, as each supported line lays it out (`slurmstepd_job.h` of 22.05.11, 23.11.11, 24.05.8, 24.11.7,
+/// 25.05.8, 25.11.7 and 26.05.3; enums
 /// are C `int`s). The plugin reads it only after checking `jmgr_pid` against slurmstepd's own pid, which
 /// Slurm sets before prefork: a record laid out otherwise is not read further.
 #[repr(C)]
@@ -80,7 +81,7 @@ pub struct RecordFromEnv {
     gids: *const c_void,
     aborted: bool,
     batch: bool,
-    #[cfg(not(slurm = "26.05"))]
+    #[cfg(slurm_run_prolog)]
     run_prolog: bool,
     timelimit: i64,
     profile: u32,
@@ -97,13 +98,13 @@ pub struct RecordFromEnv {
     incoming_count: c_int,
     outgoing_count: c_int,
     outgoing_cache: *const c_void,
-    #[cfg(slurm = "22.05")]
+    #[cfg(slurm_io = "ioid")]
     ioid: libc::pthread_t,
-    #[cfg(not(slurm = "22.05"))]
+    #[cfg(slurm_io = "io_running")]
     io_running: bool,
-    #[cfg(not(slurm = "22.05"))]
+    #[cfg(slurm_io = "io_running")]
     io_cond: libc::pthread_cond_t,
-    #[cfg(not(slurm = "22.05"))]
+    #[cfg(slurm_io = "io_running")]
     io_mutex: libc::pthread_mutex_t,
     msgid: libc::pthread_t,
     msg_handle: *const c_void,
