@@ -9,7 +9,7 @@
 //! last one ended for it).
 //!
 //! **Bounds.** A node's part is at most `part_max` bytes, and the parts held at once, over every pending
-//! exchange, at most `exchange_max`: the same bounds as one exchange of the tree. Pending exchanges are at
+//! exchange, at most `exchange_max`: the same bounds as one exchange of the tree. Gathering exchanges are at
 //! most [`PENDING_MAX`].
 //!
 //! **Never hangs.** A node that can bring nothing more (every task on it closed its connection, or it was
@@ -53,7 +53,7 @@ pub struct GroupDone {
 }
 
 #[derive(Debug)]
-struct Pending {
+struct Gathering {
     shells: Vec<u32>,
     parts: Vec<Option<Vec<u8>>>,
     have: usize,
@@ -65,7 +65,7 @@ pub struct GroupRoot {
     nodes: u32,
     size: u32,
     bounds: Bounds,
-    pending: BTreeMap<Vec<u8>, Pending>,
+    pending: BTreeMap<Vec<u8>, Gathering>,
     held: usize,
 }
 
@@ -133,7 +133,7 @@ impl GroupRoot {
         if !self.pending.contains_key(id) && self.pending.len() >= PENDING_MAX {
             return Err(format!("node {from} started group exchange {name} beside {PENDING_MAX} others pending"));
         }
-        let pending = self.pending.entry(id.to_vec()).or_insert_with(|| Pending {
+        let pending = self.pending.entry(id.to_vec()).or_insert_with(|| Gathering {
             shells: shells.to_vec(),
             parts: vec![None; shells.len()],
             have: 0,

@@ -114,10 +114,10 @@ pub struct NodeRuntime<H: NodeHost> {
     spawned: bool,
     /// The driver's epoll fd, for a host loop to watch; it lives as long as the driver.
     watch_fd: RawFd,
-    progress: Progress<H>,
+    progress: LoopState<H>,
 }
 
-enum Progress<H: NodeHost> {
+enum LoopState<H: NodeHost> {
     /// Made, not yet started: the host may still reach its side ([`NodeRuntime::host_mut`]). (Locked like the
     /// others so that a node can be shared with the host's other threads from the start.)
     Ready(Mutex<Box<Driver<H>>>),
@@ -147,26 +147,26 @@ impl<H: NodeHost> NodeRuntime<H> {
             size,
             job,
             spawned,
-            progress: Progress::Ready(Mutex::new(Box::new(driver))),
+            progress: LoopState::Ready(Mutex::new(Box::new(driver))),
         })
     }
 
     /// The host's side, before the node starts (to give it what only exists once the node does).
     pub fn host_mut(&mut self) -> Option<&mut H> {
         match &mut self.progress {
-            Progress::Ready(driver) => driver.get_mut().ok().map(|d| d.host_mut()),
+            LoopState::Ready(driver) => driver.get_mut().ok().map(|d| d.host_mut()),
             _ => None,
         }
     }
 
     /// Starts serving: the node's own progress thread, or the host's loop from now on.
     pub fn start(&mut self, looping: Looping) -> Result<(), NodeError> {
-        let Progress::Ready(driver) = std::mem::replace(&mut self.progress, Progress::Stopped) else {
+        let LoopState::Ready(driver) = std::mem::replace(&mut self.progress, LoopState::Stopped) else {
             return Err(NodeError::State("the node is already started".into()));
         };
         let driver = driver.into_inner().map_err(|_| NodeError::State("the node failed before it started".into()))?;
         self.progress = match looping {
-            Looping::HostLoop => Progress::InHostLoop(Mutex::new(driver)),
+            Looping::HostLoop => LoopState::InHostLoop(Mutex::new(driver)),
             Looping::OwnThread => {
                 let (done_tx, done_rx) = mpsc::channel();
                 let thread = std::thread::Builder::new().name("rpmi-progress".into()).spawn(move || {
@@ -174,7 +174,7 @@ impl<H: NodeHost> NodeRuntime<H> {
                     let _ = done_tx.send(());
                 });
                 let thread = thread.map_err(|e| NodeError::System(format!("cannot start the progress thread: {e}")))?;
-                Progress::Thread { thread: Some(thread), done: Mutex::new(Some(done_rx)) }
+                LoopState::Thread { thread: Some(thread), done: Mutex::new(Some(done_rx)) }
             }
         };
         Ok(())
@@ -324,7 +324,7 @@ impl<H: NodeHost> NodeRuntime<H> {
 
     /// Does the work that is ready, without waiting ([`Looping::HostLoop`]).
     pub fn progress(&self) -> Result<(), NodeError> {
-        let Progress::InHostLoop(driver) = &self.progress else {
+        let LoopState::InHostLoop(driver) = &self.progress else {
             return Err(NodeError::State("progress called, but the node runs its own progress thread".into()));
         };
         let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
@@ -341,8 +341,8 @@ impl<H: NodeHost> NodeRuntime<H> {
     /// as a slow peer) before it is joined.
     pub fn stop(&mut self, grace: Option<Duration>, cut: impl FnOnce()) {
         let _ = self.handle.post(Event::Stop);
-        match std::mem::replace(&mut self.progress, Progress::Stopped) {
-            Progress::Thread { mut thread, done } => {
+        match std::mem::replace(&mut self.progress, LoopState::Stopped) {
+            LoopState::Thread { mut thread, done } => {
                 let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
                 if let (Some(grace), Some(done)) = (grace, done) {
                     if done.recv_timeout(grace).is_err() {
@@ -354,12 +354,12 @@ impl<H: NodeHost> NodeRuntime<H> {
                 }
             }
             // The posted stop makes the watched fd readable, so one call without waiting takes it.
-            Progress::InHostLoop(driver) => {
+            LoopState::InHostLoop(driver) => {
                 if let Ok(mut driver) = driver.into_inner() {
                     let _ = catch_unwind(AssertUnwindSafe(|| driver.on_ready(0)));
                 }
             }
-            Progress::Ready(_) | Progress::Stopped => {}
+            LoopState::Ready(_) | LoopState::Stopped => {}
         }
         self.forked_all();
     }

@@ -50,7 +50,7 @@ impl fmt::Display for ShellError {
 impl std::error::Error for ShellError {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
+enum TaskStatus {
     Active,
     /// Sent `finalize`; may still be connected.
     Finalized,
@@ -91,7 +91,7 @@ impl Service {
 struct Client {
     task: TaskId,
     rank: u32,
-    status: Status,
+    status: TaskStatus,
     waiting: Waiting,
     /// The start of a line whose newline has not come yet.
     partial: Vec<u8>,
@@ -202,7 +202,7 @@ impl Shell {
             .map(|(task, &rank)| Client {
                 task,
                 rank,
-                status: Status::Active,
+                status: TaskStatus::Active,
                 waiting: Waiting::Nothing,
                 partial: Vec::new(),
                 out: Vec::new(),
@@ -276,7 +276,7 @@ impl Shell {
     /// Whether the shell has cut `task` off (protocol error, abort, or closed): the host closes its
     /// connection once the output still queued for it is written.
     pub fn is_cut_off(&self, task: TaskId) -> bool {
-        self.clients.get(task).is_none_or(|c| c.status == Status::Gone)
+        self.clients.get(task).is_none_or(|c| c.status == TaskStatus::Gone)
     }
 
     /// Bytes this shell holds for the job's key-value store, as charged against `kvs_bytes_max`: every
@@ -294,7 +294,7 @@ impl Shell {
             host.log(log::Level::Error, &format!("host bug: bytes for unknown task {task}"));
             return;
         };
-        if c.status == Status::Gone {
+        if c.status == TaskStatus::Gone {
             return;
         }
         if !c.held.is_empty() {
@@ -304,7 +304,7 @@ impl Shell {
         }
         let taken = self.parse(host, task, bytes);
         let c = &mut self.clients[task];
-        if c.status != Status::Gone {
+        if c.status != TaskStatus::Gone {
             c.held.extend_from_slice(&bytes[taken..]);
         }
     }
@@ -329,7 +329,7 @@ impl Shell {
         let mut held = std::mem::take(&mut c.held);
         let taken = self.parse(host, task, &held);
         let c = &mut self.clients[task];
-        if c.status != Status::Gone && taken < held.len() {
+        if c.status != TaskStatus::Gone && taken < held.len() {
             held.drain(..taken);
             c.held = held;
         }
@@ -381,7 +381,7 @@ impl Shell {
         }
         while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
             let c = &self.clients[task];
-            if c.status == Status::Gone {
+            if c.status == TaskStatus::Gone {
                 return bytes.len();
             }
             if c.backed_up() {
@@ -397,7 +397,7 @@ impl Shell {
                 return bytes.len() - rest.len() + self.parse_frames(host, task, rest);
             }
         }
-        if rest.is_empty() || self.clients[task].status == Status::Gone {
+        if rest.is_empty() || self.clients[task].status == TaskStatus::Gone {
             return bytes.len();
         }
         if rest.len() > max {
@@ -413,13 +413,13 @@ impl Shell {
         let Some(c) = self.clients.get_mut(task) else {
             return;
         };
-        if c.status == Status::Gone {
+        if c.status == TaskStatus::Gone {
             return;
         }
-        let finalized = c.status == Status::Finalized;
+        let finalized = c.status == TaskStatus::Finalized;
         c.partial = Vec::new();
         c.held = Vec::new();
-        self.set_status(task, Status::Gone);
+        self.set_status(task, TaskStatus::Gone);
         let c = &mut self.clients[task];
         if c.waiting == Waiting::Barrier {
             c.waiting = Waiting::Nothing;
@@ -489,7 +489,7 @@ impl Shell {
         };
         c.waiting = Waiting::Nothing;
         self.owed.settle(task);
-        if c.status == Status::Gone {
+        if c.status == TaskStatus::Gone {
             return;
         }
         let reply = reply(service);
@@ -727,7 +727,7 @@ impl Shell {
                 self.check_barrier(host);
             }
             Request::Finalize => {
-                self.set_status(task, Status::Finalized);
+                self.set_status(task, TaskStatus::Finalized);
                 self.respond(host, task, |out| Line::new(out, "finalize_ack", rc::SUCCESS).finish());
                 self.check_barrier(host);
             }
@@ -830,11 +830,11 @@ impl Shell {
         let lost = if self.departed == 0 {
             None
         } else {
-            self.clients.iter().position(|c| c.waiting != Waiting::Barrier && c.status != Status::Active)
+            self.clients.iter().position(|c| c.waiting != Waiting::Barrier && c.status != TaskStatus::Active)
         };
         if let Some(task) = lost {
             let c = &self.clients[task];
-            let error = JobError::TaskLost { rank: c.rank, finalized: c.status == Status::Finalized };
+            let error = JobError::TaskLost { rank: c.rank, finalized: c.status == TaskStatus::Finalized };
             let why = error.to_string();
             self.report(host, task, error);
             self.release_barrier(host, rc::FAIL, &why);
@@ -915,7 +915,7 @@ impl Shell {
 
     /// The task is cut off: its input is ignored from now on; a barrier waiting for it fails.
     fn leave(&mut self, host: &mut dyn Host, task: TaskId) {
-        self.set_status(task, Status::Gone);
+        self.set_status(task, TaskStatus::Gone);
         let c = &mut self.clients[task];
         c.spawn = None;
         c.held = Vec::new();
@@ -927,9 +927,9 @@ impl Shell {
         self.check_barrier(host);
     }
 
-    fn set_status(&mut self, task: TaskId, status: Status) {
+    fn set_status(&mut self, task: TaskId, status: TaskStatus) {
         let c = &mut self.clients[task];
-        if c.status == Status::Active && status != Status::Active {
+        if c.status == TaskStatus::Active && status != TaskStatus::Active {
             self.departed += 1;
         }
         c.status = status;

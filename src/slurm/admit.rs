@@ -13,7 +13,7 @@
 //! in, the listener is closed: nobody else can connect at all. Refusals are counted and handed to the host
 //! as debug lines ([`Admission::Debug`]), at most once per `REFUSAL_LOG_EVERY`: never on the job's stderr.
 
-use super::auth::{self, Role, Secret, Transcript};
+use super::auth::{self, Prover, Secret, Transcript};
 use super::link::Watch;
 use super::protocol::{Down, FrameBuf, Up, HELLO_LEN, PROOF_LEN_ON_WIRE};
 use std::collections::VecDeque;
@@ -77,7 +77,7 @@ enum Stage {
     Proof(Transcript, u16, u32),
 }
 
-struct Pending {
+struct Joining {
     stream: TcpStream,
     peer: SocketAddr,
     stage: Stage,
@@ -111,7 +111,7 @@ pub struct Acceptor {
     base: u64,
     watch: Option<Arc<dyn Watch>>,
     resting: Option<Rest>,
-    pending: Vec<Option<Pending>>,
+    pending: Vec<Option<Joining>>,
     in_handshake: usize,
     handshake_max: usize,
     admitted: Vec<bool>,
@@ -260,7 +260,7 @@ impl Acceptor {
             }
             self.in_handshake += 1;
             let since = Instant::now();
-            self.pending[slot] = Some(Pending { stream, peer, stage: Stage::Hello, since, input: FrameBuf::default() });
+            self.pending[slot] = Some(Joining { stream, peer, stage: Stage::Hello, since, input: FrameBuf::default() });
             // A stepd sends HELLO as soon as it is connected: it is usually here already.
             self.read(slot);
         }
@@ -333,7 +333,7 @@ impl Acceptor {
     }
 
     /// Takes connection `slot` out of the handshake (and out of the epoll set: the host may keep it).
-    fn take_pending(&mut self, slot: usize) -> Option<Pending> {
+    fn take_pending(&mut self, slot: usize) -> Option<Joining> {
         let p = self.pending.get_mut(slot).and_then(Option::take)?;
         if let Some(w) = &self.watch {
             let _ = w.remove(p.stream.as_raw_fd());
@@ -428,7 +428,7 @@ impl Acceptor {
     fn proof(&mut self, slot: usize, t: Transcript, port: u16, width: u32, proof: auth::Proof) {
         let Some(mut p) = self.take_pending(slot) else { return };
         let member = self.member(t.node).filter(|&m| !self.admitted[m]);
-        let Some(m) = member.filter(|_| self.gate.secret.verify(Role::Joiner, &t, &proof)) else {
+        let Some(m) = member.filter(|_| self.gate.secret.verify(Prover::Joiner, &t, &proof)) else {
             let why = match member {
                 None => format!("node index {} has joined already", t.node),
                 Some(_) => "wrong proof of the step's secret".into(),
@@ -443,7 +443,7 @@ impl Acceptor {
             self.close_listener();
         }
         // A connection that cannot take the answer is broken: its host sees it close, as any admitted one's.
-        let welcome = Down::Welcome { proof: self.gate.secret.prove(Role::Acceptor, &t) };
+        let welcome = Down::Welcome { proof: self.gate.secret.prove(Prover::Acceptor, &t) };
         let _ = write_whole(&mut p.stream, &welcome);
         let joined = Joined { node: t.node, port, width, stream: p.stream, input: p.input };
         self.events.push_back(Admission::Joined(joined));

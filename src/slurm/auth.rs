@@ -35,18 +35,18 @@ pub type Proof = [u8; PROOF_LEN];
 /// Who proves: the labels keep a joining stepd's proof from passing as the admitting side's and the other way
 /// round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub enum Prover {
     /// The stepd that connects.
     Joiner,
     /// srun's root or a parent stepd, which accepts the connection.
     Acceptor,
 }
 
-impl Role {
+impl Prover {
     fn label(self) -> &'static [u8] {
         match self {
-            Role::Joiner => b"rpmi join",
-            Role::Acceptor => b"rpmi admit",
+            Prover::Joiner => b"rpmi join",
+            Prover::Acceptor => b"rpmi admit",
         }
     }
 }
@@ -98,7 +98,7 @@ impl Secret {
         Some(Secret(b))
     }
 
-    fn mac(&self, role: Role, t: &Transcript) -> Hmac<Sha256> {
+    fn mac(&self, role: Prover, t: &Transcript) -> Hmac<Sha256> {
         // HMAC takes a key of any length; 32 bytes is never refused.
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
         mac.update(role.label());
@@ -118,12 +118,12 @@ impl Secret {
     }
 
     /// `role`'s proof over `t`.
-    pub fn prove(&self, role: Role, t: &Transcript) -> Proof {
+    pub fn prove(&self, role: Prover, t: &Transcript) -> Proof {
         self.mac(role, t).finalize().into_bytes().into()
     }
 
     /// Whether `proof` is `role`'s proof over `t` (compared in constant time).
-    pub fn verify(&self, role: Role, t: &Transcript, proof: &Proof) -> bool {
+    pub fn verify(&self, role: Prover, t: &Transcript, proof: &Proof) -> bool {
         self.mac(role, t).verify_slice(proof).is_ok()
     }
 }
@@ -166,21 +166,21 @@ mod tests {
     #[test]
     fn a_proof_checks_only_for_its_secret_role_and_transcript() {
         let (s, t) = (Secret::generate().unwrap(), transcript());
-        let p = s.prove(Role::Joiner, &t);
-        assert!(s.verify(Role::Joiner, &t, &p));
-        assert!(!s.verify(Role::Acceptor, &t, &p), "a joiner's proof must not pass as the acceptor's");
-        assert!(!Secret::generate().unwrap().verify(Role::Joiner, &t, &p));
+        let p = s.prove(Prover::Joiner, &t);
+        assert!(s.verify(Prover::Joiner, &t, &p));
+        assert!(!s.verify(Prover::Acceptor, &t, &p), "a joiner's proof must not pass as the acceptor's");
+        assert!(!Secret::generate().unwrap().verify(Prover::Joiner, &t, &p));
         for changed in [
             Transcript { node: 4, ..t },
             Transcript { to: 0, ..t },
             Transcript { joiner_nonce: nonce().unwrap(), ..t },
             Transcript { acceptor_nonce: nonce().unwrap(), ..t },
         ] {
-            assert!(!s.verify(Role::Joiner, &changed, &p));
+            assert!(!s.verify(Prover::Joiner, &changed, &p));
         }
         let mut bad = p;
         bad[31] ^= 1;
-        assert!(!s.verify(Role::Joiner, &t, &bad));
+        assert!(!s.verify(Prover::Joiner, &t, &bad));
         // The proof is not the secret, nor does it contain it.
         assert!(!p.windows(8).any(|w| s.0.windows(8).any(|x| x == w)));
     }

@@ -26,7 +26,7 @@ pub fn bounds(part_max: usize, exchange_max: usize) -> Bounds {
 }
 
 /// What `mpi_p_client_prelaunch` returns to srun (`mpi_plugin_client_state_t *`).
-pub struct Client {
+pub struct ClientState {
     root: RootThread,
 }
 
@@ -172,7 +172,7 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
         // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
         unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
     }
-    let client = Box::into_raw(Box::new(Client { root }));
+    let client = Box::into_raw(Box::new(ClientState { root }));
     live().push(client as usize);
     Ok(client.cast())
 }
@@ -233,7 +233,7 @@ pub unsafe fn fini(state: *mut c_void) -> c_int {
     l.swap_remove(i);
     drop(l);
     // SAFETY: `state` was in the list: a live client `prelaunch` boxed, now taken out of it, so freed once.
-    let client = unsafe { Box::from_raw(state as *mut Client) };
+    let client = unsafe { Box::from_raw(state as *mut ClientState) };
     exit_code(&client.root.stop())
 }
 
@@ -255,7 +255,7 @@ pub fn stop_all() {
     let pending: Vec<usize> = std::mem::take(&mut *live());
     for p in pending {
         // SAFETY: each address is a live client `prelaunch` boxed, taken out of the list once.
-        drop(unsafe { Box::from_raw(p as *mut Client) });
+        drop(unsafe { Box::from_raw(p as *mut ClientState) });
     }
 }
 

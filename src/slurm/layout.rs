@@ -3,7 +3,7 @@
 //! The task map (the node of every rank) travels in `RPMI_SLURM_MAP` as `SIZE:BLOCKS`, where `BLOCKS` is a
 //! `;`-separated list of `first,count,ppn` blocks (`count` consecutive nodes from `first`, `ppn` consecutive
 //! ranks on each) that is repeated, cycle after cycle, until `SIZE` ranks are placed (the last cycle may end
-//! early). Block, cyclic and plane distributions each take one block, however many ranks:
+//! early). Stride, cyclic and plane distributions each take one block, however many ranks:
 //!
 //! ```text
 //! -N3 -n6  (block)            6:0,3,2        ranks 0 0 1 1 2 2
@@ -18,11 +18,11 @@ const SIZE_MAX: usize = 1 << 24;
 /// Periods tried when compressing a map (beyond it the full list is sent).
 const PERIOD_MAX: usize = 64;
 
-type Block = (u32, u32, u32);
+type Stride = (u32, u32, u32);
 
 /// Runs of ranks on one node, merged into blocks over consecutive nodes with the same run length.
-fn blocks(node_of: &[u32]) -> Vec<Block> {
-    let mut blocks: Vec<Block> = Vec::new();
+fn blocks(node_of: &[u32]) -> Vec<Stride> {
+    let mut blocks: Vec<Stride> = Vec::new();
     let mut rest = node_of;
     while let Some(&node) = rest.first() {
         let run = rest.iter().take_while(|&&n| n == node).count();
@@ -37,7 +37,7 @@ fn blocks(node_of: &[u32]) -> Vec<Block> {
 }
 
 /// The ranks `blocks` give, cycled until `size`; `None` as soon as one differs from `want` (if given).
-fn expand(blocks: &[Block], size: usize, want: Option<&[u32]>) -> Option<Vec<u32>> {
+fn expand(blocks: &[Stride], size: usize, want: Option<&[u32]>) -> Option<Vec<u32>> {
     let mut out = Vec::with_capacity(if want.is_some() { 0 } else { size });
     let mut rank = 0usize;
     while rank < size {

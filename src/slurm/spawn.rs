@@ -199,7 +199,7 @@ pub enum SrunEvent {
 }
 
 /// A spawned srun.
-struct Child {
+struct SpawnedSrun {
     pid: libc::pid_t,
     /// The read end of its pipe, until it closes.
     pipe: Option<OwnedFd>,
@@ -238,7 +238,7 @@ pub struct Setup {
     pub env: Vec<CString>,
 }
 
-impl Child {
+impl SpawnedSrun {
     /// Takes what its srun wrote (its step id, then `started` once its tasks run, `failed NS` when its step begins to fail); true once
     /// the pipe closed.
     fn take_lines(&mut self, events: &mut Vec<SrunEvent>) -> bool {
@@ -297,7 +297,7 @@ pub struct Launcher {
     epoll: Arc<Epoll>,
     /// Tokens from here: `base + slot`.
     base: u64,
-    children: Vec<Option<Child>>,
+    children: Vec<Option<SpawnedSrun>>,
     started: u64,
 }
 
@@ -379,7 +379,7 @@ impl Launcher {
             return Err(format!("cannot watch the srun of the spawned step: {e}"));
         }
         self.started += 1;
-        self.children[slot] = Some(Child {
+        self.children[slot] = Some(SpawnedSrun {
             pid,
             pipe: Some(r),
             state: Started::Asked(asker),
@@ -391,7 +391,7 @@ impl Launcher {
         Ok(())
     }
 
-    /// What the srun of `token` did: its lines ([`Child::take_lines`]), and the pipe's close when it exits.
+    /// What the srun of `token` did: its lines ([`SpawnedSrun::take_lines`]), and the pipe's close when it exits.
     pub fn ready(&mut self, token: u64) -> Vec<SrunEvent> {
         let slot = (token - self.base) as usize;
         let Some(child) = self.children.get_mut(slot).and_then(Option::as_mut) else { return Vec::new() };
@@ -764,9 +764,9 @@ mod tests {
     }
 
     /// What a spawned srun's lines `lines` make of a spawn of rank 4.
-    fn lines(lines: &[&str]) -> (Vec<SrunEvent>, Child) {
+    fn lines(lines: &[&str]) -> (Vec<SrunEvent>, SpawnedSrun) {
         let asker = Asker { node: 1, task: 0, rank: 4 };
-        let mut child = Child {
+        let mut child = SpawnedSrun {
             pid: 0,
             pipe: None,
             state: Started::Asked(asker),

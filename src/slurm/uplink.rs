@@ -8,7 +8,7 @@
 //! a bounded time. An acceptor whose own proof is wrong does not hold the step's secret: the stepd gives up
 //! at once.
 
-use super::auth::{self, Role, Secret, Transcript};
+use super::auth::{self, Prover, Secret, Transcript};
 use super::protocol::{Down, Up, CONTROL_MAX};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -132,9 +132,9 @@ fn attempt(addr: &SocketAddr, hello: &Hello, secret: &Secret, deadline: Instant)
         other => return Err(Attempt::Impostor(format!("it answered HELLO with {}", other.name()))),
     };
     let t = Transcript { node, to, joiner_nonce, acceptor_nonce };
-    send(&mut s, &encode(&Up::Proof { proof: secret.prove(Role::Joiner, &t) })).map_err(failed)?;
+    send(&mut s, &encode(&Up::Proof { proof: secret.prove(Prover::Joiner, &t) })).map_err(failed)?;
     match receive(&mut s, deadline).map_err(read_failed)? {
-        Down::Welcome { proof } if secret.verify(Role::Acceptor, &t, &proof) => {}
+        Down::Welcome { proof } if secret.verify(Prover::Acceptor, &t, &proof) => {}
         Down::Welcome { .. } => return Err(Attempt::Impostor("its proof of the step's secret is wrong".into())),
         other => return Err(Attempt::Impostor(format!("it answered PROOF with {}", other.name()))),
     }

@@ -35,7 +35,7 @@
 //!   once for every member waiting here, and the job with it, naming the rank. A member on another shell is
 //!   that shell's to report; its host ends the job.
 
-use super::{Client, Shell, Status};
+use super::{Client, Shell, TaskStatus};
 use crate::server::host::{GroupExchange, Host, JobError, TaskId, GROUP_ID_MAX};
 use crate::wire::group::{Group, Members};
 use crate::wire::response::{rc, Line};
@@ -346,10 +346,10 @@ impl Shell {
                 return;
             }
             let absent = (0..self.clients.len())
-                .find(|&t| b.has_member(t) && !has(head, t) && self.clients[t].status != Status::Active);
+                .find(|&t| b.has_member(t) && !has(head, t) && self.clients[t].status != TaskStatus::Active);
             if let Some(task) = absent {
                 let c = &self.clients[task];
-                let error = JobError::TaskLost { rank: c.rank, finalized: c.status == Status::Finalized };
+                let error = JobError::TaskLost { rank: c.rank, finalized: c.status == TaskStatus::Finalized };
                 let why = error.to_string();
                 self.report(host, task, error);
                 self.end_generation(host, name, rc::FAIL, &why);
@@ -427,7 +427,7 @@ impl Shell {
             let Shell { clients, ready, trace, .. } = self;
             let c: &mut Client = &mut clients[task];
             c.groups_entered = c.groups_entered.saturating_sub(1);
-            if c.status == Status::Gone {
+            if c.status == TaskStatus::Gone {
                 continue;
             }
             super::respond(c, ready, *trace, host, |out| {

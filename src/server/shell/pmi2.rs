@@ -14,7 +14,7 @@
 //! - A spawn's answer carries the error codes of its processes, and fails if any one failed.
 //! - `job-connect` and `job-disconnect` are refused with a message.
 
-use super::{check_key, check_name, check_value, kvs, Shell, Status, Waiting, LOCAL_KEY_PREFIX, MAX_LINE};
+use super::{check_key, check_name, check_value, kvs, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX, MAX_LINE};
 use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
 use crate::server::PROCESS_MAPPING_KEY;
 use crate::wire::pmi2::{body_len, Answer, Message, Request2, HEADER_LEN};
@@ -41,7 +41,7 @@ impl Shell {
         let mut rest = bytes;
         loop {
             let c = &mut self.clients[task];
-            if c.status == Status::Gone {
+            if c.status == TaskStatus::Gone {
                 return bytes.len();
             }
             if !c.partial.is_empty() {
@@ -256,7 +256,7 @@ impl Shell {
                 self.leave(host, task);
             }
             Request2::Finalize => {
-                self.set_status(task, Status::Finalized);
+                self.set_status(task, TaskStatus::Finalized);
                 self.answer_v2_with(host, task, "finalize-response", rc::SUCCESS, |f| f);
                 self.check_barrier(host);
             }
@@ -390,7 +390,7 @@ impl Shell {
         let stuck = self
             .clients
             .iter()
-            .filter(|c| c.status == Status::Active)
+            .filter(|c| c.status == TaskStatus::Active)
             .all(|c| matches!(c.waiting, Waiting::NodeAttr | Waiting::Barrier));
         if !stuck {
             return;

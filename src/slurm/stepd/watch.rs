@@ -48,7 +48,7 @@ pub enum NodeAction {
 }
 
 /// A child's place in the tree, as this node serves it.
-enum Child {
+enum ChildState {
     /// Not admitted yet: what the collective sends it waits here (a FAIL, END or BYE, at most a few).
     Awaited(Vec<Bytes>),
     Linked,
@@ -107,7 +107,7 @@ pub struct NodeWatch {
     /// The parent's connection (if the parent is a stepd) is served.
     parent: bool,
     /// The children in the tree, from `tree`'s first child of this node.
-    children: Vec<Child>,
+    children: Vec<ChildState>,
     /// Every local task has closed its connection: the connections closing now is the normal end.
     finished: bool,
     /// srun said it is done with the step (END): its close is the normal end.
@@ -149,7 +149,7 @@ impl NodeWatch {
         let group_result_max = collective::groups::done_max(names.len() as u32, &bounds);
         let machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
         Ok(NodeWatch {
-            children: tree.children(Peer::Node(place.node)).map(|_| Child::Awaited(Vec::new())).collect(),
+            children: tree.children(Peer::Node(place.node)).map(|_| ChildState::Awaited(Vec::new())).collect(),
             parent: matches!(tree.parent(place.node), Peer::Node(_)),
             place,
             names,
@@ -227,7 +227,7 @@ impl NodeWatch {
                 Ok(other) => self.broke(from, &format!("sent {}, which only srun sends", other.name())),
                 Err(e) => self.broke(from, &format!("sent a {e}")),
             },
-            Peer::Node(c) if matches!(self.child(c), Some(Child::Linked)) => match Up::decode(payload) {
+            Peer::Node(c) if matches!(self.child(c), Some(ChildState::Linked)) => match Up::decode(payload) {
                 Ok(Up::Collective(frame)) => {
                     self.machine.receive(from, frame);
                     self.pump();
@@ -297,7 +297,7 @@ impl NodeWatch {
         let served = match is_parent {
             true => std::mem::replace(&mut self.parent, false),
             false => match self.child_mut(n) {
-                Some(c) => matches!(std::mem::replace(c, Child::Gone), Child::Linked),
+                Some(c) => matches!(std::mem::replace(c, ChildState::Gone), ChildState::Linked),
                 None => return,
             },
         };
@@ -314,19 +314,19 @@ impl NodeWatch {
         self.parent_lost = false;
     }
 
-    fn child(&self, c: u32) -> Option<&Child> {
+    fn child(&self, c: u32) -> Option<&ChildState> {
         self.children.get(c.checked_sub(self.children().start)? as usize)
     }
 
-    fn child_mut(&mut self, c: u32) -> Option<&mut Child> {
+    fn child_mut(&mut self, c: u32) -> Option<&mut ChildState> {
         let first = self.children().start;
         self.children.get_mut(c.checked_sub(first)? as usize)
     }
 
-    /// Child `c` was admitted: what the collective sent it meanwhile goes now.
+    /// ChildState `c` was admitted: what the collective sent it meanwhile goes now.
     pub fn child_joined(&mut self, c: u32) {
         let Some(slot) = self.child_mut(c) else { return };
-        if let Child::Awaited(waiting) = std::mem::replace(slot, Child::Linked) {
+        if let ChildState::Awaited(waiting) = std::mem::replace(slot, ChildState::Linked) {
             for frame in waiting {
                 self.actions.push_back(NodeAction::Send { to: Peer::Node(c), direction: Direction::Down, frame });
             }
@@ -417,11 +417,11 @@ impl NodeWatch {
                 }
             }
             Peer::Node(c) => match self.child_mut(c) {
-                Some(Child::Linked) => {
+                Some(ChildState::Linked) => {
                     self.actions.push_back(NodeAction::Send { to, direction: Direction::Down, frame });
                 }
-                Some(Child::Awaited(waiting)) => waiting.push(frame),
-                Some(Child::Gone) | None => {}
+                Some(ChildState::Awaited(waiting)) => waiting.push(frame),
+                Some(ChildState::Gone) | None => {}
             },
         }
     }
