@@ -346,8 +346,11 @@ EOF
   if [[ -n $MPI_CONF ]]; then cp -- "$MPI_CONF" "$D/mpi.conf"; fi   # read by slurmd at start, beside slurm.conf
   : >"$D/plugstack.conf"   # keep the host's /etc/slurm/plugstack.conf (SPANK plugins) out of the tests
   # Slurm 23.02 and later probe cgroups at slurmd's start even with proctrack/pgid, and fail where there are none
-  # to use (a chroot, a container); this cluster uses none. 22.05 knows no `disabled`.
-  if [[ $(slurmd -V | awk '{print $2}') != 22.* ]]; then echo "CgroupPlugin=disabled" >"$D/cgroup.conf"; fi
+  # to use (a chroot, a container); this cluster uses none. `disabled` came in 24.05: before, slurmd finds the
+  # host's own cgroups.
+  local version
+  version=$(slurmd -V | awk '{split($2, v, "."); printf "%d%02d", v[1], v[2]}')
+  if ((version >= 2405)); then echo "CgroupPlugin=disabled" >"$D/cgroup.conf"; fi
   cat >"$D/prolog.sh" <<EOF
 #!/bin/sh
 i=0

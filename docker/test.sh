@@ -9,6 +9,9 @@ if command -v rustup >/dev/null 2>&1; then
 fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The fuzz targets (fuzz/, a workspace of their own, run with cargo-fuzz on nightly) still build against the
+# library as it is now.
+cargo check --locked --manifest-path fuzz/Cargo.toml
 # The API documentation builds without a warning (a broken intra-doc link is one), with the Slurm plugin too.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --features slurm

@@ -27,5 +27,7 @@ install=(bash docker/install-slurm-plugin.sh --plugin-dir "$plugin_dir")
 start=(bash docker/slurm-cluster.sh start --plugin-dir "$plugin_dir" --nodes "${RPMI_SLURM_NODES:-3}")
 mpi_conf=${RPMI_SLURM_MPI_CONF-tests/slurm/mpi.conf}
 [[ -z $mpi_conf ]] || start+=(--mpi-conf "$mpi_conf")
-eval "$("${start[@]}")"
+# The cluster's environment, once it is up (a cluster that did not come up ends the run here).
+cluster_env=$("${start[@]}")
+eval "$cluster_env"
 "$@"

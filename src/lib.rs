@@ -22,7 +22,7 @@ pub mod driver;
 pub mod node;
 pub mod os;
 pub mod server;
-pub mod wire;
+pub use rpmi_wire as wire;
 
 #[cfg(feature = "slurm")]
 pub mod slurm;

@@ -35,7 +35,7 @@ use libfuzzer_sys::fuzz_target;
 use rpmi::collective::frame::{self as cframe, DecodeError};
 use rpmi::collective::{Bytes, Frame, Node, Peer, Root, Tree};
 use rpmi::server::{Limits, GROUP_ID_MAX};
-use rpmi::slurm::auth::{Role, Secret, Transcript, NONCE_LEN, ROOT};
+use rpmi::slurm::auth::{Prover, Secret, Transcript, NONCE_LEN, ROOT};
 use rpmi::slurm::client;
 use rpmi::slurm::protocol::{
     collective_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX, NAME_MAX,
@@ -485,7 +485,7 @@ fn check_up(payload: &[u8], m: Up, receiver: &Receiver, hs: &mut Handshake) {
         Up::Proof { proof } => {
             assert_eq!(payload.len(), PROOF_LEN_ON_WIRE);
             if let Some(t) = &hs.transcript {
-                check_proof(&hs.secret, Role::Joiner, t, proof);
+                check_proof(&hs.secret, Prover::Joiner, t, proof);
             }
         }
         Up::Collective(inner) => check_collective(inner, receiver),
@@ -517,7 +517,7 @@ fn check_down(payload: &[u8], m: Down, receiver: &Receiver, hs: &mut Handshake) 
         Down::Welcome { proof } => {
             assert_eq!(payload.len(), PROOF_LEN_ON_WIRE);
             if let Some(t) = &hs.transcript {
-                check_proof(&hs.secret, Role::Acceptor, t, proof);
+                check_proof(&hs.secret, Prover::Acceptor, t, proof);
             }
         }
         Down::Collective(inner) => check_collective(inner, receiver),
@@ -607,7 +607,7 @@ fn check_collective(inner: &Bytes, receiver: &Receiver) {
 }
 
 /// A proof from the stream checks only if it is the right one for its role, link and node.
-fn check_proof(secret: &Secret, role: Role, t: &Transcript, proof: &[u8; 32]) {
+fn check_proof(secret: &Secret, role: Prover, t: &Transcript, proof: &[u8; 32]) {
     let right = secret.prove(role, t);
     let checks = secret.verify(role, t, proof);
     if debug() {
@@ -615,7 +615,7 @@ fn check_proof(secret: &Secret, role: Role, t: &Transcript, proof: &[u8; 32]) {
     }
     assert_eq!(checks, *proof == right);
     assert!(secret.verify(role, t, &right));
-    let other = if role == Role::Joiner { Role::Acceptor } else { Role::Joiner };
+    let other = if role == Prover::Joiner { Prover::Acceptor } else { Prover::Joiner };
     assert!(!secret.verify(other, t, &right), "a {role:?} proof passes as the other role's");
     let elsewhere = Transcript { to: t.to ^ 1, ..*t };
     assert!(!secret.verify(role, &elsewhere, &right), "a proof for one link passes on another");

@@ -1,5 +1,6 @@
 //! The wire codecs: PMI-1's request lines in and response lines out, and PMI-2's frames ([`pmi2`]). Pure
-//! functions over bytes; the engine in [`crate::server`] decides what to answer.
+//! functions over bytes; rpmi's server decides what to answer. A crate of its own, so that rpmi's client
+//! libraries (`libpmi.so.0`, `libpmi2.so.0`) share the formats without the server.
 
 // Sans-I/O: bytes and state only, so nothing here may be unsafe.
 #![forbid(unsafe_code)]

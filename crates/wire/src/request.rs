@@ -28,7 +28,7 @@ pub enum Request<'a> {
     Put { kvsname: &'a [u8], key: &'a [u8], value: &'a [u8] },
     /// `cmd=get kvsname=K key=KEY`
     Get { kvsname: &'a [u8], key: &'a [u8] },
-    /// `cmd=barrier_in [group=G]` (`group=` is PMI 1.2's, see [`crate::wire::group`])
+    /// `cmd=barrier_in [group=G]` (`group=` is PMI 1.2's, see [`crate::group`])
     BarrierIn { group: Option<&'a [u8]> },
     /// `cmd=finalize`
     Finalize,
@@ -42,7 +42,7 @@ pub enum Request<'a> {
     LookupName { service: &'a [u8] },
     /// Intel MPI's `cmd=get_ranks2hosts`
     GetRanks2Hosts,
-    /// `mcmd=spawn`: the first line of a multi-line spawn block (see [`crate::wire::spawn`]).
+    /// `mcmd=spawn`: the first line of a multi-line spawn block (see [`crate::spawn`]).
     SpawnBlock,
 }
 
