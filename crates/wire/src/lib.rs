@@ -6,7 +6,9 @@
 #![forbid(unsafe_code)]
 
 pub mod group;
+pub mod mapping;
 pub mod pmi2;
+pub mod reply;
 pub mod request;
 pub mod response;
 pub mod spawn;

@@ -2,6 +2,7 @@
 //! Written from the protocol text rather than from any one server, and tolerant the way the RFC
 //! asks (tuples in any order, extra keys, `rc` optional), so it can judge any PMI-1 server.
 
+use rpmi::wire::reply::{quote, Reply};
 use std::io::{ErrorKind, Read, Write};
 
 /// Longest response line we buffer; a server that never sends a newline must not eat all memory.
@@ -9,104 +10,6 @@ const MAX_LINE: usize = 1 << 20;
 
 /// Room for any line of a normal session: the read buffer grows only for a longer one.
 const BUF: usize = 8192;
-
-/// Longest piece of a response quoted in an error message.
-const MAX_QUOTE: usize = 200;
-
-/// One parsed response line, borrowed from the client's buffer: a get allocates nothing, so the
-/// client's own cost stays small beside the server's when many ranks share a machine.
-#[derive(Debug)]
-pub struct Response<'a> {
-    line: &'a str,
-    cmd: &'a str,
-    rc: i64,
-}
-
-/// The key=value tuples of a line. `value=` runs to the end of the line, because values may contain
-/// spaces and `=`; every other tuple ends at whitespace. Yields `Err(tuple)` for a malformed one.
-fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
-    let mut rest = line.trim_ascii_start();
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        // Bytes, not chars: an ASCII byte is always a char boundary, and this runs for every tuple of
-        // every reply.
-        let end = rest.bytes().position(|b| b.is_ascii_whitespace()).unwrap_or(rest.len());
-        let tuple = &rest[..end];
-        let Some((key, val)) = tuple.split_once('=').filter(|(key, _)| !key.is_empty()) else {
-            rest = "";
-            return Some(Err(tuple));
-        };
-        if key == "value" {
-            let val = &rest[key.len() + 1..];
-            rest = "";
-            return Some(Ok((key, val)));
-        }
-        rest = rest[end..].trim_ascii_start();
-        Some(Ok((key, val)))
-    })
-}
-
-impl<'a> Response<'a> {
-    pub fn parse(line: &'a str) -> Result<Response<'a>, String> {
-        let (mut cmd, mut rc) = (None, None);
-        for tuple in tuples(line) {
-            let (key, val) =
-                tuple.map_err(|t| format!("malformed response (`{t}` is not key=value): {}", quote(line)))?;
-            match key {
-                "cmd" if cmd.is_none() => cmd = Some(val),
-                "rc" if rc.is_none() => rc = Some(val),
-                _ => {}
-            }
-        }
-        let cmd = cmd.ok_or_else(|| format!("malformed response (no cmd=): {}", quote(line)))?;
-        let rc = match rc {
-            None => 0,
-            Some(rc) => rc.parse().map_err(|_| format!("malformed response (rc={rc}): {}", quote(line)))?,
-        };
-        Ok(Response { line, cmd, rc })
-    }
-
-    /// The command answered.
-    pub fn cmd(&self) -> &'a str {
-        self.cmd
-    }
-
-    /// The line's `rc` (0 when absent).
-    pub fn rc(&self) -> i64 {
-        self.rc
-    }
-
-    /// The line as it came, quoted for a message.
-    pub fn quoted(&self) -> String {
-        quote(self.line)
-    }
-
-    /// The first tuple named `key` (a line that parsed has only well-formed tuples).
-    pub fn get(&self, key: &str) -> Option<&'a str> {
-        tuples(self.line).flatten().find(|(k, _)| *k == key).map(|(_, v)| v)
-    }
-
-    /// A field the reply must carry.
-    fn field(&self, key: &str) -> Result<&'a str, String> {
-        self.get(key).ok_or_else(|| format!("malformed response (no {key}= in cmd={}): {}", self.cmd, quote(self.line)))
-    }
-
-    /// An integer field the reply must carry.
-    fn int(&self, key: &str) -> Result<i64, String> {
-        let text = self.field(key)?;
-        text.parse().map_err(|_| format!("malformed response ({key}={text} is not an integer): {}", quote(self.line)))
-    }
-}
-
-/// Keeps error lines readable when a response carries a long value.
-fn quote(line: &str) -> String {
-    match line.char_indices().nth(MAX_QUOTE) {
-        Some((cut, _)) => format!("`{}...` ({} bytes)", &line[..cut], line.len()),
-        None => format!("`{line}`"),
-    }
-}
 
 /// Size limits the server advertises (`cmd=maxes`).
 pub struct Maxes {
@@ -141,7 +44,7 @@ impl<S: Read + Write> Client<S> {
 
     /// Sends one request line and reads the reply, which must be `cmd=<expect>`.
     /// A non-zero rc is returned to the caller, not treated as an error here.
-    fn call(&mut self, request: std::fmt::Arguments, expect: &str) -> Result<Response<'_>, String> {
+    fn call(&mut self, request: std::fmt::Arguments, expect: &str) -> Result<Reply<'_>, String> {
         self.out.clear();
         // Writing into a Vec cannot fail.
         let _ = self.out.write_fmt(request);
@@ -153,8 +56,8 @@ impl<S: Read + Write> Client<S> {
             Ok(line) => line,
             Err(e) => return Err(format!("waiting for the reply to {}: {e}", command(&self.out))),
         };
-        let resp = Response::parse(line)?;
-        if resp.cmd != expect {
+        let resp = Reply::parse(line)?;
+        if resp.cmd() != expect {
             return Err(format!("expected cmd={expect} in reply to {}, got: {}", command(&self.out), quote(line)));
         }
         Ok(resp)
@@ -170,16 +73,16 @@ impl<S: Read + Write> Client<S> {
     }
 
     /// The next reply line, whatever it answers.
-    pub fn reply(&mut self) -> Result<Response<'_>, String> {
+    pub fn reply(&mut self) -> Result<Reply<'_>, String> {
         let line = Self::read_line(&mut self.stream, &mut self.buf, &mut self.start, &mut self.end)?;
-        Response::parse(line)
+        Reply::parse(line)
     }
 
     /// Like `call`, for requests that must succeed.
-    fn call_ok(&mut self, request: std::fmt::Arguments, expect: &str) -> Result<Response<'_>, String> {
+    fn call_ok(&mut self, request: std::fmt::Arguments, expect: &str) -> Result<Reply<'_>, String> {
         let resp = self.call(request, expect)?;
-        if resp.rc != 0 {
-            return Err(format!("server failed the request (rc={}): {}", resp.rc, quote(resp.line)));
+        if resp.rc() != 0 {
+            return Err(format!("server failed the request (rc={}): {}", resp.rc(), resp.quoted()));
         }
         Ok(resp)
     }
@@ -239,7 +142,7 @@ impl<S: Read + Write> Client<S> {
         let resp = self.call_ok(init, "response_to_init")?;
         let answered = resp.get("pmi_subversion").and_then(|s| s.parse().ok()).unwrap_or(1);
         if resp.get("pmi_version").is_some_and(|v| v != "1") || answered > subversion {
-            return Err(format!("server answered init with a version not asked for: {}", quote(resp.line)));
+            return Err(format!("server answered init with a version not asked for: {}", resp.quoted()));
         }
         Ok(answered)
     }
@@ -276,7 +179,7 @@ impl<S: Read + Write> Client<S> {
     /// borrowed from the client's buffer until the next call.
     pub fn get(&mut self, kvsname: &str, key: &str) -> Result<Option<&str>, String> {
         let resp = self.call(format_args!("cmd=get kvsname={kvsname} key={key}"), "get_result")?;
-        if resp.rc != 0 {
+        if resp.rc() != 0 {
             return Ok(None);
         }
         resp.field("value").map(Some)
@@ -290,7 +193,7 @@ impl<S: Read + Write> Client<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Client, Response};
+    use super::Client;
     use std::io::{self, Read, Write};
 
     /// A scripted server: returns `chunks` one read at a time and records what was written.
@@ -326,36 +229,6 @@ mod tests {
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
-        }
-    }
-
-    #[test]
-    fn tuples_in_any_order_with_extra_keys() {
-        let r = Response::parse("  rc=0 msg=success cmd=get_result  x=1 value=a b=c  ").unwrap();
-        assert_eq!(r.cmd, "get_result");
-        assert_eq!(r.rc, 0);
-        assert_eq!(r.get("value"), Some("a b=c  "));
-        assert_eq!(r.get("x"), Some("1"));
-    }
-
-    #[test]
-    fn rc_absent_means_success() {
-        let r = Response::parse("cmd=barrier_out").unwrap();
-        assert_eq!(r.rc, 0);
-        let r = Response::parse("cmd=get_result rc=-1 msg=key_missing_not_found").unwrap();
-        assert_eq!(r.rc, -1);
-    }
-
-    #[test]
-    fn empty_value_is_kept() {
-        let r = Response::parse("cmd=get_result rc=0 value=").unwrap();
-        assert_eq!(r.get("value"), Some(""));
-    }
-
-    #[test]
-    fn malformed_responses() {
-        for line in ["", "cmd", "rc=0", "cmd=put_result rc=x", "cmd=x =y", "cmd=x junk"] {
-            assert!(Response::parse(line).is_err(), "accepted {line:?}");
         }
     }
 

@@ -2,8 +2,8 @@
 //! (`group=WORLD:<tag>`, `NODE:<tag>`, `r0,r1,...:<tag>`; several outstanding, as one per thread).
 
 use crate::client::Client;
-use crate::mapping::Mapping;
 use crate::Task;
+use rpmi::wire::mapping::Mapping;
 use std::collections::BTreeSet;
 use std::fs::File;
 

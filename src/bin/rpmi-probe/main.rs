@@ -6,10 +6,9 @@
 
 mod client;
 mod groups;
-mod mapping;
 
 use client::Client;
-use mapping::Mapping;
+use rpmi::wire::mapping::Mapping;
 use std::env::{self, VarError};
 use std::fmt::Write as _;
 use std::fs::File;

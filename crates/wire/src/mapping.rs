@@ -1,5 +1,5 @@
-//! `PMI_process_mapping` parsing (Flux RFC 13), so the probe can show which ranks share a node
-//! the same way an MPI library would derive it.
+//! Reading a `PMI_process_mapping` value (RFC 13) as a client does: which ranks share a node, derived the way
+//! an MPI library derives it.
 
 /// One `(nodeid,nnodes,ppn)` block: `ppn` consecutive ranks on each node `node..node+nnodes`.
 #[derive(Debug, Clone, PartialEq, Eq)]
