@@ -112,6 +112,9 @@ pub struct NodeRuntime<H: NodeHost> {
     size: usize,
     job: JobVars,
     spawned: bool,
+    /// The highest PMI-1 subversion this node's server answers: 2 where the host serves PMI 1.2's group
+    /// exchanges.
+    subversion: u8,
     /// The driver's epoll fd, for a host loop to watch; it lives as long as the driver.
     watch_fd: RawFd,
     progress: LoopState<H>,
@@ -135,6 +138,7 @@ impl<H: NodeHost> NodeRuntime<H> {
         let n = shell.task_count();
         let ranks = (0..n).map(|t| shell.rank_of(t).unwrap_or(u32::MAX)).collect();
         let (size, spawned) = (shell.job().task_map.size(), shell.job().spawned);
+        let subversion = if host.serves_groups() { 2 } else { 1 };
         let (handle, inbox) = channel()?;
         let driver = Driver::new(shell, host, inbox)?;
         Ok(NodeRuntime {
@@ -147,6 +151,7 @@ impl<H: NodeHost> NodeRuntime<H> {
             size,
             job,
             spawned,
+            subversion,
             progress: LoopState::Ready(Mutex::new(Box::new(driver))),
         })
     }
@@ -228,13 +233,16 @@ impl<H: NodeHost> NodeRuntime<H> {
     }
 
     /// A task's environment: `PMI_FD` (when the node makes the connection), `PMI_RANK`, `PMI_SIZE`, `PMI_JOBID`
-    /// (and `PMI_SPAWNED`).
+    /// (and `PMI_SPAWNED`), and `RPMI_PMI_SUBVERSION`: the highest PMI-1 subversion the server answers, which
+    /// a client library may ask for at `init` (a server of PMI 1.1 only, such as Hydra, ends a job whose
+    /// client asks for 1.2).
     fn task_vars(&self, rank: u32, pmi_fd: Option<RawFd>) -> Vec<EnvVar> {
         let mut vars: Vec<EnvVar> = pmi_fd.map(|fd| EnvVar::new("PMI_FD", fd.to_string())).into_iter().collect();
         vars.extend([
             EnvVar::new("PMI_RANK", rank.to_string()),
             EnvVar::new("PMI_SIZE", self.size.to_string()),
             EnvVar::new("PMI_JOBID", self.job.job_id.clone()),
+            EnvVar::new("RPMI_PMI_SUBVERSION", self.subversion.to_string()),
         ]);
         if self.spawned {
             vars.push(EnvVar::new("PMI_SPAWNED", "1".into()));

@@ -54,6 +54,41 @@ impl SpawnRequest {
     }
 }
 
+impl SpawnRequest {
+    /// The request as a client sends it: one block per command, fields in the order MPICH's client writes
+    /// them (arguments numbered from 1, preputs and infos from 0), each block ending with `endcmd`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let total = self.commands.len();
+        for (i, c) in self.commands.iter().enumerate() {
+            let mut line = |key: &[u8], value: &[u8]| {
+                out.extend_from_slice(key);
+                out.push(b'=');
+                out.extend_from_slice(value);
+                out.push(b'\n');
+            };
+            line(b"mcmd", b"spawn");
+            line(b"nprocs", c.nprocs.to_string().as_bytes());
+            line(b"execname", &c.execname);
+            line(b"totspawns", total.to_string().as_bytes());
+            line(b"spawnssofar", (i + 1).to_string().as_bytes());
+            line(b"argcnt", c.args.len().to_string().as_bytes());
+            for (n, arg) in c.args.iter().enumerate() {
+                line(format!("arg{}", n + 1).as_bytes(), arg);
+            }
+            for (what, list) in [("preput", &c.preputs), ("info", &c.infos)] {
+                line(format!("{what}_num").as_bytes(), list.len().to_string().as_bytes());
+                for (n, (key, value)) in list.iter().enumerate() {
+                    line(format!("{what}_key_{n}").as_bytes(), key);
+                    line(format!("{what}_val_{n}").as_bytes(), value);
+                }
+            }
+            out.extend_from_slice(b"endcmd\n");
+        }
+        out
+    }
+}
+
 /// Why a spawn request is malformed (a protocol error).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpawnError(pub String);
@@ -246,6 +281,29 @@ fn sorted_indices(items: &Indexed) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_encoded_as_a_client_sends_it_reads_back_the_same() {
+        let command = |name: &str, args: &[&str]| SpawnCommand {
+            nprocs: 2,
+            execname: name.into(),
+            args: args.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            preputs: vec![(b"k".to_vec(), b"v w".to_vec())],
+            infos: vec![(b"wdir".to_vec(), b"/tmp".to_vec()), (b"host".to_vec(), b"n1".to_vec())],
+        };
+        let request = SpawnRequest { commands: vec![command("./a", &["-x", "1 2"]), command("./b", &[])] };
+        let bytes = request.encode();
+        let mut lines = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty());
+        assert_eq!(lines.next(), Some(&b"mcmd=spawn"[..]));
+        let mut builder = SpawnBuilder::new(1 << 20);
+        let mut got = None;
+        for line in lines {
+            if let Progress::Done(r) = builder.line(line).unwrap() {
+                got = Some(r);
+            }
+        }
+        assert_eq!(got, Some(request));
+    }
 
     fn feed(lines: &str) -> Result<Progress, SpawnError> {
         let mut b = SpawnBuilder::new(64 * 1024);

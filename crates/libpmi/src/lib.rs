@@ -1,0 +1,661 @@
+//! `libpmi.so.0`: RFC 13's PMI-1 API (`include/pmi.h`) for programs and runtimes that link or load a PMI
+//! library (Intel MPI's `I_MPI_PMI_LIBRARY`, Open MPI's s1 component, MPICH built against a third-party PMI),
+//! over any server of the PMI-1 wire: rpmi's, Hydra's, Slurm's `--mpi=pmi2`. Without a launcher (no
+//! `PMI_FD`, no `PMI_PORT`) the process is a job of one, as MPI's singleton init expects.
+//!
+//! Every call checks its arguments as RFC 13 lists (NULL pointers, lengths, names that do not fit the wire),
+//! then takes the one session under a lock: calls from several threads are served one at a time, which is
+//! what a lock-step protocol allows anyway. A panic never crosses into C: it becomes `PMI_FAIL`. A protocol
+//! error, or a server that goes away, is said once on stderr, naming the rank and the call.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod session;
+
+use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
+use session::{Failed, Session, PMI_ERR_NOMEM, PMI_FAIL, PORT_MAX};
+use std::ffi::{c_char, c_int, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+const PMI_SUCCESS: c_int = 0;
+const PMI_ERR_INIT: c_int = 1;
+const PMI_ERR_INVALID_ARG: c_int = 3;
+const PMI_ERR_INVALID_KEY: c_int = 4;
+const PMI_ERR_INVALID_VAL: c_int = 6;
+const PMI_ERR_INVALID_LENGTH: c_int = 8;
+const PMI_ERR_INVALID_KVS: c_int = 14;
+
+/// The process's session, from `PMI_Init` to `PMI_Finalize`.
+static SESSION: Mutex<Option<Session>> = Mutex::new(None);
+/// `PMI_Finalize` succeeded: the launcher's connection is spent.
+static FINALIZED: AtomicBool = AtomicBool::new(false);
+
+fn session() -> MutexGuard<'static, Option<Session>> {
+    // A call that panicked left nothing half-changed that the next one could trip on.
+    SESSION.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs the body of an API call: a panic is `PMI_FAIL`, said on stderr.
+fn guard(name: &str, body: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        eprintln!("libpmi: {name} failed (an internal error)");
+        PMI_FAIL
+    })
+}
+
+/// Runs `f` on the session, if `PMI_Init` made one; a failure is said on stderr with the rank.
+fn with_session(name: &str, f: impl FnOnce(&mut Session) -> Result<(), Failed>) -> c_int {
+    guard(name, || {
+        let mut s = session();
+        let Some(s) = s.as_mut() else { return PMI_ERR_INIT };
+        match f(s) {
+            Ok(()) => PMI_SUCCESS,
+            Err(failed) => {
+                if let Some(message) = failed.message {
+                    eprintln!("libpmi: rank {}: {name}: {message}", s.rank);
+                }
+                failed.code
+            }
+        }
+    })
+}
+
+/// A C string argument, as UTF-8; `None` for NULL or bytes that are not UTF-8.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn text<'a>(p: *const c_char) -> Option<&'a str> {
+    // SAFETY: the caller's contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().ok()).flatten()
+}
+
+/// A word of the wire (a key, a name, a service): visible characters but `=`, fewer than `max` bytes.
+fn is_word(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() < max && s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'=')
+}
+
+/// A string of the wire (a value): no newline, fewer than `max` bytes.
+fn is_string(s: &str, max: usize) -> bool {
+    s.len() < max && !s.bytes().any(|b| b == b'\n' || b == b'\r' || b == 0)
+}
+
+/// Copies `s` and its NUL into the caller's `out[..length]`; `PMI_ERR_NOMEM` if it does not fit.
+///
+/// # Safety
+/// `out` points to at least `length` bytes.
+unsafe fn copy_out(s: &str, out: *mut c_char, length: usize) -> Result<(), Failed> {
+    if s.len() >= length {
+        return Err(Failed { code: PMI_ERR_NOMEM, message: None });
+    }
+    // SAFETY: the caller's contract; s.len() + 1 <= length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), out.cast::<u8>(), s.len());
+        *out.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+/// Writes `value` into `*out`, if `out` is not NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a writable int.
+unsafe fn set(out: *mut c_int, value: c_int) -> c_int {
+    if out.is_null() {
+        return PMI_ERR_INVALID_ARG;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { *out = value };
+    PMI_SUCCESS
+}
+
+/// Reads one number of the session into `*out`.
+///
+/// # Safety
+/// `out` is NULL or points to a writable int.
+unsafe fn query(name: &str, out: *mut c_int, what: impl FnOnce(&mut Session) -> Result<c_int, Failed>) -> c_int {
+    if out.is_null() {
+        return PMI_ERR_INVALID_ARG;
+    }
+    let mut value = 0;
+    let rc = with_session(name, |s| what(s).map(|v| value = v));
+    if rc == PMI_SUCCESS {
+        // SAFETY: the caller's contract.
+        unsafe { *out = value };
+    }
+    rc
+}
+
+/// # Safety
+/// `spawned` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Init(spawned: *mut c_int) -> c_int {
+    if spawned.is_null() {
+        return PMI_ERR_INVALID_ARG;
+    }
+    guard("PMI_Init", || {
+        let mut s = session();
+        if s.is_none() && FINALIZED.load(Ordering::SeqCst) {
+            eprintln!("libpmi: PMI_Init: PMI_Finalize has been called: the launcher serves one session per process");
+            return PMI_FAIL;
+        }
+        if s.is_none() {
+            match Session::start() {
+                Ok(new) => *s = Some(new),
+                Err(failed) => {
+                    eprintln!("libpmi: PMI_Init: {}", failed.message.unwrap_or_default());
+                    return PMI_FAIL;
+                }
+            }
+        }
+        let was_spawned = s.as_ref().is_some_and(|s| s.spawned);
+        // SAFETY: checked above, as the caller's contract allows.
+        unsafe { set(spawned, was_spawned as c_int) }
+    })
+}
+
+/// # Safety
+/// `initialized` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Initialized(initialized: *mut c_int) -> c_int {
+    let is = guard("PMI_Initialized", || session().is_some() as c_int);
+    // SAFETY: the caller's contract.
+    unsafe { set(initialized, is.max(0)) }
+}
+
+#[no_mangle]
+pub extern "C" fn PMI_Finalize() -> c_int {
+    let rc = with_session("PMI_Finalize", Session::finalize);
+    if rc == PMI_SUCCESS {
+        *session() = None;
+        FINALIZED.store(true, Ordering::SeqCst);
+    }
+    rc
+}
+
+/// Prints `error_msg` on stderr, tells the server the job ends with `exit_code`, and exits.
+///
+/// # Safety
+/// `error_msg` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Abort(exit_code: c_int, error_msg: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let message = if error_msg.is_null() {
+        String::new()
+    } else {
+        unsafe { CStr::from_ptr(error_msg) }.to_string_lossy().into_owned()
+    };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        eprintln!("{message}");
+        // Another thread may hold the session in a barrier: then the server learns of the end from this
+        // process's exit instead.
+        if let Ok(Some(s)) = SESSION.try_lock().as_deref_mut() {
+            s.abort(exit_code, &message);
+        }
+    }));
+    std::process::exit(exit_code)
+}
+
+macro_rules! length_max {
+    ($name:ident, $field:ident) => {
+        /// # Safety
+        /// `length` is NULL or points to a writable int.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(length: *mut c_int) -> c_int {
+            // SAFETY: the caller's contract.
+            unsafe { query(stringify!($name), length, |s| Ok(s.maxes.$field as c_int)) }
+        }
+    };
+}
+
+length_max!(PMI_KVS_Get_name_length_max, kvsname);
+length_max!(PMI_KVS_Get_key_length_max, key);
+length_max!(PMI_KVS_Get_value_length_max, value);
+// The id is the key-value space's name.
+length_max!(PMI_Get_id_length_max, kvsname);
+
+/// # Safety
+/// `size` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_size(size: *mut c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { query("PMI_Get_size", size, |s| Ok(s.size as c_int)) }
+}
+
+/// # Safety
+/// `rank` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_rank(rank: *mut c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { query("PMI_Get_rank", rank, |s| Ok(s.rank as c_int)) }
+}
+
+/// # Safety
+/// `size` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_universe_size(size: *mut c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { query("PMI_Get_universe_size", size, |s| Ok(s.universe)) }
+}
+
+/// # Safety
+/// `appnum` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_appnum(appnum: *mut c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { query("PMI_Get_appnum", appnum, |s| Ok(s.appnum)) }
+}
+
+/// # Safety
+/// `size` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_clique_size(size: *mut c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { query("PMI_Get_clique_size", size, |s| Ok(s.clique()?.len() as c_int)) }
+}
+
+/// # Safety
+/// `ranks` is NULL or points to `length` writable ints.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_clique_ranks(ranks: *mut c_int, length: c_int) -> c_int {
+    if ranks.is_null() {
+        return PMI_ERR_INVALID_ARG;
+    }
+    with_session("PMI_Get_clique_ranks", |s| {
+        let clique = s.clique()?;
+        if usize::try_from(length).map_or(true, |l| l < clique.len()) {
+            return Err(Failed { code: PMI_ERR_INVALID_LENGTH, message: None });
+        }
+        for (i, &r) in clique.iter().enumerate() {
+            // SAFETY: the caller's contract; i < clique.len() <= length.
+            unsafe { *ranks.add(i) = r as c_int };
+        }
+        Ok(())
+    })
+}
+
+/// The key-value space's name into `out[..length]`.
+///
+/// # Safety
+/// `out` is NULL or points to `length` writable bytes.
+unsafe fn kvsname_into(name: &str, out: *mut c_char, length: c_int) -> c_int {
+    if out.is_null() {
+        return PMI_ERR_INVALID_ARG;
+    }
+    let Ok(length) = usize::try_from(length) else { return PMI_ERR_INVALID_LENGTH };
+    with_session(name, |s| {
+        // SAFETY: the caller's contract.
+        unsafe { copy_out(&s.kvsname, out, length) }.map_err(|_| Failed { code: PMI_ERR_INVALID_LENGTH, message: None })
+    })
+}
+
+/// # Safety
+/// `kvsname` is NULL or points to `length` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Get_my_name(kvsname: *mut c_char, length: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { kvsname_into("PMI_KVS_Get_my_name", kvsname, length) }
+}
+
+/// # Safety
+/// `id_str` is NULL or points to `length` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_id(id_str: *mut c_char, length: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { kvsname_into("PMI_Get_id", id_str, length) }
+}
+
+/// # Safety
+/// `id_str` is NULL or points to `length` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_kvs_domain_id(id_str: *mut c_char, length: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { kvsname_into("PMI_Get_kvs_domain_id", id_str, length) }
+}
+
+/// Checks that `kvsname` names this process's key-value space.
+fn own_kvs(s: &Session, kvsname: Option<&str>) -> Result<(), Failed> {
+    match kvsname {
+        Some(k) if k == s.kvsname => Ok(()),
+        _ => Err(Failed { code: PMI_ERR_INVALID_KVS, message: None }),
+    }
+}
+
+/// # Safety
+/// Each argument is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Put(kvsname: *const c_char, key: *const c_char, value: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let (kvsname, key, value) = unsafe { (text(kvsname), text(key), text(value)) };
+    with_session("PMI_KVS_Put", |s| {
+        own_kvs(s, kvsname)?;
+        let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed { code: PMI_ERR_INVALID_KEY, message: None })?;
+        let value =
+            value.filter(|v| is_string(v, s.maxes.value)).ok_or(Failed { code: PMI_ERR_INVALID_VAL, message: None })?;
+        s.put(key, value)
+    })
+}
+
+/// Puts reach the server as they are made: there is nothing to commit.
+///
+/// # Safety
+/// `kvsname` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Commit(kvsname: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let kvsname = unsafe { text(kvsname) };
+    with_session("PMI_KVS_Commit", |s| {
+        own_kvs(s, kvsname).map_err(|_| Failed { code: PMI_ERR_INVALID_ARG, message: None })
+    })
+}
+
+/// # Safety
+/// `kvsname` and `key` are NULL or NUL-terminated strings; `value` is NULL or points to `length` writable
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Get(
+    kvsname: *const c_char,
+    key: *const c_char,
+    value: *mut c_char,
+    length: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (kvsname, key) = unsafe { (text(kvsname), text(key)) };
+    if value.is_null() {
+        return PMI_ERR_INVALID_VAL;
+    }
+    let Ok(length) = usize::try_from(length) else { return PMI_ERR_INVALID_LENGTH };
+    with_session("PMI_KVS_Get", |s| {
+        own_kvs(s, kvsname)?;
+        let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed { code: PMI_ERR_INVALID_KEY, message: None })?;
+        let got = s.get(key)?;
+        // SAFETY: the caller's contract.
+        unsafe { copy_out(&got, value, length) }.map_err(|_| Failed { code: PMI_ERR_INVALID_LENGTH, message: None })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn PMI_Barrier() -> c_int {
+    with_session("PMI_Barrier", Session::barrier)
+}
+
+/// MPICH's PMI 1.2 group barrier: the ranks `group[..count]` (this rank among them), told apart from other
+/// barriers over the same ranks by `stringtag`. `PMI_FAIL` where the server serves 1.1 only.
+///
+/// # Safety
+/// `group` is NULL or points to `count` ints; `stringtag` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, stringtag: *const c_char) -> c_int {
+    let Ok(count) = usize::try_from(count) else { return PMI_ERR_INVALID_ARG };
+    if group.is_null() || count == 0 {
+        return PMI_ERR_INVALID_ARG;
+    }
+    // SAFETY: the caller's contract.
+    let members = unsafe { std::slice::from_raw_parts(group, count) };
+    // SAFETY: the caller's contract.
+    let tag = if stringtag.is_null() { 0 } else { tag_of(unsafe { CStr::from_ptr(stringtag) }.to_bytes()) };
+    with_session("PMI_Barrier_group", |s| {
+        let mut ranks: Vec<u32> = Vec::with_capacity(count);
+        for &r in members {
+            match u32::try_from(r) {
+                Ok(r) if r < s.size => ranks.push(r),
+                _ => return Err(Failed { code: PMI_ERR_INVALID_ARG, message: None }),
+            }
+        }
+        ranks.sort_unstable();
+        ranks.dedup();
+        if ranks.len() != count || !ranks.contains(&s.rank) {
+            return Err(Failed { code: PMI_ERR_INVALID_ARG, message: None });
+        }
+        s.barrier_group(&ranks, tag)
+    })
+}
+
+/// The integer tag of a barrier's string tag (FNV-1a, kept positive): equal strings give equal tags in every
+/// process.
+fn tag_of(text: &[u8]) -> i64 {
+    let hash = text.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (hash >> 1) as i64
+}
+
+/// Copies the C key-value pairs `v[..n]` into the request's pairs.
+///
+/// # Safety
+/// `v` is NULL (with `n` 0) or points to `n` pairs whose `key` and `val` are NUL-terminated strings.
+unsafe fn pairs(v: *const PmiKeyval, n: c_int) -> Option<Pairs> {
+    let n = usize::try_from(n).ok()?;
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract.
+    let v = unsafe { std::slice::from_raw_parts(v, n) };
+    v.iter()
+        .map(|kv| {
+            // SAFETY: the caller's contract.
+            let (key, val) = unsafe { (text(kv.key), text(kv.val)) };
+            Some((key?.as_bytes().to_vec(), val?.as_bytes().to_vec()))
+        })
+        .collect()
+}
+
+/// `PMI_keyval_t`.
+#[repr(C)]
+pub struct PmiKeyval {
+    key: *const c_char,
+    val: *mut c_char,
+}
+
+/// # Safety
+/// The arrays are as RFC 13 describes, each of `count` entries (`argvs[i]` NULL-terminated or NULL; the
+/// info arrays NULL where their sizes are 0); `errors` has room for the sum of `maxprocs`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn PMI_Spawn_multiple(
+    count: c_int,
+    cmds: *const *const c_char,
+    argvs: *const *const *const c_char,
+    maxprocs: *const c_int,
+    info_keyval_sizes: *const c_int,
+    info_keyval_vectors: *const *const PmiKeyval,
+    preput_keyval_size: c_int,
+    preput_keyval_vector: *const PmiKeyval,
+    errors: *mut c_int,
+) -> c_int {
+    let Ok(count) = usize::try_from(count) else { return PMI_ERR_INVALID_ARG };
+    if count == 0 || cmds.is_null() || maxprocs.is_null() || errors.is_null() {
+        return PMI_ERR_INVALID_ARG;
+    }
+    // SAFETY: the caller's contract.
+    let Some(preputs) = (unsafe { pairs(preput_keyval_vector, preput_keyval_size) }) else {
+        return PMI_ERR_INVALID_ARG;
+    };
+    let mut commands = Vec::with_capacity(count);
+    for i in 0..count {
+        // SAFETY: the caller's contract: each array has `count` entries.
+        let (cmd, nprocs) = unsafe { (text(*cmds.add(i)), *maxprocs.add(i)) };
+        let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return PMI_ERR_INVALID_ARG };
+        let mut args = Vec::new();
+        // SAFETY: the caller's contract.
+        let argv = if argvs.is_null() { std::ptr::null() } else { unsafe { *argvs.add(i) } };
+        if !argv.is_null() {
+            for j in 0.. {
+                // SAFETY: the caller's contract: NULL-terminated.
+                let arg = unsafe { *argv.add(j) };
+                if arg.is_null() {
+                    break;
+                }
+                // SAFETY: the caller's contract.
+                let Some(arg) = (unsafe { text(arg) }) else { return PMI_ERR_INVALID_ARG };
+                args.push(arg.as_bytes().to_vec());
+            }
+        }
+        let infos = match (info_keyval_sizes.is_null(), info_keyval_vectors.is_null()) {
+            (true, _) => Some(Vec::new()),
+            // SAFETY: the caller's contract.
+            (false, true) => (unsafe { *info_keyval_sizes.add(i) } == 0).then(Vec::new),
+            // SAFETY: the caller's contract.
+            (false, false) => unsafe { pairs(*info_keyval_vectors.add(i), *info_keyval_sizes.add(i)) },
+        };
+        let Some(infos) = infos else { return PMI_ERR_INVALID_ARG };
+        commands.push(SpawnCommand {
+            nprocs,
+            execname: cmd.as_bytes().to_vec(),
+            args,
+            preputs: preputs.clone(),
+            infos,
+        });
+    }
+    let request = SpawnRequest { commands };
+    let procs = request.total_procs() as usize;
+    with_session("PMI_Spawn_multiple", |s| {
+        let codes = s.spawn(&request)?;
+        for i in 0..procs {
+            // One code for every process when the server sends one.
+            let code = codes.get(i).or(codes.last()).copied().unwrap_or(0);
+            // SAFETY: the caller's contract: `errors` has room for every process asked for.
+            unsafe { *errors.add(i) = code };
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// Both arguments are NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Publish_name(service_name: *const c_char, port: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(service), Some(port)) = (unsafe { text(service_name) }, unsafe { text(port) }) else {
+        return PMI_ERR_INVALID_ARG;
+    };
+    if !is_word(service, PORT_MAX) || !is_word(port, PORT_MAX) {
+        return PMI_ERR_INVALID_ARG;
+    }
+    let request = format!("cmd=publish_name service={service} port={port}");
+    with_session("PMI_Publish_name", |s| s.name(&request, "publish_result").map(drop))
+}
+
+/// # Safety
+/// `service_name` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Unpublish_name(service_name: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(service) = (unsafe { text(service_name) }).filter(|s| is_word(s, PORT_MAX)) else {
+        return PMI_ERR_INVALID_ARG;
+    };
+    let request = format!("cmd=unpublish_name service={service}");
+    with_session("PMI_Unpublish_name", |s| s.name(&request, "unpublish_result").map(drop))
+}
+
+/// The port published for `service_name`, into `port`, which holds 256 bytes (MPICH's `MPI_MAX_PORT_NAME`).
+///
+/// # Safety
+/// `service_name` is NULL or a NUL-terminated string; `port` is NULL or points to 256 writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Lookup_name(service_name: *const c_char, port: *mut c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(service) = (unsafe { text(service_name) }).filter(|s| is_word(s, PORT_MAX)) else {
+        return PMI_ERR_INVALID_ARG;
+    };
+    if port.is_null() {
+        return PMI_ERR_INVALID_ARG;
+    }
+    let request = format!("cmd=lookup_name service={service}");
+    with_session("PMI_Lookup_name", |s| {
+        let found = s.name(&request, "lookup_result")?;
+        // SAFETY: the caller's contract.
+        unsafe { copy_out(&found, port, PORT_MAX) }
+    })
+}
+
+/// What RFC 13 leaves OPTIONAL and the PMI-1 wire cannot serve: `PMI_FAIL` once the arguments are checked.
+fn unserved(name: &str, args_ok: bool) -> c_int {
+    guard(name, || match (args_ok, session().is_some()) {
+        (false, _) => PMI_ERR_INVALID_ARG,
+        (true, false) => PMI_ERR_INIT,
+        (true, true) => PMI_FAIL,
+    })
+}
+
+/// # Safety
+/// `kvsname` is NULL or points to `length` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Create(kvsname: *mut c_char, length: c_int) -> c_int {
+    unserved("PMI_KVS_Create", !kvsname.is_null() && length > 0)
+}
+
+/// # Safety
+/// `kvsname` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Destroy(kvsname: *const c_char) -> c_int {
+    unserved("PMI_KVS_Destroy", !kvsname.is_null())
+}
+
+/// # Safety
+/// Pointers as RFC 13 describes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Iter_first(
+    kvsname: *const c_char,
+    key: *mut c_char,
+    key_len: c_int,
+    val: *mut c_char,
+    val_len: c_int,
+) -> c_int {
+    unserved("PMI_KVS_Iter_first", !kvsname.is_null() && !key.is_null() && !val.is_null() && key_len > 0 && val_len > 0)
+}
+
+/// # Safety
+/// Pointers as RFC 13 describes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_KVS_Iter_next(
+    kvsname: *const c_char,
+    key: *mut c_char,
+    key_len: c_int,
+    val: *mut c_char,
+    val_len: c_int,
+) -> c_int {
+    unserved("PMI_KVS_Iter_next", !kvsname.is_null() && !key.is_null() && !val.is_null() && key_len > 0 && val_len > 0)
+}
+
+/// # Safety
+/// Pointers as RFC 13 describes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Parse_option(
+    num_args: c_int,
+    args: *mut *mut c_char,
+    num_parsed: *mut c_int,
+    keyvalp: *mut *mut PmiKeyval,
+    size: *mut c_int,
+) -> c_int {
+    let ok = num_args >= 0 && !args.is_null() && !num_parsed.is_null() && !keyvalp.is_null() && !size.is_null();
+    unserved("PMI_Parse_option", ok)
+}
+
+/// # Safety
+/// Pointers as RFC 13 describes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Args_to_keyval(
+    argcp: *mut c_int,
+    argvp: *mut *mut *mut c_char,
+    keyvalp: *mut *mut PmiKeyval,
+    size: *mut c_int,
+) -> c_int {
+    unserved("PMI_Args_to_keyval", !argcp.is_null() && !argvp.is_null() && !keyvalp.is_null() && !size.is_null())
+}
+
+/// # Safety
+/// Pointers as RFC 13 describes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Free_keyvals(keyvalp: *mut PmiKeyval, size: c_int) -> c_int {
+    unserved("PMI_Free_keyvals", !keyvalp.is_null() && size >= 0)
+}
+
+/// # Safety
+/// Pointers as RFC 13 describes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI_Get_options(str: *mut c_char, length: *mut c_int) -> c_int {
+    unserved("PMI_Get_options", !str.is_null() && !length.is_null())
+}

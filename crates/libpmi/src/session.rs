@@ -1,0 +1,419 @@
+//! One process's PMI-1 session: either a connection to its launcher's server (`PMI_FD`, or `PMI_PORT`) that
+//! speaks RFC 13's lines, or, without a launcher, a job of one whose key-value space lives here. The C API
+//! ([`super`]) checks its arguments and turns what this returns into PMI's codes.
+
+use rpmi_wire::mapping::Mapping;
+use rpmi_wire::reply::{quote, Reply};
+use rpmi_wire::spawn::SpawnRequest;
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::mem::ManuallyDrop;
+use std::net::TcpStream;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// The longest reply line read: a value at the largest `vallen_max` a server may advertise, and room for the
+/// rest of the line. A server that sends more without a newline is broken, and the session ends.
+pub const LINE_MAX: usize = 1 << 20;
+/// The limits of a job of one (those of MPICH's own singleton).
+const SINGLETON_MAXES: Maxes = Maxes { kvsname: 256, key: 256, value: 1024 };
+/// The longest port a lookup hands back, NUL included: MPICH's `MPI_MAX_PORT_NAME`.
+pub const PORT_MAX: usize = 256;
+
+/// Why a call failed: the PMI code it returns, and what to print on stderr (nothing for an answer the caller
+/// expects, such as a key not found).
+#[derive(Debug)]
+pub struct Failed {
+    pub code: i32,
+    pub message: Option<String>,
+}
+
+pub const PMI_FAIL: i32 = -1;
+pub const PMI_ERR_NOMEM: i32 = 2;
+
+impl Failed {
+    /// A failure the caller can expect (a missing key, a refused name): PMI_FAIL, said nowhere.
+    pub fn quiet() -> Failed {
+        Failed { code: PMI_FAIL, message: None }
+    }
+
+    /// A failure worth a line on stderr.
+    pub fn said(message: String) -> Failed {
+        Failed { code: PMI_FAIL, message: Some(message) }
+    }
+}
+
+/// The server's limits (`cmd=maxes`), each with the terminating NUL.
+#[derive(Debug, Clone, Copy)]
+pub struct Maxes {
+    pub kvsname: usize,
+    pub key: usize,
+    pub value: usize,
+}
+
+/// What the launcher serves the process through.
+enum Server {
+    Wire(Wire),
+    /// No launcher: a job of one. Puts are visible to gets at once.
+    Alone(BTreeMap<String, String>),
+}
+
+pub struct Session {
+    pub rank: u32,
+    pub size: u32,
+    pub spawned: bool,
+    pub appnum: i32,
+    pub universe: i32,
+    pub kvsname: String,
+    pub maxes: Maxes,
+    /// The server answered PMI 1.2 at `init`: group barriers are served.
+    pub groups: bool,
+    /// The ranks on this node, once asked for.
+    clique: Option<Vec<u32>>,
+    server: Server,
+}
+
+/// The connection to the server and its read buffer.
+struct Wire {
+    stream: Stream,
+    /// Bytes read and not yet handed out (a read may end mid-line or carry more than one line).
+    buf: Vec<u8>,
+}
+
+enum Stream {
+    /// Never closed here: the number stays the launcher's connection, so a file the program opens later can
+    /// never be taken for it.
+    Fd(ManuallyDrop<UnixStream>),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn io(&mut self) -> &mut dyn ReadWrite {
+        match self {
+            Stream::Fd(s) => &mut **s,
+            Stream::Tcp(s) => s,
+        }
+    }
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// An integer variable of the environment, if it is set; `Err` if it is set and not one.
+fn env_int(name: &str) -> Result<Option<i64>, Failed> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| Failed::said(format!("{name}={v} is not an integer"))),
+    }
+}
+
+impl Session {
+    /// `PMI_Init`: connects to the launcher's server and says `init`, or, without one, makes a job of one.
+    pub fn start() -> Result<Session, Failed> {
+        let fd = env_int("PMI_FD")?;
+        let port = std::env::var("PMI_PORT").ok().filter(|p| !p.is_empty());
+        let stream = match (fd, port) {
+            (Some(fd), _) => Stream::Fd(ManuallyDrop::new(stream_of_fd(fd)?)),
+            (None, Some(port)) => Stream::Tcp(
+                TcpStream::connect(port.as_str())
+                    .map_err(|e| Failed::said(format!("cannot connect to PMI_PORT={port}: {e}")))?,
+            ),
+            (None, None) => return Ok(Session::alone()),
+        };
+        let mut wire = Wire { stream, buf: Vec::new() };
+        let (mut rank, mut size) = (env_int("PMI_RANK")?, env_int("PMI_SIZE")?);
+        // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
+        if let (Some(id), Stream::Tcp(_)) = (env_int("PMI_ID")?, &wire.stream) {
+            (rank, size) = wire.initack(id)?;
+        }
+        let (rank, size) = match (rank, size) {
+            (Some(r), Some(s)) if s > 0 && (0..s).contains(&r) && s <= i64::from(i32::MAX) => (r as u32, s as u32),
+            _ => return Err(Failed::said("the launcher gave no valid PMI_RANK and PMI_SIZE".into())),
+        };
+        let groups = wire.init()?;
+        let maxes = wire.maxes()?;
+        let kvsname = wire.field("cmd=get_my_kvsname", "my_kvsname", "kvsname")?;
+        let appnum = wire.int("cmd=get_appnum", "appnum", "appnum")? as i32;
+        let universe = wire.int("cmd=get_universe_size", "universe_size", "size")? as i32;
+        let spawned = env_int("PMI_SPAWNED")?.unwrap_or(0) != 0;
+        Ok(Session {
+            rank,
+            size,
+            spawned,
+            appnum,
+            universe,
+            kvsname,
+            maxes,
+            groups,
+            clique: None,
+            server: Server::Wire(wire),
+        })
+    }
+
+    fn alone() -> Session {
+        Session {
+            rank: 0,
+            size: 1,
+            spawned: false,
+            appnum: 0,
+            universe: 1,
+            kvsname: format!("singleton_kvs_{}", std::process::id()),
+            maxes: SINGLETON_MAXES,
+            groups: true,
+            clique: Some(vec![0]),
+            server: Server::Alone(BTreeMap::new()),
+        }
+    }
+
+    pub fn finalize(&mut self) -> Result<(), Failed> {
+        match &mut self.server {
+            Server::Wire(w) => w.call_ok("cmd=finalize", "finalize_ack").map(drop),
+            Server::Alone(_) => Ok(()),
+        }
+    }
+
+    /// Tells the server the job must end with `code` (it ends this process too, by ending the job; the
+    /// caller exits anyway).
+    pub fn abort(&mut self, code: i32, message: &str) {
+        if let Server::Wire(w) = &mut self.server {
+            // One line: what follows a newline in the message would be read as another request.
+            let message: String = message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+            let _ = w.send(&format!("cmd=abort exitcode={code} message={message}"));
+        }
+    }
+
+    pub fn put(&mut self, key: &str, value: &str) -> Result<(), Failed> {
+        match &mut self.server {
+            Server::Wire(w) => {
+                w.call_ok(&format!("cmd=put kvsname={} key={key} value={value}", self.kvsname), "put_result").map(drop)
+            }
+            Server::Alone(kvs) => {
+                kvs.insert(key.into(), value.into());
+                Ok(())
+            }
+        }
+    }
+
+    /// The value of `key`; `Failed::quiet` if there is none.
+    pub fn get(&mut self, key: &str) -> Result<String, Failed> {
+        match &mut self.server {
+            Server::Wire(w) => {
+                let line = w.call(&format!("cmd=get kvsname={} key={key}", self.kvsname), "get_result")?;
+                let reply = parsed(&line)?;
+                if reply.rc() != 0 {
+                    return Err(Failed::quiet());
+                }
+                reply.field("value").map(str::to_string).map_err(Failed::said)
+            }
+            Server::Alone(kvs) => kvs.get(key).cloned().ok_or_else(Failed::quiet),
+        }
+    }
+
+    pub fn barrier(&mut self) -> Result<(), Failed> {
+        match &mut self.server {
+            Server::Wire(w) => w.call_ok("cmd=barrier_in", "barrier_out").map(drop),
+            Server::Alone(_) => Ok(()),
+        }
+    }
+
+    /// PMI 1.2's barrier over `ranks` (ascending, this rank among them), told apart by `tag`.
+    pub fn barrier_group(&mut self, ranks: &[u32], tag: i64) -> Result<(), Failed> {
+        match &mut self.server {
+            Server::Wire(_) if !self.groups => Err(Failed::quiet()),
+            Server::Wire(w) => {
+                let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+                w.call_ok(&format!("cmd=barrier_in group={}:{tag}", list.join(",")), "barrier_out").map(drop)
+            }
+            Server::Alone(_) => Ok(()),
+        }
+    }
+
+    /// The ranks on this node, from the server's `PMI_process_mapping`.
+    pub fn clique(&mut self) -> Result<&[u32], Failed> {
+        if self.clique.is_none() {
+            let mapping = self.get("PMI_process_mapping").map_err(|_| {
+                Failed::said("the server has no PMI_process_mapping: which ranks share a node is unknown".into())
+            })?;
+            let mapping = Mapping::parse(&mapping)
+                .map_err(|e| Failed::said(format!("the server's PMI_process_mapping is malformed: {e}")))?;
+            let ranks = mapping.clique(self.size as usize, self.rank as usize).map_err(Failed::said)?;
+            self.clique = Some(ranks.into_iter().map(|r| r as u32).collect());
+        }
+        Ok(self.clique.as_deref().unwrap_or_default())
+    }
+
+    /// A name service request (`publish_name`, `unpublish_name`, `lookup_name`): the `port=` of a lookup.
+    pub fn name(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
+        match &mut self.server {
+            Server::Wire(w) => {
+                let line = w.call(request, answer)?;
+                let reply = parsed(&line)?;
+                if reply.rc() != 0 {
+                    return Err(Failed::quiet());
+                }
+                Ok(reply.get("port").unwrap_or_default().to_string())
+            }
+            // A job of one publishes for nobody.
+            Server::Alone(_) => Err(Failed::quiet()),
+        }
+    }
+
+    /// A spawn: the error code of each process asked for.
+    pub fn spawn(&mut self, request: &SpawnRequest) -> Result<Vec<i32>, Failed> {
+        let Server::Wire(w) = &mut self.server else { return Err(Failed::quiet()) };
+        w.write(&request.encode())?;
+        let line = w.reply("spawn_result")?;
+        let reply = parsed(&line)?;
+        if reply.rc() != 0 {
+            return Err(Failed::quiet());
+        }
+        match reply.get("errcodes") {
+            None | Some("") => Ok(vec![0; request.total_procs() as usize]),
+            Some(codes) => codes
+                .split(',')
+                .map(|c| c.trim().parse::<i32>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| Failed::said(format!("the server answered a spawn with {}", reply.quoted()))),
+        }
+    }
+}
+
+/// `PMI_FD`'s connection: a socket this process inherited.
+fn stream_of_fd(fd: i64) -> Result<UnixStream, Failed> {
+    let bad = || Failed::said(format!("PMI_FD={fd} is not an open file descriptor"));
+    let fd = RawFd::try_from(fd).map_err(|_| bad())?;
+    // SAFETY: F_GETFD reads a flag of any number; -1 if it is not open.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(bad());
+    }
+    // SAFETY: an open fd the launcher gave this process for PMI, used by nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(UnixStream::from(owned))
+}
+
+impl Wire {
+    fn send(&mut self, request: &str) -> Result<(), Failed> {
+        let mut line = Vec::with_capacity(request.len() + 1);
+        line.extend_from_slice(request.as_bytes());
+        line.push(b'\n');
+        self.write(&line)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), Failed> {
+        self.stream.io().write_all(bytes).map_err(|e| Failed::said(format!("cannot write to the PMI server: {e}")))
+    }
+
+    /// The next line from the server, without its newline.
+    fn line(&mut self) -> Result<String, Failed> {
+        loop {
+            if let Some(at) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=at).take(at).collect();
+                return String::from_utf8(line)
+                    .map(|l| l.trim_end_matches('\r').to_string())
+                    .map_err(|_| Failed::said("the PMI server sent a line that is not UTF-8".into()));
+            }
+            if self.buf.len() > LINE_MAX {
+                return Err(Failed::said(format!("the PMI server sent more than {LINE_MAX} bytes without a newline")));
+            }
+            let mut chunk = [0u8; 8192];
+            let n = match self.stream.io().read(&mut chunk) {
+                Ok(0) => return Err(Failed::said("the PMI server closed the connection".into())),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Failed::said(format!("cannot read from the PMI server: {e}"))),
+            };
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The next reply line, which must answer with `cmd=<answer>`.
+    fn reply(&mut self, answer: &str) -> Result<String, Failed> {
+        let line = self.line()?;
+        let cmd = parsed(&line)?.cmd();
+        if cmd != answer {
+            return Err(Failed::said(format!(
+                "the PMI server answered with {} where cmd={answer} was due",
+                quote(&line)
+            )));
+        }
+        Ok(line)
+    }
+
+    fn call(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
+        self.send(request)?;
+        self.reply(answer)
+    }
+
+    /// A request that must succeed: its reply line.
+    fn call_ok(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
+        let line = self.call(request, answer)?;
+        let reply = parsed(&line)?;
+        if reply.rc() != 0 {
+            return Err(Failed::said(format!("the PMI server failed '{}': {}", first_word(request), reply.quoted())));
+        }
+        Ok(line)
+    }
+
+    fn field(&mut self, request: &str, answer: &str, key: &str) -> Result<String, Failed> {
+        let line = self.call_ok(request, answer)?;
+        parsed(&line)?.field(key).map(str::to_string).map_err(Failed::said)
+    }
+
+    fn int(&mut self, request: &str, answer: &str, key: &str) -> Result<i64, Failed> {
+        let line = self.call_ok(request, answer)?;
+        parsed(&line)?.int(key).map_err(Failed::said)
+    }
+
+    /// `init`, asking for PMI 1.2 where the launcher says its server answers it (rpmi's hosts set
+    /// `RPMI_PMI_SUBVERSION`), else 1.1, which every server takes (Hydra ends a job whose client asks for
+    /// more, Slurm's `--mpi=pmi2` refuses it): whether group barriers are served.
+    fn init(&mut self) -> Result<bool, Failed> {
+        let sub = if env_int("RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { 2 } else { 1 };
+        let line = self.call_ok(&format!("cmd=init pmi_version=1 pmi_subversion={sub}"), "response_to_init")?;
+        let reply = parsed(&line)?;
+        match (reply.get("pmi_version"), reply.get("pmi_subversion")) {
+            (Some("1"), Some(sub)) => Ok(sub.parse::<u32>().is_ok_and(|s| s >= 2)),
+            (None, None) => Ok(false),
+            _ => Err(Failed::said(format!("the PMI server answered init with {}", reply.quoted()))),
+        }
+    }
+
+    fn maxes(&mut self) -> Result<Maxes, Failed> {
+        let line = self.call_ok("cmd=get_maxes", "maxes")?;
+        let reply = parsed(&line)?;
+        let max = |key: &str| -> Result<usize, Failed> {
+            let n = reply.int(key).map_err(Failed::said)?;
+            usize::try_from(n)
+                .ok()
+                .filter(|&n| n > 1 && n <= LINE_MAX / 2)
+                .ok_or_else(|| Failed::said(format!("the PMI server advertises {key}={n}")))
+        };
+        Ok(Maxes { kvsname: max("kvsname_max")?, key: max("keylen_max")?, value: max("vallen_max")? })
+    }
+
+    /// Hydra's port start-up: the id the launcher gave, answered with the rank and the size.
+    fn initack(&mut self, id: i64) -> Result<(Option<i64>, Option<i64>), Failed> {
+        self.call_ok(&format!("cmd=initack pmiid={id}"), "initack")?;
+        let (mut rank, mut size) = (None, None);
+        for _ in 0..3 {
+            let line = self.reply("set")?;
+            let reply = parsed(&line)?;
+            if let Some(n) = reply.get("size") {
+                size = n.parse().ok();
+            }
+            if let Some(n) = reply.get("rank") {
+                rank = n.parse().ok();
+            }
+        }
+        Ok((rank, size))
+    }
+}
+
+/// A line the server sent, read.
+fn parsed(line: &str) -> Result<Reply<'_>, Failed> {
+    Reply::parse(line).map_err(|e| Failed::said(format!("the PMI server sent a {e}")))
+}
+
+fn first_word(request: &str) -> &str {
+    request.split(' ').next().unwrap_or(request)
+}

@@ -1,0 +1,188 @@
+/* Calls every function of the PMI-1 API (pmi.h, libpmi.so.0) the way a runtime does at start-up, and each
+ * with the wrong arguments RFC 13 lists, checking every return code. Prints one line per rank:
+ *   rank R of S: ok clique=N groups=G
+ * and exits non-zero, naming the check, at the first one that fails.
+ *
+ *   pmi_api [alone | abort]   alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...) */
+#include <pmi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int rank = -1;
+
+#define CHECK(call, want)                                                                                   \
+    do {                                                                                                    \
+        int rc_ = (call);                                                                                   \
+        if (rc_ != (want)) {                                                                                \
+            fprintf(stderr, "rank %d: %s returned %d, not %d (line %d)\n", rank, #call, rc_, (want), __LINE__); \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+#define EXPECT(cond)                                                                                        \
+    do {                                                                                                    \
+        if (!(cond)) {                                                                                      \
+            fprintf(stderr, "rank %d: %s does not hold (line %d)\n", rank, #cond, __LINE__);                \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+int main(int argc, char **argv)
+{
+    int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
+    int abort_test = argc > 1 && strcmp(argv[1], "abort") == 0;
+    int initialized = -1, spawned = -1, size = 0, universe = 0, appnum = -1;
+    int name_max = 0, key_max = 0, val_max = 0, id_max = 0;
+
+    /* Before PMI_Init. */
+    CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
+    EXPECT(initialized == 0);
+    CHECK(PMI_Initialized(NULL), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Get_size(&size), PMI_ERR_INIT);
+    CHECK(PMI_Barrier(), PMI_ERR_INIT);
+    CHECK(PMI_Init(NULL), PMI_ERR_INVALID_ARG);
+
+    CHECK(PMI_Init(&spawned), PMI_SUCCESS);
+    EXPECT(spawned == 0);
+    CHECK(PMI_Init(&spawned), PMI_SUCCESS); /* a second init is harmless */
+    CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
+    EXPECT(initialized == 1);
+
+    CHECK(PMI_Get_rank(&rank), PMI_SUCCESS);
+    CHECK(PMI_Get_size(&size), PMI_SUCCESS);
+    CHECK(PMI_Get_universe_size(&universe), PMI_SUCCESS);
+    CHECK(PMI_Get_appnum(&appnum), PMI_SUCCESS);
+    /* -1: the server does not know (Hydra's answer). */
+    EXPECT(size >= 1 && rank >= 0 && rank < size && (universe >= size || universe == -1) && appnum == 0);
+    if (alone)
+        EXPECT(size == 1 && rank == 0);
+    CHECK(PMI_Get_rank(NULL), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Get_size(NULL), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Get_universe_size(NULL), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Get_appnum(NULL), PMI_ERR_INVALID_ARG);
+
+    CHECK(PMI_KVS_Get_name_length_max(&name_max), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get_key_length_max(&key_max), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get_value_length_max(&val_max), PMI_SUCCESS);
+    CHECK(PMI_Get_id_length_max(&id_max), PMI_SUCCESS);
+    EXPECT(name_max > 16 && key_max > 16 && val_max > 64 && id_max == name_max);
+    CHECK(PMI_KVS_Get_value_length_max(NULL), PMI_ERR_INVALID_ARG);
+
+    char *kvsname = malloc(name_max), *id = malloc(id_max), *domain = malloc(name_max);
+    char *value = malloc(val_max), key[64];
+    CHECK(PMI_KVS_Get_my_name(kvsname, name_max), PMI_SUCCESS);
+    CHECK(PMI_Get_id(id, id_max), PMI_SUCCESS);
+    CHECK(PMI_Get_kvs_domain_id(domain, name_max), PMI_SUCCESS);
+    EXPECT(strlen(kvsname) > 0 && strcmp(kvsname, id) == 0 && strcmp(kvsname, domain) == 0);
+    CHECK(PMI_KVS_Get_my_name(NULL, name_max), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_KVS_Get_my_name(kvsname, -1), PMI_ERR_INVALID_LENGTH);
+    CHECK(PMI_KVS_Get_my_name(key, 1), PMI_ERR_INVALID_LENGTH);
+
+    if (abort_test && rank == 1)
+        PMI_Abort(7, "pmi_api: rank 1 aborts on purpose");
+
+    /* The exchange: each rank puts a value, all meet, each reads every rank's (no spaces in values: Hydra cuts them). */
+    snprintf(key, sizeof key, "key%d", rank);
+    snprintf(value, val_max, "value-of-rank-%d:%d", rank, rank * 7);
+    CHECK(PMI_KVS_Put(kvsname, key, value), PMI_SUCCESS);
+    CHECK(PMI_KVS_Put("another_kvs", key, value), PMI_ERR_INVALID_KVS);
+    CHECK(PMI_KVS_Put(kvsname, "a=b", value), PMI_ERR_INVALID_KEY);
+    CHECK(PMI_KVS_Put(kvsname, NULL, value), PMI_ERR_INVALID_KEY);
+    CHECK(PMI_KVS_Put(kvsname, key, "two\nlines"), PMI_ERR_INVALID_VAL);
+    CHECK(PMI_KVS_Put(kvsname, key, NULL), PMI_ERR_INVALID_VAL);
+    CHECK(PMI_KVS_Commit(kvsname), PMI_SUCCESS);
+    CHECK(PMI_KVS_Commit(NULL), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    for (int r = 0; r < size; r++) {
+        char want[128];
+        snprintf(key, sizeof key, "key%d", r);
+        snprintf(want, sizeof want, "value-of-rank-%d:%d", r, r * 7);
+        CHECK(PMI_KVS_Get(kvsname, key, value, val_max), PMI_SUCCESS);
+        if (strcmp(value, want) != 0) {
+            fprintf(stderr, "rank %d: %s is '%s', not '%s'\n", rank, key, value, want);
+            return 1;
+        }
+    }
+    CHECK(PMI_KVS_Get(kvsname, "key0", value, 3), PMI_ERR_INVALID_LENGTH);
+    CHECK(PMI_KVS_Get(kvsname, "no_such_key", value, val_max), PMI_FAIL);
+    CHECK(PMI_KVS_Get("another_kvs", "key0", value, val_max), PMI_ERR_INVALID_KVS);
+    CHECK(PMI_KVS_Get(kvsname, "key0", NULL, val_max), PMI_ERR_INVALID_VAL);
+
+    /* Who shares this node. */
+    int clique = 0, in_clique = 0;
+    CHECK(PMI_Get_clique_size(&clique), PMI_SUCCESS);
+    EXPECT(clique >= 1 && clique <= size);
+    int *ranks = malloc(sizeof(int) * clique);
+    CHECK(PMI_Get_clique_ranks(ranks, clique), PMI_SUCCESS);
+    for (int i = 0; i < clique; i++)
+        in_clique |= ranks[i] == rank;
+    EXPECT(in_clique);
+    if (clique > 1)
+        CHECK(PMI_Get_clique_ranks(ranks, clique - 1), PMI_ERR_INVALID_LENGTH);
+    CHECK(PMI_Get_clique_ranks(NULL, clique), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Get_clique_size(NULL), PMI_ERR_INVALID_ARG);
+
+    /* PMI 1.2's group barrier over every rank, where the server serves it. */
+    int *all = malloc(sizeof(int) * size);
+    for (int r = 0; r < size; r++)
+        all[r] = size - 1 - r;
+    int groups = PMI_Barrier_group(all, size, "pmi_api") == PMI_SUCCESS;
+    CHECK(PMI_Barrier_group(NULL, size, "x"), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Barrier_group(all, 0, "x"), PMI_ERR_INVALID_ARG);
+    all[0] = size;
+    CHECK(PMI_Barrier_group(all, size, "x"), PMI_ERR_INVALID_ARG);
+
+    /* Names: rank 0 publishes, every rank finds it, rank 0 takes it back. A job of one has no name service. */
+    char port[256];
+    if (alone) {
+        CHECK(PMI_Publish_name("pmi_api_service", "port-0"), PMI_FAIL);
+        CHECK(PMI_Lookup_name("pmi_api_service", port), PMI_FAIL);
+    } else {
+        if (rank == 0)
+            CHECK(PMI_Publish_name("pmi_api_service", "port-0"), PMI_SUCCESS);
+        CHECK(PMI_Barrier(), PMI_SUCCESS);
+        CHECK(PMI_Lookup_name("pmi_api_service", port), PMI_SUCCESS);
+        EXPECT(strcmp(port, "port-0") == 0);
+        CHECK(PMI_Barrier(), PMI_SUCCESS);
+        if (rank == 0)
+            CHECK(PMI_Unpublish_name("pmi_api_service"), PMI_SUCCESS);
+        CHECK(PMI_Barrier(), PMI_SUCCESS);
+        CHECK(PMI_Lookup_name("pmi_api_service", port), PMI_FAIL);
+    }
+    CHECK(PMI_Publish_name(NULL, "p"), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Publish_name("s p", "p"), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Lookup_name("s", NULL), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Unpublish_name(NULL), PMI_ERR_INVALID_ARG);
+
+    /* A spawn with wrong arguments fails before reaching the server. */
+    const char *cmds[1] = {"true"};
+    int maxprocs[1] = {1}, errors[1];
+    CHECK(PMI_Spawn_multiple(0, cmds, NULL, maxprocs, NULL, NULL, 0, NULL, errors), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Spawn_multiple(1, NULL, NULL, maxprocs, NULL, NULL, 0, NULL, errors), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Spawn_multiple(1, cmds, NULL, maxprocs, NULL, NULL, 1, NULL, errors), PMI_ERR_INVALID_ARG);
+
+    /* What RFC 13 leaves optional and the wire cannot serve. */
+    PMI_keyval_t *kv = NULL;
+    int n = 0, parsed = 0;
+    CHECK(PMI_KVS_Create(key, sizeof key), PMI_FAIL);
+    CHECK(PMI_KVS_Create(NULL, sizeof key), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_KVS_Destroy(kvsname), PMI_FAIL);
+    CHECK(PMI_KVS_Iter_first(kvsname, key, sizeof key, value, val_max), PMI_FAIL);
+    CHECK(PMI_KVS_Iter_next(kvsname, key, sizeof key, value, val_max), PMI_FAIL);
+    CHECK(PMI_KVS_Iter_next(NULL, key, sizeof key, value, val_max), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Parse_option(argc, argv, &parsed, &kv, &n), PMI_FAIL);
+    CHECK(PMI_Args_to_keyval(&argc, (char *(*)[])&argv, &kv, &n), PMI_FAIL);
+    CHECK(PMI_Free_keyvals(kv, 0), PMI_ERR_INVALID_ARG);
+    CHECK(PMI_Get_options(NULL, &n), PMI_ERR_INVALID_ARG);
+
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    printf("rank %d of %d: ok clique=%d groups=%d\n", rank, size, clique, groups);
+    fflush(stdout);
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
+    EXPECT(initialized == 0);
+    CHECK(PMI_Barrier(), PMI_ERR_INIT);
+    CHECK(PMI_Init(&spawned), PMI_FAIL);
+    return 0;
+}
