@@ -237,6 +237,8 @@ case $cmd in
     version=$2
     root=$(ensure_chroot "$version")
     build_plugin "$version" >/dev/null
+    # libpmi.so, which tests/slurm.rs runs a program through, beside the test binary (a test build makes none).
+    CARGO_TARGET_DIR=$repo/target/slurm-$version cargo build --locked --release -p rpmi-libpmi >&2
     # The test binary, built against the same headers; its path from cargo's own report.
     tests=$(SLURM_INCLUDE_DIR=${root%/}/usr/include CARGO_TARGET_DIR=$repo/target/slurm-$version \
       cargo test --locked --release --features slurm --test slurm --no-run --message-format=json |

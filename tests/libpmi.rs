@@ -1,72 +1,14 @@
 //! `libpmi.so.0` (crates/libpmi): a C program that calls every function of the PMI-1 API, linked against
 //! the library, under rpmi-run (one node and several), under MPICH's Hydra (a foreign PMI-1 server), and with
 //! no launcher at all (a job of one). The Slurm cases are in tests/slurm.rs.
-//!
-//! The library is the one `cargo build` made beside this test (`target/<profile>/libpmi.so`); the program
-//! finds it as `libpmi.so.0` through a directory of its own on its run path, so that a system's Slurm
-//! `libpmi.so.0` is never taken instead.
+//! How the program finds the library is in `support::libpmi`.
 
 mod support;
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use support::{compile_with, rpmi_run, run, Done};
-
-/// `tests/programs/pmi_api.c`, built against this tree's `libpmi.so.0` in a temporary directory.
-struct Program {
-    _dir: tempdir::Dir,
-    path: PathBuf,
-}
-
-mod tempdir {
-    use std::path::{Path, PathBuf};
-
-    /// A directory removed when dropped.
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new(what: &str) -> Dir {
-            let path = std::env::temp_dir().join(format!("rpmi-{what}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).unwrap();
-            Dir(path)
-        }
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-/// The library `cargo build` made in this test's profile directory.
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile.join("libpmi.so");
-    assert!(lib.exists(), "{} is missing: `cargo build` (the workspace) makes it before the tests", lib.display());
-    lib
-}
-
-fn program() -> Program {
-    let dir = tempdir::Dir::new(&format!("libpmi-{:?}", std::thread::current().id()).replace(['(', ')'], ""));
-    let lib = library();
-    std::os::unix::fs::symlink(&lib, dir.path().join("libpmi.so.0")).unwrap();
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/libpmi/include");
-    let (i, l, rpath) = (
-        format!("-I{}", include.display()),
-        format!("-L{}", lib.parent().unwrap().display()),
-        format!("-Wl,-rpath,{}", dir.path().display()),
-    );
-    let args = [OsStr::new(&i), OsStr::new(&l), OsStr::new("-lpmi"), OsStr::new(&rpath)];
-    let path = compile_with("cc", "pmi_api", dir.path(), &args);
-    Program { _dir: dir, path }
-}
+use support::libpmi::{library_dir, program};
+use support::{impi, rpmi_run, run, start_in, start_with_env, Done, GUARD, RUN};
 
 /// Every rank printed its line and the job succeeded; the lines' `groups=` values.
 fn ranks_ok(done: &Done, size: usize) -> Vec<String> {
@@ -101,7 +43,7 @@ fn a_program_without_a_launcher_is_a_job_of_one() {
     for var in ["PMI_FD", "PMI_PORT", "PMI_RANK", "PMI_SIZE", "PMI_ID", "RPMI_PMI_SUBVERSION"] {
         cmd.env_remove(var);
     }
-    let done = support::start_in(cmd, &[] as &[&str], &[]).wait(support::GUARD);
+    let done = start_in(cmd, &[] as &[&str], &[]).wait(GUARD);
     assert_eq!(ranks_ok(&done, 1), ["groups=1"]);
 }
 
@@ -123,4 +65,32 @@ fn every_call_under_hydra() {
     let p = program();
     let done = run("mpiexec.hydra", &["-n", "4", p.path.to_str().unwrap()]);
     assert!(ranks_ok(&done, 4).iter().all(|g| g == "groups=0"), "{}", done.dump());
+}
+
+/// Intel MPI loads the library by `I_MPI_PMI_LIBRARY` and speaks PMI-1 through it (`I_MPI_PMI=pmi1`): IMB's
+/// start-up and Allreduce under rpmi-run, and with no launcher at all, where Slurm's and Flux's libraries
+/// make it fail.
+#[test]
+fn intel_mpi_through_libpmi_under_rpmi_run_and_alone() {
+    let intel = impi::intel_mpi();
+    let dir = library_dir();
+    let lib = dir.path().join("libpmi.so.0");
+    let env = intel.env(Some((&lib, "pmi1")));
+    let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let mut args: Vec<String> = ["-n", "4", "--trace"].map(String::from).to_vec();
+    args.extend(intel.imb(4));
+    let done = start_with_env(RUN, &args, &env).wait(GUARD);
+    done.assert_success("IMB-MPI1 through libpmi.so.0");
+    assert!(impi::imb_ran(&done.stdout, 4), "{}", done.dump());
+    // It was this library that spoke: it asks rpmi for PMI 1.2, as Intel MPI's own client does not.
+    assert!(done.stderr.contains("C: cmd=init pmi_version=1 pmi_subversion=2"), "{}", done.dump());
+
+    let imb = intel.imb(1);
+    let mut alone = Command::new(&imb[0]);
+    for var in ["PMI_FD", "PMI_PORT", "PMI_RANK", "PMI_SIZE", "PMI_ID", "RPMI_PMI_SUBVERSION"] {
+        alone.env_remove(var);
+    }
+    let done = start_in(alone, &imb[1..], &env).wait(GUARD);
+    done.assert_success("IMB-MPI1 with no launcher");
+    assert!(impi::imb_ran(&done.stdout, 1), "{}", done.dump());
 }

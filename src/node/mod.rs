@@ -242,11 +242,11 @@ impl<H: NodeHost> NodeRuntime<H> {
             EnvVar::new("PMI_RANK", rank.to_string()),
             EnvVar::new("PMI_SIZE", self.size.to_string()),
             EnvVar::new("PMI_JOBID", self.job.job_id.clone()),
-            EnvVar::new("RPMI_PMI_SUBVERSION", self.subversion.to_string()),
         ]);
         if self.spawned {
             vars.push(EnvVar::new("PMI_SPAWNED", "1".into()));
         }
+        vars.push(EnvVar::new("RPMI_PMI_SUBVERSION", self.subversion.to_string()));
         vars
     }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod impi;
+pub mod libpmi;
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -30,19 +31,12 @@ pub const INSTALL_HINT: &str = "install MPICH with `docker/install-deps.sh` (as 
 
 /// Builds `tests/programs/NAME.c` into `dir` with `compiler`.
 pub fn compile(compiler: &str, name: &str, dir: &Path) -> PathBuf {
-    compile_with(compiler, name, dir, &[])
-}
-
-/// Builds `tests/programs/NAME.c` into `dir` with `compiler`, `extra` after the source (include and library
-/// options).
-pub fn compile_with(compiler: &str, name: &str, dir: &Path, extra: &[&OsStr]) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
     let out_path = dir.join(name);
     let out = Command::new(compiler)
         .args(["-O1", "-Wall", "-Wextra", "-o"])
         .arg(&out_path)
         .arg(&source)
-        .args(extra)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {compiler} ({e}): {INSTALL_HINT}"));
     assert!(

@@ -243,15 +243,21 @@ impl Session {
     }
 
     /// A name service request (`publish_name`, `unpublish_name`, `lookup_name`): the `port=` of a lookup.
+    /// Servers say a name failed with `rc`, or with MPICH's older `info=fail` and no `rc` (Slurm's
+    /// `--mpi=pmi2`), and a lookup that found nothing with no port at all.
     pub fn name(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
         match &mut self.server {
             Server::Wire(w) => {
                 let line = w.call(request, answer)?;
                 let reply = parsed(&line)?;
-                if reply.rc() != 0 {
+                if reply.rc() != 0 || reply.get("info").is_some_and(|i| i != "ok") {
                     return Err(Failed::quiet());
                 }
-                Ok(reply.get("port").unwrap_or_default().to_string())
+                let port = reply.get("port").unwrap_or_default();
+                if answer == "lookup_result" && port.is_empty() {
+                    return Err(Failed::quiet());
+                }
+                Ok(port.to_string())
             }
             // A job of one publishes for nobody.
             Server::Alone(_) => Err(Failed::quiet()),
