@@ -137,9 +137,20 @@ expect '^rank=0 size=2 '
 expect '^rank=1 size=2 '
 step "rpmi-run -n 4 --nodes 2 mpi_pairs" timeout 120 rpmi-run -n 4 --nodes 2 "$work/mpi_pairs"
 expect "$pairs4"
+# libpmi.so.0: tests/programs/pmi_api.c built with pkg-config's flags finds the package's library (not Slurm's
+# libpmi0, installed beside it) and passes every call under the installed rpmi-run and with no launcher.
+pmilib=$(dpkg -L rpmi | grep '/rpmi/libpmi\.so\.0$') || die "rpmi has no libpmi.so.0"
+# shellcheck disable=SC2046  # pkg-config's words are separate arguments
+step "cc tests/programs/pmi_api.c \$(pkg-config --cflags --libs rpmi-pmi)" cc -Wall -Wextra -Werror -O2 \
+  $(pkg-config --cflags rpmi-pmi) tests/programs/pmi_api.c -o "$work/pmi_api" $(pkg-config --libs rpmi-pmi)
+ldd "$work/pmi_api" | grep -qF "$pmilib" || die "pmi_api does not load $pmilib: $(ldd "$work/pmi_api")"
+step "rpmi-run -n 4 --nodes 2 pmi_api" timeout 120 rpmi-run -n 4 --nodes 2 "$work/pmi_api"
+expect '^rank 3 of 4: ok clique=2 groups=1$'
+step "pmi_api alone" env -u PMI_FD -u PMI_RANK -u PMI_SIZE "$work/pmi_api" alone
+expect '^rank 0 of 1: ok clique=1 groups=1$'
 
 step "dpkg --purge rpmi-slurm rpmi" dpkg --purge rpmi-slurm rpmi
-[[ ! -e $plugin && ! -e $lib ]] || die "$plugin or $lib is left after the purge"
+[[ ! -e $plugin && ! -e $lib && ! -e $pmilib ]] || die "$plugin, $lib or $pmilib is left after the purge"
 for f in /usr/share/man/man1/rpmi-run.1.gz /usr/share/man/man7/rpmi-options.7.gz /usr/share/doc/rpmi \
   /usr/share/doc/rpmi-slurm; do
   [[ ! -e $f ]] || die "$f is left after the purge"

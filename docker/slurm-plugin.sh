@@ -265,6 +265,7 @@ case $cmd in
     build_plugin "$version" >/dev/null
     plugin_deb=$(package_plugin "$version" "$debs")
     # The developers' package as the README makes it: its manual pages first (package_plugin made them).
+    CARGO_TARGET_DIR=$repo/target/package cargo build --locked --release -p rpmi-libpmi >&2
     dev_deb=$(CARGO_TARGET_DIR=$repo/target/package cargo deb --locked --output "$debs" | tail -1)
     [[ -f $dev_deb ]] || die "cargo deb did not say where it put the developers' package"
     suite=$(suite_of "$version")
