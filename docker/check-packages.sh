@@ -143,7 +143,8 @@ pmilib=$(dpkg -L rpmi | grep '/rpmi/libpmi\.so\.0$') || die "rpmi has no libpmi.
 # shellcheck disable=SC2046  # pkg-config's words are separate arguments
 step "cc tests/programs/pmi_api.c \$(pkg-config --cflags --libs rpmi-pmi)" cc -Wall -Wextra -Werror -O2 \
   $(pkg-config --cflags rpmi-pmi) tests/programs/pmi_api.c -o "$work/pmi_api" $(pkg-config --libs rpmi-pmi)
-ldd "$work/pmi_api" | grep -qF "$pmilib" || die "pmi_api does not load $pmilib: $(ldd "$work/pmi_api")"
+loaded=$(ldd "$work/pmi_api" | awk '$1 == "libpmi.so.0" { print $3 }')
+[[ $(readlink -f "$loaded") == "$(readlink -f "$pmilib")" ]] || die "pmi_api loads ${loaded:-no libpmi.so.0}, not $pmilib"
 step "rpmi-run -n 4 --nodes 2 pmi_api" timeout 120 rpmi-run -n 4 --nodes 2 "$work/pmi_api"
 expect '^rank 3 of 4: ok clique=2 groups=1$'
 step "pmi_api alone" env -u PMI_FD -u PMI_RANK -u PMI_SIZE "$work/pmi_api" alone

@@ -594,31 +594,27 @@ pub unsafe extern "C" fn PMI_KVS_Destroy(kvsname: *const c_char) -> c_int {
     unserved("PMI_KVS_Destroy", !kvsname.is_null())
 }
 
-/// # Safety
-/// Pointers as RFC 13 describes.
-#[no_mangle]
-pub unsafe extern "C" fn PMI_KVS_Iter_first(
-    kvsname: *const c_char,
-    key: *mut c_char,
-    key_len: c_int,
-    val: *mut c_char,
-    val_len: c_int,
-) -> c_int {
-    unserved("PMI_KVS_Iter_first", !kvsname.is_null() && !key.is_null() && !val.is_null() && key_len > 0 && val_len > 0)
+/// `PMI_KVS_Iter_first` and `PMI_KVS_Iter_next`: one signature, neither served.
+macro_rules! kvs_iter {
+    ($name:ident) => {
+        /// # Safety
+        /// Pointers as RFC 13 describes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            kvsname: *const c_char,
+            key: *mut c_char,
+            key_len: c_int,
+            val: *mut c_char,
+            val_len: c_int,
+        ) -> c_int {
+            let ok = !kvsname.is_null() && !key.is_null() && !val.is_null() && key_len > 0 && val_len > 0;
+            unserved(stringify!($name), ok)
+        }
+    };
 }
 
-/// # Safety
-/// Pointers as RFC 13 describes.
-#[no_mangle]
-pub unsafe extern "C" fn PMI_KVS_Iter_next(
-    kvsname: *const c_char,
-    key: *mut c_char,
-    key_len: c_int,
-    val: *mut c_char,
-    val_len: c_int,
-) -> c_int {
-    unserved("PMI_KVS_Iter_next", !kvsname.is_null() && !key.is_null() && !val.is_null() && key_len > 0 && val_len > 0)
-}
+kvs_iter!(PMI_KVS_Iter_first);
+kvs_iter!(PMI_KVS_Iter_next);
 
 /// # Safety
 /// Pointers as RFC 13 describes.
