@@ -142,7 +142,7 @@ expect "$pairs4"
 pmilib=$(dpkg -L rpmi | grep '/rpmi/libpmi\.so\.0$') || die "rpmi has no libpmi.so.0"
 # shellcheck disable=SC2046  # pkg-config's words are separate arguments
 step "cc tests/programs/pmi_api.c \$(pkg-config --cflags --libs rpmi-pmi)" cc -Wall -Wextra -Werror -O2 \
-  $(pkg-config --cflags rpmi-pmi) tests/programs/pmi_api.c -o "$work/pmi_api" $(pkg-config --libs rpmi-pmi)
+  $(pkg-config --cflags rpmi-pmi) tests/programs/pmi_api.c -o "$work/pmi_api" $(pkg-config --libs rpmi-pmi) -pthread
 loaded=$(ldd "$work/pmi_api" | awk '$1 == "libpmi.so.0" { print $3 }')
 [[ $(readlink -f "$loaded") == "$(readlink -f "$pmilib")" ]] || die "pmi_api loads ${loaded:-no libpmi.so.0}, not $pmilib"
 step "rpmi-run -n 4 --nodes 2 pmi_api" timeout 120 rpmi-run -n 4 --nodes 2 "$work/pmi_api"

@@ -1,10 +1,12 @@
 /* Calls every function of the PMI-1 API (pmi.h, libpmi.so.0) the way a runtime does at start-up, and each
  * with the wrong arguments RFC 13 lists, checking every return code. Prints one line per rank:
  *   rank R of S: ok clique=N groups=G
+ * Four threads read the exchange at once.
  * and exits non-zero, naming the check, at the first one that fails.
  *
  *   pmi_api [alone | abort]   alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...) */
 #include <pmi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,12 +30,34 @@ static int rank = -1;
         }                                                                                                   \
     } while (0)
 
+static char *kvsname;
+static int size, val_max;
+
+/* Several threads reading the exchange at once, as an MPI_THREAD_MULTIPLE runtime may: the library serves
+ * them one at a time, each its own answer. */
+static void *reader(void *arg)
+{
+    long id = (long)arg;
+    char key[64], want[128], *value = malloc(val_max);
+    for (int i = 0; i < 200; i++) {
+        int r = (int)((id * 7 + i) % size);
+        snprintf(key, sizeof key, "key%d", r);
+        snprintf(want, sizeof want, "value-of-rank-%d:%d", r, r * 7);
+        if (PMI_KVS_Get(kvsname, key, value, val_max) != PMI_SUCCESS || strcmp(value, want) != 0) {
+            fprintf(stderr, "rank %d: thread %ld read '%s' for %s\n", rank, id, value, key);
+            exit(1);
+        }
+    }
+    free(value);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
     int abort_test = argc > 1 && strcmp(argv[1], "abort") == 0;
-    int initialized = -1, spawned = -1, size = 0, universe = 0, appnum = -1;
-    int name_max = 0, key_max = 0, val_max = 0, id_max = 0;
+    int initialized = -1, spawned = -1, universe = 0, appnum = -1;
+    int name_max = 0, key_max = 0, id_max = 0;
 
     /* Before PMI_Init. */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
@@ -70,7 +94,8 @@ int main(int argc, char **argv)
     EXPECT(name_max > 16 && key_max > 16 && val_max > 64 && id_max == name_max);
     CHECK(PMI_KVS_Get_value_length_max(NULL), PMI_ERR_INVALID_ARG);
 
-    char *kvsname = malloc(name_max), *id = malloc(id_max), *domain = malloc(name_max);
+    kvsname = malloc(name_max);
+    char *id = malloc(id_max), *domain = malloc(name_max);
     char *value = malloc(val_max), key[64];
     CHECK(PMI_KVS_Get_my_name(kvsname, name_max), PMI_SUCCESS);
     CHECK(PMI_Get_id(id, id_max), PMI_SUCCESS);
@@ -105,6 +130,11 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    pthread_t threads[4];
+    for (long t = 0; t < 4; t++)
+        EXPECT(pthread_create(&threads[t], NULL, reader, (void *)t) == 0);
+    for (int t = 0; t < 4; t++)
+        pthread_join(threads[t], NULL);
     CHECK(PMI_KVS_Get(kvsname, "key0", value, 3), PMI_ERR_INVALID_LENGTH);
     CHECK(PMI_KVS_Get(kvsname, "no_such_key", value, val_max), PMI_FAIL);
     CHECK(PMI_KVS_Get("another_kvs", "key0", value, val_max), PMI_ERR_INVALID_KVS);

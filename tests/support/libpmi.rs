@@ -67,7 +67,7 @@ pub fn program() -> Program {
         .arg(&source)
         .arg(format!("-I{}", include.display()))
         .arg(format!("-L{}", lib.parent().unwrap().display()))
-        .arg("-lpmi")
+        .args(["-lpmi", "-pthread"])
         .arg(format!("-Wl,-rpath,{}", dir.path().display()))
         .output()
         .expect("cc (build-essential)");
