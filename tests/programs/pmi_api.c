@@ -1,8 +1,7 @@
 /* Calls every function of the PMI-1 API (pmi.h, libpmi.so.0) the way a runtime does at start-up, and each
  * with the wrong arguments RFC 13 lists, checking every return code. Prints one line per rank:
  *   rank R of S: ok clique=N groups=G
- * Four threads read the exchange at once.
- * and exits non-zero, naming the check, at the first one that fails.
+ * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
  *
  *   pmi_api [alone | abort]   alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...) */
 #include <pmi.h>
