@@ -120,7 +120,7 @@ type Indexed = Vec<(u32, Vec<u8>)>;
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
 #[derive(Default)]
-struct Block {
+struct SpawnBlock {
     nprocs: Option<u32>,
     execname: Option<Vec<u8>>,
     totspawns: Option<u32>,
@@ -140,7 +140,7 @@ pub struct SpawnBuilder {
     max_bytes: usize,
     bytes: usize,
     /// The block being read; `None` between blocks (the next line must be `mcmd=spawn`).
-    block: Option<Block>,
+    block: Option<SpawnBlock>,
     totspawns: Option<u32>,
     done: Vec<SpawnCommand>,
 }
@@ -149,7 +149,7 @@ impl SpawnBuilder {
     /// Starts a request whose first `mcmd=spawn` line has just been read. `max_bytes` bounds the lines
     /// of all blocks together.
     pub fn new(max_bytes: usize) -> Self {
-        SpawnBuilder { max_bytes, bytes: 0, block: Some(Block::default()), totspawns: None, done: Vec::new() }
+        SpawnBuilder { max_bytes, bytes: 0, block: Some(SpawnBlock::default()), totspawns: None, done: Vec::new() }
     }
 
     /// Feeds the next line (without its newline).
@@ -162,7 +162,7 @@ impl SpawnBuilder {
         let Some(block) = self.block.as_mut() else {
             return match line {
                 b"mcmd=spawn" => {
-                    self.block = Some(Block::default());
+                    self.block = Some(SpawnBlock::default());
                     Ok(Progress::More)
                 }
                 _ => err("expected mcmd=spawn to start the next block"),
@@ -212,7 +212,7 @@ impl SpawnBuilder {
         Ok(Progress::More)
     }
 
-    fn end_block(&mut self, b: Block) -> Result<Progress, SpawnError> {
+    fn end_block(&mut self, b: SpawnBlock) -> Result<Progress, SpawnError> {
         let totspawns = b.totspawns.unwrap_or(1).max(1);
         if totspawns > MAX_COMMANDS {
             return err(format!("totspawns={totspawns} is over {MAX_COMMANDS}"));
