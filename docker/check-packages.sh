@@ -11,7 +11,9 @@
 # never writes into it), and the next job runs. With MpiDefault=rpmi in slurm.conf, a job runs with it and
 # no --mpi.
 # rpmi (DEV_DEB): tests/c_host/host.c builds and links with `pkg-config --cflags --libs rpmi` and runs an MPICH
-# job over the installed librpmi.so; the installed rpmi-run runs rpmi-probe and an MPICH job.
+# job over the installed librpmi.so; the installed rpmi-run runs rpmi-probe and an MPICH job; the API programs
+# (tests/programs/pmi_api.c, pmi2_api.c) build with `pkg-config rpmi-pmi` and `rpmi-pmi2`, load the package's
+# libpmi.so.0 and libpmi2.so.0 (not Slurm's), and pass under rpmi-run and alone.
 # Both: the manual pages (docs/man, made by docker/man.sh) and the documentation are where each package puts
 # them, the pages roff that names itself (and found by man, where this system has it).
 # Each step's time is said. Both packages are purged at the end (on a failure too) and their files checked gone.
@@ -149,9 +151,21 @@ step "rpmi-run -n 4 --nodes 2 pmi_api" timeout 120 rpmi-run -n 4 --nodes 2 "$wor
 expect '^rank 3 of 4: ok clique=2 groups=1$'
 step "pmi_api alone" env -u PMI_FD -u PMI_RANK -u PMI_SIZE "$work/pmi_api" alone
 expect '^rank 0 of 1: ok clique=1 groups=1$'
+pmi2lib=$(dpkg -L rpmi | grep '/rpmi/libpmi2\.so\.0$') || die "rpmi has no libpmi2.so.0"
+# shellcheck disable=SC2046  # pkg-config's words are separate arguments
+step "cc tests/programs/pmi2_api.c \$(pkg-config --cflags --libs rpmi-pmi2)" cc -Wall -Wextra -Werror -O2 \
+  $(pkg-config --cflags rpmi-pmi2) tests/programs/pmi2_api.c -o "$work/pmi2_api" $(pkg-config --libs rpmi-pmi2) -pthread
+loaded=$(ldd "$work/pmi2_api" | awk '$1 == "libpmi2.so.0" { print $3 }')
+[[ $(readlink -f "$loaded") == "$(readlink -f "$pmi2lib")" ]] || die "pmi2_api loads ${loaded:-no libpmi2.so.0}, not $pmi2lib"
+step "rpmi-run -n 4 --nodes 2 pmi2_api" timeout 120 rpmi-run -n 4 --nodes 2 "$work/pmi2_api"
+expect '^rank 3 of 4: ok$'
+step "pmi2_api alone" env -u PMI_FD -u PMI_RANK -u PMI_SIZE -u PMI_JOBID "$work/pmi2_api" alone
+expect '^rank 0 of 1: ok$'
 
 step "dpkg --purge rpmi-slurm rpmi" dpkg --purge rpmi-slurm rpmi
-[[ ! -e $plugin && ! -e $lib && ! -e $pmilib ]] || die "$plugin, $lib or $pmilib is left after the purge"
+for f in "$plugin" "$lib" "$pmilib" "$pmi2lib"; do
+  [[ ! -e $f ]] || die "$f is left after the purge"
+done
 for f in /usr/share/man/man1/rpmi-run.1.gz /usr/share/man/man7/rpmi-options.7.gz /usr/share/doc/rpmi \
   /usr/share/doc/rpmi-slurm; do
   [[ ! -e $f ]] || die "$f is left after the purge"

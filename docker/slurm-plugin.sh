@@ -237,8 +237,9 @@ case $cmd in
     version=$2
     root=$(ensure_chroot "$version")
     build_plugin "$version" >/dev/null
-    # libpmi.so, which tests/slurm.rs runs a program through, beside the test binary (a test build makes none).
-    CARGO_TARGET_DIR=$repo/target/slurm-$version cargo build --locked --release -p rpmi-libpmi >&2
+    # libpmi.so and libpmi2.so, which tests/slurm.rs runs programs through, beside the test binary (a test
+    # build makes none).
+    CARGO_TARGET_DIR=$repo/target/slurm-$version cargo build --locked --release -p rpmi-libpmi -p rpmi-libpmi2 >&2
     # The test binary, built against the same headers; its path from cargo's own report.
     tests=$(SLURM_INCLUDE_DIR=${root%/}/usr/include CARGO_TARGET_DIR=$repo/target/slurm-$version \
       cargo test --locked --release --features slurm --test slurm --no-run --message-format=json |
@@ -265,7 +266,7 @@ case $cmd in
     build_plugin "$version" >/dev/null
     plugin_deb=$(package_plugin "$version" "$debs")
     # The developers' package as the README makes it: its manual pages first (package_plugin made them).
-    CARGO_TARGET_DIR=$repo/target/package cargo build --locked --release -p rpmi-libpmi >&2
+    CARGO_TARGET_DIR=$repo/target/package cargo build --locked --release -p rpmi-libpmi -p rpmi-libpmi2 >&2
     dev_deb=$(CARGO_TARGET_DIR=$repo/target/package cargo deb --locked --output "$debs" | tail -1)
     [[ -f $dev_deb ]] || die "cargo deb did not say where it put the developers' package"
     suite=$(suite_of "$version")

@@ -1,58 +1,71 @@
-//! `libpmi.so.0` (crates/libpmi): a C program that calls every function of the PMI-1 API, linked against
-//! the library, under rpmi-run (one node and several), under MPICH's Hydra (a foreign PMI-1 server), and with
-//! no launcher at all (a job of one). The Slurm cases are in tests/slurm.rs.
-//! How the program finds the library is in `support::libpmi`.
+//! `libpmi.so.0` and `libpmi2.so.0` (crates/libpmi, crates/libpmi2): C programs that call every function of
+//! the PMI-1 and the PMI-2 API, linked against the libraries, under rpmi-run (one node and several), under
+//! MPICH's Hydra (a foreign PMI-1 server), and with no launcher at all (a job of one); Intel MPI through each.
+//! The Slurm cases are in tests/slurm.rs. How the programs find the libraries is in `support::libpmi`.
 
 mod support;
 
 use std::ffi::OsStr;
 use std::process::Command;
-use support::libpmi::{library_dir, program};
+use support::libpmi::{library_dir, program, Api};
 use support::{impi, rpmi_run, run, start_in, start_with_env, Done, GUARD, RUN};
 
-/// Every rank printed its line and the job succeeded; the lines' `groups=` values.
+/// Every rank printed its line and the job succeeded; what each line says after `ok`.
 fn ranks_ok(done: &Done, size: usize) -> Vec<String> {
-    done.assert_success("pmi_api");
-    let mut lines: Vec<&str> = done.stdout.lines().filter(|l| l.contains(": ok ")).collect();
+    done.assert_success("the API program");
+    let mut lines: Vec<&str> = done.stdout.lines().filter(|l| l.contains(": ok")).collect();
     lines.sort();
     assert_eq!(lines.len(), size, "{}", done.dump());
     for r in 0..size {
         assert!(lines.iter().any(|l| l.starts_with(&format!("rank {r} of {size}: ok"))), "{}", done.dump());
     }
-    lines.iter().map(|l| l.rsplit(' ').next().unwrap_or_default().to_string()).collect()
+    lines.iter().map(|l| l.split_once(": ok").map_or("", |(_, rest)| rest.trim()).to_string()).collect()
 }
 
 #[test]
 fn every_call_under_rpmi_run_on_one_node_and_on_three() {
-    let p = program();
+    let p = program(Api::Pmi1);
     let path = p.path.to_str().unwrap();
     let one = rpmi_run(&["-n", "4", path]);
     // rpmi's server answers PMI 1.2: the group barrier is served.
-    assert!(ranks_ok(&one, 4).iter().all(|g| g == "groups=1"), "{}", one.dump());
-    assert!(one.stdout.lines().filter(|l| l.contains("clique=4")).count() == 4, "{}", one.dump());
+    assert!(ranks_ok(&one, 4).iter().all(|l| l == "clique=4 groups=1"), "{}", one.dump());
     let three = rpmi_run(&["-n", "6", "--nodes", "3", path]);
-    ranks_ok(&three, 6);
-    assert!(three.stdout.lines().filter(|l| l.contains("clique=2")).count() == 6, "{}", three.dump());
+    assert!(ranks_ok(&three, 6).iter().all(|l| l == "clique=2 groups=1"), "{}", three.dump());
+}
+
+#[test]
+fn every_pmi2_call_under_rpmi_run_on_one_node_and_on_three() {
+    let p = program(Api::Pmi2);
+    let path = p.path.to_str().unwrap();
+    ranks_ok(&rpmi_run(&["-n", "4", path]), 4);
+    ranks_ok(&rpmi_run(&["-n", "6", "--nodes", "3", path]), 6);
 }
 
 #[test]
 fn a_program_without_a_launcher_is_a_job_of_one() {
-    let p = program();
-    let mut cmd = Command::new(&p.path);
-    cmd.arg("alone");
-    for var in ["PMI_FD", "PMI_PORT", "PMI_RANK", "PMI_SIZE", "PMI_ID", "RPMI_PMI_SUBVERSION"] {
-        cmd.env_remove(var);
+    for api in [Api::Pmi1, Api::Pmi2] {
+        let p = program(api);
+        let mut cmd = Command::new(&p.path);
+        cmd.arg("alone");
+        for var in ["PMI_FD", "PMI_PORT", "PMI_RANK", "PMI_SIZE", "PMI_ID", "PMI_JOBID", "RPMI_PMI_SUBVERSION"] {
+            cmd.env_remove(var);
+        }
+        let done = start_in(cmd, &[] as &[&str], &[]).wait(GUARD);
+        ranks_ok(&done, 1);
     }
-    let done = start_in(cmd, &[] as &[&str], &[]).wait(GUARD);
-    assert_eq!(ranks_ok(&done, 1), ["groups=1"]);
 }
 
 #[test]
 fn an_abort_ends_the_job_with_its_code_and_message() {
-    let p = program();
+    let p = program(Api::Pmi1);
     let done = rpmi_run(&["-n", "4", p.path.to_str().unwrap(), "abort"]);
     assert_eq!(done.code(), Some(7), "{}", done.dump());
     assert!(done.stderr.contains("pmi_api: rank 1 aborts on purpose"), "{}", done.dump());
+    // PMI2_Abort has no code of its own: the job ends with 1.
+    let p = program(Api::Pmi2);
+    let done = rpmi_run(&["-n", "4", p.path.to_str().unwrap(), "abort"]);
+    assert_eq!(done.code(), Some(1), "{}", done.dump());
+    assert!(done.stderr.contains("pmi2_api: rank 1 aborts on purpose"), "{}", done.dump());
 }
 
 /// MPICH's Hydra serves PMI 1.1 on `PMI_FD`: the library asks it for no more (Hydra ends a job whose client
@@ -62,35 +75,39 @@ fn every_call_under_hydra() {
     if Command::new("mpiexec.hydra").arg("--version").output().is_err() {
         panic!("mpiexec.hydra is missing: {}", support::INSTALL_HINT);
     }
-    let p = program();
+    let p = program(Api::Pmi1);
     let done = run("mpiexec.hydra", &["-n", "4", p.path.to_str().unwrap()]);
-    assert!(ranks_ok(&done, 4).iter().all(|g| g == "groups=0"), "{}", done.dump());
+    assert!(ranks_ok(&done, 4).iter().all(|l| l == "clique=4 groups=0"), "{}", done.dump());
 }
 
-/// Intel MPI loads the library by `I_MPI_PMI_LIBRARY` and speaks PMI-1 through it (`I_MPI_PMI=pmi1`): IMB's
+/// Intel MPI loads a library by `I_MPI_PMI_LIBRARY` and speaks through it (`I_MPI_PMI=pmi1` or `pmi2`): IMB's
 /// start-up and Allreduce under rpmi-run, and with no launcher at all, where Slurm's and Flux's libraries
 /// make it fail.
 #[test]
-fn intel_mpi_through_libpmi_under_rpmi_run_and_alone() {
+fn intel_mpi_through_both_libraries_under_rpmi_run_and_alone() {
     let intel = impi::intel_mpi();
     let dir = library_dir();
-    let lib = dir.path().join("libpmi.so.0");
-    let env = intel.env(Some((&lib, "pmi1")));
-    let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
-    let mut args: Vec<String> = ["-n", "4", "--trace"].map(String::from).to_vec();
-    args.extend(intel.imb(4));
-    let done = start_with_env(RUN, &args, &env).wait(GUARD);
-    done.assert_success("IMB-MPI1 through libpmi.so.0");
-    assert!(impi::imb_ran(&done.stdout, 4), "{}", done.dump());
-    // It was this library that spoke: it asks rpmi for PMI 1.2, as Intel MPI's own client does not.
-    assert!(done.stderr.contains("C: cmd=init pmi_version=1 pmi_subversion=2"), "{}", done.dump());
+    for (api, mode, asks) in
+        [(Api::Pmi1, "pmi1", "C: cmd=init pmi_version=1 pmi_subversion=2"), (Api::Pmi2, "pmi2", "C: cmd=fullinit;")]
+    {
+        let lib = dir.path().join(api.soname());
+        let env = intel.env(Some((&lib, mode)));
+        let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+        let mut args: Vec<String> = ["-n", "4", "--trace"].map(String::from).to_vec();
+        args.extend(intel.imb(4));
+        let done = start_with_env(RUN, &args, &env).wait(GUARD);
+        done.assert_success(&format!("IMB-MPI1 through {}", api.soname()));
+        assert!(impi::imb_ran(&done.stdout, 4), "{}", done.dump());
+        // It was this library that spoke (Intel MPI's own PMI-1 client asks for 1.1).
+        assert!(done.stderr.contains(asks), "{}", done.dump());
 
-    let imb = intel.imb(1);
-    let mut alone = Command::new(&imb[0]);
-    for var in ["PMI_FD", "PMI_PORT", "PMI_RANK", "PMI_SIZE", "PMI_ID", "RPMI_PMI_SUBVERSION"] {
-        alone.env_remove(var);
+        let imb = intel.imb(1);
+        let mut alone = Command::new(&imb[0]);
+        for var in ["PMI_FD", "PMI_PORT", "PMI_RANK", "PMI_SIZE", "PMI_ID", "PMI_JOBID", "RPMI_PMI_SUBVERSION"] {
+            alone.env_remove(var);
+        }
+        let done = start_in(alone, &imb[1..], &env).wait(GUARD);
+        done.assert_success(&format!("IMB-MPI1 through {} with no launcher", api.soname()));
+        assert!(impi::imb_ran(&done.stdout, 1), "{}", done.dump());
     }
-    let done = start_in(alone, &imb[1..], &env).wait(GUARD);
-    done.assert_success("IMB-MPI1 with no launcher");
-    assert!(impi::imb_ran(&done.stdout, 1), "{}", done.dump());
 }

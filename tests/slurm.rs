@@ -1720,38 +1720,43 @@ fn impi_through_slurms_libpmi2() {
     }
 }
 
-/// rpmi's `libpmi.so.0` under srun: every call of the PMI-1 API over `--mpi=rpmi` on three nodes (rpmi's
-/// server answers PMI 1.2, so the group barrier is served), and over Slurm's own `--mpi=pmi2`, whose PMI-1
-/// on `PMI_FD` is 1.1 only and answers names in MPICH's older way (`info=ok`).
+/// rpmi's `libpmi.so.0` and `libpmi2.so.0` under srun: every call of each API over `--mpi=rpmi` on three
+/// nodes (rpmi's server answers PMI 1.2, so the group barrier is served), and over Slurm's own `--mpi=pmi2`,
+/// whose PMI-1 on `PMI_FD` is 1.1 only and answers names in MPICH's older way (`info=ok`).
 #[test]
 fn libpmi_every_call_under_srun() {
     let _s = serial();
-    let program = libpmi::program();
-    let path = program.path.to_str().unwrap();
-    for (mpi, nodes, groups) in [("rpmi", "-N3", "groups=1"), ("pmi2", "-N2", "groups=0")] {
-        let run = Srun::start_with(&marker(&format!("libpmi-{mpi}")), mpi, &[nodes, "-n6", path], &[]).wait();
-        assert_success(&run);
-        let ok: Vec<&str> = run.stdout.lines().filter(|l| l.contains(" of 6: ok ")).collect();
-        assert_eq!(ok.len(), 6, "--mpi={mpi}: {run}");
-        assert!(ok.iter().all(|l| l.ends_with(groups)), "--mpi={mpi}: {run}");
+    for (api, tail_rpmi, tail_pmi2) in [(libpmi::Api::Pmi1, "groups=1", "groups=0"), (libpmi::Api::Pmi2, "ok", "ok")] {
+        let program = libpmi::program(api);
+        let path = program.path.to_str().unwrap();
+        for (mpi, nodes, tail) in [("rpmi", "-N3", tail_rpmi), ("pmi2", "-N2", tail_pmi2)] {
+            let mark = marker(&format!("libpmi-{mpi}"));
+            let run = Srun::start_with(&mark, mpi, &[nodes, "-n6", path], &[]).wait();
+            assert_success(&run);
+            let ok: Vec<&str> = run.stdout.lines().filter(|l| l.contains(" of 6: ok")).collect();
+            assert_eq!(ok.len(), 6, "{api:?} --mpi={mpi}: {run}");
+            assert!(ok.iter().all(|l| l.ends_with(tail)), "{api:?} --mpi={mpi}: {run}");
+        }
     }
 }
 
-/// Intel MPI through rpmi's `libpmi.so.0` (`I_MPI_PMI=pmi1`) under `--mpi=rpmi`, on one node, as
-/// [`impi_through_slurms_libpmi2`] runs it through Slurm's.
+/// Intel MPI through rpmi's `libpmi.so.0` (`I_MPI_PMI=pmi1`) and `libpmi2.so.0` (`pmi2`) under
+/// `--mpi=rpmi`, on one node, as [`impi_through_slurms_libpmi2`] runs it through Slurm's.
 #[test]
 #[ignore = "needs Intel MPI: run by name"]
 fn impi_through_rpmis_libpmi() {
     let _s = serial();
     let intel = impi::intel_mpi();
     let dir = libpmi::library_dir();
-    let env = intel_env(&intel, &dir.path().join("libpmi.so.0"), "pmi1");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let imb = intel.imb(4);
-    let args: Vec<&str> = ["-N1", "-n4"].into_iter().chain(imb.iter().map(String::as_str)).collect();
-    let run = Srun::start_with(&marker("impi-libpmi"), "rpmi", &args, &env).wait();
-    assert_success(&run);
-    assert!(impi::imb_ran(&run.stdout, 4), "{run}");
+    for (api, mode) in [(libpmi::Api::Pmi1, "pmi1"), (libpmi::Api::Pmi2, "pmi2")] {
+        let env = intel_env(&intel, &dir.path().join(api.soname()), mode);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let imb = intel.imb(4);
+        let args: Vec<&str> = ["-N1", "-n4"].into_iter().chain(imb.iter().map(String::as_str)).collect();
+        let run = Srun::start_with(&marker("impi-libpmi"), "rpmi", &args, &env).wait();
+        assert_success(&run);
+        assert!(impi::imb_ran(&run.stdout, 4), "{api:?}: {run}");
+    }
 }
 
 /// Flux's PMI library `name`, where the installed Flux keeps its own.

@@ -27,7 +27,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi::wire::pmi2::{body_len, Answer, Message, Request2, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
+use rpmi::wire::pmi2::{body_len, Writer, Message, Request2, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
 use rpmi::wire::request::parse_int;
 use rpmi::wire::spawn::{MAX_COMMANDS, MAX_ITEMS};
 use rpmi::wire::ParseError;
@@ -326,7 +326,7 @@ fn round_trip(m: &Message<'_>, pairs: &[Pair<'_>], request: &Result<Request2<'_>
         return;
     };
     let mut out = Vec::new();
-    let mut f = Answer::new(&mut out, cmd, None, 0);
+    let mut f = Writer::answer(&mut out, cmd, None, 0);
     for (key, (_, value, _)) in keys.iter().zip(&pairs[1..]) {
         f = f.str(key, value);
     }

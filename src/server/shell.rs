@@ -15,7 +15,7 @@
 use super::host::{Host, HostReply, HostRequest, JobError, OwedAnswers, Service, Speaker, TaskId};
 use super::kvs::{self, EntryBounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
-use crate::wire::pmi2::Answer;
+use crate::wire::pmi2::Writer;
 use crate::wire::response::{rc, Line, MAX_LINE};
 use crate::wire::spawn::Progress;
 use crate::wire::{parse, Request, SpawnBuilder};
@@ -872,7 +872,7 @@ impl Shell {
                 // client gets the line it knows.
                 Wire::V1 if groups => Line::new(out, "barrier_out", code).int("tag", 0).msg(why).finish(),
                 Wire::V1 => Line::new(out, "barrier_out", code).msg(why).finish(),
-                Wire::V2 => Answer::new(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish(),
+                Wire::V2 => Writer::answer(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish(),
             });
         }
     }

@@ -12,19 +12,17 @@
 
 mod session;
 
+use rpmi_client::cabi::{copy_out, guard, is_string, is_word, set, text};
+use rpmi_client::{Failed, ERR_INIT, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM};
+use rpmi_client::{FAIL as PMI_FAIL, SUCCESS as PMI_SUCCESS};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
-use session::{Failed, Session, PMI_ERR_NOMEM, PMI_FAIL, PORT_MAX};
+use session::{Session, PORT_MAX};
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-const PMI_SUCCESS: c_int = 0;
-const PMI_ERR_INIT: c_int = 1;
-const PMI_ERR_INVALID_ARG: c_int = 3;
-const PMI_ERR_INVALID_KEY: c_int = 4;
-const PMI_ERR_INVALID_VAL: c_int = 6;
-const PMI_ERR_INVALID_LENGTH: c_int = 8;
+/// Not in RFC 13's table of codes, though its text returns it from the key-value calls: MPICH's value.
 const PMI_ERR_INVALID_KVS: c_int = 14;
 
 /// The process's session, from `PMI_Init` to `PMI_Finalize`.
@@ -37,19 +35,11 @@ fn session() -> MutexGuard<'static, Option<Session>> {
     SESSION.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs the body of an API call: a panic is `PMI_FAIL`, said on stderr.
-fn guard(name: &str, body: impl FnOnce() -> c_int) -> c_int {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
-        eprintln!("libpmi: {name} failed (an internal error)");
-        PMI_FAIL
-    })
-}
-
 /// Runs `f` on the session, if `PMI_Init` made one; a failure is said on stderr with the rank.
 fn with_session(name: &str, f: impl FnOnce(&mut Session) -> Result<(), Failed>) -> c_int {
-    guard(name, || {
+    guard(&format!("libpmi: {name}"), || {
         let mut s = session();
-        let Some(s) = s.as_mut() else { return PMI_ERR_INIT };
+        let Some(s) = s.as_mut() else { return ERR_INIT };
         match f(s) {
             Ok(()) => PMI_SUCCESS,
             Err(failed) => {
@@ -62,61 +52,13 @@ fn with_session(name: &str, f: impl FnOnce(&mut Session) -> Result<(), Failed>) 
     })
 }
 
-/// A C string argument, as UTF-8; `None` for NULL or bytes that are not UTF-8.
-///
-/// # Safety
-/// `p` is NULL or a NUL-terminated string.
-unsafe fn text<'a>(p: *const c_char) -> Option<&'a str> {
-    // SAFETY: the caller's contract.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().ok()).flatten()
-}
-
-/// A word of the wire (a key, a name, a service): visible characters but `=`, fewer than `max` bytes.
-fn is_word(s: &str, max: usize) -> bool {
-    !s.is_empty() && s.len() < max && s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'=')
-}
-
-/// A string of the wire (a value): no newline, fewer than `max` bytes.
-fn is_string(s: &str, max: usize) -> bool {
-    s.len() < max && !s.bytes().any(|b| b == b'\n' || b == b'\r' || b == 0)
-}
-
-/// Copies `s` and its NUL into the caller's `out[..length]`; `PMI_ERR_NOMEM` if it does not fit.
-///
-/// # Safety
-/// `out` points to at least `length` bytes.
-unsafe fn copy_out(s: &str, out: *mut c_char, length: usize) -> Result<(), Failed> {
-    if s.len() >= length {
-        return Err(Failed { code: PMI_ERR_NOMEM, message: None });
-    }
-    // SAFETY: the caller's contract; s.len() + 1 <= length.
-    unsafe {
-        std::ptr::copy_nonoverlapping(s.as_ptr(), out.cast::<u8>(), s.len());
-        *out.add(s.len()) = 0;
-    }
-    Ok(())
-}
-
-/// Writes `value` into `*out`, if `out` is not NULL.
-///
-/// # Safety
-/// `out` is NULL or points to a writable int.
-unsafe fn set(out: *mut c_int, value: c_int) -> c_int {
-    if out.is_null() {
-        return PMI_ERR_INVALID_ARG;
-    }
-    // SAFETY: the caller's contract.
-    unsafe { *out = value };
-    PMI_SUCCESS
-}
-
 /// Reads one number of the session into `*out`.
 ///
 /// # Safety
 /// `out` is NULL or points to a writable int.
 unsafe fn query(name: &str, out: *mut c_int, what: impl FnOnce(&mut Session) -> Result<c_int, Failed>) -> c_int {
     if out.is_null() {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
     let mut value = 0;
     let rc = with_session(name, |s| what(s).map(|v| value = v));
@@ -132,9 +74,9 @@ unsafe fn query(name: &str, out: *mut c_int, what: impl FnOnce(&mut Session) -> 
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Init(spawned: *mut c_int) -> c_int {
     if spawned.is_null() {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
-    guard("PMI_Init", || {
+    guard("libpmi: PMI_Init", || {
         let mut s = session();
         if s.is_none() && FINALIZED.load(Ordering::SeqCst) {
             eprintln!("libpmi: PMI_Init: PMI_Finalize has been called: the launcher serves one session per process");
@@ -159,7 +101,7 @@ pub unsafe extern "C" fn PMI_Init(spawned: *mut c_int) -> c_int {
 /// `initialized` is NULL or points to a writable int.
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Initialized(initialized: *mut c_int) -> c_int {
-    let is = guard("PMI_Initialized", || session().is_some() as c_int);
+    let is = guard("libpmi: PMI_Initialized", || session().is_some() as c_int);
     // SAFETY: the caller's contract.
     unsafe { set(initialized, is.max(0)) }
 }
@@ -260,12 +202,12 @@ pub unsafe extern "C" fn PMI_Get_clique_size(size: *mut c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Get_clique_ranks(ranks: *mut c_int, length: c_int) -> c_int {
     if ranks.is_null() {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
     with_session("PMI_Get_clique_ranks", |s| {
         let clique = s.clique()?;
         if usize::try_from(length).map_or(true, |l| l < clique.len()) {
-            return Err(Failed { code: PMI_ERR_INVALID_LENGTH, message: None });
+            return Err(Failed::arg(ERR_INVALID_LENGTH));
         }
         for (i, &r) in clique.iter().enumerate() {
             // SAFETY: the caller's contract; i < clique.len() <= length.
@@ -281,12 +223,12 @@ pub unsafe extern "C" fn PMI_Get_clique_ranks(ranks: *mut c_int, length: c_int) 
 /// `out` is NULL or points to `length` writable bytes.
 unsafe fn kvsname_into(name: &str, out: *mut c_char, length: c_int) -> c_int {
     if out.is_null() {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
-    let Ok(length) = usize::try_from(length) else { return PMI_ERR_INVALID_LENGTH };
+    let Ok(length) = usize::try_from(length) else { return ERR_INVALID_LENGTH };
     with_session(name, |s| {
         // SAFETY: the caller's contract.
-        unsafe { copy_out(&s.kvsname, out, length) }.map_err(|_| Failed { code: PMI_ERR_INVALID_LENGTH, message: None })
+        unsafe { copy_out(s.kvsname.as_bytes(), out, length, ERR_INVALID_LENGTH) }
     })
 }
 
@@ -318,7 +260,7 @@ pub unsafe extern "C" fn PMI_Get_kvs_domain_id(id_str: *mut c_char, length: c_in
 fn own_kvs(s: &Session, kvsname: Option<&str>) -> Result<(), Failed> {
     match kvsname {
         Some(k) if k == s.kvsname => Ok(()),
-        _ => Err(Failed { code: PMI_ERR_INVALID_KVS, message: None }),
+        _ => Err(Failed::arg(PMI_ERR_INVALID_KVS)),
     }
 }
 
@@ -330,9 +272,8 @@ pub unsafe extern "C" fn PMI_KVS_Put(kvsname: *const c_char, key: *const c_char,
     let (kvsname, key, value) = unsafe { (text(kvsname), text(key), text(value)) };
     with_session("PMI_KVS_Put", |s| {
         own_kvs(s, kvsname)?;
-        let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed { code: PMI_ERR_INVALID_KEY, message: None })?;
-        let value =
-            value.filter(|v| is_string(v, s.maxes.value)).ok_or(Failed { code: PMI_ERR_INVALID_VAL, message: None })?;
+        let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed::arg(ERR_INVALID_KEY))?;
+        let value = value.filter(|v| is_string(v, s.maxes.value)).ok_or(Failed::arg(ERR_INVALID_VAL))?;
         s.put(key, value)
     })
 }
@@ -345,9 +286,7 @@ pub unsafe extern "C" fn PMI_KVS_Put(kvsname: *const c_char, key: *const c_char,
 pub unsafe extern "C" fn PMI_KVS_Commit(kvsname: *const c_char) -> c_int {
     // SAFETY: the caller's contract.
     let kvsname = unsafe { text(kvsname) };
-    with_session("PMI_KVS_Commit", |s| {
-        own_kvs(s, kvsname).map_err(|_| Failed { code: PMI_ERR_INVALID_ARG, message: None })
-    })
+    with_session("PMI_KVS_Commit", |s| own_kvs(s, kvsname).map_err(|_| Failed::arg(ERR_INVALID_ARG)))
 }
 
 /// # Safety
@@ -363,15 +302,15 @@ pub unsafe extern "C" fn PMI_KVS_Get(
     // SAFETY: the caller's contract.
     let (kvsname, key) = unsafe { (text(kvsname), text(key)) };
     if value.is_null() {
-        return PMI_ERR_INVALID_VAL;
+        return ERR_INVALID_VAL;
     }
-    let Ok(length) = usize::try_from(length) else { return PMI_ERR_INVALID_LENGTH };
+    let Ok(length) = usize::try_from(length) else { return ERR_INVALID_LENGTH };
     with_session("PMI_KVS_Get", |s| {
         own_kvs(s, kvsname)?;
-        let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed { code: PMI_ERR_INVALID_KEY, message: None })?;
+        let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed::arg(ERR_INVALID_KEY))?;
         let got = s.get(key)?;
         // SAFETY: the caller's contract.
-        unsafe { copy_out(&got, value, length) }.map_err(|_| Failed { code: PMI_ERR_INVALID_LENGTH, message: None })
+        unsafe { copy_out(got.as_bytes(), value, length, ERR_INVALID_LENGTH) }
     })
 }
 
@@ -387,9 +326,9 @@ pub extern "C" fn PMI_Barrier() -> c_int {
 /// `group` is NULL or points to `count` ints; `stringtag` is NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, stringtag: *const c_char) -> c_int {
-    let Ok(count) = usize::try_from(count) else { return PMI_ERR_INVALID_ARG };
+    let Ok(count) = usize::try_from(count) else { return ERR_INVALID_ARG };
     if group.is_null() || count == 0 {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
     // SAFETY: the caller's contract.
     let members = unsafe { std::slice::from_raw_parts(group, count) };
@@ -400,13 +339,13 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
         for &r in members {
             match u32::try_from(r) {
                 Ok(r) if r < s.size => ranks.push(r),
-                _ => return Err(Failed { code: PMI_ERR_INVALID_ARG, message: None }),
+                _ => return Err(Failed::arg(ERR_INVALID_ARG)),
             }
         }
         ranks.sort_unstable();
         ranks.dedup();
         if ranks.len() != count || !ranks.contains(&s.rank) {
-            return Err(Failed { code: PMI_ERR_INVALID_ARG, message: None });
+            return Err(Failed::arg(ERR_INVALID_ARG));
         }
         s.barrier_group(&ranks, tag)
     })
@@ -465,19 +404,19 @@ pub unsafe extern "C" fn PMI_Spawn_multiple(
     preput_keyval_vector: *const PmiKeyval,
     errors: *mut c_int,
 ) -> c_int {
-    let Ok(count) = usize::try_from(count) else { return PMI_ERR_INVALID_ARG };
+    let Ok(count) = usize::try_from(count) else { return ERR_INVALID_ARG };
     if count == 0 || cmds.is_null() || maxprocs.is_null() || errors.is_null() {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
     // SAFETY: the caller's contract.
     let Some(preputs) = (unsafe { pairs(preput_keyval_vector, preput_keyval_size) }) else {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     };
     let mut commands = Vec::with_capacity(count);
     for i in 0..count {
         // SAFETY: the caller's contract: each array has `count` entries.
         let (cmd, nprocs) = unsafe { (text(*cmds.add(i)), *maxprocs.add(i)) };
-        let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return PMI_ERR_INVALID_ARG };
+        let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return ERR_INVALID_ARG };
         let mut args = Vec::new();
         // SAFETY: the caller's contract.
         let argv = if argvs.is_null() { std::ptr::null() } else { unsafe { *argvs.add(i) } };
@@ -489,7 +428,7 @@ pub unsafe extern "C" fn PMI_Spawn_multiple(
                     break;
                 }
                 // SAFETY: the caller's contract.
-                let Some(arg) = (unsafe { text(arg) }) else { return PMI_ERR_INVALID_ARG };
+                let Some(arg) = (unsafe { text(arg) }) else { return ERR_INVALID_ARG };
                 args.push(arg.as_bytes().to_vec());
             }
         }
@@ -500,7 +439,7 @@ pub unsafe extern "C" fn PMI_Spawn_multiple(
             // SAFETY: the caller's contract.
             (false, false) => unsafe { pairs(*info_keyval_vectors.add(i), *info_keyval_sizes.add(i)) },
         };
-        let Some(infos) = infos else { return PMI_ERR_INVALID_ARG };
+        let Some(infos) = infos else { return ERR_INVALID_ARG };
         commands.push(SpawnCommand {
             nprocs,
             execname: cmd.as_bytes().to_vec(),
@@ -529,10 +468,10 @@ pub unsafe extern "C" fn PMI_Spawn_multiple(
 pub unsafe extern "C" fn PMI_Publish_name(service_name: *const c_char, port: *const c_char) -> c_int {
     // SAFETY: the caller's contract.
     let (Some(service), Some(port)) = (unsafe { text(service_name) }, unsafe { text(port) }) else {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     };
     if !is_word(service, PORT_MAX) || !is_word(port, PORT_MAX) {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
     let request = format!("cmd=publish_name service={service} port={port}");
     with_session("PMI_Publish_name", |s| s.name(&request, "publish_result").map(drop))
@@ -544,7 +483,7 @@ pub unsafe extern "C" fn PMI_Publish_name(service_name: *const c_char, port: *co
 pub unsafe extern "C" fn PMI_Unpublish_name(service_name: *const c_char) -> c_int {
     // SAFETY: the caller's contract.
     let Some(service) = (unsafe { text(service_name) }).filter(|s| is_word(s, PORT_MAX)) else {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     };
     let request = format!("cmd=unpublish_name service={service}");
     with_session("PMI_Unpublish_name", |s| s.name(&request, "unpublish_result").map(drop))
@@ -558,24 +497,24 @@ pub unsafe extern "C" fn PMI_Unpublish_name(service_name: *const c_char) -> c_in
 pub unsafe extern "C" fn PMI_Lookup_name(service_name: *const c_char, port: *mut c_char) -> c_int {
     // SAFETY: the caller's contract.
     let Some(service) = (unsafe { text(service_name) }).filter(|s| is_word(s, PORT_MAX)) else {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     };
     if port.is_null() {
-        return PMI_ERR_INVALID_ARG;
+        return ERR_INVALID_ARG;
     }
     let request = format!("cmd=lookup_name service={service}");
     with_session("PMI_Lookup_name", |s| {
         let found = s.name(&request, "lookup_result")?;
         // SAFETY: the caller's contract.
-        unsafe { copy_out(&found, port, PORT_MAX) }
+        unsafe { copy_out(found.as_bytes(), port, PORT_MAX, ERR_NOMEM) }
     })
 }
 
 /// What RFC 13 leaves OPTIONAL and the PMI-1 wire cannot serve: `PMI_FAIL` once the arguments are checked.
 fn unserved(name: &str, args_ok: bool) -> c_int {
-    guard(name, || match (args_ok, session().is_some()) {
-        (false, _) => PMI_ERR_INVALID_ARG,
-        (true, false) => PMI_ERR_INIT,
+    guard(&format!("libpmi: {name}"), || match (args_ok, session().is_some()) {
+        (false, _) => ERR_INVALID_ARG,
+        (true, false) => ERR_INIT,
         (true, true) => PMI_FAIL,
     })
 }

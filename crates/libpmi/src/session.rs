@@ -2,46 +2,17 @@
 //! speaks RFC 13's lines, or, without a launcher, a job of one whose key-value space lives here. The C API
 //! ([`super`]) checks its arguments and turns what this returns into PMI's codes.
 
+use rpmi_client::conn::{Conn, READ_MAX};
+use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
 use rpmi_wire::reply::{quote, Reply};
 use rpmi_wire::spawn::SpawnRequest;
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
-use std::mem::ManuallyDrop;
-use std::net::TcpStream;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
 
-/// The longest reply line read: a value at the largest `vallen_max` a server may advertise, and room for the
-/// rest of the line. A server that sends more without a newline is broken, and the session ends.
-pub const LINE_MAX: usize = 1 << 20;
 /// The limits of a job of one (those of MPICH's own singleton).
 const SINGLETON_MAXES: Maxes = Maxes { kvsname: 256, key: 256, value: 1024 };
 /// The longest port a lookup hands back, NUL included: MPICH's `MPI_MAX_PORT_NAME`.
 pub const PORT_MAX: usize = 256;
-
-/// Why a call failed: the PMI code it returns, and what to print on stderr (nothing for an answer the caller
-/// expects, such as a key not found).
-#[derive(Debug)]
-pub struct Failed {
-    pub code: i32,
-    pub message: Option<String>,
-}
-
-pub const PMI_FAIL: i32 = -1;
-pub const PMI_ERR_NOMEM: i32 = 2;
-
-impl Failed {
-    /// A failure the caller can expect (a missing key, a refused name): PMI_FAIL, said nowhere.
-    pub fn quiet() -> Failed {
-        Failed { code: PMI_FAIL, message: None }
-    }
-
-    /// A failure worth a line on stderr.
-    pub fn said(message: String) -> Failed {
-        Failed { code: PMI_FAIL, message: Some(message) }
-    }
-}
 
 /// The server's limits (`cmd=maxes`), each with the terminating NUL.
 #[derive(Debug, Clone, Copy)]
@@ -73,57 +44,19 @@ pub struct Session {
     server: Server,
 }
 
-/// The connection to the server and its read buffer.
+/// The connection to the server.
 struct Wire {
-    stream: Stream,
-    /// Bytes read and not yet handed out (a read may end mid-line or carry more than one line).
-    buf: Vec<u8>,
-}
-
-enum Stream {
-    /// Never closed here: the number stays the launcher's connection, so a file the program opens later can
-    /// never be taken for it.
-    Fd(ManuallyDrop<UnixStream>),
-    Tcp(TcpStream),
-}
-
-impl Stream {
-    fn io(&mut self) -> &mut dyn ReadWrite {
-        match self {
-            Stream::Fd(s) => &mut **s,
-            Stream::Tcp(s) => s,
-        }
-    }
-}
-
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
-
-/// An integer variable of the environment, if it is set; `Err` if it is set and not one.
-fn env_int(name: &str) -> Result<Option<i64>, Failed> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| Failed::said(format!("{name}={v} is not an integer"))),
-    }
+    conn: Conn,
 }
 
 impl Session {
     /// `PMI_Init`: connects to the launcher's server and says `init`, or, without one, makes a job of one.
     pub fn start() -> Result<Session, Failed> {
-        let fd = env_int("PMI_FD")?;
-        let port = std::env::var("PMI_PORT").ok().filter(|p| !p.is_empty());
-        let stream = match (fd, port) {
-            (Some(fd), _) => Stream::Fd(ManuallyDrop::new(stream_of_fd(fd)?)),
-            (None, Some(port)) => Stream::Tcp(
-                TcpStream::connect(port.as_str())
-                    .map_err(|e| Failed::said(format!("cannot connect to PMI_PORT={port}: {e}")))?,
-            ),
-            (None, None) => return Ok(Session::alone()),
-        };
-        let mut wire = Wire { stream, buf: Vec::new() };
+        let Some(conn) = Conn::from_env()? else { return Ok(Session::alone()) };
+        let mut wire = Wire { conn };
         let (mut rank, mut size) = (env_int("PMI_RANK")?, env_int("PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
-        if let (Some(id), Stream::Tcp(_)) = (env_int("PMI_ID")?, &wire.stream) {
+        if let (Some(id), true) = (env_int("PMI_ID")?, wire.conn.is_port()) {
             (rank, size) = wire.initack(id)?;
         }
         let (rank, size) = match (rank, size) {
@@ -267,7 +200,7 @@ impl Session {
     /// A spawn: the error code of each process asked for.
     pub fn spawn(&mut self, request: &SpawnRequest) -> Result<Vec<i32>, Failed> {
         let Server::Wire(w) = &mut self.server else { return Err(Failed::quiet()) };
-        w.write(&request.encode())?;
+        w.conn.write(&request.encode())?;
         let line = w.reply("spawn_result")?;
         let reply = parsed(&line)?;
         if reply.rc() != 0 {
@@ -284,57 +217,17 @@ impl Session {
     }
 }
 
-/// `PMI_FD`'s connection: a socket this process inherited.
-fn stream_of_fd(fd: i64) -> Result<UnixStream, Failed> {
-    let bad = || Failed::said(format!("PMI_FD={fd} is not an open file descriptor"));
-    let fd = RawFd::try_from(fd).map_err(|_| bad())?;
-    // SAFETY: F_GETFD reads a flag of any number; -1 if it is not open.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(bad());
-    }
-    // SAFETY: an open fd the launcher gave this process for PMI, used by nothing else.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    Ok(UnixStream::from(owned))
-}
-
 impl Wire {
     fn send(&mut self, request: &str) -> Result<(), Failed> {
         let mut line = Vec::with_capacity(request.len() + 1);
         line.extend_from_slice(request.as_bytes());
         line.push(b'\n');
-        self.write(&line)
-    }
-
-    fn write(&mut self, bytes: &[u8]) -> Result<(), Failed> {
-        self.stream.io().write_all(bytes).map_err(|e| Failed::said(format!("cannot write to the PMI server: {e}")))
-    }
-
-    /// The next line from the server, without its newline.
-    fn line(&mut self) -> Result<String, Failed> {
-        loop {
-            if let Some(at) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=at).take(at).collect();
-                return String::from_utf8(line)
-                    .map(|l| l.trim_end_matches('\r').to_string())
-                    .map_err(|_| Failed::said("the PMI server sent a line that is not UTF-8".into()));
-            }
-            if self.buf.len() > LINE_MAX {
-                return Err(Failed::said(format!("the PMI server sent more than {LINE_MAX} bytes without a newline")));
-            }
-            let mut chunk = [0u8; 8192];
-            let n = match self.stream.io().read(&mut chunk) {
-                Ok(0) => return Err(Failed::said("the PMI server closed the connection".into())),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Failed::said(format!("cannot read from the PMI server: {e}"))),
-            };
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
+        self.conn.write(&line)
     }
 
     /// The next reply line, which must answer with `cmd=<answer>`.
     fn reply(&mut self, answer: &str) -> Result<String, Failed> {
-        let line = self.line()?;
+        let line = self.conn.line()?;
         let cmd = parsed(&line)?.cmd();
         if cmd != answer {
             return Err(Failed::said(format!(
@@ -391,7 +284,7 @@ impl Wire {
             let n = reply.int(key).map_err(Failed::said)?;
             usize::try_from(n)
                 .ok()
-                .filter(|&n| n > 1 && n <= LINE_MAX / 2)
+                .filter(|&n| n > 1 && n <= READ_MAX / 2)
                 .ok_or_else(|| Failed::said(format!("the PMI server advertises {key}={n}")))
         };
         Ok(Maxes { kvsname: max("kvsname_max")?, key: max("keylen_max")?, value: max("vallen_max")? })

@@ -66,6 +66,11 @@ impl<'a> Message<'a> {
         }
     }
 
+    /// Every pair but the command, in the order sent.
+    pub fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.pairs.iter().map(|(k, v)| (*k, v.as_ref()))
+    }
+
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&[u8]> {
         self.pairs.iter().find(|(k, _)| *k == key.as_bytes()).map(|(_, v)| v.as_ref())
@@ -292,19 +297,26 @@ pub enum Request2<'a> {
     Spawn(SpawnRequest),
 }
 
-/// Builds one answer frame in a task's output buffer: `Answer::new`, fields, then `finish`.
-pub struct Answer<'a> {
+/// Builds one frame in an output buffer: [`Writer::answer`] (the server's) or [`Writer::request`] (a
+/// client's), fields, then `finish`.
+pub struct Writer<'a> {
     out: &'a mut Vec<u8>,
     start: usize,
 }
 
-impl<'a> Answer<'a> {
-    /// Starts `cmd=<cmd>;[thrid=<thrid>;]rc=<rc>;`.
-    pub fn new(out: &'a mut Vec<u8>, cmd: &str, thrid: Option<&[u8]>, rc: i32) -> Self {
+impl<'a> Writer<'a> {
+    /// Starts a client's request, `cmd=<cmd>;`.
+    pub fn request(out: &'a mut Vec<u8>, cmd: &str) -> Self {
         let start = out.len();
         out.extend_from_slice(&[b' '; HEADER_LEN]);
-        let mut f = Answer { out, start };
+        let mut f = Writer { out, start };
         f.field("cmd", cmd.as_bytes());
+        f
+    }
+
+    /// Starts an answer, `cmd=<cmd>;[thrid=<thrid>;]rc=<rc>;`.
+    pub fn answer(out: &'a mut Vec<u8>, cmd: &str, thrid: Option<&[u8]>, rc: i32) -> Self {
+        let mut f = Writer::request(out, cmd);
         if let Some(t) = thrid {
             f.field("thrid", t);
         }
@@ -445,12 +457,12 @@ mod tests {
 
     #[test]
     fn answers_carry_their_length_thrid_and_rc() {
-        let s = frame(|o| Answer::new(o, "kvs-get-response", Some(b"0x7f"), 0).str("value", b"a;b").finish());
+        let s = frame(|o| Writer::answer(o, "kvs-get-response", Some(b"0x7f"), 0).str("value", b"a;b").finish());
         assert_eq!(s, "    48cmd=kvs-get-response;thrid=0x7f;rc=0;value=a;;b;");
         assert_eq!(body_len(s.as_bytes()), Some(s.len() - HEADER_LEN));
-        let s = frame(|o| Answer::new(o, "kvs-fence-response", None, -1).errmsg("rank 3 left").finish());
+        let s = frame(|o| Writer::answer(o, "kvs-fence-response", None, -1).errmsg("rank 3 left").finish());
         assert_eq!(s, "    48cmd=kvs-fence-response;rc=-1;errmsg=rank 3 left;");
-        let s = frame(|o| Answer::new(o, "fullinit-response", None, 0).int("rank", 1).errmsg(" ").finish());
+        let s = frame(|o| Writer::answer(o, "fullinit-response", None, 0).int("rank", 1).errmsg(" ").finish());
         assert!(s.ends_with("cmd=fullinit-response;rc=0;rank=1;"), "{s}");
     }
 }

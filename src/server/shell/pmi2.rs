@@ -17,7 +17,7 @@
 use super::{check_key, check_name, check_value, kvs, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX, MAX_LINE};
 use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
 use crate::server::PROCESS_MAPPING_KEY;
-use crate::wire::pmi2::{body_len, Answer, Message, Request2, HEADER_LEN};
+use crate::wire::pmi2::{body_len, Message, Request2, Writer, HEADER_LEN};
 use crate::wire::response::rc;
 
 /// How a spawn's frame begins, as every client writes it (`cmd` first).
@@ -318,10 +318,10 @@ impl Shell {
         task: TaskId,
         cmd: &str,
         rc: i32,
-        fields: impl FnOnce(Answer<'_>) -> Answer<'_>,
+        fields: impl FnOnce(Writer<'_>) -> Writer<'_>,
     ) {
         let thrid = self.clients[task].thrid.take();
-        self.respond(host, task, |out| fields(Answer::new(out, cmd, thrid.as_deref(), rc)).finish());
+        self.respond(host, task, |out| fields(Writer::answer(out, cmd, thrid.as_deref(), rc)).finish());
     }
 
     fn answer_fail(&mut self, host: &mut dyn Host, task: TaskId, cmd: &str, why: &str) {

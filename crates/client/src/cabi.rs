@@ -1,0 +1,63 @@
+//! The C boundary: strings in and out of the caller's buffers, and calls that never unwind into C.
+
+use crate::{Failed, FAIL};
+use std::ffi::{c_char, c_int, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Runs the body of an API call `name` (a library's prefix, such as `libpmi`, and the call): a panic is
+/// `FAIL`, said on stderr.
+pub fn guard(name: &str, body: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        eprintln!("{name} failed (an internal error)");
+        FAIL
+    })
+}
+
+/// A C string argument, as UTF-8; `None` for NULL or bytes that are not UTF-8.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+pub unsafe fn text<'a>(p: *const c_char) -> Option<&'a str> {
+    // SAFETY: the caller's contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().ok()).flatten()
+}
+
+/// A word of the wire (a key, a name, a service): visible characters but `=`, fewer than `max` bytes (`max`
+/// counts the NUL, as PMI's limits do).
+pub fn is_word(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() < max && s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'=')
+}
+
+/// A string of the wire (a value): no line break or NUL, fewer than `max` bytes.
+pub fn is_string(s: &str, max: usize) -> bool {
+    s.len() < max && !s.bytes().any(|b| b == b'\n' || b == b'\r' || b == 0)
+}
+
+/// Copies `s` and its NUL into the caller's `out[..length]`; `code` if it does not fit.
+///
+/// # Safety
+/// `out` points to at least `length` writable bytes.
+pub unsafe fn copy_out(s: &[u8], out: *mut c_char, length: usize, code: i32) -> Result<(), Failed> {
+    if s.len() >= length {
+        return Err(Failed::arg(code));
+    }
+    // SAFETY: the caller's contract; s.len() + 1 <= length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), out.cast::<u8>(), s.len());
+        *out.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+/// Writes `value` into `*out`; `ERR_INVALID_ARG` if `out` is NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a writable int.
+pub unsafe fn set(out: *mut c_int, value: c_int) -> c_int {
+    if out.is_null() {
+        return crate::ERR_INVALID_ARG;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { *out = value };
+    crate::SUCCESS
+}

@@ -1,0 +1,119 @@
+//! The connection to the launcher's server: the socket it gave the process (`PMI_FD`), or its address
+//! (`PMI_PORT=host:port`); what is read from it is bounded.
+
+use crate::{env_int, Failed};
+use std::io::{self, Read, Write};
+use std::mem::ManuallyDrop;
+use std::net::TcpStream;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// The longest line, or frame, read: a server that sends more is broken, and the session ends.
+pub const READ_MAX: usize = 1 << 20;
+
+enum Stream {
+    /// Never closed here: the number stays the launcher's connection, so a file the program opens later can
+    /// never be taken for it.
+    Fd(ManuallyDrop<UnixStream>),
+    Tcp(TcpStream),
+}
+
+/// The connection, and what was read from it and not yet taken (a read may end mid-line or carry more).
+pub struct Conn {
+    stream: Stream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    /// The launcher's connection: `PMI_FD`, else `PMI_PORT`; `None` with neither (no launcher).
+    pub fn from_env() -> Result<Option<Conn>, Failed> {
+        let stream = match (env_int("PMI_FD")?, std::env::var("PMI_PORT").ok().filter(|p| !p.is_empty())) {
+            (Some(fd), _) => Stream::Fd(ManuallyDrop::new(stream_of_fd(fd)?)),
+            (None, Some(port)) => Stream::Tcp(
+                TcpStream::connect(port.as_str())
+                    .map_err(|e| Failed::said(format!("cannot connect to PMI_PORT={port}: {e}")))?,
+            ),
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(Conn { stream, buf: Vec::new() }))
+    }
+
+    /// The connection was made to `PMI_PORT`.
+    pub fn is_port(&self) -> bool {
+        matches!(self.stream, Stream::Tcp(_))
+    }
+
+    fn io(&mut self) -> &mut dyn ReadWrite {
+        match &mut self.stream {
+            Stream::Fd(s) => &mut **s,
+            Stream::Tcp(s) => s,
+        }
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), Failed> {
+        self.io().write_all(bytes).map_err(|e| Failed::said(format!("cannot write to the PMI server: {e}")))
+    }
+
+    /// Reads more into the buffer; `Err` if the server closed or failed.
+    fn fill(&mut self) -> Result<(), Failed> {
+        let mut chunk = [0u8; 8192];
+        loop {
+            return match self.io().read(&mut chunk) {
+                Ok(0) => Err(Failed::said("the PMI server closed the connection".into())),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    Ok(())
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(Failed::said(format!("cannot read from the PMI server: {e}"))),
+            };
+        }
+    }
+
+    /// The next line, without its newline (and a `\r` before it).
+    pub fn line(&mut self) -> Result<String, Failed> {
+        loop {
+            if let Some(at) = self.buf.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=at).collect();
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                return String::from_utf8(line)
+                    .map_err(|_| Failed::said("the PMI server sent a line that is not UTF-8".into()));
+            }
+            if self.buf.len() > READ_MAX {
+                return Err(Failed::said(format!("the PMI server sent more than {READ_MAX} bytes without a newline")));
+            }
+            self.fill()?;
+        }
+    }
+
+    /// The next `n` bytes (`n` at most [`READ_MAX`]).
+    pub fn exact(&mut self, n: usize) -> Result<Vec<u8>, Failed> {
+        if n > READ_MAX {
+            return Err(Failed::said(format!("the PMI server announced a message of {n} bytes")));
+        }
+        while self.buf.len() < n {
+            self.fill()?;
+        }
+        Ok(self.buf.drain(..n).collect())
+    }
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// `PMI_FD`'s connection: a socket this process inherited.
+fn stream_of_fd(fd: i64) -> Result<UnixStream, Failed> {
+    let bad = || Failed::said(format!("PMI_FD={fd} is not an open file descriptor"));
+    let fd = RawFd::try_from(fd).map_err(|_| bad())?;
+    // SAFETY: F_GETFD reads a flag of any number; -1 if it is not open.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(bad());
+    }
+    // SAFETY: an open fd the launcher gave this process for PMI, used by nothing else; never closed (the
+    // caller keeps it in a ManuallyDrop).
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(UnixStream::from(owned))
+}

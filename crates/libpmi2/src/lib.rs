@@ -1,0 +1,559 @@
+//! `libpmi2.so.0`: the PMI-2 API (`include/pmi2.h`, every call MPICH's and Slurm's `pmi2.h` declare) for
+//! programs and runtimes that link or load a PMI-2 library (Intel MPI's `I_MPI_PMI_LIBRARY` with
+//! `I_MPI_PMI=pmi2`, Open MPI's s2 component), over any PMI-2 server: rpmi's, Slurm's `--mpi=pmi2`. Without a
+//! launcher the process is a job of one.
+//!
+//! As `libpmi.so.0`: arguments are checked, one lock serves every thread, a panic never crosses into C, and a
+//! server that breaks the protocol or goes away is said once on stderr, naming the rank and the call.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod session;
+
+use rpmi_client::cabi::{copy_out, guard, is_string, is_word, set, text};
+use rpmi_client::{Failed, ERR_INIT, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
+use rpmi_client::{FAIL, SUCCESS};
+use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
+use session::Session;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// `PMI2_MAX_KEYLEN`, `PMI2_MAX_VALLEN` (each with its NUL).
+const KEY_MAX: usize = 64;
+const VALUE_MAX: usize = 1024;
+const PMI2_ERR_INVALID_VAL_LENGTH: c_int = 7;
+
+static SESSION: Mutex<Option<Session>> = Mutex::new(None);
+/// `PMI2_Finalize` succeeded: the launcher's connection is spent.
+static FINALIZED: AtomicBool = AtomicBool::new(false);
+
+fn session() -> MutexGuard<'static, Option<Session>> {
+    SESSION.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` on the session, if `PMI2_Init` made one; a failure is said on stderr with the rank.
+fn with_session(name: &str, f: impl FnOnce(&mut Session) -> Result<(), Failed>) -> c_int {
+    guard(&format!("libpmi2: {name}"), || {
+        let mut s = session();
+        let Some(s) = s.as_mut() else { return ERR_INIT };
+        match f(s) {
+            Ok(()) => SUCCESS,
+            Err(failed) => {
+                if let Some(message) = failed.message {
+                    eprintln!("libpmi2: rank {}: {name}: {message}", s.rank);
+                }
+                failed.code
+            }
+        }
+    })
+}
+
+/// An MPI info entry as MPICH lays it out (`struct MPID_Info`): only `key` and `value` are read.
+#[repr(C)]
+pub struct MpidInfo {
+    handle: c_int,
+    pobj_mutex: c_int,
+    ref_count: c_int,
+    next: *mut MpidInfo,
+    key: *mut c_char,
+    value: *mut c_char,
+}
+
+/// A key of the wire: a word without `;`, shorter than `PMI2_MAX_KEYLEN`.
+fn key_ok(k: &str) -> bool {
+    is_word(k, KEY_MAX) && !k.contains(';')
+}
+
+/// # Safety
+/// Each argument is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Init(
+    spawned: *mut c_int,
+    size: *mut c_int,
+    rank: *mut c_int,
+    appnum: *mut c_int,
+) -> c_int {
+    if spawned.is_null() || size.is_null() || rank.is_null() || appnum.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    guard("libpmi2: PMI2_Init", || {
+        let mut s = session();
+        if s.is_none() && FINALIZED.load(Ordering::SeqCst) {
+            eprintln!("libpmi2: PMI2_Init: PMI2_Finalize has been called: the launcher serves one session per process");
+            return FAIL;
+        }
+        if s.is_none() {
+            match Session::start() {
+                Ok(new) => *s = Some(new),
+                Err(failed) => {
+                    eprintln!("libpmi2: PMI2_Init: {}", failed.message.unwrap_or_default());
+                    return FAIL;
+                }
+            }
+        }
+        let Some(s) = s.as_ref() else { return FAIL };
+        // SAFETY: checked above, as the caller's contract allows.
+        unsafe {
+            set(spawned, s.spawned as c_int);
+            set(size, s.size as c_int);
+            set(rank, s.rank as c_int);
+            set(appnum, s.appnum)
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn PMI2_Initialized() -> c_int {
+    guard("libpmi2: PMI2_Initialized", || session().is_some() as c_int).max(0)
+}
+
+#[no_mangle]
+pub extern "C" fn PMI2_Finalize() -> c_int {
+    let rc = with_session("PMI2_Finalize", |s| if s.alone_now() { Ok(()) } else { s.ask("finalize", &[]).map(drop) });
+    if rc == SUCCESS {
+        *session() = None;
+        FINALIZED.store(true, Ordering::SeqCst);
+    }
+    rc
+}
+
+/// # Safety
+/// `msg` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Abort(flag: c_int, msg: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let message =
+        if msg.is_null() { String::new() } else { unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned() };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        eprintln!("{message}");
+        // Another thread may hold the session in a fence: then the server learns of the end from this
+        // process's exit instead.
+        if let Ok(Some(s)) = SESSION.try_lock().as_deref_mut() {
+            let world: &[u8] = if flag != 0 { b"TRUE" } else { b"FALSE" };
+            // Slurm's server reads isworld and msg; rpmi's reads exitcode and message.
+            let fields: &[(&str, &[u8])] =
+                &[("isworld", world), ("msg", message.as_bytes()), ("exitcode", b"1"), ("message", message.as_bytes())];
+            s.tell("abort", fields);
+        }
+    }));
+    std::process::exit(1)
+}
+
+/// # Safety
+/// As `pmi2.h` describes: `count` entries in `cmds`, `argcs`, `argvs`, `maxprocs` (and the info arrays, where
+/// given); `preput_keyval_size` pointers in `preput_keyval_vector`; `errors` has room for every process asked
+/// for; `jobId` is NULL or holds `jobIdSize` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn PMI2_Job_Spawn(
+    count: c_int,
+    cmds: *const *const c_char,
+    argcs: *const c_int,
+    argvs: *const *const *const c_char,
+    maxprocs: *const c_int,
+    info_keyval_sizes: *const c_int,
+    info_keyval_vectors: *const *const MpidInfo,
+    preput_keyval_size: c_int,
+    preput_keyval_vector: *const *const MpidInfo,
+    job_id: *mut c_char,
+    job_id_size: c_int,
+    errors: *mut c_int,
+) -> c_int {
+    let Ok(count) = usize::try_from(count) else { return ERR_INVALID_ARG };
+    let Ok(preput_count) = usize::try_from(preput_keyval_size) else { return ERR_INVALID_ARG };
+    if count == 0
+        || cmds.is_null()
+        || maxprocs.is_null()
+        || errors.is_null()
+        || (preput_count > 0 && preput_keyval_vector.is_null())
+    {
+        return ERR_INVALID_ARG;
+    }
+    let pair = |kv: *const MpidInfo| -> Option<(Vec<u8>, Vec<u8>)> {
+        // SAFETY: the caller's contract: entries as pmi2.h lays them out.
+        let kv = unsafe { kv.as_ref() }?;
+        // SAFETY: as above.
+        let (k, v) = unsafe { (text(kv.key)?, text(kv.value)?) };
+        Some((k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+    };
+    // SAFETY: the caller's contract.
+    let preputs: Option<Vec<_>> = (0..preput_count).map(|i| pair(unsafe { *preput_keyval_vector.add(i) })).collect();
+    let Some(preputs) = preputs else { return ERR_INVALID_ARG };
+    let mut commands = Vec::with_capacity(count);
+    for i in 0..count {
+        // SAFETY: the caller's contract: each array has `count` entries.
+        let (cmd, nprocs) = unsafe { (text(*cmds.add(i)), *maxprocs.add(i)) };
+        let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return ERR_INVALID_ARG };
+        // SAFETY: as above.
+        let argc = if argcs.is_null() { 0 } else { unsafe { *argcs.add(i) } };
+        let Ok(argc) = usize::try_from(argc) else { return ERR_INVALID_ARG };
+        // SAFETY: as above.
+        let argv = if argvs.is_null() { std::ptr::null() } else { unsafe { *argvs.add(i) } };
+        if argc > 0 && argv.is_null() {
+            return ERR_INVALID_ARG;
+        }
+        // SAFETY: `argc` entries, the caller's contract.
+        let args: Option<Vec<_>> =
+            (0..argc).map(|j| unsafe { text(*argv.add(j)) }.map(|a| a.as_bytes().to_vec())).collect();
+        let Some(args) = args else { return ERR_INVALID_ARG };
+        // SAFETY: as above.
+        let ninfos = if info_keyval_sizes.is_null() { 0 } else { unsafe { *info_keyval_sizes.add(i) } };
+        let Ok(ninfos) = usize::try_from(ninfos) else { return ERR_INVALID_ARG };
+        // SAFETY: as above.
+        let infos_of =
+            if info_keyval_vectors.is_null() { std::ptr::null() } else { unsafe { *info_keyval_vectors.add(i) } };
+        if ninfos > 0 && infos_of.is_null() {
+            return ERR_INVALID_ARG;
+        }
+        // SAFETY: `ninfos` entries, the caller's contract.
+        let infos: Option<Vec<_>> = (0..ninfos).map(|j| pair(unsafe { infos_of.add(j) })).collect();
+        let Some(infos) = infos else { return ERR_INVALID_ARG };
+        let preputs = if i == 0 { preputs.clone() } else { Vec::new() };
+        commands.push(SpawnCommand { nprocs, execname: cmd.as_bytes().to_vec(), args, preputs, infos });
+    }
+    let request = SpawnRequest { commands };
+    let procs = request.total_procs() as usize;
+    let job_id_size = usize::try_from(job_id_size).unwrap_or(0);
+    with_session("PMI2_Job_Spawn", |s| {
+        let (jobid, codes) = s.spawn(&request)?;
+        for i in 0..procs {
+            let code = codes.get(i).or(codes.last()).copied().unwrap_or(0);
+            // SAFETY: the caller's contract: `errors` has room for every process asked for.
+            unsafe { *errors.add(i) = code };
+        }
+        if !job_id.is_null() && job_id_size > 0 {
+            // SAFETY: the caller's contract.
+            unsafe { copy_out(&jobid, job_id, job_id_size, ERR_INVALID_LENGTH) }?;
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `jobid` is NULL or points to `jobid_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Job_GetId(jobid: *mut c_char, jobid_size: c_int) -> c_int {
+    if jobid.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    let Ok(size) = usize::try_from(jobid_size) else { return ERR_INVALID_LENGTH };
+    // SAFETY: the caller's contract.
+    with_session("PMI2_Job_GetId", |s| unsafe { copy_out(s.jobid.as_bytes(), jobid, size, ERR_INVALID_LENGTH) })
+}
+
+/// # Safety
+/// `rank` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Job_GetRank(rank: *mut c_int) -> c_int {
+    let mut value = 0;
+    let rc = with_session("PMI2_Job_GetRank", |s| {
+        value = s.rank as c_int;
+        Ok(())
+    });
+    // SAFETY: the caller's contract.
+    if rc == SUCCESS {
+        unsafe { set(rank, value) }
+    } else {
+        rc
+    }
+}
+
+/// # Safety
+/// `size` is NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Info_GetSize(size: *mut c_int) -> c_int {
+    let mut value = 0;
+    let rc = with_session("PMI2_Info_GetSize", |s| {
+        value = s.size as c_int;
+        Ok(())
+    });
+    // SAFETY: the caller's contract.
+    if rc == SUCCESS {
+        unsafe { set(size, value) }
+    } else {
+        rc
+    }
+}
+
+/// Connecting to another job is not served: `PMI2_FAIL` once the arguments are checked.
+///
+/// # Safety
+/// `jobid` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Job_Connect(jobid: *const c_char, conn: *mut c_void) -> c_int {
+    if jobid.is_null() || conn.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session("PMI2_Job_Connect", |_| Err(Failed::quiet()))
+}
+
+/// # Safety
+/// `jobid` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Job_Disconnect(jobid: *const c_char) -> c_int {
+    if jobid.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session("PMI2_Job_Disconnect", |_| Err(Failed::quiet()))
+}
+
+/// # Safety
+/// Both arguments are NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_KVS_Put(key: *const c_char, value: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let (key, value) = unsafe { (text(key), text(value)) };
+    let Some(key) = key.filter(|k| key_ok(k)) else { return ERR_INVALID_KEY };
+    let Some(value) = value.filter(|v| is_string(v, VALUE_MAX)) else { return ERR_INVALID_VAL };
+    with_session("PMI2_KVS_Put", |s| s.put(key, value.as_bytes()))
+}
+
+#[no_mangle]
+pub extern "C" fn PMI2_KVS_Fence() -> c_int {
+    with_session("PMI2_KVS_Fence", Session::fence)
+}
+
+/// # Safety
+/// `jobid` and `key` are NULL or NUL-terminated strings; `value` is NULL or holds `maxvalue` bytes; `vallen` is
+/// NULL or points to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_KVS_Get(
+    jobid: *const c_char,
+    src_pmi_id: c_int,
+    key: *const c_char,
+    value: *mut c_char,
+    maxvalue: c_int,
+    vallen: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (job, key) = unsafe { (text(jobid), text(key)) };
+    let Some(key) = key.filter(|k| key_ok(k)) else { return ERR_INVALID_KEY };
+    if value.is_null() || (!jobid.is_null() && job.is_none()) {
+        return ERR_INVALID_ARG;
+    }
+    let Ok(max) = usize::try_from(maxvalue) else { return ERR_INVALID_LENGTH };
+    with_session("PMI2_KVS_Get", |s| {
+        let job = job.map_or_else(|| s.jobid.clone(), str::to_string);
+        let got = s.get(&job, src_pmi_id, key)?;
+        // SAFETY: the caller's contract.
+        unsafe { copy_out(&got, value, max, PMI2_ERR_INVALID_VAL_LENGTH) }?;
+        if !vallen.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { *vallen = got.len() as c_int };
+        }
+        Ok(())
+    })
+}
+
+/// A found value into the caller's `value[..len]` and `*found`.
+///
+/// # Safety
+/// `value` holds `len` bytes; `found` points to a writable int.
+unsafe fn deliver(got: Option<Vec<u8>>, value: *mut c_char, len: usize, found: *mut c_int) -> Result<(), Failed> {
+    if let Some(v) = &got {
+        // SAFETY: the caller's contract.
+        unsafe { copy_out(v, value, len, PMI2_ERR_INVALID_VAL_LENGTH) }?;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { *found = got.is_some() as c_int };
+    Ok(())
+}
+
+/// The integers of a comma-separated attribute into `array[..len]`, their count into `*outlen`.
+///
+/// # Safety
+/// `array` holds `len` ints; `outlen` and `found` point to writable ints.
+unsafe fn deliver_ints(
+    got: Option<Vec<u8>>,
+    array: *mut c_int,
+    len: usize,
+    outlen: *mut c_int,
+    found: *mut c_int,
+) -> Result<(), Failed> {
+    let mut n = 0;
+    if let Some(v) = &got {
+        let text = String::from_utf8_lossy(v);
+        for item in text.split(',').filter(|i| !i.trim().is_empty()) {
+            let x: c_int = item
+                .trim()
+                .parse()
+                .map_err(|_| Failed::said(format!("the attribute '{text}' is not a list of integers")))?;
+            if n == len {
+                return Err(Failed::arg(ERR_INVALID_LENGTH));
+            }
+            // SAFETY: n < len, the caller's contract.
+            unsafe { *array.add(n) = x };
+            n += 1;
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        *outlen = n as c_int;
+        *found = got.is_some() as c_int;
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `value` holds `valuelen` bytes; `found` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
+    name: *const c_char,
+    value: *mut c_char,
+    valuelen: c_int,
+    found: *mut c_int,
+    waitfor: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
+    let Ok(len) = usize::try_from(valuelen) else { return ERR_INVALID_LENGTH };
+    if value.is_null() || found.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session("PMI2_Info_GetNodeAttr", |s| {
+        let got = s.node_attr(name, waitfor != 0)?;
+        // SAFETY: checked above, the caller's contract.
+        unsafe { deliver(got, value, len, found) }
+    })
+}
+
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `array` holds `arraylen` ints; `outlen`, `found` writable.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Info_GetNodeAttrIntArray(
+    name: *const c_char,
+    array: *mut c_int,
+    arraylen: c_int,
+    outlen: *mut c_int,
+    found: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
+    let Ok(len) = usize::try_from(arraylen) else { return ERR_INVALID_LENGTH };
+    if array.is_null() || outlen.is_null() || found.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session("PMI2_Info_GetNodeAttrIntArray", |s| {
+        let got = s.node_attr(name, false)?;
+        // SAFETY: checked above, the caller's contract.
+        unsafe { deliver_ints(got, array, len, outlen, found) }
+    })
+}
+
+/// # Safety
+/// Both arguments are NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Info_PutNodeAttr(name: *const c_char, value: *const c_char) -> c_int {
+    // SAFETY: the caller's contract.
+    let (name, value) = unsafe { (text(name), text(value)) };
+    let Some(name) = name.filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
+    let Some(value) = value.filter(|v| is_string(v, VALUE_MAX)) else { return ERR_INVALID_VAL };
+    with_session("PMI2_Info_PutNodeAttr", |s| s.put_node_attr(name, value.as_bytes()))
+}
+
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `value` holds `valuelen` bytes; `found` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Info_GetJobAttr(
+    name: *const c_char,
+    value: *mut c_char,
+    valuelen: c_int,
+    found: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
+    let Ok(len) = usize::try_from(valuelen) else { return ERR_INVALID_LENGTH };
+    if value.is_null() || found.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session("PMI2_Info_GetJobAttr", |s| {
+        let got = s.job_attr(name)?;
+        // SAFETY: checked above, the caller's contract.
+        unsafe { deliver(got, value, len, found) }
+    })
+}
+
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `array` holds `arraylen` ints; `outlen`, `found` writable.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Info_GetJobAttrIntArray(
+    name: *const c_char,
+    array: *mut c_int,
+    arraylen: c_int,
+    outlen: *mut c_int,
+    found: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
+    let Ok(len) = usize::try_from(arraylen) else { return ERR_INVALID_LENGTH };
+    if array.is_null() || outlen.is_null() || found.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session("PMI2_Info_GetJobAttrIntArray", |s| {
+        let got = s.job_attr(name)?;
+        // SAFETY: checked above, the caller's contract.
+        unsafe { deliver_ints(got, array, len, outlen, found) }
+    })
+}
+
+/// The longest service name or port, NUL included.
+const NAME_MAX: usize = 256;
+
+/// # Safety
+/// `service_name` and `port` are NULL or NUL-terminated strings; `info_ptr` is not read.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Nameserv_publish(
+    service_name: *const c_char,
+    _info_ptr: *const MpidInfo,
+    port: *const c_char,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (Some(service), Some(port)) = (unsafe { text(service_name) }, unsafe { text(port) }) else {
+        return ERR_INVALID_ARG;
+    };
+    if !key_ok_name(service) || !key_ok_name(port) {
+        return ERR_INVALID_ARG;
+    }
+    let fields: &[(&str, &[u8])] = &[("name", service.as_bytes()), ("port", port.as_bytes()), ("infokeycount", b"0")];
+    with_session("PMI2_Nameserv_publish", |s| s.name("name-publish", fields).map(drop))
+}
+
+/// # Safety
+/// `service_name` is NULL or a NUL-terminated string; `port` holds `port_len` bytes; `info_ptr` is not read.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Nameserv_lookup(
+    service_name: *const c_char,
+    _info_ptr: *const MpidInfo,
+    port: *mut c_char,
+    port_len: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(service) = (unsafe { text(service_name) }).filter(|s| key_ok_name(s)) else { return ERR_INVALID_ARG };
+    let Ok(len) = usize::try_from(port_len) else { return ERR_INVALID_LENGTH };
+    if port.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    let fields: &[(&str, &[u8])] = &[("name", service.as_bytes()), ("infokeycount", b"0")];
+    with_session("PMI2_Nameserv_lookup", |s| {
+        let found = s.name("name-lookup", fields)?;
+        // SAFETY: checked above, the caller's contract.
+        unsafe { copy_out(&found, port, len, ERR_INVALID_LENGTH) }
+    })
+}
+
+/// # Safety
+/// `service_name` is NULL or a NUL-terminated string; `info_ptr` is not read.
+#[no_mangle]
+pub unsafe extern "C" fn PMI2_Nameserv_unpublish(service_name: *const c_char, _info_ptr: *const MpidInfo) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(service) = (unsafe { text(service_name) }).filter(|s| key_ok_name(s)) else { return ERR_INVALID_ARG };
+    let fields: &[(&str, &[u8])] = &[("name", service.as_bytes()), ("infokeycount", b"0")];
+    with_session("PMI2_Nameserv_unpublish", |s| s.name("name-unpublish", fields).map(drop))
+}
+
+/// A service name or port: a word without `;`, shorter than [`NAME_MAX`].
+fn key_ok_name(s: &str) -> bool {
+    is_word(s, NAME_MAX) && !s.contains(';')
+}

@@ -1,0 +1,312 @@
+//! One process's PMI-2 session: a connection to its launcher's server (`PMI_FD`, or `PMI_PORT`) that speaks
+//! PMI-2 frames after a PMI-1 `init` line, or, without a launcher, a job of one whose key-value space and node
+//! attributes live here. The C API ([`super`]) checks its arguments and turns what this returns into codes.
+
+use rpmi_client::conn::Conn;
+use rpmi_client::Failed;
+use rpmi_wire::pmi2::{body_len, Message, Writer, HEADER_LEN};
+use rpmi_wire::reply::Reply;
+use rpmi_wire::spawn::SpawnRequest;
+use std::collections::BTreeMap;
+
+/// What a request sends besides its command: `key=value` pairs, in order.
+pub type Fields<'a> = &'a [(&'a str, &'a [u8])];
+
+/// An answer's fields, by key.
+pub struct Answer {
+    fields: BTreeMap<String, Vec<u8>>,
+}
+
+impl Answer {
+    pub fn get(&self, key: &str) -> Option<&[u8]> {
+        self.fields.get(key).map(Vec::as_slice)
+    }
+
+    /// A `TRUE`/`FALSE` field; absent is false.
+    pub fn flag(&self, key: &str) -> bool {
+        self.get(key).is_some_and(|v| v.eq_ignore_ascii_case(b"TRUE"))
+    }
+
+    fn int(&self, key: &str) -> Result<i64, Failed> {
+        let v = self.get(key).ok_or_else(|| Failed::said(format!("the PMI server's answer has no {key}=")))?;
+        std::str::from_utf8(v)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| Failed::said(format!("the PMI server's {key}= is not an integer")))
+    }
+}
+
+/// What the launcher serves the process through.
+enum Server {
+    Wire(Conn),
+    /// No launcher: a job of one.
+    Alone {
+        kvs: BTreeMap<String, Vec<u8>>,
+        node: BTreeMap<String, Vec<u8>>,
+    },
+}
+
+pub struct Session {
+    pub rank: u32,
+    pub size: u32,
+    pub appnum: i32,
+    pub spawned: bool,
+    pub jobid: String,
+    server: Server,
+}
+
+impl Session {
+    /// `PMI2_Init`: `init` for version 2 on the launcher's connection, then `fullinit`; or a job of one.
+    pub fn start() -> Result<Session, Failed> {
+        let Some(mut conn) = Conn::from_env()? else { return Ok(Session::alone()) };
+        conn.write(b"cmd=init pmi_version=2 pmi_subversion=0\n")?;
+        let line = conn.line()?;
+        let reply = Reply::parse(&line).map_err(|e| Failed::said(format!("the PMI server sent a {e}")))?;
+        if reply.cmd() != "response_to_init" || reply.rc() != 0 || reply.get("pmi_version") != Some("2") {
+            return Err(Failed::said(format!("the PMI server does not serve PMI-2: it answered {}", reply.quoted())));
+        }
+        let (jobid, rank) = (std::env::var("PMI_JOBID").ok(), std::env::var("PMI_RANK").ok());
+        let mut fields: Vec<(&str, &[u8])> = Vec::new();
+        // As Slurm's and MPICH's clients send them: Slurm's server needs the job id, rpmi's checks the rank.
+        if let Some(j) = &jobid {
+            fields.push(("pmijobid", j.as_bytes()));
+        }
+        if let Some(r) = &rank {
+            fields.push(("pmirank", r.as_bytes()));
+        }
+        fields.push(("threaded", b"FALSE"));
+        let mut session =
+            Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server: Server::Wire(conn) };
+        let init = session.ask("fullinit", &fields)?;
+        let (rank, size) = (init.int("rank")?, init.int("size")?);
+        if size <= 0 || !(0..size).contains(&rank) || size > i64::from(i32::MAX) {
+            return Err(Failed::said(format!("the PMI server gave rank {rank} of a job of {size}")));
+        }
+        (session.rank, session.size) = (rank as u32, size as u32);
+        session.appnum = init.int("appnum").map_or(0, |a| a as i32);
+        session.spawned = init.get("spawner-jobid").is_some_and(|s| !s.is_empty());
+        let id = session.ask("job-getid", &[])?;
+        let id = id.get("jobid").ok_or_else(|| Failed::said("the PMI server's job-getid has no jobid=".into()))?;
+        session.jobid = String::from_utf8_lossy(id).into_owned();
+        Ok(session)
+    }
+
+    fn alone() -> Session {
+        Session {
+            rank: 0,
+            size: 1,
+            appnum: 0,
+            spawned: false,
+            jobid: format!("singleton_kvs_{}", std::process::id()),
+            server: Server::Alone { kvs: BTreeMap::new(), node: BTreeMap::new() },
+        }
+    }
+
+    pub fn alone_now(&self) -> bool {
+        matches!(self.server, Server::Alone { .. })
+    }
+
+    /// Sends request `cmd` with `fields` and reads its answer, which must be `cmd-response` with `rc=0`.
+    pub fn ask(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
+        let answer = self.exchange(cmd, fields)?;
+        match answer.int("rc")? {
+            0 => Ok(answer),
+            rc => {
+                let why = answer.get("errmsg").map(String::from_utf8_lossy).unwrap_or_default().into_owned();
+                Err(Failed::said(format!(
+                    "the PMI server failed {cmd} (rc={rc}){}{why}",
+                    if why.is_empty() { "" } else { ": " }
+                )))
+            }
+        }
+    }
+
+    /// As [`Session::ask`], but a refusal is an answer the caller expects: `Failed::quiet`.
+    pub fn ask_quietly(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
+        let answer = self.exchange(cmd, fields)?;
+        match answer.int("rc")? {
+            0 => Ok(answer),
+            _ => Err(Failed::quiet()),
+        }
+    }
+
+    fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
+        let Server::Wire(conn) = &mut self.server else { return Err(Failed::quiet()) };
+        let mut out = Vec::new();
+        let mut w = Writer::request(&mut out, cmd);
+        for (key, value) in fields {
+            w = w.str(key, value);
+        }
+        w.finish();
+        conn.write(&out)?;
+        read_answer(conn, &format!("{cmd}-response"))
+    }
+
+    /// Sends request `cmd` and reads no answer (abort: the server ends the job).
+    pub fn tell(&mut self, cmd: &str, fields: Fields) {
+        if let Server::Wire(conn) = &mut self.server {
+            let mut out = Vec::new();
+            let mut w = Writer::request(&mut out, cmd);
+            for (key, value) in fields {
+                w = w.str(key, value);
+            }
+            w.finish();
+            let _ = conn.write(&out);
+        }
+    }
+
+    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), Failed> {
+        match &mut self.server {
+            Server::Alone { kvs, .. } => {
+                kvs.insert(key.into(), value.into());
+                Ok(())
+            }
+            Server::Wire(_) => self.ask("kvs-put", &[("key", key.as_bytes()), ("value", value)]).map(drop),
+        }
+    }
+
+    pub fn fence(&mut self) -> Result<(), Failed> {
+        match self.server {
+            Server::Alone { .. } => Ok(()),
+            Server::Wire(_) => self.ask("kvs-fence", &[]).map(drop),
+        }
+    }
+
+    /// The value of `key` in job `jobid`'s key-value space; `Failed::quiet` if it has none.
+    pub fn get(&mut self, jobid: &str, src: i32, key: &str) -> Result<Vec<u8>, Failed> {
+        match &mut self.server {
+            Server::Alone { kvs, .. } if jobid == self.jobid => kvs.get(key).cloned().ok_or_else(Failed::quiet),
+            Server::Alone { .. } => Err(Failed::quiet()),
+            Server::Wire(_) => {
+                let src = src.to_string();
+                let fields: Fields = &[("jobid", jobid.as_bytes()), ("srcid", src.as_bytes()), ("key", key.as_bytes())];
+                found(self.ask_quietly("kvs-get", fields)?)
+            }
+        }
+    }
+
+    pub fn put_node_attr(&mut self, name: &str, value: &[u8]) -> Result<(), Failed> {
+        match &mut self.server {
+            Server::Alone { node, .. } => {
+                node.insert(name.into(), value.into());
+                Ok(())
+            }
+            Server::Wire(_) => self.ask("info-putnodeattr", &[("key", name.as_bytes()), ("value", value)]).map(drop),
+        }
+    }
+
+    /// Node attribute `name`, waiting for a task of the node to put it if `wait`; `None` if there is none.
+    pub fn node_attr(&mut self, name: &str, wait: bool) -> Result<Option<Vec<u8>>, Failed> {
+        match &mut self.server {
+            // Nobody else on the node could put it.
+            Server::Alone { node, .. } => Ok(node.get(name).cloned()),
+            Server::Wire(_) => {
+                let wait: &[u8] = if wait { b"TRUE" } else { b"FALSE" };
+                optional(self.ask_quietly("info-getnodeattr", &[("key", name.as_bytes()), ("wait", wait)]))
+            }
+        }
+    }
+
+    /// Job attribute `name`; `None` if the server has none.
+    pub fn job_attr(&mut self, name: &str) -> Result<Option<Vec<u8>>, Failed> {
+        match &self.server {
+            Server::Alone { .. } => Ok(match name {
+                "PMI_process_mapping" => Some(b"(vector,(0,1,1))".to_vec()),
+                "universeSize" => Some(b"1".to_vec()),
+                _ => None,
+            }),
+            Server::Wire(_) => optional(self.ask_quietly("info-getjobattr", &[("key", name.as_bytes())])),
+        }
+    }
+
+    /// A name service request: the port of a lookup.
+    pub fn name(&mut self, cmd: &str, fields: Fields) -> Result<Vec<u8>, Failed> {
+        let answer = self.ask_quietly(cmd, fields)?;
+        if cmd != "name-lookup" {
+            return Ok(Vec::new());
+        }
+        // rpmi answers the port as both; Slurm's server as value=.
+        match answer.get("value").or(answer.get("port")) {
+            Some(port) if !port.is_empty() => Ok(port.to_vec()),
+            _ => Err(Failed::quiet()),
+        }
+    }
+
+    /// A spawn: the new job's id and each process's error code.
+    pub fn spawn(&mut self, request: &SpawnRequest) -> Result<(Vec<u8>, Vec<i32>), Failed> {
+        if self.alone_now() {
+            return Err(Failed::quiet());
+        }
+        let mut owned: Vec<(String, Vec<u8>)> = vec![("ncmds".into(), request.commands.len().to_string().into())];
+        let preputs = request.commands.first().map(|c| c.preputs.as_slice()).unwrap_or_default();
+        owned.push(("preputcount".into(), preputs.len().to_string().into()));
+        for (i, (k, v)) in preputs.iter().enumerate() {
+            owned.push((format!("ppkey{i}"), k.clone()));
+            owned.push((format!("ppval{i}"), v.clone()));
+        }
+        for c in &request.commands {
+            owned.push(("subcmd".into(), c.execname.clone()));
+            owned.push(("maxprocs".into(), c.nprocs.to_string().into()));
+            owned.push(("argc".into(), c.args.len().to_string().into()));
+            for (i, a) in c.args.iter().enumerate() {
+                owned.push((format!("argv{i}"), a.clone()));
+            }
+            owned.push(("infokeycount".into(), c.infos.len().to_string().into()));
+            for (i, (k, v)) in c.infos.iter().enumerate() {
+                owned.push((format!("infokey{i}"), k.clone()));
+                owned.push((format!("infoval{i}"), v.clone()));
+            }
+        }
+        let fields: Vec<(&str, &[u8])> = owned.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+        let answer = self.ask_quietly("spawn", &fields)?;
+        let jobid = answer.get("jobid").unwrap_or_default().to_vec();
+        let codes = match answer.get("errcodes") {
+            None | Some(b"") => Vec::new(),
+            Some(codes) => String::from_utf8_lossy(codes)
+                .split(',')
+                .map(|c| c.trim().parse::<i32>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| {
+                    Failed::said("the PMI server answered a spawn with errcodes that are not integers".into())
+                })?,
+        };
+        Ok((jobid, codes))
+    }
+}
+
+/// A `found=`/`value=` answer: the value, or `Failed::quiet` if not found.
+fn found(answer: Answer) -> Result<Vec<u8>, Failed> {
+    optional(Ok(answer))?.ok_or_else(Failed::quiet)
+}
+
+/// A `found=`/`value=` answer (or a refusal) as an optional value.
+fn optional(answer: Result<Answer, Failed>) -> Result<Option<Vec<u8>>, Failed> {
+    match answer {
+        Ok(a) if a.flag("found") => Ok(Some(a.get("value").unwrap_or_default().to_vec())),
+        Ok(_) => Ok(None),
+        Err(f) if f.message.is_none() => Ok(None),
+        Err(f) => Err(f),
+    }
+}
+
+/// Reads one frame, which must answer with `cmd=<answer>`.
+fn read_answer(conn: &mut Conn, answer: &str) -> Result<Answer, Failed> {
+    let header = conn.exact(HEADER_LEN)?;
+    let len = body_len(&header).ok_or_else(|| {
+        Failed::said(format!("the PMI server sent a frame whose length is '{}'", String::from_utf8_lossy(&header)))
+    })?;
+    let body = conn.exact(len)?;
+    let message =
+        Message::parse(&body).map_err(|e| Failed::said(format!("the PMI server sent a malformed frame: {e}")))?;
+    if message.cmd != answer.as_bytes() {
+        return Err(Failed::said(format!(
+            "the PMI server answered with cmd={} where cmd={answer} was due",
+            String::from_utf8_lossy(message.cmd)
+        )));
+    }
+    let mut fields = BTreeMap::new();
+    for (key, value) in message.pairs() {
+        fields.entry(String::from_utf8_lossy(key).into_owned()).or_insert_with(|| value.to_vec());
+    }
+    Ok(Answer { fields })
+}

@@ -1,0 +1,168 @@
+/* Calls every function of the PMI-2 API (pmi2.h, libpmi2.so.0) the way a runtime does at start-up, and each
+ * with wrong arguments, checking every return code. Prints one line per rank:
+ *   rank R of S: ok
+ * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
+ *
+ *   pmi2_api [alone | abort]   alone: no launcher (a job of one); abort: rank 1 calls PMI2_Abort */
+#include <pmi2.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int rank = -1, size = 0;
+
+#define CHECK(call, want)                                                                                   \
+    do {                                                                                                    \
+        int rc_ = (call);                                                                                   \
+        if (rc_ != (want)) {                                                                                \
+            fprintf(stderr, "rank %d: %s returned %d, not %d (line %d)\n", rank, #call, rc_, (want), __LINE__); \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+#define EXPECT(cond)                                                                                        \
+    do {                                                                                                    \
+        if (!(cond)) {                                                                                      \
+            fprintf(stderr, "rank %d: %s does not hold (line %d)\n", rank, #cond, __LINE__);                \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+static void want_of(int r, char *out, size_t n)
+{
+    snprintf(out, n, "value=of=%d:%d", r, r * 7); /* no ';': Slurm's --mpi=pmi2 cuts a value there */
+}
+
+static void *reader(void *arg)
+{
+    long id = (long)arg;
+    char key[PMI2_MAX_KEYLEN], value[PMI2_MAX_VALLEN], want[128];
+    for (int i = 0; i < 200; i++) {
+        int r = (int)((id * 7 + i) % size), len = 0;
+        snprintf(key, sizeof key, "key%d", r);
+        want_of(r, want, sizeof want);
+        if (PMI2_KVS_Get(NULL, PMI2_ID_NULL, key, value, sizeof value, &len) != PMI2_SUCCESS || strcmp(value, want) != 0) {
+            fprintf(stderr, "rank %d: thread %ld read '%s' for %s\n", rank, id, value, key);
+            exit(1);
+        }
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
+    int spawned = -1, appnum = -1, found = -1, len = -1, n = -1, ints[4];
+    char jobid[256], key[PMI2_MAX_KEYLEN], value[PMI2_MAX_VALLEN], want[128];
+
+    EXPECT(PMI2_Initialized() == 0);
+    CHECK(PMI2_KVS_Fence(), PMI2_ERR_INIT);
+    CHECK(PMI2_Init(NULL, &size, &rank, &appnum), PMI2_ERR_INVALID_ARG);
+    CHECK(PMI2_Init(&spawned, &size, &rank, &appnum), PMI2_SUCCESS);
+    EXPECT(PMI2_Initialized() == 1);
+    EXPECT(spawned == 0 && size >= 1 && rank >= 0 && rank < size && (appnum == 0 || appnum == -1));
+    if (alone)
+        EXPECT(size == 1 && rank == 0);
+    int r2 = -1, s2 = -1;
+    CHECK(PMI2_Job_GetRank(&r2), PMI2_SUCCESS);
+    CHECK(PMI2_Info_GetSize(&s2), PMI2_SUCCESS);
+    EXPECT(r2 == rank && s2 == size);
+    CHECK(PMI2_Job_GetRank(NULL), PMI2_ERR_INVALID_ARG);
+    CHECK(PMI2_Job_GetId(jobid, sizeof jobid), PMI2_SUCCESS);
+    EXPECT(strlen(jobid) > 0);
+    CHECK(PMI2_Job_GetId(jobid, 1), PMI2_ERR_INVALID_LENGTH);
+    CHECK(PMI2_Job_GetId(NULL, 10), PMI2_ERR_INVALID_ARG);
+    CHECK(PMI2_Job_GetId(jobid, sizeof jobid), PMI2_SUCCESS);
+
+    if (argc > 1 && strcmp(argv[1], "abort") == 0 && rank == 1)
+        PMI2_Abort(1, "pmi2_api: rank 1 aborts on purpose");
+
+    /* The exchange. */
+    snprintf(key, sizeof key, "key%d", rank);
+    want_of(rank, want, sizeof want);
+    CHECK(PMI2_KVS_Put(key, want), PMI2_SUCCESS);
+    CHECK(PMI2_KVS_Put("a;b", want), PMI2_ERR_INVALID_KEY);
+    CHECK(PMI2_KVS_Put(NULL, want), PMI2_ERR_INVALID_KEY);
+    CHECK(PMI2_KVS_Put(key, "two\nlines"), PMI2_ERR_INVALID_VAL);
+    CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+    for (int r = 0; r < size; r++) {
+        snprintf(key, sizeof key, "key%d", r);
+        want_of(r, want, sizeof want);
+        CHECK(PMI2_KVS_Get(r % 2 ? jobid : NULL, r, key, value, sizeof value, &len), PMI2_SUCCESS);
+        EXPECT(strcmp(value, want) == 0 && len == (int)strlen(want));
+    }
+    pthread_t threads[4];
+    for (long t = 0; t < 4; t++)
+        EXPECT(pthread_create(&threads[t], NULL, reader, (void *)t) == 0);
+    for (int t = 0; t < 4; t++)
+        pthread_join(threads[t], NULL);
+    CHECK(PMI2_KVS_Get(NULL, PMI2_ID_NULL, "key0", value, 3, &len), PMI2_ERR_INVALID_VAL_LENGTH);
+    CHECK(PMI2_KVS_Get(NULL, PMI2_ID_NULL, "no_such_key", value, sizeof value, &len), PMI2_FAIL);
+    CHECK(PMI2_KVS_Get(NULL, PMI2_ID_NULL, "key0", NULL, sizeof value, &len), PMI2_ERR_INVALID_ARG);
+
+    /* Node attributes: this rank's own, a list of integers, and one nobody put. */
+    snprintf(key, sizeof key, "attr%d", rank);
+    CHECK(PMI2_Info_PutNodeAttr(key, "node value"), PMI2_SUCCESS);
+    CHECK(PMI2_Info_GetNodeAttr(key, value, sizeof value, &found, 1), PMI2_SUCCESS);
+    EXPECT(found == 1 && strcmp(value, "node value") == 0);
+    CHECK(PMI2_Info_GetNodeAttr("no_such_attr", value, sizeof value, &found, 0), PMI2_SUCCESS);
+    EXPECT(found == 0);
+    snprintf(key, sizeof key, "ints%d", rank);
+    CHECK(PMI2_Info_PutNodeAttr(key, "4,5,6"), PMI2_SUCCESS);
+    CHECK(PMI2_Info_GetNodeAttrIntArray(key, ints, 4, &n, &found), PMI2_SUCCESS);
+    EXPECT(found == 1 && n == 3 && ints[0] == 4 && ints[2] == 6);
+    CHECK(PMI2_Info_GetNodeAttrIntArray(key, ints, 2, &n, &found), PMI2_ERR_INVALID_LENGTH);
+    CHECK(PMI2_Info_GetNodeAttr(key, NULL, 10, &found, 0), PMI2_ERR_INVALID_ARG);
+
+    /* Job attributes. */
+    CHECK(PMI2_Info_GetJobAttr("PMI_process_mapping", value, sizeof value, &found), PMI2_SUCCESS);
+    EXPECT(found == 1 && strncmp(value, "(vector,", 8) == 0);
+    /* Slurm's --mpi=pmi2 answers any name that sorts after its PMI_netinfo_of_task with the node's network
+     * interfaces: this one sorts before. */
+    CHECK(PMI2_Info_GetJobAttr("PMI_absent_attr", value, sizeof value, &found), PMI2_SUCCESS);
+    EXPECT(found == 0);
+    CHECK(PMI2_Info_GetJobAttrIntArray("universeSize", ints, 4, &n, &found), PMI2_SUCCESS);
+    EXPECT(found == 0 || (n == 1 && ints[0] >= size));
+    CHECK(PMI2_Info_GetJobAttr(NULL, value, sizeof value, &found), PMI2_ERR_INVALID_KEY);
+
+    /* Names. A job of one has no name service. */
+    char port[256];
+    if (alone) {
+        CHECK(PMI2_Nameserv_publish("pmi2_api_service", NULL, "port-0"), PMI2_FAIL);
+        CHECK(PMI2_Nameserv_lookup("pmi2_api_service", NULL, port, sizeof port), PMI2_FAIL);
+    } else {
+        if (rank == 0)
+            CHECK(PMI2_Nameserv_publish("pmi2_api_service", NULL, "port-0"), PMI2_SUCCESS);
+        CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+        CHECK(PMI2_Nameserv_lookup("pmi2_api_service", NULL, port, sizeof port), PMI2_SUCCESS);
+        EXPECT(strcmp(port, "port-0") == 0);
+        CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+        if (rank == 0)
+            CHECK(PMI2_Nameserv_unpublish("pmi2_api_service", NULL), PMI2_SUCCESS);
+        CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+        CHECK(PMI2_Nameserv_lookup("pmi2_api_service", NULL, port, sizeof port), PMI2_FAIL);
+    }
+    CHECK(PMI2_Nameserv_publish(NULL, NULL, "p"), PMI2_ERR_INVALID_ARG);
+    CHECK(PMI2_Nameserv_lookup("s", NULL, NULL, 10), PMI2_ERR_INVALID_ARG);
+
+    /* Not served, and a spawn with wrong arguments. */
+    PMI2_Connect_comm_t conn;
+    memset(&conn, 0, sizeof conn);
+    CHECK(PMI2_Job_Connect(jobid, &conn), PMI2_FAIL);
+    CHECK(PMI2_Job_Disconnect(jobid), PMI2_FAIL);
+    CHECK(PMI2_Job_Connect(NULL, &conn), PMI2_ERR_INVALID_ARG);
+    const char *cmds[1] = {"true"};
+    int maxprocs[1] = {1}, argcs[1] = {0}, errors[1];
+    CHECK(PMI2_Job_Spawn(0, cmds, argcs, NULL, maxprocs, NULL, NULL, 0, NULL, NULL, 0, errors), PMI2_ERR_INVALID_ARG);
+    CHECK(PMI2_Job_Spawn(1, cmds, argcs, NULL, maxprocs, NULL, NULL, 1, NULL, NULL, 0, errors), PMI2_ERR_INVALID_ARG);
+
+    CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+    printf("rank %d of %d: ok\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI2_Finalize(), PMI2_SUCCESS);
+    EXPECT(PMI2_Initialized() == 0);
+    CHECK(PMI2_KVS_Fence(), PMI2_ERR_INIT);
+    CHECK(PMI2_Init(&spawned, &size, &rank, &appnum), PMI2_FAIL);
+    return 0;
+}
