@@ -139,31 +139,29 @@ expect '^rank=0 size=2 '
 expect '^rank=1 size=2 '
 step "rpmi-run -n 4 --nodes 2 mpi_pairs" timeout 120 rpmi-run -n 4 --nodes 2 "$work/mpi_pairs"
 expect "$pairs4"
-# libpmi.so.0: tests/programs/pmi_api.c built with pkg-config's flags finds the package's library (not Slurm's
-# libpmi0, installed beside it) and passes every call under the installed rpmi-run and with no launcher.
-pmilib=$(dpkg -L rpmi | grep '/rpmi/libpmi\.so\.0$') || die "rpmi has no libpmi.so.0"
-# shellcheck disable=SC2046  # pkg-config's words are separate arguments
-step "cc tests/programs/pmi_api.c \$(pkg-config --cflags --libs rpmi-pmi)" cc -Wall -Wextra -Werror -O2 \
-  $(pkg-config --cflags rpmi-pmi) tests/programs/pmi_api.c -o "$work/pmi_api" $(pkg-config --libs rpmi-pmi) -pthread
-loaded=$(ldd "$work/pmi_api" | awk '$1 == "libpmi.so.0" { print $3 }')
-[[ $(readlink -f "$loaded") == "$(readlink -f "$pmilib")" ]] || die "pmi_api loads ${loaded:-no libpmi.so.0}, not $pmilib"
-step "rpmi-run -n 4 --nodes 2 pmi_api" timeout 120 rpmi-run -n 4 --nodes 2 "$work/pmi_api"
-expect '^rank 3 of 4: ok clique=2 groups=1$'
-step "pmi_api alone" env -u PMI_FD -u PMI_RANK -u PMI_SIZE "$work/pmi_api" alone
-expect '^rank 0 of 1: ok clique=1 groups=1$'
-pmi2lib=$(dpkg -L rpmi | grep '/rpmi/libpmi2\.so\.0$') || die "rpmi has no libpmi2.so.0"
-# shellcheck disable=SC2046  # pkg-config's words are separate arguments
-step "cc tests/programs/pmi2_api.c \$(pkg-config --cflags --libs rpmi-pmi2)" cc -Wall -Wextra -Werror -O2 \
-  $(pkg-config --cflags rpmi-pmi2) tests/programs/pmi2_api.c -o "$work/pmi2_api" $(pkg-config --libs rpmi-pmi2) -pthread
-loaded=$(ldd "$work/pmi2_api" | awk '$1 == "libpmi2.so.0" { print $3 }')
-[[ $(readlink -f "$loaded") == "$(readlink -f "$pmi2lib")" ]] || die "pmi2_api loads ${loaded:-no libpmi2.so.0}, not $pmi2lib"
-step "rpmi-run -n 4 --nodes 2 pmi2_api" timeout 120 rpmi-run -n 4 --nodes 2 "$work/pmi2_api"
-expect '^rank 3 of 4: ok$'
-step "pmi2_api alone" env -u PMI_FD -u PMI_RANK -u PMI_SIZE -u PMI_JOBID "$work/pmi2_api" alone
-expect '^rank 0 of 1: ok$'
+# The client libraries: tests/programs/NAME.c built with pkg-config's flags loads the package's SONAME (not
+# Slurm's, installed beside it) and passes every call under the installed rpmi-run and with no launcher, each
+# rank printing a line that ends with TAIL.
+api_program() {
+  local name=$1 pc=$2 soname=$3 tail=$4 installed loaded
+  installed=$(dpkg -L rpmi | grep "/rpmi/${soname//./\\.}\$") || die "rpmi has no $soname"
+  # shellcheck disable=SC2046  # pkg-config's words are separate arguments
+  step "cc tests/programs/$name.c \$(pkg-config --cflags --libs $pc)" cc -Wall -Wextra -Werror -O2 \
+    $(pkg-config --cflags "$pc") "tests/programs/$name.c" -o "$work/$name" $(pkg-config --libs "$pc") -pthread
+  loaded=$(ldd "$work/$name" | awk -v so="$soname" '$1 == so { print $3 }')
+  [[ $(readlink -f "$loaded") == "$(readlink -f "$installed")" ]] || die "$name loads ${loaded:-no $soname}, not $installed"
+  step "rpmi-run -n 4 --nodes 2 $name" timeout 120 rpmi-run -n 4 --nodes 2 "$work/$name"
+  expect "^rank 3 of 4: ok$tail\$"
+  step "$name alone" env -u PMI_FD -u PMI_RANK -u PMI_SIZE -u PMI_JOBID "$work/$name" alone
+  expect "^rank 0 of 1: ok"
+  api_libs+=("$installed")
+}
+api_libs=()
+api_program pmi_api rpmi-pmi libpmi.so.0 " clique=2 groups=1"
+api_program pmi2_api rpmi-pmi2 libpmi2.so.0 ""
 
 step "dpkg --purge rpmi-slurm rpmi" dpkg --purge rpmi-slurm rpmi
-for f in "$plugin" "$lib" "$pmilib" "$pmi2lib"; do
+for f in "$plugin" "$lib" "${api_libs[@]}"; do
   [[ ! -e $f ]] || die "$f is left after the purge"
 done
 for f in /usr/share/man/man1/rpmi-run.1.gz /usr/share/man/man7/rpmi-options.7.gz /usr/share/doc/rpmi \

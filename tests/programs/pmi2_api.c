@@ -4,30 +4,14 @@
  * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
  *
  *   pmi2_api [alone | abort]   alone: no launcher (a job of one); abort: rank 1 calls PMI2_Abort */
+#include "check.h"
 #include <pmi2.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int rank = -1, size = 0;
-
-#define CHECK(call, want)                                                                                   \
-    do {                                                                                                    \
-        int rc_ = (call);                                                                                   \
-        if (rc_ != (want)) {                                                                                \
-            fprintf(stderr, "rank %d: %s returned %d, not %d (line %d)\n", rank, #call, rc_, (want), __LINE__); \
-            exit(1);                                                                                        \
-        }                                                                                                   \
-    } while (0)
-
-#define EXPECT(cond)                                                                                        \
-    do {                                                                                                    \
-        if (!(cond)) {                                                                                      \
-            fprintf(stderr, "rank %d: %s does not hold (line %d)\n", rank, #cond, __LINE__);                \
-            exit(1);                                                                                        \
-        }                                                                                                   \
-    } while (0)
+static int size = 0;
 
 static void want_of(int r, char *out, size_t n)
 {

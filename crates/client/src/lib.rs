@@ -1,11 +1,12 @@
 //! What rpmi's PMI client libraries (`crates/libpmi`, `crates/libpmi2`) share: the connection to the
-//! launcher's server ([`conn`]) and the C boundary ([`cabi`]): a failure as a PMI code, C strings in and out,
-//! and no panic crossing into the caller. PMI-1's and PMI-2's return codes have the same values.
+//! launcher's server ([`conn`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
+//! failure as a PMI code, C strings in and out, and no panic crossing into the caller. PMI-1's and PMI-2's return codes have the same values.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cabi;
 pub mod conn;
+pub mod held;
 
 /// `PMI_SUCCESS`, `PMI2_SUCCESS`.
 pub const SUCCESS: i32 = 0;

@@ -12,44 +12,22 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_out, guard, is_string, is_word, set, text};
-use rpmi_client::{Failed, ERR_INIT, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM};
-use rpmi_client::{FAIL as PMI_FAIL, SUCCESS as PMI_SUCCESS};
+use rpmi_client::cabi::{copy_out, is_string, is_word, set, text};
+use rpmi_client::held::{Held, Ranked};
+use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
 use session::{Session, PORT_MAX};
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 /// Not in RFC 13's table of codes, though its text returns it from the key-value calls: MPICH's value.
 const PMI_ERR_INVALID_KVS: c_int = 14;
 
 /// The process's session, from `PMI_Init` to `PMI_Finalize`.
-static SESSION: Mutex<Option<Session>> = Mutex::new(None);
-/// `PMI_Finalize` succeeded: the launcher's connection is spent.
-static FINALIZED: AtomicBool = AtomicBool::new(false);
+static SESSION: Held<Session> = Held::new("libpmi");
 
-fn session() -> MutexGuard<'static, Option<Session>> {
-    // A call that panicked left nothing half-changed that the next one could trip on.
-    SESSION.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs `f` on the session, if `PMI_Init` made one; a failure is said on stderr with the rank.
 fn with_session(name: &str, f: impl FnOnce(&mut Session) -> Result<(), Failed>) -> c_int {
-    guard(&format!("libpmi: {name}"), || {
-        let mut s = session();
-        let Some(s) = s.as_mut() else { return ERR_INIT };
-        match f(s) {
-            Ok(()) => PMI_SUCCESS,
-            Err(failed) => {
-                if let Some(message) = failed.message {
-                    eprintln!("libpmi: rank {}: {name}: {message}", s.rank);
-                }
-                failed.code
-            }
-        }
-    })
+    SESSION.with(name, f)
 }
 
 /// Reads one number of the session into `*out`.
@@ -57,16 +35,8 @@ fn with_session(name: &str, f: impl FnOnce(&mut Session) -> Result<(), Failed>) 
 /// # Safety
 /// `out` is NULL or points to a writable int.
 unsafe fn query(name: &str, out: *mut c_int, what: impl FnOnce(&mut Session) -> Result<c_int, Failed>) -> c_int {
-    if out.is_null() {
-        return ERR_INVALID_ARG;
-    }
-    let mut value = 0;
-    let rc = with_session(name, |s| what(s).map(|v| value = v));
-    if rc == PMI_SUCCESS {
-        // SAFETY: the caller's contract.
-        unsafe { *out = value };
-    }
-    rc
+    // SAFETY: the caller's contract.
+    unsafe { SESSION.query(name, out, what) }
 }
 
 /// # Safety
@@ -76,44 +46,21 @@ pub unsafe extern "C" fn PMI_Init(spawned: *mut c_int) -> c_int {
     if spawned.is_null() {
         return ERR_INVALID_ARG;
     }
-    guard("libpmi: PMI_Init", || {
-        let mut s = session();
-        if s.is_none() && FINALIZED.load(Ordering::SeqCst) {
-            eprintln!("libpmi: PMI_Init: PMI_Finalize has been called: the launcher serves one session per process");
-            return PMI_FAIL;
-        }
-        if s.is_none() {
-            match Session::start() {
-                Ok(new) => *s = Some(new),
-                Err(failed) => {
-                    eprintln!("libpmi: PMI_Init: {}", failed.message.unwrap_or_default());
-                    return PMI_FAIL;
-                }
-            }
-        }
-        let was_spawned = s.as_ref().is_some_and(|s| s.spawned);
-        // SAFETY: checked above, as the caller's contract allows.
-        unsafe { set(spawned, was_spawned as c_int) }
-    })
+    // SAFETY: checked above, as the caller's contract allows.
+    SESSION.init("PMI_Init", Session::start, |s| unsafe { set(spawned, s.spawned as c_int) })
 }
 
 /// # Safety
 /// `initialized` is NULL or points to a writable int.
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Initialized(initialized: *mut c_int) -> c_int {
-    let is = guard("libpmi: PMI_Initialized", || session().is_some() as c_int);
     // SAFETY: the caller's contract.
-    unsafe { set(initialized, is.max(0)) }
+    unsafe { set(initialized, SESSION.initialized() as c_int) }
 }
 
 #[no_mangle]
 pub extern "C" fn PMI_Finalize() -> c_int {
-    let rc = with_session("PMI_Finalize", Session::finalize);
-    if rc == PMI_SUCCESS {
-        *session() = None;
-        FINALIZED.store(true, Ordering::SeqCst);
-    }
-    rc
+    SESSION.finalize("PMI_Finalize", Session::finalize)
 }
 
 /// Prints `error_msg` on stderr, tells the server the job ends with `exit_code`, and exits.
@@ -132,9 +79,7 @@ pub unsafe extern "C" fn PMI_Abort(exit_code: c_int, error_msg: *const c_char) -
         eprintln!("{message}");
         // Another thread may hold the session in a barrier: then the server learns of the end from this
         // process's exit instead.
-        if let Ok(Some(s)) = SESSION.try_lock().as_deref_mut() {
-            s.abort(exit_code, &message);
-        }
+        SESSION.try_with(|s| s.abort(exit_code, &message));
     }));
     std::process::exit(exit_code)
 }
@@ -512,11 +457,10 @@ pub unsafe extern "C" fn PMI_Lookup_name(service_name: *const c_char, port: *mut
 
 /// What RFC 13 leaves OPTIONAL and the PMI-1 wire cannot serve: `PMI_FAIL` once the arguments are checked.
 fn unserved(name: &str, args_ok: bool) -> c_int {
-    guard(&format!("libpmi: {name}"), || match (args_ok, session().is_some()) {
-        (false, _) => ERR_INVALID_ARG,
-        (true, false) => ERR_INIT,
-        (true, true) => PMI_FAIL,
-    })
+    match args_ok {
+        false => ERR_INVALID_ARG,
+        true => with_session(name, |_| Err(Failed::quiet())),
+    }
 }
 
 /// # Safety
@@ -593,4 +537,10 @@ pub unsafe extern "C" fn PMI_Free_keyvals(keyvalp: *mut PmiKeyval, size: c_int) 
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Get_options(str: *mut c_char, length: *mut c_int) -> c_int {
     unserved("PMI_Get_options", !str.is_null() && !length.is_null())
+}
+
+impl Ranked for Session {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
 }

@@ -10,44 +10,24 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_out, guard, is_string, is_word, set, text};
-use rpmi_client::{Failed, ERR_INIT, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
-use rpmi_client::{FAIL, SUCCESS};
+use rpmi_client::cabi::{copy_out, is_string, is_word, set, text};
+use rpmi_client::held::{Held, Ranked};
+use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
 use session::Session;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 /// `PMI2_MAX_KEYLEN`, `PMI2_MAX_VALLEN` (each with its NUL).
 const KEY_MAX: usize = 64;
 const VALUE_MAX: usize = 1024;
 const PMI2_ERR_INVALID_VAL_LENGTH: c_int = 7;
 
-static SESSION: Mutex<Option<Session>> = Mutex::new(None);
-/// `PMI2_Finalize` succeeded: the launcher's connection is spent.
-static FINALIZED: AtomicBool = AtomicBool::new(false);
+/// The process's session, from `PMI2_Init` to `PMI2_Finalize`.
+static SESSION: Held<Session> = Held::new("libpmi2");
 
-fn session() -> MutexGuard<'static, Option<Session>> {
-    SESSION.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs `f` on the session, if `PMI2_Init` made one; a failure is said on stderr with the rank.
 fn with_session(name: &str, f: impl FnOnce(&mut Session) -> Result<(), Failed>) -> c_int {
-    guard(&format!("libpmi2: {name}"), || {
-        let mut s = session();
-        let Some(s) = s.as_mut() else { return ERR_INIT };
-        match f(s) {
-            Ok(()) => SUCCESS,
-            Err(failed) => {
-                if let Some(message) = failed.message {
-                    eprintln!("libpmi2: rank {}: {name}: {message}", s.rank);
-                }
-                failed.code
-            }
-        }
-    })
+    SESSION.with(name, f)
 }
 
 /// An MPI info entry as MPICH lays it out (`struct MPID_Info`): only `key` and `value` are read.
@@ -78,22 +58,7 @@ pub unsafe extern "C" fn PMI2_Init(
     if spawned.is_null() || size.is_null() || rank.is_null() || appnum.is_null() {
         return ERR_INVALID_ARG;
     }
-    guard("libpmi2: PMI2_Init", || {
-        let mut s = session();
-        if s.is_none() && FINALIZED.load(Ordering::SeqCst) {
-            eprintln!("libpmi2: PMI2_Init: PMI2_Finalize has been called: the launcher serves one session per process");
-            return FAIL;
-        }
-        if s.is_none() {
-            match Session::start() {
-                Ok(new) => *s = Some(new),
-                Err(failed) => {
-                    eprintln!("libpmi2: PMI2_Init: {}", failed.message.unwrap_or_default());
-                    return FAIL;
-                }
-            }
-        }
-        let Some(s) = s.as_ref() else { return FAIL };
+    SESSION.init("PMI2_Init", Session::start, |s| {
         // SAFETY: checked above, as the caller's contract allows.
         unsafe {
             set(spawned, s.spawned as c_int);
@@ -106,17 +71,12 @@ pub unsafe extern "C" fn PMI2_Init(
 
 #[no_mangle]
 pub extern "C" fn PMI2_Initialized() -> c_int {
-    guard("libpmi2: PMI2_Initialized", || session().is_some() as c_int).max(0)
+    SESSION.initialized() as c_int
 }
 
 #[no_mangle]
 pub extern "C" fn PMI2_Finalize() -> c_int {
-    let rc = with_session("PMI2_Finalize", |s| if s.alone_now() { Ok(()) } else { s.ask("finalize", &[]).map(drop) });
-    if rc == SUCCESS {
-        *session() = None;
-        FINALIZED.store(true, Ordering::SeqCst);
-    }
-    rc
+    SESSION.finalize("PMI2_Finalize", |s| if s.alone_now() { Ok(()) } else { s.ask("finalize", &[]).map(drop) })
 }
 
 /// # Safety
@@ -130,13 +90,13 @@ pub unsafe extern "C" fn PMI2_Abort(flag: c_int, msg: *const c_char) -> c_int {
         eprintln!("{message}");
         // Another thread may hold the session in a fence: then the server learns of the end from this
         // process's exit instead.
-        if let Ok(Some(s)) = SESSION.try_lock().as_deref_mut() {
+        SESSION.try_with(|s| {
             let world: &[u8] = if flag != 0 { b"TRUE" } else { b"FALSE" };
             // Slurm's server reads isworld and msg; rpmi's reads exitcode and message.
             let fields: &[(&str, &[u8])] =
                 &[("isworld", world), ("msg", message.as_bytes()), ("exitcode", b"1"), ("message", message.as_bytes())];
             s.tell("abort", fields);
-        }
+        });
     }));
     std::process::exit(1)
 }
@@ -247,34 +207,16 @@ pub unsafe extern "C" fn PMI2_Job_GetId(jobid: *mut c_char, jobid_size: c_int) -
 /// `rank` is NULL or points to a writable int.
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_Job_GetRank(rank: *mut c_int) -> c_int {
-    let mut value = 0;
-    let rc = with_session("PMI2_Job_GetRank", |s| {
-        value = s.rank as c_int;
-        Ok(())
-    });
     // SAFETY: the caller's contract.
-    if rc == SUCCESS {
-        unsafe { set(rank, value) }
-    } else {
-        rc
-    }
+    unsafe { SESSION.query("PMI2_Job_GetRank", rank, |s| Ok(s.rank as c_int)) }
 }
 
 /// # Safety
 /// `size` is NULL or points to a writable int.
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_Info_GetSize(size: *mut c_int) -> c_int {
-    let mut value = 0;
-    let rc = with_session("PMI2_Info_GetSize", |s| {
-        value = s.size as c_int;
-        Ok(())
-    });
     // SAFETY: the caller's contract.
-    if rc == SUCCESS {
-        unsafe { set(size, value) }
-    } else {
-        rc
-    }
+    unsafe { SESSION.query("PMI2_Info_GetSize", size, |s| Ok(s.size as c_int)) }
 }
 
 /// Connecting to another job is not served: `PMI2_FAIL` once the arguments are checked.
@@ -304,10 +246,24 @@ pub unsafe extern "C" fn PMI2_Job_Disconnect(jobid: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_KVS_Put(key: *const c_char, value: *const c_char) -> c_int {
     // SAFETY: the caller's contract.
+    unsafe { put("PMI2_KVS_Put", key, value, Session::put) }
+}
+
+/// A put call: `key` and `value` checked, then `store` of them.
+///
+/// # Safety
+/// `key` and `value` are NULL or NUL-terminated strings.
+unsafe fn put(
+    call: &str,
+    key: *const c_char,
+    value: *const c_char,
+    store: impl FnOnce(&mut Session, &str, &[u8]) -> Result<(), Failed>,
+) -> c_int {
+    // SAFETY: the caller's contract.
     let (key, value) = unsafe { (text(key), text(value)) };
     let Some(key) = key.filter(|k| key_ok(k)) else { return ERR_INVALID_KEY };
     let Some(value) = value.filter(|v| is_string(v, VALUE_MAX)) else { return ERR_INVALID_VAL };
-    with_session("PMI2_KVS_Put", |s| s.put(key, value.as_bytes()))
+    with_session(call, |s| store(s, key, value.as_bytes()))
 }
 
 #[no_mangle]
@@ -396,8 +352,62 @@ unsafe fn deliver_ints(
     Ok(())
 }
 
+/// An attribute call: `name` checked, then `lookup`'s value into the caller's `value[..valuelen]` and `*found`.
+///
 /// # Safety
-/// `name` is NULL or a NUL-terminated string; `value` holds `valuelen` bytes; `found` is NULL or writable.
+/// `name` is NULL or a NUL-terminated string; `value` is NULL or holds `valuelen` bytes; `found` is NULL or
+/// writable.
+unsafe fn attr(
+    call: &str,
+    name: *const c_char,
+    value: *mut c_char,
+    valuelen: c_int,
+    found: *mut c_int,
+    lookup: impl FnOnce(&mut Session, &str) -> Result<Option<Vec<u8>>, Failed>,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
+    let Ok(len) = usize::try_from(valuelen) else { return ERR_INVALID_LENGTH };
+    if value.is_null() || found.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session(call, |s| {
+        let got = lookup(s, name)?;
+        // SAFETY: checked above, the caller's contract.
+        unsafe { deliver(got, value, len, found) }
+    })
+}
+
+/// An attribute call for a list of integers: `name` checked, then `lookup`'s comma-separated integers into
+/// the caller's `array[..arraylen]`, their count into `*outlen`.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `array` is NULL or holds `arraylen` ints; `outlen` and `found`
+/// are NULL or writable.
+unsafe fn attr_ints(
+    call: &str,
+    name: *const c_char,
+    array: *mut c_int,
+    arraylen: c_int,
+    outlen: *mut c_int,
+    found: *mut c_int,
+    lookup: impl FnOnce(&mut Session, &str) -> Result<Option<Vec<u8>>, Failed>,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
+    let Ok(len) = usize::try_from(arraylen) else { return ERR_INVALID_LENGTH };
+    if array.is_null() || outlen.is_null() || found.is_null() {
+        return ERR_INVALID_ARG;
+    }
+    with_session(call, |s| {
+        let got = lookup(s, name)?;
+        // SAFETY: checked above, the caller's contract.
+        unsafe { deliver_ints(got, array, len, outlen, found) }
+    })
+}
+
+/// # Safety
+/// As [`attr`].
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
     name: *const c_char,
@@ -407,54 +417,41 @@ pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
     waitfor: c_int,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
-    let Ok(len) = usize::try_from(valuelen) else { return ERR_INVALID_LENGTH };
-    if value.is_null() || found.is_null() {
-        return ERR_INVALID_ARG;
-    }
-    with_session("PMI2_Info_GetNodeAttr", |s| {
-        let got = s.node_attr(name, waitfor != 0)?;
-        // SAFETY: checked above, the caller's contract.
-        unsafe { deliver(got, value, len, found) }
-    })
+    unsafe { attr("PMI2_Info_GetNodeAttr", name, value, valuelen, found, |s, n| s.node_attr(n, waitfor != 0)) }
 }
 
-/// # Safety
-/// `name` is NULL or a NUL-terminated string; `array` holds `arraylen` ints; `outlen`, `found` writable.
-#[no_mangle]
-pub unsafe extern "C" fn PMI2_Info_GetNodeAttrIntArray(
-    name: *const c_char,
-    array: *mut c_int,
-    arraylen: c_int,
-    outlen: *mut c_int,
-    found: *mut c_int,
-) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
-    let Ok(len) = usize::try_from(arraylen) else { return ERR_INVALID_LENGTH };
-    if array.is_null() || outlen.is_null() || found.is_null() {
-        return ERR_INVALID_ARG;
-    }
-    with_session("PMI2_Info_GetNodeAttrIntArray", |s| {
-        let got = s.node_attr(name, false)?;
-        // SAFETY: checked above, the caller's contract.
-        unsafe { deliver_ints(got, array, len, outlen, found) }
-    })
+/// `PMI2_Info_GetNodeAttrIntArray` and `PMI2_Info_GetJobAttrIntArray`: one signature, over `lookup`.
+macro_rules! int_array_attr {
+    ($name:ident, $lookup:expr) => {
+        /// # Safety
+        /// As [`attr_ints`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            name: *const c_char,
+            array: *mut c_int,
+            arraylen: c_int,
+            outlen: *mut c_int,
+            found: *mut c_int,
+        ) -> c_int {
+            // SAFETY: the caller's contract.
+            unsafe { attr_ints(stringify!($name), name, array, arraylen, outlen, found, $lookup) }
+        }
+    };
 }
+
+int_array_attr!(PMI2_Info_GetNodeAttrIntArray, |s: &mut Session, n: &str| s.node_attr(n, false));
+int_array_attr!(PMI2_Info_GetJobAttrIntArray, Session::job_attr);
 
 /// # Safety
 /// Both arguments are NULL or NUL-terminated strings.
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_Info_PutNodeAttr(name: *const c_char, value: *const c_char) -> c_int {
     // SAFETY: the caller's contract.
-    let (name, value) = unsafe { (text(name), text(value)) };
-    let Some(name) = name.filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
-    let Some(value) = value.filter(|v| is_string(v, VALUE_MAX)) else { return ERR_INVALID_VAL };
-    with_session("PMI2_Info_PutNodeAttr", |s| s.put_node_attr(name, value.as_bytes()))
+    unsafe { put("PMI2_Info_PutNodeAttr", name, value, Session::put_node_attr) }
 }
 
 /// # Safety
-/// `name` is NULL or a NUL-terminated string; `value` holds `valuelen` bytes; `found` is NULL or writable.
+/// As [`attr`].
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_Info_GetJobAttr(
     name: *const c_char,
@@ -463,39 +460,7 @@ pub unsafe extern "C" fn PMI2_Info_GetJobAttr(
     found: *mut c_int,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
-    let Ok(len) = usize::try_from(valuelen) else { return ERR_INVALID_LENGTH };
-    if value.is_null() || found.is_null() {
-        return ERR_INVALID_ARG;
-    }
-    with_session("PMI2_Info_GetJobAttr", |s| {
-        let got = s.job_attr(name)?;
-        // SAFETY: checked above, the caller's contract.
-        unsafe { deliver(got, value, len, found) }
-    })
-}
-
-/// # Safety
-/// `name` is NULL or a NUL-terminated string; `array` holds `arraylen` ints; `outlen`, `found` writable.
-#[no_mangle]
-pub unsafe extern "C" fn PMI2_Info_GetJobAttrIntArray(
-    name: *const c_char,
-    array: *mut c_int,
-    arraylen: c_int,
-    outlen: *mut c_int,
-    found: *mut c_int,
-) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
-    let Ok(len) = usize::try_from(arraylen) else { return ERR_INVALID_LENGTH };
-    if array.is_null() || outlen.is_null() || found.is_null() {
-        return ERR_INVALID_ARG;
-    }
-    with_session("PMI2_Info_GetJobAttrIntArray", |s| {
-        let got = s.job_attr(name)?;
-        // SAFETY: checked above, the caller's contract.
-        unsafe { deliver_ints(got, array, len, outlen, found) }
-    })
+    unsafe { attr("PMI2_Info_GetJobAttr", name, value, valuelen, found, Session::job_attr) }
 }
 
 /// The longest service name or port, NUL included.
@@ -556,4 +521,10 @@ pub unsafe extern "C" fn PMI2_Nameserv_unpublish(service_name: *const c_char, _i
 /// A service name or port: a word without `;`, shorter than [`NAME_MAX`].
 fn key_ok_name(s: &str) -> bool {
     is_word(s, NAME_MAX) && !s.contains(';')
+}
+
+impl Ranked for Session {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
 }

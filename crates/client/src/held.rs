@@ -1,0 +1,109 @@
+//! The one session of a process's PMI library, from its init to its finalize, behind one lock: calls from
+//! several threads are served one at a time (the wire is lock-step), and a failure is said once on stderr,
+//! naming the library, the rank and the call.
+
+use crate::cabi::guard;
+use crate::{Failed, ERR_INIT, ERR_INVALID_ARG, FAIL, SUCCESS};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// What a session tells about itself for messages.
+pub trait Ranked {
+    fn rank(&self) -> u32;
+}
+
+pub struct Held<S> {
+    /// The library's name, for messages (`libpmi`, `libpmi2`).
+    lib: &'static str,
+    session: Mutex<Option<S>>,
+    /// The session was finalized: the launcher's connection is spent.
+    finalized: AtomicBool,
+}
+
+impl<S: Ranked> Held<S> {
+    pub const fn new(lib: &'static str) -> Held<S> {
+        Held { lib, session: Mutex::new(None), finalized: AtomicBool::new(false) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<S>> {
+        // A call that panicked left nothing half-changed that the next one could trip on.
+        self.session.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session, unless another thread holds it (an abort must not wait for a barrier).
+    pub fn try_with(&self, f: impl FnOnce(&mut S)) {
+        if let Ok(Some(s)) = self.session.try_lock().as_deref_mut() {
+            f(s);
+        }
+    }
+
+    pub fn initialized(&self) -> bool {
+        guard(self.lib, || self.lock().is_some() as c_int) == 1
+    }
+
+    /// Init `name`: the session `start` makes, once (a second init finds it made), then `then` on it.
+    pub fn init(&self, name: &str, start: impl FnOnce() -> Result<S, Failed>, then: impl FnOnce(&S) -> c_int) -> c_int {
+        guard(&format!("{}: {name}", self.lib), || {
+            let mut s = self.lock();
+            if s.is_none() && self.finalized.load(Ordering::SeqCst) {
+                eprintln!("{}: {name}: finalized already: the launcher serves one session per process", self.lib);
+                return FAIL;
+            }
+            if s.is_none() {
+                match start() {
+                    Ok(new) => *s = Some(new),
+                    Err(failed) => {
+                        eprintln!("{}: {name}: {}", self.lib, failed.message.unwrap_or_default());
+                        return failed.code;
+                    }
+                }
+            }
+            s.as_ref().map_or(FAIL, then)
+        })
+    }
+
+    /// Runs call `name`'s `f` on the session, if init made one.
+    pub fn with(&self, name: &str, f: impl FnOnce(&mut S) -> Result<(), Failed>) -> c_int {
+        guard(&format!("{}: {name}", self.lib), || {
+            let mut s = self.lock();
+            let Some(s) = s.as_mut() else { return ERR_INIT };
+            match f(s) {
+                Ok(()) => SUCCESS,
+                Err(failed) => {
+                    if let Some(message) = failed.message {
+                        eprintln!("{}: rank {}: {name}: {message}", self.lib, s.rank());
+                    }
+                    failed.code
+                }
+            }
+        })
+    }
+
+    /// Call `name`, which reads one number of the session into `*out`.
+    ///
+    /// # Safety
+    /// `out` is NULL or points to a writable int.
+    pub unsafe fn query(&self, name: &str, out: *mut c_int, f: impl FnOnce(&mut S) -> Result<c_int, Failed>) -> c_int {
+        if out.is_null() {
+            return ERR_INVALID_ARG;
+        }
+        let mut value = 0;
+        let rc = self.with(name, |s| f(s).map(|v| value = v));
+        if rc == SUCCESS {
+            // SAFETY: the caller's contract.
+            unsafe { *out = value };
+        }
+        rc
+    }
+
+    /// Finalize `name`: `f`, then the session is gone for good.
+    pub fn finalize(&self, name: &str, f: impl FnOnce(&mut S) -> Result<(), Failed>) -> c_int {
+        let rc = self.with(name, f);
+        if rc == SUCCESS {
+            *self.lock() = None;
+            self.finalized.store(true, Ordering::SeqCst);
+        }
+        rc
+    }
+}
