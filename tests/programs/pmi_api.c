@@ -97,6 +97,8 @@ int main(int argc, char **argv)
     CHECK(PMI_KVS_Put(kvsname, "a=b", value), PMI_ERR_INVALID_KEY);
     CHECK(PMI_KVS_Put(kvsname, NULL, value), PMI_ERR_INVALID_KEY);
     CHECK(PMI_KVS_Put(kvsname, key, "two\nlines"), PMI_ERR_INVALID_VAL);
+    CHECK(PMI_KVS_Put(kvsname, key, "trailing "), PMI_ERR_INVALID_VAL); /* servers trim it */
+    CHECK(PMI_KVS_Put(kvsname, key, ""), PMI_ERR_INVALID_VAL);
     CHECK(PMI_KVS_Put(kvsname, key, NULL), PMI_ERR_INVALID_VAL);
     CHECK(PMI_KVS_Commit(kvsname), PMI_SUCCESS);
     CHECK(PMI_KVS_Commit(NULL), PMI_ERR_INVALID_ARG);
@@ -173,6 +175,10 @@ int main(int argc, char **argv)
     CHECK(PMI_Spawn_multiple(0, cmds, NULL, maxprocs, NULL, NULL, 0, NULL, errors), PMI_ERR_INVALID_ARG);
     CHECK(PMI_Spawn_multiple(1, NULL, NULL, maxprocs, NULL, NULL, 0, NULL, errors), PMI_ERR_INVALID_ARG);
     CHECK(PMI_Spawn_multiple(1, cmds, NULL, maxprocs, NULL, NULL, 1, NULL, errors), PMI_ERR_INVALID_ARG);
+    /* An argument that would become lines of the request's own. */
+    const char *injected[] = {"x\nexecname=/bin/echo", NULL};
+    const char **argvs[1] = {injected};
+    CHECK(PMI_Spawn_multiple(1, cmds, argvs, maxprocs, NULL, NULL, 0, NULL, errors), PMI_ERR_INVALID_ARG);
 
     /* What RFC 13 leaves optional and the wire cannot serve. */
     PMI_keyval_t *kv = NULL;

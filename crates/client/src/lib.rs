@@ -42,6 +42,11 @@ impl Failed {
     pub fn arg(code: i32) -> Failed {
         Failed { code, message: None }
     }
+
+    /// A wrong argument whose fault the code cannot tell: `code`, and why on stderr.
+    pub fn arg_said(code: i32, message: String) -> Failed {
+        Failed { code, message: Some(message) }
+    }
 }
 
 /// An integer variable of the environment, if it is set; `Err` if it is set and not one.

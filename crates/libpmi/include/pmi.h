@@ -2,7 +2,8 @@
  *
  * A process started by a PMI-1 launcher (PMI_FD, or PMI_PORT, in its environment) talks to that launcher's
  * server through these calls; a process started without one is a job of one (rank 0, size 1) whose key-value
- * space lives in the process. Every call is safe from several threads; they are served one at a time.
+ * space lives in the process. Every call is safe from several threads; they are served one at a time (so
+ * group barriers from several threads at once must be entered in the same order on every rank).
  *
  * Link with -lpmi (pkg-config rpmi-pmi). */
 #ifndef RPMI_PMI_H

@@ -201,6 +201,13 @@ pub unsafe extern "C" fn PMI_Get_kvs_domain_id(id_str: *mut c_char, length: c_in
     unsafe { kvsname_into("PMI_Get_kvs_domain_id", id_str, length) }
 }
 
+/// A value a put can send and a get will return as it was: RFC 13's `string` (at least one character, no line
+/// break), without spaces at either end, which servers trim.
+fn is_value(v: &str, max: usize) -> bool {
+    let spaced = |c: Option<char>| c.is_some_and(|c| c == ' ' || c == '\t');
+    !v.is_empty() && is_string(v, max) && !spaced(v.chars().next()) && !spaced(v.chars().last())
+}
+
 /// Checks that `kvsname` names this process's key-value space.
 fn own_kvs(s: &Session, kvsname: Option<&str>) -> Result<(), Failed> {
     match kvsname {
@@ -218,7 +225,7 @@ pub unsafe extern "C" fn PMI_KVS_Put(kvsname: *const c_char, key: *const c_char,
     with_session("PMI_KVS_Put", |s| {
         own_kvs(s, kvsname)?;
         let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed::arg(ERR_INVALID_KEY))?;
-        let value = value.filter(|v| is_string(v, s.maxes.value)).ok_or(Failed::arg(ERR_INVALID_VAL))?;
+        let value = value.filter(|v| is_value(v, s.maxes.value)).ok_or(Failed::arg(ERR_INVALID_VAL))?;
         s.put(key, value)
     })
 }

@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 
 /// The limits of a job of one (those of MPICH's own singleton).
 const SINGLETON_MAXES: Maxes = Maxes { kvsname: 256, key: 256, value: 1024 };
+/// The largest job taken (rpmi's own bound): a larger size is a launcher's or a server's error, and the
+/// clique's walk over the ranks stays bounded.
+const SIZE_MAX: i64 = 1 << 24;
 /// The longest port a lookup hands back, NUL included: MPICH's `MPI_MAX_PORT_NAME`.
 pub const PORT_MAX: usize = 256;
 
@@ -60,14 +63,17 @@ impl Session {
             (rank, size) = wire.initack(id)?;
         }
         let (rank, size) = match (rank, size) {
-            (Some(r), Some(s)) if s > 0 && (0..s).contains(&r) && s <= i64::from(i32::MAX) => (r as u32, s as u32),
+            (Some(r), Some(s)) if s > 0 && (0..s).contains(&r) && s <= SIZE_MAX => (r as u32, s as u32),
             _ => return Err(Failed::said("the launcher gave no valid PMI_RANK and PMI_SIZE".into())),
         };
         let groups = wire.init()?;
         let maxes = wire.maxes()?;
         let kvsname = wire.field("cmd=get_my_kvsname", "my_kvsname", "kvsname")?;
-        let appnum = wire.int("cmd=get_appnum", "appnum", "appnum")? as i32;
-        let universe = wire.int("cmd=get_universe_size", "universe_size", "size")? as i32;
+        let int = |n: i64, what: &str| {
+            i32::try_from(n).map_err(|_| Failed::said(format!("the PMI server answered {what} with {n}")))
+        };
+        let appnum = int(wire.int("cmd=get_appnum", "appnum", "appnum")?, "the appnum")?;
+        let universe = int(wire.int("cmd=get_universe_size", "universe_size", "size")?, "the universe size")?;
         let spawned = env_int("PMI_SPAWNED")?.unwrap_or(0) != 0;
         Ok(Session {
             rank,
@@ -161,16 +167,22 @@ impl Session {
         }
     }
 
-    /// The ranks on this node, from the server's `PMI_process_mapping`.
+    /// The ranks on this node, from the server's `PMI_process_mapping`. Where the mapping is unknown (the
+    /// server has none, or sends it empty, as RFC 13 says it may), this rank alone, as MPICH takes it.
     pub fn clique(&mut self) -> Result<&[u32], Failed> {
         if self.clique.is_none() {
-            let mapping = self.get("PMI_process_mapping").map_err(|_| {
-                Failed::said("the server has no PMI_process_mapping: which ranks share a node is unknown".into())
-            })?;
-            let mapping = Mapping::parse(&mapping)
-                .map_err(|e| Failed::said(format!("the server's PMI_process_mapping is malformed: {e}")))?;
-            let ranks = mapping.clique(self.size as usize, self.rank as usize).map_err(Failed::said)?;
-            self.clique = Some(ranks.into_iter().map(|r| r as u32).collect());
+            let ranks = match self.get("PMI_process_mapping") {
+                Ok(mapping) if !mapping.trim().is_empty() => {
+                    let mapping = Mapping::parse(&mapping)
+                        .map_err(|e| Failed::said(format!("the server's PMI_process_mapping is malformed: {e}")))?;
+                    let ranks = mapping.clique(self.size as usize, self.rank as usize).map_err(Failed::said)?;
+                    ranks.into_iter().map(|r| r as u32).collect()
+                }
+                Ok(_) => vec![self.rank],
+                Err(f) if f.message.is_none() => vec![self.rank],
+                Err(f) => return Err(f),
+            };
+            self.clique = Some(ranks);
         }
         Ok(self.clique.as_deref().unwrap_or_default())
     }
@@ -199,8 +211,9 @@ impl Session {
 
     /// A spawn: the error code of each process asked for.
     pub fn spawn(&mut self, request: &SpawnRequest) -> Result<Vec<i32>, Failed> {
+        let bytes = request.encode().map_err(|e| Failed::arg_said(rpmi_client::ERR_INVALID_ARG, e.to_string()))?;
         let Server::Wire(w) = &mut self.server else { return Err(Failed::quiet()) };
-        w.conn.write(&request.encode())?;
+        w.conn.write(&bytes)?;
         let line = w.reply("spawn_result")?;
         let reply = parsed(&line)?;
         if reply.rc() != 0 {

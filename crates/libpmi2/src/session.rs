@@ -79,11 +79,11 @@ impl Session {
             Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server: Server::Wire(conn) };
         let init = session.ask("fullinit", &fields)?;
         let (rank, size) = (init.int("rank")?, init.int("size")?);
-        if size <= 0 || !(0..size).contains(&rank) || size > i64::from(i32::MAX) {
+        if size <= 0 || !(0..size).contains(&rank) || size > 1 << 24 {
             return Err(Failed::said(format!("the PMI server gave rank {rank} of a job of {size}")));
         }
         (session.rank, session.size) = (rank as u32, size as u32);
-        session.appnum = init.int("appnum").map_or(0, |a| a as i32);
+        session.appnum = init.int("appnum").ok().and_then(|a| i32::try_from(a).ok()).unwrap_or(0);
         session.spawned = init.get("spawner-jobid").is_some_and(|s| !s.is_empty());
         let id = session.ask("job-getid", &[])?;
         let id = id.get("jobid").ok_or_else(|| Failed::said("the PMI server's job-getid has no jobid=".into()))?;

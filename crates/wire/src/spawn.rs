@@ -56,8 +56,20 @@ impl SpawnRequest {
 
 impl SpawnRequest {
     /// The request as a client sends it: one block per command, fields in the order MPICH's client writes
-    /// them (arguments numbered from 1, preputs and infos from 0), each block ending with `endcmd`.
-    pub fn encode(&self) -> Vec<u8> {
+    /// them (arguments numbered from 1, preputs and infos from 0), each block ending with `endcmd`. `Err`
+    /// names an item that cannot travel as one line's value: a line break in it would make it lines of their
+    /// own (another command, another count), and the reader trims the spaces around it.
+    pub fn encode(&self) -> Result<Vec<u8>, SpawnError> {
+        let items = self.commands.iter().flat_map(|c| {
+            let pairs = c.preputs.iter().chain(&c.infos).flat_map(|(k, v)| [k, v]);
+            std::iter::once(&c.execname).chain(&c.args).chain(pairs)
+        });
+        for item in items {
+            let spaced = |b: Option<&u8>| b.is_some_and(|&b| b == b' ' || b == b'\t');
+            if item.iter().any(|&b| b == b'\n' || b == b'\r') || spaced(item.first()) || spaced(item.last()) {
+                return err(format!("'{}' has a line break or spaces around it", String::from_utf8_lossy(item)));
+            }
+        }
         let mut out = Vec::new();
         let total = self.commands.len();
         for (i, c) in self.commands.iter().enumerate() {
@@ -85,7 +97,7 @@ impl SpawnRequest {
             }
             out.extend_from_slice(b"endcmd\n");
         }
-        out
+        Ok(out)
     }
 }
 
@@ -292,7 +304,7 @@ mod tests {
             infos: vec![(b"wdir".to_vec(), b"/tmp".to_vec()), (b"host".to_vec(), b"n1".to_vec())],
         };
         let request = SpawnRequest { commands: vec![command("./a", &["-x", "1 2"]), command("./b", &[])] };
-        let bytes = request.encode();
+        let bytes = request.encode().unwrap();
         let mut lines = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty());
         assert_eq!(lines.next(), Some(&b"mcmd=spawn"[..]));
         let mut builder = SpawnBuilder::new(1 << 20);
@@ -302,7 +314,13 @@ mod tests {
                 got = Some(r);
             }
         }
-        assert_eq!(got, Some(request));
+        assert_eq!(got, Some(request.clone()));
+        // What would not arrive as it was sent is refused.
+        for bad in ["a\nnprocs=1000", "a\r", " a", "a\t"] {
+            let mut r = request.clone();
+            r.commands[1].args = vec![bad.into()];
+            assert!(r.encode().is_err(), "{bad:?}");
+        }
     }
 
     fn feed(lines: &str) -> Result<Progress, SpawnError> {
