@@ -49,6 +49,24 @@ pub unsafe fn copy_out(s: &[u8], out: *mut c_char, length: usize, code: i32) -> 
     Ok(())
 }
 
+/// Copies as much of `s` as fits, and a NUL, into the caller's `out[..length]` (`length` at least 1): whether
+/// it was cut, as MPICH's and Slurm's PMI-2 clients cut.
+///
+/// # Safety
+/// `out` points to at least `length` writable bytes.
+pub unsafe fn copy_cut(s: &[u8], out: *mut c_char, length: usize) -> bool {
+    let n = s.len().min(length.saturating_sub(1));
+    if length == 0 {
+        return true;
+    }
+    // SAFETY: the caller's contract; n + 1 <= length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), out.cast::<u8>(), n);
+        *out.add(n) = 0;
+    }
+    n < s.len()
+}
+
 /// Writes `value` into `*out`; `ERR_INVALID_ARG` if `out` is NULL.
 ///
 /// # Safety

@@ -19,16 +19,24 @@ pub struct Held<S> {
     session: Mutex<Option<S>>,
     /// The session was finalized: the launcher's connection is spent.
     finalized: AtomicBool,
+    /// The process is aborting: a call made now (an exit handler's finalize) fails at once instead of
+    /// waiting for a thread that holds the session.
+    aborting: AtomicBool,
 }
 
 impl<S: Ranked> Held<S> {
     pub const fn new(lib: &'static str) -> Held<S> {
-        Held { lib, session: Mutex::new(None), finalized: AtomicBool::new(false) }
+        Held { lib, session: Mutex::new(None), finalized: AtomicBool::new(false), aborting: AtomicBool::new(false) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<S>> {
         // A call that panicked left nothing half-changed that the next one could trip on.
         self.session.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The process aborts: from now on every call fails at once.
+    pub fn abort(&self) {
+        self.aborting.store(true, Ordering::SeqCst);
     }
 
     /// The session, unless another thread holds it (an abort must not wait for a barrier).
@@ -66,6 +74,9 @@ impl<S: Ranked> Held<S> {
     /// Runs call `name`'s `f` on the session, if init made one.
     pub fn with(&self, name: &str, f: impl FnOnce(&mut S) -> Result<(), Failed>) -> c_int {
         guard(&format!("{}: {name}", self.lib), || {
+            if self.aborting.load(Ordering::SeqCst) {
+                return FAIL;
+            }
             let mut s = self.lock();
             let Some(s) = s.as_mut() else { return ERR_INIT };
             match f(s) {

@@ -79,6 +79,7 @@ pub unsafe extern "C" fn PMI_Abort(exit_code: c_int, error_msg: *const c_char) -
         eprintln!("{message}");
         // Another thread may hold the session in a barrier: then the server learns of the end from this
         // process's exit instead.
+        SESSION.abort();
         SESSION.try_with(|s| s.abort(exit_code, &message));
     }));
     std::process::exit(exit_code)

@@ -10,7 +10,7 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_out, is_string, is_word, set, text};
+use rpmi_client::cabi::{copy_cut, copy_out, is_string, is_word, set, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
@@ -21,7 +21,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// `PMI2_MAX_KEYLEN`, `PMI2_MAX_VALLEN` (each with its NUL).
 const KEY_MAX: usize = 64;
 const VALUE_MAX: usize = 1024;
-const PMI2_ERR_INVALID_VAL_LENGTH: c_int = 7;
 
 /// The process's session, from `PMI2_Init` to `PMI2_Finalize`.
 static SESSION: Held<Session> = Held::new("libpmi2");
@@ -90,6 +89,7 @@ pub unsafe extern "C" fn PMI2_Abort(flag: c_int, msg: *const c_char) -> c_int {
         eprintln!("{message}");
         // Another thread may hold the session in a fence: then the server learns of the end from this
         // process's exit instead.
+        SESSION.abort();
         SESSION.try_with(|s| {
             let world: &[u8] = if flag != 0 { b"TRUE" } else { b"FALSE" };
             // Slurm's server reads isworld and msg; rpmi's reads exitcode and message.
@@ -184,8 +184,9 @@ pub unsafe extern "C" fn PMI2_Job_Spawn(
             unsafe { *errors.add(i) = code };
         }
         if !job_id.is_null() && job_id_size > 0 {
+            // Cut to the buffer: the processes started, and the call must say so.
             // SAFETY: the caller's contract.
-            unsafe { copy_out(&jobid, job_id, job_id_size, ERR_INVALID_LENGTH) }?;
+            unsafe { copy_cut(&jobid, job_id, job_id_size) };
         }
         Ok(())
     })
@@ -293,11 +294,13 @@ pub unsafe extern "C" fn PMI2_KVS_Get(
     with_session("PMI2_KVS_Get", |s| {
         let job = job.map_or_else(|| s.jobid.clone(), str::to_string);
         let got = s.get(&job, src_pmi_id, key)?;
+        // A value cut to the buffer says so as MPICH's and Slurm's clients do: its length, negative.
         // SAFETY: the caller's contract.
-        unsafe { copy_out(&got, value, max, PMI2_ERR_INVALID_VAL_LENGTH) }?;
+        let cut = unsafe { copy_cut(&got, value, max) };
         if !vallen.is_null() {
+            let len = got.len() as c_int;
             // SAFETY: the caller's contract.
-            unsafe { *vallen = got.len() as c_int };
+            unsafe { *vallen = if cut { -len } else { len } };
         }
         Ok(())
     })
@@ -309,15 +312,17 @@ pub unsafe extern "C" fn PMI2_KVS_Get(
 /// `value` holds `len` bytes; `found` points to a writable int.
 unsafe fn deliver(got: Option<Vec<u8>>, value: *mut c_char, len: usize, found: *mut c_int) -> Result<(), Failed> {
     if let Some(v) = &got {
+        // Cut to the buffer, as MPICH's and Slurm's clients deliver it.
         // SAFETY: the caller's contract.
-        unsafe { copy_out(v, value, len, PMI2_ERR_INVALID_VAL_LENGTH) }?;
+        unsafe { copy_cut(v, value, len) };
     }
     // SAFETY: the caller's contract.
     unsafe { *found = got.is_some() as c_int };
     Ok(())
 }
 
-/// The integers of a comma-separated attribute into `array[..len]`, their count into `*outlen`.
+/// The integers of a comma-separated attribute into `array[..len]` (those that fit), their count into
+/// `*outlen`.
 ///
 /// # Safety
 /// `array` holds `len` ints; `outlen` and `found` point to writable ints.
@@ -336,8 +341,9 @@ unsafe fn deliver_ints(
                 .trim()
                 .parse()
                 .map_err(|_| Failed::said(format!("the attribute '{text}' is not a list of integers")))?;
+            // Cut to the array, as MPICH's client does.
             if n == len {
-                return Err(Failed::arg(ERR_INVALID_LENGTH));
+                break;
             }
             // SAFETY: n < len, the caller's contract.
             unsafe { *array.add(n) = x };

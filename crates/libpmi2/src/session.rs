@@ -4,7 +4,7 @@
 
 use rpmi_client::conn::Conn;
 use rpmi_client::Failed;
-use rpmi_wire::pmi2::{body_len, Message, Writer, HEADER_LEN};
+use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
 use rpmi_wire::spawn::SpawnRequest;
 use std::collections::BTreeMap;
@@ -132,25 +132,13 @@ impl Session {
 
     fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
         let Server::Wire(conn) = &mut self.server else { return Err(Failed::quiet()) };
-        let mut out = Vec::new();
-        let mut w = Writer::request(&mut out, cmd);
-        for (key, value) in fields {
-            w = w.str(key, value);
-        }
-        w.finish();
-        conn.write(&out)?;
+        conn.write(&frame(cmd, fields)?)?;
         read_answer(conn, &format!("{cmd}-response"))
     }
 
     /// Sends request `cmd` and reads no answer (abort: the server ends the job).
     pub fn tell(&mut self, cmd: &str, fields: Fields) {
-        if let Server::Wire(conn) = &mut self.server {
-            let mut out = Vec::new();
-            let mut w = Writer::request(&mut out, cmd);
-            for (key, value) in fields {
-                w = w.str(key, value);
-            }
-            w.finish();
+        if let (Server::Wire(conn), Ok(out)) = (&mut self.server, frame(cmd, fields)) {
             let _ = conn.write(&out);
         }
     }
@@ -234,9 +222,6 @@ impl Session {
 
     /// A spawn: the new job's id and each process's error code.
     pub fn spawn(&mut self, request: &SpawnRequest) -> Result<(Vec<u8>, Vec<i32>), Failed> {
-        if self.alone_now() {
-            return Err(Failed::quiet());
-        }
         let mut owned: Vec<(String, Vec<u8>)> = vec![("ncmds".into(), request.commands.len().to_string().into())];
         let preputs = request.commands.first().map(|c| c.preputs.as_slice()).unwrap_or_default();
         owned.push(("preputcount".into(), preputs.len().to_string().into()));
@@ -258,6 +243,11 @@ impl Session {
             }
         }
         let fields: Vec<(&str, &[u8])> = owned.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+        // A request no frame can hold is the caller's fault, with or without a launcher.
+        frame("spawn", &fields)?;
+        if self.alone_now() {
+            return Err(Failed::quiet());
+        }
         let answer = self.ask_quietly("spawn", &fields)?;
         let jobid = answer.get("jobid").unwrap_or_default().to_vec();
         let codes = match answer.get("errcodes") {
@@ -272,6 +262,26 @@ impl Session {
         };
         Ok((jobid, codes))
     }
+}
+
+/// Request `cmd` with `fields` as one frame; `Err` if it is longer than a frame's length prefix can say.
+fn frame(cmd: &str, fields: Fields) -> Result<Vec<u8>, Failed> {
+    // `cmd=<cmd>;`, then `key=value;` each, a `;` in a value doubled.
+    let doubled = |v: &[u8]| v.len() + v.iter().filter(|&&b| b == b';').count();
+    let len: usize = cmd.len() + 5 + fields.iter().map(|(k, v)| k.len() + 2 + doubled(v)).sum::<usize>();
+    if len > FRAME_MAX {
+        return Err(Failed::arg_said(
+            rpmi_client::ERR_INVALID_ARG,
+            format!("a {cmd} request of {len} bytes, more than a PMI-2 frame holds ({FRAME_MAX})"),
+        ));
+    }
+    let mut out = Vec::new();
+    let mut w = Writer::request(&mut out, cmd);
+    for (key, value) in fields {
+        w = w.str(key, value);
+    }
+    w.finish();
+    Ok(out)
 }
 
 /// A `found=`/`value=` answer: the value, or `Failed::quiet` if not found.
