@@ -413,7 +413,7 @@ unsafe fn attr_ints(
 }
 
 /// # Safety
-/// As [`attr`].
+/// As `attr` says.
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
     name: *const c_char,
@@ -430,7 +430,7 @@ pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
 macro_rules! int_array_attr {
     ($name:ident, $lookup:expr) => {
         /// # Safety
-        /// As [`attr_ints`].
+        /// As `attr_ints` says.
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             name: *const c_char,
@@ -457,7 +457,7 @@ pub unsafe extern "C" fn PMI2_Info_PutNodeAttr(name: *const c_char, value: *cons
 }
 
 /// # Safety
-/// As [`attr`].
+/// As `attr` says.
 #[no_mangle]
 pub unsafe extern "C" fn PMI2_Info_GetJobAttr(
     name: *const c_char,
