@@ -4,11 +4,20 @@ use crate::{Failed, FAIL};
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// Writes `line` and a newline on stderr in one write, so that the lines of ranks sharing a stderr do not
+/// interleave (`eprintln!` writes the pieces of its format one by one).
+pub fn say(line: &str) {
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), &bytes);
+}
+
 /// Runs the body of an API call `name` (a library's prefix, such as `libpmi`, and the call): a panic is
 /// `FAIL`, said on stderr.
 pub fn guard(name: &str, body: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
-        eprintln!("{name} failed (an internal error)");
+        say(&format!("{name} failed (an internal error)"));
         FAIL
     })
 }

@@ -2,7 +2,7 @@
 //! several threads are served one at a time (the wire is lock-step), and a failure is said once on stderr,
 //! naming the library, the rank and the call.
 
-use crate::cabi::guard;
+use crate::cabi::{guard, say};
 use crate::{Failed, ERR_INIT, ERR_INVALID_ARG, FAIL, SUCCESS};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,14 +55,14 @@ impl<S: Ranked> Held<S> {
         guard(&format!("{}: {name}", self.lib), || {
             let mut s = self.lock();
             if s.is_none() && self.finalized.load(Ordering::SeqCst) {
-                eprintln!("{}: {name}: finalized already: the launcher serves one session per process", self.lib);
+                say(&format!("{}: {name}: finalized already: the launcher serves one session per process", self.lib));
                 return FAIL;
             }
             if s.is_none() {
                 match start() {
                     Ok(new) => *s = Some(new),
                     Err(failed) => {
-                        eprintln!("{}: {name}: {}", self.lib, failed.message.unwrap_or_default());
+                        say(&format!("{}: {name}: {}", self.lib, failed.message.unwrap_or_default()));
                         return failed.code;
                     }
                 }
@@ -83,7 +83,7 @@ impl<S: Ranked> Held<S> {
                 Ok(()) => SUCCESS,
                 Err(failed) => {
                     if let Some(message) = failed.message {
-                        eprintln!("{}: rank {}: {name}: {message}", self.lib, s.rank());
+                        say(&format!("{}: rank {}: {name}: {message}", self.lib, s.rank()));
                     }
                     failed.code
                 }

@@ -12,7 +12,7 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_out, is_string, is_word, set, text};
+use rpmi_client::cabi::{copy_out, is_string, is_word, say, set, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
@@ -76,7 +76,7 @@ pub unsafe extern "C" fn PMI_Abort(exit_code: c_int, error_msg: *const c_char) -
         unsafe { CStr::from_ptr(error_msg) }.to_string_lossy().into_owned()
     };
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        eprintln!("{message}");
+        say(&message);
         // Another thread may hold the session in a barrier: then the server learns of the end from this
         // process's exit instead.
         SESSION.abort();

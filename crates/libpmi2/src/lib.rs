@@ -10,7 +10,7 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_cut, copy_out, is_string, is_word, set, text};
+use rpmi_client::cabi::{copy_cut, copy_out, is_string, is_word, say, set, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn PMI2_Abort(flag: c_int, msg: *const c_char) -> c_int {
     let message =
         if msg.is_null() { String::new() } else { unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned() };
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        eprintln!("{message}");
+        say(&message);
         // Another thread may hold the session in a fence: then the server learns of the end from this
         // process's exit instead.
         SESSION.abort();
