@@ -12,7 +12,7 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_out, is_string, is_word, say, set, text};
+use rpmi_client::cabi::{copy_out, guard, is_string, is_word, say, set, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
@@ -347,6 +347,39 @@ pub struct PmiKeyval {
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn PMI_Spawn_multiple(
+    count: c_int,
+    cmds: *const *const c_char,
+    argvs: *const *const *const c_char,
+    maxprocs: *const c_int,
+    info_keyval_sizes: *const c_int,
+    info_keyval_vectors: *const *const PmiKeyval,
+    preput_keyval_size: c_int,
+    preput_keyval_vector: *const PmiKeyval,
+    errors: *mut c_int,
+) -> c_int {
+    // Reading the caller's arrays is inside the guard too: no panic reaches the caller.
+    // SAFETY: the caller's contract, passed on.
+    guard("libpmi: PMI_Spawn_multiple", || unsafe {
+        spawn_multiple(
+            count,
+            cmds,
+            argvs,
+            maxprocs,
+            info_keyval_sizes,
+            info_keyval_vectors,
+            preput_keyval_size,
+            preput_keyval_vector,
+            errors,
+        )
+    })
+}
+
+/// [`PMI_Spawn_multiple`]'s body.
+///
+/// # Safety
+/// As `PMI_Spawn_multiple` says.
+#[allow(clippy::too_many_arguments)]
+unsafe fn spawn_multiple(
     count: c_int,
     cmds: *const *const c_char,
     argvs: *const *const *const c_char,

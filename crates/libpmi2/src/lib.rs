@@ -10,7 +10,7 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_cut, copy_out, is_string, is_word, say, set, text};
+use rpmi_client::cabi::{copy_cut, copy_out, guard, is_string, is_word, say, set, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
@@ -108,6 +108,45 @@ pub unsafe extern "C" fn PMI2_Abort(flag: c_int, msg: *const c_char) -> c_int {
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn PMI2_Job_Spawn(
+    count: c_int,
+    cmds: *const *const c_char,
+    argcs: *const c_int,
+    argvs: *const *const *const c_char,
+    maxprocs: *const c_int,
+    info_keyval_sizes: *const c_int,
+    info_keyval_vectors: *const *const MpidInfo,
+    preput_keyval_size: c_int,
+    preput_keyval_vector: *const *const MpidInfo,
+    job_id: *mut c_char,
+    job_id_size: c_int,
+    errors: *mut c_int,
+) -> c_int {
+    // Reading the caller's arrays is inside the guard too: no panic reaches the caller.
+    // SAFETY: the caller's contract, passed on.
+    guard("libpmi2: PMI2_Job_Spawn", || unsafe {
+        job_spawn(
+            count,
+            cmds,
+            argcs,
+            argvs,
+            maxprocs,
+            info_keyval_sizes,
+            info_keyval_vectors,
+            preput_keyval_size,
+            preput_keyval_vector,
+            job_id,
+            job_id_size,
+            errors,
+        )
+    })
+}
+
+/// [`PMI2_Job_Spawn`]'s body.
+///
+/// # Safety
+/// As `PMI2_Job_Spawn` says.
+#[allow(clippy::too_many_arguments)]
+unsafe fn job_spawn(
     count: c_int,
     cmds: *const *const c_char,
     argcs: *const c_int,
