@@ -1477,6 +1477,8 @@ fn pmi2_put_fence_get_beside_a_pmi1_task() {
         assert_eq!(got, format!("cmd=kvs-get-response;rc=0;value={value};found=TRUE;"));
     }
     assert_eq!(b.get("card-1"), "cmd=get_result rc=0 value=a;b c=d");
+    // An empty jobid is this job's: Slurm's libpmi2 sends one for a NULL id.
+    assert_eq!(a.ask2("cmd=kvs-get;jobid=;srcid=0;key=card-2;"), "cmd=kvs-get-response;rc=0;value=plain;found=TRUE;");
     // Another job's key-value space is not this task's to read.
     let other_job = a.ask2("cmd=kvs-get;jobid=kvs_99;srcid=0;key=card-0;");
     assert!(other_job.starts_with("cmd=kvs-get-response;rc=-1;errmsg=no job of that jobid"), "{other_job}");

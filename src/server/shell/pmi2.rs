@@ -212,7 +212,9 @@ impl Shell {
                 self.check_barrier(host);
             }
             Request2::KvsGet { jobid, key } => {
-                let found = check_name(&self.job, jobid.unwrap_or(self.job.kvsname.as_bytes()))
+                // No jobid, or an empty one (Slurm's libpmi2 sends `jobid=;` for a NULL id), is this job's.
+                let jobid = jobid.filter(|j| !j.is_empty()).unwrap_or(self.job.kvsname.as_bytes());
+                let found = check_name(&self.job, jobid)
                     .map_err(|_| "no job of that jobid: a task reads its own job's key-value space".to_string())
                     .and_then(|()| check_key(&self.limits, key).map_err(|(_, why)| why))
                     .map(|()| self.kvs.get(key).map(<[u8]>::to_vec));
