@@ -65,7 +65,9 @@ impl Session {
         if reply.cmd() != "response_to_init" || reply.rc() != 0 || reply.get("pmi_version") != Some("2") {
             return Err(Failed::said(format!("the PMI server does not serve PMI-2: it answered {}", reply.quoted())));
         }
-        let (jobid, rank) = (std::env::var("PMI_JOBID").ok(), std::env::var("PMI_RANK").ok());
+        // Hydra's port start-up (`PMI_PORT`) says the rank as `PMI_ID` instead.
+        let id = || conn.is_port().then(|| std::env::var("PMI_ID").ok()).flatten();
+        let (jobid, rank) = (std::env::var("PMI_JOBID").ok(), std::env::var("PMI_RANK").ok().or_else(id));
         let mut fields: Vec<(&str, &[u8])> = Vec::new();
         // As Slurm's and MPICH's clients send them: Slurm's server needs the job id, rpmi's checks the rank.
         if let Some(j) = &jobid {
