@@ -1,13 +1,14 @@
 //! `libpmi.so.0` and `libpmi2.so.0` (crates/libpmi, crates/libpmi2): C programs that call every function of
 //! the PMI-1 and the PMI-2 API, linked against the libraries, under rpmi-run (one node and several), under
-//! MPICH's Hydra (a foreign PMI-1 server), and with no launcher at all (a job of one); Intel MPI through each.
+//! MPICH's Hydra (a foreign PMI-1 and PMI-2 server), and with no launcher at all (a job of one); a spawn
+//! through each, and Intel MPI through each.
 //! The Slurm cases are in tests/slurm.rs. How the programs find the libraries is in `support::libpmi`.
 
 mod support;
 
 use std::ffi::OsStr;
 use std::process::Command;
-use support::libpmi::{library_dir, program, Api};
+use support::libpmi::{library_dir, program, spawned_and_read, Api};
 use support::{impi, rpmi_run, run, start_in, start_with_env, Done, GUARD, RUN};
 
 /// Every rank printed its line and the job succeeded; what each line says after `ok`.
@@ -69,7 +70,8 @@ fn an_abort_ends_the_job_with_its_code_and_message() {
 }
 
 /// MPICH's Hydra serves PMI 1.1 on `PMI_FD`: the library asks it for no more (Hydra ends a job whose client
-/// does), and the group barrier says it is not served.
+/// does), and the group barrier says it is not served. It serves PMI-2 too, where its fence is no barrier (its
+/// gets wait for the key instead): the program orders its name calls by keys, not fences.
 #[test]
 fn every_call_under_hydra() {
     if Command::new("mpiexec.hydra").arg("--version").output().is_err() {
@@ -78,6 +80,42 @@ fn every_call_under_hydra() {
     let p = program(Api::Pmi1);
     let done = run("mpiexec.hydra", &["-n", "4", p.path.to_str().unwrap()]);
     assert!(ranks_ok(&done, 4).iter().all(|l| l == "clique=4 groups=0"), "{}", done.dump());
+    let p = program(Api::Pmi2);
+    ranks_ok(&run("mpiexec.hydra", &["-n", "4", p.path.to_str().unwrap()]), 4);
+}
+
+/// Hydra's port start-up (`-pmi-port`): no `PMI_FD`, but `PMI_PORT=host:port` and `PMI_ID`, the rank. Both
+/// libraries connect to the port and say the id (PMI-1's `initack`, PMI-2's `pmirank`).
+#[test]
+fn every_call_through_hydras_port() {
+    let env = run(
+        "mpiexec.hydra",
+        &["-pmi-port", "-n", "1", "sh", "-c", "echo fd=${PMI_FD:-none} port=$PMI_PORT id=$PMI_ID"],
+    );
+    assert!(env.stdout.starts_with("fd=none port=") && env.stdout.contains(" id=0"), "{}", env.dump());
+    let p = program(Api::Pmi1);
+    let done = run("mpiexec.hydra", &["-pmi-port", "-n", "3", p.path.to_str().unwrap()]);
+    assert!(ranks_ok(&done, 3).iter().all(|l| l == "clique=3 groups=0"), "{}", done.dump());
+    let p = program(Api::Pmi2);
+    ranks_ok(&run("mpiexec.hydra", &["-pmi-port", "-n", "3", p.path.to_str().unwrap()]), 3);
+}
+
+/// A spawn through each library, end to end: rank 0 starts two tasks of the program with a preput, which each
+/// reads from its own key-value space; under rpmi-run (on one node and on three) and under Hydra.
+#[test]
+fn a_spawn_through_either_library_starts_a_job_that_reads_the_preput() {
+    for api in [Api::Pmi1, Api::Pmi2] {
+        let p = program(api);
+        let path = p.path.to_str().unwrap();
+        for (done, size) in [
+            (rpmi_run(&["-n", "2", path, "spawn"]), 2),
+            (rpmi_run(&["-n", "3", "--nodes", "3", path, "spawn"]), 3),
+            (run("mpiexec.hydra", &["-n", "2", path, "spawn"]), 2),
+        ] {
+            done.assert_success(&format!("a spawn through {}", api.soname()));
+            assert!(spawned_and_read(&done.stdout, size), "{:?}: {}", api, done.dump());
+        }
+    }
 }
 
 /// Intel MPI loads a library by `I_MPI_PMI_LIBRARY` and speaks through it (`I_MPI_PMI=pmi1` or `pmi2`): IMB's

@@ -3,7 +3,10 @@
  *   rank R of S: ok
  * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
  *
- *   pmi2_api [alone | abort]   alone: no launcher (a job of one); abort: rank 1 calls PMI2_Abort */
+ *   pmi2_api [alone | abort | spawn]
+ *     alone: no launcher (a job of one); abort: rank 1 calls PMI2_Abort;
+ *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
+ *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned" */
 #include "check.h"
 #include <pmi2.h>
 #include <pthread.h>
@@ -34,6 +37,42 @@ static void *reader(void *arg)
     return NULL;
 }
 
+/* A task started by PMI2_Job_Spawn: the parent's preput is in its own key-value space. */
+static int spawned_child(void)
+{
+    char value[PMI2_MAX_VALLEN];
+    int len = 0;
+    CHECK(PMI2_KVS_Get(NULL, PMI2_ID_NULL, "greeting", value, sizeof value, &len), PMI2_SUCCESS);
+    EXPECT(size == 2 && strcmp(value, "hello-from-the-parent") == 0);
+    CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+    printf("child %d of %d: ok\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI2_Finalize(), PMI2_SUCCESS);
+    return 0;
+}
+
+/* Rank 0 spawns two tasks of this very program; every rank meets once it has. */
+static int spawner(const char *self)
+{
+    if (rank == 0) {
+        const char *cmds[1] = {self}, *args[] = {"child"}, **argvs[1] = {args};
+        int argcs[1] = {1}, maxprocs[1] = {2}, info_sizes[1] = {0}, errors[2] = {-1, -1};
+        char key[] = "greeting", greeting[] = "hello-from-the-parent", child_job[256] = "";
+        struct MPID_Info preput = {0, 0, 0, NULL, key, greeting};
+        const struct MPID_Info *preputs[1] = {&preput};
+        CHECK(PMI2_Job_Spawn(1, cmds, argcs, argvs, maxprocs, info_sizes, NULL, 1, preputs, child_job,
+                             sizeof child_job, errors),
+              PMI2_SUCCESS);
+        /* Hydra names the new job; rpmi's answer does not, and the id is left empty. */
+        EXPECT(errors[0] == PMI2_SUCCESS);
+    }
+    CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+    printf("rank %d of %d: ok spawned\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI2_Finalize(), PMI2_SUCCESS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
@@ -45,6 +84,10 @@ int main(int argc, char **argv)
     CHECK(PMI2_Init(NULL, &size, &rank, &appnum), PMI2_ERR_INVALID_ARG);
     CHECK(PMI2_Init(&spawned, &size, &rank, &appnum), PMI2_SUCCESS);
     EXPECT(PMI2_Initialized() == 1);
+    if (spawned == 1)
+        return spawned_child();
+    if (argc > 1 && strcmp(argv[1], "spawn") == 0)
+        return spawner(argv[0]);
     EXPECT(spawned == 0 && size >= 1 && rank >= 0 && rank < size && (appnum == 0 || appnum == -1));
     if (alone)
         EXPECT(size == 1 && rank == 0);
@@ -114,21 +157,34 @@ int main(int argc, char **argv)
     EXPECT(found == 0 || (n == 1 && ints[0] >= size));
     CHECK(PMI2_Info_GetJobAttr(NULL, value, sizeof value, &found), PMI2_ERR_INVALID_KEY);
 
-    /* Names. A job of one has no name service. */
+    /* Names. A job of one has no name service. Hydra's PMI-2 fence is no barrier (its gets wait for the key
+     * instead), so the ranks order the name calls by keys they put and get. */
     char port[256];
     if (alone) {
         CHECK(PMI2_Nameserv_publish("pmi2_api_service", NULL, "port-0"), PMI2_FAIL);
         CHECK(PMI2_Nameserv_lookup("pmi2_api_service", NULL, port, sizeof port), PMI2_FAIL);
     } else {
-        if (rank == 0)
+        if (rank == 0) {
             CHECK(PMI2_Nameserv_publish("pmi2_api_service", NULL, "port-0"), PMI2_SUCCESS);
+            CHECK(PMI2_KVS_Put("published", "yes"), PMI2_SUCCESS);
+        }
         CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+        CHECK(PMI2_KVS_Get(NULL, 0, "published", value, sizeof value, &len), PMI2_SUCCESS);
         CHECK(PMI2_Nameserv_lookup("pmi2_api_service", NULL, port, sizeof port), PMI2_SUCCESS);
         EXPECT(strcmp(port, "port-0") == 0);
+        snprintf(key, sizeof key, "looked%d", rank);
+        CHECK(PMI2_KVS_Put(key, "yes"), PMI2_SUCCESS);
         CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
-        if (rank == 0)
+        if (rank == 0) {
+            for (int r = 0; r < size; r++) {
+                snprintf(key, sizeof key, "looked%d", r);
+                CHECK(PMI2_KVS_Get(NULL, r, key, value, sizeof value, &len), PMI2_SUCCESS);
+            }
             CHECK(PMI2_Nameserv_unpublish("pmi2_api_service", NULL), PMI2_SUCCESS);
+            CHECK(PMI2_KVS_Put("unpublished", "yes"), PMI2_SUCCESS);
+        }
         CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+        CHECK(PMI2_KVS_Get(NULL, 0, "unpublished", value, sizeof value, &len), PMI2_SUCCESS);
         CHECK(PMI2_Nameserv_lookup("pmi2_api_service", NULL, port, sizeof port), PMI2_FAIL);
     }
     CHECK(PMI2_Nameserv_publish(NULL, NULL, "p"), PMI2_ERR_INVALID_ARG);

@@ -3,7 +3,11 @@
  *   rank R of S: ok clique=N groups=G
  * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
  *
- *   pmi_api [alone | abort]   alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...) */
+ *
+ *   pmi_api [alone | abort | spawn]
+ *     alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...);
+ *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
+ *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned" */
 #include "check.h"
 #include <pmi.h>
 #include <pthread.h>
@@ -33,6 +37,46 @@ static void *reader(void *arg)
     return NULL;
 }
 
+/* A task started by PMI_Spawn_multiple: the parent's preput is in its own key-value space. */
+static int spawned_child(void)
+{
+    int name_max = 0;
+    CHECK(PMI_Get_rank(&rank), PMI_SUCCESS);
+    CHECK(PMI_Get_size(&size), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get_name_length_max(&name_max), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get_value_length_max(&val_max), PMI_SUCCESS);
+    kvsname = malloc(name_max);
+    char *value = malloc(val_max);
+    CHECK(PMI_KVS_Get_my_name(kvsname, name_max), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get(kvsname, "greeting", value, val_max), PMI_SUCCESS);
+    EXPECT(size == 2 && strcmp(value, "hello-from-the-parent") == 0);
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    printf("child %d of %d: ok\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    return 0;
+}
+
+/* Rank 0 spawns two tasks of this very program; every rank meets once it has. */
+static int spawner(const char *self)
+{
+    CHECK(PMI_Get_rank(&rank), PMI_SUCCESS);
+    CHECK(PMI_Get_size(&size), PMI_SUCCESS);
+    if (rank == 0) {
+        const char *cmds[1] = {self}, *args[] = {"child", NULL}, **argvs[1] = {args};
+        int maxprocs[1] = {2}, info_sizes[1] = {0}, errors[2] = {-1, -1};
+        char greeting[] = "hello-from-the-parent";
+        PMI_keyval_t preput[1] = {{"greeting", greeting}};
+        CHECK(PMI_Spawn_multiple(1, cmds, argvs, maxprocs, info_sizes, NULL, 1, preput, errors), PMI_SUCCESS);
+        EXPECT(errors[0] == PMI_SUCCESS);
+    }
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    printf("rank %d of %d: ok spawned\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
@@ -49,6 +93,10 @@ int main(int argc, char **argv)
     CHECK(PMI_Init(NULL), PMI_ERR_INVALID_ARG);
 
     CHECK(PMI_Init(&spawned), PMI_SUCCESS);
+    if (spawned == 1)
+        return spawned_child();
+    if (argc > 1 && strcmp(argv[1], "spawn") == 0)
+        return spawner(argv[0]);
     EXPECT(spawned == 0);
     CHECK(PMI_Init(&spawned), PMI_SUCCESS); /* a second init is harmless */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);

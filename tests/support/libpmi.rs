@@ -106,3 +106,13 @@ pub fn program(api: Api) -> Program {
     );
     Program { _dir: dir, path }
 }
+
+/// What `pmi_api spawn` and `pmi2_api spawn` print when it worked: every rank of a job of `size` says it
+/// spawned, and both spawned tasks read the preput.
+pub fn spawned_and_read(stdout: &str, size: usize) -> bool {
+    let mut lines: Vec<&str> = stdout.lines().filter(|l| l.contains(": ok")).collect();
+    lines.sort();
+    let mut want = vec!["child 0 of 2: ok".to_string(), "child 1 of 2: ok".to_string()];
+    want.extend((0..size).map(|r| format!("rank {r} of {size}: ok spawned")));
+    lines == want
+}
