@@ -34,6 +34,21 @@ fn every_call_under_rpmi_run_on_one_node_and_on_three() {
     assert!(ranks_ok(&three, 6).iter().all(|l| l == "clique=2 groups=1"), "{}", three.dump());
 }
 
+/// Threaded MPICH waits in several PMI 1.2 group barriers at once, one per thread, entered in any order on
+/// each rank: each rank's two threads enter theirs in opposite orders on even and odd ranks, 20 times, while
+/// a third reads the exchange. Served one at a time, each rank would wait for ever in the barrier the others
+/// enter last.
+#[test]
+fn group_barriers_from_several_threads_at_once() {
+    let p = program(Api::Pmi1);
+    let path = p.path.to_str().unwrap();
+    for args in [&["-n", "4", path, "groups"][..], &["-n", "6", "--nodes", "3", path, "groups"]] {
+        let done = rpmi_run(args);
+        let size = if args[1] == "4" { 4 } else { 6 };
+        assert!(ranks_ok(&done, size).iter().all(|l| l == "groups"), "{}", done.dump());
+    }
+}
+
 #[test]
 fn every_pmi2_call_under_rpmi_run_on_one_node_and_on_three() {
     let p = program(Api::Pmi2);

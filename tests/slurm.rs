@@ -1722,8 +1722,8 @@ fn impi_through_slurms_libpmi2() {
 
 /// rpmi's `libpmi.so.0` and `libpmi2.so.0` under srun: every call of each API over `--mpi=rpmi` on three
 /// nodes (rpmi's server answers PMI 1.2, so the group barrier is served), and over Slurm's own `--mpi=pmi2`,
-/// whose PMI-1 on `PMI_FD` is 1.1 only and answers names in MPICH's older way (`info=ok`); and a spawn through
-/// each under `--mpi=rpmi`.
+/// whose PMI-1 on `PMI_FD` is 1.1 only and answers names in MPICH's older way (`info=ok`); under `--mpi=rpmi`,
+/// group barriers from several threads at once through `libpmi.so.0`, and a spawn through each.
 #[test]
 fn libpmi_every_call_under_srun() {
     let _s = serial();
@@ -1737,6 +1737,12 @@ fn libpmi_every_call_under_srun() {
             let ok: Vec<&str> = run.stdout.lines().filter(|l| l.contains(" of 6: ok")).collect();
             assert_eq!(ok.len(), 6, "{api:?} --mpi={mpi}: {run}");
             assert!(ok.iter().all(|l| l.ends_with(tail)), "{api:?} --mpi={mpi}: {run}");
+        }
+        // Group barriers from several threads at once, entered in opposite orders on even and odd ranks.
+        if let libpmi::Api::Pmi1 = api {
+            let run = Srun::start_with(&marker("libpmi-groups"), "rpmi", &["-N3", "-n6", path, "groups"], &[]).wait();
+            assert_success(&run);
+            assert_eq!(run.stdout.lines().filter(|l| l.ends_with(" of 6: ok groups")).count(), 6, "{run}");
         }
         // A spawn through the library: a new step of the job, whose tasks read the preput.
         let run = Srun::start_in(&marker("libpmi-spawn"), &["-N2", "-n4"], &["-n2", path, "spawn"]).wait();

@@ -7,7 +7,9 @@
  *   pmi_api [alone | abort | spawn]
  *     alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...);
  *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
- *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned" */
+ *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned";
+ *   groups: two threads of each rank wait in two group barriers at once, entered in opposite orders on even
+ *     and odd ranks, while a third reads the exchange; prints "rank R of S: ok groups" */
 #include "check.h"
 #include <pmi.h>
 #include <pthread.h>
@@ -57,6 +59,56 @@ static int spawned_child(void)
     return 0;
 }
 
+/* Group barriers from several threads at once, as threaded MPICH has them: each waits for its own. */
+static int entered[2];
+static void *grouped(void *arg)
+{
+    long which = (long)arg;
+    int *all = malloc(sizeof(int) * size);
+    for (int r = 0; r < size; r++)
+        all[r] = r;
+    for (int round = 0; round < 20; round++) {
+        char tag[32];
+        /* Even ranks enter "a" first, odd ranks "b": each barrier ends only once the other is waited in. */
+        if ((rank % 2 == 0) != (which == 0))
+            while (__atomic_load_n(&entered[!which], __ATOMIC_SEQ_CST) <= round)
+                ;
+        snprintf(tag, sizeof tag, "%s%d", which == 0 ? "a" : "b", round);
+        __atomic_add_fetch(&entered[which], 1, __ATOMIC_SEQ_CST);
+        CHECK(PMI_Barrier_group(all, size, tag), PMI_SUCCESS);
+    }
+    free(all);
+    return NULL;
+}
+
+static int groups_at_once(void)
+{
+    int name_max = 0;
+    char key[64];
+    CHECK(PMI_Get_rank(&rank), PMI_SUCCESS);
+    CHECK(PMI_Get_size(&size), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get_name_length_max(&name_max), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get_value_length_max(&val_max), PMI_SUCCESS);
+    kvsname = malloc(name_max);
+    char *value = malloc(val_max);
+    CHECK(PMI_KVS_Get_my_name(kvsname, name_max), PMI_SUCCESS);
+    snprintf(key, sizeof key, "key%d", rank);
+    snprintf(value, val_max, "value-of-rank-%d:%d", rank, rank * 7);
+    CHECK(PMI_KVS_Put(kvsname, key, value), PMI_SUCCESS);
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    pthread_t threads[3];
+    for (long t = 0; t < 2; t++)
+        EXPECT(pthread_create(&threads[t], NULL, grouped, (void *)t) == 0);
+    EXPECT(pthread_create(&threads[2], NULL, reader, (void *)2) == 0);
+    for (int t = 0; t < 3; t++)
+        pthread_join(threads[t], NULL);
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    printf("rank %d of %d: ok groups\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    return 0;
+}
+
 /* Rank 0 spawns two tasks of this very program; every rank meets once it has. */
 static int spawner(const char *self)
 {
@@ -97,6 +149,8 @@ int main(int argc, char **argv)
         return spawned_child();
     if (argc > 1 && strcmp(argv[1], "spawn") == 0)
         return spawner(argv[0]);
+    if (argc > 1 && strcmp(argv[1], "groups") == 0)
+        return groups_at_once();
     EXPECT(spawned == 0);
     CHECK(PMI_Init(&spawned), PMI_SUCCESS); /* a second init is harmless */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);

@@ -5,7 +5,7 @@ use crate::{env_int, Failed};
 use std::io::{self, Read, Write};
 use std::mem::ManuallyDrop;
 use std::net::TcpStream;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// The longest line, or frame, read: a server that sends more is broken, and the session ends.
@@ -36,6 +36,19 @@ impl Conn {
             (None, None) => return Ok(None),
         };
         Ok(Some(Conn { stream, buf: Vec::new() }))
+    }
+
+    /// A second handle on the same connection, for one thread to read while others write through this one;
+    /// what this one had read and not yet handed out goes with it.
+    pub fn reader(&mut self) -> Result<Conn, Failed> {
+        let stream = match &self.stream {
+            // SAFETY: the same number, open for as long as the process lives: neither handle ever closes it.
+            Stream::Fd(s) => Stream::Fd(ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(s.as_raw_fd()) })),
+            Stream::Tcp(s) => {
+                Stream::Tcp(s.try_clone().map_err(|e| Failed::said(format!("cannot share the PMI connection: {e}")))?)
+            }
+        };
+        Ok(Conn { stream, buf: std::mem::take(&mut self.buf) })
     }
 
     /// The connection was made to `PMI_PORT`.

@@ -2,8 +2,9 @@
  *
  * A process started by a PMI-1 launcher (PMI_FD, or PMI_PORT, in its environment) talks to that launcher's
  * server through these calls; a process started without one is a job of one (rank 0, size 1) whose key-value
- * space lives in the process. Every call is safe from several threads; they are served one at a time (so
- * group barriers from several threads at once must be entered in the same order on every rank).
+ * space lives in the process. Every call is safe from several threads; they are served one at a time, but
+ * for PMI_Barrier_group, which waits without holding the others: several, one per thread, may be waited
+ * in at once, entered in any order on each rank.
  *
  * Link with -lpmi (pkg-config rpmi-pmi). */
 #ifndef RPMI_PMI_H

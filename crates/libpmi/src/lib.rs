@@ -5,16 +5,19 @@
 //!
 //! Every call checks its arguments as RFC 13 lists (NULL pointers, lengths, names that do not fit the wire),
 //! then takes the one session under a lock: calls from several threads are served one at a time, which is
-//! what a lock-step protocol allows anyway. A panic never crosses into C: it becomes `PMI_FAIL`. A protocol
-//! error, or a server that goes away, is said once on stderr, naming the rank and the call.
+//! what a lock-step protocol allows anyway, but for PMI 1.2's group barriers, which are waited for without it
+//! (`mailbox.rs`). A panic never crosses into C: it becomes `PMI_FAIL`. A protocol error, or a server that goes
+//! away, is said once on stderr, naming the rank and the call.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod mailbox;
 mod session;
 
+use mailbox::Awaited;
 use rpmi_client::cabi::{copy_out, guard, is_string, is_word, say, set, text};
 use rpmi_client::held::{Held, Ranked};
-use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM};
+use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM, SUCCESS};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
 use session::{Session, PORT_MAX};
 use std::ffi::{c_char, c_int, CStr};
@@ -286,9 +289,10 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
     // SAFETY: the caller's contract.
     let members = unsafe { std::slice::from_raw_parts(group, count) };
     // SAFETY: the caller's contract.
-    let tag = if stringtag.is_null() { 0 } else { tag_of(unsafe { CStr::from_ptr(stringtag) }.to_bytes()) };
-    with_session("PMI_Barrier_group", |s| {
-        let mut ranks: Vec<u32> = Vec::with_capacity(count);
+    let tag = tag_of(if stringtag.is_null() { b"" } else { unsafe { CStr::from_ptr(stringtag) }.to_bytes() });
+    const NAME: &str = "PMI_Barrier_group";
+    let (mut ranks, mut mail, mut rank) = (Vec::with_capacity(count), None, 0);
+    let rc = with_session(NAME, |s| {
         for &r in members {
             match u32::try_from(r) {
                 Ok(r) if r < s.size => ranks.push(r),
@@ -300,15 +304,32 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
         if ranks.len() != count || !ranks.contains(&s.rank) {
             return Err(Failed::arg(ERR_INVALID_ARG));
         }
-        s.barrier_group(&ranks, tag)
+        (mail, rank) = (s.group_mailbox()?, s.rank);
+        Ok(())
+    });
+    let Some(mail) = mail.filter(|_| rc == SUCCESS) else { return rc };
+    // Sent under the session's lock, waited for without it: other threads' calls, and their group barriers,
+    // go on meanwhile.
+    mail.expect_group(tag);
+    let rc = with_session(NAME, |s| s.send_group(&ranks, tag));
+    if rc != SUCCESS {
+        mail.forget_group(tag);
+        return rc;
+    }
+    guard(NAME, || match mail.take(Awaited::Group(tag)).and_then(|line| session::group_ended(&line)) {
+        Ok(()) => SUCCESS,
+        Err(failed) => {
+            say(&format!("libpmi: rank {rank}: {NAME}: {}", failed.message.unwrap_or_default()));
+            failed.code
+        }
     })
 }
 
-/// The integer tag of a barrier's string tag (FNV-1a, kept positive): equal strings give equal tags in every
-/// process.
+/// The integer tag of a barrier's string tag (FNV-1a, kept positive, never 0: a plain barrier's answer has tag
+/// 0): equal strings give equal tags in every process.
 fn tag_of(text: &[u8]) -> i64 {
     let hash = text.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    (hash >> 1) as i64
+    ((hash >> 1) as i64).max(1)
 }
 
 /// Copies the C key-value pairs `v[..n]` into the request's pairs.

@@ -2,12 +2,14 @@
 //! speaks RFC 13's lines, or, without a launcher, a job of one whose key-value space lives here. The C API
 //! ([`super`]) checks its arguments and turns what this returns into PMI's codes.
 
+use crate::mailbox::{Awaited, Mailbox};
 use rpmi_client::conn::{Conn, READ_MAX};
 use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
 use rpmi_wire::reply::{quote, Reply};
 use rpmi_wire::spawn::SpawnRequest;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The limits of a job of one (those of MPICH's own singleton).
 const SINGLETON_MAXES: Maxes = Maxes { kvsname: 256, key: 256, value: 1024 };
@@ -47,16 +49,18 @@ pub struct Session {
     server: Server,
 }
 
-/// The connection to the server.
+/// The connection to the server: requests are written here, replies read through the mailbox.
 struct Wire {
     conn: Conn,
+    mail: Arc<Mailbox>,
 }
 
 impl Session {
     /// `PMI_Init`: connects to the launcher's server and says `init`, or, without one, makes a job of one.
     pub fn start() -> Result<Session, Failed> {
-        let Some(conn) = Conn::from_env()? else { return Ok(Session::alone()) };
-        let mut wire = Wire { conn };
+        let Some(mut conn) = Conn::from_env()? else { return Ok(Session::alone()) };
+        let mail = Arc::new(Mailbox::new(conn.reader()?));
+        let mut wire = Wire { conn, mail };
         let (mut rank, mut size) = (env_int("PMI_RANK")?, env_int("PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
         if let (Some(id), true) = (env_int("PMI_ID")?, wire.conn.is_port()) {
@@ -155,16 +159,22 @@ impl Session {
         }
     }
 
-    /// PMI 1.2's barrier over `ranks` (ascending, this rank among them), told apart by `tag`.
-    pub fn barrier_group(&mut self, ranks: &[u32], tag: i64) -> Result<(), Failed> {
-        match &mut self.server {
+    /// Where a PMI 1.2 group barrier waits for its answer, without the session's lock; `None` in a job of
+    /// one, whose barriers end at once. `Failed::quiet` where the server does not serve group barriers.
+    pub fn group_mailbox(&self) -> Result<Option<Arc<Mailbox>>, Failed> {
+        match &self.server {
             Server::Wire(_) if !self.groups => Err(Failed::quiet()),
-            Server::Wire(w) => {
-                let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
-                w.call_ok(&format!("cmd=barrier_in group={}:{tag}", list.join(",")), "barrier_out").map(drop)
-            }
-            Server::Alone(_) => Ok(()),
+            Server::Wire(w) => Ok(Some(w.mail.clone())),
+            Server::Alone(_) => Ok(None),
         }
+    }
+
+    /// Sends PMI 1.2's barrier over `ranks` (ascending, this rank among them), told apart by `tag`; its
+    /// answer is for the caller to wait for in the [`Session::group_mailbox`].
+    pub fn send_group(&mut self, ranks: &[u32], tag: i64) -> Result<(), Failed> {
+        let Server::Wire(w) = &mut self.server else { return Ok(()) };
+        let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+        w.send(&format!("cmd=barrier_in group={}:{tag}", list.join(",")))
     }
 
     /// The ranks on this node, from the server's `PMI_process_mapping`. Where the mapping is unknown (the
@@ -240,7 +250,7 @@ impl Wire {
 
     /// The next reply line, which must answer with `cmd=<answer>`.
     fn reply(&mut self, answer: &str) -> Result<String, Failed> {
-        let line = self.conn.line()?;
+        let line = self.mail.take(Awaited::Plain)?;
         let cmd = parsed(&line)?.cmd();
         if cmd != answer {
             return Err(Failed::said(format!(
@@ -328,4 +338,13 @@ fn parsed(line: &str) -> Result<Reply<'_>, Failed> {
 
 fn first_word(request: &str) -> &str {
     request.split(' ').next().unwrap_or(request)
+}
+
+/// A group barrier's answer: `Err` saying why where the server failed it.
+pub fn group_ended(line: &str) -> Result<(), Failed> {
+    let reply = parsed(line)?;
+    if reply.rc() != 0 {
+        return Err(Failed::said(format!("the PMI server failed a group barrier: {}", reply.quoted())));
+    }
+    Ok(())
 }
