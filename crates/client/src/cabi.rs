@@ -13,11 +13,10 @@ pub fn say(line: &str) {
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), &bytes);
 }
 
-/// Runs the body of an API call `name` (a library's prefix, such as `libpmi`, and the call): a panic is
-/// `FAIL`, said on stderr.
-pub fn guard(name: &str, body: impl FnOnce() -> c_int) -> c_int {
+/// Runs the body of library `lib`'s (`libpmi`, `libpmi2`) API call `call`: a panic is `FAIL`, said on stderr.
+pub fn guard(lib: &str, call: &str, body: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
-        say(&format!("{name} failed (an internal error)"));
+        say(&format!("{lib}: {call} failed (an internal error)"));
         FAIL
     })
 }

@@ -18,10 +18,15 @@ enum Stream {
     Tcp(TcpStream),
 }
 
+/// How much one read takes.
+const CHUNK: usize = 8192;
+
 /// The connection, and what was read from it and not yet taken (a read may end mid-line or carry more).
 pub struct Conn {
     stream: Stream,
     buf: Vec<u8>,
+    /// What each read fills, kept from read to read.
+    chunk: Box<[u8; CHUNK]>,
 }
 
 impl Conn {
@@ -35,7 +40,7 @@ impl Conn {
             ),
             (None, None) => return Ok(None),
         };
-        Ok(Some(Conn { stream, buf: Vec::new() }))
+        Ok(Some(Conn { stream, buf: Vec::new(), chunk: Box::new([0; CHUNK]) }))
     }
 
     /// A second handle on the same connection, for one thread to read while others write through this one;
@@ -48,7 +53,7 @@ impl Conn {
                 Stream::Tcp(s.try_clone().map_err(|e| Failed::said(format!("cannot share the PMI connection: {e}")))?)
             }
         };
-        Ok(Conn { stream, buf: std::mem::take(&mut self.buf) })
+        Ok(Conn { stream, buf: std::mem::take(&mut self.buf), chunk: Box::new([0; CHUNK]) })
     }
 
     /// The connection was made to `PMI_PORT`.
@@ -69,12 +74,16 @@ impl Conn {
 
     /// Reads more into the buffer; `Err` if the server closed or failed.
     fn fill(&mut self) -> Result<(), Failed> {
-        let mut chunk = [0u8; 8192];
         loop {
-            return match self.io().read(&mut chunk) {
+            let Conn { stream, buf, chunk } = self;
+            let read = match stream {
+                Stream::Fd(s) => s.read(&mut chunk[..]),
+                Stream::Tcp(s) => s.read(&mut chunk[..]),
+            };
+            return match read {
                 Ok(0) => Err(Failed::said("the PMI server closed the connection".into())),
                 Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
+                    buf.extend_from_slice(&chunk[..n]);
                     Ok(())
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -47,12 +47,12 @@ impl<S: Ranked> Held<S> {
     }
 
     pub fn initialized(&self) -> bool {
-        guard(self.lib, || self.lock().is_some() as c_int) == 1
+        guard(self.lib, "initialized", || self.lock().is_some() as c_int) == 1
     }
 
     /// Init `name`: the session `start` makes, once (a second init finds it made), then `then` on it.
     pub fn init(&self, name: &str, start: impl FnOnce() -> Result<S, Failed>, then: impl FnOnce(&S) -> c_int) -> c_int {
-        guard(&format!("{}: {name}", self.lib), || {
+        guard(self.lib, name, || {
             let mut s = self.lock();
             if s.is_none() && self.finalized.load(Ordering::SeqCst) {
                 say(&format!("{}: {name}: finalized already: the launcher serves one session per process", self.lib));
@@ -73,7 +73,7 @@ impl<S: Ranked> Held<S> {
 
     /// Runs call `name`'s `f` on the session, if init made one.
     pub fn with(&self, name: &str, f: impl FnOnce(&mut S) -> Result<(), Failed>) -> c_int {
-        guard(&format!("{}: {name}", self.lib), || {
+        guard(self.lib, name, || {
             if self.aborting.load(Ordering::SeqCst) {
                 return FAIL;
             }

@@ -316,7 +316,7 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
         mail.forget_group(tag);
         return rc;
     }
-    guard(NAME, || match mail.take(Awaited::Group(tag)).and_then(|line| session::group_ended(&line)) {
+    guard("libpmi", NAME, || match mail.take(Awaited::Group(tag)).and_then(|line| session::group_ended(&line)) {
         Ok(()) => SUCCESS,
         Err(failed) => {
             say(&format!("libpmi: rank {rank}: {NAME}: {}", failed.message.unwrap_or_default()));
@@ -380,7 +380,7 @@ pub unsafe extern "C" fn PMI_Spawn_multiple(
 ) -> c_int {
     // Reading the caller's arrays is inside the guard too: no panic reaches the caller.
     // SAFETY: the caller's contract, passed on.
-    guard("libpmi: PMI_Spawn_multiple", || unsafe {
+    guard("libpmi", "PMI_Spawn_multiple", || unsafe {
         spawn_multiple(
             count,
             cmds,

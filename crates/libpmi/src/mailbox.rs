@@ -118,7 +118,8 @@ impl Mailbox {
 
 impl State {
     fn hand_out(&mut self, line: String) {
-        let tag = Reply::parse(&line).ok().filter(|r| r.cmd() == "barrier_out").and_then(|r| r.int("tag").ok());
+        let barrier = line.starts_with("cmd=barrier_out ");
+        let tag = barrier.then(|| Reply::parse(&line).ok().and_then(|r| r.int("tag").ok())).flatten();
         if let Some(slot @ None) = tag.and_then(|t| self.groups.get_mut(&t)) {
             *slot = Some(line);
         } else if self.plain.is_none() {

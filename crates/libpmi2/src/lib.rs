@@ -123,7 +123,7 @@ pub unsafe extern "C" fn PMI2_Job_Spawn(
 ) -> c_int {
     // Reading the caller's arrays is inside the guard too: no panic reaches the caller.
     // SAFETY: the caller's contract, passed on.
-    guard("libpmi2: PMI2_Job_Spawn", || unsafe {
+    guard("libpmi2", "PMI2_Job_Spawn", || unsafe {
         job_spawn(
             count,
             cmds,
