@@ -1,0 +1,500 @@
+//! The client libraries against clients written on the wire: `benches/libpmi/pmi_bench.c` built five ways
+//! (rpmi's `libpmi.so.0`, rpmi's `libpmi2.so.0`, Slurm's `libpmi2.so.0`, and PMI-1 lines and PMI-2 frames
+//! written by hand, which send what the libraries send) runs the same work under rpmi-run, `srun --mpi=rpmi`
+//! and Slurm's `srun --mpi=pmi2`: a start-up (init, a put, a fence, a get of every rank's key) and a loop of
+//! gets after the fence; and, with no launcher, what starting a process linked against each library costs
+//! (the program returns at once). Runs are interleaved (each round runs every cell once) so that the
+//! machine's drift hits every client alike. Prints a table of medians, each library over the hand-written
+//! client of its version under the same server, and writes it to `--out` (markdown) with every run beside it
+//! (JSON).
+//!
+//! `bash docker/bench-libpmi.sh` sets up everything (the libraries, the local Slurm cluster with the
+//! plugin) and runs it; by hand, after `cargo build --release` (the libraries):
+//! `cargo bench --features slurm --bench libpmi -- [--sizes 2,16] [--runs 15] [--gets 2000]
+//! [--servers rpmi-run,srun-rpmi,srun-pmi2] [--out benches/results/libpmi.md]`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+const RPMI_RUN: &str = env!("CARGO_BIN_EXE_rpmi-run");
+/// Longest one job may take before it is killed and recorded as failed.
+const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+/// Where Debian's `libpmi2-0` (Slurm's PMI-2 client library) keeps it.
+const SLURM_LIBPMI2: &str = "/usr/lib/x86_64-linux-gnu/libpmi2.so.0";
+/// The most a library may add over the hand-written client of its version.
+const TARGET: f64 = 1.10;
+/// Processes started, one after another, to time one start of a program (each round).
+const STARTS: usize = 100;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Server {
+    RpmiRun,
+    SrunRpmi,
+    SrunPmi2,
+}
+
+impl Server {
+    fn name(self) -> &'static str {
+        match self {
+            Server::RpmiRun => "rpmi-run",
+            Server::SrunRpmi => "srun-rpmi",
+            Server::SrunPmi2 => "srun-pmi2",
+        }
+    }
+}
+
+/// Who speaks for the task: a library, or the hand-written wire client it is measured against.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Client {
+    Raw1,
+    Libpmi,
+    Raw2,
+    Libpmi2,
+    SlurmLibpmi2,
+}
+
+const CLIENTS: [Client; 5] = [Client::Raw1, Client::Libpmi, Client::Raw2, Client::Libpmi2, Client::SlurmLibpmi2];
+
+impl Client {
+    fn name(self) -> &'static str {
+        match self {
+            Client::Raw1 => "PMI-1 by hand",
+            Client::Libpmi => "rpmi libpmi",
+            Client::Raw2 => "PMI-2 by hand",
+            Client::Libpmi2 => "rpmi libpmi2",
+            Client::SlurmLibpmi2 => "Slurm libpmi2",
+        }
+    }
+
+    /// `pmi_bench.c`'s `CLIENT`.
+    fn build_as(self) -> u32 {
+        match self {
+            Client::Raw1 => 11,
+            Client::Libpmi => 1,
+            Client::Raw2 => 12,
+            Client::Libpmi2 | Client::SlurmLibpmi2 => 2,
+        }
+    }
+
+    /// The hand-written client this one is measured against (itself for those).
+    fn raw(self) -> Client {
+        match self {
+            Client::Raw1 | Client::Libpmi => Client::Raw1,
+            _ => Client::Raw2,
+        }
+    }
+}
+
+struct Args {
+    sizes: Vec<usize>,
+    runs: usize,
+    gets: usize,
+    servers: Vec<Server>,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        sizes: vec![2, 16],
+        runs: 15,
+        gets: 2000,
+        servers: vec![Server::RpmiRun, Server::SrunRpmi, Server::SrunPmi2],
+        out: PathBuf::from("benches/results/libpmi.md"),
+    };
+    let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or(format!("{a} needs a value"));
+        let number = |v: &str| v.parse::<usize>().map_err(|_| format!("{a}: {v} is not a number"));
+        match a.as_str() {
+            "--sizes" => args.sizes = value()?.split(',').map(number).collect::<Result<_, _>>()?,
+            "--runs" => args.runs = number(&value()?)?,
+            "--gets" => args.gets = number(&value()?)?,
+            "--servers" => {
+                args.servers = value()?
+                    .split(',')
+                    .map(|s| {
+                        [Server::RpmiRun, Server::SrunRpmi, Server::SrunPmi2]
+                            .into_iter()
+                            .find(|x| x.name() == s)
+                            .ok_or(format!("--servers: no server {s}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--out" => args.out = PathBuf::from(value()?),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if args.runs == 0 || args.sizes.contains(&0) {
+        return Err("--runs and --sizes must be positive".into());
+    }
+    Ok(args)
+}
+
+/// The five programs, in a directory of their own: each library client finds its library by its soname
+/// through a directory on its run path that holds only that library.
+struct Programs {
+    dir: PathBuf,
+    /// Each library client's library, as the program names the file it loaded (its real path).
+    libraries: Vec<(Client, PathBuf)>,
+}
+
+impl Programs {
+    fn build(dir: &Path) -> Result<Programs, String> {
+        let mut libraries = Vec::new();
+        let profile = std::env::current_exe().map_err(|e| e.to_string())?;
+        let profile = profile.parent().and_then(Path::parent).ok_or("no profile directory")?;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for client in CLIENTS {
+            let libs = dir.join(format!("{client:?}-lib"));
+            std::fs::create_dir_all(&libs).map_err(|e| e.to_string())?;
+            let mut cc = Command::new("cc");
+            cc.args(["-O2", "-Wall", "-Wextra", "-Werror"])
+                .arg(format!("-DCLIENT={}", client.build_as()))
+                .arg("-o")
+                .arg(dir.join(format!("{client:?}")))
+                .arg(root.join("benches/libpmi/pmi_bench.c"));
+            let (crate_dir, built) = match client {
+                Client::Raw1 | Client::Raw2 => (None, None),
+                Client::Libpmi => (Some("crates/libpmi"), Some(profile.join("libpmi.so"))),
+                Client::Libpmi2 => (Some("crates/libpmi2"), Some(profile.join("libpmi2.so"))),
+                Client::SlurmLibpmi2 => (Some("crates/libpmi2"), Some(PathBuf::from(SLURM_LIBPMI2))),
+            };
+            if let (Some(crate_dir), Some(built)) = (crate_dir, built) {
+                if !built.exists() {
+                    return Err(format!(
+                        "{} is missing (`cargo build --release`; Debian's libpmi2-0)",
+                        built.display()
+                    ));
+                }
+                let soname = if client == Client::Libpmi { "libpmi.so.0" } else { "libpmi2.so.0" };
+                std::os::unix::fs::symlink(&built, libs.join(soname)).map_err(|e| e.to_string())?;
+                libraries.push((client, std::fs::canonicalize(&built).map_err(|e| e.to_string())?));
+                cc.arg(format!("-I{}", root.join(crate_dir).join("include").display()))
+                    .arg(format!("-L{}", libs.display()))
+                    .arg(format!("-l:{soname}"))
+                    .arg("-ldl")
+                    .arg(format!("-Wl,-rpath,{}", libs.display()));
+            }
+            let out = cc.output().map_err(|e| format!("cc: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("cc -DCLIENT={}: {}", client.build_as(), String::from_utf8_lossy(&out.stderr)));
+            }
+        }
+        Ok(Programs { dir: dir.to_path_buf(), libraries })
+    }
+
+    fn path(&self, client: Client) -> PathBuf {
+        self.dir.join(format!("{client:?}"))
+    }
+
+    /// What the program must say it loaded: its library, or none.
+    fn library(&self, client: Client) -> String {
+        self.libraries.iter().find(|(c, _)| *c == client).map_or("none".into(), |(_, p)| p.display().to_string())
+    }
+}
+
+/// The command that runs `program` as `size` tasks under `server` (srun over 3 nodes, or as many as tasks).
+/// A job that outlives [`JOB_TIMEOUT`] is killed (by timeout(1)) and counts as failed.
+fn command(server: Server, size: usize, program: &Path, gets: usize) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["--kill-after=5", &JOB_TIMEOUT.as_secs().to_string()]);
+    match server {
+        Server::RpmiRun => c.args([RPMI_RUN, "-n", &size.to_string()]),
+        Server::SrunRpmi | Server::SrunPmi2 => {
+            let mpi = if server == Server::SrunRpmi { "rpmi" } else { "pmi2" };
+            c.args(["srun", "-Q", &format!("--mpi={mpi}"), &format!("-N{}", size.min(3)), &format!("-n{size}")])
+        }
+    };
+    c.arg(program).arg(gets.to_string());
+    c
+}
+
+/// Rank 0's figures and the library that spoke, from its line.
+#[derive(Clone, Debug)]
+struct Figures {
+    startup_us: f64,
+    gets_us: f64,
+    startup_cpu_us: f64,
+    gets_cpu_us: f64,
+    library: String,
+}
+
+fn run_once(mut c: Command) -> Result<Figures, String> {
+    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("{}: {}{}", out.status, stdout, String::from_utf8_lossy(&out.stderr)));
+    }
+    let line = stdout.lines().find(|l| l.starts_with("startup_us=")).ok_or(format!("no figures: {stdout}"))?;
+    let field = |k: &str| line.split(' ').find_map(|w| w.strip_prefix(k)).ok_or(format!("no {k} in {line}"));
+    let number = |k: &str| field(k)?.parse::<f64>().map_err(|_| format!("{k} in {line}"));
+    Ok(Figures {
+        startup_us: number("startup_us=")?,
+        gets_us: number("gets_us=")?,
+        startup_cpu_us: number("startup_cpu_us=")?,
+        gets_cpu_us: number("gets_cpu_us=")?,
+        library: field("lib=")?.into(),
+    })
+}
+
+/// Microseconds to start and end the program once, with no launcher and no PMI: the mean of [`STARTS`].
+fn time_starts(program: &Path) -> Result<f64, String> {
+    let t = Instant::now();
+    for _ in 0..STARTS {
+        let status = Command::new(program).arg("load").status().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("{} load: {status}", program.display()));
+        }
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / STARTS as f64)
+}
+
+/// `0..n` in an order of round `round`'s own, the same in every run of the benchmark (a Fisher-Yates shuffle
+/// by a linear congruential generator): no client always runs right after another.
+fn shuffled(n: usize, round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ round as u64;
+    for i in (1..n).rev() {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        order.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    order
+}
+
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    (!xs.is_empty()).then(|| xs[xs.len() / 2])
+}
+
+/// Every run of one cell.
+struct Cell {
+    server: Server,
+    size: usize,
+    client: Client,
+    runs: Vec<Figures>,
+    failures: Vec<String>,
+}
+
+/// One figure of a run: (wall-clock, CPU) of the start-up in µs, or of one get.
+type Figure = fn(&Figures, usize) -> (f64, f64);
+
+const STARTUP: Figure = |f, _| (f.startup_us, f.startup_cpu_us);
+const GET: Figure = |f, gets| (f.gets_us / gets as f64, f.gets_cpu_us / gets as f64);
+
+impl Cell {
+    /// A figure over the runs: the wall-clock median, and the least CPU time (what the client itself costs:
+    /// other processes on its cores only ever add to it).
+    fn summary(&self, figure: Figure, gets: usize) -> (Option<f64>, Option<f64>) {
+        let (wall, cpu): (Vec<f64>, Vec<f64>) = self.runs.iter().map(|f| figure(f, gets)).unzip();
+        (median(wall), cpu.into_iter().min_by(f64::total_cmp))
+    }
+
+    /// The lowest and highest wall-clock figure of the runs.
+    fn range(&self, figure: Figure, gets: usize, digits: usize, scale: f64) -> String {
+        let wall: Vec<f64> = self.runs.iter().map(|f| figure(f, gets).0 / scale).collect();
+        let lo = wall.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = wall.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if wall.is_empty() {
+            "-".into()
+        } else {
+            format!("{lo:.digits$}–{hi:.digits$}")
+        }
+    }
+}
+
+/// Every client under every server at every size.
+fn cells(args: &Args) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for &server in &args.servers {
+        for &size in &args.sizes {
+            for client in CLIENTS {
+                cells.push(Cell { server, size, client, runs: Vec::new(), failures: Vec::new() });
+            }
+        }
+    }
+    cells
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    }
+}
+
+fn shown(x: Option<f64>, digits: usize) -> String {
+    x.map_or("failed".into(), |x| format!("{x:.digits$}"))
+}
+
+fn report(args: &Args, cells: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String, Vec<String>) {
+    let mut md = String::new();
+    let mut misses = Vec::new();
+    md.push_str("# The client libraries against clients written on the wire\n\n");
+    md.push_str(&format!(
+        "Written by `bash docker/bench-libpmi.sh` (`cargo bench --features slurm --bench libpmi -- --sizes {} \
+         --runs {} --gets {}`): {} runs per cell, each round in an order of its own. **Start-up**: \
+         init, one put, a fence, a get of every rank's key and a fence, from rank 0's clock: its wall-clock \
+         median (ms) and range over the runs, and the least CPU time rank 0's process spent in it over the runs \
+         (µs: its own work and its system calls, not its waits). **Get**: one `get` of another rank's key \
+         after the fence, from a loop of {} gets on every rank at once, closed by a fence, in µs per get, the \
+         same ways. \"× hand\": over the same figure of the hand-written client of the same PMI version under \
+         the same server. The wall-clock figures of this 2-core machine are spread by where the scheduler puts \
+         tasks and servers (their ranges), which only adds: the least CPU time is what the client itself \
+         costs, and rpmi's libraries target at most {TARGET:.2}× the hand-written client's there.\n\n",
+        args.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+        args.runs,
+        args.gets,
+        args.runs,
+        args.gets
+    ));
+    md.push_str(
+        "| server | tasks | client | start-up (ms) | range | × hand | CPU (µs) | × hand | get (µs) | range | × hand \
+         | CPU (µs) | × hand | failed runs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for cell in cells {
+        let raw = cells
+            .iter()
+            .find(|c| c.server == cell.server && c.size == cell.size && c.client == cell.client.raw())
+            .expect("every cell has its hand-written client");
+        let mut row = format!("| {} | {} | {} |", cell.server.name(), cell.size, cell.client.name());
+        for (what, figure, scale, digits) in [("start-up", STARTUP, 1000.0, 2), ("get", GET, 1.0, 1)] {
+            let (wall, cpu) = cell.summary(figure, args.gets);
+            let (raw_wall, raw_cpu) = raw.summary(figure, args.gets);
+            let hand = cell.client == cell.client.raw();
+            let over = |a, b| if hand { String::new() } else { ratio(a, b) };
+            row.push_str(&format!(
+                " {} | {} | {} | {} | {} |",
+                shown(wall.map(|w| w / scale), digits),
+                cell.range(figure, args.gets, digits, scale),
+                over(wall, raw_wall),
+                shown(cpu, 1),
+                over(cpu, raw_cpu)
+            ));
+            let met = matches!((cpu, raw_cpu), (Some(c), Some(r)) if c / r <= TARGET);
+            if matches!(cell.client, Client::Libpmi | Client::Libpmi2) && !met {
+                misses.push(format!(
+                    "{} under {} at {} tasks: {what} CPU {} of the hand-written client's ({} against {} µs)",
+                    cell.client.name(),
+                    cell.server.name(),
+                    cell.size,
+                    ratio(cpu, raw_cpu),
+                    shown(cpu, 1),
+                    shown(raw_cpu, 1)
+                ));
+            }
+        }
+        md.push_str(&format!("{row} {} |\n", cell.failures.len()));
+    }
+    md.push_str(&format!(
+        "\nStarting a process linked against each (no launcher, no PMI: the program returns at once), the mean of \
+         {STARTS} starts one after another, median of the rounds. A library's start is paid once per process, \
+         before `main`: it is outside the start-up above, but for the CPU it takes from other tasks where there \
+         are more tasks than cores.\n\n| client | start (µs) | over the hand-written client's |\n|---|---|---|\n"
+    ));
+    let start_of = |c: Client| starts.iter().find(|(x, _)| *x == c).and_then(|(_, t)| median(t.clone()));
+    for client in CLIENTS {
+        let (t, raw) = (start_of(client), start_of(client.raw()));
+        let over = match (t, raw) {
+            (Some(t), Some(r)) if client != client.raw() => format!("{:+.0} µs", t - r),
+            _ => String::new(),
+        };
+        md.push_str(&format!("| {} | {} | {over} |\n", client.name(), shown(t, 0)));
+    }
+    md.push('\n');
+    if misses.is_empty() {
+        md.push_str(&format!(
+            "Target met: the least CPU time of rpmi's libraries is within {TARGET:.2}× the hand-written client's.\n"
+        ));
+    } else {
+        md.push_str("Target missed:\n\n");
+        for m in &misses {
+            md.push_str(&format!("- {m}\n"));
+        }
+    }
+    let failures: Vec<String> = cells
+        .iter()
+        .flat_map(|c| {
+            c.failures.iter().map(move |f| format!("{} {} {}: {f}", c.server.name(), c.size, c.client.name()))
+        })
+        .collect();
+    if !failures.is_empty() {
+        md.push_str("\nFailed runs:\n\n");
+        for f in failures {
+            md.push_str(&format!("- {}\n", f.lines().next().unwrap_or_default()));
+        }
+    }
+    (md, misses)
+}
+
+fn json(args: &Args, cells: &[Cell], starts: &[(Client, Vec<f64>)]) -> serde_json::Value {
+    serde_json::json!({
+        "gets": args.gets,
+        "starts_us": starts.iter().map(|(c, t)| serde_json::json!({"client": c.name(), "runs": t})).collect::<Vec<_>>(),
+        "cells": cells.iter().map(|c| serde_json::json!({
+            "server": c.server.name(),
+            "tasks": c.size,
+            "client": c.client.name(),
+            "startup_us": c.runs.iter().map(|f| f.startup_us).collect::<Vec<_>>(),
+            "gets_us": c.runs.iter().map(|f| f.gets_us).collect::<Vec<_>>(),
+            "startup_cpu_us": c.runs.iter().map(|f| f.startup_cpu_us).collect::<Vec<_>>(),
+            "gets_cpu_us": c.runs.iter().map(|f| f.gets_cpu_us).collect::<Vec<_>>(),
+            "failures": c.failures,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("libpmi bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("rpmi-bench-libpmi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let programs = match std::fs::create_dir_all(&dir).map_err(|e| e.to_string()).and_then(|_| Programs::build(&dir)) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("libpmi bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut cells = cells(&args);
+    let mut starts: Vec<(Client, Vec<f64>)> = CLIENTS.iter().map(|&c| (c, Vec::new())).collect();
+    for round in 0..args.runs {
+        eprintln!("libpmi bench: round {} of {}", round + 1, args.runs);
+        for (client, times) in starts.iter_mut() {
+            match time_starts(&programs.path(*client)) {
+                Ok(t) => times.push(t),
+                Err(e) => eprintln!("libpmi bench: {e}"),
+            }
+        }
+        for i in shuffled(cells.len(), round) {
+            let cell = &mut cells[i];
+            let c = command(cell.server, cell.size, &programs.path(cell.client), args.gets);
+            let want = programs.library(cell.client);
+            match run_once(c) {
+                Ok(f) if f.library == want => cell.runs.push(f),
+                Ok(f) => cell.failures.push(format!("spoke through {}, not {want}", f.library)),
+                Err(e) => cell.failures.push(e),
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let (md, misses) = report(&args, &cells, &starts);
+    println!("{md}");
+    let written = std::fs::write(&args.out, &md)
+        .and_then(|_| std::fs::write(args.out.with_extension("json"), format!("{:#}\n", json(&args, &cells, &starts))));
+    if let Err(e) = written {
+        eprintln!("libpmi bench: writing {}: {e}", args.out.display());
+        return ExitCode::FAILURE;
+    }
+    if misses.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
