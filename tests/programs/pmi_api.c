@@ -39,8 +39,9 @@ static void *reader(void *arg)
     return NULL;
 }
 
-/* A task started by PMI_Spawn_multiple: the parent's preput is in its own key-value space. */
-static int spawned_child(void)
+/* What the modes below start from once PMI_Init has returned: the rank, the size, the key-value space's
+ * name and the longest value; a buffer for a value. */
+static char *session(void)
 {
     int name_max = 0;
     CHECK(PMI_Get_rank(&rank), PMI_SUCCESS);
@@ -48,8 +49,14 @@ static int spawned_child(void)
     CHECK(PMI_KVS_Get_name_length_max(&name_max), PMI_SUCCESS);
     CHECK(PMI_KVS_Get_value_length_max(&val_max), PMI_SUCCESS);
     kvsname = malloc(name_max);
-    char *value = malloc(val_max);
     CHECK(PMI_KVS_Get_my_name(kvsname, name_max), PMI_SUCCESS);
+    return malloc(val_max);
+}
+
+/* A task started by PMI_Spawn_multiple: the parent's preput is in its own key-value space. */
+static int spawned_child(void)
+{
+    char *value = session();
     CHECK(PMI_KVS_Get(kvsname, "greeting", value, val_max), PMI_SUCCESS);
     EXPECT(size == 2 && strcmp(value, "hello-from-the-parent") == 0);
     CHECK(PMI_Barrier(), PMI_SUCCESS);
@@ -83,15 +90,7 @@ static void *grouped(void *arg)
 
 static int groups_at_once(void)
 {
-    int name_max = 0;
-    char key[64];
-    CHECK(PMI_Get_rank(&rank), PMI_SUCCESS);
-    CHECK(PMI_Get_size(&size), PMI_SUCCESS);
-    CHECK(PMI_KVS_Get_name_length_max(&name_max), PMI_SUCCESS);
-    CHECK(PMI_KVS_Get_value_length_max(&val_max), PMI_SUCCESS);
-    kvsname = malloc(name_max);
-    char *value = malloc(val_max);
-    CHECK(PMI_KVS_Get_my_name(kvsname, name_max), PMI_SUCCESS);
+    char key[64], *value = session();
     snprintf(key, sizeof key, "key%d", rank);
     snprintf(value, val_max, "value-of-rank-%d:%d", rank, rank * 7);
     CHECK(PMI_KVS_Put(kvsname, key, value), PMI_SUCCESS);
