@@ -1,12 +1,13 @@
 //! `libpmi.so.0` and `libpmi2.so.0` (crates/libpmi, crates/libpmi2): C programs that call every function of
 //! the PMI-1 and the PMI-2 API, linked against the libraries, under rpmi-run (one node and several), under
 //! MPICH's Hydra (a foreign PMI-1 and PMI-2 server), and with no launcher at all (a job of one); a spawn
-//! through each, and Intel MPI through each.
+//! through each, and Intel MPI through each; and Slurm's own `libpmi2.so.0` under rpmi-run.
 //! The Slurm cases are in tests/slurm.rs. How the programs find the libraries is in `support::libpmi`.
 
 mod support;
 
 use std::ffi::OsStr;
+use std::path::Path;
 use std::process::Command;
 use support::libpmi::{library_dir, program, spawned_and_read, Api};
 use support::{impi, rpmi_run, run, start_in, start_with_env, Done, GUARD, RUN};
@@ -131,6 +132,31 @@ fn a_spawn_through_either_library_starts_a_job_that_reads_the_preput() {
             assert!(spawned_and_read(&done.stdout, size), "{:?}: {}", api, done.dump());
         }
     }
+}
+
+/// Slurm's own `libpmi2.so.0` (Debian's `libpmi2-0`) under rpmi's server: the benchmark's task
+/// (`benches/libpmi/pmi_bench.c`) puts, fences and gets every rank's key with no job id, which Slurm's library
+/// sends as an empty `jobid=` (rpmi's server once refused each such get as another job's).
+#[test]
+fn slurms_libpmi2_under_rpmi_run() {
+    let slurms = Path::new("/usr/lib/x86_64-linux-gnu/libpmi2.so.0");
+    assert!(slurms.exists(), "Slurm's libpmi2.so.0 is missing: {}", support::INSTALL_HINT);
+    let dir = library_dir();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let program = dir.path().join("pmi_bench");
+    let out = Command::new("cc")
+        .args(["-O1", "-DCLIENT=2", "-o"])
+        .arg(&program)
+        .arg(root.join("benches/libpmi/pmi_bench.c"))
+        .arg(format!("-I{}", root.join("crates/libpmi2/include").display()))
+        .arg(slurms)
+        .arg("-ldl")
+        .output()
+        .expect("cc (build-essential)");
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    let done = rpmi_run(&[OsStr::new("-n"), OsStr::new("4"), program.as_os_str(), OsStr::new("100")]);
+    done.assert_success("pmi_bench through Slurm's libpmi2");
+    assert!(done.stdout.contains("lib=/usr/lib/x86_64-linux-gnu/libpmi2.so.0"), "{}", done.dump());
 }
 
 /// Intel MPI loads a library by `I_MPI_PMI_LIBRARY` and speaks through it (`I_MPI_PMI=pmi1` or `pmi2`): IMB's
