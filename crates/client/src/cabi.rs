@@ -87,3 +87,16 @@ pub unsafe fn set(out: *mut c_int, value: c_int) -> c_int {
     unsafe { *out = value };
     crate::SUCCESS
 }
+
+/// Writes a spawn's error code for each of its `procs` processes into `errors`: the server's list, its last
+/// code repeated when it sent fewer (one for all), 0 when it sent none.
+///
+/// # Safety
+/// `errors` points to at least `procs` writable ints.
+pub unsafe fn set_errcodes(errors: *mut c_int, procs: usize, codes: &[i32]) {
+    for i in 0..procs {
+        let code = codes.get(i).or(codes.last()).copied().unwrap_or(0);
+        // SAFETY: the caller's contract.
+        unsafe { *errors.add(i) = code };
+    }
+}

@@ -1,6 +1,7 @@
 //! What rpmi's PMI client libraries (`crates/libpmi`, `crates/libpmi2`) share: the connection to the
 //! launcher's server ([`conn`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
-//! failure as a PMI code, C strings in and out, and no panic crossing into the caller. PMI-1's and PMI-2's return codes have the same values.
+//! failure as a PMI code (RFC 13's, `rpmi_wire::response::rc`: PMI-2's have the same values), C strings in
+//! and out, and no panic crossing into the caller.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -8,16 +9,9 @@ pub mod cabi;
 pub mod conn;
 pub mod held;
 
-/// `PMI_SUCCESS`, `PMI2_SUCCESS`.
-pub const SUCCESS: i32 = 0;
-/// `PMI_FAIL`, `PMI2_FAIL`.
-pub const FAIL: i32 = -1;
-pub const ERR_INIT: i32 = 1;
-pub const ERR_NOMEM: i32 = 2;
-pub const ERR_INVALID_ARG: i32 = 3;
-pub const ERR_INVALID_KEY: i32 = 4;
-pub const ERR_INVALID_VAL: i32 = 6;
-pub const ERR_INVALID_LENGTH: i32 = 8;
+pub use rpmi_wire::response::rc::{
+    ERR_INIT, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM, FAIL, SUCCESS,
+};
 
 /// Why a call failed: the code it returns, and what to print on stderr (nothing for an answer the caller
 /// expects, such as a key not found).

@@ -15,7 +15,7 @@ mod mailbox;
 mod session;
 
 use mailbox::Awaited;
-use rpmi_client::cabi::{copy_out, guard, is_string, is_word, say, set, text};
+use rpmi_client::cabi::{copy_out, guard, is_string, is_word, say, set, set_errcodes, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM, SUCCESS};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
@@ -291,36 +291,41 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
     // SAFETY: the caller's contract.
     let tag = tag_of(if stringtag.is_null() { b"" } else { unsafe { CStr::from_ptr(stringtag) }.to_bytes() });
     const NAME: &str = "PMI_Barrier_group";
-    let (mut ranks, mut mail, mut rank) = (Vec::with_capacity(count), None, 0);
-    let rc = with_session(NAME, |s| {
-        for &r in members {
-            match u32::try_from(r) {
-                Ok(r) if r < s.size => ranks.push(r),
-                _ => return Err(Failed::arg(ERR_INVALID_ARG)),
+    guard("libpmi", NAME, || {
+        let (mut ranks, mut mail, mut rank) = (Vec::new(), None, 0);
+        let rc = with_session(NAME, |s| {
+            if count > s.size as usize {
+                return Err(Failed::arg(ERR_INVALID_ARG));
             }
+            for &r in members {
+                match u32::try_from(r) {
+                    Ok(r) if r < s.size => ranks.push(r),
+                    _ => return Err(Failed::arg(ERR_INVALID_ARG)),
+                }
+            }
+            ranks.sort_unstable();
+            ranks.dedup();
+            if ranks.len() != count || !ranks.contains(&s.rank) {
+                return Err(Failed::arg(ERR_INVALID_ARG));
+            }
+            (mail, rank) = (s.group_mailbox()?, s.rank);
+            Ok(())
+        });
+        let Some(mail) = mail.filter(|_| rc == SUCCESS) else { return rc };
+        // Sent under the session's lock, waited for without it: other threads' calls, and their group
+        // barriers, go on meanwhile.
+        mail.expect_group(tag);
+        let rc = with_session(NAME, |s| s.send_group(&ranks, tag));
+        if rc != SUCCESS {
+            mail.forget_group(tag);
+            return rc;
         }
-        ranks.sort_unstable();
-        ranks.dedup();
-        if ranks.len() != count || !ranks.contains(&s.rank) {
-            return Err(Failed::arg(ERR_INVALID_ARG));
-        }
-        (mail, rank) = (s.group_mailbox()?, s.rank);
-        Ok(())
-    });
-    let Some(mail) = mail.filter(|_| rc == SUCCESS) else { return rc };
-    // Sent under the session's lock, waited for without it: other threads' calls, and their group barriers,
-    // go on meanwhile.
-    mail.expect_group(tag);
-    let rc = with_session(NAME, |s| s.send_group(&ranks, tag));
-    if rc != SUCCESS {
-        mail.forget_group(tag);
-        return rc;
-    }
-    guard("libpmi", NAME, || match mail.take(Awaited::Group(tag)).and_then(|line| session::group_ended(&line)) {
-        Ok(()) => SUCCESS,
-        Err(failed) => {
-            say(&format!("libpmi: rank {rank}: {NAME}: {}", failed.message.unwrap_or_default()));
-            failed.code
+        match mail.take(Awaited::Group(tag)).and_then(|line| session::group_ended(&line)) {
+            Ok(()) => SUCCESS,
+            Err(failed) => {
+                say(&format!("libpmi: rank {rank}: {NAME}: {}", failed.message.unwrap_or_default()));
+                failed.code
+            }
         }
     })
 }
@@ -379,93 +384,59 @@ pub unsafe extern "C" fn PMI_Spawn_multiple(
     errors: *mut c_int,
 ) -> c_int {
     // Reading the caller's arrays is inside the guard too: no panic reaches the caller.
-    // SAFETY: the caller's contract, passed on.
-    guard("libpmi", "PMI_Spawn_multiple", || unsafe {
-        spawn_multiple(
-            count,
-            cmds,
-            argvs,
-            maxprocs,
-            info_keyval_sizes,
-            info_keyval_vectors,
-            preput_keyval_size,
-            preput_keyval_vector,
-            errors,
-        )
-    })
-}
-
-/// [`PMI_Spawn_multiple`]'s body.
-///
-/// # Safety
-/// As `PMI_Spawn_multiple` says.
-#[allow(clippy::too_many_arguments)]
-unsafe fn spawn_multiple(
-    count: c_int,
-    cmds: *const *const c_char,
-    argvs: *const *const *const c_char,
-    maxprocs: *const c_int,
-    info_keyval_sizes: *const c_int,
-    info_keyval_vectors: *const *const PmiKeyval,
-    preput_keyval_size: c_int,
-    preput_keyval_vector: *const PmiKeyval,
-    errors: *mut c_int,
-) -> c_int {
-    let Ok(count) = usize::try_from(count) else { return ERR_INVALID_ARG };
-    if count == 0 || cmds.is_null() || maxprocs.is_null() || errors.is_null() {
-        return ERR_INVALID_ARG;
-    }
-    // SAFETY: the caller's contract.
-    let Some(preputs) = (unsafe { pairs(preput_keyval_vector, preput_keyval_size) }) else {
-        return ERR_INVALID_ARG;
-    };
-    let mut commands = Vec::with_capacity(count);
-    for i in 0..count {
-        // SAFETY: the caller's contract: each array has `count` entries.
-        let (cmd, nprocs) = unsafe { (text(*cmds.add(i)), *maxprocs.add(i)) };
-        let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return ERR_INVALID_ARG };
-        let mut args = Vec::new();
+    guard("libpmi", "PMI_Spawn_multiple", || {
+        let Ok(count) = usize::try_from(count) else { return ERR_INVALID_ARG };
+        if count == 0 || cmds.is_null() || maxprocs.is_null() || errors.is_null() {
+            return ERR_INVALID_ARG;
+        }
         // SAFETY: the caller's contract.
-        let argv = if argvs.is_null() { std::ptr::null() } else { unsafe { *argvs.add(i) } };
-        if !argv.is_null() {
-            for j in 0.. {
-                // SAFETY: the caller's contract: NULL-terminated.
-                let arg = unsafe { *argv.add(j) };
-                if arg.is_null() {
-                    break;
-                }
-                // SAFETY: the caller's contract.
-                let Some(arg) = (unsafe { text(arg) }) else { return ERR_INVALID_ARG };
-                args.push(arg.as_bytes().to_vec());
-            }
-        }
-        let infos = match (info_keyval_sizes.is_null(), info_keyval_vectors.is_null()) {
-            (true, _) => Some(Vec::new()),
-            // SAFETY: the caller's contract.
-            (false, true) => (unsafe { *info_keyval_sizes.add(i) } == 0).then(Vec::new),
-            // SAFETY: the caller's contract.
-            (false, false) => unsafe { pairs(*info_keyval_vectors.add(i), *info_keyval_sizes.add(i)) },
+        let Some(preputs) = (unsafe { pairs(preput_keyval_vector, preput_keyval_size) }) else {
+            return ERR_INVALID_ARG;
         };
-        let Some(infos) = infos else { return ERR_INVALID_ARG };
-        commands.push(SpawnCommand {
-            nprocs,
-            execname: cmd.as_bytes().to_vec(),
-            args,
-            preputs: preputs.clone(),
-            infos,
-        });
-    }
-    let request = SpawnRequest { commands };
-    let procs = request.total_procs() as usize;
-    with_session("PMI_Spawn_multiple", |s| {
-        let codes = s.spawn(&request)?;
-        for i in 0..procs {
-            // One code for every process when the server sends one.
-            let code = codes.get(i).or(codes.last()).copied().unwrap_or(0);
-            // SAFETY: the caller's contract: `errors` has room for every process asked for.
-            unsafe { *errors.add(i) = code };
+        let mut commands = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: the caller's contract: each array has `count` entries.
+            let (cmd, nprocs) = unsafe { (text(*cmds.add(i)), *maxprocs.add(i)) };
+            let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return ERR_INVALID_ARG };
+            let mut args = Vec::new();
+            // SAFETY: the caller's contract.
+            let argv = if argvs.is_null() { std::ptr::null() } else { unsafe { *argvs.add(i) } };
+            if !argv.is_null() {
+                for j in 0.. {
+                    // SAFETY: the caller's contract: NULL-terminated.
+                    let arg = unsafe { *argv.add(j) };
+                    if arg.is_null() {
+                        break;
+                    }
+                    // SAFETY: the caller's contract.
+                    let Some(arg) = (unsafe { text(arg) }) else { return ERR_INVALID_ARG };
+                    args.push(arg.as_bytes().to_vec());
+                }
+            }
+            let infos = match (info_keyval_sizes.is_null(), info_keyval_vectors.is_null()) {
+                (true, _) => Some(Vec::new()),
+                // SAFETY: the caller's contract.
+                (false, true) => (unsafe { *info_keyval_sizes.add(i) } == 0).then(Vec::new),
+                // SAFETY: the caller's contract.
+                (false, false) => unsafe { pairs(*info_keyval_vectors.add(i), *info_keyval_sizes.add(i)) },
+            };
+            let Some(infos) = infos else { return ERR_INVALID_ARG };
+            commands.push(SpawnCommand {
+                nprocs,
+                execname: cmd.as_bytes().to_vec(),
+                args,
+                preputs: preputs.clone(),
+                infos,
+            });
         }
-        Ok(())
+        let request = SpawnRequest { commands };
+        let procs = request.total_procs() as usize;
+        with_session("PMI_Spawn_multiple", |s| {
+            let codes = s.spawn(&request)?;
+            // SAFETY: the caller's contract: `errors` has room for every process asked for.
+            unsafe { set_errcodes(errors, procs, &codes) };
+            Ok(())
+        })
     })
 }
 

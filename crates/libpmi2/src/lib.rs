@@ -10,7 +10,7 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_cut, copy_out, guard, is_string, is_word, say, set, text};
+use rpmi_client::cabi::{copy_cut, copy_out, guard, is_string, is_word, say, set, set_errcodes, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
@@ -122,112 +122,74 @@ pub unsafe extern "C" fn PMI2_Job_Spawn(
     errors: *mut c_int,
 ) -> c_int {
     // Reading the caller's arrays is inside the guard too: no panic reaches the caller.
-    // SAFETY: the caller's contract, passed on.
-    guard("libpmi2", "PMI2_Job_Spawn", || unsafe {
-        job_spawn(
-            count,
-            cmds,
-            argcs,
-            argvs,
-            maxprocs,
-            info_keyval_sizes,
-            info_keyval_vectors,
-            preput_keyval_size,
-            preput_keyval_vector,
-            job_id,
-            job_id_size,
-            errors,
-        )
-    })
-}
-
-/// [`PMI2_Job_Spawn`]'s body.
-///
-/// # Safety
-/// As `PMI2_Job_Spawn` says.
-#[allow(clippy::too_many_arguments)]
-unsafe fn job_spawn(
-    count: c_int,
-    cmds: *const *const c_char,
-    argcs: *const c_int,
-    argvs: *const *const *const c_char,
-    maxprocs: *const c_int,
-    info_keyval_sizes: *const c_int,
-    info_keyval_vectors: *const *const MpidInfo,
-    preput_keyval_size: c_int,
-    preput_keyval_vector: *const *const MpidInfo,
-    job_id: *mut c_char,
-    job_id_size: c_int,
-    errors: *mut c_int,
-) -> c_int {
-    let Ok(count) = usize::try_from(count) else { return ERR_INVALID_ARG };
-    let Ok(preput_count) = usize::try_from(preput_keyval_size) else { return ERR_INVALID_ARG };
-    if count == 0
-        || cmds.is_null()
-        || maxprocs.is_null()
-        || errors.is_null()
-        || (preput_count > 0 && preput_keyval_vector.is_null())
-    {
-        return ERR_INVALID_ARG;
-    }
-    let pair = |kv: *const MpidInfo| -> Option<(Vec<u8>, Vec<u8>)> {
-        // SAFETY: the caller's contract: entries as pmi2.h lays them out.
-        let kv = unsafe { kv.as_ref() }?;
-        // SAFETY: as above.
-        let (k, v) = unsafe { (text(kv.key)?, text(kv.value)?) };
-        Some((k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-    };
-    // SAFETY: the caller's contract.
-    let preputs: Option<Vec<_>> = (0..preput_count).map(|i| pair(unsafe { *preput_keyval_vector.add(i) })).collect();
-    let Some(preputs) = preputs else { return ERR_INVALID_ARG };
-    let mut commands = Vec::with_capacity(count);
-    for i in 0..count {
-        // SAFETY: the caller's contract: each array has `count` entries.
-        let (cmd, nprocs) = unsafe { (text(*cmds.add(i)), *maxprocs.add(i)) };
-        let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return ERR_INVALID_ARG };
-        // SAFETY: as above.
-        let argc = if argcs.is_null() { 0 } else { unsafe { *argcs.add(i) } };
-        let Ok(argc) = usize::try_from(argc) else { return ERR_INVALID_ARG };
-        // SAFETY: as above.
-        let argv = if argvs.is_null() { std::ptr::null() } else { unsafe { *argvs.add(i) } };
-        if argc > 0 && argv.is_null() {
+    guard("libpmi2", "PMI2_Job_Spawn", || {
+        let Ok(count) = usize::try_from(count) else { return ERR_INVALID_ARG };
+        let Ok(preput_count) = usize::try_from(preput_keyval_size) else { return ERR_INVALID_ARG };
+        if count == 0
+            || cmds.is_null()
+            || maxprocs.is_null()
+            || errors.is_null()
+            || (preput_count > 0 && preput_keyval_vector.is_null())
+        {
             return ERR_INVALID_ARG;
         }
-        // SAFETY: `argc` entries, the caller's contract.
-        let args: Option<Vec<_>> =
-            (0..argc).map(|j| unsafe { text(*argv.add(j)) }.map(|a| a.as_bytes().to_vec())).collect();
-        let Some(args) = args else { return ERR_INVALID_ARG };
-        // SAFETY: as above.
-        let ninfos = if info_keyval_sizes.is_null() { 0 } else { unsafe { *info_keyval_sizes.add(i) } };
-        let Ok(ninfos) = usize::try_from(ninfos) else { return ERR_INVALID_ARG };
-        // SAFETY: as above.
-        let infos_of =
-            if info_keyval_vectors.is_null() { std::ptr::null() } else { unsafe { *info_keyval_vectors.add(i) } };
-        if ninfos > 0 && infos_of.is_null() {
-            return ERR_INVALID_ARG;
+        let pair = |kv: *const MpidInfo| -> Option<(Vec<u8>, Vec<u8>)> {
+            // SAFETY: the caller's contract: entries as pmi2.h lays them out.
+            let kv = unsafe { kv.as_ref() }?;
+            // SAFETY: as above.
+            let (k, v) = unsafe { (text(kv.key)?, text(kv.value)?) };
+            Some((k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        };
+        // SAFETY: the caller's contract.
+        let preputs: Option<Vec<_>> =
+            (0..preput_count).map(|i| pair(unsafe { *preput_keyval_vector.add(i) })).collect();
+        let Some(preputs) = preputs else { return ERR_INVALID_ARG };
+        let mut commands = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: the caller's contract: each array has `count` entries.
+            let (cmd, nprocs) = unsafe { (text(*cmds.add(i)), *maxprocs.add(i)) };
+            let (Some(cmd), Ok(nprocs)) = (cmd, u32::try_from(nprocs)) else { return ERR_INVALID_ARG };
+            // SAFETY: as above.
+            let argc = if argcs.is_null() { 0 } else { unsafe { *argcs.add(i) } };
+            let Ok(argc) = usize::try_from(argc) else { return ERR_INVALID_ARG };
+            // SAFETY: as above.
+            let argv = if argvs.is_null() { std::ptr::null() } else { unsafe { *argvs.add(i) } };
+            if argc > 0 && argv.is_null() {
+                return ERR_INVALID_ARG;
+            }
+            // SAFETY: `argc` entries, the caller's contract.
+            let args: Option<Vec<_>> =
+                (0..argc).map(|j| unsafe { text(*argv.add(j)) }.map(|a| a.as_bytes().to_vec())).collect();
+            let Some(args) = args else { return ERR_INVALID_ARG };
+            // SAFETY: as above.
+            let ninfos = if info_keyval_sizes.is_null() { 0 } else { unsafe { *info_keyval_sizes.add(i) } };
+            let Ok(ninfos) = usize::try_from(ninfos) else { return ERR_INVALID_ARG };
+            // SAFETY: as above.
+            let infos_of =
+                if info_keyval_vectors.is_null() { std::ptr::null() } else { unsafe { *info_keyval_vectors.add(i) } };
+            if ninfos > 0 && infos_of.is_null() {
+                return ERR_INVALID_ARG;
+            }
+            // SAFETY: `ninfos` entries, the caller's contract.
+            let infos: Option<Vec<_>> = (0..ninfos).map(|j| pair(unsafe { infos_of.add(j) })).collect();
+            let Some(infos) = infos else { return ERR_INVALID_ARG };
+            let preputs = if i == 0 { preputs.clone() } else { Vec::new() };
+            commands.push(SpawnCommand { nprocs, execname: cmd.as_bytes().to_vec(), args, preputs, infos });
         }
-        // SAFETY: `ninfos` entries, the caller's contract.
-        let infos: Option<Vec<_>> = (0..ninfos).map(|j| pair(unsafe { infos_of.add(j) })).collect();
-        let Some(infos) = infos else { return ERR_INVALID_ARG };
-        let preputs = if i == 0 { preputs.clone() } else { Vec::new() };
-        commands.push(SpawnCommand { nprocs, execname: cmd.as_bytes().to_vec(), args, preputs, infos });
-    }
-    let request = SpawnRequest { commands };
-    let procs = request.total_procs() as usize;
-    let job_id_size = usize::try_from(job_id_size).unwrap_or(0);
-    with_session("PMI2_Job_Spawn", |s| {
-        let (jobid, codes) = s.spawn(&request)?;
-        for i in 0..procs {
-            let code = codes.get(i).or(codes.last()).copied().unwrap_or(0);
+        let request = SpawnRequest { commands };
+        let procs = request.total_procs() as usize;
+        let job_id_size = usize::try_from(job_id_size).unwrap_or(0);
+        with_session("PMI2_Job_Spawn", |s| {
+            let (jobid, codes) = s.spawn(&request)?;
             // SAFETY: the caller's contract: `errors` has room for every process asked for.
-            unsafe { *errors.add(i) = code };
-        }
-        if !job_id.is_null() && job_id_size > 0 {
-            // Cut to the buffer: the processes started, and the call must say so.
-            // SAFETY: the caller's contract.
-            unsafe { copy_cut(&jobid, job_id, job_id_size) };
-        }
-        Ok(())
+            unsafe { set_errcodes(errors, procs, &codes) };
+            if !job_id.is_null() && job_id_size > 0 {
+                // Cut to the buffer: the processes started, and the call must say so.
+                // SAFETY: the caller's contract.
+                unsafe { copy_cut(&jobid, job_id, job_id_size) };
+            }
+            Ok(())
+        })
     })
 }
 

@@ -8,16 +8,19 @@
 /// The longest response line any client reads, newline included.
 pub const MAX_LINE: usize = 1024;
 
-/// RFC 13's return codes that this server sends.
+/// RFC 13's return codes: the ones this server sends, and those the client libraries return (PMI-2's have
+/// the same values).
 pub mod rc {
     pub const SUCCESS: i32 = 0;
     pub const FAIL: i32 = -1;
+    pub const ERR_INIT: i32 = 1;
     pub const ERR_NOMEM: i32 = 2;
     pub const ERR_INVALID_ARG: i32 = 3;
     pub const ERR_INVALID_KEY: i32 = 4;
     pub const ERR_INVALID_KEY_LENGTH: i32 = 5;
     pub const ERR_INVALID_VAL: i32 = 6;
     pub const ERR_INVALID_VAL_LENGTH: i32 = 7;
+    pub const ERR_INVALID_LENGTH: i32 = 8;
 }
 
 /// Builds one response line in a task's output buffer: `cmd=NAME rc=RC` then fields, then `finish`.
