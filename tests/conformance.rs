@@ -1542,6 +1542,51 @@ fn pmi2_node_attributes_wait_and_never_hang() {
     job.finished();
 }
 
+/// A threaded client (`fullinit` with `threaded=TRUE`) may ask while one of its threads waits for a node
+/// attribute: each answer carries its request's `thrid`, its own put answers its wait, and its wait is never
+/// taken for one nobody could answer (another of its threads may put it). Not a fence, nor a second wait.
+#[test]
+fn pmi2_threaded_clients_ask_while_a_thread_waits_for_a_node_attribute() {
+    let (job, mut clients) = Setup::block(&[3], 0).start();
+    for (rank, c) in clients.iter_mut().enumerate() {
+        c.init2();
+        let threaded = if rank == 1 { "TRUE" } else { "FALSE" };
+        let answer = c.ask2(&format!("cmd=fullinit;pmirank={rank};threaded={threaded};"));
+        assert!(answer.starts_with("cmd=fullinit-response;rc=0;"), "{answer}");
+    }
+    let c = &mut clients[1];
+    c.send2("cmd=info-getnodeattr;thrid=0x1;key=shm;wait=TRUE;");
+    assert_eq!(c.ask2("cmd=kvs-put;thrid=0x2;key=k1;value=v1;"), "cmd=kvs-put-response;thrid=0x2;rc=0;");
+    assert_eq!(
+        c.ask2("cmd=info-getnodeattr;thrid=0x3;key=shm;wait=FALSE;"),
+        "cmd=info-getnodeattr-response;thrid=0x3;rc=0;found=FALSE;"
+    );
+    // Every other task in the fence: the wait stays (a non-threaded task's would be answered not found).
+    clients[0].send2("cmd=kvs-fence;");
+    clients[2].send2("cmd=kvs-fence;");
+    thread::sleep(Duration::from_millis(50));
+    let c = &mut clients[1];
+    assert_eq!(c.ask2("cmd=job-getid;thrid=0x4;"), format!("cmd=job-getid-response;thrid=0x4;rc=0;jobid={KVS};"));
+    c.send2("cmd=info-putnodeattr;thrid=0x5;key=shm;value=2F6465;");
+    assert_eq!(c.recv2(), "cmd=info-getnodeattr-response;thrid=0x1;rc=0;value=2F6465;found=TRUE;");
+    assert_eq!(c.recv2(), "cmd=info-putnodeattr-response;thrid=0x5;rc=0;");
+    assert_eq!(c.ask2("cmd=kvs-fence;"), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(clients[0].recv2(), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(clients[2].recv2(), "cmd=kvs-fence-response;rc=0;");
+    assert!(job.shared.get().errors.is_empty());
+    // A fence while it waits is still a protocol error.
+    let c = &mut clients[1];
+    c.send2("cmd=info-getnodeattr;thrid=0x6;key=never;wait=TRUE;");
+    c.send2("cmd=kvs-fence;thrid=0x7;");
+    let record = job.shared.wait_for("the protocol error", |r| !r.errors.is_empty());
+    let said = record.errors[0].to_string();
+    assert!(said.contains("rank 1") && said.contains("still waits"), "{said}");
+    drop(record);
+    c.assert_cut_off();
+    drop(clients);
+    job.finished();
+}
+
 /// Flux's libpmi2 writes node attributes as PMI-1 puts and gets of `local::NAME`, which its own server keeps
 /// per node and shows the node's tasks at once: served the same way, as PMI-2's node attributes. A get before
 /// the put answers `PMI_ERR_INVALID_KEY` (4), the one code on which Flux's client polls again.

@@ -265,7 +265,10 @@ fn check_request(m: &Message<'_>, pairs: &[Pair<'_>], r: &Result<Request2<'_>, P
             assert!(!why.is_empty());
         }
         Err(e) => panic!("request() of a parsed message: {e:?}"),
-        Ok(Request2::FullInit { pmirank }) => assert_eq!(*pmirank, int("pmirank")),
+        Ok(Request2::FullInit { pmirank, threaded }) => {
+            assert_eq!(*pmirank, int("pmirank"));
+            assert_eq!(*threaded, get("threaded").is_some_and(|v| v.eq_ignore_ascii_case(b"TRUE")));
+        }
         Ok(Request2::KvsPut { key, value }) | Ok(Request2::PutNodeAttr { key, value }) => {
             assert_eq!(Some(*key), get("key"));
             assert_eq!(*value, get("value").unwrap_or_default());

@@ -112,8 +112,12 @@ struct Client {
     wire: Wire,
     /// The `thrid` of the PMI-2 request it waits for, echoed in the answer.
     thrid: Option<Vec<u8>>,
-    /// The node attribute it waits for ([`Waiting::NodeAttr`]).
+    /// The node attribute it waits for ([`Waiting::NodeAttr`]), and the `thrid` of that request.
     awaited: Vec<u8>,
+    awaited_thrid: Option<Vec<u8>>,
+    /// Its PMI-2 `fullinit` said `threaded=TRUE`: while it waits for a node attribute, its other threads
+    /// may send requests that are answered at once (one of them may put the attribute).
+    threaded: bool,
     spawn: Option<SpawnBuilder>,
     /// It was answered PMI 1.2: its `barrier_in` may name a group.
     groups: bool,
@@ -214,6 +218,8 @@ impl Shell {
                 wire: Wire::V1,
                 thrid: None,
                 awaited: Vec::new(),
+                awaited_thrid: None,
+                threaded: false,
                 spawn: None,
                 groups: false,
                 groups_entered: 0,

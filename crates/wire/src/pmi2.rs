@@ -84,7 +84,7 @@ impl<'a> Message<'a> {
             self.get(field).map(|v| parse_int(v).ok_or(ParseError::BadInteger { field })).transpose()
         };
         Ok(match self.cmd {
-            b"fullinit" => Request2::FullInit { pmirank: int("pmirank")? },
+            b"fullinit" => Request2::FullInit { pmirank: int("pmirank")?, threaded: self.flag("threaded")? },
             b"job-getid" => Request2::JobGetId,
             b"job-connect" => Request2::JobConnect,
             b"job-disconnect" => Request2::JobDisconnect,
@@ -250,9 +250,11 @@ fn trim(s: &[u8]) -> &[u8] {
 /// One PMI-2 request from a task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request2<'a> {
-    /// `fullinit;pmirank=R` (MPICH sends -1 without `PMI_RANK`; Slurm's clients add `pmijobid`, ignored).
+    /// `fullinit;pmirank=R;threaded=T` (MPICH sends -1 without `PMI_RANK`; Slurm's clients add `pmijobid`,
+    /// ignored). `threaded`: the client's threads may send requests while another waits for its answer.
     FullInit {
         pmirank: Option<i64>,
+        threaded: bool,
     },
     JobGetId,
     JobConnect,
@@ -404,7 +406,9 @@ mod tests {
         assert_eq!(m.get("thrid"), Some(&b"0x1"[..]));
         assert_eq!(m.request(), Ok(Request2::KvsGet { jobid: Some(b"kvs_1"), key: b"x;y" }));
         let m = Message::parse(b"cmd=fullinit;pmirank=-1;").unwrap();
-        assert_eq!(m.request(), Ok(Request2::FullInit { pmirank: Some(-1) }));
+        assert_eq!(m.request(), Ok(Request2::FullInit { pmirank: Some(-1), threaded: false }));
+        let m = Message::parse(b"cmd=fullinit;pmirank=2;threaded=TRUE;").unwrap();
+        assert_eq!(m.request(), Ok(Request2::FullInit { pmirank: Some(2), threaded: true }));
         let m = Message::parse(b"cmd=info-getnodeattr;key=k;wait=TRUE;").unwrap();
         assert_eq!(m.request(), Ok(Request2::GetNodeAttr { key: b"k", wait: true }));
     }

@@ -152,9 +152,9 @@ impl Shell {
             Ok(r) => r,
             Err(e) => return self.protocol_error(host, task, body, &e.to_string()),
         };
-        let waiting = self.clients[task].waiting != Waiting::Nothing;
-        if waiting && !matches!(request, Request2::Abort { .. }) {
-            let why = "a request sent while an earlier one still waits for its answer";
+        if self.clients[task].waiting != Waiting::Nothing && !self.interleaves_v2(task, &request) {
+            let why = "a request sent while an earlier one still waits for its answer (only a threaded \
+                       client's requests answered at once may come while it waits for a node attribute)";
             return self.protocol_error(host, task, body, why);
         }
         if !matches!(request, Request2::Spawn(_)) && body.len() > self.limits.request_line_max {
@@ -165,15 +165,34 @@ impl Shell {
         self.dispatch_v2(host, task, request);
     }
 
+    /// Whether `request` may come while the task waits for another answer: an abort (another thread may
+    /// call it), and, from a threaded client waiting for a node attribute, what is answered at once. PMI-2
+    /// tells a thread's answers by the `thrid` it sent; one wait per task at a time keeps what is held per
+    /// task bounded.
+    fn interleaves_v2(&self, task: TaskId, request: &Request2<'_>) -> bool {
+        let c = &self.clients[task];
+        match request {
+            Request2::Abort { .. } => true,
+            Request2::KvsPut { .. }
+            | Request2::KvsGet { .. }
+            | Request2::GetJobAttr { .. }
+            | Request2::PutNodeAttr { .. }
+            | Request2::GetNodeAttr { wait: false, .. }
+            | Request2::JobGetId => c.threaded && c.waiting == Waiting::NodeAttr,
+            _ => false,
+        }
+    }
+
     fn dispatch_v2(&mut self, host: &mut dyn Host, task: TaskId, request: Request2<'_>) {
         let rank = self.clients[task].rank;
         match request {
-            Request2::FullInit { pmirank } => match pmirank {
+            Request2::FullInit { pmirank, threaded } => match pmirank {
                 Some(r) if r >= 0 && r != i64::from(rank) => {
                     let why = format!("fullinit names rank {r}; this connection is rank {rank}'s");
                     self.answer_fail(host, task, "fullinit-response", &why);
                 }
                 _ => {
+                    self.clients[task].threaded = threaded;
                     let (size, appnum) = (self.job.task_map.size() as i64, self.job.appnums[task]);
                     // MPICH reads any spawner-jobid as "spawned"; this job's spawner is not named to the shell.
                     let spawner = self.job.spawned.then_some(&b"spawner"[..]);
@@ -244,6 +263,7 @@ impl Shell {
                         let c = &mut self.clients[task];
                         c.waiting = Waiting::NodeAttr;
                         c.awaited = key.to_vec();
+                        c.awaited_thrid = c.thrid.take();
                         self.check_node_waiters(host);
                     }
                     value => self.answer_found(host, task, "info-getnodeattr-response", value.as_deref()),
@@ -323,6 +343,19 @@ impl Shell {
         fields: impl FnOnce(Writer<'_>) -> Writer<'_>,
     ) {
         let thrid = self.clients[task].thrid.take();
+        self.answer_v2_to(host, task, thrid, cmd, rc, fields);
+    }
+
+    /// As [`Shell::answer_v2_with`], to the request of `thrid`.
+    fn answer_v2_to(
+        &mut self,
+        host: &mut dyn Host,
+        task: TaskId,
+        thrid: Option<Vec<u8>>,
+        cmd: &str,
+        rc: i32,
+        fields: impl FnOnce(Writer<'_>) -> Writer<'_>,
+    ) {
         self.respond(host, task, |out| fields(Writer::answer(out, cmd, thrid.as_deref(), rc)).finish());
     }
 
@@ -332,10 +365,17 @@ impl Shell {
 
     /// `found=TRUE;value=V;` or `found=FALSE;`.
     fn answer_found(&mut self, host: &mut dyn Host, task: TaskId, cmd: &str, value: Option<&[u8]>) {
-        self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| match value {
-            Some(v) => f.str("value", v).bool("found", true),
-            None => f.bool("found", false),
-        });
+        self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| found(f, value));
+    }
+
+    /// Answers the node attribute task `task` waits for, to the request that waits: another thread's
+    /// request may be the one being answered now.
+    fn answer_node_waiter(&mut self, host: &mut dyn Host, task: TaskId, value: Option<&[u8]>) {
+        let c = &mut self.clients[task];
+        c.waiting = Waiting::Nothing;
+        c.awaited = Vec::new();
+        let thrid = c.awaited_thrid.take();
+        self.answer_v2_to(host, task, thrid, "info-getnodeattr-response", rc::SUCCESS, |f| found(f, value));
     }
 
     /// A PMI-1 put of `local::NAME` ([`LOCAL_KEY_PREFIX`]): node attribute NAME, which PMI-2 tasks of the
@@ -381,8 +421,7 @@ impl Shell {
             .filter(|&t| self.clients[t].waiting == Waiting::NodeAttr && self.clients[t].awaited == key)
             .collect();
         for t in waiters {
-            self.stop_waiting(t);
-            self.answer_found(host, t, "info-getnodeattr-response", value.as_deref());
+            self.answer_node_waiter(host, t, value.as_deref());
         }
     }
 
@@ -393,21 +432,22 @@ impl Shell {
             .clients
             .iter()
             .filter(|c| c.status == TaskStatus::Active)
-            .all(|c| matches!(c.waiting, Waiting::NodeAttr | Waiting::Barrier));
+            .all(|c| c.waiting == Waiting::Barrier || (c.waiting == Waiting::NodeAttr && !c.threaded));
         if !stuck {
             return;
         }
         for t in 0..self.clients.len() {
             if self.clients[t].waiting == Waiting::NodeAttr {
-                self.stop_waiting(t);
-                self.answer_found(host, t, "info-getnodeattr-response", None);
+                self.answer_node_waiter(host, t, None);
             }
         }
     }
+}
 
-    fn stop_waiting(&mut self, task: TaskId) {
-        let c = &mut self.clients[task];
-        c.waiting = Waiting::Nothing;
-        c.awaited = Vec::new();
+/// `found=TRUE;value=V;` or `found=FALSE;`.
+fn found<'a>(f: Writer<'a>, value: Option<&[u8]>) -> Writer<'a> {
+    match value {
+        Some(v) => f.str("value", v).bool("found", true),
+        None => f.bool("found", false),
     }
 }
