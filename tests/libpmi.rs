@@ -9,8 +9,9 @@ mod support;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 use support::libpmi::{library_dir, program, spawned_and_read, Api};
-use support::{impi, rpmi_run, run, start_in, start_with_env, Done, GUARD, RUN};
+use support::{impi, rpmi_run, run, start, start_in, start_with_env, Done, GUARD, RUN};
 
 /// Every rank printed its line and the job succeeded; what each line says after `ok`.
 fn ranks_ok(done: &Done, size: usize) -> Vec<String> {
@@ -47,6 +48,25 @@ fn group_barriers_from_several_threads_at_once() {
         let done = rpmi_run(args);
         let size = if args[1] == "4" { 4 } else { 6 };
         assert!(ranks_ok(&done, size).iter().all(|l| l == "groups"), "{}", done.dump());
+    }
+}
+
+/// A PMI-2 node attribute waited for by one thread and put by another of the same process, after other
+/// calls, 20 times on each rank: under rpmi-run (one node and three) and Hydra, both of which answer a thread
+/// by its `thrid`. Served one at a time, the put would wait behind the wait for ever.
+#[test]
+fn a_node_attribute_waited_for_by_one_thread_and_put_by_another() {
+    // Each run takes well under a second; a hang is told from it at 20 s.
+    const HANG: Duration = Duration::from_secs(20);
+    let p = program(Api::Pmi2);
+    let path = p.path.to_str().unwrap();
+    for (launcher, args, size) in [
+        (RUN, &["-n", "4", path, "nodewait"][..], 4),
+        (RUN, &["-n", "6", "--nodes", "3", path, "nodewait"], 6),
+        ("mpiexec.hydra", &["-n", "3", path, "nodewait"], 3),
+    ] {
+        let done = start(launcher, args).wait(HANG);
+        assert!(ranks_ok(&done, size).iter().all(|l| l == "nodewait"), "{}", done.dump());
     }
 }
 

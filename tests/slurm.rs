@@ -1723,7 +1723,8 @@ fn impi_through_slurms_libpmi2() {
 /// rpmi's `libpmi.so.0` and `libpmi2.so.0` under srun: every call of each API over `--mpi=rpmi` on three
 /// nodes (rpmi's server answers PMI 1.2, so the group barrier is served), and over Slurm's own `--mpi=pmi2`,
 /// whose PMI-1 on `PMI_FD` is 1.1 only and answers names in MPICH's older way (`info=ok`); under `--mpi=rpmi`,
-/// group barriers from several threads at once through `libpmi.so.0`, and a spawn through each.
+/// group barriers from several threads at once through `libpmi.so.0`, a node attribute waited for and put by
+/// two threads of each task through `libpmi2.so.0` (under both), and a spawn through each.
 #[test]
 fn libpmi_every_call_under_srun() {
     let _s = serial();
@@ -1738,11 +1739,19 @@ fn libpmi_every_call_under_srun() {
             assert_eq!(ok.len(), 6, "{api:?} --mpi={mpi}: {run}");
             assert!(ok.iter().all(|l| l.ends_with(tail)), "{api:?} --mpi={mpi}: {run}");
         }
-        // Group barriers from several threads at once, entered in opposite orders on even and odd ranks.
-        if let libpmi::Api::Pmi1 = api {
-            let run = Srun::start_with(&marker("libpmi-groups"), "rpmi", &["-N3", "-n6", path, "groups"], &[]).wait();
+        // Group barriers from several threads at once, entered in opposite orders on even and odd ranks; a
+        // node attribute waited for by one thread and put by another (Slurm's server answers it without the
+        // waiter's `thrid`: the library tells it by its command).
+        let (mode, mpis) = match api {
+            libpmi::Api::Pmi1 => ("groups", &["rpmi"][..]),
+            libpmi::Api::Pmi2 => ("nodewait", &["rpmi", "pmi2"][..]),
+        };
+        for mpi in mpis {
+            let mark = marker(&format!("libpmi-{mode}-{mpi}"));
+            let run = Srun::start_with(&mark, mpi, &["-N3", "-n6", path, mode], &[]).wait();
             assert_success(&run);
-            assert_eq!(run.stdout.lines().filter(|l| l.ends_with(" of 6: ok groups")).count(), 6, "{run}");
+            let want = format!(" of 6: ok {mode}");
+            assert_eq!(run.stdout.lines().filter(|l| l.ends_with(&want)).count(), 6, "--mpi={mpi}: {run}");
         }
         // A spawn through the library: a new step of the job, whose tasks read the preput.
         let run = Srun::start_in(&marker("libpmi-spawn"), &["-N2", "-n4"], &["-n2", path, "spawn"]).wait();

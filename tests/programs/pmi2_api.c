@@ -3,16 +3,19 @@
  *   rank R of S: ok
  * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
  *
- *   pmi2_api [alone | abort | spawn]
+ *   pmi2_api [alone | abort | spawn | nodewait]
  *     alone: no launcher (a job of one); abort: rank 1 calls PMI2_Abort;
  *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
- *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned" */
+ *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned";
+ *     nodewait: on each rank one thread waits for a node attribute that the main thread puts after other
+ *     calls, 20 times; prints "rank R of S: ok nodewait" */
 #include "check.h"
 #include <pmi2.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int size = 0;
 
@@ -35,6 +38,53 @@ static void *reader(void *arg)
         }
     }
     return NULL;
+}
+
+/* Waits for this rank's node attribute of round `arg`, and checks its value. */
+static void *node_waiter(void *arg)
+{
+    long round = (long)arg;
+    char key[PMI2_MAX_KEYLEN], value[PMI2_MAX_VALLEN], want[64];
+    int found = 0;
+    snprintf(key, sizeof key, "wait-%d-%ld", rank, round);
+    snprintf(want, sizeof want, "put-%d-%ld", rank, round);
+    if (PMI2_Info_GetNodeAttr(key, value, sizeof value, &found, 1) != PMI2_SUCCESS || !found ||
+        strcmp(value, want) != 0) {
+        fprintf(stderr, "rank %d: waited for %s, got found=%d '%s'\n", rank, key, found, found ? value : "");
+        exit(1);
+    }
+    return NULL;
+}
+
+/* One thread waits for a node attribute while the main thread makes other calls, and then puts it: served
+ * one at a time, the put would wait behind the wait for ever. */
+static int node_wait_while_others_call(void)
+{
+    char key[PMI2_MAX_KEYLEN], value[PMI2_MAX_VALLEN];
+    int found = -1, len = 0;
+    snprintf(key, sizeof key, "key%d", rank);
+    CHECK(PMI2_KVS_Put(key, "nodewait"), PMI2_SUCCESS);
+    for (long round = 0; round < 20; round++) {
+        pthread_t waiter;
+        EXPECT(pthread_create(&waiter, NULL, node_waiter, (void *)round) == 0);
+        if (round % 2)
+            usleep(2000); /* the wait is then surely sent first */
+        CHECK(PMI2_Info_GetNodeAttr("no_such_attr", value, sizeof value, &found, 0), PMI2_SUCCESS);
+        EXPECT(found == 0);
+        CHECK(PMI2_Job_GetId(value, sizeof value), PMI2_SUCCESS);
+        snprintf(key, sizeof key, "wait-%d-%ld", rank, round);
+        snprintf(value, sizeof value, "put-%d-%ld", rank, round);
+        CHECK(PMI2_Info_PutNodeAttr(key, value), PMI2_SUCCESS);
+        pthread_join(waiter, NULL);
+    }
+    CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+    snprintf(key, sizeof key, "key%d", (rank + 1) % size);
+    CHECK(PMI2_KVS_Get(NULL, PMI2_ID_NULL, key, value, sizeof value, &len), PMI2_SUCCESS);
+    EXPECT(strcmp(value, "nodewait") == 0);
+    printf("rank %d of %d: ok nodewait\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI2_Finalize(), PMI2_SUCCESS);
+    return 0;
 }
 
 /* A task started by PMI2_Job_Spawn: the parent's preput is in its own key-value space. */
@@ -88,6 +138,8 @@ int main(int argc, char **argv)
         return spawned_child();
     if (argc > 1 && strcmp(argv[1], "spawn") == 0)
         return spawner(argv[0]);
+    if (argc > 1 && strcmp(argv[1], "nodewait") == 0)
+        return node_wait_while_others_call();
     EXPECT(spawned == 0 && size >= 1 && rank >= 0 && rank < size && (appnum == 0 || appnum == -1));
     if (alone)
         EXPECT(size == 1 && rank == 0);

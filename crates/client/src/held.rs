@@ -73,17 +73,31 @@ impl<S: Ranked> Held<S> {
 
     /// Runs call `name`'s `f` on the session, if init made one.
     pub fn with(&self, name: &str, f: impl FnOnce(&mut S) -> Result<(), Failed>) -> c_int {
+        self.with_then(name, f, Ok)
+    }
+
+    /// Runs call `name`'s `f` on the session, if init made one, then `then` on what it gave, without the
+    /// session's lock: a wait that other threads' calls must not queue behind.
+    pub fn with_then<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut S) -> Result<T, Failed>,
+        then: impl FnOnce(T) -> Result<(), Failed>,
+    ) -> c_int {
         guard(self.lib, name, || {
             if self.aborting.load(Ordering::SeqCst) {
                 return FAIL;
             }
-            let mut s = self.lock();
-            let Some(s) = s.as_mut() else { return ERR_INIT };
-            match f(s) {
+            let (rank, got) = {
+                let mut s = self.lock();
+                let Some(s) = s.as_mut() else { return ERR_INIT };
+                (s.rank(), f(s))
+            };
+            match got.and_then(then) {
                 Ok(()) => SUCCESS,
                 Err(failed) => {
                     if let Some(message) = failed.message {
-                        say(&format!("{}: rank {}: {name}: {message}", self.lib, s.rank()));
+                        say(&format!("{}: rank {rank}: {name}: {message}", self.lib));
                     }
                     failed.code
                 }

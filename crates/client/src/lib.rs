@@ -1,5 +1,5 @@
 //! What rpmi's PMI client libraries (`crates/libpmi`, `crates/libpmi2`) share: the connection to the
-//! launcher's server ([`conn`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
+//! launcher's server ([`conn`]), the answers of calls that wait without the session's lock ([`mailbox`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
 //! failure as a PMI code (RFC 13's, `rpmi_wire::response::rc`: PMI-2's have the same values), C strings in
 //! and out, and no panic crossing into the caller.
 
@@ -8,6 +8,7 @@
 pub mod cabi;
 pub mod conn;
 pub mod held;
+pub mod mailbox;
 
 pub use rpmi_wire::response::rc::{
     ERR_INIT, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM, FAIL, SUCCESS,

@@ -6,17 +6,16 @@
 //! Every call checks its arguments as RFC 13 lists (NULL pointers, lengths, names that do not fit the wire),
 //! then takes the one session under a lock: calls from several threads are served one at a time, which is
 //! what a lock-step protocol allows anyway, but for PMI 1.2's group barriers, which are waited for without it
-//! (`mailbox.rs`). A panic never crosses into C: it becomes `PMI_FAIL`. A protocol error, or a server that goes
+//! (the client crate's mailbox). A panic never crosses into C: it becomes `PMI_FAIL`. A protocol error, or a server that goes
 //! away, is said once on stderr, naming the rank and the call.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod mailbox;
 mod session;
 
-use mailbox::Awaited;
 use rpmi_client::cabi::{copy_out, guard, is_string, is_word, say, set, set_errcodes, text};
 use rpmi_client::held::{Held, Ranked};
+use rpmi_client::mailbox::Awaited;
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM, SUCCESS};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
 use session::{Session, PORT_MAX};
@@ -292,7 +291,7 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
     let tag = tag_of(if stringtag.is_null() { b"" } else { unsafe { CStr::from_ptr(stringtag) }.to_bytes() });
     const NAME: &str = "PMI_Barrier_group";
     guard("libpmi", NAME, || {
-        let (mut ranks, mut mail, mut rank) = (Vec::new(), None, 0);
+        let (mut ranks, mut mail) = (Vec::new(), None);
         let rc = with_session(NAME, |s| {
             if count > s.size as usize {
                 return Err(Failed::arg(ERR_INVALID_ARG));
@@ -308,25 +307,18 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
             if ranks.len() != count || !ranks.contains(&s.rank) {
                 return Err(Failed::arg(ERR_INVALID_ARG));
             }
-            (mail, rank) = (s.group_mailbox()?, s.rank);
+            mail = s.group_mailbox()?;
             Ok(())
         });
         let Some(mail) = mail.filter(|_| rc == SUCCESS) else { return rc };
         // Sent under the session's lock, waited for without it: other threads' calls, and their group
         // barriers, go on meanwhile.
-        mail.expect_group(tag);
-        let rc = with_session(NAME, |s| s.send_group(&ranks, tag));
-        if rc != SUCCESS {
-            mail.forget_group(tag);
-            return rc;
-        }
-        match mail.take(Awaited::Group(tag)).and_then(|line| session::group_ended(&line)) {
-            Ok(()) => SUCCESS,
-            Err(failed) => {
-                say(&format!("libpmi: rank {rank}: {NAME}: {}", failed.message.unwrap_or_default()));
-                failed.code
-            }
-        }
+        mail.expect_tagged(tag, "barrier_out");
+        SESSION.with_then(
+            NAME,
+            |s| s.send_group(&ranks, tag).inspect_err(|_| mail.forget_tagged(tag)),
+            |()| mail.take(Awaited::Tagged(tag)).and_then(|line| session::group_ended(&line)),
+        )
     })
 }
 

@@ -2,8 +2,8 @@
 //! speaks RFC 13's lines, or, without a launcher, a job of one whose key-value space lives here. The C API
 //! ([`super`]) checks its arguments and turns what this returns into PMI's codes.
 
-use crate::mailbox::{Awaited, Mailbox};
 use rpmi_client::conn::{Conn, READ_MAX};
+use rpmi_client::mailbox::{Awaited, Mailbox};
 use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
 use rpmi_wire::reply::{quote, Reply};
@@ -52,7 +52,7 @@ pub struct Session {
 /// The connection to the server: requests are written here, replies read through the mailbox.
 struct Wire {
     conn: Conn,
-    mail: Arc<Mailbox>,
+    mail: Arc<Mailbox<String>>,
 }
 
 impl Session {
@@ -161,7 +161,7 @@ impl Session {
 
     /// Where a PMI 1.2 group barrier waits for its answer, without the session's lock; `None` in a job of
     /// one, whose barriers end at once. `Failed::quiet` where the server does not serve group barriers.
-    pub fn group_mailbox(&self) -> Result<Option<Arc<Mailbox>>, Failed> {
+    pub fn group_mailbox(&self) -> Result<Option<Arc<Mailbox<String>>>, Failed> {
         match &self.server {
             Server::Wire(_) if !self.groups => Err(Failed::quiet()),
             Server::Wire(w) => Ok(Some(w.mail.clone())),
@@ -223,6 +223,7 @@ impl Session {
     pub fn spawn(&mut self, request: &SpawnRequest) -> Result<Vec<i32>, Failed> {
         let bytes = request.encode().map_err(|e| Failed::arg_said(rpmi_client::ERR_INVALID_ARG, e.to_string()))?;
         let Server::Wire(w) = &mut self.server else { return Err(Failed::quiet()) };
+        w.mail.expect_plain("spawn_result");
         w.conn.write(&bytes)?;
         let line = w.reply("spawn_result")?;
         let reply = parsed(&line)?;
@@ -262,6 +263,7 @@ impl Wire {
     }
 
     fn call(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
+        self.mail.expect_plain(answer);
         self.send(request)?;
         self.reply(answer)
     }

@@ -12,7 +12,7 @@ mod session;
 
 use rpmi_client::cabi::{copy_cut, copy_out, guard, is_string, is_word, say, set, set_errcodes, text};
 use rpmi_client::held::{Held, Ranked};
-use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL};
+use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, SUCCESS};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
 use session::Session;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -373,16 +373,34 @@ unsafe fn attr(
     lookup: impl FnOnce(&mut Session, &str) -> Result<Option<Vec<u8>>, Failed>,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
-    let Ok(len) = usize::try_from(valuelen) else { return ERR_INVALID_LENGTH };
-    if value.is_null() || found.is_null() {
-        return ERR_INVALID_ARG;
-    }
+    let (name, len) = match unsafe { attr_args(name, value, valuelen, found) } {
+        Ok(checked) => checked,
+        Err(rc) => return rc,
+    };
     with_session(call, |s| {
         let got = lookup(s, name)?;
         // SAFETY: checked above, the caller's contract.
         unsafe { deliver(got, value, len, found) }
     })
+}
+
+/// An attribute call's arguments checked: the name, and the value's length.
+///
+/// # Safety
+/// As [`attr`]'s.
+unsafe fn attr_args<'a>(
+    name: *const c_char,
+    value: *mut c_char,
+    valuelen: c_int,
+    found: *mut c_int,
+) -> Result<(&'a str, usize), c_int> {
+    // SAFETY: the caller's contract.
+    let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return Err(ERR_INVALID_KEY) };
+    let Ok(len) = usize::try_from(valuelen) else { return Err(ERR_INVALID_LENGTH) };
+    if value.is_null() || found.is_null() {
+        return Err(ERR_INVALID_ARG);
+    }
+    Ok((name, len))
 }
 
 /// An attribute call for a list of integers: `name` checked, then `lookup`'s comma-separated integers into
@@ -423,8 +441,44 @@ pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
     found: *mut c_int,
     waitfor: c_int,
 ) -> c_int {
+    const NAME: &str = "PMI2_Info_GetNodeAttr";
+    if waitfor == 0 {
+        // SAFETY: the caller's contract.
+        return unsafe { attr(NAME, name, value, valuelen, found, Session::node_attr) };
+    }
     // SAFETY: the caller's contract.
-    unsafe { attr("PMI2_Info_GetNodeAttr", name, value, valuelen, found, |s, n| s.node_attr(n, waitfor != 0)) }
+    let (key, len) = match unsafe { attr_args(name, value, valuelen, found) } {
+        Ok(checked) => checked,
+        Err(rc) => return rc,
+    };
+    guard("libpmi2", NAME, || {
+        let mut mail = None;
+        let rc = with_session(NAME, |s| {
+            mail = s.mailbox();
+            Ok(())
+        });
+        let Some(mail) = mail.filter(|_| rc == SUCCESS) else {
+            // A job of one (nobody else could put it), or no session.
+            // SAFETY: the caller's contract.
+            return if rc == SUCCESS {
+                unsafe { attr(NAME, name, value, valuelen, found, Session::node_attr) }
+            } else {
+                rc
+            };
+        };
+        // Asked under the session's lock, waited for without it: another thread of the process may be the
+        // one to put the attribute meanwhile.
+        session::expect_node_attr(&mail);
+        SESSION.with_then(
+            NAME,
+            |s| s.send_node_wait(key).inspect_err(|_| session::forget_node_attr(&mail)),
+            |()| {
+                let got = session::node_waited(&mail)?;
+                // SAFETY: checked above, the caller's contract.
+                unsafe { deliver(got, value, len, found) }
+            },
+        )
+    })
 }
 
 /// `PMI2_Info_GetNodeAttrIntArray` and `PMI2_Info_GetJobAttrIntArray`: one signature, over `lookup`.
@@ -446,7 +500,7 @@ macro_rules! int_array_attr {
     };
 }
 
-int_array_attr!(PMI2_Info_GetNodeAttrIntArray, |s: &mut Session, n: &str| s.node_attr(n, false));
+int_array_attr!(PMI2_Info_GetNodeAttrIntArray, Session::node_attr);
 int_array_attr!(PMI2_Info_GetJobAttrIntArray, Session::job_attr);
 
 /// # Safety

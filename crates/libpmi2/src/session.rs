@@ -3,18 +3,44 @@
 //! attributes live here. The C API ([`super`]) checks its arguments and turns what this returns into codes.
 
 use rpmi_client::conn::Conn;
+use rpmi_client::mailbox::{Awaited, Mail, Mailbox};
 use rpmi_client::Failed;
 use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
 use rpmi_wire::spawn::SpawnRequest;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The `thrid` of a node attribute waited for: one such wait is outstanding at a time per process (the
+/// mailbox queues the next behind it; rpmi's server holds one wait per task). Other requests carry none.
+const NODE_WAIT: i64 = 1;
 
 /// What a request sends besides its command: `key=value` pairs, in order.
 pub type Fields<'a> = &'a [(&'a str, &'a [u8])];
 
-/// An answer's fields, by key.
+/// An answer: its command, and its fields by key.
 pub struct Answer {
+    cmd: String,
     fields: BTreeMap<String, Vec<u8>>,
+}
+
+impl Mail for Answer {
+    fn read(conn: &mut Conn) -> Result<Answer, Failed> {
+        read_answer(conn)
+    }
+
+    fn cmd(&self) -> &str {
+        &self.cmd
+    }
+
+    /// The `thrid` it echoes, which is one of this library's only where it is an integer.
+    fn tag(&self) -> Option<i64> {
+        std::str::from_utf8(self.get("thrid")?).ok()?.parse().ok()
+    }
+
+    fn shown(&self) -> String {
+        format!("an answer of cmd={}", self.cmd)
+    }
 }
 
 impl Answer {
@@ -38,12 +64,10 @@ impl Answer {
 
 /// What the launcher serves the process through.
 enum Server {
-    Wire(Conn),
+    /// Requests are written to the connection, answers read through the mailbox.
+    Wire(Conn, Arc<Mailbox<Answer>>),
     /// No launcher: a job of one.
-    Alone {
-        kvs: BTreeMap<String, Vec<u8>>,
-        node: BTreeMap<String, Vec<u8>>,
-    },
+    Alone { kvs: BTreeMap<String, Vec<u8>>, node: BTreeMap<String, Vec<u8>> },
 }
 
 pub struct Session {
@@ -61,6 +85,7 @@ impl Session {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Session::alone()) };
         conn.write(b"cmd=init pmi_version=2 pmi_subversion=0\n")?;
         let line = conn.line()?;
+        let mail = Arc::new(Mailbox::new(conn.reader()?));
         let reply = Reply::parse(&line).map_err(|e| Failed::said(format!("the PMI server sent a {e}")))?;
         if reply.cmd() != "response_to_init" || reply.rc() != 0 || reply.get("pmi_version") != Some("2") {
             return Err(Failed::said(format!("the PMI server does not serve PMI-2: it answered {}", reply.quoted())));
@@ -76,9 +101,10 @@ impl Session {
         if let Some(r) = &rank {
             fields.push(("pmirank", r.as_bytes()));
         }
-        fields.push(("threaded", b"FALSE"));
-        let mut session =
-            Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server: Server::Wire(conn) };
+        // Threads may call while one waits for a node attribute (and they say which by `thrid`).
+        fields.push(("threaded", b"TRUE"));
+        let server = Server::Wire(conn, mail);
+        let mut session = Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server };
         let init = session.ask("fullinit", &fields)?;
         let (rank, size) = (init.int("rank")?, init.int("size")?);
         if size <= 0 || !(0..size).contains(&rank) || size > 1 << 24 {
@@ -133,16 +159,37 @@ impl Session {
     }
 
     fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
-        let Server::Wire(conn) = &mut self.server else { return Err(Failed::quiet()) };
-        conn.write(&frame(cmd, fields)?)?;
-        read_answer(conn, &format!("{cmd}-response"))
+        let Server::Wire(conn, mail) = &mut self.server else { return Err(Failed::quiet()) };
+        let out = frame(cmd, fields)?;
+        let response = format!("{cmd}-response");
+        mail.expect_plain(&response);
+        conn.write(&out)?;
+        answering(mail.take(Awaited::Plain)?, &response)
     }
 
     /// Sends request `cmd` and reads no answer (abort: the server ends the job).
     pub fn tell(&mut self, cmd: &str, fields: Fields) {
-        if let (Server::Wire(conn), Ok(out)) = (&mut self.server, frame(cmd, fields)) {
+        if let (Server::Wire(conn, _), Ok(out)) = (&mut self.server, frame(cmd, fields)) {
             let _ = conn.write(&out);
         }
+    }
+
+    /// Where a node attribute waited for is answered, without the session's lock; `None` in a job of one.
+    pub fn mailbox(&self) -> Option<Arc<Mailbox<Answer>>> {
+        match &self.server {
+            Server::Wire(_, mail) => Some(mail.clone()),
+            Server::Alone { .. } => None,
+        }
+    }
+
+    /// Asks for node attribute `name`, waiting until a task of the node puts it. Its answer, which may come
+    /// after other threads' requests are answered, is for the caller to take from the [`Session::mailbox`],
+    /// where it has said it expects it ([`expect_node_attr`]).
+    pub fn send_node_wait(&mut self, name: &str) -> Result<(), Failed> {
+        let Server::Wire(conn, _) = &mut self.server else { return Ok(()) };
+        let thrid = NODE_WAIT.to_string();
+        let fields: Fields = &[("thrid", thrid.as_bytes()), ("key", name.as_bytes()), ("wait", b"TRUE")];
+        conn.write(&frame("info-getnodeattr", fields)?)
     }
 
     pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), Failed> {
@@ -151,14 +198,14 @@ impl Session {
                 kvs.insert(key.into(), value.into());
                 Ok(())
             }
-            Server::Wire(_) => self.ask("kvs-put", &[("key", key.as_bytes()), ("value", value)]).map(drop),
+            Server::Wire(..) => self.ask("kvs-put", &[("key", key.as_bytes()), ("value", value)]).map(drop),
         }
     }
 
     pub fn fence(&mut self) -> Result<(), Failed> {
         match self.server {
             Server::Alone { .. } => Ok(()),
-            Server::Wire(_) => self.ask("kvs-fence", &[]).map(drop),
+            Server::Wire(..) => self.ask("kvs-fence", &[]).map(drop),
         }
     }
 
@@ -167,7 +214,7 @@ impl Session {
         match &mut self.server {
             Server::Alone { kvs, .. } if jobid == self.jobid => kvs.get(key).cloned().ok_or_else(Failed::quiet),
             Server::Alone { .. } => Err(Failed::quiet()),
-            Server::Wire(_) => {
+            Server::Wire(..) => {
                 let src = src.to_string();
                 let fields: Fields = &[("jobid", jobid.as_bytes()), ("srcid", src.as_bytes()), ("key", key.as_bytes())];
                 found(self.ask_quietly("kvs-get", fields)?)
@@ -181,18 +228,16 @@ impl Session {
                 node.insert(name.into(), value.into());
                 Ok(())
             }
-            Server::Wire(_) => self.ask("info-putnodeattr", &[("key", name.as_bytes()), ("value", value)]).map(drop),
+            Server::Wire(..) => self.ask("info-putnodeattr", &[("key", name.as_bytes()), ("value", value)]).map(drop),
         }
     }
 
-    /// Node attribute `name`, waiting for a task of the node to put it if `wait`; `None` if there is none.
-    pub fn node_attr(&mut self, name: &str, wait: bool) -> Result<Option<Vec<u8>>, Failed> {
+    /// Node attribute `name`, as it is now; `None` if there is none.
+    pub fn node_attr(&mut self, name: &str) -> Result<Option<Vec<u8>>, Failed> {
         match &mut self.server {
-            // Nobody else on the node could put it.
             Server::Alone { node, .. } => Ok(node.get(name).cloned()),
-            Server::Wire(_) => {
-                let wait: &[u8] = if wait { b"TRUE" } else { b"FALSE" };
-                optional(self.ask_quietly("info-getnodeattr", &[("key", name.as_bytes()), ("wait", wait)]))
+            Server::Wire(..) => {
+                optional(self.ask_quietly("info-getnodeattr", &[("key", name.as_bytes()), ("wait", b"FALSE")]))
             }
         }
     }
@@ -205,7 +250,7 @@ impl Session {
                 "universeSize" => Some(b"1".to_vec()),
                 _ => None,
             }),
-            Server::Wire(_) => optional(self.ask_quietly("info-getjobattr", &[("key", name.as_bytes())])),
+            Server::Wire(..) => optional(self.ask_quietly("info-getjobattr", &[("key", name.as_bytes())])),
         }
     }
 
@@ -301,8 +346,36 @@ fn optional(answer: Result<Answer, Failed>) -> Result<Option<Vec<u8>>, Failed> {
     }
 }
 
-/// Reads one frame, which must answer with `cmd=<answer>`.
-fn read_answer(conn: &mut Conn, answer: &str) -> Result<Answer, Failed> {
+/// The answer to a node attribute waited for ([`Session::send_node_wait`]), from the mailbox.
+pub fn node_waited(mail: &Mailbox<Answer>) -> Result<Option<Vec<u8>>, Failed> {
+    let answer = answering(mail.take(Awaited::Tagged(NODE_WAIT))?, "info-getnodeattr-response")?;
+    match answer.int("rc")? {
+        0 => optional(Ok(answer)),
+        _ => Ok(None),
+    }
+}
+
+/// Says that a node attribute waited for is about to be asked for ([`Session::send_node_wait`]), waiting
+/// while another thread's wait is outstanding; called without the session's lock.
+pub fn expect_node_attr(mail: &Mailbox<Answer>) {
+    mail.expect_tagged(NODE_WAIT, "info-getnodeattr-response");
+}
+
+/// The wait was not asked for after all.
+pub fn forget_node_attr(mail: &Mailbox<Answer>) {
+    mail.forget_tagged(NODE_WAIT);
+}
+
+/// `answer`, which must be of command `cmd`.
+fn answering(answer: Answer, cmd: &str) -> Result<Answer, Failed> {
+    if answer.cmd != cmd {
+        return Err(Failed::said(format!("the PMI server answered with cmd={} where cmd={cmd} was due", answer.cmd)));
+    }
+    Ok(answer)
+}
+
+/// Reads one frame.
+fn read_answer(conn: &mut Conn) -> Result<Answer, Failed> {
     let header = conn.exact(HEADER_LEN)?;
     let len = body_len(&header).ok_or_else(|| {
         Failed::said(format!("the PMI server sent a frame whose length is '{}'", String::from_utf8_lossy(&header)))
@@ -310,15 +383,9 @@ fn read_answer(conn: &mut Conn, answer: &str) -> Result<Answer, Failed> {
     let body = conn.exact(len)?;
     let message =
         Message::parse(&body).map_err(|e| Failed::said(format!("the PMI server sent a malformed frame: {e}")))?;
-    if message.cmd != answer.as_bytes() {
-        return Err(Failed::said(format!(
-            "the PMI server answered with cmd={} where cmd={answer} was due",
-            String::from_utf8_lossy(message.cmd)
-        )));
-    }
     let mut fields = BTreeMap::new();
     for (key, value) in message.pairs() {
         fields.entry(String::from_utf8_lossy(key).into_owned()).or_insert_with(|| value.to_vec());
     }
-    Ok(Answer { fields })
+    Ok(Answer { cmd: String::from_utf8_lossy(message.cmd).into_owned(), fields })
 }

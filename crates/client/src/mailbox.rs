@@ -1,0 +1,251 @@
+//! The server's answers, for calls that wait without the session's lock: PMI 1.2 group barriers (threaded
+//! MPICH enters one per thread, in any order on each rank) and PMI-2 node attributes waited for (another
+//! thread of the process may be the one to put it), beside the plain requests of other threads.
+//!
+//! A plain request is sent and answered under the session's lock, so at most one is outstanding; a tagged
+//! request is sent under the lock and waited for without it. Whichever waiting thread finds nobody reading
+//! reads the next message and hands it out: one that names an outstanding tagged request's tag (PMI-1's
+//! `barrier_out tag=`, PMI-2's `thrid=`) goes to it, any other to the plain request. One tag is outstanding at
+//! a time per process (a second request of the same tag waits for the first to end).
+
+use crate::conn::Conn;
+use crate::Failed;
+use rpmi_wire::reply::{quote, Reply};
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// A message from the server, as the mailbox hands it out.
+pub trait Mail: Sized {
+    /// Reads the next message.
+    fn read(conn: &mut Conn) -> Result<Self, Failed>;
+    /// Its command (`cmd=`).
+    fn cmd(&self) -> &str;
+    /// The tag of the request it answers, where it says one.
+    fn tag(&self) -> Option<i64>;
+    /// It, for a message.
+    fn shown(&self) -> String;
+}
+
+/// A PMI-1 line: only `barrier_out` is tagged (0 for a plain barrier, which no group barrier has).
+impl Mail for String {
+    fn read(conn: &mut Conn) -> Result<String, Failed> {
+        conn.line()
+    }
+
+    fn cmd(&self) -> &str {
+        let rest = self.strip_prefix("cmd=").unwrap_or_default();
+        rest.split(' ').next().unwrap_or_default()
+    }
+
+    fn tag(&self) -> Option<i64> {
+        if !self.starts_with("cmd=barrier_out ") {
+            return None;
+        }
+        Reply::parse(self).ok().and_then(|r| r.int("tag").ok())
+    }
+
+    fn shown(&self) -> String {
+        quote(self)
+    }
+}
+
+pub struct Mailbox<M> {
+    /// The reading side of the connection, used by one thread at a time (the one that set `reading`).
+    reader: Mutex<Conn>,
+    state: Mutex<State<M>>,
+    /// A message was handed out, the connection broke, a reader stopped, or a tagged request ended.
+    changed: Condvar,
+}
+
+struct State<M> {
+    /// A thread is reading the connection.
+    reading: bool,
+    /// The command that answers the plain request outstanding, where its caller said it.
+    plain_cmd: Option<String>,
+    /// The answer to the plain request outstanding, once read.
+    plain: Option<M>,
+    /// The tagged requests outstanding, by tag: the command that answers each, and its answer once read.
+    tagged: BTreeMap<i64, (String, Option<M>)>,
+    /// Why the connection can no longer be read: every waiter fails with it.
+    broken: Option<String>,
+}
+
+/// What a waiter waits for.
+#[derive(Clone, Copy)]
+pub enum Awaited {
+    Plain,
+    Tagged(i64),
+}
+
+impl<M: Mail> Mailbox<M> {
+    pub fn new(reader: Conn) -> Mailbox<M> {
+        let state = State { reading: false, plain_cmd: None, plain: None, tagged: BTreeMap::new(), broken: None };
+        Mailbox { reader: Mutex::new(reader), state: Mutex::new(state), changed: Condvar::new() }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<M>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait_on<'a>(&self, state: MutexGuard<'a, State<M>>) -> MutexGuard<'a, State<M>> {
+        self.changed.wait(state).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The plain request about to be sent (under the session's lock) is answered by `cmd`.
+    pub fn expect_plain(&self, cmd: &str) {
+        self.state().plain_cmd = Some(cmd.to_owned());
+    }
+
+    /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it. Waits while
+    /// another thread's request of the same tag is outstanding; call it without the session's lock.
+    pub fn expect_tagged(&self, tag: i64, cmd: &str) {
+        let mut state = self.state();
+        while state.tagged.contains_key(&tag) {
+            state = self.wait_on(state);
+        }
+        state.tagged.insert(tag, (cmd.to_owned(), None));
+    }
+
+    /// The request of `tag` was not sent after all.
+    pub fn forget_tagged(&self, tag: i64) {
+        self.state().tagged.remove(&tag);
+        self.changed.notify_all();
+    }
+
+    /// The next message for `awaited`, reading the connection when no other thread is.
+    pub fn take(&self, awaited: Awaited) -> Result<M, Failed> {
+        let mut state = self.state();
+        loop {
+            let mine = match awaited {
+                Awaited::Plain => state.plain.take().inspect(|_| state.plain_cmd = None),
+                Awaited::Tagged(tag) => match state.tagged.get_mut(&tag) {
+                    Some((_, answer @ Some(_))) => {
+                        let answer = answer.take();
+                        state.tagged.remove(&tag);
+                        self.changed.notify_all();
+                        answer
+                    }
+                    _ => None,
+                },
+            };
+            if let Some(message) = mine {
+                return Ok(message);
+            }
+            if let Some(why) = state.broken.clone() {
+                match awaited {
+                    Awaited::Tagged(tag) => drop(state.tagged.remove(&tag)),
+                    Awaited::Plain => state.plain_cmd = None,
+                }
+                return Err(Failed::said(why));
+            }
+            if state.reading {
+                state = self.wait_on(state);
+                continue;
+            }
+            state.reading = true;
+            drop(state);
+            // A panic in the read must not leave `reading` set, or every other waiter would wait for ever.
+            let read =
+                catch_unwind(AssertUnwindSafe(|| M::read(&mut self.reader.lock().unwrap_or_else(|e| e.into_inner()))));
+            state = self.state();
+            state.reading = false;
+            match read {
+                Ok(Ok(message)) => state.hand_out(message),
+                Ok(Err(failed)) => state.broken = Some(failed.message.unwrap_or_default()),
+                Err(_) => state.broken = Some("reading the PMI server's answer failed".into()),
+            }
+            self.changed.notify_all();
+        }
+    }
+}
+
+impl<M: Mail> State<M> {
+    fn hand_out(&mut self, message: M) {
+        let tag = message.tag();
+        if let Some((_, answer @ None)) = tag.and_then(|t| self.tagged.get_mut(&t)) {
+            *answer = Some(message);
+            return;
+        }
+        // A server that does not echo tags (Slurm's PMI-2 ignores `thrid`): an untagged answer of the
+        // command a tagged request waits for, and not the plain request's, is the tagged request's.
+        if tag.is_none() && self.plain_cmd.as_deref() != Some(message.cmd()) {
+            let waiter = self.tagged.values_mut().find(|(cmd, answer)| answer.is_none() && cmd == message.cmd());
+            if let Some((_, answer)) = waiter {
+                *answer = Some(message);
+                return;
+            }
+        }
+        if self.plain.is_none() {
+            self.plain = Some(message);
+        } else {
+            self.broken = Some(format!("the PMI server sent {} where no answer was due", message.shown()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Mail, State};
+    use crate::conn::Conn;
+    use crate::Failed;
+    use std::collections::BTreeMap;
+
+    fn empty<M>() -> State<M> {
+        State { reading: false, plain_cmd: None, plain: None, tagged: BTreeMap::new(), broken: None }
+    }
+
+    #[test]
+    fn a_group_barriers_answer_goes_to_it_and_any_other_line_to_the_plain_request() {
+        let mut state = empty::<String>();
+        state.tagged.insert(7, ("barrier_out".into(), None));
+        state.hand_out("cmd=barrier_out rc=0 tag=7".into());
+        assert_eq!(state.tagged[&7].1.as_deref(), Some("cmd=barrier_out rc=0 tag=7"));
+        // A plain barrier's answer (tag 0), and a second answer of a barrier whose first is not yet taken.
+        state.hand_out("cmd=barrier_out rc=0 tag=0".into());
+        assert_eq!(state.plain.as_deref(), Some("cmd=barrier_out rc=0 tag=0"));
+        assert!(state.broken.is_none());
+        state.hand_out("cmd=barrier_out rc=0 tag=7".into());
+        assert!(state.broken.as_deref().unwrap().contains("where no answer was due"), "{:?}", state.broken);
+    }
+
+    /// A PMI-2 answer as the test writes it: its command and its `thrid`, if any.
+    struct Frame(&'static str, Option<i64>);
+
+    impl Mail for Frame {
+        fn read(_: &mut Conn) -> Result<Frame, Failed> {
+            unreachable!("the tests hand out what they make")
+        }
+        fn cmd(&self) -> &str {
+            self.0
+        }
+        fn tag(&self) -> Option<i64> {
+            self.1
+        }
+        fn shown(&self) -> String {
+            self.0.into()
+        }
+    }
+
+    #[test]
+    fn an_answer_without_its_thrid_goes_to_the_waiter_of_its_command_unless_the_plain_request_awaits_it() {
+        const NODE: &str = "info-getnodeattr-response";
+        let mut state = empty::<Frame>();
+        state.tagged.insert(1, (NODE.into(), None));
+        // A server that echoes thrid: by the tag, whatever the plain request awaits.
+        state.plain_cmd = Some(NODE.into());
+        state.hand_out(Frame(NODE, Some(1)));
+        assert!(state.tagged[&1].1.is_some() && state.plain.is_none());
+        // One that does not: by the command, the plain request's first.
+        state.tagged.insert(1, (NODE.into(), None));
+        state.plain_cmd = Some("kvs-get-response".into());
+        state.hand_out(Frame("kvs-get-response", None));
+        assert!(state.tagged[&1].1.is_none() && state.plain.take().is_some());
+        state.hand_out(Frame(NODE, None));
+        assert!(state.tagged[&1].1.is_some());
+        state.tagged.insert(1, (NODE.into(), None));
+        state.plain_cmd = Some(NODE.into());
+        state.hand_out(Frame(NODE, None));
+        assert!(state.tagged[&1].1.is_none() && state.plain.is_some());
+    }
+}
