@@ -164,7 +164,13 @@ int main(int argc, char **argv)
     CHECK(PMI2_KVS_Put("a;b", want), PMI2_ERR_INVALID_KEY);
     CHECK(PMI2_KVS_Put(NULL, want), PMI2_ERR_INVALID_KEY);
     CHECK(PMI2_KVS_Put(key, "two\nlines"), PMI2_ERR_INVALID_VAL);
+    /* A value need not be UTF-8 (nor ASCII): a frame carries any bytes but a line break. */
+    static const char raw[] = "\xff\xc3\x28 not UTF-8 \x80";
+    snprintf(key, sizeof key, "raw%d", rank);
+    CHECK(PMI2_KVS_Put(key, raw), PMI2_SUCCESS);
     CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+    CHECK(PMI2_KVS_Get(NULL, PMI2_ID_NULL, key, value, sizeof value, &len), PMI2_SUCCESS);
+    EXPECT(len == (int)strlen(raw) && memcmp(value, raw, sizeof raw) == 0);
     for (int r = 0; r < size; r++) {
         snprintf(key, sizeof key, "key%d", r);
         want_of(r, want, sizeof want);

@@ -27,7 +27,16 @@ pub fn guard(lib: &str, call: &str, body: impl FnOnce() -> c_int) -> c_int {
 /// `p` is NULL or a NUL-terminated string.
 pub unsafe fn text<'a>(p: *const c_char) -> Option<&'a str> {
     // SAFETY: the caller's contract.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_str().ok()).flatten()
+    unsafe { bytes(p) }.and_then(|b| std::str::from_utf8(b).ok())
+}
+
+/// A C string argument, as its bytes; `None` for NULL.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+pub unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    // SAFETY: the caller's contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
 }
 
 /// A word of the wire (a key, a name, a service): visible characters but `=`, fewer than `max` bytes (`max`
@@ -37,8 +46,8 @@ pub fn is_word(s: &str, max: usize) -> bool {
 }
 
 /// A string of the wire (a value): no line break or NUL, fewer than `max` bytes.
-pub fn is_string(s: &str, max: usize) -> bool {
-    s.len() < max && !s.bytes().any(|b| b == b'\n' || b == b'\r' || b == 0)
+pub fn is_string(s: &[u8], max: usize) -> bool {
+    s.len() < max && !s.iter().any(|&b| b == b'\n' || b == b'\r' || b == 0)
 }
 
 /// Copies `s` and its NUL into the caller's `out[..length]`; `code` if it does not fit.

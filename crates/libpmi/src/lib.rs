@@ -208,7 +208,7 @@ pub unsafe extern "C" fn PMI_Get_kvs_domain_id(id_str: *mut c_char, length: c_in
 /// break), without spaces at either end, which servers trim.
 fn is_value(v: &str, max: usize) -> bool {
     let spaced = |c: Option<char>| c.is_some_and(|c| c == ' ' || c == '\t');
-    !v.is_empty() && is_string(v, max) && !spaced(v.chars().next()) && !spaced(v.chars().last())
+    !v.is_empty() && is_string(v.as_bytes(), max) && !spaced(v.chars().next()) && !spaced(v.chars().last())
 }
 
 /// Checks that `kvsname` names this process's key-value space.

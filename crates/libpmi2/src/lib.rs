@@ -10,7 +10,7 @@
 
 mod session;
 
-use rpmi_client::cabi::{copy_cut, copy_out, guard, is_string, is_word, say, set, set_errcodes, text};
+use rpmi_client::cabi::{bytes, copy_cut, copy_out, guard, is_string, is_word, say, set, set_errcodes, text};
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, SUCCESS};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
@@ -262,10 +262,12 @@ unsafe fn put(
     store: impl FnOnce(&mut Session, &str, &[u8]) -> Result<(), Failed>,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    let (key, value) = unsafe { (text(key), text(value)) };
+    // A value is any bytes a frame carries (PMI-2 frames are counted, not lines), but a line break, which
+    // a server's trace or a PMI-1 reader of the same store could not take.
+    let (key, value) = unsafe { (text(key), bytes(value)) };
     let Some(key) = key.filter(|k| key_ok(k)) else { return ERR_INVALID_KEY };
     let Some(value) = value.filter(|v| is_string(v, VALUE_MAX)) else { return ERR_INVALID_VAL };
-    with_session(call, |s| store(s, key, value.as_bytes()))
+    with_session(call, |s| store(s, key, value))
 }
 
 #[no_mangle]
