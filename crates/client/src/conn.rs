@@ -18,15 +18,15 @@ enum Stream {
     Tcp(TcpStream),
 }
 
-/// How much one read takes.
+/// How much one read may take.
 const CHUNK: usize = 8192;
 
 /// The connection, and what was read from it and not yet taken (a read may end mid-line or carry more).
 pub struct Conn {
     stream: Stream,
+    /// Reads land in its spare capacity: nothing is zeroed or copied, and a connection only written to
+    /// allocates nothing (each page first touched costs a fault, which a start-up pays in full).
     buf: Vec<u8>,
-    /// What each read fills, kept from read to read.
-    chunk: Box<[u8; CHUNK]>,
 }
 
 impl Conn {
@@ -40,7 +40,7 @@ impl Conn {
             ),
             (None, None) => return Ok(None),
         };
-        Ok(Some(Conn { stream, buf: Vec::new(), chunk: Box::new([0; CHUNK]) }))
+        Ok(Some(Conn { stream, buf: Vec::new() }))
     }
 
     /// A second handle on the same connection, for one thread to read while others write through this one;
@@ -53,7 +53,7 @@ impl Conn {
                 Stream::Tcp(s.try_clone().map_err(|e| Failed::said(format!("cannot share the PMI connection: {e}")))?)
             }
         };
-        Ok(Conn { stream, buf: std::mem::take(&mut self.buf), chunk: Box::new([0; CHUNK]) })
+        Ok(Conn { stream, buf: std::mem::take(&mut self.buf) })
     }
 
     /// The connection was made to `PMI_PORT`.
@@ -74,20 +74,26 @@ impl Conn {
 
     /// Reads more into the buffer; `Err` if the server closed or failed.
     fn fill(&mut self) -> Result<(), Failed> {
+        let fd = match &self.stream {
+            Stream::Fd(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        };
+        self.buf.reserve(CHUNK);
+        let spare = self.buf.spare_capacity_mut();
         loop {
-            let Conn { stream, buf, chunk } = self;
-            let read = match stream {
-                Stream::Fd(s) => s.read(&mut chunk[..]),
-                Stream::Tcp(s) => s.read(&mut chunk[..]),
-            };
-            return match read {
-                Ok(0) => Err(Failed::said("the PMI server closed the connection".into())),
-                Ok(n) => {
-                    buf.extend_from_slice(&chunk[..n]);
+            // SAFETY: the read writes at most `spare.len()` bytes into the vector's own spare capacity.
+            let n = unsafe { libc::read(fd, spare.as_mut_ptr().cast(), spare.len()) };
+            return match n {
+                0 => Err(Failed::said("the PMI server closed the connection".into())),
+                1.. => {
+                    // SAFETY: the read initialised the `n` bytes after the vector's length.
+                    unsafe { self.buf.set_len(self.buf.len() + n as usize) };
                     Ok(())
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => Err(Failed::said(format!("cannot read from the PMI server: {e}"))),
+                _ => match io::Error::last_os_error() {
+                    e if e.kind() == io::ErrorKind::Interrupted => continue,
+                    e => Err(Failed::said(format!("cannot read from the PMI server: {e}"))),
+                },
             };
         }
     }

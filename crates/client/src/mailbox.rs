@@ -61,8 +61,11 @@ pub struct Mailbox<M> {
 struct State<M> {
     /// A thread is reading the connection.
     reading: bool,
-    /// The command that answers the plain request outstanding, where its caller said it.
-    plain_cmd: Option<String>,
+    /// Threads waiting on `changed`: with none, nobody is woken (a wake is a system call, on every call).
+    sleepers: usize,
+    /// The command that answers the plain request outstanding, where its caller said it; empty where not
+    /// (one buffer from call to call: nothing is allocated per call).
+    plain_cmd: String,
     /// The answer to the plain request outstanding, once read.
     plain: Option<M>,
     /// The tagged requests outstanding, by tag: the command that answers each, and its answer once read.
@@ -80,7 +83,14 @@ pub enum Awaited {
 
 impl<M: Mail> Mailbox<M> {
     pub fn new(reader: Conn) -> Mailbox<M> {
-        let state = State { reading: false, plain_cmd: None, plain: None, tagged: BTreeMap::new(), broken: None };
+        let state = State {
+            reading: false,
+            sleepers: 0,
+            plain_cmd: String::new(),
+            plain: None,
+            tagged: BTreeMap::new(),
+            broken: None,
+        };
         Mailbox { reader: Mutex::new(reader), state: Mutex::new(state), changed: Condvar::new() }
     }
 
@@ -88,13 +98,25 @@ impl<M: Mail> Mailbox<M> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait_on<'a>(&self, state: MutexGuard<'a, State<M>>) -> MutexGuard<'a, State<M>> {
-        self.changed.wait(state).unwrap_or_else(|e| e.into_inner())
+    fn wait_on<'a>(&self, mut state: MutexGuard<'a, State<M>>) -> MutexGuard<'a, State<M>> {
+        state.sleepers += 1;
+        let mut state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        state.sleepers -= 1;
+        state
+    }
+
+    /// Wakes the threads waiting on `changed`, if any; called with the state locked.
+    fn wake(&self, state: &State<M>) {
+        if state.sleepers > 0 {
+            self.changed.notify_all();
+        }
     }
 
     /// The plain request about to be sent (under the session's lock) is answered by `cmd`.
     pub fn expect_plain(&self, cmd: &str) {
-        self.state().plain_cmd = Some(cmd.to_owned());
+        let mut state = self.state();
+        state.plain_cmd.clear();
+        state.plain_cmd.push_str(cmd);
     }
 
     /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it. Waits while
@@ -109,8 +131,9 @@ impl<M: Mail> Mailbox<M> {
 
     /// The request of `tag` was not sent after all.
     pub fn forget_tagged(&self, tag: i64) {
-        self.state().tagged.remove(&tag);
-        self.changed.notify_all();
+        let mut state = self.state();
+        state.tagged.remove(&tag);
+        self.wake(&state);
     }
 
     /// The next message for `awaited`, reading the connection when no other thread is.
@@ -118,12 +141,12 @@ impl<M: Mail> Mailbox<M> {
         let mut state = self.state();
         loop {
             let mine = match awaited {
-                Awaited::Plain => state.plain.take().inspect(|_| state.plain_cmd = None),
+                Awaited::Plain => state.plain.take().inspect(|_| state.plain_cmd.clear()),
                 Awaited::Tagged(tag) => match state.tagged.get_mut(&tag) {
                     Some((_, answer @ Some(_))) => {
                         let answer = answer.take();
                         state.tagged.remove(&tag);
-                        self.changed.notify_all();
+                        self.wake(&state);
                         answer
                     }
                     _ => None,
@@ -135,7 +158,7 @@ impl<M: Mail> Mailbox<M> {
             if let Some(why) = state.broken.clone() {
                 match awaited {
                     Awaited::Tagged(tag) => drop(state.tagged.remove(&tag)),
-                    Awaited::Plain => state.plain_cmd = None,
+                    Awaited::Plain => state.plain_cmd.clear(),
                 }
                 return Err(Failed::said(why));
             }
@@ -155,7 +178,7 @@ impl<M: Mail> Mailbox<M> {
                 Ok(Err(failed)) => state.broken = Some(failed.message.unwrap_or_default()),
                 Err(_) => state.broken = Some("reading the PMI server's answer failed".into()),
             }
-            self.changed.notify_all();
+            self.wake(&state);
         }
     }
 }
@@ -169,7 +192,7 @@ impl<M: Mail> State<M> {
         }
         // A server that does not echo tags (Slurm's PMI-2 ignores `thrid`): an untagged answer of the
         // command a tagged request waits for, and not the plain request's, is the tagged request's.
-        if tag.is_none() && self.plain_cmd.as_deref() != Some(message.cmd()) {
+        if tag.is_none() && self.plain_cmd != message.cmd() {
             let waiter = self.tagged.values_mut().find(|(cmd, answer)| answer.is_none() && cmd == message.cmd());
             if let Some((_, answer)) = waiter {
                 *answer = Some(message);
@@ -192,7 +215,14 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn empty<M>() -> State<M> {
-        State { reading: false, plain_cmd: None, plain: None, tagged: BTreeMap::new(), broken: None }
+        State {
+            reading: false,
+            sleepers: 0,
+            plain_cmd: String::new(),
+            plain: None,
+            tagged: BTreeMap::new(),
+            broken: None,
+        }
     }
 
     #[test]
@@ -233,18 +263,18 @@ mod tests {
         let mut state = empty::<Frame>();
         state.tagged.insert(1, (NODE.into(), None));
         // A server that echoes thrid: by the tag, whatever the plain request awaits.
-        state.plain_cmd = Some(NODE.into());
+        state.plain_cmd = NODE.into();
         state.hand_out(Frame(NODE, Some(1)));
         assert!(state.tagged[&1].1.is_some() && state.plain.is_none());
         // One that does not: by the command, the plain request's first.
         state.tagged.insert(1, (NODE.into(), None));
-        state.plain_cmd = Some("kvs-get-response".into());
+        state.plain_cmd = "kvs-get-response".into();
         state.hand_out(Frame("kvs-get-response", None));
         assert!(state.tagged[&1].1.is_none() && state.plain.take().is_some());
         state.hand_out(Frame(NODE, None));
         assert!(state.tagged[&1].1.is_some());
         state.tagged.insert(1, (NODE.into(), None));
-        state.plain_cmd = Some(NODE.into());
+        state.plain_cmd = NODE.into();
         state.hand_out(Frame(NODE, None));
         assert!(state.tagged[&1].1.is_none() && state.plain.is_some());
     }
