@@ -11,6 +11,7 @@ packages=(
   procps psmisc               # pgrep/pkill/killall used by the test scripts to check for leftovers
   python3-venv                # MPICH 5 and Intel MPI from PyPI (below)
   libpmi2-0                   # Slurm's PMI-2 client library, which runtimes load (Intel MPI's I_MPI_PMI_LIBRARY)
+  openmpi-bin libopenmpi-dev  # Open MPI 4.1, which loads a libpmi.so.0 through its flux component (tests/libpmi.rs)
 )
 # `install-deps.sh bench`: also what the side-by-side benchmark needs (docker/bench.sh).
 if [[ ${1:-} == bench ]]; then
@@ -34,6 +35,10 @@ if ((${#missing[@]})); then
   apt-get update
   apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+# Open MPI's packages take over `mpicc` and `mpirun` (Debian's alternatives rank it above MPICH): the tests,
+# the demo and every script mean MPICH by them, and call Open MPI's by name (mpicc.openmpi).
+update-alternatives --set mpi /usr/bin/mpicc.mpich >/dev/null
+update-alternatives --set mpirun /usr/bin/mpirun.mpich >/dev/null
 
 # MPICH 5 (`pip install mpich`: mpicc and its Hydra) in a venv of its own, for the tests of dynamic processes:
 # Debian 12's MPICH 4.0.2 (ch4:ucx) refuses MPI_Comm_spawn and MPI_Open_port itself. Pinned: the version the

@@ -251,8 +251,8 @@ case $cmd in
       "${run[@]}"
     else
       # The chroots' MPICH speaks PMI-2 (4.1 and later): the tests that need one run there too; those that
-      # need MPICH 5, Intel MPI or Flux from this machine, or 100 nodes, stay with its run (docker/test.sh).
-      run+=(--include-ignored --skip mpich5_ --skip impi_ --skip flux_ --skip hundred)
+      # need MPICH 5, Intel MPI, Open MPI or Flux from this machine, or 100 nodes, stay with its run (docker/test.sh).
+      run+=(--include-ignored --skip mpich5_ --skip impi_ --skip ompi_ --skip flux_ --skip hundred)
       trap 'release_chroot "$root"' EXIT
       chroot "$root" bash -c 'cd "$1" && shift && exec "$@"' - "$repo" "${run[@]}"
     fi

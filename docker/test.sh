@@ -35,8 +35,9 @@ fi
 cargo clippy --all-targets --locked --features slurm -- -D warnings
 bash docker/with-slurm.sh cargo test --locked --features slurm --lib --test slurm
 # Spawn under srun with real MPICH 5 programs (from /opt/rpmi-mpich5: the other Slurm lines' chroots lack it),
-# and Intel MPI through Slurm's libpmi2 (from /opt/rpmi-impi).
-bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored mpich5_ impi_
+# Intel MPI through Slurm's libpmi2 and rpmi's (from /opt/rpmi-impi), and Debian's Open MPI through rpmi's
+# libpmi.so.0 (the chroots lack it too).
+bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored mpich5_ impi_ ompi_
 # Flux started by srun, and Intel MPI through Flux's PMI libraries: where Flux is installed.
 if command -v flux >/dev/null; then
   bash docker/with-slurm.sh cargo test --locked --features slurm --test slurm -- --ignored flux_

@@ -154,6 +154,39 @@ fn a_spawn_through_either_library_starts_a_job_that_reads_the_preput() {
     }
 }
 
+/// Open MPI 4.1 (Debian's) has no PMI-1 client of its own, but its flux component loads a `libpmi.so.0`
+/// (`FLUX_PMI_LIBRARY_PATH`) wherever `FLUX_JOB_ID` is set: through rpmi's, its start-up and the program's
+/// exchange run under rpmi-run on one node and on three. The trace shows the library spoke (it asks for 1.2).
+#[test]
+fn open_mpi_through_libpmi_by_its_flux_component() {
+    let dir = library_dir();
+    let pairs = support::compile("mpicc.openmpi", "mpi_pairs", dir.path());
+    let lib = dir.path().join(Api::Pmi1.soname());
+    for (i, (layout, size)) in [(&["-n", "4"][..], 4), (&["-n", "6", "--nodes", "3"], 6)].into_iter().enumerate() {
+        // Open MPI reads the job id as a number, and loses its top bit from 32768 on; one of its own per run,
+        // for the names of its shared-memory files.
+        let job = (std::process::id() % 16000 * 2 + i as u32 + 1).to_string();
+        let mut env: Vec<(&str, &OsStr)> = vec![
+            ("FLUX_JOB_ID", OsStr::new(&job)),
+            ("FLUX_PMI_LIBRARY_PATH", lib.as_os_str()),
+            // Its flux component, or a failure: nothing else it has could start it here.
+            ("OMPI_MCA_pmix", OsStr::new("flux")),
+        ];
+        if size == 6 {
+            // The virtual nodes share one host, where its shared-memory transport names its files by host
+            // and local rank: each node's local rank 0 would take the same file. TCP between all ranks.
+            env.push(("OMPI_MCA_btl", OsStr::new("self,tcp")));
+        }
+        let mut args: Vec<&OsStr> = layout.iter().map(OsStr::new).collect();
+        args.extend([OsStr::new("--trace"), pairs.as_os_str()]);
+        let done = start_with_env(RUN, &args, &env).wait(GUARD);
+        done.assert_success("Open MPI's mpi_pairs through libpmi.so.0");
+        let want = format!("mpi_pairs: {size} ranks, allreduce {}, all pairs exchanged", size * (size + 1) / 2);
+        assert!(done.stdout.contains(&want), "{}", done.dump());
+        assert!(done.stderr.contains("C: cmd=init pmi_version=1 pmi_subversion=2"), "{}", done.dump());
+    }
+}
+
 /// Slurm's own `libpmi2.so.0` (Debian's `libpmi2-0`) under rpmi's server: the benchmark's task
 /// (`benches/libpmi/pmi_bench.c`) puts, fences and gets every rank's key with no job id, which Slurm's library
 /// sends as an empty `jobid=` (rpmi's server once refused each such get as another job's).
