@@ -9,6 +9,7 @@ use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
 use rpmi_wire::spawn::SpawnRequest;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// The `thrid` of a node attribute waited for: one such wait is outstanding at a time per process (the
@@ -18,10 +19,13 @@ const NODE_WAIT: i64 = 1;
 /// What a request sends besides its command: `key=value` pairs, in order.
 pub type Fields<'a> = &'a [(&'a str, &'a [u8])];
 
-/// An answer: its command, and its fields by key.
+/// An answer: the frame's body, and where in it its command and fields are (a get allocates no field of its
+/// own: the library's cost per call is what it allocates, beside the system calls).
 pub struct Answer {
-    cmd: String,
-    fields: BTreeMap<String, Vec<u8>>,
+    body: Vec<u8>,
+    cmd: Range<usize>,
+    /// Each field's key, and its value: a range of `body`, or, where a doubled `;` was undone, its own bytes.
+    fields: Vec<(Range<usize>, Result<Range<usize>, Vec<u8>>)>,
 }
 
 impl Mail for Answer {
@@ -30,7 +34,8 @@ impl Mail for Answer {
     }
 
     fn cmd(&self) -> &str {
-        &self.cmd
+        // Checked to be UTF-8 when read.
+        std::str::from_utf8(&self.body[self.cmd.clone()]).unwrap_or_default()
     }
 
     /// The `thrid` it echoes, which is one of this library's only where it is an integer.
@@ -39,13 +44,18 @@ impl Mail for Answer {
     }
 
     fn shown(&self) -> String {
-        format!("an answer of cmd={}", self.cmd)
+        format!("an answer of cmd={}", self.cmd())
     }
 }
 
 impl Answer {
+    /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&[u8]> {
-        self.fields.get(key).map(Vec::as_slice)
+        let (_, value) = self.fields.iter().find(|(k, _)| &self.body[k.clone()] == key.as_bytes())?;
+        Some(match value {
+            Ok(at) => &self.body[at.clone()],
+            Err(own) => own,
+        })
     }
 
     /// A `TRUE`/`FALSE` field; absent is false.
@@ -368,8 +378,8 @@ pub fn forget_node_attr(mail: &Mailbox<Answer>) {
 
 /// `answer`, which must be of command `cmd`.
 fn answering(answer: Answer, cmd: &str) -> Result<Answer, Failed> {
-    if answer.cmd != cmd {
-        return Err(Failed::said(format!("the PMI server answered with cmd={} where cmd={cmd} was due", answer.cmd)));
+    if answer.cmd() != cmd {
+        return Err(Failed::said(format!("the PMI server answered with cmd={} where cmd={cmd} was due", answer.cmd())));
     }
     Ok(answer)
 }
@@ -383,9 +393,22 @@ fn read_answer(conn: &mut Conn) -> Result<Answer, Failed> {
     let body = conn.exact(len)?;
     let message =
         Message::parse(&body).map_err(|e| Failed::said(format!("the PMI server sent a malformed frame: {e}")))?;
-    let mut fields = BTreeMap::new();
-    for (key, value) in message.pairs() {
-        fields.entry(String::from_utf8_lossy(key).into_owned()).or_insert_with(|| value.to_vec());
+    if std::str::from_utf8(message.cmd).is_err() {
+        return Err(Failed::said("the PMI server sent a command that is not UTF-8".into()));
     }
-    Ok(Answer { cmd: String::from_utf8_lossy(message.cmd).into_owned(), fields })
+    // Where a piece of the body is in it; `None` for bytes of their own (a value whose `;;` were undone).
+    let base = body.as_ptr() as usize;
+    let within = |piece: &[u8]| {
+        let start = (piece.as_ptr() as usize).checked_sub(base)?;
+        (start + piece.len() <= body.len()).then_some(start..start + piece.len())
+    };
+    let cmd = within(message.cmd).unwrap_or_default();
+    let mut fields = Vec::new();
+    for (key, value) in message.pairs() {
+        // A key is always a piece of the body.
+        let Some(key) = within(key) else { continue };
+        fields.push((key, within(value).ok_or_else(|| value.to_vec())));
+    }
+    drop(message);
+    Ok(Answer { body, cmd, fields })
 }
