@@ -1,7 +1,7 @@
 //! The connection to the launcher's server: the socket it gave the process (`PMI_FD`), or its address
 //! (`PMI_PORT=host:port`); what is read from it is bounded.
 
-use crate::{env_int, Failed};
+use crate::{env, env_int, Failed};
 use std::io::{self, Read, Write};
 use std::mem::ManuallyDrop;
 use std::net::TcpStream;
@@ -32,7 +32,7 @@ pub struct Conn {
 impl Conn {
     /// The launcher's connection: `PMI_FD`, else `PMI_PORT`; `None` with neither (no launcher).
     pub fn from_env() -> Result<Option<Conn>, Failed> {
-        let stream = match (env_int("PMI_FD")?, std::env::var("PMI_PORT").ok().filter(|p| !p.is_empty())) {
+        let stream = match (env_int(c"PMI_FD")?, env(c"PMI_PORT").filter(|p| !p.is_empty())) {
             (Some(fd), _) => Stream::Fd(ManuallyDrop::new(stream_of_fd(fd)?)),
             (None, Some(port)) => Stream::Tcp(
                 TcpStream::connect(port.as_str())

@@ -5,6 +5,8 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+use std::ffi::CStr;
+
 pub mod cabi;
 pub mod conn;
 pub mod held;
@@ -44,10 +46,23 @@ impl Failed {
     }
 }
 
+/// A variable of the environment, if it is set (as text: bytes that are not UTF-8 are replaced). Read with
+/// the C library's `getenv`, as the C program the library is loaded into reads its own.
+pub fn env(name: &CStr) -> Option<String> {
+    // SAFETY: `name` is a C string; what getenv returns is NULL or a C string, copied at once.
+    let value = unsafe { libc::getenv(name.as_ptr()) };
+    // SAFETY: as above.
+    (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned())
+}
+
 /// An integer variable of the environment, if it is set; `Err` if it is set and not one.
-pub fn env_int(name: &str) -> Result<Option<i64>, Failed> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| Failed::said(format!("{name}={v} is not an integer"))),
+pub fn env_int(name: &CStr) -> Result<Option<i64>, Failed> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Failed::said(format!("{}={v} is not an integer", name.to_string_lossy()))),
     }
 }

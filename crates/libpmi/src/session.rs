@@ -61,9 +61,9 @@ impl Session {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Session::alone()) };
         let mail = Arc::new(Mailbox::new(conn.reader()?));
         let mut wire = Wire { conn, mail };
-        let (mut rank, mut size) = (env_int("PMI_RANK")?, env_int("PMI_SIZE")?);
+        let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
-        if let (Some(id), true) = (env_int("PMI_ID")?, wire.conn.is_port()) {
+        if let (Some(id), true) = (env_int(c"PMI_ID")?, wire.conn.is_port()) {
             (rank, size) = wire.initack(id)?;
         }
         let (rank, size) = match (rank, size) {
@@ -78,7 +78,7 @@ impl Session {
         };
         let appnum = int(wire.int("cmd=get_appnum", "appnum", "appnum")?, "the appnum")?;
         let universe = int(wire.int("cmd=get_universe_size", "universe_size", "size")?, "the universe size")?;
-        let spawned = env_int("PMI_SPAWNED")?.unwrap_or(0) != 0;
+        let spawned = env_int(c"PMI_SPAWNED")?.unwrap_or(0) != 0;
         Ok(Session {
             rank,
             size,
@@ -292,7 +292,7 @@ impl Wire {
     /// `RPMI_PMI_SUBVERSION`), else 1.1, which every server takes (Hydra ends a job whose client asks for
     /// more, Slurm's `--mpi=pmi2` refuses it): whether group barriers are served.
     fn init(&mut self) -> Result<bool, Failed> {
-        let sub = if env_int("RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { 2 } else { 1 };
+        let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { 2 } else { 1 };
         let line = self.call_ok(&format!("cmd=init pmi_version=1 pmi_subversion={sub}"), "response_to_init")?;
         let reply = parsed(&line)?;
         match (reply.get("pmi_version"), reply.get("pmi_subversion")) {

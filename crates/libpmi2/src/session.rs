@@ -4,7 +4,7 @@
 
 use rpmi_client::conn::Conn;
 use rpmi_client::mailbox::{Awaited, Mail, Mailbox};
-use rpmi_client::Failed;
+use rpmi_client::{env, Failed};
 use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
 use rpmi_wire::spawn::SpawnRequest;
@@ -24,9 +24,12 @@ pub type Fields<'a> = &'a [(&'a str, &'a [u8])];
 pub struct Answer {
     body: Vec<u8>,
     cmd: Range<usize>,
-    /// Each field's key, and its value: a range of `body`, or, where a doubled `;` was undone, its own bytes.
-    fields: Vec<(Range<usize>, Result<Range<usize>, Vec<u8>>)>,
+    /// Each field's key, and its value.
+    fields: Vec<(Range<usize>, Value)>,
 }
+
+/// A field's value: a range of the body, or, where a doubled `;` was undone, bytes of its own.
+type Value = Result<Range<usize>, Vec<u8>>;
 
 impl Mail for Answer {
     fn read(conn: &mut Conn) -> Result<Answer, Failed> {
@@ -101,8 +104,8 @@ impl Session {
             return Err(Failed::said(format!("the PMI server does not serve PMI-2: it answered {}", reply.quoted())));
         }
         // Hydra's port start-up (`PMI_PORT`) says the rank as `PMI_ID` instead.
-        let id = || conn.is_port().then(|| std::env::var("PMI_ID").ok()).flatten();
-        let (jobid, rank) = (std::env::var("PMI_JOBID").ok(), std::env::var("PMI_RANK").ok().or_else(id));
+        let id = || conn.is_port().then(|| env(c"PMI_ID")).flatten();
+        let (jobid, rank) = (env(c"PMI_JOBID"), env(c"PMI_RANK").or_else(id));
         let mut fields: Vec<(&str, &[u8])> = Vec::new();
         // As Slurm's and MPICH's clients send them: Slurm's server needs the job id, rpmi's checks the rank.
         if let Some(j) = &jobid {
