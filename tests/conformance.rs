@@ -1543,8 +1543,8 @@ fn pmi2_node_attributes_wait_and_never_hang() {
 }
 
 /// A threaded client (`fullinit` with `threaded=TRUE`) may ask while one of its threads waits for a node
-/// attribute: each answer carries its request's `thrid`, its own put answers its wait, and its wait is never
-/// taken for one nobody could answer (another of its threads may put it). Not a fence, nor a second wait.
+/// attribute, a fence included: each answer carries its request's `thrid`, its own put answers its wait, and
+/// its wait is never taken for one nobody could answer (another of its threads may put it). Not a second wait.
 #[test]
 fn pmi2_threaded_clients_ask_while_a_thread_waits_for_a_node_attribute() {
     let (job, mut clients) = Setup::block(&[3], 0).start();
@@ -1573,14 +1573,25 @@ fn pmi2_threaded_clients_ask_while_a_thread_waits_for_a_node_attribute() {
     assert_eq!(c.ask2("cmd=kvs-fence;"), "cmd=kvs-fence-response;rc=0;");
     assert_eq!(clients[0].recv2(), "cmd=kvs-fence-response;rc=0;");
     assert_eq!(clients[2].recv2(), "cmd=kvs-fence-response;rc=0;");
-    assert!(job.shared.get().errors.is_empty());
-    // A fence while it waits is still a protocol error.
+    // A fence while it waits, for an attribute another task puts after the fence.
     let c = &mut clients[1];
-    c.send2("cmd=info-getnodeattr;thrid=0x6;key=never;wait=TRUE;");
+    c.send2("cmd=info-getnodeattr;thrid=0x6;key=late;wait=TRUE;");
     c.send2("cmd=kvs-fence;thrid=0x7;");
+    clients[0].send2("cmd=kvs-fence;");
+    clients[2].send2("cmd=kvs-fence;");
+    assert_eq!(clients[1].recv2(), "cmd=kvs-fence-response;thrid=0x7;rc=0;");
+    assert_eq!(clients[0].recv2(), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(clients[2].recv2(), "cmd=kvs-fence-response;rc=0;");
+    assert_eq!(clients[0].ask2("cmd=info-putnodeattr;key=late;value=1;"), "cmd=info-putnodeattr-response;rc=0;");
+    assert_eq!(clients[1].recv2(), "cmd=info-getnodeattr-response;thrid=0x6;rc=0;value=1;found=TRUE;");
+    assert!(job.shared.get().errors.is_empty());
+    // A second wait while one waits is a protocol error.
+    let c = &mut clients[1];
+    c.send2("cmd=info-getnodeattr;thrid=0x8;key=never;wait=TRUE;");
+    c.send2("cmd=info-getnodeattr;thrid=0x9;key=never2;wait=TRUE;");
     let record = job.shared.wait_for("the protocol error", |r| !r.errors.is_empty());
     let said = record.errors[0].to_string();
-    assert!(said.contains("rank 1") && said.contains("still waits"), "{said}");
+    assert!(said.contains("rank 1") && said.contains("a second wait"), "{said}");
     drop(record);
     c.assert_cut_off();
     drop(clients);

@@ -65,8 +65,13 @@ enum Waiting {
     /// `barrier_in`, or PMI-2's `kvs-fence`.
     Barrier,
     Host(Service),
-    /// PMI-2's `info-getnodeattr` with `wait`, for the key in [`Client::awaited`].
-    NodeAttr,
+}
+
+/// The PMI-2 node attribute a task waits for (`info-getnodeattr` with `wait`), and the `thrid` of that
+/// request. Apart from [`Waiting`]: a threaded client's other threads go on meanwhile.
+struct NodeWait {
+    key: Vec<u8>,
+    thrid: Option<Vec<u8>>,
 }
 
 /// The protocol a task's connection speaks: PMI-1 lines until its client asks for version 2 at `init`.
@@ -112,11 +117,10 @@ struct Client {
     wire: Wire,
     /// The `thrid` of the PMI-2 request it waits for, echoed in the answer.
     thrid: Option<Vec<u8>>,
-    /// The node attribute it waits for ([`Waiting::NodeAttr`]), and the `thrid` of that request.
-    awaited: Vec<u8>,
-    awaited_thrid: Option<Vec<u8>>,
-    /// Its PMI-2 `fullinit` said `threaded=TRUE`: while it waits for a node attribute, its other threads
-    /// may send requests that are answered at once (one of them may put the attribute).
+    /// The node attribute it waits for, if any.
+    node_wait: Option<NodeWait>,
+    /// Its PMI-2 `fullinit` said `threaded=TRUE`: while one of its threads waits for a node attribute, the
+    /// others may send requests (one of them may put the attribute).
     threaded: bool,
     spawn: Option<SpawnBuilder>,
     /// It was answered PMI 1.2: its `barrier_in` may name a group.
@@ -217,8 +221,7 @@ impl Shell {
                 spoke: false,
                 wire: Wire::V1,
                 thrid: None,
-                awaited: Vec::new(),
-                awaited_thrid: None,
+                node_wait: None,
                 threaded: false,
                 spawn: None,
                 groups: false,

@@ -8,7 +8,7 @@
  *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
  *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned";
  *     nodewait: on each rank one thread waits for a node attribute that the main thread puts after other
- *     calls, 20 times; prints "rank R of S: ok nodewait" */
+ *     calls (the last time, a fence), 20 times; prints "rank R of S: ok nodewait" */
 #include "check.h"
 #include <pmi2.h>
 #include <pthread.h>
@@ -72,6 +72,8 @@ static int node_wait_while_others_call(void)
         CHECK(PMI2_Info_GetNodeAttr("no_such_attr", value, sizeof value, &found, 0), PMI2_SUCCESS);
         EXPECT(found == 0);
         CHECK(PMI2_Job_GetId(value, sizeof value), PMI2_SUCCESS);
+        if (round == 19)
+            CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS); /* a fence too, while the wait is outstanding */
         snprintf(key, sizeof key, "wait-%d-%ld", rank, round);
         snprintf(value, sizeof value, "put-%d-%ld", rank, round);
         CHECK(PMI2_Info_PutNodeAttr(key, value), PMI2_SUCCESS);

@@ -76,9 +76,35 @@ struct State<M> {
 
 /// What a waiter waits for.
 #[derive(Clone, Copy)]
-pub enum Awaited {
+enum Awaited {
     Plain,
     Tagged(i64),
+}
+
+/// A tagged request expected ([`Mailbox::expect_tagged`]): its answer is taken through it, and a request that
+/// is dropped untaken (never sent, or its caller gave up) is forgotten, so that the next of its tag can go.
+pub struct Expected<'a, M: Mail> {
+    mail: &'a Mailbox<M>,
+    tag: i64,
+    taken: bool,
+}
+
+impl<M: Mail> Expected<'_, M> {
+    /// Its answer, reading the connection when no other thread is.
+    pub fn take(mut self) -> Result<M, Failed> {
+        self.taken = true;
+        self.mail.take(Awaited::Tagged(self.tag))
+    }
+}
+
+impl<M: Mail> Drop for Expected<'_, M> {
+    fn drop(&mut self) {
+        if !self.taken {
+            let mut state = self.mail.state();
+            state.tagged.remove(&self.tag);
+            self.mail.wake(&state);
+        }
+    }
 }
 
 impl<M: Mail> Mailbox<M> {
@@ -119,25 +145,28 @@ impl<M: Mail> Mailbox<M> {
         state.plain_cmd.push_str(cmd);
     }
 
-    /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it. Waits while
-    /// another thread's request of the same tag is outstanding; call it without the session's lock.
-    pub fn expect_tagged(&self, tag: i64, cmd: &str) {
+    /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it, until
+    /// [`Expected::take`] takes it (or the request is forgotten, when what is returned is dropped untaken).
+    /// Waits while another thread's request of the same tag is outstanding, unless the connection broke; call it
+    /// without the session's lock.
+    pub fn expect_tagged(&self, tag: i64, cmd: &str) -> Expected<'_, M> {
         let mut state = self.state();
-        while state.tagged.contains_key(&tag) {
+        while state.tagged.contains_key(&tag) && state.broken.is_none() {
             state = self.wait_on(state);
         }
-        state.tagged.insert(tag, (cmd.to_owned(), None));
+        if state.broken.is_none() {
+            state.tagged.insert(tag, (cmd.to_owned(), None));
+        }
+        Expected { mail: self, tag, taken: false }
     }
 
-    /// The request of `tag` was not sent after all.
-    pub fn forget_tagged(&self, tag: i64) {
-        let mut state = self.state();
-        state.tagged.remove(&tag);
-        self.wake(&state);
+    /// The answer to the plain request outstanding, reading the connection when no other thread is.
+    pub fn take_plain(&self) -> Result<M, Failed> {
+        self.take(Awaited::Plain)
     }
 
     /// The next message for `awaited`, reading the connection when no other thread is.
-    pub fn take(&self, awaited: Awaited) -> Result<M, Failed> {
+    fn take(&self, awaited: Awaited) -> Result<M, Failed> {
         let mut state = self.state();
         loop {
             let mine = match awaited {
@@ -160,6 +189,8 @@ impl<M: Mail> Mailbox<M> {
                     Awaited::Tagged(tag) => drop(state.tagged.remove(&tag)),
                     Awaited::Plain => state.plain_cmd.clear(),
                 }
+                // A thread may wait in `expect_tagged` for this tag to end.
+                self.wake(&state);
                 return Err(Failed::said(why));
             }
             if state.reading {

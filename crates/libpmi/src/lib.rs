@@ -15,7 +15,6 @@ mod session;
 
 use rpmi_client::cabi::{copy_out, guard, is_string, is_word, say, set, set_errcodes, text};
 use rpmi_client::held::{Held, Ranked};
-use rpmi_client::mailbox::Awaited;
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM, SUCCESS};
 use rpmi_wire::spawn::{Pairs, SpawnCommand, SpawnRequest};
 use session::{Session, PORT_MAX};
@@ -313,11 +312,12 @@ pub unsafe extern "C" fn PMI_Barrier_group(group: *const c_int, count: c_int, st
         let Some(mail) = mail.filter(|_| rc == SUCCESS) else { return rc };
         // Sent under the session's lock, waited for without it: other threads' calls, and their group
         // barriers, go on meanwhile.
-        mail.expect_tagged(tag, "barrier_out");
+        // Forgotten if it is not sent (the session ended, the send failed).
+        let expected = mail.expect_tagged(tag, "barrier_out");
         SESSION.with_then(
             NAME,
-            |s| s.send_group(&ranks, tag).inspect_err(|_| mail.forget_tagged(tag)),
-            |()| mail.take(Awaited::Tagged(tag)).and_then(|line| session::group_ended(&line)),
+            |s| s.send_group(&ranks, tag),
+            |()| expected.take().and_then(|line| session::group_ended(&line)),
         )
     })
 }

@@ -3,7 +3,7 @@
 //! ([`super`]) checks its arguments and turns what this returns into PMI's codes.
 
 use rpmi_client::conn::{Conn, READ_MAX};
-use rpmi_client::mailbox::{Awaited, Mailbox};
+use rpmi_client::mailbox::Mailbox;
 use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
 use rpmi_wire::reply::{quote, Reply};
@@ -251,7 +251,7 @@ impl Wire {
 
     /// The next reply line, which must answer with `cmd=<answer>`.
     fn reply(&mut self, answer: &str) -> Result<String, Failed> {
-        let line = self.mail.take(Awaited::Plain)?;
+        let line = self.mail.take_plain()?;
         let cmd = parsed(&line)?.cmd();
         if cmd != answer {
             return Err(Failed::said(format!(

@@ -470,12 +470,12 @@ pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
         };
         // Asked under the session's lock, waited for without it: another thread of the process may be the
         // one to put the attribute meanwhile.
-        session::expect_node_attr(&mail);
+        let expected = session::expect_node_attr(&mail);
         SESSION.with_then(
             NAME,
-            |s| s.send_node_wait(key).inspect_err(|_| session::forget_node_attr(&mail)),
+            |s| s.send_node_wait(key),
             |()| {
-                let got = session::node_waited(&mail)?;
+                let got = session::node_waited(expected)?;
                 // SAFETY: checked above, the caller's contract.
                 unsafe { deliver(got, value, len, found) }
             },

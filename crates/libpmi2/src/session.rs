@@ -3,7 +3,7 @@
 //! attributes live here. The C API ([`super`]) checks its arguments and turns what this returns into codes.
 
 use rpmi_client::conn::Conn;
-use rpmi_client::mailbox::{Awaited, Mail, Mailbox};
+use rpmi_client::mailbox::{Expected, Mail, Mailbox};
 use rpmi_client::{env, Failed};
 use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
@@ -177,7 +177,7 @@ impl Session {
         let response = format!("{cmd}-response");
         mail.expect_plain(&response);
         conn.write(&out)?;
-        answering(mail.take(Awaited::Plain)?, &response)
+        answering(mail.take_plain()?, &response)
     }
 
     /// Sends request `cmd` and reads no answer (abort: the server ends the job).
@@ -359,24 +359,20 @@ fn optional(answer: Result<Answer, Failed>) -> Result<Option<Vec<u8>>, Failed> {
     }
 }
 
-/// The answer to a node attribute waited for ([`Session::send_node_wait`]), from the mailbox.
-pub fn node_waited(mail: &Mailbox<Answer>) -> Result<Option<Vec<u8>>, Failed> {
-    let answer = answering(mail.take(Awaited::Tagged(NODE_WAIT))?, "info-getnodeattr-response")?;
+/// Says that a node attribute waited for is about to be asked for ([`Session::send_node_wait`]), waiting
+/// while another thread's wait is outstanding; called without the session's lock. Its answer is taken with
+/// [`node_waited`].
+pub fn expect_node_attr(mail: &Mailbox<Answer>) -> Expected<'_, Answer> {
+    mail.expect_tagged(NODE_WAIT, "info-getnodeattr-response")
+}
+
+/// The answer to a node attribute waited for, from the mailbox.
+pub fn node_waited(expected: Expected<'_, Answer>) -> Result<Option<Vec<u8>>, Failed> {
+    let answer = answering(expected.take()?, "info-getnodeattr-response")?;
     match answer.int("rc")? {
         0 => optional(Ok(answer)),
         _ => Ok(None),
     }
-}
-
-/// Says that a node attribute waited for is about to be asked for ([`Session::send_node_wait`]), waiting
-/// while another thread's wait is outstanding; called without the session's lock.
-pub fn expect_node_attr(mail: &Mailbox<Answer>) {
-    mail.expect_tagged(NODE_WAIT, "info-getnodeattr-response");
-}
-
-/// The wait was not asked for after all.
-pub fn forget_node_attr(mail: &Mailbox<Answer>) {
-    mail.forget_tagged(NODE_WAIT);
 }
 
 /// `answer`, which must be of command `cmd`.

@@ -3,18 +3,22 @@
 //!
 //! A connection speaks PMI-2 once its client asked for version 2 at `cmd=init` (MPICH 4.1 and later with
 //! `MPIR_CVAR_PMI_VERSION=2`, Slurm's and Cray's libpmi2). It stays lock-step as PMI-1 is: a request while
-//! another waits is a protocol error, but for `abort`. What differs:
+//! another waits is a protocol error, but for `abort`, and but for a client whose `fullinit` said
+//! `threaded=TRUE`, whose other threads go on while one waits for a node attribute. What differs:
 //!
 //! - `kvs-get` names a job (`jobid`): only the task's own is known, another fails the request.
 //! - `info-getjobattr` answers `PMI_process_mapping` and `universeSize`; every other attribute is not found
 //!   (MPICH then goes without it).
 //! - Node attributes (`info-putnodeattr`, `info-getnodeattr`) are this shell's: the tasks of one node. A get
 //!   with `wait=TRUE` of an attribute not put yet is answered when a task puts it, or as not found once no
-//!   task of the node could put it any more (every one left or waits too): it never hangs for ever.
+//!   task of the node could put it any more (every one left or waits too, and none is threaded, whose other
+//!   threads could): a job of clients that are not threaded never hangs there for ever. One wait per task.
 //! - A spawn's answer carries the error codes of its processes, and fails if any one failed.
 //! - `job-connect` and `job-disconnect` are refused with a message.
 
-use super::{check_key, check_name, check_value, kvs, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX, MAX_LINE};
+use super::{
+    check_key, check_name, check_value, kvs, NodeWait, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX, MAX_LINE,
+};
 use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
 use crate::server::PROCESS_MAPPING_KEY;
 use crate::wire::pmi2::{body_len, Message, Request2, Writer, HEADER_LEN};
@@ -152,9 +156,14 @@ impl Shell {
             Ok(r) => r,
             Err(e) => return self.protocol_error(host, task, body, &e.to_string()),
         };
-        if self.clients[task].waiting != Waiting::Nothing && !self.interleaves_v2(task, &request) {
-            let why = "a request sent while an earlier one still waits for its answer (only a threaded \
-                       client's requests answered at once may come while it waits for a node attribute)";
+        let c = &self.clients[task];
+        let busy = c.waiting != Waiting::Nothing || (c.node_wait.is_some() && !c.threaded);
+        if busy && !matches!(request, Request2::Abort { .. }) {
+            let why = "a request sent while an earlier one still waits for its answer";
+            return self.protocol_error(host, task, body, why);
+        }
+        if c.node_wait.is_some() && matches!(request, Request2::GetNodeAttr { wait: true, .. }) {
+            let why = "a second wait for a node attribute while one waits (one at a time per task)";
             return self.protocol_error(host, task, body, why);
         }
         if !matches!(request, Request2::Spawn(_)) && body.len() > self.limits.request_line_max {
@@ -163,24 +172,6 @@ impl Shell {
         }
         self.clients[task].thrid = message.get("thrid").map(<[u8]>::to_vec);
         self.dispatch_v2(host, task, request);
-    }
-
-    /// Whether `request` may come while the task waits for another answer: an abort (another thread may
-    /// call it), and, from a threaded client waiting for a node attribute, what is answered at once. PMI-2
-    /// tells a thread's answers by the `thrid` it sent; one wait per task at a time keeps what is held per
-    /// task bounded.
-    fn interleaves_v2(&self, task: TaskId, request: &Request2<'_>) -> bool {
-        let c = &self.clients[task];
-        match request {
-            Request2::Abort { .. } => true,
-            Request2::KvsPut { .. }
-            | Request2::KvsGet { .. }
-            | Request2::GetJobAttr { .. }
-            | Request2::PutNodeAttr { .. }
-            | Request2::GetNodeAttr { wait: false, .. }
-            | Request2::JobGetId => c.threaded && c.waiting == Waiting::NodeAttr,
-            _ => false,
-        }
     }
 
     fn dispatch_v2(&mut self, host: &mut dyn Host, task: TaskId, request: Request2<'_>) {
@@ -261,9 +252,7 @@ impl Shell {
                 match self.node_attrs.get(key).cloned() {
                     None if wait => {
                         let c = &mut self.clients[task];
-                        c.waiting = Waiting::NodeAttr;
-                        c.awaited = key.to_vec();
-                        c.awaited_thrid = c.thrid.take();
+                        c.node_wait = Some(NodeWait { key: key.to_vec(), thrid: c.thrid.take() });
                         self.check_node_waiters(host);
                     }
                     value => self.answer_found(host, task, "info-getnodeattr-response", value.as_deref()),
@@ -371,10 +360,7 @@ impl Shell {
     /// Answers the node attribute task `task` waits for, to the request that waits: another thread's
     /// request may be the one being answered now.
     fn answer_node_waiter(&mut self, host: &mut dyn Host, task: TaskId, value: Option<&[u8]>) {
-        let c = &mut self.clients[task];
-        c.waiting = Waiting::Nothing;
-        c.awaited = Vec::new();
-        let thrid = c.awaited_thrid.take();
+        let thrid = self.clients[task].node_wait.take().and_then(|w| w.thrid);
         self.answer_v2_to(host, task, thrid, "info-getnodeattr-response", rc::SUCCESS, |f| found(f, value));
     }
 
@@ -418,7 +404,7 @@ impl Shell {
     fn wake_node_waiters(&mut self, host: &mut dyn Host, key: &[u8]) {
         let value = self.node_attrs.get(key).cloned();
         let waiters: Vec<TaskId> = (0..self.clients.len())
-            .filter(|&t| self.clients[t].waiting == Waiting::NodeAttr && self.clients[t].awaited == key)
+            .filter(|&t| self.clients[t].node_wait.as_ref().is_some_and(|w| w.key == key))
             .collect();
         for t in waiters {
             self.answer_node_waiter(host, t, value.as_deref());
@@ -426,18 +412,19 @@ impl Shell {
     }
 
     /// Tasks waiting for node attributes that no task of the node could put any more (each one has left or
-    /// waits itself) get "not found", so that no cycle of waits hangs the job.
+    /// waits itself) get "not found", so that no cycle of waits hangs the job. A threaded task could always
+    /// put one from another thread, whatever its threads wait for.
     pub(super) fn check_node_waiters(&mut self, host: &mut dyn Host) {
         let stuck = self
             .clients
             .iter()
             .filter(|c| c.status == TaskStatus::Active)
-            .all(|c| c.waiting == Waiting::Barrier || (c.waiting == Waiting::NodeAttr && !c.threaded));
+            .all(|c| !c.threaded && (c.waiting == Waiting::Barrier || c.node_wait.is_some()));
         if !stuck {
             return;
         }
         for t in 0..self.clients.len() {
-            if self.clients[t].waiting == Waiting::NodeAttr {
+            if self.clients[t].node_wait.is_some() {
                 self.answer_node_waiter(host, t, None);
             }
         }
