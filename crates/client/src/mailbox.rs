@@ -109,15 +109,7 @@ impl<M: Mail> Drop for Expected<'_, M> {
 
 impl<M: Mail> Mailbox<M> {
     pub fn new(reader: Conn) -> Mailbox<M> {
-        let state = State {
-            reading: false,
-            sleepers: 0,
-            plain_cmd: String::new(),
-            plain: None,
-            tagged: BTreeMap::new(),
-            broken: None,
-        };
-        Mailbox { reader: Mutex::new(reader), state: Mutex::new(state), changed: Condvar::new() }
+        Mailbox { reader: Mutex::new(reader), state: Mutex::new(State::default()), changed: Condvar::new() }
     }
 
     fn state(&self) -> MutexGuard<'_, State<M>> {
@@ -214,6 +206,20 @@ impl<M: Mail> Mailbox<M> {
     }
 }
 
+// Not derived: that would ask `M: Default`.
+impl<M> Default for State<M> {
+    fn default() -> State<M> {
+        State {
+            reading: false,
+            sleepers: 0,
+            plain_cmd: String::new(),
+            plain: None,
+            tagged: BTreeMap::new(),
+            broken: None,
+        }
+    }
+}
+
 impl<M: Mail> State<M> {
     fn hand_out(&mut self, message: M) {
         let tag = message.tag();
@@ -243,22 +249,10 @@ mod tests {
     use super::{Mail, State};
     use crate::conn::Conn;
     use crate::Failed;
-    use std::collections::BTreeMap;
-
-    fn empty<M>() -> State<M> {
-        State {
-            reading: false,
-            sleepers: 0,
-            plain_cmd: String::new(),
-            plain: None,
-            tagged: BTreeMap::new(),
-            broken: None,
-        }
-    }
 
     #[test]
     fn a_group_barriers_answer_goes_to_it_and_any_other_line_to_the_plain_request() {
-        let mut state = empty::<String>();
+        let mut state = State::<String>::default();
         state.tagged.insert(7, ("barrier_out".into(), None));
         state.hand_out("cmd=barrier_out rc=0 tag=7".into());
         assert_eq!(state.tagged[&7].1.as_deref(), Some("cmd=barrier_out rc=0 tag=7"));
@@ -291,7 +285,7 @@ mod tests {
     #[test]
     fn an_answer_without_its_thrid_goes_to_the_waiter_of_its_command_unless_the_plain_request_awaits_it() {
         const NODE: &str = "info-getnodeattr-response";
-        let mut state = empty::<Frame>();
+        let mut state = State::<Frame>::default();
         state.tagged.insert(1, (NODE.into(), None));
         // A server that echoes thrid: by the tag, whatever the plain request awaits.
         state.plain_cmd = NODE.into();
