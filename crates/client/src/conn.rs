@@ -43,6 +43,12 @@ impl Conn {
         Ok(Some(Conn { stream, buf: Vec::new() }))
     }
 
+    /// A connection on `stream`, for the tests of what reads through it.
+    #[cfg(test)]
+    pub fn of_stream(stream: UnixStream) -> Conn {
+        Conn { stream: Stream::Fd(ManuallyDrop::new(stream)), buf: Vec::new() }
+    }
+
     /// A second handle on the same connection, for one thread to read while others write through this one;
     /// what this one had read and not yet handed out goes with it.
     pub fn reader(&mut self) -> Result<Conn, Failed> {

@@ -246,9 +246,51 @@ impl<M: Mail> State<M> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Mail, State};
+    use super::{Mail, Mailbox, State};
     use crate::conn::Conn;
     use crate::Failed;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    /// A mailbox reading PMI-1 lines from a socket, and the server's end of it.
+    fn mailbox() -> (Arc<Mailbox<String>>, UnixStream) {
+        let (ours, server) = UnixStream::pair().unwrap();
+        (Arc::new(Mailbox::new(Conn::of_stream(ours))), server)
+    }
+
+    /// What a thread that asks `mail` for the answer to a request of tag 7 gets, if it gets it within 10 s (a
+    /// thread that would wait for ever is left behind, and the test fails instead of hanging).
+    fn second_request(mail: &Arc<Mailbox<String>>) -> mpsc::Receiver<Result<String, Failed>> {
+        let (tx, rx) = mpsc::channel();
+        let mail = mail.clone();
+        std::thread::spawn(move || tx.send(mail.expect_tagged(7, "barrier_out").take()));
+        rx
+    }
+
+    #[test]
+    fn a_tagged_request_never_taken_is_forgotten_and_the_next_of_its_tag_goes() {
+        let (mail, mut server) = mailbox();
+        drop(mail.expect_tagged(7, "barrier_out"));
+        server.write_all(b"cmd=barrier_out rc=0 tag=7\n").unwrap();
+        // Were the first not forgotten, the second would wait for ever for it to end.
+        let answer = second_request(&mail).recv_timeout(Duration::from_secs(10)).expect("the second never went");
+        assert_eq!(answer.unwrap(), "cmd=barrier_out rc=0 tag=7");
+    }
+
+    #[test]
+    fn a_broken_connection_fails_the_waiter_and_frees_the_thread_queued_behind_its_tag() {
+        let (mail, server) = mailbox();
+        let expected = mail.expect_tagged(7, "barrier_out");
+        let second = second_request(&mail);
+        // The second thread queues behind the tag; then the server goes away.
+        std::thread::sleep(Duration::from_millis(50));
+        drop(server);
+        assert!(expected.take().is_err());
+        let answer = second.recv_timeout(Duration::from_secs(10)).expect("the queued thread was never woken");
+        assert!(answer.is_err());
+    }
 
     #[test]
     fn a_group_barriers_answer_goes_to_it_and_any_other_line_to_the_plain_request() {
