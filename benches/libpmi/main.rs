@@ -2,8 +2,9 @@
 //! (rpmi's `libpmi.so.0`, rpmi's `libpmi2.so.0`, Slurm's `libpmi2.so.0`, and PMI-1 lines and PMI-2 frames
 //! written by hand, which send what the libraries send) runs the same work under rpmi-run, `srun --mpi=rpmi`
 //! and Slurm's `srun --mpi=pmi2`: a start-up (init, a put, a fence, a get of every rank's key) and a loop of
-//! gets after the fence; and, with no launcher, what starting a process linked against each library costs
-//! (the program returns at once). Runs are interleaved (each round runs every cell once) so that the
+//! gets after the fence; the same for a job of one task under rpmi-run, with many more gets (the steadiest
+//! figure of what a call costs); and, with no launcher, what starting a process linked against each library
+//! costs (the program returns at once). Runs are interleaved (each round runs every cell once) so that the
 //! machine's drift hits every client alike. Prints a table of medians, each library over the hand-written
 //! client of its version under the same server, and writes it to `--out` (markdown) with every run beside it
 //! (JSON).
@@ -11,7 +12,7 @@
 //! `bash docker/bench-libpmi.sh` sets up everything (the libraries, the local Slurm cluster with the
 //! plugin) and runs it; by hand, after `cargo build --release` (the libraries):
 //! `cargo bench --features slurm --bench libpmi -- [--sizes 2,16] [--runs 15] [--gets 2000]
-//! [--servers rpmi-run,srun-rpmi,srun-pmi2] [--out benches/results/libpmi.md]`.
+//! [--steady-gets 30000] [--servers rpmi-run,srun-rpmi,srun-pmi2] [--out benches/results/libpmi.md]`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -90,6 +91,8 @@ struct Args {
     sizes: Vec<usize>,
     runs: usize,
     gets: usize,
+    /// Gets of the steady measure: one task alone under rpmi-run (0: none).
+    steady_gets: usize,
     servers: Vec<Server>,
     out: PathBuf,
 }
@@ -99,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
         sizes: vec![2, 16],
         runs: 15,
         gets: 2000,
+        steady_gets: 30_000,
         servers: vec![Server::RpmiRun, Server::SrunRpmi, Server::SrunPmi2],
         out: PathBuf::from("benches/results/libpmi.md"),
     };
@@ -110,6 +114,7 @@ fn parse_args() -> Result<Args, String> {
             "--sizes" => args.sizes = value()?.split(',').map(number).collect::<Result<_, _>>()?,
             "--runs" => args.runs = number(&value()?)?,
             "--gets" => args.gets = number(&value()?)?,
+            "--steady-gets" => args.steady_gets = number(&value()?)?,
             "--servers" => {
                 args.servers = value()?
                     .split(',')
@@ -284,6 +289,17 @@ const STARTUP: Figure = |f, _| (f.startup_us, f.startup_cpu_us);
 const GET: Figure = |f, gets| (f.gets_us / gets as f64, f.gets_cpu_us / gets as f64);
 
 impl Cell {
+    /// Runs it once more, with `gets` gets.
+    fn run(&mut self, programs: &Programs, gets: usize) {
+        let c = command(self.server, self.size, &programs.path(self.client), gets);
+        let want = programs.library(self.client);
+        match run_once(c) {
+            Ok(f) if f.library == want => self.runs.push(f),
+            Ok(f) => self.failures.push(format!("spoke through {}, not {want}", f.library)),
+            Err(e) => self.failures.push(e),
+        }
+    }
+
     /// A figure over the runs: the wall-clock median, and the least CPU time (what the client itself costs:
     /// other processes on its cores only ever add to it).
     fn summary(&self, figure: Figure, gets: usize) -> (Option<f64>, Option<f64>) {
@@ -328,13 +344,13 @@ fn shown(x: Option<f64>, digits: usize) -> String {
     x.map_or("failed".into(), |x| format!("{x:.digits$}"))
 }
 
-fn report(args: &Args, cells: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String, Vec<String>) {
+fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String, Vec<String>) {
     let mut md = String::new();
     let mut misses = Vec::new();
     md.push_str("# The client libraries against clients written on the wire\n\n");
     md.push_str(&format!(
         "Written by `bash docker/bench-libpmi.sh` (`cargo bench --features slurm --bench libpmi -- --sizes {} \
-         --runs {} --gets {}`): {} runs per cell, each round in an order of its own. **Start-up**: \
+         --runs {} --gets {} --steady-gets {}`): {} runs per cell, each round in an order of its own. **Start-up**: \
          init, one put, a fence, a get of every rank's key and a fence, from rank 0's clock: its wall-clock \
          median (ms) and range over the runs, and the least CPU time rank 0's process spent in it over the runs \
          (µs: its own work and its system calls, not its waits). **Get**: one `get` of another rank's key \
@@ -346,6 +362,7 @@ fn report(args: &Args, cells: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String
         args.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
         args.runs,
         args.gets,
+        args.steady_gets,
         args.runs,
         args.gets
     ));
@@ -386,6 +403,28 @@ fn report(args: &Args, cells: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String
             }
         }
         md.push_str(&format!("{row} {} |\n", cell.failures.len()));
+    }
+    if !steady.is_empty() {
+        md.push_str(&format!(
+            "\nSteadier: a job of one task under rpmi-run (no other task shares the cores with it and its server), \
+             the same start-up and then {} gets, {} runs: the least CPU time of the start-up (µs) and of a get \
+             (µs).\n\n\
+             | client | start-up CPU (µs) | × hand | get CPU (µs) | × hand | failed runs |\n|---|---|---|---|---|---|\n",
+            args.steady_gets, args.runs
+        ));
+        for cell in steady {
+            let raw =
+                steady.iter().find(|c| c.client == cell.client.raw()).expect("every client has its hand-written one");
+            let hand = cell.client == cell.client.raw();
+            let mut row = format!("| {} |", cell.client.name());
+            for (figure, digits) in [(STARTUP, 1), (GET, 2)] {
+                let (cpu, raw_cpu) =
+                    (cell.summary(figure, args.steady_gets).1, raw.summary(figure, args.steady_gets).1);
+                let over = if hand { String::new() } else { ratio(cpu, raw_cpu) };
+                row.push_str(&format!(" {} | {over} |", shown(cpu, digits)));
+            }
+            md.push_str(&format!("{row} {} |\n", cell.failures.len()));
+        }
     }
     md.push_str(&format!(
         "\nStarting a process linked against each (no launcher, no PMI: the program returns at once), the mean of \
@@ -428,9 +467,16 @@ fn report(args: &Args, cells: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String
     (md, misses)
 }
 
-fn json(args: &Args, cells: &[Cell], starts: &[(Client, Vec<f64>)]) -> serde_json::Value {
+fn json(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f64>)]) -> serde_json::Value {
     serde_json::json!({
         "gets": args.gets,
+        "steady_gets": args.steady_gets,
+        "steady": steady.iter().map(|c| serde_json::json!({
+            "client": c.client.name(),
+            "startup_cpu_us": c.runs.iter().map(|f| f.startup_cpu_us).collect::<Vec<_>>(),
+            "gets_cpu_us": c.runs.iter().map(|f| f.gets_cpu_us).collect::<Vec<_>>(),
+            "failures": c.failures,
+        })).collect::<Vec<_>>(),
         "starts_us": starts.iter().map(|(c, t)| serde_json::json!({"client": c.name(), "runs": t})).collect::<Vec<_>>(),
         "cells": cells.iter().map(|c| serde_json::json!({
             "server": c.server.name(),
@@ -463,6 +509,11 @@ fn main() -> ExitCode {
         }
     };
     let mut cells = cells(&args);
+    let mut steady: Vec<Cell> = CLIENTS
+        .iter()
+        .filter(|_| args.steady_gets > 0)
+        .map(|&client| Cell { server: Server::RpmiRun, size: 1, client, runs: Vec::new(), failures: Vec::new() })
+        .collect();
     let mut starts: Vec<(Client, Vec<f64>)> = CLIENTS.iter().map(|&c| (c, Vec::new())).collect();
     for round in 0..args.runs {
         eprintln!("libpmi bench: round {} of {}", round + 1, args.runs);
@@ -473,21 +524,18 @@ fn main() -> ExitCode {
             }
         }
         for i in shuffled(cells.len(), round) {
-            let cell = &mut cells[i];
-            let c = command(cell.server, cell.size, &programs.path(cell.client), args.gets);
-            let want = programs.library(cell.client);
-            match run_once(c) {
-                Ok(f) if f.library == want => cell.runs.push(f),
-                Ok(f) => cell.failures.push(format!("spoke through {}, not {want}", f.library)),
-                Err(e) => cell.failures.push(e),
-            }
+            cells[i].run(&programs, args.gets);
+        }
+        for i in shuffled(steady.len(), round) {
+            steady[i].run(&programs, args.steady_gets);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let (md, misses) = report(&args, &cells, &starts);
+    let (md, misses) = report(&args, &cells, &steady, &starts);
     println!("{md}");
-    let written = std::fs::write(&args.out, &md)
-        .and_then(|_| std::fs::write(args.out.with_extension("json"), format!("{:#}\n", json(&args, &cells, &starts))));
+    let written = std::fs::write(&args.out, &md).and_then(|_| {
+        std::fs::write(args.out.with_extension("json"), format!("{:#}\n", json(&args, &cells, &steady, &starts)))
+    });
     if let Err(e) = written {
         eprintln!("libpmi bench: writing {}: {e}", args.out.display());
         return ExitCode::FAILURE;
