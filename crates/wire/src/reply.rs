@@ -24,17 +24,20 @@ fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
         }
         // Bytes, not chars: an ASCII byte is always a char boundary, and this runs for every tuple of
         // every reply.
-        let end = rest.bytes().position(|b| b.is_ascii_whitespace()).unwrap_or(rest.len());
-        let tuple = &rest[..end];
-        let Some((key, val)) = tuple.split_once('=').filter(|(key, _)| !key.is_empty()) else {
+        let bytes = rest.as_bytes();
+        let end = bytes.iter().position(u8::is_ascii_whitespace).unwrap_or(bytes.len());
+        let Some(eq) = bytes[..end].iter().position(|&b| b == b'=').filter(|&eq| eq > 0) else {
+            let tuple = &rest[..end];
             rest = "";
             return Some(Err(tuple));
         };
+        let key = &rest[..eq];
         if key == "value" {
-            let val = &rest[key.len() + 1..];
+            let val = &rest[eq + 1..];
             rest = "";
             return Some(Ok((key, val)));
         }
+        let val = &rest[eq + 1..end];
         rest = rest[end..].trim_ascii_start();
         Some(Ok((key, val)))
     })
