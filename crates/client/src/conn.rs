@@ -108,7 +108,7 @@ impl Conn {
     pub fn line(&mut self) -> Result<String, Failed> {
         loop {
             if let Some(at) = self.buf.iter().position(|&b| b == b'\n') {
-                let mut line: Vec<u8> = self.buf.drain(..=at).collect();
+                let mut line = self.take(at + 1);
                 line.pop();
                 if line.last() == Some(&b'\r') {
                     line.pop();
@@ -131,7 +131,14 @@ impl Conn {
         while self.buf.len() < n {
             self.fill()?;
         }
-        Ok(self.buf.drain(..n).collect())
+        Ok(self.take(n))
+    }
+
+    /// The first `n` bytes of the buffer, copied out whole (a drain collected would go byte by byte).
+    fn take(&mut self, n: usize) -> Vec<u8> {
+        let taken = self.buf[..n].to_vec();
+        self.buf.drain(..n);
+        taken
     }
 }
 

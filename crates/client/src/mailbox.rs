@@ -42,7 +42,7 @@ impl Mail for String {
         if !self.starts_with("cmd=barrier_out ") {
             return None;
         }
-        Reply::parse(self).ok().and_then(|r| r.int("tag").ok())
+        Reply::parse(self).ok()?.get("tag")?.parse().ok()
     }
 
     fn shown(&self) -> String {

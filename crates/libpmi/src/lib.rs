@@ -125,7 +125,7 @@ pub unsafe extern "C" fn PMI_Get_rank(rank: *mut c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Get_universe_size(size: *mut c_int) -> c_int {
     // SAFETY: the caller's contract.
-    unsafe { query("PMI_Get_universe_size", size, |s| Ok(s.universe)) }
+    unsafe { query("PMI_Get_universe_size", size, Session::universe) }
 }
 
 /// # Safety
@@ -133,7 +133,7 @@ pub unsafe extern "C" fn PMI_Get_universe_size(size: *mut c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn PMI_Get_appnum(appnum: *mut c_int) -> c_int {
     // SAFETY: the caller's contract.
-    unsafe { query("PMI_Get_appnum", appnum, |s| Ok(s.appnum)) }
+    unsafe { query("PMI_Get_appnum", appnum, Session::appnum) }
 }
 
 /// # Safety

@@ -38,8 +38,10 @@ pub struct Session {
     pub rank: u32,
     pub size: u32,
     pub spawned: bool,
-    pub appnum: i32,
-    pub universe: i32,
+    /// Asked for when first wanted, as MPICH's and Flux's clients ask (a program that never asks sends
+    /// nothing): [`Session::appnum`], [`Session::universe`].
+    appnum: Option<i32>,
+    universe: Option<i32>,
     pub kvsname: String,
     pub maxes: Maxes,
     /// The server answered PMI 1.2 at `init`: group barriers are served.
@@ -72,19 +74,14 @@ impl Session {
         };
         let groups = wire.init()?;
         let maxes = wire.maxes()?;
-        let kvsname = wire.field("cmd=get_my_kvsname", "my_kvsname", "kvsname")?;
-        let int = |n: i64, what: &str| {
-            i32::try_from(n).map_err(|_| Failed::said(format!("the PMI server answered {what} with {n}")))
-        };
-        let appnum = int(wire.int("cmd=get_appnum", "appnum", "appnum")?, "the appnum")?;
-        let universe = int(wire.int("cmd=get_universe_size", "universe_size", "size")?, "the universe size")?;
+        let kvsname = wire.call_ok(&["cmd=get_my_kvsname"], "my_kvsname", |r| field(&r, "kvsname"))?;
         let spawned = env_int(c"PMI_SPAWNED")?.unwrap_or(0) != 0;
         Ok(Session {
             rank,
             size,
             spawned,
-            appnum,
-            universe,
+            appnum: None,
+            universe: None,
             kvsname,
             maxes,
             groups,
@@ -98,8 +95,8 @@ impl Session {
             rank: 0,
             size: 1,
             spawned: false,
-            appnum: 0,
-            universe: 1,
+            appnum: Some(0),
+            universe: Some(1),
             kvsname: format!("singleton_kvs_{}", std::process::id()),
             maxes: SINGLETON_MAXES,
             groups: true,
@@ -108,9 +105,27 @@ impl Session {
         }
     }
 
+    /// The application number (MPMD): which of the launcher's programs this process runs.
+    pub fn appnum(&mut self) -> Result<i32, Failed> {
+        if let (None, Server::Wire(w)) = (self.appnum, &mut self.server) {
+            let n = w.call_ok(&["cmd=get_appnum"], "appnum", |r| int_field(&r, "appnum"))?;
+            self.appnum = Some(small(n, "the appnum")?);
+        }
+        Ok(self.appnum.unwrap_or_default())
+    }
+
+    /// The universe size: how many processes the job may have, spawned ones included.
+    pub fn universe(&mut self) -> Result<i32, Failed> {
+        if let (None, Server::Wire(w)) = (self.universe, &mut self.server) {
+            let n = w.call_ok(&["cmd=get_universe_size"], "universe_size", |r| int_field(&r, "size"))?;
+            self.universe = Some(small(n, "the universe size")?);
+        }
+        Ok(self.universe.unwrap_or(1))
+    }
+
     pub fn finalize(&mut self) -> Result<(), Failed> {
         match &mut self.server {
-            Server::Wire(w) => w.call_ok("cmd=finalize", "finalize_ack").map(drop),
+            Server::Wire(w) => w.call_ok(&["cmd=finalize"], "finalize_ack", |_| Ok(())),
             Server::Alone(_) => Ok(()),
         }
     }
@@ -121,15 +136,17 @@ impl Session {
         if let Server::Wire(w) = &mut self.server {
             // One line: what follows a newline in the message would be read as another request.
             let message: String = message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-            let _ = w.send(&format!("cmd=abort exitcode={code} message={message}"));
+            let _ = w.send(&["cmd=abort exitcode=", &code.to_string(), " message=", &message]);
         }
     }
 
     pub fn put(&mut self, key: &str, value: &str) -> Result<(), Failed> {
         match &mut self.server {
-            Server::Wire(w) => {
-                w.call_ok(&format!("cmd=put kvsname={} key={key} value={value}", self.kvsname), "put_result").map(drop)
-            }
+            Server::Wire(w) => w.call_ok(
+                &["cmd=put kvsname=", &self.kvsname, " key=", key, " value=", value],
+                "put_result",
+                |_| Ok(()),
+            ),
             Server::Alone(kvs) => {
                 kvs.insert(key.into(), value.into());
                 Ok(())
@@ -140,21 +157,19 @@ impl Session {
     /// The value of `key`; `Failed::quiet` if there is none.
     pub fn get(&mut self, key: &str) -> Result<String, Failed> {
         match &mut self.server {
-            Server::Wire(w) => {
-                let line = w.call(&format!("cmd=get kvsname={} key={key}", self.kvsname), "get_result")?;
-                let reply = parsed(&line)?;
+            Server::Wire(w) => w.call(&["cmd=get kvsname=", &self.kvsname, " key=", key], "get_result", |reply| {
                 if reply.rc() != 0 {
                     return Err(Failed::quiet());
                 }
-                reply.field("value").map(str::to_string).map_err(Failed::said)
-            }
+                field(&reply, "value")
+            }),
             Server::Alone(kvs) => kvs.get(key).cloned().ok_or_else(Failed::quiet),
         }
     }
 
     pub fn barrier(&mut self) -> Result<(), Failed> {
         match &mut self.server {
-            Server::Wire(w) => w.call_ok("cmd=barrier_in", "barrier_out").map(drop),
+            Server::Wire(w) => w.call_ok(&["cmd=barrier_in"], "barrier_out", |_| Ok(())),
             Server::Alone(_) => Ok(()),
         }
     }
@@ -174,7 +189,7 @@ impl Session {
     pub fn send_group(&mut self, ranks: &[u32], tag: i64) -> Result<(), Failed> {
         let Server::Wire(w) = &mut self.server else { return Ok(()) };
         let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
-        w.send(&format!("cmd=barrier_in group={}:{tag}", list.join(",")))
+        w.send(&["cmd=barrier_in group=", &list.join(","), ":", &tag.to_string()])
     }
 
     /// The ranks on this node, from the server's `PMI_process_mapping`. Where the mapping is unknown (the
@@ -202,9 +217,7 @@ impl Session {
     /// `--mpi=pmi2`), and a lookup that found nothing with no port at all.
     pub fn name(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
         match &mut self.server {
-            Server::Wire(w) => {
-                let line = w.call(request, answer)?;
-                let reply = parsed(&line)?;
+            Server::Wire(w) => w.call(&[request], answer, |reply| {
                 if reply.rc() != 0 || reply.get("info").is_some_and(|i| i != "ok") {
                     return Err(Failed::quiet());
                 }
@@ -213,7 +226,7 @@ impl Session {
                     return Err(Failed::quiet());
                 }
                 Ok(port.to_string())
-            }
+            }),
             // A job of one publishes for nobody.
             Server::Alone(_) => Err(Failed::quiet()),
         }
@@ -225,109 +238,115 @@ impl Session {
         let Server::Wire(w) = &mut self.server else { return Err(Failed::quiet()) };
         w.mail.expect_plain("spawn_result");
         w.conn.write(&bytes)?;
-        let line = w.reply("spawn_result")?;
-        let reply = parsed(&line)?;
-        if reply.rc() != 0 {
-            return Err(Failed::quiet());
-        }
-        match reply.get("errcodes") {
-            None | Some("") => Ok(vec![0; request.total_procs() as usize]),
-            Some(codes) => codes
-                .split(',')
-                .map(|c| c.trim().parse::<i32>())
-                .collect::<Result<_, _>>()
-                .map_err(|_| Failed::said(format!("the server answered a spawn with {}", reply.quoted()))),
-        }
+        w.reply("spawn_result", |reply| {
+            if reply.rc() != 0 {
+                return Err(Failed::quiet());
+            }
+            match reply.get("errcodes") {
+                None | Some("") => Ok(vec![0; request.total_procs() as usize]),
+                Some(codes) => codes
+                    .split(',')
+                    .map(|c| c.trim().parse::<i32>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| Failed::said(format!("the server answered a spawn with {}", reply.quoted()))),
+            }
+        })
     }
 }
 
 impl Wire {
-    fn send(&mut self, request: &str) -> Result<(), Failed> {
-        let mut line = Vec::with_capacity(request.len() + 1);
-        line.extend_from_slice(request.as_bytes());
+    /// Writes the request made of `pieces`, and its newline, in one write.
+    fn send(&mut self, pieces: &[&str]) -> Result<(), Failed> {
+        let mut line = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum::<usize>() + 1);
+        for piece in pieces {
+            line.extend_from_slice(piece.as_bytes());
+        }
         line.push(b'\n');
         self.conn.write(&line)
     }
 
-    /// The next reply line, which must answer with `cmd=<answer>`.
-    fn reply(&mut self, answer: &str) -> Result<String, Failed> {
+    /// The next reply line, which must answer with `cmd=<answer>`, read by `read` (each line is parsed once).
+    fn reply<T>(&mut self, answer: &str, read: impl FnOnce(Reply) -> Result<T, Failed>) -> Result<T, Failed> {
         let line = self.mail.take_plain()?;
-        let cmd = parsed(&line)?.cmd();
-        if cmd != answer {
+        let reply = parsed(&line)?;
+        if reply.cmd() != answer {
             return Err(Failed::said(format!(
                 "the PMI server answered with {} where cmd={answer} was due",
                 quote(&line)
             )));
         }
-        Ok(line)
+        read(reply)
     }
 
-    fn call(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
+    /// Sends the request made of `pieces` and reads its reply, `cmd=<answer>`, with `read`.
+    fn call<T>(
+        &mut self,
+        pieces: &[&str],
+        answer: &str,
+        read: impl FnOnce(Reply) -> Result<T, Failed>,
+    ) -> Result<T, Failed> {
         self.mail.expect_plain(answer);
-        self.send(request)?;
-        self.reply(answer)
+        self.send(pieces)?;
+        self.reply(answer, read)
     }
 
-    /// A request that must succeed: its reply line.
-    fn call_ok(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
-        let line = self.call(request, answer)?;
-        let reply = parsed(&line)?;
-        if reply.rc() != 0 {
-            return Err(Failed::said(format!("the PMI server failed '{}': {}", first_word(request), reply.quoted())));
-        }
-        Ok(line)
-    }
-
-    fn field(&mut self, request: &str, answer: &str, key: &str) -> Result<String, Failed> {
-        let line = self.call_ok(request, answer)?;
-        parsed(&line)?.field(key).map(str::to_string).map_err(Failed::said)
-    }
-
-    fn int(&mut self, request: &str, answer: &str, key: &str) -> Result<i64, Failed> {
-        let line = self.call_ok(request, answer)?;
-        parsed(&line)?.int(key).map_err(Failed::said)
+    /// A request that must succeed (`rc=0`).
+    fn call_ok<T>(
+        &mut self,
+        pieces: &[&str],
+        answer: &str,
+        read: impl FnOnce(Reply) -> Result<T, Failed>,
+    ) -> Result<T, Failed> {
+        self.call(pieces, answer, |reply| {
+            if reply.rc() != 0 {
+                let request = pieces.first().map_or("", |p| p.split(' ').next().unwrap_or(p));
+                return Err(Failed::said(format!("the PMI server failed '{request}': {}", reply.quoted())));
+            }
+            read(reply)
+        })
     }
 
     /// `init`, asking for PMI 1.2 where the launcher says its server answers it (rpmi's hosts set
     /// `RPMI_PMI_SUBVERSION`), else 1.1, which every server takes (Hydra ends a job whose client asks for
     /// more, Slurm's `--mpi=pmi2` refuses it): whether group barriers are served.
     fn init(&mut self) -> Result<bool, Failed> {
-        let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { 2 } else { 1 };
-        let line = self.call_ok(&format!("cmd=init pmi_version=1 pmi_subversion={sub}"), "response_to_init")?;
-        let reply = parsed(&line)?;
-        match (reply.get("pmi_version"), reply.get("pmi_subversion")) {
-            (Some("1"), Some(sub)) => Ok(sub.parse::<u32>().is_ok_and(|s| s >= 2)),
-            (None, None) => Ok(false),
-            _ => Err(Failed::said(format!("the PMI server answered init with {}", reply.quoted()))),
-        }
+        let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { "2" } else { "1" };
+        self.call_ok(&["cmd=init pmi_version=1 pmi_subversion=", sub], "response_to_init", |reply| {
+            match (reply.get("pmi_version"), reply.get("pmi_subversion")) {
+                (Some("1"), Some(sub)) => Ok(sub.parse::<u32>().is_ok_and(|s| s >= 2)),
+                (None, None) => Ok(false),
+                _ => Err(Failed::said(format!("the PMI server answered init with {}", reply.quoted()))),
+            }
+        })
     }
 
     fn maxes(&mut self) -> Result<Maxes, Failed> {
-        let line = self.call_ok("cmd=get_maxes", "maxes")?;
-        let reply = parsed(&line)?;
-        let max = |key: &str| -> Result<usize, Failed> {
-            let n = reply.int(key).map_err(Failed::said)?;
-            usize::try_from(n)
-                .ok()
-                .filter(|&n| n > 1 && n <= READ_MAX / 2)
-                .ok_or_else(|| Failed::said(format!("the PMI server advertises {key}={n}")))
-        };
-        Ok(Maxes { kvsname: max("kvsname_max")?, key: max("keylen_max")?, value: max("vallen_max")? })
+        self.call_ok(&["cmd=get_maxes"], "maxes", |reply| {
+            let max = |key: &str| -> Result<usize, Failed> {
+                let n = int_field(&reply, key)?;
+                usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n > 1 && n <= READ_MAX / 2)
+                    .ok_or_else(|| Failed::said(format!("the PMI server advertises {key}={n}")))
+            };
+            Ok(Maxes { kvsname: max("kvsname_max")?, key: max("keylen_max")?, value: max("vallen_max")? })
+        })
     }
 
     /// Hydra's port start-up: the id the launcher gave, answered with the rank and the size.
     fn initack(&mut self, id: i64) -> Result<(Option<i64>, Option<i64>), Failed> {
-        self.call_ok(&format!("cmd=initack pmiid={id}"), "initack")?;
+        self.call_ok(&["cmd=initack pmiid=", &id.to_string()], "initack", |_| Ok(()))?;
         let (mut rank, mut size) = (None, None);
         for _ in 0..3 {
-            let line = self.reply("set")?;
-            let reply = parsed(&line)?;
-            if let Some(n) = reply.get("size") {
-                size = n.parse().ok();
-            }
-            if let Some(n) = reply.get("rank") {
-                rank = n.parse().ok();
-            }
+            self.reply("set", |reply| {
+                if let Some(n) = reply.get("size") {
+                    size = n.parse().ok();
+                }
+                if let Some(n) = reply.get("rank") {
+                    rank = n.parse().ok();
+                }
+                Ok(())
+            })?;
         }
         Ok((rank, size))
     }
@@ -338,8 +357,19 @@ fn parsed(line: &str) -> Result<Reply<'_>, Failed> {
     Reply::parse(line).map_err(|e| Failed::said(format!("the PMI server sent a {e}")))
 }
 
-fn first_word(request: &str) -> &str {
-    request.split(' ').next().unwrap_or(request)
+/// A field the reply must carry.
+fn field(reply: &Reply, key: &str) -> Result<String, Failed> {
+    reply.field(key).map(str::to_string).map_err(Failed::said)
+}
+
+/// A number the server answered, as the C API's int.
+fn small(n: i64, what: &str) -> Result<i32, Failed> {
+    i32::try_from(n).map_err(|_| Failed::said(format!("the PMI server answered {what} with {n}")))
+}
+
+/// An integer field the reply must carry.
+fn int_field(reply: &Reply, key: &str) -> Result<i64, Failed> {
+    reply.int(key).map_err(Failed::said)
 }
 
 /// A group barrier's answer: `Err` saying why where the server failed it.

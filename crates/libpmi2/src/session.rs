@@ -7,6 +7,8 @@ use rpmi_client::mailbox::{Expected, Mail, Mailbox};
 use rpmi_client::{env, Failed};
 use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
+use rpmi_wire::request::parse_int;
+use rpmi_wire::response::push_int;
 use rpmi_wire::spawn::SpawnRequest;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -43,7 +45,7 @@ impl Mail for Answer {
 
     /// The `thrid` it echoes, which is one of this library's only where it is an integer.
     fn tag(&self) -> Option<i64> {
-        std::str::from_utf8(self.get("thrid")?).ok()?.parse().ok()
+        parse_int(self.get("thrid")?)
     }
 
     fn shown(&self) -> String {
@@ -68,10 +70,7 @@ impl Answer {
 
     fn int(&self, key: &str) -> Result<i64, Failed> {
         let v = self.get(key).ok_or_else(|| Failed::said(format!("the PMI server's answer has no {key}=")))?;
-        std::str::from_utf8(v)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| Failed::said(format!("the PMI server's {key}= is not an integer")))
+        parse_int(v.trim_ascii()).ok_or_else(|| Failed::said(format!("the PMI server's {key}= is not an integer")))
     }
 }
 
@@ -174,7 +173,7 @@ impl Session {
     fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
         let Server::Wire(conn, mail) = &mut self.server else { return Err(Failed::quiet()) };
         let out = frame(cmd, fields)?;
-        let response = format!("{cmd}-response");
+        let response = [cmd, "-response"].concat();
         mail.expect_plain(&response);
         conn.write(&out)?;
         answering(mail.take_plain()?, &response)
@@ -228,8 +227,9 @@ impl Session {
             Server::Alone { kvs, .. } if jobid == self.jobid => kvs.get(key).cloned().ok_or_else(Failed::quiet),
             Server::Alone { .. } => Err(Failed::quiet()),
             Server::Wire(..) => {
-                let src = src.to_string();
-                let fields: Fields = &[("jobid", jobid.as_bytes()), ("srcid", src.as_bytes()), ("key", key.as_bytes())];
+                let mut srcid = Vec::new();
+                push_int(&mut srcid, src.into());
+                let fields: Fields = &[("jobid", jobid.as_bytes()), ("srcid", &srcid), ("key", key.as_bytes())];
                 found(self.ask_quietly("kvs-get", fields)?)
             }
         }
@@ -335,7 +335,7 @@ fn frame(cmd: &str, fields: Fields) -> Result<Vec<u8>, Failed> {
             format!("a {cmd} request of {len} bytes, more than a PMI-2 frame holds ({FRAME_MAX})"),
         ));
     }
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(HEADER_LEN + len);
     let mut w = Writer::request(&mut out, cmd);
     for (key, value) in fields {
         w = w.str(key, value);
@@ -402,7 +402,7 @@ fn read_answer(conn: &mut Conn) -> Result<Answer, Failed> {
         (start + piece.len() <= body.len()).then_some(start..start + piece.len())
     };
     let cmd = within(message.cmd).unwrap_or_default();
-    let mut fields = Vec::new();
+    let mut fields = Vec::with_capacity(message.pairs().len());
     for (key, value) in message.pairs() {
         // A key is always a piece of the body.
         let Some(key) = within(key) else { continue };
