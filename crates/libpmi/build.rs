@@ -1,5 +1,8 @@
 //! The library's soname: programs link against `libpmi.so.0`, as they do against Slurm's and Flux's.
 
+#[path = "../client/build/link.rs"]
+mod link;
+
 fn main() {
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libpmi.so.0");
+    link::client_library("libpmi.so.0");
 }
