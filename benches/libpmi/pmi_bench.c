@@ -177,8 +177,6 @@ static void start(void)
     call("cmd=get_maxes\n");
     call("cmd=get_my_kvsname\n");
     field("kvsname", ' ', kvs, sizeof kvs);
-    call("cmd=get_appnum\n");
-    call("cmd=get_universe_size\n");
 }
 static void put(const char *k, const char *v)
 {
