@@ -25,6 +25,37 @@ fn ranks_ok(done: &Done, size: usize) -> Vec<String> {
     lines.iter().map(|l| l.split_once(": ok").map_or("", |(_, rest)| rest.trim()).to_string()).collect()
 }
 
+/// Each library loads nothing but the C library (its unwinder is linked in from `libgcc_eh.a`:
+/// crates/client/build/link.rs) and exports nothing but its API, so the unwinder it carries never stands in
+/// for the program's own.
+#[test]
+fn each_library_needs_only_the_c_library_and_exports_only_its_api() {
+    for (api, prefix) in [(Api::Pmi1, "PMI_"), (Api::Pmi2, "PMI2_")] {
+        let lib = api.built();
+        let tool = |args: &[&str]| {
+            let out = Command::new(args[0]).args(&args[1..]).arg(&lib).output().expect("binutils");
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let dynamic = tool(&["readelf", "-d", "-W"]);
+        let needed: Vec<&str> = dynamic
+            .lines()
+            .filter(|l| l.contains("(NEEDED)"))
+            .filter_map(|l| l.split('[').nth(1)?.strip_suffix(']'))
+            .collect();
+        assert!(!needed.is_empty(), "{dynamic}");
+        for n in &needed {
+            assert!(["libc.so.6", "ld-linux-x86-64.so.2"].contains(n), "{} needs {n}", lib.display());
+        }
+        let exported = tool(&["nm", "-D", "--defined-only"]);
+        let names: Vec<&str> = exported.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
+        assert!(names.len() > 20, "{exported}");
+        for name in names {
+            assert!(name.starts_with(prefix), "{} exports {name}", lib.display());
+        }
+    }
+}
+
 #[test]
 fn every_call_under_rpmi_run_on_one_node_and_on_three() {
     let p = program(Api::Pmi1);

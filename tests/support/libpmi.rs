@@ -57,7 +57,7 @@ impl Api {
     }
 
     /// The library `cargo build` made in this test's profile directory.
-    fn built(self) -> PathBuf {
+    pub fn built(self) -> PathBuf {
         let exe = std::env::current_exe().unwrap();
         let profile = exe.parent().and_then(Path::parent).unwrap();
         let lib = profile.join(format!("lib{}.so", self.parts().0));
