@@ -117,9 +117,22 @@ pub fn start_with_env<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S], e
     start_in(Command::new(program.as_ref()), args, env)
 }
 
+/// What a program gets on stdin: nothing, and end of file at once. MPICH's Hydra gets a pipe that stays open
+/// and empty until it is reaped instead: its mpiexec (4.0.2) forwards stdin to rank 0, and on end of file
+/// writes that to rank 0's proxy, which on a loaded machine may have exited already with its tasks, and
+/// mpiexec dies of SIGPIPE ("error writing to control socket") whatever its PMI clients did.
+fn stdin_for(program: &OsStr) -> Stdio {
+    if Path::new(program).file_name() == Some(OsStr::new("mpiexec.hydra")) {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    }
+}
+
 /// `start_with_env` of `cmd` as the caller set it up (its directory, say).
 pub fn start_in<S: AsRef<OsStr>>(mut cmd: Command, args: &[S], env: &[(&str, &OsStr)]) -> Running {
-    cmd.args(args).envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let stdin = stdin_for(cmd.get_program());
+    cmd.args(args).envs(env.iter().copied()).stdin(stdin).stdout(Stdio::piped()).stderr(Stdio::piped());
     // Its own process group, so that the guard can kill every task along with it.
     cmd.process_group(0);
     let what = std::iter::once(cmd.get_program())
