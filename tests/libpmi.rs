@@ -45,7 +45,7 @@ fn each_library_needs_only_the_c_library_and_exports_only_its_api() {
             .collect();
         assert!(!needed.is_empty(), "{dynamic}");
         for n in &needed {
-            assert!(["libc.so.6", "ld-linux-x86-64.so.2"].contains(n), "{} needs {n}", lib.display());
+            assert!(*n == "libc.so.6" || n.starts_with("ld-linux"), "{} needs {n}", lib.display());
         }
         let exported = tool(&["nm", "-D", "--defined-only"]);
         let names: Vec<&str> = exported.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();

@@ -70,7 +70,10 @@ impl Answer {
 
     fn int(&self, key: &str) -> Result<i64, Failed> {
         let v = self.get(key).ok_or_else(|| Failed::said(format!("the PMI server's answer has no {key}=")))?;
-        parse_int(v.trim_ascii()).ok_or_else(|| Failed::said(format!("the PMI server's {key}= is not an integer")))
+        std::str::from_utf8(v)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| Failed::said(format!("the PMI server's {key}= is not an integer")))
     }
 }
 

@@ -41,9 +41,10 @@ pub struct Message<'a> {
 impl<'a> Message<'a> {
     /// Splits a frame's body into its command and pairs.
     pub fn parse(body: &'a [u8]) -> Result<Message<'a>, ParseError> {
-        // A pair has an `=`: sized once, not grown pair by pair.
+        // A pair has an `=`: sized once for what a request or answer holds, not grown pair by pair (a spawn
+        // grows past it; a value full of `=` reserves no more).
         let mut pairs: Vec<(&[u8], Cow<[u8]>)> =
-            Vec::with_capacity(body.iter().filter(|&&b| b == b'=').count().min(MAX_PAIRS));
+            Vec::with_capacity(body.iter().filter(|&&b| b == b'=').count().min(16));
         let mut rest = body;
         while !rest.is_empty() {
             if pairs.len() == MAX_PAIRS {
