@@ -123,6 +123,29 @@ fn a_program_without_a_launcher_is_a_job_of_one() {
     }
 }
 
+/// A `PMI_FD` that is not a launcher's connection fails init, saying what is wrong with it: the library only
+/// finds a number that is not open when it first writes (no system call of its own at every start-up).
+#[test]
+fn a_wrong_pmi_fd_fails_init_and_says_why() {
+    for api in [Api::Pmi1, Api::Pmi2] {
+        let p = program(api);
+        for (fd, says) in [
+            ("250", "PMI_FD=250 is not an open file descriptor"),
+            ("-3", "PMI_FD=-3 is not a file descriptor"),
+            ("three", "PMI_FD=three is not an integer"),
+        ] {
+            let mut cmd = Command::new(&p.path);
+            for var in ["PMI_PORT", "PMI_ID", "PMI_JOBID", "RPMI_PMI_SUBVERSION"] {
+                cmd.env_remove(var);
+            }
+            let env = [("PMI_FD", OsStr::new(fd)), ("PMI_RANK", OsStr::new("0")), ("PMI_SIZE", OsStr::new("1"))];
+            let done = start_in(cmd, &[] as &[&str], &env).wait(GUARD);
+            assert_ne!(done.code(), Some(0), "{}", done.dump());
+            assert!(done.stderr.contains(says), "PMI_FD={fd}: {}", done.dump());
+        }
+    }
+}
+
 #[test]
 fn an_abort_ends_the_job_with_its_code_and_message() {
     let p = program(Api::Pmi1);

@@ -27,7 +27,7 @@ pub fn guard(lib: &str, call: &str, body: impl FnOnce() -> c_int) -> c_int {
 /// `p` is NULL or a NUL-terminated string.
 pub unsafe fn text<'a>(p: *const c_char) -> Option<&'a str> {
     // SAFETY: the caller's contract.
-    unsafe { bytes(p) }.and_then(|b| std::str::from_utf8(b).ok())
+    unsafe { bytes(p) }.and_then(crate::utf8)
 }
 
 /// A C string argument, as its bytes; `None` for NULL.

@@ -2,11 +2,9 @@
 //! (`PMI_PORT=host:port`); what is read from it is bounded.
 
 use crate::{env, env_int, Failed};
-use std::io::{self, Read, Write};
-use std::mem::ManuallyDrop;
+use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsRawFd, RawFd};
 
 /// The longest line, or frame, read: a server that sends more is broken, and the session ends.
 pub const READ_MAX: usize = 1 << 20;
@@ -14,7 +12,7 @@ pub const READ_MAX: usize = 1 << 20;
 enum Stream {
     /// Never closed here: the number stays the launcher's connection, so a file the program opens later can
     /// never be taken for it.
-    Fd(ManuallyDrop<UnixStream>),
+    Fd(RawFd),
     Tcp(TcpStream),
 }
 
@@ -33,7 +31,7 @@ impl Conn {
     /// The launcher's connection: `PMI_FD`, else `PMI_PORT`; `None` with neither (no launcher).
     pub fn from_env() -> Result<Option<Conn>, Failed> {
         let stream = match (env_int(c"PMI_FD")?, env(c"PMI_PORT").filter(|p| !p.is_empty())) {
-            (Some(fd), _) => Stream::Fd(ManuallyDrop::new(stream_of_fd(fd)?)),
+            (Some(fd), _) => Stream::Fd(launcher_fd(fd)?),
             (None, Some(port)) => Stream::Tcp(
                 TcpStream::connect(port.as_str())
                     .map_err(|e| Failed::said(format!("cannot connect to PMI_PORT={port}: {e}")))?,
@@ -45,16 +43,16 @@ impl Conn {
 
     /// A connection on `stream`, for the tests of what reads through it.
     #[cfg(test)]
-    pub fn of_stream(stream: UnixStream) -> Conn {
-        Conn { stream: Stream::Fd(ManuallyDrop::new(stream)), buf: Vec::new() }
+    pub fn of_stream(stream: std::os::unix::net::UnixStream) -> Conn {
+        use std::os::fd::IntoRawFd;
+        Conn { stream: Stream::Fd(stream.into_raw_fd()), buf: Vec::new() }
     }
 
     /// A second handle on the same connection, for one thread to read while others write through this one;
     /// what this one had read and not yet handed out goes with it.
     pub fn reader(&mut self) -> Result<Conn, Failed> {
         let stream = match &self.stream {
-            // SAFETY: the same number, open for as long as the process lives: neither handle ever closes it.
-            Stream::Fd(s) => Stream::Fd(ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(s.as_raw_fd()) })),
+            Stream::Fd(fd) => Stream::Fd(*fd),
             Stream::Tcp(s) => {
                 Stream::Tcp(s.try_clone().map_err(|e| Failed::said(format!("cannot share the PMI connection: {e}")))?)
             }
@@ -67,23 +65,40 @@ impl Conn {
         matches!(self.stream, Stream::Tcp(_))
     }
 
-    fn io(&mut self) -> &mut dyn ReadWrite {
-        match &mut self.stream {
-            Stream::Fd(s) => &mut **s,
-            Stream::Tcp(s) => s,
+    fn fd(&self) -> RawFd {
+        match &self.stream {
+            Stream::Fd(fd) => *fd,
+            Stream::Tcp(s) => s.as_raw_fd(),
         }
     }
 
-    pub fn write(&mut self, bytes: &[u8]) -> Result<(), Failed> {
-        self.io().write_all(bytes).map_err(|e| Failed::said(format!("cannot write to the PMI server: {e}")))
+    /// Sends `bytes` whole, with the C library's `send` as std's streams would (a closed server is an error
+    /// here, not a SIGPIPE), but without their code: each 64 KiB of the library's text a process first runs
+    /// costs it a page fault, and std's stream code lies far from the rest of a call's path.
+    pub fn write(&mut self, mut bytes: &[u8]) -> Result<(), Failed> {
+        let fd = self.fd();
+        while !bytes.is_empty() {
+            // SAFETY: the send reads at most `bytes.len()` bytes from `bytes`.
+            let n = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+            let failure = match n {
+                1.. => {
+                    bytes = &bytes[n as usize..];
+                    continue;
+                }
+                0 => io::Error::from(io::ErrorKind::WriteZero),
+                _ => match io::Error::last_os_error() {
+                    e if e.kind() == io::ErrorKind::Interrupted => continue,
+                    e => e,
+                },
+            };
+            return Err(self.failed("write to", failure));
+        }
+        Ok(())
     }
 
     /// Reads more into the buffer; `Err` if the server closed or failed.
     fn fill(&mut self) -> Result<(), Failed> {
-        let fd = match &self.stream {
-            Stream::Fd(s) => s.as_raw_fd(),
-            Stream::Tcp(s) => s.as_raw_fd(),
-        };
+        let fd = self.fd();
         self.buf.reserve(CHUNK);
         let spare = self.buf.spare_capacity_mut();
         loop {
@@ -98,9 +113,18 @@ impl Conn {
                 }
                 _ => match io::Error::last_os_error() {
                     e if e.kind() == io::ErrorKind::Interrupted => continue,
-                    e => Err(Failed::said(format!("cannot read from the PMI server: {e}"))),
+                    e => Err(self.failed("read from", e)),
                 },
             };
+        }
+    }
+
+    /// Why a read or write failed; a `PMI_FD` that was never open is only found here, by the first write,
+    /// rather than by a system call of its own in every start-up.
+    fn failed(&self, doing: &str, e: io::Error) -> Failed {
+        match (&self.stream, e.raw_os_error()) {
+            (Stream::Fd(fd), Some(libc::EBADF)) => Failed::said(format!("PMI_FD={fd} is not an open file descriptor")),
+            _ => Failed::said(format!("cannot {doing} the PMI server: {e}")),
         }
     }
 
@@ -113,8 +137,11 @@ impl Conn {
                 if line.last() == Some(&b'\r') {
                     line.pop();
                 }
-                return String::from_utf8(line)
-                    .map_err(|_| Failed::said("the PMI server sent a line that is not UTF-8".into()));
+                if crate::utf8(&line).is_none() {
+                    return Err(Failed::said("the PMI server sent a line that is not UTF-8".into()));
+                }
+                // SAFETY: checked just above.
+                return Ok(unsafe { String::from_utf8_unchecked(line) });
             }
             if self.buf.len() > READ_MAX {
                 return Err(Failed::said(format!("the PMI server sent more than {READ_MAX} bytes without a newline")));
@@ -142,19 +169,11 @@ impl Conn {
     }
 }
 
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
-
-/// `PMI_FD`'s connection: a socket this process inherited.
-fn stream_of_fd(fd: i64) -> Result<UnixStream, Failed> {
-    let bad = || Failed::said(format!("PMI_FD={fd} is not an open file descriptor"));
-    let fd = RawFd::try_from(fd).map_err(|_| bad())?;
-    // SAFETY: F_GETFD reads a flag of any number; -1 if it is not open.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(bad());
-    }
-    // SAFETY: an open fd the launcher gave this process for PMI, used by nothing else; never closed (the
-    // caller keeps it in a ManuallyDrop).
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    Ok(UnixStream::from(owned))
+/// `PMI_FD`: a socket this process inherited, written and read by number (one that is not open fails the
+/// first write, which is `init`'s).
+fn launcher_fd(fd: i64) -> Result<RawFd, Failed> {
+    RawFd::try_from(fd)
+        .ok()
+        .filter(|&fd| fd >= 0)
+        .ok_or_else(|| Failed::said(format!("PMI_FD={fd} is not a file descriptor")))
 }

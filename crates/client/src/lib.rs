@@ -51,9 +51,36 @@ impl Failed {
 pub fn env(name: &CStr) -> Option<String> {
     // SAFETY: `name` is a C string; what getenv returns is NULL or a C string, copied at once.
     let value = unsafe { libc::getenv(name.as_ptr()) };
+    if value.is_null() {
+        return None;
+    }
     // SAFETY: as above.
-    (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned())
+    let value = unsafe { CStr::from_ptr(value) };
+    Some(lossy(value.to_bytes()))
 }
+
+/// `bytes` as text, bytes that are not UTF-8 replaced (see [`utf8`]).
+pub fn lossy(bytes: &[u8]) -> String {
+    utf8(bytes).map_or_else(|| String::from_utf8_lossy(bytes).into_owned(), str::to_owned)
+}
+
+/// `bytes` as text, or `None` where they are not UTF-8. ASCII, which PMI's lines, names and variables are
+/// in practice, is told by code inlined here; other bytes go to std's check. Each 64 KiB of this library's
+/// text that a process first runs costs it a page fault (about 3 µs), and std's text code lies far from the
+/// rest of a call's path.
+pub fn utf8(bytes: &[u8]) -> Option<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: ASCII is UTF-8.
+        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+    } else {
+        std::str::from_utf8(bytes).ok()
+    }
+}
+
+/// The C library's allocator, called from this library's own code (`System`'s methods are inlined) rather
+/// than through std's default, which lies far from the rest of a call's path (see [`utf8`]).
+#[global_allocator]
+static ALLOCATOR: std::alloc::System = std::alloc::System;
 
 /// An integer variable of the environment, if it is set; `Err` if it is set and not one.
 pub fn env_int(name: &CStr) -> Result<Option<i64>, Failed> {

@@ -295,7 +295,7 @@ pub unsafe extern "C" fn PMI2_KVS_Get(
     }
     let Ok(max) = usize::try_from(maxvalue) else { return ERR_INVALID_LENGTH };
     with_session("PMI2_KVS_Get", |s| {
-        let job = job.map_or_else(|| s.jobid.clone(), str::to_string);
+        let job = job.unwrap_or(&s.jobid).to_owned();
         let got = s.get(&job, src_pmi_id, key)?;
         // A value cut to the buffer says so as MPICH's and Slurm's clients do: its length, negative.
         // SAFETY: the caller's contract.

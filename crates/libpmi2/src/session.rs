@@ -40,7 +40,7 @@ impl Mail for Answer {
 
     fn cmd(&self) -> &str {
         // Checked to be UTF-8 when read.
-        std::str::from_utf8(&self.body[self.cmd.clone()]).unwrap_or_default()
+        rpmi_client::utf8(&self.body[self.cmd.clone()]).unwrap_or_default()
     }
 
     /// The `thrid` it echoes, which is one of this library's only where it is an integer.
@@ -70,8 +70,7 @@ impl Answer {
 
     fn int(&self, key: &str) -> Result<i64, Failed> {
         let v = self.get(key).ok_or_else(|| Failed::said(format!("the PMI server's answer has no {key}=")))?;
-        std::str::from_utf8(v)
-            .ok()
+        rpmi_client::utf8(v)
             .and_then(|v| v.trim().parse().ok())
             .ok_or_else(|| Failed::said(format!("the PMI server's {key}= is not an integer")))
     }
@@ -130,7 +129,7 @@ impl Session {
         session.spawned = init.get("spawner-jobid").is_some_and(|s| !s.is_empty());
         let id = session.ask("job-getid", &[])?;
         let id = id.get("jobid").ok_or_else(|| Failed::said("the PMI server's job-getid has no jobid=".into()))?;
-        session.jobid = String::from_utf8_lossy(id).into_owned();
+        session.jobid = rpmi_client::lossy(id);
         Ok(session)
     }
 
@@ -395,7 +394,7 @@ fn read_answer(conn: &mut Conn) -> Result<Answer, Failed> {
     let body = conn.exact(len)?;
     let message =
         Message::parse(&body).map_err(|e| Failed::said(format!("the PMI server sent a malformed frame: {e}")))?;
-    if std::str::from_utf8(message.cmd).is_err() {
+    if rpmi_client::utf8(message.cmd).is_none() {
         return Err(Failed::said("the PMI server sent a command that is not UTF-8".into()));
     }
     // Where a piece of the body is in it; `None` for bytes of their own (a value whose `;;` were undone).

@@ -5,6 +5,9 @@
 /// Longest piece of a response quoted in an error message.
 const MAX_QUOTE: usize = 200;
 
+/// How many tuples a reply keeps from its one pass over the line: every answer RFC 13 defines has fewer.
+const KEPT: usize = 8;
+
 /// One parsed response line, borrowed from the client's buffer: a get allocates nothing, so the
 /// client's own cost stays small beside the server's when many ranks share a machine.
 #[derive(Debug)]
@@ -12,40 +15,54 @@ pub struct Reply<'a> {
     line: &'a str,
     cmd: &'a str,
     rc: i64,
+    /// The line's first tuples, found by the one pass that parsed it: a field is looked up here, not by
+    /// reading the line again.
+    kept: [(&'a str, &'a str); KEPT],
+    /// How many tuples the line has (beyond [`KEPT`], a lookup reads the line again).
+    count: usize,
 }
 
 /// The key=value tuples of a line. `value=` runs to the end of the line, because values may contain
 /// spaces and `=`; every other tuple ends at whitespace. Yields `Err(tuple)` for a malformed one.
 fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
-    let mut rest = line.trim_ascii_start();
+    let bytes = line.as_bytes();
+    let mut at = 0;
+    // Bytes, not chars: an ASCII byte is always a char boundary, and this runs for every tuple of every
+    // reply, so each byte is looked at once.
     std::iter::from_fn(move || {
-        if rest.is_empty() {
+        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
+            at += 1;
+        }
+        if at == bytes.len() {
             return None;
         }
-        // Bytes, not chars: an ASCII byte is always a char boundary, and this runs for every tuple of
-        // every reply.
-        let bytes = rest.as_bytes();
-        let end = bytes.iter().position(u8::is_ascii_whitespace).unwrap_or(bytes.len());
-        let Some(eq) = bytes[..end].iter().position(|&b| b == b'=').filter(|&eq| eq > 0) else {
-            let tuple = &rest[..end];
-            rest = "";
+        let start = at;
+        let mut eq = None;
+        while at < bytes.len() && !bytes[at].is_ascii_whitespace() {
+            if bytes[at] == b'=' && eq.is_none() {
+                eq = Some(at);
+            }
+            at += 1;
+        }
+        let Some(eq) = eq.filter(|&eq| eq > start) else {
+            let tuple = &line[start..at];
+            at = bytes.len();
             return Some(Err(tuple));
         };
-        let key = &rest[..eq];
+        let key = &line[start..eq];
         if key == "value" {
-            let val = &rest[eq + 1..];
-            rest = "";
-            return Some(Ok((key, val)));
+            at = bytes.len();
+            return Some(Ok((key, &line[eq + 1..])));
         }
-        let val = &rest[eq + 1..end];
-        rest = rest[end..].trim_ascii_start();
-        Some(Ok((key, val)))
+        Some(Ok((key, &line[eq + 1..at])))
     })
 }
 
 impl<'a> Reply<'a> {
     pub fn parse(line: &'a str) -> Result<Reply<'a>, String> {
         let (mut cmd, mut rc) = (None, None);
+        let mut kept = [("", ""); KEPT];
+        let mut count = 0;
         for tuple in tuples(line) {
             let (key, val) =
                 tuple.map_err(|t| format!("malformed response (`{t}` is not key=value): {}", quote(line)))?;
@@ -54,13 +71,17 @@ impl<'a> Reply<'a> {
                 "rc" if rc.is_none() => rc = Some(val),
                 _ => {}
             }
+            if let Some(slot) = kept.get_mut(count) {
+                *slot = (key, val);
+            }
+            count += 1;
         }
         let cmd = cmd.ok_or_else(|| format!("malformed response (no cmd=): {}", quote(line)))?;
         let rc = match rc {
             None => 0,
             Some(rc) => rc.parse().map_err(|_| format!("malformed response (rc={rc}): {}", quote(line)))?,
         };
-        Ok(Reply { line, cmd, rc })
+        Ok(Reply { line, cmd, rc, kept, count })
     }
 
     /// The command answered.
@@ -80,7 +101,13 @@ impl<'a> Reply<'a> {
 
     /// The first tuple named `key` (a line that parsed has only well-formed tuples).
     pub fn get(&self, key: &str) -> Option<&'a str> {
-        tuples(self.line).flatten().find(|(k, _)| *k == key).map(|(_, v)| v)
+        let is_key = |(k, _): &(&str, &str)| *k == key;
+        let found = if self.count <= KEPT {
+            self.kept[..self.count].iter().copied().find(is_key)
+        } else {
+            tuples(self.line).flatten().find(is_key)
+        };
+        found.map(|(_, v)| v)
     }
 
     /// A field the reply must carry.
@@ -122,6 +149,23 @@ mod tests {
         assert_eq!(r.rc(), 0);
         let r = Reply::parse("cmd=get_result rc=-1 msg=key_missing_not_found").unwrap();
         assert_eq!(r.rc(), -1);
+    }
+
+    #[test]
+    fn a_field_past_the_kept_ones_is_found_and_the_first_of_a_key_wins() {
+        let mut line = String::from("cmd=x rc=0");
+        for i in 0..20 {
+            line.push_str(&format!(" k{i}={i}"));
+        }
+        line.push_str(" k3=again value=v w=1");
+        let r = Reply::parse(&line).unwrap();
+        assert_eq!(r.get("k0"), Some("0"));
+        assert_eq!(r.get("k3"), Some("3"));
+        assert_eq!(r.get("k19"), Some("19"));
+        assert_eq!(r.get("value"), Some("v w=1"));
+        assert_eq!(r.get("w"), None);
+        let r = Reply::parse("cmd=x k=1 k=2").unwrap();
+        assert_eq!(r.get("k"), Some("1"));
     }
 
     #[test]
