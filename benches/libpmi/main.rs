@@ -24,8 +24,8 @@ const RPMI_RUN: &str = env!("CARGO_BIN_EXE_rpmi-run");
 const JOB_TIMEOUT: Duration = Duration::from_secs(120);
 /// Where Debian's `libpmi2-0` (Slurm's PMI-2 client library) keeps it.
 const SLURM_LIBPMI2: &str = "/usr/lib/x86_64-linux-gnu/libpmi2.so.0";
-/// The most rpmi's libraries may cost over the client they are measured against: the hand-written client of
-/// their version for a get, the library the anchors ship for the start-up ([`Client::anchor`]).
+/// The most rpmi's libraries may cost over the hand-written client of their version, per get and for the
+/// start-up (the median CPU time of each).
 const TARGET: f64 = 1.10;
 /// Processes started, one after another, to time one start of a program (each round).
 const STARTS: usize = 100;
@@ -92,7 +92,7 @@ impl Client {
         }
     }
 
-    /// The library the anchors ship for the same PMI version, which rpmi's is held to for the start-up: a
+    /// The library the anchors ship for the same PMI version, shown beside rpmi's for the start-up: a
     /// start-up's first calls run a library's code for the first time, which costs any library some µs over a
     /// client written inline (the anchors' libraries' own "× hand" shows it).
     fn anchor(self) -> Option<Client> {
@@ -125,7 +125,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         sizes: vec![2, 16],
-        runs: 15,
+        runs: 21,
         gets: 2000,
         steady_gets: 30_000,
         servers: vec![Server::RpmiRun, Server::SrunRpmi, Server::SrunPmi2],
@@ -333,11 +333,13 @@ impl Cell {
         }
     }
 
-    /// A figure over the runs: the wall-clock median, and the least CPU time (what the client itself costs:
-    /// other processes on its cores only ever add to it).
+    /// A figure over the runs: the medians of the wall-clock and of the CPU time. The CPU time is what the
+    /// client itself costs, undrowned by where the scheduler put whom; its median, not its least, because on a
+    /// virtual machine a few runs in twenty come out at half the others (the same client, the same calls:
+    /// where the vCPUs happened to be), and which client drew them would decide a least's ratio.
     fn summary(&self, figure: Figure, gets: usize) -> (Option<f64>, Option<f64>) {
         let (wall, cpu): (Vec<f64>, Vec<f64>) = self.runs.iter().map(|f| figure(f, gets)).unzip();
-        (median(wall), cpu.into_iter().min_by(f64::total_cmp))
+        (median(wall), median(cpu))
     }
 
     /// The lowest and highest wall-clock figure of the runs.
@@ -373,8 +375,8 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
-/// Where rpmi's library `client` misses its target for `what` (its least CPU time `cpu` over `against`'s, the
-/// client it is held to, whose runs may all have failed): the line that says so.
+/// Where rpmi's library `client` misses its target for `what` (its median CPU time `cpu` over that of the
+/// hand-written client it is held to, whose runs may all have failed): the line that says so.
 fn missed(
     client: Client,
     what: &str,
@@ -405,24 +407,22 @@ fn shown(x: Option<f64>, digits: usize) -> String {
 fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String, Vec<String>) {
     let mut md = String::new();
     let mut misses = Vec::new();
-    // Start-ups held to an anchor's library that is not installed (Flux's, without flux-core).
-    let mut not_compared = Vec::new();
     md.push_str("# The client libraries against clients written on the wire\n\n");
     md.push_str(&format!(
         "Written by `bash docker/bench-libpmi.sh` (`cargo bench --features slurm --bench libpmi -- --sizes {} \
          --runs {} --gets {} --steady-gets {}`): {} runs per cell, each round in an order of its own. **Start-up**: \
          init, one put, a fence, a get of every rank's key and a fence, from rank 0's clock: its wall-clock \
-         median (ms) and range over the runs, and the least CPU time rank 0's process spent in it over the runs \
+         median (ms) and range over the runs, and the median CPU time rank 0's process spent in it over the runs \
          (µs: its own work and its system calls, not its waits). **Get**: one `get` of another rank's key \
          after the fence, from a loop of {} gets on every rank at once, closed by a fence, in µs per get, the \
          same ways. \"× hand\": over the same figure of the hand-written client of the same PMI version under \
-         the same server; \"× library\": the start-up's least CPU time over that of the library the anchors ship \
-         for the same version under the same server (Flux's `libpmi`, Slurm's `libpmi2`). The wall-clock \
-         figures of this 2-core machine are spread by where the scheduler puts tasks and servers (their \
-         ranges), which only adds: the least CPU time is what the client itself costs. rpmi's libraries target \
-         at most {TARGET:.2}× the hand-written client's per get, and at most {TARGET:.2}× the anchors' library's \
-         for the start-up, whose first calls run a library's code for the first time: that costs any library \
-         some µs over a client written inline, the anchors' own included (their \"× hand\").\n\n",
+         the same server; \"× library\": the start-up's CPU time over that of the library the anchors ship for \
+         the same version under the same server (Flux's `libpmi`, Slurm's `libpmi2`). The wall-clock figures of \
+         this 2-core machine are spread by where the scheduler puts tasks and servers (their ranges), which \
+         only adds: the CPU time is what the client itself costs. rpmi's libraries target at most \
+         {TARGET:.2}× the hand-written client's CPU time, per get and for the start-up (whose first calls run a \
+         library's code for the first time, and call it through the program's lazily bound PLT: that costs any \
+         library some µs over a client written inline, the anchors' own included: their \"× hand\").\n\n",
         args.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
         args.runs,
         args.gets,
@@ -455,27 +455,17 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
                 over(cpu, raw_cpu)
             ));
             if what == "start-up" {
-                let anchor = cell.client.anchor().map(|a| (a, find(a).map(|c| c.summary(figure, args.gets).1)));
-                row.push_str(&format!(" {} |", anchor.map_or(String::new(), |(_, a)| ratio(cpu, a.flatten()))));
-                match anchor {
-                    Some((a, None)) => not_compared.push(format!(
-                        "{} {where_}: {what} not compared ({} is not installed)",
-                        cell.client.name(),
-                        a.name()
-                    )),
-                    Some((a, Some(a_cpu))) => misses.extend(missed(cell.client, what, &where_, cpu, (a, a_cpu))),
-                    None => {}
-                }
-            } else if let Some(miss) = missed(cell.client, what, &where_, cpu, (cell.client.raw(), raw_cpu)) {
-                misses.push(miss);
+                let anchor = cell.client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, args.gets).1));
+                row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
             }
+            misses.extend(missed(cell.client, what, &where_, cpu, (cell.client.raw(), raw_cpu)));
         }
         md.push_str(&format!("{row} {} |\n", cell.failures.len()));
     }
     if !steady.is_empty() {
         md.push_str(&format!(
             "\nSteadier: a job of one task under rpmi-run (no other task shares the cores with it and its server), \
-             the same start-up and then {} gets, {} runs: the least CPU time of the start-up (µs) and of a get \
+             the same start-up and then {} gets, {} runs: the median CPU time of the start-up (µs) and of a get \
              (µs).\n\n\
              | client | start-up CPU (µs) | × hand | × library | get CPU (µs) | × hand | failed runs |\n\
              |---|---|---|---|---|---|---|\n",
@@ -516,18 +506,10 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
         md.push_str(&format!("| {} | {} | {over} |\n", client.name(), shown(t, 0)));
     }
     md.push('\n');
-    if !not_compared.is_empty() {
-        md.push_str("Not compared (the start-up's target is not checked there):\n\n");
-        for n in &not_compared {
-            md.push_str(&format!("- {n}\n"));
-        }
-        md.push('\n');
-    }
     if misses.is_empty() {
         md.push_str(&format!(
-            "Target met{}: the least CPU time of rpmi's libraries is within {TARGET:.2}× the hand-written client's \
-             per get, and within {TARGET:.2}× the anchors' library's for the start-up.\n",
-            if not_compared.is_empty() { "" } else { " where compared" }
+            "Target met: the median CPU time of rpmi's libraries is within {TARGET:.2}× the hand-written \
+             client's, per get and for the start-up.\n"
         ));
     } else {
         md.push_str("Target missed:\n\n");
