@@ -3,6 +3,11 @@
 use crate::wire::response::MAX_LINE;
 use std::fmt;
 
+/// The most `request_line_max` may be: a PMI-2 answer can echo a request's `thrid` beside a value that came
+/// in a request as long (a get's, a node attribute's), and the whole must fit a frame, whose length prefix
+/// has 6 digits ([`crate::wire::pmi2::FRAME_MAX`]).
+pub const REQUEST_LINE_CEILING: usize = 1 << 18;
+
 /// Limits of one [`crate::server::Shell`]. The defaults suit every client in docs/clients.md.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -74,6 +79,13 @@ impl Limits {
         if self.request_line_max < MAX_LINE {
             return bad(format!("request_line_max {} is under {MAX_LINE}", self.request_line_max));
         }
+        if self.request_line_max > REQUEST_LINE_CEILING {
+            return bad(format!(
+                "request_line_max {} is over {REQUEST_LINE_CEILING}: a PMI-2 answer may echo a request's thrid \
+                 beside a value as long, and must fit a frame",
+                self.request_line_max
+            ));
+        }
         Ok(())
     }
 
@@ -144,6 +156,18 @@ mod tests {
     fn small_maxes_are_taken_as_advertised() {
         let l = Limits { vallen_max: 512, ..Limits::default() };
         assert_eq!(l.value_max(), 511);
+    }
+
+    #[test]
+    fn the_longest_answer_the_longest_requests_allow_fits_a_frame() {
+        use crate::wire::pmi2::FRAME_MAX;
+        // A get's answer: a thrid as long as a request, and a value that came in a request as long (its `;`
+        // doubled in both), with the answer's own words.
+        let answer = "cmd=info-getnodeattr-response;thrid=;rc=0;found=TRUE;value=;".len();
+        assert!(2 * REQUEST_LINE_CEILING + answer <= FRAME_MAX);
+        let l = Limits { request_line_max: REQUEST_LINE_CEILING, ..Limits::default() };
+        assert_eq!(l.validate(), Ok(()));
+        assert!(Limits { request_line_max: REQUEST_LINE_CEILING + 1, ..Limits::default() }.validate().is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub use host::{
     GroupExchange, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, Speaker, TaskId, GROUP_ID_MAX,
     JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
 };
-pub use limits::{Limits, LimitsError};
+pub use limits::{Limits, LimitsError, REQUEST_LINE_CEILING};
 pub use names::{NameOp, Names};
 pub use shell::{check_preput, Shell, ShellError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;

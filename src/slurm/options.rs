@@ -27,7 +27,7 @@
 use super::protocol::SPAWN_MAX;
 use super::trace::escape_text;
 use crate::collective::{Bound, Bounds};
-use crate::server::Limits;
+use crate::server::{Limits, REQUEST_LINE_CEILING};
 use std::ffi::CStr;
 use std::ops::RangeInclusive;
 
@@ -136,7 +136,7 @@ pub const OPTIONS: [Opt; 10] = [
         key: c"RpmiRequestLineMax",
         var: "SLURM_RPMI_REQUEST_LINE_MAX",
         what: BYTES,
-        range: 1024..=(1 << 20),
+        range: 1024..=(REQUEST_LINE_CEILING as u64),
         default: 4096,
         ceiling: Some(4096),
     },
