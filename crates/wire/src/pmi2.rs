@@ -359,10 +359,22 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// Writes the length prefix: the frame is whole.
+    /// Writes the length prefix: the frame is whole. A frame longer than the prefix can say (an answer that
+    /// echoes a long `thrid` beside a long value) becomes `cmd=<cmd>;rc=-1;errmsg=...;`: the peer reads a
+    /// failure, not a stream cut at the wrong place.
     pub fn finish(self) {
         let mut len = self.out.len() - self.start - HEADER_LEN;
-        debug_assert!(len <= FRAME_MAX, "a frame of {len} bytes");
+        if len > FRAME_MAX {
+            let body = &self.out[self.start + HEADER_LEN..];
+            // `cmd=<cmd>;` opens every frame written here, and a command has no `;`.
+            let cmd = body.iter().position(|&b| b == b';').map_or(Vec::new(), |end| body[4..end].to_vec());
+            self.out.truncate(self.start + HEADER_LEN);
+            let mut f = Writer { out: &mut *self.out, start: self.start };
+            f.field("cmd", &cmd);
+            f.field("rc", b"-1");
+            f.field("errmsg", b"the answer is longer than a PMI-2 frame holds");
+            len = self.out.len() - self.start - HEADER_LEN;
+        }
         // Right-aligned, as `%6u` writes it; by hand, since this runs for every frame either side sends.
         let header = &mut self.out[self.start..self.start + HEADER_LEN];
         for d in header.iter_mut().rev() {
@@ -494,5 +506,19 @@ mod tests {
         let s = frame(|o| Writer::request(o, "kvs-put").str("value", b";a;;b;").finish());
         assert_eq!(s, "    29cmd=kvs-put;value=;;a;;;;b;;;");
         assert_eq!(Message::parse(&s.as_bytes()[HEADER_LEN..]).unwrap().get("value"), Some(&b";a;;b;"[..]));
+    }
+
+    #[test]
+    fn an_answer_longer_than_a_frame_becomes_a_failure_that_fits() {
+        let (thrid, value) = (vec![b't'; 500_000], vec![b';'; 300_000]);
+        let mut out = b"before".to_vec();
+        Writer::answer(&mut out, "kvs-get-response", Some(&thrid), 0).str("value", &value).finish();
+        let s = String::from_utf8(out).unwrap();
+        let frame = s.strip_prefix("before").unwrap();
+        assert_eq!(body_len(frame.as_bytes()), Some(frame.len() - HEADER_LEN));
+        let m = Message::parse(&frame.as_bytes()[HEADER_LEN..]).unwrap();
+        assert_eq!(m.cmd, b"kvs-get-response");
+        assert_eq!(m.get("rc"), Some(&b"-1"[..]));
+        assert!(m.get("errmsg").is_some_and(|e| e.starts_with(b"the answer is longer")), "{frame}");
     }
 }
