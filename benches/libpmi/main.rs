@@ -377,25 +377,19 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 
 /// Where rpmi's library `client` misses its target for `what` (its median CPU time `cpu` over that of the
 /// hand-written client it is held to, whose runs may all have failed): the line that says so.
-fn missed(
-    client: Client,
-    what: &str,
-    where_: &str,
-    cpu: Option<f64>,
-    (other, other_cpu): (Client, Option<f64>),
-) -> Option<String> {
+fn missed(client: Client, what: &str, where_: &str, cpu: Option<f64>, raw_cpu: Option<f64>) -> Option<String> {
     if !matches!(client, Client::Libpmi | Client::Libpmi2) {
         return None;
     }
-    match (cpu, other_cpu) {
-        (Some(c), Some(o)) if c / o <= TARGET => None,
+    match (cpu, raw_cpu) {
+        (Some(c), Some(r)) if c / r <= TARGET => None,
         _ => Some(format!(
             "{} {where_}: {what} CPU {} of {}'s ({} against {} µs)",
             client.name(),
-            ratio(cpu, other_cpu),
-            other.name(),
+            ratio(cpu, raw_cpu),
+            client.raw().name(),
             shown(cpu, 1),
-            shown(other_cpu, 1)
+            shown(raw_cpu, 1)
         )),
     }
 }
@@ -458,7 +452,7 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
                 let anchor = cell.client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, args.gets).1));
                 row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
             }
-            misses.extend(missed(cell.client, what, &where_, cpu, (cell.client.raw(), raw_cpu)));
+            misses.extend(missed(cell.client, what, &where_, cpu, raw_cpu));
         }
         md.push_str(&format!("{row} {} |\n", cell.failures.len()));
     }
@@ -482,9 +476,10 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
                 let over = if hand { String::new() } else { ratio(cpu, raw_cpu) };
                 row.push_str(&format!(" {} | {over} |", shown(cpu, digits)));
                 if startup {
+                    // As in the cells: blank where the client has no anchor, "-" where the anchor has no figure.
                     let anchor =
-                        cell.client.anchor().and_then(find).and_then(|a| a.summary(figure, args.steady_gets).1);
-                    row.push_str(&format!(" {} |", if anchor.is_some() { ratio(cpu, anchor) } else { String::new() }));
+                        cell.client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, args.steady_gets).1));
+                    row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
                 }
             }
             md.push_str(&format!("{row} {} |\n", cell.failures.len()));

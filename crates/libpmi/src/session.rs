@@ -265,7 +265,8 @@ impl Wire {
         self.conn.write(&line)
     }
 
-    /// The next reply line, which must answer with `cmd=<answer>`, read by `read` (each line is parsed once).
+    /// The next reply line, which must answer with `cmd=<answer>`, read by `read` (parsed once here; the
+    /// mailbox reads a `barrier_out`'s tag before, to tell whose it is).
     fn reply<T>(&mut self, answer: &str, read: impl FnOnce(Reply) -> Result<T, Failed>) -> Result<T, Failed> {
         let line = self.mail.take_plain()?;
         let reply = parsed(&line)?;
