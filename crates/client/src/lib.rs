@@ -46,17 +46,18 @@ impl Failed {
     }
 }
 
-/// A variable of the environment, if it is set (as text: bytes that are not UTF-8 are replaced). Read with
-/// the C library's `getenv`, as the C program the library is loaded into reads its own.
+/// A variable of the environment, if it is set (as text: bytes that are not UTF-8 are replaced).
 pub fn env(name: &CStr) -> Option<String> {
-    // SAFETY: `name` is a C string; what getenv returns is NULL or a C string, copied at once.
+    env_with(name, lossy)
+}
+
+/// What `read` makes of a variable of the environment, if it is set. Read with the C library's `getenv`, as
+/// the C program the library is loaded into reads its own, and used at once (another `setenv` may free it).
+fn env_with<T>(name: &CStr, read: impl FnOnce(&[u8]) -> T) -> Option<T> {
+    // SAFETY: `name` is a C string; what getenv returns is NULL or a C string, read before returning.
     let value = unsafe { libc::getenv(name.as_ptr()) };
-    if value.is_null() {
-        return None;
-    }
     // SAFETY: as above.
-    let value = unsafe { CStr::from_ptr(value) };
-    Some(lossy(value.to_bytes()))
+    (!value.is_null()).then(|| read(unsafe { CStr::from_ptr(value) }.to_bytes()))
 }
 
 /// `bytes` as text, bytes that are not UTF-8 replaced (see [`utf8`]).
@@ -82,14 +83,13 @@ pub fn utf8(bytes: &[u8]) -> Option<&str> {
 #[global_allocator]
 static ALLOCATOR: std::alloc::System = std::alloc::System;
 
-/// An integer variable of the environment, if it is set; `Err` if it is set and not one.
+/// An integer variable of the environment, if it is set; `Err` if it is set and not one. Read in place: a
+/// start-up reads several, and allocates for none.
 pub fn env_int(name: &CStr) -> Result<Option<i64>, Failed> {
-    match env(name) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Failed::said(format!("{}={v} is not an integer", name.to_string_lossy()))),
-    }
+    env_with(name, |value| {
+        utf8(value.trim_ascii())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Failed::said(format!("{}={} is not an integer", name.to_string_lossy(), lossy(value))))
+    })
+    .transpose()
 }

@@ -206,8 +206,10 @@ pub unsafe extern "C" fn PMI_Get_kvs_domain_id(id_str: *mut c_char, length: c_in
 /// A value a put can send and a get will return as it was: RFC 13's `string` (at least one character, no line
 /// break), without spaces at either end, which servers trim.
 fn is_value(v: &str, max: usize) -> bool {
-    let spaced = |c: Option<char>| c.is_some_and(|c| c == ' ' || c == '\t');
-    !v.is_empty() && is_string(v.as_bytes(), max) && !spaced(v.chars().next()) && !spaced(v.chars().last())
+    // By bytes: a space or a tab is one byte, and no byte of a longer character is either.
+    let spaced = |b: Option<&u8>| b.is_some_and(|&b| b == b' ' || b == b'\t');
+    let v = v.as_bytes();
+    !v.is_empty() && is_string(v, max) && !spaced(v.first()) && !spaced(v.last())
 }
 
 /// Checks that `kvsname` names this process's key-value space.

@@ -268,15 +268,21 @@ impl Wire {
     /// The next reply line, which must answer with `cmd=<answer>`, read by `read` (parsed once here; the
     /// mailbox reads a `barrier_out`'s tag before, to tell whose it is).
     fn reply<T>(&mut self, answer: &str, read: impl FnOnce(Reply) -> Result<T, Failed>) -> Result<T, Failed> {
-        let line = self.mail.take_plain()?;
-        let reply = parsed(&line)?;
+        let mut line = String::new();
+        read(self.answer(answer, &mut line)?)
+    }
+
+    /// The next reply line, kept in `line`, which must answer with `cmd=<answer>`.
+    fn answer<'l>(&mut self, answer: &str, line: &'l mut String) -> Result<Reply<'l>, Failed> {
+        *line = self.mail.take_plain()?;
+        let reply = parsed(line)?;
         if reply.cmd() != answer {
             return Err(Failed::said(format!(
                 "the PMI server answered with {} where cmd={answer} was due",
-                quote(&line)
+                quote(line)
             )));
         }
-        read(reply)
+        Ok(reply)
     }
 
     /// Sends the request made of `pieces` and reads its reply, `cmd=<answer>`, with `read`.
@@ -286,9 +292,8 @@ impl Wire {
         answer: &str,
         read: impl FnOnce(Reply) -> Result<T, Failed>,
     ) -> Result<T, Failed> {
-        self.mail.expect_plain(answer);
-        self.send(pieces)?;
-        self.reply(answer, read)
+        let mut line = String::new();
+        read(self.ask(pieces, answer, false, &mut line)?)
     }
 
     /// A request that must succeed (`rc=0`).
@@ -298,13 +303,29 @@ impl Wire {
         answer: &str,
         read: impl FnOnce(Reply) -> Result<T, Failed>,
     ) -> Result<T, Failed> {
-        self.call(pieces, answer, |reply| {
-            if reply.rc() != 0 {
-                let request = pieces.first().map_or("", |p| p.split(' ').next().unwrap_or(p));
-                return Err(Failed::said(format!("the PMI server failed '{request}': {}", reply.quoted())));
-            }
-            read(reply)
-        })
+        let mut line = String::new();
+        read(self.ask(pieces, answer, true, &mut line)?)
+    }
+
+    /// Sends the request made of `pieces` and reads its reply, kept in `line`, which must answer with
+    /// `cmd=<answer>`, and succeed (`rc=0`) where `must_succeed`. Not generic, and not inlined: every request
+    /// of a process runs this one copy, which its first request brings into the cache for the others.
+    #[inline(never)]
+    fn ask<'l>(
+        &mut self,
+        pieces: &[&str],
+        answer: &str,
+        must_succeed: bool,
+        line: &'l mut String,
+    ) -> Result<Reply<'l>, Failed> {
+        self.mail.expect_plain(answer);
+        self.send(pieces)?;
+        let reply = self.answer(answer, line)?;
+        if must_succeed && reply.rc() != 0 {
+            let request = pieces.first().map_or("", |p| p.split(' ').next().unwrap_or(p));
+            return Err(Failed::said(format!("the PMI server failed '{request}': {}", reply.quoted())));
+        }
+        Ok(reply)
     }
 
     /// `init`, asking for PMI 1.2 where the launcher says its server answers it (rpmi's hosts set
