@@ -4,16 +4,17 @@
 //! the libraries send) runs the same work under rpmi-run, `srun --mpi=rpmi`
 //! and Slurm's `srun --mpi=pmi2`: a start-up (init, a put, a fence, a get of every rank's key) and a loop of
 //! gets after the fence; the same for a job of one task under rpmi-run, with many more gets (the steadiest
-//! figure of what a call costs); and, with no launcher, what starting a process linked against each library
-//! costs (the program returns at once). Runs are interleaved (each round runs every cell once) so that the
-//! machine's drift hits every client alike. Prints a table of medians, each library over the hand-written
-//! client of its version under the same server (and rpmi's start-up over the anchors' library), and writes it to `--out` (markdown) with every run beside it
-//! (JSON).
+//! figure of what a call costs), and that job's start-up alone, many times (the steadiest figure of what a
+//! start-up costs); and, with no launcher, what starting a process linked against each library costs (the
+//! program returns at once). Runs are interleaved (each round runs every cell once) so that the machine's drift
+//! hits every client alike. Prints a table of medians, each library over the hand-written client of its version
+//! under the same server, with the 95% interval of that ratio (and rpmi's start-up over the anchors' library),
+//! and writes it to `--out` (markdown) with every run beside it (JSON).
 //!
 //! `bash docker/bench-libpmi.sh` sets up everything (the libraries, the local Slurm cluster with the
 //! plugin) and runs it; by hand, after `cargo build --release` (the libraries):
-//! `cargo bench --features slurm --bench libpmi -- [--sizes 2,16] [--runs 15] [--gets 2000]
-//! [--steady-gets 30000] [--servers rpmi-run,srun-rpmi,srun-pmi2] [--out benches/results/libpmi.md]`.
+//! `cargo bench --features slurm --bench libpmi -- [--sizes 2,16] [--runs 21] [--gets 2000]
+//! [--steady-gets 30000] [--startups 10] [--servers rpmi-run,srun-rpmi,srun-pmi2] [--out benches/results/libpmi.md]`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -118,6 +119,8 @@ struct Args {
     gets: usize,
     /// Gets of the steady measure: one task alone under rpmi-run (0: none).
     steady_gets: usize,
+    /// Start-ups alone (a job of one task under rpmi-run, no gets) of each client in each round.
+    startups: usize,
     servers: Vec<Server>,
     out: PathBuf,
 }
@@ -128,6 +131,7 @@ fn parse_args() -> Result<Args, String> {
         runs: 21,
         gets: 2000,
         steady_gets: 30_000,
+        startups: 10,
         servers: vec![Server::RpmiRun, Server::SrunRpmi, Server::SrunPmi2],
         out: PathBuf::from("benches/results/libpmi.md"),
     };
@@ -140,6 +144,7 @@ fn parse_args() -> Result<Args, String> {
             "--runs" => args.runs = number(&value()?)?,
             "--gets" => args.gets = number(&value()?)?,
             "--steady-gets" => args.steady_gets = number(&value()?)?,
+            "--startups" => args.startups = number(&value()?)?,
             "--servers" => {
                 args.servers = value()?
                     .split(',')
@@ -306,6 +311,32 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
     (!xs.is_empty()).then(|| xs[xs.len() / 2])
 }
 
+/// Resamples drawn for an [`interval`].
+const RESAMPLES: usize = 2000;
+
+/// The 95% interval of the ratio of `a`'s median to `b`'s, by the bootstrap: each of [`RESAMPLES`] draws as many
+/// runs of each, with replacement, as it has (by a linear congruential generator, the same in every run of the
+/// benchmark), and the ratio of their medians; the middle 95% of those ratios. How far the runs' spread leaves
+/// the median ratio uncertain: a target within it is not told apart from the median by this many runs.
+fn interval(a: &[f64], b: &[f64]) -> Option<(f64, f64)> {
+    if a.is_empty() || b.is_empty() {
+        return None;
+    }
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let mut draw = |xs: &[f64]| -> f64 {
+        let resample = (0..xs.len())
+            .map(|_| {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                xs[(x >> 33) as usize % xs.len()]
+            })
+            .collect();
+        median(resample).unwrap_or(f64::NAN)
+    };
+    let mut ratios: Vec<f64> = (0..RESAMPLES).map(|_| draw(a) / draw(b)).collect();
+    ratios.sort_by(f64::total_cmp);
+    Some((ratios[RESAMPLES * 25 / 1000], ratios[RESAMPLES * 975 / 1000]))
+}
+
 /// Every run of one cell.
 struct Cell {
     server: Server,
@@ -342,6 +373,23 @@ impl Cell {
         (median(wall), median(cpu))
     }
 
+    /// The CPU time of each run.
+    fn cpu(&self, figure: Figure, gets: usize) -> Vec<f64> {
+        self.runs.iter().map(|f| figure(f, gets).1).collect()
+    }
+
+    /// Its median CPU time over `raw`'s, with the ratio's 95% interval ([`interval`]): what it shows, and
+    /// the interval.
+    fn over(&self, raw: &Cell, figure: Figure, gets: usize) -> (String, Option<(f64, f64)>) {
+        let (cpu, raw_cpu) = (self.summary(figure, gets).1, raw.summary(figure, gets).1);
+        let within = interval(&self.cpu(figure, gets), &raw.cpu(figure, gets));
+        let shown = match within {
+            Some((lo, hi)) => format!("{} ({lo:.2}–{hi:.2})", ratio(cpu, raw_cpu)),
+            None => ratio(cpu, raw_cpu),
+        };
+        (shown, within)
+    }
+
     /// The lowest and highest wall-clock figure of the runs.
     fn range(&self, figure: Figure, gets: usize, digits: usize, scale: f64) -> String {
         let wall: Vec<f64> = self.runs.iter().map(|f| figure(f, gets).0 / scale).collect();
@@ -375,19 +423,26 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
-/// Where rpmi's library `client` misses its target for `what` (its median CPU time `cpu` over that of the
-/// hand-written client it is held to, whose runs may all have failed): the line that says so.
-fn missed(client: Client, what: &str, where_: &str, cpu: Option<f64>, raw_cpu: Option<f64>) -> Option<String> {
-    if !matches!(client, Client::Libpmi | Client::Libpmi2) {
+/// Where rpmi's library in `cell` misses its target for `what` (its median CPU time over that of the
+/// hand-written client it is held to, in `raw`, whose runs may all have failed): the line that says so, with
+/// the ratio's 95% interval, which tells a miss the runs show from one their spread may have made.
+fn missed(cell: &Cell, raw: &Cell, figure: Figure, gets: usize, what: &str, where_: &str) -> Option<String> {
+    if !matches!(cell.client, Client::Libpmi | Client::Libpmi2) {
         return None;
     }
+    let (cpu, raw_cpu) = (cell.summary(figure, gets).1, raw.summary(figure, gets).1);
+    let within = match interval(&cell.cpu(figure, gets), &raw.cpu(figure, gets)) {
+        Some((lo, _)) if lo > TARGET => format!("; 95% interval above {TARGET:.2}, from {lo:.2}"),
+        Some((lo, hi)) => format!("; 95% interval {lo:.2}–{hi:.2}"),
+        None => String::new(),
+    };
     match (cpu, raw_cpu) {
         (Some(c), Some(r)) if c / r <= TARGET => None,
         _ => Some(format!(
-            "{} {where_}: {what} CPU {} of {}'s ({} against {} µs)",
-            client.name(),
+            "{} {where_}: {what} CPU {} of {}'s ({} against {} µs{within})",
+            cell.client.name(),
             ratio(cpu, raw_cpu),
-            client.raw().name(),
+            cell.client.raw().name(),
             shown(cpu, 1),
             shown(raw_cpu, 1)
         )),
@@ -398,19 +453,26 @@ fn shown(x: Option<f64>, digits: usize) -> String {
     x.map_or("failed".into(), |x| format!("{x:.digits$}"))
 }
 
-fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f64>)]) -> (String, Vec<String>) {
+fn report(
+    args: &Args,
+    cells: &[Cell],
+    steady: &[Cell],
+    alone: &[Cell],
+    starts: &[(Client, Vec<f64>)],
+) -> (String, Vec<String>) {
     let mut md = String::new();
     let mut misses = Vec::new();
     md.push_str("# The client libraries against clients written on the wire\n\n");
     md.push_str(&format!(
         "Written by `bash docker/bench-libpmi.sh` (`cargo bench --features slurm --bench libpmi -- --sizes {} \
-         --runs {} --gets {} --steady-gets {}`): {} runs per cell, each round in an order of its own. **Start-up**: \
+         --runs {} --gets {} --steady-gets {} --startups {}`): {} runs per cell, each round in an order of its own. **Start-up**: \
          init, one put, a fence, a get of every rank's key and a fence, from rank 0's clock: its wall-clock \
          median (ms) and range over the runs, and the median CPU time rank 0's process spent in it over the runs \
          (µs: its own work and its system calls, not its waits). **Get**: one `get` of another rank's key \
          after the fence, from a loop of {} gets on every rank at once, closed by a fence, in µs per get, the \
          same ways. \"× hand\": over the same figure of the hand-written client of the same PMI version under \
-         the same server; \"× library\": the start-up's CPU time over that of the library the anchors ship for \
+         the same server, and for the CPU time in brackets the 95% interval of that ratio (by the bootstrap: what the \
+         runs' spread leaves uncertain; a target inside it is not told apart by this many runs); \"× library\": the start-up's CPU time over that of the library the anchors ship for \
          the same version under the same server (Flux's `libpmi`, Slurm's `libpmi2`). The wall-clock figures of \
          this 2-core machine are spread by where the scheduler puts tasks and servers (their ranges), which \
          only adds: the CPU time is what the client itself costs. rpmi's libraries target at most \
@@ -421,6 +483,7 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
         args.runs,
         args.gets,
         args.steady_gets,
+        args.startups,
         args.runs,
         args.gets
     ));
@@ -437,52 +500,67 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
         let mut row = format!("| {} | {} | {} |", cell.server.name(), cell.size, cell.client.name());
         for (what, figure, scale, digits) in [("start-up", STARTUP, 1000.0, 2), ("get", GET, 1.0, 1)] {
             let (wall, cpu) = cell.summary(figure, args.gets);
-            let (raw_wall, raw_cpu) = raw.summary(figure, args.gets);
+            let raw_wall = raw.summary(figure, args.gets).0;
             let hand = cell.client == cell.client.raw();
-            let over = |a, b| if hand { String::new() } else { ratio(a, b) };
             row.push_str(&format!(
                 " {} | {} | {} | {} | {} |",
                 shown(wall.map(|w| w / scale), digits),
                 cell.range(figure, args.gets, digits, scale),
-                over(wall, raw_wall),
+                if hand { String::new() } else { ratio(wall, raw_wall) },
                 shown(cpu, 1),
-                over(cpu, raw_cpu)
+                if hand { String::new() } else { cell.over(raw, figure, args.gets).0 }
             ));
             if what == "start-up" {
                 let anchor = cell.client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, args.gets).1));
                 row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
             }
-            misses.extend(missed(cell.client, what, &where_, cpu, raw_cpu));
+            misses.extend(missed(cell, raw, figure, args.gets, what, &where_));
         }
         md.push_str(&format!("{row} {} |\n", cell.failures.len()));
     }
-    if !steady.is_empty() {
+    if !steady.is_empty() || !alone.is_empty() {
         md.push_str(&format!(
-            "\nSteadier: a job of one task under rpmi-run (no other task shares the cores with it and its server), \
-             the same start-up and then {} gets, {} runs: the median CPU time of the start-up (µs) and of a get \
-             (µs).\n\n\
+            "\nSteadier: jobs of one task under rpmi-run (no other task shares the cores with it and its server). \
+             **Start-up**: {} runs of the start-up alone (no gets) per client, {} in each round one after another \
+             in an order of the round's own; **get**: the same start-up and then {} gets, {} runs. The median \
+             CPU time of each (µs), and in brackets the 95% interval of its ratio (by the bootstrap: what the \
+             runs' spread leaves uncertain).\n\n\
              | client | start-up CPU (µs) | × hand | × library | get CPU (µs) | × hand | failed runs |\n\
              |---|---|---|---|---|---|---|\n",
-            args.steady_gets, args.runs
+            args.startups * args.runs,
+            args.startups,
+            args.steady_gets,
+            args.runs
         ));
-        for cell in steady {
-            let find = |client: Client| steady.iter().find(|c| c.client == client);
-            let raw = find(cell.client.raw()).expect("every client has its hand-written one");
-            let hand = cell.client == cell.client.raw();
-            let mut row = format!("| {} |", cell.client.name());
-            for (startup, figure, digits) in [(true, STARTUP, 1), (false, GET, 2)] {
-                let (cpu, raw_cpu) =
-                    (cell.summary(figure, args.steady_gets).1, raw.summary(figure, args.steady_gets).1);
-                let over = if hand { String::new() } else { ratio(cpu, raw_cpu) };
+        let clients = if alone.is_empty() { steady } else { alone };
+        for cell in clients {
+            let client = cell.client;
+            let hand = client == client.raw();
+            let mut row = format!("| {} |", client.name());
+            // As in the cells: blank where the client has no anchor, "-" where the anchor has no figure.
+            for (what, series, figure, gets, digits) in
+                [("start-up", alone, STARTUP, 0, 1), ("get", steady, GET, args.steady_gets, 2)]
+            {
+                let find = |c: Client| series.iter().find(|x| x.client == c);
+                let (Some(mine), Some(raw)) = (find(client), find(client.raw())) else {
+                    row.push_str(if what == "start-up" { " - | | |" } else { " - | |" });
+                    continue;
+                };
+                let cpu = mine.summary(figure, gets).1;
+                let over = if hand { String::new() } else { mine.over(raw, figure, gets).0 };
                 row.push_str(&format!(" {} | {over} |", shown(cpu, digits)));
-                if startup {
-                    // As in the cells: blank where the client has no anchor, "-" where the anchor has no figure.
-                    let anchor =
-                        cell.client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, args.steady_gets).1));
+                if what == "start-up" {
+                    let anchor = client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, gets).1));
                     row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
                 }
+                misses.extend(missed(mine, raw, figure, gets, what, "alone under rpmi-run"));
             }
-            md.push_str(&format!("{row} {} |\n", cell.failures.len()));
+            let failures: usize = [alone, steady]
+                .iter()
+                .flat_map(|series| series.iter().filter(|c| c.client == client))
+                .map(|c| c.failures.len())
+                .sum();
+            md.push_str(&format!("{row} {failures} |\n"));
         }
     }
     md.push_str(&format!(
@@ -514,6 +592,8 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
     }
     let failures: Vec<String> = cells
         .iter()
+        .chain(steady)
+        .chain(alone)
         .flat_map(|c| {
             c.failures.iter().map(move |f| format!("{} {} {}: {f}", c.server.name(), c.size, c.client.name()))
         })
@@ -527,10 +607,21 @@ fn report(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f
     (md, misses)
 }
 
-fn json(args: &Args, cells: &[Cell], steady: &[Cell], starts: &[(Client, Vec<f64>)]) -> serde_json::Value {
+fn json(
+    args: &Args,
+    cells: &[Cell],
+    steady: &[Cell],
+    alone: &[Cell],
+    starts: &[(Client, Vec<f64>)],
+) -> serde_json::Value {
     serde_json::json!({
         "gets": args.gets,
         "steady_gets": args.steady_gets,
+        "startups": alone.iter().map(|c| serde_json::json!({
+            "client": c.client.name(),
+            "startup_cpu_us": c.runs.iter().map(|f| f.startup_cpu_us).collect::<Vec<_>>(),
+            "failures": c.failures,
+        })).collect::<Vec<_>>(),
         "steady": steady.iter().map(|c| serde_json::json!({
             "client": c.client.name(),
             "startup_cpu_us": c.runs.iter().map(|f| f.startup_cpu_us).collect::<Vec<_>>(),
@@ -569,12 +660,12 @@ fn main() -> ExitCode {
         }
     };
     let mut cells = cells(&args, &programs.clients);
-    let mut steady: Vec<Cell> = programs
-        .clients
-        .iter()
-        .filter(|_| args.steady_gets > 0)
-        .map(|&client| Cell { server: Server::RpmiRun, size: 1, client, runs: Vec::new(), failures: Vec::new() })
-        .collect();
+    let alone_cells = |wanted: bool| -> Vec<Cell> {
+        let one = |&client| Cell { server: Server::RpmiRun, size: 1, client, runs: Vec::new(), failures: Vec::new() };
+        programs.clients.iter().filter(|_| wanted).map(one).collect()
+    };
+    let mut steady = alone_cells(args.steady_gets > 0);
+    let mut alone = alone_cells(args.startups > 0);
     let mut starts: Vec<(Client, Vec<f64>)> = programs.clients.iter().map(|&c| (c, Vec::new())).collect();
     for round in 0..args.runs {
         eprintln!("libpmi bench: round {} of {}", round + 1, args.runs);
@@ -590,12 +681,20 @@ fn main() -> ExitCode {
         for i in shuffled(steady.len(), round) {
             steady[i].run(&programs, args.steady_gets);
         }
+        for k in 0..args.startups {
+            for i in shuffled(alone.len(), round * args.startups + k) {
+                alone[i].run(&programs, 0);
+            }
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let (md, misses) = report(&args, &cells, &steady, &starts);
+    let (md, misses) = report(&args, &cells, &steady, &alone, &starts);
     println!("{md}");
     let written = std::fs::write(&args.out, &md).and_then(|_| {
-        std::fs::write(args.out.with_extension("json"), format!("{:#}\n", json(&args, &cells, &steady, &starts)))
+        std::fs::write(
+            args.out.with_extension("json"),
+            format!("{:#}\n", json(&args, &cells, &steady, &alone, &starts)),
+        )
     });
     if let Err(e) = written {
         eprintln!("libpmi bench: writing {}: {e}", args.out.display());
