@@ -16,7 +16,8 @@ pub trait Ranked {
 pub struct Held<S> {
     /// The library's name, for messages (`libpmi`, `libpmi2`).
     lib: &'static str,
-    session: Mutex<Option<S>>,
+    /// Boxed: made once, then only reached; what moves into place at init is a pointer, not the session.
+    session: Mutex<Option<Box<S>>>,
     /// The session was finalized: the launcher's connection is spent.
     finalized: AtomicBool,
     /// The process is aborting: a call made now (an exit handler's finalize) fails at once instead of
@@ -29,7 +30,7 @@ impl<S: Ranked> Held<S> {
         Held { lib, session: Mutex::new(None), finalized: AtomicBool::new(false), aborting: AtomicBool::new(false) }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<S>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Box<S>>> {
         // A call that panicked left nothing half-changed that the next one could trip on.
         self.session.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -51,7 +52,12 @@ impl<S: Ranked> Held<S> {
     }
 
     /// Init `name`: the session `start` makes, once (a second init finds it made), then `then` on it.
-    pub fn init(&self, name: &str, start: impl FnOnce() -> Result<S, Failed>, then: impl FnOnce(&S) -> c_int) -> c_int {
+    pub fn init(
+        &self,
+        name: &str,
+        start: impl FnOnce() -> Result<Box<S>, Failed>,
+        then: impl FnOnce(&S) -> c_int,
+    ) -> c_int {
         guard(self.lib, name, || {
             let mut s = self.lock();
             if s.is_none() && self.finalized.load(Ordering::SeqCst) {
@@ -67,13 +73,14 @@ impl<S: Ranked> Held<S> {
                     }
                 }
             }
-            s.as_ref().map_or(FAIL, then)
+            s.as_deref().map_or(FAIL, then)
         })
     }
 
     /// Runs call `name`'s `f` on the session, if init made one.
     pub fn with(&self, name: &str, f: impl FnOnce(&mut S) -> Result<(), Failed>) -> c_int {
-        self.with_then(name, f, Ok)
+        let mut f = Some(f);
+        self.call(name, &mut |s| f.take().map_or(Ok(()), |f| f(s)))
     }
 
     /// Runs call `name`'s `f` on the session, if init made one, then `then` on what it gave, without the
@@ -84,6 +91,26 @@ impl<S: Ranked> Held<S> {
         f: impl FnOnce(&mut S) -> Result<T, Failed>,
         then: impl FnOnce(T) -> Result<(), Failed>,
     ) -> c_int {
+        let (mut f, mut got, mut rank) = (Some(f), None, 0);
+        let rc = self.call(name, &mut |s| {
+            rank = s.rank();
+            got = f.take().map(|f| f(s)).transpose()?;
+            Ok(())
+        });
+        match got {
+            Some(got) if rc == SUCCESS => guard(self.lib, name, || match then(got) {
+                Ok(()) => SUCCESS,
+                Err(failed) => self.failed(name, rank, failed),
+            }),
+            _ => rc,
+        }
+    }
+
+    /// The body every call shares: `f` on the session under its lock, no panic let out, a failure said.
+    /// Not generic, and not inlined: one copy serves every call, and a process's first call brings it into
+    /// the cache for the others (each call's own code is only its `f`).
+    #[inline(never)]
+    fn call(&self, name: &str, f: &mut dyn FnMut(&mut S) -> Result<(), Failed>) -> c_int {
         guard(self.lib, name, || {
             if self.aborting.load(Ordering::SeqCst) {
                 return FAIL;
@@ -93,16 +120,19 @@ impl<S: Ranked> Held<S> {
                 let Some(s) = s.as_mut() else { return ERR_INIT };
                 (s.rank(), f(s))
             };
-            match got.and_then(then) {
+            match got {
                 Ok(()) => SUCCESS,
-                Err(failed) => {
-                    if let Some(message) = failed.message {
-                        say(&format!("{}: rank {rank}: {name}: {message}", self.lib));
-                    }
-                    failed.code
-                }
+                Err(failed) => self.failed(name, rank, failed),
             }
         })
+    }
+
+    /// Call `name` of rank `rank` failed: says why, where it is worth saying; the code it returns.
+    fn failed(&self, name: &str, rank: u32, failed: Failed) -> c_int {
+        if let Some(message) = failed.message {
+            say(&format!("{}: rank {rank}: {name}: {message}", self.lib));
+        }
+        failed.code
     }
 
     /// Call `name`, which reads one number of the session into `*out`.

@@ -59,8 +59,8 @@ struct Wire {
 
 impl Session {
     /// `PMI_Init`: connects to the launcher's server and says `init`, or, without one, makes a job of one.
-    pub fn start() -> Result<Session, Failed> {
-        let Some(mut conn) = Conn::from_env()? else { return Ok(Session::alone()) };
+    pub fn start() -> Result<Box<Session>, Failed> {
+        let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
         let mail = Arc::new(Mailbox::new(conn.reader()?));
         let mut wire = Wire { conn, mail };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
@@ -76,7 +76,7 @@ impl Session {
         let maxes = wire.maxes()?;
         let kvsname = wire.call_ok(&["cmd=get_my_kvsname"], "my_kvsname", |r| field(&r, "kvsname"))?;
         let spawned = env_int(c"PMI_SPAWNED")?.unwrap_or(0) != 0;
-        Ok(Session {
+        Ok(Box::new(Session {
             rank,
             size,
             spawned,
@@ -87,7 +87,7 @@ impl Session {
             groups,
             clique: None,
             server: Server::Wire(wire),
-        })
+        }))
     }
 
     fn alone() -> Session {

@@ -71,7 +71,7 @@ impl Answer {
     fn int(&self, key: &str) -> Result<i64, Failed> {
         let v = self.get(key).ok_or_else(|| Failed::said(format!("the PMI server's answer has no {key}=")))?;
         rpmi_client::utf8(v)
-            .and_then(|v| v.trim().parse().ok())
+            .and_then(|v| v.trim_ascii().parse().ok())
             .ok_or_else(|| Failed::said(format!("the PMI server's {key}= is not an integer")))
     }
 }
@@ -95,8 +95,8 @@ pub struct Session {
 
 impl Session {
     /// `PMI2_Init`: `init` for version 2 on the launcher's connection, then `fullinit`; or a job of one.
-    pub fn start() -> Result<Session, Failed> {
-        let Some(mut conn) = Conn::from_env()? else { return Ok(Session::alone()) };
+    pub fn start() -> Result<Box<Session>, Failed> {
+        let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
         conn.write(b"cmd=init pmi_version=2 pmi_subversion=0\n")?;
         let line = conn.line()?;
         let mail = Arc::new(Mailbox::new(conn.reader()?));
@@ -118,7 +118,8 @@ impl Session {
         // Threads may call while one waits for a node attribute (and they say which by `thrid`).
         fields.push(("threaded", b"TRUE"));
         let server = Server::Wire(conn, mail);
-        let mut session = Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server };
+        let mut session =
+            Box::new(Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server });
         let init = session.ask("fullinit", &fields)?;
         let (rank, size) = (init.int("rank")?, init.int("size")?);
         if size <= 0 || !(0..size).contains(&rank) || size > 1 << 24 {
