@@ -256,6 +256,9 @@ fn command(server: Server, size: usize, program: &Path, gets: usize) -> Command 
 /// Rank 0's figures and the library that spoke, from its line.
 #[derive(Clone, Debug)]
 struct Figures {
+    /// When it ran: its round, and its turn in the round for a series run several times a round. The runs of
+    /// two clients in one slot are paired (see [`interval`]).
+    slot: usize,
     startup_us: f64,
     gets_us: f64,
     startup_cpu_us: f64,
@@ -274,6 +277,7 @@ fn run_once(mut c: Command) -> Result<Figures, String> {
     let field = |k: &str| line.split(' ').find_map(|w| w.strip_prefix(k)).ok_or(format!("no {k} in {line}"));
     let number = |k: &str| field(k)?.parse::<f64>().map_err(|_| format!("{k} in {line}"));
     Ok(Figures {
+        slot: 0,
         startup_us: number("startup_us=")?,
         gets_us: number("gets_us=")?,
         startup_cpu_us: number("startup_cpu_us=")?,
@@ -314,27 +318,72 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
 /// Resamples drawn for an [`interval`].
 const RESAMPLES: usize = 2000;
 
-/// The 95% interval of the ratio of `a`'s median to `b`'s, by the bootstrap: each of [`RESAMPLES`] draws as many
-/// runs of each, with replacement, as it has (by a linear congruential generator, the same in every run of the
-/// benchmark), and the ratio of their medians; the middle 95% of those ratios. How far the runs' spread leaves
-/// the median ratio uncertain: a target within it is not told apart from the median by this many runs.
-fn interval(a: &[f64], b: &[f64]) -> Option<(f64, f64)> {
-    if a.is_empty() || b.is_empty() {
+/// The 95% interval of the ratio of the median of `pairs`' first figures to that of their second, by the
+/// bootstrap: each of [`RESAMPLES`] draws as many pairs, with replacement (by a linear congruential
+/// generator, the same in every run of the benchmark), and takes that ratio; the middle 95% of those. A pair
+/// is two clients' runs in one slot, so that what the machine did then weighs on both sides of the ratio.
+/// How far the runs' spread leaves the median ratio uncertain: a target within it is not told apart from the
+/// median by this many runs.
+fn interval(pairs: &[(f64, f64)]) -> Option<(f64, f64)> {
+    if pairs.is_empty() {
         return None;
     }
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
-    let mut draw = |xs: &[f64]| -> f64 {
-        let resample = (0..xs.len())
-            .map(|_| {
-                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                xs[(x >> 33) as usize % xs.len()]
-            })
-            .collect();
-        median(resample).unwrap_or(f64::NAN)
-    };
-    let mut ratios: Vec<f64> = (0..RESAMPLES).map(|_| draw(a) / draw(b)).collect();
+    let mut ratios: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let (a, b): (Vec<f64>, Vec<f64>) = (0..pairs.len())
+                .map(|_| {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    pairs[(x >> 33) as usize % pairs.len()]
+                })
+                .unzip();
+            median(a).unwrap_or(f64::NAN) / median(b).unwrap_or(f64::NAN)
+        })
+        .collect();
     ratios.sort_by(f64::total_cmp);
-    Some((ratios[RESAMPLES * 25 / 1000], ratios[RESAMPLES * 975 / 1000]))
+    let tail = RESAMPLES * 25 / 1000;
+    Some((ratios[tail], ratios[RESAMPLES - 1 - tail]))
+}
+
+/// One client's median CPU time over that of the hand-written client it is held to, and the ratio's 95%
+/// interval over the slots both ran in.
+struct Over {
+    cpu: Option<f64>,
+    raw_cpu: Option<f64>,
+    within: Option<(f64, f64)>,
+}
+
+impl Over {
+    fn shown(&self) -> String {
+        match self.within {
+            Some((lo, hi)) => format!("{} ({lo:.2}–{hi:.2})", ratio(self.cpu, self.raw_cpu)),
+            None => ratio(self.cpu, self.raw_cpu),
+        }
+    }
+
+    /// Where rpmi's library `client` misses its target for `what`: the line that says so, with the ratio's
+    /// interval, which tells a miss the runs show from one their spread may have made.
+    fn missed(&self, client: Client, what: &str, where_: &str) -> Option<String> {
+        if !matches!(client, Client::Libpmi | Client::Libpmi2) {
+            return None;
+        }
+        let within = match self.within {
+            Some((lo, _)) if lo > TARGET => format!("; 95% interval above {TARGET:.2}, from {lo:.2}"),
+            Some((lo, hi)) => format!("; 95% interval {lo:.2}–{hi:.2}"),
+            None => String::new(),
+        };
+        match (self.cpu, self.raw_cpu) {
+            (Some(c), Some(r)) if c / r <= TARGET => None,
+            _ => Some(format!(
+                "{} {where_}: {what} CPU {} of {}'s ({} against {} µs{within})",
+                client.name(),
+                ratio(self.cpu, self.raw_cpu),
+                client.raw().name(),
+                shown(self.cpu, 1),
+                shown(self.raw_cpu, 1)
+            )),
+        }
+    }
 }
 
 /// Every run of one cell.
@@ -353,12 +402,12 @@ const STARTUP: Figure = |f, _| (f.startup_us, f.startup_cpu_us);
 const GET: Figure = |f, gets| (f.gets_us / gets as f64, f.gets_cpu_us / gets as f64);
 
 impl Cell {
-    /// Runs it once more, with `gets` gets.
-    fn run(&mut self, programs: &Programs, gets: usize) {
+    /// Runs it once more, with `gets` gets, in `slot`.
+    fn run(&mut self, programs: &Programs, gets: usize, slot: usize) {
         let c = command(self.server, self.size, &programs.path(self.client), gets);
         let want = programs.library(self.client);
         match run_once(c) {
-            Ok(f) if f.library == want => self.runs.push(f),
+            Ok(f) if f.library == want => self.runs.push(Figures { slot, ..f }),
             Ok(f) => self.failures.push(format!("spoke through {}, not {want}", f.library)),
             Err(e) => self.failures.push(e),
         }
@@ -373,21 +422,17 @@ impl Cell {
         (median(wall), median(cpu))
     }
 
-    /// The CPU time of each run.
-    fn cpu(&self, figure: Figure, gets: usize) -> Vec<f64> {
-        self.runs.iter().map(|f| figure(f, gets).1).collect()
-    }
-
-    /// Its median CPU time over `raw`'s, with the ratio's 95% interval ([`interval`]): what it shows, and
-    /// the interval.
-    fn over(&self, raw: &Cell, figure: Figure, gets: usize) -> (String, Option<(f64, f64)>) {
-        let (cpu, raw_cpu) = (self.summary(figure, gets).1, raw.summary(figure, gets).1);
-        let within = interval(&self.cpu(figure, gets), &raw.cpu(figure, gets));
-        let shown = match within {
-            Some((lo, hi)) => format!("{} ({lo:.2}–{hi:.2})", ratio(cpu, raw_cpu)),
-            None => ratio(cpu, raw_cpu),
-        };
-        (shown, within)
+    /// Its median CPU time over `raw`'s.
+    fn over(&self, raw: &Cell, figure: Figure, gets: usize) -> Over {
+        let pairs: Vec<(f64, f64)> = self
+            .runs
+            .iter()
+            .filter_map(|f| {
+                let r = raw.runs.iter().find(|r| r.slot == f.slot)?;
+                Some((figure(f, gets).1, figure(r, gets).1))
+            })
+            .collect();
+        Over { cpu: self.summary(figure, gets).1, raw_cpu: raw.summary(figure, gets).1, within: interval(&pairs) }
     }
 
     /// The lowest and highest wall-clock figure of the runs.
@@ -423,32 +468,6 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
-/// Where rpmi's library in `cell` misses its target for `what` (its median CPU time over that of the
-/// hand-written client it is held to, in `raw`, whose runs may all have failed): the line that says so, with
-/// the ratio's 95% interval, which tells a miss the runs show from one their spread may have made.
-fn missed(cell: &Cell, raw: &Cell, figure: Figure, gets: usize, what: &str, where_: &str) -> Option<String> {
-    if !matches!(cell.client, Client::Libpmi | Client::Libpmi2) {
-        return None;
-    }
-    let (cpu, raw_cpu) = (cell.summary(figure, gets).1, raw.summary(figure, gets).1);
-    let within = match interval(&cell.cpu(figure, gets), &raw.cpu(figure, gets)) {
-        Some((lo, _)) if lo > TARGET => format!("; 95% interval above {TARGET:.2}, from {lo:.2}"),
-        Some((lo, hi)) => format!("; 95% interval {lo:.2}–{hi:.2}"),
-        None => String::new(),
-    };
-    match (cpu, raw_cpu) {
-        (Some(c), Some(r)) if c / r <= TARGET => None,
-        _ => Some(format!(
-            "{} {where_}: {what} CPU {} of {}'s ({} against {} µs{within})",
-            cell.client.name(),
-            ratio(cpu, raw_cpu),
-            cell.client.raw().name(),
-            shown(cpu, 1),
-            shown(raw_cpu, 1)
-        )),
-    }
-}
-
 fn shown(x: Option<f64>, digits: usize) -> String {
     x.map_or("failed".into(), |x| format!("{x:.digits$}"))
 }
@@ -471,8 +490,8 @@ fn report(
          (µs: its own work and its system calls, not its waits). **Get**: one `get` of another rank's key \
          after the fence, from a loop of {} gets on every rank at once, closed by a fence, in µs per get, the \
          same ways. \"× hand\": over the same figure of the hand-written client of the same PMI version under \
-         the same server, and for the CPU time in brackets the 95% interval of that ratio (by the bootstrap: what the \
-         runs' spread leaves uncertain; a target inside it is not told apart by this many runs); \"× library\": the start-up's CPU time over that of the library the anchors ship for \
+         the same server, and for the CPU time in brackets the 95% interval of that ratio (by the bootstrap over the runs paired by \
+         round: what the runs' spread leaves uncertain; a target inside it is not told apart by this many runs); \"× library\": the start-up's CPU time over that of the library the anchors ship for \
          the same version under the same server (Flux's `libpmi`, Slurm's `libpmi2`). The wall-clock figures of \
          this 2-core machine are spread by where the scheduler puts tasks and servers (their ranges), which \
          only adds: the CPU time is what the client itself costs. rpmi's libraries target at most \
@@ -502,58 +521,73 @@ fn report(
             let (wall, cpu) = cell.summary(figure, args.gets);
             let raw_wall = raw.summary(figure, args.gets).0;
             let hand = cell.client == cell.client.raw();
+            let over = cell.over(raw, figure, args.gets);
             row.push_str(&format!(
                 " {} | {} | {} | {} | {} |",
                 shown(wall.map(|w| w / scale), digits),
                 cell.range(figure, args.gets, digits, scale),
                 if hand { String::new() } else { ratio(wall, raw_wall) },
                 shown(cpu, 1),
-                if hand { String::new() } else { cell.over(raw, figure, args.gets).0 }
+                if hand { String::new() } else { over.shown() }
             ));
             if what == "start-up" {
                 let anchor = cell.client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, args.gets).1));
                 row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
             }
-            misses.extend(missed(cell, raw, figure, args.gets, what, &where_));
+            misses.extend(over.missed(cell.client, what, &where_));
         }
         md.push_str(&format!("{row} {} |\n", cell.failures.len()));
     }
-    if !steady.is_empty() || !alone.is_empty() {
+    // The start-up alone where it was run (`--startups`), else the start-up of the jobs measuring gets.
+    let (startups, startup_gets, startup_runs) =
+        if alone.is_empty() { (steady, args.steady_gets, args.runs) } else { (alone, 0, args.startups * args.runs) };
+    if !startups.is_empty() {
+        let gets = if steady.is_empty() {
+            String::new()
+        } else {
+            format!("; **get**: the start-up and then {} gets, {} runs", args.steady_gets, args.runs)
+        };
+        let alone_said = if alone.is_empty() {
+            format!("the start-up of the jobs measuring gets, {startup_runs} runs")
+        } else {
+            format!(
+                "{startup_runs} runs of the start-up alone (no gets) per client, {} in each round one after \
+                 another in an order of the round's own",
+                args.startups
+            )
+        };
         md.push_str(&format!(
             "\nSteadier: jobs of one task under rpmi-run (no other task shares the cores with it and its server). \
-             **Start-up**: {} runs of the start-up alone (no gets) per client, {} in each round one after another \
-             in an order of the round's own; **get**: the same start-up and then {} gets, {} runs. The median \
-             CPU time of each (µs), and in brackets the 95% interval of its ratio (by the bootstrap: what the \
-             runs' spread leaves uncertain).\n\n\
+             **Start-up**: {alone_said}{gets}. The median CPU time of each (µs), and in brackets the 95% interval \
+             of its ratio (by the bootstrap over the runs paired by round: what the runs' spread leaves \
+             uncertain).\n\n\
              | client | start-up CPU (µs) | × hand | × library | get CPU (µs) | × hand | failed runs |\n\
-             |---|---|---|---|---|---|---|\n",
-            args.startups * args.runs,
-            args.startups,
-            args.steady_gets,
-            args.runs
+             |---|---|---|---|---|---|---|\n"
         ));
-        let clients = if alone.is_empty() { steady } else { alone };
-        for cell in clients {
+        for cell in startups {
             let client = cell.client;
             let hand = client == client.raw();
             let mut row = format!("| {} |", client.name());
             // As in the cells: blank where the client has no anchor, "-" where the anchor has no figure.
             for (what, series, figure, gets, digits) in
-                [("start-up", alone, STARTUP, 0, 1), ("get", steady, GET, args.steady_gets, 2)]
+                [("start-up", startups, STARTUP, startup_gets, 1), ("get", steady, GET, args.steady_gets, 2)]
             {
                 let find = |c: Client| series.iter().find(|x| x.client == c);
                 let (Some(mine), Some(raw)) = (find(client), find(client.raw())) else {
-                    row.push_str(if what == "start-up" { " - | | |" } else { " - | |" });
+                    row.push_str(" - | |");
                     continue;
                 };
-                let cpu = mine.summary(figure, gets).1;
-                let over = if hand { String::new() } else { mine.over(raw, figure, gets).0 };
-                row.push_str(&format!(" {} | {over} |", shown(cpu, digits)));
+                let over = mine.over(raw, figure, gets);
+                row.push_str(&format!(
+                    " {} | {} |",
+                    shown(over.cpu, digits),
+                    if hand { String::new() } else { over.shown() }
+                ));
                 if what == "start-up" {
                     let anchor = client.anchor().map(|a| find(a).and_then(|c| c.summary(figure, gets).1));
-                    row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
+                    row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(over.cpu, a))));
                 }
-                misses.extend(missed(mine, raw, figure, gets, what, "alone under rpmi-run"));
+                misses.extend(over.missed(client, what, "alone under rpmi-run"));
             }
             let failures: usize = [alone, steady]
                 .iter()
@@ -590,12 +624,12 @@ fn report(
             md.push_str(&format!("- {m}\n"));
         }
     }
-    let failures: Vec<String> = cells
+    let series = [("", cells), (" (the gets alone)", steady), (" (the start-up alone)", alone)];
+    let failures: Vec<String> = series
         .iter()
-        .chain(steady)
-        .chain(alone)
-        .flat_map(|c| {
-            c.failures.iter().map(move |f| format!("{} {} {}: {f}", c.server.name(), c.size, c.client.name()))
+        .flat_map(|&(what, cells)| cells.iter().map(move |c| (what, c)))
+        .flat_map(|(what, c)| {
+            c.failures.iter().map(move |f| format!("{} {} {}{what}: {f}", c.server.name(), c.size, c.client.name()))
         })
         .collect();
     if !failures.is_empty() {
@@ -617,13 +651,17 @@ fn json(
     serde_json::json!({
         "gets": args.gets,
         "steady_gets": args.steady_gets,
-        "startups": alone.iter().map(|c| serde_json::json!({
+        "startups": args.startups,
+        "alone": alone.iter().map(|c| serde_json::json!({
             "client": c.client.name(),
+            "slots": c.runs.iter().map(|f| f.slot).collect::<Vec<_>>(),
+            "startup_us": c.runs.iter().map(|f| f.startup_us).collect::<Vec<_>>(),
             "startup_cpu_us": c.runs.iter().map(|f| f.startup_cpu_us).collect::<Vec<_>>(),
             "failures": c.failures,
         })).collect::<Vec<_>>(),
         "steady": steady.iter().map(|c| serde_json::json!({
             "client": c.client.name(),
+            "slots": c.runs.iter().map(|f| f.slot).collect::<Vec<_>>(),
             "startup_cpu_us": c.runs.iter().map(|f| f.startup_cpu_us).collect::<Vec<_>>(),
             "gets_cpu_us": c.runs.iter().map(|f| f.gets_cpu_us).collect::<Vec<_>>(),
             "failures": c.failures,
@@ -633,6 +671,7 @@ fn json(
             "server": c.server.name(),
             "tasks": c.size,
             "client": c.client.name(),
+            "slots": c.runs.iter().map(|f| f.slot).collect::<Vec<_>>(),
             "startup_us": c.runs.iter().map(|f| f.startup_us).collect::<Vec<_>>(),
             "gets_us": c.runs.iter().map(|f| f.gets_us).collect::<Vec<_>>(),
             "startup_cpu_us": c.runs.iter().map(|f| f.startup_cpu_us).collect::<Vec<_>>(),
@@ -676,14 +715,15 @@ fn main() -> ExitCode {
             }
         }
         for i in shuffled(cells.len(), round) {
-            cells[i].run(&programs, args.gets);
+            cells[i].run(&programs, args.gets, round);
         }
         for i in shuffled(steady.len(), round) {
-            steady[i].run(&programs, args.steady_gets);
+            steady[i].run(&programs, args.steady_gets, round);
         }
         for k in 0..args.startups {
-            for i in shuffled(alone.len(), round * args.startups + k) {
-                alone[i].run(&programs, 0);
+            let slot = round * args.startups + k;
+            for i in shuffled(alone.len(), slot) {
+                alone[i].run(&programs, 0, slot);
             }
         }
     }

@@ -107,8 +107,8 @@ impl<S: Ranked> Held<S> {
     }
 
     /// The body every call shares: `f` on the session under its lock, no panic let out, a failure said.
-    /// Not generic, and not inlined: one copy serves every call, and a process's first call brings it into
-    /// the cache for the others (each call's own code is only its `f`).
+    /// Not generic over the call, and not inlined: one copy serves every call, and a process's first call
+    /// brings it into the cache for the others (each call's own code is only its `f`).
     #[inline(never)]
     fn call(&self, name: &str, f: &mut dyn FnMut(&mut S) -> Result<(), Failed>) -> c_int {
         guard(self.lib, name, || {

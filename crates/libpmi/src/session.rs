@@ -157,12 +157,15 @@ impl Session {
     /// The value of `key`; `Failed::quiet` if there is none.
     pub fn get(&mut self, key: &str) -> Result<String, Failed> {
         match &mut self.server {
-            Server::Wire(w) => w.call(&["cmd=get kvsname=", &self.kvsname, " key=", key], "get_result", |reply| {
+            Server::Wire(w) => {
+                let mut line = String::new();
+                let reply =
+                    w.ask(&["cmd=get kvsname=", &self.kvsname, " key=", key], "get_result", false, &mut line)?;
                 if reply.rc() != 0 {
                     return Err(Failed::quiet());
                 }
                 field(&reply, "value")
-            }),
+            }
             Server::Alone(kvs) => kvs.get(key).cloned().ok_or_else(Failed::quiet),
         }
     }
@@ -217,7 +220,9 @@ impl Session {
     /// `--mpi=pmi2`), and a lookup that found nothing with no port at all.
     pub fn name(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
         match &mut self.server {
-            Server::Wire(w) => w.call(&[request], answer, |reply| {
+            Server::Wire(w) => {
+                let mut line = String::new();
+                let reply = w.ask(&[request], answer, false, &mut line)?;
                 if reply.rc() != 0 || reply.get("info").is_some_and(|i| i != "ok") {
                     return Err(Failed::quiet());
                 }
@@ -226,7 +231,7 @@ impl Session {
                     return Err(Failed::quiet());
                 }
                 Ok(port.to_string())
-            }),
+            }
             // A job of one publishes for nobody.
             Server::Alone(_) => Err(Failed::quiet()),
         }
@@ -265,14 +270,14 @@ impl Wire {
         self.conn.write(&line)
     }
 
-    /// The next reply line, which must answer with `cmd=<answer>`, read by `read` (parsed once here; the
-    /// mailbox reads a `barrier_out`'s tag before, to tell whose it is).
+    /// The next reply line, which must answer with `cmd=<answer>`, read by `read`.
     fn reply<T>(&mut self, answer: &str, read: impl FnOnce(Reply) -> Result<T, Failed>) -> Result<T, Failed> {
         let mut line = String::new();
         read(self.answer(answer, &mut line)?)
     }
 
-    /// The next reply line, kept in `line`, which must answer with `cmd=<answer>`.
+    /// The next reply line, kept in `line`, which must answer with `cmd=<answer>` (parsed once here; the
+    /// mailbox reads a `barrier_out`'s tag before, to tell whose it is).
     fn answer<'l>(&mut self, answer: &str, line: &'l mut String) -> Result<Reply<'l>, Failed> {
         *line = self.mail.take_plain()?;
         let reply = parsed(line)?;
@@ -285,18 +290,8 @@ impl Wire {
         Ok(reply)
     }
 
-    /// Sends the request made of `pieces` and reads its reply, `cmd=<answer>`, with `read`.
-    fn call<T>(
-        &mut self,
-        pieces: &[&str],
-        answer: &str,
-        read: impl FnOnce(Reply) -> Result<T, Failed>,
-    ) -> Result<T, Failed> {
-        let mut line = String::new();
-        read(self.ask(pieces, answer, false, &mut line)?)
-    }
-
-    /// A request that must succeed (`rc=0`).
+    /// Sends the request made of `pieces`, which must succeed (`rc=0`), and reads its reply, `cmd=<answer>`,
+    /// with `read`.
     fn call_ok<T>(
         &mut self,
         pieces: &[&str],
