@@ -167,7 +167,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 /// The programs, one per client, in a directory of their own: each library client finds its library by its
-/// soname through a directory on its run path that holds only that library.
+/// soname through a directory on its run path that holds only a copy of that library.
 struct Programs {
     dir: PathBuf,
     /// The clients built: every one of [`CLIENTS`] but Flux's library where flux-core is not installed.
@@ -211,8 +211,12 @@ impl Programs {
                     ));
                 }
                 let soname = if client.build_as() == 1 { "libpmi.so.0" } else { "libpmi2.so.0" };
-                std::os::unix::fs::symlink(&built, libs.join(soname)).map_err(|e| e.to_string())?;
-                libraries.push((client, std::fs::canonicalize(&built).map_err(|e| e.to_string())?));
+                // A copy, as a package lays a file down: the file a linker wrote sits in the page cache as it
+                // was written, and a process's start-up through it costs some µs more here than through the
+                // same bytes copied (the anchors' libraries are installed files).
+                let copy = libs.join(soname);
+                std::fs::copy(&built, &copy).map_err(|e| format!("copying {}: {e}", built.display()))?;
+                libraries.push((client, std::fs::canonicalize(&copy).map_err(|e| e.to_string())?));
                 cc.arg(format!("-I{}", root.join(crate_dir).join("include").display()))
                     .arg(format!("-L{}", libs.display()))
                     .arg(format!("-l:{soname}"))
