@@ -308,10 +308,16 @@ fn shuffled(n: usize, round: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ round as u64;
     for i in (1..n).rev() {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        order.swap(i, (x >> 33) as usize % (i + 1));
+        order.swap(i, next_below(&mut x, i + 1));
     }
     order
+}
+
+/// The next number below `n` from the linear congruential generator whose state is `x` (the same sequence in
+/// every run of the benchmark).
+fn next_below(x: &mut u64, n: usize) -> usize {
+    *x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+    (*x >> 33) as usize % n
 }
 
 fn median(mut xs: Vec<f64>) -> Option<f64> {
@@ -323,8 +329,8 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
 const RESAMPLES: usize = 2000;
 
 /// The 95% interval of the ratio of the median of `pairs`' first figures to that of their second, by the
-/// bootstrap: each of [`RESAMPLES`] draws as many pairs, with replacement (by a linear congruential
-/// generator, the same in every run of the benchmark), and takes that ratio; the middle 95% of those. A pair
+/// bootstrap: each of [`RESAMPLES`] draws as many pairs, with replacement (by [`next_below`]), and takes that
+/// ratio; the middle 95% of those. A pair
 /// is two clients' runs in one slot, so that what the machine did then weighs on both sides of the ratio.
 /// How far the runs' spread leaves the median ratio uncertain: a target within it is not told apart from the
 /// median by this many runs.
@@ -335,12 +341,7 @@ fn interval(pairs: &[(f64, f64)]) -> Option<(f64, f64)> {
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
     let mut ratios: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
-            let (a, b): (Vec<f64>, Vec<f64>) = (0..pairs.len())
-                .map(|_| {
-                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                    pairs[(x >> 33) as usize % pairs.len()]
-                })
-                .unzip();
+            let (a, b): (Vec<f64>, Vec<f64>) = (0..pairs.len()).map(|_| pairs[next_below(&mut x, pairs.len())]).unzip();
             median(a).unwrap_or(f64::NAN) / median(b).unwrap_or(f64::NAN)
         })
         .collect();
