@@ -65,8 +65,10 @@ impl Session {
         let mut wire = Wire { conn, mail };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
-        if let (Some(id), true) = (env_int(c"PMI_ID")?, wire.conn.is_port()) {
-            (rank, size) = wire.initack(id)?;
+        if wire.conn.is_port() {
+            if let Some(id) = env_int(c"PMI_ID")? {
+                (rank, size) = wire.initack(id)?;
+            }
         }
         let (rank, size) = match (rank, size) {
             (Some(r), Some(s)) if s > 0 && (0..s).contains(&r) && s <= SIZE_MAX => (r as u32, s as u32),
