@@ -223,6 +223,11 @@ impl<M> Default for State<M> {
 
 impl<M: Mail> State<M> {
     fn hand_out(&mut self, message: M) {
+        // With no tagged request outstanding, every message is the plain request's: its tag is not read (a
+        // barrier's answer, read right after the longest wait of a start-up, would be parsed twice).
+        if self.tagged.is_empty() {
+            return self.hand_to_plain(message);
+        }
         let tag = message.tag();
         if let Some((_, answer @ None)) = tag.and_then(|t| self.tagged.get_mut(&t)) {
             *answer = Some(message);
@@ -237,6 +242,10 @@ impl<M: Mail> State<M> {
                 return;
             }
         }
+        self.hand_to_plain(message);
+    }
+
+    fn hand_to_plain(&mut self, message: M) {
         if self.plain.is_none() {
             self.plain = Some(message);
         } else {
