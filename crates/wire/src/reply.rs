@@ -27,32 +27,38 @@ pub struct Reply<'a> {
 fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
     let bytes = line.as_bytes();
     let mut at = 0;
-    // Bytes, not chars: an ASCII byte is always a char boundary, and this runs for every tuple of every
-    // reply, so each byte is looked at once.
+    // Bytes, not chars: an ASCII byte is always a char boundary. A client parses every reply it gets, so each
+    // byte is looked at once, with one test in the common case (a byte above the space is neither whitespace
+    // nor anything else that ends a key), and a `value=`'s value not at all.
+    let ends_word = |b: u8| b <= b' ' && b.is_ascii_whitespace();
     std::iter::from_fn(move || {
-        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
+        while at < bytes.len() && ends_word(bytes[at]) {
             at += 1;
         }
         if at == bytes.len() {
             return None;
         }
         let start = at;
-        let mut eq = None;
-        while at < bytes.len() && !bytes[at].is_ascii_whitespace() {
-            if bytes[at] == b'=' && eq.is_none() {
-                eq = Some(at);
-            }
+        while at < bytes.len() && bytes[at] != b'=' && !ends_word(bytes[at]) {
             at += 1;
         }
-        let Some(eq) = eq.filter(|&eq| eq > start) else {
+        if at == start || at == bytes.len() || bytes[at] != b'=' {
+            // No `=`, or nothing before it: the tuple runs to the next whitespace.
+            while at < bytes.len() && !ends_word(bytes[at]) {
+                at += 1;
+            }
             let tuple = &line[start..at];
             at = bytes.len();
             return Some(Err(tuple));
-        };
-        let key = &line[start..eq];
+        }
+        let (key, eq) = (&line[start..at], at);
         if key == "value" {
             at = bytes.len();
             return Some(Ok((key, &line[eq + 1..])));
+        }
+        at += 1;
+        while at < bytes.len() && !ends_word(bytes[at]) {
+            at += 1;
         }
         Some(Ok((key, &line[eq + 1..at])))
     })
@@ -166,6 +172,50 @@ mod tests {
         assert_eq!(r.get("w"), None);
         let r = Reply::parse("cmd=x k=1 k=2").unwrap();
         assert_eq!(r.get("k"), Some("1"));
+    }
+
+    /// RFC 13's reading of a line, written plainly: whitespace-separated `key=value` words, `value=` taking the
+    /// rest of the line.
+    fn plain_tuples(line: &str) -> Vec<Result<(&str, &str), &str>> {
+        let mut out = Vec::new();
+        let mut rest = line;
+        loop {
+            rest = rest.trim_start_matches(|c: char| c.is_ascii_whitespace());
+            if rest.is_empty() {
+                return out;
+            }
+            let word = &rest[..rest.find(|c: char| c.is_ascii_whitespace()).unwrap_or(rest.len())];
+            match word.split_once('=') {
+                Some(("value", _)) => {
+                    out.push(Ok(("value", &rest["value=".len()..])));
+                    return out;
+                }
+                Some((key, value)) if !key.is_empty() => out.push(Ok((key, value))),
+                _ => {
+                    out.push(Err(word));
+                    return out;
+                }
+            }
+            rest = &rest[word.len()..];
+        }
+    }
+
+    #[test]
+    fn tuples_read_every_short_line_as_the_plain_reading_does() {
+        let alphabet = ["a", "=", " ", "\t", "v", "\u{1}", "\n", "e", "value="];
+        let mut line = String::new();
+        for n in 0..alphabet.len().pow(6) {
+            line.clear();
+            let mut k = n;
+            for _ in 0..6 {
+                line.push_str(alphabet[k % alphabet.len()]);
+                k /= alphabet.len();
+            }
+            for prefix in ["", "cmd=x "] {
+                let line = format!("{prefix}{line}");
+                assert_eq!(super::tuples(&line).collect::<Vec<_>>(), plain_tuples(&line), "{line:?}");
+            }
+        }
     }
 
     #[test]
