@@ -264,9 +264,8 @@ pub unsafe extern "C" fn PMI_KVS_Get(
     with_session("PMI_KVS_Get", |s| {
         own_kvs(s, kvsname)?;
         let key = key.filter(|k| is_word(k, s.maxes.key)).ok_or(Failed::arg(ERR_INVALID_KEY))?;
-        let got = s.get(key)?;
         // SAFETY: the caller's contract.
-        unsafe { copy_out(got.as_bytes(), value, length, ERR_INVALID_LENGTH) }
+        s.get(key, |got| unsafe { copy_out(got.as_bytes(), value, length, ERR_INVALID_LENGTH) })
     })
 }
 

@@ -55,6 +55,8 @@ pub struct Session {
 struct Wire {
     conn: Conn,
     mail: Arc<Mailbox<String>>,
+    /// The request being written: one buffer from request to request, so that a request allocates nothing.
+    out: Vec<u8>,
 }
 
 impl Session {
@@ -62,7 +64,7 @@ impl Session {
     pub fn start() -> Result<Box<Session>, Failed> {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
         let mail = Arc::new(Mailbox::new(conn.reader()?));
-        let mut wire = Wire { conn, mail };
+        let mut wire = Wire { conn, mail, out: Vec::new() };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
         if wire.conn.is_port() {
@@ -156,8 +158,9 @@ impl Session {
         }
     }
 
-    /// The value of `key`; `Failed::quiet` if there is none.
-    pub fn get(&mut self, key: &str) -> Result<String, Failed> {
+    /// What `read` makes of the value of `key` (read where it lies, copied nowhere first); `Failed::quiet` if
+    /// there is none.
+    pub fn get<T>(&mut self, key: &str, read: impl FnOnce(&str) -> Result<T, Failed>) -> Result<T, Failed> {
         match &mut self.server {
             Server::Wire(w) => {
                 let mut line = String::new();
@@ -166,9 +169,9 @@ impl Session {
                 if reply.rc() != 0 {
                     return Err(Failed::quiet());
                 }
-                field(&reply, "value")
+                read(reply.field("value").map_err(Failed::said)?)
             }
-            Server::Alone(kvs) => kvs.get(key).cloned().ok_or_else(Failed::quiet),
+            Server::Alone(kvs) => read(kvs.get(key).ok_or_else(Failed::quiet)?),
         }
     }
 
@@ -201,7 +204,7 @@ impl Session {
     /// server has none, or sends it empty, as RFC 13 says it may), this rank alone, as MPICH takes it.
     pub fn clique(&mut self) -> Result<&[u32], Failed> {
         if self.clique.is_none() {
-            let ranks = match self.get("PMI_process_mapping") {
+            let ranks = match self.get("PMI_process_mapping", |m| Ok(m.to_string())) {
                 Ok(mapping) if !mapping.trim().is_empty() => {
                     let mapping = Mapping::parse(&mapping)
                         .map_err(|e| Failed::said(format!("the server's PMI_process_mapping is malformed: {e}")))?;
@@ -264,12 +267,12 @@ impl Session {
 impl Wire {
     /// Writes the request made of `pieces`, and its newline, in one write.
     fn send(&mut self, pieces: &[&str]) -> Result<(), Failed> {
-        let mut line = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum::<usize>() + 1);
+        self.out.clear();
         for piece in pieces {
-            line.extend_from_slice(piece.as_bytes());
+            self.out.extend_from_slice(piece.as_bytes());
         }
-        line.push(b'\n');
-        self.conn.write(&line)
+        self.out.push(b'\n');
+        self.conn.write(&self.out)
     }
 
     /// The next reply line, which must answer with `cmd=<answer>`, read by `read`.
