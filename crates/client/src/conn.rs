@@ -165,6 +165,17 @@ impl Conn {
         Ok(self.take(n))
     }
 
+    /// The next `N` bytes (a frame's header), with no allocation of their own.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], Failed> {
+        while self.buf.len() < N {
+            self.fill()?;
+        }
+        let mut bytes = [0; N];
+        bytes.copy_from_slice(&self.buf[..N]);
+        self.buf.drain(..N);
+        Ok(bytes)
+    }
+
     /// The first `n` bytes of the buffer, copied out whole (a drain collected would go byte by byte).
     fn take(&mut self, n: usize) -> Vec<u8> {
         let taken = self.buf[..n].to_vec();

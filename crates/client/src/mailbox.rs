@@ -131,11 +131,14 @@ impl<M: Mail> Mailbox<M> {
         }
     }
 
-    /// The plain request about to be sent (under the session's lock) is answered by `cmd`.
-    pub fn expect_plain(&self, cmd: &str) {
+    /// The plain request about to be sent (under the session's lock) is answered by the command `pieces` make
+    /// (PMI-2's `<request>-response`, without a string of its own for each request).
+    pub fn expect_plain(&self, pieces: &[&str]) {
         let mut state = self.state();
         state.plain_cmd.clear();
-        state.plain_cmd.push_str(cmd);
+        for piece in pieces {
+            state.plain_cmd.push_str(piece);
+        }
     }
 
     /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it, until

@@ -246,7 +246,7 @@ impl Session {
     pub fn spawn(&mut self, request: &SpawnRequest) -> Result<Vec<i32>, Failed> {
         let bytes = request.encode().map_err(|e| Failed::arg_said(rpmi_client::ERR_INVALID_ARG, e.to_string()))?;
         let Server::Wire(w) = &mut self.server else { return Err(Failed::quiet()) };
-        w.mail.expect_plain("spawn_result");
+        w.mail.expect_plain(&["spawn_result"]);
         w.conn.write(&bytes)?;
         w.reply("spawn_result", |reply| {
             if reply.rc() != 0 {
@@ -318,7 +318,7 @@ impl Wire {
         must_succeed: bool,
         line: &'l mut String,
     ) -> Result<Reply<'l>, Failed> {
-        self.mail.expect_plain(answer);
+        self.mail.expect_plain(&[answer]);
         self.send(pieces)?;
         let reply = self.answer(answer, line)?;
         if must_succeed && reply.rc() != 0 {

@@ -296,16 +296,17 @@ pub unsafe extern "C" fn PMI2_KVS_Get(
     let Ok(max) = usize::try_from(maxvalue) else { return ERR_INVALID_LENGTH };
     with_session("PMI2_KVS_Get", |s| {
         let job = job.unwrap_or(&s.jobid).to_owned();
-        let got = s.get(&job, src_pmi_id, key)?;
-        // A value cut to the buffer says so as MPICH's and Slurm's clients do: its length, negative.
-        // SAFETY: the caller's contract.
-        let cut = unsafe { copy_cut(&got, value, max) };
-        if !vallen.is_null() {
-            let len = got.len() as c_int;
+        s.get(&job, src_pmi_id, key, |got| {
+            // A value cut to the buffer says so as MPICH's and Slurm's clients do: its length, negative.
             // SAFETY: the caller's contract.
-            unsafe { *vallen = if cut { -len } else { len } };
-        }
-        Ok(())
+            let cut = unsafe { copy_cut(got, value, max) };
+            if !vallen.is_null() {
+                let len = got.len() as c_int;
+                // SAFETY: the caller's contract.
+                unsafe { *vallen = if cut { -len } else { len } };
+            }
+            Ok(())
+        })
     })
 }
 

@@ -78,8 +78,9 @@ impl Answer {
 
 /// What the launcher serves the process through.
 enum Server {
-    /// Requests are written to the connection, answers read through the mailbox.
-    Wire(Conn, Arc<Mailbox<Answer>>),
+    /// Requests are written to the connection (each made in the one buffer kept here: a request allocates
+    /// nothing), answers read through the mailbox.
+    Wire(Conn, Arc<Mailbox<Answer>>, Vec<u8>),
     /// No launcher: a job of one.
     Alone { kvs: BTreeMap<String, Vec<u8>>, node: BTreeMap<String, Vec<u8>> },
 }
@@ -117,7 +118,7 @@ impl Session {
         }
         // Threads may call while one waits for a node attribute (and they say which by `thrid`).
         fields.push(("threaded", b"TRUE"));
-        let server = Server::Wire(conn, mail);
+        let server = Server::Wire(conn, mail, Vec::new());
         let mut session =
             Box::new(Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server });
         let init = session.ask("fullinit", &fields)?;
@@ -174,25 +175,30 @@ impl Session {
     }
 
     fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
-        let Server::Wire(conn, mail) = &mut self.server else { return Err(Failed::quiet()) };
-        let out = frame(cmd, fields)?;
-        let response = [cmd, "-response"].concat();
-        mail.expect_plain(&response);
-        conn.write(&out)?;
-        answering(mail.take_plain()?, &response)
+        let Server::Wire(conn, mail, out) = &mut self.server else { return Err(Failed::quiet()) };
+        frame(out, cmd, fields)?;
+        mail.expect_plain(&[cmd, "-response"]);
+        conn.write(out)?;
+        let answer = mail.take_plain()?;
+        match answer.cmd().strip_prefix(cmd) {
+            Some("-response") => Ok(answer),
+            _ => Err(unanswered(&answer, &[cmd, "-response"].concat())),
+        }
     }
 
     /// Sends request `cmd` and reads no answer (abort: the server ends the job).
     pub fn tell(&mut self, cmd: &str, fields: Fields) {
-        if let (Server::Wire(conn, _), Ok(out)) = (&mut self.server, frame(cmd, fields)) {
-            let _ = conn.write(&out);
+        if let Server::Wire(conn, _, out) = &mut self.server {
+            if frame(out, cmd, fields).is_ok() {
+                let _ = conn.write(out);
+            }
         }
     }
 
     /// Where a node attribute waited for is answered, without the session's lock; `None` in a job of one.
     pub fn mailbox(&self) -> Option<Arc<Mailbox<Answer>>> {
         match &self.server {
-            Server::Wire(_, mail) => Some(mail.clone()),
+            Server::Wire(_, mail, _) => Some(mail.clone()),
             Server::Alone { .. } => None,
         }
     }
@@ -201,10 +207,11 @@ impl Session {
     /// after other threads' requests are answered, is for the caller to take from the [`Session::mailbox`],
     /// where it has said it expects it ([`expect_node_attr`]).
     pub fn send_node_wait(&mut self, name: &str) -> Result<(), Failed> {
-        let Server::Wire(conn, _) = &mut self.server else { return Ok(()) };
+        let Server::Wire(conn, _, out) = &mut self.server else { return Ok(()) };
         let thrid = NODE_WAIT.to_string();
         let fields: Fields = &[("thrid", thrid.as_bytes()), ("key", name.as_bytes()), ("wait", b"TRUE")];
-        conn.write(&frame("info-getnodeattr", fields)?)
+        frame(out, "info-getnodeattr", fields)?;
+        conn.write(out)
     }
 
     pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), Failed> {
@@ -224,16 +231,27 @@ impl Session {
         }
     }
 
-    /// The value of `key` in job `jobid`'s key-value space; `Failed::quiet` if it has none.
-    pub fn get(&mut self, jobid: &str, src: i32, key: &str) -> Result<Vec<u8>, Failed> {
+    /// What `read` makes of the value of `key` in job `jobid`'s key-value space (read where it lies, copied
+    /// nowhere first); `Failed::quiet` if it has none.
+    pub fn get<T>(
+        &mut self,
+        jobid: &str,
+        src: i32,
+        key: &str,
+        read: impl FnOnce(&[u8]) -> Result<T, Failed>,
+    ) -> Result<T, Failed> {
         match &mut self.server {
-            Server::Alone { kvs, .. } if jobid == self.jobid => kvs.get(key).cloned().ok_or_else(Failed::quiet),
+            Server::Alone { kvs, .. } if jobid == self.jobid => read(kvs.get(key).ok_or_else(Failed::quiet)?),
             Server::Alone { .. } => Err(Failed::quiet()),
             Server::Wire(..) => {
                 let mut srcid = Vec::new();
                 push_int(&mut srcid, src.into());
                 let fields: Fields = &[("jobid", jobid.as_bytes()), ("srcid", &srcid), ("key", key.as_bytes())];
-                found(self.ask_quietly("kvs-get", fields)?)
+                let answer = self.ask_quietly("kvs-get", fields)?;
+                if !answer.flag("found") {
+                    return Err(Failed::quiet());
+                }
+                read(answer.get("value").unwrap_or_default())
             }
         }
     }
@@ -307,7 +325,7 @@ impl Session {
         }
         let fields: Vec<(&str, &[u8])> = owned.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
         // A request no frame can hold is the caller's fault, with or without a launcher.
-        frame("spawn", &fields)?;
+        frame(&mut Vec::new(), "spawn", &fields)?;
         if self.alone_now() {
             return Err(Failed::quiet());
         }
@@ -327,8 +345,9 @@ impl Session {
     }
 }
 
-/// Request `cmd` with `fields` as one frame; `Err` if it is longer than a frame's length prefix can say.
-fn frame(cmd: &str, fields: Fields) -> Result<Vec<u8>, Failed> {
+/// Request `cmd` with `fields` as one frame, made in `out`; `Err` if it is longer than a frame's length prefix
+/// can say.
+fn frame(out: &mut Vec<u8>, cmd: &str, fields: Fields) -> Result<(), Failed> {
     // `cmd=<cmd>;`, then `key=value;` each, a `;` in a value doubled.
     let doubled = |v: &[u8]| v.len() + v.iter().filter(|&&b| b == b';').count();
     let len: usize = cmd.len() + 5 + fields.iter().map(|(k, v)| k.len() + 2 + doubled(v)).sum::<usize>();
@@ -338,18 +357,14 @@ fn frame(cmd: &str, fields: Fields) -> Result<Vec<u8>, Failed> {
             format!("a {cmd} request of {len} bytes, more than a PMI-2 frame holds ({FRAME_MAX})"),
         ));
     }
-    let mut out = Vec::with_capacity(HEADER_LEN + len);
-    let mut w = Writer::request(&mut out, cmd);
+    out.clear();
+    out.reserve(HEADER_LEN + len);
+    let mut w = Writer::request(out, cmd);
     for (key, value) in fields {
         w = w.str(key, value);
     }
     w.finish();
-    Ok(out)
-}
-
-/// A `found=`/`value=` answer: the value, or `Failed::quiet` if not found.
-fn found(answer: Answer) -> Result<Vec<u8>, Failed> {
-    optional(Ok(answer))?.ok_or_else(Failed::quiet)
+    Ok(())
 }
 
 /// A `found=`/`value=` answer (or a refusal) as an optional value.
@@ -381,14 +396,19 @@ pub fn node_waited(expected: Expected<'_, Answer>) -> Result<Option<Vec<u8>>, Fa
 /// `answer`, which must be of command `cmd`.
 fn answering(answer: Answer, cmd: &str) -> Result<Answer, Failed> {
     if answer.cmd() != cmd {
-        return Err(Failed::said(format!("the PMI server answered with cmd={} where cmd={cmd} was due", answer.cmd())));
+        return Err(unanswered(&answer, cmd));
     }
     Ok(answer)
 }
 
+/// The server answered with `answer` where command `cmd` was due.
+fn unanswered(answer: &Answer, cmd: &str) -> Failed {
+    Failed::said(format!("the PMI server answered with cmd={} where cmd={cmd} was due", answer.cmd()))
+}
+
 /// Reads one frame.
 fn read_answer(conn: &mut Conn) -> Result<Answer, Failed> {
-    let header = conn.exact(HEADER_LEN)?;
+    let header = conn.array::<HEADER_LEN>()?;
     let len = body_len(&header).ok_or_else(|| {
         Failed::said(format!("the PMI server sent a frame whose length is '{}'", String::from_utf8_lossy(&header)))
     })?;
