@@ -268,6 +268,7 @@ impl Wire {
     /// Writes the request made of `pieces`, and its newline, in one write.
     fn send(&mut self, pieces: &[&str]) -> Result<(), Failed> {
         self.out.clear();
+        self.out.reserve(pieces.iter().map(|p| p.len()).sum::<usize>() + 1);
         for piece in pieces {
             self.out.extend_from_slice(piece.as_bytes());
         }
