@@ -433,18 +433,22 @@ impl Pooled {
             (logs / per_cell.len() as f64).exp()
         };
         let mut x = 0x2545_f491_4f6c_dd1d_u64;
-        let mut means: Vec<f64> = (0..RESAMPLES)
-            .map(|_| {
-                let mut times = vec![0; slots.len()];
-                for _ in 0..slots.len() {
-                    times[next_below(&mut x, slots.len())] += 1;
-                }
-                mean(&|slot| slots.binary_search(&slot).map_or(0, |i| times[i]))
-            })
-            .collect();
+        // A draw that leaves a cell none of its runs (one whose runs failed in most rounds) is drawn again.
+        let mut draw = || {
+            let mut times = vec![0; slots.len()];
+            for _ in 0..slots.len() {
+                times[next_below(&mut x, slots.len())] += 1;
+            }
+            mean(&|slot| slots.binary_search(&slot).map_or(0, |i| times[i]))
+        };
+        let mut means: Vec<f64> =
+            (0..RESAMPLES).filter_map(|_| (0..100).map(|_| draw()).find(|m| m.is_finite())).collect();
+        if means.len() < RESAMPLES / 2 {
+            return None;
+        }
         means.sort_by(f64::total_cmp);
-        let tail = RESAMPLES * 25 / 1000;
-        Some(Pooled { ratio: mean(&|_| 1), within: (means[tail], means[RESAMPLES - 1 - tail]) })
+        let tail = means.len() * 25 / 1000;
+        Some(Pooled { ratio: mean(&|_| 1), within: (means[tail], means[means.len() - 1 - tail]) })
     }
 
     fn shown(&self) -> String {
@@ -620,8 +624,8 @@ fn report(
                 row.push_str(&format!(" {} |", anchor.map_or(String::new(), |a| ratio(cpu, a))));
             }
             // One cell's median is judged across the cells (below); a cell on its own misses where its runs
-            // show it: its whole interval above the target.
-            if over.within.is_some_and(|(lo, _)| lo > TARGET) {
+            // show it (its whole interval above the target), or where it has no figure (every run failed).
+            if over.within.is_none_or(|(lo, _)| lo > TARGET) {
                 misses.extend(over.missed(cell.client, what, &where_));
             }
         }
@@ -642,7 +646,13 @@ fn report(
                 let pooled = Pooled::of(cells, client, figure, args.gets);
                 row.push_str(&format!(" {} |", pooled.as_ref().map_or("-".into(), Pooled::shown)));
                 if matches!(client, Client::Libpmi | Client::Libpmi2) {
-                    misses.extend(pooled.and_then(|p| p.missed(client, what)));
+                    misses.extend(match pooled {
+                        Some(p) => p.missed(client, what),
+                        None => Some(format!(
+                            "{} across the cells: no {what} figure (a cell has no runs, or too few)",
+                            client.name()
+                        )),
+                    });
                 }
             }
             md.push_str(&format!("{row}\n"));

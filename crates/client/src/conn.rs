@@ -187,6 +187,10 @@ impl Conn {
 /// Where the first newline of `bytes` is: the C library's `memchr`, which looks at many bytes a step, where a
 /// loop over them would take a step and a branch per byte of every reply.
 fn newline(bytes: &[u8]) -> Option<usize> {
+    // An empty vector's pointer is dangling, which C does not promise to take even for no bytes.
+    if bytes.is_empty() {
+        return None;
+    }
     // SAFETY: memchr reads at most `bytes.len()` bytes from `bytes`, and what it returns, if not NULL, points
     // into them.
     let at = unsafe { libc::memchr(bytes.as_ptr().cast(), i32::from(b'\n'), bytes.len()) };

@@ -282,8 +282,8 @@ impl Wire {
         read(self.answer(answer, &mut line)?)
     }
 
-    /// The next reply line, kept in `line`, which must answer with `cmd=<answer>` (parsed once here; the
-    /// mailbox reads a `barrier_out`'s tag before, to tell whose it is).
+    /// The next reply line, kept in `line`, which must answer with `cmd=<answer>` (parsed once here; while a
+    /// group barrier is outstanding, the mailbox reads a `barrier_out`'s tag before, to tell whose it is).
     fn answer<'l>(&mut self, answer: &str, line: &'l mut String) -> Result<Reply<'l>, Failed> {
         *line = self.mail.take_plain()?;
         let reply = parsed(line)?;
