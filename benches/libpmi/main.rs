@@ -340,15 +340,20 @@ fn interval(pairs: &[(f64, f64)]) -> Option<(f64, f64)> {
         return None;
     }
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
-    let mut ratios: Vec<f64> = (0..RESAMPLES)
+    let ratios: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
             let (a, b): (Vec<f64>, Vec<f64>) = (0..pairs.len()).map(|_| pairs[next_below(&mut x, pairs.len())]).unzip();
             median(a).unwrap_or(f64::NAN) / median(b).unwrap_or(f64::NAN)
         })
         .collect();
-    ratios.sort_by(f64::total_cmp);
-    let tail = RESAMPLES * 25 / 1000;
-    Some((ratios[tail], ratios[RESAMPLES - 1 - tail]))
+    Some(middle_95(ratios))
+}
+
+/// The bounds of the middle 95% of `draws` (not empty), a bootstrap's interval.
+fn middle_95(mut draws: Vec<f64>) -> (f64, f64) {
+    draws.sort_by(f64::total_cmp);
+    let tail = draws.len() * 25 / 1000;
+    (draws[tail], draws[draws.len() - 1 - tail])
 }
 
 /// One client's median CPU time over that of the hand-written client it is held to, and the ratio's 95%
@@ -441,14 +446,11 @@ impl Pooled {
             }
             mean(&|slot| slots.binary_search(&slot).map_or(0, |i| times[i]))
         };
-        let mut means: Vec<f64> =
-            (0..RESAMPLES).filter_map(|_| (0..100).map(|_| draw()).find(|m| m.is_finite())).collect();
+        let means: Vec<f64> = (0..RESAMPLES).filter_map(|_| (0..100).map(|_| draw()).find(|m| m.is_finite())).collect();
         if means.len() < RESAMPLES / 2 {
             return None;
         }
-        means.sort_by(f64::total_cmp);
-        let tail = means.len() * 25 / 1000;
-        Some(Pooled { ratio: mean(&|_| 1), within: (means[tail], means[means.len() - 1 - tail]) })
+        Some(Pooled { ratio: mean(&|_| 1), within: middle_95(means) })
     }
 
     fn shown(&self) -> String {

@@ -100,6 +100,15 @@ impl Conn {
         Ok(())
     }
 
+    /// Reads until the buffer holds `n` bytes (`n` at most [`READ_MAX`], which the caller checks).
+    #[inline]
+    fn fill_to(&mut self, n: usize) -> Result<(), Failed> {
+        while self.buf.len() < n {
+            self.fill()?;
+        }
+        Ok(())
+    }
+
     /// Reads more into the buffer; `Err` if the server closed or failed.
     fn fill(&mut self) -> Result<(), Failed> {
         let fd = self.fd();
@@ -159,17 +168,13 @@ impl Conn {
         if n > READ_MAX {
             return Err(Failed::said(format!("the PMI server announced a message of {n} bytes")));
         }
-        while self.buf.len() < n {
-            self.fill()?;
-        }
+        self.fill_to(n)?;
         Ok(self.take(n))
     }
 
     /// The next `N` bytes (a frame's header), with no allocation of their own.
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], Failed> {
-        while self.buf.len() < N {
-            self.fill()?;
-        }
+        self.fill_to(N)?;
         let mut bytes = [0; N];
         bytes.copy_from_slice(&self.buf[..N]);
         self.buf.drain(..N);
