@@ -42,7 +42,8 @@ impl Conn {
                 None => return Ok(None),
             },
         };
-        Ok(Some(Conn { stream, buf: Vec::new() }))
+        // The room of the first read made now: a read never grows it but where a line runs past it.
+        Ok(Some(Conn { stream, buf: Vec::with_capacity(CHUNK) }))
     }
 
     /// A connection on `stream`, for the tests of what reads through it.
@@ -143,18 +144,27 @@ impl Conn {
 
     /// The next line, without its newline (and a `\r` before it).
     pub fn line(&mut self) -> Result<String, Failed> {
+        let mut line = String::new();
+        self.line_into(&mut line)?;
+        Ok(line)
+    }
+
+    /// The next line, without its newline (and a `\r` before it), into `line`: one buffer from line to line,
+    /// so that a reply allocates nothing.
+    pub fn line_into(&mut self, line: &mut String) -> Result<(), Failed> {
         loop {
             if let Some(at) = newline(&self.buf) {
-                let mut line = self.take(at + 1);
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
+                let mut text = &self.buf[..at];
+                if let [rest @ .., b'\r'] = text {
+                    text = rest;
                 }
-                if crate::utf8(&line).is_none() {
+                let Some(text) = crate::utf8(text) else {
                     return Err(Failed::said("the PMI server sent a line that is not UTF-8".into()));
-                }
-                // SAFETY: checked just above.
-                return Ok(unsafe { String::from_utf8_unchecked(line) });
+                };
+                line.clear();
+                line.push_str(text);
+                self.buf.drain(..at + 1);
+                return Ok(());
             }
             if self.buf.len() > READ_MAX {
                 return Err(Failed::said(format!("the PMI server sent more than {READ_MAX} bytes without a newline")));

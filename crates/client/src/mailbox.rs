@@ -6,19 +6,27 @@
 //! request is sent under the lock and waited for without it. Whichever waiting thread finds nobody reading
 //! reads the next message and hands it out: one that names an outstanding tagged request's tag (PMI-1's
 //! `barrier_out tag=`, PMI-2's `thrid=`) goes to it, any other to the plain request. One tag is outstanding at
-//! a time per process (a second request of the same tag waits for the first to end).
+//! a time per process (a second request of the same tag waits for the first to end). Until a thread first
+//! expects a tagged request, nothing is waited for without the lock, and a plain request reads its answer
+//! straight from the connection ([`Plain`]).
 
 use crate::conn::Conn;
 use crate::Failed;
 use rpmi_wire::reply::{quote, Reply};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// A message from the server, as the mailbox hands it out.
 pub trait Mail: Sized {
     /// Reads the next message.
     fn read(conn: &mut Conn) -> Result<Self, Failed>;
+    /// Reads the next message into `into`, reusing what it holds where it can.
+    fn read_into(conn: &mut Conn, into: &mut Self) -> Result<(), Failed> {
+        *into = Self::read(conn)?;
+        Ok(())
+    }
     /// Its command (`cmd=`).
     fn cmd(&self) -> &str;
     /// The tag of the request it answers, where it says one.
@@ -31,6 +39,10 @@ pub trait Mail: Sized {
 impl Mail for String {
     fn read(conn: &mut Conn) -> Result<String, Failed> {
         conn.line()
+    }
+
+    fn read_into(conn: &mut Conn, into: &mut String) -> Result<(), Failed> {
+        conn.line_into(into)
     }
 
     fn cmd(&self) -> &str {
@@ -57,6 +69,18 @@ pub struct Mailbox<M> {
     state: Mutex<State<M>>,
     /// A message was handed out, the connection broke, a reader stopped, or a tagged request ended.
     changed: Condvar,
+    /// No tagged request was ever expected, and the connection has not broken: see [`Plain`].
+    direct: AtomicBool,
+}
+
+/// A plain request expected ([`Mailbox::expect_plain`]), whose answer is taken through it. Until a thread first
+/// expects a tagged request, the thread of a plain request (which holds the session, as from its send to its
+/// answer every plain request does) is the only one that reads: it reads its answer straight from the
+/// connection, past the state that tells answers apart. A tagged request expected meanwhile cannot be sent
+/// before that answer is read (its send needs the session), so the answer is still the next message.
+#[must_use]
+pub struct Plain {
+    direct: bool,
 }
 
 struct State<M> {
@@ -110,7 +134,12 @@ impl<M: Mail> Drop for Expected<'_, M> {
 
 impl<M: Mail> Mailbox<M> {
     pub fn new(reader: Conn) -> Mailbox<M> {
-        Mailbox { reader: Mutex::new(reader), state: Mutex::new(State::default()), changed: Condvar::new() }
+        Mailbox {
+            reader: Mutex::new(reader),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            direct: AtomicBool::new(true),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State<M>> {
@@ -133,12 +162,16 @@ impl<M: Mail> Mailbox<M> {
 
     /// The plain request about to be sent (under the session's lock) is answered by the command `pieces` make
     /// (PMI-2's `<request>-response`, without a string of its own for each request).
-    pub fn expect_plain(&self, pieces: &[&str]) {
+    pub fn expect_plain(&self, pieces: &[&str]) -> Plain {
+        if self.direct.load(Ordering::SeqCst) {
+            return Plain { direct: true };
+        }
         let mut state = self.state();
         state.plain_cmd.clear();
         for piece in pieces {
             state.plain_cmd.push_str(piece);
         }
+        Plain { direct: false }
     }
 
     /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it, until
@@ -147,6 +180,7 @@ impl<M: Mail> Mailbox<M> {
     /// without the session's lock.
     pub fn expect_tagged(&self, tag: i64, cmd: &str) -> Expected<'_, M> {
         let mut state = self.state();
+        self.direct.store(false, Ordering::SeqCst);
         while state.tagged.contains_key(&tag) && state.broken.is_none() {
             state = self.wait_on(state);
         }
@@ -156,9 +190,33 @@ impl<M: Mail> Mailbox<M> {
         Expected { mail: self, tag, taken: false }
     }
 
-    /// The answer to the plain request outstanding, reading the connection when no other thread is.
-    pub fn take_plain(&self) -> Result<M, Failed> {
+    /// The answer to the plain request `plain`, reading the connection when no other thread is.
+    pub fn take_plain(&self, plain: Plain) -> Result<M, Failed> {
+        if plain.direct {
+            return self.read_direct(M::read);
+        }
         self.take(Awaited::Plain)
+    }
+
+    /// The answer to the plain request `plain`, into `into` (reusing what it holds, where the answer is read
+    /// here).
+    pub fn take_plain_into(&self, plain: Plain, into: &mut M) -> Result<(), Failed> {
+        if plain.direct {
+            return self.read_direct(|conn| M::read_into(conn, into));
+        }
+        *into = self.take(Awaited::Plain)?;
+        Ok(())
+    }
+
+    /// Reads the connection for a plain request taken directly (see [`Plain`]).
+    fn read_direct<T>(&self, read: impl FnOnce(&mut Conn) -> Result<T, Failed>) -> Result<T, Failed> {
+        let got = read(&mut self.reader.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Err(failed) = &got {
+            // From now on every request goes through the state, which says why to each.
+            self.direct.store(false, Ordering::SeqCst);
+            self.state().broken = Some(failed.message.clone().unwrap_or_default());
+        }
+        got
     }
 
     /// The next message for `awaited`, reading the connection when no other thread is.
@@ -303,6 +361,38 @@ mod tests {
         assert!(expected.take().is_err());
         let answer = second.recv_timeout(Duration::from_secs(10)).expect("the queued thread was never woken");
         assert!(answer.is_err());
+    }
+
+    #[test]
+    fn a_plain_request_reads_its_answer_directly_until_a_tagged_one_is_expected() {
+        let (mail, mut server) = mailbox();
+        let plain = mail.expect_plain(&["put_result"]);
+        assert!(plain.direct);
+        // Another thread expects a group barrier while the plain request waits: its send would need the session,
+        // so the next line is still the plain request's, even a `barrier_out` without a tag.
+        let expected = mail.expect_tagged(7, "barrier_out");
+        server.write_all(b"cmd=barrier_out rc=0\ncmd=barrier_out rc=0 tag=7\n").unwrap();
+        let mut line = String::new();
+        mail.take_plain_into(plain, &mut line).unwrap();
+        assert_eq!(line, "cmd=barrier_out rc=0");
+        let plain = mail.expect_plain(&["barrier_out"]);
+        assert!(!plain.direct, "a tagged request was expected: answers go through the state");
+        assert_eq!(expected.take().unwrap(), "cmd=barrier_out rc=0 tag=7");
+        server.write_all(b"cmd=barrier_out rc=0 tag=0\n").unwrap();
+        assert_eq!(mail.take_plain(plain).unwrap(), "cmd=barrier_out rc=0 tag=0");
+    }
+
+    #[test]
+    fn a_connection_broken_under_a_direct_read_fails_every_later_request_with_why() {
+        let (mail, server) = mailbox();
+        drop(server);
+        let plain = mail.expect_plain(&["put_result"]);
+        let why = mail.take_plain(plain).unwrap_err().message.unwrap();
+        assert!(why.contains("closed the connection"), "{why}");
+        let plain = mail.expect_plain(&["put_result"]);
+        assert!(!plain.direct);
+        assert_eq!(mail.take_plain(plain).unwrap_err().message.unwrap(), why);
+        assert_eq!(mail.expect_tagged(7, "barrier_out").take().unwrap_err().message.unwrap(), why);
     }
 
     #[test]

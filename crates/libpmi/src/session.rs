@@ -3,7 +3,7 @@
 //! ([`super`]) checks its arguments and turns what this returns into PMI's codes.
 
 use rpmi_client::conn::{Conn, READ_MAX};
-use rpmi_client::mailbox::Mailbox;
+use rpmi_client::mailbox::{Mailbox, Plain};
 use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
 use rpmi_wire::reply::{quote, Reply};
@@ -16,6 +16,8 @@ const SINGLETON_MAXES: Maxes = Maxes { kvsname: 256, key: 256, value: 1024 };
 /// The largest job taken (rpmi's own bound): a larger size is a launcher's or a server's error, and the
 /// clique's walk over the ranks stays bounded.
 const SIZE_MAX: i64 = 1 << 24;
+/// The room first made for a request and for a reply: a start-up's fit, and grow no further.
+const REQUEST: usize = 512;
 /// The longest port a lookup hands back, NUL included: MPICH's `MPI_MAX_PORT_NAME`.
 pub const PORT_MAX: usize = 256;
 
@@ -55,8 +57,10 @@ pub struct Session {
 struct Wire {
     conn: Conn,
     mail: Arc<Mailbox<String>>,
-    /// The request being written: one buffer from request to request, so that a request allocates nothing.
+    /// The request being written, and the reply read: one buffer each from request to request, so that a
+    /// request allocates nothing.
     out: Vec<u8>,
+    line: String,
 }
 
 impl Session {
@@ -64,7 +68,7 @@ impl Session {
     pub fn start() -> Result<Box<Session>, Failed> {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
         let mail = Arc::new(Mailbox::new(conn.reader()?));
-        let mut wire = Wire { conn, mail, out: Vec::new() };
+        let mut wire = Wire { conn, mail, out: Vec::with_capacity(REQUEST), line: String::with_capacity(REQUEST) };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
         if wire.conn.is_port() {
@@ -163,9 +167,7 @@ impl Session {
     pub fn get<T>(&mut self, key: &str, read: impl FnOnce(&str) -> Result<T, Failed>) -> Result<T, Failed> {
         match &mut self.server {
             Server::Wire(w) => {
-                let mut line = String::new();
-                let reply =
-                    w.ask(&["cmd=get kvsname=", &self.kvsname, " key=", key], "get_result", false, &mut line)?;
+                let reply = w.ask(&["cmd=get kvsname=", &self.kvsname, " key=", key], "get_result", false)?;
                 if reply.rc() != 0 {
                     return Err(Failed::quiet());
                 }
@@ -226,8 +228,7 @@ impl Session {
     pub fn name(&mut self, request: &str, answer: &str) -> Result<String, Failed> {
         match &mut self.server {
             Server::Wire(w) => {
-                let mut line = String::new();
-                let reply = w.ask(&[request], answer, false, &mut line)?;
+                let reply = w.ask(&[request], answer, false)?;
                 if reply.rc() != 0 || reply.get("info").is_some_and(|i| i != "ok") {
                     return Err(Failed::quiet());
                 }
@@ -246,9 +247,9 @@ impl Session {
     pub fn spawn(&mut self, request: &SpawnRequest) -> Result<Vec<i32>, Failed> {
         let bytes = request.encode().map_err(|e| Failed::arg_said(rpmi_client::ERR_INVALID_ARG, e.to_string()))?;
         let Server::Wire(w) = &mut self.server else { return Err(Failed::quiet()) };
-        w.mail.expect_plain(&["spawn_result"]);
+        let plain = w.mail.expect_plain(&["spawn_result"]);
         w.conn.write(&bytes)?;
-        w.reply("spawn_result", |reply| {
+        w.reply(plain, "spawn_result", |reply| {
             if reply.rc() != 0 {
                 return Err(Failed::quiet());
             }
@@ -277,20 +278,24 @@ impl Wire {
     }
 
     /// The next reply line, which must answer with `cmd=<answer>`, read by `read`.
-    fn reply<T>(&mut self, answer: &str, read: impl FnOnce(Reply) -> Result<T, Failed>) -> Result<T, Failed> {
-        let mut line = String::new();
-        read(self.answer(answer, &mut line)?)
+    fn reply<T>(
+        &mut self,
+        plain: Plain,
+        answer: &str,
+        read: impl FnOnce(Reply) -> Result<T, Failed>,
+    ) -> Result<T, Failed> {
+        read(self.answer(plain, answer)?)
     }
 
-    /// The next reply line, kept in `line`, which must answer with `cmd=<answer>` (parsed once here; while a
-    /// group barrier is outstanding, the mailbox reads a `barrier_out`'s tag before, to tell whose it is).
-    fn answer<'l>(&mut self, answer: &str, line: &'l mut String) -> Result<Reply<'l>, Failed> {
-        *line = self.mail.take_plain()?;
-        let reply = parsed(line)?;
+    /// The next reply line, which must answer with `cmd=<answer>` (parsed once here; while a group barrier is
+    /// outstanding, the mailbox reads a `barrier_out`'s tag before, to tell whose it is).
+    fn answer(&mut self, plain: Plain, answer: &str) -> Result<Reply<'_>, Failed> {
+        self.mail.take_plain_into(plain, &mut self.line)?;
+        let reply = parsed(&self.line)?;
         if reply.cmd() != answer {
             return Err(Failed::said(format!(
                 "the PMI server answered with {} where cmd={answer} was due",
-                quote(line)
+                quote(&self.line)
             )));
         }
         Ok(reply)
@@ -304,24 +309,17 @@ impl Wire {
         answer: &str,
         read: impl FnOnce(Reply) -> Result<T, Failed>,
     ) -> Result<T, Failed> {
-        let mut line = String::new();
-        read(self.ask(pieces, answer, true, &mut line)?)
+        read(self.ask(pieces, answer, true)?)
     }
 
-    /// Sends the request made of `pieces` and reads its reply, kept in `line`, which must answer with
-    /// `cmd=<answer>`, and succeed (`rc=0`) where `must_succeed`. Not generic, and not inlined: every request
-    /// of a process runs this one copy, which its first request brings into the cache for the others.
+    /// Sends the request made of `pieces` and reads its reply, which must answer with `cmd=<answer>`, and
+    /// succeed (`rc=0`) where `must_succeed`. Not generic, and not inlined: every request of a process runs
+    /// this one copy, which its first request brings into the cache for the others.
     #[inline(never)]
-    fn ask<'l>(
-        &mut self,
-        pieces: &[&str],
-        answer: &str,
-        must_succeed: bool,
-        line: &'l mut String,
-    ) -> Result<Reply<'l>, Failed> {
-        self.mail.expect_plain(&[answer]);
+    fn ask(&mut self, pieces: &[&str], answer: &str, must_succeed: bool) -> Result<Reply<'_>, Failed> {
+        let plain = self.mail.expect_plain(&[answer]);
         self.send(pieces)?;
-        let reply = self.answer(answer, line)?;
+        let reply = self.answer(plain, answer)?;
         if must_succeed && reply.rc() != 0 {
             let request = pieces.first().map_or("", |p| p.split(' ').next().unwrap_or(p));
             return Err(Failed::said(format!("the PMI server failed '{request}': {}", reply.quoted())));
@@ -361,7 +359,8 @@ impl Wire {
         self.call_ok(&["cmd=initack pmiid=", &id.to_string()], "initack", |_| Ok(()))?;
         let (mut rank, mut size) = (None, None);
         for _ in 0..3 {
-            self.reply("set", |reply| {
+            let plain = self.mail.expect_plain(&["set"]);
+            self.reply(plain, "set", |reply| {
                 if let Some(n) = reply.get("size") {
                     size = n.parse().ok();
                 }

@@ -177,9 +177,9 @@ impl Session {
     fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
         let Server::Wire(conn, mail, out) = &mut self.server else { return Err(Failed::quiet()) };
         frame(out, cmd, fields)?;
-        mail.expect_plain(&[cmd, "-response"]);
+        let plain = mail.expect_plain(&[cmd, "-response"]);
         conn.write(out)?;
-        let answer = mail.take_plain()?;
+        let answer = mail.take_plain(plain)?;
         match answer.cmd().strip_prefix(cmd) {
             Some("-response") => Ok(answer),
             _ => Err(unanswered(&answer, &[cmd, "-response"].concat())),

@@ -5,9 +5,6 @@
 /// Longest piece of a response quoted in an error message.
 const MAX_QUOTE: usize = 200;
 
-/// How many tuples a reply keeps from its one pass over the line: every answer RFC 13 defines has fewer.
-const KEPT: usize = 8;
-
 /// One parsed response line, borrowed from the client's buffer: a get allocates nothing, so the
 /// client's own cost stays small beside the server's when many ranks share a machine.
 #[derive(Debug)]
@@ -15,11 +12,6 @@ pub struct Reply<'a> {
     line: &'a str,
     cmd: &'a str,
     rc: i64,
-    /// The line's first tuples, found by the one pass that parsed it: a field is looked up here, not by
-    /// reading the line again.
-    kept: [(&'a str, &'a str); KEPT],
-    /// How many tuples the line has (beyond [`KEPT`], a lookup reads the line again).
-    count: usize,
 }
 
 /// The key=value tuples of a line. `value=` runs to the end of the line, because values may contain
@@ -67,8 +59,6 @@ fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
 impl<'a> Reply<'a> {
     pub fn parse(line: &'a str) -> Result<Reply<'a>, String> {
         let (mut cmd, mut rc) = (None, None);
-        let mut kept = [("", ""); KEPT];
-        let mut count = 0;
         for tuple in tuples(line) {
             let (key, val) =
                 tuple.map_err(|t| format!("malformed response (`{t}` is not key=value): {}", quote(line)))?;
@@ -77,17 +67,13 @@ impl<'a> Reply<'a> {
                 "rc" if rc.is_none() => rc = Some(val),
                 _ => {}
             }
-            if let Some(slot) = kept.get_mut(count) {
-                *slot = (key, val);
-            }
-            count += 1;
         }
         let cmd = cmd.ok_or_else(|| format!("malformed response (no cmd=): {}", quote(line)))?;
         let rc = match rc {
             None => 0,
             Some(rc) => rc.parse().map_err(|_| format!("malformed response (rc={rc}): {}", quote(line)))?,
         };
-        Ok(Reply { line, cmd, rc, kept, count })
+        Ok(Reply { line, cmd, rc })
     }
 
     /// The command answered.
@@ -107,13 +93,13 @@ impl<'a> Reply<'a> {
 
     /// The first tuple named `key` (a line that parsed has only well-formed tuples).
     pub fn get(&self, key: &str) -> Option<&'a str> {
-        let is_key = |(k, _): &(&str, &str)| *k == key;
-        let found = if self.count <= KEPT {
-            self.kept[..self.count].iter().copied().find(is_key)
-        } else {
-            tuples(self.line).flatten().find(is_key)
-        };
-        found.map(|(_, v)| v)
+        // A line that parsed has only well-formed tuples.
+        for (k, v) in tuples(self.line).flatten() {
+            if k == key {
+                return Some(v);
+            }
+        }
+        None
     }
 
     /// A field the reply must carry.
@@ -158,7 +144,7 @@ mod tests {
     }
 
     #[test]
-    fn a_field_past_the_kept_ones_is_found_and_the_first_of_a_key_wins() {
+    fn a_field_anywhere_in_a_long_line_is_found_and_the_first_of_a_key_wins() {
         let mut line = String::from("cmd=x rc=0");
         for i in 0..20 {
             line.push_str(&format!(" k{i}={i}"));
