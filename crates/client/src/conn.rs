@@ -158,13 +158,17 @@ impl Conn {
                 if let [rest @ .., b'\r'] = text {
                     text = rest;
                 }
-                let Some(text) = crate::utf8(text) else {
-                    return Err(Failed::said("the PMI server sent a line that is not UTF-8".into()));
+                let read = match crate::utf8(text) {
+                    Some(text) => {
+                        line.clear();
+                        line.push_str(text);
+                        Ok(())
+                    }
+                    None => Err(Failed::said("the PMI server sent a line that is not UTF-8".into())),
                 };
-                line.clear();
-                line.push_str(text);
+                // Taken either way, as a line that fails is no answer to wait on.
                 self.buf.drain(..at + 1);
-                return Ok(());
+                return read;
             }
             if self.buf.len() > READ_MAX {
                 return Err(Failed::said(format!("the PMI server sent more than {READ_MAX} bytes without a newline")));
@@ -219,4 +223,23 @@ fn launcher_fd(fd: i64) -> Result<RawFd, Failed> {
         .ok()
         .filter(|&fd| fd >= 0)
         .ok_or_else(|| Failed::said(format!("PMI_FD={fd} is not a file descriptor")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Conn;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_line_that_is_not_utf8_fails_and_is_taken() {
+        let (ours, mut server) = UnixStream::pair().unwrap();
+        let mut conn = Conn::of_stream(ours);
+        server.write_all(b"cmd=x v=\xff\r\ncmd=y rc=0\r\n").unwrap();
+        let failed = conn.line().unwrap_err();
+        assert!(failed.message.unwrap().contains("not UTF-8"));
+        let mut line = String::from("left from before");
+        conn.line_into(&mut line).unwrap();
+        assert_eq!(line, "cmd=y rc=0");
+    }
 }

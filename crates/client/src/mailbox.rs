@@ -161,7 +161,8 @@ impl<M: Mail> Mailbox<M> {
     }
 
     /// The plain request about to be sent (under the session's lock) is answered by the command `pieces` make
-    /// (PMI-2's `<request>-response`, without a string of its own for each request).
+    /// (PMI-2's `<request>-response`, without a string of its own for each request). Its caller holds the
+    /// session's lock from here until it has taken the answer: the direct reading ([`Plain`]) rests on it.
     pub fn expect_plain(&self, pieces: &[&str]) -> Plain {
         if self.direct.load(Ordering::SeqCst) {
             return Plain { direct: true };
@@ -177,7 +178,8 @@ impl<M: Mail> Mailbox<M> {
     /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it, until
     /// [`Expected::take`] takes it (or the request is forgotten, when what is returned is dropped untaken).
     /// Waits while another thread's request of the same tag is outstanding, unless the connection broke; call it
-    /// without the session's lock.
+    /// without the session's lock, before the request is sent (under the lock): the direct reading of plain
+    /// requests ([`Plain`]) rests on it.
     pub fn expect_tagged(&self, tag: i64, cmd: &str) -> Expected<'_, M> {
         let mut state = self.state();
         self.direct.store(false, Ordering::SeqCst);
@@ -210,11 +212,15 @@ impl<M: Mail> Mailbox<M> {
 
     /// Reads the connection for a plain request taken directly (see [`Plain`]).
     fn read_direct<T>(&self, read: impl FnOnce(&mut Conn) -> Result<T, Failed>) -> Result<T, Failed> {
-        let got = read(&mut self.reader.lock().unwrap_or_else(|e| e.into_inner()));
+        // A panic in the read may leave a line half taken: the connection is then broken, as for a failure.
+        let got = catch_unwind(AssertUnwindSafe(|| read(&mut self.reader.lock().unwrap_or_else(|e| e.into_inner()))))
+            .unwrap_or_else(|_| Err(Failed::said("reading the PMI server's answer failed".into())));
         if let Err(failed) = &got {
             // From now on every request goes through the state, which says why to each.
             self.direct.store(false, Ordering::SeqCst);
-            self.state().broken = Some(failed.message.clone().unwrap_or_default());
+            let mut state = self.state();
+            state.broken = Some(failed.message.clone().unwrap_or_default());
+            self.wake(&state);
         }
         got
     }
