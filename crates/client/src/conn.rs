@@ -22,8 +22,8 @@ const CHUNK: usize = 8192;
 /// The connection, and what was read from it and not yet taken (a read may end mid-line or carry more).
 pub struct Conn {
     stream: Stream,
-    /// Reads land in its spare capacity: nothing is zeroed or copied, and a connection only written to
-    /// allocates nothing (each page first touched costs a fault, which a start-up pays in full).
+    /// Reads land in its spare capacity: nothing is zeroed or copied. Made with room for a first read, and
+    /// handed to the reading side ([`Conn::reader`]): the side only written to keeps none.
     buf: Vec<u8>,
 }
 

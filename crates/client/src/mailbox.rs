@@ -210,11 +210,15 @@ impl<M: Mail> Mailbox<M> {
         Ok(())
     }
 
+    /// Reads the connection with `read`. A panic in it is a failure: it may have left a message half taken.
+    fn read_guarded<T>(&self, read: impl FnOnce(&mut Conn) -> Result<T, Failed>) -> Result<T, Failed> {
+        catch_unwind(AssertUnwindSafe(|| read(&mut self.reader.lock().unwrap_or_else(|e| e.into_inner()))))
+            .unwrap_or_else(|_| Err(Failed::said("reading the PMI server's answer failed".into())))
+    }
+
     /// Reads the connection for a plain request taken directly (see [`Plain`]).
     fn read_direct<T>(&self, read: impl FnOnce(&mut Conn) -> Result<T, Failed>) -> Result<T, Failed> {
-        // A panic in the read may leave a line half taken: the connection is then broken, as for a failure.
-        let got = catch_unwind(AssertUnwindSafe(|| read(&mut self.reader.lock().unwrap_or_else(|e| e.into_inner()))))
-            .unwrap_or_else(|_| Err(Failed::said("reading the PMI server's answer failed".into())));
+        let got = self.read_guarded(read);
         if let Err(failed) = &got {
             // From now on every request goes through the state, which says why to each.
             self.direct.store(false, Ordering::SeqCst);
@@ -259,15 +263,13 @@ impl<M: Mail> Mailbox<M> {
             }
             state.reading = true;
             drop(state);
-            // A panic in the read must not leave `reading` set, or every other waiter would wait for ever.
-            let read =
-                catch_unwind(AssertUnwindSafe(|| M::read(&mut self.reader.lock().unwrap_or_else(|e| e.into_inner()))));
+            // Guarded: a panic in the read must not leave `reading` set, or every other waiter would wait for ever.
+            let read = self.read_guarded(M::read);
             state = self.state();
             state.reading = false;
             match read {
-                Ok(Ok(message)) => state.hand_out(message),
-                Ok(Err(failed)) => state.broken = Some(failed.message.unwrap_or_default()),
-                Err(_) => state.broken = Some("reading the PMI server's answer failed".into()),
+                Ok(message) => state.hand_out(message),
+                Err(failed) => state.broken = Some(failed.message.unwrap_or_default()),
             }
             self.wake(&state);
         }
