@@ -1835,7 +1835,7 @@ fn flux_started_by_srun() {
 /// Intel MPI through Flux's `libpmi.so.0` and `libpmi2.so.0` under `srun --mpi=rpmi` (one node).
 #[test]
 #[ignore = "needs Flux and Intel MPI: run by name where Flux is installed"]
-fn flux_libraries_with_impi_under_srun() {
+fn flux_libraries_under_srun_with_intel_mpi() {
     let _s = serial();
     let intel = impi::intel_mpi();
     let imb = intel.imb(4);
