@@ -12,6 +12,8 @@ pub struct Reply<'a> {
     line: &'a str,
     cmd: &'a str,
     rc: i64,
+    /// The `value=` tuple, which ends the line: kept from the parse, so that a get's answer is not read twice.
+    value: Option<&'a str>,
 }
 
 /// The key=value tuples of a line. `value=` runs to the end of the line, because values may contain
@@ -19,52 +21,66 @@ pub struct Reply<'a> {
 fn tuples(line: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
     let bytes = line.as_bytes();
     let mut at = 0;
-    // Bytes, not chars: an ASCII byte is always a char boundary. A client parses every reply it gets, so each
-    // byte is looked at once, with one test in the common case (a byte above the space is neither whitespace
-    // nor anything else that ends a key), and a `value=`'s value not at all.
-    let ends_word = |b: u8| b <= b' ' && b.is_ascii_whitespace();
     std::iter::from_fn(move || {
-        while at < bytes.len() && ends_word(bytes[at]) {
+        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
             at += 1;
         }
         if at == bytes.len() {
             return None;
         }
         let start = at;
-        while at < bytes.len() && bytes[at] != b'=' && !ends_word(bytes[at]) {
-            at += 1;
-        }
+        at = word_end(bytes, at, true);
         if at == start || at == bytes.len() || bytes[at] != b'=' {
             // No `=`, or nothing before it: the tuple runs to the next whitespace.
-            while at < bytes.len() && !ends_word(bytes[at]) {
-                at += 1;
-            }
-            let tuple = &line[start..at];
+            let tuple = &line[start..word_end(bytes, at, false)];
             at = bytes.len();
             return Some(Err(tuple));
         }
         let (key, eq) = (&line[start..at], at);
-        if key == "value" {
-            at = bytes.len();
-            return Some(Ok((key, &line[eq + 1..])));
-        }
-        at += 1;
-        while at < bytes.len() && !ends_word(bytes[at]) {
-            at += 1;
-        }
+        at = if key == "value" { bytes.len() } else { word_end(bytes, eq + 1, false) };
         Some(Ok((key, &line[eq + 1..at])))
     })
 }
 
+/// Where the word from `at` ends: the first ASCII whitespace, or where `at_eq`, the first `=`, from `at`; the
+/// line's length if none. Bytes, not chars: an ASCII byte is always a char boundary. A client reads every
+/// reply it gets, so eight bytes are looked at together: a word's bytes are above the space and not `=`, and
+/// a test of all eight for a byte that is not finds the first such byte exactly (the subtraction's borrow
+/// only marks bytes after a marked one). A control character is a word's byte too: the scan goes on past it.
+fn word_end(bytes: &[u8], mut at: usize, at_eq: bool) -> usize {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    let ends = |b: u8| b.is_ascii_whitespace() || (at_eq && b == b'=');
+    while let Some(eight) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        let x = u64::from_le_bytes(*eight);
+        let low = x.wrapping_sub(ONES * 0x21) & !x;
+        let eq = x ^ (ONES * u64::from(b'='));
+        let eq = if at_eq { eq.wrapping_sub(ONES) & !eq } else { 0 };
+        let marked = (low | eq) & HIGH;
+        if marked == 0 {
+            at += 8;
+            continue;
+        }
+        at += marked.trailing_zeros() as usize / 8;
+        if ends(bytes[at]) {
+            return at;
+        }
+        at += 1;
+    }
+    let rest = bytes.get(at..).unwrap_or_default();
+    at + rest.iter().position(|&b| ends(b)).unwrap_or(rest.len())
+}
+
 impl<'a> Reply<'a> {
     pub fn parse(line: &'a str) -> Result<Reply<'a>, String> {
-        let (mut cmd, mut rc) = (None, None);
+        let (mut cmd, mut rc, mut value) = (None, None, None);
         for tuple in tuples(line) {
             let (key, val) =
                 tuple.map_err(|t| format!("malformed response (`{t}` is not key=value): {}", quote(line)))?;
             match key {
                 "cmd" if cmd.is_none() => cmd = Some(val),
                 "rc" if rc.is_none() => rc = Some(val),
+                "value" => value = Some(val),
                 _ => {}
             }
         }
@@ -73,7 +89,7 @@ impl<'a> Reply<'a> {
             None => 0,
             Some(rc) => rc.parse().map_err(|_| format!("malformed response (rc={rc}): {}", quote(line)))?,
         };
-        Ok(Reply { line, cmd, rc })
+        Ok(Reply { line, cmd, rc, value })
     }
 
     /// The command answered.
@@ -93,13 +109,10 @@ impl<'a> Reply<'a> {
 
     /// The first tuple named `key` (a line that parsed has only well-formed tuples).
     pub fn get(&self, key: &str) -> Option<&'a str> {
-        // A line that parsed has only well-formed tuples.
-        for (k, v) in tuples(self.line).flatten() {
-            if k == key {
-                return Some(v);
-            }
+        if key == "value" {
+            return self.value;
         }
-        None
+        tuples(self.line).map_while(Result::ok).find_map(|(k, v)| (k == key).then_some(v))
     }
 
     /// A field the reply must carry.
@@ -200,6 +213,36 @@ mod tests {
             for prefix in ["", "cmd=x "] {
                 let line = format!("{prefix}{line}");
                 assert_eq!(super::tuples(&line).collect::<Vec<_>>(), plain_tuples(&line), "{line:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_word_ends_where_a_byte_by_byte_reading_ends_it() {
+        // Every byte value, in words of every length and at every offset of the eight-byte reads.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let pick = [b'a', b'=', b' ', b'\t', b'\x01', b'\x7f', b'\x80', b'\xa0', b'\xbd', b'\xff', b'!', b'<', b'>'];
+        for _ in 0..20_000 {
+            let len = (next() % 40) as usize;
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| match next() % 4 {
+                    0 => pick[(next() % pick.len() as u64) as usize],
+                    _ => next() as u8,
+                })
+                .collect();
+            for at in 0..=len {
+                for at_eq in [false, true] {
+                    let plain = (at..len)
+                        .find(|&i| bytes[i].is_ascii_whitespace() || (at_eq && bytes[i] == b'='))
+                        .unwrap_or(len);
+                    assert_eq!(super::word_end(&bytes, at, at_eq), plain, "{bytes:?} from {at}, = ends: {at_eq}");
+                }
             }
         }
     }
