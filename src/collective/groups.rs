@@ -18,10 +18,13 @@
 //! ([`GroupRoot::blocked_by_node`], [`GroupRoot::blocked_by_rank`]) and ends the job.
 
 use super::Bounds;
+use super::Bytes;
 use crate::codec::{Malformed, Reader, Writer};
 use crate::server::GROUP_ID_MAX;
 use crate::wire::group::Group;
 use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
 
 /// At most this many group exchanges pending at once in a job (a task has at most 64 group barriers
 /// outstanding; this is for a whole job).
@@ -209,21 +212,85 @@ pub fn encode_done(id: &[u8], parts: &[Vec<u8>]) -> Option<Vec<u8>> {
     Some(m.into_vec())
 }
 
-/// Reads [`encode_done`]'s message: the id, and every part.
-pub fn decode_done(m: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), Malformed> {
+/// The end of a group exchange as a member node takes it: [`encode_done`]'s message, kept as it came and read
+/// in place. A message of many tiny parts costs its bytes, not an allocation per part.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DoneParts {
+    message: Bytes,
+    /// Where the id is in the message.
+    id: std::ops::Range<usize>,
+    /// Where the first part's length is.
+    parts_at: usize,
+    count: u32,
+}
+
+impl DoneParts {
+    /// The end of exchange `id` with `parts`, in member order (what a root sends).
+    pub fn new(id: &[u8], parts: &[Vec<u8>]) -> Option<DoneParts> {
+        DoneParts::decode(Arc::new(encode_done(id, parts)?)).ok()
+    }
+
+    /// Reads [`encode_done`]'s message, checking every length against the bytes present; nothing is
+    /// allocated: the parts stay in `message`.
+    pub fn decode(message: Bytes) -> Result<DoneParts, Malformed> {
+        let m = &message[..];
+        let (id, count, mut r) = done_head(m)?;
+        let id = 2..2 + id.len();
+        let parts_at = m.len() - r.len();
+        for _ in 0..count {
+            let len = r.u32()? as usize;
+            r.take(len)?;
+        }
+        if !r.is_empty() {
+            return Err(Malformed(format!("{} bytes after the parts", r.len())));
+        }
+        Ok(DoneParts { message, id, parts_at, count })
+    }
+
+    pub fn id(&self) -> &[u8] {
+        &self.message[self.id.clone()]
+    }
+
+    /// How many parts: one per member node.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Every part, in member order.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        let mut r = Reader::new(&self.message[self.parts_at..]);
+        // Checked when decoded: a length cannot fall short here.
+        (0..self.count).map_while(move |_| {
+            let len = r.u32().ok()? as usize;
+            r.take(len).ok()
+        })
+    }
+
+    /// The message, as [`encode_done`] wrote it.
+    pub fn message(&self) -> &[u8] {
+        &self.message
+    }
+}
+
+impl fmt::Debug for DoneParts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DoneParts({}, {} parts)", String::from_utf8_lossy(self.id()), self.count)
+    }
+}
+
+/// The id and part count at the head of [`encode_done`]'s message, read before anything else of it, so that
+/// a member refuses the end of an exchange it did not start, or with other than one part per member node,
+/// before it keeps or walks the rest; and a reader at the parts.
+pub fn done_head(m: &[u8]) -> Result<(&[u8], u32, Reader<'_>), Malformed> {
     let mut r = Reader::new(m);
-    let id = r.prefixed16(GROUP_ID_MAX, "a group exchange id")?.to_vec();
+    let id = r.prefixed16(GROUP_ID_MAX, "a group exchange id")?;
     // Each part takes at least its 4-byte length.
     let count = r.count(4, "parts")?;
-    let mut parts = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        let len = r.u32()? as usize;
-        parts.push(r.take(len)?.to_vec());
-    }
-    if !r.is_empty() {
-        return Err(Malformed(format!("{} bytes after the parts", r.len())));
-    }
-    Ok((id, parts))
+    Ok((id, count, r))
 }
 
 #[cfg(test)]
@@ -279,7 +346,11 @@ mod tests {
         assert_eq!(decode_part(&m), Ok(part));
         let parts = vec![b"a".to_vec(), vec![]];
         let m = encode_done(b"WORLD:3", &parts).unwrap();
-        assert_eq!(decode_done(&m), Ok((b"WORLD:3".to_vec(), parts)));
+        let done = DoneParts::decode(Arc::new(m.clone())).unwrap();
+        assert_eq!((done.id(), done.len()), (&b"WORLD:3"[..], 2));
+        assert!(done.parts().eq(parts.iter().map(Vec::as_slice)));
+        assert_eq!(done.message(), m);
+        let decode_done = |m: &[u8]| DoneParts::decode(Arc::new(m.to_vec())).map(|d| d.len());
         assert!(decode_part(&[0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().0.contains("nodes in"));
         assert!(decode_part(&[0x04, 0x01]).unwrap_err().0.contains("id of 1025 bytes"));
         assert!(decode_done(&[0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));

@@ -45,7 +45,7 @@
 use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
 pub use crate::codec::Malformed;
 use crate::codec::{cut, utf8, Reader, Writer};
-use crate::collective::groups;
+use crate::collective::groups::{self, DoneParts};
 use crate::collective::Bytes;
 pub use crate::server::NameOp;
 use std::fmt;
@@ -170,8 +170,8 @@ pub enum Down {
     /// srun's answer to local task `task`'s NAME or SPAWN: the port of a lookup (empty for other names), the
     /// error code of every process of a spawn, or why it failed.
     Answer { task: u32, ok: bool, text: String },
-    /// srun: group exchange `id` ended: every member node's part, in member order.
-    Group { id: Vec<u8>, parts: Vec<Vec<u8>> },
+    /// srun: a group exchange ended: every member node's part, in member order, read in place.
+    Group(DoneParts),
 }
 
 /// Which way a COLLECTIVE frame goes.
@@ -359,7 +359,7 @@ impl Down {
             Down::ParentDone => "PARENT_DONE",
             Down::End => "END",
             Down::Answer { .. } => "ANSWER",
-            Down::Group { .. } => "GROUP",
+            Down::Group(_) => "GROUP",
         }
     }
 
@@ -375,10 +375,7 @@ impl Down {
             Down::Answer { task, ok, text } => {
                 control(ANSWER, Writer::new().u32(*task).flag(*ok).text(text, MESSAGE_MAX))
             }
-            Down::Group { id, parts } => {
-                let m = groups::encode_done(id, parts).ok_or(LengthOverflow(id.len()))?;
-                frame(DOWN_GROUP, &m)?
-            }
+            Down::Group(done) => frame(DOWN_GROUP, done.message())?,
         })
     }
 
@@ -397,15 +394,19 @@ impl Down {
                 ok: r.flag("an answer whose outcome")?,
                 text: r.text(MESSAGE_MAX, "a message")?,
             },
-            DOWN_GROUP => {
-                let (id, parts) = groups::decode_done(r.rest())?;
-                Down::Group { id, parts }
-            }
+            DOWN_GROUP => Down::Group(DoneParts::decode(Arc::new(r.rest().to_vec()))?),
             k => return Err(Malformed(format!("unknown kind {k}"))),
         };
         r.end()?;
         Ok(m)
     }
+}
+
+/// The id and part count of a payload that is the end of a group exchange (`None`: another kind), read before
+/// the rest of it is decoded or kept ([`groups::done_head`]).
+pub fn group_head(payload: &[u8]) -> Option<Result<(&[u8], u32), Malformed>> {
+    let (&kind, m) = payload.split_first()?;
+    (kind == DOWN_GROUP).then(|| groups::done_head(m).map(|(id, count, _)| (id, count)))
 }
 
 /// Splits whole frames off the front of a receive buffer.
@@ -521,7 +522,7 @@ mod tests {
             Down::End,
             Down::Answer { task: 3, ok: true, text: "tag#0$port$".into() },
             Down::Answer { task: 0, ok: false, text: "the service name 'svc' is not published".into() },
-            Down::Group { id: b"0,4:17".to_vec(), parts: vec![b"0 k=v\n".to_vec(), vec![]] },
+            Down::Group(DoneParts::new(b"0,4:17", &[b"0 k=v\n".to_vec(), vec![]]).unwrap()),
         ] {
             assert_eq!(Down::decode(payload(&m.encode().unwrap())), Ok(m));
         }

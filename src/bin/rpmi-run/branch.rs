@@ -8,7 +8,8 @@
 use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use rpmi::abi::ffi;
 use rpmi::codec::Reader;
-use rpmi::collective::{frame, groups, Bounds, Node, Output, Parts, Peer, Tree};
+use rpmi::collective::groups::{self, DoneParts};
+use rpmi::collective::{frame, Bounds, Node, Output, Parts, Peer, Tree};
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -40,7 +41,7 @@ struct State {
     group_max: usize,
     /// The coordinator's orders to end the tasks (a signal each), and the group exchanges it ended.
     kills: Vec<c_int>,
-    groups_done: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
+    groups_done: Vec<DoneParts>,
     /// The coordinator sent a group exchange's end that does not read: why.
     bad_group: Option<String>,
 }
@@ -51,7 +52,7 @@ pub enum Act {
     /// The coordinator's order: end the tasks with this signal.
     Kill(c_int),
     /// A group exchange the coordinator ended: every member's part.
-    CompleteGroup { id: Vec<u8>, parts: Vec<Vec<u8>> },
+    CompleteGroup(DoneParts),
     /// The exchange in progress completed.
     Complete(Parts),
     /// The machine failed for good (`live`: the exchange's barrier is still to be failed).
@@ -111,7 +112,7 @@ impl Branch {
         let mut acts: Vec<Act> = state.kills.drain(..).map(Act::Kill).collect();
         let done = std::mem::take(&mut state.groups_done);
         if !state.finished {
-            acts.extend(done.into_iter().map(|(id, parts)| Act::CompleteGroup { id, parts }));
+            acts.extend(done.into_iter().map(Act::CompleteGroup));
         }
         state.take_outputs(&mut acts);
         if let Some(message) = state.bad_group.take() {
@@ -236,7 +237,7 @@ impl State {
                     self.said_bye[i] |= frame::is_bye(&frame);
                     self.node.receive(peer, Arc::new(frame));
                 }
-                Heard::Frame(GROUP, m) if peer == Peer::Root => match groups::decode_done(&m) {
+                Heard::Frame(GROUP, m) if peer == Peer::Root => match DoneParts::decode(Arc::new(m)) {
                     Ok(done) => self.groups_done.push(done),
                     // Its barrier would never end: the job cannot go on.
                     Err(why) => {

@@ -6,6 +6,7 @@ use crate::conn::Blame;
 use crate::plugin::{call, Plugin};
 use crate::services::{Ended, NodeLink, Service};
 use rpmi::abi::ffi::{self, rpmi_buf, rpmi_host_ops, rpmi_instance};
+use rpmi::collective::groups::DoneParts;
 use rpmi::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_int, CString};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -175,7 +176,7 @@ impl ShellHost {
         for act in acts {
             match act {
                 Act::Kill(signal) => self.end(signal),
-                Act::CompleteGroup { id, parts } => self.complete_group(&id, &parts),
+                Act::CompleteGroup(done) => self.complete_group(&done),
                 Act::Complete(parts) => self.complete(parts.iter().map(|(_, part)| part)),
                 Act::Fail { message, live } => {
                     // A machine fails for good, so the job cannot go on here: the tasks are ended before
@@ -273,9 +274,10 @@ impl ShellHost {
         );
     }
 
-    /// Ends group exchange `id`: every member node's part.
-    pub fn complete_group(&self, id: &[u8], parts: &[Vec<u8>]) {
-        let bufs: Vec<rpmi_buf> = parts.iter().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect();
+    /// Ends a group exchange: every member node's part.
+    pub fn complete_group(&self, done: &DoneParts) {
+        let id = done.id();
+        let bufs: Vec<rpmi_buf> = done.parts().map(|p| rpmi_buf { data: p.as_ptr(), len: p.len() }).collect();
         call!(
             self.plugin,
             group_complete(

@@ -19,6 +19,7 @@ use super::super::protocol::NameOp;
 use super::super::protocol::{Down, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
 use super::super::spawn::{self, Asker, SrunEvent};
 use super::Outcome;
+use crate::collective::groups::DoneParts;
 use crate::collective::{self, frame::Frame, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
 use crate::server::Names;
 use crate::slurm::layout::with_node_names;
@@ -402,7 +403,8 @@ impl StepWatch {
                     Ok(None) => self.check_groups_blocked(),
                     Ok(Some(done)) => {
                         // Encoded once, and the same bytes queued to every member.
-                        if let Ok(frame) = (Down::Group { id: done.id, parts: done.parts }).encode().map(Arc::new) {
+                        let end = DoneParts::new(&done.id, &done.parts).map(Down::Group);
+                        if let Some(frame) = end.and_then(|end| end.encode().ok()).map(Arc::new) {
                             for node in done.shells {
                                 self.actions.push_back(Action::SendShared { node, frame: frame.clone() });
                             }

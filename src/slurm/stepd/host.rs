@@ -309,9 +309,10 @@ impl SlurmHost {
         for (task, reply) in self.watch.take_answers() {
             shell.host_reply(self, task, reply);
         }
-        for (id, parts) in self.watch.take_groups_done() {
-            let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-            shell.group_complete(self, &id, Ok(&parts));
+        for done in self.watch.take_groups_done() {
+            // One slice per member node: srun's frame had exactly that many parts.
+            let parts: Vec<&[u8]> = done.parts().collect();
+            shell.group_complete(self, done.id(), Ok(&parts));
         }
     }
 
@@ -458,14 +459,14 @@ fn timer() -> Result<OwnedFd, String> {
 }
 
 #[cfg(test)]
-#[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::Tree;
+    use crate::collective::{Bounds, Tree};
     use crate::node::{JobVars, Looping, NodeRuntime};
     use crate::server::{JobInfo, Limits, TaskMap};
     use crate::slurm::auth::Secret;
     use crate::slurm::client::bounds;
+    use crate::slurm::protocol::{Down, FrameBuf, Up, CONTROL_MAX};
     use crate::slurm::records::slurm_step_id_t;
     use crate::slurm::root::tests::Record;
     use crate::slurm::root::{Outcome, RootThread, Step};
@@ -517,7 +518,14 @@ mod tests {
 
     /// Node `node`'s stepd, as prefork makes it (joined to srun at `port` and to its parent), serving its one
     /// task (rank `node`) on a progress thread; and that task's connection.
-    fn stepd(port: u16, nodes: u32, width: u32, node: u32, secret: &Secret) -> (NodeRuntime<SlurmHost>, Task) {
+    fn stepd(
+        port: u16,
+        nodes: u32,
+        width: u32,
+        node: u32,
+        secret: &Secret,
+        bounds: Bounds,
+    ) -> (NodeRuntime<SlurmHost>, Task) {
         let tree = Tree::new(nodes, width).unwrap();
         let names = names(nodes);
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
@@ -528,7 +536,6 @@ mod tests {
         let place = Place { job: 1, step: 0, id, node, node_name: names[node as usize].clone() };
         let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
-        let bounds = bounds(1 << 20, 4 << 20);
         let shape =
             NodeShape { place, names: names.clone(), tree, bounds, limits: Limits::default(), spawned_ranks: None };
         let host = SlurmHost::new(shape, links, crate::slurm::sys::slurm(), None, notify, stopping).unwrap();
@@ -551,7 +558,7 @@ mod tests {
             .rev()
             .map(|n| {
                 let secret = secret.clone();
-                std::thread::spawn(move || stepd(port, nodes, width, n, &secret))
+                std::thread::spawn(move || stepd(port, nodes, width, n, &secret, bounds(1 << 20, 4 << 20)))
             })
             .collect();
         let mut all: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
@@ -603,5 +610,125 @@ mod tests {
             let lines = record.lines();
             assert!(!lines.iter().any(|l| l.starts_with("error")), "{nodes} nodes, width {width}: {lines:?}");
         }
+    }
+
+    /// The child process of [`an_end_of_a_group_exchange_costs_its_bytes`] runs the attack when this is set.
+    const GROUP_ATTACK: &str = "RPMI_TEST_GROUP_ATTACK";
+
+    /// A figure of this process's `/proc/self/status`, in bytes.
+    fn status(field: &str) -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line[field.len()..].trim().trim_end_matches("kB").trim().parse::<usize>().unwrap() * 1024
+    }
+
+    /// srun's side of the handshake, by hand, on the one connection a stepd makes: then srun is whoever
+    /// holds this connection.
+    fn admit(listener: &TcpListener, secret: &Secret) -> (std::net::TcpStream, FrameBuf) {
+        use crate::slurm::auth::{self, Prover, Transcript};
+        let (mut s, _) = listener.accept().unwrap();
+        let mut input = FrameBuf::default();
+        let mut next = |s: &mut std::net::TcpStream| loop {
+            if let Some(payload) = input.next(CONTROL_MAX).unwrap() {
+                return Up::decode(payload).unwrap();
+            }
+            let mut buf = [0; 4096];
+            let n = std::io::Read::read(s, &mut buf).unwrap();
+            assert!(n > 0, "the stepd closed its connection");
+            input.extend(&buf[..n]);
+        };
+        let Up::Hello { node, nonce: joiner_nonce, .. } = next(&mut s) else { panic!("no HELLO") };
+        let acceptor_nonce = auth::nonce().unwrap();
+        s.write_all(&Down::Challenge { nonce: acceptor_nonce }.encode().unwrap()).unwrap();
+        let t = Transcript { node, to: auth::ROOT, joiner_nonce, acceptor_nonce };
+        let Up::Proof { proof } = next(&mut s) else { panic!("no PROOF") };
+        assert!(secret.verify(Prover::Joiner, &t, &proof));
+        s.write_all(&Down::Welcome { proof: secret.prove(Prover::Acceptor, &t) }.encode().unwrap()).unwrap();
+        (s, input)
+    }
+
+    /// srun (the user's, modified) answers a group barrier of a task with an end of the exchange made of
+    /// nothing but empty parts, as large as a stepd takes at the default bounds (the store's, 512 MiB): each
+    /// part is 4 bytes on the wire, and must not cost more than that in the stepd.
+    #[test]
+    fn an_end_of_a_group_exchange_costs_its_bytes() {
+        if std::env::var_os(GROUP_ATTACK).is_some() {
+            return group_attack();
+        }
+        let exe = std::env::current_exe().unwrap();
+        let test = "slurm::stepd::host::tests::an_end_of_a_group_exchange_costs_its_bytes";
+        let out = std::process::Command::new(exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(GROUP_ATTACK, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        let figure = |key: &str| -> usize {
+            let at = stdout.find(&format!("{key}=")).unwrap_or_else(|| panic!("no {key} in {stdout}"));
+            stdout[at + key.len() + 1..].split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let (frame, growth) = (figure("frame"), figure("growth"));
+        eprintln!("an end of a group exchange of {frame} bytes grew the stepd's process by {growth} bytes");
+        // The receive buffer holds the frame; nothing else of it is kept (docs/security.md's bound).
+        assert!(growth <= frame + (64 << 20), "{growth} bytes for a frame of {frame}");
+    }
+
+    fn group_attack() {
+        let secret = Secret::generate().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let srun_secret = secret.clone();
+        let srun = std::thread::spawn(move || {
+            let (mut s, mut input) = admit(&listener, &srun_secret);
+            let id = loop {
+                if let Some(payload) = input.next(1 << 20).unwrap() {
+                    if let Up::Group { id, .. } = Up::decode(payload).unwrap() {
+                        break id;
+                    }
+                    continue;
+                }
+                let mut buf = [0; 4096];
+                let n = std::io::Read::read(&mut s, &mut buf).unwrap();
+                assert!(n > 0, "the stepd closed its connection before its group exchange");
+                input.extend(&buf[..n]);
+            };
+            // Kind, id, count, then parts of 4 zero bytes each (an empty part), to the largest frame a stepd
+            // takes at the default bounds; written a piece at a time, so that this thread holds none of it.
+            let store = Limits::default().kvs_bytes_max;
+            let count = (store - 1 - 2 - id.len() - 4) / 4;
+            let payload = 1 + 2 + id.len() + 4 + 4 * count;
+            let mut head = Vec::new();
+            head.extend((payload as u32).to_be_bytes());
+            head.push(0x8A);
+            head.extend((id.len() as u16).to_be_bytes());
+            head.extend(&id);
+            head.extend((count as u32).to_be_bytes());
+            s.write_all(&head).unwrap();
+            let zeros = vec![0; 1 << 20];
+            let mut left = 4 * count;
+            while left > 0 {
+                let n = left.min(zeros.len());
+                // The stepd may refuse the frame from its head and close before all of it is sent.
+                if s.write_all(&zeros[..n]).is_err() {
+                    break;
+                }
+                left -= n;
+            }
+            // Until the stepd has dealt with it: it drops srun, or the barrier's answer comes back.
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let _ = std::io::Read::read(&mut s, &mut [0; 1]);
+            4 + payload
+        });
+        std::fs::write("/proc/self/clear_refs", "5").unwrap();
+        let base = status("VmRSS:");
+        // Node 0 of 2 (both srun's children), with rank 0; node 1 never comes.
+        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(256 << 20, 512 << 20));
+        assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=2").contains("pmi_subversion=2"));
+        task.0.get_mut().write_all(b"cmd=barrier_in group=0,1:5\n").unwrap();
+        let frame = srun.join().unwrap();
+        println!("frame={frame} growth={}", status("VmHWM:").saturating_sub(base));
+        drop(task);
+        drop(rt);
     }
 }

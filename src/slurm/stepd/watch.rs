@@ -12,10 +12,11 @@
 //! connection, or srun said it is done (END), connections closing are the normal end.
 
 use super::plan::{Place, LOGGED_TEXT_MAX};
+use crate::collective::groups::DoneParts;
 use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::server::{check_preput, GroupExchange, HostReply, HostRequest, JobError, Limits, TaskId};
 use crate::slurm::layout::with_node_names;
-use crate::slurm::protocol::{Direction, Down, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
+use crate::slurm::protocol::{self, Direction, Down, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
 use crate::slurm::spawn::SPAWN_PROCS_MAX;
 use crate::slurm::trace::escape_text;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -128,10 +129,10 @@ pub struct NodeWatch {
     limits: Limits,
     /// srun's answers, until the shell takes them.
     answers: Vec<(TaskId, HostReply)>,
-    /// The group exchanges sent to srun that it has not ended.
-    groups_asked: BTreeSet<Vec<u8>>,
+    /// The group exchanges sent to srun that it has not ended, and the member nodes of each.
+    groups_asked: BTreeMap<Vec<u8>, usize>,
     /// Group exchanges srun ended, until the shell takes them.
-    groups_done: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
+    groups_done: Vec<DoneParts>,
     /// The largest result of a group exchange srun may send.
     group_result_max: usize,
     /// In a spawned step, until each has sent its first PMI line: the local ranks that have not. STARTED goes
@@ -167,7 +168,7 @@ impl NodeWatch {
             asked: BTreeMap::new(),
             limits,
             answers: Vec::new(),
-            groups_asked: BTreeSet::new(),
+            groups_asked: BTreeMap::new(),
             groups_done: Vec::new(),
             group_result_max,
             unspoken: spawned_ranks,
@@ -215,9 +216,15 @@ impl NodeWatch {
     /// The bytes of one whole frame from `from`. Frames from a connection no longer served are ignored.
     pub fn heard(&mut self, from: Peer, payload: &[u8]) {
         match from {
-            Peer::Root if self.srun => match Down::decode(payload) {
-                Ok(m) => self.heard_srun(m),
-                Err(e) => self.broke(from, &format!("sent a {e}")),
+            // The end of a group exchange is checked by its head (one this node started, one part per member
+            // node) before anything else of it is read or kept: srun is the user's, and a frame of many empty
+            // parts would otherwise cost far more than its bytes.
+            Peer::Root if self.srun => match self.unasked_group(payload) {
+                Some(why) => self.broke(from, &why),
+                None => match Down::decode(payload) {
+                    Ok(m) => self.heard_srun(m),
+                    Err(e) => self.broke(from, &format!("sent a {e}")),
+                },
             },
             Peer::Node(p) if Some(p) == self.parent_node() && self.parent => match Down::decode(payload) {
                 Ok(Down::Collective(frame)) => {
@@ -239,6 +246,22 @@ impl NodeWatch {
         }
     }
 
+    /// Why `payload`, if it is the end of a group exchange, is not one this node waits for.
+    fn unasked_group(&self, payload: &[u8]) -> Option<String> {
+        let (id, count) = match protocol::group_head(payload)? {
+            Ok(head) => head,
+            Err(e) => return Some(format!("sent a {e}")),
+        };
+        match self.groups_asked.get(id) {
+            None => Some("ended a group exchange this node did not start".into()),
+            Some(&members) if members != count as usize => Some(format!(
+                "ended group exchange {} of {members} member nodes with {count} parts",
+                escape_text(&String::from_utf8_lossy(id), 64)
+            )),
+            Some(_) => None,
+        }
+    }
+
     fn heard_srun(&mut self, m: Down) {
         match m {
             Down::Collective(frame) => self.machine.receive(Peer::Root, frame),
@@ -247,10 +270,10 @@ impl NodeWatch {
                 Some(asked) => self.answers.push((task as TaskId, asked.reply(ok, text))),
                 None => return self.broke(Peer::Root, &format!("answered a request task {task} did not make")),
             },
-            Down::Group { id, parts } => match self.groups_asked.remove(&id) {
-                true => self.groups_done.push((id, parts)),
-                false => return self.broke(Peer::Root, "ended a group exchange this node did not start"),
-            },
+            Down::Group(done) => {
+                self.groups_asked.remove(done.id());
+                self.groups_done.push(done);
+            }
             // Taken at prefork; the parent's own connection says the rest.
             Down::Parent { .. } | Down::ParentDone => {}
             Down::Challenge { .. } | Down::Welcome { .. } => {
@@ -468,7 +491,7 @@ impl NodeWatch {
     }
 
     /// The group exchanges srun ended, for the shell.
-    pub fn take_groups_done(&mut self) -> Vec<(Vec<u8>, Vec<Vec<u8>>)> {
+    pub fn take_groups_done(&mut self) -> Vec<DoneParts> {
         std::mem::take(&mut self.groups_done)
     }
 
@@ -498,7 +521,7 @@ impl NodeWatch {
         if !self.report(&up) {
             return Err("srun (the collective root) is gone".into());
         }
-        self.groups_asked.insert(exchange.id.to_vec());
+        self.groups_asked.insert(exchange.id.to_vec(), exchange.shells.len());
         Ok(())
     }
 
@@ -755,7 +778,7 @@ mod tests {
                 "srun answered a request task 3 did not make",
             ),
             (
-                &down(Down::Group { id: b"g".to_vec(), parts: vec![] }),
+                &down(Down::Group(DoneParts::new(b"g", &[]).unwrap())),
                 "srun ended a group exchange this node did not start",
             ),
             (&down(Down::Challenge { nonce: [0; 32] }), "srun sent a handshake frame after the handshake"),
@@ -774,6 +797,34 @@ mod tests {
             let after = drain(&mut w);
             assert!(reports(&after).is_empty() && ended_here(&after).is_none(), "{after:?}");
         }
+    }
+
+    #[test]
+    fn the_end_of_a_group_exchange_is_taken_only_with_one_part_per_member_node() {
+        let started = || {
+            let mut w = watch_of(3, 3, 0, None);
+            w.group(&GroupExchange { id: b"0,2:1", shells: &[0, 2] }, b"0 k=v\n").unwrap();
+            drain(&mut w);
+            w
+        };
+        for (parts, why) in [
+            (vec![vec![]; 3], "srun ended group exchange 0,2:1 of 2 member nodes with 3 parts"),
+            (vec![], "srun ended group exchange 0,2:1 of 2 member nodes with 0 parts"),
+        ] {
+            let mut w = started();
+            w.heard(Peer::Root, &down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
+            assert_eq!(ended_here(&drain(&mut w)), Some(why));
+            assert!(w.take_groups_done().is_empty());
+        }
+        let mut w = started();
+        let parts = [b"0 k=v\n".to_vec(), b"2 q=r\n".to_vec()];
+        w.heard(Peer::Root, &down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
+        let done = w.take_groups_done();
+        assert_eq!(done.len(), 1);
+        assert!(done[0].parts().eq(parts.iter().map(Vec::as_slice)));
+        // Once ended, the exchange is not waited for any more.
+        w.heard(Peer::Root, &down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
+        assert_eq!(ended_here(&drain(&mut w)), Some("srun ended a group exchange this node did not start"));
     }
 
     #[test]
