@@ -5,6 +5,7 @@
 
 use rpmi::driver::{channel, socketpair, Driver, HostFds};
 use rpmi::server::{Host, JobError, JobInfo, Limits, Shell, TaskMap};
+use rpmi::wire::spawn::{COMMAND_OVERHEAD, ITEM_OVERHEAD};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
@@ -396,4 +397,187 @@ fn group_barriers_attack(attack: &str) {
     report("held", held);
     report("refused", refused);
     report("exchanges", host.exchanges);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Unfinished spawns of one-byte items.
+
+/// Tasks of the spawn attacks, on one shell.
+const SPAWN_TASKS: usize = 64;
+/// What the shell may hold beside the spawns: its tasks' answer buffers and partial lines, and the
+/// allocator's rounding.
+const SPAWN_SLACK: u64 = 1 << 20;
+/// What decoding one whole PMI-2 frame takes for the moment it is read, once per shell (one frame at a
+/// time): its pairs (at most [`rpmi::wire::pmi2::MAX_PAIRS`], 40 bytes each) and the request they make, at
+/// most 16384 items before its charge is checked.
+const SPAWN_DECODE: u64 = 4 << 20;
+
+/// A host for the spawn attacks: no request ever reaches it whole; the tasks cut off are counted.
+#[derive(Default)]
+struct SpawnHost {
+    cut_off: Vec<String>,
+}
+
+impl HostFds for SpawnHost {}
+
+impl Host for SpawnHost {
+    fn collective(&mut self, _contribution: &[u8]) -> Result<(), String> {
+        panic!("no task of these tests enters a barrier");
+    }
+
+    fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {
+        panic!("rank {rank} aborted: {message}");
+    }
+
+    fn job_error(&mut self, error: &JobError) {
+        self.cut_off.push(error.to_string());
+    }
+
+    fn log(&mut self, _level: log::Level, _message: &str) {}
+}
+
+/// A shell serving [`SPAWN_TASKS`] tasks, the whole job, at the default bounds.
+fn spawn_shell() -> Shell {
+    let local = (0..SPAWN_TASKS as u32).collect();
+    let job = JobInfo::new("kvs_bounds", TaskMap::block(&[SPAWN_TASKS as u32]), local, vec!["node0".into()]);
+    Shell::new(job, Limits::default()).expect("a shell")
+}
+
+/// Each of 64 tasks sends a spawn of one-byte arguments (`argN=x`), as much of it as the bound on a spawn
+/// request takes, and never ends it; then each sends one more argument. The bound is stated in
+/// docs/security.md as the request's bytes, [`ITEM_OVERHEAD`] more for each item and [`COMMAND_OVERHEAD`]
+/// for each command: every task must be let hold exactly that much, be cut off by the next argument, and the
+/// process must grow by at most 64 times the bound and a fixed slack. (Charged their bytes alone, 64 such
+/// spawns of 26935 items each grew it by 106 MiB for 16 MiB of lines; charged as stated, 2479 items each
+/// grow it by about 10 MiB.)
+///
+/// In the second attack each task speaks PMI-2 and sends a spawn frame as long as a frame may be, of 16360
+/// one-byte arguments, all but its last byte: held as they came, bytes for bytes; then the last byte of each,
+/// whose frame is decoded and refused (over the bound, decoded), one at a time.
+#[test]
+fn unfinished_spawns_of_one_byte_items_are_bounded_decoded() {
+    let test = "unfinished_spawns_of_one_byte_items_are_bounded_decoded";
+    match std::env::var(CHILD).as_deref() {
+        Ok("spawn_lines") => return spawn_lines_attack(),
+        Ok("spawn_frames") => return spawn_frames_attack(),
+        _ => {}
+    }
+    let bound = Limits::default().spawn_bytes_max as u64;
+    let tasks = SPAWN_TASKS as u64;
+    let figures = run_child(test, "spawn_lines");
+    let growth = figure(&figures, "peak_growth");
+    assert_eq!(figure(&figures, "charged"), bound - figure(&figures, "short"), "the task was let send less");
+    assert!(figure(&figures, "short") < figure(&figures, "next"), "another line would still have fitted");
+    assert_eq!(figure(&figures, "cut_off"), tasks, "the line beyond the bound cut off every task");
+    assert!(
+        growth <= tasks * bound + SPAWN_SLACK,
+        "{tasks} unfinished spawns of {} one-byte items grew the process by {} KiB (bound {tasks} x {} KiB and {} \
+         KiB)",
+        figure(&figures, "items"),
+        growth >> 10,
+        bound >> 10,
+        SPAWN_SLACK >> 10
+    );
+
+    let figures = run_child(test, "spawn_frames");
+    let frame = bound + rpmi::wire::pmi2::HEADER_LEN as u64;
+    let (held, decoded) = (figure(&figures, "peak_growth_held"), figure(&figures, "peak_growth_decoded"));
+    assert_eq!(figure(&figures, "cut_off"), tasks, "every frame whole was refused");
+    assert!(
+        held <= tasks * frame + SPAWN_SLACK,
+        "{tasks} unfinished frames of {frame} bytes grew the process by {} KiB",
+        held >> 10
+    );
+    assert!(
+        decoded <= tasks * frame + SPAWN_SLACK + SPAWN_DECODE,
+        "{tasks} frames of {frame} bytes, decoded one at a time, grew the process by {} KiB",
+        decoded >> 10
+    );
+}
+
+fn spawn_lines_attack() {
+    let bound = Limits::default().spawn_bytes_max;
+    // Blocks of 4096 one-byte arguments, one after another, as the bound allows (it ends within the first).
+    let lines = (1..=256).flat_map(|block| {
+        let head = ["mcmd=spawn", "nprocs=1", "execname=a", "totspawns=256"].map(String::from);
+        let count = [format!("spawnssofar={block}"), "argcnt=4096".into()];
+        let args = (1..=4096).map(|i| format!("arg{i}=x"));
+        head.into_iter().chain(count).chain(args).chain(["endcmd".into()])
+    });
+    // What docs/security.md says each line is charged.
+    let charge = |line: &str| match line {
+        "mcmd=spawn" => line.len() + 1 + COMMAND_OVERHEAD,
+        _ if line.starts_with("arg") && !line.starts_with("argcnt=") => line.len() + 1 + ITEM_OVERHEAD,
+        _ if line.starts_with("execname=") => line.len() + 1 + ITEM_OVERHEAD,
+        _ => line.len() + 1,
+    };
+    let (mut input, mut charged, mut items, mut next) = (String::new(), 0, 0, String::new());
+    for line in lines {
+        if charged + charge(&line) > bound {
+            next = line;
+            break;
+        }
+        charged += charge(&line);
+        items += usize::from(line.starts_with("arg") && !line.starts_with("argcnt="));
+        input.push_str(&line);
+        input.push('\n');
+    }
+    let mut shell = spawn_shell();
+    let mut host = SpawnHost::default();
+
+    let base = reset_peak();
+    for task in 0..SPAWN_TASKS {
+        shell.receive(&mut host, task, input.as_bytes());
+    }
+    let growth = peak_growth(base);
+    assert!(host.cut_off.is_empty(), "{:?}", host.cut_off);
+    assert!((0..SPAWN_TASKS).all(|t| shell.output(t).is_empty() && !shell.is_cut_off(t)));
+    for task in 0..SPAWN_TASKS {
+        shell.receive(&mut host, task, format!("{next}\n").as_bytes());
+    }
+    assert!(host.cut_off.iter().all(|e| e.contains("over the limit of 262144 bytes")), "{:?}", host.cut_off);
+    report("peak_growth", growth);
+    report("items", items);
+    report("charged", charged);
+    report("short", bound - charged);
+    report("next", charge(&next));
+    report("cut_off", host.cut_off.len());
+}
+
+fn spawn_frames_attack() {
+    use rpmi::wire::pmi2::HEADER_LEN;
+    let bound = Limits::default().spawn_bytes_max;
+    let mut body = "cmd=spawn;ncmds=4;preputcount=0;".to_string();
+    for _ in 0..4 {
+        body.push_str("subcmd=a;maxprocs=1;argc=4090;");
+        body.extend((0..4090).map(|i| format!("argv{i}=x;")));
+    }
+    // Made as long as a frame may be with a value nothing reads.
+    let pad = bound - body.len() - "pad=;".len();
+    body.push_str(&format!("pad={};", "p".repeat(pad)));
+    let frame = format!("{:6}{body}", body.len());
+    let (most, last) = frame.as_bytes().split_at(frame.len() - 1);
+    let mut shell = spawn_shell();
+    let mut host = SpawnHost::default();
+    for task in 0..SPAWN_TASKS {
+        shell.receive(&mut host, task, b"cmd=init pmi_version=2 pmi_subversion=0\n");
+        drain(&mut shell, task);
+    }
+
+    let base = reset_peak();
+    for task in 0..SPAWN_TASKS {
+        // As a driver reads it: 64 KiB at a time.
+        for piece in most.chunks(64 << 10) {
+            shell.receive(&mut host, task, piece);
+        }
+    }
+    report("peak_growth_held", peak_growth(base));
+    assert!(host.cut_off.is_empty(), "{:?}", host.cut_off);
+    for task in 0..SPAWN_TASKS {
+        shell.receive(&mut host, task, last);
+    }
+    report("peak_growth_decoded", peak_growth(base));
+    assert!(host.cut_off.iter().all(|e| e.contains("over the limit of 262144 bytes")), "{:?}", host.cut_off);
+    report("cut_off", host.cut_off.len());
+    report("frame", frame.len() - HEADER_LEN);
 }

@@ -25,7 +25,10 @@ pub struct Limits {
     /// charged twice their length. Over it, a put fails with `PMI_ERR_NOMEM` and a barrier bringing in
     /// more fails.
     pub kvs_bytes_max: usize,
-    /// Bytes of all lines of one spawn request.
+    /// What one spawn request may be charged: its bytes as sent (PMI-1's lines, or a PMI-2 frame's body),
+    /// and [`crate::wire::spawn::ITEM_OVERHEAD`] more for each item (program, argument, preput's or info's
+    /// key or value), [`crate::wire::spawn::COMMAND_OVERHEAD`] for each command. What a task's unfinished
+    /// request holds, decoded, is at most its charge; a PMI-2 frame is at most this long too.
     pub spawn_bytes_max: usize,
 }
 

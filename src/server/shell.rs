@@ -37,6 +37,10 @@ const LOCAL_KEY_PREFIX: &[u8] = b"local::";
 /// it, answering more only moves the task's requests into the server's memory as answers.
 const HELD_ABOVE: usize = 64 * 1024;
 
+/// The most capacity a task's partial-frame (or partial-line) buffer keeps once what it gathered is whole:
+/// any request but a spawn or a long put fits, and a longer one gets a buffer of its own size again.
+const PARTIAL_KEPT: usize = 1024;
+
 /// Why a shell could not be made from the host's job information.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShellError(pub String);
@@ -98,7 +102,8 @@ struct Client {
     rank: u32,
     status: TaskStatus,
     waiting: Waiting,
-    /// The start of a line whose newline has not come yet.
+    /// The start of a line whose newline has not come yet, or of a PMI-2 frame: never more capacity than
+    /// the line's bound or the frame's length, and at most [`PARTIAL_KEPT`] kept once it is whole.
     partial: Vec<u8>,
     /// Response bytes not yet written to the task.
     out: Vec<u8>,
@@ -122,6 +127,7 @@ struct Client {
     /// Its PMI-2 `fullinit` said `threaded=TRUE`: while one of its threads waits for a node attribute, the
     /// others may send requests (one of them may put the attribute).
     threaded: bool,
+    /// The PMI-1 spawn request coming in, within `spawn_bytes_max` as charged (its items and commands too).
     spawn: Option<SpawnBuilder>,
     /// It was answered PMI 1.2: its `barrier_in` may name a group.
     groups: bool,
@@ -367,7 +373,7 @@ impl Shell {
                     self.line_too_long(host, task, &line);
                     return bytes.len();
                 }
-                c.partial.extend_from_slice(rest);
+                gather(&mut c.partial, rest, max);
                 return bytes.len();
             };
             if c.backed_up() {
@@ -378,11 +384,10 @@ impl Shell {
                 self.line_too_long(host, task, &line);
                 return bytes.len();
             }
-            c.partial.extend_from_slice(&rest[..nl]);
-            let mut line = std::mem::take(&mut c.partial);
+            gather(&mut c.partial, &rest[..nl], max);
+            let line = std::mem::take(&mut c.partial);
             self.line(host, task, &line);
-            line.clear();
-            self.clients[task].partial = line;
+            self.clients[task].partial = emptied(line);
             rest = &rest[nl + 1..];
             if self.clients[task].wire == Wire::V2 {
                 return bytes.len() - rest.len() + self.parse_frames(host, task, rest);
@@ -413,7 +418,7 @@ impl Shell {
             self.line_too_long(host, task, rest);
             return bytes.len();
         }
-        self.clients[task].partial.extend_from_slice(rest);
+        gather(&mut self.clients[task].partial, rest, max);
         bytes.len()
     }
 
@@ -1025,6 +1030,27 @@ fn check_value(value: &[u8], max: usize) -> Result<(), (i32, String)> {
 /// task's put, and on one line (a task's value is one already: it came on one). `Err` says why not.
 pub fn check_preput(limits: &Limits, key: &[u8], value: &[u8]) -> Result<(), String> {
     check_key(limits, key).and_then(|()| check_value(value, limits.value_max())).map_err(|(_, why)| why)
+}
+
+/// Appends `bytes` to a partial frame (or line) that will be `whole` bytes long: grown by doubling, as a
+/// `Vec` is, but never past that length, so that what a task's unfinished frame holds is at most its bytes.
+fn gather(partial: &mut Vec<u8>, bytes: &[u8], whole: usize) {
+    let need = partial.len() + bytes.len();
+    if need > partial.capacity() {
+        let grown = (2 * partial.capacity()).clamp(need, whole.max(need));
+        partial.reserve_exact(grown - partial.len());
+    }
+    partial.extend_from_slice(bytes);
+}
+
+/// A partial buffer whose frame (or line) has been read, emptied for the next one: its capacity is kept
+/// only up to [`PARTIAL_KEPT`].
+fn emptied(mut partial: Vec<u8>) -> Vec<u8> {
+    if partial.capacity() > PARTIAL_KEPT {
+        return Vec::new();
+    }
+    partial.clear();
+    partial
 }
 
 fn utf8_word(s: &[u8]) -> Option<&str> {

@@ -3,7 +3,14 @@
 //! A spawn is one or more blocks, each `mcmd=spawn`, then one `key=value` per line, then `endcmd`. Field
 //! order varies between client versions (`argN` before or after `argcnt`), so fields are collected by name
 //! and checked when the block ends. With `totspawns=N` the client sends N blocks and expects one answer after
-//! the last. Everything is bounded: bytes across all blocks, number of blocks, items per list.
+//! the last. Everything is bounded: number of blocks, items per list, and what the request holds, decoded.
+//!
+//! **What a request is charged.** Each item a request keeps (a program, an argument, a preput's or an info's
+//! key or value) is a heap block of its own and an entry in a list, which cost more than its bytes on the
+//! wire: a one-byte argument (`arg12=x`, 8 bytes) is kept in up to 96. So a request is charged its bytes as
+//! sent (PMI-1's lines, newlines included, or a PMI-2 frame's body), [`ITEM_OVERHEAD`] more for each item and
+//! [`COMMAND_OVERHEAD`] more for each command ([`SpawnRequest::overhead`]), and the charge is what the
+//! server's bound (`spawn_bytes_max`) limits: what an unfinished request holds is at most its charge.
 
 use super::request::parse_int;
 use std::fmt;
@@ -12,6 +19,18 @@ use std::fmt;
 pub const MAX_COMMANDS: u32 = 256;
 /// At most this many args, preputs or infos in one block.
 pub const MAX_ITEMS: u32 = 4096;
+
+/// What each item of a request (a program, an argument, a preput's or an info's key or value) is charged
+/// beyond its bytes on the wire: while a PMI-1 request comes in, its entry in a list of `(index, value)`
+/// (32 bytes) that grows by doubling, so up to 64, and its value's heap block, which an allocator rounds up
+/// with its header (glibc's smallest is 32 bytes, for a value of up to 24): together at most 95 bytes more
+/// than the value, whose line (`argN=`, a newline) brings at least 6 bytes of its own. Decoded into a
+/// [`SpawnRequest`], an item costs less (a 24-byte entry, a 48-byte one for a pair of two items).
+pub const ITEM_OVERHEAD: usize = 96;
+/// What each command of a request is charged beyond its items: its [`SpawnCommand`] (104 bytes) in a list
+/// that grows by doubling, and what a PMI-2 frame's reader keeps beside it while it reads (16 bytes, also
+/// doubling).
+pub const COMMAND_OVERHEAD: usize = 256;
 
 /// One command of a spawn: what `PMI_Spawn_multiple` passes for one `cmds[i]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,6 +54,13 @@ impl SpawnRequest {
     /// Total processes asked for, over all commands.
     pub fn total_procs(&self) -> u64 {
         self.commands.iter().map(|c| u64::from(c.nprocs)).sum()
+    }
+
+    /// What the request is charged beyond its bytes on the wire: [`ITEM_OVERHEAD`] for each item (each
+    /// program, argument, and preput's and info's key and value), [`COMMAND_OVERHEAD`] for each command.
+    pub fn overhead(&self) -> usize {
+        let items = |c: &SpawnCommand| 1 + c.args.len() + 2 * (c.preputs.len() + c.infos.len());
+        self.commands.iter().map(|c| COMMAND_OVERHEAD + ITEM_OVERHEAD * items(c)).sum()
     }
 
     /// The new job's preputs: every command's, each key once (MPICH gives each command the same ones).
@@ -117,6 +143,16 @@ fn err<T>(what: impl Into<String>) -> Result<T, SpawnError> {
     Err(SpawnError(what.into()))
 }
 
+impl SpawnError {
+    /// A request charged more than `max_bytes` (see the [module's documentation](self)).
+    pub fn over_limit(max_bytes: usize) -> SpawnError {
+        SpawnError(format!(
+            "over the limit of {max_bytes} bytes (its bytes as sent, and {ITEM_OVERHEAD} more for each program, \
+             argument, preput's or info's key or value, {COMMAND_OVERHEAD} for each command)"
+        ))
+    }
+}
+
 /// What feeding one line achieved.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Progress {
@@ -150,6 +186,7 @@ struct SpawnBlock {
 /// Collects the lines of a spawn request after its first `mcmd=spawn` line.
 pub struct SpawnBuilder {
     max_bytes: usize,
+    /// What the request is charged so far: its lines, and the overhead of its items and commands.
     bytes: usize,
     /// The block being read; `None` between blocks (the next line must be `mcmd=spawn`).
     block: Option<SpawnBlock>,
@@ -158,22 +195,22 @@ pub struct SpawnBuilder {
 }
 
 impl SpawnBuilder {
-    /// Starts a request whose first `mcmd=spawn` line has just been read. `max_bytes` bounds the lines
-    /// of all blocks together.
+    /// Starts a request whose first `mcmd=spawn` line has just been read (charged as its 11 bytes, with
+    /// its command's overhead). `max_bytes` bounds what the whole request is charged (see the
+    /// [module's documentation](self)): over it, a line is refused.
     pub fn new(max_bytes: usize) -> Self {
-        SpawnBuilder { max_bytes, bytes: 0, block: Some(SpawnBlock::default()), totspawns: None, done: Vec::new() }
+        let bytes = FIRST_LINE.len() + COMMAND_OVERHEAD;
+        SpawnBuilder { max_bytes, bytes, block: Some(SpawnBlock::default()), totspawns: None, done: Vec::new() }
     }
 
     /// Feeds the next line (without its newline).
     pub fn line(&mut self, line: &[u8]) -> Result<Progress, SpawnError> {
-        self.bytes += line.len() + 1;
-        if self.bytes > self.max_bytes {
-            return err(format!("more than {} bytes", self.max_bytes));
-        }
+        self.charge(line.len() + 1)?;
         let line = trim(line);
         let Some(block) = self.block.as_mut() else {
             return match line {
                 b"mcmd=spawn" => {
+                    self.charge(COMMAND_OVERHEAD)?;
                     self.block = Some(SpawnBlock::default());
                     Ok(Progress::More)
                 }
@@ -192,10 +229,15 @@ impl SpawnBuilder {
                 None => err(format!("'{}=' is not a count", String::from_utf8_lossy(key))),
             }
         };
+        // An item is charged before it is kept (`bytes` is not `block`'s field).
+        let mut item = || charge(&mut self.bytes, self.max_bytes, ITEM_OVERHEAD);
         match key {
             b"mcmd" => return err("mcmd= inside a block"),
             b"nprocs" => block.nprocs = Some(count(value)?),
-            b"execname" => block.execname = Some(value.to_vec()),
+            b"execname" => {
+                item()?;
+                block.execname = Some(value.to_vec());
+            }
             b"totspawns" => block.totspawns = Some(count(value)?),
             b"spawnssofar" => block.spawnssofar = Some(count(value)?),
             b"argcnt" => block.argcnt = Some(count(value)?),
@@ -215,13 +257,20 @@ impl SpawnBuilder {
                         if list.len() >= MAX_ITEMS as usize {
                             return err(format!("more than {MAX_ITEMS} items of one kind"));
                         }
-                        list.push((count(index)?, value.to_vec()));
+                        let index = count(index)?;
+                        item()?;
+                        list.push((index, value.to_vec()));
                         break;
                     }
                 }
             }
         }
         Ok(Progress::More)
+    }
+
+    /// Adds `n` bytes to what the request is charged; `Err` once that is over the bound.
+    fn charge(&mut self, n: usize) -> Result<(), SpawnError> {
+        charge(&mut self.bytes, self.max_bytes, n)
     }
 
     fn end_block(&mut self, b: SpawnBlock) -> Result<Progress, SpawnError> {
@@ -252,6 +301,17 @@ impl SpawnBuilder {
         } else {
             Ok(Progress::More)
         }
+    }
+}
+
+/// The line that starts a request, as [`SpawnBuilder::new`] charges it.
+const FIRST_LINE: &str = "mcmd=spawn\n";
+
+fn charge(bytes: &mut usize, max_bytes: usize, n: usize) -> Result<(), SpawnError> {
+    *bytes = bytes.saturating_add(n);
+    match *bytes > max_bytes {
+        true => Err(SpawnError::over_limit(max_bytes)),
+        false => Ok(()),
     }
 }
 
@@ -392,8 +452,36 @@ mod tests {
 
     #[test]
     fn bounded_in_bytes() {
-        let mut b = SpawnBuilder::new(100);
-        let long = vec![b'x'; 200];
-        assert!(b.line(&long).is_err());
+        let mut b = SpawnBuilder::new(1000);
+        let long = vec![b'x'; 1000];
+        assert_eq!(b.line(&long), Err(SpawnError::over_limit(1000)));
+    }
+
+    #[test]
+    fn the_overheads_cover_what_an_item_and_a_command_are_kept_in() {
+        use std::mem::size_of;
+        // An entry of a list that grows by doubling, and the largest rounding and header glibc's malloc adds
+        // to a block (a byte in its smallest block of 32), less the 6 bytes an item's line has beside it.
+        assert!(2 * size_of::<(u32, Vec<u8>)>() + 31 <= ITEM_OVERHEAD + 6);
+        assert!(2 * size_of::<Vec<u8>>() + 31 <= ITEM_OVERHEAD + 6);
+        // A command in a list that grows by doubling, and PMI-2's reader's counts beside it.
+        assert!(2 * (size_of::<SpawnCommand>() + size_of::<(usize, usize)>()) <= COMMAND_OVERHEAD);
+    }
+
+    /// A request's lines are charged what its frame would be: its bytes as sent and its
+    /// [`SpawnRequest::overhead`]; at the bound it is whole, a byte under it is refused.
+    #[test]
+    fn a_request_is_charged_its_bytes_and_the_overhead_of_what_it_keeps() {
+        let request = SpawnRequest { commands: vec![one("./child", &["-v", "a b"]), one("./b", &["x"; 40])] };
+        let bytes = request.encode().unwrap();
+        let charge = bytes.len() + request.overhead();
+        assert_eq!(request.overhead(), 2 * COMMAND_OVERHEAD + (1 + 2 + 4 + 1 + 40 + 4) * ITEM_OVERHEAD);
+        let lines = || bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).skip(1);
+        let mut b = SpawnBuilder::new(charge);
+        let last = lines().map(|l| b.line(l)).last();
+        assert_eq!(last, Some(Ok(Progress::Done(request))));
+        assert_eq!(b.bytes, charge);
+        let mut b = SpawnBuilder::new(charge - 1);
+        assert_eq!(lines().map(|l| b.line(l)).find(Result::is_err), Some(Err(SpawnError::over_limit(charge - 1))));
     }
 }

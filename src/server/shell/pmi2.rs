@@ -13,16 +13,25 @@
 //!   with `wait=TRUE` of an attribute not put yet is answered when a task puts it, or as not found once no
 //!   task of the node could put it any more (every one left or waits too, and none is threaded, whose other
 //!   threads could): a job of clients that are not threaded never hangs there for ever. One wait per task.
-//! - A spawn's answer carries the error codes of its processes, and fails if any one failed.
+//! - A spawn's answer carries the error codes of its processes, and fails if any one failed. Its frame is
+//!   the one message that may be longer than a request line; it is bounded as PMI-1's lines of a spawn are,
+//!   decoded ([`crate::wire::spawn`]: each item and command charged beside the frame's bytes).
 //! - `job-connect` and `job-disconnect` are refused with a message.
+//!
+//! A frame that comes in pieces is gathered in the task's `partial` buffer, which grows no larger than the
+//! frame and, once the frame is whole, keeps at most [`super::PARTIAL_KEPT`] bytes of capacity: a connection
+//! that once sent a long spawn does not hold its length for the rest of the job.
 
 use super::{
-    check_key, check_name, check_value, kvs, NodeWait, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX, MAX_LINE,
+    check_key, check_name, check_value, emptied, gather, kvs, NodeWait, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX,
+    MAX_LINE,
 };
 use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
 use crate::server::PROCESS_MAPPING_KEY;
 use crate::wire::pmi2::{body_len, Message, Request2, Writer, HEADER_LEN};
 use crate::wire::response::rc;
+use crate::wire::spawn::SpawnError;
+use crate::wire::ParseError;
 
 /// How a spawn's frame begins, as every client writes it (`cmd` first).
 const SPAWN_HEAD: &[u8] = b"cmd=spawn;";
@@ -51,7 +60,7 @@ impl Shell {
             if !c.partial.is_empty() {
                 // The frame carried over: its prefix first, then the rest of it.
                 let take = HEADER_LEN.saturating_sub(c.partial.len()).min(rest.len());
-                c.partial.extend_from_slice(&rest[..take]);
+                gather(&mut c.partial, &rest[..take], HEADER_LEN);
                 rest = &rest[take..];
                 if c.partial.len() < HEADER_LEN {
                     return bytes.len();
@@ -67,22 +76,21 @@ impl Shell {
                 let c = &mut self.clients[task];
                 let want = total - c.partial.len();
                 if rest.len() < want {
-                    c.partial.extend_from_slice(rest);
+                    gather(&mut c.partial, rest, total);
                     return bytes.len();
                 }
                 if c.backed_up() {
                     return bytes.len() - rest.len();
                 }
-                c.partial.extend_from_slice(&rest[..want]);
+                gather(&mut c.partial, &rest[..want], total);
                 rest = &rest[want..];
-                let mut frame = std::mem::take(&mut c.partial);
+                let frame = std::mem::take(&mut c.partial);
                 self.frame(host, task, &frame[HEADER_LEN..]);
-                frame.clear();
-                self.clients[task].partial = frame;
+                self.clients[task].partial = emptied(frame);
                 continue;
             }
             if rest.len() < HEADER_LEN {
-                c.partial.extend_from_slice(rest);
+                gather(&mut c.partial, rest, HEADER_LEN);
                 return bytes.len();
             }
             let total = match self.frame_len(&rest[..HEADER_LEN]) {
@@ -94,7 +102,7 @@ impl Shell {
             }
             let c = &mut self.clients[task];
             if rest.len() < total {
-                c.partial.extend_from_slice(rest);
+                gather(&mut c.partial, rest, total);
                 return bytes.len();
             }
             if c.backed_up() {
@@ -166,9 +174,20 @@ impl Shell {
             let why = "a second wait for a node attribute while one waits (one at a time per task)";
             return self.protocol_error(host, task, body, why);
         }
-        if !matches!(request, Request2::Spawn(_)) && body.len() > self.limits.request_line_max {
-            let why = format!("a PMI-2 message longer than {} bytes", self.limits.request_line_max);
-            return self.protocol_error(host, task, body, &why);
+        match &request {
+            Request2::Spawn(spawn) => {
+                // Bounded as its PMI-1 lines would be: what it holds decoded, not only its bytes.
+                let max = self.limits.spawn_bytes_max;
+                if body.len().saturating_add(spawn.overhead()) > max {
+                    let why = ParseError::Spawn(SpawnError::over_limit(max).0).to_string();
+                    return self.protocol_error(host, task, body, &why);
+                }
+            }
+            _ if body.len() > self.limits.request_line_max => {
+                let why = format!("a PMI-2 message longer than {} bytes", self.limits.request_line_max);
+                return self.protocol_error(host, task, body, &why);
+            }
+            _ => {}
         }
         self.clients[task].thrid = message.get("thrid").map(<[u8]>::to_vec);
         self.dispatch_v2(host, task, request);

@@ -417,6 +417,90 @@ fn malformed_spawn_is_a_protocol_error() {
     assert!(matches!(&h.errors[..], [JobError::Protocol { rank: 0, .. }]));
 }
 
+/// docs/security.md: a spawn request is bounded by what it holds decoded, not only by its bytes on the
+/// wire. A task that sends a spawn of one-byte arguments (`argN=x`), block after block, and never ends it
+/// is cut off before its items hold more than the bound: each item is kept apart, in at least a `Vec` and
+/// the smallest heap block an allocator gives, several times what its line of 7 to 10 bytes was.
+#[test]
+fn an_unfinished_spawn_of_one_byte_items_is_cut_off_within_its_bound() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    let max = s.limits().spawn_bytes_max;
+    let mut items = 0;
+    'blocks: for block in 1..=256 {
+        let head = format!("nprocs=1\nexecname=./a\ntotspawns=256\nspawnssofar={block}\nargcnt=4096\n");
+        let lines = std::iter::once("mcmd=spawn".to_string())
+            .chain(head.lines().map(String::from))
+            .chain((1..=4096).map(|i| format!("arg{i}=x")))
+            .chain(std::iter::once("endcmd".to_string()));
+        for (n, line) in lines.enumerate() {
+            s.receive(&mut h, 0, format!("{line}\n").as_bytes());
+            if s.is_cut_off(0) {
+                break 'blocks;
+            }
+            items += usize::from(n > 5 && line != "endcmd");
+        }
+    }
+    assert!(s.is_cut_off(0), "a spawn of {items} one-byte items was taken in whole");
+    let least = std::mem::size_of::<Vec<u8>>() + 8;
+    assert!(
+        items * least <= max,
+        "{items} one-byte items were kept (at least {} bytes) under a bound of {max}",
+        items * least
+    );
+    match &h.errors[..] {
+        [JobError::Protocol { rank: 0, reason, .. }] => {
+            assert!(reason.contains(&format!("over the limit of {max} bytes")), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h.spawns.is_empty());
+}
+
+/// The bound holds for a spawn's PMI-2 frame as for its PMI-1 lines: a frame of one-byte arguments that
+/// would hold more than the bound once decoded is refused, as the same request would be over PMI-1.
+#[test]
+fn a_pmi2_spawn_of_one_byte_items_is_bounded_decoded() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    send(&mut s, &mut h, 0, "cmd=init pmi_version=2 pmi_subversion=0\n");
+    let args: String = (0..4000).map(|i| format!("argv{i}=x;")).collect();
+    let body = format!("cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=4000;{args}");
+    assert!(body.len() < s.limits().spawn_bytes_max, "its bytes alone are within the bound");
+    send(&mut s, &mut h, 0, &format!("{:6}{body}", body.len()));
+    assert!(s.is_cut_off(0) && h.spawns.is_empty());
+    assert!(matches!(&h.errors[..], [JobError::Protocol { rank: 0, reason, .. }] if reason.contains("over the limit")));
+}
+
+/// A long PMI-2 frame (a spawn of 250,000 bytes) that comes in pieces is gathered in the task's
+/// partial-frame buffer, which grows no larger than the frame; once the frame is whole the buffer does not
+/// keep its capacity: 10,000 tasks that once each sent one would otherwise hold 256 KiB each for the rest
+/// of the job.
+#[test]
+fn a_long_frame_leaves_no_capacity_behind() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder { offer: true, ..Recorder::default() };
+    send(&mut s, &mut h, 0, "cmd=init pmi_version=2 pmi_subversion=0\n");
+    let long = "a".repeat(250_000);
+    let body = format!("cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=1;argv0={long};");
+    let frame = format!("{:6}{body}", body.len());
+    for piece in frame.as_bytes().chunks(4096) {
+        s.receive(&mut h, 0, piece);
+        let held = s.clients[0].partial.capacity();
+        assert!(held <= frame.len(), "{held} bytes held for a frame of {}", frame.len());
+    }
+    assert_eq!(h.spawns.len(), 1, "{:?}", h.errors);
+    assert_eq!(h.spawns[0].commands[0].args, [long.into_bytes()]);
+    let kept = s.clients[0].partial.capacity();
+    assert!(kept <= 1024, "the partial-frame buffer kept {kept} bytes");
+    s.host_reply(&mut h, 0, HostReply::Spawned { errcodes: vec![0] });
+    assert_eq!(drain(&mut s, 0), "    35cmd=spawn-response;rc=0;errcodes=0;");
+    // The connection goes on, short frames split across reads too.
+    s.receive(&mut h, 0, b"    14cmd=jo");
+    assert_eq!(send(&mut s, &mut h, 0, "b-getid;"), "    41cmd=job-getid-response;rc=0;jobid=kvs_42;");
+    assert!(h.errors.is_empty(), "{:?}", h.errors);
+}
+
 #[test]
 fn ranks2hosts_answer() {
     let map = TaskMap::new(vec![1, 0, 1, 0, 1, 0, 1, 0]);
