@@ -6,9 +6,12 @@
 //! request is sent under the lock and waited for without it. Whichever waiting thread finds nobody reading
 //! reads the next message and hands it out: one that names an outstanding tagged request's tag (PMI-1's
 //! `barrier_out tag=`, PMI-2's `thrid=`) goes to it, any other to the plain request. One tag is outstanding at
-//! a time per process (a second request of the same tag waits for the first to end). Until a thread first
-//! expects a tagged request, nothing is waited for without the lock, and a plain request reads its answer
-//! straight from the connection ([`Plain`]).
+//! a time per process (a second request of the same tag waits for the first to end). A server that does not
+//! echo tags (Slurm's PMI-2 ignores `thrid`) is answered by command instead, and where a plain request is
+//! answered by the command of an outstanding tagged request, only by order: such a request is sent in its turn,
+//! once that tagged request is answered ([`Mailbox::expect_plain_in_turn`]). Until a thread first expects a
+//! tagged request, nothing is waited for without the lock, and a plain request reads its answer straight from
+//! the connection ([`Plain`]).
 
 use crate::conn::Conn;
 use crate::Failed;
@@ -97,6 +100,9 @@ struct State<M> {
     tagged: BTreeMap<i64, (String, Option<M>)>,
     /// Why the connection can no longer be read: every waiter fails with it.
     broken: Option<String>,
+    /// The server echoed a tag: tagged requests' answers are told by their tags, and no plain request waits for
+    /// its turn.
+    echoed: bool,
 }
 
 /// What a waiter waits for.
@@ -167,12 +173,41 @@ impl<M: Mail> Mailbox<M> {
         if self.direct.load(Ordering::SeqCst) {
             return Plain { direct: true };
         }
-        let mut state = self.state();
-        state.plain_cmd.clear();
-        for piece in pieces {
-            state.plain_cmd.push_str(piece);
-        }
+        self.state().expect_plain(pieces);
         Plain { direct: false }
+    }
+
+    /// As [`Mailbox::expect_plain`], for a request whose answer a tagged request's may be taken for: a server
+    /// that has never echoed a tag (Slurm's PMI-2 ignores `thrid`) answers both alike, and in whichever order it
+    /// likes. `None`, with nothing expected, while a tagged request answered by the same command is outstanding
+    /// unanswered there: the caller lets the session go, waits in [`Mailbox::wait_turn`], and asks again. A
+    /// tagged request expected once this has let it go cannot be sent before its answer is taken (its send needs
+    /// the session), so that answer is the first of its command.
+    pub fn expect_plain_in_turn(&self, pieces: &[&str]) -> Option<Plain> {
+        if self.direct.load(Ordering::SeqCst) {
+            return Some(Plain { direct: true });
+        }
+        let mut state = self.state();
+        if state.behind_tagged(pieces) {
+            return None;
+        }
+        state.expect_plain(pieces);
+        Some(Plain { direct: false })
+    }
+
+    /// Waits, without the session's lock, until a plain request answered by the command `pieces` make is in its
+    /// turn ([`Mailbox::expect_plain_in_turn`]), or the connection broke.
+    pub fn wait_turn(&self, pieces: &[&str]) {
+        let mut state = self.state();
+        while state.behind_tagged(pieces) {
+            state = self.wait_on(state);
+        }
+    }
+
+    /// The server echoed a tag where the mailbox did not see it (libpmi2's start-up asks `job-getid` with a
+    /// `thrid`): its answers are told by their tags, and no plain request waits for its turn.
+    pub fn tag_echoed(&self) {
+        self.state().echoed = true;
     }
 
     /// A request of `tag`, answered by `cmd`, is about to be sent: its answer is kept for it, until
@@ -286,11 +321,28 @@ impl<M> Default for State<M> {
             plain: None,
             tagged: BTreeMap::new(),
             broken: None,
+            echoed: false,
         }
     }
 }
 
 impl<M: Mail> State<M> {
+    /// The plain request about to be sent is answered by the command `pieces` make.
+    fn expect_plain(&mut self, pieces: &[&str]) {
+        self.plain_cmd.clear();
+        for piece in pieces {
+            self.plain_cmd.push_str(piece);
+        }
+    }
+
+    /// A plain request answered by the command `pieces` make must wait for its turn: see
+    /// [`Mailbox::expect_plain_in_turn`].
+    fn behind_tagged(&self, pieces: &[&str]) -> bool {
+        !self.echoed
+            && self.broken.is_none()
+            && self.tagged.values().any(|(cmd, answer)| answer.is_none() && made_of(cmd, pieces))
+    }
+
     fn hand_out(&mut self, message: M) {
         // With no tagged request outstanding, every message is the plain request's: its tag is not read (a
         // barrier's answer, read right after the longest wait of a start-up, would be parsed twice).
@@ -300,6 +352,7 @@ impl<M: Mail> State<M> {
         let tag = message.tag();
         if let Some((_, answer @ None)) = tag.and_then(|t| self.tagged.get_mut(&t)) {
             *answer = Some(message);
+            self.echoed = true;
             return;
         }
         // A server that does not echo tags (Slurm's PMI-2 ignores `thrid`): an untagged answer of the
@@ -321,6 +374,18 @@ impl<M: Mail> State<M> {
             self.broken = Some(format!("the PMI server sent {} where no answer was due", message.shown()));
         }
     }
+}
+
+/// `cmd` is the command `pieces` make (compared piece by piece: nothing is allocated to join them).
+fn made_of(cmd: &str, pieces: &[&str]) -> bool {
+    let mut rest = cmd;
+    for piece in pieces {
+        match rest.strip_prefix(piece) {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    rest.is_empty()
 }
 
 #[cfg(test)]
@@ -437,7 +502,6 @@ mod tests {
 
     #[test]
     fn an_answer_without_its_thrid_goes_to_the_waiter_of_its_command_unless_the_plain_request_awaits_it() {
-        const NODE: &str = "info-getnodeattr-response";
         let mut state = State::<Frame>::default();
         state.tagged.insert(1, (NODE.into(), None));
         // A server that echoes thrid: by the tag, whatever the plain request awaits.
@@ -455,5 +519,94 @@ mod tests {
         state.plain_cmd = NODE.into();
         state.hand_out(Frame(NODE, None));
         assert!(state.tagged[&1].1.is_none() && state.plain.is_some());
+    }
+
+    /// A PMI-2 answer, written as a line in these tests: `cmd=info-getnodeattr-response thrid=1 value=x`.
+    struct Pmi2(String);
+
+    impl Mail for Pmi2 {
+        fn read(conn: &mut Conn) -> Result<Pmi2, Failed> {
+            conn.line().map(Pmi2)
+        }
+        fn cmd(&self) -> &str {
+            self.0.cmd()
+        }
+        fn tag(&self) -> Option<i64> {
+            rpmi_wire::reply::Reply::parse(&self.0).ok()?.get("thrid")?.parse().ok()
+        }
+        fn shown(&self) -> String {
+            self.0.clone()
+        }
+    }
+
+    const NODE: &str = "info-getnodeattr-response";
+
+    /// Asks, as libpmi2 asks for a node attribute as it is now: once in its turn, `send` (the server reads the
+    /// request), then its answer.
+    fn ask_in_turn(mail: &Mailbox<Pmi2>, send: impl FnOnce()) -> Result<String, Failed> {
+        let plain = loop {
+            match mail.expect_plain_in_turn(&[NODE]) {
+                Some(plain) => break plain,
+                None => mail.wait_turn(&[NODE]),
+            }
+        };
+        send();
+        mail.take_plain(plain).map(|answer| answer.0)
+    }
+
+    /// Slurm's PMI-2 server says no `thrid`: one thread's wait for node attribute x and another's get of y as it
+    /// is now are answered alike, and in whichever order it likes. Here another task puts x just before the
+    /// server reads the get: x's answer comes first. Sent only once the wait is answered, the get takes its own.
+    #[test]
+    fn a_get_as_it_is_now_waits_behind_a_wait_the_server_answers_without_its_thrid() {
+        let (ours, mut server) = UnixStream::pair().unwrap();
+        let mail = Mailbox::<Pmi2>::new(Conn::of_stream(ours));
+        let (sent, get_sent) = mpsc::channel();
+        std::thread::scope(|s| {
+            let wait = mail.expect_tagged(1, NODE);
+            let waiter = s.spawn(move || wait.take().map(|answer| answer.0));
+            let getter = s.spawn(|| ask_in_turn(&mail, move || sent.send(()).unwrap()));
+            let early = get_sent.recv_timeout(Duration::from_millis(200)).is_ok();
+            server.write_all(b"cmd=info-getnodeattr-response rc=0 found=TRUE value=x\n").unwrap();
+            if !early {
+                get_sent.recv_timeout(Duration::from_secs(10)).expect("the get was never sent");
+            }
+            server.write_all(b"cmd=info-getnodeattr-response rc=0 found=TRUE value=y\n").unwrap();
+            let got = (getter.join().unwrap(), waiter.join().unwrap());
+            assert!(
+                !early,
+                "the get was sent while the wait was outstanding: it got {:?}, the wait {:?}",
+                got.0, got.1
+            );
+            assert_eq!(got.0.unwrap(), "cmd=info-getnodeattr-response rc=0 found=TRUE value=y");
+            assert_eq!(got.1.unwrap(), "cmd=info-getnodeattr-response rc=0 found=TRUE value=x");
+        });
+    }
+
+    #[test]
+    fn a_plain_request_waits_its_turn_only_behind_an_unanswered_wait_of_its_command_from_a_server_without_tags() {
+        let (ours, _server) = UnixStream::pair().unwrap();
+        let mail = Mailbox::<Pmi2>::new(Conn::of_stream(ours));
+        // Nothing tagged was ever expected: the request reads its answer directly, as every plain one does.
+        assert!(mail.expect_plain_in_turn(&[NODE]).is_some_and(|plain| plain.direct));
+        let wait = mail.expect_tagged(1, NODE);
+        assert!(mail.expect_plain_in_turn(&["info-getnodeattr", "-response"]).is_none());
+        assert!(mail.expect_plain_in_turn(&["kvs-get", "-response"]).is_some());
+        // A server seen to echo a tag (rpmi's, Hydra's: libpmi2's start-up asks) tells the answers apart.
+        mail.tag_echoed();
+        assert!(mail.expect_plain_in_turn(&[NODE]).is_some());
+        drop(wait);
+
+        let mut state = State::<Frame>::default();
+        state.tagged.insert(1, (NODE.into(), None));
+        assert!(state.behind_tagged(&[NODE]));
+        // Answered, if not yet taken: the next answer of its command is the plain request's.
+        state.hand_out(Frame(NODE, None));
+        assert!(!state.behind_tagged(&[NODE]));
+        // An answer told by its tag: the server echoes them.
+        state.tagged.insert(2, (NODE.into(), None));
+        state.hand_out(Frame(NODE, Some(2)));
+        state.tagged.insert(3, (NODE.into(), None));
+        assert!(!state.behind_tagged(&[NODE]));
     }
 }
