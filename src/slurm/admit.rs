@@ -5,9 +5,15 @@
 //!
 //! A connection's first bytes are read as soon as it is accepted and whenever it is readable, so a real
 //! stepd is admitted within two round trips. Connections still in the handshake are held in a table of
-//! [`HANDSHAKE_SPARE`] more than may join; when it is full the oldest is dropped, never the newest, and a
-//! stepd whose connection is dropped before it was admitted tries again ([`super::uplink`]), so idle or slow
-//! connections from elsewhere can delay real stepds but not keep them out. A connection has
+//! [`HANDSHAKE_SPARE`] more than may join. When it is full, a connection of the address that holds the most
+//! beyond its own nodes makes room: one that has not sent its HELLO before one that has, the oldest first,
+//! never the newest. A stepd whose connection is dropped before it was admitted tries again
+//! ([`super::uplink`]). So a stepd that has sent its HELLO is pushed out only if its address holds the most
+//! and newer connections, none of them silent, come before its PROOF: where slurm.conf gives the addresses,
+//! connections that send HELLOs (which take no secret) from its own node's address; where it does not (no
+//! address then has nodes of its own), the same from as many addresses, or other stepds behind its address.
+//! Silent connections, and where slurm.conf gives the addresses those from other nodes' addresses, can delay
+//! real stepds but not keep them out. A connection has
 //! [`HANDSHAKE_TIMEOUT`] to complete the handshake. Where slurm.conf gives the joiners' addresses,
 //! connections from other addresses are refused. Each node that may join is admitted once; once every one is
 //! in, the listener is closed: nobody else can connect at all. Refusals are counted and handed to the host
@@ -16,9 +22,10 @@
 use super::auth::{self, Prover, Secret, Transcript};
 use super::link::Watch;
 use super::protocol::{Down, FrameBuf, Up, HELLO_LEN, PROOF_LEN_ON_WIRE};
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -80,6 +87,8 @@ enum Stage {
 struct Joining {
     stream: TcpStream,
     peer: SocketAddr,
+    /// The address it counts against when the table is full (see [`Acceptor::source`]).
+    source: IpAddr,
     stage: Stage,
     since: Instant,
     input: FrameBuf,
@@ -104,6 +113,9 @@ struct Refusals {
 /// The listener and the handshakes in progress; see the module's documentation.
 pub struct Acceptor {
     gate: Gate,
+    /// How many of the nodes that may join each address has, where slurm.conf gives them all; `None` admits
+    /// any address.
+    shares: Option<HashMap<IpAddr, usize>>,
     /// Closed once every member is admitted.
     listener: Option<TcpListener>,
     port: u16,
@@ -124,12 +136,20 @@ pub struct Acceptor {
 
 impl Acceptor {
     /// Admits `gate`'s members on `listener`, under tokens from `base` (see [`Acceptor::owns`]).
-    pub fn new(listener: TcpListener, gate: Gate, base: u64) -> io::Result<Acceptor> {
+    pub fn new(listener: TcpListener, mut gate: Gate, base: u64) -> io::Result<Acceptor> {
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let members = gate.members.len();
+        let shares = gate.addresses.take().map(|addresses| {
+            let mut shares = HashMap::new();
+            for a in addresses {
+                *shares.entry(a).or_default() += 1;
+            }
+            shares
+        });
         Ok(Acceptor {
             gate,
+            shares,
             listener: Some(listener),
             port,
             base,
@@ -232,18 +252,16 @@ impl Acceptor {
                     peer = SocketAddr::new(v4.into(), v6.port());
                 }
             }
-            if let Some(allowed) = &self.gate.addresses {
-                if !allowed.contains(&peer.ip()) {
-                    self.refuse(peer, "not the address of any node that may join here");
-                    continue;
-                }
+            if self.shares.as_ref().is_some_and(|s| !s.contains_key(&peer.ip())) {
+                self.refuse(peer, "not the address of any node that may join here");
+                continue;
             }
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
             let _ = stream.set_nodelay(true);
             if self.in_handshake >= self.handshake_max {
-                self.drop_oldest();
+                self.make_room();
             }
             let slot = match self.pending.iter().position(Option::is_none) {
                 Some(s) => s,
@@ -260,7 +278,8 @@ impl Acceptor {
             }
             self.in_handshake += 1;
             let since = Instant::now();
-            self.pending[slot] = Some(Joining { stream, peer, stage: Stage::Hello, since, input: FrameBuf::default() });
+            let (source, input) = (self.source(peer.ip()), FrameBuf::default());
+            self.pending[slot] = Some(Joining { stream, peer, source, stage: Stage::Hello, since, input });
             // A stepd sends HELLO as soon as it is connected: it is usually here already.
             self.read(slot);
         }
@@ -323,11 +342,34 @@ impl Acceptor {
         self.events.push_back(Admission::Debug(line));
     }
 
-    fn drop_oldest(&mut self) {
-        let oldest = self.pending.iter().enumerate().filter_map(|(s, p)| Some((p.as_ref()?.since, s))).min();
-        if let Some((_, slot)) = oldest {
+    /// The address a connection from `ip` counts against: its own, but where any address may join, an IPv6
+    /// address's /64, which one host may hold whole.
+    fn source(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V6(v6) if self.shares.is_none() => Ipv6Addr::from(u128::from(v6) & (u128::MAX << 64)).into(),
+            _ => ip,
+        }
+    }
+
+    /// Drops a connection in the handshake to make room for a new one: one of the address that holds the
+    /// most connections beyond its nodes that may join, so that an address's stepds are pushed out only by
+    /// connections from where they are; of those, one that has not sent its HELLO, so that silent connections
+    /// queued behind a stepd cannot push it out before its PROOF comes; then the oldest, so that stale ones
+    /// go first and a stepd that retries gets in.
+    fn make_room(&mut self) {
+        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        for p in self.pending.iter().flatten() {
+            *held.entry(p.source).or_default() += 1;
+        }
+        let share = |a: &IpAddr| self.shares.as_ref().and_then(|s| s.get(a)).copied().unwrap_or(0);
+        let beyond = |a: &IpAddr| held[a] as i64 - share(a) as i64;
+        let victim = self.pending.iter().enumerate().filter_map(|(slot, p)| {
+            let p = p.as_ref()?;
+            Some((Reverse(beyond(&p.source)), matches!(p.stage, Stage::Proof(..)), p.since, slot))
+        });
+        if let Some((.., slot)) = victim.min() {
             let peer = self.pending[slot].as_ref().map(|p| p.peer);
-            self.refuse(peer, "the oldest of too many connections in the handshake");
+            self.refuse(peer, "the oldest of too many connections in the handshake from its address");
             self.drop_pending(slot);
         }
     }

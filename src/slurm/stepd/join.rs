@@ -234,6 +234,95 @@ mod tests {
         assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "the listener is still open");
     }
 
+    /// A connection to 127.0.0.1:`port` from `source`, any address of 127/8 (Linux answers all of them on
+    /// loopback): a neighbour with addresses of its own.
+    fn connect_from(source: Ipv4Addr, port: u16) -> TcpStream {
+        use std::os::fd::FromRawFd;
+        let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: a new socket, owned by the stream at once; each address is a sockaddr_in of `len` bytes.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+            let stream = TcpStream::from_raw_fd(fd);
+            let from = sockaddr(source, 0);
+            assert_eq!(libc::bind(fd, (&from as *const libc::sockaddr_in).cast(), len), 0);
+            let to = sockaddr(Ipv4Addr::LOCALHOST, port);
+            assert_eq!(libc::connect(fd, (&to as *const libc::sockaddr_in).cast(), len), 0);
+            stream
+        }
+    }
+
+    /// Node 0 admits its children, one for each of `addresses` (one if slurm.conf gives none), in a loop
+    /// like its stepd's, while node 1 joins from 127.0.0.1 and a neighbour, whenever a connection waits to be
+    /// accepted (node 1's: nobody else connects), queues more connections (`open` makes the i-th) behind it
+    /// than the handshake table has room for, and closes them once the acceptor has taken them: whether node
+    /// 1 is admitted.
+    fn admitted_with_a_neighbour(addresses: Option<Vec<IpAddr>>, open: impl Fn(u32, u16) -> TcpStream) -> bool {
+        let secret = Secret::generate().unwrap();
+        let members = 1..1 + addresses.as_ref().map_or(1, |a| a.len() as u32);
+        let queued = members.len() + crate::slurm::admit::HANDSHAKE_SPARE;
+        let gate = Gate { secret: secret.clone(), to: 0, members, addresses, width: Some(1) };
+        let mut acceptor = Acceptor::new(TcpListener::bind("127.0.0.1:0").unwrap(), gate, 1).unwrap();
+        let port = acceptor.port();
+        let epoll = Arc::new(Epoll::new().unwrap());
+        acceptor.watch(epoll.clone()).unwrap();
+        let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
+        let child = std::thread::spawn(move || join_parent_at(port, hello, &secret, Duration::from_secs(3)));
+        let mut admitted = false;
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 256];
+        while !child.is_finished() {
+            let n = epoll.wait(&mut events, 50).unwrap();
+            let (listener, connections): (Vec<u64>, Vec<u64>) =
+                events[..n].iter().map(|e| e.u64).partition(|&t| t == 1);
+            // The neighbour's closes first: the child finds the table empty when it tries again.
+            for token in connections {
+                acceptor.ready(token);
+            }
+            if !listener.is_empty() {
+                let neighbour: Vec<TcpStream> = (0..queued as u32).map(|i| open(i, port)).collect();
+                acceptor.ready(1);
+                drop(neighbour);
+            }
+            while let Some(a) = acceptor.poll() {
+                admitted |= matches!(a, Admission::Joined(j) if j.node == 1);
+            }
+        }
+        admitted && child.join().unwrap().is_ok()
+    }
+
+    #[test]
+    fn idle_connections_queued_behind_a_child_from_its_own_address_do_not_keep_it_out() {
+        let neighbour = |_, port| TcpStream::connect(("127.0.0.1", port)).unwrap();
+        assert!(admitted_with_a_neighbour(Some(vec![Ipv4Addr::LOCALHOST.into()]), neighbour), "slurm.conf's addresses");
+        assert!(admitted_with_a_neighbour(None, neighbour), "any address");
+    }
+
+    #[test]
+    fn connections_queued_behind_a_child_from_other_addresses_do_not_keep_it_out() {
+        let other = Ipv4Addr::new(127, 0, 0, 2);
+        // Where slurm.conf gives the addresses, a neighbour on the other child's node, saying HELLO as it.
+        let as_node = |node: u32| {
+            move |_, port| {
+                let mut s = connect_from(other, port);
+                s.write_all(&Up::Hello { node, nonce: [0; auth::NONCE_LEN], port: 0, width: 1 }.encode().unwrap())
+                    .unwrap();
+                s
+            }
+        };
+        let both = vec![Ipv4Addr::LOCALHOST.into(), other.into()];
+        assert!(admitted_with_a_neighbour(Some(both), as_node(2)), "from another node's address");
+        // Where any address may join: a host saying HELLO as node 1, then silent ones from an address each.
+        assert!(admitted_with_a_neighbour(None, as_node(1)), "from another host");
+        let each = |i: u32, port| connect_from(Ipv4Addr::new(127, 0, 1, i as u8), port);
+        assert!(admitted_with_a_neighbour(None, each), "from an address each");
+    }
+
     #[test]
     fn a_child_waits_for_srun_to_say_where_its_parent_listens() {
         let secret = Secret::generate().unwrap();
