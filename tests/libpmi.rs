@@ -6,10 +6,16 @@
 
 mod support;
 
+use rpmi_wire::pmi2::{body_len, Message, Writer, HEADER_LEN};
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::libpmi::{library_dir, program, spawned_and_read, Api};
 use support::{impi, rpmi_run, run, start, start_in, start_with_env, Done, GUARD, RUN};
 
@@ -99,6 +105,135 @@ fn a_node_attribute_waited_for_by_one_thread_and_put_by_another() {
         let done = start(launcher, args).wait(HANG);
         assert!(ranks_ok(&done, size).iter().all(|l| l == "nodewait"), "{}", done.dump());
     }
+}
+
+/// A node attribute got as it is now by one thread while another waits for one: under rpmi-run and Hydra,
+/// which echo `thrid` (the get goes at once: the main thread puts the attribute waited for only after it),
+/// and under a server that echoes none, as Slurm's `--mpi=pmi2` ([`serve_without_thrid`]): there the two
+/// answers look alike, and the get is sent only once the wait is answered.
+#[test]
+fn a_node_attribute_got_as_it_is_now_while_another_thread_waits_for_one() {
+    // Each run takes well under a second; a hang is told from it at 20 s.
+    const HANG: Duration = Duration::from_secs(20);
+    let p = program(Api::Pmi2);
+    let path = p.path.to_str().unwrap();
+    for launcher in [RUN, "mpiexec.hydra"] {
+        let done = start(launcher, &["-n", "2", path, "nodenow"]).wait(HANG);
+        assert!(ranks_ok(&done, 2).iter().all(|l| l == "nodenow"), "{}", done.dump());
+    }
+    let (server, task) = UnixStream::pair().unwrap();
+    let serving = std::thread::spawn(move || serve_without_thrid(server));
+    let fd = task.as_raw_fd();
+    let mut cmd = Command::new(&p.path);
+    for var in ["PMI_PORT", "PMI_ID", "RPMI_PMI_SUBVERSION"] {
+        cmd.env_remove(var);
+    }
+    // SAFETY: fcntl is async-signal-safe. The task's end, opened close-on-exec here, stays open in the task.
+    unsafe {
+        cmd.pre_exec(move || match libc::fcntl(fd, libc::F_SETFD, 0) {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        })
+    };
+    let fd = fd.to_string();
+    let env = [("PMI_FD", OsStr::new(&fd)), ("PMI_RANK", OsStr::new("0")), ("PMI_JOBID", OsStr::new("1"))];
+    let done = start_in(cmd, &["nodenow"], &env).wait(HANG);
+    drop(task);
+    let read = serving.join().unwrap();
+    assert_eq!(done.code(), Some(0), "the server read {read:?}\n{}", done.dump());
+    assert_eq!(ranks_ok(&done, 1), ["nodenow"], "{}", done.dump());
+}
+
+/// A PMI-2 server for one task that answers as Slurm's `--mpi=pmi2` does, echoing no request's `thrid`, and
+/// stands in for another task of the node: it puts the attribute the task waits for (`wait-R-N`, as
+/// `put-R-N`) 100 ms after the wait, or at once when a get as it is now comes meanwhile, whose answer then
+/// follows the wait's. What it read, for messages.
+fn serve_without_thrid(mut conn: UnixStream) -> Vec<String> {
+    let mut node = BTreeMap::new();
+    let mut waiting: Option<(Vec<u8>, Instant)> = None;
+    let (mut read, mut buf, mut chunk) = (Vec::<String>::new(), Vec::new(), [0; 4096]);
+    conn.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+    loop {
+        // The start-up's PMI-1 line, then frames.
+        let request: Option<Vec<u8>> = match read.is_empty() {
+            true => buf.iter().position(|&b| b == b'\n').map(|end| buf.drain(..=end).collect()),
+            false => match buf.get(..HEADER_LEN).and_then(body_len) {
+                Some(len) if buf.len() >= HEADER_LEN + len => {
+                    Some(buf.drain(..HEADER_LEN + len).skip(HEADER_LEN).collect())
+                }
+                _ => None,
+            },
+        };
+        let Some(request) = request else {
+            match conn.read(&mut chunk) {
+                Ok(0) => return read,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if waiting.as_ref().is_some_and(|(_, since)| since.elapsed() > Duration::from_millis(100)) {
+                        another_task_puts(&mut conn, &mut node, &mut waiting);
+                    }
+                }
+                Err(e) => panic!("reading the task: {e}"),
+            }
+            continue;
+        };
+        read.push(String::from_utf8_lossy(&request).into_owned());
+        if read.len() == 1 {
+            conn.write_all(b"cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0\n").unwrap();
+            continue;
+        }
+        let message = Message::parse(&request).unwrap();
+        let field = |key| message.get(key).unwrap_or_default().to_vec();
+        match message.cmd {
+            b"fullinit" => answer(&mut conn, "fullinit-response", &[("rank", b"0"), ("size", b"1"), ("appnum", b"0")]),
+            b"job-getid" => answer(&mut conn, "job-getid-response", &[("jobid", b"thridless")]),
+            b"info-putnodeattr" => {
+                node.insert(field("key"), field("value"));
+                answer(&mut conn, "info-putnodeattr-response", &[]);
+            }
+            b"info-getnodeattr" if message.get("wait") == Some(b"TRUE") && !node.contains_key(&field("key")) => {
+                waiting = Some((field("key"), Instant::now()));
+            }
+            b"info-getnodeattr" => {
+                another_task_puts(&mut conn, &mut node, &mut waiting);
+                match node.get(&field("key")) {
+                    Some(value) => {
+                        answer(&mut conn, "info-getnodeattr-response", &[("found", b"TRUE"), ("value", value)])
+                    }
+                    None => answer(&mut conn, "info-getnodeattr-response", &[("found", b"FALSE")]),
+                }
+            }
+            b"finalize" => {
+                answer(&mut conn, "finalize-response", &[]);
+                return read;
+            }
+            _ => panic!("the task asked {:?}", read.last()),
+        }
+    }
+}
+
+/// The other task of [`serve_without_thrid`] puts the attribute waited for, if any: the wait is answered.
+fn another_task_puts(
+    conn: &mut UnixStream,
+    node: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    waiting: &mut Option<(Vec<u8>, Instant)>,
+) {
+    if let Some((key, _)) = waiting.take() {
+        let value = [&b"put"[..], key.strip_prefix(b"wait").unwrap_or_default()].concat();
+        answer(conn, "info-getnodeattr-response", &[("found", b"TRUE"), ("value", &value)]);
+        node.insert(key, value);
+    }
+}
+
+/// Writes an answer of `cmd` with `rc=0` and `fields`, and no `thrid`.
+fn answer(conn: &mut UnixStream, cmd: &str, fields: &[(&str, &[u8])]) {
+    let mut out = Vec::new();
+    let mut w = Writer::answer(&mut out, cmd, None, 0);
+    for (key, value) in fields {
+        w = w.str(key, value);
+    }
+    w.finish();
+    conn.write_all(&out).unwrap();
 }
 
 #[test]

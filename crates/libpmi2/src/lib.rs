@@ -14,7 +14,7 @@ use rpmi_client::cabi::{bytes, copy_cut, copy_out, guard, is_string, is_word, sa
 use rpmi_client::held::{Held, Ranked};
 use rpmi_client::{Failed, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, SUCCESS};
 use rpmi_wire::spawn::{SpawnCommand, SpawnRequest};
-use session::Session;
+use session::{Attrs, Looked, Session};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -362,29 +362,51 @@ unsafe fn deliver_ints(
     Ok(())
 }
 
-/// An attribute call: `name` checked, then `lookup`'s value into the caller's `value[..valuelen]` and `*found`.
+/// An attribute call: `name` checked, then its value among `attrs` into the caller's `value[..valuelen]` and
+/// `*found`.
 ///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string; `value` is NULL or holds `valuelen` bytes; `found` is NULL or
 /// writable.
 unsafe fn attr(
     call: &str,
+    attrs: Attrs,
     name: *const c_char,
     value: *mut c_char,
     valuelen: c_int,
     found: *mut c_int,
-    lookup: impl FnOnce(&mut Session, &str) -> Result<Option<Vec<u8>>, Failed>,
 ) -> c_int {
     // SAFETY: the caller's contract.
     let (name, len) = match unsafe { attr_args(name, value, valuelen, found) } {
         Ok(checked) => checked,
         Err(rc) => return rc,
     };
-    with_session(call, |s| {
-        let got = lookup(s, name)?;
-        // SAFETY: checked above, the caller's contract.
-        unsafe { deliver(got, value, len, found) }
-    })
+    // SAFETY: checked above, the caller's contract.
+    looked_up(call, attrs, name, |got| unsafe { deliver(got, value, len, found) })
+}
+
+/// Attribute `name` of `attrs`, as it is now, handed to `deliver` under the session's lock. One held back
+/// behind another thread's wait ([`Looked::Behind`]) is waited for without the lock, then asked for again.
+fn looked_up(
+    call: &str,
+    attrs: Attrs,
+    name: &str,
+    mut deliver: impl FnMut(Option<Vec<u8>>) -> Result<(), Failed>,
+) -> c_int {
+    loop {
+        let mut behind = None;
+        let rc = with_session(call, |s| match s.attr(attrs, name)? {
+            Looked::Value(got) => deliver(got),
+            Looked::Behind(mail) => {
+                behind = Some(mail);
+                Ok(())
+            }
+        });
+        match behind {
+            Some(mail) => session::wait_turn(&mail),
+            None => return rc,
+        }
+    }
 }
 
 /// An attribute call's arguments checked: the name, and the value's length.
@@ -406,20 +428,20 @@ unsafe fn attr_args<'a>(
     Ok((name, len))
 }
 
-/// An attribute call for a list of integers: `name` checked, then `lookup`'s comma-separated integers into
-/// the caller's `array[..arraylen]`, their count into `*outlen`.
+/// An attribute call for a list of integers: `name` checked, then its value among `attrs`, comma-separated
+/// integers, into the caller's `array[..arraylen]`, their count into `*outlen`.
 ///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string; `array` is NULL or holds `arraylen` ints; `outlen` and `found`
 /// are NULL or writable.
 unsafe fn attr_ints(
     call: &str,
+    attrs: Attrs,
     name: *const c_char,
     array: *mut c_int,
     arraylen: c_int,
     outlen: *mut c_int,
     found: *mut c_int,
-    lookup: impl FnOnce(&mut Session, &str) -> Result<Option<Vec<u8>>, Failed>,
 ) -> c_int {
     // SAFETY: the caller's contract.
     let Some(name) = (unsafe { text(name) }).filter(|n| key_ok(n)) else { return ERR_INVALID_KEY };
@@ -427,11 +449,8 @@ unsafe fn attr_ints(
     if array.is_null() || outlen.is_null() || found.is_null() {
         return ERR_INVALID_ARG;
     }
-    with_session(call, |s| {
-        let got = lookup(s, name)?;
-        // SAFETY: checked above, the caller's contract.
-        unsafe { deliver_ints(got, array, len, outlen, found) }
-    })
+    // SAFETY: checked above, the caller's contract.
+    looked_up(call, attrs, name, |got| unsafe { deliver_ints(got, array, len, outlen, found) })
 }
 
 /// # Safety
@@ -447,7 +466,7 @@ pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
     const NAME: &str = "PMI2_Info_GetNodeAttr";
     if waitfor == 0 {
         // SAFETY: the caller's contract.
-        return unsafe { attr(NAME, name, value, valuelen, found, Session::node_attr) };
+        return unsafe { attr(NAME, Attrs::Node, name, value, valuelen, found) };
     }
     // SAFETY: the caller's contract.
     let (key, len) = match unsafe { attr_args(name, value, valuelen, found) } {
@@ -463,11 +482,7 @@ pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
         let Some(mail) = mail.filter(|_| rc == SUCCESS) else {
             // A job of one (nobody else could put it), or no session.
             // SAFETY: the caller's contract.
-            return if rc == SUCCESS {
-                unsafe { attr(NAME, name, value, valuelen, found, Session::node_attr) }
-            } else {
-                rc
-            };
+            return if rc == SUCCESS { unsafe { attr(NAME, Attrs::Node, name, value, valuelen, found) } } else { rc };
         };
         // Asked under the session's lock, waited for without it: another thread of the process may be the
         // one to put the attribute meanwhile.
@@ -484,9 +499,9 @@ pub unsafe extern "C" fn PMI2_Info_GetNodeAttr(
     })
 }
 
-/// `PMI2_Info_GetNodeAttrIntArray` and `PMI2_Info_GetJobAttrIntArray`: one signature, over `lookup`.
+/// `PMI2_Info_GetNodeAttrIntArray` and `PMI2_Info_GetJobAttrIntArray`: one signature, over `attrs`.
 macro_rules! int_array_attr {
-    ($name:ident, $lookup:expr) => {
+    ($name:ident, $attrs:expr) => {
         /// # Safety
         /// As `attr_ints` says.
         #[no_mangle]
@@ -498,13 +513,13 @@ macro_rules! int_array_attr {
             found: *mut c_int,
         ) -> c_int {
             // SAFETY: the caller's contract.
-            unsafe { attr_ints(stringify!($name), name, array, arraylen, outlen, found, $lookup) }
+            unsafe { attr_ints(stringify!($name), $attrs, name, array, arraylen, outlen, found) }
         }
     };
 }
 
-int_array_attr!(PMI2_Info_GetNodeAttrIntArray, Session::node_attr);
-int_array_attr!(PMI2_Info_GetJobAttrIntArray, Session::job_attr);
+int_array_attr!(PMI2_Info_GetNodeAttrIntArray, Attrs::Node);
+int_array_attr!(PMI2_Info_GetJobAttrIntArray, Attrs::Job);
 
 /// # Safety
 /// Both arguments are NULL or NUL-terminated strings.
@@ -524,7 +539,7 @@ pub unsafe extern "C" fn PMI2_Info_GetJobAttr(
     found: *mut c_int,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    unsafe { attr("PMI2_Info_GetJobAttr", name, value, valuelen, found, Session::job_attr) }
+    unsafe { attr("PMI2_Info_GetJobAttr", Attrs::Job, name, value, valuelen, found) }
 }
 
 /// The longest service name or port, NUL included.

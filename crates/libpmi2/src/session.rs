@@ -3,7 +3,7 @@
 //! attributes live here. The C API ([`super`]) checks its arguments and turns what this returns into codes.
 
 use rpmi_client::conn::Conn;
-use rpmi_client::mailbox::{Expected, Mail, Mailbox};
+use rpmi_client::mailbox::{Expected, Mail, Mailbox, Plain};
 use rpmi_client::{env, Failed};
 use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
@@ -15,8 +15,31 @@ use std::ops::Range;
 use std::sync::Arc;
 
 /// The `thrid` of a node attribute waited for: one such wait is outstanding at a time per process (the
-/// mailbox queues the next behind it; rpmi's server holds one wait per task). Other requests carry none.
+/// mailbox queues the next behind it; rpmi's server holds one wait per task). Other requests carry none, but
+/// start-up's `job-getid` (0), which learns whether the server echoes them.
 const NODE_WAIT: i64 = 1;
+
+/// The answer to a node attribute's request, waited for or not: the two are told apart by `thrid` alone.
+const NODE_ANSWER: &str = "info-getnodeattr-response";
+
+/// The attributes a lookup reads.
+#[derive(Clone, Copy)]
+pub enum Attrs {
+    /// The node's, which its tasks put.
+    Node,
+    /// The job's, which the server holds.
+    Job,
+}
+
+/// An attribute looked up as it is now ([`Session::attr`]).
+pub enum Looked {
+    /// Its value; `None` if there is none.
+    Value(Option<Vec<u8>>),
+    /// Not asked for yet: a node attribute, while another thread's wait for one is outstanding and the server
+    /// has never echoed a `thrid`, so that it would answer both alike, in whichever order it likes. Asked for
+    /// again once the wait is answered ([`wait_turn`]).
+    Behind(Arc<Mailbox<Answer>>),
+}
 
 /// What a request sends besides its command: `key=value` pairs, in order.
 pub type Fields<'a> = &'a [(&'a str, &'a [u8])];
@@ -118,7 +141,7 @@ impl Session {
         }
         // Threads may call while one waits for a node attribute (and they say which by `thrid`).
         fields.push(("threaded", b"TRUE"));
-        let server = Server::Wire(conn, mail, Vec::new());
+        let server = Server::Wire(conn, mail.clone(), Vec::new());
         let mut session =
             Box::new(Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server });
         let init = session.ask("fullinit", &fields)?;
@@ -129,7 +152,12 @@ impl Session {
         (session.rank, session.size) = (rank as u32, size as u32);
         session.appnum = init.int("appnum").ok().and_then(|a| i32::try_from(a).ok()).unwrap_or(0);
         session.spawned = init.get("spawner-jobid").is_some_and(|s| !s.is_empty());
-        let id = session.ask("job-getid", &[])?;
+        // With a `thrid` (any: no thread waits for it): rpmi's and Hydra's servers echo it (Slurm's does not),
+        // and a node attribute asked for as it is now is then never held back behind another thread's wait.
+        let id = session.ask("job-getid", &[("thrid", b"0")])?;
+        if id.tag().is_some() {
+            mail.tag_echoed();
+        }
         let id = id.get("jobid").ok_or_else(|| Failed::said("the PMI server's job-getid has no jobid=".into()))?;
         session.jobid = rpmi_client::lossy(id);
         Ok(session)
@@ -167,23 +195,14 @@ impl Session {
 
     /// As [`Session::ask`], but a refusal is an answer the caller expects: `Failed::quiet`.
     pub fn ask_quietly(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
-        let answer = self.exchange(cmd, fields)?;
-        match answer.int("rc")? {
-            0 => Ok(answer),
-            _ => Err(Failed::quiet()),
-        }
+        quietly(self.exchange(cmd, fields)?)
     }
 
     fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
         let Server::Wire(conn, mail, out) = &mut self.server else { return Err(Failed::quiet()) };
         frame(out, cmd, fields)?;
         let plain = mail.expect_plain(&[cmd, "-response"]);
-        conn.write(out)?;
-        let answer = mail.take_plain(plain)?;
-        match answer.cmd().strip_prefix(cmd) {
-            Some("-response") => Ok(answer),
-            _ => Err(unanswered(&answer, &[cmd, "-response"].concat())),
-        }
+        sent(conn, mail, out, plain, cmd)
     }
 
     /// Sends request `cmd` and reads no answer (abort: the server ends the job).
@@ -266,26 +285,27 @@ impl Session {
         }
     }
 
-    /// Node attribute `name`, as it is now; `None` if there is none.
-    pub fn node_attr(&mut self, name: &str) -> Result<Option<Vec<u8>>, Failed> {
-        match &mut self.server {
-            Server::Alone { node, .. } => Ok(node.get(name).cloned()),
-            Server::Wire(..) => {
-                optional(self.ask_quietly("info-getnodeattr", &[("key", name.as_bytes()), ("wait", b"FALSE")]))
-            }
-        }
-    }
-
-    /// Job attribute `name`; `None` if the server has none.
-    pub fn job_attr(&mut self, name: &str) -> Result<Option<Vec<u8>>, Failed> {
-        match &self.server {
-            Server::Alone { .. } => Ok(match name {
+    /// Attribute `name` of `attrs`, as it is now.
+    pub fn attr(&mut self, attrs: Attrs, name: &str) -> Result<Looked, Failed> {
+        let value = match (&mut self.server, attrs) {
+            (Server::Alone { node, .. }, Attrs::Node) => node.get(name).cloned(),
+            (Server::Alone { .. }, Attrs::Job) => match name {
                 "PMI_process_mapping" => Some(b"(vector,(0,1,1))".to_vec()),
                 "universeSize" => Some(b"1".to_vec()),
                 _ => None,
-            }),
-            Server::Wire(..) => optional(self.ask_quietly("info-getjobattr", &[("key", name.as_bytes())])),
-        }
+            },
+            (Server::Wire(conn, mail, out), Attrs::Node) => {
+                frame(out, "info-getnodeattr", &[("key", name.as_bytes()), ("wait", b"FALSE")])?;
+                let Some(plain) = mail.expect_plain_in_turn(&[NODE_ANSWER]) else {
+                    return Ok(Looked::Behind(mail.clone()));
+                };
+                optional(sent(conn, mail, out, plain, "info-getnodeattr").and_then(quietly))?
+            }
+            (Server::Wire(..), Attrs::Job) => {
+                optional(self.ask_quietly("info-getjobattr", &[("key", name.as_bytes())]))?
+            }
+        };
+        Ok(Looked::Value(value))
     }
 
     /// A name service request: the port of a lookup.
@@ -367,6 +387,25 @@ fn frame(out: &mut Vec<u8>, cmd: &str, fields: Fields) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Sends the request made in `out`, whose answer is expected as `plain`, and reads that answer, which must be
+/// `cmd-response`.
+fn sent(conn: &mut Conn, mail: &Mailbox<Answer>, out: &[u8], plain: Plain, cmd: &str) -> Result<Answer, Failed> {
+    conn.write(out)?;
+    let answer = mail.take_plain(plain)?;
+    match answer.cmd().strip_prefix(cmd) {
+        Some("-response") => Ok(answer),
+        _ => Err(unanswered(&answer, &[cmd, "-response"].concat())),
+    }
+}
+
+/// `answer`, where it says `rc=0`; else a refusal the caller expects, `Failed::quiet`.
+fn quietly(answer: Answer) -> Result<Answer, Failed> {
+    match answer.int("rc")? {
+        0 => Ok(answer),
+        _ => Err(Failed::quiet()),
+    }
+}
+
 /// A `found=`/`value=` answer (or a refusal) as an optional value.
 fn optional(answer: Result<Answer, Failed>) -> Result<Option<Vec<u8>>, Failed> {
     match answer {
@@ -381,12 +420,18 @@ fn optional(answer: Result<Answer, Failed>) -> Result<Option<Vec<u8>>, Failed> {
 /// while another thread's wait is outstanding; called without the session's lock. Its answer is taken with
 /// [`node_waited`].
 pub fn expect_node_attr(mail: &Mailbox<Answer>) -> Expected<'_, Answer> {
-    mail.expect_tagged(NODE_WAIT, "info-getnodeattr-response")
+    mail.expect_tagged(NODE_WAIT, NODE_ANSWER)
+}
+
+/// Waits, without the session's lock, until a node attribute held back behind another thread's wait
+/// ([`Looked::Behind`]) may be asked for.
+pub fn wait_turn(mail: &Mailbox<Answer>) {
+    mail.wait_turn(&[NODE_ANSWER]);
 }
 
 /// The answer to a node attribute waited for, from the mailbox.
 pub fn node_waited(expected: Expected<'_, Answer>) -> Result<Option<Vec<u8>>, Failed> {
-    let answer = answering(expected.take()?, "info-getnodeattr-response")?;
+    let answer = answering(expected.take()?, NODE_ANSWER)?;
     match answer.int("rc")? {
         0 => optional(Ok(answer)),
         _ => Ok(None),
