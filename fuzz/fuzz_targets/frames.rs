@@ -38,8 +38,8 @@ use rpmi::server::{Limits, GROUP_ID_MAX};
 use rpmi::slurm::auth::{Prover, Secret, Transcript, NONCE_LEN, ROOT};
 use rpmi::slurm::client;
 use rpmi::slurm::protocol::{
-    collective_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX, NAME_MAX,
-    PROOF_LEN_ON_WIRE, SPAWN_FRAME_MAX, SPAWN_MAX,
+    collective_head, group_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX,
+    NAME_MAX, PROOF_LEN_ON_WIRE, SPAWN_FRAME_MAX, SPAWN_MAX,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -524,8 +524,14 @@ fn check_down(payload: &[u8], m: Down, receiver: &Receiver, hs: &mut Handshake) 
         Down::Parent { .. } => assert_eq!(payload.len(), 3),
         Down::ParentDone | Down::End => assert_eq!(payload.len(), 1),
         Down::Answer { text, .. } => check_text(text),
-        Down::Group { id, parts } => {
-            assert!(id.len() <= GROUP_ID_MAX && 4 * parts.len() <= payload.len(), "a group end of {id:?}")
+        Down::Group(done) => {
+            let id = done.id();
+            assert!(id.len() <= GROUP_ID_MAX && 4 * done.len() <= payload.len(), "a group end of {id:?}");
+            // Read in place: every part is there, and the head a stepd checks first says the same.
+            let bytes: usize = done.parts().map(<[u8]>::len).sum();
+            assert_eq!(done.parts().count(), done.len());
+            assert_eq!(1 + 2 + id.len() + 4 + 4 * done.len() + bytes, payload.len());
+            assert_eq!(group_head(payload), Some(Ok((id, done.len() as u32))));
         }
     }
     let frame = m.encode().expect("a decoded message re-encodes");
