@@ -102,6 +102,7 @@ fn slurm_bindings() {
         .clang_arg(format!("-I{}", slurm_only(&include).display()))
         .allowlist_type("slurm_step_layout_t")
         .allowlist_type("slurm_step_id_t")
+        .allowlist_type("slurm_conf_t")
         .allowlist_var("SLURM_VERSION_NUMBER")
         .allowlist_var("NO_VAL")
         .allowlist_var("SLURM_SUCCESS")

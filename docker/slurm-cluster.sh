@@ -313,7 +313,10 @@ SlurmdPidFile=$D/run/slurmd-%n.pid
 SlurmctldLogFile=$D/log/slurmctld.log
 SlurmdLogFile=$D/log/slurmd-%n.log
 SlurmctldDebug=info
-SlurmdDebug=info
+# What a site turns on to debug MPI: Slurm then logs a slurmstepd's environment (tests/slurm.rs checks that the
+# step's secret is not in it).
+SlurmdDebug=verbose
+DebugFlags=MPI
 PluginDir=$plugindir
 PlugStackConfig=$D/plugstack.conf
 # While $D/hold-launch exists (20 s at most), a job's first launch on a node waits in this prolog: the tests

@@ -1180,6 +1180,20 @@ fn the_wire_trace_goes_to_the_jobs_stderr_not_the_daemons_log() {
     assert!(!slurmd_logs().contains(kvsname), "the trace of {kvsname} reached slurmd's log");
 }
 
+/// The test cluster runs with `DebugFlags=MPI` and `SlurmdDebug=verbose` (docker/slurm-cluster.sh), under which
+/// Slurm (23.02 and later) logs a slurmstepd's whole environment before the plugin's prefork: the step's secret
+/// must not be in it.
+#[test]
+fn debugging_mpi_does_not_put_the_steps_secret_in_the_daemons_log() {
+    let _s = serial();
+    let run = srun(&marker("debug-mpi"), &["-N2", "-n2", probe(), "exchange"]);
+    assert_success(&run);
+    let logs = slurmd_logs();
+    let leaked: Vec<&str> = logs.lines().filter(|l| l.contains("RPMI_SLURM_SECRET=")).collect();
+    assert!(leaked.is_empty(), "the step's secret is in slurmd's log: {leaked:?}");
+    assert!(logs.contains("DebugFlags=MPI is off in this slurmstepd"), "the stepds did not say they turned it off");
+}
+
 #[test]
 fn a_task_cannot_flood_the_daemons_log() {
     let _s = serial();

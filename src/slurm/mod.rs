@@ -100,7 +100,13 @@ fn code(result: Result<(), String>) -> c_int {
 pub extern "C" fn init() -> c_int {
     guard(SLURM_ERROR, || {
         // Find Slurm's functions now, before any fork.
-        sys::slurm();
+        let slurm = sys::slurm();
+        if sys::in_slurmstepd() && slurm.quiet_mpi_debug() {
+            slurm.info(
+                "DebugFlags=MPI is off in this slurmstepd: Slurm would log the step's environment, which carries \
+                 the secret that admits its nodes to the step",
+            );
+        }
         SLURM_SUCCESS
     })
 }

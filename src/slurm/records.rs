@@ -12,7 +12,11 @@ pub mod bindings {
     include!(concat!(env!("OUT_DIR"), "/slurm.rs"));
 }
 
-pub use bindings::{slurm_step_id_t, slurm_step_layout_t, NO_VAL, SLURM_VERSION_NUMBER};
+pub use bindings::{slurm_conf_t, slurm_step_id_t, slurm_step_layout_t, NO_VAL, SLURM_VERSION_NUMBER};
+
+/// `DEBUG_FLAG_MPI` of `slurm_conf_t::debug_flags` (`SLURM_BIT(7)` in every supported line's `slurm.h`; bindgen
+/// does not read the macro's cast).
+pub const DEBUG_FLAG_MPI: u64 = 1 << 7;
 
 /// srun's step info for `mpi_p_client_prelaunch`: `mpi_plugin_client_info_t` in 22.05 (`src/common/slurm_mpi.h`),
 /// `mpi_step_info_t` since (`src/interfaces/mpi.h`); not installed. The same fields in every supported line

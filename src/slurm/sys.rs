@@ -6,7 +6,7 @@
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
 
-use super::records::{slurm_step_id_t, SLURM_SUCCESS};
+use super::records::{slurm_conf_t, slurm_step_id_t, DEBUG_FLAG_MPI, SLURM_SUCCESS};
 use super::version::{self, ConfOption, KillJobStep};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
@@ -72,7 +72,15 @@ pub struct Slurm {
     list_append: Option<ListAppend>,
     destroy_key_pair: Option<ListDel>,
     extra_conf_path: Option<ExtraConfPath>,
+    /// Slurm's `slurm_conf`: the process's configuration (a global of `src/common/read_config.h`).
+    conf: Option<ConfPtr>,
 }
+
+/// The address of `slurm_conf`, found once and written only on the thread that loads the plugin.
+struct ConfPtr(*mut slurm_conf_t);
+// SAFETY: only read or written from `init` (see [`Slurm::quiet_mpi_debug`]), before the plugin starts a thread.
+unsafe impl Send for ConfPtr {}
+unsafe impl Sync for ConfPtr {}
 
 /// `S_P_STRING` of `slurm_parser_enum_t` (the same in every supported line).
 pub const S_P_STRING: c_int = 1;
@@ -88,6 +96,12 @@ struct KeyPair {
 fn lookup(name: &CStr) -> *mut c_void {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_DEFAULT searches the process's global scope.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+/// Whether this process is a slurmstepd (the plugin is loaded by slurmctld, slurmd and srun too): only
+/// slurmstepd exports `stepd_step_rec_create` (its executable's name differs between distributions).
+pub fn in_slurmstepd() -> bool {
+    !lookup(c"stepd_step_rec_create").is_null()
 }
 
 macro_rules! find {
@@ -126,6 +140,7 @@ pub fn slurm() -> &'static Slurm {
         list_append: find!(c"slurm_list_append"),
         destroy_key_pair: find!(c"slurm_destroy_config_key_pair"),
         extra_conf_path: find!(c"slurm_get_extra_conf_path"),
+        conf: Some(lookup(c"slurm_conf")).filter(|p| !p.is_null()).map(|p| ConfPtr(p.cast())),
     })
 }
 
@@ -151,6 +166,23 @@ impl Slurm {
             // SAFETY: a printf-style Slurm logger called with "%s" and one NUL-terminated string.
             Some(f) => unsafe { f(c"%s".as_ptr(), text.as_ptr()) },
             None => eprintln!("rpmi: {message}"),
+        }
+    }
+
+    /// Turns `DebugFlags=MPI` off in this process, and says whether it was on. In a slurmstepd Slurm logs the
+    /// step's whole environment under that flag before `prefork` runs, and the environment carries the step's
+    /// secret (`RPMI_SLURM_SECRET`): anyone who reads slurmd's log could then join or answer the step while
+    /// it starts. Called from `init`, while Slurm loads the plugin, before any thread of the plugin runs.
+    pub fn quiet_mpi_debug(&self) -> bool {
+        let Some(ConfPtr(conf)) = self.conf else { return false };
+        // SAFETY: `slurm_conf` is Slurm's `slurm_conf_t` (its layout from this Slurm's own slurm.h). slurmstepd loads
+        // the plugin while it sets itself up, once it has its configuration from slurmd and before it serves the
+        // step; its other threads only read the flags.
+        unsafe {
+            let flags = std::ptr::addr_of_mut!((*conf).debug_flags);
+            let on = *flags & DEBUG_FLAG_MPI != 0;
+            *flags &= !DEBUG_FLAG_MPI;
+            on
         }
     }
 
