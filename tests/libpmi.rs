@@ -258,8 +258,8 @@ fn a_program_without_a_launcher_is_a_job_of_one() {
     }
 }
 
-/// A `PMI_FD` that is not a launcher's connection fails init, saying what is wrong with it: the library only
-/// finds a number that is not open when it first writes (no system call of its own at every start-up).
+/// A `PMI_FD` that is not a launcher's connection fails init, saying what is wrong with it (a number that is
+/// not open is found where init makes it close-on-exec).
 #[test]
 fn a_wrong_pmi_fd_fails_init_and_says_why() {
     for api in [Api::Pmi1, Api::Pmi2] {

@@ -160,13 +160,15 @@ int main(int argc, char **argv)
 {
     int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
     int spawned = -1, appnum = -1, found = -1, len = -1, n = -1, ints[4];
-    char jobid[256], key[PMI2_MAX_KEYLEN], value[PMI2_MAX_VALLEN], want[128];
+    char jobid[256], key[PMI2_MAX_KEYLEN], value[PMI2_MAX_VALLEN], want[128], fds[FDS];
 
+    open_fds(fds);
     EXPECT(PMI2_Initialized() == 0);
     CHECK(PMI2_KVS_Fence(), PMI2_ERR_INIT);
     CHECK(PMI2_Init(NULL, &size, &rank, &appnum), PMI2_ERR_INVALID_ARG);
     CHECK(PMI2_Init(&spawned, &size, &rank, &appnum), PMI2_SUCCESS);
     EXPECT(PMI2_Initialized() == 1);
+    expect_connection_close_on_exec(fds);
     if (spawned == 1)
         return spawned_child();
     if (argc > 1 && strcmp(argv[1], "spawn") == 0)

@@ -134,7 +134,9 @@ int main(int argc, char **argv)
     int abort_test = argc > 1 && strcmp(argv[1], "abort") == 0;
     int initialized = -1, spawned = -1, universe = 0, appnum = -1;
     int name_max = 0, key_max = 0, id_max = 0;
+    char fds[FDS];
 
+    open_fds(fds);
     /* Before PMI_Init. */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
     EXPECT(initialized == 0);
@@ -144,6 +146,7 @@ int main(int argc, char **argv)
     CHECK(PMI_Init(NULL), PMI_ERR_INVALID_ARG);
 
     CHECK(PMI_Init(&spawned), PMI_SUCCESS);
+    expect_connection_close_on_exec(fds);
     if (spawned == 1)
         return spawned_child();
     if (argc > 1 && strcmp(argv[1], "spawn") == 0)

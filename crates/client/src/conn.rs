@@ -1,5 +1,6 @@
 //! The connection to the launcher's server: the socket it gave the process (`PMI_FD`), or its address
-//! (`PMI_PORT=host:port`); what is read from it is bounded.
+//! (`PMI_PORT=host:port`); what is read from it is bounded. Either is close-on-exec once init has it: a
+//! program the process execs neither speaks on the rank's connection nor keeps it open after the rank ends.
 
 use crate::{env, env_int, Failed};
 use std::io;
@@ -35,6 +36,7 @@ impl Conn {
         let stream = match env_int(c"PMI_FD")? {
             Some(fd) => Stream::Fd(launcher_fd(fd)?),
             None => match env(c"PMI_PORT").filter(|p| !p.is_empty()) {
+                // std makes its sockets close-on-exec.
                 Some(port) => Stream::Tcp(
                     TcpStream::connect(port.as_str())
                         .map_err(|e| Failed::said(format!("cannot connect to PMI_PORT={port}: {e}")))?,
@@ -43,7 +45,22 @@ impl Conn {
             },
         };
         // The room of the first read made now: a read never grows it but where a line runs past it.
-        Ok(Some(Conn { stream, buf: Vec::with_capacity(CHUNK) }))
+        let conn = Conn { stream, buf: Vec::with_capacity(CHUNK) };
+        conn.close_on_exec()?;
+        Ok(Some(conn))
+    }
+
+    /// Makes `PMI_FD` close-on-exec, as std makes its own sockets (`PMI_PORT`'s). Close-on-exec is a
+    /// descriptor's only flag: it is set without reading the others, one system call per start-up, which
+    /// also finds a number that is not open.
+    fn close_on_exec(&self) -> Result<(), Failed> {
+        if let Stream::Fd(fd) = self.stream {
+            // SAFETY: fcntl changes no memory; on a number that is not open it fails with EBADF.
+            if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+                return Err(self.failed("set close-on-exec on the connection to", io::Error::last_os_error()));
+            }
+        }
+        Ok(())
     }
 
     /// A connection on `stream`, for the tests of what reads through it.
@@ -133,8 +150,7 @@ impl Conn {
         }
     }
 
-    /// Why a read or write failed; a `PMI_FD` that was never open is only found here, by the first write,
-    /// rather than by a system call of its own in every start-up.
+    /// Why a system call on the connection failed, naming a `PMI_FD` that is not open.
     fn failed(&self, doing: &str, e: io::Error) -> Failed {
         match (&self.stream, e.raw_os_error()) {
             (Stream::Fd(fd), Some(libc::EBADF)) => Failed::said(format!("PMI_FD={fd} is not an open file descriptor")),
@@ -216,8 +232,7 @@ fn newline(bytes: &[u8]) -> Option<usize> {
     (!at.is_null()).then(|| at as usize - bytes.as_ptr() as usize)
 }
 
-/// `PMI_FD`: a socket this process inherited, written and read by number (one that is not open fails the
-/// first write, which is `init`'s).
+/// `PMI_FD`: a socket this process inherited, written and read by number.
 fn launcher_fd(fd: i64) -> Result<RawFd, Failed> {
     RawFd::try_from(fd)
         .ok()
