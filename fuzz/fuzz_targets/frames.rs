@@ -492,8 +492,8 @@ fn check_up(payload: &[u8], m: Up, receiver: &Receiver, hs: &mut Handshake) {
         Up::Abort { message, .. } | Up::Error { message, .. } => check_text(message),
         Up::Name { name, port, .. } => assert!(name.len() <= NAME_MAX && port.len() <= NAME_MAX),
         Up::Spawn { request, .. } => assert!(request.len() <= SPAWN_MAX),
-        Up::Group { id, shells, .. } => {
-            assert!(id.len() <= GROUP_ID_MAX && 4 * shells.len() <= payload.len(), "a group part of {id:?} {shells:?}")
+        Up::Group { id, part } => {
+            assert!(id.len() <= GROUP_ID_MAX && 1 + 2 + id.len() + part.len() == payload.len(), "a group part of {id:?}")
         }
         Up::Joined { .. } | Up::Gone { .. } | Up::Bye | Up::Started => {}
     }

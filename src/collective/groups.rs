@@ -21,7 +21,7 @@ use super::Bounds;
 use super::Bytes;
 use crate::codec::{Malformed, Reader, Writer};
 use crate::server::GROUP_ID_MAX;
-use crate::wire::group::Group;
+use crate::wire::group::{Group, Members};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -40,8 +40,6 @@ pub fn done_max(nodes: u32, bounds: &Bounds) -> usize {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
     pub id: Vec<u8>,
-    /// The member nodes, ascending.
-    pub shells: Vec<u32>,
     pub part: Vec<u8>,
 }
 
@@ -50,14 +48,18 @@ pub struct Part {
 pub struct GroupDone {
     pub id: Vec<u8>,
     /// The member nodes, ascending: each gets every part.
-    pub shells: Vec<u32>,
+    pub shells: Arc<[u32]>,
     /// Each member's part, in the order of `shells`.
     pub parts: Vec<Vec<u8>>,
 }
 
+/// What a pending exchange holds for each member node beside its part, charged against the exchange bound:
+/// its place in the member list and its slot.
+const MEMBER_CHARGE: usize = 32;
+
 #[derive(Debug)]
 struct Gathering {
-    shells: Vec<u32>,
+    shells: Arc<[u32]>,
     parts: Vec<Option<Vec<u8>>>,
     have: usize,
 }
@@ -65,22 +67,28 @@ struct Gathering {
 /// The group exchanges of one job, at its root.
 #[derive(Debug)]
 pub struct GroupRoot {
-    nodes: u32,
-    size: u32,
+    /// The node of each rank: the root tells a group's member nodes from its id, not from what a node says.
+    node_of: Vec<u32>,
+    /// Every node that holds a rank: WORLD's members, shared by every WORLD exchange.
+    world: Arc<[u32]>,
     bounds: Bounds,
     pending: BTreeMap<Vec<u8>, Gathering>,
+    /// The parts held and what the pending exchanges cost beside them ([`MEMBER_CHARGE`]).
     held: usize,
 }
 
 impl GroupRoot {
-    /// The root of a job of `size` ranks on `nodes` nodes.
-    pub fn new(nodes: u32, size: u32, bounds: Bounds) -> GroupRoot {
-        GroupRoot { nodes, size, bounds, pending: BTreeMap::new(), held: 0 }
+    /// The root of a job whose rank `r` runs on node `node_of[r]`.
+    pub fn new(node_of: Vec<u32>, bounds: Bounds) -> GroupRoot {
+        let mut world = node_of.clone();
+        world.sort_unstable();
+        world.dedup();
+        GroupRoot { node_of, world: world.into(), bounds, pending: BTreeMap::new(), held: 0 }
     }
 
-    /// The largest part of one node, id and member list included, for a transport's bound on its frame.
+    /// The largest part of one node, its id included, for a transport's bound on its frame.
     pub fn contribution_max(&self) -> usize {
-        GROUP_ID_MAX + 4 * self.nodes as usize + self.bounds.part_max.bytes + 64
+        GROUP_ID_MAX + self.bounds.part_max.bytes + 64
     }
 
     /// Whether no group exchange is pending.
@@ -88,32 +96,32 @@ impl GroupRoot {
         self.pending.is_empty()
     }
 
-    /// Bytes of parts held.
+    /// Bytes of parts held, with what the pending exchanges cost beside them.
     pub fn held(&self) -> usize {
         self.held
     }
 
-    /// Node `from`'s part of exchange `id` among `shells`. `Ok(Some)` once every member's part is in.
-    /// `Err`: what the node sent breaks the protocol or a bound, naming the node; the job cannot go on.
-    pub fn contribute(
-        &mut self,
-        from: u32,
-        id: &[u8],
-        shells: &[u32],
-        part: Vec<u8>,
-    ) -> Result<Option<GroupDone>, String> {
-        let name = String::from_utf8_lossy(id);
-        let members_ok = id.len() <= GROUP_ID_MAX
-            && Group::parse(id, self.size).is_ok()
-            && shells.len() >= 2
-            && shells.windows(2).all(|w| w[0] < w[1])
-            && shells.last().is_some_and(|&s| s < self.nodes);
-        if !members_ok {
-            return Err(format!("node {from} sent a malformed group exchange '{}'", crate::server::excerpt(id)));
-        }
-        let Ok(place) = shells.binary_search(&from) else {
-            return Err(format!("node {from} sent a part of group exchange {name}, whose members it does not hold"));
+    /// The nodes that hold members of group `id`, ascending: two or more, or it is not a group exchange.
+    fn members(&self, id: &[u8]) -> Option<Arc<[u32]>> {
+        let group = Group::parse(id, self.node_of.len() as u32).ok()?;
+        let shells: Arc<[u32]> = match group.members {
+            Members::World => self.world.clone(),
+            // A node's own group never leaves it.
+            Members::Node => return None,
+            Members::Ranks(ranks) => {
+                let mut nodes: Vec<u32> = ranks.iter().map(|&r| self.node_of[r as usize]).collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                nodes.into()
+            }
         };
+        (shells.len() >= 2).then_some(shells)
+    }
+
+    /// Node `from`'s part of exchange `id`. `Ok(Some)` once every member node's part is in. `Err`: what the
+    /// node sent breaks the protocol or a bound, naming the node; the job cannot go on.
+    pub fn contribute(&mut self, from: u32, id: &[u8], part: Vec<u8>) -> Result<Option<GroupDone>, String> {
+        let name = String::from_utf8_lossy(id);
         if part.len() > self.bounds.part_max.bytes {
             return Err(super::over_part_max(
                 from,
@@ -122,7 +130,34 @@ impl GroupRoot {
                 self.bounds.part_max,
             ));
         }
-        let held = self.held.saturating_add(part.len());
+        let (shells, cost) = match self.pending.get(id) {
+            Some(p) => (p.shells.clone(), part.len()),
+            None => {
+                if id.len() > GROUP_ID_MAX {
+                    return Err(format!(
+                        "node {from} sent a malformed group exchange '{}'",
+                        crate::server::excerpt(id)
+                    ));
+                }
+                let Some(shells) = self.members(id) else {
+                    return Err(format!(
+                        "node {from} sent a malformed group exchange '{}'",
+                        crate::server::excerpt(id)
+                    ));
+                };
+                if self.pending.len() >= PENDING_MAX {
+                    return Err(format!(
+                        "node {from} started group exchange {name} beside {PENDING_MAX} others pending"
+                    ));
+                }
+                let cost = part.len().saturating_add(MEMBER_CHARGE.saturating_mul(shells.len()));
+                (shells, cost)
+            }
+        };
+        let Ok(place) = shells.binary_search(&from) else {
+            return Err(format!("node {from} sent a part of group exchange {name}, whose members it does not hold"));
+        };
+        let held = self.held.saturating_add(cost);
         if held > self.bounds.exchange_max.bytes {
             let max = self.bounds.exchange_max;
             return Err(format!(
@@ -133,17 +168,11 @@ impl GroupRoot {
                 part.len()
             ));
         }
-        if !self.pending.contains_key(id) && self.pending.len() >= PENDING_MAX {
-            return Err(format!("node {from} started group exchange {name} beside {PENDING_MAX} others pending"));
-        }
         let pending = self.pending.entry(id.to_vec()).or_insert_with(|| Gathering {
-            shells: shells.to_vec(),
             parts: vec![None; shells.len()],
+            shells,
             have: 0,
         });
-        if pending.shells != shells {
-            return Err(format!("node {from} named other member nodes for group exchange {name} than another node"));
-        }
         if pending.parts[place].is_some() {
             return Err(format!("node {from} sent its part of group exchange {name} twice"));
         }
@@ -155,7 +184,8 @@ impl GroupRoot {
         }
         let Some(done) = self.pending.remove(id) else { return Ok(None) };
         let parts: Vec<Vec<u8>> = done.parts.into_iter().flatten().collect();
-        self.held -= parts.iter().map(Vec::len).sum::<usize>();
+        let bytes = parts.iter().map(Vec::len).sum::<usize>();
+        self.held -= bytes + MEMBER_CHARGE * done.shells.len();
         Ok(Some(GroupDone { id: id.to_vec(), shells: done.shells, parts }))
     }
 
@@ -174,30 +204,24 @@ impl GroupRoot {
         self.pending
             .iter()
             .filter(|(_, p)| p.shells.binary_search(&node).is_ok_and(|i| p.parts[i].is_none()))
-            .find(|(id, _)| Group::parse(id, self.size).is_ok_and(|g| g.contains(rank)))
+            .find(|(id, _)| Group::parse(id, self.node_of.len() as u32).is_ok_and(|g| g.contains(rank)))
             .map(|(id, _)| String::from_utf8_lossy(id).into_owned())
     }
 }
 
-/// A node's part of a group exchange as one message (integers big-endian):
-/// `id_len:u16 id count:u32 count*(node:u32) part`. `None` if the id or the list is too long for it.
-pub fn encode_part(id: &[u8], shells: &[u32], part: &[u8]) -> Option<Vec<u8>> {
-    let mut m = Writer::with_capacity(6 + id.len() + 4 * shells.len() + part.len());
-    m.prefixed16(id)?.len32(shells.len())?;
-    for &shell in shells {
-        m.u32(shell);
-    }
-    m.bytes(part);
+/// A node's part of a group exchange as one message (integers big-endian): `id_len:u16 id part`. The member
+/// nodes are not in it: the root tells them from the id. `None` if the id is too long for it.
+pub fn encode_part(id: &[u8], part: &[u8]) -> Option<Vec<u8>> {
+    let mut m = Writer::with_capacity(2 + id.len() + part.len());
+    m.prefixed16(id)?.bytes(part);
     Some(m.into_vec())
 }
 
-/// Reads [`encode_part`]'s message: the id, the member nodes and the part.
+/// Reads [`encode_part`]'s message: the id and the part.
 pub fn decode_part(m: &[u8]) -> Result<Part, Malformed> {
     let mut r = Reader::new(m);
     let id = r.prefixed16(GROUP_ID_MAX, "a group exchange id")?.to_vec();
-    let count = r.count(4, "nodes")?;
-    let shells = (0..count).map(|_| r.u32()).collect::<Result<_, _>>()?;
-    Ok(Part { id, shells, part: r.rest().to_vec() })
+    Ok(Part { id, part: r.rest().to_vec() })
 }
 
 /// The parts of an exchange every member's part came to, as one message: `id_len:u16 id count:u32
@@ -298,52 +322,56 @@ mod tests {
     use super::*;
     use crate::collective::Bound;
 
+    /// 8 ranks on 4 nodes, two each.
     fn root() -> GroupRoot {
         let b = |bytes| Bound { bytes, option: "OPT" };
-        GroupRoot::new(4, 8, Bounds { part_max: b(100), exchange_max: b(250) })
+        GroupRoot::new(vec![0, 0, 1, 1, 2, 2, 3, 3], Bounds { part_max: b(100), exchange_max: b(250) })
     }
 
     #[test]
     fn parts_meet_and_go_back_to_every_member_in_member_order() {
         let mut r = root();
-        assert_eq!(r.contribute(3, b"0,6:1", &[0, 3], b"c".to_vec()), Ok(None));
-        assert_eq!(r.contribute(1, b"WORLD:2", &[0, 1, 2, 3], b"w1".to_vec()), Ok(None));
-        let done = r.contribute(0, b"0,6:1", &[0, 3], b"a".to_vec()).unwrap().unwrap();
-        assert_eq!(
-            done,
-            GroupDone { id: b"0,6:1".to_vec(), shells: vec![0, 3], parts: vec![b"a".to_vec(), b"c".to_vec()] }
-        );
-        assert_eq!(r.held(), 2);
+        assert_eq!(r.contribute(3, b"0,6:1", b"c".to_vec()), Ok(None));
+        assert_eq!(r.contribute(1, b"WORLD:2", b"w1".to_vec()), Ok(None));
+        let done = r.contribute(0, b"0,6:1", b"a".to_vec()).unwrap().unwrap();
+        let want =
+            GroupDone { id: b"0,6:1".to_vec(), shells: vec![0, 3].into(), parts: vec![b"a".to_vec(), b"c".to_vec()] };
+        assert_eq!(done, want);
+        // WORLD's part, and its four member nodes.
+        assert_eq!(r.held(), 2 + 4 * MEMBER_CHARGE);
         // The same id again is the next barrier over that group.
-        assert_eq!(r.contribute(0, b"0,6:1", &[0, 3], vec![]), Ok(None));
+        assert_eq!(r.contribute(0, b"0,6:1", vec![]), Ok(None));
     }
 
     #[test]
     fn what_a_node_cannot_send_names_it() {
         let mut r = root();
-        let e = |r: &mut GroupRoot, from, id: &[u8], shells: &[u32], n| {
-            r.contribute(from, id, shells, vec![0; n]).unwrap_err()
-        };
-        assert!(
-            e(&mut r, 1, b"0,6:1", &[0, 3], 1).contains("node 1 sent a part of group exchange 0,6:1, whose members")
-        );
-        assert!(e(&mut r, 0, b"0,6:1", &[0], 1).contains("malformed"));
-        assert!(e(&mut r, 0, b"0,6:1", &[3, 0], 1).contains("malformed"));
-        assert!(e(&mut r, 0, b"0,6:1", &[0, 4], 1).contains("malformed"));
-        assert!(e(&mut r, 0, b"0,9:1", &[0, 3], 1).contains("malformed"));
-        assert!(e(&mut r, 0, b"0,6:1", &[0, 3], 101).contains("over the limit of 100 bytes per node (OPT)"));
-        r.contribute(0, b"0,6:1", &[0, 3], vec![0; 100]).unwrap();
-        assert!(e(&mut r, 0, b"0,6:1", &[0, 3], 1).contains("twice"));
-        assert!(e(&mut r, 3, b"0,6:1", &[0, 1, 3], 1).contains("other member nodes"));
-        r.contribute(1, b"WORLD:1", &[0, 1, 2, 3], vec![0; 100]).unwrap();
-        assert!(e(&mut r, 2, b"WORLD:1", &[0, 1, 2, 3], 51).contains("more than 250 bytes (OPT)"));
+        let e = |r: &mut GroupRoot, from, id: &[u8], n| r.contribute(from, id, vec![0; n]).unwrap_err();
+        assert!(e(&mut r, 1, b"0,6:1", 1).contains("node 1 sent a part of group exchange 0,6:1, whose members"));
+        // Within one node, the node's own group, a rank outside the job, an id over the bound.
+        for id in [&b"0,1:1"[..], b"NODE:1", b"0,9:1", &[b'1'; GROUP_ID_MAX + 1]] {
+            assert!(e(&mut r, 0, id, 1).contains("malformed"), "{}", String::from_utf8_lossy(id));
+        }
+        assert!(e(&mut r, 0, b"0,6:1", 101).contains("over the limit of 100 bytes per node (OPT)"));
+        r.contribute(0, b"0,6:1", vec![0; 100]).unwrap();
+        assert!(e(&mut r, 0, b"0,6:1", 1).contains("twice"));
+        assert!(e(&mut r, 2, b"WORLD:1", 1).contains("more than 250 bytes (OPT)"));
+    }
+
+    #[test]
+    fn pending_exchanges_are_charged_their_member_nodes() {
+        let b = |bytes| Bound { bytes, option: "OPT" };
+        let mut r = GroupRoot::new((0..1000).collect(), Bounds { part_max: b(100), exchange_max: b(100_000) });
+        // Each WORLD exchange of 1000 nodes started with an empty part holds a slot for every member node.
+        let started = (0..10).take_while(|tag| r.contribute(0, format!("WORLD:{tag}").as_bytes(), vec![]).is_ok());
+        assert_eq!(started.count(), 100_000 / (1000 * MEMBER_CHARGE));
+        assert_eq!(r.held(), 3 * 1000 * MEMBER_CHARGE);
     }
 
     #[test]
     fn messages_read_back_and_lengths_are_checked() {
-        let m = encode_part(b"0,4:17", &[0, 2], b"0 k=v\n").unwrap();
-        let part = Part { id: b"0,4:17".to_vec(), shells: vec![0, 2], part: b"0 k=v\n".to_vec() };
-        assert_eq!(decode_part(&m), Ok(part));
+        let m = encode_part(b"0,4:17", b"0 k=v\n").unwrap();
+        assert_eq!(decode_part(&m), Ok(Part { id: b"0,4:17".to_vec(), part: b"0 k=v\n".to_vec() }));
         let parts = vec![b"a".to_vec(), vec![]];
         let m = encode_done(b"WORLD:3", &parts).unwrap();
         let done = DoneParts::decode(Arc::new(m.clone())).unwrap();
@@ -351,8 +379,8 @@ mod tests {
         assert!(done.parts().eq(parts.iter().map(Vec::as_slice)));
         assert_eq!(done.message(), m);
         let decode_done = |m: &[u8]| DoneParts::decode(Arc::new(m.to_vec())).map(|d| d.len());
-        assert!(decode_part(&[0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().0.contains("nodes in"));
         assert!(decode_part(&[0x04, 0x01]).unwrap_err().0.contains("id of 1025 bytes"));
+        assert!(decode_part(&[0, 3, b'x']).is_err());
         assert!(decode_done(&[0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));
         assert!(decode_done(&[0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
         assert!(decode_done(&[0, 0, 0, 0, 0, 0, 7]).unwrap_err().0.contains("after the parts"));
@@ -361,7 +389,7 @@ mod tests {
     #[test]
     fn a_member_that_can_bring_nothing_more_blocks_what_waits_for_it() {
         let mut r = root();
-        r.contribute(0, b"0,6:1", &[0, 3], vec![]).unwrap();
+        r.contribute(0, b"0,6:1", vec![]).unwrap();
         assert_eq!(r.blocked_by_node(0), None);
         assert_eq!(r.blocked_by_node(3).as_deref(), Some("0,6:1"));
         assert_eq!(r.blocked_by_node(1), None);
@@ -369,7 +397,7 @@ mod tests {
         assert_eq!(r.blocked_by_rank(7, 3), None);
         assert_eq!(r.blocked_by_rank(6, 3).as_deref(), Some("0,6:1"));
         assert_eq!(r.blocked_by_rank(0, 0), None);
-        r.contribute(0, b"WORLD:5", &[0, 1, 2, 3], vec![]).unwrap();
+        r.contribute(0, b"WORLD:5", vec![]).unwrap();
         assert_eq!(r.blocked_by_rank(3, 1).as_deref(), Some("WORLD:5"));
     }
 }

@@ -26,9 +26,9 @@
 //!  10 SPAWN   task:u32 request (PMI_Spawn_multiple: the request as the plugin ABI's JSON, at most
 //!             SPAWN_MAX bytes)
 //!  11 STARTED (every local task has sent its first PMI line: its program runs)
-//!  12 GROUP   id_len:u16 id count:u32 count*node:u32  0x8A GROUP id_len:u16 id count:u32
-//!             part (this node's part of PMI 1.2 group              count*(len:u32 bytes) (every member's
-//!             exchange `id` among the member nodes)                part, in member order)
+//!  12 GROUP   id_len:u16 id part (this node's part    0x8A GROUP id_len:u16 id count:u32
+//!             of PMI 1.2 group exchange `id`; srun                 count*(len:u32 bytes) (every member
+//!             tells the member nodes from the id)                  node's part, in member order)
 //! ```
 //!
 //! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
@@ -53,8 +53,8 @@ use std::sync::Arc;
 
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
 /// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run; 7 PMI 1.2's group
-/// exchanges).
-pub const VERSION: u16 = 7;
+/// exchanges; 8 a group's part without its member nodes).
+pub const VERSION: u16 = 8;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
@@ -144,10 +144,10 @@ pub enum Up {
     },
     /// Every local task has sent its first PMI line: its program was found and runs.
     Started,
-    /// The node's part of group exchange `id` among the nodes `shells` ([`crate::collective::groups`]).
+    /// The node's part of group exchange `id` ([`crate::collective::groups`]; srun tells the member nodes
+    /// from the id).
     Group {
         id: Vec<u8>,
-        shells: Vec<u32>,
         part: Vec<u8>,
     },
 }
@@ -287,8 +287,8 @@ impl Up {
             }
             Up::Spawn { task, request } => frame(SPAWN, Writer::new().u32(*task).bytes(request.as_bytes()))?,
             Up::Started => control(STARTED, &[]),
-            Up::Group { id, shells, part } => {
-                let m = groups::encode_part(id, shells, part).ok_or(LengthOverflow(id.len() + 4 * shells.len()))?;
+            Up::Group { id, part } => {
+                let m = groups::encode_part(id, part).ok_or(LengthOverflow(id.len()))?;
                 frame(UP_GROUP, &m)?
             }
         })
@@ -321,8 +321,8 @@ impl Up {
             BYE => Up::Bye,
             STARTED => Up::Started,
             UP_GROUP => {
-                let groups::Part { id, shells, part } = groups::decode_part(r.rest())?;
-                Up::Group { id, shells, part }
+                let groups::Part { id, part } = groups::decode_part(r.rest())?;
+                Up::Group { id, part }
             }
             NAME => {
                 let task = r.u32()?;
@@ -505,8 +505,8 @@ mod tests {
             Up::Name { task: 0, op: NameOp::Lookup, name: "x".repeat(NAME_MAX), port: String::new() },
             Up::Spawn { task: 2, request: r#"{"commands":[]}"#.into() },
             Up::Spawn { task: 0, request: "é".repeat(SPAWN_MAX / 2) },
-            Up::Group { id: b"0,4:17".to_vec(), shells: vec![0, 2], part: b"0 k=v\n".to_vec() },
-            Up::Group { id: b"WORLD:0".to_vec(), shells: vec![0, 1, 2], part: vec![] },
+            Up::Group { id: b"0,4:17".to_vec(), part: b"0 k=v\n".to_vec() },
+            Up::Group { id: b"WORLD:0".to_vec(), part: vec![] },
         ] {
             assert_eq!(Up::decode(payload(&m.encode().unwrap())), Ok(m));
         }
@@ -561,7 +561,7 @@ mod tests {
         assert!(Down::decode(&[PARENT, 1]).is_err());
         assert!(Down::decode(&[PARENT_DONE, 0]).is_err());
         // Counts that the bytes cannot hold, and an id over the bound.
-        assert!(Up::decode(&[UP_GROUP, 0, 1, b'x', 0xff, 0xff, 0xff, 0xff]).unwrap_err().0.contains("nodes in"));
+        assert!(Up::decode(&[UP_GROUP, 0, 2, b'x']).is_err());
         assert!(Down::decode(&[DOWN_GROUP, 0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));
         assert!(Down::decode(&[DOWN_GROUP, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 1]).is_err());
         assert!(Up::decode(&[UP_GROUP, 0x04, 0x01]).unwrap_err().0.contains("id of 1025 bytes"));

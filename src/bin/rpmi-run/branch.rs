@@ -133,9 +133,9 @@ impl Branch {
     }
 
     /// The plugin's `group_collective`: this node's part of group exchange `id`, which the coordinator
-    /// gathers from the member nodes `shells`.
-    pub fn group(&self, id: &[u8], shells: &[u32], part: &[u8]) -> c_int {
-        let sent = groups::encode_part(id, shells, part).is_some_and(|m| self.lock().conns[0].send(GROUP, Arc::new(m)));
+    /// gathers from the member nodes.
+    pub fn group(&self, id: &[u8], part: &[u8]) -> c_int {
+        let sent = groups::encode_part(id, part).is_some_and(|m| self.lock().conns[0].send(GROUP, Arc::new(m)));
         if sent {
             ffi::RPMI_OK
         } else {

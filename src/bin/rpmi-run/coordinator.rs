@@ -199,10 +199,15 @@ impl<'a> Coordinator<'a> {
     ) -> Coordinator<'a> {
         let said_bye = vec![false; conns.len()];
         let root = Root::new(tree, bounds);
-        let size = cliques.iter().map(Vec::len).sum::<usize>() as u32;
+        let mut node_of = vec![0; cliques.iter().map(Vec::len).sum()];
+        for (node, ranks) in cliques.iter().enumerate() {
+            for &rank in ranks {
+                node_of[rank as usize] = node as u32;
+            }
+        }
         Coordinator {
             root,
-            groups: GroupRoot::new(tree.nodes(), size, bounds),
+            groups: GroupRoot::new(node_of, bounds),
             left: Vec::new(),
             conns,
             cliques,
@@ -297,9 +302,7 @@ impl<'a> Coordinator<'a> {
 
     /// Node `from`'s part of a group exchange; once every member's is in, the parts go to each member.
     fn group(&mut self, from: u32, m: &[u8]) {
-        let taken = groups::decode_part(m)
-            .map_err(|e| e.0)
-            .and_then(|p| self.groups.contribute(from, &p.id, &p.shells, p.part));
+        let taken = groups::decode_part(m).map_err(|e| e.0).and_then(|p| self.groups.contribute(from, &p.id, p.part));
         match taken {
             Ok(Some(done)) => {
                 let end = groups::encode_done(&done.id, &done.parts).map(Arc::new);

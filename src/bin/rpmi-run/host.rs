@@ -355,22 +355,23 @@ unsafe extern "C" fn group_collective(
     _: *mut rpmi_instance,
     id: *const u8,
     id_len: usize,
-    shells: *const u32,
-    nshells: usize,
+    // The coordinator tells the member nodes from the id.
+    _shells: *const u32,
+    _nshells: usize,
     bytes: *const u8,
     len: usize,
 ) -> c_int {
     // SAFETY: the host data given to this instance: a `ShellHost` that outlives it.
     let host = unsafe { host(data) };
-    if id.is_null() || shells.is_null() || (bytes.is_null() && len > 0) {
+    if id.is_null() || (bytes.is_null() && len > 0) {
         return ffi::RPMI_ERR_INVALID;
     }
-    // SAFETY: not NULL (checked above): the plugin's buffers, valid during this call.
-    let (id, shells) = unsafe { (std::slice::from_raw_parts(id, id_len), std::slice::from_raw_parts(shells, nshells)) };
+    // SAFETY: not NULL (checked above): the plugin's buffer, valid during this call.
+    let id = unsafe { std::slice::from_raw_parts(id, id_len) };
     // SAFETY: as above, when not empty.
     let part = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(bytes, len) } };
     match &host.branch {
-        Some(branch) => branch.group(id, shells, part),
+        Some(branch) => branch.group(id, part),
         // A one-node job has no group spanning nodes: the plugin never asks.
         None => ffi::RPMI_ERR_STATE,
     }

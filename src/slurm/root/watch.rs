@@ -143,7 +143,7 @@ impl StepWatch {
             None => None,
         };
         let size = shape.node_of.len();
-        let groups = GroupRoot::new(n as u32, size as u32, shape.bounds);
+        let groups = GroupRoot::new(shape.node_of.clone(), shape.bounds);
         Ok(StepWatch {
             nodes: vec![NodeState::default(); n],
             ports: vec![0; n],
@@ -397,15 +397,15 @@ impl StepWatch {
                 }
                 true
             }
-            Up::Group { id, shells, part } => {
-                match self.groups.contribute(n, &id, &shells, part) {
+            Up::Group { id, part } => {
+                match self.groups.contribute(n, &id, part) {
                     // A member may have finished or left before the first part came.
                     Ok(None) => self.check_groups_blocked(),
                     Ok(Some(done)) => {
                         // Encoded once, and the same bytes queued to every member.
                         let end = DoneParts::new(&done.id, &done.parts).map(Down::Group);
                         if let Some(frame) = end.and_then(|end| end.encode().ok()).map(Arc::new) {
-                            for node in done.shells {
+                            for &node in done.shells.iter() {
                                 self.actions.push_back(Action::SendShared { node, frame: frame.clone() });
                             }
                         }

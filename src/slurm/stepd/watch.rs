@@ -517,7 +517,7 @@ impl NodeWatch {
 
     /// A group exchange: a star through srun ([`crate::collective::groups`]), which checks the parts' bounds.
     pub fn group(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
-        let up = Up::Group { id: exchange.id.to_vec(), shells: exchange.shells.to_vec(), part: contribution.to_vec() };
+        let up = Up::Group { id: exchange.id.to_vec(), part: contribution.to_vec() };
         if !self.report(&up) {
             return Err("srun (the collective root) is gone".into());
         }
@@ -825,6 +825,23 @@ mod tests {
         // Once ended, the exchange is not waited for any more.
         w.heard(Peer::Root, &down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
         assert_eq!(ended_here(&drain(&mut w)), Some("srun ended a group exchange this node did not start"));
+    }
+
+    #[test]
+    fn a_group_part_goes_to_srun_without_the_member_nodes() {
+        // A WORLD exchange of a 1000-node step: the frame is its id and part, whatever the node count.
+        let mut w = watch_of(1000, 4, 7, None);
+        drain(&mut w);
+        let shells: Vec<u32> = (0..1000).collect();
+        w.group(&GroupExchange { id: b"WORLD:3", shells: &shells }, b"7 k=v\n").unwrap();
+        let sent: Vec<usize> = drain(&mut w)
+            .iter()
+            .filter_map(|a| match a {
+                NodeAction::Report(frame) => Some(frame.len()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sent, [4 + 1 + 2 + b"WORLD:3".len() + b"7 k=v\n".len()]);
     }
 
     #[test]
