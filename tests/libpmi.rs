@@ -281,6 +281,19 @@ fn a_wrong_pmi_fd_fails_init_and_says_why() {
     }
 }
 
+/// A fork while another thread is inside a call that holds the library (a barrier, a fence that rank 0 enters
+/// late): in the child every call fails at once, as before init, without waiting for that thread or speaking on
+/// the parent's connection, and an abort ends the child alone; the job goes on. (Every run of either program
+/// also checks that init leaves the launcher's connection close-on-exec.)
+#[test]
+fn a_child_of_a_fork_cannot_use_pmi_and_waits_for_no_call_of_its_parent() {
+    for api in [Api::Pmi1, Api::Pmi2] {
+        let p = program(api);
+        let done = rpmi_run(&["-n", "3", p.path.to_str().unwrap(), "fork"]);
+        assert!(ranks_ok(&done, 3).iter().all(|l| l == "fork"), "{api:?}: {}", done.dump());
+    }
+}
+
 #[test]
 fn an_abort_ends_the_job_with_its_code_and_message() {
     let p = program(Api::Pmi1);

@@ -3,7 +3,7 @@
  *   rank R of S: ok
  * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
  *
- *   pmi2_api [alone | abort | spawn | nodewait | nodenow]
+ *   pmi2_api [alone | abort | spawn | nodewait | nodenow | fork]
  *     alone: no launcher (a job of one); abort: rank 1 calls PMI2_Abort;
  *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
  *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned";
@@ -12,13 +12,16 @@
  *     nodewait";
  *     nodenow: on each rank one thread waits for a node attribute while the main thread gets another as it
  *     is now, then puts the first (under a server that does not echo thrid, another task must put it: see
- *     node_get_while_waiting); prints "rank R of S: ok nodenow" */
+ *     node_get_while_waiting); prints "rank R of S: ok nodenow";
+ *     fork: each rank forks while another thread waits in a fence (that rank 0 enters late); the child finds
+ *     every call failing at once, and its PMI2_Abort ends it alone; prints "rank R of S: ok fork" */
 #include "check.h"
 #include <pmi2.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int size = 0;
@@ -120,6 +123,55 @@ static int node_get_while_waiting(void)
     return 0;
 }
 
+static void *fence_thread(void *arg)
+{
+    (void)arg;
+    CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS);
+    return NULL;
+}
+
+/* A fork while another thread is inside a call, which holds the library's lock (a fence the other ranks wait
+ * in until rank 0 enters it, late). The child may make no call: each fails at once, as before init (none waits
+ * for the lock, which no thread of the child will let go, or speaks on the parent's connection); PMI2_Init
+ * fails; PMI2_Abort ends the child alone (with 1, as a failed check would: the child says on a pipe that its
+ * checks held), and the job goes on. */
+static int fork_while_in_a_fence(void)
+{
+    pthread_t in_fence;
+    int status = -1, spawned = -1, s = -1, r = -1, appnum = -1, checked[2];
+    char held = 0;
+    pid_t child;
+    if (rank == 0)
+        usleep(500000); /* the other ranks fork meanwhile */
+    EXPECT(pthread_create(&in_fence, NULL, fence_thread, NULL) == 0);
+    usleep(50000); /* the fence is then surely asked */
+    EXPECT(pipe(checked) == 0);
+    fflush(NULL);
+    child = fork();
+    EXPECT(child >= 0);
+    if (child == 0) {
+        alarm(10); /* a call that waits for the lock ends the child */
+        EXPECT(PMI2_Initialized() == 0);
+        CHECK(PMI2_Job_GetRank(&r), PMI2_ERR_INIT);
+        CHECK(PMI2_KVS_Put("from-the-child", "x"), PMI2_ERR_INIT);
+        CHECK(PMI2_KVS_Fence(), PMI2_ERR_INIT);
+        CHECK(PMI2_Init(&spawned, &s, &r, &appnum), PMI2_FAIL);
+        CHECK(PMI2_Finalize(), PMI2_ERR_INIT);
+        EXPECT(write(checked[1], "y", 1) == 1);
+        PMI2_Abort(1, "pmi2_api: the child of a fork aborts on purpose");
+        _exit(2);
+    }
+    close(checked[1]);
+    EXPECT(read(checked[0], &held, 1) == 1 && held == 'y');
+    EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    pthread_join(in_fence, NULL);
+    CHECK(PMI2_KVS_Fence(), PMI2_SUCCESS); /* the parent's session goes on */
+    printf("rank %d of %d: ok fork\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI2_Finalize(), PMI2_SUCCESS);
+    return 0;
+}
+
 /* A task started by PMI2_Job_Spawn: the parent's preput is in its own key-value space. */
 static int spawned_child(void)
 {
@@ -177,6 +229,8 @@ int main(int argc, char **argv)
         return node_wait_while_others_call();
     if (argc > 1 && strcmp(argv[1], "nodenow") == 0)
         return node_get_while_waiting();
+    if (argc > 1 && strcmp(argv[1], "fork") == 0)
+        return fork_while_in_a_fence();
     EXPECT(spawned == 0 && size >= 1 && rank >= 0 && rank < size && (appnum == 0 || appnum == -1));
     if (alone)
         EXPECT(size == 1 && rank == 0);

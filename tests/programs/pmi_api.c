@@ -4,18 +4,22 @@
  * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
  *
  *
- *   pmi_api [alone | abort | spawn]
+ *   pmi_api [alone | abort | spawn | groups | fork]
  *     alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...);
  *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
  *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned";
  *   groups: two threads of each rank wait in two group barriers at once, entered in opposite orders on even
- *     and odd ranks, while a third reads the exchange; prints "rank R of S: ok groups" */
+ *     and odd ranks, while a third reads the exchange; prints "rank R of S: ok groups";
+ *   fork: each rank forks while another thread waits in a barrier (that rank 0 enters late); the child finds
+ *     every call failing at once, and its PMI_Abort ends it alone; prints "rank R of S: ok fork" */
 #include "check.h"
 #include <pmi.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static char *kvsname;
 static int size, val_max;
@@ -128,6 +132,53 @@ static int spawner(const char *self)
     return 0;
 }
 
+static void *barrier_thread(void *arg)
+{
+    (void)arg;
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    return NULL;
+}
+
+/* A fork while another thread is inside a call, which holds the library's lock (a barrier the other ranks
+ * wait in until rank 0 enters it, late). The child may make no call: each fails at once, as before init (none
+ * waits for the lock, which no thread of the child will let go, or speaks on the parent's connection);
+ * PMI_Init fails; PMI_Abort ends the child alone, and the job goes on. */
+static int fork_while_in_a_barrier(void)
+{
+    pthread_t in_barrier;
+    int status = -1, initialized = -1, spawned = -1, value = -1;
+    char name[256];
+    pid_t child;
+    CHECK(PMI_Get_rank(&rank), PMI_SUCCESS);
+    CHECK(PMI_Get_size(&size), PMI_SUCCESS);
+    if (rank == 0)
+        usleep(500000); /* the other ranks fork meanwhile */
+    EXPECT(pthread_create(&in_barrier, NULL, barrier_thread, NULL) == 0);
+    usleep(50000); /* the barrier is then surely asked */
+    fflush(NULL);
+    child = fork();
+    EXPECT(child >= 0);
+    if (child == 0) {
+        alarm(10); /* a call that waits for the lock ends the child */
+        CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
+        EXPECT(initialized == 0);
+        CHECK(PMI_Get_rank(&value), PMI_ERR_INIT);
+        CHECK(PMI_KVS_Get_my_name(name, sizeof name), PMI_ERR_INIT);
+        CHECK(PMI_Barrier(), PMI_ERR_INIT);
+        CHECK(PMI_Init(&spawned), PMI_FAIL);
+        CHECK(PMI_Finalize(), PMI_ERR_INIT);
+        PMI_Abort(3, "pmi_api: the child of a fork aborts on purpose");
+        _exit(1);
+    }
+    EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 3);
+    pthread_join(in_barrier, NULL);
+    CHECK(PMI_Barrier(), PMI_SUCCESS); /* the parent's session goes on */
+    printf("rank %d of %d: ok fork\n", rank, size);
+    fflush(stdout);
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
@@ -153,6 +204,8 @@ int main(int argc, char **argv)
         return spawner(argv[0]);
     if (argc > 1 && strcmp(argv[1], "groups") == 0)
         return groups_at_once();
+    if (argc > 1 && strcmp(argv[1], "fork") == 0)
+        return fork_while_in_a_barrier();
     EXPECT(spawned == 0);
     CHECK(PMI_Init(&spawned), PMI_SUCCESS); /* a second init is harmless */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);

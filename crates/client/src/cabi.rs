@@ -5,12 +5,22 @@ use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Writes `line` and a newline on stderr in one write, so that the lines of ranks sharing a stderr do not
-/// interleave (`eprintln!` writes the pieces of its format one by one).
+/// interleave (`eprintln!` writes the pieces of its format one by one). With the C library's `write`, not
+/// std's stderr, whose lock a thread that a child of a fork does not have may hold.
 pub fn say(line: &str) {
     let mut bytes = Vec::with_capacity(line.len() + 1);
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
-    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), &bytes);
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        // SAFETY: the write reads at most `rest.len()` bytes from `rest`.
+        match unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) } {
+            n @ 1.. => rest = &rest[n as usize..],
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            // Nowhere left to say it.
+            _ => return,
+        }
+    }
 }
 
 /// Runs the body of library `lib`'s (`libpmi`, `libpmi2`) API call `call`: a panic is `FAIL`, said on stderr.

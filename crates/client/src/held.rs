@@ -1,12 +1,29 @@
 //! The one session of a process's PMI library, from its init to its finalize, behind one lock: calls from
 //! several threads are served one at a time (the wire is lock-step), and a failure is said once on stderr,
-//! naming the library, the rank and the call.
+//! naming the library, the rank and the call. The session is its process's: in a child of a fork it is not
+//! there to use ([`IN_CHILD`]).
 
 use crate::cabi::{guard, say};
 use crate::{Failed, ERR_INIT, ERR_INVALID_ARG, FAIL, SUCCESS};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+/// This process is a child of a fork made once its parent began init. The session, its lock and its connection
+/// are the parent's: the lock may be held for ever by a thread the child does not have, and what the child
+/// read from the connection the parent would miss. Every call fails at once, touching neither: `PMI_Init`
+/// with `FAIL`, saying why, any other as before init (`ERR_INIT`, initialized no, an abort told to no server).
+/// A static of this crate, of which each library carries its own copy: one flag per library.
+static IN_CHILD: AtomicBool = AtomicBool::new(false);
+
+/// Run by `fork` in the child, from the first init on: a store, which is all a child of a threaded process may
+/// safely do there.
+extern "C" fn forked() {
+    IN_CHILD.store(true, Ordering::Relaxed);
+}
+
+/// `forked` is registered with `pthread_atfork` (by an init, under the session's lock).
+static WATCHING: AtomicBool = AtomicBool::new(false);
 
 /// What a session tells about itself for messages.
 pub trait Ranked {
@@ -40,15 +57,18 @@ impl<S: Ranked> Held<S> {
         self.aborting.store(true, Ordering::SeqCst);
     }
 
-    /// The session, unless another thread holds it (an abort must not wait for a barrier).
+    /// The session, unless another thread holds it (an abort must not wait for a barrier) or it is a parent's.
     pub fn try_with(&self, f: impl FnOnce(&mut S)) {
+        if IN_CHILD.load(Ordering::Relaxed) {
+            return;
+        }
         if let Ok(Some(s)) = self.session.try_lock().as_deref_mut() {
             f(s);
         }
     }
 
     pub fn initialized(&self) -> bool {
-        guard(self.lib, "initialized", || self.lock().is_some() as c_int) == 1
+        !IN_CHILD.load(Ordering::Relaxed) && guard(self.lib, "initialized", || self.lock().is_some() as c_int) == 1
     }
 
     /// Init `name`: the session `start` makes, once (a second init finds it made), then `then` on it.
@@ -59,10 +79,27 @@ impl<S: Ranked> Held<S> {
         then: impl FnOnce(&S) -> c_int,
     ) -> c_int {
         guard(self.lib, name, || {
+            if IN_CHILD.load(Ordering::Relaxed) {
+                say(&format!(
+                    "{}: {name}: a child of a fork cannot use PMI: the launcher's connection is its parent's",
+                    self.lib
+                ));
+                return FAIL;
+            }
             let mut s = self.lock();
             if s.is_none() && self.finalized.load(Ordering::SeqCst) {
                 say(&format!("{}: {name}: finalized already: the launcher serves one session per process", self.lib));
                 return FAIL;
+            }
+            if s.is_none() && !WATCHING.load(Ordering::Relaxed) {
+                // Before the session is made (another thread may fork while it is), once; the C library forgets
+                // it if the library is unloaded. It fails only where memory ran out.
+                // SAFETY: `forked` only stores a flag.
+                if unsafe { libc::pthread_atfork(None, None, Some(forked)) } != 0 {
+                    say(&format!("{}: {name}: cannot watch for forks: out of memory", self.lib));
+                    return FAIL;
+                }
+                WATCHING.store(true, Ordering::Relaxed);
             }
             if s.is_none() {
                 match start() {
@@ -114,6 +151,9 @@ impl<S: Ranked> Held<S> {
         guard(self.lib, name, || {
             if self.aborting.load(Ordering::SeqCst) {
                 return FAIL;
+            }
+            if IN_CHILD.load(Ordering::Relaxed) {
+                return ERR_INIT;
             }
             let (rank, got) = {
                 let mut s = self.lock();
