@@ -36,7 +36,6 @@ impl Conn {
         let stream = match env_int(c"PMI_FD")? {
             Some(fd) => Stream::Fd(launcher_fd(fd)?),
             None => match env(c"PMI_PORT").filter(|p| !p.is_empty()) {
-                // std makes its sockets close-on-exec.
                 Some(port) => Stream::Tcp(
                     TcpStream::connect(port.as_str())
                         .map_err(|e| Failed::said(format!("cannot connect to PMI_PORT={port}: {e}")))?,
