@@ -233,6 +233,11 @@ impl Link {
         self.input.next(max)
     }
 
+    /// The next whole frame received, in a buffer of its own (see [`FrameBuf::next_owned`]).
+    pub fn next_owned(&mut self, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
+        self.input.next_owned(max)
+    }
+
     /// Frees the input buffer once every frame in it was handed out (see [`FrameBuf::release`]).
     pub fn release(&mut self) {
         self.input.release();

@@ -236,6 +236,12 @@ fn collective(r: &mut Reader) -> Bytes {
     Arc::new(r.rest().to_vec())
 }
 
+/// What follows a payload's kind, in the payload's own buffer (moved down in place, not copied).
+fn after_kind(mut payload: Vec<u8>) -> Bytes {
+    payload.drain(..1);
+    Arc::new(payload)
+}
+
 impl Up {
     /// The message's kind, for messages about it (not its contents: they may be the peer's to choose).
     pub fn name(&self) -> &'static str {
@@ -292,6 +298,14 @@ impl Up {
                 frame(UP_GROUP, &m)?
             }
         })
+    }
+
+    /// As [`Up::decode`], keeping a COLLECTIVE's frame in `payload`'s own buffer.
+    pub fn decode_owned(payload: Vec<u8>) -> Result<Up, Malformed> {
+        match payload.first() {
+            Some(&UP_COLLECTIVE) => Ok(Up::Collective(after_kind(payload))),
+            _ => Up::decode(&payload),
+        }
     }
 
     /// Decodes a payload (without its length prefix).
@@ -379,6 +393,15 @@ impl Down {
         })
     }
 
+    /// As [`Down::decode`], keeping a COLLECTIVE's frame, or a GROUP's parts, in `payload`'s own buffer.
+    pub fn decode_owned(payload: Vec<u8>) -> Result<Down, Malformed> {
+        match payload.first() {
+            Some(&DOWN_COLLECTIVE) => Ok(Down::Collective(after_kind(payload))),
+            Some(&DOWN_GROUP) => Ok(Down::Group(DoneParts::decode(after_kind(payload))?)),
+            _ => Down::decode(&payload),
+        }
+    }
+
     /// Decodes a payload (without its length prefix).
     pub fn decode(payload: &[u8]) -> Result<Down, Malformed> {
         let mut r = Reader::new(payload);
@@ -408,6 +431,9 @@ pub fn group_head(payload: &[u8]) -> Option<Result<(&[u8], u32), Malformed>> {
     let (&kind, m) = payload.split_first()?;
     (kind == DOWN_GROUP).then(|| groups::done_head(m).map(|(id, count, _)| (id, count)))
 }
+
+/// The smallest frame [`FrameBuf::next_owned`] hands over in its own buffer rather than copies.
+pub const HANDOVER_MIN: usize = 64 * 1024;
 
 /// Splits whole frames off the front of a receive buffer.
 #[derive(Default)]
@@ -453,6 +479,22 @@ impl FrameBuf {
         let start = self.used + 4;
         self.used = start + len;
         Ok(Some(&self.buf[start..start + len]))
+    }
+
+    /// As [`FrameBuf::next`], but the payload in a buffer of its own. A frame of [`HANDOVER_MIN`] bytes or
+    /// more (an exchange's result) is handed over in the buffer it came into, never copied: what came after
+    /// it (at most one read's worth) moves to a new buffer instead.
+    pub fn next_owned(&mut self, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
+        let Some(len) = self.next(max)?.map(<[u8]>::len) else { return Ok(None) };
+        let start = self.used - len;
+        if start > 4 || len < HANDOVER_MIN {
+            return Ok(Some(self.buf[start..self.used].to_vec()));
+        }
+        let rest = self.buf.split_off(self.used);
+        let mut payload = std::mem::replace(&mut self.buf, rest);
+        self.used = 0;
+        payload.drain(..4);
+        Ok(Some(payload))
     }
 
     /// Frees the buffer once every frame in it was handed out: after a fence it holds a whole exchange,
@@ -620,6 +662,26 @@ mod tests {
         assert_eq!(fb.next(HELLO_LEN), Err(FrameError::TooLarge { len: 256, max: HELLO_LEN }));
         assert_eq!(fb.announced(), Some(256));
         assert!(fb.buf.capacity() < 256, "room was made for a frame over the bound");
+    }
+
+    #[test]
+    fn a_large_frame_is_handed_over_in_the_buffer_it_came_into() {
+        let large = Down::Collective(Arc::new(vec![7; HANDOVER_MIN])).encode().unwrap();
+        let small = Down::End.encode().unwrap();
+        let mut fb = FrameBuf::default();
+        fb.extend(&large[..100]);
+        assert_eq!(fb.next_owned(1 << 20), Ok(None));
+        fb.extend(&large[100..]);
+        // The frame after it comes before the large one is taken.
+        fb.extend(&small);
+        let at = fb.buf.as_ptr();
+        let payload = fb.next_owned(1 << 20).unwrap().unwrap();
+        assert!(payload.as_ptr() == at && payload == large[4..], "copied, or not the frame");
+        let Ok(Down::Collective(frame)) = Down::decode_owned(payload) else { panic!() };
+        assert!(frame.as_ptr() == at && frame.len() == HANDOVER_MIN);
+        // What came after it is still there; a small frame is a copy.
+        assert_eq!(fb.next_owned(1 << 20), Ok(Some(small[4..].to_vec())));
+        assert_eq!(fb.pending(), 0);
     }
 
     #[test]

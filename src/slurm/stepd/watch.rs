@@ -214,19 +214,19 @@ impl NodeWatch {
     }
 
     /// The bytes of one whole frame from `from`. Frames from a connection no longer served are ignored.
-    pub fn heard(&mut self, from: Peer, payload: &[u8]) {
+    pub fn heard(&mut self, from: Peer, payload: Vec<u8>) {
         match from {
             // The end of a group exchange is checked by its head (one this node started, one part per member
             // node) before anything else of it is read or kept: srun is the user's, and a frame of many empty
             // parts would otherwise cost far more than its bytes.
-            Peer::Root if self.srun => match self.unasked_group(payload) {
+            Peer::Root if self.srun => match self.unasked_group(&payload) {
                 Some(why) => self.broke(from, &why),
-                None => match Down::decode(payload) {
+                None => match Down::decode_owned(payload) {
                     Ok(m) => self.heard_srun(m),
                     Err(e) => self.broke(from, &format!("sent a {e}")),
                 },
             },
-            Peer::Node(p) if Some(p) == self.parent_node() && self.parent => match Down::decode(payload) {
+            Peer::Node(p) if Some(p) == self.parent_node() && self.parent => match Down::decode_owned(payload) {
                 Ok(Down::Collective(frame)) => {
                     self.machine.receive(from, frame);
                     self.pump();
@@ -234,7 +234,7 @@ impl NodeWatch {
                 Ok(other) => self.broke(from, &format!("sent {}, which only srun sends", other.name())),
                 Err(e) => self.broke(from, &format!("sent a {e}")),
             },
-            Peer::Node(c) if matches!(self.child(c), Some(ChildState::Linked)) => match Up::decode(payload) {
+            Peer::Node(c) if matches!(self.child(c), Some(ChildState::Linked)) => match Up::decode_owned(payload) {
                 Ok(Up::Collective(frame)) => {
                     self.machine.receive(from, frame);
                     self.pump();
@@ -786,9 +786,9 @@ mod tests {
         ];
         for (frame, why) in cases {
             let mut w = watch_of(2, 2, 0, None);
-            w.heard(Peer::Root, frame);
+            w.heard(Peer::Root, frame.to_vec());
             // What it sends after is not heard.
-            w.heard(Peer::Root, &down(Down::End));
+            w.heard(Peer::Root, down(Down::End));
             let actions = drain(&mut w);
             assert_eq!(actions[0], NodeAction::Drop(Peer::Root));
             assert!(ended_here(&actions).is_some_and(|w| w.starts_with(why)), "{why}: {actions:?}");
@@ -812,18 +812,18 @@ mod tests {
             (vec![], "srun ended group exchange 0,2:1 of 2 member nodes with 0 parts"),
         ] {
             let mut w = started();
-            w.heard(Peer::Root, &down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
+            w.heard(Peer::Root, down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
             assert_eq!(ended_here(&drain(&mut w)), Some(why));
             assert!(w.take_groups_done().is_empty());
         }
         let mut w = started();
         let parts = [b"0 k=v\n".to_vec(), b"2 q=r\n".to_vec()];
-        w.heard(Peer::Root, &down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
+        w.heard(Peer::Root, down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
         let done = w.take_groups_done();
         assert_eq!(done.len(), 1);
         assert!(done[0].parts().eq(parts.iter().map(Vec::as_slice)));
         // Once ended, the exchange is not waited for any more.
-        w.heard(Peer::Root, &down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
+        w.heard(Peer::Root, down(Down::Group(DoneParts::new(b"0,2:1", &parts).unwrap())));
         assert_eq!(ended_here(&drain(&mut w)), Some("srun ended a group exchange this node did not start"));
     }
 
@@ -853,7 +853,7 @@ mod tests {
         assert_eq!(ended_here(&actions), Some("lost the connection to srun (the collective root): reset by peer"));
 
         let mut w = watch_of(2, 2, 0, None);
-        w.heard(Peer::Root, &down(Down::End));
+        w.heard(Peer::Root, down(Down::End));
         w.closed(Peer::Root, "closed");
         assert_eq!(ended_here(&drain(&mut w)), None);
 
@@ -899,7 +899,7 @@ mod tests {
         // A chain: srun, n1, n2, n3; this is n2.
         let mut w = watch_of(3, 1, 1, None);
         w.child_joined(2);
-        w.heard(Peer::Node(2), &Up::Bye.encode().unwrap()[4..]);
+        w.heard(Peer::Node(2), Up::Bye.encode().unwrap()[4..].to_vec());
         let actions = drain(&mut w);
         assert_eq!(actions[0], NodeAction::Drop(Peer::Node(2)));
         match &reports(&actions)[..] {
@@ -911,7 +911,7 @@ mod tests {
         assert_eq!(ended_here(&actions), None);
 
         let mut w = watch_of(3, 1, 1, None);
-        w.heard(Peer::Node(0), &down(Down::End));
+        w.heard(Peer::Node(0), down(Down::End));
         match &reports(&drain(&mut w))[..] {
             [Up::Error { failed: true, message, .. }] => {
                 assert_eq!(message, "the slurmstepd of n1 sent END, which only srun sends to n2")
@@ -943,7 +943,7 @@ mod tests {
     fn frames_for_a_child_not_yet_admitted_wait_for_it() {
         // A chain: srun, n1, n2; this is n1, and srun fails the exchange before n2 is admitted.
         let mut w = watch_of(2, 1, 0, None);
-        w.heard(Peer::Root, &down(Down::Collective(frame::fail(0, "no"))));
+        w.heard(Peer::Root, down(Down::Collective(frame::fail(0, "no"))));
         let actions = drain(&mut w);
         assert!(!actions.iter().any(|a| matches!(a, NodeAction::Send { .. })), "{actions:?}");
         w.child_joined(1);
@@ -986,10 +986,10 @@ mod tests {
         w.request(3, HostRequest::Lookup { service: "svc" }).unwrap();
         let asked = Up::Name { task: 3, op: NameOp::Lookup, name: "svc".into(), port: String::new() };
         assert_eq!(reports(&drain(&mut w)), [asked]);
-        w.heard(Peer::Root, &down(Down::Answer { task: 3, ok: true, text: "port-1".into() }));
+        w.heard(Peer::Root, down(Down::Answer { task: 3, ok: true, text: "port-1".into() }));
         assert!(matches!(&w.take_answers()[..], [(3, HostReply::Port(p))] if p == "port-1"));
         // Answered once: a second answer is srun's fault.
-        w.heard(Peer::Root, &down(Down::Answer { task: 3, ok: true, text: "port-1".into() }));
+        w.heard(Peer::Root, down(Down::Answer { task: 3, ok: true, text: "port-1".into() }));
         assert!(ended_here(&drain(&mut w)).is_some());
         assert_eq!(
             w.request(1, HostRequest::Lookup { service: "svc" }),
