@@ -612,8 +612,8 @@ mod tests {
         }
     }
 
-    /// The child process of [`an_end_of_a_group_exchange_costs_its_bytes`] runs the attack when this is set.
-    const GROUP_ATTACK: &str = "RPMI_TEST_GROUP_ATTACK";
+    /// The child process of [`srun_s_largest_frames_cost_a_stepd_their_bytes`] runs this attack.
+    const SRUN_ATTACK: &str = "RPMI_TEST_SRUN_ATTACK";
 
     /// A figure of this process's `/proc/self/status`, in bytes.
     fn status(field: &str) -> usize {
@@ -647,21 +647,22 @@ mod tests {
         (s, input)
     }
 
-    /// srun (the user's, modified) answers a group barrier of a task with an end of the exchange as large as
-    /// a stepd takes at the default bounds (the store's, 512 MiB): made of nothing but empty parts (4 bytes
-    /// each on the wire), or of one part per member node as it should be, the first of them that large. Either
-    /// costs the stepd the frame's bytes, once (docs/security.md).
+    /// srun (the user's, modified) answers a task's barrier with a frame as large as a stepd takes at the
+    /// default bounds (the store's, 512 MiB): the end of a group exchange made of nothing but empty parts (4
+    /// bytes each on the wire), or of one part per member node as it should be, the first of them that large;
+    /// or an exchange's result (ALL) of two parts as large as a node may bring. Each costs the stepd the
+    /// frame's bytes, once (docs/security.md).
     #[test]
-    fn an_end_of_a_group_exchange_costs_its_bytes() {
-        if let Some(attack) = std::env::var_os(GROUP_ATTACK) {
-            return group_attack(attack == "empty");
+    fn srun_s_largest_frames_cost_a_stepd_their_bytes() {
+        if let Some(attack) = std::env::var_os(SRUN_ATTACK) {
+            return srun_attack(attack.to_str().unwrap());
         }
-        for attack in ["empty", "large"] {
+        for attack in ["group-empty", "group-large", "all"] {
             let exe = std::env::current_exe().unwrap();
-            let test = "slurm::stepd::host::tests::an_end_of_a_group_exchange_costs_its_bytes";
+            let test = "slurm::stepd::host::tests::srun_s_largest_frames_cost_a_stepd_their_bytes";
             let out = std::process::Command::new(exe)
                 .args(["--exact", test, "--nocapture", "--test-threads=1"])
-                .env(GROUP_ATTACK, attack)
+                .env(SRUN_ATTACK, attack)
                 .output()
                 .unwrap();
             let stdout = String::from_utf8_lossy(&out.stdout);
@@ -671,60 +672,85 @@ mod tests {
                 stdout[at + key.len() + 1..].split_whitespace().next().unwrap().parse().unwrap()
             };
             let (frame, growth) = (figure("frame"), figure("growth"));
-            eprintln!("an end of a group exchange of {frame} bytes ({attack} parts) grew the stepd by {growth} bytes");
-            assert!(growth <= frame + (64 << 20), "{attack} parts: {growth} bytes for a frame of {frame}");
+            eprintln!("{attack}: a frame of {frame} bytes from srun grew the stepd by {growth} bytes");
+            assert!(growth <= frame + (64 << 20), "{attack}: {growth} bytes for a frame of {frame}");
         }
     }
 
-    /// One attack of [`an_end_of_a_group_exchange_costs_its_bytes`], in its own process: `empty` parts, or
-    /// one large part and an empty one.
-    fn group_attack(empty: bool) {
+    /// A frame as srun's side writes it: bytes, and runs of zeros written a piece at a time, so that the
+    /// writer holds none of them.
+    enum Piece {
+        Bytes(Vec<u8>),
+        Zeros(usize),
+    }
+
+    /// One attack of [`srun_s_largest_frames_cost_a_stepd_their_bytes`], in its own process.
+    fn srun_attack(attack: &str) {
         let secret = Secret::generate().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let srun_secret = secret.clone();
+        let group = attack.starts_with("group");
+        let store = Limits::default().kvs_bytes_max;
+        let attack = attack.to_string();
         let srun = std::thread::spawn(move || {
             let (mut s, mut input) = admit(&listener, &srun_secret);
+            // The task's barrier reaches srun: a group's part, or the node's part of the exchange.
             let id = loop {
                 if let Some(payload) = input.next(1 << 20).unwrap() {
-                    if let Up::Group { id, .. } = Up::decode(payload).unwrap() {
-                        break id;
+                    match Up::decode(payload).unwrap() {
+                        Up::Group { id, .. } if group => break id,
+                        Up::Collective(_) if !group => break Vec::new(),
+                        _ => continue,
                     }
-                    continue;
                 }
                 let mut buf = [0; 4096];
                 let n = std::io::Read::read(&mut s, &mut buf).unwrap();
-                assert!(n > 0, "the stepd closed its connection before its group exchange");
+                assert!(n > 0, "the stepd closed its connection before its barrier reached srun");
                 input.extend(&buf[..n]);
             };
-            // Kind, id, count, then the parts, to the largest frame a stepd takes at the default bounds: each
-            // empty (4 zero bytes), or one of the rest's length (zeros, which no store takes) and one empty.
-            // Written a piece at a time, so that this thread holds none of it.
-            let store = Limits::default().kvs_bytes_max;
-            let rest = store - 1 - 2 - id.len() - 4;
-            let count = if empty { rest / 4 } else { 2 };
-            let payload = 1 + 2 + id.len() + 4 + if empty { 4 * count } else { rest };
-            let mut head = Vec::new();
-            head.extend((payload as u32).to_be_bytes());
-            head.push(0x8A);
-            head.extend((id.len() as u16).to_be_bytes());
-            head.extend(&id);
-            head.extend((count as u32).to_be_bytes());
-            if !empty {
-                head.extend(((rest - 8) as u32).to_be_bytes());
-            }
-            s.write_all(&head).unwrap();
-            let zeros = vec![0; 1 << 20];
-            let mut left = payload + 4 - head.len();
-            while left > 0 {
-                let n = left.min(zeros.len());
-                // The stepd may refuse the frame from its head and close before all of it is sent.
-                if s.write_all(&zeros[..n]).is_err() {
-                    break;
+            let mut head = vec![];
+            let pieces = match attack.as_str() {
+                "group-empty" | "group-large" => {
+                    // Kind, id, count, then the parts: each empty (4 zero bytes), or one of all the rest
+                    // (zeros, which no store takes) and one empty.
+                    let rest = store - 1 - 2 - id.len() - 4;
+                    let empty = attack == "group-empty";
+                    head.push(0x8A);
+                    head.extend((id.len() as u16).to_be_bytes());
+                    head.extend(&id);
+                    head.extend((if empty { rest / 4 } else { 2 } as u32).to_be_bytes());
+                    match empty {
+                        true => vec![Piece::Bytes(head), Piece::Zeros(rest / 4 * 4)],
+                        false => {
+                            head.extend(((rest - 8) as u32).to_be_bytes());
+                            vec![Piece::Bytes(head), Piece::Zeros(rest - 8), Piece::Zeros(4)]
+                        }
+                    }
                 }
-                left -= n;
-            }
-            // Until the stepd has dealt with it: it drops srun, or the barrier's answer comes back.
+                _ => {
+                    // COLLECTIVE, then ALL of exchange 0: node 0's part and node 1's, each as large as a node
+                    // may bring (half the store).
+                    let part = store / 2 - 64;
+                    head.extend([0x88, 0x81]);
+                    head.extend([0u32, 2, 0, part as u32].iter().flat_map(|n| n.to_be_bytes()));
+                    let second = [1u32, part as u32].iter().flat_map(|n| n.to_be_bytes()).collect();
+                    vec![Piece::Bytes(head), Piece::Zeros(part), Piece::Bytes(second), Piece::Zeros(part)]
+                }
+            };
+            let payload: usize =
+                pieces.iter().map(|p| if let Piece::Bytes(b) = p { b.len() } else { 0 }).sum::<usize>()
+                    + pieces.iter().map(|p| if let Piece::Zeros(n) = p { *n } else { 0 }).sum::<usize>();
+            s.write_all(&(payload as u32).to_be_bytes()).unwrap();
+            let zeros = vec![0; 1 << 20];
+            // The stepd may refuse the frame from its head and close before all of it is sent.
+            let _ = pieces.iter().try_for_each(|p| match p {
+                Piece::Bytes(b) => s.write_all(b),
+                Piece::Zeros(n) => {
+                    (0..*n).step_by(zeros.len()).try_for_each(|at| s.write_all(&zeros[..zeros.len().min(n - at)]))
+                }
+            });
+            // Until the stepd has dealt with it: it drops srun, or says how the barrier ended.
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             let _ = std::io::Read::read(&mut s, &mut [0; 1]);
             4 + payload
@@ -732,9 +758,10 @@ mod tests {
         std::fs::write("/proc/self/clear_refs", "5").unwrap();
         let base = status("VmRSS:");
         // Node 0 of 2 (both srun's children), with rank 0; node 1 never comes.
-        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(256 << 20, 512 << 20));
+        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(store / 2, store));
         assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=2").contains("pmi_subversion=2"));
-        task.0.get_mut().write_all(b"cmd=barrier_in group=0,1:5\n").unwrap();
+        let barrier: &[u8] = if group { b"cmd=barrier_in group=0,1:5\n" } else { b"cmd=barrier_in\n" };
+        task.0.get_mut().write_all(barrier).unwrap();
         let frame = srun.join().unwrap();
         println!("frame={frame} growth={}", status("VmHWM:").saturating_sub(base));
         drop(task);
