@@ -750,10 +750,7 @@ mod tests {
                     (0..*n).step_by(zeros.len()).try_for_each(|at| s.write_all(&zeros[..zeros.len().min(n - at)]))
                 }
             });
-            // Until the stepd has dealt with it: it drops srun, or says how the barrier ended.
-            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let _ = std::io::Read::read(&mut s, &mut [0; 1]);
-            4 + payload
+            (4 + payload, s)
         });
         std::fs::write("/proc/self/clear_refs", "5").unwrap();
         let base = status("VmRSS:");
@@ -762,7 +759,15 @@ mod tests {
         assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=2").contains("pmi_subversion=2"));
         let barrier: &[u8] = if group { b"cmd=barrier_in group=0,1:5\n" } else { b"cmd=barrier_in\n" };
         task.0.get_mut().write_all(barrier).unwrap();
-        let frame = srun.join().unwrap();
+        let (frame, srun) = srun.join().unwrap();
+        // Until the stepd has dealt with it: it drops srun or tells it something, or answers the task.
+        let mut fds = [srun.as_raw_fd(), task.0.get_ref().as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: a live array of pollfds, its length passed.
+        assert!(unsafe { libc::poll(fds.as_mut_ptr(), 2, 20_000) } > 0, "the stepd did nothing with the frame");
         println!("frame={frame} growth={}", status("VmHWM:").saturating_sub(base));
         drop(task);
         drop(rt);
