@@ -20,7 +20,7 @@
 use super::Bounds;
 use super::Bytes;
 use crate::codec::{Malformed, Reader, Writer};
-use crate::server::GROUP_ID_MAX;
+use crate::server::{TaskMap, GROUP_ID_MAX};
 use crate::wire::group::{Group, Members};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -53,9 +53,11 @@ pub struct GroupDone {
     pub parts: Vec<Vec<u8>>,
 }
 
-/// What a pending exchange holds for each member node beside its part, charged against the exchange bound:
-/// its place in the member list and its slot.
-const MEMBER_CHARGE: usize = 32;
+/// What a pending exchange holds for each member node beside its part's bytes, charged against the exchange
+/// bound: its place in the member list (4 bytes), its slot (24) and its part's heap block (32 at least).
+const MEMBER_CHARGE: usize = 64;
+/// What a pending exchange holds beside its id and its member nodes: its entry in the map.
+const EXCHANGE_CHARGE: usize = 128;
 
 #[derive(Debug)]
 struct Gathering {
@@ -68,8 +70,8 @@ struct Gathering {
 #[derive(Debug)]
 pub struct GroupRoot {
     /// The node of each rank: the root tells a group's member nodes from its id, not from what a node says.
-    node_of: Vec<u32>,
-    /// Every node that holds a rank: WORLD's members, shared by every WORLD exchange.
+    task_map: TaskMap,
+    /// Every node of the job, as the engine's `WORLD` has them: shared by every WORLD exchange.
     world: Arc<[u32]>,
     bounds: Bounds,
     pending: BTreeMap<Vec<u8>, Gathering>,
@@ -78,12 +80,10 @@ pub struct GroupRoot {
 }
 
 impl GroupRoot {
-    /// The root of a job whose rank `r` runs on node `node_of[r]`.
-    pub fn new(node_of: Vec<u32>, bounds: Bounds) -> GroupRoot {
-        let mut world = node_of.clone();
-        world.sort_unstable();
-        world.dedup();
-        GroupRoot { node_of, world: world.into(), bounds, pending: BTreeMap::new(), held: 0 }
+    /// The root of a job of the ranks and nodes `task_map` says.
+    pub fn new(task_map: TaskMap, bounds: Bounds) -> GroupRoot {
+        let world = (0..task_map.node_count() as u32).collect();
+        GroupRoot { task_map, world, bounds, pending: BTreeMap::new(), held: 0 }
     }
 
     /// The largest part of one node, its id included, for a transport's bound on its frame.
@@ -103,13 +103,13 @@ impl GroupRoot {
 
     /// The nodes that hold members of group `id`, ascending: two or more, or it is not a group exchange.
     fn members(&self, id: &[u8]) -> Option<Arc<[u32]>> {
-        let group = Group::parse(id, self.node_of.len() as u32).ok()?;
+        let group = Group::parse(id, self.task_map.size() as u32).ok()?;
         let shells: Arc<[u32]> = match group.members {
             Members::World => self.world.clone(),
             // A node's own group never leaves it.
             Members::Node => return None,
             Members::Ranks(ranks) => {
-                let mut nodes: Vec<u32> = ranks.iter().map(|&r| self.node_of[r as usize]).collect();
+                let mut nodes: Vec<u32> = ranks.iter().filter_map(|&r| self.task_map.node_of(r)).collect();
                 nodes.sort_unstable();
                 nodes.dedup();
                 nodes.into()
@@ -150,7 +150,7 @@ impl GroupRoot {
                         "node {from} started group exchange {name} beside {PENDING_MAX} others pending"
                     ));
                 }
-                let cost = part.len().saturating_add(MEMBER_CHARGE.saturating_mul(shells.len()));
+                let cost = part.len().saturating_add(exchange_charge(id, &shells));
                 (shells, cost)
             }
         };
@@ -185,7 +185,7 @@ impl GroupRoot {
         let Some(done) = self.pending.remove(id) else { return Ok(None) };
         let parts: Vec<Vec<u8>> = done.parts.into_iter().flatten().collect();
         let bytes = parts.iter().map(Vec::len).sum::<usize>();
-        self.held -= bytes + MEMBER_CHARGE * done.shells.len();
+        self.held -= bytes + exchange_charge(id, &done.shells);
         Ok(Some(GroupDone { id: id.to_vec(), shells: done.shells, parts }))
     }
 
@@ -204,9 +204,14 @@ impl GroupRoot {
         self.pending
             .iter()
             .filter(|(_, p)| p.shells.binary_search(&node).is_ok_and(|i| p.parts[i].is_none()))
-            .find(|(id, _)| Group::parse(id, self.node_of.len() as u32).is_ok_and(|g| g.contains(rank)))
+            .find(|(id, _)| Group::parse(id, self.task_map.size() as u32).is_ok_and(|g| g.contains(rank)))
             .map(|(id, _)| String::from_utf8_lossy(id).into_owned())
     }
+}
+
+/// What pending exchange `id` among `shells` is charged beside its parts' bytes.
+fn exchange_charge(id: &[u8], shells: &[u32]) -> usize {
+    EXCHANGE_CHARGE + id.len() + MEMBER_CHARGE * shells.len()
 }
 
 /// A node's part of a group exchange as one message (integers big-endian): `id_len:u16 id part`. The member
@@ -325,7 +330,7 @@ mod tests {
     /// 8 ranks on 4 nodes, two each.
     fn root() -> GroupRoot {
         let b = |bytes| Bound { bytes, option: "OPT" };
-        GroupRoot::new(vec![0, 0, 1, 1, 2, 2, 3, 3], Bounds { part_max: b(100), exchange_max: b(250) })
+        GroupRoot::new(TaskMap::new(vec![0, 0, 1, 1, 2, 2, 3, 3]), Bounds { part_max: b(100), exchange_max: b(1000) })
     }
 
     #[test]
@@ -337,8 +342,8 @@ mod tests {
         let want =
             GroupDone { id: b"0,6:1".to_vec(), shells: vec![0, 3].into(), parts: vec![b"a".to_vec(), b"c".to_vec()] };
         assert_eq!(done, want);
-        // WORLD's part, and its four member nodes.
-        assert_eq!(r.held(), 2 + 4 * MEMBER_CHARGE);
+        // WORLD's part, and what the pending exchange costs beside it.
+        assert_eq!(r.held(), 2 + exchange_charge(b"WORLD:2", &[0, 1, 2, 3]));
         // The same id again is the next barrier over that group.
         assert_eq!(r.contribute(0, b"0,6:1", vec![]), Ok(None));
     }
@@ -355,17 +360,20 @@ mod tests {
         assert!(e(&mut r, 0, b"0,6:1", 101).contains("over the limit of 100 bytes per node (OPT)"));
         r.contribute(0, b"0,6:1", vec![0; 100]).unwrap();
         assert!(e(&mut r, 0, b"0,6:1", 1).contains("twice"));
-        assert!(e(&mut r, 2, b"WORLD:1", 1).contains("more than 250 bytes (OPT)"));
+        // Each pending exchange is charged its parts, its id and its member nodes: a third goes over.
+        r.contribute(1, b"3,4:0", vec![0; 100]).unwrap();
+        assert!(e(&mut r, 2, b"WORLD:1", 1).contains("more than 1000 bytes (OPT)"));
     }
 
     #[test]
     fn pending_exchanges_are_charged_their_member_nodes() {
         let b = |bytes| Bound { bytes, option: "OPT" };
-        let mut r = GroupRoot::new((0..1000).collect(), Bounds { part_max: b(100), exchange_max: b(100_000) });
+        let nodes: Vec<u32> = (0..1000).collect();
+        let mut r = GroupRoot::new(TaskMap::new(nodes.clone()), Bounds { part_max: b(100), exchange_max: b(200_000) });
         // Each WORLD exchange of 1000 nodes started with an empty part holds a slot for every member node.
         let started = (0..10).take_while(|tag| r.contribute(0, format!("WORLD:{tag}").as_bytes(), vec![]).is_ok());
-        assert_eq!(started.count(), 100_000 / (1000 * MEMBER_CHARGE));
-        assert_eq!(r.held(), 3 * 1000 * MEMBER_CHARGE);
+        assert_eq!(started.count(), 3);
+        assert_eq!(r.held(), 3 * exchange_charge(b"WORLD:0", &nodes));
     }
 
     #[test]

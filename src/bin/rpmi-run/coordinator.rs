@@ -13,7 +13,7 @@ use crate::services::Ended;
 use rpmi::abi::ffi;
 use rpmi::codec::Reader;
 use rpmi::collective::{frame, groups, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
-use rpmi::server::JOB_ERROR_EXIT_CODE;
+use rpmi::server::{TaskMap, JOB_ERROR_EXIT_CODE};
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -207,7 +207,7 @@ impl<'a> Coordinator<'a> {
         }
         Coordinator {
             root,
-            groups: GroupRoot::new(node_of, bounds),
+            groups: GroupRoot::new(TaskMap::new(node_of), bounds),
             left: Vec::new(),
             conns,
             cliques,

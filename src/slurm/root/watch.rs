@@ -21,7 +21,7 @@ use super::super::spawn::{self, Asker, SrunEvent};
 use super::Outcome;
 use crate::collective::groups::DoneParts;
 use crate::collective::{self, frame::Frame, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
-use crate::server::Names;
+use crate::server::{Names, TaskMap};
 use crate::slurm::layout::with_node_names;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -143,7 +143,7 @@ impl StepWatch {
             None => None,
         };
         let size = shape.node_of.len();
-        let groups = GroupRoot::new(shape.node_of.clone(), shape.bounds);
+        let groups = GroupRoot::new(TaskMap::new(shape.node_of.clone()), shape.bounds);
         Ok(StepWatch {
             nodes: vec![NodeState::default(); n],
             ports: vec![0; n],
@@ -402,8 +402,10 @@ impl StepWatch {
                     // A member may have finished or left before the first part came.
                     Ok(None) => self.check_groups_blocked(),
                     Ok(Some(done)) => {
-                        // Encoded once, and the same bytes queued to every member.
+                        // Encoded once, and the same bytes queued to every member; the parts are let go of as
+                        // soon as their message is made.
                         let end = DoneParts::new(&done.id, &done.parts).map(Down::Group);
+                        drop(done.parts);
                         if let Some(frame) = end.and_then(|end| end.encode().ok()).map(Arc::new) {
                             for &node in done.shells.iter() {
                                 self.actions.push_back(Action::SendShared { node, frame: frame.clone() });
