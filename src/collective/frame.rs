@@ -336,6 +336,16 @@ pub fn is_bye(frame: &[u8]) -> bool {
     frame == [BYE]
 }
 
+/// Whether `frame` is a CONTRIB: a node's parts going up.
+pub fn is_contrib(frame: &[u8]) -> bool {
+    frame.first() == Some(&CONTRIB)
+}
+
+/// Whether `frame` is an ALL: an exchange's result coming down.
+pub fn is_all(frame: &[u8]) -> bool {
+    frame.first() == Some(&ALL)
+}
+
 pub fn end() -> Bytes {
     Arc::new(vec![END])
 }

@@ -2,7 +2,8 @@
 //! and go out through a queue that holds what the socket cannot take yet. srun's root serves one per node;
 //! a stepd one to srun, one to its parent and one per child in the tree.
 
-use super::protocol::{collective_head, Direction, FrameBuf, FrameError, LengthOverflow};
+use super::protocol::{collective_head, Direction, FrameBuf, FrameError, LengthOverflow, Owned};
+use crate::collective::frame;
 use crate::collective::Bytes;
 use crate::driver::Watcher;
 use crate::os::Epoll;
@@ -123,6 +124,12 @@ impl Link {
         Ok(())
     }
 
+    /// Whether a CONTRIB (this node's parts of an exchange) is not all written yet: the peer cannot have the
+    /// exchange's result.
+    pub fn holds_unwritten_contrib(&self) -> bool {
+        self.output.iter().any(|o| o.head_len > 0 && frame::is_contrib(&o.body))
+    }
+
     /// Whether a write failed, or the peer left more than the link holds unread.
     pub fn is_broken(&self) -> bool {
         self.broken
@@ -234,7 +241,7 @@ impl Link {
     }
 
     /// The next whole frame received, in a buffer of its own (see [`FrameBuf::next_owned`]).
-    pub fn next_owned(&mut self, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
+    pub fn next_owned(&mut self, max: usize) -> Result<Option<Owned>, FrameError> {
         self.input.next_owned(max)
     }
 

@@ -236,12 +236,6 @@ fn collective(r: &mut Reader) -> Bytes {
     Arc::new(r.rest().to_vec())
 }
 
-/// What follows a payload's kind, in the payload's own buffer (moved down in place, not copied).
-fn after_kind(mut payload: Vec<u8>) -> Bytes {
-    payload.drain(..1);
-    Arc::new(payload)
-}
-
 impl Up {
     /// The message's kind, for messages about it (not its contents: they may be the peer's to choose).
     pub fn name(&self) -> &'static str {
@@ -301,9 +295,9 @@ impl Up {
     }
 
     /// As [`Up::decode`], keeping a COLLECTIVE's frame in `payload`'s own buffer.
-    pub fn decode_owned(payload: Vec<u8>) -> Result<Up, Malformed> {
+    pub fn decode_owned(payload: Owned) -> Result<Up, Malformed> {
         match payload.first() {
-            Some(&UP_COLLECTIVE) => Ok(Up::Collective(after_kind(payload))),
+            Some(&UP_COLLECTIVE) => Ok(Up::Collective(payload.after_kind())),
             _ => Up::decode(&payload),
         }
     }
@@ -394,10 +388,10 @@ impl Down {
     }
 
     /// As [`Down::decode`], keeping a COLLECTIVE's frame, or a GROUP's parts, in `payload`'s own buffer.
-    pub fn decode_owned(payload: Vec<u8>) -> Result<Down, Malformed> {
+    pub fn decode_owned(payload: Owned) -> Result<Down, Malformed> {
         match payload.first() {
-            Some(&DOWN_COLLECTIVE) => Ok(Down::Collective(after_kind(payload))),
-            Some(&DOWN_GROUP) => Ok(Down::Group(DoneParts::decode(after_kind(payload))?)),
+            Some(&DOWN_COLLECTIVE) => Ok(Down::Collective(payload.after_kind())),
+            Some(&DOWN_GROUP) => Ok(Down::Group(DoneParts::decode(payload.after_kind())?)),
             _ => Down::decode(&payload),
         }
     }
@@ -425,11 +419,44 @@ impl Down {
     }
 }
 
+/// Whether a payload from srun or a parent is an exchange's result (a COLLECTIVE holding an ALL).
+pub fn is_result(payload: &[u8]) -> bool {
+    payload.first() == Some(&DOWN_COLLECTIVE) && crate::collective::frame::is_all(&payload[1..])
+}
+
 /// The id and part count of a payload that is the end of a group exchange (`None`: another kind), read before
 /// the rest of it is decoded or kept ([`groups::done_head`]).
 pub fn group_head(payload: &[u8]) -> Option<Result<(&[u8], u32), Malformed>> {
     let (&kind, m) = payload.split_first()?;
     (kind == DOWN_GROUP).then(|| groups::done_head(m).map(|(id, count, _)| (id, count)))
+}
+
+/// A whole frame's payload in a buffer of its own ([`FrameBuf::next_owned`]): `buf[start..]`.
+pub struct Owned {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl std::ops::Deref for Owned {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+impl From<Vec<u8>> for Owned {
+    fn from(buf: Vec<u8>) -> Owned {
+        Owned { buf, start: 0 }
+    }
+}
+
+impl Owned {
+    /// What follows the payload's kind, in the same buffer (moved down in place once, not copied).
+    fn after_kind(mut self) -> Bytes {
+        self.buf.drain(..self.start + 1);
+        Arc::new(self.buf)
+    }
 }
 
 /// The smallest frame [`FrameBuf::next_owned`] hands over in its own buffer rather than copies.
@@ -484,17 +511,16 @@ impl FrameBuf {
     /// As [`FrameBuf::next`], but the payload in a buffer of its own. A frame of [`HANDOVER_MIN`] bytes or
     /// more (an exchange's result) is handed over in the buffer it came into, never copied: what came after
     /// it (at most one read's worth) moves to a new buffer instead.
-    pub fn next_owned(&mut self, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
+    pub fn next_owned(&mut self, max: usize) -> Result<Option<Owned>, FrameError> {
         let Some(len) = self.next(max)?.map(<[u8]>::len) else { return Ok(None) };
         let start = self.used - len;
         if start > 4 || len < HANDOVER_MIN {
-            return Ok(Some(self.buf[start..self.used].to_vec()));
+            return Ok(Some(self.buf[start..self.used].to_vec().into()));
         }
         let rest = self.buf.split_off(self.used);
-        let mut payload = std::mem::replace(&mut self.buf, rest);
+        let buf = std::mem::replace(&mut self.buf, rest);
         self.used = 0;
-        payload.drain(..4);
-        Ok(Some(payload))
+        Ok(Some(Owned { buf, start }))
     }
 
     /// Frees the buffer once every frame in it was handed out: after a fence it holds a whole exchange,
@@ -670,17 +696,17 @@ mod tests {
         let small = Down::End.encode().unwrap();
         let mut fb = FrameBuf::default();
         fb.extend(&large[..100]);
-        assert_eq!(fb.next_owned(1 << 20), Ok(None));
+        assert!(fb.next_owned(1 << 20).unwrap().is_none());
         fb.extend(&large[100..]);
         // The frame after it comes before the large one is taken.
         fb.extend(&small);
         let at = fb.buf.as_ptr();
         let payload = fb.next_owned(1 << 20).unwrap().unwrap();
-        assert!(payload.as_ptr() == at && payload == large[4..], "copied, or not the frame");
+        assert!(payload.buf.as_ptr() == at && *payload == large[4..], "copied, or not the frame");
         let Ok(Down::Collective(frame)) = Down::decode_owned(payload) else { panic!() };
         assert!(frame.as_ptr() == at && frame.len() == HANDOVER_MIN);
         // What came after it is still there; a small frame is a copy.
-        assert_eq!(fb.next_owned(1 << 20), Ok(Some(small[4..].to_vec())));
+        assert_eq!(fb.next_owned(1 << 20).unwrap().as_deref(), Some(&small[4..]));
         assert_eq!(fb.pending(), 0);
     }
 

@@ -14,6 +14,7 @@ use crate::os;
 use crate::server::{GroupExchange, Host, HostRequest, JobError, Shell, Speaker, TaskId};
 use crate::slurm::admit::{Acceptor, Admission};
 use crate::slurm::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
+use crate::slurm::protocol;
 use crate::slurm::sys::Slurm;
 use crate::slurm::trace::Trace;
 use std::io;
@@ -238,6 +239,14 @@ impl SlurmHost {
             loop {
                 match link.next_owned(max) {
                     Ok(None) => break,
+                    // Nobody can have put together a result with this node's parts while they are still
+                    // here: a peer that sends one anyway would have this node hold its parts, queued, beside
+                    // results and the next exchanges for as long as it does not read.
+                    Ok(Some(payload)) if protocol::is_result(&payload) && link.holds_unwritten_contrib() => {
+                        let why = "sent the result of a PMI exchange before this node's part of it was sent";
+                        self.watch.broke(peer, why);
+                        break;
+                    }
                     Ok(Some(payload)) => self.watch.heard(peer, payload),
                     Err(e) => {
                         self.watch.broke(peer, &format!("sent {e}"));
@@ -769,6 +778,62 @@ mod tests {
         // SAFETY: a live array of pollfds, its length passed.
         assert!(unsafe { libc::poll(fds.as_mut_ptr(), 2, 20_000) } > 0, "the stepd did nothing with the frame");
         println!("frame={frame} growth={}", status("VmHWM:").saturating_sub(base));
+        drop(task);
+        drop(rt);
+    }
+
+    /// srun (the user's, modified) reads little and answers a barrier with a result it made up before this
+    /// node's part could have reached it: the stepd refuses it and drops srun, rather than hold its part
+    /// queued beside results and further exchanges for as long as srun does not read.
+    #[test]
+    fn a_result_sent_before_the_nodes_part_went_out_is_refused() {
+        let secret = Secret::generate().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        // srun's side takes little at a time: most of the node's part stays queued in the stepd.
+        let small: libc::c_int = 4096;
+        // SAFETY: setsockopt on a live socket with an int option of its size.
+        unsafe {
+            let size = std::mem::size_of_val(&small) as libc::socklen_t;
+            libc::setsockopt(
+                listener.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&small as *const libc::c_int).cast(),
+                size,
+            );
+        }
+        let port = listener.local_addr().unwrap().port();
+        let srun_secret = secret.clone();
+        let srun = std::thread::spawn(move || {
+            let (mut s, mut input) = admit(&listener, &srun_secret);
+            let mut buf = [0; 4096];
+            // The node joined exchange 0, and its part has begun to come.
+            while !matches!(input.next(CONTROL_MAX).unwrap().map(Up::decode), Some(Ok(Up::Joined { .. }))) {
+                let n = std::io::Read::read(&mut s, &mut buf).unwrap();
+                assert!(n > 0, "the stepd closed its connection before it joined the exchange");
+                input.extend(&buf[..n]);
+            }
+            let all = frame::all(0, [(0, &[][..]), (1, &[][..])].into_iter()).unwrap();
+            s.write_all(&Down::Collective(all).encode().unwrap()).unwrap();
+            // Then everything: the stepd drops srun (the connection ends) or goes on (it does not).
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            loop {
+                match std::io::Read::read(&mut s, &mut buf) {
+                    Ok(0) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+        });
+        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(1 << 30, 1 << 30));
+        assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
+        let value = "v".repeat(800);
+        for k in 0..12000 {
+            let put = task.ask(&format!("cmd=put kvsname={KVSNAME} key=k{k} value={value}"));
+            assert_eq!(put, "cmd=put_result rc=0");
+        }
+        task.0.get_mut().write_all(b"cmd=barrier_in\n").unwrap();
+        assert!(srun.join().unwrap(), "the stepd took a result while its 9 MB part was still queued for srun");
         drop(task);
         drop(rt);
     }

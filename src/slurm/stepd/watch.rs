@@ -16,7 +16,7 @@ use crate::collective::groups::DoneParts;
 use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::server::{check_preput, GroupExchange, HostReply, HostRequest, JobError, Limits, TaskId};
 use crate::slurm::layout::with_node_names;
-use crate::slurm::protocol::{self, Direction, Down, NameOp, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
+use crate::slurm::protocol::{self, Direction, Down, NameOp, Owned, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
 use crate::slurm::spawn::SPAWN_PROCS_MAX;
 use crate::slurm::trace::escape_text;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -214,7 +214,7 @@ impl NodeWatch {
     }
 
     /// The bytes of one whole frame from `from`. Frames from a connection no longer served are ignored.
-    pub fn heard(&mut self, from: Peer, payload: Vec<u8>) {
+    pub fn heard(&mut self, from: Peer, payload: Owned) {
         match from {
             // The end of a group exchange is checked by its head (one this node started, one part per member
             // node) before anything else of it is read or kept: srun is the user's, and a frame of many empty
@@ -700,8 +700,8 @@ mod tests {
     }
 
     /// A frame from srun or a parent, as the link hands it over (without its length prefix).
-    fn down(m: Down) -> Vec<u8> {
-        m.encode().unwrap()[4..].to_vec()
+    fn down(m: Down) -> Owned {
+        m.encode().unwrap()[4..].to_vec().into()
     }
 
     /// The lines for slurmd's log among `actions`.
@@ -786,7 +786,7 @@ mod tests {
         ];
         for (frame, why) in cases {
             let mut w = watch_of(2, 2, 0, None);
-            w.heard(Peer::Root, frame.to_vec());
+            w.heard(Peer::Root, frame.to_vec().into());
             // What it sends after is not heard.
             w.heard(Peer::Root, down(Down::End));
             let actions = drain(&mut w);
@@ -899,7 +899,7 @@ mod tests {
         // A chain: srun, n1, n2, n3; this is n2.
         let mut w = watch_of(3, 1, 1, None);
         w.child_joined(2);
-        w.heard(Peer::Node(2), Up::Bye.encode().unwrap()[4..].to_vec());
+        w.heard(Peer::Node(2), Up::Bye.encode().unwrap()[4..].to_vec().into());
         let actions = drain(&mut w);
         assert_eq!(actions[0], NodeAction::Drop(Peer::Node(2)));
         match &reports(&actions)[..] {
