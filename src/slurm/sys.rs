@@ -177,7 +177,8 @@ impl Slurm {
         let Some(ConfPtr(conf)) = self.conf else { return false };
         // SAFETY: `slurm_conf` is Slurm's `slurm_conf_t` (its layout from this Slurm's own slurm.h). slurmstepd loads
         // the plugin while it sets itself up, once it has its configuration from slurmd and before it serves the
-        // step; its other threads only read the flags.
+        // step. The store is not made under Slurm's configuration lock, which is not exported: Slurm's threads
+        // read the flags without it too, and an aligned u64 is stored whole.
         unsafe {
             let flags = std::ptr::addr_of_mut!((*conf).debug_flags);
             let on = *flags & DEBUG_FLAG_MPI != 0;
