@@ -1,7 +1,7 @@
 //! The one session of a process's PMI library, from its init to its finalize, behind one lock: calls from
 //! several threads are served one at a time (the wire is lock-step), and a failure is said once on stderr,
 //! naming the library, the rank and the call. The session is its process's: in a child of a fork it is not
-//! there to use ([`IN_CHILD`]).
+//! there to use (`IN_CHILD`).
 
 use crate::cabi::{guard, say};
 use crate::{Failed, ERR_INIT, ERR_INVALID_ARG, FAIL, SUCCESS};
