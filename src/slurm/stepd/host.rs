@@ -747,9 +747,13 @@ mod tests {
                     vec![Piece::Bytes(head), Piece::Zeros(part), Piece::Bytes(second), Piece::Zeros(part)]
                 }
             };
-            let payload: usize =
-                pieces.iter().map(|p| if let Piece::Bytes(b) = p { b.len() } else { 0 }).sum::<usize>()
-                    + pieces.iter().map(|p| if let Piece::Zeros(n) = p { *n } else { 0 }).sum::<usize>();
+            let payload: usize = pieces
+                .iter()
+                .map(|p| match p {
+                    Piece::Bytes(b) => b.len(),
+                    Piece::Zeros(n) => *n,
+                })
+                .sum();
             s.write_all(&(payload as u32).to_be_bytes()).unwrap();
             let zeros = vec![0; 1 << 20];
             // The stepd may refuse the frame from its head and close before all of it is sent.
