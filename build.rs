@@ -23,10 +23,26 @@ struct Line {
     io: &'static str,
     /// The step record still has `run_prolog`.
     run_prolog: bool,
+    /// The step record has the job's `node_addrs` and `node_list` after `node_tasks`.
+    node_list: bool,
+    /// The step record has `het_job_step_task_cnts` before `het_job_task_offset`.
+    het_step_tasks: bool,
 }
 
 const fn line(major: u32, minor: u32, sluid: bool, kill: &'static str, run_prolog: bool) -> Line {
-    Line { major, minor, sluid, task_self: false, conf_pack: true, kill, io: "io_running", run_prolog }
+    let het_step_tasks = major > 25 || (major == 25 && minor >= 5);
+    Line {
+        major,
+        minor,
+        sluid,
+        task_self: false,
+        conf_pack: true,
+        kill,
+        io: "io_running",
+        run_prolog,
+        node_list: true,
+        het_step_tasks,
+    }
 }
 
 const SLURM_LINES: &[Line] = &[
@@ -39,6 +55,8 @@ const SLURM_LINES: &[Line] = &[
         kill: "ids",
         io: "ioid",
         run_prolog: true,
+        node_list: false,
+        het_step_tasks: false,
     },
     line(23, 11, false, "ids_flags", true),
     line(24, 5, false, "ids_flags", true),
@@ -52,7 +70,7 @@ fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=plugin-spec/rpmi_plugin.h");
     for cfg in [
-        "cfg(slurm_sluid, slurm_task_self, slurm_conf_pack, slurm_run_prolog)",
+        "cfg(slurm_sluid, slurm_task_self, slurm_conf_pack, slurm_run_prolog, slurm_node_list, slurm_het_step_tasks)",
         "cfg(slurm_kill, values(\"ids\", \"ids_flags\", \"step_id\"))",
         "cfg(slurm_io, values(\"ioid\", \"io_running\"))",
     ] {
@@ -86,6 +104,8 @@ fn slurm_bindings() {
         ("slurm_task_self", line.task_self),
         ("slurm_conf_pack", line.conf_pack),
         ("slurm_run_prolog", line.run_prolog),
+        ("slurm_node_list", line.node_list),
+        ("slurm_het_step_tasks", line.het_step_tasks),
     ];
     for (cfg, set) in flags {
         if set {

@@ -14,7 +14,7 @@ use crate::collective::{Bound, Bounds};
 use crate::server::JOB_ERROR_EXIT_CODE;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::net::TcpListener;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// srun's bounds of one exchange: the job's (srun's root checks what it gathers with them; the stepds hold
 /// them to the site's ceilings too).
@@ -26,9 +26,39 @@ pub fn bounds(part_max: usize, exchange_max: usize) -> Bounds {
 }
 
 /// What `mpi_p_client_prelaunch` returns to srun (`mpi_plugin_client_state_t *`).
-pub struct ClientState {
-    root: RootThread,
+enum ClientState {
+    /// A step's root.
+    Step(RootThread),
+    /// One component of the heterogeneous step in [`HET_STEP`].
+    Component,
 }
+
+/// The heterogeneous step (`srun A : B`) this srun runs, if it runs one. srun calls `mpi_p_client_prelaunch`
+/// once for each component, each on a thread of its own, with the same merged layout (every component's nodes
+/// and tasks): the first call sets the step up for all (one root, one secret, one task map), the others pass
+/// on the same variables; the last `mpi_p_client_fini` stops the root. srun runs one step, so one is kept;
+/// it stays, stopped, so that a component that came after the others ended is refused, not served alone.
+static HET_STEP: Mutex<Option<HetStep>> = Mutex::new(None);
+
+struct HetStep {
+    /// The step's job (the hetjob's leader, or the job a local heterogeneous step runs in) and step id.
+    key: (u32, u32),
+    /// The variables every component's launch environment gets, or why the set-up failed.
+    vars: Result<Vec<(&'static str, String)>, String>,
+    /// Until the last component's `fini`.
+    root: Option<RootThread>,
+    /// Components that called prelaunch and not yet fini.
+    open: usize,
+    /// Every component's step, for ending them all.
+    components: Components,
+}
+
+fn het_step() -> std::sync::MutexGuard<'static, Option<HetStep>> {
+    HET_STEP.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The steps the root ends when it ends the step: one, or a heterogeneous step's components as they come.
+type Components = Arc<Mutex<Vec<slurm_step_id_t>>>;
 
 /// Clients not yet given back through `mpi_p_client_fini`, so `fini` can stop their threads before the
 /// library is unloaded. Addresses, not pointers, so the list is `Send`.
@@ -42,8 +72,18 @@ fn live() -> std::sync::MutexGuard<'static, Vec<usize>> {
 /// with `-Q`), and the step ended through slurmctld.
 struct SrunReporter {
     slurm: &'static Slurm,
-    /// The step srun runs, as Slurm named it to the plugin.
-    step: slurm_step_id_t,
+    /// The step srun runs, as Slurm named it to the plugin: each component of a heterogeneous step.
+    steps: Components,
+    /// The job its spawned steps run in (see [`spawn_setup`]).
+    job: u32,
+}
+
+impl SrunReporter {
+    fn kill(&self, id: &slurm_step_id_t) {
+        if let Err(e) = self.slurm.kill_step(id, libc::SIGKILL) {
+            self.slurm.error(&e);
+        }
+    }
 }
 
 impl Reporter for SrunReporter {
@@ -54,14 +94,22 @@ impl Reporter for SrunReporter {
         self.slurm.log(log::Level::Debug, message);
     }
     fn end_step(&mut self) {
-        self.end_spawned(self.step.step_id);
+        let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for id in &steps {
+            self.kill(id);
+        }
     }
     fn end_spawned(&mut self, step: u32) {
-        // A spawned step is another step of the same job (the same sluid), never a het component.
-        let id = slurm_step_id_t { step_id: step, step_het_comp: NO_VAL, ..self.step };
-        if let Err(e) = self.slurm.kill_step(&id, libc::SIGKILL) {
-            self.slurm.error(&e);
+        let Some(&first) = self.steps.lock().unwrap_or_else(|e| e.into_inner()).first() else { return };
+        // A spawned step is another step of `job`, never a het component; the sluid names the job where it is
+        // this step's own job's (a hetjob component's sluid is its own, not the leader's).
+        let mut id = first;
+        (id.job_id, id.step_id, id.step_het_comp) = (self.job, step, NO_VAL);
+        #[cfg(slurm_sluid)]
+        if first.job_id != self.job {
+            id.sluid = 0;
         }
+        self.kill(&id);
     }
 }
 
@@ -104,7 +152,6 @@ pub unsafe fn task_map(layout: &slurm_step_layout_t) -> Result<Vec<u32>, String>
 /// # Safety
 /// Pointers as srun passes them.
 pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Result<*mut c_void, String> {
-    let slurm = sys::slurm();
     // SAFETY: the caller's contract: `info` is NULL or srun's step information, valid for the call.
     let info = unsafe { info.as_ref() }.ok_or("no step information")?;
     if env.is_null() {
@@ -113,14 +160,86 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
     // The job's options: an unknown one, or a value that is not one, ends srun here, before any task starts.
     let vars = std::env::vars_os().map(|(n, v)| (n.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()));
     let job = Job::from_env(vars)?;
-    let (job_id, step) = (info.step_id.job_id, info.step_id.step_id);
-    if info.het_job_id != NO_VAL {
-        return Err(format!(
-            "step {job_id}.{step} is part of heterogeneous job {}: mpi/rpmi serves one component at a time; \
-             launch the components as separate steps, or use --mpi=pmi2",
-            info.het_job_id
-        ));
+    // The job its tasks belong to: a hetjob's leader (srun names each component's own job), else the step's.
+    let job_id = match info.het_job_id {
+        0 | NO_VAL => info.step_id.job_id,
+        leader => leader,
+    };
+    let step = info.step_id.step_id;
+    if info.het_job_task_offset == NO_VAL {
+        let components = Arc::new(Mutex::new(vec![info.step_id]));
+        // SAFETY: the caller's contract.
+        let (root, vars) = unsafe { set_up(info, job, job_id, components) }?;
+        // SAFETY: the caller's contract.
+        unsafe { set_vars(env, &vars) }?;
+        return Ok(live_state(ClientState::Step(root)));
     }
+    // One component of a heterogeneous step: the first to come sets up the whole step.
+    let mut het = het_step();
+    match het.as_mut() {
+        Some(h) if h.key != (job_id, step) => {
+            return Err(format!("srun runs step {}.{} already, not {job_id}.{step}", h.key.0, h.key.1))
+        }
+        Some(h) if h.root.is_none() => {
+            return Err(format!(
+                "a component of heterogeneous step {job_id}.{step} started after the others had ended; srun \
+                 serves no component alone"
+            ))
+        }
+        Some(h) => h.components.lock().unwrap_or_else(|e| e.into_inner()).push(info.step_id),
+        None => {
+            let components = Arc::new(Mutex::new(vec![info.step_id]));
+            // SAFETY: the caller's contract.
+            let set = unsafe { set_up(info, job, job_id, components.clone()) };
+            let (root, vars) = match set {
+                Ok((root, vars)) => (Some(root), Ok(vars)),
+                Err(e) => (None, Err(e)),
+            };
+            *het = Some(HetStep { key: (job_id, step), vars, root, open: 0, components });
+        }
+    }
+    let h = het.as_mut().expect("set above");
+    let vars = h.vars.clone().map_err(|e| format!("heterogeneous step {job_id}.{step}: {e}"))?;
+    // SAFETY: the caller's contract.
+    unsafe { set_vars(env, &vars) }?;
+    h.open += 1;
+    Ok(live_state(ClientState::Component))
+}
+
+/// Hands srun a client state, kept in [`LIVE`] until `fini` gives it back.
+fn live_state(state: ClientState) -> *mut c_void {
+    let client = Box::into_raw(Box::new(state));
+    live().push(client as usize);
+    client.cast()
+}
+
+/// Sets the plugin's own variables in srun's launch environment `env`.
+///
+/// # Safety
+/// `env` is srun's `char ***` launch environment (not NULL).
+unsafe fn set_vars(env: *mut *mut *mut c_char, vars: &[(&str, String)]) -> Result<(), String> {
+    let text = |s: &str| CString::new(s).map_err(|_| format!("a NUL in {s:?}"));
+    for (name, value) in vars {
+        // SAFETY: the caller's contract.
+        unsafe { sys::slurm().setenv(env, &text(name)?, &text(value)?) }?;
+    }
+    Ok(())
+}
+
+/// Sets the step up: its task map from srun's layout (a heterogeneous step's merged one), its secret and
+/// options, and its root, running; and says the variables for the launch environment. `job` is the step's
+/// job options, `job_id` the job its tasks belong to, and `components` the steps the root ends.
+///
+/// # Safety
+/// `info` is srun's step information, valid for the call.
+unsafe fn set_up(
+    info: &StepInfo,
+    job: Job,
+    job_id: u32,
+    components: Components,
+) -> Result<(RootThread, Vec<(&'static str, String)>), String> {
+    let slurm = sys::slurm();
+    let step = info.step_id.step_id;
     // SAFETY: NULL or srun's step layout, valid for the call.
     let layout = unsafe { info.step_layout.as_ref() }.ok_or("no step layout")?;
     // SAFETY: Slurm's step layout: `tasks` and `tids` have node_cnt entries.
@@ -163,18 +282,12 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
         spawn::tell_step(fd, step)?;
     }
     let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn, spawned_by };
-    let root = RootThread::start(listener, step_info, Box::new(SrunReporter { slurm, step: info.step_id }))
+    let reporter = SrunReporter { slurm, steps: components, job: job_id };
+    let root = RootThread::start(listener, step_info, Box::new(reporter))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
-    let text = |s: String| CString::new(s).expect("no NUL");
     // Every one of the plugin's own variables, whatever srun's environment held (see `options`).
     let values = [root.port().to_string(), hex, map, job.encode(), spawn_var];
-    for (name, value) in INTERNAL.into_iter().zip(values) {
-        // SAFETY: `env` (not NULL, checked above) is srun's `char ***` launch environment.
-        unsafe { slurm.setenv(env, &text(name.to_string()), &text(value)) }?;
-    }
-    let client = Box::into_raw(Box::new(ClientState { root }));
-    live().push(client as usize);
-    Ok(client.cast())
+    Ok((root, INTERNAL.into_iter().zip(values).collect()))
 }
 
 /// What the root needs to start the steps this one spawns: srun's executable and environment now (read
@@ -234,7 +347,22 @@ pub unsafe fn fini(state: *mut c_void) -> c_int {
     drop(l);
     // SAFETY: `state` was in the list: a live client `prelaunch` boxed, now taken out of it, so freed once.
     let client = unsafe { Box::from_raw(state as *mut ClientState) };
-    exit_code(&client.root.stop())
+    match *client {
+        ClientState::Step(root) => exit_code(&root.stop()),
+        ClientState::Component => {
+            // The last component's fini stops the root, and says the step's exit code (srun takes the
+            // largest of its components').
+            let root = het_step().as_mut().and_then(|h| {
+                h.open = h.open.saturating_sub(1);
+                if h.open == 0 {
+                    h.root.take()
+                } else {
+                    None
+                }
+            });
+            root.map_or(0, |r| exit_code(&r.stop()))
+        }
+    }
 }
 
 /// srun's exit code for the step (0 leaves srun's own): an abort's code as a process would exit with it (its
@@ -257,6 +385,8 @@ pub fn stop_all() {
         // SAFETY: each address is a live client `prelaunch` boxed, taken out of the list once.
         drop(unsafe { Box::from_raw(p as *mut ClientState) });
     }
+    let root = het_step().as_mut().and_then(|h| h.root.take());
+    drop(root);
 }
 
 #[cfg(test)]

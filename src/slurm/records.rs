@@ -31,8 +31,8 @@ pub struct StepInfo {
 }
 
 /// The start of slurmstepd's step record, `stepd_step_rec_t` (`src/slurmd/slurmstepd/slurmstepd_job.h`, not
-/// installed), up to the fields the plugin reads; the same fields in every supported line (offsets asserted
-/// in [`super::version`]). The step the plugin serves is the one Slurm says, never one named in the job's
+/// installed), up to the fields the plugin reads; the same fields in every supported line but two pointers
+/// (offsets asserted in [`super::version`]). The step the plugin serves is the one Slurm says, never one named in the job's
 /// environment (which the user controls). Each task child checks the ids against its task info, which
 /// Slurm fills from the same record, so a layout that ever disagreed would fail the step instead of acting
 /// on wrong ids.
@@ -51,6 +51,27 @@ pub struct stepd_step_rec_t {
     pub ntasks: u32,
     pub nodeid: u32,
     pub node_tasks: u32,
+    #[cfg(slurm_node_list)]
+    node_addrs: *const c_void,
+    #[cfg(slurm_node_list)]
+    node_list: *const c_char,
+    /// The heterogeneous step this component's step belongs to (srun's `A : B`): the leader's job id, or
+    /// `NO_VAL` (0 in a step of a component that srun runs alone).
+    pub het_job_id: u32,
+    /// Nodes of every component (each component's nodes counted apart), and their names in the order of
+    /// srun's merged layout (srun sorts them by name where no node is in two components).
+    pub het_job_nnodes: u32,
+    pub het_job_node_list: *const c_char,
+    het_job_node_offset: u32,
+    /// Tasks of every component.
+    pub het_job_ntasks: u32,
+    /// This component's index in the step, or `NO_VAL` if the step has one component.
+    pub het_job_offset: u32,
+    het_job_step_cnt: u32,
+    #[cfg(slurm_het_step_tasks)]
+    het_job_step_task_cnts: *const u32,
+    /// The rank of this component's first task in the whole step.
+    pub het_job_task_offset: u32,
 }
 
 /// The step record from its `env` field (whose address Slurm passes to `mpi_p_slurmstepd_prefork`) to its
@@ -64,7 +85,8 @@ pub struct RecordFromEnv {
     pub argv: *mut *mut c_char,
     cwd: *const c_char,
     task_dist: c_int,
-    node_name: *const c_char,
+    /// This node's name (slurmd's `NodeName`).
+    pub node_name: *const c_char,
     cpu_bind_type: c_int,
     cpu_bind: *const c_char,
     mem_bind_type: c_int,

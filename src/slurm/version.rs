@@ -15,6 +15,8 @@
 //! | `slurm_kill` | `slurm_kill_job_step` takes `(job, step, signal)`: `ids`; and `flags`: `ids_flags`; `(slurm_step_id_t *, signal, flags)`: `step_id` | `ids` | `ids_flags` | `ids_flags` | `ids_flags` | `ids_flags` | `step_id` | `step_id` |
 //! | `slurm_io` | the step record's I/O thread: `ioid`, or `io_running` with its condition and mutex | `ioid` | `io_running` | `io_running` | `io_running` | `io_running` | `io_running` | `io_running` |
 //! | `slurm_run_prolog` | the step record still has `run_prolog` | yes | yes | yes | yes | yes | yes | |
+//! | `slurm_node_list` | the step record has the job's `node_addrs` and `node_list` before the heterogeneous step's fields | | yes | yes | yes | yes | yes | yes |
+//! | `slurm_het_step_tasks` | the step record has `het_job_step_task_cnts` before `het_job_task_offset` | | | | | yes | yes | yes |
 //!
 //! 23.02 (out of SchedMD's support) mixes 22.05's task info and kill call with the newer option struct and
 //! step record, and changed the record within the line (at 23.02.1): it is not supported.
@@ -117,6 +119,15 @@ const _: () = {
     assert!(offset_of!(stepd_step_rec_t, step_id) == 112);
     assert!(offset_of!(stepd_step_rec_t, nnodes) == nnodes);
     assert!(offset_of!(stepd_step_rec_t, node_tasks) == node_tasks);
+    // The heterogeneous step's fields: 22.05; 23.11 and 24.05; 24.11; since 25.05.
+    let (het_job_id, het_job_task_offset) = match (cfg!(slurm_sluid), cfg!(slurm_node_list)) {
+        (false, false) => (148, 184),
+        (false, true) => (168, 200),
+        (true, _) if cfg!(slurm_het_step_tasks) => (176, 216),
+        (true, _) => (176, 208),
+    };
+    assert!(offset_of!(stepd_step_rec_t, het_job_id) == het_job_id);
+    assert!(offset_of!(stepd_step_rec_t, het_job_task_offset) == het_job_task_offset);
     assert!(offset_of!(StepInfo, step_id) == 8);
     assert!(offset_of!(StepInfo, step_layout) == step_layout);
     assert!(offset_of!(TaskInfo, gtaskid) == 8);

@@ -36,7 +36,7 @@ mod plan;
 mod watch;
 
 use super::options::{Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
-use super::records::{self, stepd_step_rec_t, RecordFromEnv};
+use super::records::{self, stepd_step_rec_t, RecordFromEnv, NO_VAL};
 use super::sys::{self, getenvp};
 use super::trace::Trace;
 use super::version::TaskInfo;
@@ -46,7 +46,7 @@ use crate::os;
 use crate::server::Shell;
 use host::{SlurmHost, FINI_GRACE, NOTICE_FORKED, NOTICE_IDS_CONFIRMED};
 use join::{address_of, join_tree, refuse};
-use plan::Record;
+use plan::{Component, Record};
 use std::ffi::{c_char, c_int, CString};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
@@ -59,7 +59,8 @@ static STEPD: AtomicPtr<Stepd> = AtomicPtr::new(std::ptr::null_mut());
 
 /// What the task children and `fini` need.
 struct Stepd {
-    /// The step's ids, from Slurm's step record.
+    /// The step's ids, from Slurm's step record, as Slurm passes them to the task hook (a heterogeneous job's
+    /// leader).
     job: u32,
     step: u32,
     /// The rank of each local task, ascending; a task's index here is its [`crate::server::TaskId`].
@@ -117,6 +118,10 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     let record = job;
     // SAFETY: Slurm's step record, as the caller promises; only its leading fields are read.
     let r = unsafe { job.as_ref() }.ok_or("no step record")?;
+    let task_job = match r.het_job_id {
+        0 | NO_VAL => r.step_id.job_id,
+        leader => leader,
+    };
     let rec = Record {
         job: r.step_id.job_id,
         step: r.step_id.step_id,
@@ -125,11 +130,14 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         tasks: r.ntasks,
         node: r.nodeid,
         node_tasks: r.node_tasks,
+        task_job,
+        // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
+        component: unsafe { component(r, record, env) }?,
     };
     // SAFETY: Slurm's environment array, as the caller promises.
     let read = |name: &str| unsafe { getenvp(envp, name) };
     let expand = |list: &str, max: usize| slurm.expand_nodelist(list, max);
-    let Some(mut plan) = plan::plan(rec, &read, &expand, &super::site())? else {
+    let Some(mut plan) = plan::plan(&rec, &read, &expand, &super::site())? else {
         slurm.info(&format!("{ENV_PORT} is not set: this step was not started by `srun --mpi=rpmi`; no PMI"));
         return Ok(());
     };
@@ -173,7 +181,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     let spawned_ranks = spawned.then(|| local_ranks.iter().copied().collect());
     let shape = NodeShape { place: place.clone(), names, tree, bounds, limits, spawned_ranks };
     let host_side = SlurmHost::new(shape, links, slurm, trace, notify_r, stopping.clone())?;
-    let job = JobVars { job_id: format!("{}.{}", rec.job, rec.step) };
+    let job = JobVars { job_id: format!("{task_job}.{}", rec.step) };
     let mut node_rt =
         NodeRuntime::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
@@ -186,7 +194,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     node_rt.start(Looping::OwnThread).map_err(|e| e.to_string())?;
 
     let stepd = Box::into_raw(Box::new(Stepd {
-        job: rec.job,
+        job: task_job,
         step: rec.step,
         local_ranks,
         node: node_rt,
@@ -218,35 +226,76 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     Ok(())
 }
 
-/// The text of the step's `srun --multi-prog` configuration, if it is such a step: the record's `argv[1]`
-/// when its launch flags say so. Slurm passes the address of the record's `env` field as `env`; the fields
-/// after it ([`RecordFromEnv`]) are read only if that address lies within the record's first KiB and
-/// the record's `jmgr_pid` there is this process's pid, as Slurm sets it before prefork.
+/// The step record from its `env` field on. Slurm passes the address of the record's `env` field as `env`;
+/// the fields after it ([`RecordFromEnv`]) are read only if that address lies within the record's first KiB
+/// and the record's `jmgr_pid` there is this process's pid, as Slurm sets it before prefork.
 ///
 /// # Safety
 /// `job` is NULL or Slurm's step record, and `env` the address Slurm passes with it.
-unsafe fn multi_prog_config(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) -> Option<String> {
+unsafe fn record_from_env<'a>(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) -> Option<&'a RecordFromEnv> {
     let (start, at) = (job as usize, env as usize);
     if job.is_null() || at <= start || at - start > 1024 || at % std::mem::align_of::<RecordFromEnv>() != 0 {
         return None;
     }
     let rec = env as *const RecordFromEnv;
-    // SAFETY: within Slurm's step record (larger than these fields in every supported line), read field by
-    // field as plain integers and pointers; `jmgr_pid` confirms the layout before anything else is used.
-    unsafe {
-        if std::ptr::addr_of!((*rec).jmgr_pid).read() != libc::getpid() {
-            return None;
-        }
-        let argv = std::ptr::addr_of!((*rec).argv).read();
-        if std::ptr::addr_of!((*rec).flags).read() & records::LAUNCH_MULTI_PROG == 0
-            || argv.is_null()
-            || (*argv).is_null()
-        {
-            return None;
-        }
-        let text = *argv.add(1);
-        (!text.is_null()).then(|| std::ffi::CStr::from_ptr(text).to_string_lossy().into_owned())
+    // SAFETY: within Slurm's step record (larger than these fields in every supported line), a plain integer;
+    // `jmgr_pid` confirms the layout before anything else is used.
+    let pid = unsafe { std::ptr::addr_of!((*rec).jmgr_pid).read() };
+    // SAFETY: as above, confirmed.
+    (pid == unsafe { libc::getpid() }).then(|| unsafe { &*rec })
+}
+
+/// A C string of Slurm's, if not NULL.
+///
+/// # Safety
+/// `text` is NULL or a NUL-terminated string that lives for the call.
+unsafe fn text_of(text: *const c_char) -> Option<String> {
+    // SAFETY: the caller's contract.
+    (!text.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy().into_owned())
+}
+
+/// The text of the step's `srun --multi-prog` configuration, if it is such a step: the record's `argv[1]`
+/// when its launch flags say so.
+///
+/// # Safety
+/// `job` is NULL or Slurm's step record, and `env` the address Slurm passes with it.
+unsafe fn multi_prog_config(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) -> Option<String> {
+    // SAFETY: the caller's contract.
+    let rec = unsafe { record_from_env(job, env) }?;
+    if rec.flags & records::LAUNCH_MULTI_PROG == 0 || rec.argv.is_null() {
+        return None;
     }
+    // SAFETY: Slurm's argv, NULL-terminated: argv[1] is read only after argv[0] is not its end.
+    unsafe { (!(*rec.argv).is_null()).then(|| text_of(*rec.argv.add(1))).flatten() }
+}
+
+/// This step's place in a heterogeneous step, if it is a component of one (`het_job_offset` set): the whole
+/// step's shape from the record, and this node's name, which places it in the merged layout.
+///
+/// # Safety
+/// `r` is `job`, Slurm's step record, and `env` the address Slurm passes with it.
+unsafe fn component(
+    r: &stepd_step_rec_t,
+    job: *const stepd_step_rec_t,
+    env: *mut *mut *mut c_char,
+) -> Result<Option<Component>, String> {
+    if r.het_job_offset == NO_VAL {
+        return Ok(None);
+    }
+    let unread = || "this slurmstepd's step record cannot be read: no heterogeneous step here".to_string();
+    // SAFETY: the caller's contract.
+    let rec = unsafe { record_from_env(job, env) }.ok_or_else(unread)?;
+    // SAFETY: Slurm's strings in its step record (confirmed by `record_from_env`).
+    let (node_name, node_list) = unsafe { (text_of(rec.node_name), text_of(r.het_job_node_list)) };
+    let (Some(node_name), Some(node_list)) = (node_name, node_list) else { return Err(unread()) };
+    Ok(Some(Component {
+        index: r.het_job_offset,
+        nodes: r.het_job_nnodes,
+        tasks: r.het_job_ntasks,
+        node_list,
+        task_offset: r.het_job_task_offset,
+        node_name,
+    }))
 }
 
 /// Stops the progress thread and frees the step: the thread gets [`FINI_GRACE`] to say BYE, then the

@@ -18,7 +18,7 @@ use crate::server::{JobInfo, TaskMap};
 pub const LOGGED_TEXT_MAX: usize = 256;
 
 /// The step as Slurm's step record gives it.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Record {
     pub job: u32,
     pub step: u32,
@@ -29,6 +29,29 @@ pub struct Record {
     /// This node's index in the step, and its task count.
     pub node: u32,
     pub node_tasks: u32,
+    /// The job the tasks belong to, as Slurm tells them and the task hook (`SLURM_JOB_ID`): a heterogeneous
+    /// job's leader, else `job`.
+    pub task_job: u32,
+    /// This step is one component of a heterogeneous step (`srun A : B`): one job of all components' tasks.
+    pub component: Option<Component>,
+}
+
+/// One component of a heterogeneous step, from Slurm's step record: the whole step is every component's tasks,
+/// ranked component after component, on every component's nodes, in the layout srun's side of the plugin
+/// sees (`mpi_p_client_prelaunch` gets it merged).
+#[derive(Clone)]
+pub struct Component {
+    /// Its index among the step's components (its tasks' appnum).
+    pub index: u32,
+    /// The whole step's nodes (each component's counted apart) and tasks.
+    pub nodes: u32,
+    pub tasks: u32,
+    /// The whole step's node list, in the merged layout's order.
+    pub node_list: String,
+    /// The rank of this component's first task.
+    pub task_offset: u32,
+    /// The name of this stepd's node (the step record's), which places it in the merged layout.
+    pub node_name: String,
 }
 
 /// Where this stepd stands: its step and its node.
@@ -50,6 +73,10 @@ pub type Expand<'a> = &'a dyn Fn(&str, usize) -> Result<Vec<String>, String>;
 /// What prefork does, decided.
 pub struct Plan {
     pub place: Place,
+    /// The job the tasks belong to ([`Record::task_job`]): the world's job id.
+    pub task_job: u32,
+    /// The appnum of every task of this node: its component's index, in a heterogeneous step.
+    pub appnum: Option<i32>,
     /// Where srun's root listens: `SLURM_SRUN_COMM_HOST` (slurmd's, the address srun's launch came from) and
     /// the port srun passed.
     pub host: String,
@@ -70,10 +97,10 @@ pub struct Plan {
 /// The step's plan, from Slurm's record `rec`, the step's environment `env`, the site's options and
 /// `expand`, Slurm's hostlist expansion of the step's node list for at most so many nodes. `None`: srun did
 /// not start this step with `--mpi=rpmi`, and it has no PMI.
-pub fn plan(rec: Record, env: Env, expand: Expand, site: &Site) -> Result<Option<Plan>, String> {
+pub fn plan(rec: &Record, env: Env, expand: Expand, site: &Site) -> Result<Option<Plan>, String> {
     let Some(port) = env(ENV_PORT) else { return Ok(None) };
     let mut notes = Vec::new();
-    for (name, value) in [("SLURM_JOB_ID", rec.job), ("SLURM_STEP_ID", rec.step)] {
+    for (name, value) in [("SLURM_JOB_ID", rec.task_job), ("SLURM_STEP_ID", rec.step)] {
         if let Some(v) = env(name).filter(|v| *v != value.to_string()) {
             notes.push(format!(
                 "ignored {name}={} in the step's environment: Slurm runs this step as {}.{}",
@@ -86,34 +113,61 @@ pub fn plan(rec: Record, env: Env, expand: Expand, site: &Site) -> Result<Option
     let port: u16 = port.parse().map_err(|_| format!("{ENV_PORT}={} is not a port", escape_text(&port, 32)))?;
     let secret = Secret::from_hex(&need(env, ENV_SECRET)?).ok_or(format!("{ENV_SECRET} is malformed"))?;
     let host = need(env, "SLURM_SRUN_COMM_HOST")?;
-    let names = expand(&need(env, "SLURM_STEP_NODELIST")?, rec.nodes as usize)?;
-    let node_of = layout::decode(&need(env, ENV_MAP)?, names.len(), rec.tasks as usize)?;
-    let node = rec.node;
-    let local_ranks: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
-    if names.len() != rec.nodes as usize || node_of.len() != rec.tasks as usize || node >= rec.nodes {
+    // The whole step: one component's, or every component's.
+    let (nodes, tasks, list) = match &rec.component {
+        None => (rec.nodes, rec.tasks, need(env, "SLURM_STEP_NODELIST")?),
+        Some(c) => (c.nodes, c.tasks, c.node_list.clone()),
+    };
+    let names = expand(&list, nodes as usize)?;
+    let node_of = layout::decode(&need(env, ENV_MAP)?, names.len(), tasks as usize)?;
+    if names.len() != nodes as usize || node_of.len() != tasks as usize || rec.node >= rec.nodes {
         return Err(format!(
             "the step's environment describes {} nodes and {} tasks, Slurm's step {}.{} has {} and {}",
             names.len(),
             node_of.len(),
             rec.job,
             rec.step,
-            rec.nodes,
-            rec.tasks
+            nodes,
+            tasks
         ));
     }
+    let node = match &rec.component {
+        None => rec.node,
+        Some(c) => component_node(rec, c, &names, &node_of)?,
+    };
+    let local_ranks: Vec<u32> = (0..node_of.len() as u32).filter(|&r| node_of[r as usize] == node).collect();
     if local_ranks.len() != rec.node_tasks as usize {
         return Err(format!("{ENV_MAP} puts {} tasks on this node, Slurm {}", local_ranks.len(), rec.node_tasks));
     }
     // The job's options as srun passed them (its user's: checked as anything else), held to mpi.conf's.
     let job = Job::decode(&need(env, ENV_OPTIONS)?)?;
     let settings = options::resolve(site, &job, env("PMI_DEBUG").as_deref());
-    let tree = Tree::new(rec.nodes, options::tree_width(site, &job)).map_err(|e| e.to_string())?;
+    let tree = Tree::new(nodes, options::tree_width(site, &job)).map_err(|e| e.to_string())?;
     let place = Place { job: rec.job, step: rec.step, id: rec.id, node, node_name: names[node as usize].clone() };
-    Ok(Some(Plan { place, host, port, secret, names, node_of, local_ranks, tree, settings, notes }))
+    let (task_job, appnum) = (rec.task_job, rec.component.as_ref().map(|c| c.index as i32));
+    Ok(Some(Plan { place, task_job, appnum, host, port, secret, names, node_of, local_ranks, tree, settings, notes }))
+}
+
+/// This stepd's node in a heterogeneous step's merged layout: the node of its name that runs this component's
+/// tasks (a node in two components is two nodes of the layout, one for each component's stepd).
+fn component_node(rec: &Record, c: &Component, names: &[String], node_of: &[u32]) -> Result<u32, String> {
+    let first = c.task_offset as usize;
+    let ours = node_of.get(first..first.saturating_add(rec.tasks as usize)).filter(|r| r.len() == rec.tasks as usize);
+    let Some(ours) = ours else {
+        return Err(format!(
+            "component {} of the step ({} tasks from rank {first}) lies beyond the {} tasks of {ENV_MAP}",
+            c.index,
+            rec.tasks,
+            node_of.len()
+        ));
+    };
+    let node = ours.iter().copied().find(|&n| names.get(n as usize) == Some(&c.node_name));
+    node.ok_or_else(|| format!("{ENV_MAP} runs none of component {}'s tasks on {}", c.index, c.node_name))
 }
 
 /// What this node's shell serves: the job's shape, and in a spawned step its preputs and appnums as the
-/// spawning srun passed them on, else an `srun --multi-prog` step's appnums (`multi_prog` reads its
+/// spawning srun passed them on, else a heterogeneous step's component index as every task's appnum, else an
+/// `srun --multi-prog` step's appnums (`multi_prog` reads its
 /// configuration, if it is one). The task map moves from the plan into it (a step may have 2^24 ranks).
 pub fn job_info(plan: &mut Plan, env: Env, multi_prog: impl FnOnce() -> Option<String>) -> Result<JobInfo, String> {
     let tasks = plan.node_of.len();
@@ -121,7 +175,7 @@ pub fn job_info(plan: &mut Plan, env: Env, multi_prog: impl FnOnce() -> Option<S
         // Unique to this instance of the step: MPICH names its shared memory after the kvsname, and tasks that
         // were killed leave theirs behind for a later step with the same ids (job ids start again when
         // slurmctld's state is reset).
-        format!("rpmi_{}.{}_{}", plan.place.job, plan.place.step, plan.secret.instance_tag()),
+        format!("rpmi_{}.{}_{}", plan.task_job, plan.place.step, plan.secret.instance_tag()),
         TaskMap::new(std::mem::take(&mut plan.node_of)),
         plan.local_ranks.clone(),
         plan.names.clone(),
@@ -137,6 +191,8 @@ pub fn job_info(plan: &mut Plan, env: Env, multi_prog: impl FnOnce() -> Option<S
         info.appnums = s.appnums(&plan.local_ranks);
         info.preputs = s.pairs();
         info.spawned = true;
+    } else if let Some(appnum) = plan.appnum {
+        info.appnums = vec![appnum; plan.local_ranks.len()];
     } else if let Some(config) = multi_prog() {
         info.appnums = mpmd::appnums(&config, &plan.local_ranks);
     }
@@ -157,7 +213,7 @@ mod tests {
         // SAFETY: an all-zero slurm_step_id_t is a valid value of that plain C struct.
         let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
         (id.job_id, id.step_id) = (7, 2);
-        Record { job: 7, step: 2, id, nodes: 3, tasks: 6, node, node_tasks: 2 }
+        Record { job: 7, step: 2, id, nodes: 3, tasks: 6, node, node_tasks: 2, task_job: 7, component: None }
     }
 
     /// The environment srun gives a step of 6 ranks in blocks of 2 over n1..n3.
@@ -180,7 +236,7 @@ mod tests {
     fn plan_of(rec: Record, env: &HashMap<String, String>, site: &Site) -> Result<Option<Plan>, String> {
         let read = |name: &str| env.get(name).cloned();
         let expand = |list: &str, max: usize| layout::expand_nodelist(list, max);
-        plan(rec, &read, &expand, site)
+        plan(&rec, &read, &expand, site)
     }
 
     #[test]
@@ -279,5 +335,53 @@ mod tests {
         // srun --multi-prog: each rank's line.
         let info = job_info(&mut plan(), &|_| None, || Some("0-2 ./a\n3-5 ./b\n".into())).unwrap();
         assert_eq!(info.appnums, vec![0, 1]);
+    }
+
+    /// Component `index` of `srun -n2 A : -n3 B` (job 7 leads, the second component is job 8), on `node_name`,
+    /// with `tasks` of its own on that node: the merged layout n1 (ranks 0-1), n2 (2-3), n3 (4).
+    fn component_record(index: u32, node_name: &str, node: u32, node_tasks: u32) -> Record {
+        let (job, tasks, nodes, task_offset) = if index == 0 { (7, 2, 1, 0) } else { (8, 3, 2, 2) };
+        let mut rec = record(node);
+        (rec.job, rec.id.job_id, rec.nodes, rec.tasks, rec.node_tasks) = (job, job, nodes, tasks, node_tasks);
+        rec.task_job = 7;
+        let node_name = node_name.to_string();
+        rec.component =
+            Some(Component { index, nodes: 3, tasks: 5, node_list: "n[1-3]".into(), task_offset, node_name });
+        rec
+    }
+
+    #[test]
+    fn a_component_of_a_heterogeneous_step_serves_its_nodes_part_of_the_whole_step() {
+        let secret = Secret::generate().unwrap();
+        let mut env = env_of(&secret);
+        env.insert(ENV_MAP.into(), layout::encode(&[0, 0, 1, 1, 2]));
+        // The second component's second node (its node 1) is n3, the merged layout's node 2.
+        let mut p = plan_of(component_record(1, "n3", 1, 1), &env, &Site::default()).unwrap().unwrap();
+        assert_eq!((p.place.node, p.place.job, p.task_job, p.local_ranks.clone()), (2, 8, 7, vec![4]));
+        assert_eq!((p.tree.nodes(), p.names.len()), (3, 3));
+        // SLURM_JOB_ID is the leader's in every component: no note.
+        assert!(p.notes.is_empty());
+        let info = job_info(&mut p, &|_| None, || panic!("a component's appnum is its index")).unwrap();
+        assert_eq!((info.appnums, info.task_map.size()), (vec![1], 5));
+        assert_eq!(info.kvsname, format!("rpmi_7.2_{}", secret.instance_tag()));
+        let p = plan_of(component_record(0, "n1", 0, 2), &env, &Site::default()).unwrap().unwrap();
+        assert_eq!((p.place.node, p.local_ranks, p.appnum), (0, vec![0, 1], Some(0)));
+    }
+
+    #[test]
+    fn a_component_that_the_layout_does_not_place_is_refused_naming_it() {
+        let secret = Secret::generate().unwrap();
+        let mut env = env_of(&secret);
+        env.insert(ENV_MAP.into(), layout::encode(&[0, 0, 1, 1, 2]));
+        let e = plan_of(component_record(1, "n1", 0, 2), &env, &Site::default()).err().unwrap();
+        assert_eq!(e, "RPMI_SLURM_MAP runs none of component 1's tasks on n1");
+        let mut rec = component_record(1, "n2", 0, 2);
+        rec.component.as_mut().unwrap().task_offset = 3;
+        let e = plan_of(rec, &env, &Site::default()).err().unwrap();
+        assert_eq!(e, "component 1 of the step (3 tasks from rank 3) lies beyond the 5 tasks of RPMI_SLURM_MAP");
+        // Four ranks where the whole step has five.
+        env.insert(ENV_MAP.into(), layout::encode(&[0, 0, 1, 1]));
+        let e = plan_of(component_record(0, "n1", 0, 2), &env, &Site::default()).err().unwrap();
+        assert_eq!(e, "the step's environment describes 3 nodes and 4 tasks, Slurm's step 7.2 has 3 and 5");
     }
 }
