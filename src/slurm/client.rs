@@ -44,7 +44,7 @@ struct HetStep {
     /// The step's job (the hetjob's leader, or the job a local heterogeneous step runs in) and step id.
     key: (u32, u32),
     /// The variables every component's launch environment gets, or why the set-up failed.
-    vars: Result<Vec<(&'static str, String)>, String>,
+    vars: Result<Vars, String>,
     /// Until the last component's `fini`.
     root: Option<RootThread>,
     /// Components that called prelaunch and not yet fini.
@@ -56,6 +56,9 @@ struct HetStep {
 fn het_step() -> std::sync::MutexGuard<'static, Option<HetStep>> {
     HET_STEP.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// The plugin's variables in a launch environment, by name.
+type Vars = Vec<(&'static str, String)>;
 
 /// The steps the root ends when it ends the step: one, or a heterogeneous step's components as they come.
 type Components = Arc<Mutex<Vec<slurm_step_id_t>>>;
@@ -237,7 +240,7 @@ unsafe fn set_up(
     job: Job,
     job_id: u32,
     components: Components,
-) -> Result<(RootThread, Vec<(&'static str, String)>), String> {
+) -> Result<(RootThread, Vars), String> {
     let slurm = sys::slurm();
     let step = info.step_id.step_id;
     // SAFETY: NULL or srun's step layout, valid for the call.
