@@ -148,10 +148,15 @@ impl Srun {
     /// `salloc -Q ALLOC srun -Q --mpi=rpmi --exact ARGS...`: a step that leaves the rest of its allocation to
     /// the steps it spawns.
     fn start_in(mark: &str, alloc: &[&str], args: &[&str]) -> Srun {
+        Srun::start_in_with(mark, alloc, args, &[])
+    }
+
+    /// The same, with `env` added to srun's environment.
+    fn start_in_with(mark: &str, alloc: &[&str], args: &[&str], env: &[(&str, &str)]) -> Srun {
         let mut salloc = Command::new("salloc");
         salloc.args(["-Q", &format!("--job-name={mark}")]).args(alloc).arg("srun");
         let args: Vec<&str> = std::iter::once("--exact").chain(args.iter().copied()).collect();
-        Srun::launch(mark, salloc, "rpmi", &args, &[])
+        Srun::launch(mark, salloc, "rpmi", &args, env)
     }
 
     /// `command` (srun, or what runs it), then srun's arguments.
@@ -449,6 +454,184 @@ fn mpmd_with_mpich_under_multi_prog() {
         assert!(run.stdout.contains(line), "no `{line}`: {run}");
     }
     assert!(run.stdout.contains("mpi_mpmd: 5 ranks in one MPI_COMM_WORLD"), "{run}");
+}
+
+// Heterogeneous steps (`srun A : B`): one job over every component's tasks, ranked component after component,
+// each component's tasks with its index as their appnum. srun makes a hetjob of one component per `:`-separated
+// part (allocated by the backfill scheduler: the cluster runs it every second).
+
+/// `srun -N1 -n2 PROGRAM ARGS : -N2 -n3 PROGRAM ARGS`: ranks 0-1 on n1 (component 0), 2-3 on n2 and 4 on n3
+/// (component 1).
+fn het_args<'a>(program: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let component = |layout: [&'a str; 2]| layout.into_iter().chain([program]).chain(args.iter().copied());
+    component(["-N1", "-n2"]).chain([":"]).chain(component(["-N2", "-n3"])).collect()
+}
+
+/// What each rank's `rpmi-probe info` says in `stdout`, by rank.
+fn infos(stdout: &str) -> BTreeMap<u32, BTreeMap<&str, &str>> {
+    let lines = stdout.lines().filter(|l| l.starts_with("rank=") && l.contains(" appnum="));
+    lines.map(words).map(|w| (w["rank"].parse().unwrap(), w)).collect()
+}
+
+#[test]
+fn a_heterogeneous_step_is_one_job_each_components_tasks_with_its_appnum() {
+    let _s = serial();
+    let run = srun(&marker("het-info"), &het_args(probe(), &["info"]));
+    assert_success(&run);
+    let infos = infos(&run.stdout);
+    assert_eq!(infos.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4], "{run}");
+    let appnums: Vec<&str> = infos.values().map(|w| w["appnum"]).collect();
+    assert_eq!(appnums, ["0", "0", "1", "1", "1"], "{run}");
+    for w in infos.values() {
+        assert_eq!((w["size"], w["universe"]), ("5", "5"), "{run}");
+        assert_eq!(w["kvsname"], infos[&0]["kvsname"], "one job, one key-value space: {run}");
+        // n1: ranks 0-1, n2: 2-3, n3: 4; each rank's clique is its node's ranks.
+        assert_eq!(w["mapping"], "(vector,(0,2,2),(2,1,1))", "{run}");
+    }
+    let cliques: Vec<&str> = infos.values().map(|w| w["clique"]).collect();
+    assert_eq!(cliques, ["0,1", "0,1", "2,3", "2,3", "4"], "{run}");
+}
+
+/// A rank of every component sends to and hears from every other (mpi_pairs), and MPICH's MPI_APPNUM is the
+/// component's (mpi_mpmd).
+fn mpich_het(name: &str, env: &[(&str, &str)]) -> (Run, Run) {
+    let _s = serial();
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let mpmd = BUILT.get_or_init(|| build("mpi_mpmd")).to_str().unwrap();
+    // Each component's label.
+    let args = ["-N1", "-n2", mpmd, "a", ":", "-N2", "-n3", mpmd, "b"];
+    let run = Srun::start_with(&marker(name), "rpmi", &args, env).wait();
+    assert_success(&run);
+    for rank in 0..5 {
+        let line = format!("rank {rank} appnum {} label {}", (rank >= 2) as u32, if rank < 2 { "a" } else { "b" });
+        assert!(run.stdout.contains(&line), "no `{line}`: {run}");
+    }
+    assert!(run.stdout.contains("mpi_mpmd: 5 ranks in one MPI_COMM_WORLD"), "{run}");
+    let pairs = Srun::start_with(&marker(name), "rpmi", &het_args(mpi_pairs().to_str().unwrap(), &[]), env).wait();
+    assert_success(&pairs);
+    assert!(pairs.stdout.contains("mpi_pairs: 5 ranks, allreduce 15, all pairs exchanged"), "{pairs}");
+    eprintln!("{name}: mpi_mpmd {:.2?}, mpi_pairs {:.2?}", run.elapsed, pairs.elapsed);
+    (run, pairs)
+}
+
+#[test]
+fn mpich_runs_one_world_over_the_components_of_a_heterogeneous_step() {
+    mpich_het("het-mpich", &[]);
+}
+
+#[test]
+#[ignore = "needs an MPICH that speaks PMI-2 (4.1 or later): run by name in the 24.11 and 26.05 chroots"]
+fn pmi2_mpich_runs_one_world_over_the_components_of_a_heterogeneous_step() {
+    let (mpmd, pairs) = mpich_het("het-pmi2", PMI2);
+    assert_spoke_pmi2(&mpmd, 5);
+    assert_spoke_pmi2(&pairs, 5);
+}
+
+/// A batch script's hetjob (`#SBATCH hetjob`): a step over both components (`--het-group=0,1`) is one job,
+/// and a step of the second alone is a job of its own (appnum 0).
+#[test]
+fn a_hetjob_scripts_step_over_both_components_is_one_job() {
+    let _s = serial();
+    cluster();
+    let mark = marker("het-sbatch");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let (script, out) = (dir.join(format!("{mark}.sh")), dir.join(format!("{mark}.out")));
+    let p = probe();
+    let text = format!(
+        "#!/bin/bash\n#SBATCH -N1 -n2\n#SBATCH hetjob\n#SBATCH -N2 -n3\n\
+         srun -Q --mpi=rpmi --het-group=0,1 {p} info\necho \"both: $?\"\n\
+         srun -Q --mpi=rpmi --het-group=1 {p} info | sed 's/^/alone: /'\necho \"alone: $?\"\n"
+    );
+    std::fs::write(&script, text).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let start = Instant::now();
+    // sbatch --wait's own status is not the script's on every line (22.05 loses track of a hetjob): the
+    // script's output says how its steps went.
+    let mut sbatch = Command::new("sbatch")
+        .args(["--wait", "-Q", &format!("--job-name={mark}"), "-o"])
+        .arg(&out)
+        .arg(&script)
+        .env("RPMI_TEST_MARK", &mark)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sbatch");
+    while sbatch.try_wait().unwrap().is_none() {
+        if start.elapsed() > GUARD {
+            let _ = sbatch.kill();
+            cleanup(&mark);
+            panic!("the hetjob did not end within {GUARD:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let run = Run { status: sbatch.wait().unwrap(), stdout: text, stderr: String::new(), elapsed: start.elapsed() };
+    assert!(run.stdout.contains("both: 0\n") && run.stdout.contains("alone: 0\n"), "{run}");
+    let both = infos(&run.stdout);
+    let appnums: Vec<&str> = both.values().map(|w| w["appnum"]).collect();
+    assert_eq!(appnums, ["0", "0", "1", "1", "1"], "{run}");
+    assert!(both.values().all(|w| w["size"] == "5"), "{run}");
+    let alone: Vec<&str> = run.stdout.lines().filter_map(|l| l.strip_prefix("alone: rank=")).collect();
+    assert_eq!(alone.len(), 3, "{run}");
+    assert!(alone.iter().all(|l| l.contains(" size=3 ") && l.contains(" appnum=0 ")), "{run}");
+    eprintln!("hetjob batch script: {:.2?}", run.elapsed);
+}
+
+#[test]
+fn an_abort_in_the_second_component_ends_the_heterogeneous_step_with_its_code() {
+    let _s = serial();
+    let p = mpi_pairs().to_str().unwrap();
+    let run = srun(&marker("het-abort"), &["-N1", "-n2", p, ":", "-N2", "-n3", p, "abort=3:7"]);
+    assert_eq!(run.status.code(), Some(7), "srun should exit with the abort code: {run}");
+    assert!(run.stderr.contains("rpmi: rank 3 on n2 called PMI_Abort with exit code 7"), "{run}");
+    eprintln!("het-abort: srun exited 7 after {:.2?}", run.elapsed);
+    assert_ended_soon(&run, "an abort in a heterogeneous step");
+}
+
+/// Rank 4, alone on n3 in the second component, is killed while every other rank waits for it.
+#[test]
+fn a_sigkilled_task_of_one_component_ends_the_heterogeneous_step_naming_it() {
+    let args = het_args(mpi_pairs().to_str().unwrap(), &["hang_before_init=4"]);
+    let run = killed_task_ends_step_of("het-kill", &args, 4, 5, false, &[]);
+    let error = run.stderr.lines().find(|l| l.starts_with("srun: error: rpmi:")).unwrap_or_else(|| panic!("{run}"));
+    assert!(error.contains("rank 4") && error.contains("n3"), "the first error does not name rank 4 on n3: {run}");
+}
+
+/// `pmi_spawn.sh` as the first component of a heterogeneous step in a hetjob allocation, `rpmi-probe info`
+/// as the second: its spawns are steps of the hetjob's first component, as from any step.
+#[test]
+fn spawns_from_a_heterogeneous_step_start_steps_of_its_job() {
+    let _s = serial();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/pmi_spawn.sh");
+    let (script, p) = (script.to_str().unwrap(), probe());
+    let first = ["--het-group=0", "-n1", script, p, "n1"];
+    let args: Vec<&str> = first.into_iter().chain([":", "--het-group=1", "--exact", "-N1", "-n1", p, "info"]).collect();
+    let run = Srun::start_in(&marker("het-spawn"), &["-N1", "-n8", ":", "-N2", "-n2"], &args).wait();
+    assert_success(&run);
+    let answers = spawn_answers(&run);
+    assert_eq!(answers.len(), 3, "{run}");
+    assert!(answers.iter().all(|a| a.contains(" rc=0 ")), "{run}");
+    assert!(run.stdout.lines().any(|l| l == "rank=0 greeting=hello world"), "{run}");
+    // The heterogeneous step's second rank, and the first spawn's three (appnums 0, 1, 1).
+    let infos: Vec<BTreeMap<&str, &str>> =
+        run.stdout.lines().filter(|l| l.starts_with("rank=") && l.contains(" appnum=")).map(words).collect();
+    let mut seen: Vec<(&str, &str, &str)> = infos.iter().map(|w| (w["size"], w["rank"], w["appnum"])).collect();
+    seen.sort();
+    assert_eq!(seen, [("2", "1", "1"), ("3", "0", "0"), ("3", "1", "1"), ("3", "2", "1")], "{run}");
+}
+
+#[test]
+#[ignore = "needs MPICH 5: run by name"]
+fn mpich5_spawn_from_a_heterogeneous_step() {
+    let _s = serial();
+    let program = mpich5("mpi_spawn");
+    let program = program.to_str().unwrap();
+    let args = ["--het-group=0", "-n1", program, "3", ":", "--het-group=1", "--exact", "-N1", "-n1", program, "3"];
+    let alloc = ["-N1", "-n5", ":", "-N2", "-n2"];
+    // Both components' ranks check their appnum: 0 and 1.
+    let run = Srun::start_in_with(&marker("het-spawn-mpich5"), &alloc, &args, &[("MPI_SPAWN_COMMANDS", "2")]).wait();
+    assert_success(&run);
+    assert!(run.stdout.contains("mpi_spawn: 2 parents, 3 children, depth 1"), "{run}");
 }
 
 /// `pmi_spawn.sh` as one task of a step in `salloc ALLOC`, its spawns asking for `host`; it must succeed.
@@ -852,13 +1035,26 @@ fn killed_task_ends_the_step_with(
     ranks: usize,
     shares_node: bool,
     env: &[(&str, &str)],
-) {
+) -> Run {
+    let hang = format!("hang_before_init={victim}");
+    let mut args = layout.to_vec();
+    args.extend([mpi_pairs().to_str().unwrap(), &hang]);
+    killed_task_ends_step_of(name, &args, victim, ranks, shares_node, env)
+}
+
+/// srun ARGS, whose rank `victim` waits before MPI_Init while the others wait in its PMI barrier: SIGKILLs it,
+/// and the step must end, naming it.
+fn killed_task_ends_step_of(
+    name: &str,
+    args: &[&str],
+    victim: u32,
+    ranks: usize,
+    shares_node: bool,
+    env: &[(&str, &str)],
+) -> Run {
     let _s = serial();
     let mark = marker(name);
-    let mut args = layout.to_vec();
-    let hang = format!("hang_before_init={victim}");
-    args.extend([mpi_pairs().to_str().unwrap(), &hang]);
-    let run = Srun::start_with(&mark, "rpmi", &args, env);
+    let run = Srun::start_with(&mark, "rpmi", args, env);
     let until = Instant::now() + GUARD;
     while marked(&mark, None).len() < ranks {
         assert!(Instant::now() < until, "the {ranks} tasks never all started");
@@ -882,6 +1078,7 @@ fn killed_task_ends_the_step_with(
     assert!(!run.status.success(), "{run}");
     assert!(took < ENDED_WITHIN, "the step was not ended within {ENDED_WITHIN:?} of the kill: {run}");
     assert!(run.stderr.contains(&format!("rank {victim}")), "no message naming rank {victim}: {run}");
+    run
 }
 
 #[test]

@@ -235,12 +235,7 @@ unsafe fn set_vars(env: *mut *mut *mut c_char, vars: &[(&str, String)]) -> Resul
 ///
 /// # Safety
 /// `info` is srun's step information, valid for the call.
-unsafe fn set_up(
-    info: &StepInfo,
-    job: Job,
-    job_id: u32,
-    components: Components,
-) -> Result<(RootThread, Vars), String> {
+unsafe fn set_up(info: &StepInfo, job: Job, job_id: u32, components: Components) -> Result<(RootThread, Vars), String> {
     let slurm = sys::slurm();
     let step = info.step_id.step_id;
     // SAFETY: NULL or srun's step layout, valid for the call.

@@ -65,9 +65,11 @@ pub struct stepd_step_rec_t {
     het_job_node_offset: u32,
     /// Tasks of every component.
     pub het_job_ntasks: u32,
-    /// This component's index in the step, or `NO_VAL` if the step has one component.
+    /// This component's index in the step, if the step has several (`NO_VAL` or, from 24.11 on, `INFINITE`
+    /// in a step of one component srun runs alone).
     pub het_job_offset: u32,
-    het_job_step_cnt: u32,
+    /// The step's components.
+    pub het_job_step_cnt: u32,
     #[cfg(slurm_het_step_tasks)]
     het_job_step_task_cnts: *const u32,
     /// The rank of this component's first task in the whole step.

@@ -6,7 +6,8 @@
  * children in turn spawn CHILDREN of their own at level 2. Each parent/children pair merges its intercomm
  * and checks an Allreduce of (1, merged rank, level, processes below) over it, so level 0's rank 0 learns
  * how many processes the whole tree had. A child's argv is "CHILDREN DEPTH LEVEL". With
- * MPI_SPAWN_ABORT_LEVEL=L in the environment, rank 0 of level L calls MPI_Abort with 42 once it is up.
+ * MPI_SPAWN_ABORT_LEVEL=L in the environment, rank 0 of level L calls MPI_Abort with 42 once it is up; with
+ * MPI_SPAWN_COMMANDS=N, level 0 was started as N commands (its appnums 0 to N-1).
  * Failed checks abort with codes 10 and up (the code says which check); a process still running after 100 s
  * exits 3. */
 #include <mpi.h>
@@ -71,13 +72,17 @@ int main(int argc, char **argv) {
         snprintf(msg, sizeof msg, "world size %d, expected %d", size, children);
         fail(11, msg, level, rank);
     }
-    /* The attributes must be readable; a single command (mpiexec's or MPI_Comm_spawn's) is appnum 0. */
+    /* The attributes must be readable; a single command (mpiexec's or MPI_Comm_spawn's) is appnum 0, and the
+     * started job's commands (MPI_SPAWN_COMMANDS of them, default 1: srun A : B is 2) are 0 and up. */
     int *universe, *appnum, uflag, aflag;
     if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_UNIVERSE_SIZE, &universe, &uflag) != MPI_SUCCESS ||
         MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_APPNUM, &appnum, &aflag) != MPI_SUCCESS)
         fail(12, "MPI_Comm_get_attr failed", level, rank);
-    if (!aflag || *appnum != 0) {
-        snprintf(msg, sizeof msg, "MPI_APPNUM %s %d, expected 0", aflag ? "is" : "unset,", aflag ? *appnum : -1);
+    const char *commands_text = getenv("MPI_SPAWN_COMMANDS");
+    int commands = level == 0 && commands_text ? atoi(commands_text) : 1;
+    if (!aflag || *appnum < 0 || *appnum >= commands) {
+        snprintf(msg, sizeof msg, "MPI_APPNUM %s %d, expected 0 to %d", aflag ? "is" : "unset,", aflag ? *appnum : -1,
+                 commands - 1);
         fail(13, msg, level, rank);
     }
     if (uflag && *universe < 1) {

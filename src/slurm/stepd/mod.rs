@@ -213,14 +213,20 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         // SAFETY: Slurm's environment array, as the caller promises.
         unsafe { slurm.unsetenv(*env, &cstring(name.into())) };
     }
+    let component = rec.component.as_ref().map_or(String::new(), |c| {
+        format!(
+            " (component {} of heterogeneous step {task_job}.{}, its ranks from {})",
+            c.index, rec.step, c.task_offset
+        )
+    });
     slurm.log(
         log::Level::Debug,
         &format!(
-            "serving {} local tasks of step {}.{} on {} (node {node}, PMI tree width {width})",
+            "serving {} local tasks of step {}.{}{component} on {} (node {node}, PMI tree width {width})",
             shared.local_ranks.len(),
             rec.job,
             rec.step,
-            place.node_name
+            place.node_name,
         ),
     );
     Ok(())
@@ -279,7 +285,8 @@ unsafe fn component(
     job: *const stepd_step_rec_t,
     env: *mut *mut *mut c_char,
 ) -> Result<Option<Component>, String> {
-    if r.het_job_offset == NO_VAL {
+    // A step of one component that srun runs alone has a hetjob's leader but no component index.
+    if r.het_job_step_cnt == NO_VAL || r.het_job_offset >= r.het_job_step_cnt {
         return Ok(None);
     }
     let unread = || "this slurmstepd's step record cannot be read: no heterogeneous step here".to_string();
