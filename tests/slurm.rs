@@ -392,12 +392,21 @@ fn names(name: &str, layout: &[&str]) -> Run {
 }
 
 fn names_with(name: &str, layout: &[&str], env: &[(&str, &str)]) -> Run {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let _s = serial();
-    let program = BUILT.get_or_init(|| build("mpi_names"));
     let mut args = layout.to_vec();
-    args.push(program.to_str().unwrap());
-    let run = Srun::start_with(&marker(name), "rpmi", &args, env).wait();
+    args.push(mpi_names().to_str().unwrap());
+    names_of(name, &args, env)
+}
+
+/// tests/programs/mpi_names.c built with MPICH's mpicc, once.
+fn mpi_names() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build("mpi_names"))
+}
+
+/// srun ARGS, a step of mpi_names over 4 ranks.
+fn names_of(name: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let _s = serial();
+    let run = Srun::start_with(&marker(name), "rpmi", args, env).wait();
     assert_success(&run);
     let want = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
     assert!(run.stdout.contains(want), "no `{want}`: {run}");
@@ -595,6 +604,13 @@ fn a_sigkilled_task_of_one_component_ends_the_heterogeneous_step_naming_it() {
     let run = killed_task_ends_step_of("het-kill", &args, 4, 5, false, &[]);
     let error = run.stderr.lines().find(|l| l.starts_with("srun: error: rpmi:")).unwrap_or_else(|| panic!("{run}"));
     assert!(error.contains("rank 4") && error.contains("n3"), "the first error does not name rank 4 on n3: {run}");
+}
+
+/// The name service from a heterogeneous step: rank 0 publishes, the ranks of both components look it up.
+#[test]
+fn names_across_the_components_of_a_heterogeneous_step() {
+    let p = mpi_names().to_str().unwrap();
+    names_of("het-names", &["-N1", "-n2", p, ":", "-N2", "-n2", p], &[]);
 }
 
 /// `pmi_spawn.sh` as the first component of a heterogeneous step in a hetjob allocation, `rpmi-probe info`

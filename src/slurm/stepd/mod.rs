@@ -275,8 +275,9 @@ unsafe fn multi_prog_config(job: *const stepd_step_rec_t, env: *mut *mut *mut c_
     unsafe { (!(*rec.argv).is_null()).then(|| text_of(*rec.argv.add(1))).flatten() }
 }
 
-/// This step's place in a heterogeneous step, if it is a component of one (`het_job_offset` set): the whole
-/// step's shape from the record, and this node's name, which places it in the merged layout.
+/// This step's place in a heterogeneous step, if it is a component of one (`het_job_offset` an index among
+/// its components): the whole step's shape from the record, and this node's name, which places it in the
+/// merged layout.
 ///
 /// # Safety
 /// `r` is `job`, Slurm's step record, and `env` the address Slurm passes with it.
