@@ -178,35 +178,51 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
         return Ok(live_state(ClientState::Step(root)));
     }
     // One component of a heterogeneous step: the first to come sets up the whole step.
-    let mut het = het_step();
-    match het.as_mut() {
-        Some(h) if h.key != (job_id, step) => {
-            return Err(format!("srun runs step {}.{} already, not {job_id}.{step}", h.key.0, h.key.1))
-        }
-        Some(h) if h.root.is_none() => {
-            return Err(format!(
-                "a component of heterogeneous step {job_id}.{step} started after the others had ended; srun \
-                 serves no component alone"
-            ))
-        }
-        Some(h) => h.components.lock().unwrap_or_else(|e| e.into_inner()).push(info.step_id),
-        None => {
-            let components = Arc::new(Mutex::new(vec![info.step_id]));
-            // SAFETY: the caller's contract.
-            let set = unsafe { set_up(info, job, job_id, components.clone()) };
-            let (root, vars) = match set {
-                Ok((root, vars)) => (Some(root), Ok(vars)),
-                Err(e) => (None, Err(e)),
-            };
-            *het = Some(HetStep { key: (job_id, step), vars, root, open: 0, components });
-        }
-    }
-    let h = het.as_mut().expect("set above");
-    let vars = h.vars.clone().map_err(|e| format!("heterogeneous step {job_id}.{step}: {e}"))?;
-    // SAFETY: the caller's contract.
-    unsafe { set_vars(env, &vars) }?;
-    h.open += 1;
+    let key = (job_id, step);
+    // SAFETY (both closures): the caller's contract.
+    let set_up = |components| unsafe { set_up(info, job, job_id, components) };
+    HetStep::join(&mut het_step(), key, info.step_id, set_up, |vars| unsafe { set_vars(env, vars) })?;
     Ok(live_state(ClientState::Component))
+}
+
+impl HetStep {
+    /// Joins component `id` to heterogeneous step `key` in `slot`: the first sets the step up (`set_up`, given
+    /// the list of components the root ends); each passes the step's variables to its launch environment
+    /// (`pass`), and counts until its `fini` if it could.
+    fn join(
+        slot: &mut Option<HetStep>,
+        key: (u32, u32),
+        id: slurm_step_id_t,
+        set_up: impl FnOnce(Components) -> Result<(RootThread, Vars), String>,
+        pass: impl FnOnce(&Vars) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let (job, step) = key;
+        let h = match slot {
+            Some(h) => h,
+            None => {
+                let components = Arc::new(Mutex::new(Vec::new()));
+                let (root, vars) = match set_up(components.clone()) {
+                    Ok((root, vars)) => (Some(root), Ok(vars)),
+                    Err(e) => (None, Err(e)),
+                };
+                slot.insert(HetStep { key, vars, root, open: 0, components })
+            }
+        };
+        if h.key != key {
+            return Err(format!("srun runs step {}.{} already, not {job}.{step}", h.key.0, h.key.1));
+        }
+        let vars = h.vars.as_ref().map_err(|e| format!("heterogeneous step {job}.{step}: {e}"))?;
+        if h.root.is_none() {
+            return Err(format!(
+                "a component of heterogeneous step {job}.{step} started after the others had ended; srun serves \
+                 no component alone"
+            ));
+        }
+        pass(vars)?;
+        h.components.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        h.open += 1;
+        Ok(())
+    }
 }
 
 /// Hands srun a client state, kept in [`LIVE`] until `fini` gives it back.
@@ -417,6 +433,30 @@ mod tests {
         last(5);
         // SAFETY: as above.
         assert!(unsafe { task_map(&layout) }.unwrap_err().contains("task 6 has no node"));
+    }
+
+    /// A heterogeneous step whose set-up failed refuses every component with that reason; one whose components
+    /// have all ended refuses a late one; srun's one step is the only one.
+    #[test]
+    fn components_join_the_one_heterogeneous_step_or_are_refused() {
+        // SAFETY: an all-zero slurm_step_id_t is a valid value of that plain C struct.
+        let id: slurm_step_id_t = unsafe { std::mem::zeroed() };
+        let mut slot = None;
+        let failed = |_| Err("cannot open the collective port: no".to_string());
+        let never = |_: Components| -> Result<(RootThread, Vars), String> { panic!("set up twice") };
+        let pass = |_: &Vars| Ok(());
+        let e = HetStep::join(&mut slot, (7, 0), id, failed, pass).unwrap_err();
+        assert_eq!(e, "heterogeneous step 7.0: cannot open the collective port: no");
+        let e = HetStep::join(&mut slot, (7, 0), id, never, pass).unwrap_err();
+        assert_eq!(e, "heterogeneous step 7.0: cannot open the collective port: no");
+        let e = HetStep::join(&mut slot, (8, 0), id, never, pass).unwrap_err();
+        assert_eq!(e, "srun runs step 7.0 already, not 8.0");
+        // Set up, then ended by the last component's fini.
+        let components = Arc::new(Mutex::new(vec![id]));
+        slot = Some(HetStep { key: (7, 1), vars: Ok(vec![]), root: None, open: 0, components });
+        let e = HetStep::join(&mut slot, (7, 1), id, never, pass).unwrap_err();
+        assert!(e.starts_with("a component of heterogeneous step 7.1 started after the others had ended"), "{e}");
+        assert_eq!(slot.as_ref().map(|h| h.open), Some(0));
     }
 
     #[test]
