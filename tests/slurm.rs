@@ -536,6 +536,26 @@ fn pmi2_mpich_runs_one_world_over_the_components_of_a_heterogeneous_step() {
     assert_spoke_pmi2(&pairs, 5);
 }
 
+/// Over a chain of stepds (srun, n1, n2, n3): the second component's stepds join the first's in the tree.
+#[test]
+fn mpich_over_a_chain_across_the_components_of_a_heterogeneous_step() {
+    let _s = serial();
+    let run = Srun::start_with(&marker("het-chain"), "rpmi", &het_args(mpi_pairs().to_str().unwrap(), &[]), CHAIN);
+    let run = run.wait();
+    assert_success(&run);
+    assert!(run.stdout.contains("mpi_pairs: 5 ranks, allreduce 15, all pairs exchanged"), "{run}");
+}
+
+/// PMI 1.2's group barriers across components: the node roots of both exchange cards over a group barrier,
+/// each node meets in a NODE barrier, every rank waits in WORLD's and its parity's at once.
+#[test]
+fn group_barriers_across_the_components_of_a_heterogeneous_step() {
+    let _s = serial();
+    let run = srun(&marker("het-groups"), &het_args(probe(), &["groups"]));
+    assert_success(&run);
+    assert!(run.stdout.contains("groups: 5 ranks, 3 node roots exchanged cards"), "{run}");
+}
+
 /// A batch script's hetjob (`#SBATCH hetjob`): a step over both components (`--het-group=0,1`) is one job,
 /// and a step of the second alone is a job of its own (appnum 0).
 #[test]
