@@ -556,22 +556,14 @@ fn group_barriers_across_the_components_of_a_heterogeneous_step() {
     assert!(run.stdout.contains("groups: 5 ranks, 3 node roots exchanged cards"), "{run}");
 }
 
-/// A batch script's hetjob (`#SBATCH hetjob`): a step over both components (`--het-group=0,1`) is one job,
-/// and a step of the second alone is a job of its own (appnum 0).
-#[test]
-fn a_hetjob_scripts_step_over_both_components_is_one_job() {
-    let _s = serial();
+/// `sbatch --wait` of a hetjob (`#SBATCH hetjob`) of two components, -N1 -n2 and -N2 -n3, whose script runs
+/// `body`; what the script wrote.
+fn hetjob_script(name: &str, body: &str) -> Run {
     cluster();
-    let mark = marker("het-sbatch");
+    let mark = marker(name);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let (script, out) = (dir.join(format!("{mark}.sh")), dir.join(format!("{mark}.out")));
-    let p = probe();
-    let text = format!(
-        "#!/bin/bash\n#SBATCH -N1 -n2\n#SBATCH hetjob\n#SBATCH -N2 -n3\n\
-         srun -Q --mpi=rpmi --het-group=0,1 {p} info\necho \"both: $?\"\n\
-         srun -Q --mpi=rpmi --het-group=1 {p} info | sed 's/^/alone: /'\necho \"alone: $?\"\n"
-    );
-    std::fs::write(&script, text).unwrap();
+    std::fs::write(&script, format!("#!/bin/bash\n#SBATCH -N1 -n2\n#SBATCH hetjob\n#SBATCH -N2 -n3\n{body}")).unwrap();
     let _ = std::fs::remove_file(&out);
     let start = Instant::now();
     // sbatch --wait's own status is not the script's on every line (22.05 loses track of a hetjob): the
@@ -594,7 +586,22 @@ fn a_hetjob_scripts_step_over_both_components_is_one_job() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let text = std::fs::read_to_string(&out).unwrap_or_default();
-    let run = Run { status: sbatch.wait().unwrap(), stdout: text, stderr: String::new(), elapsed: start.elapsed() };
+    Run { status: sbatch.wait().unwrap(), stdout: text, stderr: String::new(), elapsed: start.elapsed() }
+}
+
+/// A batch script's hetjob: a step over both components (`--het-group=0,1`) is one job, and a step of the
+/// second alone is a job of its own (appnum 0).
+#[test]
+fn a_hetjob_scripts_step_over_both_components_is_one_job() {
+    let _s = serial();
+    let p = probe();
+    let run = hetjob_script(
+        "het-sbatch",
+        &format!(
+            "srun -Q --mpi=rpmi --het-group=0,1 {p} info\necho \"both: $?\"\n\
+             srun -Q --mpi=rpmi --het-group=1 {p} info | sed 's/^/alone: /'\necho \"alone: $?\"\n"
+        ),
+    );
     assert!(run.stdout.contains("both: 0\n") && run.stdout.contains("alone: 0\n"), "{run}");
     let both = infos(&run.stdout);
     let appnums: Vec<&str> = both.values().map(|w| w["appnum"]).collect();
@@ -604,6 +611,26 @@ fn a_hetjob_scripts_step_over_both_components_is_one_job() {
     assert_eq!(alone.len(), 3, "{run}");
     assert!(alone.iter().all(|l| l.contains(" size=3 ") && l.contains(" appnum=0 ")), "{run}");
     eprintln!("hetjob batch script: {:.2?}", run.elapsed);
+}
+
+/// Ending a step of a hetjob ends that step, not the job: an abort in a heterogeneous step, then one in a step
+/// of the leader's component alone, and the script's next step still runs (from 25.11 on, slurmctld ends the
+/// whole hetjob when asked to SIGKILL a step of its leader's job).
+#[test]
+fn aborts_in_a_hetjob_end_their_steps_not_the_job() {
+    let _s = serial();
+    let (pairs, p) = (mpi_pairs().to_str().unwrap(), probe());
+    let run = hetjob_script(
+        "het-sbatch-abort",
+        &format!(
+            "srun -Q --mpi=rpmi --het-group=0 {pairs} : --het-group=1 {pairs} abort=3:7\necho \"het: $?\"\n\
+             srun -Q --mpi=rpmi --het-group=0 {pairs} abort=0:5\necho \"lone: $?\"\n\
+             srun -Q --mpi=rpmi --het-group=0,1 {p} info | grep -c '^rank=' | sed 's/^/after: /'\n"
+        ),
+    );
+    for line in ["het: 7", "lone: 5", "after: 5"] {
+        assert!(run.stdout.lines().any(|l| l == line), "no `{line}`: {run}");
+    }
 }
 
 #[test]

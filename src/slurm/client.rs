@@ -61,7 +61,18 @@ fn het_step() -> std::sync::MutexGuard<'static, Option<HetStep>> {
 type Vars = Vec<(&'static str, String)>;
 
 /// The steps the root ends when it ends the step: one, or a heterogeneous step's components as they come.
-type Components = Arc<Mutex<Vec<slurm_step_id_t>>>;
+type Components = Arc<Mutex<Steps>>;
+
+#[derive(Default)]
+struct Steps {
+    ids: Vec<slurm_step_id_t>,
+    /// The root has ended them: a component that comes later is refused.
+    ended: bool,
+}
+
+fn steps(components: &Components) -> std::sync::MutexGuard<'_, Steps> {
+    components.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Clients not yet given back through `mpi_p_client_fini`, so `fini` can stop their threads before the
 /// library is unloaded. Addresses, not pointers, so the list is `Send`.
@@ -79,11 +90,13 @@ struct SrunReporter {
     steps: Components,
     /// The job its spawned steps run in (see [`spawn_setup`]).
     job: u32,
+    /// The hetjob's leader, if the step runs in a hetjob's allocation.
+    hetjob_leader: Option<u32>,
 }
 
 impl SrunReporter {
     fn kill(&self, id: &slurm_step_id_t) {
-        if let Err(e) = self.slurm.kill_step(id, libc::SIGKILL) {
+        if let Err(e) = self.slurm.kill_step(id, libc::SIGKILL, self.hetjob_leader == Some(id.job_id)) {
             self.slurm.error(&e);
         }
     }
@@ -97,13 +110,17 @@ impl Reporter for SrunReporter {
         self.slurm.log(log::Level::Debug, message);
     }
     fn end_step(&mut self) {
-        let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let steps = {
+            let mut s = steps(&self.steps);
+            s.ended = true;
+            s.ids.clone()
+        };
         for id in &steps {
             self.kill(id);
         }
     }
     fn end_spawned(&mut self, step: u32) {
-        let Some(&first) = self.steps.lock().unwrap_or_else(|e| e.into_inner()).first() else { return };
+        let Some(&first) = steps(&self.steps).ids.first() else { return };
         // A spawned step is another step of `job`, never a het component; the sluid names the job where it is
         // this step's own job's (a hetjob component's sluid is its own, not the leader's).
         let mut id = first;
@@ -170,7 +187,7 @@ pub unsafe fn prelaunch(info: *const StepInfo, env: *mut *mut *mut c_char) -> Re
     };
     let step = info.step_id.step_id;
     if info.het_job_task_offset == NO_VAL {
-        let components = Arc::new(Mutex::new(vec![info.step_id]));
+        let components = Arc::new(Mutex::new(Steps { ids: vec![info.step_id], ended: false }));
         // SAFETY: the caller's contract.
         let (root, vars) = unsafe { set_up(info, job, job_id, components) }?;
         // SAFETY: the caller's contract.
@@ -200,7 +217,7 @@ impl HetStep {
         let h = match slot {
             Some(h) => h,
             None => {
-                let components = Arc::new(Mutex::new(Vec::new()));
+                let components = Components::default();
                 let (root, vars) = match set_up(components.clone()) {
                     Ok((root, vars)) => (Some(root), Ok(vars)),
                     Err(e) => (None, Err(e)),
@@ -212,14 +229,14 @@ impl HetStep {
             return Err(format!("srun runs step {}.{} already, not {job}.{step}", h.key.0, h.key.1));
         }
         let vars = h.vars.as_ref().map_err(|e| format!("heterogeneous step {job}.{step}: {e}"))?;
-        if h.root.is_none() {
+        if h.root.is_none() || steps(&h.components).ended {
             return Err(format!(
-                "a component of heterogeneous step {job}.{step} started after the others had ended; srun serves \
-                 no component alone"
+                "a component of heterogeneous step {job}.{step} started after the step had ended; srun serves no \
+                 component alone"
             ));
         }
         pass(vars)?;
-        h.components.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        steps(&h.components).ids.push(id);
         h.open += 1;
         Ok(())
     }
@@ -247,7 +264,8 @@ unsafe fn set_vars(env: *mut *mut *mut c_char, vars: &[(&str, String)]) -> Resul
 
 /// Sets the step up: its task map from srun's layout (a heterogeneous step's merged one), its secret and
 /// options, and its root, running; and says the variables for the launch environment. `job` is the step's
-/// job options, `job_id` the job its tasks belong to, and `components` the steps the root ends.
+/// job options, `job_id` the job its tasks belong to (a hetjob's leader), and `components` the steps the root
+/// ends.
 ///
 /// # Safety
 /// `info` is srun's step information, valid for the call.
@@ -290,13 +308,18 @@ unsafe fn set_up(info: &StepInfo, job: Job, job_id: u32, components: Components)
     }
     let spawn_var = spawned.as_ref().map_or(String::new(), |s| Spawn { fd: None, ..s.clone() }.encode());
     let spawned_by = spawned.as_ref().and_then(|s| s.fd);
-    let spawn = spawn_setup(job_id);
+    // Spawned steps run in the allocation of the step's first component: its own job's, or the component
+    // whose ranks start at 0 if it sets up (the hetjob's leader when the step has the hetjob's first
+    // component, as it does unless `--het-group` leaves it out).
+    let spawn_job = if matches!(info.het_job_task_offset, 0 | NO_VAL) { info.step_id.job_id } else { job_id };
+    let spawn = spawn_setup(spawn_job);
     // Before the root runs: its lines (`started`, `failed NS`) follow the step id.
     if let Some(fd) = spawned_by {
         spawn::tell_step(fd, step)?;
     }
     let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn, spawned_by };
-    let reporter = SrunReporter { slurm, steps: components, job: job_id };
+    let hetjob_leader = Some(info.het_job_id).filter(|&j| j != 0 && j != NO_VAL);
+    let reporter = SrunReporter { slurm, steps: components, job: spawn_job, hetjob_leader };
     let root = RootThread::start(listener, step_info, Box::new(reporter))
         .map_err(|e| format!("cannot start the collective root: {e}"))?;
     // Every one of the plugin's own variables, whatever srun's environment held (see `options`).
@@ -452,11 +475,31 @@ mod tests {
         let e = HetStep::join(&mut slot, (8, 0), id, never, pass).unwrap_err();
         assert_eq!(e, "srun runs step 7.0 already, not 8.0");
         // Set up, then ended by the last component's fini.
-        let components = Arc::new(Mutex::new(vec![id]));
+        let components = Arc::new(Mutex::new(Steps { ids: vec![id], ended: false }));
         slot = Some(HetStep { key: (7, 1), vars: Ok(vec![]), root: None, open: 0, components });
         let e = HetStep::join(&mut slot, (7, 1), id, never, pass).unwrap_err();
-        assert!(e.starts_with("a component of heterogeneous step 7.1 started after the others had ended"), "{e}");
+        assert!(e.starts_with("a component of heterogeneous step 7.1 started after the step had ended"), "{e}");
         assert_eq!(slot.as_ref().map(|h| h.open), Some(0));
+        // A running step: a component joins and counts; once the root ended the step, a late one is refused.
+        let (root, _) =
+            crate::slurm::root::tests::start(crate::slurm::root::tests::step(1, &Secret::generate().unwrap()));
+        let components = Components::default();
+        let vars: Vars = vec![("RPMI_SLURM_PORT", "1".into())];
+        slot = Some(HetStep { key: (7, 1), vars: Ok(vars), root: Some(root), open: 0, components: components.clone() });
+        let mut passed = Vec::new();
+        let record = |v: &Vars| {
+            passed.push(v[0].1.clone());
+            Ok(())
+        };
+        HetStep::join(&mut slot, (7, 1), id, never, record).unwrap();
+        assert_eq!(
+            (passed, slot.as_ref().map(|h| h.open), steps(&components).ids.len()),
+            (vec!["1".to_string()], Some(1), 1)
+        );
+        steps(&components).ended = true;
+        let e = HetStep::join(&mut slot, (7, 1), id, never, pass).unwrap_err();
+        assert!(e.starts_with("a component of heterogeneous step 7.1 started after the step had ended"), "{e}");
+        assert_eq!(slot.as_ref().map(|h| h.open), Some(1));
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub struct Slurm {
     pub env_overwrite_fmt: Option<EnvOverwriteFmt>,
     unsetenvp: Option<UnsetEnvp>,
     kill_job_step: Option<KillJobStep>,
+    #[cfg(slurm_kill = "step_id")]
+    signal_job_step: Option<version::SignalJobStep>,
     hostlist_create: Option<HostlistCreate>,
     hostlist_shift: Option<HostlistShift>,
     hostlist_destroy: Option<HostlistDestroy>,
@@ -120,6 +122,8 @@ pub fn slurm() -> &'static Slurm {
         env_overwrite_fmt: find!(c"slurm_env_array_overwrite_fmt"),
         unsetenvp: find!(c"slurm_unsetenvp"),
         kill_job_step: find!(c"slurm_kill_job_step"),
+        #[cfg(slurm_kill = "step_id")]
+        signal_job_step: find!(c"slurm_signal_job_step"),
         hostlist_create: find!(c"slurm_hostlist_create"),
         hostlist_shift: find!(c"slurm_hostlist_shift"),
         hostlist_destroy: find!(c"slurm_hostlist_destroy"),
@@ -221,12 +225,29 @@ impl Slurm {
     }
 
     /// Asks Slurm to signal every task of step `id` (`slurm_kill_job_step`), named as Slurm named it to the
-    /// plugin (its sluid too, where the line has one), as Slurm's own MPI plugins do.
-    pub fn kill_step(&self, id: &slurm_step_id_t, signal: i32) -> Result<(), String> {
-        let f = self.kill_job_step.ok_or("slurm_kill_job_step is not in this process")?;
+    /// plugin (its sluid too, where the line has one), as Slurm's own MPI plugins do. A step of a hetjob's
+    /// leader job (`leads_hetjob`) is signalled through its nodes' slurmds instead (`slurm_signal_job_step`)
+    /// on the lines whose `slurm_kill_job_step` takes the step's id (25.11 on): slurmctld's sources there, asked
+    /// to SIGKILL a step of the leader's job, cancel every component's whole job.
+    pub fn kill_step(&self, id: &slurm_step_id_t, signal: i32, leads_hetjob: bool) -> Result<(), String> {
         let (job, step) = (id.job_id, id.step_id);
-        // SAFETY: this line's slurm_kill_job_step, found by its name.
-        if unsafe { version::kill_job_step(f, id, signal as u16) } == SLURM_SUCCESS {
+        #[cfg(slurm_kill = "step_id")]
+        let rc = match (leads_hetjob, self.signal_job_step) {
+            (true, Some(f)) => {
+                let mut id = *id;
+                // SAFETY: Slurm's slurm_signal_job_step, found by its name; `id` lives for the call.
+                unsafe { f(&mut id, signal as u32) }
+            }
+            (true, None) => return Err("slurm_signal_job_step is not in this process".into()),
+            (false, _) => self.kill_job_step(id, signal)?,
+        };
+        #[cfg(not(slurm_kill = "step_id"))]
+        let rc = {
+            // Where slurm_kill_job_step names the step by numbers, slurmctld ends that step in every component.
+            let _ = leads_hetjob;
+            self.kill_job_step(id, signal)?
+        };
+        if rc == SLURM_SUCCESS {
             return Ok(());
         }
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
@@ -236,6 +257,13 @@ impl Slurm {
             None => format!("error {errno}"),
         };
         Err(format!("cannot end step {job}.{step}: {why}"))
+    }
+
+    /// `slurm_kill_job_step` of step `id`: Slurm's return code.
+    fn kill_job_step(&self, id: &slurm_step_id_t, signal: i32) -> Result<c_int, String> {
+        let f = self.kill_job_step.ok_or("slurm_kill_job_step is not in this process")?;
+        // SAFETY: this line's slurm_kill_job_step, found by its name.
+        Ok(unsafe { version::kill_job_step(f, id, signal as u16) })
     }
 
     /// Adds `options` (ending with a NULL key) to a plugin's mpi.conf options, as `mpi_p_conf_options` must.

@@ -90,6 +90,11 @@ pub type KillJobStep = unsafe extern "C" fn(u32, u32, u16, u16) -> c_int;
 #[cfg(slurm_kill = "step_id")]
 pub type KillJobStep = unsafe extern "C" fn(*mut slurm_step_id_t, u16, u16) -> c_int;
 
+/// `int slurm_signal_job_step(slurm_step_id_t *step_id, uint32_t signal)`: the signal to the step's tasks
+/// through their nodes' slurmds.
+#[cfg(slurm_kill = "step_id")]
+pub type SignalJobStep = unsafe extern "C" fn(*mut slurm_step_id_t, u32) -> c_int;
+
 /// Calls Slurm's `slurm_kill_job_step` for step `id`, with no flags. Where it takes the step's id, it is the
 /// id as Slurm named the step to the plugin, its job's `sluid` included, as Slurm's own MPI plugins pass it
 /// (slurmctld finds a job by its sluid when the id has one, else by its number).

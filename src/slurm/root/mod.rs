@@ -472,7 +472,7 @@ pub(super) mod tests {
     /// A width that makes every step of these tests a star.
     const STAR: u32 = 1000;
 
-    fn step(nodes: usize, secret: &Secret) -> Step {
+    pub(in crate::slurm) fn step(nodes: usize, secret: &Secret) -> Step {
         Step {
             node_names: (1..=nodes).map(|n| format!("n{n}")).collect(),
             node_of: (0..nodes as u32).collect(),
@@ -485,7 +485,7 @@ pub(super) mod tests {
         }
     }
 
-    fn start(step: Step) -> (RootThread, Record) {
+    pub(in crate::slurm) fn start(step: Step) -> (RootThread, Record) {
         let record = Record::default();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         (RootThread::start(listener, step, Box::new(record.clone())).unwrap(), record)

@@ -38,7 +38,7 @@ fn kill_own_step(slurm: &Slurm, ids_confirmed: bool, place: &Place) -> Result<()
             place.job, place.step
         ));
     }
-    slurm.kill_step(&place.id, libc::SIGKILL)
+    slurm.kill_step(&place.id, libc::SIGKILL, place.leads_hetjob)
 }
 
 /// The epoll tokens of the stepd's own fds in the progress loop.
@@ -542,7 +542,7 @@ mod tests {
         // SAFETY: slurm_step_id_t is plain integers: all zeroes is a valid value.
         let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
         (id.job_id, id.step_id) = (1, 0);
-        let place = Place { job: 1, step: 0, id, node, node_name: names[node as usize].clone() };
+        let place = Place { job: 1, step: 0, id, leads_hetjob: false, node, node_name: names[node as usize].clone() };
         let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
         let shape =

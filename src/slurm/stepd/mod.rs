@@ -131,6 +131,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         node: r.nodeid,
         node_tasks: r.node_tasks,
         task_job,
+        in_hetjob: !matches!(r.het_job_id, 0 | NO_VAL),
         // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
         component: unsafe { component(r, record, env) }?,
     };

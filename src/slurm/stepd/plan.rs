@@ -32,6 +32,8 @@ pub struct Record {
     /// The job the tasks belong to, as Slurm tells them and the task hook (`SLURM_JOB_ID`): a heterogeneous
     /// job's leader, else `job`.
     pub task_job: u32,
+    /// The step runs in a hetjob's allocation (a component's, or one srun runs alone).
+    pub in_hetjob: bool,
     /// This step is one component of a heterogeneous step (`srun A : B`): one job of all components' tasks.
     pub component: Option<Component>,
 }
@@ -61,6 +63,9 @@ pub struct Place {
     pub step: u32,
     /// Slurm's own id of the step (from 24.11 on with its job's sluid), as slurmctld is asked to end it.
     pub id: slurm_step_id_t,
+    /// The step's job is a hetjob's leader (which slurmctld is not asked to end a step of: see
+    /// `Slurm::kill_step`).
+    pub leads_hetjob: bool,
     pub node: u32,
     pub node_name: String,
 }
@@ -143,7 +148,9 @@ pub fn plan(rec: &Record, env: Env, expand: Expand, site: &Site) -> Result<Optio
     let job = Job::decode(&need(env, ENV_OPTIONS)?)?;
     let settings = options::resolve(site, &job, env("PMI_DEBUG").as_deref());
     let tree = Tree::new(nodes, options::tree_width(site, &job)).map_err(|e| e.to_string())?;
-    let place = Place { job: rec.job, step: rec.step, id: rec.id, node, node_name: names[node as usize].clone() };
+    let leads_hetjob = rec.task_job == rec.job && rec.in_hetjob;
+    let node_name = names[node as usize].clone();
+    let place = Place { job: rec.job, step: rec.step, id: rec.id, leads_hetjob, node, node_name };
     let (task_job, appnum) = (rec.task_job, rec.component.as_ref().map(|c| c.index as i32));
     Ok(Some(Plan { place, task_job, appnum, host, port, secret, names, node_of, local_ranks, tree, settings, notes }))
 }
@@ -213,7 +220,18 @@ mod tests {
         // SAFETY: an all-zero slurm_step_id_t is a valid value of that plain C struct.
         let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
         (id.job_id, id.step_id) = (7, 2);
-        Record { job: 7, step: 2, id, nodes: 3, tasks: 6, node, node_tasks: 2, task_job: 7, component: None }
+        Record {
+            job: 7,
+            step: 2,
+            id,
+            nodes: 3,
+            tasks: 6,
+            node,
+            node_tasks: 2,
+            task_job: 7,
+            in_hetjob: false,
+            component: None,
+        }
     }
 
     /// The environment srun gives a step of 6 ranks in blocks of 2 over n1..n3.
@@ -343,7 +361,7 @@ mod tests {
         let (job, tasks, nodes, task_offset) = if index == 0 { (7, 2, 1, 0) } else { (8, 3, 2, 2) };
         let mut rec = record(node);
         (rec.job, rec.id.job_id, rec.nodes, rec.tasks, rec.node_tasks) = (job, job, nodes, tasks, node_tasks);
-        rec.task_job = 7;
+        (rec.task_job, rec.in_hetjob) = (7, true);
         let node_name = node_name.to_string();
         rec.component =
             Some(Component { index, nodes: 3, tasks: 5, node_list: "n[1-3]".into(), task_offset, node_name });
@@ -358,6 +376,7 @@ mod tests {
         // The second component's second node (its node 1) is n3, the merged layout's node 2.
         let mut p = plan_of(component_record(1, "n3", 1, 1), &env, &Site::default()).unwrap().unwrap();
         assert_eq!((p.place.node, p.place.job, p.task_job, p.local_ranks.clone()), (2, 8, 7, vec![4]));
+        assert!(!p.place.leads_hetjob);
         assert_eq!((p.tree.nodes(), p.names.len()), (3, 3));
         // SLURM_JOB_ID is the leader's in every component: no note.
         assert!(p.notes.is_empty());
@@ -366,6 +385,8 @@ mod tests {
         assert_eq!(info.kvsname, format!("rpmi_7.2_{}", secret.instance_tag()));
         let p = plan_of(component_record(0, "n1", 0, 2), &env, &Site::default()).unwrap().unwrap();
         assert_eq!((p.place.node, p.local_ranks, p.appnum), (0, vec![0, 1], Some(0)));
+        // Job 7 leads the hetjob, job 8 is its second component.
+        assert!(p.place.leads_hetjob);
     }
 
     #[test]

@@ -672,7 +672,7 @@ mod tests {
         let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
         (id.job_id, id.step_id) = (1, 0);
         let names: Vec<String> = (1..=nodes).map(|n| format!("n{n}")).collect();
-        let place = Place { job: 1, step: 0, id, node, node_name: names[node as usize].clone() };
+        let place = Place { job: 1, step: 0, id, leads_hetjob: false, node, node_name: names[node as usize].clone() };
         let shape = NodeShape {
             place,
             names,
