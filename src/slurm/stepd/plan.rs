@@ -17,6 +17,9 @@ use crate::server::{JobInfo, TaskMap};
 /// slurmd's log.
 pub const LOGGED_TEXT_MAX: usize = 256;
 
+/// The most nodes a step's node list may name (the largest machines have about 160,000).
+pub const NODES_MAX: u32 = 1 << 18;
+
 /// The step as Slurm's step record gives it.
 #[derive(Clone)]
 pub struct Record {
@@ -123,7 +126,9 @@ pub fn plan(rec: &Record, env: Env, expand: Expand, site: &Site) -> Result<Optio
         None => (rec.nodes, rec.tasks, need(env, "SLURM_STEP_NODELIST")?),
         Some(c) => (c.nodes, c.tasks, c.node_list.clone()),
     };
-    let names = expand(&list, nodes as usize)?;
+    // A heterogeneous step's shape comes from the user's srun: a root slurmstepd expands no more names than
+    // the step has tasks, and NODES_MAX at most.
+    let names = expand(&list, nodes.min(tasks).min(NODES_MAX) as usize)?;
     let node_of = layout::decode(&need(env, ENV_MAP)?, names.len(), tasks as usize)?;
     if names.len() != nodes as usize || node_of.len() != tasks as usize || rec.node >= rec.nodes {
         return Err(format!(
