@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The fault and soak campaign of `srun --mpi=rpmi`, run by docker/campaign.sh on the local Slurm cluster.
+"""The fault and soak campaign of `srun --mpi=rpmi` beside Slurm's own `--mpi=pmi2`, run by docker/campaign.sh on
+the local Slurm cluster.
 
 Faults: a victim job on n2,n3 is hit (SIGKILL of one of its tasks, of one of its slurmstepds, of its srun or of
 the slurmd of its node; its srun stopped, then continued) at a random point of its launch, exchange, barrier loop
@@ -59,8 +60,14 @@ SOAK_PARALLEL = 8
 # rpmi-probe's arguments: the victim's exchange and barrier loop (a few seconds each here), the bystander's
 # barrier loop, the soak's exchange.
 EXCHANGE = ["exchange", "--puts", "10000", "--size", "400", "--count", "20000"]
-BARRIERS = ["barrier", "--count", "30000"]
-BYSTANDER_BARRIERS = ["barrier", "--count", "5000"]
+# The barrier loops' counts by plugin, so that each lasts a few seconds under its plugin: a barrier of 4 ranks on
+# 2 nodes takes 0.08 ms under rpmi and 11.6 ms under pmi2 here (whose srun-side agent waits on a timer).
+BARRIER_COUNTS = {"rpmi": 30000, "pmi2": 350}
+BYSTANDER_BARRIER_COUNTS = {"rpmi": 5000, "pmi2": 200}
+
+
+def barriers(counts, mpi):
+    return ["barrier", "--count", str(counts.get(mpi, counts["pmi2"]))]
 SOAK_EXCHANGE = ["exchange", "--puts", "50", "--size", "200"]
 
 
@@ -243,16 +250,16 @@ def wait_idle(limit=120):
 
 
 class Srun:
-    """One `srun -Q --mpi=rpmi` of the campaign, its output in files, reaped with os.wait4 (for ru_maxrss) by a
+    """One `srun -Q --mpi=MPI` of the campaign, its output in files, reaped with os.wait4 (for ru_maxrss) by a
     thread of its own; every task carries its marker."""
 
     count = itertools.count()
 
-    def __init__(self, work, name, args):
+    def __init__(self, work, name, mpi, args):
         self.mark = f"campaign-{os.getpid()}-{next(Srun.count)}-{name}"
         self.out, self.err = (os.path.join(work, f"{self.mark}.{ext}") for ext in ("out", "err"))
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(["srun", "-Q", "--mpi=rpmi", f"--job-name={self.mark}", *args],
+            self.proc = subprocess.Popen(["srun", "-Q", f"--mpi={mpi}", f"--job-name={self.mark}", *args],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          env={**os.environ, MARK: self.mark})
         self.pid, self.start = self.proc.pid, time.monotonic()
@@ -295,14 +302,14 @@ def exit_text(code):
 class Bystander(threading.Thread):
     """Steps of one workload on n1, back to back until stopped: each must exit 0 whatever the victim suffers."""
 
-    def __init__(self, work, name, argv):
+    def __init__(self, work, name, mpi, argv):
         super().__init__(daemon=True)
-        self.work, self.name_, self.argv = work, name, argv
+        self.work, self.name_, self.mpi, self.argv = work, name, mpi, argv
         self.stop, self.codes = threading.Event(), []
 
     def run(self):
         while not self.stop.is_set():
-            step = Srun(self.work, self.name_, BYSTANDER_LAYOUT + self.argv)
+            step = Srun(self.work, self.name_, self.mpi, BYSTANDER_LAYOUT + self.argv)
             if step.wait(STEP_GUARD):
                 self.codes.append(step.code)
             else:
@@ -321,12 +328,12 @@ class Bystander(threading.Thread):
 Workload = namedtuple("Workload", "name argv line")
 
 
-def workloads(pairs, probe):
+def workloads(pairs, probe, mpi):
     # stdbuf: rank 0's line (printed just before MPI_Finalize) reaches srun at once, marking the finalize.
     return {
         "pairs": Workload("pairs", ["stdbuf", "-oL", pairs], "mpi_pairs:"),
         "exchange": Workload("exchange", [probe, *EXCHANGE], "exchange:"),
-        "barrier": Workload("barrier", [probe, *BARRIERS], "barrier:"),
+        "barrier": Workload("barrier", [probe, *barriers(BARRIER_COUNTS, mpi)], "barrier:"),
     }
 
 
@@ -346,9 +353,9 @@ class Victim:
     """The victim step on n2,n3, looked at from /proc: its tasks, its slurmstepds and the moments its phases
     begin."""
 
-    def __init__(self, ctx, workload):
-        self.workload, self.srun = workload, Srun(ctx.work, "victim-" + workload.name, VICTIM_LAYOUT +
-                                                  workload.argv)
+    def __init__(self, ctx, mpi, workload):
+        self.workload = workload
+        self.srun = Srun(ctx.work, f"victim-{mpi}-{workload.name}", mpi, VICTIM_LAYOUT + workload.argv)
         self.job = self.tasks_at = self.line_at = None
         self.asked = 0.0
 
@@ -434,30 +441,34 @@ class Cluster:
         return proc.pid
 
 
-def bystanders(ctx):
-    return [Bystander(ctx.work, "bystander-barrier", [ctx.probe, *BYSTANDER_BARRIERS]),
-            Bystander(ctx.work, "bystander-pairs", [ctx.pairs])]
+def bystanders(ctx, mpi):
+    """The bystanders of a victim under `mpi`: steps of the same plugin."""
+    argv = [ctx.probe, *barriers(BYSTANDER_BARRIER_COUNTS, mpi)]
+    return [Bystander(ctx.work, f"bystander-{mpi}-barrier", mpi, argv),
+            Bystander(ctx.work, f"bystander-{mpi}-pairs", mpi, [ctx.pairs])]
 
 
-def calibrate(ctx, runs=2):
-    """Clean runs of each victim workload beside the bystanders: when its tasks are all up, when rank 0's line
-    comes, when srun exits (s from srun's start; the least of the runs, so that a window stays in its phase)."""
+def calibrate(ctx, mpi, runs=2):
+    """Clean runs of each victim workload under `mpi` beside the bystanders: when its tasks are all up, when rank
+    0's line comes, when srun exits (s from srun's start; the least of the runs, so that a window stays in its
+    phase)."""
     found = {}
-    for name, workload in ctx.workloads.items():
+    for name, workload in ctx.workloads[mpi].items():
         seen, unseen = [], 0
         while len(seen) < runs:
             wait_idle()
-            side = bystanders(ctx)
+            side = bystanders(ctx, mpi)
             for b in side:
                 b.start()
-            victim = Victim(ctx, workload)
+            victim = Victim(ctx, mpi, workload)
             while not victim.srun.done.is_set():
                 victim.look()
                 time.sleep(POLL / 5)
             victim.look()
             by = [b.finish() for b in side]
             if victim.srun.code != 0 or any(b["failed"] for b in by):
-                raise SystemExit(f"campaign: a clean run of {name} failed ({exit_text(victim.srun.code)}, "
+                raise SystemExit(f"campaign: a clean run of {name} under --mpi={mpi} failed "
+                                 f"({exit_text(victim.srun.code)}, "
                                  f"bystanders {by}):\n{victim.srun.stderr()}")
             if victim.tasks_at is None or victim.line_at is None:
                 # The run was right but the look at /proc missed a moment of it: it is timed again, twice at
@@ -491,18 +502,21 @@ def fault_plan(n, rng, ci):
     return [(KINDS[i % 5], PHASES[(i // 5 + i % 5 + r) % 4]) for i in range(n)]
 
 
-def fault_run(ctx, rng, index, kind, phase):
+def fault_run(ctx, mpi, rng, index, kind, phase):
+    """Fault run `index` under `--mpi=mpi`; `rng` is the run's own (the same for every plugin: the same share of
+    the window, the same draws of what to strike)."""
     workload, anchor_name, window_of = PHASE_PLAN[phase]
-    window = max(0.0, WINDOW_SHARE * window_of(ctx.calibration[workload]))
+    window = max(0.0, WINDOW_SHARE * window_of(ctx.calibration[mpi][workload]))
     delay = rng.uniform(0, window)
-    run = {"run": index, "kind": kind, "phase": phase, "workload": workload, "window_s": round(window, 3)}
+    run = {"run": index, "mpi": mpi, "kind": kind, "phase": phase, "workload": workload,
+           "window_s": round(window, 3)}
     notes = []
     wait_idle()
-    side = bystanders(ctx)
+    side = bystanders(ctx, mpi)
     for b in side:
         b.start()
     time.sleep(0.5)  # the bystanders' first steps are under way
-    victim = Victim(ctx, ctx.workloads[workload])
+    victim = Victim(ctx, mpi, ctx.workloads[mpi][workload])
     anchor = victim.anchor(anchor_name)
     if anchor is None:
         notes.append(f"srun ended before its {phase} window opened")
@@ -595,7 +609,11 @@ class SoakStep:
         self.hung = False
 
     def record(self, stepd_figures):
-        own = not self.hung and not self.left and self.srun.code == self.expect
+        # An abort's step is the job's own failure: srun exits with its code where the plugin passes it on (rpmi),
+        # else with any failure (pmi2: the signal that ended the step).
+        code = self.srun.code
+        expected = code == self.expect if self.expect is not None else code not in (0, None)
+        own = not self.hung and not self.left and expected
         stepds = stepd_figures.get(self.job, {}).values()
         return {"step": self.index, "kind": self.kind, "expect": self.expect,
                 "job": self.job, "exit": "hung" if self.hung else exit_text(self.srun.code),
@@ -606,9 +624,13 @@ class SoakStep:
                 "gone_s": None if self.gone_after is None else round(self.gone_after, 2), "ok": own}
 
 
-def soak_plan(n, rng, pairs, probe):
+# The plugins whose srun exits with an abort's code (the others' with the signal that ended the step).
+ABORT_CODE_PLUGINS = {"rpmi"}
+
+
+def soak_plan(n, rng, pairs, probe, mpi):
     """n steps: half MPICH jobs, a quarter exchanges, a quarter aborts (rank R calls MPI_Abort with CODE, which
-    srun must exit with: the job's own failure)."""
+    srun must exit with, under a plugin that passes it on: the job's own failure)."""
     steps = []
     for i in range(n):
         kind = rng.choices(SOAK_KINDS, [2, 1, 1])[0]
@@ -618,7 +640,7 @@ def soak_plan(n, rng, pairs, probe):
             argv, expect = [probe, *SOAK_EXCHANGE], 0
         else:
             rank, code = rng.randrange(SOAK_TASKS), rng.randrange(10, 120)
-            argv, expect = [pairs, f"abort={rank}:{code}"], code
+            argv, expect = [pairs, f"abort={rank}:{code}"], code if mpi in ABORT_CODE_PLUGINS else None
         steps.append(SoakStep(i, kind, argv, expect))
     return steps
 
@@ -632,8 +654,8 @@ def slurmd_usage():
     return {node: {"rss_kib": status_kib(pid, "VmRSS"), "fds": nfds(pid)} for node, pid in sorted(slurmds().items())}
 
 
-def soak(ctx, steps):
-    """Runs the steps SOAK_PARALLEL at a time. One sampler records every slurmstepd's VmHWM and fds by job (a
+def soak(ctx, steps, mpi):
+    """Runs the steps under `--mpi=mpi`, SOAK_PARALLEL at a time. One sampler records every slurmstepd's VmHWM and fds by job (a
     short step may be over before its tasks are seen: its job id comes from slurmctld after srun's exit), each
     running srun's fds, and once a step's srun is gone waits (up to GONE_WITHIN) for its tasks and stepds to go."""
     wait_idle()
@@ -652,7 +674,7 @@ def soak(ctx, steps):
                 step = next(queue, None)
             if step is None:
                 return
-            step.srun = Srun(ctx.work, f"soak-{step.kind}", SOAK_LAYOUT + step.argv)
+            step.srun = Srun(ctx.work, f"soak-{mpi}-{step.kind}", mpi, SOAK_LAYOUT + step.argv)
             with lock:
                 active.append(step)
             if not step.srun.wait(STEP_GUARD):
@@ -777,6 +799,26 @@ def fault_targets(runs):
     ]
 
 
+# A kind and phase of fault is ended in time when srun is gone within this of the fault and nothing is left.
+ENDED_WITHIN = 10  # s
+
+
+def verdict(mine, theirs):
+    """How the plugin under test (`mine`, its runs of one kind and phase) fares against a reference plugin's
+    (`theirs`, or None): in time, no worse than the reference (then the cause is Slurm's, which both share), or
+    worse."""
+    slowest = max(r["srun_gone_s"] for r in mine)
+    left = sum(bool(r.get("left")) for r in mine)
+    hit = sum(bool(b["failed"]) for r in mine for b in r["bystanders"])
+    if slowest <= ENDED_WITHIN and not left and not hit:
+        return "in time"
+    if theirs:
+        if (slowest <= max(r["srun_gone_s"] for r in theirs) + 1 and left <= sum(bool(r.get("left")) for r in theirs)
+                and hit <= sum(bool(b["failed"]) for r in theirs for b in r["bystanders"])):
+            return "as " + theirs[0]["mpi"]
+    return "**late**" if not theirs else f"**worse than {theirs[0]['mpi']}**"
+
+
 def soak_stats(result):
     """The figures of each kind of step, its first steps against its last (compared() of them), and slurmd's."""
     steps = result["steps"]
@@ -824,95 +866,126 @@ def soak_stats(result):
     return k, rows, slurmd_rows, all_flat
 
 
-def report(meta, calibration, runs, soaked):
+def report(meta, calibrations, runs, soaks):
+    """The markdown report of every plugin's runs (`runs` carry their plugin; `calibrations` and `soaks` are by
+    plugin), and whether the plugin under test (the first) met every target: its own, or no worse than the
+    reference plugins in the same run where Slurm's behaviour is what both share."""
+    plugins = meta["plugins"]
+    first, refs = plugins[0], plugins[1:]
+    by = {mpi: [r for r in runs if r["mpi"] == mpi] for mpi in plugins}
     out = [
-        "# Fault and soak campaign: `srun --mpi=rpmi`",
+        "# Fault and soak campaign: " + ", ".join(f"`srun --mpi={mpi}`" for mpi in plugins),
         "",
         f"`{meta['command']}` (docker/campaign.sh, driving docker/campaign.py), {meta['date']}, on a machine with "
         f"{meta['cores']} cores, {meta['slurm']}, rpmi {meta['commit']}; seed {meta['seed']}. The local cluster of "
         "docker/with-slurm.sh (one slurmctld and three slurmd on 127.0.0.1, nodes n1..n3), the plugin as built "
         f"(no mpi.conf). Total time {duration(meta['total_s'])} (faults, with their calibration, "
-        f"{duration(meta['faults_s'])}; soak {duration(meta['soak_s'])}), the build and the cluster's start aside.",
+        f"{duration(meta['faults_s'])}; soak {duration(meta['soak_s'])}), the build and the cluster's start aside. "
+        + ("Every fault run is made under each plugin in turn, with the same draws (the share of its window, what "
+           "is struck), and each soak runs the same steps." if refs else ""),
         "",
         "## Targets",
         "",
     ]
-    targets = (fault_targets(runs) if runs else [])
-    if soaked:
-        steps = soaked["steps"]
-        bad = [s for s in steps if not s["ok"]]
-        k, _, _, all_flat = soak_stats(soaked)
-        targets += [("soak: no failure that is not the job's own", not bad,
-                     f"{len(steps)} steps, {len(bad)} such failures"),
-                    (f"soak: flat (each kind's last steps against its first; slurmd during the last {k} steps "
-                     f"against the first {k})",
-                     all_flat, "see the soak's table")]
-    out += [table(["target", "met", "figures"], [(t, "met" if ok else "**not met**", f) for t, ok, f in targets]), ""]
+    targets = {mpi: (fault_targets(by[mpi]) if by[mpi] else []) for mpi in plugins}
+    for mpi in plugins:
+        soaked = soaks.get(mpi)
+        if soaked:
+            steps = soaked["steps"]
+            bad = [s for s in steps if not s["ok"]]
+            k, _, _, all_flat = soak_stats(soaked)
+            targets[mpi] += [("soak: no failure that is not the job's own", not bad,
+                              f"{len(steps)} steps, {len(bad)} such failures"),
+                             (f"soak: flat (each kind's last steps against its first; slurmd during the last {k} "
+                              f"steps against the first {k})", all_flat, "see the soak's table")]
+    cells = {}
+    for mpi in plugins:
+        for t, ok, f in targets[mpi]:
+            cells.setdefault(t, {})[mpi] = f"{'met' if ok else '**not met**'}: {f}"
+    met = all(ok for _, ok, _ in targets[first])
+    if refs and by[first]:
+        verdicts = [verdict(mine, [r for r in by[refs[0]] if (r["kind"], r["phase"]) == key])
+                    for key, mine in group(by[first]).items()]
+        bad = [v for v in verdicts if v.startswith("**")]
+        cells[f"faults: each kind and phase ended in {ENDED_WITHIN} s, nothing left, no bystander hit, or no "
+              f"worse than {refs[0]}"] = {first: f"{'met' if not bad else '**not met**'}: "
+                                                f"{len(verdicts) - len(bad)} of {len(verdicts)} cells"}
+        # The targets the plugin misses where the reference misses them too are Slurm's, not the plugin's.
+        met = all(ok for t, ok, _ in targets[first] if not t.startswith("faults: no hang")
+                  and not t.startswith("faults: nothing")) and not bad
+    out += [table(["target", *plugins], [(t, *(c.get(mpi, "-") for mpi in plugins)) for t, c in cells.items()]), ""]
 
     if runs:
         out += [
             "## Faults",
             "",
-            "A victim step (`srun -Q --mpi=rpmi -w n[2-3] -N2 -n4`) is struck at a random point of one phase while "
-            "two bystanders run on n1 (`-w n1 -N1 -n2`), each a stream of steps back to back until the run is over: "
-            f"`rpmi-probe {' '.join(BYSTANDER_BARRIERS)}` and mpi_pairs. Phases and their workloads: launch: "
-            "mpi_pairs, from srun's start until rank 0's line (after MPI_Init, an allreduce and the pairs); exchange: "
-            f"`rpmi-probe {' '.join(EXCHANGE)}`, once all tasks run; barrier: `rpmi-probe {' '.join(BARRIERS)}`, "
-            "once all tasks run; finalize: mpi_pairs, from rank 0's line (printed just before MPI_Finalize) to "
-            "srun's exit. The windows come from clean runs beside the bystanders (below); the delay is drawn "
-            f"uniformly within the first {WINDOW_SHARE:.0%} of the window. A task or slurmstepd struck is one of the "
-            f"step's, at random; a slurmd is n2's or n3's, restarted {SLURMD_RESTART_AFTER} s later as it was "
-            "started (same arguments, environment, session and log). *hit*: the fault came while the step was "
-            f"still in that phase. After srun is gone the step's tasks and slurmstepds are looked for during "
-            f"{GONE_WITHIN} s; what is left then is killed. srun still running {GUARD} s after the fault is hung and "
-            "killed.",
+            "A victim step (`srun -Q --mpi=MPI -w n[2-3] -N2 -n4`) is struck at a random point of one phase while "
+            "two bystanders of the same plugin run on n1 (`-w n1 -N1 -n2`), each a stream of steps back to back "
+            "until the run is over: `rpmi-probe barrier --count N` and mpi_pairs. Phases and their "
+            "workloads: launch: mpi_pairs, from srun's start until rank 0's line (after MPI_Init, an allreduce and "
+            f"the pairs); exchange: `rpmi-probe {' '.join(EXCHANGE)}`, once all tasks run; barrier: "
+            "`rpmi-probe barrier --count N`, once all tasks run; finalize: mpi_pairs, from rank 0's line "
+            "(printed just before MPI_Finalize) to srun's exit. N, the barrier loops' counts, is sized to last a "
+            "few seconds under each plugin: "
+            + "; ".join(f"{mpi}: {BARRIER_COUNTS.get(mpi, BARRIER_COUNTS['pmi2'])} for the victim, "
+                        f"{BYSTANDER_BARRIER_COUNTS.get(mpi, BYSTANDER_BARRIER_COUNTS['pmi2'])} for the bystander"
+                        for mpi in plugins)
+            + ". The windows come from clean runs beside the "
+            f"bystanders (below); the delay is drawn uniformly within the first {WINDOW_SHARE:.0%} of the window. A "
+            f"task or slurmstepd struck is one of the step's, at random; a slurmd is n2's or n3's, restarted "
+            f"{SLURMD_RESTART_AFTER} s later as it was started (same arguments, environment, session and log). "
+            "*hit*: the fault came while the step was still in that phase. After srun is gone the step's tasks and "
+            f"slurmstepds are looked for during {GONE_WITHIN} s; what is left then is killed. srun still running "
+            f"{GUARD} s after the fault is hung and killed.",
             "",
             "Calibration (s from srun's start, least of 2 clean runs):",
             "",
-            table(["workload", "all tasks up", "rank 0's line", "srun exit"],
-                  [(n, f"{c['tasks']:.2f}", f"{c['line']:.2f}", f"{c['exit']:.2f}") for n, c in calibration.items()]),
+            table(["plugin", "workload", "all tasks up", "rank 0's line", "srun exit"],
+                  [(mpi, n, f"{c['tasks']:.2f}", f"{c['line']:.2f}", f"{c['exit']:.2f}")
+                   for mpi, cal in calibrations.items() for n, c in cal.items()]),
             "",
-            "Per kind and phase:",
+            "Per kind and phase, each plugin's runs: hit, srun gone after the fault at the slowest (s), srun's exits, "
+            "runs with leftovers, bystanders failed"
+            + (f"; and how {first} fares: in {ENDED_WITHIN} s with nothing left, as {refs[0]} (no later, no more "
+               f"left: what both share is Slurm's), or worse." if refs else "."),
             "",
         ]
         rows = []
-        for kind in KINDS:
-            for phase in PHASES:
-                rs = [r for r in runs if r["kind"] == kind and r["phase"] == phase]
-                if not rs:
-                    continue
-                exits = sorted({r["srun_exit"] for r in rs})
-                rows.append((KIND_TEXT[kind], phase, len(rs), sum(r["hit"] for r in rs),
-                             f"{max(r['srun_gone_s'] for r in rs):.2f}", ", ".join(exits),
-                             sum(bool(r.get("left")) for r in rs),
-                             sum(bool(b["failed"]) for r in rs for b in r["bystanders"])))
-        out += [table(["fault", "phase", "runs", "hit", "srun gone, slowest (s)", "srun exits", "runs with leftovers",
-                       "bystanders failed"], rows), "", "Every run:", ""]
+        for (kind, phase), mine in group(by[first]).items():
+            row = [KIND_TEXT[kind], phase, len(mine)]
+            for mpi in plugins:
+                rs = [r for r in by[mpi] if (r["kind"], r["phase"]) == (kind, phase)]
+                row.append(summary(rs) if rs else "-")
+            if refs:
+                row.append(verdict(mine, [r for r in by[refs[0]] if (r["kind"], r["phase"]) == (kind, phase)]))
+            rows.append(row)
+        out += [table(["fault", "phase", "runs", *plugins, *(["verdict"] if refs else [])], rows), "",
+                "Every run:", ""]
         rows = []
-        for r in runs:
+        for r in sorted(runs, key=lambda r: (r["run"], plugins.index(r["mpi"]))):
             left = r.get("left") or f"none ({r['step_gone_s']} s)"
-            by = "; ".join(f"{b['steps']} ok" if not b["failed"] else f"{b['steps']}, failed: {', '.join(b['failed'])}"
-                           for b in r["bystanders"])
+            bys = "; ".join(f"{b['steps']} ok" if not b["failed"] else
+                            f"{b['steps']}, failed: {', '.join(b['failed'])}" for b in r["bystanders"])
             gone = f"{r['srun_gone_s']:.2f}" if r["srun_gone_s"] >= 0 else "before the fault"
-            rows.append((r["run"], r["kind"], r["phase"], f"{r['delay_s']:.2f}", "yes" if r["hit"] else "no",
-                         r["killed"], gone, r["srun_exit"], left, by,
-                         "; ".join(r["notes"])))
-        out += [table(["#", "kind", "phase", "delay (s)", "hit", "struck", "srun gone (s)", "srun exit",
+            rows.append((r["run"], r["mpi"], r["kind"], r["phase"], f"{r['delay_s']:.2f}", "yes" if r["hit"] else "no",
+                         r["killed"], gone, r["srun_exit"], left, bys, "; ".join(r["notes"])))
+        out += [table(["#", "plugin", "kind", "phase", "delay (s)", "hit", "struck", "srun gone (s)", "srun exit",
                        "left 30 s after srun (else: step gone after)", "bystanders (barrier; pairs)", "notes"], rows),
                 ""]
         odd = [r for r in runs if r.get("hung") or r.get("left") or any(b["failed"] for b in r["bystanders"])]
         for r in odd:
-            out += [f"Run {r['run']} ({r['kind']}/{r['phase']}, job {r['job']}), srun's stderr:", "", "```",
-                    *r["stderr"], "```", ""]
+            out += [f"Run {r['run']} under {r['mpi']} ({r['kind']}/{r['phase']}, job {r['job']}), srun's stderr:", "",
+                    "```", *r["stderr"], "```", ""]
 
-    if soaked:
+    for mpi, soaked in soaks.items():
         steps = soaked["steps"]
         out += [
-            "## Soak",
+            f"## Soak: `--mpi={mpi}`",
             "",
-            f"{len(steps)} steps `srun -Q --mpi=rpmi {' '.join(SOAK_LAYOUT)}`, {SOAK_PARALLEL} at a time, back to "
+            f"{len(steps)} steps `srun -Q --mpi={mpi} {' '.join(SOAK_LAYOUT)}`, {SOAK_PARALLEL} at a time, back to "
             f"back: mpi_pairs; `rpmi-probe {' '.join(SOAK_EXCHANGE)}`; mpi_pairs `abort=R:CODE` (srun must exit "
-            "with CODE). srun's peak RSS is its ru_maxrss; its fds and its slurmstepds' VmHWM and fds are sampled "
+            + ("with CODE" if mpi in ABORT_CODE_PLUGINS else "non-zero: this plugin does not pass CODE on")
+            + "). srun's peak RSS is its ru_maxrss; its fds and its slurmstepds' VmHWM and fds are sampled "
             f"every {SAMPLE} s while the step runs (a step over before a sample has none). Flat: for each kind, the "
             "median of its last 50 steps (of the last half when it has fewer than 100) at most "
             f"{FLAT_RATIO - 1:.0%} (or {FLAT_KIB >> 10} MiB, {FLAT_FDS} fds) over that of its first, judged only "
@@ -942,11 +1015,32 @@ def report(meta, calibration, runs, soaked):
         if bad:
             out += ["Failures that are not the job's own:", "",
                     table(["step", "kind", "expected", "exit", "left"],
-                          [(s["step"], s["kind"], s["expect"], s["exit"], s["left"] or "")
+                          [(s["step"], s["kind"], "non-zero" if s["expect"] is None else s["expect"], s["exit"],
+                            s["left"] or "")
                            for s in bad[:30]]), ""]
         if soaked["idle"]:
             out += [f"After the soak: {soaked['idle']}.", ""]
-    return "\n".join(out), all(ok for _, ok, _ in targets)
+    return "\n".join(out), met
+
+
+def group(runs):
+    """Runs by (kind, phase), in the order of KINDS and PHASES."""
+    found = {}
+    for kind in KINDS:
+        for phase in PHASES:
+            rs = [r for r in runs if (r["kind"], r["phase"]) == (kind, phase)]
+            if rs:
+                found[(kind, phase)] = rs
+    return found
+
+
+def summary(rs):
+    """One plugin's runs of a kind and phase, in one cell."""
+    exits = ", ".join(sorted({r["srun_exit"] for r in rs}))
+    left = sum(bool(r.get("left")) for r in rs)
+    hit = sum(bool(b["failed"]) for r in rs for b in r["bystanders"])
+    return (f"hit {sum(r['hit'] for r in rs)}; {max(r['srun_gone_s'] for r in rs):.2f} s; exits {exits}"
+            + (f"; **left {left}**" if left else "") + (f"; **bystanders failed {hit}**" if hit else ""))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -963,6 +1057,8 @@ def main():
     ap.add_argument("--pairs", required=True, help="tests/programs/mpi_pairs.c built with MPICH")
     ap.add_argument("--work", required=True, help="a scratch directory")
     ap.add_argument("--command", default="docker/campaign.sh", help="the command line, for the report")
+    ap.add_argument("--mpi", default="rpmi,pmi2",
+                    help="the plugins, comma-separated: the one under test first, then the references (rpmi,pmi2)")
     args = ap.parse_args()
     faults = args.faults if args.faults is not None else (len(CI_PLAN) if args.ci else 100)
     soak_n = args.soak if args.soak is not None else (50 if args.ci else 1000)
@@ -975,42 +1071,51 @@ def main():
     rng = random.Random(args.seed)
     ctx = argparse.Namespace(work=args.work, pairs=os.path.abspath(args.pairs), probe=os.path.abspath(args.probe),
                              cluster=Cluster())
-    ctx.workloads = workloads(ctx.pairs, ctx.probe)
     def git(*a):
         return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += " (with uncommitted changes)"
-    meta = {"command": args.command, "seed": args.seed, "cores": os.cpu_count(), "commit": commit,
+    plugins = [p for p in args.mpi.split(",") if p]
+    if not plugins or not all(re.fullmatch(r"[a-z0-9_]+", p) for p in plugins):
+        sys.exit(f"campaign: --mpi takes plugin names, comma-separated, not {args.mpi!r}")
+    ctx.workloads = {mpi: workloads(ctx.pairs, ctx.probe, mpi) for mpi in plugins}
+    meta = {"command": args.command, "seed": args.seed, "cores": os.cpu_count(), "commit": commit, "plugins": plugins,
             "slurm": slurm("srun", "--version").strip(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     start = time.monotonic()
 
-    runs, calibration = [], {}
+    runs, ctx.calibration = [], {}
     if faults:
-        print("campaign: calibrating the victim's workloads", file=sys.stderr)
-        ctx.calibration = calibration = calibrate(ctx)
+        for mpi in plugins:
+            print(f"campaign: calibrating the victim's workloads under --mpi={mpi}", file=sys.stderr)
+            ctx.calibration[mpi] = calibrate(ctx, mpi)
         for i, (kind, phase) in enumerate(fault_plan(faults, rng, args.ci), 1):
-            run = fault_run(ctx, rng, i, kind, phase)
-            runs.append(run)
-            print(f"campaign: fault {i}/{faults} {kind}/{phase} at {run['delay_s']:.2f} s: {run['killed']}; srun "
-                  f"gone after {run['srun_gone_s']} s ({run['srun_exit']}), left: {run.get('left') or 'nothing'}",
-                  file=sys.stderr)
+            # One seed a run: each plugin's run of it draws the same.
+            seed = rng.randrange(1 << 31)
+            for mpi in plugins:
+                run = fault_run(ctx, mpi, random.Random(seed), i, kind, phase)
+                runs.append(run)
+                print(f"campaign: fault {i}/{faults} --mpi={mpi} {kind}/{phase} at {run['delay_s']:.2f} s: "
+                      f"{run['killed']}; srun gone after {run['srun_gone_s']} s ({run['srun_exit']}), left: "
+                      f"{run.get('left') or 'nothing'}", file=sys.stderr)
     meta["faults_s"] = time.monotonic() - start
-    soaked = None
+    soaks = {}
     if soak_n:
-        print(f"campaign: soak of {soak_n} steps", file=sys.stderr)
-        soaked = soak(ctx, soak_plan(soak_n, rng, ctx.pairs, ctx.probe))
+        seed = rng.randrange(1 << 31)
+        for mpi in plugins:
+            print(f"campaign: soak of {soak_n} steps under --mpi={mpi}", file=sys.stderr)
+            soaks[mpi] = soak(ctx, soak_plan(soak_n, random.Random(seed), ctx.pairs, ctx.probe, mpi), mpi)
     meta["total_s"] = time.monotonic() - start
     meta["soak_s"] = meta["total_s"] - meta["faults_s"]
 
-    text, met = report(meta, calibration, runs, soaked)
+    text, met = report(meta, ctx.calibration, runs, soaks)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text + "\n")
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump({"meta": meta, "calibration": calibration, "faults": runs, "soak": soaked}, f, indent=1)
+        json.dump({"meta": meta, "calibration": ctx.calibration, "faults": runs, "soak": soaks}, f, indent=1)
     print(text)
     return 0 if met else 1
 
