@@ -65,7 +65,7 @@ pub struct stepd_step_rec_t {
     het_job_node_offset: u32,
     /// Tasks of every component.
     pub het_job_ntasks: u32,
-    /// This component's index in the step, if the step has several (`NO_VAL` or, from 24.11 on, `INFINITE`
+    /// This component's index in the step, if the step has several (`NO_VAL` or, from 23.11 on, `INFINITE`
     /// in a step of one component srun runs alone).
     pub het_job_offset: u32,
     /// The step's components.
