@@ -1072,7 +1072,10 @@ def main():
     ctx = argparse.Namespace(work=args.work, pairs=os.path.abspath(args.pairs), probe=os.path.abspath(args.probe),
                              cluster=Cluster())
     def git(*a):
-        return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
+        try:
+            return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
+        except OSError:  # no git where it runs (a Debian chroot of another Slurm line)
+            return ""
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     if git("status", "--porcelain", "--untracked-files=no"):
