@@ -1086,12 +1086,9 @@ fn abort_reaches_srun(name: &str, env: &[(&str, &str)]) {
     assert_ended_soon(&run, name);
 }
 
-/// SIGKILLs rank `victim` while the others wait in MPI_Init's PMI barrier; the step must end, naming it.
-fn killed_task_ends_the_step(name: &str, layout: &[&str], victim: u32, ranks: usize, shares_node: bool) {
-    killed_task_ends_the_step_with(name, layout, victim, ranks, shares_node, &[]);
-}
-
-fn killed_task_ends_the_step_with(
+/// SIGKILLs rank `victim` of mpi_pairs over `layout` while the others wait in MPI_Init's PMI barrier; the step
+/// must end, naming it.
+fn killed_task_ends_the_step(
     name: &str,
     layout: &[&str],
     victim: u32,
@@ -1147,19 +1144,19 @@ fn killed_task_ends_step_of(
 #[test]
 fn a_sigkilled_task_ends_the_step_same_node() {
     // -N3 -n6 puts ranks 0-3 on n1: they wait for rank 1 in their own shell's barrier.
-    killed_task_ends_the_step("kill-local", &["-N3", "-n6"], 1, 6, true);
+    killed_task_ends_the_step("kill-local", &["-N3", "-n6"], 1, 6, true, &[]);
 }
 
 #[test]
 fn a_sigkilled_task_ends_the_step_other_node() {
     // -N3 -n3: rank 1 is alone on n2; the others wait for it in the exchange through srun.
-    killed_task_ends_the_step("kill-remote", &["-N3", "-n3"], 1, 3, false);
+    killed_task_ends_the_step("kill-remote", &["-N3", "-n3"], 1, 3, false, &[]);
 }
 
 #[test]
 fn a_sigkilled_task_on_the_deepest_node_of_a_chain_ends_the_step() {
     // -N3 -n3 over the chain srun, n1, n2, n3: rank 2 is alone on n3, two stepds below srun.
-    killed_task_ends_the_step_with("kill-deep", &["-N3", "-n3"], 2, 3, false, CHAIN);
+    killed_task_ends_the_step("kill-deep", &["-N3", "-n3"], 2, 3, false, CHAIN);
 }
 
 /// The live slurmstepd of step `job.step` on node `node` of the local cluster: of the step's stepds, the one
