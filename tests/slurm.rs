@@ -1210,6 +1210,86 @@ fn a_slurmstepd_killed_after_finalize_ends_the_step() {
     assert!(run.stderr.contains("lost the connection to the slurmstepd of n2"), "{run}");
 }
 
+/// What strikes a step whose ranks are past their barrier.
+enum Strike {
+    /// SIGKILL of rank 1.
+    KillRank1,
+    /// scancel of the step, as its time limit would end it.
+    Scancel,
+}
+
+/// Each rank inits PMI and passes its barrier (as MPI_Finalize's does), then sleeps; rank 0 first finalizes
+/// and exits when `rank_0_leaves`. Strikes once both are past the barrier (and rank 0 gone, when it leaves):
+/// what srun then did, and how long after the strike.
+fn strike_past_the_barrier(name: &str, rank_0_leaves: bool, strike: Strike) -> (Run, Duration) {
+    let _s = serial();
+    let mark = marker(name);
+    let script = format!(
+        "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&$PMI_FD; read -r l <&$PMI_FD; \
+         printf 'cmd=barrier_in\\n' >&$PMI_FD; read -r l <&$PMI_FD; echo \"past $PMI_RANK\"; \
+         if [ \"$PMI_RANK\" = 0 ] && {rank_0_leaves}; then \
+           printf 'cmd=finalize\\n' >&$PMI_FD; read -r l <&$PMI_FD; exit 0; fi; exec sleep 60"
+    );
+    let run = Srun::start(&mark, &["-N2", "-n2", "bash", "-c", &script]);
+    for _ in 0..2 {
+        run.line(|l| l.starts_with("past "));
+    }
+    let until = Instant::now() + GUARD;
+    while rank_0_leaves && !marked(&mark, Some("PMI_RANK=0")).is_empty() {
+        assert!(Instant::now() < until, "rank 0 never left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let struck = Instant::now();
+    match strike {
+        Strike::KillRank1 => {
+            let pids = marked(&mark, Some("PMI_RANK=1"));
+            assert_eq!(pids.len(), 1, "rank 1's process: {pids:?}");
+            // SAFETY: a plain kill of one of this test's own tasks.
+            unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) };
+        }
+        Strike::Scancel => {
+            let status = Command::new("scancel").arg(format!("--name={mark}")).status().expect("scancel");
+            assert!(status.success(), "scancel: {status}");
+        }
+    }
+    let run = run.wait();
+    (run, struck.elapsed())
+}
+
+/// A rank killed past the last barrier without finalize (in MPI_Finalize's own shutdown, after its PMI
+/// barrier), while rank 0 runs on outside PMI: no barrier waits, and Slurm alone would wait for rank 0's end.
+/// The step ends, naming rank 1.
+#[test]
+fn a_rank_killed_past_the_barrier_without_finalize_ends_the_step() {
+    let (run, took) = strike_past_the_barrier("kill-past-barrier", false, Strike::KillRank1);
+    eprintln!("rank 1 killed past the barrier: srun gone {took:.2?} after");
+    assert!(took < ENDED_WITHIN, "the step was not ended within {ENDED_WITHIN:?} of the kill: {run}");
+    assert!(!run.status.success(), "{run}");
+    let said = "rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize while other ranks run";
+    assert!(run.stderr.contains(said), "{run}");
+}
+
+/// The same once rank 0 has finalized and left: nothing is left to end, and srun's status is Slurm's for the
+/// killed task, without rpmi's line.
+#[test]
+fn a_rank_killed_without_finalize_after_the_others_left_is_slurms_to_report() {
+    let (run, took) = strike_past_the_barrier("kill-after-others", true, Strike::KillRank1);
+    eprintln!("rank 1 killed after rank 0 left: srun gone {took:.2?} after");
+    assert!(took < ENDED_WITHIN, "srun did not end within {ENDED_WITHIN:?} of the kill: {run}");
+    assert!(!run.status.success(), "{run}");
+    assert!(!run.stderr.contains("without PMI_Finalize"), "{run}");
+}
+
+/// A step Slurm ends (scancel, the time limit) kills every rank at once: no rank is blamed for leaving without
+/// finalize.
+#[test]
+fn a_cancelled_step_blames_no_rank() {
+    let (run, took) = strike_past_the_barrier("cancel-past-barrier", false, Strike::Scancel);
+    eprintln!("step cancelled past the barrier: srun gone {took:.2?} after");
+    assert!(took < ENDED_WITHIN, "srun did not end within {ENDED_WITHIN:?} of scancel: {run}");
+    assert!(!run.stderr.contains("without PMI_Finalize"), "{run}");
+}
+
 /// The slurmstepd in the middle of a chain (n2: srun, n1, n2, n3) is killed with its tasks, as when its node
 /// fails, while the other ranks wait in MPI_Init's barrier: the step must end, naming n2.
 #[test]
@@ -1932,8 +2012,9 @@ fn a_group_barrier_a_member_cannot_join_ends_the_step() {
             "group-gone",
             &["-N2", "-n4", "-m", "cyclic"],
             "exit",
-            &["rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize while other ranks \
-               wait for it in group barrier 0,1:5"],
+            // Whether rank 0's group barrier reached srun before rank 1 left or after: `... while other ranks
+            // wait for it in group barrier 0,1:5`, or `... while other ranks run`.
+            &["rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize while other ranks "],
         ),
     ] {
         let mark = marker(name);

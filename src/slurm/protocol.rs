@@ -53,8 +53,8 @@ use std::sync::Arc;
 
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
 /// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run; 7 PMI 1.2's group
-/// exchanges; 8 a group's part without its member nodes).
-pub const VERSION: u16 = 8;
+/// exchanges; 8 a group's part without its member nodes; 9 a rank gone says whether it had spoken PMI).
+pub const VERSION: u16 = 9;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
@@ -124,10 +124,12 @@ pub enum Up {
         failed: bool,
         message: String,
     },
-    /// Local rank `rank` closed its connection: after `finalize`, or without it.
+    /// Local rank `rank` closed its connection: after `finalize`, or without it; `spoke`: after a PMI line
+    /// of its own (a task that never spoke PMI is no MPI process).
     Gone {
         rank: u32,
         finalized: bool,
+        spoke: bool,
     },
     Bye,
     /// Local task `task` asks srun's name table (one per step) for `op`; `port` is empty but to publish.
@@ -270,7 +272,9 @@ impl Up {
             Up::Error { rank, failed, message } => {
                 control(ERROR, Writer::new().u32(*rank).flag(*failed).text(message, MESSAGE_MAX))
             }
-            Up::Gone { rank, finalized } => control(GONE, Writer::new().u32(*rank).flag(*finalized)),
+            Up::Gone { rank, finalized, spoke } => {
+                control(GONE, Writer::new().u32(*rank).flag(*finalized).flag(*spoke))
+            }
             Up::Bye => control(BYE, &[]),
             Up::Name { task, op, name, port } => {
                 // A stepd checks both against NAME_MAX; cut here all the same, so the frame stays a control frame
@@ -325,7 +329,11 @@ impl Up {
                 failed: r.flag("an error whose cause")?,
                 message: r.text(MESSAGE_MAX, "a message")?,
             },
-            GONE => Up::Gone { rank: r.u32()?, finalized: r.flag("a rank gone whose finalize")? },
+            GONE => Up::Gone {
+                rank: r.u32()?,
+                finalized: r.flag("a rank gone whose finalize")?,
+                spoke: r.flag("a rank gone whose first line")?,
+            },
             BYE => Up::Bye,
             STARTED => Up::Started,
             UP_GROUP => {
@@ -565,8 +573,9 @@ mod tests {
             Up::Abort { rank: 2, code: -7, message: "bye now".into() },
             Up::Error { rank: 5, failed: true, message: "rank 5 went".into() },
             Up::Error { rank: 6, failed: false, message: "bad line".into() },
-            Up::Gone { rank: 4, finalized: false },
-            Up::Gone { rank: 5, finalized: true },
+            Up::Gone { rank: 4, finalized: false, spoke: true },
+            Up::Gone { rank: 5, finalized: true, spoke: true },
+            Up::Gone { rank: 6, finalized: false, spoke: false },
             Up::Bye,
             Up::Started,
             Up::Name { task: 1, op: NameOp::Publish, name: "svc".into(), port: "tag#0$port$".into() },
@@ -664,7 +673,7 @@ mod tests {
     #[test]
     fn frames_are_split_however_the_bytes_come() {
         let frames: Vec<u8> = [
-            Up::Gone { rank: 1, finalized: false }.encode().unwrap(),
+            Up::Gone { rank: 1, finalized: false, spoke: true }.encode().unwrap(),
             Up::Bye.encode().unwrap(),
             Up::Collective(Arc::new(vec![5; 300])).encode().unwrap(),
         ]

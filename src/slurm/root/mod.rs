@@ -189,7 +189,8 @@ impl State {
     fn run(&mut self) -> Outcome {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
-            let timeout = match self.acceptor.deadline() {
+            let deadline = [self.acceptor.deadline(), self.watch.deadline()].into_iter().flatten().min();
+            let timeout = match deadline {
                 Some(t) => t.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000) as i32,
                 None => 1000,
             };
@@ -240,6 +241,10 @@ impl State {
             if self.acceptor.deadline().is_some_and(|t| t <= Instant::now()) {
                 self.acceptor.tick();
                 self.admissions();
+            }
+            if self.watch.deadline().is_some_and(|t| t <= Instant::now()) {
+                self.watch.tick(Instant::now());
+                self.act();
             }
             if stopping {
                 return self.stop();

@@ -25,6 +25,12 @@ use crate::server::{Names, TaskMap};
 use crate::slurm::layout::with_node_names;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a rank that spoke PMI and left without finalize may stay the only one gone before the step ends
+/// for it: when Slurm ends a step (scancel, the time limit) every task goes within it, and nothing is said;
+/// a barrier that waits for the rank names it more exactly.
+pub const LEFT_GRACE: Duration = Duration::from_secs(1);
 
 /// The step as the watch sees it.
 pub struct Shape {
@@ -123,6 +129,9 @@ pub struct StepWatch {
     /// Ranks that closed it after finalize, with their node: no group barrier can wait for them.
     finalized: Vec<(u32, u32)>,
     gone_seen: Vec<bool>,
+    /// The first rank that spoke PMI and left without finalize while others ran, its node, and when the step
+    /// ends for it if the others still run ([`LEFT_GRACE`]).
+    left: Option<(u32, u32, Instant)>,
     /// The step's published names (PMI_Publish_name): one table for the step.
     names: Names,
     /// When this step began to fail ([`spawn::now`]).
@@ -156,6 +165,7 @@ impl StepWatch {
             gone: Vec::new(),
             finalized: Vec::new(),
             gone_seen: vec![false; size],
+            left: None,
             names: Names::new(),
             failed_at: None,
             failed_for: None,
@@ -358,18 +368,25 @@ impl StepWatch {
                 }
                 true
             }
-            Up::Gone { rank, finalized } => {
+            Up::Gone { rank, finalized, spoke } => {
                 if self.shape.node_of.get(rank as usize) != Some(&n) {
                     self.fatal(format!("the slurmstepd of {name} reported rank {rank}, not one of its own"), None);
                     return false;
                 }
-                if !std::mem::replace(&mut self.gone_seen[rank as usize], true) {
-                    match finalized {
-                        true => self.finalized.push((rank, n)),
-                        false => self.gone.push((rank, n)),
-                    }
+                if std::mem::replace(&mut self.gone_seen[rank as usize], true) {
+                    return true;
+                }
+                match finalized {
+                    true => self.finalized.push((rank, n)),
+                    false => self.gone.push((rank, n)),
                 }
                 self.check_blocked();
+                // An MPI process that leaves without finalize has failed its job: the others would wait for it
+                // outside PMI (in MPI_Finalize's own shutdown, a receive) where no barrier tells, and Slurm
+                // does not end a step for one failed task ([`Self::tick`]).
+                if !finalized && spoke && self.left.is_none() {
+                    self.left = Some((rank, n, Instant::now() + LEFT_GRACE));
+                }
                 true
             }
             Up::Name { task, op, name, port } => {
@@ -493,6 +510,29 @@ impl StepWatch {
                     }
                 }
             }
+        }
+    }
+
+    /// When [`Self::tick`] has something to do.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.left.map(|(_, _, due)| due)
+    }
+
+    /// Time has come to `now`: a rank that left without finalize [`LEFT_GRACE`] ago ends the step if any other
+    /// rank still runs. Once every other rank has left there is nothing to end: Slurm's status says it.
+    pub fn tick(&mut self, now: Instant) {
+        let Some((rank, node, due)) = self.left else { return };
+        if now < due {
+            return;
+        }
+        self.left = None;
+        if self.gone_seen.contains(&false) {
+            let what = format!(
+                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
+                 ranks run",
+                self.node_name(node)
+            );
+            self.fatal(what, None);
         }
     }
 
@@ -802,7 +842,7 @@ mod tests {
     fn a_rank_gone_from_a_node_that_finished_before_the_exchange_is_named_not_its_node() {
         // Its only rank gone, n2 says GONE and BYE before n1 joins: the step ends naming the rank, not n2.
         let mut w = watch_of(2, false);
-        assert!(w.message(1, Up::Gone { rank: 1, finalized: false }));
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: false }));
         assert!(!w.message(1, Up::Bye));
         assert!(!drain(&mut w).contains(&Action::EndStep), "no exchange yet");
         join(&mut w, 0, 0, b"a");
@@ -853,13 +893,52 @@ mod tests {
     fn a_rank_gone_without_finalize_is_named_before_its_node() {
         let mut w = watch_of(2, false);
         // The GONE may come before any JOINED: nothing waits yet.
-        assert!(w.message(1, Up::Gone { rank: 1, finalized: false }));
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: false }));
         assert!(!w.message(1, Up::Bye));
         assert!(errors(&drain(&mut w)).is_empty());
         assert!(w.message(0, Up::Joined { epoch: 0 }));
         let e = errors(&drain(&mut w));
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(e[0].contains("rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize"));
+    }
+
+    #[test]
+    fn a_rank_that_spoke_and_left_without_finalize_ends_the_step_while_others_run() {
+        // Rank 1 spoke PMI and left without finalize, no barrier waiting: rank 0 runs on, in MPI.
+        let mut w = watch_of(2, false);
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: true }));
+        assert_eq!(drain(&mut w), []);
+        let due = w.deadline().unwrap();
+        w.tick(due - LEFT_GRACE / 2);
+        assert_eq!(drain(&mut w), []);
+        w.tick(due);
+        assert_eq!(w.deadline(), None);
+        let actions = drain(&mut w);
+        assert_eq!(
+            errors(&actions),
+            ["error: rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize while other \
+              ranks run"]
+        );
+        assert!(actions.contains(&Action::EndStep));
+        assert_eq!((w.outcome().ended, w.outcome().job_error), (true, false));
+
+        // Every other rank had left, or leaves within the grace (Slurm ends the step: scancel, the time
+        // limit): nothing to end, Slurm's status says the rest.
+        for first in [0, 1] {
+            let mut w = watch_of(2, false);
+            for rank in [first, 1 - first] {
+                assert!(w.message(rank, Up::Gone { rank, finalized: rank == 0, spoke: true }));
+            }
+            w.tick(Instant::now() + LEFT_GRACE);
+            assert_eq!(drain(&mut w), []);
+            assert!(!w.outcome().ended);
+        }
+
+        // A task that never spoke PMI (no MPI process, or one that failed before PMI_Init) ends nothing.
+        let mut w = watch_of(2, false);
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: false }));
+        assert_eq!(w.deadline(), None);
+        assert_eq!(drain(&mut w), []);
     }
 
     #[test]
@@ -1060,7 +1139,7 @@ mod tests {
     #[test]
     fn a_rank_reported_by_another_node_is_that_stepd_s_fault() {
         let mut w = watch_of(2, false);
-        assert!(!w.message(0, Up::Gone { rank: 1, finalized: true }));
+        assert!(!w.message(0, Up::Gone { rank: 1, finalized: true, spoke: true }));
         assert!(errors(&drain(&mut w))[0].contains("the slurmstepd of n1 reported rank 1, not one of its own"));
     }
 }

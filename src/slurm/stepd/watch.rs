@@ -139,6 +139,9 @@ pub struct NodeWatch {
     /// to srun when none is left (srun's root then answers the spawn); one that exits before is a program
     /// that did not start, and fails the step.
     unspoken: Option<BTreeSet<u32>>,
+    /// The local ranks that have sent a PMI line: srun ends the step when one of them leaves without
+    /// finalize while other ranks run.
+    spoke: BTreeSet<u32>,
     actions: VecDeque<NodeAction>,
 }
 
@@ -172,6 +175,7 @@ impl NodeWatch {
             groups_done: Vec::new(),
             group_result_max,
             unspoken: spawned_ranks,
+            spoke: BTreeSet::new(),
             actions: VecDeque::new(),
         })
     }
@@ -564,6 +568,7 @@ impl NodeWatch {
     }
 
     pub fn task_started(&mut self, rank: u32) {
+        self.spoke.insert(rank);
         if let Some(unspoken) = &mut self.unspoken {
             unspoken.remove(&rank);
             if unspoken.is_empty() {
@@ -578,8 +583,8 @@ impl NodeWatch {
             self.end_step(Up::Error { rank, failed: true, message: message.clone() }, &message);
         }
         // srun fails a barrier of another node that waits for it: a plain one if it left without finalize,
-        // a group barrier whichever way it left.
-        self.report(&Up::Gone { rank, finalized });
+        // a group barrier whichever way it left; and ends the step if it spoke PMI and left without finalize.
+        self.report(&Up::Gone { rank, finalized, spoke: self.spoke.contains(&rank) });
     }
 
     /// Names go to srun's table for the step, spawns to srun, which starts each as a step of the job.
@@ -759,15 +764,21 @@ mod tests {
         w.task_closed(1, false);
         let actions = drain(&mut w);
         match &reports(&actions)[..] {
-            [Up::Error { rank: 1, failed: true, message }, Up::Gone { rank: 1, finalized: false }] => assert!(
-                message.starts_with("rank 1 of spawned step 1.0 closed its PMI connection before its first PMI line"),
-                "{message}"
-            ),
+            [Up::Error { rank: 1, failed: true, message }, Up::Gone { rank: 1, finalized: false, spoke: false }] => {
+                assert!(
+                    message
+                        .starts_with("rank 1 of spawned step 1.0 closed its PMI connection before its first PMI line"),
+                    "{message}"
+                )
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(actions.iter().filter(|a| **a == NodeAction::AwaitEnd).count(), 1);
         // Said once; the close that follows is only logged.
         assert_eq!(logged(&actions).len(), 2);
+        // Rank 0 spoke: srun hears so with its leaving.
+        w.task_closed(0, false);
+        assert_eq!(reports(&drain(&mut w)), [Up::Gone { rank: 0, finalized: false, spoke: true }]);
     }
 
     #[test]
