@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The fault and soak campaign of `srun --mpi=rpmi` beside Slurm's own `--mpi=pmi2`, run by docker/campaign.sh on
-the local Slurm cluster.
+"""The fault and soak campaign of `srun --mpi=rpmi` beside Slurm's own `--mpi=pmi2` and, for what Slurm does
+without any PMI, `--mpi=none` with plain (non-MPI) tasks, run by docker/campaign.sh on the local Slurm cluster.
 
 Faults: a victim job on n2,n3 is hit (SIGKILL of one of its tasks, of one of its slurmstepds, of its srun or of
 the slurmd of its node; its srun stopped, then continued) at a random point of its launch, exchange, barrier loop
-or finalize, while two bystander jobs run on n1. Each run records how long srun took to go after the fault, what
+or finalize (one rank late into MPI_Finalize, the others waiting in theirs), while two bystander jobs run on n1. Each run records how long srun took to go after the fault, what
 of the step was left behind, and how every bystander step exited.
 Soak: steps back to back, 8 at a time (MPICH jobs, exchanges, aborts), with srun's, the slurmstepds' and
 slurmd's memory and open fds, the first steps against the last.
@@ -66,9 +66,32 @@ BARRIER_COUNTS = {"rpmi": 30000, "pmi2": 350}
 BYSTANDER_BARRIER_COUNTS = {"rpmi": 5000, "pmi2": 200}
 
 
+# The finalize's workload: the victim's last rank enters MPI_Finalize this long after the others.
+FINALIZE_LATE = 2  # s
+SOAK_EXCHANGE = ["exchange", "--puts", "50", "--size", "200"]
+# `--mpi=none` runs plain tasks (no PMI, no MPI) instead: each sleeps BEFORE s, rank 0 then prints its line,
+# rank LATE sleeps LATE_S more, and rank EXIT_RANK exits with EXIT_CODE.
+PLAIN_TASK = """import os, sys, time
+before, late, late_s, exit_rank, exit_code = sys.argv[1:]
+rank = os.environ["SLURM_PROCID"]
+time.sleep(float(before))
+if rank == "0":
+    print("plain: done", flush=True)
+if rank == exit_rank:
+    sys.exit(int(exit_code))
+if rank == late:
+    time.sleep(float(late_s))
+"""
+
+
 def barriers(counts, mpi):
     return ["barrier", "--count", str(counts.get(mpi, counts["pmi2"]))]
-SOAK_EXCHANGE = ["exchange", "--puts", "50", "--size", "200"]
+
+
+def plain(before, late_s=0, exit_rank=-1, exit_code=0):
+    """A plain task's command line (PLAIN_TASK): for `--mpi=none`."""
+    return ["python3", "-c", PLAIN_TASK, str(before), str(VICTIM_TASKS - 1), str(late_s), str(exit_rank),
+            str(exit_code)]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -329,9 +352,19 @@ Workload = namedtuple("Workload", "name argv line")
 
 
 def workloads(pairs, probe, mpi):
+    if mpi == "none":
+        # Plain tasks about as long as each workload here, whose faults show what Slurm does on its own.
+        return {
+            "pairs": Workload("pairs", plain(0.3), "plain:"),
+            "finalize": Workload("finalize", plain(0.3, FINALIZE_LATE), "plain:"),
+            "exchange": Workload("exchange", plain(1.5), "plain:"),
+            "barrier": Workload("barrier", plain(4), "plain:"),
+        }
     # stdbuf: rank 0's line (printed just before MPI_Finalize) reaches srun at once, marking the finalize.
+    late = f"finalize_after={VICTIM_TASKS - 1}:{FINALIZE_LATE}"
     return {
         "pairs": Workload("pairs", ["stdbuf", "-oL", pairs], "mpi_pairs:"),
+        "finalize": Workload("finalize", ["stdbuf", "-oL", pairs, late], "mpi_pairs:"),
         "exchange": Workload("exchange", [probe, *EXCHANGE], "exchange:"),
         "barrier": Workload("barrier", [probe, *barriers(BARRIER_COUNTS, mpi)], "barrier:"),
     }
@@ -345,7 +378,7 @@ PHASE_PLAN = {
     "launch": ("pairs", "start", lambda c: c["line"]),
     "exchange": ("exchange", "tasks", lambda c: c["exit"] - c["tasks"]),
     "barrier": ("barrier", "tasks", lambda c: c["exit"] - c["tasks"]),
-    "finalize": ("pairs", "line", lambda c: c["exit"] - c["line"]),
+    "finalize": ("finalize", "line", lambda c: c["exit"] - c["line"]),
 }
 
 
@@ -442,10 +475,11 @@ class Cluster:
 
 
 def bystanders(ctx, mpi):
-    """The bystanders of a victim under `mpi`: steps of the same plugin."""
-    argv = [ctx.probe, *barriers(BYSTANDER_BARRIER_COUNTS, mpi)]
-    return [Bystander(ctx.work, f"bystander-{mpi}-barrier", mpi, argv),
-            Bystander(ctx.work, f"bystander-{mpi}-pairs", mpi, [ctx.pairs])]
+    """The bystanders of a victim under `mpi`: steps of the same plugin (plain tasks under none)."""
+    barrier = plain(2) if mpi == "none" else [ctx.probe, *barriers(BYSTANDER_BARRIER_COUNTS, mpi)]
+    pairs = plain(0.3) if mpi == "none" else [ctx.pairs]
+    return [Bystander(ctx.work, f"bystander-{mpi}-barrier", mpi, barrier),
+            Bystander(ctx.work, f"bystander-{mpi}-pairs", mpi, pairs)]
 
 
 def calibrate(ctx, mpi, runs=2):
@@ -483,13 +517,12 @@ def calibrate(ctx, mpi, runs=2):
     return found
 
 
-# CI's runs: each kind twice, in two phases, each of whose outcome is rpmi's to decide. A task is struck in the
-# PMI workloads only (a rank of mpi_pairs killed between MPI_Init and MPI_Finalize leaves the others in MPI's
-# own communication, which no PMI request waits on and Slurm does not end without --kill-on-bad-exit), and a
-# slurmstepd after its launch (one killed before it joins srun's root leaves the step waiting as Slurm's own
-# does without rpmi): the full campaign counts those, but CI cannot pass them by chance.
+# CI's runs: each kind twice, in two phases, each of whose outcome is rpmi's to decide. A slurmstepd is struck
+# after its launch (one killed before it joins srun's root leaves the step waiting as Slurm's own does without
+# rpmi) and before its tasks end (after, srun waits for it as Slurm's own does): the full campaign counts those,
+# but CI cannot pass them by chance.
 CI_PLAN = [("task", "exchange"), ("stepd", "exchange"), ("srun", "barrier"), ("slurmd", "finalize"),
-           ("stop", "launch"), ("task", "barrier"), ("stepd", "barrier"), ("srun", "exchange"),
+           ("stop", "launch"), ("task", "finalize"), ("stepd", "barrier"), ("srun", "exchange"),
            ("slurmd", "launch"), ("stop", "exchange")]
 
 
@@ -624,23 +657,26 @@ class SoakStep:
                 "gone_s": None if self.gone_after is None else round(self.gone_after, 2), "ok": own}
 
 
-# The plugins whose srun exits with an abort's code (the others' with the signal that ended the step).
-ABORT_CODE_PLUGINS = {"rpmi"}
+# The plugins whose srun exits with an abort's code (the others' with the signal that ended the step); under
+# none a plain task exits with it.
+ABORT_CODE_PLUGINS = {"rpmi", "none"}
 
 
 def soak_plan(n, rng, pairs, probe, mpi):
     """n steps: half MPICH jobs, a quarter exchanges, a quarter aborts (rank R calls MPI_Abort with CODE, which
-    srun must exit with, under a plugin that passes it on: the job's own failure)."""
+    srun must exit with, under a plugin that passes it on: the job's own failure). Under none, plain tasks:
+    rank R of an abort exits with CODE."""
     steps = []
     for i in range(n):
         kind = rng.choices(SOAK_KINDS, [2, 1, 1])[0]
         if kind == "pairs":
-            argv, expect = [pairs], 0
+            argv, expect = plain(0.1) if mpi == "none" else [pairs], 0
         elif kind == "exchange":
-            argv, expect = [probe, *SOAK_EXCHANGE], 0
+            argv, expect = plain(0.1) if mpi == "none" else [probe, *SOAK_EXCHANGE], 0
         else:
             rank, code = rng.randrange(SOAK_TASKS), rng.randrange(10, 120)
-            argv, expect = [pairs, f"abort={rank}:{code}"], code if mpi in ABORT_CODE_PLUGINS else None
+            argv = plain(0.1, exit_rank=rank, exit_code=code) if mpi == "none" else [pairs, f"abort={rank}:{code}"]
+            expect = code if mpi in ABORT_CODE_PLUGINS else None
         steps.append(SoakStep(i, kind, argv, expect))
     return steps
 
@@ -803,20 +839,27 @@ def fault_targets(runs):
 ENDED_WITHIN = 10  # s
 
 
-def verdict(mine, theirs):
-    """How the plugin under test (`mine`, its runs of one kind and phase) fares against a reference plugin's
-    (`theirs`, or None): in time, no worse than the reference (then the cause is Slurm's, which both share), or
-    worse."""
-    slowest = max(r["srun_gone_s"] for r in mine)
-    left = sum(bool(r.get("left")) for r in mine)
-    hit = sum(bool(b["failed"]) for r in mine for b in r["bystanders"])
+def verdict(mine, refs):
+    """How the plugin under test (`mine`, its runs of one kind and phase) fares against the reference plugins'
+    runs of it (`refs`: lists of runs, the first the one to meet): in time, no worse than the first reference
+    (then the cause is Slurm's, which both share; named with every reference that fares the same), or worse."""
+    def figures(runs):
+        return (max(r["srun_gone_s"] for r in runs), sum(bool(r.get("left")) for r in runs),
+                sum(bool(b["failed"]) for r in runs for b in r["bystanders"]))
+
+    def no_worse(runs):
+        most_s, most_left, most_hit = figures(runs)
+        return slowest <= most_s + 1 and left <= most_left and hit <= most_hit
+
+    slowest, left, hit = figures(mine)
     if slowest <= ENDED_WITHIN and not left and not hit:
         return "in time"
-    if theirs:
-        if (slowest <= max(r["srun_gone_s"] for r in theirs) + 1 and left <= sum(bool(r.get("left")) for r in theirs)
-                and hit <= sum(bool(b["failed"]) for r in theirs for b in r["bystanders"])):
-            return "as " + theirs[0]["mpi"]
-    return "**late**" if not theirs else f"**worse than {theirs[0]['mpi']}**"
+    refs = [runs for runs in refs if runs]
+    if not refs:
+        return "**late**"
+    if no_worse(refs[0]):
+        return "as " + " and ".join(runs[0]["mpi"] for runs in refs if no_worse(runs))
+    return f"**worse than {refs[0][0]['mpi']}**"
 
 
 def soak_stats(result):
@@ -903,9 +946,11 @@ def report(meta, calibrations, runs, soaks):
         for t, ok, f in targets[mpi]:
             cells.setdefault(t, {})[mpi] = f"{'met' if ok else '**not met**'}: {f}"
     met = all(ok for _, ok, _ in targets[first])
+    def of(mpi, key):
+        return [r for r in by[mpi] if (r["kind"], r["phase"]) == key]
+
     if refs and by[first]:
-        verdicts = [verdict(mine, [r for r in by[refs[0]] if (r["kind"], r["phase"]) == key])
-                    for key, mine in group(by[first]).items()]
+        verdicts = [verdict(mine, [of(mpi, key) for mpi in refs]) for key, mine in group(by[first]).items()]
         bad = [v for v in verdicts if v.startswith("**")]
         cells[f"faults: each kind and phase ended in {ENDED_WITHIN} s, nothing left, no bystander hit, or no "
               f"worse than {refs[0]}"] = {first: f"{'met' if not bad else '**not met**'}: "
@@ -924,12 +969,18 @@ def report(meta, calibrations, runs, soaks):
             "until the run is over: `rpmi-probe barrier --count N` and mpi_pairs. Phases and their "
             "workloads: launch: mpi_pairs, from srun's start until rank 0's line (after MPI_Init, an allreduce and "
             f"the pairs); exchange: `rpmi-probe {' '.join(EXCHANGE)}`, once all tasks run; barrier: "
-            "`rpmi-probe barrier --count N`, once all tasks run; finalize: mpi_pairs, from rank 0's line "
-            "(printed just before MPI_Finalize) to srun's exit. N, the barrier loops' counts, is sized to last a "
+            f"`rpmi-probe barrier --count N`, once all tasks run; finalize: mpi_pairs `finalize_after="
+            f"{VICTIM_TASKS - 1}:{FINALIZE_LATE}` (rank {VICTIM_TASKS - 1} enters MPI_Finalize {FINALIZE_LATE} s "
+            "after the others, which wait for it in theirs), from rank 0's line (printed just before "
+            "MPI_Finalize) to srun's exit. N, the barrier loops' counts, is sized to last a "
             "few seconds under each plugin: "
             + "; ".join(f"{mpi}: {BARRIER_COUNTS.get(mpi, BARRIER_COUNTS['pmi2'])} for the victim, "
                         f"{BYSTANDER_BARRIER_COUNTS.get(mpi, BYSTANDER_BARRIER_COUNTS['pmi2'])} for the bystander"
-                        for mpi in plugins)
+                        for mpi in plugins if mpi != "none")
+            + (". Under `--mpi=none` every step is plain tasks (`python3 -c`, no PMI, no MPI) as long as its "
+               f"workload here (the victim's: 0.3 s to rank 0's line, rank {VICTIM_TASKS - 1} then {FINALIZE_LATE} s "
+               "more for the finalize, 1.5 s for the exchange, 4 s for the barrier loop; the bystanders': 2 s and "
+               "0.3 s): what Slurm does on its own when such a step is struck" if "none" in plugins else "")
             + ". The windows come from clean runs beside the "
             f"bystanders (below); the delay is drawn uniformly within the first {WINDOW_SHARE:.0%} of the window. A "
             f"task or slurmstepd struck is one of the step's, at random; a slurmd is n2's or n3's, restarted "
@@ -947,7 +998,8 @@ def report(meta, calibrations, runs, soaks):
             "Per kind and phase, each plugin's runs: hit, srun gone after the fault at the slowest (s), srun's exits, "
             "runs with leftovers, bystanders failed"
             + (f"; and how {first} fares: in {ENDED_WITHIN} s with nothing left, as {refs[0]} (no later, no more "
-               f"left: what both share is Slurm's), or worse." if refs else "."),
+               f"left: what both share is Slurm's; with every other plugin that fares the same), or worse."
+               if refs else "."),
             "",
         ]
         rows = []
@@ -957,7 +1009,7 @@ def report(meta, calibrations, runs, soaks):
                 rs = [r for r in by[mpi] if (r["kind"], r["phase"]) == (kind, phase)]
                 row.append(summary(rs) if rs else "-")
             if refs:
-                row.append(verdict(mine, [r for r in by[refs[0]] if (r["kind"], r["phase"]) == (kind, phase)]))
+                row.append(verdict(mine, [of(mpi, (kind, phase)) for mpi in refs]))
             rows.append(row)
         out += [table(["fault", "phase", "runs", *plugins, *(["verdict"] if refs else [])], rows), "",
                 "Every run:", ""]
@@ -983,7 +1035,9 @@ def report(meta, calibrations, runs, soaks):
             f"## Soak: `--mpi={mpi}`",
             "",
             f"{len(steps)} steps `srun -Q --mpi={mpi} {' '.join(SOAK_LAYOUT)}`, {SOAK_PARALLEL} at a time, back to "
-            f"back: mpi_pairs; `rpmi-probe {' '.join(SOAK_EXCHANGE)}`; mpi_pairs `abort=R:CODE` (srun must exit "
+            + (f"back: mpi_pairs; `rpmi-probe {' '.join(SOAK_EXCHANGE)}`; mpi_pairs `abort=R:CODE` (srun must exit "
+               if mpi != "none" else "back: plain tasks of 0.1 s for each kind, rank R of an abort exiting with "
+               "CODE (srun must exit ")
             + ("with CODE" if mpi in ABORT_CODE_PLUGINS else "non-zero: this plugin does not pass CODE on")
             + "). srun's peak RSS is its ru_maxrss; its fds and its slurmstepds' VmHWM and fds are sampled "
             f"every {SAMPLE} s while the step runs (a step over before a sample has none). Flat: for each kind, the "
@@ -1057,8 +1111,9 @@ def main():
     ap.add_argument("--pairs", required=True, help="tests/programs/mpi_pairs.c built with MPICH")
     ap.add_argument("--work", required=True, help="a scratch directory")
     ap.add_argument("--command", default="docker/campaign.sh", help="the command line, for the report")
-    ap.add_argument("--mpi", default="rpmi,pmi2",
-                    help="the plugins, comma-separated: the one under test first, then the references (rpmi,pmi2)")
+    ap.add_argument("--mpi", default="rpmi,pmi2,none",
+                    help="the plugins, comma-separated: the one under test first, then the references, the one to "
+                         "meet first (rpmi,pmi2,none; none runs plain tasks)")
     args = ap.parse_args()
     faults = args.faults if args.faults is not None else (len(CI_PLAN) if args.ci else 100)
     soak_n = args.soak if args.soak is not None else (50 if args.ci else 1000)

@@ -2,7 +2,9 @@
  * With an argument "abort=R:CODE", rank R calls MPI_Abort(MPI_COMM_WORLD, CODE) after MPI_Init.
  * With "hang=R", rank R never reaches the barrier (it sleeps), so others wait in one.
  * With "hang_before_init=R", rank R (by PMI_RANK) sleeps before MPI_Init, so the others wait in the PMI
- * barrier inside MPI_Init. */
+ * barrier inside MPI_Init.
+ * With "finalize_after=R:S", rank R sleeps S seconds after the line before MPI_Finalize, so the others wait for
+ * it in theirs. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +53,13 @@ int main(int argc, char **argv) {
     MPI_Get_processor_name(name, &len);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) printf("mpi_pairs: %d ranks, allreduce %ld, all pairs exchanged\n", size, sum);
+    for (int i = 1; i < argc; i++) {
+        int r, seconds;
+        if (sscanf(argv[i], "finalize_after=%d:%d", &r, &seconds) == 2 && r == rank) {
+            fflush(stdout);
+            sleep(seconds);
+        }
+    }
     MPI_Finalize();
     return 0;
 }
