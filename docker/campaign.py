@@ -4,8 +4,9 @@ without any PMI, `--mpi=none` with plain (non-MPI) tasks, run by docker/campaign
 
 Faults: a victim job on n2,n3 is hit (SIGKILL of one of its tasks, of one of its slurmstepds, of its srun or of
 the slurmd of its node; its srun stopped, then continued) at a random point of its launch, exchange, barrier loop
-or finalize (one rank late into MPI_Finalize, the others waiting in theirs), while two bystander jobs run on n1. Each run records how long srun took to go after the fault, what
-of the step was left behind, and how every bystander step exited.
+or finalize (one rank late into MPI_Finalize, the others waiting in theirs), while two bystander jobs run on n1.
+Each run records how long srun took to go after the fault, what of the step was left behind, and how every
+bystander step exited.
 Soak: steps back to back, 8 at a time (MPICH jobs, exchanges, aborts), with srun's, the slurmstepds' and
 slurmd's memory and open fds, the first steps against the last.
 
@@ -36,7 +37,8 @@ POLL = 0.05  # s between looks at the victim
 SAMPLE = 0.1  # s between samples of the soak's steps
 SLURMD_EVERY = 5  # soak samples per sample of slurmd
 GONE_WITHIN = 30  # s: the targets (srun gone after the fault; the step gone after srun)
-GUARD = 60  # s after the fault (or SIGCONT) past which srun counts as hung and is killed
+# s after the fault (or SIGCONT) past which srun is hung and killed: how much longer it would run says no more.
+GUARD = 40
 STEP_GUARD = 120  # s any step without a fault may take before it counts as hung
 SLURMD_RESTART_AFTER = 1  # s a killed slurmd stays down, as a supervisor would restart it
 
