@@ -33,6 +33,8 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || echo "note: rustup could not add rustfmt/clippy" >&2
 fi
 step "fmt" cargo fmt --all -- --check
+# Every path of this repository that the docs and comments name exists.
+step "paths named in docs and comments" python3 docker/check-paths.py
 step "clippy" cargo clippy --all-targets --locked -- -D warnings
 # The fuzz targets (fuzz/, a workspace of their own, run with cargo-fuzz on nightly) still build against the
 # library as it is now.

@@ -337,7 +337,7 @@ PARSE_SEEDS = [
 ]
 
 
-# The frames of src/slurm/wire.rs (protocol version 3): a u32 big-endian payload length, then the payload
+# The frames of src/slurm/protocol.rs: a u32 big-endian payload length, then the payload
 # (kind byte first). A COLLECTIVE carries a frame of the collective (src/collective/frame.rs) unchanged.
 
 K_HELLO, K_JOINED, K_ABORT, K_ERROR, K_GONE, K_BYE, K_PROOF, K_UP = 1, 2, 3, 4, 5, 6, 7, 8

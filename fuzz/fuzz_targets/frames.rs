@@ -33,8 +33,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use rpmi::collective::frame::{self as cframe, DecodeError};
-use rpmi::collective::{Bytes, Frame, Node, Peer, Root, Tree};
-use rpmi::server::{Limits, GROUP_ID_MAX};
+use rpmi::collective::groups::done_max;
+use rpmi::collective::{Bytes, Frame, GroupRoot, Node, Peer, Root, Tree};
+use rpmi::server::{Limits, TaskMap, GROUP_ID_MAX};
 use rpmi::slurm::auth::{Prover, Secret, Transcript, NONCE_LEN, ROOT};
 use rpmi::slurm::client;
 use rpmi::slurm::protocol::{
@@ -113,8 +114,8 @@ struct Receiver {
     /// parent is a stepd, each up to `CONTROL_MAX`).
     handshake: [usize; 3],
     handshakes: usize,
-    /// The bound on every frame after the handshake, as src/slurm/root.rs (`State::frame_max`) and
-    /// src/slurm/stepd.rs (`hear_srun`, `hear_parent`, `hear_child`) compute it.
+    /// The bound on every frame after the handshake, as srun's `StepWatch::frame_max`
+    /// (src/slurm/root/watch.rs) and a stepd's `NodeWatch::frame_max` (src/slurm/stepd/watch.rs) compute it.
     session: usize,
     /// What the collective's machine takes from this peer (`Root::frame_max`, `Node::frame_max`): the bound
     /// on the frame inside a COLLECTIVE.
@@ -164,13 +165,16 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
         (NODE_BYTES_MAX, EXCHANGE_BYTES_MAX, Limits::default().kvs_bytes_max)
     };
     // srun's bounds; a stepd takes them capped to what its key-value store holds (`exchange_bounds` in
-    // src/slurm/stepd.rs), and an ALL of every node's part of a full store (`SlurmHost::new`).
+    // src/slurm/stepd/mod.rs), and an ALL of every node's part of a full store (`SlurmHost::new`).
     let srun_bounds = client::bounds(part, exchange);
     let mut stepd_bounds = srun_bounds;
     stepd_bounds.part_max.bytes = stepd_bounds.part_max.bytes.min(store);
     stepd_bounds.exchange_max.bytes = stepd_bounds.exchange_max.bytes.min(store);
     let all_max = cframe::parts_len(nodes as usize, store);
     let stepd = |me: u32| Node::new(tree, me, stepd_bounds, all_max).expect("a node of the tree");
+    // PMI 1.2's group exchanges: a node's part to srun, the end of one from srun to a stepd.
+    let group_part = GroupRoot::new(TaskMap::new((0..nodes).collect()), srun_bounds).contribution_max();
+    let group_end = done_max(nodes, &stepd_bounds);
     let acceptor = [HELLO_LEN, PROOF_LEN_ON_WIRE, 0];
     let joiner = [CONTROL_MAX; 3];
     let handshake = config & 4 != 0;
@@ -184,8 +188,8 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
                         what: "srun from a node",
                         handshake: acceptor,
                         handshakes: 2,
-                        // srun also takes a SPAWN, the largest frame that is no COLLECTIVE.
-                        session: SPAWN_FRAME_MAX.max(machine + 1),
+                        // srun also takes a SPAWN and a node's part of a group exchange.
+                        session: CONTROL_MAX.max(SPAWN_FRAME_MAX).max(machine + 1).max(group_part + 1),
                         machine,
                         part_max: srun_bounds.part_max.bytes,
                         acceptor: true,
@@ -216,7 +220,7 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
                 handshake: joiner,
                 // srun says where a stepd's parent listens before the stepd's link to srun is served.
                 handshakes: if tree.parent(n) == Peer::Root { 2 } else { 3 },
-                session: CONTROL_MAX.max(machine + 1),
+                session: CONTROL_MAX.max(machine + 1).max(group_end + 1),
                 machine,
                 part_max: stepd_bounds.part_max.bytes,
                 acceptor: false,
@@ -231,7 +235,7 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
                     what: "a stepd from srun (its parent)",
                     handshake: joiner,
                     handshakes: 2,
-                    session: CONTROL_MAX.max(machine + 1),
+                    session: CONTROL_MAX.max(machine + 1).max(group_end + 1),
                     machine,
                     part_max: stepd_bounds.part_max.bytes,
                     acceptor: false,
