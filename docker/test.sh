@@ -40,11 +40,11 @@ step "clippy" cargo clippy --all-targets --locked -- -D warnings
 # library as it is now.
 step "fuzz targets build" cargo check --locked --manifest-path fuzz/Cargo.toml
 # The API documentation builds without a warning (a broken intra-doc link is one), with the Slurm plugin too.
-docs() {
+api_docs() {
   RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
   RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --features slurm
 }
-step "docs" docs
+step "docs" api_docs
 # `cargo test` alone does not put the cdylib at target/debug/librpmi.so, where rpmi-run and the host tests
 # load it from; a build does.
 step "build" cargo build --all-targets --locked
@@ -101,5 +101,5 @@ done
 
 # The RPM for EL sites (packaging/rpm/rpmi-slurm.spec), made with Debian's rpm tools against this machine's Slurm
 # headers and checked by what it says of itself (docker/rpm.sh); installing it is left to EL hosts.
-rpm() { bash docker/rpm.sh >/dev/null; }
-step "RPM" rpm
+rpm_package() { bash docker/rpm.sh >/dev/null; }
+step "RPM" rpm_package
