@@ -119,10 +119,6 @@ impl Reporter for SrunReporter {
             self.kill(id);
         }
     }
-    fn job_ending(&mut self) -> bool {
-        let jobs: Vec<u32> = steps(&self.steps).ids.iter().map(|id| id.job_id).collect();
-        jobs.into_iter().any(|job| self.slurm.job_ending(job) == Some(true))
-    }
     fn end_spawned(&mut self, step: u32) {
         let Some(&first) = steps(&self.steps).ids.first() else { return };
         // A spawned step is another step of `job`, never a het component; the sluid names the job where it is

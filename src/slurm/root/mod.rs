@@ -43,11 +43,6 @@ pub trait Reporter: Send + 'static {
     fn end_step(&mut self);
     /// Ends step `step` of the job, one this step spawned.
     fn end_spawned(&mut self, step: u32);
-    /// Whether Slurm is ending the step's job (cancelled, timed out): its tasks then go because of it. The
-    /// default says no.
-    fn job_ending(&mut self) -> bool {
-        false
-    }
 }
 
 /// What the step's root saw, for srun's exit code.
@@ -247,13 +242,12 @@ impl State {
                 self.acceptor.tick();
                 self.admissions();
             }
+            if self.watch.deadline().is_some_and(|t| t <= Instant::now()) {
+                self.watch.tick(Instant::now());
+                self.act();
+            }
             if stopping {
                 return self.stop();
-            }
-            if self.watch.deadline().is_some_and(|t| t <= Instant::now()) {
-                let reporter = &mut self.reporter;
-                self.watch.tick(Instant::now(), || reporter.job_ending());
-                self.act();
             }
         }
     }
