@@ -1265,8 +1265,9 @@ fn a_rank_killed_past_the_barrier_without_finalize_ends_the_step() {
     eprintln!("rank 1 killed past the barrier: srun gone {took:.2?} after");
     assert!(took < ENDED_WITHIN, "the step was not ended within {ENDED_WITHIN:?} of the kill: {run}");
     assert!(!run.status.success(), "{run}");
-    let said = "rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize while other ranks run";
-    assert!(run.stderr.contains(said), "{run}");
+    // Rank 1 is on the step's second node, whichever Slurm chose.
+    let said = "closed its PMI connection (exited or crashed) without PMI_Finalize while other ranks run";
+    assert!(run.stderr.lines().any(|l| l.contains("rank 1 on n") && l.contains(said)), "{run}");
 }
 
 /// The same once rank 0 has finalized and left: nothing is left to end, and srun's status is Slurm's for the
