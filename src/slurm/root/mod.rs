@@ -242,12 +242,13 @@ impl State {
                 self.acceptor.tick();
                 self.admissions();
             }
+            // Once srun is done with the step its drain takes in what is left: no grace ends it then.
+            if stopping {
+                return self.stop();
+            }
             if self.watch.deadline().is_some_and(|t| t <= Instant::now()) {
                 self.watch.tick(Instant::now());
                 self.act();
-            }
-            if stopping {
-                return self.stop();
             }
         }
     }
