@@ -27,10 +27,13 @@ struct Line {
     node_list: bool,
     /// The step record has `het_job_step_task_cnts` before `het_job_task_offset`.
     het_step_tasks: bool,
+    /// `slurm_load_job` takes the job's `slurm_step_id_t` by value, not its number.
+    load_job_step_id: bool,
 }
 
 const fn line(major: u32, minor: u32, sluid: bool, kill: &'static str, run_prolog: bool) -> Line {
     let het_step_tasks = major > 25 || (major == 25 && minor >= 5);
+    let load_job_step_id = major >= 26;
     Line {
         major,
         minor,
@@ -42,6 +45,7 @@ const fn line(major: u32, minor: u32, sluid: bool, kill: &'static str, run_prolo
         run_prolog,
         node_list: true,
         het_step_tasks,
+        load_job_step_id,
     }
 }
 
@@ -57,6 +61,7 @@ const SLURM_LINES: &[Line] = &[
         run_prolog: true,
         node_list: false,
         het_step_tasks: false,
+        load_job_step_id: false,
     },
     line(23, 11, false, "ids_flags", true),
     line(24, 5, false, "ids_flags", true),
@@ -70,7 +75,8 @@ fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=plugin-spec/rpmi_plugin.h");
     for cfg in [
-        "cfg(slurm_sluid, slurm_task_self, slurm_conf_pack, slurm_run_prolog, slurm_node_list, slurm_het_step_tasks)",
+        "cfg(slurm_sluid, slurm_task_self, slurm_conf_pack, slurm_run_prolog, slurm_node_list, slurm_het_step_tasks, \
+         slurm_load_job_step_id)",
         "cfg(slurm_kill, values(\"ids\", \"ids_flags\", \"step_id\"))",
         "cfg(slurm_io, values(\"ioid\", \"io_running\"))",
     ] {
@@ -106,6 +112,7 @@ fn slurm_bindings() {
         ("slurm_run_prolog", line.run_prolog),
         ("slurm_node_list", line.node_list),
         ("slurm_het_step_tasks", line.het_step_tasks),
+        ("slurm_load_job_step_id", line.load_job_step_id),
     ];
     for (cfg, set) in flags {
         if set {
@@ -123,6 +130,9 @@ fn slurm_bindings() {
         .allowlist_type("slurm_step_layout_t")
         .allowlist_type("slurm_step_id_t")
         .allowlist_type("slurm_conf_t")
+        .allowlist_type("job_info_msg_t")
+        .allowlist_type("job_states")
+        .allowlist_var("JOB_STATE_BASE")
         .allowlist_var("SLURM_VERSION_NUMBER")
         .allowlist_var("NO_VAL")
         .allowlist_var("SLURM_SUCCESS")

@@ -1214,28 +1214,42 @@ fn a_slurmstepd_killed_after_finalize_ends_the_step() {
 enum Strike {
     /// SIGKILL of rank 1.
     KillRank1,
-    /// scancel of the step, as its time limit would end it.
+    /// scancel of the job, as its time limit would end it: SIGTERM, then SIGKILL after KillWait.
     Scancel,
 }
 
-/// Each rank inits PMI and passes its barrier (as MPI_Finalize's does), then sleeps; rank 0 first finalizes
-/// and exits when `rank_0_leaves`. Strikes once both are past the barrier (and rank 0 gone, when it leaves):
-/// what srun then did, and how long after the strike.
-fn strike_past_the_barrier(name: &str, rank_0_leaves: bool, strike: Strike) -> (Run, Duration) {
+/// What rank 0 does past the barrier (rank 1 sleeps).
+#[derive(PartialEq)]
+enum Rank0 {
+    Sleeps,
+    /// Finalizes and exits.
+    Leaves,
+    /// Sleeps, taking SIGTERM to say `term 0` (as a program that writes a checkpoint then).
+    TrapsTerm,
+}
+
+/// Each rank inits PMI and passes its barrier (as MPI_Finalize's does), then does as `rank_0` says. Strikes
+/// once both are past the barrier (and rank 0 gone, when it leaves): what srun then did, and how long after
+/// the strike.
+fn strike_past_the_barrier(name: &str, rank_0: Rank0, strike: Strike) -> (Run, Duration) {
     let _s = serial();
     let mark = marker(name);
+    let rank_0_does = match rank_0 {
+        Rank0::Sleeps => "exec sleep 60",
+        Rank0::Leaves => "printf 'cmd=finalize\\n' >&$PMI_FD; read -r l <&$PMI_FD; exit 0",
+        Rank0::TrapsTerm => "trap 'echo \"term 0\"' TERM; sleep 60 & wait; sleep 60 & wait",
+    };
     let script = format!(
         "printf 'cmd=init pmi_version=1 pmi_subversion=1\\n' >&$PMI_FD; read -r l <&$PMI_FD; \
          printf 'cmd=barrier_in\\n' >&$PMI_FD; read -r l <&$PMI_FD; echo \"past $PMI_RANK\"; \
-         if [ \"$PMI_RANK\" = 0 ] && {rank_0_leaves}; then \
-           printf 'cmd=finalize\\n' >&$PMI_FD; read -r l <&$PMI_FD; exit 0; fi; exec sleep 60"
+         if [ \"$PMI_RANK\" = 0 ]; then {rank_0_does}; fi; exec sleep 60"
     );
     let run = Srun::start(&mark, &["-N2", "-n2", "bash", "-c", &script]);
     for _ in 0..2 {
         run.line(|l| l.starts_with("past "));
     }
     let until = Instant::now() + GUARD;
-    while rank_0_leaves && !marked(&mark, Some("PMI_RANK=0")).is_empty() {
+    while rank_0 == Rank0::Leaves && !marked(&mark, Some("PMI_RANK=0")).is_empty() {
         assert!(Instant::now() < until, "rank 0 never left");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -1261,7 +1275,7 @@ fn strike_past_the_barrier(name: &str, rank_0_leaves: bool, strike: Strike) -> (
 /// The step ends, naming rank 1.
 #[test]
 fn a_rank_killed_past_the_barrier_without_finalize_ends_the_step() {
-    let (run, took) = strike_past_the_barrier("kill-past-barrier", false, Strike::KillRank1);
+    let (run, took) = strike_past_the_barrier("kill-past-barrier", Rank0::Sleeps, Strike::KillRank1);
     eprintln!("rank 1 killed past the barrier: srun gone {took:.2?} after");
     assert!(took < ENDED_WITHIN, "the step was not ended within {ENDED_WITHIN:?} of the kill: {run}");
     assert!(!run.status.success(), "{run}");
@@ -1274,21 +1288,28 @@ fn a_rank_killed_past_the_barrier_without_finalize_ends_the_step() {
 /// killed task, without rpmi's line.
 #[test]
 fn a_rank_killed_without_finalize_after_the_others_left_is_slurms_to_report() {
-    let (run, took) = strike_past_the_barrier("kill-after-others", true, Strike::KillRank1);
+    let (run, took) = strike_past_the_barrier("kill-after-others", Rank0::Leaves, Strike::KillRank1);
     eprintln!("rank 1 killed after rank 0 left: srun gone {took:.2?} after");
     assert!(took < ENDED_WITHIN, "srun did not end within {ENDED_WITHIN:?} of the kill: {run}");
     assert!(!run.status.success(), "{run}");
     assert!(!run.stderr.contains("without PMI_Finalize"), "{run}");
 }
 
-/// A step Slurm ends (scancel, the time limit) kills every rank at once: no rank is blamed for leaving without
-/// finalize.
+/// A job Slurm ends (scancel, the time limit) loses its ranks to SIGTERM: no rank is blamed for leaving without
+/// finalize, and a rank that takes SIGTERM (to write a checkpoint) keeps its KillWait (5 s on the test
+/// cluster) instead of being ended with the others a second later.
 #[test]
-fn a_cancelled_step_blames_no_rank() {
-    let (run, took) = strike_past_the_barrier("cancel-past-barrier", false, Strike::Scancel);
-    eprintln!("step cancelled past the barrier: srun gone {took:.2?} after");
+fn a_cancelled_job_blames_no_rank_and_keeps_its_kill_wait() {
+    let (run, took) = strike_past_the_barrier("cancel-past-barrier", Rank0::Sleeps, Strike::Scancel);
+    eprintln!("job cancelled past the barrier: srun gone {took:.2?} after");
     assert!(took < ENDED_WITHIN, "srun did not end within {ENDED_WITHIN:?} of scancel: {run}");
     assert!(!run.stderr.contains("without PMI_Finalize"), "{run}");
+
+    let (run, took) = strike_past_the_barrier("cancel-trapped", Rank0::TrapsTerm, Strike::Scancel);
+    eprintln!("job cancelled, rank 0 taking SIGTERM: srun gone {took:.2?} after");
+    assert!(run.stdout.contains("term 0"), "rank 0 never had its SIGTERM: {run}");
+    assert!(!run.stderr.contains("without PMI_Finalize"), "{run}");
+    assert!(took >= Duration::from_secs(3), "rank 0 did not keep its KillWait: {run}");
 }
 
 /// The slurmstepd in the middle of a chain (n2: srun, n1, n2, n3) is killed with its tasks, as when its node

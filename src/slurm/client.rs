@@ -119,6 +119,10 @@ impl Reporter for SrunReporter {
             self.kill(id);
         }
     }
+    fn job_ending(&mut self) -> bool {
+        let ids = steps(&self.steps).ids.clone();
+        ids.iter().any(|id| self.slurm.job_ending(id) == Some(true))
+    }
     fn end_spawned(&mut self, step: u32) {
         let Some(&first) = steps(&self.steps).ids.first() else { return };
         // A spawned step is another step of `job`, never a het component; the sluid names the job where it is

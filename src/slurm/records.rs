@@ -12,11 +12,21 @@ pub mod bindings {
     include!(concat!(env!("OUT_DIR"), "/slurm.rs"));
 }
 
-pub use bindings::{slurm_conf_t, slurm_step_id_t, slurm_step_layout_t, NO_VAL, SLURM_VERSION_NUMBER};
+pub use bindings::{
+    job_info_msg_t, job_states_JOB_RUNNING, slurm_conf_t, slurm_step_id_t, slurm_step_layout_t, JOB_STATE_BASE, NO_VAL,
+    SLURM_VERSION_NUMBER,
+};
 
 /// `DEBUG_FLAG_MPI` of `slurm_conf_t::debug_flags` (`SLURM_BIT(7)` in every supported line's `slurm.h`; bindgen
 /// does not read the macro's cast).
 pub const DEBUG_FLAG_MPI: u64 = 1 << 7;
+
+/// `JOB_COMPLETING`, a flag of a job's state (`SLURM_BIT(15)` in every supported line's `slurm.h`).
+pub const JOB_COMPLETING: u32 = 1 << 15;
+
+/// `SHOW_LOCAL`, the flag that keeps `slurm_load_job` from asking for the federation first (`0x0010`, written
+/// `SLURM_BIT(4)` from 26.05).
+pub const SHOW_LOCAL: u16 = 1 << 4;
 
 /// srun's step info for `mpi_p_client_prelaunch`: `mpi_plugin_client_info_t` in 22.05 (`src/common/slurm_mpi.h`),
 /// `mpi_step_info_t` since (`src/interfaces/mpi.h`); not installed. The same fields in every supported line

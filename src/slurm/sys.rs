@@ -6,8 +6,11 @@
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
 
-use super::records::{slurm_conf_t, slurm_step_id_t, DEBUG_FLAG_MPI, SLURM_SUCCESS};
-use super::version::{self, ConfOption, KillJobStep};
+use super::records::{
+    job_info_msg_t, job_states_JOB_RUNNING, slurm_conf_t, slurm_step_id_t, DEBUG_FLAG_MPI, JOB_COMPLETING,
+    JOB_STATE_BASE, SHOW_LOCAL, SLURM_SUCCESS,
+};
+use super::version::{self, ConfOption, KillJobStep, LoadJob};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
@@ -43,6 +46,8 @@ type ListDel = unsafe extern "C" fn(*mut c_void);
 /// `char *get_extra_conf_path(char *conf_name)` (`src/common/read_config.h`; `const char *` in 26.05): the
 /// path of a file beside slurm.conf, allocated with `xmalloc`.
 type ExtraConfPath = unsafe extern "C" fn(*const c_char) -> *mut c_char;
+/// `void slurm_free_job_info_msg(job_info_msg_t *msg)` (`<slurm/slurm.h>`).
+type FreeJobInfoMsg = unsafe extern "C" fn(*mut job_info_msg_t);
 /// `int slurm_conf_get_addr(const char *node_name, slurm_addr_t *address, uint16_t flags)`; `slurm_addr_t` is
 /// a `struct sockaddr_storage`.
 type ConfGetAddr = unsafe extern "C" fn(*const c_char, *mut libc::sockaddr_storage, u16) -> c_int;
@@ -52,6 +57,8 @@ pub struct Slurm {
     pub env_overwrite_fmt: Option<EnvOverwriteFmt>,
     unsetenvp: Option<UnsetEnvp>,
     kill_job_step: Option<KillJobStep>,
+    load_job: Option<LoadJob>,
+    free_job_info_msg: Option<FreeJobInfoMsg>,
     #[cfg(slurm_kill = "step_id")]
     signal_job_step: Option<version::SignalJobStep>,
     hostlist_create: Option<HostlistCreate>,
@@ -122,6 +129,8 @@ pub fn slurm() -> &'static Slurm {
         env_overwrite_fmt: find!(c"slurm_env_array_overwrite_fmt"),
         unsetenvp: find!(c"slurm_unsetenvp"),
         kill_job_step: find!(c"slurm_kill_job_step"),
+        load_job: find!(c"slurm_load_job"),
+        free_job_info_msg: find!(c"slurm_free_job_info_msg"),
         #[cfg(slurm_kill = "step_id")]
         signal_job_step: find!(c"slurm_signal_job_step"),
         hostlist_create: find!(c"slurm_hostlist_create"),
@@ -257,6 +266,26 @@ impl Slurm {
             None => format!("error {errno}"),
         };
         Err(format!("cannot end step {job}.{step}: {why}"))
+    }
+
+    /// Whether slurmctld is ending the job of step `id` (cancelled, timed out, failed, completing: anything but
+    /// running), from `slurm_load_job` (one RPC, the federation not asked); `None` when it cannot say.
+    pub fn job_ending(&self, id: &slurm_step_id_t) -> Option<bool> {
+        let (load, free) = (self.load_job?, self.free_job_info_msg?);
+        let mut msg: *mut job_info_msg_t = std::ptr::null_mut();
+        // SAFETY: this line's slurm_load_job, found by its name, with a place for its answer.
+        if unsafe { version::load_job(load, &mut msg, id, SHOW_LOCAL) } != SLURM_SUCCESS || msg.is_null() {
+            return None;
+        }
+        // SAFETY: slurm_load_job's answer: `record_count` records at `job_array` (the job, and a hetjob's other
+        // components after its leader), freed once read.
+        let state = unsafe {
+            let m = &*msg;
+            let state = (m.record_count > 0 && !m.job_array.is_null()).then(|| (*m.job_array).job_state);
+            free(msg);
+            state
+        }?;
+        Some(state & JOB_COMPLETING != 0 || state & JOB_STATE_BASE != job_states_JOB_RUNNING)
     }
 
     /// `slurm_kill_job_step` of step `id`: Slurm's return code.

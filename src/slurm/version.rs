@@ -4,8 +4,8 @@
 //! choice; a line not there fails the build, naming what to read in that release's sources.
 //!
 //! Slurm's MPI plugin interface is the same nine symbols in every supported line, but Slurm hands the plugin
-//! private structs (not installed with its headers) whose layout moved, and one function it calls changed
-//! its arguments. Each difference is its own choice (read from each release's sources at its latest tag):
+//! private structs (not installed with its headers) whose layout moved, and two functions it calls changed
+//! their arguments. Each difference is its own choice (read from each release's sources at its latest tag):
 //!
 //! | choice (cfg) | what | 22.05 | 23.11 | 24.05 | 24.11 | 25.05 | 25.11 | 26.05 |
 //! |---|---|---|---|---|---|---|---|---|
@@ -17,6 +17,7 @@
 //! | `slurm_run_prolog` | the step record still has `run_prolog` | yes | yes | yes | yes | yes | yes | |
 //! | `slurm_node_list` | the step record has the job's `node_addrs` and `node_list` before the heterogeneous step's fields | | yes | yes | yes | yes | yes | yes |
 //! | `slurm_het_step_tasks` | the step record has `het_job_step_task_cnts` before `het_job_task_offset` | | | | | yes | yes | yes |
+//! | `slurm_load_job_step_id` | `slurm_load_job` takes the job's `slurm_step_id_t` by value, not its number | | | | | | | yes |
 //!
 //! 23.02 (out of SchedMD's support) mixes 22.05's task info and kill call with the newer option struct and
 //! step record, and changed the record within the line (at 23.02.1): it is not supported.
@@ -27,7 +28,7 @@
 //! disagrees fails the build instead of reading the wrong bytes. `plugin_version` comes from the same
 //! header, and Slurm loads only a plugin of its own exact version.
 
-use super::records::{slurm_step_id_t, stepd_step_rec_t, StepInfo};
+use super::records::{job_info_msg_t, slurm_step_id_t, stepd_step_rec_t, StepInfo};
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::{offset_of, size_of};
 
@@ -112,6 +113,26 @@ pub unsafe fn kill_job_step(f: KillJobStep, id: &slurm_step_id_t, signal: u16) -
         let mut id = *id;
         unsafe { f(&mut id, signal, 0) }
     }
+}
+
+/// `int slurm_load_job(job_info_msg_t **resp, uint32_t job_id, uint16_t show_flags)`.
+#[cfg(not(slurm_load_job_step_id))]
+pub type LoadJob = unsafe extern "C" fn(*mut *mut job_info_msg_t, u32, u16) -> c_int;
+/// `int slurm_load_job(job_info_msg_t **resp, slurm_step_id_t step_id, uint16_t show_flags)`.
+#[cfg(slurm_load_job_step_id)]
+pub type LoadJob = unsafe extern "C" fn(*mut *mut job_info_msg_t, slurm_step_id_t, u16) -> c_int;
+
+/// Calls Slurm's `slurm_load_job` for the job of step `id` (by its number, or where it takes an id, by the id
+/// as Slurm named the step to the plugin, as [`kill_job_step`]).
+///
+/// # Safety
+/// `f` is this line's `slurm_load_job`; `resp` is a place for its answer.
+pub unsafe fn load_job(f: LoadJob, resp: *mut *mut job_info_msg_t, id: &slurm_step_id_t, flags: u16) -> c_int {
+    // SAFETY (each line): the caller's contract.
+    #[cfg(not(slurm_load_job_step_id))]
+    return unsafe { f(resp, id.job_id, flags) };
+    #[cfg(slurm_load_job_step_id)]
+    return unsafe { f(resp, *id, flags) };
 }
 
 /// The size of `slurm_step_id_t` each line's sources give.

@@ -43,6 +43,11 @@ pub trait Reporter: Send + 'static {
     fn end_step(&mut self);
     /// Ends step `step` of the job, one this step spawned.
     fn end_spawned(&mut self, step: u32);
+    /// Whether Slurm is ending the step's job (cancelled, timed out): its tasks then go because of it. The
+    /// default says no.
+    fn job_ending(&mut self) -> bool {
+        false
+    }
 }
 
 /// What the step's root saw, for srun's exit code.
@@ -247,7 +252,8 @@ impl State {
                 return self.stop();
             }
             if self.watch.deadline().is_some_and(|t| t <= Instant::now()) {
-                self.watch.tick(Instant::now());
+                let reporter = &mut self.reporter;
+                self.watch.tick(Instant::now(), || reporter.job_ending());
                 self.act();
             }
         }

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a rank that spoke PMI and left without finalize may stay the only one gone before the step ends
-/// for it: when Slurm ends a step (scancel, the time limit) every task goes within it, and nothing is said;
-/// a barrier that waits for the rank names it more exactly.
+/// for it: when Slurm kills a step every task goes within it, and a barrier that waits for the rank names it
+/// more exactly.
 pub const LEFT_GRACE: Duration = Duration::from_secs(1);
 
 /// The step as the watch sees it.
@@ -384,7 +384,7 @@ impl StepWatch {
                 // An MPI process that leaves without finalize has failed its job: the others would wait for it
                 // outside PMI (in MPI_Finalize's own shutdown, a receive) where no barrier tells, and Slurm
                 // does not end a step for one failed task ([`Self::tick`]).
-                if !finalized && spoke && self.left.is_none() {
+                if !finalized && spoke && self.left.is_none() && !self.outcome.ended && !self.stopping {
                     self.left = Some((rank, n, Instant::now() + LEFT_GRACE));
                 }
                 true
@@ -519,21 +519,28 @@ impl StepWatch {
     }
 
     /// Time has come to `now`: a rank that left without finalize [`LEFT_GRACE`] ago ends the step if any other
-    /// rank still runs. Once every other rank has left there is nothing to end: Slurm's status says it.
-    pub fn tick(&mut self, now: Instant) {
+    /// rank still runs. Once every other rank has left there is nothing to end: Slurm's status says it. Nor
+    /// when Slurm is ending the job (`job_ending`, asked only then): a cancelled or timed-out job's tasks get
+    /// SIGTERM and their KillWait before SIGKILL, and those that take it to write a checkpoint must keep it.
+    pub fn tick(&mut self, now: Instant, job_ending: impl FnOnce() -> bool) {
         let Some((rank, node, due)) = self.left else { return };
         if now < due {
             return;
         }
         self.left = None;
-        if self.gone_seen.contains(&false) {
-            let what = format!(
-                "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other \
-                 ranks run",
-                self.node_name(node)
-            );
-            self.fatal(what, None);
+        if !self.gone_seen.contains(&false) || self.outcome.ended || self.stopping {
+            return;
         }
+        let what = format!(
+            "rank {rank} on {} closed its PMI connection (exited or crashed) without PMI_Finalize while other ranks \
+             run",
+            self.node_name(node)
+        );
+        if job_ending() {
+            self.actions.push_back(Action::Debug(format!("{what}, as Slurm ends the job: the step is Slurm's to end")));
+            return;
+        }
+        self.fatal(what, None);
     }
 
     /// srun is done with the step: what the stepds sent before it ended (an abort from the last task) is
@@ -909,9 +916,9 @@ mod tests {
         assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: true }));
         assert_eq!(drain(&mut w), []);
         let due = w.deadline().unwrap();
-        w.tick(due - LEFT_GRACE / 2);
+        w.tick(due - LEFT_GRACE / 2, || unreachable!("asked before the grace is over"));
         assert_eq!(drain(&mut w), []);
-        w.tick(due);
+        w.tick(due, || false);
         assert_eq!(w.deadline(), None);
         let actions = drain(&mut w);
         assert_eq!(
@@ -929,10 +936,17 @@ mod tests {
             for rank in [first, 1 - first] {
                 assert!(w.message(rank, Up::Gone { rank, finalized: rank == 0, spoke: true }));
             }
-            w.tick(Instant::now() + LEFT_GRACE);
+            w.tick(Instant::now() + LEFT_GRACE, || unreachable!("no rank runs"));
             assert_eq!(drain(&mut w), []);
             assert!(!w.outcome().ended);
         }
+
+        // Slurm is ending the job (scancel, the time limit): the other ranks have their KillWait.
+        let mut w = watch_of(2, false);
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: true }));
+        w.tick(Instant::now() + LEFT_GRACE, || true);
+        assert!(!drain(&mut w).iter().any(|a| matches!(a, Action::EndStep | Action::Error(_))));
+        assert!(!w.outcome().ended);
 
         // A task that never spoke PMI (no MPI process, or one that failed before PMI_Init) ends nothing.
         let mut w = watch_of(2, false);
