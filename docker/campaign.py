@@ -275,8 +275,8 @@ def wait_idle(limit=120):
 
 
 class Srun:
-    """One `srun -Q --mpi=MPI` of the campaign, its output in files, reaped with os.wait4 (for ru_maxrss) by a
-    thread of its own; every task carries its marker."""
+    """One `srun -Q --mpi=MPI` of the campaign, its output in files, reaped by a thread of its own; every task
+    carries its marker."""
 
     count = itertools.count()
 
@@ -288,13 +288,13 @@ class Srun:
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          env={**os.environ, MARK: self.mark})
         self.pid, self.start = self.proc.pid, time.monotonic()
-        self.end = self.code = self.maxrss_kib = None
+        self.end = self.code = None
         self.done = threading.Event()
         threading.Thread(target=self._reap, daemon=True).start()
 
     def _reap(self):
-        _, status, usage = os.wait4(self.pid, 0)
-        self.end, self.code, self.maxrss_kib = time.monotonic(), os.waitstatus_to_exitcode(status), usage.ru_maxrss
+        _, status = os.waitpid(self.pid, 0)
+        self.end, self.code = time.monotonic(), os.waitstatus_to_exitcode(status)
         self.proc.returncode = self.code  # reaped here: Popen must not wait for it again
         self.done.set()
 
@@ -639,7 +639,7 @@ def fault_run(ctx, mpi, rng, index, kind, phase):
 class SoakStep:
     def __init__(self, index, kind, argv, expect):
         self.index, self.kind, self.argv, self.expect = index, kind, argv, expect
-        self.srun = self.job = self.srun_fds = self.left = self.gone_after = None
+        self.srun = self.job = self.srun_rss = self.srun_fds = self.left = self.gone_after = None
         self.closing = threading.Event()  # srun is gone and the job's id known: look for what is left
         self.hung = False
 
@@ -652,7 +652,7 @@ class SoakStep:
         stepds = stepd_figures.get(self.job, {}).values()
         return {"step": self.index, "kind": self.kind, "expect": self.expect,
                 "job": self.job, "exit": "hung" if self.hung else exit_text(self.srun.code),
-                "seconds": round(self.srun.end - self.srun.start, 2), "srun_rss_kib": self.srun.maxrss_kib,
+                "seconds": round(self.srun.end - self.srun.start, 2), "srun_rss_kib": self.srun_rss,
                 "srun_fds": self.srun_fds, "stepds": len(stepds),
                 "stepd_rss_kib": max((f["rss"] for f in stepds), default=None),
                 "stepd_fds": max((f["fds"] for f in stepds), default=None), "left": self.left,
@@ -688,8 +688,13 @@ def compared(n):
     return min(50, max(1, n // 2))
 
 
-def slurmd_usage():
-    return {node: {"rss_kib": status_kib(pid, "VmRSS"), "fds": nfds(pid)} for node, pid in sorted(slurmds().items())}
+def slurmd_usage(nodes=()):
+    """{node: figures} of each slurmd found; waits up to GONE_WITHIN for those of `nodes` (one a fault restarted
+    may be starting). A slurmd still missing is left out: the report says so."""
+    until = time.monotonic() + GONE_WITHIN
+    while not set(nodes) <= set(found := slurmds()) and time.monotonic() < until:
+        time.sleep(POLL)
+    return {node: {"rss_kib": status_kib(pid, "VmRSS"), "fds": nfds(pid)} for node, pid in sorted(found.items())}
 
 
 def soak(ctx, steps, mpi):
@@ -748,6 +753,10 @@ def soak(ctx, steps, mpi):
                 if step.job is None:
                     step.job = next((t.job for t in mine.values()), None)
                 if not step.srun.done.is_set():
+                    # VmHWM, srun's own: its ru_maxrss would be ours (Linux carries a process's peak across
+                    # exec, and Popen's vfork child runs in our memory until it execs srun).
+                    rss = status_kib(step.srun.pid, "VmHWM")
+                    step.srun_rss = max(filter(None, [step.srun_rss, rss]), default=None)
                     step.srun_fds = max(filter(None, [step.srun_fds, nfds(step.srun.pid)]), default=None)
                 if not step.closing.is_set():
                     continue
@@ -776,7 +785,12 @@ def soak(ctx, steps, mpi):
     workers_done.set()
     sampling.join()
     idle = wait_idle()
-    slurmd["end"] = slurmd_usage()
+    slurmd["end"] = slurmd_usage(slurmd["start"])
+    for node in sorted(set(slurmd["start"]) - set(slurmd["end"])):
+        log = os.path.join(CLUSTER, "log", f"slurmd-{node}.log")
+        tail = b"".join((read(log) or b"").splitlines(keepends=True)[-20:]).decode(errors="replace")
+        print(f"campaign: no slurmd of {node} after the soak under --mpi={mpi}; the end of {log}:\n{tail}",
+              file=sys.stderr, flush=True)
     slurmd["last_from"] = steps[len(steps) - compared(len(steps))].srun.start - began
     return {"steps": [s.record(stepd_figures) for s in steps], "slurmd": slurmd, "idle": idle}
 
@@ -902,10 +916,12 @@ def soak_stats(result):
             during.append({key: (min(u[key] for u in seen), max(u[key] for u in seen)) for key in ("rss_kib", "fds")}
                           if seen else {})
         first, last = during
-        ok = bool(first and last) and flat(first["rss_kib"][1], last["rss_kib"][0], FLAT_KIB) and \
+        end = usage["end"].get(node)
+        ok = bool(first and last and end) and flat(first["rss_kib"][1], last["rss_kib"][0], FLAT_KIB) and \
             flat(first["fds"][1], last["fds"][0], FLAT_FDS)
         all_flat &= ok
-        rest = [f"{mib(u.get('rss_kib'))} / {count(u.get('fds'))}" for u in (usage["start"][node], usage["end"][node])]
+        rest = [f"{mib(u.get('rss_kib'))} / {count(u.get('fds'))}" if u else "**no slurmd**"
+                for u in (usage["start"][node], end)]
         busy = [f"{span(w['rss_kib'], mib)} / {span(w['fds'], count)}" if w else "-" for w in during]
         slurmd_rows.append((node, rest[0], *busy, rest[1], "yes" if ok else "**no**"))
     return k, rows, slurmd_rows, all_flat
@@ -1041,7 +1057,7 @@ def report(meta, calibrations, runs, soaks):
                if mpi != "none" else "back: plain tasks of 0.1 s for each kind, rank R of an abort exiting with "
                "CODE (srun must exit ")
             + ("with CODE" if mpi in ABORT_CODE_PLUGINS else "non-zero: this plugin does not pass CODE on")
-            + "). srun's peak RSS is its ru_maxrss; its fds and its slurmstepds' VmHWM and fds are sampled "
+            + "). srun's and its slurmstepds' VmHWM and open fds are sampled "
             f"every {SAMPLE} s while the step runs (a step over before a sample has none). Flat: for each kind, the "
             "median of its last 50 steps (of the last half when it has fewer than 100) at most "
             f"{FLAT_RATIO - 1:.0%} (or {FLAT_KIB >> 10} MiB, {FLAT_FDS} fds) over that of its first, judged only "
