@@ -4,7 +4,7 @@
 //! resident set before; the parent checks the figures against the bounds stated here.
 
 use rpmi::driver::{channel, socketpair, Driver, HostFds};
-use rpmi::server::{Host, JobError, JobInfo, Limits, Shell, TaskMap};
+use rpmi::server::{pump, Host, JobError, JobInfo, Limits, Shell, TaskMap};
 use rpmi::wire::spawn::{COMMAND_OVERHEAD, ITEM_OVERHEAD};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -228,7 +228,8 @@ fn tiny_puts_attack() {
         for i in stored..stored + TINY_PUTS_BATCH {
             writeln!(requests, "cmd=put kvsname=kvs_bounds key=k{i} value=v").expect("a request");
         }
-        shell.receive(&mut host, 0, &requests);
+        shell.receive(0, &requests);
+        pump(&mut shell, &mut host);
         let mut answers = 0;
         while answers < TINY_PUTS_BATCH {
             let out = shell.output(0);
@@ -243,7 +244,8 @@ fn tiny_puts_attack() {
             }
             let n = out.len();
             shell.consume(0, n);
-            shell.resume(&mut host, 0);
+            shell.resume(0);
+            pump(&mut shell, &mut host);
         }
     }
     report("peak_growth", peak_growth(base));
@@ -274,10 +276,6 @@ struct GroupHost {
 impl Host for GroupHost {
     fn collective(&mut self, _contribution: &[u8]) -> Result<(), String> {
         panic!("no task of these tests enters a plain barrier");
-    }
-
-    fn serves_groups(&self) -> bool {
-        true
     }
 
     fn group_collective(
@@ -365,6 +363,7 @@ fn group_barriers_attack(attack: &str) {
     let local = map.clique(0);
     let tasks = local.len();
     let mut shell = Shell::new(JobInfo::new("kvs_bounds", map, local, hosts), limits).expect("a shell");
+    shell.serve_groups(true);
     let mut host = GroupHost::default();
     // Made beforehand, so that only the shell's allocations are measured.
     let lines: Vec<Vec<String>> = (0..tasks)
@@ -376,10 +375,12 @@ fn group_barriers_attack(attack: &str) {
     let base = reset_peak();
     for (task, lines) in lines.iter().enumerate() {
         let init = b"cmd=init pmi_version=1 pmi_subversion=2\n";
-        shell.receive(&mut host, task, init);
+        shell.receive(task, init);
+        pump(&mut shell, &mut host);
         assert_eq!(drain(&mut shell, task), b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2\n");
         for line in lines {
-            shell.receive(&mut host, task, line.as_bytes());
+            shell.receive(task, line.as_bytes());
+            pump(&mut shell, &mut host);
             // Answered as they come, as a client's threads read them: what a task that pipelines requests
             // without reading is bounded by the shell's back-pressure (the first test).
             let answer = drain(&mut shell, task);
@@ -527,13 +528,15 @@ fn spawn_lines_attack() {
 
     let base = reset_peak();
     for task in 0..SPAWN_TASKS {
-        shell.receive(&mut host, task, input.as_bytes());
+        shell.receive(task, input.as_bytes());
+        pump(&mut shell, &mut host);
     }
     let growth = peak_growth(base);
     assert!(host.cut_off.is_empty(), "{:?}", host.cut_off);
     assert!((0..SPAWN_TASKS).all(|t| shell.output(t).is_empty() && !shell.is_cut_off(t)));
     for task in 0..SPAWN_TASKS {
-        shell.receive(&mut host, task, format!("{next}\n").as_bytes());
+        shell.receive(task, format!("{next}\n").as_bytes());
+        pump(&mut shell, &mut host);
     }
     assert!(host.cut_off.iter().all(|e| e.contains("over the limit of 262144 bytes")), "{:?}", host.cut_off);
     report("peak_growth", growth);
@@ -560,7 +563,8 @@ fn spawn_frames_attack() {
     let mut shell = spawn_shell();
     let mut host = SpawnHost::default();
     for task in 0..SPAWN_TASKS {
-        shell.receive(&mut host, task, b"cmd=init pmi_version=2 pmi_subversion=0\n");
+        shell.receive(task, b"cmd=init pmi_version=2 pmi_subversion=0\n");
+        pump(&mut shell, &mut host);
         drain(&mut shell, task);
     }
 
@@ -568,13 +572,15 @@ fn spawn_frames_attack() {
     for task in 0..SPAWN_TASKS {
         // As a driver reads it: 64 KiB at a time.
         for piece in most.chunks(64 << 10) {
-            shell.receive(&mut host, task, piece);
+            shell.receive(task, piece);
+            pump(&mut shell, &mut host);
         }
     }
     report("peak_growth_held", peak_growth(base));
     assert!(host.cut_off.is_empty(), "{:?}", host.cut_off);
     for task in 0..SPAWN_TASKS {
-        shell.receive(&mut host, task, last);
+        shell.receive(task, last);
+        pump(&mut shell, &mut host);
     }
     report("peak_growth_decoded", peak_growth(base));
     assert!(host.cut_off.iter().all(|e| e.contains("over the limit of 262144 bytes")), "{:?}", host.cut_off);

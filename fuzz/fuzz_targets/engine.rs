@@ -12,7 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rpmi::server::{
-    Speaker, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap,
+    pump, Speaker, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap,
     GROUP_ID_MAX, NOT_SUPPORTED,
 };
 use rpmi::wire::response::MAX_LINE;
@@ -118,10 +118,6 @@ impl Host for FuzzHost {
         Ok(())
     }
 
-    fn serves_groups(&self) -> bool {
-        self.serve_groups
-    }
-
     fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
         let GroupExchange { id, shells } = *exchange;
         assert!(self.serve_groups, "a group exchange from a shell told groups are not served");
@@ -177,21 +173,21 @@ impl Host for FuzzHost {
         assert!(!line.contains(&b'\n'), "a traced line holds a newline: {:?}", String::from_utf8_lossy(line));
     }
 
-    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
+    fn request(&mut self, task: TaskId, request: HostRequest) -> Result<(), String> {
         assert!(task < NTASKS, "request for unknown task {task}");
         assert!(self.requests[task].is_none(), "task {task} asked for a second service while one is outstanding");
         let word = |s: &str| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'=');
         let service = match request {
             HostRequest::Publish { service, port } => {
-                assert!(word(service) && word(port));
+                assert!(word(&service) && word(&port));
                 Service::Publish
             }
             HostRequest::Unpublish { service } => {
-                assert!(word(service));
+                assert!(word(&service));
                 Service::Unpublish
             }
             HostRequest::Lookup { service } => {
-                assert!(word(service));
+                assert!(word(&service));
                 Service::Lookup
             }
             HostRequest::Spawn(req) => {
@@ -437,7 +433,8 @@ impl Sockets {
     /// earlier writes wait.
     fn write(&mut self, shell: &mut Shell, host: &mut FuzzHost, task: TaskId, bytes: &[u8]) {
         if self.unread[task].is_empty() && !shell.holds_input(task) {
-            shell.receive(host, task, bytes);
+            shell.receive(task, bytes);
+            pump(shell, host);
         } else if !bytes.is_empty() {
             self.unread[task].push_back(bytes.to_vec());
         }
@@ -449,7 +446,8 @@ impl Sockets {
         for t in 0..NTASKS {
             if !shell.holds_input(t) {
                 if let Some(bytes) = self.unread[t].pop_front() {
-                    shell.receive(host, t, &bytes);
+                    shell.receive(t, &bytes);
+                    pump(shell, host);
                     read = true;
                 }
             }
@@ -478,7 +476,8 @@ fn drain(shell: &mut Shell, host: &mut FuzzHost, wire: &mut Wire, piece: usize) 
             shell.consume(t, n);
             if shell.output(t).is_empty() {
                 // As the driver does once a task's output is written: its held input is parsed.
-                shell.resume(host, t);
+                shell.resume(t);
+                pump(shell, host);
             }
             if !shell.output(t).is_empty() {
                 wire.backlog.push(t);
@@ -833,6 +832,7 @@ fn run(data: &[u8]) {
         serve_groups: config & 16 != 0,
         groups: Vec::new(),
     };
+    shell.serve_groups(host.serve_groups);
     let mut wire = Wire {
         partial: vec![Vec::new(); NTASKS],
         v2: vec![false; NTASKS],
@@ -873,13 +873,15 @@ fn run(data: &[u8]) {
             8 => {
                 // What the task wrote and the host did not read is lost with the connection.
                 sockets.unread[task].clear();
-                shell.disconnected(&mut host, task);
+                shell.disconnected(task);
+                pump(&mut shell, &mut host);
             }
             9 => match host.collective.take() {
-                Some(own) => shell.collective_complete(&mut host, Ok(&[&own])),
+                Some(own) => { shell.collective_complete(Ok(&[&own])); pump(&mut shell, &mut host) },
                 None => {
                     host.misuse = true;
-                    shell.collective_complete(&mut host, Ok(&[]));
+                    shell.collective_complete(Ok(&[]));
+                    pump(&mut shell, &mut host);
                 }
             },
             10 => {
@@ -888,7 +890,8 @@ fn run(data: &[u8]) {
                 let theirs = input.bytes(len);
                 if let Some(own) = host.collective.take() {
                     let parts: [&[u8]; 2] = if order & 1 == 0 { [&own, theirs] } else { [theirs, &own] };
-                    shell.collective_complete(&mut host, Ok(&parts));
+                    shell.collective_complete(Ok(&parts));
+                    pump(&mut shell, &mut host);
                 }
             }
             11 => {
@@ -905,14 +908,16 @@ fn run(data: &[u8]) {
                     theirs.push(b'\n');
                 }
                 if let Some(own) = host.collective.take() {
-                    shell.collective_complete(&mut host, Ok(&[&own, &theirs]));
+                    shell.collective_complete(Ok(&[&own, &theirs]));
+                    pump(&mut shell, &mut host);
                 }
             }
             12 => {
                 let g = input.byte();
                 if g & 1 == 0 {
                     if host.collective.take().is_some() {
-                        shell.collective_complete(&mut host, Err("the other shell is gone"));
+                        shell.collective_complete(Err("the other shell is gone"));
+                        pump(&mut shell, &mut host);
                     }
                 } else if !host.groups.is_empty() {
                     // A group exchange ends, in any order: failed, or with the other node's part.
@@ -920,22 +925,24 @@ fn run(data: &[u8]) {
                     let len = input.byte() as usize;
                     let theirs = input.bytes(len);
                     match g & 2 {
-                        0 => shell.group_complete(&mut host, &id, Err("the other node is gone")),
-                        _ => shell.group_complete(&mut host, &id, Ok(&[&own, theirs])),
+                        0 => { shell.group_complete(&id, Err("the other node is gone")); pump(&mut shell, &mut host) },
+                        _ => { shell.group_complete(&id, Ok(&[&own, theirs])); pump(&mut shell, &mut host) },
                     }
                 } else if g & 2 != 0 {
                     host.misuse = true;
-                    shell.group_complete(&mut host, b"WORLD:0", Ok(&[]));
+                    shell.group_complete(b"WORLD:0", Ok(&[]));
+                    pump(&mut shell, &mut host);
                 }
             }
             13 => {
                 let v = input.byte();
                 let answer = reply(v, host.spawn_procs[task]);
                 match host.requests[task].take() {
-                    Some(_) => shell.host_reply(&mut host, task, answer),
+                    Some(_) => { shell.host_reply(task, answer); pump(&mut shell, &mut host) },
                     None if v & 0x80 != 0 => {
                         host.misuse = true;
-                        shell.host_reply(&mut host, task, answer);
+                        shell.host_reply(task, answer);
+                        pump(&mut shell, &mut host);
                     }
                     None => {}
                 }
@@ -948,9 +955,12 @@ fn run(data: &[u8]) {
                 trace = !trace;
                 shell.set_trace(trace);
                 host.misuse = true;
-                shell.receive(&mut host, NTASKS + task, b"cmd=get_maxes\n");
-                shell.disconnected(&mut host, NTASKS + task);
-                shell.host_reply(&mut host, NTASKS + task, HostReply::Done);
+                shell.receive(NTASKS + task, b"cmd=get_maxes\n");
+                pump(&mut shell, &mut host);
+                shell.disconnected(NTASKS + task);
+                pump(&mut shell, &mut host);
+                shell.host_reply(NTASKS + task, HostReply::Done);
+                pump(&mut shell, &mut host);
             }
         }
         host.misuse = false;

@@ -1,6 +1,7 @@
-//! [`CHost`]: the engine's [`Host`] implemented by calling a C host's `rpmi_host_ops`.
+//! [`CHost`]: the engine's effects carried out ([`Host`]) by calling a C host's `rpmi_host_ops`.
 
 use super::ffi::{self, rpmi_host_ops, rpmi_instance};
+use super::owed::OwedAnswers;
 use crate::server::{GroupExchange, Host, HostRequest, JobError, Speaker, TaskId, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
 use std::ffi::CString;
@@ -10,6 +11,8 @@ pub struct CHost {
     pub ops: rpmi_host_ops,
     /// The instance handed back to every callback (set once the instance is boxed).
     pub instance: *mut rpmi_instance,
+    /// The answers the C host owes, shared with `service_complete`'s callers.
+    pub owed: OwedAnswers,
 }
 
 // SAFETY: the ABI obliges the host's callbacks (and host_data) to be usable from the plugin's progress thread
@@ -113,8 +116,10 @@ impl Host for CHost {
         self.log(log::Level::Trace, &text);
     }
 
-    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
+    fn request(&mut self, task: TaskId, request: HostRequest) -> Result<(), String> {
         let (data, inst, t) = (self.ops.host_data, self.instance, task as u32);
+        // Owed before the C host has the request: it may answer before its callback returns.
+        self.owed.owe(task);
         // The callback's return code; `None` when the host's table lacks it.
         // SAFETY (all four): C callbacks with the host's own data and NUL-terminated strings that live
         // through the call.
@@ -123,27 +128,35 @@ impl Host for CHost {
                 .ops
                 .publish
                 .filter(|_| self.has(end_of!(publish)))
-                .map(|f| unsafe { f(data, inst, t, c_string(service).as_ptr(), c_string(port).as_ptr()) }),
+                .map(|f| unsafe { f(data, inst, t, c_string(&service).as_ptr(), c_string(&port).as_ptr()) }),
             HostRequest::Unpublish { service } => self
                 .ops
                 .unpublish
                 .filter(|_| self.has(end_of!(unpublish)))
-                .map(|f| unsafe { f(data, inst, t, c_string(service).as_ptr()) }),
+                .map(|f| unsafe { f(data, inst, t, c_string(&service).as_ptr()) }),
             HostRequest::Lookup { service } => self
                 .ops
                 .lookup
                 .filter(|_| self.has(end_of!(lookup)))
-                .map(|f| unsafe { f(data, inst, t, c_string(service).as_ptr()) }),
+                .map(|f| unsafe { f(data, inst, t, c_string(&service).as_ptr()) }),
             HostRequest::Spawn(spawn) => self.ops.spawn.filter(|_| self.has(end_of!(spawn))).map(|f| {
-                let json = spawn_json(spawn);
+                let json = spawn_json(&spawn);
                 unsafe { f(data, inst, t, json.as_ptr().cast(), json.len()) }
             }),
         };
-        match rc {
-            None => Err(NOT_SUPPORTED.into()),
-            Some(ffi::RPMI_OK) => Ok(()),
-            Some(rc) => Err(format!("the resource manager refused it ({rc})")),
+        let why = match rc {
+            Some(ffi::RPMI_OK) => return Ok(()),
+            None => NOT_SUPPORTED.to_string(),
+            Some(rc) => format!("the resource manager refused it ({rc})"),
+        };
+        // Claimed here, so that an answer coming all the same finds nothing owed.
+        if self.owed.claim(task) {
+            return Err(why);
         }
+        // The C host answered before it refused: that answer, on its way, is the one the task gets, so that
+        // it is not left over for the task's next request.
+        self.log(log::Level::Error, &format!("host bug: task {task}'s request was answered, then refused: {why}"));
+        Ok(())
     }
 }
 
@@ -249,5 +262,50 @@ mod tests {
             spawn_json(&req),
             r#"{"commands":[{"args":["-x"],"execname":"./a","infos":[],"nprocs":2,"preputs":[["k","v"]]}]}"#
         );
+    }
+
+    /// The C host's answers to one lookup, as its `lookup` callback makes them: it claims the answer (as
+    /// `service_complete` does, on this thread or another) when `ANSWER` is set, then returns `RC`.
+    mod answering {
+        use super::super::*;
+        use std::ffi::{c_char, c_int, c_void};
+        use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
+
+        pub static ANSWER: AtomicBool = AtomicBool::new(false);
+        pub static RC: AtomicI32 = AtomicI32::new(ffi::RPMI_OK);
+
+        pub unsafe extern "C" fn lookup(data: *mut c_void, _: *mut rpmi_instance, task: u32, _: *const c_char) -> c_int {
+            // SAFETY: the test's OwedAnswers, handed as host data.
+            let owed = unsafe { &*(data as *const OwedAnswers) };
+            if ANSWER.load(SeqCst) {
+                assert!(owed.claim(task as usize), "owed before the callback");
+            }
+            RC.load(SeqCst)
+        }
+    }
+
+    #[test]
+    fn a_request_answered_before_its_callback_returns_gets_that_answer() {
+        use answering::{ANSWER, RC};
+        use std::sync::atomic::Ordering::SeqCst;
+        let owed = OwedAnswers::new(1);
+        // SAFETY: a table of optional callbacks and sizes, all zero: none offered.
+        let mut ops: rpmi_host_ops = unsafe { std::mem::zeroed() };
+        ops.struct_size = std::mem::size_of::<rpmi_host_ops>() as _;
+        ops.host_data = (&owed as *const OwedAnswers).cast_mut().cast();
+        ops.lookup = Some(answering::lookup);
+        let mut host = CHost { ops, instance: std::ptr::null_mut(), owed: owed.clone() };
+        let lookup = || HostRequest::Lookup { service: "svc".into() };
+        // Taken, to be answered later: owed until then.
+        assert_eq!(host.request(0, lookup()), Ok(()));
+        assert!(owed.claim(0));
+        // Refused: nothing is owed, and the shell answers the task with why.
+        RC.store(ffi::RPMI_ERR_INVALID, SeqCst);
+        assert!(host.request(0, lookup()).unwrap_err().contains("refused"));
+        assert!(!owed.claim(0));
+        // Answered, then refused (a host bug): the answer on its way is the one the task gets.
+        ANSWER.store(true, SeqCst);
+        assert_eq!(host.request(0, lookup()), Ok(()));
+        assert!(!owed.claim(0));
     }
 }

@@ -6,6 +6,7 @@
 
 mod c_host;
 mod options;
+mod owed;
 pub mod root;
 
 pub use c_host::{spawn_json, spawn_request};
@@ -13,8 +14,9 @@ pub use options::Options;
 
 use crate::driver::Event;
 use crate::node::{EnvVar, ExecError, JobVars, Looping, NodeError, NodeRuntime};
-use crate::server::{JobInfo, OwedAnswers, Shell, TaskMap};
+use crate::server::{JobInfo, Shell, TaskMap};
 use c_host::CHost;
+use owed::OwedAnswers;
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -75,8 +77,8 @@ struct TaskSlot {
 struct Instance {
     node: NodeRuntime<CHost>,
     tasks: Mutex<Vec<TaskSlot>>,
-    /// The shell's record of the answers its host owes: `service_complete` comes on any thread and refuses
-    /// there an answer nobody waits for.
+    /// The answers the C host owes: `service_complete` comes on any thread and refuses there an answer
+    /// nobody waits for.
     owed: OwedAnswers,
     /// The host's log callback and data, for the reasons behind error codes of later calls.
     log: ffi::rpmi_host_ops,
@@ -326,8 +328,8 @@ impl Instance {
         let n = info.local_ranks.len();
         let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         shell.set_trace(options.trace);
-        let owed = shell.owed_answers();
-        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut() };
+        let owed = OwedAnswers::new(n);
+        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut(), owed: owed.clone() };
         let node = NodeRuntime::new(shell, host, JobVars { job_id })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {

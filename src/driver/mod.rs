@@ -19,7 +19,7 @@ pub use crate::os::socketpair;
 pub use turns::{Turns, GROUPED_ABOVE};
 
 use crate::os::{self, Epoll};
-use crate::server::{Host, HostReply, Shell, TaskId};
+use crate::server::{pump, Host, HostReply, Shell, TaskId};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{Receiver, Sender};
@@ -130,9 +130,15 @@ pub trait HostFds: Host {
     }
 
     /// The fd the host watches under `token` has `events` (epoll's flags). What it brings for the shell (a
-    /// collective's result, say) the host hands to `shell` itself.
-    fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
-        let _ = (token, events, shell);
+    /// collective's result, say) the host hands over in [`HostFds::complete`], which follows.
+    fn ready(&mut self, token: u64, events: u32) {
+        let _ = (token, events);
+    }
+
+    /// Hands `shell` what has completed for it (a collective, a failure found while starting one, srun's
+    /// answers): called after the host has carried out the shell's effects, and after [`HostFds::ready`].
+    fn complete(&mut self, shell: &mut Shell) {
+        let _ = shell;
     }
 }
 
@@ -170,8 +176,9 @@ impl Watcher {
 impl<H: HostFds> Driver<H> {
     /// A driver for `shell`, whose requests go to `host`, taking events from `inbox` (see [`channel`]).
     /// Task connections come with [`Event::Attach`] or [`Driver::attach`].
-    pub fn new(shell: Shell, mut host: H, inbox: Inbox) -> io::Result<Self> {
+    pub fn new(mut shell: Shell, mut host: H, inbox: Inbox) -> io::Result<Self> {
         let n = shell.task_count();
+        shell.serve_groups(host.serves_groups());
         let turns = Turns::new(n)?;
         turns.watch(inbox.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
         host.watch(Watcher { epoll: turns.top() });
@@ -233,7 +240,8 @@ impl<H: HostFds> Driver<H> {
             if token == WAKE {
                 self.take_events()?;
             } else if token & HOST_FD != 0 {
-                self.host.ready(token & !HOST_FD, flags, &mut self.shell);
+                self.host.ready(token & !HOST_FD, flags);
+                self.pump();
                 self.flush()?;
             } else {
                 let task = token as usize;
@@ -278,20 +286,20 @@ impl<H: HostFds> Driver<H> {
         match event {
             Event::CollectiveDone(result) => {
                 let parts = borrowed(&result);
-                self.shell.collective_complete(&mut self.host, parts.as_deref().map_err(|e| e.as_str()));
+                self.shell.collective_complete(parts.as_deref().map_err(|e| e.as_str()));
             }
             Event::GroupDone { id, result } => {
                 let parts = borrowed(&result);
-                self.shell.group_complete(&mut self.host, &id, parts.as_deref().map_err(|e| e.as_str()));
+                self.shell.group_complete(&id, parts.as_deref().map_err(|e| e.as_str()));
             }
-            Event::HostReply(task, reply) => self.shell.host_reply(&mut self.host, task, reply),
-            Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(&mut self.host, task, ok, text),
+            Event::HostReply(task, reply) => self.shell.host_reply(task, reply),
+            Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(task, ok, text),
             Event::Attach(task, fd) => {
                 // A connection that cannot be watched is one the task has lost: it is seen leaving.
                 if let Err(e) = self.attach(task, fd) {
                     self.host.log(log::Level::Error, &format!("cannot serve local task {task}'s connection: {e}"));
                     self.closed += 1;
-                    self.shell.disconnected(&mut self.host, task);
+                    self.shell.disconnected(task);
                 }
             }
             Event::Stop => {
@@ -302,7 +310,20 @@ impl<H: HostFds> Driver<H> {
                 self.stopped = true;
             }
         }
+        self.pump();
         Ok(())
+    }
+
+    /// Carries out what the shell asked of the host since the last call: before its answers are written,
+    /// so that the host hears of an abort before the task can see its reply and exit.
+    fn pump(&mut self) {
+        loop {
+            pump(&mut self.shell, &mut self.host);
+            self.host.complete(&mut self.shell);
+            if !self.shell.has_effects() {
+                return;
+            }
+        }
     }
 
     /// Reads what `task` has written, until the connection would block; nothing while the shell holds input
@@ -320,7 +341,8 @@ impl<H: HostFds> Driver<H> {
             match n {
                 0 => return self.close(task),
                 n if n > 0 => {
-                    self.shell.receive(&mut self.host, task, &self.buf[..n as usize]);
+                    self.shell.receive(task, &self.buf[..n as usize]);
+                    self.pump();
                     if self.shell.is_cut_off(task) {
                         return self.cut_off(task);
                     }
@@ -398,7 +420,8 @@ impl<H: HostFds> Driver<H> {
         if self.shell.holds_input(task) {
             // Parsed now, though the task may write nothing more; the answers are queued and go out in the
             // flush this write is part of.
-            self.shell.resume(&mut self.host, task);
+            self.shell.resume(task);
+            self.pump();
             if self.shell.is_cut_off(task) {
                 self.cut_off(task);
             }
@@ -419,7 +442,8 @@ impl<H: HostFds> Driver<H> {
             drop(fd);
             self.closed += 1;
             self.output[task] = WriteState::Flowing;
-            self.shell.disconnected(&mut self.host, task);
+            self.shell.disconnected(task);
+            self.pump();
         }
     }
 }

@@ -93,6 +93,8 @@ fn a_task_pipelining_requests_is_answered_within_bounds_and_in_order_after_it_st
 struct LinkHost {
     link: UnixStream,
     contribution: Option<Vec<u8>>,
+    /// The exchange's result, once the link said so.
+    done: Option<Vec<u8>>,
     watcher: Option<Watcher>,
 }
 
@@ -118,12 +120,17 @@ impl HostFds for LinkHost {
         self.watcher = Some(watcher);
     }
 
-    fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
+    fn ready(&mut self, token: u64, events: u32) {
         assert_eq!((token, events & libc::EPOLLIN as u32), (LINK, libc::EPOLLIN as u32));
         let mut byte = [0u8; 1];
         assert_eq!(self.link.read(&mut byte).unwrap(), 1);
-        let part = self.contribution.take().expect("a barrier waits");
-        shell.collective_complete(self, Ok(&[part.as_slice()]));
+        self.done = Some(self.contribution.take().expect("a barrier waits"));
+    }
+
+    fn complete(&mut self, shell: &mut Shell) {
+        if let Some(part) = self.done.take() {
+            shell.collective_complete(Ok(&[part.as_slice()]));
+        }
     }
 }
 
@@ -133,7 +140,7 @@ fn a_hosts_own_fd_is_served_in_the_drivers_loop() {
     let shell = Shell::new(job, Limits::default()).unwrap();
     let (_handle, inbox) = channel().unwrap();
     let (ours, mut theirs) = UnixStream::pair().unwrap();
-    let host = LinkHost { link: ours, contribution: None, watcher: None };
+    let host = LinkHost { link: ours, contribution: None, done: None, watcher: None };
     let mut driver = Driver::new(shell, host, inbox).unwrap();
     let (server, task) = socketpair().unwrap();
     driver.attach(0, server).unwrap();

@@ -1,8 +1,10 @@
-//! The PMI-1 server engine: one [`Shell`] per job shell, driven by a host through [`Host`].
+//! The PMI server engine: one [`Shell`] per job shell, driven by a host: it feeds the shell what tasks write
+//! and carries out the [`Effect`]s the shell hands back ([`pump`] onto a [`Host`]).
 
 // Sans-I/O: bytes and state only, so nothing here may be unsafe.
 #![forbid(unsafe_code)]
 
+mod effect;
 mod host;
 pub mod kvs;
 mod limits;
@@ -10,10 +12,8 @@ pub mod names;
 mod shell;
 pub mod taskmap;
 
-pub use host::{
-    GroupExchange, Host, HostReply, HostRequest, JobError, OwedAnswers, Service, Speaker, TaskId, GROUP_ID_MAX,
-    JOB_ERROR_EXIT_CODE, NOT_SUPPORTED,
-};
+pub use effect::{Effect, HostReply, HostRequest, JobError, Service, Speaker, TaskId, GROUP_ID_MAX};
+pub use host::{pump, GroupExchange, Host, JOB_ERROR_EXIT_CODE, NOT_SUPPORTED};
 pub use limits::{Limits, LimitsError, REQUEST_LINE_CEILING};
 pub use names::{NameOp, Names};
 pub use shell::{check_preput, Shell, ShellError, PROCESS_MAPPING_KEY};

@@ -4,7 +4,7 @@
 //! closed ([`Shell::disconnected`]), hands back what it finished ([`Shell::collective_complete`],
 //! [`Shell::host_reply`], [`Shell::untyped_reply`]), and writes out what the shell queued for each task
 //! ([`Shell::next_ready`], [`Shell::output`], [`Shell::consume`]). Everything the shell needs from outside
-//! goes through [`Host`].
+//! it queues as an [`Effect`], which the host takes out ([`Shell::next_effect`]) once the call returns.
 //!
 //! **Back-pressure.** A task's input is not parsed while more than [`HELD_ABOVE`] bytes of its answers are
 //! unsent: the rest of what the host passed is held ([`Shell::holds_input`]), the host reads nothing more
@@ -12,13 +12,14 @@
 //! task that pipelines requests without reading the answers costs is bounded by one read of input and
 //! about [`HELD_ABOVE`] bytes of answers, however many requests it sends.
 
-use super::host::{Host, HostReply, HostRequest, JobError, OwedAnswers, Service, Speaker, TaskId};
+use super::effect::{Effect, HostReply, HostRequest, JobError, Service, Speaker, TaskId};
 use super::kvs::{self, EntryBounds, Kvs, PutError, Stored};
 use super::{excerpt, JobInfo, Limits};
 use crate::wire::pmi2::Writer;
 use crate::wire::response::{rc, Line, MAX_LINE};
 use crate::wire::spawn::Progress;
 use crate::wire::{parse, Request, SpawnBuilder};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
@@ -168,10 +169,11 @@ pub struct Shell {
     /// complete, so only then are the clients scanned for one.
     departed: usize,
     collective_pending: bool,
-    /// Which tasks the host owes an answer to a service request, for hosts that take answers in on other
-    /// threads.
-    owed: OwedAnswers,
+    /// What the host is to carry out, oldest first.
+    effects: VecDeque<Effect>,
     trace: bool,
+    /// The host runs group exchanges: 1.2 clients are answered 1.2.
+    groups_served: bool,
     /// The `get_ranks2hosts` answer, made at the first request: it depends only on the job.
     ranks2hosts: Option<Arc<[u8]>>,
     /// PMI-2's node attributes: this shell's own (`info-putnodeattr`), and the bytes they hold, charged to
@@ -208,7 +210,6 @@ impl Shell {
                 return Err(ShellError(format!("preput '{}': {why}", super::excerpt(key))));
             }
         }
-        let owed = OwedAnswers::new(job.local_ranks.len());
         let clients = job
             .local_ranks
             .iter()
@@ -246,8 +247,9 @@ impl Shell {
             entered: 0,
             departed: 0,
             collective_pending: false,
-            owed,
+            effects: VecDeque::new(),
             trace: false,
+            groups_served: false,
             ranks2hosts: None,
             node_attrs: Default::default(),
             node_attr_bytes: 0,
@@ -257,15 +259,35 @@ impl Shell {
         })
     }
 
-    /// Sends every line each way through [`Host::trace`] (the wire trace users debug with).
+    /// Hands every line each way to the host as an [`Effect::Trace`] (the wire trace users debug with).
     pub fn set_trace(&mut self, on: bool) {
         self.trace = on;
     }
 
-    /// Which tasks the host owes an answer to a service request: for a host that takes answers in on other
-    /// threads, to refuse there an answer nobody waits for (see [`OwedAnswers`]).
-    pub fn owed_answers(&self) -> OwedAnswers {
-        self.owed.clone()
+    /// Whether the host runs group exchanges ([`Effect::GroupCollective`]). The shell then answers PMI 1.2
+    /// to clients that ask for 1.2 or later, and they may send group barriers; otherwise it answers 1.1. Set
+    /// before the tasks' `init`; off by default.
+    pub fn serve_groups(&mut self, on: bool) {
+        self.groups_served = on;
+    }
+
+    /// The oldest effect the host has not taken yet. A host takes them all after each call into the shell,
+    /// and carries them out in order.
+    pub fn next_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// Whether effects wait for the host.
+    pub fn has_effects(&self) -> bool {
+        !self.effects.is_empty()
+    }
+
+    fn emit(&mut self, effect: Effect) {
+        self.effects.push_back(effect);
+    }
+
+    fn log(&mut self, level: log::Level, message: String) {
+        self.emit(Effect::Log(level, message));
     }
 
     /// The job this shell serves.
@@ -304,9 +326,9 @@ impl Shell {
 
     /// Takes in bytes task `task` wrote on its PMI connection, and answers every whole line, unless the
     /// task's answers are backed up: then the rest is held until [`Shell::resume`].
-    pub fn receive(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) {
+    pub fn receive(&mut self, task: TaskId, bytes: &[u8]) {
         let Some(c) = self.clients.get_mut(task) else {
-            host.log(log::Level::Error, &format!("host bug: bytes for unknown task {task}"));
+            self.log(log::Level::Error, format!("host bug: bytes for unknown task {task}"));
             return;
         };
         if c.status == TaskStatus::Gone {
@@ -315,9 +337,9 @@ impl Shell {
         if !c.held.is_empty() {
             // The host read on although input was held (the driver does not): it goes behind.
             c.held.extend_from_slice(bytes);
-            return self.resume(host, task);
+            return self.resume(task);
         }
-        let taken = self.parse(host, task, bytes);
+        let taken = self.parse(task, bytes);
         let c = &mut self.clients[task];
         if c.status != TaskStatus::Gone {
             c.held.extend_from_slice(&bytes[taken..]);
@@ -334,7 +356,7 @@ impl Shell {
     /// Parses the input held for `task`, as far as its answers allow (all of it, when they have all been
     /// written). The host calls it when it has written the task's output, whether or not the task wrote
     /// anything since.
-    pub fn resume(&mut self, host: &mut dyn Host, task: TaskId) {
+    pub fn resume(&mut self, task: TaskId) {
         let Some(c) = self.clients.get_mut(task) else {
             return;
         };
@@ -342,7 +364,7 @@ impl Shell {
             return;
         }
         let mut held = std::mem::take(&mut c.held);
-        let taken = self.parse(host, task, &held);
+        let taken = self.parse(task, &held);
         let c = &mut self.clients[task];
         if c.status != TaskStatus::Gone && taken < held.len() {
             held.drain(..taken);
@@ -352,16 +374,16 @@ impl Shell {
 
     /// Answers the whole requests of `bytes` in the task's protocol, until the task's answers are backed up;
     /// returns how many bytes it took in (all of them unless it stopped).
-    fn parse(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) -> usize {
+    fn parse(&mut self, task: TaskId, bytes: &[u8]) -> usize {
         match self.clients[task].wire {
-            Wire::V1 => self.parse_lines(host, task, bytes),
-            Wire::V2 => self.parse_frames(host, task, bytes),
+            Wire::V1 => self.parse_lines(task, bytes),
+            Wire::V2 => self.parse_frames(task, bytes),
         }
     }
 
     /// [`Shell::parse`] for PMI-1: whole lines, the first one finishing the line carried over. A line that
     /// switches the task to PMI-2 (`init` asking for version 2) hands the rest to [`Shell::parse_frames`].
-    fn parse_lines(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) -> usize {
+    fn parse_lines(&mut self, task: TaskId, bytes: &[u8]) -> usize {
         let max = self.limits.request_line_max - 1;
         let mut rest = bytes;
         let c = &mut self.clients[task];
@@ -370,7 +392,7 @@ impl Shell {
             let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
                 if c.partial.len() + rest.len() > max {
                     let line = std::mem::take(&mut c.partial);
-                    self.line_too_long(host, task, &line);
+                    self.line_too_long(task, &line);
                     return bytes.len();
                 }
                 gather(&mut c.partial, rest, max);
@@ -381,16 +403,16 @@ impl Shell {
             }
             if c.partial.len() + nl > max {
                 let line = std::mem::take(&mut c.partial);
-                self.line_too_long(host, task, &line);
+                self.line_too_long(task, &line);
                 return bytes.len();
             }
             gather(&mut c.partial, &rest[..nl], max);
             let line = std::mem::take(&mut c.partial);
-            self.line(host, task, &line);
+            self.line(task, &line);
             self.clients[task].partial = emptied(line);
             rest = &rest[nl + 1..];
             if self.clients[task].wire == Wire::V2 {
-                return bytes.len() - rest.len() + self.parse_frames(host, task, rest);
+                return bytes.len() - rest.len() + self.parse_frames(task, rest);
             }
         }
         while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
@@ -402,20 +424,20 @@ impl Shell {
                 return bytes.len() - rest.len();
             }
             if nl > max {
-                self.line_too_long(host, task, &rest[..nl]);
+                self.line_too_long(task, &rest[..nl]);
                 return bytes.len();
             }
-            self.line(host, task, &rest[..nl]);
+            self.line(task, &rest[..nl]);
             rest = &rest[nl + 1..];
             if self.clients[task].wire == Wire::V2 {
-                return bytes.len() - rest.len() + self.parse_frames(host, task, rest);
+                return bytes.len() - rest.len() + self.parse_frames(task, rest);
             }
         }
         if rest.is_empty() || self.clients[task].status == TaskStatus::Gone {
             return bytes.len();
         }
         if rest.len() > max {
-            self.line_too_long(host, task, rest);
+            self.line_too_long(task, rest);
             return bytes.len();
         }
         gather(&mut self.clients[task].partial, rest, max);
@@ -423,7 +445,7 @@ impl Shell {
     }
 
     /// Task `task`'s PMI connection closed (the task exited, crashed, or closed `PMI_FD`).
-    pub fn disconnected(&mut self, host: &mut dyn Host, task: TaskId) {
+    pub fn disconnected(&mut self, task: TaskId) {
         let Some(c) = self.clients.get_mut(task) else {
             return;
         };
@@ -441,18 +463,18 @@ impl Shell {
         }
         // Leaving after finalize, with nobody waiting, is how every task ends.
         if !finalized && (self.entered > 0 || self.collective_pending) {
-            self.report(host, task, JobError::TaskLost { rank: self.clients[task].rank, finalized: false });
+            self.report(task, JobError::TaskLost { rank: self.clients[task].rank, finalized: false });
         }
-        host.task_closed(self.clients[task].rank, finalized);
-        self.check_barrier(host);
+        self.emit(Effect::TaskClosed { rank: self.clients[task].rank, finalized });
+        self.check_barrier();
     }
 
     /// The host's collective finished: `Ok` with every shell's contribution (this shell's included, in any
     /// order), or `Err` with why it failed. Every task waiting in the barrier gets `barrier_out`, with a
     /// non-zero rc if the collective or the data it brought failed.
-    pub fn collective_complete(&mut self, host: &mut dyn Host, result: Result<&[&[u8]], &str>) {
+    pub fn collective_complete(&mut self, result: Result<&[&[u8]], &str>) {
         if !self.collective_pending {
-            host.log(log::Level::Error, "host bug: a collective completed while none was started; ignored");
+            self.log(log::Level::Error, "host bug: a collective completed while none was started; ignored".into());
             return;
         }
         self.collective_pending = false;
@@ -461,11 +483,11 @@ impl Shell {
             Err(why) => Err(why.to_string()),
         };
         match outcome {
-            Ok(()) => self.release_barrier(host, rc::SUCCESS, ""),
-            Err(why) => self.fail_barrier(host, &why),
+            Ok(()) => self.release_barrier(rc::SUCCESS, ""),
+            Err(why) => self.fail_barrier(&why),
         }
         // A task may have left while the collective ran; the next barrier cannot complete without it.
-        self.check_barrier(host);
+        self.check_barrier();
     }
 
     /// Stores every put of an exchange's parts, but this shell's own ranks': the store has them already,
@@ -478,40 +500,40 @@ impl Shell {
     }
 
     /// The host's answer to the [`HostRequest`] it took from task `task`.
-    pub fn host_reply(&mut self, host: &mut dyn Host, task: TaskId, reply: HostReply) {
-        self.answer(host, task, |_| reply);
+    pub fn host_reply(&mut self, task: TaskId, reply: HostReply) {
+        self.answer(task, |_| reply);
     }
 
     /// A host's untyped answer (a C host's `service_complete`) to the [`HostRequest`] it took from task
     /// `task`, read by the service the task asked for: `ok` and, for a lookup, the port in `text`; for a
     /// spawn, the comma-separated error codes; on failure, why (`None`: a generic message). An answer for
     /// a task that waits for none is a host bug, logged; a host that takes answers in on other threads
-    /// refuses those there, with [`OwedAnswers::claim`].
-    pub fn untyped_reply(&mut self, host: &mut dyn Host, task: TaskId, ok: bool, text: Option<String>) {
-        self.answer(host, task, |service| HostReply::untyped(service, ok, text));
+    /// refuses those there.
+    pub fn untyped_reply(&mut self, task: TaskId, ok: bool, text: Option<String>) {
+        self.answer(task, |service| HostReply::untyped(service, ok, text));
     }
 
     /// Answers the service request task `task` waits for with what `reply` makes of it.
-    fn answer(&mut self, host: &mut dyn Host, task: TaskId, reply: impl FnOnce(Service) -> HostReply) {
+    fn answer(&mut self, task: TaskId, reply: impl FnOnce(Service) -> HostReply) {
         let Some(c) = self.clients.get_mut(task) else {
-            host.log(log::Level::Error, &format!("host bug: a reply for unknown task {task}"));
+            self.log(log::Level::Error, format!("host bug: a reply for unknown task {task}"));
             return;
         };
         let Waiting::Host(service) = c.waiting else {
-            host.log(log::Level::Error, &format!("host bug: a reply for rank {}, which asked for nothing", c.rank));
+            let rank = c.rank;
+            self.log(log::Level::Error, format!("host bug: a reply for rank {rank}, which asked for nothing"));
             return;
         };
         c.waiting = Waiting::Nothing;
-        self.owed.settle(task);
         if c.status == TaskStatus::Gone {
             return;
         }
         let reply = reply(service);
         if c.wire == Wire::V2 {
-            return self.answer_v2(host, task, service, reply);
+            return self.answer_v2(task, service, reply);
         }
         let cmd = service.response();
-        self.respond(host, task, |out| match (service, reply) {
+        self.respond(task, |out| match (service, reply) {
             (Service::Publish | Service::Unpublish, HostReply::Done) => Line::new(out, cmd, rc::SUCCESS).finish(),
             // A port is one word and, like everything sent, must fit on a 1024-byte line.
             (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) && port.len() + 64 <= MAX_LINE => {
@@ -580,39 +602,39 @@ impl Shell {
     }
 
     /// The host hears of a task's start at its first request.
-    fn spoke(&mut self, host: &mut dyn Host, task: TaskId) {
+    fn spoke(&mut self, task: TaskId) {
         if !std::mem::replace(&mut self.clients[task].spoke, true) {
-            host.task_started(self.clients[task].rank);
+            self.emit(Effect::TaskStarted(self.clients[task].rank));
         }
     }
 
-    fn line(&mut self, host: &mut dyn Host, task: TaskId, line: &[u8]) {
+    fn line(&mut self, task: TaskId, line: &[u8]) {
         let rank = self.clients[task].rank;
-        self.spoke(host, task);
+        self.spoke(task);
         if self.trace {
-            host.trace(rank, Speaker::Client, line);
+            self.emit(Effect::Trace { rank, speaker: Speaker::Client, line: line.to_vec() });
         }
         if let Some(spawn) = self.clients[task].spawn.as_mut() {
             match spawn.line(line) {
                 Ok(Progress::More) => {}
                 Ok(Progress::Done(request)) => {
                     self.clients[task].spawn = None;
-                    self.start_service(host, task, HostRequest::Spawn(&request));
+                    self.start_service(task, HostRequest::Spawn(Box::new(request)));
                 }
-                Err(e) => self.protocol_error(host, task, line, &e.to_string()),
+                Err(e) => self.protocol_error(task, line, &e.to_string()),
             }
             return;
         }
         match parse(line) {
-            Err(e) => self.protocol_error(host, task, line, &e.to_string()),
+            Err(e) => self.protocol_error(task, line, &e.to_string()),
             // PMI-1 is lock-step (RFC 13); only abort may come while a request waits (another thread of the
             // task may call PMI_Abort), and, from a 1.2 client, a group barrier (its threads send them
             // without holding the connection: MPICH's client waits for their answers apart).
             Ok(request) if self.clients[task].waiting != Waiting::Nothing && !self.interleaves(task, &request) => {
                 let why = format!("'{}' sent while an earlier request still waits for its answer", request.name());
-                self.protocol_error(host, task, line, &why)
+                self.protocol_error(task, line, &why)
             }
-            Ok(request) => self.dispatch(host, task, request),
+            Ok(request) => self.dispatch(task, request),
         }
     }
 
@@ -625,20 +647,20 @@ impl Shell {
         }
     }
 
-    fn dispatch(&mut self, host: &mut dyn Host, task: TaskId, request: Request<'_>) {
+    fn dispatch(&mut self, task: TaskId, request: Request<'_>) {
         let rank = self.clients[task].rank;
         match request {
             Request::Init { version, subversion } if self.clients[task].groups_entered > 0 => {
                 // Its group barriers would be answered in a protocol it no longer speaks.
                 let line = format!("cmd=init pmi_version={version} pmi_subversion={subversion}");
-                self.protocol_error(host, task, line.as_bytes(), "init while group barriers are outstanding");
+                self.protocol_error(task, line.as_bytes(), "init while group barriers are outstanding");
             }
             Request::Init { version, subversion } => {
                 // RFC 13: the client names the highest version it speaks, and the answer is never above
                 // it. 1.2 (group barriers) only to a client that asked for 1.2 or later, and only when the
                 // host runs group exchanges; 1.1 to any other 1.x client (Flux's client accepts exactly
                 // 1.1). A client that asks for 2 speaks PMI-2 from its next message on.
-                let groups = version == 1 && subversion >= 2 && host.serves_groups();
+                let groups = version == 1 && subversion >= 2 && self.groups_served;
                 let (ok, answered) = match (version, subversion) {
                     (1, 0..) if groups => (true, (1, 2)),
                     (1, 0..) => (true, (1, 1)),
@@ -649,10 +671,10 @@ impl Shell {
                     let why = format!(
                         "rank {rank} asked for PMI version {version}.{subversion}; rpmi serves 1.1, 1.2 and 2.0"
                     );
-                    host.log(log::Level::Error, &why);
+                    self.log(log::Level::Error, why);
                 }
                 let code = if ok { rc::SUCCESS } else { rc::FAIL };
-                self.respond(host, task, |out| {
+                self.respond(task, |out| {
                     let l = Line::new(out, "response_to_init", code)
                         .int("pmi_version", answered.0)
                         .int("pmi_subversion", answered.1);
@@ -670,7 +692,7 @@ impl Shell {
             Request::GetMaxes => {
                 let l = &self.limits;
                 let (n, k, v) = (l.kvsname_max, l.keylen_max, l.vallen_advertised());
-                self.respond(host, task, |out| {
+                self.respond(task, |out| {
                     Line::new(out, "maxes", rc::SUCCESS)
                         .int("kvsname_max", n.into())
                         .int("keylen_max", k.into())
@@ -680,38 +702,36 @@ impl Shell {
             }
             Request::GetUniverseSize => {
                 let size = self.job.universe_size;
-                self.respond(host, task, |out| {
+                self.respond(task, |out| {
                     Line::new(out, "universe_size", rc::SUCCESS).int("size", size.into()).finish()
                 });
             }
             Request::GetAppnum => {
                 let appnum = self.job.appnums[task];
-                self.respond(host, task, |out| {
-                    Line::new(out, "appnum", rc::SUCCESS).int("appnum", appnum.into()).finish()
-                });
+                self.respond(task, |out| Line::new(out, "appnum", rc::SUCCESS).int("appnum", appnum.into()).finish());
             }
             Request::GetMyKvsname => {
-                let Shell { job, clients, ready, trace, .. } = self;
-                respond(&mut clients[task], ready, *trace, host, |out| {
+                let Shell { job, clients, ready, trace, effects, .. } = self;
+                respond(&mut clients[task], ready, trace.then_some(effects), |out| {
                     Line::new(out, "my_kvsname", rc::SUCCESS).word("kvsname", job.kvsname.as_bytes()).finish()
                 });
             }
             Request::Put { kvsname, key, value } if key.starts_with(LOCAL_KEY_PREFIX) => {
-                let code = self.put_local(host, kvsname, key, value);
-                self.respond(host, task, |out| match code {
+                let code = self.put_local(kvsname, key, value);
+                self.respond(task, |out| match code {
                     Ok(()) => Line::new(out, "put_result", rc::SUCCESS).finish(),
                     Err((code, why)) => Line::new(out, "put_result", code).msg(&why).finish(),
                 });
             }
             Request::Put { kvsname, key, value } => {
                 let code = self.put(task, kvsname, key, value, self.limits.value_max());
-                self.respond(host, task, |out| match code {
+                self.respond(task, |out| match code {
                     Ok(()) => Line::new(out, "put_result", rc::SUCCESS).finish(),
                     Err((code, why)) => Line::new(out, "put_result", code).msg(&why).finish(),
                 });
             }
             Request::Get { kvsname, key } => {
-                let Shell { job, clients, kvs, limits, ready, trace, node_attrs, .. } = self;
+                let Shell { job, clients, kvs, limits, ready, trace, node_attrs, effects, .. } = self;
                 let stored = |key: &[u8]| match key.strip_prefix(LOCAL_KEY_PREFIX) {
                     // Flux's client polls while a node's key is not there yet, on this code only.
                     Some(name) => {
@@ -727,54 +747,54 @@ impl Shell {
                         true => Ok(v),
                         false => Err((rc::ERR_INVALID_VAL_LENGTH, "value longer than a PMI-1 line holds".into())),
                     });
-                respond(&mut clients[task], ready, *trace, host, |out| match found {
+                respond(&mut clients[task], ready, trace.then_some(effects), |out| match found {
                     Ok(value) => Line::new(out, "get_result", rc::SUCCESS).value(value),
                     Err((code, why)) => Line::new(out, "get_result", code).msg(&why).finish(),
                 });
             }
             Request::BarrierIn { group: Some(group) } if self.clients[task].groups => {
-                self.enter_group(host, task, group);
+                self.enter_group(task, group);
             }
             Request::BarrierIn { .. } => {
                 self.clients[task].waiting = Waiting::Barrier;
                 self.entered += 1;
-                self.check_barrier(host);
+                self.check_barrier();
             }
             Request::Finalize => {
                 self.set_status(task, TaskStatus::Finalized);
-                self.respond(host, task, |out| Line::new(out, "finalize_ack", rc::SUCCESS).finish());
-                self.check_barrier(host);
+                self.respond(task, |out| Line::new(out, "finalize_ack", rc::SUCCESS).finish());
+                self.check_barrier();
             }
             Request::Abort { exit_code, message } => {
                 // Codes beyond i32 are clamped; a missing code is a plain failure.
                 let code = exit_code.map_or(1, |c| c.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32);
                 let message = message.map(String::from_utf8_lossy).unwrap_or_default();
                 self.clients[task].reported = true;
-                host.abort(rank, code, &message);
+                self.emit(Effect::Abort { rank, exit_code: code, message: message.into_owned() });
                 // RFC 13's S:abort is an empty line; MPICH 4.0.2 waits for it.
-                self.respond(host, task, |out| out.push(b'\n'));
-                self.leave(host, task);
+                self.respond(task, |out| out.push(b'\n'));
+                self.leave(task);
             }
             Request::PublishName { service, port } => match (utf8_word(service), utf8_word(port)) {
-                (Some(service), Some(port)) => self.start_service(host, task, HostRequest::Publish { service, port }),
-                _ => self.refuse_service(host, task, Service::Publish, "service and port must be words"),
+                (Some(service), Some(port)) => self.start_service(task, HostRequest::Publish { service, port }),
+                _ => self.refuse_service(task, Service::Publish, "service and port must be words"),
             },
             Request::UnpublishName { service } => match utf8_word(service) {
-                Some(service) => self.start_service(host, task, HostRequest::Unpublish { service }),
-                None => self.refuse_service(host, task, Service::Unpublish, "service must be a word"),
+                Some(service) => self.start_service(task, HostRequest::Unpublish { service }),
+                None => self.refuse_service(task, Service::Unpublish, "service must be a word"),
             },
             Request::LookupName { service } => match utf8_word(service) {
-                Some(service) => self.start_service(host, task, HostRequest::Lookup { service }),
-                None => self.refuse_service(host, task, Service::Lookup, "service must be a word"),
+                Some(service) => self.start_service(task, HostRequest::Lookup { service }),
+                None => self.refuse_service(task, Service::Lookup, "service must be a word"),
             },
             Request::GetRanks2Hosts => {
-                let Shell { job, clients, ready, trace, ranks2hosts, .. } = self;
+                let Shell { job, clients, ready, trace, ranks2hosts, effects, .. } = self;
                 let answer = ranks2hosts
                     .get_or_insert_with(|| job.task_map.ranks2hosts(&job.hostnames).into_bytes().into())
                     .clone();
                 let c = &mut clients[task];
                 if *trace {
-                    trace_lines(host, c.rank, &answer);
+                    trace_lines(effects, c.rank, &answer);
                 }
                 // Sent from the shell's one copy, however many tasks ask; the task's input is held meanwhile.
                 c.unshare();
@@ -833,10 +853,10 @@ impl Shell {
 
     /// Starts the collective when every local task is in the barrier; fails the barrier when a task that
     /// is not in it never can be.
-    fn check_barrier(&mut self, host: &mut dyn Host) {
-        self.check_node_waiters(host);
+    fn check_barrier(&mut self) {
+        self.check_node_waiters();
         if self.groups.any() {
-            self.check_groups(host);
+            self.check_groups();
         }
         if self.collective_pending || self.entered == 0 {
             return;
@@ -850,38 +870,35 @@ impl Shell {
             let c = &self.clients[task];
             let error = JobError::TaskLost { rank: c.rank, finalized: c.status == TaskStatus::Finalized };
             let why = error.to_string();
-            self.report(host, task, error);
-            self.release_barrier(host, rc::FAIL, &why);
+            self.report(task, error);
+            self.release_barrier(rc::FAIL, &why);
             return;
         }
         if self.entered == self.clients.len() {
-            let started = host.collective(&self.contribution);
-            // Not just cleared: its capacity would stay allocated until the next barrier, beside the store
-            // that now holds the same puts. Puts of a failed barrier are not offered again either way.
-            self.contribution = Vec::new();
+            // Taken, not copied: the store holds the same puts now, and its capacity is not kept either.
+            // Puts of a failed barrier are not offered again.
+            let contribution = std::mem::take(&mut self.contribution);
             self.clients.iter_mut().for_each(|c| c.group_puts = Vec::new());
             self.group_pending = 0;
-            match started {
-                Ok(()) => self.collective_pending = true,
-                Err(why) => self.fail_barrier(host, &why),
-            }
+            self.collective_pending = true;
+            self.emit(Effect::Collective(contribution));
         }
     }
 
     /// The barrier failed: logged, and every task waiting in it gets a failed `barrier_out` saying why.
-    fn fail_barrier(&mut self, host: &mut dyn Host, why: &str) {
-        host.log(log::Level::Error, &format!("barrier failed: {why}"));
-        self.release_barrier(host, rc::FAIL, why);
+    fn fail_barrier(&mut self, why: &str) {
+        self.log(log::Level::Error, format!("barrier failed: {why}"));
+        self.release_barrier(rc::FAIL, why);
     }
 
     /// Answers every task waiting in the barrier.
-    fn release_barrier(&mut self, host: &mut dyn Host, code: i32, why: &str) {
+    fn release_barrier(&mut self, code: i32, why: &str) {
         self.entered = 0;
-        let Shell { clients, ready, trace, .. } = self;
+        let Shell { clients, ready, trace, effects, .. } = self;
         for c in clients.iter_mut().filter(|c| c.waiting == Waiting::Barrier) {
             c.waiting = Waiting::Nothing;
             let (wire, thrid, groups) = (c.wire, c.thrid.take(), c.groups);
-            respond(c, ready, *trace, host, |out| match wire {
+            respond(c, ready, trace.then_some(&mut *effects), |out| match wire {
                 // A 1.2 client reads the tag of every barrier_out (MPICH 5 has no default for it); a 1.1
                 // client gets the line it knows.
                 Wire::V1 if groups => Line::new(out, "barrier_out", code).int("tag", 0).msg(why).finish(),
@@ -891,44 +908,32 @@ impl Shell {
         }
     }
 
-    fn start_service(&mut self, host: &mut dyn Host, task: TaskId, request: HostRequest<'_>) {
-        let service = request.service();
-        // Owed before the host has the request: it may answer before `request` returns.
-        self.owed.owe(task);
-        if let Err(why) = host.request(task, request) {
-            // Claimed by the shell itself, so that an answer coming all the same finds nothing owed.
-            if self.owed.claim(task) {
-                return self.refuse_service(host, task, service, &why);
-            }
-            // The host answered before it refused: that answer, taken in already, is the one the task gets,
-            // so that it is not left over for the task's next request.
-            let rank = self.clients[task].rank;
-            host.log(log::Level::Error, &format!("host bug: rank {rank}'s request was answered, then refused: {why}"));
-        }
-        self.clients[task].waiting = Waiting::Host(service);
+    fn start_service(&mut self, task: TaskId, request: HostRequest) {
+        self.clients[task].waiting = Waiting::Host(request.service());
+        self.emit(Effect::Request { task, request });
     }
 
-    fn refuse_service(&mut self, host: &mut dyn Host, task: TaskId, service: Service, why: &str) {
+    fn refuse_service(&mut self, task: TaskId, service: Service, why: &str) {
         match self.clients[task].wire {
-            Wire::V1 => self.respond(host, task, |out| Line::new(out, service.response(), rc::FAIL).msg(why).finish()),
-            Wire::V2 => self.answer_v2(host, task, service, HostReply::Failed(why.into())),
+            Wire::V1 => self.respond(task, |out| Line::new(out, service.response(), rc::FAIL).msg(why).finish()),
+            Wire::V2 => self.answer_v2(task, service, HostReply::Failed(why.into())),
         }
     }
 
-    fn line_too_long(&mut self, host: &mut dyn Host, task: TaskId, start: &[u8]) {
+    fn line_too_long(&mut self, task: TaskId, start: &[u8]) {
         let why = format!("a line longer than {} bytes", self.limits.request_line_max);
-        self.protocol_error(host, task, start, &why);
+        self.protocol_error(task, start, &why);
     }
 
     /// RFC 13: a protocol error ends the task's connection; the host is told and, by default, ends the job.
-    fn protocol_error(&mut self, host: &mut dyn Host, task: TaskId, line: &[u8], reason: &str) {
+    fn protocol_error(&mut self, task: TaskId, line: &[u8], reason: &str) {
         let rank = self.clients[task].rank;
-        self.report(host, task, JobError::Protocol { rank, line: excerpt(line), reason: reason.to_string() });
-        self.leave(host, task);
+        self.report(task, JobError::Protocol { rank, line: excerpt(line), reason: reason.to_string() });
+        self.leave(task);
     }
 
     /// The task is cut off: its input is ignored from now on; a barrier waiting for it fails.
-    fn leave(&mut self, host: &mut dyn Host, task: TaskId) {
+    fn leave(&mut self, task: TaskId) {
         self.set_status(task, TaskStatus::Gone);
         let c = &mut self.clients[task];
         c.spawn = None;
@@ -938,7 +943,7 @@ impl Shell {
             self.entered -= 1;
             c.waiting = Waiting::Nothing;
         }
-        self.check_barrier(host);
+        self.check_barrier();
     }
 
     fn set_status(&mut self, task: TaskId, status: TaskStatus) {
@@ -949,23 +954,24 @@ impl Shell {
         c.status = status;
     }
 
-    fn report(&mut self, host: &mut dyn Host, task: TaskId, error: JobError) {
+    fn report(&mut self, task: TaskId, error: JobError) {
         if !std::mem::replace(&mut self.clients[task].reported, true) {
-            host.job_error(&error);
+            self.emit(Effect::JobError(error));
         }
     }
 
-    fn respond(&mut self, host: &mut dyn Host, task: TaskId, write: impl FnOnce(&mut Vec<u8>)) {
-        respond(&mut self.clients[task], &mut self.ready, self.trace, host, write);
+    fn respond(&mut self, task: TaskId, write: impl FnOnce(&mut Vec<u8>)) {
+        let trace = self.trace.then_some(&mut self.effects);
+        respond(&mut self.clients[task], &mut self.ready, trace, write);
     }
 }
 
-/// Queues a response for one client (a free function so callers can borrow other parts of the shell).
+/// Queues a response for one client (a free function so callers can borrow other parts of the shell), and
+/// its lines on `trace` when tracing.
 fn respond(
     c: &mut Client,
     ready: &mut Vec<TaskId>,
-    trace: bool,
-    host: &mut dyn Host,
+    trace: Option<&mut VecDeque<Effect>>,
     write: impl FnOnce(&mut Vec<u8>),
 ) {
     // In order after a shared answer still owed (none is queued then: the task's input is held meanwhile,
@@ -973,15 +979,16 @@ fn respond(
     c.unshare();
     let start = c.out.len();
     write(&mut c.out);
-    if trace {
-        trace_lines(host, c.rank, &c.out[start..]);
+    if let Some(effects) = trace {
+        trace_lines(effects, c.rank, &c.out[start..]);
     }
     queue(c, ready);
 }
 
-fn trace_lines(host: &mut dyn Host, rank: u32, answer: &[u8]) {
+fn trace_lines(effects: &mut VecDeque<Effect>, rank: u32, answer: &[u8]) {
     for line in answer.split_inclusive(|&b| b == b'\n') {
-        host.trace(rank, Speaker::Server, line.strip_suffix(b"\n").unwrap_or(line));
+        let line = line.strip_suffix(b"\n").unwrap_or(line).to_vec();
+        effects.push_back(Effect::Trace { rank, speaker: Speaker::Server, line });
     }
 }
 
@@ -1053,8 +1060,8 @@ fn emptied(mut partial: Vec<u8>) -> Vec<u8> {
     partial
 }
 
-fn utf8_word(s: &[u8]) -> Option<&str> {
-    std::str::from_utf8(s).ok().filter(|w| kvs::is_key(w.as_bytes()))
+fn utf8_word(s: &[u8]) -> Option<String> {
+    std::str::from_utf8(s).ok().filter(|w| kvs::is_key(w.as_bytes())).map(String::from)
 }
 
 mod group;

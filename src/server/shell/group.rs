@@ -2,7 +2,7 @@
 //! `cmd=barrier_out tag=T`.
 //!
 //! Served only to clients the shell answered 1.2 at `init`: those that asked for 1.2 or later, when the host
-//! runs group exchanges ([`Host::serves_groups`]). Such a client (MPICH's, answered 1.2, turns on its
+//! runs group exchanges ([`Shell::serve_groups`]). Such a client (MPICH's, answered 1.2, turns on its
 //! threaded mode) may then have several group barriers outstanding (one per thread), answered in any order,
 //! and send other requests meanwhile: a group barrier does not hold the connection's lock-step.
 //!
@@ -36,7 +36,7 @@
 //!   that shell's to report; its host ends the job.
 
 use super::{Client, Shell, TaskStatus};
-use crate::server::host::{GroupExchange, Host, JobError, TaskId, GROUP_ID_MAX};
+use crate::server::effect::{Effect, JobError, TaskId, GROUP_ID_MAX};
 use crate::wire::group::{Group, Members};
 use crate::wire::response::{rc, Line};
 use std::collections::BTreeMap;
@@ -182,23 +182,23 @@ impl Shell {
     }
 
     /// `barrier_in group=G` from a task that negotiated 1.2.
-    pub(super) fn enter_group(&mut self, host: &mut dyn Host, task: TaskId, text: &[u8]) {
+    pub(super) fn enter_group(&mut self, task: TaskId, text: &[u8]) {
         let line = &[&b"cmd=barrier_in group="[..], text].concat();
         let size = self.bounds.size;
         let rank = self.clients[task].rank;
         let group = match Group::parse(text, size) {
             Ok(g) if g.contains(rank) => g,
-            Ok(_) => return self.protocol_error(host, task, line, "a group barrier over a group without the rank"),
-            Err(why) => return self.protocol_error(host, task, line, &format!("a group barrier whose group {why}")),
+            Ok(_) => return self.protocol_error(task, line, "a group barrier over a group without the rank"),
+            Err(why) => return self.protocol_error(task, line, &format!("a group barrier whose group {why}")),
         };
         let name = group.to_string();
         if name.len() > GROUP_ID_MAX {
             let why = format!("a group barrier whose group is longer than {GROUP_ID_MAX} bytes");
-            return self.protocol_error(host, task, line, &why);
+            return self.protocol_error(task, line, &why);
         }
         if self.clients[task].groups_entered >= OUTSTANDING_MAX {
             let why = format!("more than {OUTSTANDING_MAX} group barriers outstanding at once");
-            return self.protocol_error(host, task, line, &why);
+            return self.protocol_error(task, line, &why);
         }
         let words = self.set_words();
         // The answer names the tag alone: two of the task's barriers with one tag could not be told apart.
@@ -206,7 +206,7 @@ impl Shell {
             self.groups.barriers.iter().find(|(n, b)| b.tag == group.tag && ***n != *name && b.is_in(task, words));
         if let Some((other, _)) = clash {
             let why = format!("a group barrier with the tag of {other}, which the rank is still in");
-            return self.protocol_error(host, task, line, &why);
+            return self.protocol_error(task, line, &why);
         }
         // What the barrier comes to hold more is charged to the store's bound, before it is taken.
         let joined = match self.groups.barriers.get(name.as_str()) {
@@ -234,9 +234,9 @@ impl Shell {
                  bytes leaves beside what this node holds",
                 self.limits.kvs_bytes_max
             );
-            host.log(log::Level::Error, &why);
-            let Shell { clients, ready, trace, .. } = self;
-            return super::respond(&mut clients[task], ready, *trace, host, |out| {
+            self.log(log::Level::Error, why.clone());
+            let Shell { clients, ready, trace, effects, .. } = self;
+            return super::respond(&mut clients[task], ready, trace.then_some(effects), |out| {
                 Line::new(out, "barrier_out", rc::ERR_NOMEM).int("tag", group.tag).msg(&why).finish()
             });
         }
@@ -260,7 +260,7 @@ impl Shell {
                 self.groups.recharge(&name);
             }
         }
-        self.advance_group(host, &name);
+        self.advance_group(&name);
     }
 
     /// A barrier of `group`, which `task` is the first to enter.
@@ -293,12 +293,12 @@ impl Shell {
 
     /// The host's group exchange `id` finished: `Ok` with every member shell's contribution, or `Err` with
     /// why it failed. Every member waiting in that generation of the barrier is answered.
-    pub fn group_complete(&mut self, host: &mut dyn Host, id: &[u8], result: Result<&[&[u8]], &str>) {
+    pub fn group_complete(&mut self, id: &[u8], result: Result<&[&[u8]], &str>) {
         let known =
             std::str::from_utf8(id).ok().filter(|name| self.groups.barriers.get(*name).is_some_and(|b| b.exchanging));
         let Some(name) = known.map(str::to_string) else {
             let id = String::from_utf8_lossy(id);
-            host.log(log::Level::Error, &format!("host bug: group exchange '{id}' completed, which none waits for"));
+            self.log(log::Level::Error, format!("host bug: group exchange '{id}' completed, which none waits for"));
             return;
         };
         // The host has let go of the part.
@@ -311,30 +311,30 @@ impl Shell {
             Err(why) => Err(why.to_string()),
         };
         if let Err(why) = &outcome {
-            host.log(log::Level::Error, &format!("group barrier {name} failed: {why}"));
+            self.log(log::Level::Error, format!("group barrier {name} failed: {why}"));
         }
         let (code, why) = match &outcome {
             Ok(()) => (rc::SUCCESS, ""),
             Err(why) => (rc::FAIL, why.as_str()),
         };
-        self.end_generation(host, &name, code, why);
-        self.advance_group(host, &name);
+        self.end_generation(&name, code, why);
+        self.advance_group(&name);
     }
 
     /// A task left or finalized: every group barrier it is a member of and has not entered can no longer
     /// end, and fails for those waiting in it.
-    pub(super) fn check_groups(&mut self, host: &mut dyn Host) {
+    pub(super) fn check_groups(&mut self) {
         // One name at a time: a copy of every name would be as large again as what the barriers hold.
         let mut next = self.groups.barriers.keys().next().cloned();
         while let Some(name) = next {
-            self.advance_group(host, &name);
+            self.advance_group(&name);
             next = self.groups.barriers.range::<str, _>((Excluded(&*name), Unbounded)).next().map(|(n, _)| n.clone());
         }
     }
 
     /// Ends (here, or by handing it to the host) the oldest generation of barrier `name` once every local
     /// member is in; fails it when a member that is not in never can be.
-    fn advance_group(&mut self, host: &mut dyn Host, name: &str) {
+    fn advance_group(&mut self, name: &str) {
         let words = self.set_words();
         loop {
             let Some(b) = self.groups.barriers.get(name) else { return };
@@ -351,8 +351,8 @@ impl Shell {
                 let c = &self.clients[task];
                 let error = JobError::TaskLost { rank: c.rank, finalized: c.status == TaskStatus::Finalized };
                 let why = error.to_string();
-                self.report(host, task, error);
-                self.end_generation(host, name, rc::FAIL, &why);
+                self.report(task, error);
+                self.end_generation(name, rc::FAIL, &why);
                 continue;
             }
             if count(head) < b.member_count(self.clients.len()) {
@@ -373,7 +373,7 @@ impl Shell {
                     .collect(),
             };
             if alone {
-                self.end_generation(host, name, rc::SUCCESS, "");
+                self.end_generation(name, rc::SUCCESS, "");
                 continue;
             }
             // The host holds the part until it answers: it counts against the store's bound, so that a task
@@ -386,8 +386,8 @@ impl Shell {
                     contribution.len(),
                     self.limits.kvs_bytes_max
                 );
-                host.log(log::Level::Error, &why);
-                self.end_generation(host, name, rc::ERR_NOMEM, &why);
+                self.log(log::Level::Error, why.clone());
+                self.end_generation(name, rc::ERR_NOMEM, &why);
                 continue;
             }
             let Groups { barriers, world, .. } = &self.groups;
@@ -395,26 +395,19 @@ impl Shell {
                 Some(Shells::List(list)) => &list[..],
                 _ => world.as_deref().unwrap_or_default(),
             };
-            let started = host.group_collective(&GroupExchange { id: name.as_bytes(), shells }, &contribution);
-            match started {
-                Ok(()) => {
-                    if let Some(b) = self.groups.barriers.get_mut(name) {
-                        b.exchanging = true;
-                        b.in_flight = contribution.len();
-                    }
-                    self.group_in_flight += contribution.len();
-                    return;
-                }
-                Err(why) => {
-                    host.log(log::Level::Error, &format!("group barrier {name} failed: {why}"));
-                    self.end_generation(host, name, rc::FAIL, &why);
-                }
+            let shells = shells.to_vec();
+            if let Some(b) = self.groups.barriers.get_mut(name) {
+                b.exchanging = true;
+                b.in_flight = contribution.len();
             }
+            self.group_in_flight += contribution.len();
+            self.emit(Effect::GroupCollective { id: name.as_bytes().to_vec(), shells, contribution });
+            return;
         }
     }
 
     /// Answers every task in the oldest generation of barrier `name`, and drops that generation.
-    fn end_generation(&mut self, host: &mut dyn Host, name: &str, code: i32, why: &str) {
+    fn end_generation(&mut self, name: &str, code: i32, why: &str) {
         let words = self.set_words();
         let Some(b) = self.groups.barriers.get_mut(name) else { return };
         if b.generations.len() < words {
@@ -424,13 +417,13 @@ impl Shell {
         let tag = b.tag;
         self.groups.recharge(name);
         for task in tasks(&ended) {
-            let Shell { clients, ready, trace, .. } = self;
+            let Shell { clients, ready, trace, effects, .. } = self;
             let c: &mut Client = &mut clients[task];
             c.groups_entered = c.groups_entered.saturating_sub(1);
             if c.status == TaskStatus::Gone {
                 continue;
             }
-            super::respond(c, ready, *trace, host, |out| {
+            super::respond(c, ready, trace.then_some(&mut *effects), |out| {
                 Line::new(out, "barrier_out", code).int("tag", tag).msg(why).finish()
             });
         }

@@ -26,7 +26,7 @@ use super::{
     check_key, check_name, check_value, emptied, gather, kvs, NodeWait, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX,
     MAX_LINE,
 };
-use crate::server::host::{Host, HostReply, HostRequest, Service, TaskId};
+use crate::server::effect::{Effect, HostReply, HostRequest, Service, Speaker, TaskId};
 use crate::server::PROCESS_MAPPING_KEY;
 use crate::wire::pmi2::{body_len, Message, Request2, Writer, HEADER_LEN};
 use crate::wire::response::rc;
@@ -50,7 +50,7 @@ impl Service {
 
 impl Shell {
     /// [`Shell::parse`] for PMI-2: whole frames, the first one finishing the frame carried over.
-    pub(super) fn parse_frames(&mut self, host: &mut dyn Host, task: TaskId, bytes: &[u8]) -> usize {
+    pub(super) fn parse_frames(&mut self, task: TaskId, bytes: &[u8]) -> usize {
         let mut rest = bytes;
         loop {
             let c = &mut self.clients[task];
@@ -68,10 +68,10 @@ impl Shell {
                 let header = self.clients[task].partial[..HEADER_LEN].to_vec();
                 let total = match self.frame_len(&header) {
                     Ok(total) => total,
-                    Err(why) => return self.frame_error(host, task, &header, &why, bytes.len()),
+                    Err(why) => return self.frame_error(task, &header, &why, bytes.len()),
                 };
                 if let Some(why) = self.over_line(total, &self.clients[task].partial[HEADER_LEN..], rest) {
-                    return self.frame_error(host, task, &header, &why, bytes.len());
+                    return self.frame_error(task, &header, &why, bytes.len());
                 }
                 let c = &mut self.clients[task];
                 let want = total - c.partial.len();
@@ -85,7 +85,7 @@ impl Shell {
                 gather(&mut c.partial, &rest[..want], total);
                 rest = &rest[want..];
                 let frame = std::mem::take(&mut c.partial);
-                self.frame(host, task, &frame[HEADER_LEN..]);
+                self.frame(task, &frame[HEADER_LEN..]);
                 self.clients[task].partial = emptied(frame);
                 continue;
             }
@@ -95,10 +95,10 @@ impl Shell {
             }
             let total = match self.frame_len(&rest[..HEADER_LEN]) {
                 Ok(total) => total,
-                Err(why) => return self.frame_error(host, task, &rest[..HEADER_LEN], &why, bytes.len()),
+                Err(why) => return self.frame_error(task, &rest[..HEADER_LEN], &why, bytes.len()),
             };
             if let Some(why) = self.over_line(total, &rest[HEADER_LEN..], &[]) {
-                return self.frame_error(host, task, &rest[..HEADER_LEN], &why, bytes.len());
+                return self.frame_error(task, &rest[..HEADER_LEN], &why, bytes.len());
             }
             let c = &mut self.clients[task];
             if rest.len() < total {
@@ -108,7 +108,7 @@ impl Shell {
             if c.backed_up() {
                 return bytes.len() - rest.len();
             }
-            self.frame(host, task, &rest[HEADER_LEN..total]);
+            self.frame(task, &rest[HEADER_LEN..total]);
             rest = &rest[total..];
         }
     }
@@ -135,16 +135,16 @@ impl Shell {
         }
     }
 
-    fn frame_error(&mut self, host: &mut dyn Host, task: TaskId, header: &[u8], why: &str, all: usize) -> usize {
+    fn frame_error(&mut self, task: TaskId, header: &[u8], why: &str, all: usize) -> usize {
         self.clients[task].partial = Vec::new();
-        self.protocol_error(host, task, header, why);
+        self.protocol_error(task, header, why);
         all
     }
 
     /// One PMI-2 message of task `task`.
-    fn frame(&mut self, host: &mut dyn Host, task: TaskId, body: &[u8]) {
+    fn frame(&mut self, task: TaskId, body: &[u8]) {
         let rank = self.clients[task].rank;
-        self.spoke(host, task);
+        self.spoke(task);
         if self.trace {
             // A frame's values may hold line breaks; a traced line does not.
             let mut line = Vec::with_capacity(body.len());
@@ -154,25 +154,25 @@ impl Shell {
                     b => line.push(b),
                 }
             }
-            host.trace(rank, crate::server::host::Speaker::Client, &line);
+            self.emit(Effect::Trace { rank, speaker: Speaker::Client, line });
         }
         let message = match Message::parse(body) {
             Ok(m) => m,
-            Err(e) => return self.protocol_error(host, task, body, &e.to_string()),
+            Err(e) => return self.protocol_error(task, body, &e.to_string()),
         };
         let request = match message.request() {
             Ok(r) => r,
-            Err(e) => return self.protocol_error(host, task, body, &e.to_string()),
+            Err(e) => return self.protocol_error(task, body, &e.to_string()),
         };
         let c = &self.clients[task];
         let busy = c.waiting != Waiting::Nothing || (c.node_wait.is_some() && !c.threaded);
         if busy && !matches!(request, Request2::Abort { .. }) {
             let why = "a request sent while an earlier one still waits for its answer";
-            return self.protocol_error(host, task, body, why);
+            return self.protocol_error(task, body, why);
         }
         if c.node_wait.is_some() && matches!(request, Request2::GetNodeAttr { wait: true, .. }) {
             let why = "a second wait for a node attribute while one waits (one at a time per task)";
-            return self.protocol_error(host, task, body, why);
+            return self.protocol_error(task, body, why);
         }
         match &request {
             Request2::Spawn(spawn) => {
@@ -180,26 +180,26 @@ impl Shell {
                 let max = self.limits.spawn_bytes_max;
                 if body.len().saturating_add(spawn.overhead()) > max {
                     let why = ParseError::Spawn(SpawnError::over_limit(max).0).to_string();
-                    return self.protocol_error(host, task, body, &why);
+                    return self.protocol_error(task, body, &why);
                 }
             }
             _ if body.len() > self.limits.request_line_max => {
                 let why = format!("a PMI-2 message longer than {} bytes", self.limits.request_line_max);
-                return self.protocol_error(host, task, body, &why);
+                return self.protocol_error(task, body, &why);
             }
             _ => {}
         }
         self.clients[task].thrid = message.get("thrid").map(<[u8]>::to_vec);
-        self.dispatch_v2(host, task, request);
+        self.dispatch_v2(task, request);
     }
 
-    fn dispatch_v2(&mut self, host: &mut dyn Host, task: TaskId, request: Request2<'_>) {
+    fn dispatch_v2(&mut self, task: TaskId, request: Request2<'_>) {
         let rank = self.clients[task].rank;
         match request {
             Request2::FullInit { pmirank, threaded } => match pmirank {
                 Some(r) if r >= 0 && r != i64::from(rank) => {
                     let why = format!("fullinit names rank {r}; this connection is rank {rank}'s");
-                    self.answer_fail(host, task, "fullinit-response", &why);
+                    self.answer_fail(task, "fullinit-response", &why);
                 }
                 _ => {
                     self.clients[task].threaded = threaded;
@@ -208,7 +208,7 @@ impl Shell {
                     let spawner = self.job.spawned.then_some(&b"spawner"[..]);
                     // Slurm's libpmi2 requires the version fields and reads `pmiverbose` as a boolean;
                     // MPICH's client reads it as an integer (atoi: FALSE is 0).
-                    self.answer_v2_with(host, task, "fullinit-response", rc::SUCCESS, |f| {
+                    self.answer_v2_with(task, "fullinit-response", rc::SUCCESS, |f| {
                         let f = f.int("pmi-version", 2).int("pmi-subversion", 0);
                         let f = f.int("rank", rank.into()).int("size", size).int("appnum", appnum.into());
                         let f = match spawner {
@@ -221,24 +221,24 @@ impl Shell {
             },
             Request2::JobGetId => {
                 let id = self.job.kvsname.clone();
-                self.answer_v2_with(host, task, "job-getid-response", rc::SUCCESS, |f| f.str("jobid", id.as_bytes()));
+                self.answer_v2_with(task, "job-getid-response", rc::SUCCESS, |f| f.str("jobid", id.as_bytes()));
             }
             Request2::JobConnect | Request2::JobDisconnect => {
                 let cmd = if matches!(request, Request2::JobConnect) { "job-connect" } else { "job-disconnect" };
                 let why = format!("{cmd} is not served by rpmi: a job's key-value space is its own");
-                self.answer_fail(host, task, &format!("{cmd}-response"), &why);
+                self.answer_fail(task, &format!("{cmd}-response"), &why);
             }
             Request2::KvsPut { key, value } => {
                 let kvsname = self.job.kvsname.clone();
                 match self.put(task, kvsname.as_bytes(), key, value, self.limits.pmi2_value_max()) {
-                    Ok(()) => self.answer_v2_with(host, task, "kvs-put-response", rc::SUCCESS, |f| f),
-                    Err((_, why)) => self.answer_fail(host, task, "kvs-put-response", &why),
+                    Ok(()) => self.answer_v2_with(task, "kvs-put-response", rc::SUCCESS, |f| f),
+                    Err((_, why)) => self.answer_fail(task, "kvs-put-response", &why),
                 }
             }
             Request2::KvsFence => {
                 self.clients[task].waiting = Waiting::Barrier;
                 self.entered += 1;
-                self.check_barrier(host);
+                self.check_barrier();
             }
             Request2::KvsGet { jobid, key } => {
                 // No jobid, or an empty one (Slurm's libpmi2 sends `jobid=;` for a NULL id), is this job's.
@@ -248,8 +248,8 @@ impl Shell {
                     .and_then(|()| check_key(&self.limits, key).map_err(|(_, why)| why))
                     .map(|()| self.kvs.get(key).map(<[u8]>::to_vec));
                 match found {
-                    Ok(value) => self.answer_found(host, task, "kvs-get-response", value.as_deref()),
-                    Err(why) => self.answer_fail(host, task, "kvs-get-response", &why),
+                    Ok(value) => self.answer_found(task, "kvs-get-response", value.as_deref()),
+                    Err(why) => self.answer_fail(task, "kvs-get-response", &why),
                 }
             }
             Request2::GetJobAttr { key } => {
@@ -258,23 +258,23 @@ impl Shell {
                     k if k == PROCESS_MAPPING_KEY.as_bytes() => self.kvs.get(k).map(<[u8]>::to_vec),
                     _ => None,
                 };
-                self.answer_found(host, task, "info-getjobattr-response", value.as_deref());
+                self.answer_found(task, "info-getjobattr-response", value.as_deref());
             }
-            Request2::PutNodeAttr { key, value } => match self.put_node_attr(host, key, value) {
-                Ok(()) => self.answer_v2_with(host, task, "info-putnodeattr-response", rc::SUCCESS, |f| f),
-                Err((_, why)) => self.answer_fail(host, task, "info-putnodeattr-response", &why),
+            Request2::PutNodeAttr { key, value } => match self.put_node_attr(key, value) {
+                Ok(()) => self.answer_v2_with(task, "info-putnodeattr-response", rc::SUCCESS, |f| f),
+                Err((_, why)) => self.answer_fail(task, "info-putnodeattr-response", &why),
             },
             Request2::GetNodeAttr { key, wait } => {
                 if let Err((_, why)) = check_key(&self.limits, key) {
-                    return self.answer_fail(host, task, "info-getnodeattr-response", &why);
+                    return self.answer_fail(task, "info-getnodeattr-response", &why);
                 }
                 match self.node_attrs.get(key).cloned() {
                     None if wait => {
                         let c = &mut self.clients[task];
                         c.node_wait = Some(NodeWait { key: key.to_vec(), thrid: c.thrid.take() });
-                        self.check_node_waiters(host);
+                        self.check_node_waiters();
                     }
-                    value => self.answer_found(host, task, "info-getnodeattr-response", value.as_deref()),
+                    value => self.answer_found(task, "info-getnodeattr-response", value.as_deref()),
                 }
             }
             Request2::Abort { exit_code, message } => {
@@ -282,124 +282,108 @@ impl Shell {
                 let code = exit_code.map_or(1, |c| c.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32);
                 let message = message.map(String::from_utf8_lossy).unwrap_or_default();
                 self.clients[task].reported = true;
-                host.abort(rank, code, &message);
-                self.leave(host, task);
+                self.emit(Effect::Abort { rank, exit_code: code, message: message.into_owned() });
+                self.leave(task);
             }
             Request2::Finalize => {
                 self.set_status(task, TaskStatus::Finalized);
-                self.answer_v2_with(host, task, "finalize-response", rc::SUCCESS, |f| f);
-                self.check_barrier(host);
+                self.answer_v2_with(task, "finalize-response", rc::SUCCESS, |f| f);
+                self.check_barrier();
             }
             Request2::Publish { name, port } => match (super::utf8_word(name), super::utf8_word(port)) {
-                (Some(service), Some(port)) => self.start_service(host, task, HostRequest::Publish { service, port }),
-                _ => self.refuse_service(host, task, Service::Publish, "name and port must be words"),
+                (Some(service), Some(port)) => self.start_service(task, HostRequest::Publish { service, port }),
+                _ => self.refuse_service(task, Service::Publish, "name and port must be words"),
             },
             Request2::Unpublish { name } => match super::utf8_word(name) {
-                Some(service) => self.start_service(host, task, HostRequest::Unpublish { service }),
-                None => self.refuse_service(host, task, Service::Unpublish, "name must be a word"),
+                Some(service) => self.start_service(task, HostRequest::Unpublish { service }),
+                None => self.refuse_service(task, Service::Unpublish, "name must be a word"),
             },
             Request2::Lookup { name } => match super::utf8_word(name) {
-                Some(service) => self.start_service(host, task, HostRequest::Lookup { service }),
-                None => self.refuse_service(host, task, Service::Lookup, "name must be a word"),
+                Some(service) => self.start_service(task, HostRequest::Lookup { service }),
+                None => self.refuse_service(task, Service::Lookup, "name must be a word"),
             },
-            Request2::Spawn(spawn) => self.start_service(host, task, HostRequest::Spawn(&spawn)),
+            Request2::Spawn(spawn) => self.start_service(task, HostRequest::Spawn(Box::new(spawn))),
         }
     }
 
     /// The answer to the host service task `task` waited for, as PMI-2 has it.
-    pub(super) fn answer_v2(&mut self, host: &mut dyn Host, task: TaskId, service: Service, reply: HostReply) {
+    pub(super) fn answer_v2(&mut self, task: TaskId, service: Service, reply: HostReply) {
         let cmd = service.response_v2();
         match (service, reply) {
             (Service::Publish | Service::Unpublish, HostReply::Done) => {
-                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f)
+                self.answer_v2_with(task, cmd, rc::SUCCESS, |f| f)
             }
             // A port is one word, as PMI-1's (an empty one could not be read back).
             // MPICH's client reads the port as `port`, Slurm's libpmi2 as `value`.
             (Service::Lookup, HostReply::Port(port)) if kvs::is_key(port.as_bytes()) && port.len() + 80 <= MAX_LINE => {
                 let port = port.as_bytes();
-                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("port", port).str("value", port))
+                self.answer_v2_with(task, cmd, rc::SUCCESS, |f| f.str("port", port).str("value", port))
             }
             // A spawn of no process has no codes (and an empty value is none to MPICH's reader).
             (Service::Spawn, HostReply::Spawned { errcodes }) if errcodes.is_empty() => {
-                self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f)
+                self.answer_v2_with(task, cmd, rc::SUCCESS, |f| f)
             }
             // Slurm's libpmi2 reads a spawn's outcome from `errcodes` alone (not from `rc`).
             (Service::Spawn, HostReply::Spawned { errcodes }) => {
                 let codes = errcodes.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
                 match errcodes.iter().filter(|&&c| c != 0).count() {
-                    0 => self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| f.str("errcodes", codes.as_bytes())),
+                    0 => self.answer_v2_with(task, cmd, rc::SUCCESS, |f| f.str("errcodes", codes.as_bytes())),
                     n => {
                         let why = format!("{n} of the {} processes failed to start", errcodes.len());
-                        self.answer_v2_with(host, task, cmd, rc::FAIL, |f| {
-                            f.errmsg(&why).str("errcodes", codes.as_bytes())
-                        })
+                        self.answer_v2_with(task, cmd, rc::FAIL, |f| f.errmsg(&why).str("errcodes", codes.as_bytes()))
                     }
                 }
             }
-            (_, HostReply::Failed(why)) => self.answer_fail(host, task, cmd, &why),
-            (_, _) => self.answer_fail(host, task, cmd, "the resource manager gave an unusable answer"),
+            (_, HostReply::Failed(why)) => self.answer_fail(task, cmd, &why),
+            (_, _) => self.answer_fail(task, cmd, "the resource manager gave an unusable answer"),
         }
     }
 
     /// Queues `cmd`'s answer to task `task`: `rc`, then what `fields` adds.
-    fn answer_v2_with(
-        &mut self,
-        host: &mut dyn Host,
-        task: TaskId,
-        cmd: &str,
-        rc: i32,
-        fields: impl FnOnce(Writer<'_>) -> Writer<'_>,
-    ) {
+    fn answer_v2_with(&mut self, task: TaskId, cmd: &str, rc: i32, fields: impl FnOnce(Writer<'_>) -> Writer<'_>) {
         let thrid = self.clients[task].thrid.take();
-        self.answer_v2_to(host, task, thrid, cmd, rc, fields);
+        self.answer_v2_to(task, thrid, cmd, rc, fields);
     }
 
     /// As [`Shell::answer_v2_with`], to the request of `thrid`.
     fn answer_v2_to(
         &mut self,
-        host: &mut dyn Host,
         task: TaskId,
         thrid: Option<Vec<u8>>,
         cmd: &str,
         rc: i32,
         fields: impl FnOnce(Writer<'_>) -> Writer<'_>,
     ) {
-        self.respond(host, task, |out| fields(Writer::answer(out, cmd, thrid.as_deref(), rc)).finish());
+        self.respond(task, |out| fields(Writer::answer(out, cmd, thrid.as_deref(), rc)).finish());
     }
 
-    fn answer_fail(&mut self, host: &mut dyn Host, task: TaskId, cmd: &str, why: &str) {
-        self.answer_v2_with(host, task, cmd, rc::FAIL, |f| f.errmsg(why));
+    fn answer_fail(&mut self, task: TaskId, cmd: &str, why: &str) {
+        self.answer_v2_with(task, cmd, rc::FAIL, |f| f.errmsg(why));
     }
 
     /// `found=TRUE;value=V;` or `found=FALSE;`.
-    fn answer_found(&mut self, host: &mut dyn Host, task: TaskId, cmd: &str, value: Option<&[u8]>) {
-        self.answer_v2_with(host, task, cmd, rc::SUCCESS, |f| found(f, value));
+    fn answer_found(&mut self, task: TaskId, cmd: &str, value: Option<&[u8]>) {
+        self.answer_v2_with(task, cmd, rc::SUCCESS, |f| found(f, value));
     }
 
     /// Answers the node attribute task `task` waits for, to the request that waits: another thread's
     /// request may be the one being answered now.
-    fn answer_node_waiter(&mut self, host: &mut dyn Host, task: TaskId, value: Option<&[u8]>) {
+    fn answer_node_waiter(&mut self, task: TaskId, value: Option<&[u8]>) {
         let thrid = self.clients[task].node_wait.take().and_then(|w| w.thrid);
-        self.answer_v2_to(host, task, thrid, "info-getnodeattr-response", rc::SUCCESS, |f| found(f, value));
+        self.answer_v2_to(task, thrid, "info-getnodeattr-response", rc::SUCCESS, |f| found(f, value));
     }
 
     /// A PMI-1 put of `local::NAME` ([`LOCAL_KEY_PREFIX`]): node attribute NAME, which PMI-2 tasks of the
     /// node read too.
-    pub(super) fn put_local(
-        &mut self,
-        host: &mut dyn Host,
-        kvsname: &[u8],
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<(), (i32, String)> {
+    pub(super) fn put_local(&mut self, kvsname: &[u8], key: &[u8], value: &[u8]) -> Result<(), (i32, String)> {
         check_name(&self.job, kvsname)?;
         check_key(&self.limits, key)?;
-        self.put_node_attr(host, &key[LOCAL_KEY_PREFIX.len()..], value)
+        self.put_node_attr(&key[LOCAL_KEY_PREFIX.len()..], value)
     }
 
     /// Stores a node attribute, within the store's limit (charged as a store entry), and answers the tasks
     /// that wait for it; a new value replaces the old.
-    fn put_node_attr(&mut self, host: &mut dyn Host, key: &[u8], value: &[u8]) -> Result<(), (i32, String)> {
+    fn put_node_attr(&mut self, key: &[u8], value: &[u8]) -> Result<(), (i32, String)> {
         check_key(&self.limits, key)?;
         check_value(value, self.limits.pmi2_value_max())?;
         // Charged as a store entry is, heap blocks and all: a task putting many tiny attributes must not get
@@ -415,25 +399,25 @@ impl Shell {
         }
         self.node_attr_bytes = self.node_attr_bytes - old + new;
         self.node_attrs.insert(key.to_vec(), value.to_vec());
-        self.wake_node_waiters(host, key);
+        self.wake_node_waiters(key);
         Ok(())
     }
 
     /// Answers every task waiting for node attribute `key`, just put.
-    fn wake_node_waiters(&mut self, host: &mut dyn Host, key: &[u8]) {
+    fn wake_node_waiters(&mut self, key: &[u8]) {
         let value = self.node_attrs.get(key).cloned();
         let waiters: Vec<TaskId> = (0..self.clients.len())
             .filter(|&t| self.clients[t].node_wait.as_ref().is_some_and(|w| w.key == key))
             .collect();
         for t in waiters {
-            self.answer_node_waiter(host, t, value.as_deref());
+            self.answer_node_waiter(t, value.as_deref());
         }
     }
 
     /// Tasks waiting for node attributes that no task of the node could put any more (each one has left or
     /// waits itself) get "not found", so that no cycle of waits hangs the job. A threaded task could always
     /// put one from another thread, whatever its threads wait for.
-    pub(super) fn check_node_waiters(&mut self, host: &mut dyn Host) {
+    pub(super) fn check_node_waiters(&mut self) {
         let stuck = self
             .clients
             .iter()
@@ -444,7 +428,7 @@ impl Shell {
         }
         for t in 0..self.clients.len() {
             if self.clients[t].node_wait.is_some() {
-                self.answer_node_waiter(host, t, None);
+                self.answer_node_waiter(t, None);
             }
         }
     }

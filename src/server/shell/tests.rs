@@ -1,10 +1,11 @@
-//! The engine's behaviour, command by command, driven with byte strings and a host that records calls.
+//! The engine's behaviour, command by command, driven with byte strings, in memory: what it asks of its host
+//! is read from its effects.
 
 use super::*;
 use crate::server::{TaskMap, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
 
-/// A host that records what the engine asks of it.
+/// What the engine asked of its host, taken from its effects as a host takes them.
 #[derive(Default)]
 struct Recorder {
     collectives: Vec<Vec<u8>>,
@@ -19,53 +20,48 @@ struct Recorder {
     requests: Vec<String>,
     spawns: Vec<SpawnRequest>,
     started: Vec<u32>,
-    /// Run group exchanges (and so serve PMI 1.2).
-    serve_groups: bool,
     /// The group exchanges started: id, shells and contribution.
     groups: Vec<(String, Vec<u32>, Vec<u8>)>,
 }
 
-impl Host for Recorder {
-    fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
-        self.collectives.push(contribution.to_vec());
-        self.refusal.map_or(Ok(()), |why| Err(why.into()))
-    }
-    fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
-        self.aborts.push((rank, exit_code, message.to_string()));
-    }
-    fn job_error(&mut self, error: &JobError) {
-        self.errors.push(error.clone());
-    }
-    fn log(&mut self, level: log::Level, message: &str) {
-        self.logs.push((level, message.to_string()));
-    }
-    fn trace(&mut self, rank: u32, speaker: Speaker, line: &[u8]) {
-        self.traces.push(format!("{rank} {speaker}: {}", String::from_utf8_lossy(line)));
-    }
-    fn task_started(&mut self, rank: u32) {
-        self.started.push(rank);
-    }
-    fn serves_groups(&self) -> bool {
-        self.serve_groups
-    }
-    fn group_collective(
-        &mut self,
-        exchange: &crate::server::GroupExchange<'_>,
-        contribution: &[u8],
-    ) -> Result<(), String> {
-        let id = String::from_utf8(exchange.id.to_vec()).unwrap();
-        self.groups.push((id, exchange.shells.to_vec(), contribution.to_vec()));
-        Ok(())
-    }
-    fn request(&mut self, _task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
-        if !self.offer {
-            return Err(NOT_SUPPORTED.into());
+impl Recorder {
+    /// Takes every effect `shell` has queued; what it refuses (`refusal`, a service not offered) it hands
+    /// back at once, as a host does.
+    fn take(&mut self, shell: &mut Shell) {
+        while let Some(effect) = shell.next_effect() {
+            match effect {
+                Effect::Collective(contribution) => {
+                    self.collectives.push(contribution);
+                    if let Some(why) = self.refusal {
+                        shell.collective_complete(Err(why));
+                    }
+                }
+                Effect::GroupCollective { id, shells, contribution } => {
+                    self.groups.push((String::from_utf8(id).unwrap(), shells, contribution));
+                }
+                Effect::Abort { rank, exit_code, message } => self.aborts.push((rank, exit_code, message)),
+                Effect::JobError(error) => self.errors.push(error),
+                Effect::Log(level, message) => self.logs.push((level, message)),
+                Effect::Trace { rank, speaker, line } => {
+                    self.traces.push(format!("{rank} {speaker}: {}", String::from_utf8_lossy(&line)));
+                }
+                Effect::TaskStarted(rank) => self.started.push(rank),
+                Effect::TaskClosed { .. } => {}
+                Effect::Request { task, request } => {
+                    if !self.offer {
+                        shell.host_reply(task, HostReply::Failed(NOT_SUPPORTED.into()));
+                        continue;
+                    }
+                    if let HostRequest::Spawn(spawn) = &request {
+                        self.spawns.push((**spawn).clone());
+                    }
+                    self.requests.push(format!("{request:?}"));
+                    if let Some(why) = self.refusal {
+                        shell.host_reply(task, HostReply::Failed(why.into()));
+                    }
+                }
+            }
         }
-        if let HostRequest::Spawn(s) = &request {
-            self.spawns.push((*s).clone());
-        }
-        self.requests.push(format!("{request:?}"));
-        self.refusal.map_or(Ok(()), |why| Err(why.into()))
     }
 }
 
@@ -78,8 +74,9 @@ fn shell_on(ppn: &[u32], node: u32) -> Shell {
 }
 
 /// Sends `input` from `task` and returns everything queued for it.
-fn send(shell: &mut Shell, host: &mut dyn Host, task: TaskId, input: &str) -> String {
-    shell.receive(host, task, input.as_bytes());
+fn send(shell: &mut Shell, host: &mut Recorder, task: TaskId, input: &str) -> String {
+    shell.receive(task, input.as_bytes());
+    host.take(shell);
     drain(shell, task)
 }
 
@@ -99,7 +96,8 @@ fn complete(shell: &mut Shell, host: &mut Recorder, others: &[&[u8]]) {
     let own = host.collectives.last().cloned().unwrap();
     let mut parts: Vec<&[u8]> = vec![&own];
     parts.extend_from_slice(others);
-    shell.collective_complete(host, Ok(&parts));
+    shell.collective_complete(Ok(&parts));
+    host.take(shell);
 }
 
 #[test]
@@ -253,7 +251,8 @@ fn failed_collective_fails_every_waiting_task() {
     for t in 0..3 {
         send(&mut s, &mut h, t, "cmd=barrier_in\n");
     }
-    s.collective_complete(&mut h, Err("node 2 unreachable"));
+    s.collective_complete(Err("node 2 unreachable"));
+    h.take(&mut s);
     for t in 0..3 {
         assert_eq!(drain(&mut s, t), "cmd=barrier_out rc=-1 msg=node_2_unreachable\n");
     }
@@ -264,7 +263,8 @@ fn failed_collective_fails_every_waiting_task() {
     complete(&mut s, &mut h, &[]);
     assert_eq!(drain(&mut s, 2), "cmd=barrier_out rc=0\n");
     // A completion nobody asked for is a host bug, logged and ignored.
-    s.collective_complete(&mut h, Ok(&[]));
+    s.collective_complete(Ok(&[]));
+    h.take(&mut s);
     assert!(h.logs.iter().any(|(_, m)| m.contains("host bug")));
 }
 
@@ -283,7 +283,8 @@ fn a_collective_refused_at_once_fails_the_barrier_at_once() {
     let mut h = Recorder { refusal: Some("the exchange cannot start"), ..Recorder::default() };
     send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=k value=v\n");
     for t in 0..3 {
-        s.receive(&mut h, t, b"cmd=barrier_in\n");
+        s.receive(t, b"cmd=barrier_in\n");
+        h.take(&mut s);
     }
     // Every waiting task is answered before the host completes anything, as a failed completion answers it.
     for t in 0..3 {
@@ -292,7 +293,8 @@ fn a_collective_refused_at_once_fails_the_barrier_at_once() {
     assert_eq!(h.collectives, vec![b"0 k=v\n".to_vec()]);
     assert!(h.logs.iter().any(|(l, m)| *l == log::Level::Error && m == "barrier failed: the exchange cannot start"));
     // Nothing is outstanding: a completion now is a host bug.
-    s.collective_complete(&mut h, Ok(&[]));
+    s.collective_complete(Ok(&[]));
+    h.take(&mut s);
     assert!(h.logs.iter().any(|(_, m)| m.contains("host bug")));
     // The next barrier starts a collective again, without the puts of the failed one.
     h.refusal = None;
@@ -368,19 +370,24 @@ fn name_service_through_the_host() {
     let mut h = Recorder { offer: true, ..Recorder::default() };
     assert_eq!(send(&mut s, &mut h, 0, "cmd=publish_name service=svc port=tcp://h:1\n"), "");
     assert_eq!(h.requests, vec![r#"Publish { service: "svc", port: "tcp://h:1" }"#]);
-    s.host_reply(&mut h, 0, HostReply::Done);
+    s.host_reply(0, HostReply::Done);
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 0), "cmd=publish_result rc=0\n");
     send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n");
-    s.host_reply(&mut h, 0, HostReply::Port("tcp://h:1".into()));
+    s.host_reply(0, HostReply::Port("tcp://h:1".into()));
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=0 port=tcp://h:1\n");
     send(&mut s, &mut h, 0, "cmd=lookup_name service=nope\n");
-    s.host_reply(&mut h, 0, HostReply::Failed("no such service".into()));
+    s.host_reply(0, HostReply::Failed("no such service".into()));
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=-1 msg=no_such_service\n");
     send(&mut s, &mut h, 0, "cmd=unpublish_name service=svc\n");
-    s.host_reply(&mut h, 0, HostReply::Port("wrong kind".into()));
+    s.host_reply(0, HostReply::Port("wrong kind".into()));
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 0), "cmd=unpublish_result rc=-1 msg=the_resource_manager_gave_an_unusable_answer\n");
     // A reply nobody waits for is a host bug, logged.
-    s.host_reply(&mut h, 0, HostReply::Done);
+    s.host_reply(0, HostReply::Done);
+    h.take(&mut s);
     assert!(h.logs.iter().any(|(_, m)| m.contains("host bug")));
 }
 
@@ -401,11 +408,13 @@ fn spawn_through_the_host_in_pieces() {
     let mut h = Recorder { offer: true, ..Recorder::default() };
     // The request arrives split at arbitrary points.
     for piece in SPAWN.as_bytes().chunks(7) {
-        s.receive(&mut h, 0, piece);
+        s.receive(0, piece);
+        h.take(&mut s);
     }
     assert_eq!(h.spawns.len(), 1);
     assert_eq!(h.spawns[0].commands[0].args, vec![b"-x".to_vec()]);
-    s.host_reply(&mut h, 0, HostReply::Spawned { errcodes: vec![0, 0] });
+    s.host_reply(0, HostReply::Spawned { errcodes: vec![0, 0] });
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 0), "cmd=spawn_result rc=0 errcodes=0,0\n");
 }
 
@@ -434,7 +443,8 @@ fn an_unfinished_spawn_of_one_byte_items_is_cut_off_within_its_bound() {
             .chain((1..=4096).map(|i| format!("arg{i}=x")))
             .chain(std::iter::once("endcmd".to_string()));
         for (n, line) in lines.enumerate() {
-            s.receive(&mut h, 0, format!("{line}\n").as_bytes());
+            s.receive(0, format!("{line}\n").as_bytes());
+            h.take(&mut s);
             if s.is_cut_off(0) {
                 break 'blocks;
             }
@@ -485,7 +495,8 @@ fn a_long_frame_leaves_no_capacity_behind() {
     let body = format!("cmd=spawn;ncmds=1;preputcount=0;subcmd=./a;maxprocs=1;argc=1;argv0={long};");
     let frame = format!("{:6}{body}", body.len());
     for piece in frame.as_bytes().chunks(4096) {
-        s.receive(&mut h, 0, piece);
+        s.receive(0, piece);
+        h.take(&mut s);
         let held = s.clients[0].partial.capacity();
         assert!(held <= frame.len(), "{held} bytes held for a frame of {}", frame.len());
     }
@@ -493,10 +504,12 @@ fn a_long_frame_leaves_no_capacity_behind() {
     assert_eq!(h.spawns[0].commands[0].args, [long.into_bytes()]);
     let kept = s.clients[0].partial.capacity();
     assert!(kept <= 1024, "the partial-frame buffer kept {kept} bytes");
-    s.host_reply(&mut h, 0, HostReply::Spawned { errcodes: vec![0] });
+    s.host_reply(0, HostReply::Spawned { errcodes: vec![0] });
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 0), "    35cmd=spawn-response;rc=0;errcodes=0;");
     // The connection goes on, short frames split across reads too.
-    s.receive(&mut h, 0, b"    14cmd=jo");
+    s.receive(0, b"    14cmd=jo");
+    h.take(&mut s);
     assert_eq!(send(&mut s, &mut h, 0, "b-getid;"), "    41cmd=job-getid-response;rc=0;jobid=kvs_42;");
     assert!(h.errors.is_empty(), "{:?}", h.errors);
 }
@@ -555,7 +568,8 @@ fn a_long_line_without_newline_is_bounded() {
     let mut h = Recorder::default();
     let chunk = vec![b'x'; 64 * 1024];
     for _ in 0..16 {
-        s.receive(&mut h, 0, &chunk);
+        s.receive(0, &chunk);
+        h.take(&mut s);
     }
     assert_eq!(h.errors.len(), 1);
     let JobError::Protocol { reason, line, .. } = &h.errors[0] else { panic!() };
@@ -567,8 +581,10 @@ fn a_long_line_without_newline_is_bounded() {
 fn a_long_line_split_across_reads_is_bounded() {
     let mut s = shell_on(&[1], 0);
     let mut h = Recorder::default();
-    s.receive(&mut h, 0, &[b'x'; 4000]);
-    s.receive(&mut h, 0, &[b'x'; 200]);
+    s.receive(0, &[b'x'; 4000]);
+    h.take(&mut s);
+    s.receive(0, &[b'x'; 200]);
+    h.take(&mut s);
     assert_eq!(h.errors.len(), 1);
 }
 
@@ -578,7 +594,8 @@ fn lines_split_and_joined_arbitrarily() {
     let mut h = Recorder::default();
     let input = b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_maxes\ncmd=get_appnum\n";
     for b in input.chunks(3) {
-        s.receive(&mut h, 0, b);
+        s.receive(0, b);
+        h.take(&mut s);
     }
     assert_eq!(
         drain(&mut s, 0),
@@ -601,7 +618,8 @@ fn a_task_leaving_mid_barrier_is_reported_at_once() {
     let mut h = Recorder::default();
     send(&mut s, &mut h, 0, "cmd=barrier_in\n");
     send(&mut s, &mut h, 1, "cmd=barrier_in\n");
-    s.disconnected(&mut h, 2);
+    s.disconnected(2);
+    h.take(&mut s);
     assert_eq!(h.errors, vec![JobError::TaskLost { rank: 2, finalized: false }]);
     let out = drain(&mut s, 0);
     assert!(out.starts_with("cmd=barrier_out rc=-1 msg=rank_2_closed_its_PMI_connection"), "{out}");
@@ -613,7 +631,8 @@ fn a_task_gone_before_the_barrier_is_reported_when_it_starts() {
     let mut s = shell_on(&[2], 0);
     let mut h = Recorder::default();
     send(&mut s, &mut h, 1, "cmd=init pmi_version=1 pmi_subversion=1\n");
-    s.disconnected(&mut h, 1);
+    s.disconnected(1);
+    h.take(&mut s);
     assert!(h.errors.is_empty(), "nobody waits yet");
     let out = send(&mut s, &mut h, 0, "cmd=barrier_in\n");
     assert_eq!(h.errors, vec![JobError::TaskLost { rank: 1, finalized: false }]);
@@ -640,7 +659,8 @@ fn normal_exit_after_finalize_is_quiet() {
     for t in 0..2 {
         drain(&mut s, t);
         send(&mut s, &mut h, t, "cmd=finalize\n");
-        s.disconnected(&mut h, t);
+        s.disconnected(t);
+        h.take(&mut s);
     }
     assert!(h.errors.is_empty());
 }
@@ -652,7 +672,8 @@ fn a_task_leaving_while_the_collective_runs_is_reported() {
     for t in 0..2 {
         send(&mut s, &mut h, t, "cmd=barrier_in\n");
     }
-    s.disconnected(&mut h, 1);
+    s.disconnected(1);
+    h.take(&mut s);
     assert_eq!(h.errors, vec![JobError::TaskLost { rank: 1, finalized: false }]);
     complete(&mut s, &mut h, &[]);
     assert_eq!(drain(&mut s, 0), "cmd=barrier_out rc=0\n");
@@ -742,7 +763,8 @@ fn a_late_answer_for_a_cut_off_task_is_dropped_quietly() {
     let mut h = Recorder { offer: true, ..Recorder::default() };
     send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\ncmd=bogus\n");
     assert_eq!(h.errors.len(), 1);
-    s.host_reply(&mut h, 0, HostReply::Port("p".into()));
+    s.host_reply(0, HostReply::Port("p".into()));
+    h.take(&mut s);
     assert!(h.logs.is_empty(), "{:?}", h.logs);
     assert_eq!(drain(&mut s, 0), "");
 }
@@ -756,7 +778,8 @@ fn spawn_error_codes_that_do_not_fit_a_line() {
         let mut s = shell_on(&[1], 0);
         let mut h = Recorder { offer: true, ..Recorder::default() };
         send(&mut s, &mut h, 0, SPAWN);
-        s.host_reply(&mut h, 0, HostReply::Spawned { errcodes: codes });
+        s.host_reply(0, HostReply::Spawned { errcodes: codes });
+        h.take(&mut s);
         assert_eq!(drain(&mut s, 0), want);
     }
 }
@@ -766,7 +789,8 @@ fn a_port_too_long_for_a_line_is_a_failed_lookup() {
     let mut s = shell_on(&[1], 0);
     let mut h = Recorder { offer: true, ..Recorder::default() };
     send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n");
-    s.host_reply(&mut h, 0, HostReply::Port("p".repeat(1000)));
+    s.host_reply(0, HostReply::Port("p".repeat(1000)));
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=-1 msg=the_resource_manager_gave_an_unusable_answer\n");
 }
 
@@ -774,14 +798,12 @@ fn a_port_too_long_for_a_line_is_a_failed_lookup() {
 fn a_service_refused_at_once_answers_with_the_reason() {
     let mut s = shell_on(&[1], 0);
     let mut h = Recorder { offer: true, refusal: Some("the job is ending"), ..Recorder::default() };
-    let owed = s.owed_answers();
     assert_eq!(
         send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n"),
         "cmd=lookup_result rc=-1 msg=the_job_is_ending\n"
     );
     assert_eq!(h.requests, vec![r#"Lookup { service: "svc" }"#]);
-    // Nothing is owed: a late answer is refused where it comes in, and the task may ask again.
-    assert!(!owed.claim(0));
+    // The task may ask again.
     assert_eq!(send(&mut s, &mut h, 0, SPAWN), "cmd=spawn_result rc=-1 msg=the_job_is_ending\n");
     assert!(h.errors.is_empty());
 }
@@ -824,90 +846,30 @@ fn untyped_answers_are_read_by_the_service_asked_for() {
     let mut h = Recorder { offer: true, ..Recorder::default() };
     for (request, ok, text, want) in cases {
         assert_eq!(send(&mut s, &mut h, 0, request), "");
-        s.untyped_reply(&mut h, 0, ok, text.map(String::from));
+        s.untyped_reply(0, ok, text.map(String::from));
+        h.take(&mut s);
         assert_eq!(drain(&mut s, 0), want, "{request:?} answered {ok} {text:?}");
     }
     assert!(h.logs.is_empty() && h.errors.is_empty(), "{:?} {:?}", h.logs, h.errors);
 }
 
 #[test]
-fn an_untyped_answer_with_nothing_owed_is_refused() {
+fn an_answer_for_a_task_that_waits_for_none_is_a_host_bug() {
     let mut s = shell_on(&[2], 0);
-    let owed = s.owed_answers();
     let mut h = Recorder { offer: true, ..Recorder::default() };
-    // Nothing asked for yet, and no such task.
-    assert!(!owed.claim(0) && !owed.claim(2));
-    // One answer per request: the first claim takes it, a second finds nothing.
     send(&mut s, &mut h, 1, "cmd=lookup_name service=svc\n");
-    assert!(!owed.claim(0));
-    assert!(owed.claim(1));
-    assert!(!owed.claim(1));
-    s.untyped_reply(&mut h, 1, true, Some("p".into()));
+    s.untyped_reply(1, true, Some("p".into()));
+    h.take(&mut s);
     assert_eq!(drain(&mut s, 1), "cmd=lookup_result rc=0 port=p\n");
-    // An answer that reaches the shell with nothing waiting is a host bug: logged, and nobody is answered.
-    s.untyped_reply(&mut h, 1, true, Some("p".into()));
+    // A second answer reaches the shell with nothing waiting: logged, and nobody is answered.
+    s.untyped_reply(1, true, Some("p".into()));
+    h.take(&mut s);
     assert!(h.logs.iter().any(|(_, m)| m == "host bug: a reply for rank 1, which asked for nothing"));
     assert_eq!(drain(&mut s, 1), "");
-    // A typed answer settles the request too.
-    send(&mut s, &mut h, 0, "cmd=publish_name service=svc port=p\n");
-    s.host_reply(&mut h, 0, HostReply::Done);
-    assert_eq!(drain(&mut s, 0), "cmd=publish_result rc=0\n");
-    assert!(!owed.claim(0));
-}
-
-/// A host that takes in its own answer from inside `request`, as a C host may (on this thread or another)
-/// before its callback returns.
-struct AnswersAtOnce {
-    owed: OwedAnswers,
-    /// What each claim found, in order.
-    claims: Vec<bool>,
-    /// Refuse the request after answering it (a host bug).
-    refuse: bool,
-    logs: Vec<String>,
-}
-
-impl Host for AnswersAtOnce {
-    fn collective(&mut self, _contribution: &[u8]) -> Result<(), String> {
-        unreachable!("no barrier here")
-    }
-    fn abort(&mut self, rank: u32, _exit_code: i32, message: &str) {
-        unreachable!("rank {rank} aborted: {message}")
-    }
-    fn job_error(&mut self, error: &JobError) {
-        unreachable!("{error}")
-    }
-    fn log(&mut self, _level: log::Level, message: &str) {
-        self.logs.push(message.to_string());
-    }
-    fn request(&mut self, task: TaskId, _request: HostRequest<'_>) -> Result<(), String> {
-        self.claims.push(self.owed.claim(task));
-        self.claims.push(self.owed.claim(task));
-        if self.refuse {
-            Err("refused".into())
-        } else {
-            Ok(())
-        }
-    }
-}
-
-#[test]
-fn an_answer_taken_in_before_the_request_returns_is_the_one_the_task_gets() {
-    let mut s = shell_on(&[1], 0);
-    let mut h = AnswersAtOnce { owed: s.owed_answers(), claims: Vec::new(), refuse: false, logs: Vec::new() };
-    // Owed before the host has the request, once.
-    assert_eq!(send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n"), "");
-    assert_eq!(h.claims, vec![true, false]);
-    s.untyped_reply(&mut h, 0, true, Some("p".into()));
-    assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=0 port=p\n");
-    assert!(h.logs.is_empty(), "{:?}", h.logs);
-    // Answered, then refused: the answer stands, so that it cannot answer the task's next request.
-    h.refuse = true;
-    assert_eq!(send(&mut s, &mut h, 0, "cmd=lookup_name service=svc\n"), "");
-    assert_eq!(h.logs, vec!["host bug: rank 0's request was answered, then refused: refused"]);
-    s.untyped_reply(&mut h, 0, true, Some("q".into()));
-    assert_eq!(drain(&mut s, 0), "cmd=lookup_result rc=0 port=q\n");
-    assert!(!s.owed_answers().claim(0));
-    assert_eq!(h.logs.len(), 1, "{:?}", h.logs);
+    s.host_reply(0, HostReply::Done);
+    h.take(&mut s);
+    assert!(h.logs.iter().any(|(_, m)| m == "host bug: a reply for rank 0, which asked for nothing"));
+    assert_eq!(drain(&mut s, 0), "");
 }
 
 // Back-pressure: a task that pipelines requests without reading its answers.
@@ -938,7 +900,8 @@ fn serve(shell: &mut Shell, host: &mut Recorder, task: TaskId, piece: usize) -> 
             if !shell.holds_input(task) {
                 return String::from_utf8(written).unwrap();
             }
-            shell.resume(host, task);
+            shell.resume(task);
+            host.take(shell);
             assert!(!shell.output(task).is_empty() || shell.is_cut_off(task), "held input was not parsed");
             continue;
         }
@@ -959,14 +922,17 @@ fn pipelined_requests_wait_while_their_answers_are_unread() {
     let (mut s, mut h, values) = shell_with_big_values(200);
     let answer = |i: usize| format!("cmd=get_result rc=0 value={}\n", values[i]);
     let requests: String = (0..200).map(|i| format!("cmd=get kvsname=kvs_42 key=k{i}\n")).collect();
-    s.receive(&mut h, 0, requests.as_bytes());
+    s.receive(0, requests.as_bytes());
+    h.take(&mut s);
     // 200 answers are 180 KB: the shell stops answering once it holds more than its bound unsent.
     assert!(queued(&s, 0) <= HELD_ABOVE + answer(0).len(), "{} bytes of answers queued", queued(&s, 0));
     assert!(s.holds_input(0));
     // Nothing more is parsed until the answers are written, not even by more input.
     let before = queued(&s, 0);
-    s.resume(&mut h, 0);
-    s.receive(&mut h, 0, b"cmd=get_appnum\n");
+    s.resume(0);
+    h.take(&mut s);
+    s.receive(0, b"cmd=get_appnum\n");
+    h.take(&mut s);
     assert_eq!(queued(&s, 0), before);
     // Written a little at a time, every answer comes, in order, the held requests' too.
     let want: String = (0..200).map(answer).collect::<String>() + "cmd=appnum rc=0 appnum=0\n";
@@ -984,11 +950,13 @@ fn input_held_back_keeps_its_partial_line_and_order() {
     let whole = HELD_ABOVE / answer(0).len() + 1;
     let half = request(whole).len() / 2;
     let first: String = (0..whole).map(request).collect::<String>() + &request(whole)[..half];
-    s.receive(&mut h, 0, first.as_bytes());
+    s.receive(0, first.as_bytes());
+    h.take(&mut s);
     assert!(queued(&s, 0) > HELD_ABOVE && !s.holds_input(0), "the half line waits as any partial line does");
     // Its end comes while the answers are backed up: it is held, with what follows.
     let second: String = request(whole)[half..].to_string() + &(whole + 1..100).map(request).collect::<String>();
-    s.receive(&mut h, 0, second.as_bytes());
+    s.receive(0, second.as_bytes());
+    h.take(&mut s);
     assert!(s.holds_input(0));
     assert_eq!(serve(&mut s, &mut h, 0, usize::MAX), (0..100).map(answer).collect::<String>());
     assert!(h.errors.is_empty());
@@ -998,7 +966,8 @@ fn input_held_back_keeps_its_partial_line_and_order() {
 fn a_protocol_error_in_held_input_cuts_off_after_what_came_before() {
     let (mut s, mut h, _) = shell_with_big_values(100);
     let requests: String = (0..100).map(|i| format!("cmd=get kvsname=kvs_42 key=k{i}\n")).collect();
-    s.receive(&mut h, 0, format!("{requests}hello\ncmd=get_appnum\n").as_bytes());
+    s.receive(0, format!("{requests}hello\ncmd=get_appnum\n").as_bytes());
+    h.take(&mut s);
     assert!(h.errors.is_empty(), "the bad line is held, not parsed");
     let answered = serve(&mut s, &mut h, 0, usize::MAX);
     assert_eq!(answered.lines().count(), 100);
@@ -1010,11 +979,14 @@ fn a_protocol_error_in_held_input_cuts_off_after_what_came_before() {
 fn held_input_is_dropped_when_the_task_disconnects() {
     let (mut s, mut h, _) = shell_with_big_values(100);
     let requests: String = (0..100).map(|i| format!("cmd=get kvsname=kvs_42 key=k{i}\n")).collect();
-    s.receive(&mut h, 0, requests.as_bytes());
+    s.receive(0, requests.as_bytes());
+    h.take(&mut s);
     assert!(s.holds_input(0));
-    s.disconnected(&mut h, 0);
+    s.disconnected(0);
+    h.take(&mut s);
     assert!(!s.holds_input(0));
-    s.resume(&mut h, 0);
+    s.resume(0);
+    h.take(&mut s);
     assert!(h.errors.is_empty());
 }
 
@@ -1026,15 +998,18 @@ fn ranks2hosts_is_built_once_and_shared() {
     let mut h = Recorder::default();
     let answer = "put_ranks2hosts 40 2\n7 node001 1,3,5,7, 7 node002 0,2,4,6, \n";
     // Pipelined with another request: that one waits until the shared answer is written.
-    s.receive(&mut h, 0, b"cmd=get_ranks2hosts\ncmd=get_appnum\n");
-    s.receive(&mut h, 1, b"cmd=get_ranks2hosts\n");
+    s.receive(0, b"cmd=get_ranks2hosts\ncmd=get_appnum\n");
+    h.take(&mut s);
+    s.receive(1, b"cmd=get_ranks2hosts\n");
+    h.take(&mut s);
     let shared = |s: &Shell, t: TaskId| s.clients[t].shared.as_ref().map(|(a, _)| a.clone()).unwrap();
     assert!(Arc::ptr_eq(&shared(&s, 0), &shared(&s, 1)), "each task got its own copy");
     assert!(s.holds_input(0));
     assert_eq!(serve(&mut s, &mut h, 0, 7), format!("{answer}cmd=appnum rc=0 appnum=0\n"));
     assert_eq!(serve(&mut s, &mut h, 1, usize::MAX), answer);
     // A later request is answered from the same copy.
-    s.receive(&mut h, 2, b"cmd=get_ranks2hosts\n");
+    s.receive(2, b"cmd=get_ranks2hosts\n");
+    h.take(&mut s);
     assert!(Arc::ptr_eq(&shared(&s, 2), s.ranks2hosts.as_ref().unwrap()));
 }
 
@@ -1042,7 +1017,8 @@ fn ranks2hosts_is_built_once_and_shared() {
 fn a_task_that_reads_its_answers_is_never_held() {
     let (mut s, mut h, values) = shell_with_big_values(100);
     for (i, v) in values.iter().enumerate() {
-        s.receive(&mut h, 0, format!("cmd=get kvsname=kvs_42 key=k{i}\n").as_bytes());
+        s.receive(0, format!("cmd=get kvsname=kvs_42 key=k{i}\n").as_bytes());
+        h.take(&mut s);
         assert!(!s.holds_input(0));
         assert_eq!(drain(&mut s, 0), format!("cmd=get_result rc=0 value={v}\n"));
     }
@@ -1052,9 +1028,11 @@ fn a_task_that_reads_its_answers_is_never_held() {
 fn the_host_hears_of_each_tasks_start_once_at_its_first_whole_line() {
     let mut shell = shell_on(&[1, 3], 1);
     let mut host = Recorder::default();
-    shell.receive(&mut host, 1, b"cmd=in");
+    shell.receive(1, b"cmd=in");
+    host.take(&mut shell);
     assert!(host.started.is_empty(), "a part of a line is no start");
-    shell.receive(&mut host, 1, b"it pmi_version=1 pmi_subversion=1\ncmd=get_maxes\n");
+    shell.receive(1, b"it pmi_version=1 pmi_subversion=1\ncmd=get_maxes\n");
+    host.take(&mut shell);
     send(&mut shell, &mut host, 0, "cmd=get_maxes\n");
     send(&mut shell, &mut host, 1, "cmd=get_appnum\n");
     assert_eq!(host.started, [2, 1]);
@@ -1070,7 +1048,8 @@ fn shell_of_groups(ppn: &[u32], limits: Limits) -> (Shell, Recorder) {
     let local = map.clique(0);
     let hosts = (0..ppn.len()).map(|n| format!("node{n}")).collect();
     let mut s = Shell::new(JobInfo::new("kvs_42", map, local, hosts), limits).unwrap();
-    let mut h = Recorder { serve_groups: true, ..Default::default() };
+    s.serve_groups(true);
+    let mut h = Recorder::default();
     for task in 0..s.task_count() {
         let answer = send(&mut s, &mut h, task, "cmd=init pmi_version=1 pmi_subversion=2\n");
         assert_eq!(answer, "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2\n");
@@ -1133,7 +1112,8 @@ fn a_group_barrier_over_the_store_bound_fails_and_ended_ones_give_back_their_cha
     assert_eq!(h.groups.len(), held);
     assert!(h.groups.iter().all(|(_, shells, _)| shells == &[0, 1]));
     for tag in 0..held {
-        s.group_complete(&mut h, format!("WORLD:{tag}").as_bytes(), Ok(&[]));
+        s.group_complete(format!("WORLD:{tag}").as_bytes(), Ok(&[]));
+        h.take(&mut s);
         for task in 0..4 {
             assert_eq!(drain(&mut s, task), format!("cmd=barrier_out rc=0 tag={tag}\n"));
         }

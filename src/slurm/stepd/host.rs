@@ -305,26 +305,6 @@ impl SlurmHost {
         let _ = os::set_timer(&self.timer, after);
     }
 
-    /// Hands the shell what the collective completed for it, and srun's answers.
-    fn complete(&mut self, shell: &mut Shell) {
-        match self.watch.take_completion() {
-            Some(Ok(parts)) => {
-                let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
-                shell.collective_complete(self, Ok(&parts));
-            }
-            Some(Err(why)) => shell.collective_complete(self, Err(&why)),
-            None => {}
-        }
-        for (task, reply) in self.watch.take_answers() {
-            shell.host_reply(self, task, reply);
-        }
-        for done in self.watch.take_groups_done() {
-            // One slice per member node: srun's frame had exactly that many parts.
-            let parts: Vec<&[u8]> = done.parts().collect();
-            shell.group_complete(self, done.id(), Ok(&parts));
-        }
-    }
-
     /// Every connection of the tree this node still has.
     fn links(&mut self) -> Vec<&mut Link> {
         let children = self.children.iter_mut().flatten();
@@ -360,7 +340,7 @@ impl HostFds for SlurmHost {
         }
     }
 
-    fn ready(&mut self, token: u64, events: u32, shell: &mut Shell) {
+    fn ready(&mut self, token: u64, events: u32) {
         match token {
             NOTICE => self.take_notices(),
             TIMER => {
@@ -391,7 +371,26 @@ impl HostFds for SlurmHost {
             _ => {}
         }
         self.arm_timer();
-        self.complete(shell);
+    }
+
+    /// Hands the shell what the collective completed for it, and srun's answers.
+    fn complete(&mut self, shell: &mut Shell) {
+        match self.watch.take_completion() {
+            Some(Ok(parts)) => {
+                let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
+                shell.collective_complete(Ok(&parts));
+            }
+            Some(Err(why)) => shell.collective_complete(Err(&why)),
+            None => {}
+        }
+        for (task, reply) in self.watch.take_answers() {
+            shell.host_reply(task, reply);
+        }
+        for done in self.watch.take_groups_done() {
+            // One slice per member node: srun's frame had exactly that many parts.
+            let parts: Vec<&[u8]> = done.parts().collect();
+            shell.group_complete(done.id(), Ok(&parts));
+        }
     }
 }
 
@@ -443,8 +442,8 @@ impl Host for SlurmHost {
         self.carry_out();
     }
 
-    fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
-        let asked = self.watch.request(task, request);
+    fn request(&mut self, task: TaskId, request: HostRequest) -> Result<(), String> {
+        let asked = self.watch.request(task, &request);
         self.carry_out();
         asked
     }

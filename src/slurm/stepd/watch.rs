@@ -509,14 +509,10 @@ impl NodeWatch {
             self.report(&Up::Joined { epoch: self.machine.epoch() });
         }
         self.machine.contribute(contribution.to_vec()).map_err(|e| e.to_string())?;
+        // What this completes, a failure found at once included, the host hands the shell with the rest
+        // ([`Self::take_completion`]).
         self.pump();
-        match self.completion.take() {
-            Some(Err(why)) => Err(why),
-            other => {
-                self.completion = other;
-                Ok(())
-            }
-        }
+        Ok(())
     }
 
     /// A group exchange: a star through srun ([`crate::collective::groups`]), which checks the parts' bounds.
@@ -588,11 +584,11 @@ impl NodeWatch {
     }
 
     /// Names go to srun's table for the step, spawns to srun, which starts each as a step of the job.
-    pub fn request(&mut self, task: TaskId, request: HostRequest<'_>) -> Result<(), String> {
+    pub fn request(&mut self, task: TaskId, request: &HostRequest) -> Result<(), String> {
         let (op, name, port) = match request {
-            HostRequest::Publish { service, port } => (NameOp::Publish, service, port),
-            HostRequest::Unpublish { service } => (NameOp::Unpublish, service, ""),
-            HostRequest::Lookup { service } => (NameOp::Lookup, service, ""),
+            HostRequest::Publish { service, port } => (NameOp::Publish, service.as_str(), port.as_str()),
+            HostRequest::Unpublish { service } => (NameOp::Unpublish, service.as_str(), ""),
+            HostRequest::Lookup { service } => (NameOp::Lookup, service.as_str(), ""),
             HostRequest::Spawn(spawn) => {
                 // Bounded here: srun is the user's, and its answer makes an error code per process.
                 if spawn.total_procs() > SPAWN_PROCS_MAX {
@@ -735,7 +731,11 @@ mod tests {
         w.parent_done();
         assert_eq!(drain(&mut w), []);
         // n2's exchange cannot complete: srun is told why, and ends the step.
-        let failed = w.contribute(b"part").unwrap_err();
+        w.contribute(b"part").unwrap();
+        let failed = match w.take_completion() {
+            Some(Err(why)) => why,
+            other => panic!("{other:?}"),
+        };
         assert!(failed.contains("the slurmstepd of n1 has closed its connection to the slurmstepd of n2"), "{failed}");
         let actions = drain(&mut w);
         assert!(!actions.iter().any(|a| matches!(a, NodeAction::Send { .. } | NodeAction::Drop(_))), "{actions:?}");
@@ -993,8 +993,8 @@ mod tests {
     fn names_go_to_srun_within_its_bounds_and_its_answers_to_the_asker() {
         let mut w = watch_of(2, 2, 0, None);
         let long = "x".repeat(NAME_MAX + 1);
-        assert!(w.request(0, HostRequest::Lookup { service: &long }).is_err());
-        w.request(3, HostRequest::Lookup { service: "svc" }).unwrap();
+        assert!(w.request(0, &HostRequest::Lookup { service: long }).is_err());
+        w.request(3, &HostRequest::Lookup { service: "svc".into() }).unwrap();
         let asked = Up::Name { task: 3, op: NameOp::Lookup, name: "svc".into(), port: String::new() };
         assert_eq!(reports(&drain(&mut w)), [asked]);
         w.heard(Peer::Root, down(Down::Answer { task: 3, ok: true, text: "port-1".into() }));
@@ -1003,7 +1003,7 @@ mod tests {
         w.heard(Peer::Root, down(Down::Answer { task: 3, ok: true, text: "port-1".into() }));
         assert!(ended_here(&drain(&mut w)).is_some());
         assert_eq!(
-            w.request(1, HostRequest::Lookup { service: "svc" }),
+            w.request(1, &HostRequest::Lookup { service: "svc".into() }),
             Err("srun (the collective root) is gone".into())
         );
     }
