@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed inputs of fuzz/seeds/engine and fuzz/seeds/parse (realistic PMI-1 sessions, and PMI-2
 sessions for the engine), of fuzz/seeds/pmi2 (PMI-2 frames and bodies), of fuzz/seeds/frames (streams of slurmstepd-srun frames, src/slurm/wire.rs) and of fuzz/seeds/collective
-(events for one of the collective's machines, src/collective/).
+(events for one of the collective's machines, crates/core/src/collective/).
 
 The engine input format is the one fuzz_targets/engine.rs decodes: byte 0 is the configuration (bit 0
 trace, bit 1 host offers services, bit 2 small limits, bit 3 cyclic task map), then operations, each an
@@ -337,8 +337,8 @@ PARSE_SEEDS = [
 ]
 
 
-# The frames of src/slurm/protocol.rs: a u32 big-endian payload length, then the payload
-# (kind byte first). A COLLECTIVE carries a frame of the collective (src/collective/frame.rs) unchanged.
+# The frames of crates/core/src/slurm/protocol.rs: a u32 big-endian payload length, then the payload
+# (kind byte first). A COLLECTIVE carries a frame of the collective (crates/core/src/collective/frame.rs) unchanged.
 
 K_HELLO, K_JOINED, K_ABORT, K_ERROR, K_GONE, K_BYE, K_PROOF, K_UP = 1, 2, 3, 4, 5, 6, 7, 8
 K_END, K_CHALLENGE, K_WELCOME, K_PARENT, K_PARENT_DONE, K_DOWN = 0x83, 0x84, 0x85, 0x86, 0x87, 0x88
@@ -346,7 +346,7 @@ K_END, K_CHALLENGE, K_WELCOME, K_PARENT, K_PARENT_DONE, K_DOWN = 0x83, 0x84, 0x8
 C_CONTRIB, C_LOST, C_BYE, C_REPORT, C_ALL, C_FAIL, C_END = 1, 2, 3, 4, 0x81, 0x82, 0x83
 VERSION = 3
 MESSAGE_MAX = 4096
-# Who admits, in a transcript, when it is srun (src/slurm/auth.rs).
+# Who admits, in a transcript, when it is srun (crates/core/src/slurm/auth.rs).
 TO_ROOT = 0xFFFFFFFF
 # The target's step secret, the nonce its acceptor challenges with and the one its joiner says HELLO with.
 SECRET = b"\x5a" * 32

@@ -8,7 +8,7 @@
 //! - docs/man/rpmi-options.7.md has an entry for every option of the Slurm plugin (its mpi.conf key beside its
 //!   variable, saying `default N`, `from A to B` and `Ceiling, built in C` or `Free` as src/slurm/options.rs
 //!   has it), every option of the plugin ABI (src/abi/options.rs, saying the `default N` of
-//!   src/server/limits.rs), the Flux plugin's `tree_width`, srun's launch variables and the variables every
+//!   crates/core/src/server/limits.rs), the Flux plugin's `tree_width`, srun's launch variables and the variables every
 //!   task gets.
 //!
 //! Each test gathers every fault before it fails, each naming the file (and line) at fault. Only std: the
@@ -463,10 +463,10 @@ fn help_lists_the_options_the_manual_pages_do() {
 // ---------------------------------------------------------------------------------------------------------
 // The options' page against the code.
 
-/// The Rust constants of the library's sources: name to its expression's text.
+/// The Rust constants of the library's sources (its own and rpmi-core's): name to its expression's text.
 fn constants() -> HashMap<String, String> {
     let mut out = HashMap::new();
-    for path in files_under("src", "rs") {
+    for path in files_under("src", "rs").into_iter().chain(files_under("crates/core/src", "rs")) {
         let text = fs::read_to_string(&path).unwrap_or_default();
         for statement in text.split(';') {
             let Some(at) = statement.find("const ") else { continue };
@@ -600,7 +600,7 @@ impl Parser<'_> {
             _ => {}
         }
         let name = token.rsplit("::").next().unwrap_or_default();
-        let expr = self.consts.get(name).ok_or_else(|| format!("no constant {token} in src/"))?;
+        let expr = self.consts.get(name).ok_or_else(|| format!("no constant {token} in src/ or crates/core/src/"))?;
         eval_at(expr, self.consts, self.depth + 1)
     }
 }
@@ -758,14 +758,14 @@ fn every_option_is_in_the_options_page_with_its_default() {
     if keys.is_empty() {
         faults.push("src/abi/options.rs: no KNOWN keys".into());
     }
-    let limits = read("src/server/limits.rs");
+    let limits = read("crates/core/src/server/limits.rs");
     let defaults = limits.split("impl Default for Limits").nth(1).unwrap_or_default();
     for key in keys {
         let default = match field(defaults, key) {
             Some(expr) => match eval(expr, &consts) {
                 Ok(v) => v.to_string(),
                 Err(e) => {
-                    faults.push(format!("src/server/limits.rs: {key}'s default: {e}"));
+                    faults.push(format!("crates/core/src/server/limits.rs: {key}'s default: {e}"));
                     continue;
                 }
             },

@@ -6,7 +6,7 @@
 
 mod support;
 
-use rpmi_wire::pmi2::{body_len, Message, Writer, HEADER_LEN};
+use rpmi::wire::pmi2::{body_len, Message, Writer, HEADER_LEN};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};

@@ -1,4 +1,4 @@
-//! Fuzz target `collective`: one of the collective's machines (`rpmi::collective`, srun's root or a node
+//! Fuzz target `collective`: one of the collective's machines (`rpmi_core::collective`, srun's root or a node
 //! stepd) driven by arbitrary events, as peers on the network would drive it: frames from any peer (raw
 //! bytes, or well-formed CONTRIB/ALL/FAIL/LOST/BYE/END frames with chosen epochs and nodes), lost
 //! connections, and the host's own calls (a contribution, finish, a report, the root's fail and end).
@@ -15,7 +15,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi::collective::{frame, Bound, Bounds, Bytes, Node, Output, Peer, Root, Tree};
+use rpmi_core::collective::{frame, Bound, Bounds, Bytes, Node, Output, Peer, Root, Tree};
 use std::sync::Arc;
 
 struct Input<'a>(&'a [u8]);

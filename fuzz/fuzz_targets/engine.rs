@@ -11,11 +11,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi::server::{
+use rpmi_core::server::{
     pump, Speaker, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap,
     GROUP_ID_MAX, NOT_SUPPORTED,
 };
-use rpmi::wire::response::MAX_LINE;
+use rpmi_core::wire::response::MAX_LINE;
 use std::sync::OnceLock;
 
 const KVSNAME: &str = "kvs_fuzz_1";

@@ -1,8 +1,8 @@
 //! Fuzz target `frames`: arbitrary bytes as a TCP stream of the Slurm plugin's collective
-//! (`rpmi::slurm::protocol`, version 3): what srun reads from a slurmstepd, a stepd from a child, a stepd from
+//! (`rpmi_core::slurm::protocol`, version 3): what srun reads from a slurmstepd, a stepd from a child, a stepd from
 //! srun or a stepd from its parent in the tree. The stream is cut into chunks chosen by the input, split into
 //! frames by `FrameBuf` with the bounds the real receiver uses, and every frame decoded as `Up` and as
-//! `Down`; the collective's frame inside a COLLECTIVE is decoded as `rpmi::collective::Frame` with the
+//! `Down`; the collective's frame inside a COLLECTIVE is decoded as `rpmi_core::collective::Frame` with the
 //! receiver's bound on a part.
 //!
 //! Input format (see fuzz/README.md): 4 header bytes, then the stream. Byte 0: bits 0-1 the receiver (srun from
@@ -32,13 +32,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi::collective::frame::{self as cframe, DecodeError};
-use rpmi::collective::groups::done_max;
-use rpmi::collective::{Bytes, Frame, GroupRoot, Node, Peer, Root, Tree};
-use rpmi::server::{Limits, TaskMap, GROUP_ID_MAX};
-use rpmi::slurm::auth::{Prover, Secret, Transcript, NONCE_LEN, ROOT};
-use rpmi::slurm::client;
-use rpmi::slurm::protocol::{
+use rpmi_core::collective::frame::{self as cframe, DecodeError};
+use rpmi_core::collective::groups::done_max;
+use rpmi_core::collective::{Bound, Bounds, Bytes, Frame, GroupRoot, Node, Peer, Root, Tree};
+use rpmi_core::server::{Limits, TaskMap, GROUP_ID_MAX};
+use rpmi_core::slurm::auth::{Prover, Secret, Transcript, NONCE_LEN, ROOT};
+use rpmi_core::slurm::protocol::{
     collective_head, group_head, Direction, Down, FrameBuf, FrameError, Up, CONTROL_MAX, HELLO_LEN, MESSAGE_MAX,
     NAME_MAX, PROOF_LEN_ON_WIRE, SPAWN_FRAME_MAX, SPAWN_MAX,
 };
@@ -166,7 +165,10 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
     };
     // srun's bounds; a stepd takes them capped to what its key-value store holds (`exchange_bounds` in
     // src/slurm/stepd/mod.rs), and an ALL of every node's part of a full store (`SlurmHost::new`).
-    let srun_bounds = client::bounds(part, exchange);
+    let srun_bounds = Bounds {
+        part_max: Bound { bytes: part, option: "SLURM_RPMI_NODE_BYTES_MAX" },
+        exchange_max: Bound { bytes: exchange, option: "SLURM_RPMI_EXCHANGE_BYTES_MAX" },
+    };
     let mut stepd_bounds = srun_bounds;
     stepd_bounds.part_max.bytes = stepd_bounds.part_max.bytes.min(store);
     stepd_bounds.exchange_max.bytes = stepd_bounds.exchange_max.bytes.min(store);

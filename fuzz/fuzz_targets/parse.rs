@@ -1,5 +1,5 @@
-//! Fuzz target `parse`: arbitrary bytes as one request line (`rpmi::wire::parse`), as the lines of
-//! spawn requests (`rpmi::wire::SpawnBuilder`), and as a PMI 1.2 group (`rpmi::wire::group::Group`).
+//! Fuzz target `parse`: arbitrary bytes as one request line (`rpmi_core::wire::parse`), as the lines of
+//! spawn requests (`rpmi_core::wire::SpawnBuilder`), and as a PMI 1.2 group (`rpmi_core::wire::group::Group`).
 //!
 //! Checks: no panic; a successful parse allocates nothing (the parser borrows from the line); leading and
 //! trailing blanks do not change the result; the fields of a request hold what the grammar allows; a
@@ -9,9 +9,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi::wire::group::{Group, Members};
-use rpmi::wire::spawn::{Progress, MAX_COMMANDS, MAX_ITEMS};
-use rpmi::wire::{parse, Request, SpawnBuilder};
+use rpmi_core::wire::group::{Group, Members};
+use rpmi_core::wire::spawn::{Progress, MAX_COMMANDS, MAX_ITEMS};
+use rpmi_core::wire::{parse, Request, SpawnBuilder};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 

@@ -1,4 +1,4 @@
-//! Fuzz target `pmi2`: arbitrary bytes as PMI-2 frames for `rpmi::wire::pmi2` (`body_len`, `Message::parse`,
+//! Fuzz target `pmi2`: arbitrary bytes as PMI-2 frames for `rpmi_core::wire::pmi2` (`body_len`, `Message::parse`,
 //! `Message::request`), as `parse` is for PMI-1's lines.
 //!
 //! The input is read three ways: its first 6 bytes (and every 6-byte window of its first 64 bytes) as a
@@ -27,10 +27,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi::wire::pmi2::{body_len, Writer, Message, Request2, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
-use rpmi::wire::request::parse_int;
-use rpmi::wire::spawn::{MAX_COMMANDS, MAX_ITEMS};
-use rpmi::wire::ParseError;
+use rpmi_core::wire::pmi2::{body_len, Writer, Message, Request2, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
+use rpmi_core::wire::request::parse_int;
+use rpmi_core::wire::spawn::{MAX_COMMANDS, MAX_ITEMS};
+use rpmi_core::wire::ParseError;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
@@ -202,7 +202,7 @@ fn indexed<'p>(pairs: &'p [Pair<'_>], prefix: &[u8]) -> Vec<&'p [u8]> {
 }
 
 /// Checks a spawn request against the message's pairs (`pairs` without `cmd`).
-fn check_spawn(pairs: &[Pair<'_>], s: &rpmi::wire::SpawnRequest) {
+fn check_spawn(pairs: &[Pair<'_>], s: &rpmi_core::wire::SpawnRequest) {
     let n = s.commands.len();
     assert!((1..=MAX_COMMANDS as usize).contains(&n), "a spawn of {n} commands");
     // The pairs before the first subcmd are the spawn's; each subcmd starts a command's.

@@ -274,7 +274,12 @@ mod tests {
         pub static ANSWER: AtomicBool = AtomicBool::new(false);
         pub static RC: AtomicI32 = AtomicI32::new(ffi::RPMI_OK);
 
-        pub unsafe extern "C" fn lookup(data: *mut c_void, _: *mut rpmi_instance, task: u32, _: *const c_char) -> c_int {
+        pub unsafe extern "C" fn lookup(
+            data: *mut c_void,
+            _: *mut rpmi_instance,
+            task: u32,
+            _: *const c_char,
+        ) -> c_int {
             // SAFETY: the test's OwedAnswers, handed as host data.
             let owed = unsafe { &*(data as *const OwedAnswers) };
             if ANSWER.load(SeqCst) {

@@ -35,8 +35,8 @@ pub enum Event {
     /// The host's answer to a service request of `task`.
     HostReply(TaskId, HostReply),
     /// A C host's untyped answer to a service request of `task` ([`Shell::untyped_reply`]), posted only once
-    /// claimed with [`crate::server::OwedAnswers::claim`], so that one nobody waits for is refused where it
-    /// comes in.
+    /// claimed from the answers the host owes (the ABI's `service_complete`), so that one nobody waits for is
+    /// refused where it comes in.
     UntypedReply { task: TaskId, ok: bool, text: Option<String> },
     /// The server end of `task`'s PMI connection, from now on served.
     Attach(TaskId, OwnedFd),

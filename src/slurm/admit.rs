@@ -459,7 +459,8 @@ impl Acceptor {
         if let Some(w) = self.gate.width.filter(|&w| w != width) {
             return Err(format!("node {node} builds the PMI tree with width {width}, this side with {w}"));
         }
-        let acceptor_nonce = auth::nonce().map_err(|e| format!("no random bytes for a challenge: {e}"))?;
+        let acceptor_nonce =
+            crate::slurm::random::nonce().map_err(|e| format!("no random bytes for a challenge: {e}"))?;
         let t = Transcript { node, to: self.gate.to, joiner_nonce, acceptor_nonce };
         let p = self.pending[slot].as_mut().ok_or("gone")?;
         p.stage = Stage::Proof(t, port, width);

@@ -3,7 +3,6 @@
 //! secret, starts the collective root and passes what the stepds need in the launch environment;
 //! `mpi_p_client_fini` stops the root and hands srun the exit code of a `PMI_Abort`.
 
-use super::auth::Secret;
 use super::layout;
 use super::options::{bound_option, Id, Job, INTERNAL};
 use super::records::{slurm_step_id_t, slurm_step_layout_t, StepInfo, NO_VAL};
@@ -298,7 +297,7 @@ unsafe fn set_up(info: &StepInfo, job: Job, job_id: u32, components: Components)
     let job_or_default = |id: Id| job.get(id).unwrap_or(id.opt().default);
     let bounds = bounds(job_or_default(Id::NodeBytesMax) as usize, job_or_default(Id::ExchangeBytesMax) as usize);
     let width = job.get(Id::TreeWidth).map(|w| w as u32);
-    let secret = Secret::generate().map_err(|e| format!("no random bytes for the step's secret: {e}"))?;
+    let secret = crate::slurm::random::secret().map_err(|e| format!("no random bytes for the step's secret: {e}"))?;
     let listener = listen().map_err(|e| format!("cannot open the collective port: {e}"))?;
     let map = layout::encode(&node_of);
     let hex = secret.to_hex();
@@ -485,8 +484,10 @@ mod tests {
         assert!(e.starts_with("a component of heterogeneous step 7.1 started after the step had ended"), "{e}");
         assert_eq!(slot.as_ref().map(|h| h.open), Some(0));
         // A running step: a component joins and counts; once the root ended the step, a late one is refused.
-        let (root, _) =
-            crate::slurm::root::tests::start(crate::slurm::root::tests::step(1, &Secret::generate().unwrap()));
+        let (root, _) = crate::slurm::root::tests::start(crate::slurm::root::tests::step(
+            1,
+            &crate::slurm::random::secret().unwrap(),
+        ));
         let components = Components::default();
         let vars: Vars = vec![("RPMI_SLURM_PORT", "1".into())];
         slot = Some(HetStep { key: (7, 1), vars: Ok(vars), root: Some(root), open: 0, components: components.clone() });

@@ -19,11 +19,11 @@
 //!  client_fini: stop root; exit code of a PMI_Abort
 //! ```
 //!
-//! The plugin's own protocol between srun and the stepds is in [`protocol`] and its challenge-response in
-//! [`auth`]; the accepting side of it, shared by srun and a stepd with children, in `admit`, the joining side
+//! The plugin's own protocol between srun and the stepds is rpmi-core's `slurm::protocol` and its
+//! challenge-response `slurm::auth`; the accepting side of it, shared by srun and a stepd with children, in `admit`, the joining side
 //! in `uplink`; a connection served in an epoll loop in `link`; the root in `root`, and the steps it starts
 //! for `PMI_Spawn` in `spawn`; a `--multi-prog` step's appnums in `mpmd`; the stepd side in
-//! `stepd`; srun's side in [`client`]; the options (mpi.conf's and the job's) in `options`; the layout
+//! `stepd`; srun's side in `client`; the options (mpi.conf's and the job's) in `options`; the layout
 //! encoding in `layout`; Slurm's types and functions in `sys`;
 //! the wire trace in `trace`. The exchange itself is [`crate::collective`]'s. The plugin is not linked
 //! against libslurm: it finds the `slurm_*` functions it needs in the process that loads it (srun, slurmd
@@ -32,20 +32,16 @@
 //! Every exported function catches panics and returns an error code: nothing unwinds into Slurm and the
 //! daemon is never aborted.
 
-// Public only for the fuzz targets, which drive the protocol's decoders and handshake as srun and a stepd do:
-// not part of the library's API.
-#[doc(hidden)]
-pub mod auth;
-#[doc(hidden)]
-pub mod client;
-#[doc(hidden)]
-pub mod protocol;
+// The handshake and the frames between slurmstepds and srun do no I/O: they are rpmi-core's.
+use rpmi_core::slurm::{auth, protocol};
 
 mod admit;
+mod client;
 mod layout;
 mod link;
 mod mpmd;
 mod options;
+mod random;
 mod records;
 mod root;
 mod spawn;

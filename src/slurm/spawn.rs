@@ -475,7 +475,7 @@ impl ConfFile {
     fn write(text: &str) -> Result<ConfFile, String> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
-        let random = super::auth::nonce().map_err(|e| format!("no random bytes for a file name: {e}"))?;
+        let random = crate::slurm::random::random().map_err(|e| format!("no random bytes for a file name: {e}"))?;
         let name: String = random[..8].iter().map(|b| format!("{b:02x}")).collect();
         let path = std::env::temp_dir().join(format!("rpmi-spawn-{name}.conf"));
         let cannot = |path: &PathBuf, e: io::Error| {

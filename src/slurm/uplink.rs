@@ -8,7 +8,7 @@
 //! a bounded time. An acceptor whose own proof is wrong does not hold the step's secret: the stepd gives up
 //! at once.
 
-use super::auth::{self, Prover, Secret, Transcript};
+use super::auth::{Prover, Secret, Transcript};
 use super::protocol::{Down, Up, CONTROL_MAX};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -103,7 +103,7 @@ pub fn sleep(d: Duration) -> Result<(), String> {
 
 /// Spreads retries of many nodes over the pause (a quarter either way), so they do not come back at once.
 fn jitter(pause: Duration) -> Duration {
-    let r = auth::nonce().map_or(0, |n| u32::from_ne_bytes([n[0], n[1], n[2], n[3]]));
+    let r = crate::slurm::random::nonce().map_or(0, |n| u32::from_ne_bytes([n[0], n[1], n[2], n[3]]));
     let quarter = pause / 4;
     pause - quarter + quarter.mul_f64(2.0 * f64::from(r) / f64::from(u32::MAX))
 }
@@ -124,7 +124,7 @@ fn attempt(addr: &SocketAddr, hello: &Hello, secret: &Secret, deadline: Instant)
     let left = deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), STEP_TIMEOUT);
     let mut s = TcpStream::connect_timeout(addr, left).map_err(failed)?;
     let _ = s.set_nodelay(true);
-    let joiner_nonce = auth::nonce().map_err(failed)?;
+    let joiner_nonce = crate::slurm::random::nonce().map_err(failed)?;
     let Hello { node, to, port, width } = *hello;
     send(&mut s, &encode(&Up::Hello { node, nonce: joiner_nonce, port, width })).map_err(failed)?;
     let acceptor_nonce = match receive(&mut s, deadline).map_err(read_failed)? {
@@ -242,7 +242,7 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    const HELLO: Hello = Hello { node: 0, to: auth::ROOT, port: 0, width: 1 };
+    const HELLO: Hello = Hello { node: 0, to: super::super::auth::ROOT, port: 0, width: 1 };
 
     #[test]
     fn a_slow_reader_cannot_hold_a_send_past_its_deadline() {
@@ -278,7 +278,8 @@ mod tests {
             c.read_exact(&mut proof).unwrap();
             c.write_all(&Down::Welcome { proof: [0; 32] }.encode().unwrap()).unwrap();
         });
-        let err = join(&[addr], &HELLO, &Secret::generate().unwrap(), Duration::from_secs(30), "srun", sleep);
+        let err =
+            join(&[addr], &HELLO, &crate::slurm::random::secret().unwrap(), Duration::from_secs(30), "srun", sleep);
         assert!(matches!(err, Err(JoinError::Impostor { .. })), "{err:?}");
         fake.join().unwrap();
     }
@@ -300,7 +301,8 @@ mod tests {
         });
         let start = Instant::now();
         let err =
-            join(&[addr], &HELLO, &Secret::generate().unwrap(), Duration::from_secs(1), "srun", sleep).unwrap_err();
+            join(&[addr], &HELLO, &crate::slurm::random::secret().unwrap(), Duration::from_secs(1), "srun", sleep)
+                .unwrap_err();
         // Well under the 10 s the trickle takes: the deadline bounds the handshake, not each read.
         assert!(start.elapsed() < Duration::from_secs(5), "{err} after {:?}", start.elapsed());
         trickle.join().unwrap();
@@ -309,7 +311,8 @@ mod tests {
     #[test]
     fn nobody_listening_is_retried_until_the_deadline() {
         let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let err = join(&[addr], &HELLO, &Secret::generate().unwrap(), Duration::from_millis(300), "srun", sleep);
+        let err =
+            join(&[addr], &HELLO, &crate::slurm::random::secret().unwrap(), Duration::from_millis(300), "srun", sleep);
         let Err(JoinError::GaveUp { attempts, .. }) = err else { panic!("{err:?}") };
         assert!(attempts > 1, "{attempts} attempts");
     }
@@ -318,13 +321,14 @@ mod tests {
     fn the_pause_can_stop_the_trying() {
         let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let mut pauses = 0;
-        let err = join(&[addr], &HELLO, &Secret::generate().unwrap(), Duration::from_secs(30), "n2", |_| {
-            pauses += 1;
-            if pauses == 3 {
-                return Err("the parent is done".into());
-            }
-            Ok(())
-        });
+        let err =
+            join(&[addr], &HELLO, &crate::slurm::random::secret().unwrap(), Duration::from_secs(30), "n2", |_| {
+                pauses += 1;
+                if pauses == 3 {
+                    return Err("the parent is done".into());
+                }
+                Ok(())
+            });
         assert_eq!(err.unwrap_err(), JoinError::Abandoned("the parent is done".into()));
     }
 

@@ -7,9 +7,9 @@
 
 use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use rpmi::abi::ffi;
-use rpmi::codec::Reader;
 use rpmi::collective::groups::{self, DoneParts};
 use rpmi::collective::{frame, Bounds, Node, Output, Parts, Peer, Tree};
+use rpmi_core::codec::Reader;
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -2,9 +2,9 @@
 //! and that many bytes. The socket never blocks: frames to send wait in a queue until it takes them, and a
 //! frame coming in is held until it is whole. Also what the shells and the coordinator say in them.
 
-use rpmi::codec::{cut, Reader, Writer};
 use rpmi::collective::frame::REPORT_MAX;
 use rpmi::collective::Bytes;
+use rpmi_core::codec::{cut, Reader, Writer};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;

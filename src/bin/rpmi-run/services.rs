@@ -18,10 +18,10 @@
 use crate::conn::{self, Conn, Heard};
 use crate::job::{App, Job};
 use rpmi::abi::PREPUTS_MAX;
-use rpmi::codec::{Reader, Writer};
 use rpmi::os::Start;
 use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
+use rpmi_core::codec::{Reader, Writer};
 use std::ffi::OsString;
 use std::ffi::{CStr, CString};
 use std::io;

@@ -509,7 +509,7 @@ pub(super) mod tests {
 
     /// A root for `nodes` nodes with every node's stepd connected and authenticated.
     fn connected(nodes: usize) -> (RootThread, Record, Vec<TcpStream>) {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, record) = root(nodes, &secret);
         let stepds = (0..nodes as u32).map(|n| stepd(root.port(), n, &secret)).collect();
         (root, record, stepds)
@@ -596,10 +596,10 @@ pub(super) mod tests {
 
     #[test]
     fn a_wrong_secret_or_garbage_is_refused_and_the_step_goes_on() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, record) = root(2, &secret);
         let addr = SocketAddr::from(([127, 0, 0, 1], root.port()));
-        let other = Secret::generate().unwrap();
+        let other = crate::slurm::random::secret().unwrap();
         let wrong = uplink::join(&[addr], &hello(0), &other, Duration::from_millis(200), "srun", uplink::sleep);
         assert!(matches!(wrong, Err(uplink::JoinError::GaveUp { .. })), "{wrong:?}");
         let mut http = TcpStream::connect(addr).unwrap();
@@ -624,7 +624,7 @@ pub(super) mod tests {
 
     #[test]
     fn the_secret_never_crosses_the_network() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, _record) = root(1, &secret);
         // A relay between the stepd and the root keeps every byte that passes, both ways.
         let relay = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -675,7 +675,7 @@ pub(super) mod tests {
     #[test]
     fn a_whole_large_step_connecting_at_once_is_admitted() {
         let nodes = 500;
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, record) = root(nodes, &secret);
         let port = root.port();
         let stepds: Vec<_> = (0..nodes as u32)
@@ -706,7 +706,7 @@ pub(super) mod tests {
     #[test]
     fn idle_connections_do_not_keep_the_stepds_out() {
         let nodes = 3;
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, record) = root(nodes, &secret);
         // More idle connections than the handshake table holds, opened before any stepd comes.
         let idle: Vec<TcpStream> = (0..nodes + crate::slurm::admit::HANDSHAKE_SPARE + 16)
@@ -728,7 +728,7 @@ pub(super) mod tests {
 
     #[test]
     fn connections_from_other_addresses_are_refused() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let mut s = step(1, &secret);
         s.addresses = Some(vec![IpAddr::from([192, 0, 2, 7])]);
         let (root, record) = start(s);
@@ -761,7 +761,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_part_over_a_bound_smaller_than_a_control_frame_ends_the_step() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let mut small = step(2, &secret);
         small.bounds.part_max = Bound { bytes: 100, option: "RPMI_TEST_PART_MAX" };
         let (root, record) = start(small);
@@ -777,7 +777,7 @@ pub(super) mod tests {
 
     #[test]
     fn the_node_whose_part_is_refused_hears_why() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let mut small = step(2, &secret);
         small.bounds.exchange_max = Bound { bytes: 100, option: "RPMI_TEST_EXCHANGE_MAX" };
         let (root, _record) = start(small);
@@ -801,7 +801,7 @@ pub(super) mod tests {
 
     #[test]
     fn an_abort_ends_the_step_with_its_code() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, record) = root(2, &secret);
         let mut a = stepd(root.port(), 0, &secret);
         let mut b = stepd(root.port(), 1, &secret);
@@ -821,7 +821,7 @@ pub(super) mod tests {
 
     #[test]
     fn an_abort_sent_just_before_the_stop_is_seen() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, _record) = root(1, &secret);
         let mut a = stepd(root.port(), 0, &secret);
         a.write_all(&frame(Up::Abort { rank: 0, code: 3, message: String::new() })).unwrap();
@@ -842,7 +842,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_silent_connection_does_not_hold_up_the_step() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, _record) = root(1, &secret);
         let _silent = TcpStream::connect(("127.0.0.1", root.port())).unwrap();
         let mut half = TcpStream::connect(("127.0.0.1", root.port())).unwrap();
@@ -867,7 +867,7 @@ pub(super) mod tests {
 
     #[test]
     fn stepds_that_build_the_tree_with_different_widths_end_the_step() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, record) = tree_step(3, &secret);
         let _a = tree_stepd(root.port(), 0, 2, &secret);
         let _b = tree_stepd(root.port(), 1, 3, &secret);
@@ -888,7 +888,7 @@ pub(super) mod tests {
     #[test]
     fn srun_sends_k_results_per_exchange_whatever_the_node_count() {
         let (nodes, width) = (6u32, 2u32);
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (root, record) = tree_step(nodes as usize, &secret);
         let mut s: Vec<TcpStream> = (0..nodes).map(|n| tree_stepd(root.port(), n, width, &secret)).collect();
         for c in &mut s[2..] {
@@ -1010,7 +1010,7 @@ pub(super) mod tests {
         if let Ok(hex) = std::env::var(OUT_OF_FDS_CHILD) {
             return out_of_fds_child(&hex);
         }
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let module = module_path!().split_once("::").map_or("", |(_, m)| m);
         let name = format!("{module}::an_accept_failing_for_want_of_fds_does_not_make_the_root_spin");
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -1074,7 +1074,7 @@ pub(super) mod tests {
 
     /// A root of 2 nodes with one rank each, whose spawns start `body`'s fake srun.
     fn spawning(name: &str, body: &str) -> (RootThread, Record, Vec<TcpStream>, std::path::PathBuf) {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (setup, dir) = fake_srun(name, body);
         let (root, record) = start(Step { spawn: Some(setup), ..step(2, &secret) });
         let stepds = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();

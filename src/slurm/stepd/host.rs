@@ -603,7 +603,7 @@ mod tests {
     #[test]
     fn every_put_reaches_every_node_over_chains_and_trees() {
         for (nodes, width) in [(3, 1), (7, 2), (5, 8)] {
-            let secret = Secret::generate().unwrap();
+            let secret = crate::slurm::random::secret().unwrap();
             let (root, record) = srun(nodes, &secret);
             let (nodes_rt, mut tasks): (Vec<_>, Vec<_>) =
                 stepds(root.port(), nodes, width, &secret).into_iter().unzip();
@@ -646,7 +646,7 @@ mod tests {
             input.extend(&buf[..n]);
         };
         let Up::Hello { node, nonce: joiner_nonce, .. } = next(&mut s) else { panic!("no HELLO") };
-        let acceptor_nonce = auth::nonce().unwrap();
+        let acceptor_nonce = crate::slurm::random::nonce().unwrap();
         s.write_all(&Down::Challenge { nonce: acceptor_nonce }.encode().unwrap()).unwrap();
         let t = Transcript { node, to: auth::ROOT, joiner_nonce, acceptor_nonce };
         let Up::Proof { proof } = next(&mut s) else { panic!("no PROOF") };
@@ -694,7 +694,7 @@ mod tests {
 
     /// One attack of [`srun_s_largest_frames_cost_a_stepd_their_bytes`], in its own process.
     fn srun_attack(attack: &str) {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let srun_secret = secret.clone();
@@ -790,7 +790,7 @@ mod tests {
     /// queued beside results and further exchanges for as long as srun does not read.
     #[test]
     fn a_result_sent_before_the_nodes_part_went_out_is_refused() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         // srun's side takes little at a time: most of the node's part stays queued in the stepd.
         let small: libc::c_int = 4096;

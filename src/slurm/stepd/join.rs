@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn a_parent_admits_its_own_children_once_each_and_no_one_else() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         // Width 3: node 0's children are 3, 4 and 5.
         let (port, admitted) = parent(0, 3..6, 3, &secret);
         let hello = |node| Hello { node, to: 0, port: 0, width: 3 };
@@ -226,7 +226,7 @@ mod tests {
         assert!(join_parent_at(port, hello(2), &secret, short).is_err());
         assert!(join_parent_at(port, Hello { width: 2, ..hello(4) }, &secret, short).is_err());
         assert!(join_parent_at(port, Hello { to: auth::ROOT, ..hello(4) }, &secret, short).is_err());
-        assert!(join_parent_at(port, hello(4), &Secret::generate().unwrap(), short).is_err());
+        assert!(join_parent_at(port, hello(4), &crate::slurm::random::secret().unwrap(), short).is_err());
         let _c4 = join_parent_at(port, hello(4), &secret, short).unwrap();
         let _c5 = join_parent_at(port, hello(5), &secret, short).unwrap();
         assert_eq!((admitted.recv().unwrap(), admitted.recv().unwrap()), (4, 5));
@@ -264,7 +264,7 @@ mod tests {
     /// than the handshake table has room for, and closes them once the acceptor has taken them: whether node
     /// 1 is admitted.
     fn admitted_with_a_neighbour(addresses: Option<Vec<IpAddr>>, open: impl Fn(u32, u16) -> TcpStream) -> bool {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let members = 1..1 + addresses.as_ref().map_or(1, |a| a.len() as u32);
         let queued = members.len() + crate::slurm::admit::HANDSHAKE_SPARE;
         let gate = Gate { secret: secret.clone(), to: 0, members, addresses, width: Some(1) };
@@ -325,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_child_waits_for_srun_to_say_where_its_parent_listens() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let (port, admitted) = parent(0, 1..2, 1, &secret);
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
@@ -343,7 +343,7 @@ mod tests {
         let nobody = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut fake, _) = l.accept().unwrap();
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let child = std::thread::spawn(move || {
             let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
             join_parent(&mut srun, &names(2), hello, &secret, &loopback)
@@ -360,7 +360,8 @@ mod tests {
         let (mut fake, _) = l.accept().unwrap();
         fake.write_all(&Down::End.encode().unwrap()).unwrap();
         let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
-        let err = join_parent(&mut srun, &names(2), hello, &Secret::generate().unwrap(), &loopback).unwrap_err();
+        let err =
+            join_parent(&mut srun, &names(2), hello, &crate::slurm::random::secret().unwrap(), &loopback).unwrap_err();
         assert!(err.contains("srun sent END before it said where this node's parent listens"), "{err}");
     }
 }

@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn the_plan_places_this_node_in_its_step() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let p = plan_of(record(1), &env_of(&secret), &Site::default()).unwrap().unwrap();
         assert_eq!((p.place.job, p.place.step, p.place.node, p.place.node_name.as_str()), (7, 2, 1, "n2"));
         assert_eq!((p.host.as_str(), p.port, p.local_ranks.clone()), ("10.0.0.1", 4567, vec![2, 3]));
@@ -284,7 +284,7 @@ mod tests {
     /// The user's environment names another step: Slurm's record wins, and slurmd's log says so.
     #[test]
     fn ids_in_the_environment_are_ignored_and_said() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let mut env = env_of(&secret);
         env.insert("SLURM_JOB_ID".into(), "99".into());
         let p = plan_of(record(0), &env, &Site::default()).unwrap().unwrap();
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn an_environment_that_disagrees_with_slurm_is_refused_naming_what() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let refused = |name: &str, value: &str, node: u32| {
             let mut env = env_of(&secret);
             env.insert(name.into(), value.into());
@@ -324,7 +324,7 @@ mod tests {
     /// A job that asks more than the site's ceiling gets a plan that refuses the step, so that srun hears why.
     #[test]
     fn a_job_over_the_sites_ceiling_is_refused_with_the_reason() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let mut site = Site::default();
         site.set(Id::RequestLineMax, "2048".into());
         let mut env = env_of(&secret);
@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_spawned_steps_preputs_and_appnums_and_an_mpmd_steps_appnums() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let env = env_of(&secret);
         let plan = || plan_of(record(1), &env, &Site::default()).unwrap().unwrap();
         let spawn = Spawn { counts: vec![3, 3], preputs: vec![("k".into(), "v".into())], fd: None };
@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_component_of_a_heterogeneous_step_serves_its_nodes_part_of_the_whole_step() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let mut env = env_of(&secret);
         env.insert(ENV_MAP.into(), layout::encode(&[0, 0, 1, 1, 2]));
         // The second component's second node (its node 1) is n3, the merged layout's node 2.
@@ -396,7 +396,7 @@ mod tests {
 
     #[test]
     fn a_component_that_the_layout_does_not_place_is_refused_naming_it() {
-        let secret = Secret::generate().unwrap();
+        let secret = crate::slurm::random::secret().unwrap();
         let mut env = env_of(&secret);
         env.insert(ENV_MAP.into(), layout::encode(&[0, 0, 1, 1, 2]));
         let e = plan_of(component_record(1, "n1", 0, 2), &env, &Site::default()).err().unwrap();

@@ -28,17 +28,12 @@
 //! of the job; the root's host takes a report or a job error by ending the job ([`Root::fail`] releases
 //! the nodes that wait), and calls [`Root::end`] when the job ends normally.
 
-// Sans-I/O: bytes and state only, so nothing here may be unsafe.
-#![forbid(unsafe_code)]
-
 pub mod frame;
 mod gather;
 pub mod groups;
 mod node;
 mod output;
 mod root;
-// Public only for benches/tree, which runs the machines in memory at scale: not part of the library's API.
-#[doc(hidden)]
 pub mod sim;
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,6 @@
 //! The PMI server engine: one [`Shell`] per job shell, driven by a host: it feeds the shell what tasks write
 //! and carries out the [`Effect`]s the shell hands back ([`pump`] onto a [`Host`]).
 
-// Sans-I/O: bytes and state only, so nothing here may be unsafe.
-#![forbid(unsafe_code)]
-
 mod effect;
 mod host;
 pub mod kvs;

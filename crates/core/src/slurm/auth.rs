@@ -76,9 +76,9 @@ impl fmt::Debug for Secret {
 }
 
 impl Secret {
-    /// A fresh secret from the kernel's random source.
-    pub fn generate() -> std::io::Result<Secret> {
-        random().map(Secret)
+    /// The secret of these bytes: random ones, from the kernel's source (the host draws them).
+    pub fn new(bytes: [u8; SECRET_LEN]) -> Secret {
+        Secret(bytes)
     }
 
     pub fn to_hex(&self) -> String {
@@ -128,53 +128,31 @@ impl Secret {
     }
 }
 
-/// A fresh nonce.
-pub fn nonce() -> std::io::Result<Nonce> {
-    random()
-}
-
-/// 32 bytes from the kernel's random source (getrandom(2), else /dev/urandom).
-fn random() -> std::io::Result<[u8; 32]> {
-    let mut b = [0u8; 32];
-    let mut got = 0;
-    while got < b.len() {
-        // SAFETY: writes at most the rest of our buffer.
-        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
-        if n > 0 {
-            got += n as usize;
-            continue;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        use std::io::Read;
-        std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
-        break;
-    }
-    Ok(b)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A secret or nonce of its own for each `n`.
+    fn bytes(n: u8) -> [u8; 32] {
+        std::array::from_fn(|i| n.wrapping_mul(31).wrapping_add(i as u8))
+    }
+
     fn transcript() -> Transcript {
-        Transcript { node: 3, to: ROOT, joiner_nonce: nonce().unwrap(), acceptor_nonce: nonce().unwrap() }
+        Transcript { node: 3, to: ROOT, joiner_nonce: bytes(1), acceptor_nonce: bytes(2) }
     }
 
     #[test]
     fn a_proof_checks_only_for_its_secret_role_and_transcript() {
-        let (s, t) = (Secret::generate().unwrap(), transcript());
+        let (s, t) = (Secret::new(bytes(3)), transcript());
         let p = s.prove(Prover::Joiner, &t);
         assert!(s.verify(Prover::Joiner, &t, &p));
         assert!(!s.verify(Prover::Acceptor, &t, &p), "a joiner's proof must not pass as the acceptor's");
-        assert!(!Secret::generate().unwrap().verify(Prover::Joiner, &t, &p));
+        assert!(!Secret::new(bytes(4)).verify(Prover::Joiner, &t, &p));
         for changed in [
             Transcript { node: 4, ..t },
             Transcript { to: 0, ..t },
-            Transcript { joiner_nonce: nonce().unwrap(), ..t },
-            Transcript { acceptor_nonce: nonce().unwrap(), ..t },
+            Transcript { joiner_nonce: bytes(5), ..t },
+            Transcript { acceptor_nonce: bytes(6), ..t },
         ] {
             assert!(!s.verify(Prover::Joiner, &changed, &p));
         }
@@ -187,8 +165,7 @@ mod tests {
 
     #[test]
     fn secrets_travel_in_hex_and_never_print() {
-        let s = Secret::generate().unwrap();
-        assert_ne!(s, Secret::generate().unwrap());
+        let s = Secret::new(bytes(7));
         let hex = s.to_hex();
         assert_eq!(hex.len(), 64);
         assert_eq!(Secret::from_hex(&hex), Some(s.clone()));
@@ -199,7 +176,7 @@ mod tests {
 
     #[test]
     fn instance_tags_differ_between_secrets_and_are_short() {
-        let (a, b) = (Secret::generate().unwrap(), Secret::generate().unwrap());
+        let (a, b) = (Secret::new(bytes(8)), Secret::new(bytes(9)));
         assert_eq!(a.instance_tag(), a.clone().instance_tag());
         assert_ne!(a.instance_tag(), b.instance_tag());
         assert_eq!(a.instance_tag().len(), 8);

@@ -4,8 +4,6 @@
 //! caller's bound, before anything is copied. A [`Writer`] builds one. Integers are big-endian, but for the
 //! `_le` methods (rpmi-run's frames, which never leave the machine).
 
-#![forbid(unsafe_code)]
-
 use std::fmt;
 use std::ops::Deref;
 
