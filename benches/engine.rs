@@ -1,4 +1,4 @@
-//! Micro-benchmark of the PMI-1 engine, in process: one `Shell` serving 1024 local ranks (one node).
+//! Micro-benchmark of the PMI-1 engine, in process: one `Server` serving 1024 local ranks (one node).
 //!
 //! Every rank sends init, get_maxes, get_my_kvsname, 8 puts of 800-byte values and barrier_in (the
 //! collective is completed with the shell's own contribution, as a single-node host does); then 1,000,000
@@ -16,7 +16,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-use rpmi::server::{Effect, JobInfo, Limits, Shell, TaskId, TaskMap};
+use rpmi::server::{Effect, JobInfo, Limits, Server, TaskId, TaskMap};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -56,8 +56,8 @@ const KVSNAME: &str = "kvs_bench_1";
 
 /// A single-node host: the collective's result is this shell's own contribution, taken from its effect.
 /// Every other effect is a failure of the benchmark (the first line of each task is expected).
-fn carry_out(shell: &mut Shell, contribution: &mut Option<Vec<u8>>) {
-    while let Some(effect) = shell.next_effect() {
+fn carry_out(server: &mut Server, contribution: &mut Option<Vec<u8>>) {
+    while let Some(effect) = server.next_effect() {
         match effect {
             Effect::Collective(part) => {
                 assert!(contribution.replace(part).is_none(), "two collectives at once");
@@ -127,19 +127,19 @@ fn build(gets: usize) -> Vec<Phase> {
     vec![init, put, barrier, get, fin]
 }
 
-fn new_shell() -> Shell {
+fn new_shell() -> Server {
     let ranks: Vec<u32> = (0..RANKS as u32).collect();
     let job = JobInfo::new(KVSNAME, TaskMap::block(&[RANKS as u32]), ranks, vec!["node0".to_string()]);
-    Shell::new(job, Limits::default()).expect("a valid job")
+    Server::new(job, Limits::default()).expect("a valid job")
 }
 
 /// Writes every queued response, as a host would; returns the bytes written. With `check`, every response
 /// must be a successful one.
 #[inline]
-fn drain(shell: &mut Shell, check: bool) -> usize {
+fn drain(server: &mut Server, check: bool) -> usize {
     let mut written = 0;
-    while let Some(t) = shell.next_ready() {
-        let out = shell.output(t);
+    while let Some(t) = server.next_ready() {
+        let out = server.output(t);
         let n = out.len();
         if check {
             for line in out.split_inclusive(|&b| b == b'\n') {
@@ -150,7 +150,7 @@ fn drain(shell: &mut Shell, check: bool) -> usize {
         }
         black_box(out);
         written += n;
-        shell.consume(t, n);
+        server.consume(t, n);
     }
     written
 }
@@ -173,7 +173,7 @@ struct Measured {
 
 /// One run of every phase on a fresh shell.
 fn run(phases: &[Phase], check: bool) -> Vec<Measured> {
-    let mut shell = new_shell();
+    let mut server = new_shell();
     let mut contribution = None;
     let mut out = Vec::new();
     for phase in phases {
@@ -183,22 +183,22 @@ fn run(phases: &[Phase], check: bool) -> Vec<Measured> {
         let mut written = 0;
         let mut from = 0;
         for &(task, end) in &phase.requests {
-            shell.receive(task, &phase.bytes[from..end]);
-            carry_out(&mut shell, &mut contribution);
+            server.receive(task, &phase.bytes[from..end]);
+            carry_out(&mut server, &mut contribution);
             from = end;
-            written += drain(&mut shell, check);
+            written += drain(&mut server, check);
         }
         if phase.collective {
             let own = contribution.take().expect("the barrier started the collective");
-            shell.collective_complete(Ok(&[&own]));
-            carry_out(&mut shell, &mut contribution);
-            written += drain(&mut shell, check);
+            server.collective_complete(Ok(&[&own]));
+            carry_out(&mut server, &mut contribution);
+            written += drain(&mut server, check);
         }
         let time = start.elapsed();
         let cpu = thread_cpu() - cpu;
         out.push(Measured { time, cpu, allocs: ALLOCS.load(Relaxed) - allocs, written });
     }
-    black_box(&shell);
+    black_box(&server);
     out
 }
 

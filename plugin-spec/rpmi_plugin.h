@@ -1,4 +1,4 @@
-/* rpmi_plugin.h: the job-shell plugin ABI of rpmi, a PMI-1 server.
+/* rpmi_plugin.h: the job-shell plugin ABI of rpmi, a PMI server (PMI-1, 1.2 and 2).
  *
  * Normative; plugin-spec/README.md specifies the lifecycle, threads, ownership and errors in prose.
  * A job shell (one per node of a job) loads librpmi.so, fetches the plugin table with rpmi_plugin_entry(),
@@ -60,7 +60,7 @@ extern "C" {
 #define RPMI_ABORT_PROTOCOL 2  /* the task broke the PMI protocol (RFC 13: end the job) */
 #define RPMI_ABORT_TASK_LOST 3 /* the task left (exited, crashed, finalized) while others wait for it */
 
-/* One instance of the plugin: the PMI-1 server of one job shell. Opaque. */
+/* One instance of the plugin: the PMI server of one job shell. Opaque. */
 typedef struct rpmi_instance rpmi_instance;
 
 /* A borrowed byte buffer. */

@@ -3,7 +3,7 @@
 //!
 //! What decides, without I/O, is the `rpmi-core` crate, whose modules this one re-exports:
 //! - [`wire`] parses what a task writes on its `PMI_FD` and formats the answers.
-//! - [`server`] is the engine: one [`server::Shell`] per job shell serves all of that shell's tasks, and hands
+//! - [`server`] is the engine: one [`server::Server`] per job shell serves all of that shell's tasks, and hands
 //!   out what it asks of the host (the resource manager) as [`server::Effect`]s.
 //! - [`collective`] is the exchange behind every barrier over a k-ary tree of nodes.
 //!

@@ -4,7 +4,7 @@
 //! resident set before; the parent checks the figures against the bounds stated here.
 
 use rpmi::driver::{channel, socketpair, Driver, HostFds};
-use rpmi::server::{pump, Host, JobError, JobInfo, Limits, Shell, TaskMap};
+use rpmi::server::{pump, Host, JobError, JobInfo, Limits, Server, TaskMap};
 use rpmi::wire::spawn::{COMMAND_OVERHEAD, ITEM_OVERHEAD};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -128,9 +128,9 @@ fn ranks2hosts_attack() {
     let map = TaskMap::block(&vec![PER_NODE; NODES as usize]);
     let hosts: Vec<String> = (0..NODES).map(|n| format!("node{n:04}")).collect();
     let answer = map.ranks2hosts(&hosts).into_bytes();
-    let shell = Shell::new(JobInfo::new("kvs_bounds", map, vec![0], hosts), Limits::default()).expect("a shell");
+    let server = Server::new(JobInfo::new("kvs_bounds", map, vec![0], hosts), Limits::default()).expect("a server");
     let (_handle, inbox) = channel().expect("a driver channel");
-    let mut driver = Driver::new(shell, QuietHost, inbox).expect("a driver");
+    let mut driver = Driver::new(server, QuietHost, inbox).expect("a driver");
     let (server, task) = socketpair().expect("a socketpair");
     driver.attach(0, server).expect("attach");
     let mut reader = UnixStream::from(task);
@@ -200,7 +200,7 @@ fn tiny_puts_are_charged_what_they_cost() {
     let (stored, counted, growth) =
         (figure(&figures, "stored"), figure(&figures, "counted"), figure(&figures, "peak_growth"));
     assert_eq!(figure(&figures, "refused"), 1, "no put was refused: {stored} puts were counted as {counted} bytes");
-    assert!(counted <= TINY_PUTS_KVS_BYTES_MAX as u64, "the shell holds {counted} bytes, over its bound");
+    assert!(counted <= TINY_PUTS_KVS_BYTES_MAX as u64, "the server holds {counted} bytes, over its bound");
     // What the shell holds besides the store (its queued answers, the partial line) is small and fixed.
     let slack = 1 << 20;
     assert!(
@@ -216,10 +216,10 @@ fn tiny_puts_are_charged_what_they_cost() {
 fn tiny_puts_attack() {
     let limits = Limits { kvs_bytes_max: TINY_PUTS_KVS_BYTES_MAX, ..Limits::default() };
     let job = JobInfo::new("kvs_bounds", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
-    let mut shell = Shell::new(job, limits).expect("a shell");
+    let mut server = Server::new(job, limits).expect("a server");
     let mut host = QuietHost;
     let mut requests = Vec::with_capacity(TINY_PUTS_BATCH * 40);
-    let counted_before = shell.kvs_bytes();
+    let counted_before = server.kvs_bytes();
     let (mut stored, mut refused) = (0, false);
 
     let base = reset_peak();
@@ -228,11 +228,11 @@ fn tiny_puts_attack() {
         for i in stored..stored + TINY_PUTS_BATCH {
             writeln!(requests, "cmd=put kvsname=kvs_bounds key=k{i} value=v").expect("a request");
         }
-        shell.receive(0, &requests);
-        pump(&mut shell, &mut host);
+        server.receive(0, &requests);
+        pump(&mut server, &mut host);
         let mut answers = 0;
         while answers < TINY_PUTS_BATCH {
-            let out = shell.output(0);
+            let out = server.output(0);
             assert!(!out.is_empty(), "{answers} of {TINY_PUTS_BATCH} puts were answered");
             for line in out.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
                 match line {
@@ -243,13 +243,13 @@ fn tiny_puts_attack() {
                 answers += 1;
             }
             let n = out.len();
-            shell.consume(0, n);
-            shell.resume(0);
-            pump(&mut shell, &mut host);
+            server.consume(0, n);
+            server.resume(0);
+            pump(&mut server, &mut host);
         }
     }
     report("peak_growth", peak_growth(base));
-    report("counted", shell.kvs_bytes() - counted_before);
+    report("counted", server.kvs_bytes() - counted_before);
     report("stored", stored);
     report("refused", u8::from(refused));
 }
@@ -317,7 +317,7 @@ fn outstanding_group_barriers_are_bounded_by_the_store() {
         let (held, refused) = (figure(&figures, "held"), figure(&figures, "refused"));
         assert_eq!(held + refused, u64::from(GROUP_PER_NODE) * 64, "{attack}: every barrier is held or refused");
         assert!(held > 0, "{attack}: no group barrier was held");
-        assert!(counted <= GROUP_KVS_BYTES_MAX as u64, "{attack}: the shell holds {counted} bytes, over its bound");
+        assert!(counted <= GROUP_KVS_BYTES_MAX as u64, "{attack}: the server holds {counted} bytes, over its bound");
         assert!(
             growth <= GROUP_KVS_BYTES_MAX as u64 + GROUP_SLACK,
             "{attack}: {held} group barriers grew the process by {} KiB (bound {} KiB and {} KiB beside)",
@@ -345,13 +345,13 @@ fn group_of(attack: &str, task: usize, j: usize) -> String {
 }
 
 /// Everything queued for `task`, written.
-fn drain(shell: &mut Shell, task: usize) -> Vec<u8> {
+fn drain(server: &mut Server, task: usize) -> Vec<u8> {
     let mut out = Vec::new();
-    while !shell.output(task).is_empty() {
-        let piece = shell.output(task);
+    while !server.output(task).is_empty() {
+        let piece = server.output(task);
         out.extend_from_slice(piece);
         let n = piece.len();
-        shell.consume(task, n);
+        server.consume(task, n);
     }
     out
 }
@@ -362,39 +362,39 @@ fn group_barriers_attack(attack: &str) {
     let limits = Limits { kvs_bytes_max: GROUP_KVS_BYTES_MAX, ..Limits::default() };
     let local = map.clique(0);
     let tasks = local.len();
-    let mut shell = Shell::new(JobInfo::new("kvs_bounds", map, local, hosts), limits).expect("a shell");
-    shell.serve_groups(true);
+    let mut server = Server::new(JobInfo::new("kvs_bounds", map, local, hosts), limits).expect("a server");
+    server.serve_groups(true);
     let mut host = GroupHost::default();
     // Made beforehand, so that only the shell's allocations are measured.
     let lines: Vec<Vec<String>> = (0..tasks)
         .map(|task| (0..64).map(|j| format!("cmd=barrier_in group={}\n", group_of(attack, task, j))).collect())
         .collect();
-    let counted_before = shell.kvs_bytes();
+    let counted_before = server.kvs_bytes();
     let mut refused = 0u64;
 
     let base = reset_peak();
     for (task, lines) in lines.iter().enumerate() {
         let init = b"cmd=init pmi_version=1 pmi_subversion=2\n";
-        shell.receive(task, init);
-        pump(&mut shell, &mut host);
-        assert_eq!(drain(&mut shell, task), b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2\n");
+        server.receive(task, init);
+        pump(&mut server, &mut host);
+        assert_eq!(drain(&mut server, task), b"cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=2\n");
         for line in lines {
-            shell.receive(task, line.as_bytes());
-            pump(&mut shell, &mut host);
+            server.receive(task, line.as_bytes());
+            pump(&mut server, &mut host);
             // Answered as they come, as a client's threads read them: what a task that pipelines requests
             // without reading is bounded by the shell's back-pressure (the first test).
-            let answer = drain(&mut shell, task);
+            let answer = drain(&mut server, task);
             match &answer[..] {
                 b"" => {}
                 a if a.starts_with(b"cmd=barrier_out rc=2 tag=") => refused += 1,
                 a => panic!("task {task}: {}", String::from_utf8_lossy(a)),
             }
         }
-        assert!(!shell.is_cut_off(task), "task {task} was cut off");
+        assert!(!server.is_cut_off(task), "task {task} was cut off");
     }
     let held = tasks as u64 * 64 - refused;
     report("peak_growth", peak_growth(base));
-    report("counted", shell.kvs_bytes() - counted_before);
+    report("counted", server.kvs_bytes() - counted_before);
     report("held", held);
     report("refused", refused);
     report("exchanges", host.exchanges);
@@ -438,10 +438,10 @@ impl Host for SpawnHost {
 }
 
 /// A shell serving [`SPAWN_TASKS`] tasks, the whole job, at the default bounds.
-fn spawn_shell() -> Shell {
+fn spawn_shell() -> Server {
     let local = (0..SPAWN_TASKS as u32).collect();
     let job = JobInfo::new("kvs_bounds", TaskMap::block(&[SPAWN_TASKS as u32]), local, vec!["node0".into()]);
-    Shell::new(job, Limits::default()).expect("a shell")
+    Server::new(job, Limits::default()).expect("a server")
 }
 
 /// Each of 64 tasks sends a spawn of one-byte arguments (`argN=x`), as much of it as the bound on a spawn
@@ -523,20 +523,20 @@ fn spawn_lines_attack() {
         input.push_str(&line);
         input.push('\n');
     }
-    let mut shell = spawn_shell();
+    let mut server = spawn_shell();
     let mut host = SpawnHost::default();
 
     let base = reset_peak();
     for task in 0..SPAWN_TASKS {
-        shell.receive(task, input.as_bytes());
-        pump(&mut shell, &mut host);
+        server.receive(task, input.as_bytes());
+        pump(&mut server, &mut host);
     }
     let growth = peak_growth(base);
     assert!(host.cut_off.is_empty(), "{:?}", host.cut_off);
-    assert!((0..SPAWN_TASKS).all(|t| shell.output(t).is_empty() && !shell.is_cut_off(t)));
+    assert!((0..SPAWN_TASKS).all(|t| server.output(t).is_empty() && !server.is_cut_off(t)));
     for task in 0..SPAWN_TASKS {
-        shell.receive(task, format!("{next}\n").as_bytes());
-        pump(&mut shell, &mut host);
+        server.receive(task, format!("{next}\n").as_bytes());
+        pump(&mut server, &mut host);
     }
     assert!(host.cut_off.iter().all(|e| e.contains("over the limit of 262144 bytes")), "{:?}", host.cut_off);
     report("peak_growth", growth);
@@ -560,27 +560,27 @@ fn spawn_frames_attack() {
     body.push_str(&format!("pad={};", "p".repeat(pad)));
     let frame = format!("{:6}{body}", body.len());
     let (most, last) = frame.as_bytes().split_at(frame.len() - 1);
-    let mut shell = spawn_shell();
+    let mut server = spawn_shell();
     let mut host = SpawnHost::default();
     for task in 0..SPAWN_TASKS {
-        shell.receive(task, b"cmd=init pmi_version=2 pmi_subversion=0\n");
-        pump(&mut shell, &mut host);
-        drain(&mut shell, task);
+        server.receive(task, b"cmd=init pmi_version=2 pmi_subversion=0\n");
+        pump(&mut server, &mut host);
+        drain(&mut server, task);
     }
 
     let base = reset_peak();
     for task in 0..SPAWN_TASKS {
         // As a driver reads it: 64 KiB at a time.
         for piece in most.chunks(64 << 10) {
-            shell.receive(task, piece);
-            pump(&mut shell, &mut host);
+            server.receive(task, piece);
+            pump(&mut server, &mut host);
         }
     }
     report("peak_growth_held", peak_growth(base));
     assert!(host.cut_off.is_empty(), "{:?}", host.cut_off);
     for task in 0..SPAWN_TASKS {
-        shell.receive(task, last);
-        pump(&mut shell, &mut host);
+        server.receive(task, last);
+        pump(&mut server, &mut host);
     }
     report("peak_growth_decoded", peak_growth(base));
     assert!(host.cut_off.iter().all(|e| e.contains("over the limit of 262144 bytes")), "{:?}", host.cut_off);

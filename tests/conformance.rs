@@ -13,8 +13,8 @@
 
 use rpmi::driver::{channel, socketpair, Driver, DriverHandle, Event, HostFds};
 use rpmi::server::{
-    kvs, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap, NOT_SUPPORTED,
-    PROCESS_MAPPING_KEY,
+    kvs, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Server, TaskId, TaskMap,
+    NOT_SUPPORTED, PROCESS_MAPPING_KEY,
 };
 use rpmi::wire::{SpawnCommand, SpawnRequest};
 use std::collections::VecDeque;
@@ -206,7 +206,7 @@ impl Setup {
     /// Starts the driver on its own thread; returns the job and one client per local task, in task order.
     fn start(self) -> (Job, Vec<Client>) {
         let ranks = self.job.local_ranks.clone();
-        let shell = Shell::new(self.job, self.limits).expect("consistent job information");
+        let server = Server::new(self.job, self.limits).expect("consistent job information");
         let shared = Arc::new(Shared::default());
         let (handle, inbox) = channel().expect("a driver channel");
         let host = LoopbackHost {
@@ -216,7 +216,7 @@ impl Setup {
             offer_services: self.offer_services,
             serve_groups: self.serve_groups,
         };
-        let mut driver = Driver::new(shell, host, inbox).expect("a driver");
+        let mut driver = Driver::new(server, host, inbox).expect("a driver");
         let mut clients = Vec::new();
         let mut later = Vec::new();
         for (task, &rank) in ranks.iter().enumerate() {
@@ -592,7 +592,7 @@ fn puts_are_visible_after_the_barrier_across_tasks_and_shells() {
     }
     assert_eq!(clients[0].put("card-2", "two"), "cmd=put_result rc=0");
     assert_eq!(clients[1].put("card-3", "three"), "cmd=put_result rc=0");
-    assert_ne!(rc(&clients[0].get("card-0")), 0, "another shell's put is not visible before the barrier");
+    assert_ne!(rc(&clients[0].get("card-0")), 0, "another server's put is not visible before the barrier");
     assert!(job.shared.get().collectives.is_empty(), "no collective before every local task is in the barrier");
     assert_eq!(barrier(&mut clients), ["cmd=barrier_out rc=0", "cmd=barrier_out rc=0"]);
     assert_eq!(job.shared.get().collectives, [contribution(&[(2, "card-2", "two"), (3, "card-3", "three")])]);

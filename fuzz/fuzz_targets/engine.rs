@@ -1,4 +1,4 @@
-//! Fuzz target `engine`: drives one `Shell` (3 local tasks of a 5-rank job on 2 nodes) through a sequence
+//! Fuzz target `engine`: drives one `Server` (3 local tasks of a 5-rank job on 2 nodes) through a sequence
 //! of host operations decoded from the input, and checks what the shell writes and asks of the host.
 //!
 //! Input format (see fuzz/README.md): byte 0 is the configuration, then operations until the input ends; every
@@ -12,7 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rpmi_core::server::{
-    pump, Speaker, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Shell, TaskId, TaskMap,
+    pump, Speaker, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Server, TaskId, TaskMap,
     GROUP_ID_MAX, NOT_SUPPORTED,
 };
 use rpmi_core::wire::response::MAX_LINE;
@@ -120,7 +120,7 @@ impl Host for FuzzHost {
 
     fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
         let GroupExchange { id, shells } = *exchange;
-        assert!(self.serve_groups, "a group exchange from a shell told groups are not served");
+        assert!(self.serve_groups, "a group exchange from a server told groups are not served");
         assert!(id.len() <= GROUP_ID_MAX, "a group exchange id of {} bytes", id.len());
         assert!(!self.groups.iter().any(|(i, _)| i == id), "a second exchange of {} while one is outstanding", String::from_utf8_lossy(id));
         // This shell is node 0 of two.
@@ -423,7 +423,7 @@ fn split_pairs(body: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
 }
 
 /// What each task wrote that the host has not passed to the shell yet (its socket): a host reads nothing
-/// from a task while the shell holds input of it (`Shell::holds_input`), then one write per step.
+/// from a task while the shell holds input of it (`Server::holds_input`), then one write per step.
 struct Sockets {
     unread: Vec<std::collections::VecDeque<Vec<u8>>>,
 }
@@ -431,23 +431,23 @@ struct Sockets {
 impl Sockets {
     /// Task `task` writes `bytes`: the host reads them at once, unless the shell holds the task's input or
     /// earlier writes wait.
-    fn write(&mut self, shell: &mut Shell, host: &mut FuzzHost, task: TaskId, bytes: &[u8]) {
-        if self.unread[task].is_empty() && !shell.holds_input(task) {
-            shell.receive(task, bytes);
-            pump(shell, host);
+    fn write(&mut self, server: &mut Server, host: &mut FuzzHost, task: TaskId, bytes: &[u8]) {
+        if self.unread[task].is_empty() && !server.holds_input(task) {
+            server.receive(task, bytes);
+            pump(server, host);
         } else if !bytes.is_empty() {
             self.unread[task].push_back(bytes.to_vec());
         }
     }
 
     /// Reads one waiting write of every task whose input the shell no longer holds; whether it read any.
-    fn read(&mut self, shell: &mut Shell, host: &mut FuzzHost) -> bool {
+    fn read(&mut self, server: &mut Server, host: &mut FuzzHost) -> bool {
         let mut read = false;
         for t in 0..NTASKS {
-            if !shell.holds_input(t) {
+            if !server.holds_input(t) {
                 if let Some(bytes) = self.unread[t].pop_front() {
-                    shell.receive(t, &bytes);
-                    pump(shell, host);
+                    server.receive(t, &bytes);
+                    pump(server, host);
                     read = true;
                 }
             }
@@ -458,9 +458,9 @@ impl Sockets {
 
 /// Writes `piece` bytes at a time of every task's output (usize::MAX: all of it, and what the input held
 /// back meanwhile brings), as a host would.
-fn drain(shell: &mut Shell, host: &mut FuzzHost, wire: &mut Wire, piece: usize) {
+fn drain(server: &mut Server, host: &mut FuzzHost, wire: &mut Wire, piece: usize) {
     loop {
-        while let Some(t) = shell.next_ready() {
+        while let Some(t) = server.next_ready() {
             assert!(t < NTASKS);
             if !wire.backlog.contains(&t) {
                 wire.backlog.push(t);
@@ -470,16 +470,16 @@ fn drain(shell: &mut Shell, host: &mut FuzzHost, wire: &mut Wire, piece: usize) 
             return;
         }
         for t in std::mem::take(&mut wire.backlog) {
-            let out = shell.output(t);
+            let out = server.output(t);
             let n = out.len().min(piece);
             wire.written(t, &out[..n]);
-            shell.consume(t, n);
-            if shell.output(t).is_empty() {
+            server.consume(t, n);
+            if server.output(t).is_empty() {
                 // As the driver does once a task's output is written: its held input is parsed.
-                shell.resume(t);
-                pump(shell, host);
+                server.resume(t);
+                pump(server, host);
             }
-            if !shell.output(t).is_empty() {
+            if !server.output(t).is_empty() {
                 wire.backlog.push(t);
             }
         }
@@ -815,8 +815,8 @@ fn run(data: &[u8]) {
     let kvs_bytes_max = limits.kvs_bytes_max;
     let value_max = limits.pmi2_value_max();
     let job = JobInfo::new(KVSNAME, task_map, local_ranks.clone(), hostnames);
-    let mut shell = Shell::new(job, limits).expect("a valid job");
-    shell.set_trace(config & 1 != 0);
+    let mut server = Server::new(job, limits).expect("a valid job");
+    server.set_trace(config & 1 != 0);
     let mut trace = config & 1 != 0;
     let mut host = FuzzHost {
         offer: config & 2 != 0,
@@ -832,7 +832,7 @@ fn run(data: &[u8]) {
         serve_groups: config & 16 != 0,
         groups: Vec::new(),
     };
-    shell.serve_groups(host.serve_groups);
+    server.serve_groups(host.serve_groups);
     let mut wire = Wire {
         partial: vec![Vec::new(); NTASKS],
         v2: vec![false; NTASKS],
@@ -850,38 +850,38 @@ fn run(data: &[u8]) {
         match op % 16 {
             0..=5 => {
                 let line = request(&wire, &host, task, input.byte(), input.byte(), input.byte());
-                sockets.write(&mut shell, &mut host, task, &line);
+                sockets.write(&mut server, &mut host, task, &line);
             }
             6 => {
                 let line = request(&wire, &host, task, input.byte(), input.byte(), input.byte());
                 let at = usize::from(input.byte()) * line.len() / 256;
-                sockets.write(&mut shell, &mut host, task, &line[..at]);
-                sockets.write(&mut shell, &mut host, task, &line[at..]);
+                sockets.write(&mut server, &mut host, task, &line[..at]);
+                sockets.write(&mut server, &mut host, task, &line[at..]);
             }
             7 => {
                 let len = input.byte() as usize;
                 let chunk = input.byte();
                 let bytes = input.bytes(len);
                 if chunk & 0x80 != 0 {
-                    sockets.write(&mut shell, &mut host, task, bytes);
+                    sockets.write(&mut server, &mut host, task, bytes);
                 } else {
                     for c in bytes.chunks(chunk as usize % 32 + 1) {
-                        sockets.write(&mut shell, &mut host, task, c);
+                        sockets.write(&mut server, &mut host, task, c);
                     }
                 }
             }
             8 => {
                 // What the task wrote and the host did not read is lost with the connection.
                 sockets.unread[task].clear();
-                shell.disconnected(task);
-                pump(&mut shell, &mut host);
+                server.disconnected(task);
+                pump(&mut server, &mut host);
             }
             9 => match host.collective.take() {
-                Some(own) => { shell.collective_complete(Ok(&[&own])); pump(&mut shell, &mut host) },
+                Some(own) => { server.collective_complete(Ok(&[&own])); pump(&mut server, &mut host) },
                 None => {
                     host.misuse = true;
-                    shell.collective_complete(Ok(&[]));
-                    pump(&mut shell, &mut host);
+                    server.collective_complete(Ok(&[]));
+                    pump(&mut server, &mut host);
                 }
             },
             10 => {
@@ -890,8 +890,8 @@ fn run(data: &[u8]) {
                 let theirs = input.bytes(len);
                 if let Some(own) = host.collective.take() {
                     let parts: [&[u8]; 2] = if order & 1 == 0 { [&own, theirs] } else { [theirs, &own] };
-                    shell.collective_complete(Ok(&parts));
-                    pump(&mut shell, &mut host);
+                    server.collective_complete(Ok(&parts));
+                    pump(&mut server, &mut host);
                 }
             }
             11 => {
@@ -908,16 +908,16 @@ fn run(data: &[u8]) {
                     theirs.push(b'\n');
                 }
                 if let Some(own) = host.collective.take() {
-                    shell.collective_complete(Ok(&[&own, &theirs]));
-                    pump(&mut shell, &mut host);
+                    server.collective_complete(Ok(&[&own, &theirs]));
+                    pump(&mut server, &mut host);
                 }
             }
             12 => {
                 let g = input.byte();
                 if g & 1 == 0 {
                     if host.collective.take().is_some() {
-                        shell.collective_complete(Err("the other shell is gone"));
-                        pump(&mut shell, &mut host);
+                        server.collective_complete(Err("the other server is gone"));
+                        pump(&mut server, &mut host);
                     }
                 } else if !host.groups.is_empty() {
                     // A group exchange ends, in any order: failed, or with the other node's part.
@@ -925,24 +925,24 @@ fn run(data: &[u8]) {
                     let len = input.byte() as usize;
                     let theirs = input.bytes(len);
                     match g & 2 {
-                        0 => { shell.group_complete(&id, Err("the other node is gone")); pump(&mut shell, &mut host) },
-                        _ => { shell.group_complete(&id, Ok(&[&own, theirs])); pump(&mut shell, &mut host) },
+                        0 => { server.group_complete(&id, Err("the other node is gone")); pump(&mut server, &mut host) },
+                        _ => { server.group_complete(&id, Ok(&[&own, theirs])); pump(&mut server, &mut host) },
                     }
                 } else if g & 2 != 0 {
                     host.misuse = true;
-                    shell.group_complete(b"WORLD:0", Ok(&[]));
-                    pump(&mut shell, &mut host);
+                    server.group_complete(b"WORLD:0", Ok(&[]));
+                    pump(&mut server, &mut host);
                 }
             }
             13 => {
                 let v = input.byte();
                 let answer = reply(v, host.spawn_procs[task]);
                 match host.requests[task].take() {
-                    Some(_) => { shell.host_reply(task, answer); pump(&mut shell, &mut host) },
+                    Some(_) => { server.host_reply(task, answer); pump(&mut server, &mut host) },
                     None if v & 0x80 != 0 => {
                         host.misuse = true;
-                        shell.host_reply(task, answer);
-                        pump(&mut shell, &mut host);
+                        server.host_reply(task, answer);
+                        pump(&mut server, &mut host);
                     }
                     None => {}
                 }
@@ -953,48 +953,48 @@ fn run(data: &[u8]) {
             }
             _ => {
                 trace = !trace;
-                shell.set_trace(trace);
+                server.set_trace(trace);
                 host.misuse = true;
-                shell.receive(NTASKS + task, b"cmd=get_maxes\n");
-                pump(&mut shell, &mut host);
-                shell.disconnected(NTASKS + task);
-                pump(&mut shell, &mut host);
-                shell.host_reply(NTASKS + task, HostReply::Done);
-                pump(&mut shell, &mut host);
+                server.receive(NTASKS + task, b"cmd=get_maxes\n");
+                pump(&mut server, &mut host);
+                server.disconnected(NTASKS + task);
+                pump(&mut server, &mut host);
+                server.host_reply(NTASKS + task, HostReply::Done);
+                pump(&mut server, &mut host);
             }
         }
         host.misuse = false;
-        drain(&mut shell, &mut host, &mut wire, piece);
-        while sockets.read(&mut shell, &mut host) {
-            drain(&mut shell, &mut host, &mut wire, piece);
+        drain(&mut server, &mut host, &mut wire, piece);
+        while sockets.read(&mut server, &mut host) {
+            drain(&mut server, &mut host, &mut wire, piece);
             if piece != usize::MAX {
                 break;
             }
         }
-        assert!(shell.kvs_bytes() <= kvs_bytes_max, "the KVS holds {} bytes", shell.kvs_bytes());
-        let queued = |shell: &Shell| (0..NTASKS).map(|t| shell.output(t).len()).sum::<usize>();
+        assert!(server.kvs_bytes() <= kvs_bytes_max, "the KVS holds {} bytes", server.kvs_bytes());
+        let queued = |server: &Server| (0..NTASKS).map(|t| server.output(t).len()).sum::<usize>();
         if debug() {
-            let each: Vec<usize> = (0..NTASKS).map(|t| shell.output(t).len()).collect();
+            let each: Vec<usize> = (0..NTASKS).map(|t| server.output(t).len()).collect();
             eprintln!(
                 "op {op:#04x}: output queued {each:?}, input held {:?}",
-                (0..NTASKS).map(|t| shell.holds_input(t)).collect::<Vec<_>>()
+                (0..NTASKS).map(|t| server.holds_input(t)).collect::<Vec<_>>()
             );
         }
         if piece == usize::MAX {
-            assert_eq!(queued(&shell), 0, "output left after a full drain");
-            assert!((0..NTASKS).all(|t| !shell.holds_input(t)), "input held after every answer was written");
-        } else if queued(&shell) > 8 * MAX_LINE {
+            assert_eq!(queued(&server), 0, "output left after a full drain");
+            assert!((0..NTASKS).all(|t| !server.holds_input(t)), "input held after every answer was written");
+        } else if queued(&server) > 8 * MAX_LINE {
             // The host's socket buffer takes up to 8 KiB before it writes everything.
-            assert!(queued(&shell) <= 16 * MAX_LINE, "{} bytes of output queued", queued(&shell));
-            drain(&mut shell, &mut host, &mut wire, usize::MAX);
+            assert!(queued(&server) <= 16 * MAX_LINE, "{} bytes of output queued", queued(&server));
+            drain(&mut server, &mut host, &mut wire, usize::MAX);
         }
     }
-    drain(&mut shell, &mut host, &mut wire, usize::MAX);
-    while sockets.read(&mut shell, &mut host) {
-        drain(&mut shell, &mut host, &mut wire, usize::MAX);
+    drain(&mut server, &mut host, &mut wire, usize::MAX);
+    while sockets.read(&mut server, &mut host) {
+        drain(&mut server, &mut host, &mut wire, usize::MAX);
     }
     for t in 0..NTASKS {
-        assert!(shell.output(t).is_empty());
+        assert!(server.output(t).is_empty());
     }
 }
 

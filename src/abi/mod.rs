@@ -14,7 +14,7 @@ pub use options::Options;
 
 use crate::driver::Event;
 use crate::node::{EnvVar, ExecError, JobVars, Looping, NodeError, NodeRuntime};
-use crate::server::{JobInfo, Shell, TaskMap};
+use crate::server::{JobInfo, Server, TaskMap};
 use c_host::CHost;
 use owed::OwedAnswers;
 use std::ffi::{c_char, c_int, CStr};
@@ -73,7 +73,7 @@ struct TaskSlot {
     env_ptrs: Vec<*const c_char>,
 }
 
-/// One instance: the PMI-1 server of one job shell.
+/// One instance: the PMI server of one job shell.
 struct Instance {
     node: NodeRuntime<CHost>,
     tasks: Mutex<Vec<TaskSlot>>,
@@ -194,7 +194,7 @@ unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInf
         return invalid(format!("job size {} is out of range", job.size));
     }
     if job.shell_count == 0 || job.shell_index >= job.shell_count || job.shell_count > job.size {
-        return invalid(format!("shell {} of {} in a job of {} ranks", job.shell_index, job.shell_count, job.size));
+        return invalid(format!("server {} of {} in a job of {} ranks", job.shell_index, job.shell_count, job.size));
     }
     if job.task_map.is_null() || job.hostnames.is_null() || (job.local_count > 0 && job.local_ranks.is_null()) {
         return invalid("task_map, hostnames or local_ranks is NULL".into());
@@ -202,7 +202,7 @@ unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInf
     // SAFETY: task_map is not NULL (checked above) and has `size` entries, as rpmi_job_info documents.
     let task_map = unsafe { std::slice::from_raw_parts(job.task_map, job.size as usize) }.to_vec();
     if let Some(r) = task_map.iter().position(|&n| n >= job.shell_count) {
-        return invalid(format!("task_map puts rank {r} on shell {}, of {}", task_map[r], job.shell_count));
+        return invalid(format!("task_map puts rank {r} on server {}, of {}", task_map[r], job.shell_count));
     }
     let local_ranks = if job.local_count == 0 {
         Vec::new()
@@ -211,14 +211,14 @@ unsafe fn read_job(job: *const rpmi_job_info, job_size: usize) -> Result<(JobInf
         unsafe { std::slice::from_raw_parts(job.local_ranks, job.local_count as usize) }.to_vec()
     };
     if let Some(&r) = local_ranks.iter().find(|&&r| task_map.get(r as usize) != Some(&job.shell_index)) {
-        return invalid(format!("local rank {r} is not on shell {} in task_map", job.shell_index));
+        return invalid(format!("local rank {r} is not on server {} in task_map", job.shell_index));
     }
     // A shell serves every rank the map puts on it, and at least one: a shell without tasks would never join
     // the collective and the others would wait for it.
     let here = task_map.iter().filter(|&&n| n == job.shell_index).count();
     if here == 0 || here != local_ranks.len() {
         return invalid(format!(
-            "task_map puts {here} ranks on shell {}, local_ranks lists {}",
+            "task_map puts {here} ranks on server {}, local_ranks lists {}",
             job.shell_index,
             local_ranks.len()
         ));
@@ -326,11 +326,11 @@ impl Instance {
         // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents; its size is checked.
         let (info, options, job_id) = unsafe { read_job(job, job_size) }?;
         let n = info.local_ranks.len();
-        let mut shell = Shell::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
-        shell.set_trace(options.trace);
+        let mut server = Server::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
+        server.set_trace(options.trace);
         let owed = OwedAnswers::new(n);
         let host = CHost { ops: ops_copy, instance: std::ptr::null_mut(), owed: owed.clone() };
-        let node = NodeRuntime::new(shell, host, JobVars { job_id })
+        let node = NodeRuntime::new(server, host, JobVars { job_id })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {
             node,

@@ -1,5 +1,5 @@
-//! [`Driver`]: the I/O around one [`Shell`]. It reads what tasks write on their PMI connections, feeds it
-//! to the shell, writes the answers back, and takes in completions that other threads post through a
+//! [`Driver`]: the I/O around one [`Server`]. It reads what tasks write on their PMI connections, feeds it
+//! to the server, writes the answers back, and takes in completions that other threads post through a
 //! [`DriverHandle`].
 //!
 //! Hosts with an event loop watch [`Driver::watch_fd`] themselves and call [`Driver::on_ready`]; hosts
@@ -8,9 +8,9 @@
 //! its answers only holds its own output.
 //!
 //! **A task that does not read its answers** is read no more, until it does: once its connection is full,
-//! epoll watches it for writing only; and while the shell holds input of the task unparsed (its answers
-//! are backed up, [`Shell::holds_input`]), nothing more is read from it either. When a write empties the
-//! task's output, the held input is parsed ([`Shell::resume`]) within the same flush, so a task that has
+//! epoll watches it for writing only; and while the server holds input of the task unparsed (its answers
+//! are backed up, [`Server::holds_input`]), nothing more is read from it either. When a write empties the
+//! task's output, the held input is parsed ([`Server::resume`]) within the same flush, so a task that has
 //! stopped writing is still answered.
 
 mod turns;
@@ -19,7 +19,7 @@ pub use crate::os::socketpair;
 pub use turns::{Turns, GROUPED_ABOVE};
 
 use crate::os::{self, Epoll};
-use crate::server::{pump, Host, HostReply, Shell, TaskId};
+use crate::server::{pump, Host, HostReply, Server, TaskId};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{Receiver, Sender};
@@ -27,14 +27,14 @@ use std::sync::Arc;
 
 /// Something another thread hands to the driver.
 pub enum Event {
-    /// The shell's collective finished: every shell's contribution, or why it failed.
+    /// The server's collective finished: every server's contribution, or why it failed.
     CollectiveDone(Result<Vec<Vec<u8>>, String>),
-    /// The group exchange `id` finished ([`crate::server::Host::group_collective`]): every member shell's
+    /// The group exchange `id` finished ([`crate::server::Host::group_collective`]): every member server's
     /// contribution, or why it failed.
     GroupDone { id: Vec<u8>, result: Result<Vec<Vec<u8>>, String> },
     /// The host's answer to a service request of `task`.
     HostReply(TaskId, HostReply),
-    /// A C host's untyped answer to a service request of `task` ([`Shell::untyped_reply`]), posted only once
+    /// A C host's untyped answer to a service request of `task` ([`Server::untyped_reply`]), posted only once
     /// claimed from the answers the host owes (the ABI's `service_complete`), so that one nobody waits for is
     /// refused where it comes in.
     UntypedReply { task: TaskId, ok: bool, text: Option<String> },
@@ -44,7 +44,7 @@ pub enum Event {
     Stop,
 }
 
-/// An exchange's result as the shell takes it: the parts borrowed.
+/// An exchange's result as the server takes it: the parts borrowed.
 fn borrowed(result: &Result<Vec<Vec<u8>>, String>) -> Result<Vec<&[u8]>, &String> {
     result.as_ref().map(|all| all.iter().map(Vec::as_slice).collect())
 }
@@ -87,9 +87,9 @@ pub enum Status {
     Finished,
 }
 
-/// The I/O of one shell: its task connections, its host and its wake-up fd.
+/// The I/O of one server: its task connections, its host and its wake-up fd.
 pub struct Driver<H: HostFds> {
-    shell: Shell,
+    server: Server,
     host: H,
     /// The server end of each task's connection; `None` before it is attached and after it closed.
     conns: Vec<Option<OwnedFd>>,
@@ -129,16 +129,16 @@ pub trait HostFds: Host {
         let _ = watcher;
     }
 
-    /// The fd the host watches under `token` has `events` (epoll's flags). What it brings for the shell (a
+    /// The fd the host watches under `token` has `events` (epoll's flags). What it brings for the server (a
     /// collective's result, say) the host hands over in [`HostFds::complete`], which follows.
     fn ready(&mut self, token: u64, events: u32) {
         let _ = (token, events);
     }
 
-    /// Hands `shell` what has completed for it (a collective, a failure found while starting one, srun's
-    /// answers): called after the host has carried out the shell's effects, and after [`HostFds::ready`].
-    fn complete(&mut self, shell: &mut Shell) {
-        let _ = shell;
+    /// Hands `server` what has completed for it (a collective, a failure found while starting one, srun's
+    /// answers): called after the host has carried out the server's effects, and after [`HostFds::ready`].
+    fn complete(&mut self, server: &mut Server) {
+        let _ = server;
     }
 }
 
@@ -174,16 +174,16 @@ impl Watcher {
 }
 
 impl<H: HostFds> Driver<H> {
-    /// A driver for `shell`, whose requests go to `host`, taking events from `inbox` (see [`channel`]).
+    /// A driver for `server`, whose requests go to `host`, taking events from `inbox` (see [`channel`]).
     /// Task connections come with [`Event::Attach`] or [`Driver::attach`].
-    pub fn new(mut shell: Shell, mut host: H, inbox: Inbox) -> io::Result<Self> {
-        let n = shell.task_count();
-        shell.serve_groups(host.serves_groups());
+    pub fn new(mut server: Server, mut host: H, inbox: Inbox) -> io::Result<Self> {
+        let n = server.task_count();
+        server.serve_groups(host.serves_groups());
         let turns = Turns::new(n)?;
         turns.watch(inbox.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
         host.watch(Watcher { epoll: turns.top() });
         Ok(Driver {
-            shell,
+            server,
             host,
             conns: (0..n).map(|_| None).collect(),
             output: vec![WriteState::Flowing; n],
@@ -197,9 +197,9 @@ impl<H: HostFds> Driver<H> {
         })
     }
 
-    /// The shell this driver serves.
-    pub fn shell(&self) -> &Shell {
-        &self.shell
+    /// The server this driver serves.
+    pub fn server(&self) -> &Server {
+        &self.server
     }
 
     /// The host.
@@ -286,20 +286,20 @@ impl<H: HostFds> Driver<H> {
         match event {
             Event::CollectiveDone(result) => {
                 let parts = borrowed(&result);
-                self.shell.collective_complete(parts.as_deref().map_err(|e| e.as_str()));
+                self.server.collective_complete(parts.as_deref().map_err(|e| e.as_str()));
             }
             Event::GroupDone { id, result } => {
                 let parts = borrowed(&result);
-                self.shell.group_complete(&id, parts.as_deref().map_err(|e| e.as_str()));
+                self.server.group_complete(&id, parts.as_deref().map_err(|e| e.as_str()));
             }
-            Event::HostReply(task, reply) => self.shell.host_reply(task, reply),
-            Event::UntypedReply { task, ok, text } => self.shell.untyped_reply(task, ok, text),
+            Event::HostReply(task, reply) => self.server.host_reply(task, reply),
+            Event::UntypedReply { task, ok, text } => self.server.untyped_reply(task, ok, text),
             Event::Attach(task, fd) => {
                 // A connection that cannot be watched is one the task has lost: it is seen leaving.
                 if let Err(e) = self.attach(task, fd) {
                     self.host.log(log::Level::Error, &format!("cannot serve local task {task}'s connection: {e}"));
                     self.closed += 1;
-                    self.shell.disconnected(task);
+                    self.server.disconnected(task);
                 }
             }
             Event::Stop => {
@@ -314,25 +314,25 @@ impl<H: HostFds> Driver<H> {
         Ok(())
     }
 
-    /// Carries out what the shell asked of the host since the last call: before its answers are written,
+    /// Carries out what the server asked of the host since the last call: before its answers are written,
     /// so that the host hears of an abort before the task can see its reply and exit.
     fn pump(&mut self) {
         loop {
-            pump(&mut self.shell, &mut self.host);
-            self.host.complete(&mut self.shell);
-            if !self.shell.has_effects() {
+            pump(&mut self.server, &mut self.host);
+            self.host.complete(&mut self.server);
+            if !self.server.has_effects() {
                 return;
             }
         }
     }
 
-    /// Reads what `task` has written, until the connection would block; nothing while the shell holds input
+    /// Reads what `task` has written, until the connection would block; nothing while the server holds input
     /// of the task.
     fn read(&mut self, task: TaskId) {
         let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
             return;
         };
-        if self.shell.holds_input(task) {
+        if self.server.holds_input(task) {
             return;
         }
         loop {
@@ -341,14 +341,14 @@ impl<H: HostFds> Driver<H> {
             match n {
                 0 => return self.close(task),
                 n if n > 0 => {
-                    self.shell.receive(task, &self.buf[..n as usize]);
+                    self.server.receive(task, &self.buf[..n as usize]);
                     self.pump();
-                    if self.shell.is_cut_off(task) {
+                    if self.server.is_cut_off(task) {
                         return self.cut_off(task);
                     }
                     // Answers are written before more is read, so they never pile up (epoll is
                     // level-triggered: the rest of the input is reported again).
-                    if (n as usize) < self.buf.len() || !self.shell.output(task).is_empty() {
+                    if (n as usize) < self.buf.len() || !self.server.output(task).is_empty() {
                         return;
                     }
                 }
@@ -368,7 +368,7 @@ impl<H: HostFds> Driver<H> {
         for task in std::mem::take(&mut self.unblocked) {
             self.write(task)?;
         }
-        while let Some(task) = self.shell.next_ready() {
+        while let Some(task) = self.server.next_ready() {
             self.write(task)?;
         }
         Ok(())
@@ -377,29 +377,29 @@ impl<H: HostFds> Driver<H> {
     fn write(&mut self, task: TaskId) -> io::Result<()> {
         let Some(fd) = self.conns.get(task).and_then(Option::as_ref).map(AsRawFd::as_raw_fd) else {
             // Closed: what it was owed goes nowhere.
-            while !self.shell.output(task).is_empty() {
-                let n = self.shell.output(task).len();
-                self.shell.consume(task, n);
+            while !self.server.output(task).is_empty() {
+                let n = self.server.output(task).len();
+                self.server.consume(task, n);
             }
             return Ok(());
         };
         if self.output[task] == WriteState::Blocked {
             return Ok(());
         }
-        while !self.shell.output(task).is_empty() {
-            let out = self.shell.output(task);
-            // SAFETY: writing from the shell's live buffer, its length passed. MSG_NOSIGNAL: a task that
+        while !self.server.output(task).is_empty() {
+            let out = self.server.output(task);
+            // SAFETY: writing from the server's live buffer, its length passed. MSG_NOSIGNAL: a task that
             // closed its end must not raise SIGPIPE in the host.
             let n = unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_NOSIGNAL) };
             if n >= 0 {
-                self.shell.consume(task, n as usize);
+                self.server.consume(task, n as usize);
                 continue;
             }
             match io::Error::last_os_error().kind() {
                 io::ErrorKind::Interrupted => {}
                 io::ErrorKind::WouldBlock => {
                     // Nothing more is read from a task that does not read its answers, until it does:
-                    // otherwise it could make the shell queue answers without bound.
+                    // otherwise it could make the server queue answers without bound.
                     let watched =
                         std::mem::replace(&mut self.output[task], WriteState::Blocked) == WriteState::Unblocked;
                     if watched {
@@ -417,12 +417,12 @@ impl<H: HostFds> Driver<H> {
         if std::mem::replace(&mut self.output[task], WriteState::Flowing) == WriteState::Unblocked {
             self.turns.modify(task, fd, libc::EPOLLIN as u32)?;
         }
-        if self.shell.holds_input(task) {
+        if self.server.holds_input(task) {
             // Parsed now, though the task may write nothing more; the answers are queued and go out in the
             // flush this write is part of.
-            self.shell.resume(task);
+            self.server.resume(task);
             self.pump();
-            if self.shell.is_cut_off(task) {
+            if self.server.is_cut_off(task) {
                 self.cut_off(task);
             }
         }
@@ -442,7 +442,7 @@ impl<H: HostFds> Driver<H> {
             drop(fd);
             self.closed += 1;
             self.output[task] = WriteState::Flowing;
-            self.shell.disconnected(task);
+            self.server.disconnected(task);
             self.pump();
         }
     }

@@ -26,9 +26,9 @@ impl HostFds for QuietHost {}
 /// A driver serving one task (the only rank), and the task's end of its connection, non-blocking.
 fn one_task() -> (Driver<QuietHost>, UnixStream) {
     let job = JobInfo::new("kvs_7", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
-    let shell = Shell::new(job, Limits::default()).unwrap();
+    let server = Server::new(job, Limits::default()).unwrap();
     let (_handle, inbox) = channel().unwrap();
-    let mut driver = Driver::new(shell, QuietHost, inbox).unwrap();
+    let mut driver = Driver::new(server, QuietHost, inbox).unwrap();
     let (server, task) = socketpair().unwrap();
     driver.attach(0, server).unwrap();
     let task = UnixStream::from(task);
@@ -53,7 +53,7 @@ fn read_now(task: &mut UnixStream) -> Vec<u8> {
 #[test]
 fn a_task_pipelining_requests_is_answered_within_bounds_and_in_order_after_it_stops_writing() {
     let (mut driver, mut task) = one_task();
-    let value = "v".repeat(driver.shell().limits().value_max());
+    let value = "v".repeat(driver.server().limits().value_max());
     task.write_all(format!("cmd=put kvsname=kvs_7 key=big value={value}\n").as_bytes()).unwrap();
     driver.on_ready(0).unwrap();
     assert_eq!(read_now(&mut task), b"cmd=put_result rc=0\n");
@@ -67,9 +67,9 @@ fn a_task_pipelining_requests_is_answered_within_bounds_and_in_order_after_it_st
     }
     let answer = format!("cmd=get_result rc=0 value={value}\n").into_bytes();
     // The connection is full; beyond it the shell holds at most its bound and one answer.
-    let queued = driver.shell().output(0).len();
-    assert!(queued <= 64 * 1024 + answer.len(), "{queued} bytes of answers queued in the shell");
-    assert!(driver.shell().holds_input(0));
+    let queued = driver.server().output(0).len();
+    assert!(queued <= 64 * 1024 + answer.len(), "{queued} bytes of answers queued in the server");
+    assert!(driver.server().holds_input(0));
 
     // The task writes nothing more and reads: every answer comes, in order.
     let mut got = Vec::new();
@@ -81,7 +81,7 @@ fn a_task_pipelining_requests_is_answered_within_bounds_and_in_order_after_it_st
         assert!(got.len() > before, "no answer after {} of {count}", got.len() / answer.len());
     }
     assert_eq!(got, answer.repeat(count));
-    assert!(!driver.shell().holds_input(0));
+    assert!(!driver.server().holds_input(0));
     // And the task is read again.
     task.write_all(b"cmd=get_appnum\n").unwrap();
     driver.on_ready(0).unwrap();
@@ -127,9 +127,9 @@ impl HostFds for LinkHost {
         self.done = Some(self.contribution.take().expect("a barrier waits"));
     }
 
-    fn complete(&mut self, shell: &mut Shell) {
+    fn complete(&mut self, server: &mut Server) {
         if let Some(part) = self.done.take() {
-            shell.collective_complete(Ok(&[part.as_slice()]));
+            server.collective_complete(Ok(&[part.as_slice()]));
         }
     }
 }
@@ -137,11 +137,11 @@ impl HostFds for LinkHost {
 #[test]
 fn a_hosts_own_fd_is_served_in_the_drivers_loop() {
     let job = JobInfo::new("kvs_7", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
-    let shell = Shell::new(job, Limits::default()).unwrap();
+    let server = Server::new(job, Limits::default()).unwrap();
     let (_handle, inbox) = channel().unwrap();
     let (ours, mut theirs) = UnixStream::pair().unwrap();
     let host = LinkHost { link: ours, contribution: None, done: None, watcher: None };
-    let mut driver = Driver::new(shell, host, inbox).unwrap();
+    let mut driver = Driver::new(server, host, inbox).unwrap();
     let (server, task) = socketpair().unwrap();
     driver.attach(0, server).unwrap();
     let mut task = UnixStream::from(task);

@@ -18,7 +18,7 @@
 
 use crate::driver::{channel, Driver, DriverHandle, Event, HostFds};
 use crate::os::socketpair;
-use crate::server::{Shell, TaskId};
+use crate::server::{Server, TaskId};
 use std::ffi::CString;
 use std::fmt;
 use std::io;
@@ -134,13 +134,13 @@ enum LoopState<H: NodeHost> {
 
 impl<H: NodeHost> NodeRuntime<H> {
     /// A node serving `shell`'s tasks, its requests going to `host`. It serves nothing until [`NodeRuntime::start`].
-    pub fn new(shell: Shell, host: H, job: JobVars) -> io::Result<NodeRuntime<H>> {
-        let n = shell.task_count();
-        let ranks = (0..n).map(|t| shell.rank_of(t).unwrap_or(u32::MAX)).collect();
-        let (size, spawned) = (shell.job().task_map.size(), shell.job().spawned);
+    pub fn new(server: Server, host: H, job: JobVars) -> io::Result<NodeRuntime<H>> {
+        let n = server.task_count();
+        let ranks = (0..n).map(|t| server.rank_of(t).unwrap_or(u32::MAX)).collect();
+        let (size, spawned) = (server.job().task_map.size(), server.job().spawned);
         let subversion = if host.serves_groups() { 2 } else { 1 };
         let (handle, inbox) = channel()?;
-        let driver = Driver::new(shell, host, inbox)?;
+        let driver = Driver::new(server, host, inbox)?;
         Ok(NodeRuntime {
             watch_fd: driver.watch_fd(),
             handle,

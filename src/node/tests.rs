@@ -56,10 +56,10 @@ impl NodeHost for TestHost {
 fn node(tasks: u32) -> (NodeRuntime<TestHost>, Seen) {
     let mut info = JobInfo::new("kvs", TaskMap::new(vec![0; tasks as usize]), (0..tasks).collect(), vec!["h".into()]);
     info.spawned = true;
-    let shell = Shell::new(info, Limits::default()).unwrap();
+    let server = Server::new(info, Limits::default()).unwrap();
     let seen = Seen::default();
     let job = JobVars { job_id: "42".into() };
-    (NodeRuntime::new(shell, TestHost(seen.clone()), job).unwrap(), seen)
+    (NodeRuntime::new(server, TestHost(seen.clone()), job).unwrap(), seen)
 }
 
 fn var(vars: &[EnvVar], name: &str) -> String {

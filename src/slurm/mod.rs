@@ -8,7 +8,7 @@
 //!    secret (32 random bytes)               record; RPMI_SLURM_* from the environment;
 //!    root thread: TCP listener  <-------    with children: listen on its own address;
 //!    env RPMI_SLURM_PORT/SECRET/MAP/        join srun (challenge-response), then, told
-//!        OPTIONS                            where (PARENT), its parent stepd; Shell,
+//!        OPTIONS                            where (PARENT), its parent stepd; Server,
 //!                                           socketpair per task, one progress thread
 //!  root: the collective's root machine    slurmstepd_task (forked child):      PMI_FD PMI_RANK
 //!        over a k-ary tree of stepds:       PMI_FD, PMI_RANK, PMI_SIZE,  ----> PMI_SIZE PMI_JOBID
@@ -60,7 +60,7 @@ use version::{ConfOption, TaskInfo};
 
 /// Slurm's plugin identification, read with `dlsym`: NUL-terminated arrays and `uint32_t`s.
 #[no_mangle]
-pub static plugin_name: [u8; 28] = *b"rpmi: PMI-1 server for srun\0";
+pub static plugin_name: [u8; 26] = *b"rpmi: PMI server for srun\0";
 #[no_mangle]
 pub static plugin_type: [u8; 9] = *b"mpi/rpmi\0";
 /// "RPMI" in ASCII: unique, neither 0 nor `NO_VAL` (which Slurm refuses since 24.11), and clear of the ids

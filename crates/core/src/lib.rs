@@ -3,7 +3,7 @@
 //! the runtime and the hosts (the `rpmi` crate: the plugin ABI, Slurm's plugin, rpmi-run) do the I/O.
 //!
 //! - [`wire`]: what a task writes on its `PMI_FD` and the answers (PMI-1, PMI 1.2, PMI-2).
-//! - [`server`]: the PMI engine, one [`server::Shell`] per job shell serving all of its tasks; what it asks
+//! - [`server`]: the PMI engine, one [`server::Server`] per job shell serving all of its tasks; what it asks
 //!   of its host it hands out as [`server::Effect`]s.
 //! - [`collective`]: the exchange behind every barrier, over a k-ary tree of nodes.
 //! - [`codec`]: the byte codec of every binary frame.

@@ -11,7 +11,7 @@ use crate::collective::{frame, Peer};
 use crate::driver::{HostFds, Watcher};
 use crate::node::{ChildEnds, NodeHost};
 use crate::os;
-use crate::server::{GroupExchange, Host, HostRequest, JobError, Shell, Speaker, TaskId};
+use crate::server::{GroupExchange, Host, HostRequest, JobError, Server, Speaker, TaskId};
 use crate::slurm::admit::{Acceptor, Admission};
 use crate::slurm::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
 use crate::slurm::protocol;
@@ -374,22 +374,22 @@ impl HostFds for SlurmHost {
     }
 
     /// Hands the shell what the collective completed for it, and srun's answers.
-    fn complete(&mut self, shell: &mut Shell) {
+    fn complete(&mut self, server: &mut Server) {
         match self.watch.take_completion() {
             Some(Ok(parts)) => {
                 let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
-                shell.collective_complete(Ok(&parts));
+                server.collective_complete(Ok(&parts));
             }
-            Some(Err(why)) => shell.collective_complete(Err(&why)),
+            Some(Err(why)) => server.collective_complete(Err(&why)),
             None => {}
         }
         for (task, reply) in self.watch.take_answers() {
-            shell.host_reply(task, reply);
+            server.host_reply(task, reply);
         }
         for done in self.watch.take_groups_done() {
             // One slice per member node: srun's frame had exactly that many parts.
             let parts: Vec<&[u8]> = done.parts().collect();
-            shell.group_complete(done.id(), Ok(&parts));
+            server.group_complete(done.id(), Ok(&parts));
         }
     }
 }
@@ -548,8 +548,8 @@ mod tests {
             NodeShape { place, names: names.clone(), tree, bounds, limits: Limits::default(), spawned_ranks: None };
         let host = SlurmHost::new(shape, links, crate::slurm::sys::slurm(), None, notify, stopping).unwrap();
         let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
-        let shell = Shell::new(info, Limits::default()).unwrap();
-        let mut rt = NodeRuntime::new(shell, host, JobVars { job_id: "1.0".into() }).unwrap();
+        let server = Server::new(info, Limits::default()).unwrap();
+        let mut rt = NodeRuntime::new(server, host, JobVars { job_id: "1.0".into() }).unwrap();
         let end = rt.connect_task(0).unwrap().child_fd;
         // SAFETY: a copy of the task's end, which the node closes once the task is "forked".
         let task = unsafe { UnixStream::from_raw_fd(libc::dup(end)) };

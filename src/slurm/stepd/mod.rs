@@ -1,4 +1,4 @@
-//! The slurmstepd side: one [`Shell`] per node serving the node's tasks, and the node's place in the
+//! The slurmstepd side: one [`Server`] per node serving the node's tasks, and the node's place in the
 //! collective's tree ([`crate::collective::Node`]): a connection to srun for the step's control frames (and,
 //! for srun's children in the tree, the exchange), one to its parent stepd, and one from each child stepd.
 //!
@@ -43,7 +43,7 @@ use super::version::TaskInfo;
 use crate::collective::{self, Bounds};
 use crate::node::{EnvVar, JobVars, Looping, NodeRuntime};
 use crate::os;
-use crate::server::Shell;
+use crate::server::Server;
 use host::{SlurmHost, FINI_GRACE, NOTICE_FORKED, NOTICE_IDS_CONFIRMED};
 use join::{address_of, join_tree, refuse};
 use plan::{Component, Record};
@@ -172,8 +172,8 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     let spawned = info.spawned;
     let (place, names, local_ranks) = (plan.place, plan.names, plan.local_ranks);
     let limits = settings.limits();
-    let mut shell = Shell::new(info, limits.clone()).map_err(|e| format!("cannot serve this step: {e}"))?;
-    shell.set_trace(trace.is_some());
+    let mut server = Server::new(info, limits.clone()).map_err(|e| format!("cannot serve this step: {e}"))?;
+    server.set_trace(trace.is_some());
 
     let (notify_r, notify_w) = os::pipe().map_err(|e| format!("pipe: {e}"))?;
 
@@ -184,7 +184,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     let host_side = SlurmHost::new(shape, links, slurm, trace, notify_r, stopping.clone())?;
     let job = JobVars { job_id: format!("{task_job}.{}", rec.step) };
     let mut node_rt =
-        NodeRuntime::new(shell, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
+        NodeRuntime::new(server, host_side, job).map_err(|e| format!("cannot set up the progress loop: {e}"))?;
     let child_ends = node_rt.child_ends();
     if let Some(h) = node_rt.host_mut() {
         h.child_ends = Some(child_ends);

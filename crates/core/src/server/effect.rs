@@ -1,31 +1,31 @@
-//! What the engine hands its host: [`Effect`]s, queued by [`crate::server::Shell`]'s methods and taken out
-//! by the host with [`crate::server::Shell::next_effect`] once the method has returned. The engine never
+//! What the engine hands its host: [`Effect`]s, queued by [`crate::server::Server`]'s methods and taken out
+//! by the host with [`crate::server::Server::next_effect`] once the method has returned. The engine never
 //! calls out: what completes later (a collective, a service request) the host hands back through
-//! [`crate::server::Shell::collective_complete`], [`crate::server::Shell::group_complete`] and
-//! [`crate::server::Shell::host_reply`], and a host that cannot start one says so the same way.
+//! [`crate::server::Server::collective_complete`], [`crate::server::Server::group_complete`] and
+//! [`crate::server::Server::host_reply`], and a host that cannot start one says so the same way.
 
 use crate::wire::SpawnRequest;
 use std::fmt;
 
-/// A task of this shell, by its local index (0 .. the shell's task count).
+/// A task of this server, by its local index (0 .. the server's task count).
 pub type TaskId = usize;
 
 /// Something the engine asks of its host, in the order it arose.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Start this shell's part of a barrier: an allgather of the contribution (this shell's puts since the
-    /// last barrier, possibly empty) with every shell of the job. The host later calls
-    /// `Shell::collective_complete` with every shell's contribution, or with why it failed (at once, if it
-    /// cannot start it). At most one is outstanding per shell.
+    /// Start this server's part of a barrier: an allgather of the contribution (this server's puts since the
+    /// last barrier, possibly empty) with every server of the job. The host later calls
+    /// `Server::collective_complete` with every server's contribution, or with why it failed (at once, if it
+    /// cannot start it). At most one is outstanding per server.
     Collective(Vec<u8>),
-    /// Start this shell's part of group exchange `id`: an allgather of `contribution` (the puts of this
-    /// shell's members of the group, possibly empty) among `shells` only (ascending; this shell among them,
+    /// Start this server's part of group exchange `id`: an allgather of `contribution` (the puts of this
+    /// server's members of the group, possibly empty) among `shells` only (ascending; this server among them,
     /// and at least one other). `id` is the group's one written form ([`crate::wire::group`]: `WORLD:<tag>`
-    /// or ascending ranks `0,4,8:<tag>`), at most [`GROUP_ID_MAX`] bytes, the same on every member shell;
-    /// the host may read the members from it. The host later calls `Shell::group_complete` with the same id.
-    /// A shell starts an exchange of an id only once its last one of that id has completed; several of
-    /// different ids may be outstanding beside a [`Effect::Collective`]. Only from a shell told it may
-    /// ([`crate::server::Shell::serve_groups`]).
+    /// or ascending ranks `0,4,8:<tag>`), at most [`GROUP_ID_MAX`] bytes, the same on every member server;
+    /// the host may read the members from it. The host later calls `Server::group_complete` with the same id.
+    /// A server starts an exchange of an id only once its last one of that id has completed; several of
+    /// different ids may be outstanding beside a [`Effect::Collective`]. Only from a server told it may
+    /// ([`crate::server::Server::serve_groups`]).
     GroupCollective { id: Vec<u8>, shells: Vec<u32>, contribution: Vec<u8> },
     /// A task called `PMI_Abort`: end the job with `exit_code` and put `message` on the job's stderr.
     Abort { rank: u32, exit_code: i32, message: String },
@@ -38,11 +38,11 @@ pub enum Effect {
     Trace { rank: u32, speaker: Speaker, line: Vec<u8> },
     /// Task `rank` sent its first PMI line: its program was found and runs, and speaks PMI.
     TaskStarted(u32),
-    /// Task `rank`'s PMI connection closed (`finalized`: after it sent `finalize`). A barrier on this shell
-    /// that it can no longer join is already failed by the shell; a host whose job spans several shells can
+    /// Task `rank`'s PMI connection closed (`finalized`: after it sent `finalize`). A barrier on this server
+    /// that it can no longer join is already failed by the server; a host whose job spans several shells can
     /// fail it on the others.
     TaskClosed { rank: u32, finalized: bool },
-    /// Task `task` asked for an optional service. The host answers once, through `Shell::host_reply`
+    /// Task `task` asked for an optional service. The host answers once, through `Server::host_reply`
     /// (a refusal is a [`HostReply::Failed`]).
     Request { task: TaskId, request: HostRequest },
 }

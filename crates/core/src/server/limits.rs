@@ -8,7 +8,7 @@ use std::fmt;
 /// has 6 digits ([`crate::wire::pmi2::FRAME_MAX`]).
 pub const REQUEST_LINE_CEILING: usize = 1 << 18;
 
-/// Limits of one [`crate::server::Shell`]. The defaults suit every client in docs/clients.md.
+/// Limits of one [`crate::server::Server`]. The defaults suit every client in docs/clients.md.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Advertised `kvsname_max` (includes the NUL, as PMI counts).

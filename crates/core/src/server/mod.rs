@@ -1,25 +1,25 @@
-//! The PMI server engine: one [`Shell`] per job shell, driven by a host: it feeds the shell what tasks write
-//! and carries out the [`Effect`]s the shell hands back ([`pump`] onto a [`Host`]).
+//! The PMI server engine: one [`Server`] per job shell, driven by a host: it feeds the server what tasks write
+//! and carries out the [`Effect`]s the server hands back ([`pump`] onto a [`Host`]).
 
 mod effect;
 mod host;
 pub mod kvs;
 mod limits;
 pub mod names;
-mod shell;
+mod serve;
 pub mod taskmap;
 
 pub use effect::{Effect, HostReply, HostRequest, JobError, Service, Speaker, TaskId, GROUP_ID_MAX};
 pub use host::{pump, GroupExchange, Host, JOB_ERROR_EXIT_CODE, NOT_SUPPORTED};
 pub use limits::{Limits, LimitsError, REQUEST_LINE_CEILING};
 pub use names::{NameOp, Names};
-pub use shell::{check_preput, Shell, ShellError, PROCESS_MAPPING_KEY};
+pub use serve::{check_preput, Server, ServerError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;
 
-/// What the host knows about the job, as one shell sees it.
+/// What the host knows about the job, as one server sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobInfo {
-    /// The job's KVS name, the same on every shell (`get_my_kvsname`). A word of at most
+    /// The job's KVS name, the same on every server (`get_my_kvsname`). A word of at most
     /// `kvsname_max - 1` characters.
     pub kvsname: String,
     /// The node of every rank of the job.
@@ -41,7 +41,7 @@ pub struct JobInfo {
 }
 
 impl JobInfo {
-    /// Job information for a job of `task_map.size()` ranks, of which this shell runs `local_ranks`.
+    /// Job information for a job of `task_map.size()` ranks, of which this server runs `local_ranks`.
     pub fn new(kvsname: impl Into<String>, task_map: TaskMap, local_ranks: Vec<u32>, hostnames: Vec<String>) -> Self {
         let universe_size = u32::try_from(task_map.size()).unwrap_or(u32::MAX);
         let appnums = vec![0; local_ranks.len()];
@@ -58,8 +58,8 @@ impl JobInfo {
         }
     }
 
-    fn validate(&self, limits: &Limits) -> Result<(), ShellError> {
-        let bad = |m: String| Err(ShellError(m));
+    fn validate(&self, limits: &Limits) -> Result<(), ServerError> {
+        let bad = |m: String| Err(ServerError(m));
         if !kvs::is_key(self.kvsname.as_bytes()) || self.kvsname.len() > limits.kvsname_len_max() {
             return bad(format!(
                 "kvsname '{}' must be 1 to {} visible characters without '='",

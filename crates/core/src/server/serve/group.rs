@@ -1,27 +1,27 @@
 //! PMI 1.2's group barriers: `cmd=barrier_in group=G` ([`crate::wire::group`]), answered
 //! `cmd=barrier_out tag=T`.
 //!
-//! Served only to clients the shell answered 1.2 at `init`: those that asked for 1.2 or later, when the host
-//! runs group exchanges ([`Shell::serve_groups`]). Such a client (MPICH's, answered 1.2, turns on its
+//! Served only to clients the server answered 1.2 at `init`: those that asked for 1.2 or later, when the host
+//! runs group exchanges ([`Server::serve_groups`]). Such a client (MPICH's, answered 1.2, turns on its
 //! threaded mode) may then have several group barriers outstanding (one per thread), answered in any order,
 //! and send other requests meanwhile: a group barrier does not hold the connection's lock-step.
 //!
 //! - **Generations.** A barrier is named by its group's one written form (members and tag). A member that
 //!   enters it again before it ended joins the next generation; generations end first in, first out, and
 //!   only the oldest is ever exchanged.
-//! - **Where it runs.** `NODE:<tag>`, and any group whose members are all on this shell, ends here once every
+//! - **Where it runs.** `NODE:<tag>`, and any group whose members are all on this server, ends here once every
 //!   local member is in. Any other goes to the host as a group exchange among only the shells that hold
 //!   members ([`Host::group_collective`]), once every local member is in; the others never hear of it.
-//! - **What it moves.** The puts of this shell's members since the job's last world exchange (a plain
+//! - **What it moves.** The puts of this server's members since the job's last world exchange (a plain
 //!   barrier, or a `WORLD` group): only theirs, and only to the member shells. They are offered again at the
-//!   next world exchange, which every shell takes part in; a shell that has them already keeps them as they
+//!   next world exchange, which every server takes part in; a server that has them already keeps them as they
 //!   are.
 //! - **What it holds.** Each barrier is charged to the store's bound (`kvs_bytes_max`, in
-//!   [`Shell::kvs_bytes`]) what it holds ([`Barrier::cost`]): its map entry (twice: a B-tree's nodes may be
-//!   half empty), its name, its members on this shell (a bit each; none for `WORLD` and `NODE`, which have
-//!   them all), its list of member shells (none for `WORLD`, whose barriers share the shell's one list of the
-//!   job's shells, nor for a group on this shell alone) and its generations (a bit per local task each, at
-//!   their buffer's capacity), with a heap block's overhead for each. A `WORLD:1234` barrier of a shell of
+//!   [`Server::kvs_bytes`]) what it holds ([`Barrier::cost`]): its map entry (twice: a B-tree's nodes may be
+//!   half empty), its name, its members on this server (a bit each; none for `WORLD` and `NODE`, which have
+//!   them all), its list of member shells (none for `WORLD`, whose barriers share the server's one list of the
+//!   job's shells, nor for a group on this server alone) and its generations (a bit per local task each, at
+//!   their buffer's capacity), with a heap block's overhead for each. A `WORLD:1234` barrier of a server of
 //!   128 tasks is charged 346 bytes, whatever the job's size. A task's barrier that would take the store
 //!   over its bound is answered `barrier_out rc=2` (`PMI_ERR_NOMEM`) and not entered, as a put over it is
 //!   refused; its other barriers, and the other tasks, go on. Measured (tests/bounds.rs,
@@ -31,11 +31,11 @@
 //!   1,048,308 bytes; each takes 256, measured), 5159 are refused, and the process grows by 850 to 910
 //!   KiB. With groups of 121 ranks on as many shells (names of about 1 KB), 14 MiB before; now 603 held
 //!   (about 1.7 KB each, as charged), and 1.2 MiB.
-//! - **Never hangs.** A member on this shell that left, or finalized, before it entered fails the barrier at
-//!   once for every member waiting here, and the job with it, naming the rank. A member on another shell is
-//!   that shell's to report; its host ends the job.
+//! - **Never hangs.** A member on this server that left, or finalized, before it entered fails the barrier at
+//!   once for every member waiting here, and the job with it, naming the rank. A member on another server is
+//!   that server's to report; its host ends the job.
 
-use super::{Client, Shell, TaskStatus};
+use super::{Client, Server, TaskStatus};
 use crate::server::effect::{Effect, JobError, TaskId, GROUP_ID_MAX};
 use crate::wire::group::{Group, Members};
 use crate::wire::response::{rc, Line};
@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound::{Excluded, Unbounded};
 
 /// A task may have this many group barriers outstanding at once (MPICH has one per thread); one more is a
-/// protocol error. It bounds what a task can make the shell hold.
+/// protocol error. It bounds what a task can make the server hold.
 pub(super) const OUTSTANDING_MAX: usize = 64;
 
 /// What one heap block costs beyond the bytes asked for, at most (glibc's malloc: an 8-byte header, a
@@ -63,10 +63,10 @@ fn block(n: usize) -> usize {
     }
 }
 
-/// One group barrier of this shell, by its group's written form.
+/// One group barrier of this server, by its group's written form.
 pub(super) struct Barrier {
     tag: i64,
-    /// Its members on this shell, one bit per task; `None`: every task (`WORLD` and `NODE`).
+    /// Its members on this server, one bit per task; `None`: every task (`WORLD` and `NODE`).
     local: Option<Box<[u64]>>,
     /// The shells that hold members.
     shells: Shells,
@@ -83,9 +83,9 @@ pub(super) struct Barrier {
 
 /// The shells that hold a barrier's members.
 enum Shells {
-    /// Every shell of the job: [`Groups::world`], the one list every `WORLD` barrier shares.
+    /// Every server of the job: [`Groups::world`], the one list every `WORLD` barrier shares.
     World,
-    /// This shell alone: the barrier ends here.
+    /// This server alone: the barrier ends here.
     Alone,
     /// Ascending, this one among them, at least two.
     List(Box<[u32]>),
@@ -108,7 +108,7 @@ impl Barrier {
         self.local.as_deref().is_none_or(|set| has(set, task))
     }
 
-    /// Its members on this shell, of `tasks`.
+    /// Its members on this server, of `tasks`.
     fn member_count(&self, tasks: usize) -> usize {
         self.local.as_deref().map_or(tasks, count)
     }
@@ -138,11 +138,11 @@ fn tasks(set: &[u64]) -> impl Iterator<Item = TaskId> + '_ {
     set.iter().enumerate().flat_map(|(i, &w)| (0..64).filter(move |b| w >> b & 1 == 1).map(move |b| i * 64 + b))
 }
 
-/// Every group barrier some member on this shell has entered.
+/// Every group barrier some member on this server has entered.
 #[derive(Default)]
 pub(super) struct Groups {
     barriers: BTreeMap<Box<str>, Barrier>,
-    /// Every shell of the job, ascending: made for the first `WORLD` barrier, and shared by all of them.
+    /// Every server of the job, ascending: made for the first `WORLD` barrier, and shared by all of them.
     world: Option<Box<[u32]>>,
     /// What the barriers are charged together ([`Barrier::cost`]).
     bytes: usize,
@@ -175,8 +175,8 @@ impl Groups {
     }
 }
 
-impl Shell {
-    /// How many words a set of this shell's tasks takes, one bit per task.
+impl Server {
+    /// How many words a set of this server's tasks takes, one bit per task.
     fn set_words(&self) -> usize {
         self.clients.len().div_ceil(64).max(1)
     }
@@ -235,7 +235,7 @@ impl Shell {
                 self.limits.kvs_bytes_max
             );
             self.log(log::Level::Error, why.clone());
-            let Shell { clients, ready, trace, effects, .. } = self;
+            let Server { clients, ready, trace, effects, .. } = self;
             return super::respond(&mut clients[task], ready, trace.then_some(effects), |out| {
                 Line::new(out, "barrier_out", rc::ERR_NOMEM).int("tag", group.tag).msg(&why).finish()
             });
@@ -266,7 +266,7 @@ impl Shell {
     /// A barrier of `group`, which `task` is the first to enter.
     fn new_barrier(&mut self, group: &Group, task: TaskId) -> Barrier {
         let words = self.set_words();
-        let Shell { groups, clients, job, .. } = self;
+        let Server { groups, clients, job, .. } = self;
         let (local, shells) = match &group.members {
             Members::World => {
                 let world = groups.world.get_or_insert_with(|| (0..job.task_map.node_count() as u32).collect());
@@ -291,7 +291,7 @@ impl Shell {
         Barrier { tag: group.tag, local, shells, generations, exchanging: false, in_flight: 0, charged: 0 }
     }
 
-    /// The host's group exchange `id` finished: `Ok` with every member shell's contribution, or `Err` with
+    /// The host's group exchange `id` finished: `Ok` with every member server's contribution, or `Err` with
     /// why it failed. Every member waiting in that generation of the barrier is answered.
     pub fn group_complete(&mut self, id: &[u8], result: Result<&[&[u8]], &str>) {
         let known =
@@ -360,7 +360,7 @@ impl Shell {
             }
             let (world, alone) = (name.starts_with("WORLD:"), matches!(b.shells, Shells::Alone));
             let contribution = match world {
-                // Every shell takes part: this shell's puts are all delivered, as by a plain barrier.
+                // Every server takes part: this server's puts are all delivered, as by a plain barrier.
                 true => {
                     self.clients.iter_mut().for_each(|c| c.group_puts = Vec::new());
                     self.group_pending = 0;
@@ -417,7 +417,7 @@ impl Shell {
         let tag = b.tag;
         self.groups.recharge(name);
         for task in tasks(&ended) {
-            let Shell { clients, ready, trace, effects, .. } = self;
+            let Server { clients, ready, trace, effects, .. } = self;
             let c: &mut Client = &mut clients[task];
             c.groups_entered = c.groups_entered.saturating_sub(1);
             if c.status == TaskStatus::Gone {

@@ -25,15 +25,15 @@ struct Recorder {
 }
 
 impl Recorder {
-    /// Takes every effect `shell` has queued; what it refuses (`refusal`, a service not offered) it hands
+    /// Takes every effect `server` has queued; what it refuses (`refusal`, a service not offered) it hands
     /// back at once, as a host does.
-    fn take(&mut self, shell: &mut Shell) {
-        while let Some(effect) = shell.next_effect() {
+    fn take(&mut self, server: &mut Server) {
+        while let Some(effect) = server.next_effect() {
             match effect {
                 Effect::Collective(contribution) => {
                     self.collectives.push(contribution);
                     if let Some(why) = self.refusal {
-                        shell.collective_complete(Err(why));
+                        server.collective_complete(Err(why));
                     }
                 }
                 Effect::GroupCollective { id, shells, contribution } => {
@@ -49,7 +49,7 @@ impl Recorder {
                 Effect::TaskClosed { .. } => {}
                 Effect::Request { task, request } => {
                     if !self.offer {
-                        shell.host_reply(task, HostReply::Failed(NOT_SUPPORTED.into()));
+                        server.host_reply(task, HostReply::Failed(NOT_SUPPORTED.into()));
                         continue;
                     }
                     if let HostRequest::Spawn(spawn) = &request {
@@ -57,7 +57,7 @@ impl Recorder {
                     }
                     self.requests.push(format!("{request:?}"));
                     if let Some(why) = self.refusal {
-                        shell.host_reply(task, HostReply::Failed(why.into()));
+                        server.host_reply(task, HostReply::Failed(why.into()));
                     }
                 }
             }
@@ -65,39 +65,39 @@ impl Recorder {
     }
 }
 
-/// A shell of a `ppn.len()`-node block-mapped job serving the ranks of node `node`.
-fn shell_on(ppn: &[u32], node: u32) -> Shell {
+/// A server of a `ppn.len()`-node block-mapped job serving the ranks of node `node`.
+fn shell_on(ppn: &[u32], node: u32) -> Server {
     let map = TaskMap::block(ppn);
     let local = map.clique(node);
     let hosts = (0..ppn.len()).map(|n| format!("node{n}")).collect();
-    Shell::new(JobInfo::new("kvs_42", map, local, hosts), Limits::default()).unwrap()
+    Server::new(JobInfo::new("kvs_42", map, local, hosts), Limits::default()).unwrap()
 }
 
 /// Sends `input` from `task` and returns everything queued for it.
-fn send(shell: &mut Shell, host: &mut Recorder, task: TaskId, input: &str) -> String {
-    shell.receive(task, input.as_bytes());
-    host.take(shell);
-    drain(shell, task)
+fn send(server: &mut Server, host: &mut Recorder, task: TaskId, input: &str) -> String {
+    server.receive(task, input.as_bytes());
+    host.take(server);
+    drain(server, task)
 }
 
-fn drain(shell: &mut Shell, task: TaskId) -> String {
+fn drain(server: &mut Server, task: TaskId) -> String {
     let mut out = Vec::new();
-    while !shell.output(task).is_empty() {
-        let piece = shell.output(task);
+    while !server.output(task).is_empty() {
+        let piece = server.output(task);
         let n = piece.len();
         out.extend_from_slice(piece);
-        shell.consume(task, n);
+        server.consume(task, n);
     }
     String::from_utf8(out).unwrap()
 }
 
-/// Completes the pending collective with this shell's own contribution and `others`.
-fn complete(shell: &mut Shell, host: &mut Recorder, others: &[&[u8]]) {
+/// Completes the pending collective with this server's own contribution and `others`.
+fn complete(server: &mut Server, host: &mut Recorder, others: &[&[u8]]) {
     let own = host.collectives.last().cloned().unwrap();
     let mut parts: Vec<&[u8]> = vec![&own];
     parts.extend_from_slice(others);
-    shell.collective_complete(Ok(&parts));
-    host.take(shell);
+    server.collective_complete(Ok(&parts));
+    host.take(server);
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn information_commands() {
 fn configured_maxes_are_advertised() {
     let map = TaskMap::block(&[1]);
     let limits = Limits { kvsname_max: 32, keylen_max: 32, vallen_max: 512, ..Limits::default() };
-    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
+    let mut s = Server::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
     let mut h = Recorder::default();
     assert_eq!(
         send(&mut s, &mut h, 0, "cmd=get_maxes\n"),
@@ -158,12 +158,12 @@ fn puts_are_visible_locally_and_travel_in_one_contribution() {
     assert!(h.collectives.is_empty(), "the collective waits for every local task");
     assert_eq!(send(&mut s, &mut h, 1, "cmd=barrier_in\n"), "");
     assert_eq!(h.collectives, vec![b"0 card-0=a b=c\n1 card-1=xyz\n".to_vec()]);
-    complete(&mut s, &mut h, &[b"2 card-2=from other shell\n"]);
+    complete(&mut s, &mut h, &[b"2 card-2=from other server\n"]);
     assert_eq!(drain(&mut s, 0), "cmd=barrier_out rc=0\n");
     assert_eq!(drain(&mut s, 1), "cmd=barrier_out rc=0\n");
     assert_eq!(
         send(&mut s, &mut h, 1, "cmd=get kvsname=kvs_42 key=card-2\n"),
-        "cmd=get_result rc=0 value=from other shell\n"
+        "cmd=get_result rc=0 value=from other server\n"
     );
     assert_eq!(send(&mut s, &mut h, 1, "cmd=get kvsname=kvs_42 key=card-0\n"), "cmd=get_result rc=0 value=a b=c\n");
     assert_eq!(
@@ -311,7 +311,7 @@ fn a_collective_refused_at_once_fails_the_barrier_at_once() {
 fn kvs_byte_bound_refuses_puts_and_job_goes_on() {
     let map = TaskMap::block(&[1]);
     let limits = Limits { kvs_bytes_max: 600, ..Limits::default() };
-    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
+    let mut s = Server::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
     let mut h = Recorder::default();
     // PMI_process_mapping ("(vector,(0,1,1))") is held: 35 bytes with its key, and the entry's overhead.
     assert_eq!(s.kvs_bytes(), 35 + kvs::ENTRY_OVERHEAD);
@@ -518,7 +518,7 @@ fn a_long_frame_leaves_no_capacity_behind() {
 fn ranks2hosts_answer() {
     let map = TaskMap::new(vec![1, 0, 1, 0, 1, 0, 1, 0]);
     let job = JobInfo::new("k", map, vec![1, 3, 5, 7], vec!["node001".into(), "node002".into()]);
-    let mut s = Shell::new(job, Limits::default()).unwrap();
+    let mut s = Server::new(job, Limits::default()).unwrap();
     let mut h = Recorder::default();
     assert_eq!(
         send(&mut s, &mut h, 0, "cmd=get_ranks2hosts\n"),
@@ -536,7 +536,7 @@ fn process_mapping_is_served_or_absent() {
     );
     // 4096 nodes x 256 cyclic does not fit a value: the key is absent, never empty.
     let map = TaskMap::cyclic(&[256; 4096]);
-    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into(); 4096]), Limits::default()).unwrap();
+    let mut s = Server::new(JobInfo::new("k", map, vec![0], vec!["h".into(); 4096]), Limits::default()).unwrap();
     assert_eq!(
         send(&mut s, &mut h, 0, "cmd=get kvsname=k key=PMI_process_mapping\n"),
         "cmd=get_result rc=-1 msg=key_not_found\n"
@@ -701,12 +701,12 @@ fn inconsistent_job_info_is_refused() {
         (JobInfo::new("k", map(), vec![0], vec![]), "hostnames"),
         (JobInfo::new("k", TaskMap::block(&[]), vec![], vec![]), "0 ranks"),
     ] {
-        let err = Shell::new(job, Limits::default()).err().expect(why);
+        let err = Server::new(job, Limits::default()).err().expect(why);
         assert!(err.to_string().contains(why), "{err} lacks {why}");
     }
 }
 
-/// A spawned job's preputs are in every shell's store before any task runs, put by no rank; each task
+/// A spawned job's preputs are in every server's store before any task runs, put by no rank; each task
 /// reads its own appnum.
 #[test]
 fn preputs_and_appnums_of_a_spawned_job() {
@@ -714,7 +714,7 @@ fn preputs_and_appnums_of_a_spawned_job() {
     let mut job = JobInfo::new("kvs_9", map, vec![0, 1, 2], vec!["h".into()]);
     job.appnums = vec![0, 1, 1];
     job.preputs = vec![(b"PARENT_ROOT_PORT_NAME".to_vec(), b"tag#0$port 1$".to_vec())];
-    let mut s = Shell::new(job, Limits::default()).unwrap();
+    let mut s = Server::new(job, Limits::default()).unwrap();
     let mut h = Recorder::default();
     let get = "cmd=get kvsname=kvs_9 key=PARENT_ROOT_PORT_NAME\n";
     assert_eq!(send(&mut s, &mut h, 2, get), "cmd=get_result rc=0 value=tag#0$port 1$\n");
@@ -735,19 +735,19 @@ fn preputs_that_a_get_could_not_return_are_refused() {
     ] {
         let mut job = JobInfo::new("k", TaskMap::block(&[1]), vec![0], vec!["h".into()]);
         job.preputs = vec![(key.to_vec(), value.to_vec())];
-        let err = Shell::new(job, Limits::default()).err().expect(why);
+        let err = Server::new(job, Limits::default()).err().expect(why);
         assert!(err.to_string().contains(why), "{err} lacks {why}");
     }
     let mut job = JobInfo::new("k", TaskMap::block(&[2]), vec![0, 1], vec!["h".into()]);
     job.appnums = vec![0];
-    assert!(Shell::new(job, Limits::default()).err().expect("appnums").to_string().contains("1 appnums for 2"));
+    assert!(Server::new(job, Limits::default()).err().expect("appnums").to_string().contains("1 appnums for 2"));
 }
 
 #[test]
 fn rewrites_between_barriers_are_bounded() {
     let map = TaskMap::block(&[1]);
     let limits = Limits { kvs_bytes_max: 4096, ..Limits::default() };
-    let mut s = Shell::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
+    let mut s = Server::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
     let mut h = Recorder::default();
     let mut refused = 0;
     for i in 0..1000 {
@@ -861,7 +861,7 @@ fn an_answer_for_a_task_that_waits_for_none_is_a_host_bug() {
     s.untyped_reply(1, true, Some("p".into()));
     h.take(&mut s);
     assert_eq!(drain(&mut s, 1), "cmd=lookup_result rc=0 port=p\n");
-    // A second answer reaches the shell with nothing waiting: logged, and nobody is answered.
+    // A second answer reaches the server with nothing waiting: logged, and nobody is answered.
     s.untyped_reply(1, true, Some("p".into()));
     h.take(&mut s);
     assert!(h.logs.iter().any(|(_, m)| m == "host bug: a reply for rank 1, which asked for nothing"));
@@ -874,9 +874,9 @@ fn an_answer_for_a_task_that_waits_for_none_is_a_host_bug() {
 
 // Back-pressure: a task that pipelines requests without reading its answers.
 
-/// A one-task shell holding `count` keys `k<i>`, each with a value of the longest length that starts with
-/// its index; returns the shell and the values.
-fn shell_with_big_values(count: usize) -> (Shell, Recorder, Vec<String>) {
+/// A one-task server holding `count` keys `k<i>`, each with a value of the longest length that starts with
+/// its index; returns the server and the values.
+fn shell_with_big_values(count: usize) -> (Server, Recorder, Vec<String>) {
     let mut s = shell_on(&[1], 0);
     let mut h = Recorder::default();
     let max = s.limits().value_max();
@@ -892,28 +892,28 @@ fn shell_with_big_values(count: usize) -> (Shell, Recorder, Vec<String>) {
 
 /// Writes `task`'s output `piece` bytes at a time, as a host does, resuming the task once it is all written;
 /// returns what was written.
-fn serve(shell: &mut Shell, host: &mut Recorder, task: TaskId, piece: usize) -> String {
+fn serve(server: &mut Server, host: &mut Recorder, task: TaskId, piece: usize) -> String {
     let mut written = Vec::new();
     loop {
-        let out = shell.output(task);
+        let out = server.output(task);
         if out.is_empty() {
-            if !shell.holds_input(task) {
+            if !server.holds_input(task) {
                 return String::from_utf8(written).unwrap();
             }
-            shell.resume(task);
-            host.take(shell);
-            assert!(!shell.output(task).is_empty() || shell.is_cut_off(task), "held input was not parsed");
+            server.resume(task);
+            host.take(server);
+            assert!(!server.output(task).is_empty() || server.is_cut_off(task), "held input was not parsed");
             continue;
         }
         let n = out.len().min(piece);
         written.extend_from_slice(&out[..n]);
-        shell.consume(task, n);
+        server.consume(task, n);
     }
 }
 
-/// How many bytes of answers the shell has queued for `task`, its shared answer included.
-fn queued(shell: &Shell, task: TaskId) -> usize {
-    let c = &shell.clients[task];
+/// How many bytes of answers the server has queued for `task`, its shared answer included.
+fn queued(server: &Server, task: TaskId) -> usize {
+    let c = &server.clients[task];
     c.out.len() + c.shared.as_ref().map_or(0, |(a, sent)| a.len() - sent)
 }
 
@@ -924,7 +924,7 @@ fn pipelined_requests_wait_while_their_answers_are_unread() {
     let requests: String = (0..200).map(|i| format!("cmd=get kvsname=kvs_42 key=k{i}\n")).collect();
     s.receive(0, requests.as_bytes());
     h.take(&mut s);
-    // 200 answers are 180 KB: the shell stops answering once it holds more than its bound unsent.
+    // 200 answers are 180 KB: the server stops answering once it holds more than its bound unsent.
     assert!(queued(&s, 0) <= HELD_ABOVE + answer(0).len(), "{} bytes of answers queued", queued(&s, 0));
     assert!(s.holds_input(0));
     // Nothing more is parsed until the answers are written, not even by more input.
@@ -994,7 +994,7 @@ fn held_input_is_dropped_when_the_task_disconnects() {
 fn ranks2hosts_is_built_once_and_shared() {
     let map = TaskMap::new(vec![1, 0, 1, 0, 1, 0, 1, 0]);
     let job = JobInfo::new("k", map, vec![1, 3, 5, 7], vec!["node001".into(), "node002".into()]);
-    let mut s = Shell::new(job, Limits::default()).unwrap();
+    let mut s = Server::new(job, Limits::default()).unwrap();
     let mut h = Recorder::default();
     let answer = "put_ranks2hosts 40 2\n7 node001 1,3,5,7, 7 node002 0,2,4,6, \n";
     // Pipelined with another request: that one waits until the shared answer is written.
@@ -1002,7 +1002,7 @@ fn ranks2hosts_is_built_once_and_shared() {
     h.take(&mut s);
     s.receive(1, b"cmd=get_ranks2hosts\n");
     h.take(&mut s);
-    let shared = |s: &Shell, t: TaskId| s.clients[t].shared.as_ref().map(|(a, _)| a.clone()).unwrap();
+    let shared = |s: &Server, t: TaskId| s.clients[t].shared.as_ref().map(|(a, _)| a.clone()).unwrap();
     assert!(Arc::ptr_eq(&shared(&s, 0), &shared(&s, 1)), "each task got its own copy");
     assert!(s.holds_input(0));
     assert_eq!(serve(&mut s, &mut h, 0, 7), format!("{answer}cmd=appnum rc=0 appnum=0\n"));
@@ -1026,28 +1026,28 @@ fn a_task_that_reads_its_answers_is_never_held() {
 
 #[test]
 fn the_host_hears_of_each_tasks_start_once_at_its_first_whole_line() {
-    let mut shell = shell_on(&[1, 3], 1);
+    let mut server = shell_on(&[1, 3], 1);
     let mut host = Recorder::default();
-    shell.receive(1, b"cmd=in");
-    host.take(&mut shell);
+    server.receive(1, b"cmd=in");
+    host.take(&mut server);
     assert!(host.started.is_empty(), "a part of a line is no start");
-    shell.receive(1, b"it pmi_version=1 pmi_subversion=1\ncmd=get_maxes\n");
-    host.take(&mut shell);
-    send(&mut shell, &mut host, 0, "cmd=get_maxes\n");
-    send(&mut shell, &mut host, 1, "cmd=get_appnum\n");
+    server.receive(1, b"it pmi_version=1 pmi_subversion=1\ncmd=get_maxes\n");
+    host.take(&mut server);
+    send(&mut server, &mut host, 0, "cmd=get_maxes\n");
+    send(&mut server, &mut host, 1, "cmd=get_appnum\n");
     assert_eq!(host.started, [2, 1]);
     // A task whose first line is garbage has started all the same (its program runs).
-    send(&mut shell, &mut host, 2, "garbage\n");
+    send(&mut server, &mut host, 2, "garbage\n");
     assert_eq!(host.started, [2, 1, 3]);
 }
 
-/// A shell of a `ppn.len()`-node block-mapped job serving the ranks of node 0 under `limits`, its tasks
+/// A server of a `ppn.len()`-node block-mapped job serving the ranks of node 0 under `limits`, its tasks
 /// answered PMI 1.2 by a host that runs group exchanges.
-fn shell_of_groups(ppn: &[u32], limits: Limits) -> (Shell, Recorder) {
+fn shell_of_groups(ppn: &[u32], limits: Limits) -> (Server, Recorder) {
     let map = TaskMap::block(ppn);
     let local = map.clique(0);
     let hosts = (0..ppn.len()).map(|n| format!("node{n}")).collect();
-    let mut s = Shell::new(JobInfo::new("kvs_42", map, local, hosts), limits).unwrap();
+    let mut s = Server::new(JobInfo::new("kvs_42", map, local, hosts), limits).unwrap();
     s.serve_groups(true);
     let mut h = Recorder::default();
     for task in 0..s.task_count() {
@@ -1058,7 +1058,7 @@ fn shell_of_groups(ppn: &[u32], limits: Limits) -> (Shell, Recorder) {
 }
 
 /// A `WORLD` barrier keeps no list of the job's shells or of the local tasks of its own (every one shares the
-/// shell's one list): it is charged the same in a job of 8192 nodes as in one of 2, and little; a
+/// server's one list): it is charged the same in a job of 8192 nodes as in one of 2, and little; a
 /// generation more is charged more.
 #[test]
 fn a_world_group_barrier_is_charged_little_whatever_the_job() {

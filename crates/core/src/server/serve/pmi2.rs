@@ -1,4 +1,4 @@
-//! The PMI-2 side of the shell: frames in ([`crate::wire::pmi2`]), the same job, key-value store, barrier
+//! The PMI-2 side of the server: frames in ([`crate::wire::pmi2`]), the same job, key-value store, barrier
 //! (`kvs-fence`) and host services as PMI-1, and PMI-2's node attributes.
 //!
 //! A connection speaks PMI-2 once its client asked for version 2 at `cmd=init` (MPICH 4.1 and later with
@@ -9,7 +9,7 @@
 //! - `kvs-get` names a job (`jobid`): only the task's own is known, another fails the request.
 //! - `info-getjobattr` answers `PMI_process_mapping` and `universeSize`; every other attribute is not found
 //!   (MPICH then goes without it).
-//! - Node attributes (`info-putnodeattr`, `info-getnodeattr`) are this shell's: the tasks of one node. A get
+//! - Node attributes (`info-putnodeattr`, `info-getnodeattr`) are this server's: the tasks of one node. A get
 //!   with `wait=TRUE` of an attribute not put yet is answered when a task puts it, or as not found once no
 //!   task of the node could put it any more (every one left or waits too, and none is threaded, whose other
 //!   threads could): a job of clients that are not threaded never hangs there for ever. One wait per task.
@@ -23,7 +23,7 @@
 //! that once sent a long spawn does not hold its length for the rest of the job.
 
 use super::{
-    check_key, check_name, check_value, emptied, gather, kvs, NodeWait, Shell, TaskStatus, Waiting, LOCAL_KEY_PREFIX,
+    check_key, check_name, check_value, emptied, gather, kvs, NodeWait, Server, TaskStatus, Waiting, LOCAL_KEY_PREFIX,
     MAX_LINE,
 };
 use crate::server::effect::{Effect, HostReply, HostRequest, Service, Speaker, TaskId};
@@ -48,8 +48,8 @@ impl Service {
     }
 }
 
-impl Shell {
-    /// [`Shell::parse`] for PMI-2: whole frames, the first one finishing the frame carried over.
+impl Server {
+    /// [`Server::parse`] for PMI-2: whole frames, the first one finishing the frame carried over.
     pub(super) fn parse_frames(&mut self, task: TaskId, bytes: &[u8]) -> usize {
         let mut rest = bytes;
         loop {
@@ -114,7 +114,7 @@ impl Shell {
     }
 
     /// Why a frame of `total` bytes whose body begins with `held` then `more` is refused before it is read:
-    /// only a spawn may be longer than a request line, and what the shell holds of any other frame stays
+    /// only a spawn may be longer than a request line, and what the server holds of any other frame stays
     /// within that. `None` while what came may still be the start of a spawn.
     fn over_line(&self, total: usize, held: &[u8], more: &[u8]) -> Option<String> {
         let (len, max) = (total - HEADER_LEN, self.limits.request_line_max);
@@ -204,7 +204,7 @@ impl Shell {
                 _ => {
                     self.clients[task].threaded = threaded;
                     let (size, appnum) = (self.job.task_map.size() as i64, self.job.appnums[task]);
-                    // MPICH reads any spawner-jobid as "spawned"; this job's spawner is not named to the shell.
+                    // MPICH reads any spawner-jobid as "spawned"; this job's spawner is not named to the server.
                     let spawner = self.job.spawned.then_some(&b"spawner"[..]);
                     // Slurm's libpmi2 requires the version fields and reads `pmiverbose` as a boolean;
                     // MPICH's client reads it as an integer (atoi: FALSE is 0).
@@ -345,7 +345,7 @@ impl Shell {
         self.answer_v2_to(task, thrid, cmd, rc, fields);
     }
 
-    /// As [`Shell::answer_v2_with`], to the request of `thrid`.
+    /// As [`Server::answer_v2_with`], to the request of `thrid`.
     fn answer_v2_to(
         &mut self,
         task: TaskId,

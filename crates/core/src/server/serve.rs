@@ -1,14 +1,14 @@
-//! [`Shell`]: the PMI-1 server of one job shell (node), serving all of its local tasks.
+//! [`Server`]: the PMI server (PMI-1, 1.2 and 2) of one job shell (node), serving all of its local tasks.
 //!
-//! Sans-I/O: the host feeds the bytes each task wrote ([`Shell::receive`]), says when a task's connection
-//! closed ([`Shell::disconnected`]), hands back what it finished ([`Shell::collective_complete`],
-//! [`Shell::host_reply`], [`Shell::untyped_reply`]), and writes out what the shell queued for each task
-//! ([`Shell::next_ready`], [`Shell::output`], [`Shell::consume`]). Everything the shell needs from outside
-//! it queues as an [`Effect`], which the host takes out ([`Shell::next_effect`]) once the call returns.
+//! Sans-I/O: the host feeds the bytes each task wrote ([`Server::receive`]), says when a task's connection
+//! closed ([`Server::disconnected`]), hands back what it finished ([`Server::collective_complete`],
+//! [`Server::host_reply`], [`Server::untyped_reply`]), and writes out what the server queued for each task
+//! ([`Server::next_ready`], [`Server::output`], [`Server::consume`]). Everything the server needs from outside
+//! it queues as an [`Effect`], which the host takes out ([`Server::next_effect`]) once the call returns.
 //!
 //! **Back-pressure.** A task's input is not parsed while more than [`HELD_ABOVE`] bytes of its answers are
-//! unsent: the rest of what the host passed is held ([`Shell::holds_input`]), the host reads nothing more
-//! from the task meanwhile, and calls [`Shell::resume`] once it has written the task's output. So what a
+//! unsent: the rest of what the host passed is held ([`Server::holds_input`]), the host reads nothing more
+//! from the task meanwhile, and calls [`Server::resume`] once it has written the task's output. So what a
 //! task that pipelines requests without reading the answers costs is bounded by one read of input and
 //! about [`HELD_ABOVE`] bytes of answers, however many requests it sends.
 
@@ -42,17 +42,17 @@ const HELD_ABOVE: usize = 64 * 1024;
 /// any request but a spawn or a long put fits, and a longer one gets a buffer of its own size again.
 const PARTIAL_KEPT: usize = 1024;
 
-/// Why a shell could not be made from the host's job information.
+/// Why a server could not be made from the host's job information.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShellError(pub String);
+pub struct ServerError(pub String);
 
-impl fmt::Display for ShellError {
+impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for ShellError {}
+impl std::error::Error for ServerError {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TaskStatus {
@@ -108,13 +108,13 @@ struct Client {
     partial: Vec<u8>,
     /// Response bytes not yet written to the task.
     out: Vec<u8>,
-    /// The job's `get_ranks2hosts` answer, the shell's one copy, owed after `out`, and how much of it has
+    /// The job's `get_ranks2hosts` answer, the server's one copy, owed after `out`, and how much of it has
     /// been written. While it is owed the task's input is held.
     shared: Option<(Arc<[u8]>, usize)>,
     /// Input taken in but not parsed, because the task's answers were not being read: the rest of one read,
     /// since the host reads nothing more from the task meanwhile.
     held: Vec<u8>,
-    /// In `Shell::ready`.
+    /// In `Server::ready`.
     queued: bool,
     /// A job error naming this task has been reported; do not report it twice.
     reported: bool,
@@ -152,8 +152,8 @@ impl Client {
     }
 }
 
-/// The PMI-1 server of one job shell.
-pub struct Shell {
+/// The PMI server of one job shell: PMI-1, PMI 1.2 and PMI-2, whichever each task speaks.
+pub struct Server {
     job: JobInfo,
     limits: Limits,
     bounds: EntryBounds,
@@ -176,7 +176,7 @@ pub struct Shell {
     groups_served: bool,
     /// The `get_ranks2hosts` answer, made at the first request: it depends only on the job.
     ranks2hosts: Option<Arc<[u8]>>,
-    /// PMI-2's node attributes: this shell's own (`info-putnodeattr`), and the bytes they hold, charged to
+    /// PMI-2's node attributes: this server's own (`info-putnodeattr`), and the bytes they hold, charged to
     /// the same limit as the key-value store.
     node_attrs: std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
     node_attr_bytes: usize,
@@ -188,12 +188,12 @@ pub struct Shell {
     group_in_flight: usize,
 }
 
-impl Shell {
-    /// A shell for `job`'s local tasks. Fails if the job information is inconsistent.
-    pub fn new(job: JobInfo, limits: Limits) -> Result<Shell, ShellError> {
-        limits.validate().map_err(|e| ShellError(e.to_string()))?;
+impl Server {
+    /// A server for `job`'s local tasks. Fails if the job information is inconsistent.
+    pub fn new(job: JobInfo, limits: Limits) -> Result<Server, ServerError> {
+        limits.validate().map_err(|e| ServerError(e.to_string()))?;
         job.validate(&limits)?;
-        let size = u32::try_from(job.task_map.size()).map_err(|_| ShellError("too many ranks".into()))?;
+        let size = u32::try_from(job.task_map.size()).map_err(|_| ServerError("too many ranks".into()))?;
         let bounds = EntryBounds { size, key_max: limits.key_max(), value_max: limits.pmi2_value_max() };
         let mut kvs = Kvs::new(limits.kvs_bytes_max);
         // RFC 13 says an empty value when the mapping does not fit; real clients die on that, and fall back
@@ -201,13 +201,13 @@ impl Shell {
         let mapping = job.task_map.process_mapping();
         if mapping.len() <= limits.value_max() {
             kvs.put(kvs::SERVER, PROCESS_MAPPING_KEY.as_bytes(), mapping.as_bytes())
-                .map_err(|e| ShellError(format!("cannot store {PROCESS_MAPPING_KEY}: {e}")))?;
+                .map_err(|e| ServerError(format!("cannot store {PROCESS_MAPPING_KEY}: {e}")))?;
         }
         for (key, value) in &job.preputs {
             let stored = check_preput(&limits, key, value)
                 .and_then(|()| kvs.put(kvs::SERVER, key, value).map(|_| ()).map_err(|e| e.to_string()));
             if let Err(why) = stored {
-                return Err(ShellError(format!("preput '{}': {why}", super::excerpt(key))));
+                return Err(ServerError(format!("preput '{}': {why}", super::excerpt(key))));
             }
         }
         let clients = job
@@ -236,7 +236,7 @@ impl Shell {
                 group_puts: Vec::new(),
             })
             .collect();
-        Ok(Shell {
+        Ok(Server {
             job,
             limits,
             bounds,
@@ -264,14 +264,14 @@ impl Shell {
         self.trace = on;
     }
 
-    /// Whether the host runs group exchanges ([`Effect::GroupCollective`]). The shell then answers PMI 1.2
+    /// Whether the host runs group exchanges ([`Effect::GroupCollective`]). The server then answers PMI 1.2
     /// to clients that ask for 1.2 or later, and they may send group barriers; otherwise it answers 1.1. Set
     /// before the tasks' `init`; off by default.
     pub fn serve_groups(&mut self, on: bool) {
         self.groups_served = on;
     }
 
-    /// The oldest effect the host has not taken yet. A host takes them all after each call into the shell,
+    /// The oldest effect the host has not taken yet. A host takes them all after each call into the server,
     /// and carries them out in order.
     pub fn next_effect(&mut self) -> Option<Effect> {
         self.effects.pop_front()
@@ -290,12 +290,12 @@ impl Shell {
         self.emit(Effect::Log(level, message));
     }
 
-    /// The job this shell serves.
+    /// The job this server serves.
     pub fn job(&self) -> &JobInfo {
         &self.job
     }
 
-    /// The limits this shell applies.
+    /// The limits this server applies.
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
@@ -310,13 +310,13 @@ impl Shell {
         self.clients.get(task).map(|c| c.rank)
     }
 
-    /// Whether the shell has cut `task` off (protocol error, abort, or closed): the host closes its
+    /// Whether the server has cut `task` off (protocol error, abort, or closed): the host closes its
     /// connection once the output still queued for it is written.
     pub fn is_cut_off(&self, task: TaskId) -> bool {
         self.clients.get(task).is_none_or(|c| c.status == TaskStatus::Gone)
     }
 
-    /// Bytes this shell holds for the job's key-value store, as charged against `kvs_bytes_max`: every
+    /// Bytes this server holds for the job's key-value store, as charged against `kvs_bytes_max`: every
     /// entry (key, value and [`kvs::ENTRY_OVERHEAD`]), the puts since the last barrier, on their way to
     /// the other shells (twice their length: a buffer that grows by doubling), the group exchanges'
     /// parts the host holds, and what the group barriers hold (`group.rs`).
@@ -325,7 +325,7 @@ impl Shell {
     }
 
     /// Takes in bytes task `task` wrote on its PMI connection, and answers every whole line, unless the
-    /// task's answers are backed up: then the rest is held until [`Shell::resume`].
+    /// task's answers are backed up: then the rest is held until [`Server::resume`].
     pub fn receive(&mut self, task: TaskId, bytes: &[u8]) {
         let Some(c) = self.clients.get_mut(task) else {
             self.log(log::Level::Error, format!("host bug: bytes for unknown task {task}"));
@@ -346,9 +346,9 @@ impl Shell {
         }
     }
 
-    /// Whether the shell holds input of `task` that it has not parsed, because the task's answers are backed
+    /// Whether the server holds input of `task` that it has not parsed, because the task's answers are backed
     /// up. The host reads nothing more from the task until it has written the task's output and called
-    /// [`Shell::resume`].
+    /// [`Server::resume`].
     pub fn holds_input(&self, task: TaskId) -> bool {
         self.clients.get(task).is_some_and(|c| !c.held.is_empty())
     }
@@ -381,8 +381,8 @@ impl Shell {
         }
     }
 
-    /// [`Shell::parse`] for PMI-1: whole lines, the first one finishing the line carried over. A line that
-    /// switches the task to PMI-2 (`init` asking for version 2) hands the rest to [`Shell::parse_frames`].
+    /// [`Server::parse`] for PMI-1: whole lines, the first one finishing the line carried over. A line that
+    /// switches the task to PMI-2 (`init` asking for version 2) hands the rest to [`Server::parse_frames`].
     fn parse_lines(&mut self, task: TaskId, bytes: &[u8]) -> usize {
         let max = self.limits.request_line_max - 1;
         let mut rest = bytes;
@@ -469,7 +469,7 @@ impl Shell {
         self.check_barrier();
     }
 
-    /// The host's collective finished: `Ok` with every shell's contribution (this shell's included, in any
+    /// The host's collective finished: `Ok` with every server's contribution (this server's included, in any
     /// order), or `Err` with why it failed. Every task waiting in the barrier gets `barrier_out`, with a
     /// non-zero rc if the collective or the data it brought failed.
     pub fn collective_complete(&mut self, result: Result<&[&[u8]], &str>) {
@@ -490,7 +490,7 @@ impl Shell {
         self.check_barrier();
     }
 
-    /// Stores every put of an exchange's parts, but this shell's own ranks': the store has them already,
+    /// Stores every put of an exchange's parts, but this server's own ranks': the store has them already,
     /// and maybe newer (a group exchange's parts may come back after a member put a key again).
     fn merge(&mut self, parts: &[&[u8]]) -> Result<(), String> {
         let beside = self.node_attr_bytes.saturating_add(self.pending_charge(0));
@@ -556,8 +556,8 @@ impl Shell {
         });
     }
 
-    /// The next task with output queued, if any. The host writes [`Shell::output`] and reports what it
-    /// wrote with [`Shell::consume`]; a task whose output was not all written is queued again by the host
+    /// The next task with output queued, if any. The host writes [`Server::output`] and reports what it
+    /// wrote with [`Server::consume`]; a task whose output was not all written is queued again by the host
     /// when it can write more.
     pub fn next_ready(&mut self) -> Option<TaskId> {
         let task = self.ready.pop()?;
@@ -596,7 +596,7 @@ impl Shell {
         }
     }
 
-    /// This shell's index among the job's (its node in the task map).
+    /// This server's index among the job's (its node in the task map).
     fn node(&self) -> u32 {
         self.job.local_ranks.first().and_then(|&r| self.job.task_map.node_of(r)).unwrap_or(0)
     }
@@ -711,7 +711,7 @@ impl Shell {
                 self.respond(task, |out| Line::new(out, "appnum", rc::SUCCESS).int("appnum", appnum.into()).finish());
             }
             Request::GetMyKvsname => {
-                let Shell { job, clients, ready, trace, effects, .. } = self;
+                let Server { job, clients, ready, trace, effects, .. } = self;
                 respond(&mut clients[task], ready, trace.then_some(effects), |out| {
                     Line::new(out, "my_kvsname", rc::SUCCESS).word("kvsname", job.kvsname.as_bytes()).finish()
                 });
@@ -731,7 +731,7 @@ impl Shell {
                 });
             }
             Request::Get { kvsname, key } => {
-                let Shell { job, clients, kvs, limits, ready, trace, node_attrs, effects, .. } = self;
+                let Server { job, clients, kvs, limits, ready, trace, node_attrs, effects, .. } = self;
                 let stored = |key: &[u8]| match key.strip_prefix(LOCAL_KEY_PREFIX) {
                     // Flux's client polls while a node's key is not there yet, on this code only.
                     Some(name) => {
@@ -788,7 +788,7 @@ impl Shell {
                 None => self.refuse_service(task, Service::Lookup, "service must be a word"),
             },
             Request::GetRanks2Hosts => {
-                let Shell { job, clients, ready, trace, ranks2hosts, effects, .. } = self;
+                let Server { job, clients, ready, trace, ranks2hosts, effects, .. } = self;
                 let answer = ranks2hosts
                     .get_or_insert_with(|| job.task_map.ranks2hosts(&job.hostnames).into_bytes().into())
                     .clone();
@@ -796,7 +796,7 @@ impl Shell {
                 if *trace {
                     trace_lines(effects, c.rank, &answer);
                 }
-                // Sent from the shell's one copy, however many tasks ask; the task's input is held meanwhile.
+                // Sent from the server's one copy, however many tasks ask; the task's input is held meanwhile.
                 c.unshare();
                 c.shared = Some((answer, 0));
                 queue(c, ready);
@@ -823,7 +823,7 @@ impl Shell {
         let rank = self.clients[task].rank;
         // Rewrites by the key's owner are all sent at the barrier: the puts on their way are bounded with
         // the store, not by it; so are PMI-2's node attributes.
-        // A 1.2 client's put waits in two buffers: the one for every shell and its own for group exchanges.
+        // A 1.2 client's put waits in two buffers: the one for every server and its own for group exchanges.
         let copies = 1 + usize::from(self.clients[task].groups);
         let more = kvs::encoded_len(rank, key, value) * copies;
         let pending = self.pending_charge(more).saturating_add(self.node_attr_bytes);
@@ -894,7 +894,7 @@ impl Shell {
     /// Answers every task waiting in the barrier.
     fn release_barrier(&mut self, code: i32, why: &str) {
         self.entered = 0;
-        let Shell { clients, ready, trace, effects, .. } = self;
+        let Server { clients, ready, trace, effects, .. } = self;
         for c in clients.iter_mut().filter(|c| c.waiting == Waiting::Barrier) {
             c.waiting = Waiting::Nothing;
             let (wire, thrid, groups) = (c.wire, c.thrid.take(), c.groups);
@@ -966,7 +966,7 @@ impl Shell {
     }
 }
 
-/// Queues a response for one client (a free function so callers can borrow other parts of the shell), and
+/// Queues a response for one client (a free function so callers can borrow other parts of the server), and
 /// its lines on `trace` when tracing.
 fn respond(
     c: &mut Client,
@@ -996,7 +996,7 @@ fn trace_lines(effects: &mut VecDeque<Effect>, rank: u32, answer: &[u8]) {
 fn queue(c: &mut Client, ready: &mut Vec<TaskId>) {
     if !c.queued {
         c.queued = true;
-        // Tasks are few per shell and each has one response at a time: a stack is enough.
+        // Tasks are few per server and each has one response at a time: a stack is enough.
         ready.push(c.task);
     }
 }
