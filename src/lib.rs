@@ -9,7 +9,7 @@
 //!
 //! The I/O around them is this crate's:
 //! - [`driver`] is the I/O around a shell: task connections, epoll, completions from other threads.
-//! - [`node`] is the runtime around one shell on one node: task connections, their environment, the hook in
+//! - [`runtime`] is the runtime around one shell on one node: task connections, their environment, the hook in
 //!   the forked child, the progress loop and the stop. Every host drives it.
 //! - [`abi`] is the job-shell plugin ABI of `plugin-spec/rpmi_plugin.h`, through which hosts load the library.
 //! - `slurm` (feature `slurm`) makes the same library Slurm's `mpi/rpmi` plugin: `srun --mpi=rpmi`.
@@ -18,8 +18,8 @@
 
 pub mod abi;
 pub mod driver;
-pub mod node;
 pub mod os;
+pub mod runtime;
 pub use rpmi_core::{collective, server, wire};
 
 #[cfg(feature = "slurm")]

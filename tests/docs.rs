@@ -798,16 +798,16 @@ fn every_option_is_in_the_options_page_with_its_default() {
         }
     }
 
-    // The variables every task gets (src/node/).
-    let node = read("src/node/mod.rs");
+    // The variables every task gets (src/runtime/).
+    let node = read("src/runtime/mod.rs");
     let vars: BTreeSet<&str> =
         node.split("EnvVar::new(\"").skip(1).filter_map(|piece| piece.split('"').next()).collect();
     if vars.is_empty() {
-        faults.push("src/node/mod.rs: no EnvVar::new(\"...\") found".into());
+        faults.push("src/runtime/mod.rs: no EnvVar::new(\"...\") found".into());
     }
     for var in vars {
         if entry_for(&entries, var).is_none() {
-            faults.push(format!("{PAGE}: no entry for the task variable {var} (src/node/mod.rs)"));
+            faults.push(format!("{PAGE}: no entry for the task variable {var} (src/runtime/mod.rs)"));
         }
     }
     report("faults in the options' manual page", &faults);

@@ -210,10 +210,10 @@ impl Host for FuzzHost {
 }
 
 /// What the host has written to each task, checked line by line (PMI-1) or frame by frame (PMI-2).
-struct Wire {
+struct Answers {
     /// Bytes written after the last newline (PMI-1) or after the last whole frame (PMI-2).
     partial: Vec<Vec<u8>>,
-    /// The task's answers are PMI-2 frames: the shell answered its init with version 2.
+    /// The task's answers are PMI-2 frames: the server answered its init with version 2.
     v2: Vec<bool>,
     /// The longest value a PMI-2 answer may carry (`Limits::pmi2_value_max`).
     value_max: usize,
@@ -223,7 +223,7 @@ struct Wire {
     backlog: Vec<TaskId>,
 }
 
-impl Wire {
+impl Answers {
     fn written(&mut self, task: TaskId, bytes: &[u8]) {
         self.partial[task].extend_from_slice(bytes);
         loop {
@@ -458,21 +458,21 @@ impl Sockets {
 
 /// Writes `piece` bytes at a time of every task's output (usize::MAX: all of it, and what the input held
 /// back meanwhile brings), as a host would.
-fn drain(server: &mut Server, host: &mut FuzzHost, wire: &mut Wire, piece: usize) {
+fn drain(server: &mut Server, host: &mut FuzzHost, answers: &mut Answers, piece: usize) {
     loop {
         while let Some(t) = server.next_ready() {
             assert!(t < NTASKS);
-            if !wire.backlog.contains(&t) {
-                wire.backlog.push(t);
+            if !answers.backlog.contains(&t) {
+                answers.backlog.push(t);
             }
         }
-        if wire.backlog.is_empty() {
+        if answers.backlog.is_empty() {
             return;
         }
-        for t in std::mem::take(&mut wire.backlog) {
+        for t in std::mem::take(&mut answers.backlog) {
             let out = server.output(t);
             let n = out.len().min(piece);
-            wire.written(t, &out[..n]);
+            answers.written(t, &out[..n]);
             server.consume(t, n);
             if server.output(t).is_empty() {
                 // As the driver does once a task's output is written: its held input is parsed.
@@ -480,7 +480,7 @@ fn drain(server: &mut Server, host: &mut FuzzHost, wire: &mut Wire, piece: usize
                 pump(server, host);
             }
             if !server.output(t).is_empty() {
-                wire.backlog.push(t);
+                answers.backlog.push(t);
             }
         }
         if piece != usize::MAX {
@@ -785,8 +785,8 @@ fn reply(v: u8, procs: u64) -> HostReply {
 
 /// A canned request in the task's protocol, as far as the host has written the task's answers (a task
 /// whose init answer is still queued is sent PMI-1).
-fn request(wire: &Wire, host: &FuzzHost, task: TaskId, k: u8, a: u8, b: u8) -> Vec<u8> {
-    match wire.v2[task] {
+fn request(answers: &Answers, host: &FuzzHost, task: TaskId, k: u8, a: u8, b: u8) -> Vec<u8> {
+    match answers.v2[task] {
         true => canned2(k, a, b, host.local_ranks[task]),
         false => canned(k, a, b),
     }
@@ -833,7 +833,7 @@ fn run(data: &[u8]) {
         groups: Vec::new(),
     };
     server.serve_groups(host.serve_groups);
-    let mut wire = Wire {
+    let mut answers = Answers {
         partial: vec![Vec::new(); NTASKS],
         v2: vec![false; NTASKS],
         value_max,
@@ -849,11 +849,11 @@ fn run(data: &[u8]) {
         let task = (op as usize / 16) % NTASKS;
         match op % 16 {
             0..=5 => {
-                let line = request(&wire, &host, task, input.byte(), input.byte(), input.byte());
+                let line = request(&answers, &host, task, input.byte(), input.byte(), input.byte());
                 sockets.write(&mut server, &mut host, task, &line);
             }
             6 => {
-                let line = request(&wire, &host, task, input.byte(), input.byte(), input.byte());
+                let line = request(&answers, &host, task, input.byte(), input.byte(), input.byte());
                 let at = usize::from(input.byte()) * line.len() / 256;
                 sockets.write(&mut server, &mut host, task, &line[..at]);
                 sockets.write(&mut server, &mut host, task, &line[at..]);
@@ -964,9 +964,9 @@ fn run(data: &[u8]) {
             }
         }
         host.misuse = false;
-        drain(&mut server, &mut host, &mut wire, piece);
+        drain(&mut server, &mut host, &mut answers, piece);
         while sockets.read(&mut server, &mut host) {
-            drain(&mut server, &mut host, &mut wire, piece);
+            drain(&mut server, &mut host, &mut answers, piece);
             if piece != usize::MAX {
                 break;
             }
@@ -986,12 +986,12 @@ fn run(data: &[u8]) {
         } else if queued(&server) > 8 * MAX_LINE {
             // The host's socket buffer takes up to 8 KiB before it writes everything.
             assert!(queued(&server) <= 16 * MAX_LINE, "{} bytes of output queued", queued(&server));
-            drain(&mut server, &mut host, &mut wire, usize::MAX);
+            drain(&mut server, &mut host, &mut answers, usize::MAX);
         }
     }
-    drain(&mut server, &mut host, &mut wire, usize::MAX);
+    drain(&mut server, &mut host, &mut answers, usize::MAX);
     while sockets.read(&mut server, &mut host) {
-        drain(&mut server, &mut host, &mut wire, usize::MAX);
+        drain(&mut server, &mut host, &mut answers, usize::MAX);
     }
     for t in 0..NTASKS {
         assert!(server.output(t).is_empty());

@@ -113,8 +113,8 @@ struct Receiver {
     /// parent is a stepd, each up to `CONTROL_MAX`).
     handshake: [usize; 3],
     handshakes: usize,
-    /// The bound on every frame after the handshake, as srun's `StepWatch::frame_max`
-    /// (src/slurm/root/watch.rs) and a stepd's `NodeWatch::frame_max` (src/slurm/stepd/watch.rs) compute it.
+    /// The bound on every frame after the handshake, as srun's `StepMonitor::frame_max`
+    /// (src/slurm/root/monitor.rs) and a stepd's `NodeMonitor::frame_max` (src/slurm/stepd/monitor.rs) compute it.
     session: usize,
     /// What the collective's machine takes from this peer (`Root::frame_max`, `Node::frame_max`): the bound
     /// on the frame inside a COLLECTIVE.

@@ -162,7 +162,7 @@ impl Host for CHost {
 
 impl crate::driver::HostFds for CHost {}
 
-impl crate::node::NodeHost for CHost {}
+impl crate::runtime::NodeHost for CHost {}
 
 impl CHost {
     fn end_job(&mut self, rank: u32, exit_code: i32, reason: i32, message: &str) {

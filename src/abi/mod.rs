@@ -13,7 +13,7 @@ pub use c_host::{spawn_json, spawn_request};
 pub use options::Options;
 
 use crate::driver::Event;
-use crate::node::{EnvVar, ExecError, JobVars, Looping, NodeError, NodeRuntime};
+use crate::runtime::{EnvVar, ExecError, JobVars, Looping, NodeError, NodeRuntime};
 use crate::server::{JobInfo, Server, TaskMap};
 use c_host::CHost;
 use owed::OwedAnswers;
@@ -423,7 +423,7 @@ unsafe fn set_up_task(
     inst: &Instance,
     task: u32,
     env: *mut rpmi_task_env,
-    connect: fn(&NodeRuntime<CHost>, usize) -> Result<crate::node::TaskEnv, NodeError>,
+    connect: fn(&NodeRuntime<CHost>, usize) -> Result<crate::runtime::TaskEnv, NodeError>,
 ) -> Result<(), Failure> {
     if env.is_null() {
         return fail(ffi::RPMI_ERR_INVALID, "env is NULL");

@@ -45,7 +45,7 @@ impl Trace {
         let shared = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
         let theirs = shared.clone();
         let thread = std::thread::Builder::new().name("rpmi-trace".into()).spawn(move || {
-            crate::node::block_signals();
+            crate::runtime::block_signals();
             write_loop(&theirs, fd);
         })?;
         Ok(Trace { shared, thread: Some(thread) })

@@ -12,10 +12,10 @@
 //! **The tree's width** is srun's environment's (`SLURM_RPMI_TREE_WIDTH`), else what the stepds build the tree
 //! with (their mpi.conf, or the default): every stepd's HELLO says it, and all must agree.
 //!
-//! What the root decides (who waits, who is at fault, what srun exits with) is [`watch::StepWatch`], a
+//! What the root decides (who waits, who is at fault, what srun exits with) is [`watch::StepMonitor`], a
 //! machine without I/O; this module is the thread and the epoll loop that move its bytes.
 
-mod watch;
+mod monitor;
 
 use super::admit::{Acceptor, Admission, Gate, Joined};
 use super::auth::{self, Secret};
@@ -24,13 +24,13 @@ use super::protocol::{Direction, FrameError, Up};
 use super::spawn::{self, Launcher, SrunEvent};
 use crate::collective::Bounds;
 use crate::os::{self, Epoll};
+use monitor::{Action, Shape, StepMonitor};
 use std::io;
 use std::net::{IpAddr, TcpListener};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
-use watch::{Action, Shape, StepWatch};
 
 /// Where the root's verdicts go: srun's stderr and Slurm in srun, a recorder in tests.
 pub trait Reporter: Send + 'static {
@@ -99,7 +99,7 @@ impl RootThread {
         let stop = Arc::new(os::eventfd()?);
         let mut state = State::new(listener, step, reporter, stop.clone())?;
         let thread = std::thread::Builder::new().name("rpmi-root".into()).spawn(move || {
-            crate::node::block_signals();
+            crate::runtime::block_signals();
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.run())) {
                 Ok(outcome) => outcome,
                 Err(_) => Outcome { ended: true, ..Outcome::default() },
@@ -137,10 +137,10 @@ const ACCEPTOR: u64 = 1 << 32;
 /// The spawned sruns' tokens start here.
 const SPAWNED: u64 = 1 << 48;
 
-/// The I/O around the watch: one epoll set over the listener, every node's connection and the spawned
+/// The I/O around the monitor: one epoll set over the listener, every node's connection and the spawned
 /// sruns' pipes.
 struct State {
-    watch: StepWatch,
+    monitor: StepMonitor,
     reporter: Box<dyn Reporter>,
     /// The pipe to the srun that spawned this step, if one did.
     spawned_by: Option<RawFd>,
@@ -179,7 +179,7 @@ impl State {
             can_spawn: launcher.is_some(),
         };
         Ok(State {
-            watch: StepWatch::new(shape).map_err(io::Error::other)?,
+            monitor: StepMonitor::new(shape).map_err(io::Error::other)?,
             reporter,
             spawned_by: step.spawned_by,
             _stop: stop,
@@ -194,7 +194,7 @@ impl State {
     fn run(&mut self) -> Outcome {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
-            let deadline = [self.acceptor.deadline(), self.watch.deadline()].into_iter().flatten().min();
+            let deadline = [self.acceptor.deadline(), self.monitor.deadline()].into_iter().flatten().min();
             let timeout = match deadline {
                 Some(t) => t.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000) as i32,
                 None => 1000,
@@ -205,7 +205,7 @@ impl State {
                 Ok(n) => n,
                 Err(e) => {
                     self.reporter.error(&format!("the collective root stopped: {e}"));
-                    return self.watch.outcome().clone();
+                    return self.monitor.outcome().clone();
                 }
             };
             let mut stopping = false;
@@ -251,9 +251,9 @@ impl State {
             if stopping {
                 return self.stop();
             }
-            if self.watch.deadline().is_some_and(|t| t <= Instant::now()) {
+            if self.monitor.deadline().is_some_and(|t| t <= Instant::now()) {
                 let reporter = &mut self.reporter;
-                self.watch.tick(Instant::now(), || reporter.job_ending());
+                self.monitor.tick(Instant::now(), || reporter.job_ending());
                 self.act();
             }
         }
@@ -262,11 +262,11 @@ impl State {
     /// srun is done with the step: takes in what the stepds sent before it ended (an abort from the last
     /// task), and tells the stepds still connected that the close which follows is the normal end.
     fn stop(&mut self) -> Outcome {
-        self.watch.draining();
+        self.monitor.draining();
         for n in 0..self.links.len() as u32 {
             self.read(n);
         }
-        self.watch.stop();
+        self.monitor.stop();
         self.act();
         self.acceptor.close();
         self.admissions();
@@ -274,19 +274,19 @@ impl State {
         if let Some(events) = self.launcher.as_mut().map(|l| l.reap(true)) {
             self.spawned(events);
         }
-        self.watch.outcome().clone()
+        self.monitor.outcome().clone()
     }
 
     /// What the sruns of spawned steps did.
     fn spawned(&mut self, events: Vec<SrunEvent>) {
         let job = self.launcher.as_ref().map_or(0, Launcher::job);
-        self.watch.spawned(job, events);
+        self.monitor.spawned(job, events);
         self.act();
     }
 
-    /// Carries out what the watch asks, in order.
+    /// Carries out what the monitor asks, in order.
     fn act(&mut self) {
-        while let Some(action) = self.watch.poll() {
+        while let Some(action) = self.monitor.poll() {
             match action {
                 Action::Send { node, frame } => {
                     if let Some(l) = self.link(node) {
@@ -318,7 +318,7 @@ impl State {
                         None => Err("this srun cannot start steps".to_string()),
                     };
                     if let Err(why) = started {
-                        self.watch.answer(asker, Err(why));
+                        self.monitor.answer(asker, Err(why));
                     }
                 }
                 Action::TellStarted => {
@@ -349,11 +349,11 @@ impl State {
         }
     }
 
-    /// Node `j.node` is admitted: its connection is served from now on, if the watch takes it.
+    /// Node `j.node` is admitted: its connection is served from now on, if the monitor takes it.
     fn admit(&mut self, j: Joined) {
         let n = j.node;
-        let Some(queued_max) = self.watch.admit(n, j.width, j.port) else { return self.act() };
-        let name = self.watch.node_name(n);
+        let Some(queued_max) = self.monitor.admit(n, j.width, j.port) else { return self.act() };
+        let name = self.monitor.node_name(n);
         let mut link = match Link::new(j.stream, u64::from(n), j.input, queued_max) {
             Ok(l) => l,
             Err(e) => return self.broken(format!("cannot serve the connection of the slurmstepd of {name}: {e}")),
@@ -362,7 +362,7 @@ impl State {
             return self.broken(format!("cannot watch the connection of the slurmstepd of {name}: {e}"));
         }
         self.links[n as usize] = Some(link);
-        self.watch.connected(n, j.port);
+        self.monitor.connected(n, j.port);
         self.act();
         // What it sent right after its proof.
         if self.frames(n) {
@@ -371,7 +371,7 @@ impl State {
     }
 
     fn broken(&mut self, what: String) {
-        self.watch.broken(what);
+        self.monitor.broken(what);
         self.act();
     }
 
@@ -394,7 +394,7 @@ impl State {
     /// Handles every whole frame in node `node`'s input; false if its connection was dropped.
     fn frames(&mut self, node: u32) -> bool {
         loop {
-            let max = self.watch.frame_max(node);
+            let max = self.monitor.frame_max(node);
             let Some(link) = self.link(node) else { return false };
             let kept = match link.next(max) {
                 Ok(None) => {
@@ -402,14 +402,14 @@ impl State {
                     return true;
                 }
                 Ok(Some(payload)) => match Up::decode(payload) {
-                    Ok(message) => self.watch.message(node, message),
+                    Ok(message) => self.monitor.message(node, message),
                     Err(e) => {
-                        self.watch.malformed(node, &e.to_string());
+                        self.monitor.malformed(node, &e.to_string());
                         false
                     }
                 },
                 Err(FrameError::TooLarge { len, .. }) => {
-                    self.watch.too_large(node, len);
+                    self.monitor.too_large(node, len);
                     false
                 }
             };
@@ -424,7 +424,7 @@ impl State {
     /// Node `node`'s connection ended, or broke.
     fn closed(&mut self, node: u32) {
         self.links[node as usize] = None;
-        self.watch.closed(node);
+        self.monitor.closed(node);
         self.act();
     }
 }

@@ -1,16 +1,16 @@
-//! The I/O around a slurmstepd's [`NodeWatch`]: the engine's host on the node's progress thread. Its epoll
-//! loop serves, beside the tasks' connections (the [`crate::node`] runtime's), every connection of the tree
+//! The I/O around a slurmstepd's [`NodeMonitor`]: the engine's host on the node's progress thread. Its epoll
+//! loop serves, beside the tasks' connections (the [`crate::runtime`] runtime's), every connection of the tree
 //! (non-blocking, each with a queue: a slow peer never holds the tasks' answers), the admission of the
 //! node's children ([`super::super::admit`]), the fork-notice pipe and a timer. It reads whole frames and
-//! hands them to the watch, and carries out what the watch asks, in order; it decides nothing.
+//! hands them to the monitor, and carries out what the monitor asks, in order; it decides nothing.
 
 use super::join::TreeLinks;
+use super::monitor::{NodeAction, NodeMonitor, NodeShape, END_PATIENCE};
 use super::plan::Place;
-use super::watch::{NodeAction, NodeShape, NodeWatch, END_PATIENCE};
 use crate::collective::{frame, Peer};
 use crate::driver::{HostFds, Watcher};
-use crate::node::{ChildEnds, NodeHost};
 use crate::os;
+use crate::runtime::{ChildEnds, NodeHost};
 use crate::server::{GroupExchange, Host, HostRequest, JobError, Server, Speaker, TaskId};
 use crate::slurm::admit::{Acceptor, Admission};
 use crate::slurm::link::{Link, Read, Watch, CONTROL_QUEUED_MAX};
@@ -49,7 +49,7 @@ const PARENT: u64 = 3;
 /// Child `first + i`'s connection has `CHILDREN + i`.
 const CHILDREN: u64 = 16;
 
-/// The engine's host on a slurmstepd: the I/O around the node's [`NodeWatch`]. It runs on the progress
+/// The engine's host on a slurmstepd: the I/O around the node's [`NodeMonitor`]. It runs on the progress
 /// thread and serves, beside the tasks, every connection of the tree, the admission of the node's children
 /// and the fork-notice pipe in the same loop: nothing it does blocks the tasks' answers.
 pub struct SlurmHost {
@@ -57,11 +57,11 @@ pub struct SlurmHost {
     /// Every node's name, for messages.
     names: Vec<String>,
     /// Decides; this host carries out what it asks.
-    watch: NodeWatch,
+    monitor: NodeMonitor,
     epoll: Option<Arc<dyn Watch>>,
-    /// The connection to srun, while the watch serves it.
+    /// The connection to srun, while the monitor serves it.
     uplink: Option<Link>,
-    /// The connection to the parent in the tree, while the watch serves it; `None` if the parent is srun.
+    /// The connection to the parent in the tree, while the monitor serves it; `None` if the parent is srun.
     parent: Option<Link>,
     /// The admitted children's connections, from the tree's first child of this node.
     children: Vec<Option<Link>>,
@@ -105,21 +105,21 @@ impl SlurmHost {
         // bound) and the control frames the tasks' requests make.
         let queued_max = all_max.saturating_add(shape.limits.kvs_bytes_max).saturating_add(CONTROL_QUEUED_MAX);
         let (place, names) = (shape.place.clone(), shape.names.clone());
-        let mut watch = NodeWatch::new(shape)?;
+        let mut monitor = NodeMonitor::new(shape)?;
         let parent = match links.parent {
             Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default(), queued_max).map_err(socket)?),
             Some((_, None)) => {
-                watch.parent_done();
+                monitor.parent_done();
                 None
             }
             None => None,
         };
         Ok(SlurmHost {
-            children: watch.children().map(|_| None).collect(),
-            first_child: watch.children().start,
+            children: monitor.children().map(|_| None).collect(),
+            first_child: monitor.children().start,
             place,
             names,
-            watch,
+            monitor,
             epoll: None,
             uplink: Some(Link::new(links.srun, UPLINK, Default::default(), queued_max).map_err(socket)?),
             queued_max,
@@ -141,26 +141,26 @@ impl SlurmHost {
     fn slot(&mut self, peer: Peer) -> Option<&mut Option<Link>> {
         match peer {
             Peer::Root => Some(&mut self.uplink),
-            Peer::Node(p) if Some(p) == self.watch.parent_node() => Some(&mut self.parent),
+            Peer::Node(p) if Some(p) == self.monitor.parent_node() => Some(&mut self.parent),
             Peer::Node(c) => self.children.get_mut(c.checked_sub(self.first_child)? as usize),
         }
     }
 
-    /// Does what the watch asks, then tells it of the links that broke while this node sent on them (a peer
+    /// Does what the monitor asks, then tells it of the links that broke while this node sent on them (a peer
     /// that stopped reading leaves the link broken at once, not its output growing), as the peer's close
     /// would, until nothing is left to do.
     fn carry_out(&mut self) {
         loop {
-            while let Some(action) = self.watch.poll() {
+            while let Some(action) = self.monitor.poll() {
                 self.act(action);
             }
             let first = self.first_child;
             let children =
                 self.children.iter().enumerate().filter_map(|(i, l)| Some((Peer::Node(first + i as u32), l.as_ref()?)));
-            let parent = self.watch.parent_node().map(Peer::Node).zip(self.parent.as_ref());
+            let parent = self.monitor.parent_node().map(Peer::Node).zip(self.parent.as_ref());
             let mut links = self.uplink.as_ref().map(|l| (Peer::Root, l)).into_iter().chain(parent).chain(children);
             match links.find(|(_, l)| l.is_broken()).map(|(peer, l)| (peer, l.broke_why())) {
-                Some((peer, why)) => self.watch.closed(peer, &why),
+                Some((peer, why)) => self.monitor.closed(peer, &why),
                 None => return,
             }
         }
@@ -184,7 +184,7 @@ impl SlurmHost {
                 }
             }
             NodeAction::Log { level, text } => self.slurm.log(level, &text),
-            NodeAction::EndHere { why } if self.stopping.load(SeqCst) => self.watch.log(log::Level::Info, &why),
+            NodeAction::EndHere { why } if self.stopping.load(SeqCst) => self.monitor.log(log::Level::Info, &why),
             NodeAction::EndHere { why } => {
                 let Place { job, step, node_name, .. } = &self.place;
                 self.slurm.error(&format!("step {job}.{step} on {node_name}: {why}; ending the step"));
@@ -219,15 +219,15 @@ impl SlurmHost {
         }
     }
 
-    /// Reads once from `peer`'s connection (at most the buffer's length) and hands the watch every whole
+    /// Reads once from `peer`'s connection (at most the buffer's length) and hands the monitor every whole
     /// frame now in its input, then why the connection is done, if it is. Frames that came before a close
     /// are handed over before it. One read per wake-up: a peer that writes without pause (srun is the
     /// user's) is served a buffer at a time, epoll (level-triggered) calls again for the rest, and what the
     /// node holds of it stays within one buffer's frames; the rest waits in the socket, and TCP holds the
     /// writer back.
     fn hear(&mut self, peer: Peer, events: u32) {
-        let max = self.watch.frame_max(peer);
-        // Out of its slot while the watch hears it (the watch's actions are carried out after).
+        let max = self.monitor.frame_max(peer);
+        // Out of its slot while the monitor hears it (the monitor's actions are carried out after).
         if let Some(mut link) = self.slot(peer).and_then(Option::take) {
             if events & libc::EPOLLOUT as u32 != 0 {
                 link.flush();
@@ -244,12 +244,12 @@ impl SlurmHost {
                     // results and the next exchanges for as long as it does not read.
                     Ok(Some(payload)) if protocol::is_result(&payload) && link.holds_unwritten_contrib() => {
                         let why = "sent the result of a PMI exchange before this node's part of it was sent";
-                        self.watch.broke(peer, why);
+                        self.monitor.broke(peer, why);
                         break;
                     }
-                    Ok(Some(payload)) => self.watch.heard(peer, payload),
+                    Ok(Some(payload)) => self.monitor.heard(peer, payload),
                     Err(e) => {
-                        self.watch.broke(peer, &format!("sent {e}"));
+                        self.monitor.broke(peer, &format!("sent {e}"));
                         break;
                     }
                 }
@@ -260,7 +260,7 @@ impl SlurmHost {
                 *slot = Some(link);
             }
             if let Some(why) = closed {
-                self.watch.closed(peer, &why);
+                self.monitor.closed(peer, &why);
             }
         }
         self.carry_out();
@@ -270,7 +270,7 @@ impl SlurmHost {
     fn admissions(&mut self) {
         while let Some(event) = self.acceptor.as_mut().and_then(Acceptor::poll) {
             match event {
-                Admission::Debug(line) => self.watch.log(log::Level::Debug, &line),
+                Admission::Debug(line) => self.monitor.log(log::Level::Debug, &line),
                 Admission::Joined(j) => {
                     let i = (j.node - self.first_child) as usize;
                     let link = Link::new(j.stream, CHILDREN + i as u64, j.input, self.queued_max).and_then(|mut l| {
@@ -282,13 +282,13 @@ impl SlurmHost {
                     match link {
                         Ok(l) => {
                             self.children[i] = Some(l);
-                            self.watch.child_joined(j.node);
+                            self.monitor.child_joined(j.node);
                             // What it sent right after its proof.
                             self.hear(Peer::Node(j.node), 0);
                         }
                         Err(e) => {
                             let what = format!("cannot serve the connection of {}: {e}", self.names[j.node as usize]);
-                            self.watch.fault(&what);
+                            self.monitor.fault(&what);
                         }
                     }
                 }
@@ -335,7 +335,7 @@ impl HostFds for SlurmHost {
         }
         self.epoll = Some(epoll);
         if let Some(e) = failed.first() {
-            self.watch.fault(&format!("cannot watch the connections of the PMI tree: {e}"));
+            self.monitor.fault(&format!("cannot watch the connections of the PMI tree: {e}"));
             self.carry_out();
         }
     }
@@ -351,13 +351,13 @@ impl HostFds for SlurmHost {
                 self.admissions();
                 if self.end_by.is_some_and(|at| at <= Instant::now()) {
                     self.end_by = None;
-                    self.watch.srun_too_slow();
+                    self.monitor.srun_too_slow();
                     self.carry_out();
                 }
             }
             UPLINK => self.hear(Peer::Root, events),
             PARENT => {
-                if let Some(p) = self.watch.parent_node() {
+                if let Some(p) = self.monitor.parent_node() {
                     self.hear(Peer::Node(p), events);
                 }
             }
@@ -375,7 +375,7 @@ impl HostFds for SlurmHost {
 
     /// Hands the shell what the collective completed for it, and srun's answers.
     fn complete(&mut self, server: &mut Server) {
-        match self.watch.take_completion() {
+        match self.monitor.take_completion() {
             Some(Ok(parts)) => {
                 let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
                 server.collective_complete(Ok(&parts));
@@ -383,10 +383,10 @@ impl HostFds for SlurmHost {
             Some(Err(why)) => server.collective_complete(Err(&why)),
             None => {}
         }
-        for (task, reply) in self.watch.take_answers() {
+        for (task, reply) in self.monitor.take_answers() {
             server.host_reply(task, reply);
         }
-        for done in self.watch.take_groups_done() {
+        for done in self.monitor.take_groups_done() {
             // One slice per member node: srun's frame had exactly that many parts.
             let parts: Vec<&[u8]> = done.parts().collect();
             server.group_complete(done.id(), Ok(&parts));
@@ -396,7 +396,7 @@ impl HostFds for SlurmHost {
 
 impl Host for SlurmHost {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
-        let joined = self.watch.contribute(contribution);
+        let joined = self.monitor.contribute(contribution);
         self.carry_out();
         joined
     }
@@ -406,23 +406,23 @@ impl Host for SlurmHost {
     }
 
     fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
-        let asked = self.watch.group(exchange, contribution);
+        let asked = self.monitor.group(exchange, contribution);
         self.carry_out();
         asked
     }
 
     fn abort(&mut self, rank: u32, exit_code: i32, message: &str) {
-        self.watch.abort(rank, exit_code, message);
+        self.monitor.abort(rank, exit_code, message);
         self.carry_out();
     }
 
     fn job_error(&mut self, error: &JobError) {
-        self.watch.job_error(error);
+        self.monitor.job_error(error);
         self.carry_out();
     }
 
     fn log(&mut self, level: log::Level, message: &str) {
-        self.watch.log(level, message);
+        self.monitor.log(level, message);
         self.carry_out();
     }
 
@@ -433,17 +433,17 @@ impl Host for SlurmHost {
     }
 
     fn task_started(&mut self, rank: u32) {
-        self.watch.task_started(rank);
+        self.monitor.task_started(rank);
         self.carry_out();
     }
 
     fn task_closed(&mut self, rank: u32, finalized: bool) {
-        self.watch.task_closed(rank, finalized);
+        self.monitor.task_closed(rank, finalized);
         self.carry_out();
     }
 
     fn request(&mut self, task: TaskId, request: HostRequest) -> Result<(), String> {
-        let asked = self.watch.request(task, &request);
+        let asked = self.monitor.request(task, &request);
         self.carry_out();
         asked
     }
@@ -451,7 +451,7 @@ impl Host for SlurmHost {
 
 impl NodeHost for SlurmHost {
     fn served(&mut self, result: Result<(), String>) {
-        self.watch.served(result);
+        self.monitor.served(result);
         if let Some(a) = &mut self.acceptor {
             a.close();
         }
@@ -470,7 +470,7 @@ fn timer() -> Result<OwnedFd, String> {
 mod tests {
     use super::*;
     use crate::collective::{Bounds, Tree};
-    use crate::node::{JobVars, Looping, NodeRuntime};
+    use crate::runtime::{JobVars, Looping, NodeRuntime};
     use crate::server::{JobInfo, Limits, TaskMap};
     use crate::slurm::auth::Secret;
     use crate::slurm::client::bounds;

@@ -9,7 +9,7 @@
 //! step that asks more is refused before any task exists: the stepd joins srun only to say why, so that
 //! srun's user reads it. Then the node joins the tree ([`join`]); the joins block in prefork, before any task
 //! exists, so they hold nobody's PMI answers, and the progress loop needs no timers for connecting and
-//! retrying. Then the node runs on the [`crate::node`] runtime: one socketpair per local task and one
+//! retrying. Then the node runs on the [`crate::runtime`] runtime: one socketpair per local task and one
 //! progress thread, whose host ([`host`]) serves the tree's connections beside the tasks' and carries out
 //! what the node's watch ([`watch`]) decides.
 //!
@@ -32,8 +32,8 @@
 
 mod host;
 mod join;
+mod monitor;
 mod plan;
-mod watch;
 
 use super::options::{Settings, ENV_MAP, ENV_OPTIONS, ENV_PORT, ENV_SECRET, ENV_SPAWN};
 use super::records::{self, stepd_step_rec_t, RecordFromEnv, NO_VAL};
@@ -41,18 +41,18 @@ use super::sys::{self, getenvp};
 use super::trace::Trace;
 use super::version::TaskInfo;
 use crate::collective::{self, Bounds};
-use crate::node::{EnvVar, JobVars, Looping, NodeRuntime};
 use crate::os;
+use crate::runtime::{EnvVar, JobVars, Looping, NodeRuntime};
 use crate::server::Server;
 use host::{SlurmHost, FINI_GRACE, NOTICE_FORKED, NOTICE_IDS_CONFIRMED};
 use join::{address_of, join_tree, refuse};
+use monitor::NodeShape;
 use plan::{Component, Record};
 use std::ffi::{c_char, c_int, CString};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::SeqCst};
 use std::sync::Arc;
-use watch::NodeShape;
 
 /// The step this process serves; set at prefork, read without a lock in the task children.
 static STEPD: AtomicPtr<Stepd> = AtomicPtr::new(std::ptr::null_mut());

@@ -81,9 +81,9 @@ struct NodeWait {
 
 /// The protocol a task's connection speaks: PMI-1 lines until its client asks for version 2 at `init`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Wire {
-    V1,
-    V2,
+enum Protocol {
+    Pmi1,
+    Pmi2,
 }
 
 impl Service {
@@ -120,7 +120,7 @@ struct Client {
     reported: bool,
     /// It has sent a line (the host heard of its start).
     spoke: bool,
-    wire: Wire,
+    protocol: Protocol,
     /// The `thrid` of the PMI-2 request it waits for, echoed in the answer.
     thrid: Option<Vec<u8>>,
     /// The node attribute it waits for, if any.
@@ -226,7 +226,7 @@ impl Server {
                 queued: false,
                 reported: false,
                 spoke: false,
-                wire: Wire::V1,
+                protocol: Protocol::Pmi1,
                 thrid: None,
                 node_wait: None,
                 threaded: false,
@@ -375,9 +375,9 @@ impl Server {
     /// Answers the whole requests of `bytes` in the task's protocol, until the task's answers are backed up;
     /// returns how many bytes it took in (all of them unless it stopped).
     fn parse(&mut self, task: TaskId, bytes: &[u8]) -> usize {
-        match self.clients[task].wire {
-            Wire::V1 => self.parse_lines(task, bytes),
-            Wire::V2 => self.parse_frames(task, bytes),
+        match self.clients[task].protocol {
+            Protocol::Pmi1 => self.parse_lines(task, bytes),
+            Protocol::Pmi2 => self.parse_frames(task, bytes),
         }
     }
 
@@ -411,7 +411,7 @@ impl Server {
             self.line(task, &line);
             self.clients[task].partial = emptied(line);
             rest = &rest[nl + 1..];
-            if self.clients[task].wire == Wire::V2 {
+            if self.clients[task].protocol == Protocol::Pmi2 {
                 return bytes.len() - rest.len() + self.parse_frames(task, rest);
             }
         }
@@ -429,7 +429,7 @@ impl Server {
             }
             self.line(task, &rest[..nl]);
             rest = &rest[nl + 1..];
-            if self.clients[task].wire == Wire::V2 {
+            if self.clients[task].protocol == Protocol::Pmi2 {
                 return bytes.len() - rest.len() + self.parse_frames(task, rest);
             }
         }
@@ -529,7 +529,7 @@ impl Server {
             return;
         }
         let reply = reply(service);
-        if c.wire == Wire::V2 {
+        if c.protocol == Protocol::Pmi2 {
             return self.answer_v2(task, service, reply);
         }
         let cmd = service.response();
@@ -685,7 +685,7 @@ impl Server {
                     }
                 });
                 if answered.0 == 2 {
-                    self.clients[task].wire = Wire::V2;
+                    self.clients[task].protocol = Protocol::Pmi2;
                 }
                 self.clients[task].groups = groups;
             }
@@ -897,13 +897,15 @@ impl Server {
         let Server { clients, ready, trace, effects, .. } = self;
         for c in clients.iter_mut().filter(|c| c.waiting == Waiting::Barrier) {
             c.waiting = Waiting::Nothing;
-            let (wire, thrid, groups) = (c.wire, c.thrid.take(), c.groups);
-            respond(c, ready, trace.then_some(&mut *effects), |out| match wire {
+            let (protocol, thrid, groups) = (c.protocol, c.thrid.take(), c.groups);
+            respond(c, ready, trace.then_some(&mut *effects), |out| match protocol {
                 // A 1.2 client reads the tag of every barrier_out (MPICH 5 has no default for it); a 1.1
                 // client gets the line it knows.
-                Wire::V1 if groups => Line::new(out, "barrier_out", code).int("tag", 0).msg(why).finish(),
-                Wire::V1 => Line::new(out, "barrier_out", code).msg(why).finish(),
-                Wire::V2 => Writer::answer(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish(),
+                Protocol::Pmi1 if groups => Line::new(out, "barrier_out", code).int("tag", 0).msg(why).finish(),
+                Protocol::Pmi1 => Line::new(out, "barrier_out", code).msg(why).finish(),
+                Protocol::Pmi2 => {
+                    Writer::answer(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish()
+                }
             });
         }
     }
@@ -914,9 +916,9 @@ impl Server {
     }
 
     fn refuse_service(&mut self, task: TaskId, service: Service, why: &str) {
-        match self.clients[task].wire {
-            Wire::V1 => self.respond(task, |out| Line::new(out, service.response(), rc::FAIL).msg(why).finish()),
-            Wire::V2 => self.answer_v2(task, service, HostReply::Failed(why.into())),
+        match self.clients[task].protocol {
+            Protocol::Pmi1 => self.respond(task, |out| Line::new(out, service.response(), rc::FAIL).msg(why).finish()),
+            Protocol::Pmi2 => self.answer_v2(task, service, HostReply::Failed(why.into())),
         }
     }
 

@@ -1,4 +1,4 @@
-//! A slurmstepd's watch over its node of a step, sans-I/O: what srun, the parent and the children in the
+//! A slurmstepd's monitor of its node of a step, sans-I/O: what srun, the parent and the children in the
 //! tree send (as the bytes of whole frames), that a connection closed, and what the node's shell asks of its
 //! host ([`crate::server::Host`]) go in; what to do comes out as [`NodeAction`]s (queue a frame, drop a
 //! connection, log a line, end the step from here), in order, for the I/O loop around it ([`super`]) to
@@ -28,7 +28,7 @@ pub const END_PATIENCE: Duration = Duration::from_secs(5);
 /// The most lines one step logs into slurmd's log.
 const LOGGED_LINES_MAX: usize = 200;
 
-/// What the watch asks of the I/O around it, in the order it must happen.
+/// What the monitor asks of the I/O around it, in the order it must happen.
 #[derive(Debug, PartialEq, Eq)]
 pub enum NodeAction {
     /// Queue a control frame (an encoded [`Up`]) for srun.
@@ -44,7 +44,7 @@ pub enum NodeAction {
     /// the normal one and `why` is only logged).
     EndHere { why: String },
     /// srun was told to end the step: if it has not within [`END_PATIENCE`], call
-    /// [`NodeWatch::srun_too_slow`].
+    /// [`NodeMonitor::srun_too_slow`].
     AwaitEnd,
 }
 
@@ -81,7 +81,7 @@ impl Asked {
     }
 }
 
-/// The node as the watch sees it, from prefork.
+/// The node as the monitor sees it, from prefork.
 pub struct NodeShape {
     pub place: Place,
     /// Every node's name, for messages.
@@ -89,13 +89,13 @@ pub struct NodeShape {
     pub tree: Tree,
     pub bounds: Bounds,
     pub limits: Limits,
-    /// In a spawned step: the local ranks, each of which must send a PMI line (see [`NodeWatch`]'s
+    /// In a spawned step: the local ranks, each of which must send a PMI line (see [`NodeMonitor`]'s
     /// `unspoken`).
     pub spawned_ranks: Option<BTreeSet<u32>>,
 }
 
-/// A slurmstepd's watch over its node of a step.
-pub struct NodeWatch {
+/// A slurmstepd's monitor of its node of a step.
+pub struct NodeMonitor {
     place: Place,
     names: Vec<String>,
     tree: Tree,
@@ -145,14 +145,14 @@ pub struct NodeWatch {
     actions: VecDeque<NodeAction>,
 }
 
-impl NodeWatch {
-    /// The watch of node `shape.place.node`, connected to srun and its parent.
-    pub fn new(shape: NodeShape) -> Result<NodeWatch, String> {
+impl NodeMonitor {
+    /// The monitor of node `shape.place.node`, connected to srun and its parent.
+    pub fn new(shape: NodeShape) -> Result<NodeMonitor, String> {
         let NodeShape { place, names, tree, bounds, limits, spawned_ranks } = shape;
         let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
         let group_result_max = collective::groups::done_max(names.len() as u32, &bounds);
         let machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
-        Ok(NodeWatch {
+        Ok(NodeMonitor {
             children: tree.children(Peer::Node(place.node)).map(|_| ChildState::Awaited(Vec::new())).collect(),
             parent: matches!(tree.parent(place.node), Peer::Node(_)),
             place,
@@ -668,7 +668,7 @@ mod tests {
 
     /// Node `node`'s watch in a step of `nodes` nodes (named n1, n2, ...) over a tree of `width`; a spawned
     /// step's if `spawned_ranks` (its local ranks) is given.
-    fn watch_of(nodes: u32, width: u32, node: u32, spawned_ranks: Option<&[u32]>) -> NodeWatch {
+    fn watch_of(nodes: u32, width: u32, node: u32, spawned_ranks: Option<&[u32]>) -> NodeMonitor {
         // SAFETY: slurm_step_id_t is plain integers: all zeroes is a valid value.
         let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
         (id.job_id, id.step_id) = (1, 0);
@@ -682,10 +682,10 @@ mod tests {
             limits: Limits::default(),
             spawned_ranks: spawned_ranks.map(|r| r.iter().copied().collect()),
         };
-        NodeWatch::new(shape).unwrap()
+        NodeMonitor::new(shape).unwrap()
     }
 
-    fn drain(w: &mut NodeWatch) -> Vec<NodeAction> {
+    fn drain(w: &mut NodeMonitor) -> Vec<NodeAction> {
         std::iter::from_fn(|| w.poll()).collect()
     }
 

@@ -1,4 +1,4 @@
-//! srun's watch over a step, sans-I/O: what the stepds say (decoded [`Up`] messages), that a connection
+//! srun's monitor of a step, sans-I/O: what the stepds say (decoded [`Up`] messages), that a connection
 //! closed, and what the sruns of spawned steps did go in; what to do comes out as [`Action`]s (send a frame,
 //! tell the user, end the step, start a spawn, tell the spawner), in order, for the I/O loop around it
 //! ([`super`]) to carry out. It decides who waits for whom, who is at fault and what srun exits with; it
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 /// more exactly.
 pub const LEFT_GRACE: Duration = Duration::from_secs(1);
 
-/// The step as the watch sees it.
+/// The step as the monitor sees it.
 pub struct Shape {
     /// The name of every node, by node index.
     pub node_names: Vec<String>,
@@ -49,7 +49,7 @@ pub struct Shape {
     pub can_spawn: bool,
 }
 
-/// What the watch asks of the I/O around it, in the order it must happen.
+/// What the monitor asks of the I/O around it, in the order it must happen.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
     /// Queue `frame` (an encoded [`Down`]) for node `node`, if it is connected.
@@ -66,7 +66,7 @@ pub enum Action {
     EndStep,
     /// End every step this one spawned.
     EndSpawned,
-    /// Start the spawn `request` of `asker`; if it cannot start, answer it with [`StepWatch::answer`].
+    /// Start the spawn `request` of `asker`; if it cannot start, answer it with [`StepMonitor::answer`].
     StartSpawn { asker: Asker, request: String },
     /// Tell the srun that spawned this step that every task of it runs.
     TellStarted,
@@ -109,8 +109,8 @@ struct Fence {
     result: Option<(Bytes, usize)>,
 }
 
-/// srun's watch over one step.
-pub struct StepWatch {
+/// srun's monitor of one step.
+pub struct StepMonitor {
     shape: Shape,
     nodes: Vec<NodeState>,
     /// Where each admitted node listens for its children.
@@ -139,13 +139,13 @@ pub struct StepWatch {
     /// The spawned step whose failure ended this one, named as such to the user.
     failed_for: Option<u32>,
     outcome: Outcome,
-    /// srun is done with the step: the watch takes in what is left.
+    /// srun is done with the step: the monitor takes in what is left.
     stopping: bool,
     actions: VecDeque<Action>,
 }
 
-impl StepWatch {
-    pub fn new(shape: Shape) -> Result<StepWatch, String> {
+impl StepMonitor {
+    pub fn new(shape: Shape) -> Result<StepMonitor, String> {
         let n = shape.node_names.len();
         let collective = match shape.width {
             Some(width) => Some(Collective::new(n, width, shape.bounds, None)?),
@@ -153,7 +153,7 @@ impl StepWatch {
         };
         let size = shape.node_of.len();
         let groups = GroupRoot::new(TaskMap::new(shape.node_of.clone()), shape.bounds);
-        Ok(StepWatch {
+        Ok(StepMonitor {
             nodes: vec![NodeState::default(); n],
             ports: vec![0; n],
             joined: vec![None; n],
@@ -298,7 +298,7 @@ impl StepWatch {
     }
 
     /// A message from admitted node `n`; false if its connection is to be dropped (then it is no longer
-    /// connected, as the watch sees it).
+    /// connected, as the monitor sees it).
     pub fn message(&mut self, n: u32, message: Up) -> bool {
         let kept = self.take(n, message);
         if !kept {
@@ -770,7 +770,7 @@ mod tests {
     };
 
     /// A step of `nodes` nodes, one rank each, as a star, every node connected.
-    fn watch_of(nodes: usize, spawned: bool) -> StepWatch {
+    fn watch_of(nodes: usize, spawned: bool) -> StepMonitor {
         let shape = Shape {
             node_names: (1..=nodes).map(|n| format!("n{n}")).collect(),
             node_of: (0..nodes as u32).collect(),
@@ -779,7 +779,7 @@ mod tests {
             spawned,
             can_spawn: true,
         };
-        let mut w = StepWatch::new(shape).unwrap();
+        let mut w = StepMonitor::new(shape).unwrap();
         for n in 0..nodes as u32 {
             assert!(w.admit(n, nodes as u32, 0).is_some());
             w.connected(n, 0);
@@ -787,7 +787,7 @@ mod tests {
         w
     }
 
-    fn drain(w: &mut StepWatch) -> Vec<Action> {
+    fn drain(w: &mut StepMonitor) -> Vec<Action> {
         std::iter::from_fn(|| w.poll()).collect()
     }
 
@@ -808,15 +808,15 @@ mod tests {
     }
 
     /// Node `node` joins exchange `epoch` with part `bytes`, as a stepd does (JOINED, then its CONTRIB).
-    fn join(w: &mut StepWatch, node: u32, epoch: u32, bytes: &[u8]) {
+    fn join(w: &mut StepMonitor, node: u32, epoch: u32, bytes: &[u8]) {
         assert!(w.message(node, Up::Joined { epoch }));
         let part = crate::collective::frame::contrib(epoch, std::iter::once((node, bytes))).unwrap();
         assert!(w.message(node, Up::Collective(part)));
     }
 
     /// A chain of `nodes` nodes (srun, n1, n2, ...), every node connected and told where its parent listens.
-    fn chain(nodes: usize) -> StepWatch {
-        let mut w = StepWatch::new(Shape { width: Some(1), ..watch_of(nodes, false).shape }).unwrap();
+    fn chain(nodes: usize) -> StepMonitor {
+        let mut w = StepMonitor::new(Shape { width: Some(1), ..watch_of(nodes, false).shape }).unwrap();
         for n in 0..nodes as u32 {
             assert!(w.admit(n, 1, 20000 + n as u16).is_some());
             w.connected(n, 20000 + n as u16);
@@ -1006,11 +1006,11 @@ mod tests {
     }
 
     /// Two nodes of one rank each, not yet connected, the tree's width `width` (`None`: the stepds').
-    fn two_nodes(width: Option<u32>) -> StepWatch {
+    fn two_nodes(width: Option<u32>) -> StepMonitor {
         let names = vec!["n1".into(), "n2".into()];
         let shape =
             Shape { node_names: names, node_of: vec![0, 1], bounds: BOUNDS, width, spawned: false, can_spawn: false };
-        StepWatch::new(shape).unwrap()
+        StepMonitor::new(shape).unwrap()
     }
 
     #[test]
@@ -1037,8 +1037,8 @@ mod tests {
         // Width 2 over 5 nodes: 0 and 1 are srun's children, 2 and 3 node 0's, 4 node 1's. The child that came
         // first hears where its parent listens when the parent comes; one after its parent at once; one whose
         // parent finished first, that it did; srun's children hear nothing of parents.
-        let mut w = StepWatch::new(Shape { width: Some(2), ..watch_of(5, false).shape }).unwrap();
-        let come = |w: &mut StepWatch, n: u32| {
+        let mut w = StepMonitor::new(Shape { width: Some(2), ..watch_of(5, false).shape }).unwrap();
+        let come = |w: &mut StepMonitor, n: u32| {
             assert!(w.admit(n, 2, 20000 + n as u16).is_some());
             w.connected(n, 20000 + n as u16);
             drain(w)
