@@ -1,7 +1,7 @@
 //! The byte codec of every binary frame: the collective's frames and group exchanges, the Slurm plugin's TCP
-//! frames and rpmi-run's frames between its processes. A [`Reader`] reads a frame a peer wrote: every read is
+//! frames and rpmi-run's frames between its processes. A [`FrameReader`] reads a frame a peer wrote: every read is
 //! checked against the bytes left, and every length or count the frame announces against them or the
-//! caller's bound, before anything is copied. A [`Writer`] builds one. Integers are big-endian, but for the
+//! caller's bound, before anything is copied. A [`FrameWriter`] builds one. Integers are big-endian, but for the
 //! `_le` methods (rpmi-run's frames, which never leave the machine).
 
 use std::fmt;
@@ -35,11 +35,11 @@ pub fn utf8(bytes: &[u8], what: &str) -> Result<String, Malformed> {
 
 /// Reads a frame front to back. A read that fails consumes nothing.
 #[derive(Debug, Clone)]
-pub struct Reader<'a>(&'a [u8]);
+pub struct FrameReader<'a>(&'a [u8]);
 
-impl<'a> Reader<'a> {
-    pub fn new(bytes: &'a [u8]) -> Reader<'a> {
-        Reader(bytes)
+impl<'a> FrameReader<'a> {
+    pub fn new(bytes: &'a [u8]) -> FrameReader<'a> {
+        FrameReader(bytes)
     }
 
     /// Bytes not read yet.
@@ -152,49 +152,49 @@ fn bounded(len: usize, max: usize, what: &str) -> Result<(), Malformed> {
 
 /// Builds a frame front to back.
 #[derive(Debug, Default)]
-pub struct Writer(Vec<u8>);
+pub struct FrameWriter(Vec<u8>);
 
-impl Writer {
-    pub fn new() -> Writer {
-        Writer(Vec::new())
+impl FrameWriter {
+    pub fn new() -> FrameWriter {
+        FrameWriter(Vec::new())
     }
 
     /// Room for `n` bytes at first: a frame whose size is known is written into one allocation.
-    pub fn with_capacity(n: usize) -> Writer {
-        Writer(Vec::with_capacity(n))
+    pub fn with_capacity(n: usize) -> FrameWriter {
+        FrameWriter(Vec::with_capacity(n))
     }
 
     pub fn into_vec(self) -> Vec<u8> {
         self.0
     }
 
-    pub fn bytes(&mut self, bytes: &[u8]) -> &mut Writer {
+    pub fn bytes(&mut self, bytes: &[u8]) -> &mut FrameWriter {
         self.0.extend_from_slice(bytes);
         self
     }
 
     /// 1 for true, 0 for false.
-    pub fn flag(&mut self, v: bool) -> &mut Writer {
+    pub fn flag(&mut self, v: bool) -> &mut FrameWriter {
         self.u8(u8::from(v))
     }
 
     /// `text` cut to at most `max` bytes at a character boundary.
-    pub fn text(&mut self, text: &str, max: usize) -> &mut Writer {
+    pub fn text(&mut self, text: &str, max: usize) -> &mut FrameWriter {
         self.bytes(cut(text, max).as_bytes())
     }
 
     /// A length or count as a `u32`; `None` if it does not fit one.
-    pub fn len32(&mut self, n: usize) -> Option<&mut Writer> {
+    pub fn len32(&mut self, n: usize) -> Option<&mut FrameWriter> {
         Some(self.u32(u32::try_from(n).ok()?))
     }
 
     /// `bytes` behind their `u16` length; `None` if they are too long for it.
-    pub fn prefixed16(&mut self, bytes: &[u8]) -> Option<&mut Writer> {
+    pub fn prefixed16(&mut self, bytes: &[u8]) -> Option<&mut FrameWriter> {
         Some(self.u16(u16::try_from(bytes.len()).ok()?).bytes(bytes))
     }
 
     /// `bytes` behind their `u32` length; `None` if they are too long for it.
-    pub fn prefixed32(&mut self, bytes: &[u8]) -> Option<&mut Writer> {
+    pub fn prefixed32(&mut self, bytes: &[u8]) -> Option<&mut FrameWriter> {
         Some(self.len32(bytes.len())?.bytes(bytes))
     }
 }
@@ -202,14 +202,14 @@ impl Writer {
 /// The integers, read and written by one name each: `name: type, byte order`.
 macro_rules! integers {
     ($($name:ident: $t:ident, $from:ident, $to:ident;)*) => {
-        impl Reader<'_> {
+        impl FrameReader<'_> {
             $(pub fn $name(&mut self) -> Result<$t, Malformed> {
                 Ok($t::$from(self.array()?))
             })*
         }
 
-        impl Writer {
-            $(pub fn $name(&mut self, v: $t) -> &mut Writer {
+        impl FrameWriter {
+            $(pub fn $name(&mut self, v: $t) -> &mut FrameWriter {
                 self.bytes(&v.$to())
             })*
         }
@@ -227,7 +227,7 @@ integers! {
 }
 
 /// What was written so far.
-impl Deref for Writer {
+impl Deref for FrameWriter {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
@@ -241,12 +241,12 @@ mod tests {
 
     #[test]
     fn what_is_written_reads_back() {
-        let mut w = Writer::new();
+        let mut w = FrameWriter::new();
         w.u8(7).u16(0x1234).u32(0xdead_beef).i32(-2).flag(true).flag(false);
         w.u32_le(5).i32_le(-1).u64_le(1 << 40).prefixed16(b"id").unwrap().len32(3).unwrap();
         w.prefixed32(b"part").unwrap().text("é!", 1).bytes(b"tail");
         let bytes = w.into_vec();
-        let mut r = Reader::new(&bytes);
+        let mut r = FrameReader::new(&bytes);
         assert_eq!((r.u8(), r.u16(), r.u32(), r.i32()), (Ok(7), Ok(0x1234), Ok(0xdead_beef), Ok(-2)));
         assert_eq!((r.flag("a"), r.flag("b")), (Ok(true), Ok(false)));
         assert_eq!((r.u32_le(), r.i32_le(), r.u64_le()), (Ok(5), Ok(-1), Ok(1 << 40)));
@@ -256,14 +256,14 @@ mod tests {
         assert_eq!(r.array::<4>(), Ok(*b"tail"), "a text cut short of a character is empty");
         assert_eq!(r.end(), Ok(()));
         assert_eq!(r.u8(), Err(Malformed("0 bytes where 1 were expected".into())));
-        assert!(Writer::new().prefixed16(&[0; 1 << 16]).is_none());
-        assert_eq!(&Writer::with_capacity(4).u16(1).prefixed16(b"").unwrap()[..], [0, 1, 0, 0]);
+        assert!(FrameWriter::new().prefixed16(&[0; 1 << 16]).is_none());
+        assert_eq!(&FrameWriter::with_capacity(4).u16(1).prefixed16(b"").unwrap()[..], [0, 1, 0, 0]);
     }
 
     #[test]
     fn a_read_that_fails_consumes_nothing() {
         let bytes = [0, 5, b'a', b'b', 2];
-        let mut r = Reader::new(&bytes);
+        let mut r = FrameReader::new(&bytes);
         assert!(r.prefixed16(4, "a name").unwrap_err().0.contains("a name of 5 bytes (at most 4)"));
         assert!(r.prefixed16(5, "a name").unwrap_err().0.contains("3 bytes where 5 were expected"));
         assert_eq!(r.len(), 5);
@@ -277,13 +277,16 @@ mod tests {
     #[test]
     fn counts_and_lengths_that_lie_are_refused_before_anything_is_sized_by_them() {
         let bytes = [0, 0, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8];
-        assert_eq!(Reader::new(&bytes).count(4, "nodes"), Err(Malformed("3 nodes in 8 bytes".into())));
-        assert_eq!(Reader::new(&bytes).count(2, "parts"), Ok(3));
-        assert_eq!(Reader::new(&[0xff; 4]).count(0, "items"), Err(Malformed("4294967295 items in 0 bytes".into())));
-        let mut r = Reader::new(&[0xff, 0xff]);
+        assert_eq!(FrameReader::new(&bytes).count(4, "nodes"), Err(Malformed("3 nodes in 8 bytes".into())));
+        assert_eq!(FrameReader::new(&bytes).count(2, "parts"), Ok(3));
+        assert_eq!(
+            FrameReader::new(&[0xff; 4]).count(0, "items"),
+            Err(Malformed("4294967295 items in 0 bytes".into()))
+        );
+        let mut r = FrameReader::new(&[0xff, 0xff]);
         assert!(r.prefixed16(1024, "an id").is_err());
         assert_eq!(r.len(), 2);
-        let mut r = Reader::new(b"abc");
+        let mut r = FrameReader::new(b"abc");
         assert_eq!(r.rest_max(2, "a report"), Err(Malformed("a report of 3 bytes (at most 2)".into())));
         assert_eq!(r.rest_max(3, "a report"), Ok(&b"abc"[..]));
         assert!(r.is_empty());
@@ -295,8 +298,8 @@ mod tests {
         assert_eq!(cut("aé", 9), "aé");
         // Bytes that are not UTF-8 grow when decoded: the text is cut again.
         let bytes = [0xff; 6];
-        assert_eq!(Reader::new(&bytes).text(6, "a message"), Ok("\u{fffd}\u{fffd}".into()));
-        assert!(Reader::new(&bytes).text(5, "a message").is_err());
+        assert_eq!(FrameReader::new(&bytes).text(6, "a message"), Ok("\u{fffd}\u{fffd}".into()));
+        assert!(FrameReader::new(&bytes).text(5, "a message").is_err());
         assert_eq!(utf8(b"ok", "a name"), Ok("ok".into()));
         assert_eq!(utf8(&[0xff], "a name"), Err(Malformed("a name not in UTF-8".into())));
     }

@@ -9,7 +9,7 @@ use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GRO
 use rpmi::abi::ffi;
 use rpmi::collective::groups::{self, DoneParts};
 use rpmi::collective::{frame, Bounds, Node, Output, Parts, Peer, Tree};
-use rpmi_core::codec::Reader;
+use rpmi_core::codec::FrameReader;
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -247,7 +247,7 @@ impl State {
                     }
                 },
                 Heard::Frame(KILL, signal) if peer == Peer::Root => {
-                    self.kills.push(Reader::new(&signal).i32_le().unwrap_or(libc::SIGKILL));
+                    self.kills.push(FrameReader::new(&signal).i32_le().unwrap_or(libc::SIGKILL));
                 }
                 Heard::Frame(..) => {}
                 Heard::Pending => return,

@@ -4,7 +4,7 @@
 
 use rpmi::collective::frame::REPORT_MAX;
 use rpmi::collective::Bytes;
-use rpmi_core::codec::{cut, Reader, Writer};
+use rpmi_core::codec::{cut, FrameReader, FrameWriter};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
@@ -218,14 +218,14 @@ pub fn ending(message: &str) -> Bytes {
 
 /// An ABORT's payload: the exit code, when the node's shell heard of it ([`now`]), then what to say.
 pub fn abort(code: i32, at: u64, message: &str) -> Bytes {
-    let mut payload = Writer::new();
+    let mut payload = FrameWriter::new();
     payload.i32_le(code).u64_le(at).text(message, CONTROL_MAX - 12);
     Arc::new(payload.into_vec())
 }
 
 /// An ABORT's exit code, when it was heard of, and what to say (1, never and nothing for what is missing).
 pub fn read_abort(payload: &[u8]) -> (i32, u64, &[u8]) {
-    let mut r = Reader::new(payload);
+    let mut r = FrameReader::new(payload);
     match (r.i32_le(), r.u64_le()) {
         (Ok(code), Ok(at)) => (code, at, r.rest()),
         (code, _) => (code.unwrap_or(1), u64::MAX, &[]),
@@ -255,13 +255,13 @@ pub struct Blame {
 
 impl Blame {
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = Writer::new();
+        let mut bytes = FrameWriter::new();
         bytes.u32_le(self.node.unwrap_or(u32::MAX)).u8(u8::from(self.left)).text(&self.message, REPORT_MAX - 5);
         bytes.into_vec()
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Blame> {
-        let mut r = Reader::new(bytes);
+        let mut r = FrameReader::new(bytes);
         let node = r.u32_le().ok()?;
         Some(Blame {
             node: (node != u32::MAX).then_some(node),

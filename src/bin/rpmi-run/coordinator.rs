@@ -13,7 +13,7 @@ use crate::services::Ended;
 use rpmi::abi::ffi;
 use rpmi::collective::{frame, groups, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
 use rpmi::server::{TaskMap, JOB_ERROR_EXIT_CODE};
-use rpmi_core::codec::Reader;
+use rpmi_core::codec::FrameReader;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -270,7 +270,7 @@ impl<'a> Coordinator<'a> {
                 }
                 Heard::Frame(GROUP, m) => self.group(from, &m),
                 Heard::Frame(LEFT, rank) => {
-                    if let Ok(rank) = Reader::new(&rank).u32_le() {
+                    if let Ok(rank) = FrameReader::new(&rank).u32_le() {
                         self.left.push((rank, from));
                         self.group_blocked();
                     }

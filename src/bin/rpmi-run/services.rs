@@ -21,7 +21,7 @@ use rpmi::abi::PREPUTS_MAX;
 use rpmi::os::Start;
 use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
-use rpmi_core::codec::{Reader, Writer};
+use rpmi_core::codec::{FrameReader, FrameWriter};
 use std::ffi::OsString;
 use std::ffi::{CStr, CString};
 use std::io;
@@ -84,14 +84,14 @@ impl Service {
 
 /// A request's or a reply's head: node, task, one byte; then the text.
 fn addressed(node: u32, task: u32, byte: u8, text: &[u8]) -> Vec<u8> {
-    let mut payload = Writer::with_capacity(9 + text.len());
+    let mut payload = FrameWriter::with_capacity(9 + text.len());
     payload.u32_le(node).u32_le(task).u8(byte).bytes(text);
     payload.into_vec()
 }
 
 /// Reads what [`addressed`] made: node, task, the byte, the text.
 fn read_addressed(payload: &[u8]) -> Option<(u32, u32, u8, &[u8])> {
-    let mut r = Reader::new(payload);
+    let mut r = FrameReader::new(payload);
     Some((r.u32_le().ok()?, r.u32_le().ok()?, r.u8().ok()?, r.rest()))
 }
 
@@ -105,13 +105,13 @@ pub struct Ended {
 
 /// An EXIT's payload.
 pub fn exit_payload(ended: Ended) -> Vec<u8> {
-    let mut payload = Writer::with_capacity(12);
+    let mut payload = FrameWriter::with_capacity(12);
     payload.i32_le(ended.status).u64_le(ended.began.unwrap_or(u64::MAX));
     payload.into_vec()
 }
 
 fn read_exit(payload: &[u8]) -> Ended {
-    let mut r = Reader::new(payload);
+    let mut r = FrameReader::new(payload);
     let status = r.i32_le().unwrap_or(1);
     Ended { status, began: r.u64_le().ok().filter(|&b| b != u64::MAX) }
 }
@@ -122,7 +122,7 @@ fn status_frame(status: i32) -> Arc<Vec<u8>> {
 
 /// A status (1 if it is missing).
 fn read_status(payload: &[u8]) -> i32 {
-    Reader::new(payload).i32_le().unwrap_or(1)
+    FrameReader::new(payload).i32_le().unwrap_or(1)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -455,7 +455,7 @@ impl Launcher {
             (Source::Spawned(_), STARTED) => {
                 if let Source::Spawned(s) = &mut self.sources[i] {
                     if let Some(from) = s.waiting.take() {
-                        let mut r = Reader::new(payload);
+                        let mut r = FrameReader::new(payload);
                         let ok = r.u8() == Ok(1);
                         let text = String::from_utf8_lossy(r.rest()).into_owned();
                         self.reply(from, if ok { Ok(text) } else { Err(text) });

@@ -18,7 +18,7 @@
 //! Decoding never copies a part: [`Parts`] reads them in place from the shared frame, so that an ALL can
 //! be passed on to the children and handed to the host without a second copy of the exchange.
 
-use crate::codec::{Malformed, Reader, Writer};
+use crate::codec::{FrameReader, FrameWriter, Malformed};
 use std::fmt;
 use std::sync::Arc;
 
@@ -247,7 +247,7 @@ impl Frame {
     /// present before it is used; nothing is allocated for parts (they stay in `payload`) and a message or
     /// report is bounded before it is copied.
     pub fn decode(payload: &Bytes, part_max: usize) -> Result<Frame, DecodeError> {
-        let mut r = Reader::new(payload);
+        let mut r = FrameReader::new(payload);
         let kind = r.u8()?;
         let frame = match kind {
             CONTRIB | ALL => {
@@ -306,7 +306,7 @@ fn parts_frame<'a>(
     }
     // The frame's length fits a u32, so the count and every part's length do too.
     let too_large = TooLarge { len, max: FRAME_MAX };
-    let mut f = Writer::with_capacity(len);
+    let mut f = FrameWriter::with_capacity(len);
     f.u8(kind).u32(epoch).len32(count).ok_or(too_large)?;
     for (node, part) in parts {
         f.u32(node).prefixed32(part).ok_or(too_large)?;
@@ -316,13 +316,13 @@ fn parts_frame<'a>(
 
 /// A FAIL of exchange `epoch`, its message cut to [`MESSAGE_MAX`] bytes at a character boundary.
 pub fn fail(epoch: u32, message: &str) -> Bytes {
-    let mut f = Writer::new();
+    let mut f = FrameWriter::new();
     f.u8(FAIL).u32(epoch).text(message, MESSAGE_MAX);
     Arc::new(f.into_vec())
 }
 
 pub fn lost(node: u32) -> Bytes {
-    let mut f = Writer::with_capacity(5);
+    let mut f = FrameWriter::with_capacity(5);
     f.u8(LOST).u32(node);
     Arc::new(f.into_vec())
 }
@@ -355,7 +355,7 @@ pub fn report(bytes: &[u8]) -> Result<Bytes, TooLarge> {
     if bytes.len() > REPORT_MAX {
         return Err(TooLarge { len: 1 + bytes.len(), max: CONTROL_MAX });
     }
-    let mut f = Writer::with_capacity(1 + bytes.len());
+    let mut f = FrameWriter::with_capacity(1 + bytes.len());
     f.u8(REPORT).bytes(bytes);
     Ok(Arc::new(f.into_vec()))
 }
@@ -376,7 +376,7 @@ fn malformed(why: String) -> DecodeError {
 
 /// Checks the `count` parts at the front of `r` and returns their bytes in all and the first part not in
 /// its place. (Reads by index: this runs once per node for every node's part of every exchange.)
-fn parts(r: &mut Reader, count: u32, part_max: usize) -> Result<(usize, Option<(u32, u32)>), DecodeError> {
+fn parts(r: &mut FrameReader, count: u32, part_max: usize) -> Result<(usize, Option<(u32, u32)>), DecodeError> {
     let b = r.unread();
     let (mut at, mut bytes, mut misplaced) = (0, 0usize, None);
     for place in 0..count {

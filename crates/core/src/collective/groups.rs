@@ -19,7 +19,7 @@
 
 use super::Bounds;
 use super::Bytes;
-use crate::codec::{Malformed, Reader, Writer};
+use crate::codec::{FrameReader, FrameWriter, Malformed};
 use crate::server::{TaskMap, GROUP_ID_MAX};
 use crate::wire::group::{Group, Members};
 use std::collections::BTreeMap;
@@ -217,14 +217,14 @@ fn exchange_charge(id: &[u8], shells: &[u32]) -> usize {
 /// A node's part of a group exchange as one message (integers big-endian): `id_len:u16 id part`. The member
 /// nodes are not in it: the root tells them from the id. `None` if the id is too long for it.
 pub fn encode_part(id: &[u8], part: &[u8]) -> Option<Vec<u8>> {
-    let mut m = Writer::with_capacity(2 + id.len() + part.len());
+    let mut m = FrameWriter::with_capacity(2 + id.len() + part.len());
     m.prefixed16(id)?.bytes(part);
     Some(m.into_vec())
 }
 
 /// Reads [`encode_part`]'s message: the id and the part.
 pub fn decode_part(m: &[u8]) -> Result<Part, Malformed> {
-    let mut r = Reader::new(m);
+    let mut r = FrameReader::new(m);
     let id = r.prefixed16(GROUP_ID_MAX, "a group exchange id")?.to_vec();
     Ok(Part { id, part: r.rest().to_vec() })
 }
@@ -233,7 +233,7 @@ pub fn decode_part(m: &[u8]) -> Result<Part, Malformed> {
 /// count*(len:u32 bytes)`, the parts in member order. (A root sends no failure: a group exchange that cannot
 /// end ends the job.) `None` if a length does not fit its field.
 pub fn encode_done(id: &[u8], parts: &[Vec<u8>]) -> Option<Vec<u8>> {
-    let mut m = Writer::with_capacity(6 + id.len() + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
+    let mut m = FrameWriter::with_capacity(6 + id.len() + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
     m.prefixed16(id)?.len32(parts.len())?;
     for p in parts {
         m.prefixed32(p)?;
@@ -291,7 +291,7 @@ impl DoneParts {
 
     /// Every part, in member order.
     pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
-        let mut r = Reader::new(&self.message[self.parts_at..]);
+        let mut r = FrameReader::new(&self.message[self.parts_at..]);
         // Checked when decoded: a length cannot fall short here.
         (0..self.count).map_while(move |_| {
             let len = r.u32().ok()? as usize;
@@ -314,8 +314,8 @@ impl fmt::Debug for DoneParts {
 /// The id and part count at the head of [`encode_done`]'s message, read before anything else of it, so that
 /// a member refuses the end of an exchange it did not start, or with other than one part per member node,
 /// before it keeps or walks the rest; and a reader at the parts.
-pub fn done_head(m: &[u8]) -> Result<(&[u8], u32, Reader<'_>), Malformed> {
-    let mut r = Reader::new(m);
+pub fn done_head(m: &[u8]) -> Result<(&[u8], u32, FrameReader<'_>), Malformed> {
+    let mut r = FrameReader::new(m);
     let id = r.prefixed16(GROUP_ID_MAX, "a group exchange id")?;
     // Each part takes at least its 4-byte length.
     let count = r.count(4, "parts")?;

@@ -44,7 +44,7 @@
 
 use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
 pub use crate::codec::Malformed;
-use crate::codec::{cut, utf8, Reader, Writer};
+use crate::codec::{cut, utf8, FrameReader, FrameWriter};
 use crate::collective::groups::{self, DoneParts};
 use crate::collective::Bytes;
 pub use crate::server::NameOp;
@@ -211,7 +211,7 @@ impl fmt::Display for LengthOverflow {
 /// A frame of kind `kind` whose payload is the kind, then `fields`.
 fn frame(kind: u8, fields: &[u8]) -> Result<Vec<u8>, LengthOverflow> {
     let len = 1 + fields.len();
-    let mut f = Writer::with_capacity(4 + len);
+    let mut f = FrameWriter::with_capacity(4 + len);
     f.len32(len).ok_or(LengthOverflow(4 + len))?.u8(kind).bytes(fields);
     Ok(f.into_vec())
 }
@@ -234,7 +234,7 @@ pub fn collective_head(direction: Direction, len: usize) -> Result<[u8; 5], Leng
 }
 
 /// A COLLECTIVE's frame, copied out of the receive buffer (which is reused) into a frame of its own.
-fn collective(r: &mut Reader) -> Bytes {
+fn collective(r: &mut FrameReader) -> Bytes {
     Arc::new(r.rest().to_vec())
 }
 
@@ -260,20 +260,21 @@ impl Up {
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Result<Vec<u8>, LengthOverflow> {
         Ok(match self {
-            Up::Hello { node, nonce, port, width } => {
-                control(HELLO, Writer::new().bytes(MAGIC).u16(VERSION).u32(*node).bytes(nonce).u16(*port).u32(*width))
-            }
+            Up::Hello { node, nonce, port, width } => control(
+                HELLO,
+                FrameWriter::new().bytes(MAGIC).u16(VERSION).u32(*node).bytes(nonce).u16(*port).u32(*width),
+            ),
             Up::Proof { proof } => control(PROOF, proof),
             Up::Collective(payload) => frame(UP_COLLECTIVE, payload)?,
-            Up::Joined { epoch } => control(JOINED, Writer::new().u32(*epoch)),
+            Up::Joined { epoch } => control(JOINED, FrameWriter::new().u32(*epoch)),
             Up::Abort { rank, code, message } => {
-                control(ABORT, Writer::new().u32(*rank).i32(*code).text(message, MESSAGE_MAX))
+                control(ABORT, FrameWriter::new().u32(*rank).i32(*code).text(message, MESSAGE_MAX))
             }
             Up::Error { rank, failed, message } => {
-                control(ERROR, Writer::new().u32(*rank).flag(*failed).text(message, MESSAGE_MAX))
+                control(ERROR, FrameWriter::new().u32(*rank).flag(*failed).text(message, MESSAGE_MAX))
             }
             Up::Gone { rank, finalized, spoke } => {
-                control(GONE, Writer::new().u32(*rank).flag(*finalized).flag(*spoke))
+                control(GONE, FrameWriter::new().u32(*rank).flag(*finalized).flag(*spoke))
             }
             Up::Bye => control(BYE, &[]),
             Up::Name { task, op, name, port } => {
@@ -285,11 +286,11 @@ impl Up {
                     NameOp::Unpublish => 1,
                     NameOp::Lookup => 2,
                 };
-                let mut fields = Writer::new();
+                let mut fields = FrameWriter::new();
                 fields.u32(*task).u8(op).u16(name.len() as u16).bytes(name.as_bytes()).bytes(port.as_bytes());
                 control(NAME, &fields)
             }
-            Up::Spawn { task, request } => frame(SPAWN, Writer::new().u32(*task).bytes(request.as_bytes()))?,
+            Up::Spawn { task, request } => frame(SPAWN, FrameWriter::new().u32(*task).bytes(request.as_bytes()))?,
             Up::Started => control(STARTED, &[]),
             Up::Group { id, part } => {
                 let m = groups::encode_part(id, part).ok_or(LengthOverflow(id.len()))?;
@@ -308,7 +309,7 @@ impl Up {
 
     /// Decodes a payload (without its length prefix).
     pub fn decode(payload: &[u8]) -> Result<Up, Malformed> {
-        let mut r = Reader::new(payload);
+        let mut r = FrameReader::new(payload);
         let m = match r.u8()? {
             HELLO => {
                 if r.take(4)? != MAGIC {
@@ -385,11 +386,11 @@ impl Down {
             Down::Challenge { nonce } => control(CHALLENGE, nonce),
             Down::Welcome { proof } => control(WELCOME, proof),
             Down::Collective(payload) => frame(DOWN_COLLECTIVE, payload)?,
-            Down::Parent { port } => control(PARENT, Writer::new().u16(*port)),
+            Down::Parent { port } => control(PARENT, FrameWriter::new().u16(*port)),
             Down::ParentDone => control(PARENT_DONE, &[]),
             Down::End => control(END, &[]),
             Down::Answer { task, ok, text } => {
-                control(ANSWER, Writer::new().u32(*task).flag(*ok).text(text, MESSAGE_MAX))
+                control(ANSWER, FrameWriter::new().u32(*task).flag(*ok).text(text, MESSAGE_MAX))
             }
             Down::Group(done) => frame(DOWN_GROUP, done.message())?,
         })
@@ -406,7 +407,7 @@ impl Down {
 
     /// Decodes a payload (without its length prefix).
     pub fn decode(payload: &[u8]) -> Result<Down, Malformed> {
-        let mut r = Reader::new(payload);
+        let mut r = FrameReader::new(payload);
         let m = match r.u8()? {
             CHALLENGE => Down::Challenge { nonce: r.array()? },
             WELCOME => Down::Welcome { proof: r.array()? },
@@ -490,7 +491,7 @@ impl FrameBuf {
 
     /// The length the next frame's prefix announces, once its 4 bytes have come.
     pub fn announced(&self) -> Option<usize> {
-        Reader::new(&self.buf[self.used..]).u32().ok().map(|len| len as usize)
+        FrameReader::new(&self.buf[self.used..]).u32().ok().map(|len| len as usize)
     }
 
     /// The next whole frame's payload, `Ok(None)` if it has not all come yet, or an error if the length
