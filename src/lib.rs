@@ -20,7 +20,7 @@ pub mod abi;
 pub mod driver;
 pub mod os;
 pub mod runtime;
-pub use rpmi_core::{collective, server, wire};
+pub use rpmi_core::{collective, launch, server, wire};
 
 #[cfg(feature = "slurm")]
 pub mod slurm;

@@ -223,3 +223,12 @@ pub fn start_linked(
         started.map(|()| pid)
     }
 }
+
+/// Nanoseconds on the machine's monotonic clock: the same clock in every process of the machine, so that
+/// processes (rpmi-run's, a spawning and a spawned srun) can tell which of two events came first.
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into our own timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
+}

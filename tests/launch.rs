@@ -333,7 +333,7 @@ fn spawns_that_cannot_be_fail_and_the_launch_goes_on() {
         assert_eq!(
             answers,
             [
-                "cmd=spawn_result rc=-1 msg=a_spawn_of_4000000000_processes,_more_than_the_65536_rpmi-run_starts_at_once",
+                "cmd=spawn_result rc=-1 msg=a_spawn_of_4000000000_processes,_more_than_the_65536_one_spawn_starts",
                 "cmd=spawn_result rc=0 errcodes=-1",
                 "cmd=spawn_result rc=0 errcodes=0,0",
                 "cmd=spawn_result rc=0 errcodes=-1",

@@ -151,9 +151,6 @@ fn code(inst: *mut rpmi_instance, r: Result<(), Failure>) -> c_int {
 
 /// The size of revision 1's `rpmi_job_info`: a host built against it passes no more.
 const JOB_INFO_REVISION_1: usize = std::mem::offset_of!(rpmi_job_info, appnums);
-/// At most this many preputs in one job (`rpmi_job_info.preput_count`; a spawn's request is bounded by
-/// `spawn_bytes_max` already).
-pub const PREPUTS_MAX: u32 = 4096;
 
 /// # Safety
 /// `job` points to the host's `rpmi_job_info` of `job_size` bytes, at least revision 1's (the caller checks),
@@ -264,7 +261,8 @@ unsafe fn read_preputs(job: &rpmi_job_info) -> Result<crate::wire::Pairs, Failur
     if job.preput_count == 0 {
         return Ok(Vec::new());
     }
-    if job.preputs.is_null() || job.preput_count > PREPUTS_MAX {
+    // At most launch::PREPUTS_MAX (a spawn's request is bounded by `spawn_bytes_max` already).
+    if job.preputs.is_null() || job.preput_count as usize > crate::launch::PREPUTS_MAX {
         return fail(ffi::RPMI_ERR_INVALID, format!("{} preputs at {:?}", job.preput_count, job.preputs));
     }
     // SAFETY: not NULL (checked above) with preput_count entries (the caller's contract).

@@ -306,8 +306,8 @@ unsafe fn set_up(info: &StepInfo, job: Job, job_id: u32, components: Components)
         Ok(text) if !text.is_empty() => Some(Spawn::decode(&text)?),
         _ => None,
     };
-    if let Some(s) = spawned.as_ref().filter(|s| s.size() != node_of.len() as u64) {
-        return Err(format!("the spawn asked for {} processes, srun's step has {} tasks", s.size(), node_of.len()));
+    if let Some(s) = spawned.as_ref().filter(|s| s.job.size() != node_of.len() as u64) {
+        return Err(format!("the spawn asked for {} processes, srun's step has {} tasks", s.job.size(), node_of.len()));
     }
     let spawn_var = spawned.as_ref().map_or(String::new(), |s| Spawn { fd: None, ..s.clone() }.encode());
     let spawned_by = spawned.as_ref().and_then(|s| s.fd);

@@ -30,8 +30,9 @@
 //! user's own steps only. The request is a task's, so it is bounded and checked before anything starts.
 
 pub use super::options::ENV_SPAWN;
+use crate::launch::{SpawnedJob, PMI_FAIL};
 use crate::os::{Epoll, Start};
-use crate::wire::{Pairs, SpawnRequest};
+use crate::wire::SpawnRequest;
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -41,12 +42,8 @@ use std::sync::Arc;
 
 /// The longest [`ENV_SPAWN`] value: an environment string must stay under Linux's 128 KiB.
 pub const SPAWN_ENV_MAX: usize = 96 * 1024;
-/// The most processes one spawn starts.
-pub const SPAWN_PROCS_MAX: u64 = 65536;
 /// The most spawned sruns one step has running at once.
 pub const SPAWNED_STEPS_MAX: usize = 128;
-/// The error code of a process that did not start (PMI's `PMI_FAIL`).
-const PMI_FAIL: i32 = -1;
 /// The fd a spawned srun finds its pipe on.
 const PIPE_FD: RawFd = 3;
 /// What srun's `--multi-prog` takes: arguments of a command (127 words with the program), bytes of a line
@@ -58,10 +55,8 @@ const MULTI_PROG_BYTES_MAX: usize = 60000;
 /// What a spawned step's tasks get beyond a step's own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Spawn {
-    /// The processes of each command, in rank order: command `i`'s ranks have appnum `i`.
-    pub counts: Vec<u32>,
-    /// Keys in the new job's key-value space before any task runs.
-    pub preputs: Vec<(String, String)>,
+    /// The processes of each command and the preputs.
+    pub job: SpawnedJob,
     /// In the spawned srun only: where it tells the spawning srun that its step exists.
     pub fd: Option<RawFd>,
 }
@@ -69,7 +64,7 @@ pub struct Spawn {
 impl Spawn {
     /// [`ENV_SPAWN`]'s value.
     pub fn encode(&self) -> String {
-        let mut v = serde_json::json!({ "counts": self.counts, "preputs": self.preputs });
+        let mut v = serde_json::json!({ "counts": self.job.counts, "preputs": self.job.preputs });
         if let Some(fd) = self.fd {
             v["fd"] = fd.into();
         }
@@ -100,48 +95,13 @@ impl Spawn {
         if counts.is_empty() {
             return Err(bad("counts"));
         }
-        Ok(Spawn { counts, preputs, fd })
+        Ok(Spawn { job: SpawnedJob { counts, preputs }, fd })
     }
-
-    /// The processes of the new step.
-    pub fn size(&self) -> u64 {
-        self.counts.iter().map(|&c| u64::from(c)).sum()
-    }
-
-    /// The appnum of each of `ranks` (the index of its command).
-    pub fn appnums(&self, ranks: &[u32]) -> Vec<i32> {
-        let ends: Vec<u64> = self
-            .counts
-            .iter()
-            .scan(0u64, |end, &c| {
-                *end += u64::from(c);
-                Some(*end)
-            })
-            .collect();
-        let appnum =
-            |rank: u32| ends.partition_point(|&end| end <= u64::from(rank)).min(ends.len().saturating_sub(1)) as i32;
-        ranks.iter().map(|&r| appnum(r)).collect()
-    }
-
-    /// The preputs as the server takes them.
-    pub fn pairs(&self) -> Pairs {
-        self.preputs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
-    }
-}
-
-/// The time on the machine's monotonic clock in ns: the spawning and the spawned srun run on one machine,
-/// so their times compare.
-pub fn now() -> u64 {
-    // SAFETY: writes the time into our struct.
-    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 
 /// In a spawned srun's root: tells the spawning srun, on `fd`, that this step began to fail now.
 pub fn tell_failing(fd: RawFd) {
-    tell(fd, &format!("failed {}\n", now()));
+    tell(fd, &format!("failed {}\n", crate::os::monotonic_ns()));
 }
 
 /// In a spawned srun's root: tells the spawning srun, on `fd`, that every task of this step runs.
@@ -283,7 +243,7 @@ impl SpawnedSrun {
                 events.push(SrunEvent::Answer { asker, result: Ok(PMI_FAIL) });
             }
             (Started::Ran(step), _, Some(at)) if self.failing_at.is_none() => {
-                self.failing_at = Some(at.parse().unwrap_or_else(|_| now()));
+                self.failing_at = Some(at.parse().unwrap_or_else(|_| crate::os::monotonic_ns()));
                 events.push(SrunEvent::Failing { rank: self.rank, step });
             }
             _ => {}
@@ -336,10 +296,10 @@ impl Launcher {
             self.setup.srun.clone(),
             cstring(format!("--jobid={}", self.setup.job)),
             cstring("--mpi=rpmi".into()),
-            cstring(format!("--ntasks={}", spawn.size())),
+            cstring(format!("--ntasks={}", spawn.job.size())),
             // As few nodes as hold it: srun's default is every node of the allocation, some of which the
             // spawning step may fill.
-            cstring(format!("--nodes=1-{}", spawn.size())),
+            cstring(format!("--nodes=1-{}", spawn.job.size())),
             cstring("--immediate".into()),
             cstring("--exact".into()),
         ];
@@ -518,25 +478,8 @@ impl Launch {
     /// `hosts` (`--nodelist`); a spawn of several commands is one step, which takes one of each. Others are
     /// ignored, as MPI lets a process manager do.
     fn of(request: &SpawnRequest) -> Result<Launch, String> {
-        let size = request.total_procs();
-        if request.commands.is_empty() || request.commands.iter().any(|c| c.nprocs == 0) {
-            return Err("a spawn of no processes".into());
-        }
-        if size > SPAWN_PROCS_MAX {
-            return Err(format!(
-                "a spawn of {size} processes, more than the {SPAWN_PROCS_MAX} srun --mpi=rpmi starts at once"
-            ));
-        }
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        let preputs = request.preputs()?;
-        if preputs.len() > crate::abi::PREPUTS_MAX as usize {
-            return Err(format!("{} preputs, more than the {} a job takes", preputs.len(), crate::abi::PREPUTS_MAX));
-        }
-        let spawn = Spawn {
-            counts: request.commands.iter().map(|c| c.nprocs).collect(),
-            preputs: preputs.iter().map(|(k, v)| (text(k), text(v))).collect(),
-            fd: Some(PIPE_FD),
-        };
+        let spawn = Spawn { job: SpawnedJob::of(request)?, fd: Some(PIPE_FD) };
         if spawn.encode().len() > SPAWN_ENV_MAX {
             return Err(format!("preputs of more than {SPAWN_ENV_MAX} bytes, the most srun --mpi=rpmi passes on"));
         }
@@ -675,13 +618,12 @@ mod tests {
     }
 
     #[test]
-    fn spawn_round_trips_and_gives_appnums() {
-        let s = Spawn { counts: vec![2, 3], preputs: vec![("k".into(), "v w".into())], fd: Some(3) };
+    fn spawn_round_trips() {
+        let job = SpawnedJob { counts: vec![2, 3], preputs: vec![("k".into(), "v w".into())] };
+        let s = Spawn { job, fd: Some(3) };
         assert_eq!(Spawn::decode(&s.encode()), Ok(s.clone()));
         let without = Spawn { fd: None, ..s.clone() };
         assert_eq!(Spawn::decode(&without.encode()), Ok(without));
-        assert_eq!(s.appnums(&[0, 1, 2, 3, 4]), [0, 0, 1, 1, 1]);
-        assert_eq!(s.size(), 5);
         for bad in [
             "",
             "{}",
@@ -716,8 +658,8 @@ mod tests {
         assert_eq!(l.options, ["--chdir=/tmp"]);
         assert_eq!(l.path.as_deref(), Some("/opt/bin"));
         assert_eq!(l.program, [c"./child".to_owned(), c"-v".to_owned(), c"a b".to_owned()]);
-        assert_eq!(l.spawn.counts, [3]);
-        assert_eq!(l.spawn.preputs, [("PARENT_ROOT_PORT_NAME".to_string(), "tag#0$x$".to_string())]);
+        assert_eq!(l.spawn.job.counts, [3]);
+        assert_eq!(l.spawn.job.preputs, [("PARENT_ROOT_PORT_NAME".to_string(), "tag#0$x$".to_string())]);
     }
 
     #[test]
@@ -725,7 +667,7 @@ mod tests {
         let l =
             Launch::of(&SpawnRequest { commands: vec![command(2, "./a", &["x"]), command(1, "./b", &[])] }).unwrap();
         assert_eq!(l.multi_prog.as_deref(), Some("0-1 ./a x\n2-2 ./b\n"));
-        assert_eq!(l.spawn.counts, [2, 1]);
+        assert_eq!(l.spawn.job.counts, [2, 1]);
         let words =
             SpawnRequest { commands: vec![command(1, "./a", &["two words", "it's", "%t"]), command(1, "./b", &[])] };
         assert_eq!(

@@ -6,6 +6,7 @@
 //! - [`server`]: the PMI engine, one [`server::Server`] per job shell serving all of its tasks; what it asks
 //!   of its host it hands out as [`server::Effect`]s.
 //! - [`collective`]: the exchange behind every barrier, over a k-ary tree of nodes.
+//! - [`launch`]: what a launch of several commands gives its ranks, and what a spawn may ask for.
 //! - [`codec`]: the byte codec of every binary frame.
 //! - `slurm` (feature `slurm`): the handshake and the frames between Slurm's slurmstepds and srun.
 
@@ -13,6 +14,7 @@
 
 pub mod codec;
 pub mod collective;
+pub mod launch;
 pub mod server;
 #[cfg(feature = "slurm")]
 pub mod slurm;

@@ -152,7 +152,7 @@ impl Branch {
     /// Tells the coordinator that a rank of this node called `PMI_Abort` with `code`, news on this node (see
     /// `ShellHost::end_job`). Returns false if the coordinator is gone.
     pub fn send_abort(&self, code: i32, message: &str) -> bool {
-        self.lock().conns[0].send(conn::ABORT, conn::abort(code, conn::now(), message))
+        self.lock().conns[0].send(conn::ABORT, conn::abort(code, rpmi::os::monotonic_ns(), message))
     }
 
     /// Tells the coordinator, up the tree, that the job cannot go on for what `blame` says.
@@ -342,12 +342,12 @@ mod tests {
 
         assert!(branch.send_ending("rank 1 left"));
         assert_eq!(next(&mut root), (ENDING, b"rank 1 left".to_vec()));
-        let before = conn::now();
+        let before = rpmi::os::monotonic_ns();
         assert!(branch.send_abort(-3, "rank 1 called PMI_Abort"));
         let (kind, abort) = next(&mut root);
         let (code, at, message) = conn::read_abort(&abort);
         assert_eq!((kind, code, message), (conn::ABORT, -3, &b"rank 1 called PMI_Abort"[..]));
-        assert!(before <= at && at <= conn::now());
+        assert!(before <= at && at <= rpmi::os::monotonic_ns());
         let blame = Blame { node: Some(2), left: true, message: "node 2 cannot join".into() };
         assert!(branch.send_report(&blame).0);
         let (kind, report) = next(&mut root);

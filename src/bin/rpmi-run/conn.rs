@@ -216,7 +216,7 @@ pub fn ending(message: &str) -> Bytes {
     Arc::new(cut(message, CONTROL_MAX).as_bytes().to_vec())
 }
 
-/// An ABORT's payload: the exit code, when the node's shell heard of it ([`now`]), then what to say.
+/// An ABORT's payload: the exit code, when the node's shell heard of it ([`rpmi::os::monotonic_ns`]), then what to say.
 pub fn abort(code: i32, at: u64, message: &str) -> Bytes {
     let mut payload = FrameWriter::new();
     payload.i32_le(code).u64_le(at).text(message, CONTROL_MAX - 12);
@@ -230,14 +230,6 @@ pub fn read_abort(payload: &[u8]) -> (i32, u64, &[u8]) {
         (Ok(code), Ok(at)) => (code, at, r.rest()),
         (code, _) => (code.unwrap_or(1), u64::MAX, &[]),
     }
-}
-
-/// Nanoseconds on the machine's monotonic clock, which all of rpmi-run's processes share.
-pub fn now() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into our own timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 
 /// A job error a node's machine of the collective found, as the node's shell reports it to the coordinator

@@ -32,7 +32,7 @@ enum First {
 #[derive(Debug)]
 struct Abort {
     code: i32,
-    /// When the shell heard of it (`conn::now`).
+    /// When the shell heard of it (`rpmi::os::monotonic_ns`).
     at: u64,
     message: Vec<u8>,
 }
@@ -41,7 +41,7 @@ struct Abort {
 #[derive(Default, Debug)]
 struct Outcome {
     first: Option<First>,
-    /// When the coordinator heard of the first (`conn::now`).
+    /// When the coordinator heard of the first (`rpmi::os::monotonic_ns`).
     began: Option<u64>,
     /// The first PMI_Abort, from any node: by when its shell heard of it, not when the coordinator did. A
     /// task's abort can make others fail and abort too (an MPI rank whose peer vanished during MPI_Init),
@@ -121,7 +121,7 @@ pub fn coordinate(
     crate::output::forward_signals(move |sig| {
         say!("got signal {sig}, passing it to every task");
         passed.store(true, Ordering::SeqCst);
-        let _ = at.compare_exchange(0, conn::now(), Ordering::SeqCst, Ordering::SeqCst);
+        let _ = at.compare_exchange(0, rpmi::os::monotonic_ns(), Ordering::SeqCst, Ordering::SeqCst);
         for &pid in &shells {
             // SAFETY: kill on our own children; each shell passes the signal on to its tasks.
             unsafe { libc::kill(pid, sig) };
@@ -379,7 +379,7 @@ impl<'a> Coordinator<'a> {
         };
         if first {
             self.outcome.first = Some(First::Node(index));
-            self.outcome.began.get_or_insert_with(conn::now);
+            self.outcome.began.get_or_insert_with(rpmi::os::monotonic_ns);
         }
         first
     }
@@ -413,7 +413,7 @@ impl<'a> Coordinator<'a> {
             }
             self.end_job(None, &blame.message);
             self.outcome.first = Some(First::Collective);
-            self.outcome.began.get_or_insert_with(conn::now);
+            self.outcome.began.get_or_insert_with(rpmi::os::monotonic_ns);
         }
         let gone = blame.node.is_none_or(|n| self.conns.get(n as usize).is_none_or(Conn::ended));
         self.outcome.blamed = Some(blame);
@@ -577,7 +577,7 @@ mod tests {
             send(&mut nodes[1], ENDING, b"rank 1 left");
             assert_eq!(next(&mut nodes[0]).map(what).as_deref(), Some("KILL"));
             send(&mut nodes[0], ENDING, b"rank 0 left");
-            send(&mut nodes[0], ABORT, &conn::abort(7, conn::now(), "rank 0 aborts"));
+            send(&mut nodes[0], ABORT, &conn::abort(7, rpmi::os::monotonic_ns(), "rank 0 aborts"));
         });
         assert_eq!(outcome.first, Some(First::Node(1)));
         assert_eq!(outcome.abort.map(|a| a.code), Some(7));
@@ -609,7 +609,7 @@ mod tests {
     #[test]
     fn the_abort_heard_of_first_on_its_node_decides_whichever_comes_first() {
         let (outcome, said, _) = serve(Tree::new(2, 2).unwrap(), |nodes| {
-            let (before, after) = (conn::now(), conn::now() + 1);
+            let (before, after) = (rpmi::os::monotonic_ns(), rpmi::os::monotonic_ns() + 1);
             send(&mut nodes[0], ABORT, &conn::abort(15, after, "rank 0 called PMI_Abort with exit code 15"));
             assert_eq!(next(&mut nodes[1]).map(what).as_deref(), Some("KILL"));
             send(&mut nodes[1], ABORT, &conn::abort(7, before, "rank 1 called PMI_Abort with exit code 7"));

@@ -39,7 +39,7 @@ pub enum Cause {
 pub struct Fate {
     cause: Option<Cause>,
     abort: Option<i32>,
-    /// When the first cause was recorded (`conn::now`).
+    /// When the first cause was recorded (`rpmi::os::monotonic_ns`).
     began: Option<u64>,
 }
 
@@ -50,7 +50,7 @@ impl Fate {
         let first = self.cause.is_none();
         if first {
             self.cause = Some(cause);
-            self.began = Some(crate::conn::now());
+            self.began = Some(rpmi::os::monotonic_ns());
         }
         match cause {
             Cause::Abort(code) if self.abort.is_none() => {

@@ -3,6 +3,7 @@
 //! preputs, `PMI_SPAWNED`, the universe size. A spawned job is run by an rpmi-run of its own, which reads its
 //! [`Job`] as JSON from the rpmi-run that started it (see `services`).
 
+use rpmi::launch;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
@@ -51,14 +52,21 @@ pub struct Job {
 }
 
 impl Job {
-    /// The job's size.
+    /// The processes of each application.
+    fn counts(&self) -> Vec<u32> {
+        self.apps.iter().map(|a| a.n).collect()
+    }
+
+    /// The job's size (a launch or a spawn of at most `u32::MAX` processes: rpmi-run's options and
+    /// [`rpmi::launch::SPAWN_PROCS_MAX`] bound it).
     pub fn size(&self) -> u32 {
-        self.apps.iter().map(|a| a.n).sum()
+        u32::try_from(launch::size(&self.counts())).unwrap_or(u32::MAX)
     }
 
     /// The appnum of each rank: its application's index.
     pub fn appnums(&self) -> Vec<i32> {
-        self.apps.iter().enumerate().flat_map(|(i, a)| std::iter::repeat_n(i as i32, a.n as usize)).collect()
+        let ranks: Vec<u32> = (0..self.size()).collect();
+        launch::appnums(&self.counts(), &ranks)
     }
 
     /// The job as the rpmi-run that runs it reads it (see [`Job::from_json`]).

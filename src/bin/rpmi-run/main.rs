@@ -29,6 +29,7 @@ use job::{App, Job};
 use plugin::Plugin;
 use rpmi::abi::{ffi, Options};
 use rpmi::collective::{Bound, Bounds, Tree};
+use rpmi::launch;
 use rpmi::server::TaskMap;
 use services::Ended;
 use services::Launch;
@@ -81,7 +82,7 @@ fn parse_args() -> Job {
         apps: Vec::new(),
         // The pid and the clock: MPICH names a node's shared memory after the KVS name, and tasks killed by
         // an abort leave theirs behind, which a later job of a reused pid alone would find.
-        job_id: format!("run{}-{:x}", std::process::id(), conn::now() & 0xffff_ffff),
+        job_id: format!("run{}-{:x}", std::process::id(), rpmi::os::monotonic_ns() & 0xffff_ffff),
         preputs: Vec::new(),
         spawned: false,
         universe: 0,
@@ -235,14 +236,12 @@ fn answer_spawn(job: &Job, link: &mut UnixStream) -> bool {
     // The plugin's limits: options it refuses give the defaults, and it says why when the job starts.
     let options = serde_json::Value::Object(job.options.clone()).to_string();
     let limits = Options::parse(Some(&options)).map(|o| o.limits).unwrap_or_default();
-    for (key, value) in &job.preputs {
-        if let Err(why) = rpmi::server::check_preput(&limits, key.as_bytes(), value.as_bytes()) {
-            fail(format!("the preput '{key}': {why}"));
-        }
+    if let Err(why) = launch::check_preputs(&limits, job.preputs.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes()))) {
+        fail(why);
     }
-    let code = if fine { "0" } else { "-1" };
+    let code = if fine { 0 } else { launch::PMI_FAIL }.to_string();
     let mut payload = vec![1u8];
-    payload.extend_from_slice(vec![code; job.size() as usize].join(",").as_bytes());
+    payload.extend_from_slice(vec![code.as_str(); job.size() as usize].join(",").as_bytes());
     let _ = conn::write_frame(link, services::STARTED, &payload);
     fine
 }

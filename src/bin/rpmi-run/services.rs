@@ -17,7 +17,7 @@
 
 use crate::conn::{self, Conn, Heard};
 use crate::job::{App, Job};
-use rpmi::abi::PREPUTS_MAX;
+use rpmi::launch::SpawnedJob;
 use rpmi::os::Start;
 use rpmi::server::{NameOp, Names};
 use rpmi::wire::SpawnRequest;
@@ -43,7 +43,7 @@ pub const JOB: u8 = 13;
 /// Spawned rpmi-run to first: the spawn's answer: ok (one byte), then the error codes or why it failed.
 pub const STARTED: u8 = 14;
 /// Main thread to its launcher, and spawned rpmi-run to first: the job has ended: its status (i32 LE) and
-/// when it began to end (u64 LE, `conn::now`; all ones if nothing ended it), see [`exit_payload`].
+/// when it began to end (u64 LE, `rpmi::os::monotonic_ns`; all ones if nothing ended it), see [`exit_payload`].
 pub const EXIT: u8 = 15;
 /// Launcher to its main thread: every job of the launch has ended; the launch's status (i32 LE).
 pub const FINAL: u8 = 16;
@@ -54,8 +54,6 @@ pub const FRAME_MAX: usize = 16 << 20;
 /// At most this many spawned jobs run at once in a launch: a program that spawns itself without end is
 /// stopped.
 const SPAWNED_JOBS_MAX: usize = 1024;
-/// At most this many processes in one spawn (every process's error code must fit the answer).
-const SPAWN_PROCS_MAX: u64 = 65536;
 
 /// The service a task asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -505,7 +503,7 @@ impl Launcher {
                 self.conns[i] = None;
                 if died {
                     say!("the rpmi-run of spawned job {job} died");
-                    self.failed(Ended { status: 1, began: Some(conn::now()) });
+                    self.failed(Ended { status: 1, began: Some(rpmi::os::monotonic_ns()) });
                 }
             }
             Source::Node | Source::Control => {}
@@ -627,6 +625,7 @@ fn start_rpmi_run(exe: &CStr, link: &UnixStream) -> io::Result<libc::pid_t> {
 /// the preputs of all of them its preputs. Info keys: `wdir` and `path` as Hydra takes them, `host` and
 /// `hosts` only if they name this machine; others are ignored, as MPI lets a process manager do.
 fn job_of_spawn(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
+    let spawned = SpawnedJob::of(request)?;
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let mut apps = Vec::with_capacity(request.commands.len());
     for c in &request.commands {
@@ -646,19 +645,13 @@ fn job_of_spawn(template: &Job, request: &SpawnRequest) -> Result<Job, String> {
                 _ => {}
             }
         }
-        if app.n == 0 || app.program[0].is_empty() {
-            return Err("a spawn of no processes or of no program".into());
+        if app.program[0].is_empty() {
+            return Err("a spawn of no program".into());
         }
         apps.push(app);
     }
-    let preputs: Vec<(String, String)> = request.preputs()?.iter().map(|(k, v)| (text(k), text(v))).collect();
-    if preputs.len() > PREPUTS_MAX as usize {
-        return Err(format!("{} preputs, more than the {PREPUTS_MAX} a job takes", preputs.len()));
-    }
-    let size: u64 = apps.iter().map(|a| u64::from(a.n)).sum();
-    if size > SPAWN_PROCS_MAX {
-        return Err(format!("a spawn of {size} processes, more than the {SPAWN_PROCS_MAX} rpmi-run starts at once"));
-    }
-    let size = size as u32;
+    // At most SPAWN_PROCS_MAX processes: the size fits.
+    let size = spawned.size() as u32;
+    let preputs = spawned.preputs;
     Ok(Job { apps, preputs, spawned: true, nodes: template.nodes.min(size).max(1), ..template.clone() })
 }

@@ -1107,7 +1107,7 @@ pub(super) mod tests {
             Some("0000000000000000")
         );
         let spawn = spawn::Spawn::decode(&std::fs::read_to_string(dir.join("spawn")).unwrap()).unwrap();
-        assert_eq!((spawn.counts, spawn.preputs, spawn.fd), (vec![3], vec![("k".into(), "v".into())], Some(3)));
+        assert_eq!((spawn.job.counts, spawn.job.preputs, spawn.fd), (vec![3], vec![("k".into(), "v".into())], Some(3)));
         // Its srun fails: the spawning step ends, naming the step and the rank that spawned it.
         let line = record.wait_for("error:");
         assert!(line.contains("step 42.7, which rank 1 spawned, failed: its srun exited with status 3"), "{line}");

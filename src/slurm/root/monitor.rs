@@ -2,7 +2,7 @@
 //! closed, and what the sruns of spawned steps did go in; what to do comes out as [`Action`]s (send a frame,
 //! tell the user, end the step, start a spawn, tell the spawner), in order, for the I/O loop around it
 //! ([`super`]) to carry out. It decides who waits for whom, who is at fault and what srun exits with; it
-//! holds no socket, thread or clock but [`spawn::now`]'s timestamp of when the step began to fail.
+//! holds no socket, thread or clock but [`crate::os::monotonic_ns`]'s timestamp of when the step began to fail.
 //!
 //! **Who waits.** srun no longer sees every node's part, so each stepd says straight when its own shell joins
 //! an exchange (JOINED). While some node's shell waits in an exchange, a node that has not joined it and has
@@ -17,7 +17,7 @@ use super::super::link::CONTROL_QUEUED_MAX;
 #[cfg(test)]
 use super::super::protocol::NameOp;
 use super::super::protocol::{Down, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
-use super::super::spawn::{self, Asker, SrunEvent};
+use super::super::spawn::{Asker, SrunEvent};
 use super::Outcome;
 use crate::collective::groups::DoneParts;
 use crate::collective::{self, frame::Frame, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
@@ -134,7 +134,7 @@ pub struct StepMonitor {
     left: Option<(u32, u32, Instant)>,
     /// The step's published names (PMI_Publish_name): one table for the step.
     names: Names,
-    /// When this step began to fail ([`spawn::now`]).
+    /// When this step began to fail ([`crate::os::monotonic_ns`]).
     failed_at: Option<u64>,
     /// The spawned step whose failure ended this one, named as such to the user.
     failed_for: Option<u32>,
@@ -725,7 +725,7 @@ impl StepMonitor {
     fn fail(&mut self, what: String, abort_code: Option<i32>) {
         self.outcome.ended = true;
         self.outcome.abort_code = abort_code;
-        self.failed_at = Some(spawn::now());
+        self.failed_at = Some(crate::os::monotonic_ns());
         if self.shape.spawned {
             self.actions.push_back(Action::TellFailing);
         }

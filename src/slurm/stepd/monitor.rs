@@ -14,10 +14,10 @@
 use super::plan::{Place, LOGGED_TEXT_MAX};
 use crate::collective::groups::DoneParts;
 use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
-use crate::server::{check_preput, GroupExchange, HostReply, HostRequest, JobError, Limits, TaskId};
+use crate::launch::{check_preputs, SpawnedJob};
+use crate::server::{GroupExchange, HostReply, HostRequest, JobError, Limits, TaskId};
 use crate::slurm::layout::with_node_names;
 use crate::slurm::protocol::{self, Direction, Down, NameOp, Owned, Up, CONTROL_MAX, MESSAGE_MAX, NAME_MAX, SPAWN_MAX};
-use crate::slurm::spawn::SPAWN_PROCS_MAX;
 use crate::slurm::trace::escape_text;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -590,19 +590,11 @@ impl NodeMonitor {
             HostRequest::Unpublish { service } => (NameOp::Unpublish, service.as_str(), ""),
             HostRequest::Lookup { service } => (NameOp::Lookup, service.as_str(), ""),
             HostRequest::Spawn(spawn) => {
-                // Bounded here: srun is the user's, and its answer makes an error code per process.
-                if spawn.total_procs() > SPAWN_PROCS_MAX {
-                    return Err(format!(
-                        "a spawn of {} processes, more than the {SPAWN_PROCS_MAX} srun --mpi=rpmi starts at once",
-                        spawn.total_procs()
-                    ));
-                }
-                // Checked now, as the new step will (a spawn answered and then refused by that step would
-                // end this one).
-                for (key, value) in spawn.commands.iter().flat_map(|c| &c.preputs) {
-                    check_preput(&self.limits, key, value)
-                        .map_err(|why| format!("the preput '{}': {why}", String::from_utf8_lossy(key)))?;
-                }
+                // Bounded here: srun is the user's, and its answer makes an error code per process. The
+                // preputs are checked now, as the new step will (a spawn answered and then refused by that
+                // step would end this one).
+                let job = SpawnedJob::of(spawn)?;
+                check_preputs(&self.limits, job.preputs.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())))?;
                 let request = crate::abi::spawn_json(spawn);
                 if request.len() > SPAWN_MAX {
                     return Err(format!(

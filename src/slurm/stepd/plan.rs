@@ -196,12 +196,12 @@ pub fn job_info(plan: &mut Plan, env: Env, multi_prog: impl FnOnce() -> Option<S
         Some(text) => Some(Spawn::decode(&text)?),
         None => None,
     };
-    if let Some(s) = &spawn {
-        if s.size() != tasks as u64 {
-            return Err(format!("{ENV_SPAWN} describes {} processes, Slurm's step has {}", s.size(), tasks));
+    if let Some(Spawn { job, .. }) = &spawn {
+        if job.size() != tasks as u64 {
+            return Err(format!("{ENV_SPAWN} describes {} processes, Slurm's step has {}", job.size(), tasks));
         }
-        info.appnums = s.appnums(&plan.local_ranks);
-        info.preputs = s.pairs();
+        info.appnums = job.appnums(&plan.local_ranks);
+        info.preputs = job.pairs();
         info.spawned = true;
     } else if let Some(appnum) = plan.appnum {
         info.appnums = vec![appnum; plan.local_ranks.len()];
@@ -218,6 +218,7 @@ fn need(env: Env, name: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch::SpawnedJob;
     use crate::slurm::options::Id;
     use std::collections::HashMap;
 
@@ -343,7 +344,8 @@ mod tests {
         let secret = crate::slurm::random::secret().unwrap();
         let env = env_of(&secret);
         let plan = || plan_of(record(1), &env, &Site::default()).unwrap().unwrap();
-        let spawn = Spawn { counts: vec![3, 3], preputs: vec![("k".into(), "v".into())], fd: None };
+        let job = SpawnedJob { counts: vec![3, 3], preputs: vec![("k".into(), "v".into())] };
+        let spawn = Spawn { job, fd: None };
         let text = spawn.encode();
         let read = |name: &str| (name == ENV_SPAWN).then(|| text.clone());
         let info = job_info(&mut plan(), &read, || panic!("a spawned step is no MPMD step")).unwrap();
@@ -351,7 +353,7 @@ mod tests {
         assert_eq!((info.appnums.clone(), info.spawned), (vec![0, 1], true));
         assert_eq!(info.preputs.len(), 1);
         // Processes that are not Slurm's step.
-        let wrong = Spawn { counts: vec![2], ..spawn }.encode();
+        let wrong = Spawn { job: SpawnedJob { counts: vec![2], ..spawn.job }, ..spawn }.encode();
         let read = |name: &str| (name == ENV_SPAWN).then(|| wrong.clone());
         let e = job_info(&mut plan(), &read, || None).err().unwrap();
         assert_eq!(e, "RPMI_SLURM_SPAWN describes 2 processes, Slurm's step has 6");
