@@ -21,8 +21,9 @@
 # the daemons and mpicc are that Slurm's and that Debian's. The project directory is bind-mounted into the
 # chroot at the same path, so the test binary finds its programs. The packages of 22.05 are tried in a Debian 12
 # (bookworm) chroot made the same way, so that this machine's own system is left as it is. RPMI_CHROOT_FRESH=1
-# makes the chroot anew. Must run as root. Builds go to target/slurm-VERSION (CARGO_TARGET_DIR is not used), the
-# developers' package's to target/package; the packages are made with cargo-deb, which
+# makes the chroot anew. Must run as root. Every line builds in the project's target/ (CARGO_TARGET_DIR is not
+# used: the chroots see the project directory only), so the dependencies are built once for all lines and the
+# developers' package, and only the plugin's own crate again for each line; the packages are made with cargo-deb, which
 # `docker/install-deps.sh deb` installs. The cluster's state directory is $RPMI_SLURM_DIR, else
 # /tmp/rpmi-slurm-VERSION (in the chroot's own /tmp); docker/slurm-cluster.sh tells its processes from others' by
 # that path through /proc, which every chroot shares, so two runs of one VERSION at once (from two clones, with
@@ -137,23 +138,22 @@ slurm_release() {
 # What the plugin's package installs in /usr/share/doc/rpmi-slurm besides the options' manual page.
 plugin_docs=(docs/slurm.md docs/security.md docs/troubleshooting.md)
 
-# Builds the plugin for line $1 into target/slurm-$1; prints the library's path.
+# Builds the plugin for line $1 into target/ (over the build of any other line); prints the library's path.
 build_plugin() {
   local version=$1 root include
   root=$(ensure_chroot "$version")
   include=${root%/}/usr/include
   [[ -f $include/slurm/slurm_version.h ]] || die "$include/slurm/slurm_version.h is missing (libslurm-dev)"
   log "building the plugin against Slurm $(slurm_release "$include") ($include)"
-  SLURM_INCLUDE_DIR=$include CARGO_TARGET_DIR=$repo/target/slurm-$version \
-    cargo build --locked --release --features slurm >&2
-  echo "$repo/target/slurm-$version/release/librpmi.so"
+  SLURM_INCLUDE_DIR=$include CARGO_TARGET_DIR=$repo/target cargo build --locked --release --features slurm >&2
+  echo "$repo/target/release/librpmi.so"
 }
 
 # Makes the Debian package rpmi-slurm of the plugin that build_plugin built for line $1, in directory $2, with
 # cargo-deb; prints its path. What the package depends on and where it puts the plugin are those of the Slurm
 # the plugin was built against, and cargo-deb reads a package's metadata from its Cargo.toml alone: so that
 # manifest is written here, per build, for a package that cargo never builds (cargo deb --no-build) and whose
-# library is the one in target/slurm-$1. Beside the plugin it installs the site's documentation: the options'
+# library is the one build_plugin just built. Beside the plugin it installs the site's documentation: the options'
 # manual page (docker/man.sh makes it; in the package's documentation directory, since the rpmi package
 # installs the same page in the manual's own, and dpkg lets no two packages own one file) and the guides a
 # site admin reads.
@@ -175,7 +175,7 @@ package_plugin() {
   mkdir -p "$dir" "$out"
   cat >"$dir/Cargo.toml" <<EOF
 # Written by docker/slurm-plugin.sh for cargo-deb: the Debian package of the Slurm plugin built against Slurm
-# $release, from the library in $repo/target/slurm-$version.
+# $release, from the library in $repo/target/release.
 [package]
 name = "rpmi-slurm"
 version = "$crate"
@@ -213,7 +213,7 @@ $(for doc in "${plugin_docs[@]}"; do printf '    ["%s", "usr/share/doc/rpmi-slur
 copyright = "2026, rpmi contributors"
 license-file = ["$repo/LICENSE", "0"]
 EOF
-  deb=$(CARGO_TARGET_DIR=$repo/target/slurm-$version cargo deb --manifest-path "$dir/Cargo.toml" --no-build \
+  deb=$(CARGO_TARGET_DIR=$repo/target cargo deb --manifest-path "$dir/Cargo.toml" --no-build \
     --deb-version "$crate+slurm$release-1" --maintainer "$maintainer" --output "$out" | tail -1)
   [[ -f $deb ]] || die "cargo deb did not say where it put the package"
   echo "$deb"
@@ -239,13 +239,13 @@ case $cmd in
     build_plugin "$version" >/dev/null
     # libpmi.so and libpmi2.so, which tests/slurm.rs runs programs through, beside the test binary (a test
     # build makes none).
-    CARGO_TARGET_DIR=$repo/target/slurm-$version cargo build --locked --release -p rpmi-libpmi -p rpmi-libpmi2 >&2
+    CARGO_TARGET_DIR=$repo/target cargo build --locked --release -p rpmi-libpmi -p rpmi-libpmi2 >&2
     # The test binary, built against the same headers; its path from cargo's own report.
-    tests=$(SLURM_INCLUDE_DIR=${root%/}/usr/include CARGO_TARGET_DIR=$repo/target/slurm-$version \
+    tests=$(SLURM_INCLUDE_DIR=${root%/}/usr/include CARGO_TARGET_DIR=$repo/target \
       cargo test --locked --release --features slurm --test slurm --no-run --message-format=json |
       grep '"src_path":"[^"]*/tests/slurm.rs"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
     [[ -x $tests ]] || die "no test binary"
-    run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target/slurm-$version RPMI_SLURM_DIR=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm-$version}
+    run=(env RPMI_PLUGIN_NO_BUILD=1 CARGO_TARGET_DIR=$repo/target RPMI_SLURM_DIR=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm-$version}
       bash docker/with-slurm.sh "$tests")
     if [[ $root == / ]]; then
       "${run[@]}"
@@ -265,9 +265,11 @@ case $cmd in
     rm -rf "$debs"
     build_plugin "$version" >/dev/null
     plugin_deb=$(package_plugin "$version" "$debs")
-    # The developers' package as the README makes it: its manual pages first (package_plugin made them).
-    CARGO_TARGET_DIR=$repo/target/package cargo build --locked --release -p rpmi-libpmi -p rpmi-libpmi2 >&2
-    dev_deb=$(CARGO_TARGET_DIR=$repo/target/package cargo deb --locked --output "$debs" | tail -1)
+    # The developers' package as the README makes it: its manual pages first (package_plugin made them). Its
+    # build of librpmi.so (without the plugin) replaces the plugin's in target/release: the plugin's package is
+    # made by then.
+    CARGO_TARGET_DIR=$repo/target cargo build --locked --release -p rpmi-libpmi -p rpmi-libpmi2 >&2
+    dev_deb=$(CARGO_TARGET_DIR=$repo/target cargo deb --locked --output "$debs" | tail -1)
     [[ -f $dev_deb ]] || die "cargo deb did not say where it put the developers' package"
     suite=$(suite_of "$version")
     [[ -z $suite ]] || release_chroot "$chroots/$suite"
