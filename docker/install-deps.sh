@@ -17,6 +17,11 @@ packages=(
 if [[ ${1:-} == bench ]]; then
   packages+=(gnuplot-nox)     # the benchmark's plot
 fi
+# `install-deps.sh pmix`: also OpenPMIx's client library, which the exchange benchmark's PMIx client links
+# (docker/bench-exchange.sh; Slurm's own mpi_pmix.so comes with slurm-wlm).
+if [[ ${1:-} == pmix ]]; then
+  packages+=(libpmix-dev)
+fi
 # `install-deps.sh deb`: also what the Debian packages are made with (docker/slurm-plugin.sh, `cargo deb`).
 if [[ ${1:-} == deb ]]; then
   packages+=(dpkg-dev)        # dpkg-shlibdeps, which gives cargo-deb its `$auto` Depends

@@ -121,10 +121,23 @@ fn a_node_attribute_got_as_it_is_now_while_another_thread_waits_for_one() {
         let done = start(launcher, &["-n", "2", path, "nodenow"]).wait(HANG);
         assert!(ranks_ok(&done, 2).iter().all(|l| l == "nodenow"), "{}", done.dump());
     }
+    let (done, read) = served_by(&p.path, "nodenow", HANG, serve_without_thrid);
+    assert_eq!(done.code(), Some(0), "the server read {read:?}\n{}", done.dump());
+    assert_eq!(ranks_ok(&done, 1), ["nodenow"], "{}", done.dump());
+}
+
+/// `program MODE` as rank 0 of a job of one, whose PMI server is `serve` on the other end of its `PMI_FD`
+/// (within `limit`); what `serve` returns (what it read).
+fn served_by(
+    program: &Path,
+    mode: &str,
+    limit: Duration,
+    serve: impl FnOnce(UnixStream) -> Vec<String> + Send + 'static,
+) -> (Done, Vec<String>) {
     let (server, task) = UnixStream::pair().unwrap();
-    let serving = std::thread::spawn(move || serve_without_thrid(server));
+    let serving = std::thread::spawn(move || serve(server));
     let fd = task.as_raw_fd();
-    let mut cmd = Command::new(&p.path);
+    let mut cmd = Command::new(program);
     for var in ["PMI_PORT", "PMI_ID", "RPMI_PMI_SUBVERSION"] {
         cmd.env_remove(var);
     }
@@ -136,12 +149,166 @@ fn a_node_attribute_got_as_it_is_now_while_another_thread_waits_for_one() {
         })
     };
     let fd = fd.to_string();
-    let env = [("PMI_FD", OsStr::new(&fd)), ("PMI_RANK", OsStr::new("0")), ("PMI_JOBID", OsStr::new("1"))];
-    let done = start_in(cmd, &["nodenow"], &env).wait(HANG);
+    let env = [
+        ("PMI_FD", OsStr::new(&fd)),
+        ("PMI_RANK", OsStr::new("0")),
+        ("PMI_SIZE", OsStr::new("1")),
+        ("PMI_JOBID", OsStr::new("1")),
+    ];
+    let done = start_in(cmd, &[mode], &env).wait(limit);
     drop(task);
-    let read = serving.join().unwrap();
-    assert_eq!(done.code(), Some(0), "the server read {read:?}\n{}", done.dump());
-    assert_eq!(ranks_ok(&done, 1), ["nodenow"], "{}", done.dump());
+    (done, serving.join().unwrap())
+}
+
+/// How a test server answers a task's puts: as rpmi's server (it answers `rpmi=1` at `init` to a client that
+/// asks, and holds each put's answer until the barrier or fence comes, so that a library that waited for it
+/// would hang), refusing the put of `refuse`; or as any other server, each request answered as it comes.
+#[derive(Clone, Copy)]
+struct Puts {
+    rpmi: bool,
+    refuse: Option<&'static str>,
+}
+
+/// A PMI-1 server for a job of one, answering puts as `puts` says; what it read, a line each.
+fn serve_puts_pmi1(conn: UnixStream, puts: Puts) -> Vec<String> {
+    let mut lines = io::BufReader::new(conn.try_clone().unwrap());
+    let mut conn = conn;
+    let (mut read, mut held, mut kvs) = (Vec::new(), Vec::<String>::new(), BTreeMap::<String, String>::new());
+    loop {
+        let mut line = String::new();
+        if io::BufRead::read_line(&mut lines, &mut line).unwrap() == 0 {
+            return read;
+        }
+        let line = line.trim_end().to_string();
+        read.push(line.clone());
+        let field = |k: &str| line.split(' ').find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).unwrap_or_default();
+        let cmd = field("cmd");
+        let answer = match cmd {
+            "init" if puts.rpmi && field("rpmi") == "1" => {
+                "response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1"
+            }
+            "init" => "response_to_init rc=0 pmi_version=1 pmi_subversion=1",
+            "get_maxes" => "maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max=1024",
+            "get_my_kvsname" => "my_kvsname rc=0 kvsname=kvs_1",
+            "put" if Some(field("key")) == puts.refuse => "put_result rc=-1 msg=refused_here",
+            "put" => {
+                kvs.insert(field("key").into(), field("value").into());
+                "put_result rc=0"
+            }
+            "get" => &format!("get_result rc=0 value={}", kvs[field("key")]),
+            "barrier_in" => "barrier_out rc=0",
+            "finalize" => "finalize_ack rc=0",
+            _ => panic!("the task asked {line:?}"),
+        };
+        let answer = format!("cmd={answer}\n");
+        if puts.rpmi && cmd == "put" {
+            held.push(answer);
+            continue;
+        }
+        for a in held.drain(..).chain([answer]) {
+            conn.write_all(a.as_bytes()).unwrap();
+        }
+        if cmd == "finalize" {
+            return read;
+        }
+    }
+}
+
+/// A PMI-2 server for a job of one, answering puts as `puts` says; what it read, a line (the start-up's) or a
+/// frame's body each.
+fn serve_puts_pmi2(mut conn: UnixStream, puts: Puts) -> Vec<String> {
+    let (mut read, mut held, mut kvs) = (Vec::<String>::new(), Vec::<Vec<u8>>::new(), BTreeMap::new());
+    let (mut buf, mut chunk) = (Vec::new(), [0; 4096]);
+    loop {
+        let request: Option<Vec<u8>> = match read.is_empty() {
+            true => buf.iter().position(|&b| b == b'\n').map(|end| buf.drain(..=end).collect()),
+            false => match buf.get(..HEADER_LEN).and_then(body_len) {
+                Some(len) if buf.len() >= HEADER_LEN + len => {
+                    Some(buf.drain(..HEADER_LEN + len).skip(HEADER_LEN).collect())
+                }
+                _ => None,
+            },
+        };
+        let Some(request) = request else {
+            match conn.read(&mut chunk).unwrap() {
+                0 => return read,
+                n => buf.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let text = String::from_utf8_lossy(&request).into_owned();
+        read.push(text.clone());
+        if read.len() == 1 {
+            let extra = if puts.rpmi && text.contains(" rpmi=1") { " rpmi=1" } else { "" };
+            let init = format!("cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0{extra}\n");
+            conn.write_all(init.as_bytes()).unwrap();
+            continue;
+        }
+        let message = Message::parse(&request).unwrap();
+        let field = |key| message.get(key).unwrap_or_default().to_vec();
+        let answer = match message.cmd {
+            b"fullinit" => framed("fullinit-response", 0, &[("rank", b"0"), ("size", b"1"), ("appnum", b"0")]),
+            b"job-getid" => framed("job-getid-response", 0, &[("jobid", b"job-1")]),
+            b"kvs-put" if puts.refuse.is_some_and(|k| field("key") == k.as_bytes()) => {
+                framed("kvs-put-response", -1, &[("errmsg", b"refused here")])
+            }
+            b"kvs-put" => {
+                kvs.insert(field("key"), field("value"));
+                framed("kvs-put-response", 0, &[])
+            }
+            b"kvs-get" => framed("kvs-get-response", 0, &[("found", b"TRUE"), ("value", &kvs[&field("key")])]),
+            b"kvs-fence" => framed("kvs-fence-response", 0, &[]),
+            b"finalize" => framed("finalize-response", 0, &[]),
+            _ => panic!("the task asked {text:?}"),
+        };
+        if puts.rpmi && message.cmd == b"kvs-put" {
+            held.push(answer);
+            continue;
+        }
+        for a in held.drain(..).chain([answer]) {
+            conn.write_all(&a).unwrap();
+        }
+        if message.cmd == b"finalize" {
+            return read;
+        }
+    }
+}
+
+/// Under rpmi's server the libraries keep a task's puts and write them ahead of its barrier or fence (the
+/// server here answers no put before that comes: a library that waited would hang), answer a get of a key
+/// they keep themselves, and fail the barrier, naming the key, where the server refused a put; under any other
+/// server each put goes on its own, and the get to the server.
+#[test]
+fn puts_go_with_the_fence_under_rpmis_server_and_one_by_one_under_others() {
+    // Each run takes well under a second; a hang is told from it at 20 s.
+    const HANG: Duration = Duration::from_secs(20);
+    for api in [Api::Pmi1, Api::Pmi2] {
+        let p = program(api);
+        for puts in [
+            Puts { rpmi: true, refuse: None },
+            Puts { rpmi: true, refuse: Some("b") },
+            Puts { rpmi: false, refuse: None },
+        ] {
+            let serve = move |conn| match api {
+                Api::Pmi1 => serve_puts_pmi1(conn, puts),
+                Api::Pmi2 => serve_puts_pmi2(conn, puts),
+            };
+            let (done, read) = served_by(&p.path, "puts", HANG, serve);
+            let context = format!("{api:?}, the server read {read:?}\n{}", done.dump());
+            assert!(read[0].contains(" rpmi=1"), "{context}");
+            let gets = read.iter().filter(|r| r.contains("cmd=get ") || r.contains("cmd=kvs-get;")).count();
+            assert_eq!(gets, usize::from(!puts.rpmi), "{context}");
+            let put_lines = read.iter().filter(|r| r.contains("cmd=put ") || r.contains("cmd=kvs-put;")).count();
+            // Under rpmi the key put twice goes once, with its last value.
+            assert_eq!(put_lines, if puts.rpmi { 2 } else { 3 }, "{context}");
+            let code = if puts.refuse.is_some() { "-1" } else { "0" };
+            let fence = if matches!(api, Api::Pmi1) { "barrier" } else { "fence" };
+            assert_eq!(ranks_ok(&done, 1), [format!("puts {fence}={code}")], "{context}");
+            if puts.refuse.is_some() {
+                assert!(done.stderr.contains("'b'"), "the failure does not name the key refused: {context}");
+            }
+        }
+    }
 }
 
 /// A PMI-2 server for one task that answers as Slurm's `--mpi=pmi2` does, echoing no request's `thrid`, and
@@ -227,13 +394,18 @@ fn another_task_puts(
 
 /// Writes an answer of `cmd` with `rc=0` and `fields`, and no `thrid`.
 fn answer(conn: &mut UnixStream, cmd: &str, fields: &[(&str, &[u8])]) {
+    conn.write_all(&framed(cmd, 0, fields)).unwrap();
+}
+
+/// An answer of `cmd` with `rc` and `fields`, and no `thrid`, as a frame.
+fn framed(cmd: &str, rc: i32, fields: &[(&str, &[u8])]) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut w = Writer::answer(&mut out, cmd, None, 0);
+    let mut w = Writer::answer(&mut out, cmd, None, rc);
     for (key, value) in fields {
         w = w.str(key, value);
     }
     w.finish();
-    conn.write_all(&out).unwrap();
+    out
 }
 
 #[test]

@@ -1,12 +1,15 @@
-/* The task of the client-library benchmark (benches/libpmi/main.rs): one workload, spoken through the client
- * chosen when it is built:
+/* The task of the client-library benchmark (benches/libpmi/main.rs) and of the exchange benchmark
+ * (benches/exchange/main.rs): each workload, spoken through the client chosen when it is built:
  *   -DCLIENT=1   the PMI-1 API (pmi.h), through whichever libpmi.so.0 the run path finds
  *   -DCLIENT=2   the PMI-2 API (pmi2.h), through whichever libpmi2.so.0 the run path finds (rpmi's, Slurm's)
- *   -DCLIENT=11  PMI-1 lines written and read on PMI_FD by hand: the least a client can do
+ *   -DCLIENT=3   the PMIx API (pmix.h, OpenPMIx's libpmix): puts, a commit, fences (collecting data after puts)
+ *   -DCLIENT=11  PMI-1 lines written and read on PMI_FD by hand, each answered before the next: the least a
+ *                client can do, and what MPICH's own client sends
  *   -DCLIENT=12  PMI-2 frames written and read on PMI_FD by hand
  * The hand-written clients send the requests the libraries send for the same work, so that the difference is
  * what a library costs, not what it asks.
  *
+ *   pmi_bench GETS
  * Every rank: a start-up (init, put its own key, fence, get every rank's key) then GETS gets after that fence
  * (rank (rank + i) % size's key), each phase closed by a fence so that rank 0's clock covers every rank.
  * Rank 0 prints one line:  startup_us=S gets_us=G startup_cpu_us=CS gets_cpu_us=CG lib=PATH
@@ -14,7 +17,13 @@
  * calls, not its waits: what a client library adds shows there, undrowned by where the scheduler put whom),
  * and PATH the file the client library was loaded from (none for the hand-written clients).
  *
- *   pmi_bench GETS
+ *   pmi_bench exchange PUTS BYTES GETS FENCES
+ * Every rank, once started and past a first fence: PUTS puts of BYTES bytes each and a fence that collects
+ * them (the "put" phase), GETS gets of other ranks' keys, each checked, and a fence (the "get" phase), then
+ * FENCES fences with nothing put. Rank 0 prints one line:
+ *   put_us=P get_us=G exchange_us=E fence_us=F lib=PATH
+ * the put phase, the get phase, both, and one empty fence (the mean of FENCES), in µs of wall-clock time.
+ *
  *   pmi_bench load   returns at once, PMI untouched: what starting a process linked so costs */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -101,6 +110,61 @@ static void finish(void)
     PMI2_Finalize();
 }
 #define ENTRY ((void *)PMI2_Init)
+
+#elif CLIENT == 3
+#include <pmix.h>
+#include <stdbool.h>
+static pmix_proc_t me;
+static int collect; /* the next fence collects the puts made since the last */
+static void start(void)
+{
+    pmix_proc_t job;
+    pmix_value_t *v = NULL;
+    if (PMIx_Init(&me, NULL, 0) != PMIX_SUCCESS)
+        fail("init");
+    rank = (int)me.rank;
+    PMIX_LOAD_PROCID(&job, me.nspace, PMIX_RANK_WILDCARD);
+    if (PMIx_Get(&job, PMIX_JOB_SIZE, NULL, 0, &v) != PMIX_SUCCESS || v->type != PMIX_UINT32)
+        fail("job size");
+    size = (int)v->data.uint32;
+    PMIX_VALUE_RELEASE(v);
+}
+static void put(const char *k, const char *v)
+{
+    pmix_value_t value;
+    PMIX_VALUE_LOAD(&value, v, PMIX_STRING);
+    if (PMIx_Put(PMIX_GLOBAL, k, &value) != PMIX_SUCCESS)
+        fail("put");
+    PMIX_VALUE_DESTRUCT(&value);
+    collect = 1;
+}
+static void fence(void)
+{
+    pmix_info_t info;
+    bool yes = true;
+    if (collect && PMIx_Commit() != PMIX_SUCCESS)
+        fail("commit");
+    PMIX_INFO_LOAD(&info, PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+    if (PMIx_Fence(NULL, 0, collect ? &info : NULL, collect ? 1 : 0) != PMIX_SUCCESS)
+        fail("fence");
+    PMIX_INFO_DESTRUCT(&info);
+    collect = 0;
+}
+static void get(const char *k, int from, char *v, int n)
+{
+    pmix_proc_t p;
+    pmix_value_t *value = NULL;
+    PMIX_LOAD_PROCID(&p, me.nspace, (pmix_rank_t)from);
+    if (PMIx_Get(&p, k, NULL, 0, &value) != PMIX_SUCCESS || value->type != PMIX_STRING)
+        fail("get");
+    snprintf(v, (size_t)n, "%s", value->data.string);
+    PMIX_VALUE_RELEASE(value);
+}
+static void finish(void)
+{
+    PMIx_Finalize(NULL, 0);
+}
+#define ENTRY ((void *)PMIx_Init)
 
 #elif CLIENT == 11 || CLIENT == 12
 static int fd = -1;
@@ -256,13 +320,75 @@ static void finish(void)
 #endif
 
 #else
-#error "build with -DCLIENT=1, 2, 11 or 12"
+#error "build with -DCLIENT=1, 2, 3, 11 or 12"
 #endif
+
+/* The file the client library was loaded from, or "none". */
+static void library(char *lib)
+{
+    strcpy(lib, "none");
+#ifdef ENTRY
+    Dl_info info;
+    if (!dladdr(ENTRY, &info) || !realpath(info.dli_fname, lib))
+        fail("no library");
+#endif
+}
+
+/* Rank r's key i, and the value of BYTES bytes it puts under it (no spaces: some servers cut at them). */
+static void card(int r, int i, int bytes, char *key, size_t key_n, char *value)
+{
+    snprintf(key, key_n, "card-%d-%d", r, i);
+    int n = snprintf(value, (size_t)bytes + 1, "rank-%d-card-%d-", r, i);
+    for (int j = n; j < bytes; j++)
+        value[j] = (char)('a' + (r + i + j) % 26);
+    value[bytes] = 0;
+}
+
+static int exchange(int argc, char **argv)
+{
+    if (argc != 6)
+        fail("usage: pmi_bench exchange PUTS BYTES GETS FENCES");
+    int puts = atoi(argv[2]), bytes = atoi(argv[3]), gets = atoi(argv[4]), fences = atoi(argv[5]);
+    if (puts < 1 || bytes < 16 || bytes > 1000 || gets < 0 || fences < 1)
+        fail("PUTS >= 1, 16 <= BYTES <= 1000, GETS >= 0, FENCES >= 1");
+    char key[64], value[1024], want[1024];
+    start();
+    fence();
+    double t0 = now_us(CLOCK_MONOTONIC);
+    for (int i = 0; i < puts; i++) {
+        card(rank, i, bytes, key, sizeof key, value);
+        put(key, value);
+    }
+    fence();
+    double t1 = now_us(CLOCK_MONOTONIC);
+    for (int i = 0; i < gets; i++) {
+        int r = (rank + 1 + i) % size;
+        card(r, i % puts, bytes, key, sizeof key, want);
+        get(key, r, value, sizeof value);
+        if (strcmp(value, want) != 0)
+            fail(value);
+    }
+    fence();
+    double t2 = now_us(CLOCK_MONOTONIC);
+    for (int i = 0; i < fences; i++)
+        fence();
+    double t3 = now_us(CLOCK_MONOTONIC);
+    char lib[PATH_MAX];
+    library(lib);
+    if (rank == 0)
+        printf("put_us=%.1f get_us=%.1f exchange_us=%.1f fence_us=%.2f lib=%s\n", t1 - t0, t2 - t1, t2 - t0,
+               (t3 - t2) / fences, lib);
+    fflush(stdout);
+    finish();
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "load") == 0)
         return 0;
+    if (argc > 1 && strcmp(argv[1], "exchange") == 0)
+        return exchange(argc, argv);
     int gets = argc > 1 ? atoi(argv[1]) : 1000;
     char key[64], value[1024], want[128];
     /* Every program that calls PMI has allocated before it (an MPI library sets itself up first): a process's
@@ -296,12 +422,8 @@ int main(int argc, char **argv)
     }
     fence();
     double t2 = now_us(CLOCK_MONOTONIC), c2 = now_us(CLOCK_PROCESS_CPUTIME_ID);
-    char lib[PATH_MAX] = "none";
-#ifdef ENTRY
-    Dl_info info;
-    if (!dladdr(ENTRY, &info) || !realpath(info.dli_fname, lib))
-        fail("no library");
-#endif
+    char lib[PATH_MAX];
+    library(lib);
     if (rank == 0)
         printf("startup_us=%.0f gets_us=%.0f startup_cpu_us=%.0f gets_cpu_us=%.0f lib=%s\n", t1 - t0, t2 - t1,
                c1 - c0, c2 - c1, lib);

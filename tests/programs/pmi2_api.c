@@ -14,7 +14,9 @@
  *     is now, then puts the first (under a server that does not echo thrid, another task must put it: see
  *     node_get_while_waiting); prints "rank R of S: ok nodenow";
  *     fork: each rank forks while another thread waits in a fence (that rank 0 enters late); the child finds
- *     every call failing at once, and its PMI2_Abort ends it alone; prints "rank R of S: ok fork" */
+ *     every call failing at once, and its PMI2_Abort ends it alone; prints "rank R of S: ok fork";
+ *     puts: puts a=1, b=2 and b=3, gets b (3), fences and finalizes, for a server that watches how they come
+ *     (tests/libpmi.rs); prints "rank R of S: ok puts fence=RC", RC the fence's return code */
 #include "check.h"
 #include <pmi2.h>
 #include <pthread.h>
@@ -208,6 +210,22 @@ static int spawner(const char *self)
     return 0;
 }
 
+/* The puts of a start-up, a key put again and read back before the fence, then the fence. */
+static int puts_then_fence(void)
+{
+    char value[PMI2_MAX_VALLEN];
+    int len = -1;
+    CHECK(PMI2_KVS_Put("a", "1"), PMI2_SUCCESS);
+    CHECK(PMI2_KVS_Put("b", "2"), PMI2_SUCCESS);
+    CHECK(PMI2_KVS_Put("b", "3"), PMI2_SUCCESS);
+    CHECK(PMI2_KVS_Get(NULL, PMI2_ID_NULL, "b", value, sizeof value, &len), PMI2_SUCCESS);
+    EXPECT(strcmp(value, "3") == 0);
+    int rc = PMI2_KVS_Fence();
+    printf("rank %d of %d: ok puts fence=%d\n", rank, size, rc);
+    CHECK(PMI2_Finalize(), PMI2_SUCCESS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
@@ -231,6 +249,8 @@ int main(int argc, char **argv)
         return node_get_while_waiting();
     if (argc > 1 && strcmp(argv[1], "fork") == 0)
         return fork_while_in_a_fence();
+    if (argc > 1 && strcmp(argv[1], "puts") == 0)
+        return puts_then_fence();
     EXPECT(spawned == 0 && size >= 1 && rank >= 0 && rank < size && (appnum == 0 || appnum == -1));
     if (alone)
         EXPECT(size == 1 && rank == 0);

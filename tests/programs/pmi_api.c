@@ -11,7 +11,9 @@
  *   groups: two threads of each rank wait in two group barriers at once, entered in opposite orders on even
  *     and odd ranks, while a third reads the exchange; prints "rank R of S: ok groups";
  *   fork: each rank forks while another thread waits in a barrier (that rank 0 enters late); the child finds
- *     every call failing at once, and its PMI_Abort ends it alone; prints "rank R of S: ok fork" */
+ *     every call failing at once, and its PMI_Abort ends it alone; prints "rank R of S: ok fork";
+ *   puts: puts a=1, b=2 and b=3, gets b (3), enters the barrier and finalizes, for a server that watches how
+ *     they come (tests/libpmi.rs); prints "rank R of S: ok puts barrier=RC", RC the barrier's return code */
 #include "check.h"
 #include <pmi.h>
 #include <pthread.h>
@@ -179,6 +181,21 @@ static int fork_while_in_a_barrier(void)
     return 0;
 }
 
+/* The puts of a start-up, a key put again and read back before the barrier, then the barrier. */
+static int puts_then_barrier(void)
+{
+    char *value = session();
+    CHECK(PMI_KVS_Put(kvsname, "a", "1"), PMI_SUCCESS);
+    CHECK(PMI_KVS_Put(kvsname, "b", "2"), PMI_SUCCESS);
+    CHECK(PMI_KVS_Put(kvsname, "b", "3"), PMI_SUCCESS);
+    CHECK(PMI_KVS_Get(kvsname, "b", value, val_max), PMI_SUCCESS);
+    EXPECT(strcmp(value, "3") == 0);
+    int rc = PMI_Barrier();
+    printf("rank %d of %d: ok puts barrier=%d\n", rank, size, rc);
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int alone = argc > 1 && strcmp(argv[1], "alone") == 0;
@@ -206,6 +223,8 @@ int main(int argc, char **argv)
         return groups_at_once();
     if (argc > 1 && strcmp(argv[1], "fork") == 0)
         return fork_while_in_a_barrier();
+    if (argc > 1 && strcmp(argv[1], "puts") == 0)
+        return puts_then_barrier();
     EXPECT(spawned == 0);
     CHECK(PMI_Init(&spawned), PMI_SUCCESS); /* a second init is harmless */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);

@@ -1,5 +1,6 @@
 //! What rpmi's PMI client libraries (`crates/libpmi`, `crates/libpmi2`) share: the connection to the
-//! launcher's server ([`conn`]), the answers of calls that wait without the session's lock ([`mailbox`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
+//! launcher's server ([`conn`]), the answers of calls that wait without the session's lock ([`mailbox`]), the
+//! puts kept until the fence ([`batch`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
 //! failure as a PMI code (RFC 13's, `rpmi_wire::response::rc`: PMI-2's have the same values), C strings in
 //! and out, and no panic crossing into the caller.
 
@@ -7,6 +8,7 @@
 
 use std::ffi::CStr;
 
+pub mod batch;
 pub mod cabi;
 pub mod conn;
 pub mod held;

@@ -204,6 +204,13 @@ impl<M: Mail> Mailbox<M> {
         }
     }
 
+    /// No other thread waits for an answer, nor can until the session's lock, which the caller holds, is let go
+    /// (a tagged request is sent under it): the answers to several plain requests written at once are then the
+    /// next messages, in order, each taken in turn ([`Mailbox::expect_plain`] before each).
+    pub fn alone(&self) -> bool {
+        self.direct.load(Ordering::SeqCst) || self.state().tagged.is_empty()
+    }
+
     /// The server echoed a tag where the mailbox did not see it (libpmi2's start-up asks `job-getid` with a
     /// `thrid`): its answers are told by their tags, and no plain request waits for its turn.
     pub fn tag_echoed(&self) {

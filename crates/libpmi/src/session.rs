@@ -2,6 +2,7 @@
 //! speaks RFC 13's lines, or, without a launcher, a job of one whose key-value space lives here. The C API
 //! ([`super`]) checks its arguments and turns what this returns into PMI's codes.
 
+use rpmi_client::batch::PutBatch;
 use rpmi_client::conn::{Conn, READ_MAX};
 use rpmi_client::mailbox::{Mailbox, Plain};
 use rpmi_client::{env_int, Failed};
@@ -61,6 +62,9 @@ struct Wire {
     /// request allocates nothing.
     out: Vec<u8>,
     line: String,
+    /// The server is rpmi's (it answered `rpmi=` at `init`): puts are kept in `batch` until the barrier.
+    rpmi: bool,
+    batch: PutBatch,
 }
 
 impl Session {
@@ -68,7 +72,14 @@ impl Session {
     pub fn start() -> Result<Box<Session>, Failed> {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
         let mail = Arc::new(Mailbox::new(conn.reader()?));
-        let mut wire = Wire { conn, mail, out: Vec::with_capacity(REQUEST), line: String::with_capacity(REQUEST) };
+        let mut wire = Wire {
+            conn,
+            mail,
+            out: Vec::with_capacity(REQUEST),
+            line: String::with_capacity(REQUEST),
+            rpmi: false,
+            batch: PutBatch::default(),
+        };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
         if wire.conn.is_port() {
@@ -133,7 +144,10 @@ impl Session {
 
     pub fn finalize(&mut self) -> Result<(), Failed> {
         match &mut self.server {
-            Server::Wire(w) => w.call_ok(&["cmd=finalize"], "finalize_ack", |_| Ok(())),
+            Server::Wire(w) => {
+                w.flush_puts(&self.kvsname)?;
+                w.call_ok(&["cmd=finalize"], "finalize_ack", |_| Ok(()))
+            }
             Server::Alone(_) => Ok(()),
         }
     }
@@ -148,8 +162,13 @@ impl Session {
         }
     }
 
+    /// A put: kept until the barrier under rpmi's server (sent at once when the batch is full), else sent now.
     pub fn put(&mut self, key: &str, value: &str) -> Result<(), Failed> {
         match &mut self.server {
+            Server::Wire(w) if w.rpmi => match w.batch.put(key, value.as_bytes()) {
+                true => w.flush_puts(&self.kvsname),
+                false => Ok(()),
+            },
             Server::Wire(w) => w.call_ok(
                 &["cmd=put kvsname=", &self.kvsname, " key=", key, " value=", value],
                 "put_result",
@@ -166,6 +185,10 @@ impl Session {
     /// there is none.
     pub fn get<T>(&mut self, key: &str, read: impl FnOnce(&str) -> Result<T, Failed>) -> Result<T, Failed> {
         match &mut self.server {
+            // Put by this process since the last barrier: a `&str` when it was put.
+            Server::Wire(w) if w.batch.get(key).is_some() => {
+                read(rpmi_client::utf8(w.batch.get(key).unwrap_or_default()).unwrap_or_default())
+            }
             Server::Wire(w) => {
                 let reply = w.ask(&["cmd=get kvsname=", &self.kvsname, " key=", key], "get_result", false)?;
                 if reply.rc() != 0 {
@@ -177,9 +200,22 @@ impl Session {
         }
     }
 
+    /// The barrier, and the puts kept ahead of it in the same write. A put the server refused fails the
+    /// barrier, once it is over.
     pub fn barrier(&mut self) -> Result<(), Failed> {
         match &mut self.server {
-            Server::Wire(w) => w.call_ok(&["cmd=barrier_in"], "barrier_out", |_| Ok(())),
+            Server::Wire(w) => {
+                let (sent, refused) = w.send_puts(&self.kvsname, Some("cmd=barrier_in"))?;
+                let plain = w.mail.expect_plain(&["barrier_out"]);
+                if !sent {
+                    w.send(&["cmd=barrier_in"])?;
+                }
+                w.reply(plain, "barrier_out", |r| match r.rc() {
+                    0 => Ok(()),
+                    _ => Err(Failed::said(format!("the PMI server failed 'barrier_in': {}", r.quoted()))),
+                })?;
+                refused.map_or(Ok(()), Err)
+            }
             Server::Alone(_) => Ok(()),
         }
     }
@@ -198,6 +234,9 @@ impl Session {
     /// answer is for the caller to wait for in the [`Session::group_mailbox`].
     pub fn send_group(&mut self, ranks: &[u32], tag: i64) -> Result<(), Failed> {
         let Server::Wire(w) = &mut self.server else { return Ok(()) };
+        // The group's members read what this rank put: its puts go first (each on its own: this barrier's
+        // answer is waited for in the mailbox).
+        w.flush_puts(&self.kvsname)?;
         let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
         w.send(&["cmd=barrier_in group=", &list.join(","), ":", &tag.to_string()])
     }
@@ -266,6 +305,59 @@ impl Session {
 }
 
 impl Wire {
+    /// Sends the puts kept ([`PutBatch`]) and reads their answers. Where no other thread waits for an answer,
+    /// they go in one write, with `request` after them if one is given (`true`: it went; its answer is the
+    /// caller's to read); else each goes on its own, answered before the next (a group barrier's waiter could
+    /// take a put's answer for its own). `Err` where the connection failed; the first put the server refused,
+    /// named, once every answer is read.
+    fn send_puts(&mut self, kvsname: &str, request: Option<&str>) -> Result<(bool, Option<Failed>), Failed> {
+        if self.batch.is_empty() {
+            return Ok((false, None));
+        }
+        let puts = self.batch.take();
+        let refusal = |key: &str, reply: &Reply| {
+            Failed::said(format!("the PMI server refused the put of key '{key}': {}", reply.quoted()))
+        };
+        let mut refused = None;
+        if !self.mail.alone() {
+            for (key, value) in &puts {
+                let value = rpmi_client::utf8(value).unwrap_or_default();
+                let reply =
+                    self.ask(&["cmd=put kvsname=", kvsname, " key=", key, " value=", value], "put_result", false)?;
+                if reply.rc() != 0 && refused.is_none() {
+                    refused = Some(refusal(key, &reply));
+                }
+            }
+            return Ok((false, refused));
+        }
+        self.out.clear();
+        for (key, value) in &puts {
+            for piece in [b"cmd=put kvsname=", kvsname.as_bytes(), b" key=", key.as_bytes(), b" value=", value, b"\n"] {
+                self.out.extend_from_slice(piece);
+            }
+        }
+        if let Some(request) = request {
+            self.out.extend_from_slice(request.as_bytes());
+            self.out.push(b'\n');
+        }
+        let mut plain = Some(self.mail.expect_plain(&["put_result"]));
+        self.conn.write(&self.out)?;
+        for (key, _) in &puts {
+            let plain = plain.take().unwrap_or_else(|| self.mail.expect_plain(&["put_result"]));
+            let reply = self.answer(plain, "put_result")?;
+            if reply.rc() != 0 && refused.is_none() {
+                refused = Some(refusal(key, &reply));
+            }
+        }
+        Ok((request.is_some(), refused))
+    }
+
+    /// Sends the puts kept, alone: `Err` if the server refused one.
+    fn flush_puts(&mut self, kvsname: &str) -> Result<(), Failed> {
+        let (_, refused) = self.send_puts(kvsname, None)?;
+        refused.map_or(Ok(()), Err)
+    }
+
     /// Writes the request made of `pieces`, and its newline, in one write.
     fn send(&mut self, pieces: &[&str]) -> Result<(), Failed> {
         self.out.clear();
@@ -329,16 +421,22 @@ impl Wire {
 
     /// `init`, asking for PMI 1.2 where the launcher says its server answers it (rpmi's hosts set
     /// `RPMI_PMI_SUBVERSION`), else 1.1, which every server takes (Hydra ends a job whose client asks for
-    /// more, Slurm's `--mpi=pmi2` refuses it): whether group barriers are served.
+    /// more, Slurm's `--mpi=pmi2` refuses it), and saying that this library speaks rpmi's additions to the
+    /// wire (`rpmi=1`, which other servers pass over): whether group barriers are served. A server that answers
+    /// `rpmi=` is rpmi's: puts are kept until the barrier ([`Wire::send_puts`]).
     fn init(&mut self) -> Result<bool, Failed> {
         let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { "2" } else { "1" };
-        self.call_ok(&["cmd=init pmi_version=1 pmi_subversion=", sub], "response_to_init", |reply| {
+        let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=1"];
+        let (groups, rpmi) = self.call_ok(&request, "response_to_init", |reply| {
+            let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).is_some_and(|r| r >= 1);
             match (reply.get("pmi_version"), reply.get("pmi_subversion")) {
-                (Some("1"), Some(sub)) => Ok(sub.parse::<u32>().is_ok_and(|s| s >= 2)),
-                (None, None) => Ok(false),
+                (Some("1"), Some(sub)) => Ok((sub.parse::<u32>().is_ok_and(|s| s >= 2), rpmi)),
+                (None, None) => Ok((false, rpmi)),
                 _ => Err(Failed::said(format!("the PMI server answered init with {}", reply.quoted()))),
             }
-        })
+        })?;
+        self.rpmi = rpmi;
+        Ok(groups)
     }
 
     fn maxes(&mut self) -> Result<Maxes, Failed> {

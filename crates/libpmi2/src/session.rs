@@ -2,6 +2,7 @@
 //! PMI-2 frames after a PMI-1 `init` line, or, without a launcher, a job of one whose key-value space and node
 //! attributes live here. The C API ([`super`]) checks its arguments and turns what this returns into codes.
 
+use rpmi_client::batch::PutBatch;
 use rpmi_client::conn::Conn;
 use rpmi_client::mailbox::{Expected, Mail, Mailbox, Plain};
 use rpmi_client::{env, Failed};
@@ -115,13 +116,17 @@ pub struct Session {
     pub spawned: bool,
     pub jobid: String,
     server: Server,
+    /// The server is rpmi's (it answered `rpmi=` at `init`): puts are kept in `batch` until the fence.
+    rpmi: bool,
+    batch: PutBatch,
 }
 
 impl Session {
     /// `PMI2_Init`: `init` for version 2 on the launcher's connection, then `fullinit`; or a job of one.
     pub fn start() -> Result<Box<Session>, Failed> {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
-        conn.write(b"cmd=init pmi_version=2 pmi_subversion=0\n")?;
+        // `rpmi=1`: this library speaks rpmi's additions to the wire (other servers pass over it).
+        conn.write(b"cmd=init pmi_version=2 pmi_subversion=0 rpmi=1\n")?;
         let line = conn.line()?;
         let mail = Arc::new(Mailbox::new(conn.reader()?));
         let reply = Reply::parse(&line).map_err(|e| Failed::said(format!("the PMI server sent a {e}")))?;
@@ -141,9 +146,18 @@ impl Session {
         }
         // Threads may call while one waits for a node attribute (and they say which by `thrid`).
         fields.push(("threaded", b"TRUE"));
+        let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).is_some_and(|r| r >= 1);
         let server = Server::Wire(conn, mail.clone(), Vec::new());
-        let mut session =
-            Box::new(Session { rank: 0, size: 0, appnum: 0, spawned: false, jobid: String::new(), server });
+        let mut session = Box::new(Session {
+            rank: 0,
+            size: 0,
+            appnum: 0,
+            spawned: false,
+            jobid: String::new(),
+            server,
+            rpmi,
+            batch: PutBatch::default(),
+        });
         let init = session.ask("fullinit", &fields)?;
         let (rank, size) = (init.int("rank")?, init.int("size")?);
         if size <= 0 || !(0..size).contains(&rank) || size > 1 << 24 {
@@ -171,6 +185,8 @@ impl Session {
             spawned: false,
             jobid: format!("singleton_kvs_{}", std::process::id()),
             server: Server::Alone { kvs: BTreeMap::new(), node: BTreeMap::new() },
+            rpmi: false,
+            batch: PutBatch::default(),
         }
     }
 
@@ -181,16 +197,8 @@ impl Session {
     /// Sends request `cmd` with `fields` and reads its answer, which must be `cmd-response` with `rc=0`.
     pub fn ask(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
         let answer = self.exchange(cmd, fields)?;
-        match answer.int("rc")? {
-            0 => Ok(answer),
-            rc => {
-                let why = answer.get("errmsg").map(String::from_utf8_lossy).unwrap_or_default().into_owned();
-                Err(Failed::said(format!(
-                    "the PMI server failed {cmd} (rc={rc}){}{why}",
-                    if why.is_empty() { "" } else { ": " }
-                )))
-            }
-        }
+        succeeded(&answer, cmd)?;
+        Ok(answer)
     }
 
     /// As [`Session::ask`], but a refusal is an answer the caller expects: `Failed::quiet`.
@@ -198,7 +206,11 @@ impl Session {
         quietly(self.exchange(cmd, fields)?)
     }
 
+    /// Any request but a get sends the puts kept first.
     fn exchange(&mut self, cmd: &str, fields: Fields) -> Result<Answer, Failed> {
+        if cmd != "kvs-get" {
+            self.flush_puts()?;
+        }
         let Server::Wire(conn, mail, out) = &mut self.server else { return Err(Failed::quiet()) };
         frame(out, cmd, fields)?;
         let plain = mail.expect_plain(&[cmd, "-response"]);
@@ -233,21 +245,86 @@ impl Session {
         conn.write(out)
     }
 
+    /// A put: kept until the fence under rpmi's server (sent at once when the batch is full), else sent now.
     pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), Failed> {
         match &mut self.server {
             Server::Alone { kvs, .. } => {
                 kvs.insert(key.into(), value.into());
                 Ok(())
             }
+            Server::Wire(..) if self.rpmi => match self.batch.put(key, value) {
+                true => self.flush_puts(),
+                false => Ok(()),
+            },
             Server::Wire(..) => self.ask("kvs-put", &[("key", key.as_bytes()), ("value", value)]).map(drop),
         }
     }
 
+    /// The fence, and the puts kept ahead of it in the same write. A put the server refused fails the fence,
+    /// once it is over.
     pub fn fence(&mut self) -> Result<(), Failed> {
-        match self.server {
-            Server::Alone { .. } => Ok(()),
-            Server::Wire(..) => self.ask("kvs-fence", &[]).map(drop),
+        if let Server::Alone { .. } = self.server {
+            return Ok(());
         }
+        let (sent, refused) = self.send_puts(Some("kvs-fence"))?;
+        match &mut self.server {
+            Server::Wire(_, mail, _) if sent => {
+                let plain = mail.expect_plain(&["kvs-fence", "-response"]);
+                succeeded(&answering(mail.take_plain(plain)?, "kvs-fence-response")?, "kvs-fence")?;
+            }
+            _ => drop(self.ask("kvs-fence", &[])?),
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// Sends the puts kept ([`PutBatch`]) and reads their answers. Where no other thread waits for an answer,
+    /// they go in one write, with request `then` (no fields) after them if one is given (`true`: it went; its
+    /// answer is the caller's to read); else each goes on its own, answered before the next (a node attribute's
+    /// waiter could take a put's answer for its own). `Err` where the connection failed; the first put the
+    /// server refused, named, once every answer is read.
+    fn send_puts(&mut self, then: Option<&str>) -> Result<(bool, Option<Failed>), Failed> {
+        let Server::Wire(conn, mail, out) = &mut self.server else { return Ok((false, None)) };
+        if self.batch.is_empty() {
+            return Ok((false, None));
+        }
+        let puts = self.batch.take();
+        let refusal = |key: &str, answer: &Answer| {
+            succeeded(answer, "kvs-put")
+                .err()
+                .map(|f| Failed::said(format!("{} (the put of key '{key}')", f.message.unwrap_or_default())))
+        };
+        let mut refused = None;
+        if !mail.alone() {
+            for (key, value) in &puts {
+                frame(out, "kvs-put", &[("key", key.as_bytes()), ("value", value)])?;
+                let answer = sent(conn, mail, out, mail.expect_plain(&["kvs-put", "-response"]), "kvs-put")?;
+                refused = refused.or_else(|| refusal(key, &answer));
+            }
+            return Ok((false, refused));
+        }
+        let mut all = Vec::new();
+        for (key, value) in &puts {
+            frame(out, "kvs-put", &[("key", key.as_bytes()), ("value", value)])?;
+            all.extend_from_slice(out);
+        }
+        if let Some(cmd) = then {
+            frame(out, cmd, &[])?;
+            all.extend_from_slice(out);
+        }
+        let mut plain = Some(mail.expect_plain(&["kvs-put", "-response"]));
+        conn.write(&all)?;
+        for (key, _) in &puts {
+            let plain = plain.take().unwrap_or_else(|| mail.expect_plain(&["kvs-put", "-response"]));
+            let answer = answering(mail.take_plain(plain)?, "kvs-put-response")?;
+            refused = refused.or_else(|| refusal(key, &answer));
+        }
+        Ok((then.is_some(), refused))
+    }
+
+    /// Sends the puts kept, alone: `Err` if the server refused one.
+    fn flush_puts(&mut self) -> Result<(), Failed> {
+        let (_, refused) = self.send_puts(None)?;
+        refused.map_or(Ok(()), Err)
     }
 
     /// What `read` makes of the value of `key` in job `jobid`'s key-value space (read where it lies, copied
@@ -262,6 +339,10 @@ impl Session {
         match &mut self.server {
             Server::Alone { kvs, .. } if jobid == self.jobid => read(kvs.get(key).ok_or_else(Failed::quiet)?),
             Server::Alone { .. } => Err(Failed::quiet()),
+            // Put by this process since the last fence.
+            Server::Wire(..) if jobid == self.jobid && self.batch.get(key).is_some() => {
+                read(self.batch.get(key).unwrap_or_default())
+            }
             Server::Wire(..) => {
                 let mut srcid = Vec::new();
                 push_int(&mut srcid, src.into());
@@ -395,6 +476,20 @@ fn sent(conn: &mut Conn, mail: &Mailbox<Answer>, out: &[u8], plain: Plain, cmd: 
     match answer.cmd().strip_prefix(cmd) {
         Some("-response") => Ok(answer),
         _ => Err(unanswered(&answer, &[cmd, "-response"].concat())),
+    }
+}
+
+/// `answer` to request `cmd`, where it says `rc=0`; else why the server failed it.
+fn succeeded(answer: &Answer, cmd: &str) -> Result<(), Failed> {
+    match answer.int("rc")? {
+        0 => Ok(()),
+        rc => {
+            let why = answer.get("errmsg").map(String::from_utf8_lossy).unwrap_or_default().into_owned();
+            Err(Failed::said(format!(
+                "the PMI server failed {cmd} (rc={rc}){}{why}",
+                if why.is_empty() { "" } else { ": " }
+            )))
+        }
     }
 }
 

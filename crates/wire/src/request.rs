@@ -14,8 +14,9 @@ const MAX_TUPLES: usize = 16;
 /// One request from a task, borrowing its fields from the line it was parsed from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
-    /// `cmd=init pmi_version=V pmi_subversion=S`
-    Init { version: i64, subversion: i64 },
+    /// `cmd=init pmi_version=V pmi_subversion=S`, and `rpmi=R` from rpmi's client libraries: the revision of
+    /// rpmi's own additions to the wire they speak (0 without it: any other client).
+    Init { version: i64, subversion: i64, rpmi: i64 },
     /// `cmd=get_maxes`
     GetMaxes,
     /// `cmd=get_universe_size`
@@ -219,6 +220,10 @@ pub fn parse(line: &[u8]) -> Result<Request<'_>, ParseError> {
         b"init" => Request::Init {
             version: t.integer("init", "pmi_version")?,
             subversion: t.integer("init", "pmi_subversion")?,
+            rpmi: match t.get("rpmi") {
+                Some(v) => parse_int(v).ok_or(ParseError::BadInteger { field: "rpmi" })?,
+                None => 0,
+            },
         },
         b"get_maxes" => Request::GetMaxes,
         b"get_universe_size" => Request::GetUniverseSize,
@@ -256,10 +261,20 @@ mod tests {
 
     #[test]
     fn init_with_tuples_in_any_order_and_extra_space() {
-        let want = Request::Init { version: 1, subversion: 1 };
+        let want = Request::Init { version: 1, subversion: 1, rpmi: 0 };
         assert_eq!(parse(b"cmd=init pmi_version=1 pmi_subversion=1"), Ok(want.clone()));
         assert_eq!(parse(b"  pmi_subversion=1\tcmd=init   pmi_version=1  "), Ok(want.clone()));
         assert_eq!(parse(b"cmd=init pmi_version=+1 pmi_subversion=1 extra=yes\r"), Ok(want));
+    }
+
+    #[test]
+    fn rpmis_clients_say_the_revision_of_its_additions_they_speak() {
+        let want = Request::Init { version: 1, subversion: 2, rpmi: 1 };
+        assert_eq!(parse(b"cmd=init pmi_version=1 pmi_subversion=2 rpmi=1"), Ok(want));
+        assert_eq!(
+            parse(b"cmd=init pmi_version=1 pmi_subversion=2 rpmi=x"),
+            Err(ParseError::BadInteger { field: "rpmi" })
+        );
     }
 
     #[test]

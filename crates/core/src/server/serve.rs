@@ -31,6 +31,12 @@ pub const PROCESS_MAPPING_KEY: &str = "PMI_process_mapping";
 /// keeps per node and shows the node's tasks at once, without a barrier.
 const LOCAL_KEY_PREFIX: &[u8] = b"local::";
 
+/// The revision of rpmi's own additions to the wire that this server answers, to a client that says at `init`
+/// that it speaks them (`rpmi=R`, which rpmi's client libraries send; docs/libpmi.md): 1, a client may write
+/// its puts ahead of its barrier in one write, and read their answers after (any server that reads requests
+/// as a stream takes that, but not every one does).
+pub const RPMI_REVISION: i64 = 1;
+
 /// A task's input is held, not parsed, while more than this many bytes of its answers are unsent. PMI-1 is
 /// lock-step: a client waits for each answer before it asks again, so it has at most one answer queued
 /// (a line of at most 1 KiB, or the `get_ranks2hosts` answer, which is shared and held apart). Only a task
@@ -650,12 +656,12 @@ impl Server {
     fn dispatch(&mut self, task: TaskId, request: Request<'_>) {
         let rank = self.clients[task].rank;
         match request {
-            Request::Init { version, subversion } if self.clients[task].groups_entered > 0 => {
+            Request::Init { version, subversion, .. } if self.clients[task].groups_entered > 0 => {
                 // Its group barriers would be answered in a protocol it no longer speaks.
                 let line = format!("cmd=init pmi_version={version} pmi_subversion={subversion}");
                 self.protocol_error(task, line.as_bytes(), "init while group barriers are outstanding");
             }
-            Request::Init { version, subversion } => {
+            Request::Init { version, subversion, rpmi } => {
                 // RFC 13: the client names the highest version it speaks, and the answer is never above
                 // it. 1.2 (group barriers) only to a client that asked for 1.2 or later, and only when the
                 // host runs group exchanges; 1.1 to any other 1.x client (Flux's client accepts exactly
@@ -678,10 +684,11 @@ impl Server {
                     let l = Line::new(out, "response_to_init", code)
                         .int("pmi_version", answered.0)
                         .int("pmi_subversion", answered.1);
-                    if ok {
-                        l.finish()
-                    } else {
-                        l.msg("unsupported PMI version").finish()
+                    match ok {
+                        // Only to a client that asked: every other client's answer stays RFC 13's, to the byte.
+                        true if rpmi > 0 => l.int("rpmi", RPMI_REVISION.min(rpmi)).finish(),
+                        true => l.finish(),
+                        false => l.msg("unsupported PMI version").finish(),
                     }
                 });
                 if answered.0 == 2 {

@@ -120,6 +120,42 @@ fn init_version_matrix() {
 }
 
 #[test]
+fn rpmis_clients_are_told_the_revision_of_its_additions_others_are_answered_as_before() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    let asked = "cmd=init pmi_version=1 pmi_subversion=1 rpmi=1\n";
+    assert_eq!(send(&mut s, &mut h, 0, asked), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1\n");
+    // A later revision is answered with the one this server speaks.
+    let later = "cmd=init pmi_version=1 pmi_subversion=1 rpmi=9\n";
+    assert_eq!(send(&mut s, &mut h, 0, later), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1\n");
+    let plain = "cmd=init pmi_version=1 pmi_subversion=1\n";
+    assert_eq!(send(&mut s, &mut h, 0, plain), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n");
+    let two = "cmd=init pmi_version=2 pmi_subversion=0 rpmi=1\n";
+    assert_eq!(send(&mut s, &mut h, 0, two), "cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0 rpmi=1\n");
+}
+
+/// rpmi's libraries write a barrier's puts ahead of it in one write: each is answered in turn, then the
+/// barrier once the collective completes.
+#[test]
+fn puts_written_with_their_barrier_are_answered_in_turn() {
+    let mut s = shell_on(&[1, 1], 0);
+    let mut h = Recorder::default();
+    let batch = "cmd=put kvsname=kvs_42 key=a value=1\ncmd=put kvsname=kvs_42 key=b value=2 2\n\
+                 cmd=put kvsname=kvs_42 key=a value=3\ncmd=barrier_in\n";
+    assert_eq!(send(&mut s, &mut h, 0, batch), "cmd=put_result rc=0\n".repeat(3));
+    assert_eq!(h.collectives, vec![b"0 a=1\n0 b=2 2\n0 a=3\n".to_vec()]);
+    complete(&mut s, &mut h, &[b"1 c=4\n"]);
+    assert_eq!(drain(&mut s, 0), "cmd=barrier_out rc=0\n");
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=get kvsname=kvs_42 key=a\n"), "cmd=get_result rc=0 value=3\n");
+    // A refused put among them is answered so, and the ones after it and the barrier still are.
+    let batch = "cmd=put kvsname=kvs_42 key=c value=5\ncmd=put kvsname=kvs_42 key=d value=6\ncmd=barrier_in\n";
+    let answers = send(&mut s, &mut h, 0, batch);
+    assert!(answers.starts_with("cmd=put_result rc=4 msg=rank_1_already_put"), "{answers}");
+    assert!(answers.ends_with("\ncmd=put_result rc=0\n"), "{answers}");
+    assert_eq!(h.collectives.len(), 2);
+}
+
+#[test]
 fn information_commands() {
     let mut s = shell_on(&[2, 2], 1);
     let mut h = Recorder::default();
