@@ -1,7 +1,8 @@
-//! The Linux calls the crate makes on fds of its own: epoll sets, eventfd wake-ups, timerfds, pipes and
-//! socket pairs. Each is checked where it is made and handed out as an [`OwnedFd`], so every fd the
-//! library opens is close-on-exec and closed when its owner goes.
+//! The Linux calls the crate makes on fds of its own: epoll sets, eventfd wake-ups, timerfds, pipes, socket
+//! pairs and sealed memory files. Each is checked where it is made and handed out as an [`OwnedFd`], so every
+//! fd the library opens is close-on-exec and closed when its owner goes.
 
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -231,4 +232,62 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: clock_gettime writes into our own timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
     (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
+}
+
+/// A memory file holding `bytes`, sealed: no process can write it, grow it, shrink it or change its seals, so
+/// every process it is sent to maps the same bytes, which none can change. It has no path in any file system
+/// (only the processes that hold it reach it), and is close-on-exec.
+pub fn sealed_memfd(name: &CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create reads the C string and makes a new fd, which `owned` takes.
+    let fd = unsafe { owned(libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)) }?;
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        // SAFETY: the write reads at most `rest.len()` bytes from `rest`.
+        let n = unsafe { libc::write(fd.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
+        match n {
+            1.. => rest = &rest[n as usize..],
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => {}
+                e => return Err(e),
+            },
+        }
+    }
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on our own fd changes no memory.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Sends `bytes` on the connected Unix socket `socket` with a copy of `fd` going with their first byte
+/// (`SCM_RIGHTS`), with `MSG_NOSIGNAL` as the driver's plain sends: what `sendmsg` returns (the bytes sent, or
+/// -1 with errno set).
+pub fn send_with_fd(socket: RawFd, bytes: &[u8], fd: RawFd) -> isize {
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr().cast_mut().cast(), iov_len: bytes.len() };
+    // Room for one fd's control message, aligned as a cmsghdr is.
+    let mut control = [0u64; 4];
+    // SAFETY: CMSG_SPACE and CMSG_LEN compute lengths only.
+    let (space, len) = unsafe {
+        (libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32), libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32))
+    };
+    debug_assert!(space as usize <= std::mem::size_of_val(&control));
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as usize;
+    // SAFETY: the control buffer holds one header and one fd (checked above); CMSG_FIRSTHDR points into it,
+    // and the fd is written unaligned into its data. sendmsg reads `bytes` through `iov` and the control
+    // buffer, both alive for the call.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = len as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+        libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL)
+    }
 }

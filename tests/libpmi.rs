@@ -184,7 +184,7 @@ fn serve_puts_pmi1(conn: UnixStream, puts: Puts) -> Vec<String> {
         let field = |k: &str| line.split(' ').find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).unwrap_or_default();
         let cmd = field("cmd");
         let answer = match cmd {
-            "init" if puts.rpmi && field("rpmi") == "1" => {
+            "init" if puts.rpmi && !field("rpmi").is_empty() => {
                 "response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1"
             }
             "init" => "response_to_init rc=0 pmi_version=1 pmi_subversion=1",
@@ -239,7 +239,7 @@ fn serve_puts_pmi2(mut conn: UnixStream, puts: Puts) -> Vec<String> {
         let text = String::from_utf8_lossy(&request).into_owned();
         read.push(text.clone());
         if read.len() == 1 {
-            let extra = if puts.rpmi && text.contains(" rpmi=1") { " rpmi=1" } else { "" };
+            let extra = if puts.rpmi && text.contains(" rpmi=") { " rpmi=1" } else { "" };
             let init = format!("cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0{extra}\n");
             conn.write_all(init.as_bytes()).unwrap();
             continue;
@@ -295,7 +295,7 @@ fn puts_go_with_the_fence_under_rpmis_server_and_one_by_one_under_others() {
             };
             let (done, read) = served_by(&p.path, "puts", HANG, serve);
             let context = format!("{api:?}, the server read {read:?}\n{}", done.dump());
-            assert!(read[0].contains(" rpmi=1"), "{context}");
+            assert!(read[0].contains(" rpmi=2"), "{context}");
             let gets = read.iter().filter(|r| r.contains("cmd=get ") || r.contains("cmd=kvs-get;")).count();
             assert_eq!(gets, usize::from(!puts.rpmi), "{context}");
             let put_lines = read.iter().filter(|r| r.contains("cmd=put ") || r.contains("cmd=kvs-put;")).count();

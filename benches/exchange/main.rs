@@ -157,7 +157,7 @@ struct Figures {
 fn run(args: &Args, client: Client, program: &Path, size: usize) -> Result<Figures, String> {
     let out = Command::new("timeout")
         .args(["--kill-after=5", &STEP_TIMEOUT_S.to_string(), "srun", "-Q", &format!("--mpi={}", client.mpi())])
-        .args(["-N1", &format!("-n{size}")])
+        .args(["-N1", "--overcommit", &format!("-n{size}")])
         .arg(program)
         .arg("exchange")
         .args([args.puts, args.bytes, args.gets, args.fences].map(|n| n.to_string()))

@@ -296,6 +296,7 @@ fn check_request(m: &Message<'_>, pairs: &[Pair<'_>], r: &Result<Request2<'_>, P
             | Request2::JobConnect
             | Request2::JobDisconnect
             | Request2::KvsFence
+            | Request2::KvsImage
             | Request2::Finalize,
         ) => {}
     }
@@ -307,6 +308,7 @@ fn check_request(m: &Message<'_>, pairs: &[Pair<'_>], r: &Result<Request2<'_>, P
             Request2::JobDisconnect => b"job-disconnect",
             Request2::KvsPut { .. } => b"kvs-put",
             Request2::KvsFence => b"kvs-fence",
+            Request2::KvsImage => b"kvs-image",
             Request2::KvsGet { .. } => b"kvs-get",
             Request2::GetJobAttr { .. } => b"info-getjobattr",
             Request2::PutNodeAttr { .. } => b"info-putnodeattr",

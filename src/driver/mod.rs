@@ -103,6 +103,9 @@ pub struct Driver<H: HostFds> {
     wake: Arc<OwnedFd>,
     turns: Turns,
     buf: Vec<u8>,
+    /// The image of the key-value space the server made at its last fence, as the node's one sealed memory
+    /// file, sent with each task's answer that asks for it ([`Server::kvs_image_attached`]).
+    kvs_image: Option<(u64, OwnedFd)>,
 }
 
 /// How a task's connection is watched for writing.
@@ -194,6 +197,7 @@ impl<H: HostFds> Driver<H> {
             wake: inbox.wake,
             turns,
             buf: vec![0; 64 * 1024],
+            kvs_image: None,
         })
     }
 
@@ -363,6 +367,7 @@ impl<H: HostFds> Driver<H> {
 
     /// Writes every task's queued output as far as its connection takes it.
     fn flush(&mut self) -> io::Result<()> {
+        self.keep_kvs_image();
         // Tasks that have become writable; a write that finds a connection closed may queue answers for
         // others, which the loop below then sends.
         for task in std::mem::take(&mut self.unblocked) {
@@ -372,6 +377,20 @@ impl<H: HostFds> Driver<H> {
             self.write(task)?;
         }
         Ok(())
+    }
+
+    /// Takes the image the server made at its last fence, if any, into the node's memory file (the one of
+    /// the fence before goes: tasks that mapped it keep their mapping).
+    fn keep_kvs_image(&mut self) {
+        let Some((fence, bytes)) = self.server.take_kvs_image() else { return };
+        self.kvs_image = match os::sealed_memfd(c"rpmi-kvs-image", &bytes) {
+            Ok(file) => Some((fence, file)),
+            Err(e) => {
+                let why = format!("no memory file for the key-value image of fence {fence} (tasks read the wire): {e}");
+                self.host.log(log::Level::Warn, &why);
+                None
+            }
+        };
     }
 
     fn write(&mut self, task: TaskId) -> io::Result<()> {
@@ -388,9 +407,25 @@ impl<H: HostFds> Driver<H> {
         }
         while !self.server.output(task).is_empty() {
             let out = self.server.output(task);
+            let image = self.server.kvs_image_attached(task);
+            let image = self.kvs_image.as_ref().filter(|(fence, _)| Some(*fence) == image).map(|(_, f)| f.as_raw_fd());
             // SAFETY: writing from the server's live buffer, its length passed. MSG_NOSIGNAL: a task that
             // closed its end must not raise SIGPIPE in the host.
-            let n = unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_NOSIGNAL) };
+            let plain = |out: &[u8]| unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_NOSIGNAL) };
+            let n = match image.map(|image| os::send_with_fd(fd, out, image)) {
+                // A connection that takes no fd (not a Unix socket): the answer goes alone, and the task
+                // reads its keys on the wire.
+                Some(-1)
+                    if !matches!(
+                        io::Error::last_os_error().kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    plain(out)
+                }
+                Some(n) => n,
+                None => plain(out),
+            };
             if n >= 0 {
                 self.server.consume(task, n as usize);
                 continue;

@@ -5,7 +5,7 @@
 use crate::{env, env_int, Failed};
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// The longest line, or frame, read: a server that sends more is broken, and the session ends.
 pub const READ_MAX: usize = 1 << 20;
@@ -26,6 +26,11 @@ pub struct Conn {
     /// Reads land in its spare capacity: nothing is zeroed or copied. Made with room for a first read, and
     /// handed to the reading side ([`Conn::reader`]): the side only written to keeps none.
     buf: Vec<u8>,
+    /// An fd is expected with the next answer (rpmi's key-value image): reads take it, with `recvmsg`,
+    /// until it comes. Other reads are plain `read`s, which leave any fd that comes to the kernel to close.
+    expect_fd: bool,
+    /// The fd the server sent with its bytes, until taken: one is kept, any other closed as it comes.
+    received: Option<OwnedFd>,
 }
 
 impl Conn {
@@ -44,7 +49,7 @@ impl Conn {
             },
         };
         // The room of the first read made now: a read never grows it but where a line runs past it.
-        let conn = Conn { stream, buf: Vec::with_capacity(CHUNK) };
+        let conn = Conn { stream, buf: Vec::with_capacity(CHUNK), expect_fd: false, received: None };
         conn.close_on_exec()?;
         Ok(Some(conn))
     }
@@ -66,7 +71,7 @@ impl Conn {
     #[cfg(test)]
     pub fn of_stream(stream: std::os::unix::net::UnixStream) -> Conn {
         use std::os::fd::IntoRawFd;
-        Conn { stream: Stream::Fd(stream.into_raw_fd()), buf: Vec::new() }
+        Conn { stream: Stream::Fd(stream.into_raw_fd()), buf: Vec::new(), expect_fd: false, received: None }
     }
 
     /// A second handle on the same connection, for one thread to read while others write through this one;
@@ -78,7 +83,7 @@ impl Conn {
                 Stream::Tcp(s.try_clone().map_err(|e| Failed::said(format!("cannot share the PMI connection: {e}")))?)
             }
         };
-        Ok(Conn { stream, buf: std::mem::take(&mut self.buf) })
+        Ok(Conn { stream, buf: std::mem::take(&mut self.buf), expect_fd: false, received: None })
     }
 
     /// The connection was made to `PMI_PORT`.
@@ -126,14 +131,32 @@ impl Conn {
         Ok(())
     }
 
-    /// Reads more into the buffer; `Err` if the server closed or failed.
+    /// The answer to the request about to be sent comes with an fd: the reads until it comes take it.
+    pub fn expect_fd(&mut self) {
+        self.received = None;
+        self.expect_fd = matches!(self.stream, Stream::Fd(_));
+    }
+
+    /// The fd that came with an answer since [`Conn::expect_fd`], if one did; none is expected any more.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.expect_fd = false;
+        self.received.take()
+    }
+
+    /// Reads more into the buffer; `Err` if the server closed or failed. Where an fd is expected, with
+    /// `recvmsg`, taking the fd (close-on-exec from the moment it arrives).
     fn fill(&mut self) -> Result<(), Failed> {
         let fd = self.fd();
+        let unix = self.expect_fd;
         self.buf.reserve(CHUNK);
         let spare = self.buf.spare_capacity_mut();
         loop {
-            // SAFETY: the read writes at most `spare.len()` bytes into the vector's own spare capacity.
-            let n = unsafe { libc::read(fd, spare.as_mut_ptr().cast(), spare.len()) };
+            let n = if unix {
+                receive(fd, spare, &mut self.received)
+            } else {
+                // SAFETY: the read writes at most `spare.len()` bytes into the vector's own spare capacity.
+                unsafe { libc::read(fd, spare.as_mut_ptr().cast(), spare.len()) }
+            };
             return match n {
                 0 => Err(Failed::said("the PMI server closed the connection".into())),
                 1.. => {
@@ -216,6 +239,46 @@ impl Conn {
         self.buf.drain(..n);
         taken
     }
+}
+
+/// `recvmsg` into `spare`, as `read` would, keeping the first fd that comes with the bytes in `received` (in
+/// place of one kept before) and closing any other. What `recvmsg` returns.
+fn receive(fd: RawFd, spare: &mut [std::mem::MaybeUninit<u8>], received: &mut Option<OwnedFd>) -> isize {
+    let mut iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() };
+    // Room for a control message of a few fds, aligned as a cmsghdr is.
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: recvmsg writes at most `spare.len()` bytes into `spare` and at most `msg_controllen` into the
+    // control buffer, both ours for the call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return n;
+    }
+    // SAFETY: the kernel wrote `msg_controllen` bytes of well-formed control messages; CMSG_FIRSTHDR and
+    // CMSG_NXTHDR stay within them, and each SCM_RIGHTS message's data holds (cmsg_len - CMSG_LEN(0)) / 4 fds,
+    // read unaligned, each new in this process and owned from here on.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                    if i == 0 {
+                        *received = Some(fd);
+                    }
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    n
 }
 
 /// Where the first newline of `bytes` is: the C library's `memchr`, which looks at many bytes a step, where a

@@ -1,6 +1,6 @@
 //! What rpmi's PMI client libraries (`crates/libpmi`, `crates/libpmi2`) share: the connection to the
 //! launcher's server ([`conn`]), the answers of calls that wait without the session's lock ([`mailbox`]), the
-//! puts kept until the fence ([`batch`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
+//! puts kept until the fence ([`batch`]), the image of the node's key-value space ([`image`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
 //! failure as a PMI code (RFC 13's, `rpmi_wire::response::rc`: PMI-2's have the same values), C strings in
 //! and out, and no panic crossing into the caller.
 
@@ -12,6 +12,7 @@ pub mod batch;
 pub mod cabi;
 pub mod conn;
 pub mod held;
+pub mod image;
 pub mod mailbox;
 
 pub use rpmi_wire::response::rc::{

@@ -211,6 +211,16 @@ impl<M: Mail> Mailbox<M> {
         self.direct.load(Ordering::SeqCst) || self.state().tagged.is_empty()
     }
 
+    /// The answer to the plain request about to be sent comes with an fd ([`Conn::expect_fd`]).
+    pub fn expect_fd(&self) {
+        self.reader.lock().unwrap_or_else(|e| e.into_inner()).expect_fd();
+    }
+
+    /// The fd that came with the answer since [`Mailbox::expect_fd`], once the answer is taken.
+    pub fn take_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        self.reader.lock().unwrap_or_else(|e| e.into_inner()).take_fd()
+    }
+
     /// The server echoed a tag where the mailbox did not see it (libpmi2's start-up asks `job-getid` with a
     /// `thrid`): its answers are told by their tags, and no plain request waits for its turn.
     pub fn tag_echoed(&self) {

@@ -4,6 +4,7 @@
 
 use rpmi_client::batch::PutBatch;
 use rpmi_client::conn::{Conn, READ_MAX};
+use rpmi_client::image::Images;
 use rpmi_client::mailbox::{Mailbox, Plain};
 use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
@@ -65,6 +66,9 @@ struct Wire {
     /// The server is rpmi's (it answered `rpmi=` at `init`): puts are kept in `batch` until the barrier.
     rpmi: bool,
     batch: PutBatch,
+    /// The image of the node's key-value space after the last barrier, where the server serves one
+    /// (`rpmi=2`): gets are answered from it.
+    images: Images,
 }
 
 impl Session {
@@ -79,6 +83,7 @@ impl Session {
             line: String::with_capacity(REQUEST),
             rpmi: false,
             batch: PutBatch::default(),
+            images: Images::new(false),
         };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
@@ -190,6 +195,9 @@ impl Session {
                 read(rpmi_client::utf8(w.batch.get(key).unwrap_or_default()).unwrap_or_default())
             }
             Server::Wire(w) => {
+                if let Some(value) = w.imaged(key, self.maxes.value) {
+                    return read(value);
+                }
                 let reply = w.ask(&["cmd=get kvsname=", &self.kvsname, " key=", key], "get_result", false)?;
                 if reply.rc() != 0 {
                     return Err(Failed::quiet());
@@ -214,6 +222,7 @@ impl Session {
                     0 => Ok(()),
                     _ => Err(Failed::said(format!("the PMI server failed 'barrier_in': {}", r.quoted()))),
                 })?;
+                w.images.fence_ended();
                 refused.map_or(Ok(()), Err)
             }
             Server::Alone(_) => Ok(()),
@@ -235,8 +244,9 @@ impl Session {
     pub fn send_group(&mut self, ranks: &[u32], tag: i64) -> Result<(), Failed> {
         let Server::Wire(w) = &mut self.server else { return Ok(()) };
         // The group's members read what this rank put: its puts go first (each on its own: this barrier's
-        // answer is waited for in the mailbox).
+        // answer is waited for in the mailbox). What the group exchanges is newer than the image.
         w.flush_puts(&self.kvsname)?;
+        w.images.stale();
         let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
         w.send(&["cmd=barrier_in group=", &list.join(","), ":", &tag.to_string()])
     }
@@ -352,6 +362,22 @@ impl Wire {
         Ok((request.is_some(), refused))
     }
 
+    /// The value of `key` in the image of the key-value space, asked for first where it is due and no other
+    /// thread waits for an answer (its memory file comes with the answer, to whichever thread reads it). A
+    /// value that is not UTF-8, or longer than a PMI-1 line holds, is the server's to answer.
+    fn imaged(&mut self, key: &str, value_max: usize) -> Option<&str> {
+        if self.images.due() && self.mail.alone() {
+            self.mail.expect_fd();
+            let answer = self.ask(&["cmd=get_kvs_image"], "kvs_image", false).map(|r| match r.rc() {
+                0 => r.int("bytes").ok(),
+                _ => None,
+            });
+            let file = self.mail.take_fd();
+            self.images.arrived("libpmi", answer, file);
+        }
+        self.images.get(key.as_bytes()).and_then(rpmi_client::utf8).filter(|v| v.len() < value_max)
+    }
+
     /// Sends the puts kept, alone: `Err` if the server refused one.
     fn flush_puts(&mut self, kvsname: &str) -> Result<(), Failed> {
         let (_, refused) = self.send_puts(kvsname, None)?;
@@ -426,16 +452,17 @@ impl Wire {
     /// `rpmi=` is rpmi's: puts are kept until the barrier ([`Wire::send_puts`]).
     fn init(&mut self) -> Result<bool, Failed> {
         let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { "2" } else { "1" };
-        let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=1"];
+        let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=2"];
         let (groups, rpmi) = self.call_ok(&request, "response_to_init", |reply| {
-            let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).is_some_and(|r| r >= 1);
+            let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).unwrap_or(0);
             match (reply.get("pmi_version"), reply.get("pmi_subversion")) {
                 (Some("1"), Some(sub)) => Ok((sub.parse::<u32>().is_ok_and(|s| s >= 2), rpmi)),
                 (None, None) => Ok((false, rpmi)),
                 _ => Err(Failed::said(format!("the PMI server answered init with {}", reply.quoted()))),
             }
         })?;
-        self.rpmi = rpmi;
+        self.rpmi = rpmi >= 1;
+        self.images = Images::new(rpmi >= 2);
         Ok(groups)
     }
 

@@ -4,6 +4,7 @@
 
 use rpmi_client::batch::PutBatch;
 use rpmi_client::conn::Conn;
+use rpmi_client::image::Images;
 use rpmi_client::mailbox::{Expected, Mail, Mailbox, Plain};
 use rpmi_client::{env, Failed};
 use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
@@ -119,6 +120,9 @@ pub struct Session {
     /// The server is rpmi's (it answered `rpmi=` at `init`): puts are kept in `batch` until the fence.
     rpmi: bool,
     batch: PutBatch,
+    /// The image of the node's key-value space after the last fence, where the server serves one (`rpmi=2`):
+    /// gets of this job's keys are answered from it.
+    images: Images,
 }
 
 impl Session {
@@ -126,7 +130,7 @@ impl Session {
     pub fn start() -> Result<Box<Session>, Failed> {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
         // `rpmi=1`: this library speaks rpmi's additions to the wire (other servers pass over it).
-        conn.write(b"cmd=init pmi_version=2 pmi_subversion=0 rpmi=1\n")?;
+        conn.write(b"cmd=init pmi_version=2 pmi_subversion=0 rpmi=2\n")?;
         let line = conn.line()?;
         let mail = Arc::new(Mailbox::new(conn.reader()?));
         let reply = Reply::parse(&line).map_err(|e| Failed::said(format!("the PMI server sent a {e}")))?;
@@ -146,7 +150,7 @@ impl Session {
         }
         // Threads may call while one waits for a node attribute (and they say which by `thrid`).
         fields.push(("threaded", b"TRUE"));
-        let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).is_some_and(|r| r >= 1);
+        let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).unwrap_or(0);
         let server = Server::Wire(conn, mail.clone(), Vec::new());
         let mut session = Box::new(Session {
             rank: 0,
@@ -155,8 +159,9 @@ impl Session {
             spawned: false,
             jobid: String::new(),
             server,
-            rpmi,
+            rpmi: rpmi >= 1,
             batch: PutBatch::default(),
+            images: Images::new(rpmi >= 2),
         });
         let init = session.ask("fullinit", &fields)?;
         let (rank, size) = (init.int("rank")?, init.int("size")?);
@@ -187,6 +192,7 @@ impl Session {
             server: Server::Alone { kvs: BTreeMap::new(), node: BTreeMap::new() },
             rpmi: false,
             batch: PutBatch::default(),
+            images: Images::new(false),
         }
     }
 
@@ -274,6 +280,7 @@ impl Session {
             }
             _ => drop(self.ask("kvs-fence", &[])?),
         }
+        self.images.fence_ended();
         refused.map_or(Ok(()), Err)
     }
 
@@ -321,6 +328,24 @@ impl Session {
         Ok((then.is_some(), refused))
     }
 
+    /// The value of `key` in the image of the key-value space, asked for first where it is due and no other
+    /// thread waits for an answer (its memory file comes with the answer, to whichever thread reads it).
+    fn imaged(&mut self, key: &str) -> Option<&[u8]> {
+        if let (true, Server::Wire(_, mail, _)) = (self.images.due(), &self.server) {
+            if mail.alone() {
+                mail.expect_fd();
+                let answer = self.ask_quietly("kvs-image", &[]).map(|a| a.int("bytes").ok());
+                let file = self.mailbox().and_then(|m| m.take_fd());
+                let answer = match answer {
+                    Err(f) if f.message.is_none() => Ok(None),
+                    other => other,
+                };
+                self.images.arrived("libpmi2", answer, file);
+            }
+        }
+        self.images.get(key.as_bytes())
+    }
+
     /// Sends the puts kept, alone: `Err` if the server refused one.
     fn flush_puts(&mut self) -> Result<(), Failed> {
         let (_, refused) = self.send_puts(None)?;
@@ -344,6 +369,11 @@ impl Session {
                 read(self.batch.get(key).unwrap_or_default())
             }
             Server::Wire(..) => {
+                if jobid == self.jobid {
+                    if let Some(value) = self.imaged(key) {
+                        return read(value);
+                    }
+                }
                 let mut srcid = Vec::new();
                 push_int(&mut srcid, src.into());
                 let fields: Fields = &[("jobid", jobid.as_bytes()), ("srcid", &srcid), ("key", key.as_bytes())];

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod group;
+pub mod image;
 pub mod mapping;
 pub mod pmi2;
 pub mod reply;

@@ -93,6 +93,7 @@ impl<'a> Message<'a> {
             b"job-disconnect" => Request2::JobDisconnect,
             b"kvs-put" => Request2::KvsPut { key: need("key")?, value: self.get("value").unwrap_or_default() },
             b"kvs-fence" => Request2::KvsFence,
+            b"kvs-image" => Request2::KvsImage,
             b"kvs-get" => Request2::KvsGet { jobid: self.get("jobid"), key: need("key")? },
             b"info-getjobattr" => Request2::GetJobAttr { key: need("key")? },
             b"info-putnodeattr" => {
@@ -267,6 +268,8 @@ pub enum Request2<'a> {
         value: &'a [u8],
     },
     KvsFence,
+    /// `kvs-image`: rpmi's own (revision 2), as PMI-1's `get_kvs_image`.
+    KvsImage,
     /// `kvs-get;jobid=J;srcid=S;key=K`: `srcid` is a hint, ignored.
     KvsGet {
         jobid: Option<&'a [u8]>,

@@ -43,6 +43,9 @@ pub enum Request<'a> {
     LookupName { service: &'a [u8] },
     /// Intel MPI's `cmd=get_ranks2hosts`
     GetRanks2Hosts,
+    /// `cmd=get_kvs_image`: rpmi's own (revision 2), from its client libraries only: the image of the node's
+    /// key-value space after the last fence ([`crate::image`]), answered with its memory file.
+    GetKvsImage,
     /// `mcmd=spawn`: the first line of a multi-line spawn block (see [`crate::spawn`]).
     SpawnBlock,
 }
@@ -65,6 +68,7 @@ impl Request<'_> {
             Request::UnpublishName { .. } => "unpublish_name",
             Request::LookupName { .. } => "lookup_name",
             Request::GetRanks2Hosts => "get_ranks2hosts",
+            Request::GetKvsImage => "get_kvs_image",
             Request::SpawnBlock => "spawn",
         }
     }
@@ -251,6 +255,7 @@ pub fn parse(line: &[u8]) -> Result<Request<'_>, ParseError> {
         b"unpublish_name" => Request::UnpublishName { service: t.require("unpublish_name", "service")? },
         b"lookup_name" => Request::LookupName { service: t.require("lookup_name", "service")? },
         b"get_ranks2hosts" => Request::GetRanks2Hosts,
+        b"get_kvs_image" => Request::GetKvsImage,
         other => return Err(ParseError::UnknownCommand(String::from_utf8_lossy(other).into_owned())),
     })
 }

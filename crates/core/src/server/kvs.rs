@@ -91,6 +91,11 @@ impl Kvs {
         self.map.get(key).map(|e| &*e.value)
     }
 
+    /// Every key and its value, in no order.
+    pub fn entries(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.map.iter().map(|(k, e)| (&**k, &*e.value))
+    }
+
     /// Bytes the entries held are charged: their keys, their values and [`ENTRY_OVERHEAD`] each.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -35,7 +35,9 @@ const LOCAL_KEY_PREFIX: &[u8] = b"local::";
 /// that it speaks them (`rpmi=R`, which rpmi's client libraries send; docs/libpmi.md): 1, a client may write
 /// its puts ahead of its barrier in one write, and read their answers after (any server that reads requests
 /// as a stream takes that, but not every one does).
-pub const RPMI_REVISION: i64 = 1;
+/// 2, a client may ask for the image of the node's key-value space after the last fence (`get_kvs_image`,
+/// PMI-2's `kvs-image`), which comes as a sealed memory file with the answer ([`Server::take_kvs_image`]).
+pub const RPMI_REVISION: i64 = 2;
 
 /// A task's input is held, not parsed, while more than this many bytes of its answers are unsent. PMI-1 is
 /// lock-step: a client waits for each answer before it asks again, so it has at most one answer queued
@@ -142,6 +144,9 @@ struct Client {
     groups_entered: usize,
     /// Its puts since the last world exchange, for the group exchanges of groups it is a member of.
     group_puts: Vec<u8>,
+    /// The fence whose key-value image goes, as a memory file, with the first byte of `out` (its answer to
+    /// `get_kvs_image`, queued when nothing else was).
+    image: Option<u64>,
 }
 
 impl Client {
@@ -192,6 +197,8 @@ pub struct Server {
     group_pending: usize,
     /// The bytes of the group exchanges' parts the host holds.
     group_in_flight: usize,
+    /// The images of the key-value space made at each fence, for rpmi's client libraries.
+    images: image::Images,
 }
 
 impl Server {
@@ -240,6 +247,7 @@ impl Server {
                 groups: false,
                 groups_entered: 0,
                 group_puts: Vec::new(),
+                image: None,
             })
             .collect();
         Ok(Server {
@@ -262,6 +270,7 @@ impl Server {
             groups: Default::default(),
             group_pending: 0,
             group_in_flight: 0,
+            images: Default::default(),
         })
     }
 
@@ -489,7 +498,10 @@ impl Server {
             Err(why) => Err(why.to_string()),
         };
         match outcome {
-            Ok(()) => self.release_barrier(rc::SUCCESS, ""),
+            Ok(()) => {
+                self.fence_done();
+                self.release_barrier(rc::SUCCESS, "")
+            }
             Err(why) => self.fail_barrier(&why),
         }
         // A task may have left while the collective ran; the next barrier cannot complete without it.
@@ -499,6 +511,7 @@ impl Server {
     /// Stores every put of an exchange's parts, but this server's own ranks': the store has them already,
     /// and maybe newer (a group exchange's parts may come back after a member put a key again).
     fn merge(&mut self, parts: &[&[u8]]) -> Result<(), String> {
+        self.store_changed();
         let beside = self.node_attr_bytes.saturating_add(self.pending_charge(0));
         let (map, me) = (&self.job.task_map, self.node());
         let foreign = |rank: u32| map.node_of(rank) != Some(me);
@@ -595,6 +608,10 @@ impl Server {
             return;
         }
         let n = n.min(c.out.len());
+        if n > 0 {
+            // Its first byte, which the image's memory file went with, is written.
+            c.image = None;
+        }
         c.out.drain(..n);
         // What a backed-up task made the buffer grow to is not kept once written.
         if c.out.is_empty() && c.out.capacity() > HELD_ABOVE {
@@ -808,6 +825,7 @@ impl Server {
                 c.shared = Some((answer, 0));
                 queue(c, ready);
             }
+            Request::GetKvsImage => self.send_kvs_image(task),
             Request::SpawnBlock => {
                 self.clients[task].spawn = Some(SpawnBuilder::new(self.limits.spawn_bytes_max));
             }
@@ -836,6 +854,7 @@ impl Server {
         let pending = self.pending_charge(more).saturating_add(self.node_attr_bytes);
         match self.kvs.put_beside(rank, key, value, pending) {
             Ok(Stored::Changed) => {
+                self.store_changed();
                 kvs::encode(&mut self.contribution, rank, key, value);
                 let c = &mut self.clients[task];
                 if c.groups {
@@ -1074,6 +1093,7 @@ fn utf8_word(s: &[u8]) -> Option<String> {
 }
 
 mod group;
+mod image;
 mod pmi2;
 #[cfg(test)]
 mod tests;

@@ -235,6 +235,7 @@ impl Server {
                     Err((_, why)) => self.answer_fail(task, "kvs-put-response", &why),
                 }
             }
+            Request2::KvsImage => self.send_kvs_image(task),
             Request2::KvsFence => {
                 self.clients[task].waiting = Waiting::Barrier;
                 self.entered += 1;
@@ -340,7 +341,13 @@ impl Server {
     }
 
     /// Queues `cmd`'s answer to task `task`: `rc`, then what `fields` adds.
-    fn answer_v2_with(&mut self, task: TaskId, cmd: &str, rc: i32, fields: impl FnOnce(Writer<'_>) -> Writer<'_>) {
+    pub(super) fn answer_v2_with(
+        &mut self,
+        task: TaskId,
+        cmd: &str,
+        rc: i32,
+        fields: impl FnOnce(Writer<'_>) -> Writer<'_>,
+    ) {
         let thrid = self.clients[task].thrid.take();
         self.answer_v2_to(task, thrid, cmd, rc, fields);
     }
@@ -357,7 +364,7 @@ impl Server {
         self.respond(task, |out| fields(Writer::answer(out, cmd, thrid.as_deref(), rc)).finish());
     }
 
-    fn answer_fail(&mut self, task: TaskId, cmd: &str, why: &str) {
+    pub(super) fn answer_fail(&mut self, task: TaskId, cmd: &str, why: &str) {
         self.answer_v2_with(task, cmd, rc::FAIL, |f| f.errmsg(why));
     }
 

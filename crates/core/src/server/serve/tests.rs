@@ -127,11 +127,11 @@ fn rpmis_clients_are_told_the_revision_of_its_additions_others_are_answered_as_b
     assert_eq!(send(&mut s, &mut h, 0, asked), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1\n");
     // A later revision is answered with the one this server speaks.
     let later = "cmd=init pmi_version=1 pmi_subversion=1 rpmi=9\n";
-    assert_eq!(send(&mut s, &mut h, 0, later), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1\n");
+    assert_eq!(send(&mut s, &mut h, 0, later), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=2\n");
     let plain = "cmd=init pmi_version=1 pmi_subversion=1\n";
     assert_eq!(send(&mut s, &mut h, 0, plain), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n");
-    let two = "cmd=init pmi_version=2 pmi_subversion=0 rpmi=1\n";
-    assert_eq!(send(&mut s, &mut h, 0, two), "cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0 rpmi=1\n");
+    let two = "cmd=init pmi_version=2 pmi_subversion=0 rpmi=2\n";
+    assert_eq!(send(&mut s, &mut h, 0, two), "cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0 rpmi=2\n");
 }
 
 /// rpmi's libraries write a barrier's puts ahead of it in one write: each is answered in turn, then the
@@ -153,6 +153,64 @@ fn puts_written_with_their_barrier_are_answered_in_turn() {
     assert!(answers.starts_with("cmd=put_result rc=4 msg=rank_1_already_put"), "{answers}");
     assert!(answers.ends_with("\ncmd=put_result rc=0\n"), "{answers}");
     assert_eq!(h.collectives.len(), 2);
+}
+
+/// After a fence, the image of the key-value space is made once, at the first request, for the host to keep
+/// in the node's memory file, and each task's answer names it; it holds every key the fence left.
+#[test]
+fn the_image_of_a_fence_is_made_once_at_the_first_request() {
+    let mut s = shell_on(&[2, 1], 0);
+    let mut h = Recorder::default();
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=get_kvs_image\n"), "cmd=kvs_image rc=-1 msg=no_fence_yet\n");
+    send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=a value=1\ncmd=barrier_in\n");
+    send(&mut s, &mut h, 1, "cmd=put kvsname=kvs_42 key=b value=2\ncmd=barrier_in\n");
+    complete(&mut s, &mut h, &[b"2 c=3\n"]);
+    drain(&mut s, 0);
+    drain(&mut s, 1);
+    assert!(s.take_kvs_image().is_none(), "made before anyone asked");
+    s.receive(0, b"cmd=get_kvs_image\n");
+    h.take(&mut s);
+    assert_eq!(s.kvs_image_attached(0), Some(1));
+    let (fence, bytes) = s.take_kvs_image().expect("the image");
+    let image = crate::wire::image::Image::parse(&bytes).unwrap();
+    assert_eq!(fence, 1);
+    for (key, value) in [("a", "1"), ("b", "2"), ("c", "3")] {
+        assert_eq!(image.get(key.as_bytes()), Some(value.as_bytes()), "{key}");
+    }
+    assert!(image.get(PROCESS_MAPPING_KEY.as_bytes()).is_some());
+    assert_eq!(drain(&mut s, 0), format!("cmd=kvs_image rc=0 bytes={} fence=1\n", bytes.len()));
+    assert_eq!(s.kvs_image_attached(0), None, "the memory file goes with the answer's first byte only");
+    // Another task of the node is sent the same image: none is made again.
+    assert_eq!(
+        send(&mut s, &mut h, 1, "cmd=get_kvs_image\n"),
+        format!("cmd=kvs_image rc=0 bytes={} fence=1\n", bytes.len())
+    );
+    assert!(s.take_kvs_image().is_none());
+    // PMI-2 asks the same.
+    s.receive(1, b"cmd=init pmi_version=2 pmi_subversion=0\n");
+    h.take(&mut s);
+    drain(&mut s, 1);
+    let answer = send(&mut s, &mut h, 1, "    14cmd=kvs-image;");
+    assert!(answer.ends_with(&format!("cmd=kvs-image-response;rc=0;bytes={};fence=1;", bytes.len())), "{answer}");
+}
+
+/// A put that reaches the store after the fence makes its image impossible: the task reads the wire.
+#[test]
+fn no_image_once_the_store_changed_since_the_fence() {
+    let mut s = shell_on(&[1], 0);
+    let mut h = Recorder::default();
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    complete(&mut s, &mut h, &[]);
+    drain(&mut s, 0);
+    send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=late value=1\n");
+    let answer = send(&mut s, &mut h, 0, "cmd=get_kvs_image\n");
+    assert_eq!(answer, "cmd=kvs_image rc=-1 msg=the_key-value_space_changed_since_the_last_fence\n");
+    assert_eq!(s.kvs_image_attached(0), None);
+    // The next fence makes one possible again.
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    complete(&mut s, &mut h, &[]);
+    drain(&mut s, 0);
+    assert!(send(&mut s, &mut h, 0, "cmd=get_kvs_image\n").starts_with("cmd=kvs_image rc=0 bytes="));
 }
 
 #[test]

@@ -1,0 +1,96 @@
+//! The image of the node's key-value space after a fence (revision 2 of rpmi's additions to the wire, laid out
+//! by `rpmi_wire::image`), for rpmi's client libraries to answer gets from without a round trip. Made at the
+//! first request after a fence, at most once per fence, and only while the store is as the fence left it
+//! (later, the request is refused and the task reads the wire); handed to the host
+//! ([`Server::take_kvs_image`]), which keeps it in one sealed memory file for the node and sends that file with
+//! each task's answer ([`Server::kvs_image_attached`]). The server keeps no copy: the image is bounded as the
+//! store is (its keys and values, and 16 bytes an entry).
+
+use super::{Protocol, Server};
+use crate::server::effect::TaskId;
+use crate::wire::image;
+use crate::wire::pmi2::Writer;
+use crate::wire::response::{rc, Line};
+
+#[derive(Default)]
+pub(super) struct Images {
+    /// Full barriers completed.
+    fences: u64,
+    /// The store changed since the last fence: no image of it can be made.
+    changed: bool,
+    /// The image of the last fence, and its length, once made.
+    current: Option<(u64, usize)>,
+    /// That image, until the host takes it.
+    made: Option<(u64, Vec<u8>)>,
+}
+
+impl Server {
+    /// A full barrier completed: the store is as the fence leaves it, and its image is made when first asked
+    /// for. One made before and not taken is dropped: its fence is over.
+    pub(super) fn fence_done(&mut self) {
+        let images = &mut self.images;
+        images.fences += 1;
+        images.changed = false;
+        images.current = None;
+        images.made = None;
+    }
+
+    /// The store changed since the last fence: what that fence left can no longer be imaged.
+    pub(super) fn store_changed(&mut self) {
+        self.images.changed = true;
+    }
+
+    /// The image the last fence made, once: the host keeps it in a sealed memory file, one for the node, and
+    /// sends that with the answers [`Server::kvs_image_attached`] names.
+    pub fn take_kvs_image(&mut self) -> Option<(u64, Vec<u8>)> {
+        self.images.made.take()
+    }
+
+    /// The fence whose image's memory file goes with the first byte of [`Server::output`] of `task`: the host
+    /// sends it with that byte (`SCM_RIGHTS`), or the task reads the answer without one and asks on the wire.
+    pub fn kvs_image_attached(&self, task: TaskId) -> Option<u64> {
+        self.clients.get(task).and_then(|c| c.image)
+    }
+
+    /// `get_kvs_image` (PMI-2's `kvs-image`): the answer names the image's length and fence, and the memory
+    /// file goes with its first byte. Refused where there is no image of the last fence, or where other
+    /// answers are queued before this one (rpmi's libraries ask with nothing else outstanding).
+    pub(super) fn send_kvs_image(&mut self, task: TaskId) {
+        let c = &self.clients[task];
+        let pending = !c.out.is_empty() || c.shared.is_some();
+        let images = &mut self.images;
+        let sent = match images.current {
+            _ if pending => Err("answers to other requests are queued before it"),
+            Some(image) => Ok(image),
+            None if images.fences == 0 => Err("no fence yet"),
+            None if images.changed => Err("the key-value space changed since the last fence"),
+            None => match image::encode(images.fences, self.kvs.entries()) {
+                Ok(bytes) => {
+                    images.current = Some((images.fences, bytes.len()));
+                    images.made = Some((images.fences, bytes));
+                    Ok((images.fences, images.made.as_ref().map_or(0, |(_, b)| b.len())))
+                }
+                Err(image::ImageError::TooLarge) => Err("the key-value space is too large for an image"),
+                Err(_) => Err("no image of the key-value space"),
+            },
+        };
+        let protocol = c.protocol;
+        match (protocol, sent) {
+            (Protocol::Pmi1, Ok((fence, len))) => self.respond(task, |out| {
+                Line::new(out, "kvs_image", rc::SUCCESS).int("bytes", len as i64).int("fence", fence as i64).finish()
+            }),
+            (Protocol::Pmi1, Err(why)) => {
+                self.respond(task, |out| Line::new(out, "kvs_image", rc::FAIL).msg(why).finish())
+            }
+            (Protocol::Pmi2, Ok((fence, len))) => {
+                self.answer_v2_with(task, "kvs-image-response", rc::SUCCESS, |f: Writer<'_>| {
+                    f.str("bytes", len.to_string().as_bytes()).str("fence", fence.to_string().as_bytes())
+                })
+            }
+            (Protocol::Pmi2, Err(why)) => self.answer_fail(task, "kvs-image-response", why),
+        }
+        if let Ok((fence, _)) = sent {
+            self.clients[task].image = Some(fence);
+        }
+    }
+}
