@@ -10,7 +10,7 @@ use rpmi::wire::pmi2::{body_len, Message, Writer, HEADER_LEN};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -62,15 +62,48 @@ fn each_library_needs_only_the_c_library_and_exports_only_its_api() {
     }
 }
 
+/// Every call; and, through the wire's trace, that each rank's gets after each of the program's two barriers
+/// were answered from the image of its node's key-value space (each rank asked for it once per barrier), but
+/// the one of a key nobody put, which only the server can answer.
 #[test]
 fn every_call_under_rpmi_run_on_one_node_and_on_three() {
     let p = program(Api::Pmi1);
     let path = p.path.to_str().unwrap();
-    let one = rpmi_run(&["-n", "4", path]);
+    let one = rpmi_run(&["--trace", "-n", "4", path]);
     // rpmi's server answers PMI 1.2: the group barrier is served.
     assert!(ranks_ok(&one, 4).iter().all(|l| l == "clique=4 groups=1"), "{}", one.dump());
-    let three = rpmi_run(&["-n", "6", "--nodes", "3", path]);
+    let three = rpmi_run(&["--trace", "-n", "6", "--nodes", "3", path]);
     assert!(ranks_ok(&three, 6).iter().all(|l| l == "clique=2 groups=1"), "{}", three.dump());
+    for (done, size) in [(&one, 4), (&three, 6)] {
+        let asked = done.stderr.matches(" C: cmd=get_kvs_image").count();
+        let got = done.stderr.matches(" S: cmd=kvs_image rc=0 ").count();
+        assert_eq!((asked, got), (2 * size, 2 * size), "{}", done.dump());
+        let wire: Vec<&str> = done.stderr.lines().filter(|l| l.contains(" C: cmd=get kvsname=")).collect();
+        assert!(wire.iter().all(|l| l.ends_with(" key=no_such_key")), "gets that went to the server: {wire:?}");
+    }
+}
+
+/// The image of the key-value space as a task receives it (tests/programs/kvs_image.c, a client written on the
+/// wire that keeps the memory file): sealed, and read-only whichever way the task tries, as long as
+/// announced, holding the task's key; and out of reach of another user's process, through the task's /proc or
+/// its server's. On one node and on three.
+#[test]
+fn a_task_cannot_write_the_image_and_another_user_cannot_reach_it() {
+    let dir = library_dir();
+    let program = support::compile("cc", "kvs_image", dir.path());
+    for nodes in ["1", "3"] {
+        let done = rpmi_run(&["-n", "3", "--nodes", nodes, program.to_str().unwrap()]);
+        assert!(ranks_ok(&done, 3).iter().all(|l| l == "image"), "{}", done.dump());
+    }
+}
+
+/// A program the task execs after its gets holds no fd of the image: the library closed the memory file once
+/// it mapped it (and a mapping does not outlive an exec).
+#[test]
+fn no_fd_of_the_image_is_left_open_for_a_program_the_task_execs() {
+    let p = program(Api::Pmi1);
+    let done = rpmi_run(&["-n", "2", p.path.to_str().unwrap(), "exec"]);
+    assert!(ranks_ok(&done, 2).iter().all(|l| l == "exec"), "{}", done.dump());
 }
 
 /// Threaded MPICH waits in several PMI 1.2 group barriers at once, one per thread, entered in any order on
@@ -163,10 +196,53 @@ fn served_by(
 /// How a test server answers a task's puts: as rpmi's server (it answers `rpmi=1` at `init` to a client that
 /// asks, and holds each put's answer until the barrier or fence comes, so that a library that waited for it
 /// would hang), refusing the put of `refuse`; or as any other server, each request answered as it comes.
+/// With `image`, it answers `rpmi=2` and sends that broken image of the key-value space when asked.
 #[derive(Clone, Copy)]
 struct Puts {
     rpmi: bool,
     refuse: Option<&'static str>,
+    image: Option<Broken>,
+}
+
+/// A broken image of the key-value space, as a broken or hostile server could send it.
+#[derive(Clone, Copy, Debug)]
+enum Broken {
+    /// A memory file without seals: its bytes could change after the library checked them.
+    Unsealed,
+    /// Sealed, but not an image.
+    Garbage,
+    /// Announced longer than its file.
+    Longer,
+    /// No memory file with the answer.
+    NoFile,
+}
+
+/// Sends the answer to `get_kvs_image` with the memory file of `broken`.
+fn send_broken_image(conn: &UnixStream, broken: Broken) {
+    let image = rpmi::wire::image::encode(1, [(&b"a"[..], &b"1"[..])]).unwrap();
+    let file = match broken {
+        Broken::Unsealed => {
+            // SAFETY: a new memory file, owned at once.
+            let fd = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: as above.
+            let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            file.write_all(&image).unwrap();
+            Some(OwnedFd::from(file))
+        }
+        Broken::Garbage => Some(rpmi::os::sealed_memfd(c"garbage", &vec![0x5a; image.len()]).unwrap()),
+        Broken::Longer => Some(rpmi::os::sealed_memfd(c"image", &image).unwrap()),
+        Broken::NoFile => None,
+    };
+    let bytes = if matches!(broken, Broken::Longer) { image.len() + 4096 } else { image.len() };
+    let line = format!("cmd=kvs_image rc=0 bytes={bytes} fence=1\n");
+    match file {
+        None => (&*conn).write_all(line.as_bytes()).unwrap(),
+        Some(file) => {
+            let sent = rpmi::os::send_with_fd(conn.as_raw_fd(), line.as_bytes(), file.as_raw_fd());
+            assert_eq!(sent, line.len() as isize);
+        }
+    }
 }
 
 /// A PMI-1 server for a job of one, answering puts as `puts` says; what it read, a line each.
@@ -184,8 +260,15 @@ fn serve_puts_pmi1(conn: UnixStream, puts: Puts) -> Vec<String> {
         let field = |k: &str| line.split(' ').find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).unwrap_or_default();
         let cmd = field("cmd");
         let answer = match cmd {
+            "init" if puts.rpmi && puts.image.is_some() && field("rpmi") == "2" => {
+                "response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=2"
+            }
             "init" if puts.rpmi && !field("rpmi").is_empty() => {
                 "response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1"
+            }
+            "get_kvs_image" => {
+                send_broken_image(&conn, puts.image.expect("an image asked of a server that serves none"));
+                continue;
             }
             "init" => "response_to_init rc=0 pmi_version=1 pmi_subversion=1",
             "get_maxes" => "maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max=1024",
@@ -284,11 +367,17 @@ fn puts_go_with_the_fence_under_rpmis_server_and_one_by_one_under_others() {
     const HANG: Duration = Duration::from_secs(20);
     for api in [Api::Pmi1, Api::Pmi2] {
         let p = program(api);
-        for puts in [
-            Puts { rpmi: true, refuse: None },
-            Puts { rpmi: true, refuse: Some("b") },
-            Puts { rpmi: false, refuse: None },
-        ] {
+        let mut cases = vec![
+            Puts { rpmi: true, refuse: None, image: None },
+            Puts { rpmi: true, refuse: Some("b"), image: None },
+            Puts { rpmi: false, refuse: None, image: None },
+        ];
+        // PMI-1 also under a server whose image is broken: the library says so and reads the wire.
+        if matches!(api, Api::Pmi1) {
+            let broken = [Broken::Unsealed, Broken::Garbage, Broken::Longer, Broken::NoFile];
+            cases.extend(broken.map(|b| Puts { rpmi: true, refuse: None, image: Some(b) }));
+        }
+        for puts in cases {
             let serve = move |conn| match api {
                 Api::Pmi1 => serve_puts_pmi1(conn, puts),
                 Api::Pmi2 => serve_puts_pmi2(conn, puts),
@@ -296,8 +385,15 @@ fn puts_go_with_the_fence_under_rpmis_server_and_one_by_one_under_others() {
             let (done, read) = served_by(&p.path, "puts", HANG, serve);
             let context = format!("{api:?}, the server read {read:?}\n{}", done.dump());
             assert!(read[0].contains(" rpmi=2"), "{context}");
+            // The get before the barrier goes to the server only where puts are not kept; the one after it
+            // (PMI-1's program), to the server with no usable image.
             let gets = read.iter().filter(|r| r.contains("cmd=get ") || r.contains("cmd=kvs-get;")).count();
-            assert_eq!(gets, usize::from(!puts.rpmi), "{context}");
+            let after = usize::from(matches!(api, Api::Pmi1));
+            assert_eq!(gets, usize::from(!puts.rpmi) + after, "{context}");
+            if let Some(broken) = puts.image {
+                let said = "the PMI server's image of the key-value space cannot be used";
+                assert!(done.stderr.contains(said), "{broken:?}: no `{said}`: {context}");
+            }
             let put_lines = read.iter().filter(|r| r.contains("cmd=put ") || r.contains("cmd=kvs-put;")).count();
             // Under rpmi the key put twice goes once, with its last value.
             assert_eq!(put_lines, if puts.rpmi { 2 } else { 3 }, "{context}");

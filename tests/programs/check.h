@@ -32,7 +32,7 @@ static int rank = -1;
 #define FDS 1024
 
 /* Which of the descriptors are open: before init, to tell those it opens (a PMI_PORT connection). */
-static void open_fds(char open[FDS])
+__attribute__((unused)) static void open_fds(char open[FDS])
 {
     for (int fd = 0; fd < FDS; fd++)
         open[fd] = fcntl(fd, F_GETFD) >= 0;
@@ -41,7 +41,7 @@ static void open_fds(char open[FDS])
 /* After init: the launcher's connection, given (PMI_FD) or opened by init (not open `before`), is
  * close-on-exec, so that a program the task execs neither speaks on it nor keeps it open once the task ends.
  * Told by its flag, and by a shell the task starts, which must not find it. */
-static void expect_connection_close_on_exec(const char before[FDS])
+__attribute__((unused)) static void expect_connection_close_on_exec(const char before[FDS])
 {
     const char *given = getenv("PMI_FD");
     char command[64];

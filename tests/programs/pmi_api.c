@@ -1,7 +1,8 @@
 /* Calls every function of the PMI-1 API (pmi.h, libpmi.so.0) the way a runtime does at start-up, and each
  * with the wrong arguments RFC 13 lists, checking every return code. Prints one line per rank:
  *   rank R of S: ok clique=N groups=G
- * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once.
+ * and exits non-zero, naming the check, at the first one that fails. Four threads read the exchange at once,
+ * after each of two barriers (each rank puts a key before each).
  *
  *
  *   pmi_api [alone | abort | spawn | groups | fork]
@@ -12,8 +13,12 @@
  *     and odd ranks, while a third reads the exchange; prints "rank R of S: ok groups";
  *   fork: each rank forks while another thread waits in a barrier (that rank 0 enters late); the child finds
  *     every call failing at once, and its PMI_Abort ends it alone; prints "rank R of S: ok fork";
- *   puts: puts a=1, b=2 and b=3, gets b (3), enters the barrier and finalizes, for a server that watches how
- *     they come (tests/libpmi.rs); prints "rank R of S: ok puts barrier=RC", RC the barrier's return code */
+ *   exec: puts its key, enters the barrier, gets every rank's, checks that the image of the key-value space
+ *     is mapped and no fd of it open, finalizes and execs a shell that checks it holds neither, and prints
+ *     "rank R of S: ok exec";
+ *   puts: puts a=1, b=2 and b=3, gets b (3), enters the barrier, gets a (1) and finalizes, for a server that
+ *     watches how they come (tests/libpmi.rs); prints "rank R of S: ok puts barrier=RC", RC the barrier's
+ *     return code */
 #include "check.h"
 #include <pmi.h>
 #include <pthread.h>
@@ -24,18 +29,23 @@
 #include <unistd.h>
 
 static char *kvsname;
-static int size, val_max;
+static int size, val_max, rounds = 1;
 
 /* Several threads reading the exchange at once, as an MPI_THREAD_MULTIPLE runtime may: the library serves
- * them one at a time, each its own answer. */
+ * them one at a time, each its own answer. Every round's keys so far (keyR, then round2-R). */
 static void *reader(void *arg)
 {
     long id = (long)arg;
     char key[64], want[128], *value = malloc(val_max);
     for (int i = 0; i < 200; i++) {
         int r = (int)((id * 7 + i) % size);
-        snprintf(key, sizeof key, "key%d", r);
-        snprintf(want, sizeof want, "value-of-rank-%d:%d", r, r * 7);
+        if (rounds > 1 && i % 2) {
+            snprintf(key, sizeof key, "round2-%d", r);
+            snprintf(want, sizeof want, "second-of-rank-%d", r);
+        } else {
+            snprintf(key, sizeof key, "key%d", r);
+            snprintf(want, sizeof want, "value-of-rank-%d:%d", r, r * 7);
+        }
         if (PMI_KVS_Get(kvsname, key, value, val_max) != PMI_SUCCESS || strcmp(value, want) != 0) {
             fprintf(stderr, "rank %d: thread %ld read '%s' for %s\n", rank, id, value, key);
             exit(1);
@@ -181,6 +191,40 @@ static int fork_while_in_a_barrier(void)
     return 0;
 }
 
+/* Whether any line of `path` (a /proc file, or the listing of a directory's links) names rpmi's image. */
+static int names_image(const char *path)
+{
+    char command[256];
+    snprintf(command, sizeof command, "ls -l %s 2>/dev/null | grep -q 'memfd:rpmi-kvs-image' || grep -qs "
+                                      "'memfd:rpmi-kvs-image' %s", path, path);
+    return system(command) == 0;
+}
+
+/* Gets through the image, then an exec that finds none of it. */
+static int exec_after_gets(void)
+{
+    char key[64], *value = session();
+    snprintf(key, sizeof key, "key%d", rank);
+    CHECK(PMI_KVS_Put(kvsname, key, "v"), PMI_SUCCESS);
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    for (int r = 0; r < size; r++) {
+        snprintf(key, sizeof key, "key%d", r);
+        CHECK(PMI_KVS_Get(kvsname, key, value, val_max), PMI_SUCCESS);
+    }
+    char self[64];
+    snprintf(self, sizeof self, "/proc/%d/maps", (int)getpid());
+    EXPECT(names_image(self));
+    snprintf(self, sizeof self, "/proc/%d/fd/", (int)getpid());
+    EXPECT(!names_image(self));
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    char script[256];
+    snprintf(script, sizeof script,
+             "if ls -l /proc/$$/fd/ | grep -q memfd: || grep -q memfd: /proc/$$/maps; then exit 1; fi; "
+             "echo 'rank %d of %d: ok exec'", rank, size);
+    execl("/bin/sh", "sh", "-c", script, (char *)NULL);
+    return 1;
+}
+
 /* The puts of a start-up, a key put again and read back before the barrier, then the barrier. */
 static int puts_then_barrier(void)
 {
@@ -191,6 +235,8 @@ static int puts_then_barrier(void)
     CHECK(PMI_KVS_Get(kvsname, "b", value, val_max), PMI_SUCCESS);
     EXPECT(strcmp(value, "3") == 0);
     int rc = PMI_Barrier();
+    CHECK(PMI_KVS_Get(kvsname, "a", value, val_max), PMI_SUCCESS);
+    EXPECT(strcmp(value, "1") == 0);
     printf("rank %d of %d: ok puts barrier=%d\n", rank, size, rc);
     CHECK(PMI_Finalize(), PMI_SUCCESS);
     return 0;
@@ -225,6 +271,8 @@ int main(int argc, char **argv)
         return fork_while_in_a_barrier();
     if (argc > 1 && strcmp(argv[1], "puts") == 0)
         return puts_then_barrier();
+    if (argc > 1 && strcmp(argv[1], "exec") == 0)
+        return exec_after_gets();
     EXPECT(spawned == 0);
     CHECK(PMI_Init(&spawned), PMI_SUCCESS); /* a second init is harmless */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
@@ -290,6 +338,16 @@ int main(int argc, char **argv)
         }
     }
     pthread_t threads[4];
+    for (long t = 0; t < 4; t++)
+        EXPECT(pthread_create(&threads[t], NULL, reader, (void *)t) == 0);
+    for (int t = 0; t < 4; t++)
+        pthread_join(threads[t], NULL);
+    /* A second round: a key of each rank's put after the first barrier, read by nobody before the second. */
+    snprintf(key, sizeof key, "round2-%d", rank);
+    snprintf(value, val_max, "second-of-rank-%d", rank);
+    CHECK(PMI_KVS_Put(kvsname, key, value), PMI_SUCCESS);
+    CHECK(PMI_Barrier(), PMI_SUCCESS);
+    rounds = 2;
     for (long t = 0; t < 4; t++)
         EXPECT(pthread_create(&threads[t], NULL, reader, (void *)t) == 0);
     for (int t = 0; t < 4; t++)

@@ -1,0 +1,155 @@
+/* What a task can do with the image of its node's key-value space that rpmi's server sends (get_kvs_image,
+ * rpmi=2): written on the wire by hand, so that the task holds the memory file itself. Each rank puts a key,
+ * enters the barrier, asks for the image with recvmsg and checks that
+ *   - the file came, sealed against writing, growing, shrinking and new seals, as long as announced;
+ *   - it cannot be written: not by write, ftruncate, a shared writable mapping, mprotect of a read-only one,
+ *     or the file opened again through /proc/self/fd for writing;
+ *   - its bytes hold the image's magic and this rank's key;
+ *   - a process of another user (the child, as nobody) cannot open it through /proc of the task or of its
+ *     parent (the server, under rpmi-run);
+ * then prints "rank R of S: ok image" and finalizes. Run as root (for the child's setuid). */
+#define _GNU_SOURCE
+#include "check.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int fd = -1;
+static char line[4096];
+
+static void say(const char *s)
+{
+    EXPECT(write(fd, s, strlen(s)) == (ssize_t)strlen(s));
+}
+
+/* Reads one answer line into `line`, with recvmsg; the fd that came with it, or -1. */
+static int hear(void)
+{
+    size_t got = 0;
+    int file = -1;
+    for (;;) {
+        char c;
+        union {
+            struct cmsghdr h;
+            char room[CMSG_SPACE(sizeof(int))];
+        } control;
+        struct iovec iov = {.iov_base = &c, .iov_len = 1};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control, .msg_controllen = sizeof control};
+        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        EXPECT(n == 1);
+        struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
+        if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
+            memcpy(&file, CMSG_DATA(h), sizeof file);
+        if (c == '\n')
+            break;
+        EXPECT(got + 1 < sizeof line);
+        line[got++] = c;
+    }
+    line[got] = 0;
+    return file;
+}
+
+/* The value of `key` in `line`, as a number. */
+static long field(const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, " %s=", key);
+    char *p = strstr(line, pat);
+    EXPECT(p != NULL);
+    return atol(p + strlen(pat));
+}
+
+/* In a child running as nobody: every fd of process `pid` that is the image cannot be opened. */
+static void others_cannot_open(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    pid_t child = fork();
+    EXPECT(child >= 0);
+    if (child == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(2);
+        DIR *d = opendir(dir);
+        if (d) { /* root's /proc/PID/fd is not even listable by another user; if it were, no fd opens */
+            struct dirent *e;
+            while ((e = readdir(d))) {
+                char path[512];
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                int f = open(path, O_RDONLY);
+                if (f >= 0)
+                    _exit(3);
+            }
+            closedir(d);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int main(void)
+{
+    fd = atoi(getenv("PMI_FD"));
+    rank = atoi(getenv("PMI_RANK"));
+    int size = atoi(getenv("PMI_SIZE"));
+    char buf[512], kvs[256];
+    say("cmd=init pmi_version=1 pmi_subversion=1 rpmi=2\n");
+    EXPECT(hear() < 0 && strstr(line, " rpmi=2") != NULL);
+    say("cmd=get_my_kvsname\n");
+    EXPECT(hear() < 0);
+    char *k = strstr(line, "kvsname=");
+    EXPECT(k != NULL);
+    snprintf(kvs, sizeof kvs, "%s", k + 8);
+    snprintf(buf, sizeof buf, "cmd=put kvsname=%s key=image-key-%d value=image-value-%d\ncmd=barrier_in\n", kvs, rank, rank);
+    say(buf);
+    EXPECT(hear() < 0 && strstr(line, "cmd=put_result rc=0"));
+    EXPECT(hear() < 0 && strstr(line, "cmd=barrier_out rc=0"));
+
+    say("cmd=get_kvs_image\n");
+    int file = hear();
+    EXPECT(strstr(line, "cmd=kvs_image rc=0") != NULL && file >= 0);
+    long bytes = field("bytes");
+    struct stat st;
+    EXPECT(fstat(file, &st) == 0 && st.st_size == bytes);
+    int seals = fcntl(file, F_GET_SEALS);
+    EXPECT(seals == (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL));
+    EXPECT(fcntl(file, F_GETFD) & FD_CLOEXEC);
+
+    /* Not writable, whichever way. */
+    EXPECT(write(file, "x", 1) < 0 && errno == EPERM);
+    EXPECT(pwrite(file, "x", 1, 0) < 0 && errno == EPERM);
+    EXPECT(ftruncate(file, 0) < 0 && errno == EPERM);
+    EXPECT(ftruncate(file, bytes + 4096) < 0 && errno == EPERM);
+    EXPECT(fcntl(file, F_ADD_SEALS, 0) < 0 && errno == EPERM); /* no seal can be taken off or added */
+    EXPECT(mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, file, 0) == MAP_FAILED && errno == EPERM);
+    char *image = mmap(NULL, (size_t)bytes, PROT_READ, MAP_SHARED, file, 0);
+    EXPECT(image != MAP_FAILED);
+    EXPECT(mprotect(image, (size_t)bytes, PROT_READ | PROT_WRITE) < 0 && errno == EACCES);
+    char again[64];
+    snprintf(again, sizeof again, "/proc/self/fd/%d", file);
+    int reopened = open(again, O_RDWR);
+    EXPECT(reopened < 0 || (write(reopened, "x", 1) < 0 && errno == EPERM));
+
+    /* What it holds. */
+    EXPECT(memcmp(image, "RPMIKVS\001", 8) == 0);
+    snprintf(buf, sizeof buf, "image-key-%d", rank);
+    EXPECT(memmem(image, (size_t)bytes, buf, strlen(buf)) != NULL);
+
+    /* Another user reaches it neither through the task nor through its server. */
+    others_cannot_open(getpid());
+    others_cannot_open(getppid());
+
+    printf("rank %d of %d: ok image\n", rank, size);
+    fflush(stdout);
+    say("cmd=finalize\n");
+    EXPECT(hear() < 0);
+    return 0;
+}
