@@ -234,31 +234,22 @@ pub fn monotonic_ns() -> u64 {
     (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 
-/// A memory file holding `bytes`, sealed: no process can write it, grow it, shrink it or change its seals, so
-/// every process it is sent to maps the same bytes, which none can change. It has no path in any file system
-/// (only the processes that hold it reach it), and is close-on-exec.
-pub fn sealed_memfd(name: &CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+/// A new memory file, empty and sealable: it has no path in any file system (only the processes that hold it
+/// reach it), and is close-on-exec. Written, then [`seal`]ed.
+pub fn memfd(name: &CStr) -> io::Result<OwnedFd> {
     // SAFETY: memfd_create reads the C string and makes a new fd, which `owned` takes.
-    let fd = unsafe { owned(libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)) }?;
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        // SAFETY: the write reads at most `rest.len()` bytes from `rest`.
-        let n = unsafe { libc::write(fd.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
-        match n {
-            1.. => rest = &rest[n as usize..],
-            0 => return Err(io::ErrorKind::WriteZero.into()),
-            _ => match io::Error::last_os_error() {
-                e if e.kind() == io::ErrorKind::Interrupted => {}
-                e => return Err(e),
-            },
-        }
-    }
+    unsafe { owned(libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)) }
+}
+
+/// Seals memory file `file`: no process can write it, grow it, shrink it or change its seals from now on, so
+/// every process it is sent to maps the same bytes, which none can change.
+pub fn seal(file: &OwnedFd) -> io::Result<()> {
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on our own fd changes no memory.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+    // SAFETY: fcntl on an fd of ours changes no memory.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok(())
 }
 
 /// Sends `bytes` on the connected Unix socket `socket` with a copy of `fd` going with their first byte

@@ -64,7 +64,8 @@ fn each_library_needs_only_the_c_library_and_exports_only_its_api() {
 
 /// Every call; and, through the wire's trace, that each rank's gets after each of the program's two barriers
 /// were answered from the image of its node's key-value space (each rank asked for it once per barrier), but
-/// the one of a key nobody put, which only the server can answer.
+/// the first few after each barrier (`WIRE_GETS_FIRST`) and the one of a key nobody put, which only the server
+/// can answer.
 #[test]
 fn every_call_under_rpmi_run_on_one_node_and_on_three() {
     let p = program(Api::Pmi1);
@@ -78,8 +79,11 @@ fn every_call_under_rpmi_run_on_one_node_and_on_three() {
         let asked = done.stderr.matches(" C: cmd=get_kvs_image").count();
         let got = done.stderr.matches(" S: cmd=kvs_image rc=0 ").count();
         assert_eq!((asked, got), (2 * size, 2 * size), "{}", done.dump());
-        let wire: Vec<&str> = done.stderr.lines().filter(|l| l.contains(" C: cmd=get kvsname=")).collect();
-        assert!(wire.iter().all(|l| l.ends_with(" key=no_such_key")), "gets that went to the server: {wire:?}");
+        let wire = |l: &&str| l.contains(" C: cmd=get kvsname=") && !l.ends_with(" key=no_such_key");
+        // `WIRE_GETS_FIRST` of crates/client/src/image.rs.
+        let first = 8;
+        let wired = done.stderr.lines().filter(wire).count();
+        assert!(wired <= 2 * first * size, "{wired} gets went to the server: {}", done.dump());
     }
 }
 
@@ -217,6 +221,15 @@ enum Broken {
     NoFile,
 }
 
+/// A sealed memory file holding `bytes`.
+fn sealed(bytes: &[u8]) -> OwnedFd {
+    let mut file = std::fs::File::from(rpmi::os::memfd(c"test-image").unwrap());
+    file.write_all(bytes).unwrap();
+    let file = OwnedFd::from(file);
+    rpmi::os::seal(&file).unwrap();
+    file
+}
+
 /// Sends the answer to `get_kvs_image` with the memory file of `broken`.
 fn send_broken_image(conn: &UnixStream, broken: Broken) {
     let image = rpmi::wire::image::encode(1, [(&b"a"[..], &b"1"[..])]).unwrap();
@@ -230,8 +243,8 @@ fn send_broken_image(conn: &UnixStream, broken: Broken) {
             file.write_all(&image).unwrap();
             Some(OwnedFd::from(file))
         }
-        Broken::Garbage => Some(rpmi::os::sealed_memfd(c"garbage", &vec![0x5a; image.len()]).unwrap()),
-        Broken::Longer => Some(rpmi::os::sealed_memfd(c"image", &image).unwrap()),
+        Broken::Garbage => Some(sealed(&vec![0x5a; image.len()])),
+        Broken::Longer => Some(sealed(&image)),
         Broken::NoFile => None,
     };
     let bytes = if matches!(broken, Broken::Longer) { image.len() + 4096 } else { image.len() };
@@ -388,7 +401,7 @@ fn puts_go_with_the_fence_under_rpmis_server_and_one_by_one_under_others() {
             // The get before the barrier goes to the server only where puts are not kept; the one after it
             // (PMI-1's program), to the server with no usable image.
             let gets = read.iter().filter(|r| r.contains("cmd=get ") || r.contains("cmd=kvs-get;")).count();
-            let after = usize::from(matches!(api, Api::Pmi1));
+            let after = if matches!(api, Api::Pmi1) { 10 } else { 0 };
             assert_eq!(gets, usize::from(!puts.rpmi) + after, "{context}");
             if let Some(broken) = puts.image {
                 let said = "the PMI server's image of the key-value space cannot be used";

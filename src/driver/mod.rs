@@ -379,11 +379,18 @@ impl<H: HostFds> Driver<H> {
         Ok(())
     }
 
-    /// Takes the image the server made at its last fence, if any, into the node's memory file (the one of
-    /// the fence before goes: tasks that mapped it keep their mapping).
+    /// Writes the image of the key-value space the server has due into a new sealed memory file, the node's
+    /// one copy (the one of the fence before goes: tasks that mapped it keep their mapping).
     fn keep_kvs_image(&mut self) {
-        let Some((fence, bytes)) = self.server.take_kvs_image() else { return };
-        self.kvs_image = match os::sealed_memfd(c"rpmi-kvs-image", &bytes) {
+        let Some(fence) = self.server.kvs_image_due() else { return };
+        let file = os::memfd(c"rpmi-kvs-image").and_then(|file| {
+            let mut out = std::fs::File::from(file);
+            self.server.write_kvs_image(&mut out)?;
+            let file = OwnedFd::from(out);
+            os::seal(&file)?;
+            Ok(file)
+        });
+        self.kvs_image = match file {
             Ok(file) => Some((fence, file)),
             Err(e) => {
                 let why = format!("no memory file for the key-value image of fence {fence} (tasks read the wire): {e}");

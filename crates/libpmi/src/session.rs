@@ -366,7 +366,7 @@ impl Wire {
     /// thread waits for an answer (its memory file comes with the answer, to whichever thread reads it). A
     /// value that is not UTF-8, or longer than a PMI-1 line holds, is the server's to answer.
     fn imaged(&mut self, key: &str, value_max: usize) -> Option<&str> {
-        if self.images.due() && self.mail.alone() {
+        if self.images.ask_now() && self.mail.alone() {
             self.mail.expect_fd();
             let answer = self.ask(&["cmd=get_kvs_image"], "kvs_image", false).map(|r| match r.rc() {
                 0 => r.int("bytes").ok(),

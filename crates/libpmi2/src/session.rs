@@ -331,7 +331,7 @@ impl Session {
     /// The value of `key` in the image of the key-value space, asked for first where it is due and no other
     /// thread waits for an answer (its memory file comes with the answer, to whichever thread reads it).
     fn imaged(&mut self, key: &str) -> Option<&[u8]> {
-        if let (true, Server::Wire(_, mail, _)) = (self.images.due(), &self.server) {
+        if let (true, Server::Wire(_, mail, _)) = (self.images.ask_now(), &self.server) {
             if mail.alone() {
                 mail.expect_fd();
                 let answer = self.ask_quietly("kvs-image", &[]).map(|a| a.int("bytes").ok());

@@ -20,6 +20,8 @@ pub const MAGIC: &[u8; 8] = b"RPMIKVS\x01";
 const HEADER: usize = 24;
 const ENTRY: usize = 16;
 
+use std::io::Write;
+
 /// Why an image was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageError {
@@ -52,32 +54,50 @@ pub fn encoded_len(entries: usize, bytes: usize) -> usize {
     HEADER + ENTRY * entries + bytes
 }
 
-/// The image of `entries` (each key once) after fence `fence`.
+/// The image of `entries` (each key once) after fence `fence`, in memory (see [`write`]).
 pub fn encode<'a>(fence: u64, entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Result<Vec<u8>, ImageError> {
+    let mut out = Vec::new();
+    write(&mut out, fence, entries).map_err(|_| ImageError::TooLarge)?;
+    Ok(out)
+}
+
+/// Writes the image of `entries` (each key once) after fence `fence` to `out`, a piece at a time: beside what
+/// `out` keeps, it holds the entries' order (16 bytes an entry) and a buffer. An image past 32-bit offsets is
+/// refused (`InvalidInput`) before anything is written.
+pub fn write<'a>(
+    out: &mut dyn std::io::Write,
+    fence: u64,
+    entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+) -> std::io::Result<()> {
     let mut entries: Vec<(&[u8], &[u8])> = entries.into_iter().collect();
     entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let bytes: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
-    let len = encoded_len(entries.len(), bytes);
-    if u32::try_from(len).is_err() {
-        return Err(ImageError::TooLarge);
+    if u32::try_from(encoded_len(entries.len(), bytes)).is_err() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, ImageError::TooLarge.to_string()));
     }
-    let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&fence.to_le_bytes());
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+    out.write_all(MAGIC)?;
+    out.write_all(&fence.to_le_bytes())?;
+    out.write_all(&(entries.len() as u32).to_le_bytes())?;
+    out.write_all(&0u32.to_le_bytes())?;
     let mut at = HEADER + ENTRY * entries.len();
     for (key, value) in &entries {
         for n in [at, key.len(), at + key.len(), value.len()] {
-            out.extend_from_slice(&(n as u32).to_le_bytes());
+            out.write_all(&(n as u32).to_le_bytes())?;
         }
         at += key.len() + value.len();
     }
     for (key, value) in &entries {
-        out.extend_from_slice(key);
-        out.extend_from_slice(value);
+        out.write_all(key)?;
+        out.write_all(value)?;
     }
-    Ok(out)
+    out.flush()
+}
+
+/// The length of the image of `entries`.
+pub fn len_of<'a>(entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> usize {
+    let (n, bytes) = entries.into_iter().fold((0, 0), |(n, b), (k, v)| (n + 1, b + k.len() + v.len()));
+    encoded_len(n, bytes)
 }
 
 /// An image checked whole: every entry within it, its keys in strictly ascending order.

@@ -2,9 +2,10 @@
 //! by `rpmi_wire::image`), for rpmi's client libraries to answer gets from without a round trip. Made at the
 //! first request after a fence, at most once per fence, and only while the store is as the fence left it
 //! (later, the request is refused and the task reads the wire); handed to the host
-//! ([`Server::take_kvs_image`]), which keeps it in one sealed memory file for the node and sends that file with
-//! each task's answer ([`Server::kvs_image_attached`]). The server keeps no copy: the image is bounded as the
-//! store is (its keys and values, and 16 bytes an entry).
+//! ([`Server::write_kvs_image`]), which writes it straight into one sealed memory file for the node and sends
+//! that file with each task's answer ([`Server::kvs_image_attached`]). The server keeps no copy: the file is
+//! the only one, bounded as the store is (its keys and values, and 16 bytes an entry), and while it is written
+//! the server holds the entries' order (16 bytes an entry) beside it.
 
 use super::{Protocol, Server};
 use crate::server::effect::TaskId;
@@ -18,10 +19,10 @@ pub(super) struct Images {
     fences: u64,
     /// The store changed since the last fence: no image of it can be made.
     changed: bool,
-    /// The image of the last fence, and its length, once made.
+    /// The image of the last fence, and its length, once asked for.
     current: Option<(u64, usize)>,
-    /// That image, until the host takes it.
-    made: Option<(u64, Vec<u8>)>,
+    /// That image is for the host to write.
+    due: bool,
 }
 
 impl Server {
@@ -32,7 +33,7 @@ impl Server {
         images.fences += 1;
         images.changed = false;
         images.current = None;
-        images.made = None;
+        images.due = false;
     }
 
     /// The store changed since the last fence: what that fence left can no longer be imaged.
@@ -40,10 +41,16 @@ impl Server {
         self.images.changed = true;
     }
 
-    /// The image the last fence made, once: the host keeps it in a sealed memory file, one for the node, and
-    /// sends that with the answers [`Server::kvs_image_attached`] names.
-    pub fn take_kvs_image(&mut self) -> Option<(u64, Vec<u8>)> {
-        self.images.made.take()
+    /// The fence whose image the host is to write now ([`Server::write_kvs_image`]): asked for, not written.
+    pub fn kvs_image_due(&self) -> Option<u64> {
+        self.images.due.then_some(self.images.fences)
+    }
+
+    /// Writes the image [`Server::kvs_image_due`] names to `out` (the node's memory file, which the host then
+    /// seals and sends with the answers [`Server::kvs_image_attached`] names); it is due no more.
+    pub fn write_kvs_image(&mut self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.images.due = false;
+        image::write(out, self.images.fences, self.kvs.entries())
     }
 
     /// The fence whose image's memory file goes with the first byte of [`Server::output`] of `task`: the host
@@ -64,14 +71,13 @@ impl Server {
             Some(image) => Ok(image),
             None if images.fences == 0 => Err("no fence yet"),
             None if images.changed => Err("the key-value space changed since the last fence"),
-            None => match image::encode(images.fences, self.kvs.entries()) {
-                Ok(bytes) => {
-                    images.current = Some((images.fences, bytes.len()));
-                    images.made = Some((images.fences, bytes));
-                    Ok((images.fences, images.made.as_ref().map_or(0, |(_, b)| b.len())))
+            None => match image::len_of(self.kvs.entries()) {
+                len if u32::try_from(len).is_err() => Err("the key-value space is too large for an image"),
+                len => {
+                    images.current = Some((images.fences, len));
+                    images.due = true;
+                    Ok((images.fences, len))
                 }
-                Err(image::ImageError::TooLarge) => Err("the key-value space is too large for an image"),
-                Err(_) => Err("no image of the key-value space"),
             },
         };
         let protocol = c.protocol;

@@ -167,13 +167,16 @@ fn the_image_of_a_fence_is_made_once_at_the_first_request() {
     complete(&mut s, &mut h, &[b"2 c=3\n"]);
     drain(&mut s, 0);
     drain(&mut s, 1);
-    assert!(s.take_kvs_image().is_none(), "made before anyone asked");
+    assert_eq!(s.kvs_image_due(), None, "due before anyone asked");
     s.receive(0, b"cmd=get_kvs_image\n");
     h.take(&mut s);
     assert_eq!(s.kvs_image_attached(0), Some(1));
-    let (fence, bytes) = s.take_kvs_image().expect("the image");
+    assert_eq!(s.kvs_image_due(), Some(1));
+    let mut bytes = Vec::new();
+    s.write_kvs_image(&mut bytes).unwrap();
+    assert_eq!(s.kvs_image_due(), None);
     let image = crate::wire::image::Image::parse(&bytes).unwrap();
-    assert_eq!(fence, 1);
+    assert_eq!(image.fence(), 1);
     for (key, value) in [("a", "1"), ("b", "2"), ("c", "3")] {
         assert_eq!(image.get(key.as_bytes()), Some(value.as_bytes()), "{key}");
     }
@@ -185,7 +188,7 @@ fn the_image_of_a_fence_is_made_once_at_the_first_request() {
         send(&mut s, &mut h, 1, "cmd=get_kvs_image\n"),
         format!("cmd=kvs_image rc=0 bytes={} fence=1\n", bytes.len())
     );
-    assert!(s.take_kvs_image().is_none());
+    assert_eq!(s.kvs_image_due(), None);
     // PMI-2 asks the same.
     s.receive(1, b"cmd=init pmi_version=2 pmi_subversion=0\n");
     h.take(&mut s);
