@@ -68,11 +68,11 @@ impl Drop for Mapped {
     }
 }
 
-/// How many gets after a full barrier go to the server before the next asks for the image: a get on the wire
-/// costs its client about 4.5 µs of CPU, and asking for, checking and mapping an image about 34 µs
-/// (`benches/libpmi`, a job of one task under rpmi-run): a fence whose gets are fewer than this (a small job's
-/// start-up) is cheaper on the wire, and one of many gets (a large job's) is answered from the image after
-/// these few.
+/// How many gets after a full barrier go to the server, in a job of at most this many ranks, before the next
+/// asks for the image: a get on the wire costs its client about 4.5 µs of CPU, and asking for, checking and
+/// mapping an image about 34 µs (`benches/libpmi`, a job of one task under rpmi-run), so a fence of fewer gets
+/// is cheaper on the wire. A start-up reads a key of each rank (or of each node's first): a job of more ranks
+/// asks for the image at the first get after each barrier.
 pub const WIRE_GETS_FIRST: u32 = 8;
 
 /// When a session maps the image, and the one it has.
@@ -81,6 +81,8 @@ pub struct Images {
     mapped: Option<Mapped>,
     /// Gets since the last full barrier.
     gets: u32,
+    /// How many of them go to the server before the image is asked for.
+    wire_first: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -97,9 +99,11 @@ enum State {
 }
 
 impl Images {
-    /// Whether the server said at `init` that it serves images.
-    pub fn new(served: bool) -> Images {
-        Images { state: if served { State::Asked } else { State::Unserved }, mapped: None, gets: 0 }
+    /// Whether the server said at `init` that it serves images, and the job's size.
+    pub fn new(served: bool, size: u32) -> Images {
+        let state = if served { State::Asked } else { State::Unserved };
+        let wire_first = if size > WIRE_GETS_FIRST { 0 } else { WIRE_GETS_FIRST };
+        Images { state, mapped: None, gets: 0, wire_first }
     }
 
     /// A full barrier ended: the image mapped is of the fence before, and the next get asks for this one's.
@@ -120,11 +124,10 @@ impl Images {
         }
     }
 
-    /// Counts a get: whether it should ask for the image first (after [`WIRE_GETS_FIRST`] gets since the
-    /// barrier went to the server).
+    /// Counts a get: whether it should ask for the image first (see [`WIRE_GETS_FIRST`]).
     pub fn ask_now(&mut self) -> bool {
         self.gets = self.gets.saturating_add(1);
-        self.state == State::Due && self.gets > WIRE_GETS_FIRST
+        self.state == State::Due && self.gets > self.wire_first
     }
 
     /// The server's answer to the request for the image: `Ok(Some(bytes))` where it sent one of that length,
@@ -152,5 +155,29 @@ impl Images {
     /// The value of `key` in the image mapped, if it has it.
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         self.mapped.as_ref()?.get(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Images, WIRE_GETS_FIRST};
+
+    #[test]
+    fn a_small_job_asks_after_a_few_gets_a_large_one_at_once_and_each_once_a_barrier() {
+        let mut small = Images::new(true, 2);
+        assert!(!small.ask_now(), "nothing to ask for before the first barrier");
+        small.fence_ended();
+        let asked: Vec<bool> = (0..WIRE_GETS_FIRST + 1).map(|_| small.ask_now()).collect();
+        assert_eq!(asked.iter().position(|&a| a), Some(WIRE_GETS_FIRST as usize));
+        small.arrived::<()>("test", Ok(None), None);
+        assert!(!small.ask_now(), "asked once a barrier");
+        let mut large = Images::new(true, 64);
+        large.fence_ended();
+        assert!(large.ask_now());
+        large.stale();
+        assert!(!large.ask_now(), "a group barrier makes the wire answer until the next full one");
+        let mut unserved = Images::new(false, 64);
+        unserved.fence_ended();
+        assert!(!unserved.ask_now());
     }
 }

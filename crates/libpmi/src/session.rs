@@ -83,7 +83,7 @@ impl Session {
             line: String::with_capacity(REQUEST),
             rpmi: false,
             batch: PutBatch::default(),
-            images: Images::new(false),
+            images: Images::new(false, 0),
         };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
@@ -96,7 +96,7 @@ impl Session {
             (Some(r), Some(s)) if s > 0 && (0..s).contains(&r) && s <= SIZE_MAX => (r as u32, s as u32),
             _ => return Err(Failed::said("the launcher gave no valid PMI_RANK and PMI_SIZE".into())),
         };
-        let groups = wire.init()?;
+        let groups = wire.init(size)?;
         let maxes = wire.maxes()?;
         let kvsname = wire.call_ok(&["cmd=get_my_kvsname"], "my_kvsname", |r| field(&r, "kvsname"))?;
         let spawned = env_int(c"PMI_SPAWNED")?.unwrap_or(0) != 0;
@@ -450,7 +450,7 @@ impl Wire {
     /// more, Slurm's `--mpi=pmi2` refuses it), and saying that this library speaks rpmi's additions to the
     /// wire (`rpmi=1`, which other servers pass over): whether group barriers are served. A server that answers
     /// `rpmi=` is rpmi's: puts are kept until the barrier ([`Wire::send_puts`]).
-    fn init(&mut self) -> Result<bool, Failed> {
+    fn init(&mut self, size: u32) -> Result<bool, Failed> {
         let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { "2" } else { "1" };
         let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=2"];
         let (groups, rpmi) = self.call_ok(&request, "response_to_init", |reply| {
@@ -462,7 +462,7 @@ impl Wire {
             }
         })?;
         self.rpmi = rpmi >= 1;
-        self.images = Images::new(rpmi >= 2);
+        self.images = Images::new(rpmi >= 2, size);
         Ok(groups)
     }
 

@@ -161,7 +161,7 @@ impl Session {
             server,
             rpmi: rpmi >= 1,
             batch: PutBatch::default(),
-            images: Images::new(rpmi >= 2),
+            images: Images::new(false, 0),
         });
         let init = session.ask("fullinit", &fields)?;
         let (rank, size) = (init.int("rank")?, init.int("size")?);
@@ -169,6 +169,7 @@ impl Session {
             return Err(Failed::said(format!("the PMI server gave rank {rank} of a job of {size}")));
         }
         (session.rank, session.size) = (rank as u32, size as u32);
+        session.images = Images::new(rpmi >= 2, session.size);
         session.appnum = init.int("appnum").ok().and_then(|a| i32::try_from(a).ok()).unwrap_or(0);
         session.spawned = init.get("spawner-jobid").is_some_and(|s| !s.is_empty());
         // With a `thrid` (any: no thread waits for it): rpmi's and Hydra's servers echo it (Slurm's does not),
@@ -192,7 +193,7 @@ impl Session {
             server: Server::Alone { kvs: BTreeMap::new(), node: BTreeMap::new() },
             rpmi: false,
             batch: PutBatch::default(),
-            images: Images::new(false),
+            images: Images::new(false, 0),
         }
     }
 
