@@ -89,15 +89,18 @@ fn every_call_under_rpmi_run_on_one_node_and_on_three() {
 
 /// The image of the key-value space as a task receives it (tests/programs/kvs_image.c, a client written on the
 /// wire that keeps the memory file): sealed, and read-only whichever way the task tries, as long as
-/// announced, holding the task's key; and out of reach of another user's process, through the task's /proc or
-/// its server's. On one node and on three.
+/// announced, holding the task's key; out of reach of another user's process, through the task's /proc or its
+/// server's; one file per node and fence (the node's tasks are sent the same two files), and an older one
+/// unchanged once the next is made. On one node and on three.
 #[test]
 fn a_task_cannot_write_the_image_and_another_user_cannot_reach_it() {
     let dir = library_dir();
     let program = support::compile("cc", "kvs_image", dir.path());
-    for nodes in ["1", "3"] {
-        let done = rpmi_run(&["-n", "3", "--nodes", nodes, program.to_str().unwrap()]);
-        assert!(ranks_ok(&done, 3).iter().all(|l| l == "image"), "{}", done.dump());
+    for nodes in [1, 3] {
+        let done = rpmi_run(&["-n", "3", "--nodes", &nodes.to_string(), program.to_str().unwrap()]);
+        let files: std::collections::BTreeSet<String> = ranks_ok(&done, 3).into_iter().collect();
+        assert!(files.iter().all(|f| f.starts_with("image files=")), "{}", done.dump());
+        assert_eq!(files.len(), nodes, "not one pair of files a node: {files:?}");
     }
 }
 

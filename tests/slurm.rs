@@ -2153,15 +2153,19 @@ fn libpmi_every_call_under_srun() {
 
 /// The image of the key-value space under srun: each slurmstepd sends its node's tasks the one sealed memory
 /// file of the fence (tests/programs/kvs_image.c, a client written on the wire that keeps it): read-only
-/// whichever way the task tries, and out of reach of another user's process, through the task's /proc or its
-/// slurmstepd's.
+/// whichever way the task tries, out of reach of another user's process, through the task's /proc or its
+/// slurmstepd's, and one per node and fence.
 #[test]
 fn the_image_under_srun_is_read_only_and_out_of_other_users_reach() {
     let _s = serial();
     let program = build_with("cc", "kvs_image");
     let run = srun(&marker("kvs-image"), &["-N3", "-n6", program.to_str().unwrap()]);
     assert_success(&run);
-    assert_eq!(run.stdout.lines().filter(|l| l.ends_with(": ok image")).count(), 6, "{run}");
+    let files: Vec<&str> = run.stdout.lines().filter_map(|l| l.split_once(": ok image files=")).map(|(_, f)| f).collect();
+    assert_eq!(files.len(), 6, "{run}");
+    // One pair of files (the two fences') a node, which its two tasks share.
+    let distinct: std::collections::BTreeSet<&str> = files.into_iter().collect();
+    assert_eq!(distinct.len(), 3, "{run}");
 }
 
 /// Intel MPI through rpmi's `libpmi.so.0` (`I_MPI_PMI=pmi1`) and `libpmi2.so.0` (`pmi2`) under

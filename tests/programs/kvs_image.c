@@ -7,7 +7,11 @@
  *   - its bytes hold the image's magic and this rank's key;
  *   - a process of another user (the child, as nobody) cannot open it through /proc of the task or of its
  *     parent (the server, under rpmi-run);
- * then prints "rank R of S: ok image" and finalizes. Run as root (for the child's setuid). */
+ * then puts a second key, enters a second barrier and asks again: the new file holds the new key, and the
+ * first, still mapped, is as it was (a newer image never changes an older one that a task reads). Prints
+ *   rank R of S: ok image files=I1,I2
+ * I1 and I2 the two files' inode numbers (one file per node and fence: the node's tasks print the same), and
+ * finalizes. Run as root (for the child's setuid). */
 #define _GNU_SOURCE
 #include "check.h"
 #include <dirent.h>
@@ -147,7 +151,28 @@ int main(void)
     others_cannot_open(getpid());
     others_cannot_open(getppid());
 
-    printf("rank %d of %d: ok image\n", rank, size);
+    /* The next fence's image, beside the first. */
+    char *first = malloc((size_t)bytes);
+    EXPECT(first != NULL);
+    memcpy(first, image, (size_t)bytes);
+    snprintf(buf, sizeof buf, "cmd=put kvsname=%s key=second-key-%d value=second-value-%d\ncmd=barrier_in\n", kvs, rank,
+             rank);
+    say(buf);
+    EXPECT(hear() < 0 && strstr(line, "cmd=put_result rc=0"));
+    EXPECT(hear() < 0 && strstr(line, "cmd=barrier_out rc=0"));
+    say("cmd=get_kvs_image\n");
+    int second = hear();
+    EXPECT(strstr(line, "cmd=kvs_image rc=0") != NULL && second >= 0 && field("fence") == 2);
+    long bytes2 = field("bytes");
+    struct stat st2;
+    EXPECT(fstat(second, &st2) == 0 && st2.st_size == bytes2 && st2.st_ino != st.st_ino);
+    char *image2 = mmap(NULL, (size_t)bytes2, PROT_READ, MAP_SHARED, second, 0);
+    EXPECT(image2 != MAP_FAILED);
+    snprintf(buf, sizeof buf, "second-key-%d", rank);
+    EXPECT(memmem(image2, (size_t)bytes2, buf, strlen(buf)) != NULL);
+    EXPECT(memcmp(first, image, (size_t)bytes) == 0);
+
+    printf("rank %d of %d: ok image files=%lu,%lu\n", rank, size, (unsigned long)st.st_ino, (unsigned long)st2.st_ino);
     fflush(stdout);
     say("cmd=finalize\n");
     EXPECT(hear() < 0);

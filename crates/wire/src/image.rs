@@ -54,7 +54,7 @@ pub fn encoded_len(entries: usize, bytes: usize) -> usize {
     HEADER + ENTRY * entries + bytes
 }
 
-/// The image of `entries` (each key once) after fence `fence`, in memory (see [`write`]).
+/// The image of `entries` (each key once) after fence `fence`, in memory (see [`write()`]).
 pub fn encode<'a>(fence: u64, entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Result<Vec<u8>, ImageError> {
     let mut out = Vec::new();
     write(&mut out, fence, entries).map_err(|_| ImageError::TooLarge)?;
