@@ -2161,7 +2161,8 @@ fn the_image_under_srun_is_read_only_and_out_of_other_users_reach() {
     let program = build_with("cc", "kvs_image");
     let run = srun(&marker("kvs-image"), &["-N3", "-n6", program.to_str().unwrap()]);
     assert_success(&run);
-    let files: Vec<&str> = run.stdout.lines().filter_map(|l| l.split_once(": ok image files=")).map(|(_, f)| f).collect();
+    let files: Vec<&str> =
+        run.stdout.lines().filter_map(|l| l.split_once(": ok image files=")).map(|(_, f)| f).collect();
     assert_eq!(files.len(), 6, "{run}");
     // One pair of files (the two fences') a node, which its two tasks share.
     let distinct: std::collections::BTreeSet<&str> = files.into_iter().collect();
