@@ -137,6 +137,26 @@ fn mpich_programs_run_across_three_shells() {
     assert!(r.stdout.contains("mpi_pairs: 24 ranks, allreduce 300, all pairs exchanged"), "{}", r.dump());
 }
 
+/// rpmi's client libraries under the Flux plugin: `pmi_api.c exec` through `libpmi.so.0` across three shells
+/// (a put, the barrier, 20 gets, which its shell's image of the store answers once mapped, then an exec that
+/// finds neither the file nor the mapping); and a client by hand that keeps the image's memory file
+/// (tests/programs/kvs_image.c): read-only whichever way it tries, out of another user's reach, one file per
+/// shell and fence.
+#[test]
+fn the_libraries_read_each_shells_image_of_the_store() {
+    let p = support::libpmi::program(support::libpmi::Api::Pmi1);
+    let r = flux_run(&[&RPMI[..], &["-n6", p.path.to_str().expect("UTF-8"), "exec"]].concat());
+    r.assert_success("pmi_api exec");
+    assert_eq!(r.stdout.lines().filter(|l| l.ends_with(": ok exec")).count(), 6, "{}", r.dump());
+    let dir = support::libpmi::library_dir();
+    let image = compile("cc", "kvs_image", dir.path());
+    let r = flux_run(&[&RPMI[..], &["-n6", image.to_str().expect("UTF-8")]].concat());
+    r.assert_success("kvs_image");
+    let files: std::collections::BTreeSet<&str> =
+        r.stdout.lines().filter_map(|l| l.split_once(": ok image files=")).map(|(_, f)| f).collect();
+    assert_eq!(files.len(), 3, "not one pair of files a shell: {}", r.dump());
+}
+
 /// PMI-2's frames are not lines: the channel passes every byte on as it comes.
 #[test]
 fn pmi2_frames_across_three_shells() {
