@@ -319,15 +319,7 @@ fn serve_puts_pmi2(mut conn: UnixStream, puts: Puts) -> Vec<String> {
     let (mut read, mut held, mut kvs) = (Vec::<String>::new(), Vec::<Vec<u8>>::new(), BTreeMap::new());
     let (mut buf, mut chunk) = (Vec::new(), [0; 4096]);
     loop {
-        let request: Option<Vec<u8>> = match read.is_empty() {
-            true => buf.iter().position(|&b| b == b'\n').map(|end| buf.drain(..=end).collect()),
-            false => match buf.get(..HEADER_LEN).and_then(body_len) {
-                Some(len) if buf.len() >= HEADER_LEN + len => {
-                    Some(buf.drain(..HEADER_LEN + len).skip(HEADER_LEN).collect())
-                }
-                _ => None,
-            },
-        };
+        let request = next_request(&mut buf, read.is_empty());
         let Some(request) = request else {
             match conn.read(&mut chunk).unwrap() {
                 0 => return read,
@@ -423,6 +415,20 @@ fn puts_go_with_the_fence_under_rpmis_server_and_one_by_one_under_others() {
     }
 }
 
+/// The next whole request a PMI-2 task sent, taken from `buf`: the start-up's PMI-1 line where it is `first`,
+/// else a frame's body; `None` until one is whole.
+fn next_request(buf: &mut Vec<u8>, first: bool) -> Option<Vec<u8>> {
+    match first {
+        true => buf.iter().position(|&b| b == b'\n').map(|end| buf.drain(..=end).collect()),
+        false => match buf.get(..HEADER_LEN).and_then(body_len) {
+            Some(len) if buf.len() >= HEADER_LEN + len => {
+                Some(buf.drain(..HEADER_LEN + len).skip(HEADER_LEN).collect())
+            }
+            _ => None,
+        },
+    }
+}
+
 /// A PMI-2 server for one task that answers as Slurm's `--mpi=pmi2` does, echoing no request's `thrid`, and
 /// stands in for another task of the node: it puts the attribute the task waits for (`wait-R-N`, as
 /// `put-R-N`) 100 ms after the wait, or at once when a get as it is now comes meanwhile, whose answer then
@@ -434,15 +440,7 @@ fn serve_without_thrid(mut conn: UnixStream) -> Vec<String> {
     conn.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
     loop {
         // The start-up's PMI-1 line, then frames.
-        let request: Option<Vec<u8>> = match read.is_empty() {
-            true => buf.iter().position(|&b| b == b'\n').map(|end| buf.drain(..=end).collect()),
-            false => match buf.get(..HEADER_LEN).and_then(body_len) {
-                Some(len) if buf.len() >= HEADER_LEN + len => {
-                    Some(buf.drain(..HEADER_LEN + len).skip(HEADER_LEN).collect())
-                }
-                _ => None,
-            },
-        };
+        let request = next_request(&mut buf, read.is_empty());
         let Some(request) = request else {
             match conn.read(&mut chunk) {
                 Ok(0) => return read,
