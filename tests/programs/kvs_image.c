@@ -8,7 +8,8 @@
  *   - a process of another user (the child, as nobody) cannot open it through /proc of the task or of its
  *     parent (the server, under rpmi-run);
  * then puts a second key, enters a second barrier and asks again: the new file holds the new key, and the
- * first, still mapped, is as it was (a newer image never changes an older one that a task reads). Prints
+ * first, still mapped, is as it was (a newer image never changes an older one that a task reads); a third
+ * barrier with no put brings the second file again. Prints
  *   rank R of S: ok image files=I1,I2
  * I1 and I2 the two files' inode numbers (one file per node and fence: the node's tasks print the same), and
  * finalizes. Run as root (for the child's setuid). */
@@ -171,6 +172,15 @@ int main(void)
     snprintf(buf, sizeof buf, "second-key-%d", rank);
     EXPECT(memmem(image2, (size_t)bytes2, buf, strlen(buf)) != NULL);
     EXPECT(memcmp(first, image, (size_t)bytes) == 0);
+
+    /* A fence that brings no key makes no new image: the second is sent again. */
+    say("cmd=barrier_in\n");
+    EXPECT(hear() < 0 && strstr(line, "cmd=barrier_out rc=0"));
+    say("cmd=get_kvs_image\n");
+    int third = hear();
+    EXPECT(strstr(line, "cmd=kvs_image rc=0") != NULL && third >= 0 && field("fence") == 2 && field("bytes") == bytes2);
+    struct stat st3;
+    EXPECT(fstat(third, &st3) == 0 && st3.st_ino == st2.st_ino);
 
     printf("rank %d of %d: ok image files=%lu,%lu\n", rank, size, (unsigned long)st.st_ino, (unsigned long)st2.st_ino);
     fflush(stdout);

@@ -9,7 +9,7 @@
 //! | bytes | what |
 //! |---|---|
 //! | 8 | [`MAGIC`] |
-//! | 8 | the fence it follows: how many full barriers the server had completed |
+//! | 8 | the fence it follows: how many full barriers the server had completed when it was made (later fences that brought nothing keep it) |
 //! | 4 | the number of entries, N |
 //! | 4 | 0 |
 //! | 16 N | the entries, by key in ascending byte order, each key once: the key's offset and length, the value's offset and length (u32 each), offsets from the image's start |

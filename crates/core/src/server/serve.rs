@@ -36,7 +36,7 @@ const LOCAL_KEY_PREFIX: &[u8] = b"local::";
 /// its puts ahead of its barrier in one write, and read their answers after (any server that reads requests
 /// as a stream takes that, but not every one does).
 /// 2, a client may ask for the image of the node's key-value space after the last fence (`get_kvs_image`,
-/// PMI-2's `kvs-image`), which comes as a sealed memory file with the answer ([`Server::take_kvs_image`]).
+/// PMI-2's `kvs-image`), which comes as a sealed memory file with the answer ([`Server::kvs_image_attached`]).
 pub const RPMI_REVISION: i64 = 2;
 
 /// A task's input is held, not parsed, while more than this many bytes of its answers are unsent. PMI-1 is
@@ -511,7 +511,9 @@ impl Server {
     /// Stores every put of an exchange's parts, but this server's own ranks': the store has them already,
     /// and maybe newer (a group exchange's parts may come back after a member put a key again).
     fn merge(&mut self, parts: &[&[u8]]) -> Result<(), String> {
-        self.store_changed();
+        if parts.iter().any(|p| !p.is_empty()) {
+            self.store_changed();
+        }
         let beside = self.node_attr_bytes.saturating_add(self.pending_charge(0));
         let (map, me) = (&self.job.task_map, self.node());
         let foreign = |rank: u32| map.node_of(rank) != Some(me);

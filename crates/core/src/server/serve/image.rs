@@ -6,6 +6,11 @@
 //! that file with each task's answer ([`Server::kvs_image_attached`]). The server keeps no copy: the file is
 //! the only one, bounded as the store is (its keys and values, and 16 bytes an entry), and while it is written
 //! the server holds the entries' order (16 bytes an entry) beside it.
+//!
+//! A task may keep every image's file open, and with it the image's memory, which its host wrote and which
+//! no job may be charged for: so the images one server makes add up to the store's bound at most (beyond,
+//! the request is refused and tasks read the wire), and a fence that brought nothing new keeps the image
+//! of the one before rather than making another.
 
 use super::{Protocol, Server};
 use crate::server::effect::TaskId;
@@ -19,21 +24,25 @@ pub(super) struct Images {
     fences: u64,
     /// The store changed since the last fence: no image of it can be made.
     changed: bool,
-    /// The image of the last fence, and its length, once asked for.
+    /// The image of the store as the last fence left it, once asked for: the fence it was made after (an
+    /// earlier one, where the fences since brought nothing), and its length.
     current: Option<(u64, usize)>,
+    /// Bytes of the images made so far, bounded by the store's bound.
+    made: usize,
     /// That image is for the host to write.
     due: bool,
 }
 
 impl Server {
     /// A full barrier completed: the store is as the fence leaves it, and its image is made when first asked
-    /// for. One made before and not taken is dropped: its fence is over.
+    /// for; where the store did not change since the last image, that image stands for this fence too.
     pub(super) fn fence_done(&mut self) {
         let images = &mut self.images;
         images.fences += 1;
-        images.changed = false;
-        images.current = None;
-        images.due = false;
+        if std::mem::take(&mut images.changed) {
+            images.current = None;
+            images.due = false;
+        }
     }
 
     /// The store changed since the last fence: what that fence left can no longer be imaged.
@@ -60,11 +69,13 @@ impl Server {
     }
 
     /// `get_kvs_image` (PMI-2's `kvs-image`): the answer names the image's length and fence, and the memory
-    /// file goes with its first byte. Refused where there is no image of the last fence, or where other
-    /// answers are queued before this one (rpmi's libraries ask with nothing else outstanding).
+    /// file goes with its first byte. Refused where there is no image of the last fence, where the images made
+    /// would go over the store's bound, or where other answers are queued before this one (rpmi's libraries
+    /// ask with nothing else outstanding).
     pub(super) fn send_kvs_image(&mut self, task: TaskId) {
         let c = &self.clients[task];
         let pending = !c.out.is_empty() || c.shared.is_some();
+        let budget = self.limits.kvs_bytes_max;
         let images = &mut self.images;
         let sent = match images.current {
             _ if pending => Err("answers to other requests are queued before it"),
@@ -73,7 +84,11 @@ impl Server {
             None if images.changed => Err("the key-value space changed since the last fence"),
             None => match image::len_of(self.kvs.entries()) {
                 len if u32::try_from(len).is_err() => Err("the key-value space is too large for an image"),
+                len if images.made.saturating_add(len) > budget => {
+                    Err("the images of the key-value space made in this job reached the store's bound")
+                }
                 len => {
+                    images.made += len;
                     images.current = Some((images.fences, len));
                     images.due = true;
                     Ok((images.fences, len))

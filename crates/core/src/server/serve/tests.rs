@@ -216,6 +216,59 @@ fn no_image_once_the_store_changed_since_the_fence() {
     assert!(send(&mut s, &mut h, 0, "cmd=get_kvs_image\n").starts_with("cmd=kvs_image rc=0 bytes="));
 }
 
+/// A fence that brought nothing keeps the image of the one before; the images one server makes add up to the
+/// store's bound at most (a task may keep each one's memory alive), and beyond it tasks read the wire.
+#[test]
+fn the_images_made_are_bounded_by_the_store() {
+    let map = TaskMap::block(&[1]);
+    let limits = Limits { kvs_bytes_max: 2000, ..Limits::default() };
+    let mut s = Server::new(JobInfo::new("k", map, vec![0], vec!["h".into()]), limits).unwrap();
+    let mut h = Recorder::default();
+    let fence = |s: &mut Server, h: &mut Recorder, others: &[&[u8]]| {
+        send(s, h, 0, "cmd=barrier_in\n");
+        complete(s, h, others);
+        drain(s, 0);
+    };
+    let ask = |s: &mut Server, h: &mut Recorder| {
+        let answer = send(s, h, 0, "cmd=get_kvs_image\n");
+        if s.kvs_image_due().is_some() {
+            s.write_kvs_image(&mut Vec::new()).unwrap();
+        }
+        answer
+    };
+    fence(&mut s, &mut h, &[]);
+    let first = ask(&mut s, &mut h);
+    assert!(first.starts_with("cmd=kvs_image rc=0 ") && first.ends_with(" fence=1\n"), "{first}");
+    // Empty fences: the same image, none made.
+    for _ in 0..3 {
+        fence(&mut s, &mut h, &[b""]);
+        assert_eq!(ask(&mut s, &mut h), first);
+    }
+    // Each fence that brings a key makes a new one, until they add up to the bound.
+    let mut made = 0;
+    let refused = loop {
+        send(&mut s, &mut h, 0, &format!("cmd=put kvsname=k key=k{made} value={}\n", "v".repeat(100)));
+        fence(&mut s, &mut h, &[]);
+        let answer = ask(&mut s, &mut h);
+        if !answer.starts_with("cmd=kvs_image rc=0 ") {
+            break answer;
+        }
+        made += 1;
+        assert!(made < 20, "no bound: {answer}");
+    };
+    assert!(made >= 3, "{made} images");
+    assert_eq!(
+        refused,
+        "cmd=kvs_image rc=-1 msg=the_images_of_the_key-value_space_made_in_this_job_reached_the_store's_bound\n"
+    );
+    assert_eq!(s.kvs_image_attached(0), None);
+    // The wire still answers.
+    assert_eq!(
+        send(&mut s, &mut h, 0, "cmd=get kvsname=k key=k0\n"),
+        format!("cmd=get_result rc=0 value={}\n", "v".repeat(100))
+    );
+}
+
 #[test]
 fn information_commands() {
     let mut s = shell_on(&[2, 2], 1);
