@@ -4,10 +4,11 @@
 //! ([`super`]) to carry out. It decides who waits for whom, who is at fault and what srun exits with; it
 //! holds no socket, thread or clock but [`crate::os::monotonic_ns`]'s timestamp of when the step began to fail.
 //!
-//! **Who waits.** srun no longer sees every node's part, so each stepd says straight when its own shell joins
-//! an exchange (JOINED). While some node's shell waits in an exchange, a node that has not joined it and has
-//! finished (every rank on it closed its PMI connection), was lost, or lost a rank without finalize cannot
-//! join it any more: the step ends, naming it.
+//! **Who waits.** srun does not see every node's part, so each stepd says straight which exchange its own
+//! shell joined (JOINED), when that matters: once the shell has waited in it a while, and before the stepd
+//! says a rank or every rank on it is gone (`stepd::monitor`'s "Who joined"). While some node's shell waits
+//! in an exchange, a node that has not joined it and has finished (every rank on it closed its PMI
+//! connection), was lost, or lost a rank without finalize cannot join it any more: the step ends, naming it.
 //!
 //! **Bounds.** A node's part of one exchange is at most [`Bounds`]' `part_max` bytes and all parts together
 //! at most its `exchange_max`: srun and every stepd with children check what they gather, and over either,

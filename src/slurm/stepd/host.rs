@@ -5,7 +5,7 @@
 //! hands them to the monitor, and carries out what the monitor asks, in order; it decides nothing.
 
 use super::join::TreeLinks;
-use super::monitor::{NodeAction, NodeMonitor, NodeShape, END_PATIENCE};
+use super::monitor::{NodeAction, NodeMonitor, NodeShape, END_PATIENCE, JOINED_AFTER};
 use super::plan::Place;
 use crate::collective::{frame, Peer};
 use crate::driver::{HostFds, Watcher};
@@ -68,8 +68,11 @@ pub struct SlurmHost {
     first_child: u32,
     /// Admits the children (a node with none has none).
     acceptor: Option<Acceptor>,
-    /// Wakes the loop at the acceptor's deadlines and at `end_by`.
+    /// Wakes the loop at the acceptor's deadlines, at `end_by` and at `tell_joined_at`.
     timer: OwnedFd,
+    /// When srun is told that the shell joined the exchange it waits in, if it still waits then
+    /// ([`NodeMonitor::waited_long`]).
+    tell_joined_at: Option<Instant>,
     /// When srun was told the step must end: if the step still runs then, this node ends it (srun is the
     /// user's, and may not act).
     end_by: Option<Instant>,
@@ -126,6 +129,7 @@ impl SlurmHost {
             parent,
             timer: timer()?,
             end_by: None,
+            tell_joined_at: None,
             acceptor: links.acceptor,
             slurm,
             trace,
@@ -297,9 +301,10 @@ impl SlurmHost {
         self.carry_out();
     }
 
-    /// Arms the timer for the next deadline (the acceptor's, or `end_by`), or disarms it.
+    /// Arms the timer for the next deadline (the acceptor's, `end_by` or `tell_joined_at`), or disarms it.
     fn arm_timer(&self) {
-        let next = self.acceptor.as_ref().and_then(Acceptor::deadline).into_iter().chain(self.end_by).min();
+        let deadlines = [self.end_by, self.tell_joined_at].into_iter().flatten();
+        let next = self.acceptor.as_ref().and_then(Acceptor::deadline).into_iter().chain(deadlines).min();
         let after = next.map(|at| at.saturating_duration_since(Instant::now()));
         // Setting a live timerfd to a valid time does not fail.
         let _ = os::set_timer(&self.timer, after);
@@ -354,6 +359,11 @@ impl HostFds for SlurmHost {
                     self.monitor.srun_too_slow();
                     self.carry_out();
                 }
+                if self.tell_joined_at.is_some_and(|at| at <= Instant::now()) {
+                    self.tell_joined_at = None;
+                    self.monitor.waited_long();
+                    self.carry_out();
+                }
             }
             UPLINK => self.hear(Peer::Root, events),
             PARENT => {
@@ -398,6 +408,10 @@ impl Host for SlurmHost {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
         let joined = self.monitor.contribute(contribution);
         self.carry_out();
+        if joined.is_ok() {
+            self.tell_joined_at = Some(Instant::now() + JOINED_AFTER);
+            self.arm_timer();
+        }
         joined
     }
 
@@ -808,13 +822,14 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let srun_secret = secret.clone();
         let srun = std::thread::spawn(move || {
-            let (mut s, mut input) = admit(&listener, &srun_secret);
+            let (mut s, _) = admit(&listener, &srun_secret);
             let mut buf = [0; 4096];
-            // The node joined exchange 0, and its part has begun to come.
-            while !matches!(input.next(CONTROL_MAX).unwrap().map(Up::decode), Some(Ok(Up::Joined { .. }))) {
+            // The node joined exchange 0: its part has begun to come (more than any control frame).
+            let mut got = 0;
+            while got <= CONTROL_MAX {
                 let n = std::io::Read::read(&mut s, &mut buf).unwrap();
                 assert!(n > 0, "the stepd closed its connection before it joined the exchange");
-                input.extend(&buf[..n]);
+                got += n;
             }
             let all = frame::all(0, [(0, &[][..]), (1, &[][..])].into_iter()).unwrap();
             s.write_all(&Down::Collective(all).encode().unwrap()).unwrap();

@@ -10,6 +10,12 @@
 //! user's, and may be stopped), or srun is gone or at fault, or the parent's connection closed while it
 //! mattered, this node ends it itself ([`NodeAction::EndHere`]). Once every local task has closed its
 //! connection, or srun said it is done (END), connections closing are the normal end.
+//!
+//! **Who joined.** srun tells a node that can no longer join an exchange others wait in (every rank on it
+//! gone, or one gone without finalize) from which exchange each node's shell joined last (JOINED). It hears
+//! that only when it matters, not from every node on every fence: when the shell has waited
+//! [`JOINED_AFTER`] in the exchange ([`NodeMonitor::waited_long`]), and before this node says that a rank or
+//! every rank is gone (GONE, BYE).
 
 use super::plan::{Place, LOGGED_TEXT_MAX};
 use crate::collective::groups::DoneParts;
@@ -25,6 +31,9 @@ use std::time::Duration;
 /// How long srun, told that the step must end (an abort, a job error), has to end it before the stepd that
 /// told it ends it itself: srun is the user's own process, and a stopped one must not keep a failed step.
 pub const END_PATIENCE: Duration = Duration::from_secs(5);
+/// How long the node's shell waits in an exchange before srun is told that it joined it: far below what a
+/// user waits before suspecting a hang, and above what most fences take, which then cost srun no frame.
+pub const JOINED_AFTER: Duration = Duration::from_millis(100);
 /// The most lines one step logs into slurmd's log.
 const LOGGED_LINES_MAX: usize = 200;
 
@@ -133,6 +142,8 @@ pub struct NodeMonitor {
     groups_asked: BTreeMap<Vec<u8>, usize>,
     /// Group exchanges srun ended, until the shell takes them.
     groups_done: Vec<DoneParts>,
+    /// The exchange the node's shell joined last, and whether srun was told (JOINED).
+    joined: Option<(u32, bool)>,
     /// The largest result of a group exchange srun may send.
     group_result_max: usize,
     /// In a spawned step, until each has sent its first PMI line: the local ranks that have not. STARTED goes
@@ -173,6 +184,7 @@ impl NodeMonitor {
             answers: Vec::new(),
             groups_asked: BTreeMap::new(),
             groups_done: Vec::new(),
+            joined: None,
             group_result_max,
             unspoken: spawned_ranks,
             spoke: BTreeSet::new(),
@@ -503,16 +515,33 @@ impl NodeMonitor {
 
     /// The node's shell joins the exchange in progress with `contribution`.
     pub fn contribute(&mut self, contribution: &[u8]) -> Result<(), String> {
-        // srun's checks of who can still join an exchange rest on this; once the collective failed, no one
-        // can, and a task's every later barrier must not cost srun's link a frame.
+        // srun is told later, if at all (the module's "Who joined"); once the collective failed, no one can
+        // join, and a task's every later barrier must not cost srun's link a frame.
         if !self.machine.failed() {
-            self.report(&Up::Joined { epoch: self.machine.epoch() });
+            self.joined = Some((self.machine.epoch(), false));
         }
         self.machine.contribute(contribution.to_vec()).map_err(|e| e.to_string())?;
         // What this completes, a failure found at once included, the host hands the shell with the rest
         // ([`Self::take_completion`]).
         self.pump();
         Ok(())
+    }
+
+    /// The host's timer: the shell joined an exchange [`JOINED_AFTER`] ago. If it still waits in it, srun is
+    /// told, so that it can end the step should a node that has not joined no longer be able to.
+    pub fn waited_long(&mut self) {
+        let epoch = self.machine.epoch();
+        if self.joined.is_some_and(|(joined, _)| joined == epoch) && !self.machine.failed() {
+            self.tell_joined();
+        }
+    }
+
+    /// Tells srun which exchange the shell joined last, unless it was told.
+    fn tell_joined(&mut self) {
+        if let Some((epoch, false)) = self.joined {
+            self.joined = Some((epoch, true));
+            self.report(&Up::Joined { epoch });
+        }
     }
 
     /// A group exchange: a star through srun ([`crate::collective::groups`]), which checks the parts' bounds.
@@ -580,6 +609,7 @@ impl NodeMonitor {
         }
         // srun fails a barrier of another node that waits for it: a plain one if it left without finalize,
         // a group barrier whichever way it left; and ends the step if it spoke PMI and left without finalize.
+        self.tell_joined();
         self.report(&Up::Gone { rank, finalized, spoke: self.spoke.contains(&rank) });
     }
 
@@ -637,6 +667,7 @@ impl NodeMonitor {
         match result {
             Ok(()) => {
                 self.finished = true;
+                self.tell_joined();
                 // The collective's goodbyes to srun, the parent and the children, then srun's own.
                 self.machine.finish();
                 self.pump();
@@ -732,11 +763,49 @@ mod tests {
         let actions = drain(&mut w);
         assert!(!actions.iter().any(|a| matches!(a, NodeAction::Send { .. } | NodeAction::Drop(_))), "{actions:?}");
         match &reports(&actions)[..] {
-            [Up::Joined { epoch: 0 }, Up::Error { failed: true, message, .. }] => assert!(message.contains("n1")),
+            [Up::Error { failed: true, message, .. }] => assert!(message.contains("n1")),
             other => panic!("{other:?}"),
         }
         assert!(actions.contains(&NodeAction::AwaitEnd));
         assert_eq!(ended_here(&actions), None);
+    }
+
+    /// srun hears that the shell joined an exchange only once it has waited long in it, or before a rank, or
+    /// every rank, is said to be gone: a fence that completes at once costs srun no JOINED.
+    #[test]
+    fn srun_hears_of_a_join_after_a_long_wait_or_before_a_rank_is_gone() {
+        let all = |epoch| down(Down::Collective(frame::all(epoch, [(0, &[][..])].into_iter()).unwrap()));
+        let mut w = watch_of(1, 2, 0, None);
+        w.contribute(b"").unwrap();
+        assert_eq!(reports(&drain(&mut w)), []);
+        w.waited_long();
+        assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }]);
+        w.waited_long();
+        assert_eq!(reports(&drain(&mut w)), []);
+        w.heard(Peer::Root, all(0));
+        assert!(matches!(w.take_completion(), Some(Ok(_))));
+        w.task_closed(0, true);
+        assert_eq!(reports(&drain(&mut w)), [Up::Gone { rank: 0, finalized: true, spoke: false }]);
+
+        // A fence that completes at once: the wait after it tells srun nothing; a rank gone, the join first.
+        let mut w = watch_of(1, 2, 0, None);
+        w.contribute(b"").unwrap();
+        w.heard(Peer::Root, all(0));
+        assert!(matches!(w.take_completion(), Some(Ok(_))));
+        w.waited_long();
+        assert_eq!(reports(&drain(&mut w)), []);
+        w.task_closed(0, false);
+        let gone = Up::Gone { rank: 0, finalized: false, spoke: false };
+        assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }, gone]);
+        w.served(Ok(()));
+        assert_eq!(reports(&drain(&mut w)), [Up::Bye]);
+
+        // Every rank gone: the join before BYE.
+        let mut w = watch_of(1, 2, 0, None);
+        w.contribute(b"").unwrap();
+        w.heard(Peer::Root, all(0));
+        w.served(Ok(()));
+        assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }, Up::Bye]);
     }
 
     #[test]
