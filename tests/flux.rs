@@ -139,7 +139,8 @@ fn mpich_programs_run_across_three_shells() {
 
 /// rpmi's client libraries under the Flux plugin: `pmi_api.c exec` through `libpmi.so.0` across three shells
 /// (a put, the barrier, 20 gets, which its shell's image of the store answers once mapped, then an exec that
-/// finds neither the file nor the mapping); and a client by hand that keeps the image's memory file
+/// finds neither the file nor the mapping); `pmi_api.c overlap` (gets from several threads while the next
+/// barrier's image comes); and a client by hand that keeps the image's memory file
 /// (tests/programs/kvs_image.c): read-only whichever way it tries, out of another user's reach, one file per
 /// shell and fence.
 #[test]
@@ -148,6 +149,9 @@ fn the_libraries_read_each_shells_image_of_the_store() {
     let r = flux_run(&[&RPMI[..], &["-n6", p.path.to_str().expect("UTF-8"), "exec"]].concat());
     r.assert_success("pmi_api exec");
     assert_eq!(r.stdout.lines().filter(|l| l.ends_with(": ok exec")).count(), 6, "{}", r.dump());
+    let r = flux_run(&[&RPMI[..], &["-n6", p.path.to_str().expect("UTF-8"), "overlap"]].concat());
+    r.assert_success("pmi_api overlap");
+    assert_eq!(r.stdout.lines().filter(|l| l.ends_with(": ok overlap")).count(), 6, "{}", r.dump());
     let dir = support::libpmi::library_dir();
     let image = compile("cc", "kvs_image", dir.path());
     let r = flux_run(&[&RPMI[..], &["-n6", image.to_str().expect("UTF-8")]].concat());

@@ -104,6 +104,17 @@ fn a_task_cannot_write_the_image_and_another_user_cannot_reach_it() {
     }
 }
 
+/// Gets from several threads while their rank enters the next barrier, whose image of the store replaces the
+/// one they read (`pmi_api overlap`): every value as put, round after round, on one node and on three.
+#[test]
+fn gets_read_right_while_the_next_barriers_image_comes() {
+    let p = program(Api::Pmi1);
+    for nodes in ["1", "3"] {
+        let done = rpmi_run(&["-n", "6", "--nodes", nodes, p.path.to_str().unwrap(), "overlap"]);
+        assert!(ranks_ok(&done, 6).iter().all(|l| l == "overlap"), "{}", done.dump());
+    }
+}
+
 /// A program the task execs after its gets holds no fd of the image: the library closed the memory file once
 /// it mapped it (and a mapping does not outlive an exec).
 #[test]

@@ -2114,8 +2114,9 @@ fn impi_through_slurms_libpmi2() {
 /// rpmi's `libpmi.so.0` and `libpmi2.so.0` under srun: every call of each API over `--mpi=rpmi` on three
 /// nodes (rpmi's server answers PMI 1.2, so the group barrier is served), and over Slurm's own `--mpi=pmi2`,
 /// whose PMI-1 on `PMI_FD` is 1.1 only and answers names in MPICH's older way (`info=ok`); under `--mpi=rpmi`,
-/// group barriers from several threads at once through `libpmi.so.0`, a node attribute waited for and put by
-/// two threads of each task through `libpmi2.so.0` (under both), and a spawn through each.
+/// group barriers from several threads at once and gets from several threads while the next barrier's image
+/// comes through `libpmi.so.0`, a node attribute waited for and put by two threads of each task through
+/// `libpmi2.so.0` (under both), and a spawn through each.
 #[test]
 fn libpmi_every_call_under_srun() {
     let _s = serial();
@@ -2132,12 +2133,13 @@ fn libpmi_every_call_under_srun() {
         }
         // Group barriers from several threads at once, entered in opposite orders on even and odd ranks; a
         // node attribute waited for by one thread and put by another (Slurm's server answers it without the
-        // waiter's `thrid`: the library tells it by its command).
-        let (mode, mpis) = match api {
-            libpmi::Api::Pmi1 => ("groups", &["rpmi"][..]),
-            libpmi::Api::Pmi2 => ("nodewait", &["rpmi", "pmi2"][..]),
+        // waiter's `thrid`: the library tells it by its command); through `libpmi.so.0`, gets from several
+        // threads while their rank enters the next barrier, whose image of the store replaces the one they read.
+        let runs: &[(&str, &str)] = match api {
+            libpmi::Api::Pmi1 => &[("groups", "rpmi"), ("overlap", "rpmi")],
+            libpmi::Api::Pmi2 => &[("nodewait", "rpmi"), ("nodewait", "pmi2")],
         };
-        for mpi in mpis {
+        for &(mode, mpi) in runs {
             let mark = marker(&format!("libpmi-{mode}-{mpi}"));
             let run = Srun::start_with(&mark, mpi, &["-N3", "-n6", path, mode], &[]).wait();
             assert_success(&run);

@@ -5,7 +5,7 @@
  * after each of two barriers (each rank puts a key before each).
  *
  *
- *   pmi_api [alone | abort | spawn | groups | fork]
+ *   pmi_api [alone | abort | spawn | groups | fork | exec | overlap | puts]
  *     alone: no launcher (a job of one); abort: rank 1 calls PMI_Abort(7, ...);
  *     spawn: rank 0 starts two tasks of this program with a preput `greeting`; each checks it and prints
  *     "child R of 2: ok", and each rank of the parent job "rank R of S: ok spawned";
@@ -16,6 +16,8 @@
  *   exec: puts its key, enters the barrier, gets every rank's, checks that the image of the key-value space
  *     is mapped and no fd of it open, finalizes and execs a shell that checks it holds neither, and prints
  *     "rank R of S: ok exec";
+ *   overlap: 6 rounds of a put and a barrier, each entered while 4 threads read every earlier round's keys
+ *     (the barrier's new image of the store comes while they read); prints "rank R of S: ok overlap";
  *   puts: puts a=1, b=2 and b=3, gets b (3), enters the barrier, gets a (1) ten times and finalizes, for a
  *     server that watches how they come (tests/libpmi.rs); prints "rank R of S: ok puts barrier=RC", RC the barrier's
  *     return code */
@@ -225,6 +227,49 @@ static int exec_after_gets(void)
     return 1;
 }
 
+/* Readers inside gets while their rank enters the next barrier, whose image of the store replaces the one
+ * they read: 6 rounds, in each every rank puts its key of the round and enters the barrier while 4 threads
+ * read every earlier round's keys, each value checked. */
+enum { OVERLAP_ROUNDS = 6 };
+static int overlap_round;
+
+static void *overlap_reader(void *arg)
+{
+    long id = (long)arg;
+    char key[64], want[64], *value = malloc(val_max);
+    for (int i = 0; i < 300; i++) {
+        int round = (int)((id + i) % overlap_round), r = (int)((id * 5 + i) % size);
+        snprintf(key, sizeof key, "overlap%d-%d", round, r);
+        snprintf(want, sizeof want, "round-%d-of-rank-%d", round, r);
+        if (PMI_KVS_Get(kvsname, key, value, val_max) != PMI_SUCCESS || strcmp(value, want) != 0) {
+            fprintf(stderr, "rank %d: thread %ld read '%s' for %s\n", rank, id, value, key);
+            exit(1);
+        }
+    }
+    free(value);
+    return NULL;
+}
+
+static int reads_across_barriers(void)
+{
+    char key[64], *value = session();
+    for (overlap_round = 0; overlap_round < OVERLAP_ROUNDS; overlap_round++) {
+        pthread_t threads[4];
+        int readers = overlap_round > 0 ? 4 : 0;
+        for (long t = 0; t < readers; t++)
+            EXPECT(pthread_create(&threads[t], NULL, overlap_reader, (void *)t) == 0);
+        snprintf(key, sizeof key, "overlap%d-%d", overlap_round, rank);
+        snprintf(value, val_max, "round-%d-of-rank-%d", overlap_round, rank);
+        CHECK(PMI_KVS_Put(kvsname, key, value), PMI_SUCCESS);
+        CHECK(PMI_Barrier(), PMI_SUCCESS);
+        for (int t = 0; t < readers; t++)
+            pthread_join(threads[t], NULL);
+    }
+    printf("rank %d of %d: ok overlap\n", rank, size);
+    CHECK(PMI_Finalize(), PMI_SUCCESS);
+    return 0;
+}
+
 /* The puts of a start-up, a key put again and read back before the barrier, then the barrier. */
 static int puts_then_barrier(void)
 {
@@ -275,6 +320,8 @@ int main(int argc, char **argv)
         return puts_then_barrier();
     if (argc > 1 && strcmp(argv[1], "exec") == 0)
         return exec_after_gets();
+    if (argc > 1 && strcmp(argv[1], "overlap") == 0)
+        return reads_across_barriers();
     EXPECT(spawned == 0);
     CHECK(PMI_Init(&spawned), PMI_SUCCESS); /* a second init is harmless */
     CHECK(PMI_Initialized(&initialized), PMI_SUCCESS);
