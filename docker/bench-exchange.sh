@@ -4,6 +4,9 @@
 # and through OpenPMIx's libpmix under srun --mpi=pmix, on one node of the local Slurm cluster, at 64 and 256
 # tasks, 11 rounds. Installs what is missing, builds the libraries, starts the cluster with the plugin, and
 # writes benches/results/exchange.md and .json. Arguments go to the benchmark, e.g. --runs 3 --sizes 16.
+# Across nodes, each a network namespace with a /tmp of its own (Slurm's PMIx needs that: its per-step
+# directories in /tmp collide where nodes share one):
+#   RPMI_SLURM_NETNS=1 bash docker/bench-exchange.sh --nodes 3 --sizes 12,96,384 --out benches/results/exchange-3.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash docker/install-deps.sh pmix

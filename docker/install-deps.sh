@@ -21,6 +21,7 @@ fi
 # (docker/bench-exchange.sh; Slurm's own mpi_pmix.so comes with slurm-wlm).
 if [[ ${1:-} == pmix ]]; then
   packages+=(libpmix-dev)
+  packages+=(iproute2)        # ip: the cluster's nodes in network namespaces of their own (slurm-cluster.sh --netns)
 fi
 # `install-deps.sh deb`: also what the Debian packages are made with (docker/slurm-plugin.sh, `cargo deb`).
 if [[ ${1:-} == deb ]]; then

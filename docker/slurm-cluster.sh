@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A throwaway, real 3-node Slurm cluster (any line from 22.05 to 26.05) on localhost, for rpmi's end-to-end tests, benchmarks and CI.
 #
-#   docker/slurm-cluster.sh start [--plugin-dir DIR] [--nodes N] [--mpi-conf FILE] [--mpi-default TYPE]
+#   docker/slurm-cluster.sh start [--plugin-dir DIR] [--nodes N] [--mpi-conf FILE] [--mpi-default TYPE] [--netns]
 #                                                      (re)start the cluster; DIR (holding mpi_rpmi.so) comes
 #                                                      first in PluginDir; N nodes n1..nN instead of 3; FILE
 #                                                      becomes the cluster's mpi.conf; TYPE is its MpiDefault
-#                                                      (none unless given, e.g. rpmi)
+#                                                      (none unless given, e.g. rpmi); --netns: each node in a
+#                                                      network namespace of its own, with its own /tmp
 #   docker/slurm-cluster.sh stop                       stop it and remove its state directory
 #   docker/slurm-cluster.sh status                     sinfo of the cluster
 #   docker/slurm-cluster.sh env                        prints `export SLURM_CONF=...`; use as
@@ -14,6 +15,11 @@
 # One slurmctld and three slurmd daemons (nodes n1..n3, or n1..nN with --nodes N, all 127.0.0.1, each slurmd on
 # its own port: Debian's slurmd is built with --enable-multiple-slurmd), munge authentication, no cgroups
 # (proctrack/pgid, task/none). 100 nodes start in seconds and take about 0.5 GB together.
+# With --netns (250 nodes at most), each slurmd, and so its steps, runs in a network namespace of its own, on a
+# bridge with this machine (its own address, 10.S.0.I+1, where slurmctld and srun are 10.S.0.1), and sees a /tmp
+# of its own (under the state directory), as separate machines would: what a plugin keeps in /tmp (Slurm's PMIx
+# keeps its per-step directories there) does not collide between nodes. The state directory stays visible at
+# its own path. A step's programs must then lie outside /tmp.
 # All state, configuration and logs live under one directory, ${RPMI_SLURM_DIR:-/tmp/rpmi-slurm}, so several
 # clusters (different RPMI_SLURM_DIR) can run side by side; ports are picked free at start, never 6817/6818 fixed.
 # Must run as root (slurmd runs as root so that it can start steps). munged is started if it is not running and
@@ -36,6 +42,7 @@ D=${RPMI_SLURM_DIR:-/tmp/rpmi-slurm}
 NODES=(n1 n2 n3)
 MPI_CONF=""
 MPI_DEFAULT=none
+NETNS=0
 MARK_FILE=.rpmi-slurm-cluster   # present in every state dir this script made; `stop` removes nothing else
 MARK_VAR=RPMI_SLURM_CLUSTER     # =$D in slurmctld's and the slurmds' environment, to recognise them safely
 START_TIMEOUT=${RPMI_SLURM_START_TIMEOUT:-60}
@@ -44,7 +51,7 @@ log() { printf 'slurm-cluster: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 usage() {
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -211,11 +218,66 @@ do_stop() {
     term_then_kill 2 "${clients[@]}"
   fi
 
+  remove_netns
+
   if [[ -e $D/$MARK_FILE ]]; then
     rm -rf -- "$D"
     [[ -n $quiet ]] || log "stopped; removed $D"
   fi
 }
+
+# ---------------------------------------------------------------------------------------------------------------
+# --netns: names are made from the state directory, so that clusters of other state directories keep their own.
+
+NETID=$(printf %s "$D" | cksum | awk '{ printf "%05d", $1 % 100000 }')
+BRIDGE=rb$NETID
+SUBNET=10.$((100 + 10#$NETID % 100)).0
+
+netns_of() { echo "rpmi$NETID-$1"; }
+
+# Removes this state directory's namespaces, their links and the bridge (each gone with its namespace).
+remove_netns() {
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk -v p="rpmi$NETID-" 'index($1, p) == 1 { print $1 }'); do
+    ip netns delete "$ns" 2>/dev/null || true
+  done
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link delete "$BRIDGE" 2>/dev/null || true; fi
+}
+
+# Node $2 (n1..) at index $1: its namespace, a veth pair to the bridge, its address; its /tmp under $D.
+make_netns() {
+  local i=$1 node=$2 ns host
+  ns=$(netns_of "$node")
+  host=rv${NETID}h$((i + 1))
+  ip netns add "$ns"
+  ip link add "$host" type veth peer name eth0 netns "$ns"
+  ip link set "$host" master "$BRIDGE" up
+  ip -n "$ns" addr add "$SUBNET.$((i + 2))/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" route add default via "$SUBNET.1"
+  mkdir -p "$D/tmp/$node"
+  chmod 1777 "$D/tmp/$node"
+  # Where the node's /tmp will show the state directory (when it lies under /tmp).
+  [[ $D != /tmp/* ]] || mkdir -p "$D/tmp/$node/${D#/tmp/}"
+}
+
+# The bridge between this machine and the nodes' namespaces.
+make_bridge() {
+  need ip
+  remove_netns
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+}
+
+# `sh -c AS_NODE - D NODE COMMAND...`, in a mount namespace of its own, runs COMMAND as node NODE: the node's
+# /tmp over this machine's and, when the state directory lies under /tmp, the state directory at its own path.
+# (Not through `ip netns exec`, whose /sys of the namespace hides the cgroups slurmd wants.)
+AS_NODE='D=$1 node=$2; shift 2
+case $D in /tmp/*) mount --bind "$D" "$D/tmp/$node/${D#/tmp/}" || exit 1 ;; esac
+mount --rbind "$D/tmp/$node" /tmp || exit 1
+exec "$@"'
 
 # ---------------------------------------------------------------------------------------------------------------
 # start
@@ -293,6 +355,10 @@ default_plugin_dir() {
   die "cannot find Slurm's plugin directory (auth_munge.so) in ${dirs[*]}; is Slurm installed?"
 }
 
+# The address of slurmctld, and of node index $1.
+CTLD_ADDR=127.0.0.1
+node_addr() { if ((NETNS)); then echo "$SUBNET.$(($1 + 2))"; else echo 127.0.0.1; fi; }
+
 write_conf() {
   local plugindir=$1 ctlport=$2; shift 2
   local ports=("$@") i
@@ -300,7 +366,7 @@ write_conf() {
     cat <<EOF
 # Throwaway rpmi test cluster, written by docker/slurm-cluster.sh; removed by its 'stop'.
 ClusterName=rpmitest
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost=localhost($CTLD_ADDR)
 SlurmctldPort=$ctlport
 SlurmUser=root
 SlurmdUser=root
@@ -342,7 +408,7 @@ MailProg=/bin/true
 SchedulerParameters=bf_interval=1,sched_interval=1
 EOF
     for i in "${!NODES[@]}"; do
-      echo "NodeName=${NODES[$i]} NodeAddr=127.0.0.1 NodeHostname=localhost Port=${ports[$i]} CPUs=32 RealMemory=8000"
+      echo "NodeName=${NODES[$i]} NodeAddr=$(node_addr "$i") NodeHostname=localhost Port=${ports[$i]} CPUs=32 RealMemory=8000"
     done
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
   } >"$CONF"
@@ -405,6 +471,10 @@ start_once() {
     read -r -a ports <<<"$(pick_ports $((1 + ${#NODES[@]})))"
   fi
   ctlport=${ports[0]}
+  if ((NETNS)); then
+    make_bridge
+    CTLD_ADDR=$SUBNET.1
+  fi
   write_conf "$plugindir" "$ctlport" "${ports[@]:1}"
   log "state in $D; slurmctld port $ctlport, slurmd ports ${ports[*]:1}; PluginDir=$plugindir"
 
@@ -415,8 +485,15 @@ start_once() {
     alive "$(<"$D/run/slurmctld.launch.pid")" || break
     sleep 0.1
   done
-  for i in "${NODES[@]}"; do
-    launch "slurmd-$i" slurmd -D -N "$i" -f "$CONF"
+  local node slurmd
+  for i in "${!NODES[@]}"; do
+    node=${NODES[$i]}
+    slurmd=(slurmd -D -N "$node" -f "$CONF")
+    if ((NETNS)); then
+      make_netns "$i" "$node"
+      slurmd=(unshare --mount nsenter --net="/run/netns/$(netns_of "$node")" sh -c "$AS_NODE" - "$D" "$node" "${slurmd[@]}")
+    fi
+    launch "slurmd-$node" "${slurmd[@]}"
   done
 
   local deadline=$((SECONDS + START_TIMEOUT)) states pid
@@ -460,10 +537,12 @@ do_start() {
       --mpi-conf=*) MPI_CONF=$(realpath -- "${1#*=}"); shift ;;
       --mpi-default) (($# >= 2)) || die "--mpi-default needs a type"; MPI_DEFAULT=$2; shift 2 ;;
       --mpi-default=*) MPI_DEFAULT=${1#*=}; shift ;;
+      --netns) NETNS=1; shift ;;
       *) die "unknown option for start: $1" ;;
     esac
   done
   ((EUID == 0)) || die "must run as root (slurmd has to be root to start job steps)"
+  ((!NETNS || ${#NODES[@]} <= 250)) || die "--netns takes 250 nodes at most"
   local c
   for c in slurmctld slurmd sinfo scontrol squeue scancel srun munge unmunge munged setsid runuser ps awk; do need "$c"; done
 

@@ -8,11 +8,12 @@
 # runs the cluster instead of Debian's: the plugin is built against its include/ into target/slurm-prefix-NAME
 # (unless CARGO_TARGET_DIR says otherwise; so is the COMMAND's cargo), and its bin/ comes first in PATH.
 #
-#   [RPMI_SLURM_PREFIX=DIR] [RPMI_SLURM_NODES=N] [RPMI_PLUGIN_NO_BUILD=1] [RPMI_SLURM_MPI_CONF=FILE] \
-#     docker/with-slurm.sh COMMAND [ARGS]...
+#   [RPMI_SLURM_PREFIX=DIR] [RPMI_SLURM_NODES=N] [RPMI_SLURM_NETNS=1] [RPMI_PLUGIN_NO_BUILD=1] \
+#     [RPMI_SLURM_MPI_CONF=FILE] docker/with-slurm.sh COMMAND [ARGS]...
+# RPMI_SLURM_NETNS=1 starts each node in a network namespace and with a /tmp of its own (slurm-cluster.sh --netns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-(($#)) || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+(($#)) || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 if [[ -n ${RPMI_SLURM_PREFIX:-} ]]; then
   export PATH=$RPMI_SLURM_PREFIX/sbin:$RPMI_SLURM_PREFIX/bin:$PATH
   export SLURM_INCLUDE_DIR=${SLURM_INCLUDE_DIR:-$RPMI_SLURM_PREFIX/include}
@@ -25,6 +26,7 @@ install=(bash docker/install-slurm-plugin.sh --plugin-dir "$plugin_dir")
 [[ ${RPMI_PLUGIN_NO_BUILD:-0} == 1 ]] && install+=(--no-build)
 "${install[@]}"
 start=(bash docker/slurm-cluster.sh start --plugin-dir "$plugin_dir" --nodes "${RPMI_SLURM_NODES:-3}")
+[[ ${RPMI_SLURM_NETNS:-0} != 1 ]] || start+=(--netns)
 mpi_conf=${RPMI_SLURM_MPI_CONF-tests/slurm/mpi.conf}
 [[ -z $mpi_conf ]] || start+=(--mpi-conf "$mpi_conf")
 # The cluster's environment, once it is up (a cluster that did not come up ends the run here).

@@ -14,8 +14,10 @@
 //!
 //! `bash docker/bench-exchange.sh` sets everything up (the libraries, the local cluster with the plugin) and
 //! runs it; by hand, with the cluster up (`SLURM_CONF`) and `cargo build --release` done:
-//! `cargo bench --bench exchange -- [--sizes 64,256] [--runs 11] [--puts 8] [--bytes 800] [--gets 64]
-//! [--fences 100] [--out benches/results/exchange.md]`.
+//! `cargo bench --bench exchange -- [--sizes 64,256] [--nodes 1] [--runs 11] [--puts 8] [--bytes 800]
+//! [--gets 64] [--fences 100] [--out benches/results/exchange.md]`. Over several nodes, each a network
+//! namespace with a /tmp of its own (`RPMI_SLURM_NETNS=1 bash docker/bench-exchange.sh --nodes 3 ...`): Slurm's
+//! PMIx keeps per-step directories in /tmp, which collide where nodes share one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -62,6 +64,8 @@ impl Client {
 
 struct Args {
     sizes: Vec<usize>,
+    /// Nodes the tasks are spread over (srun's block layout).
+    nodes: usize,
     runs: usize,
     puts: usize,
     bytes: usize,
@@ -73,6 +77,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         sizes: vec![64, 256],
+        nodes: 1,
         runs: 11,
         puts: 8,
         bytes: 800,
@@ -92,6 +97,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--runs" => a.runs = number(value()?)?,
+            "--nodes" => a.nodes = number(value()?)?,
             "--puts" => a.puts = number(value()?)?,
             "--bytes" => a.bytes = number(value()?)?,
             "--gets" => a.gets = number(value()?)?,
@@ -100,8 +106,8 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown option {other}")),
         }
     }
-    if a.sizes.is_empty() || a.runs == 0 || a.puts == 0 || a.fences == 0 {
-        return Err("--sizes, --runs, --puts and --fences must be more than nothing".into());
+    if a.sizes.is_empty() || a.runs == 0 || a.puts == 0 || a.fences == 0 || a.nodes == 0 {
+        return Err("--sizes, --nodes, --runs, --puts and --fences must be more than nothing".into());
     }
     Ok(a)
 }
@@ -157,7 +163,7 @@ struct Figures {
 fn run(args: &Args, client: Client, program: &Path, size: usize) -> Result<Figures, String> {
     let out = Command::new("timeout")
         .args(["--kill-after=5", &STEP_TIMEOUT_S.to_string(), "srun", "-Q", &format!("--mpi={}", client.mpi())])
-        .args(["-N1", "--overcommit", &format!("-n{size}")])
+        .args([&format!("-N{}", args.nodes), "--overcommit", &format!("-n{size}")])
         .arg(program)
         .arg("exchange")
         .args([args.puts, args.bytes, args.gets, args.fences].map(|n| n.to_string()))
@@ -232,8 +238,8 @@ fn report(args: &Args, cells: &BTreeMap<(usize, Client), Cell>, slurm: &str) -> 
     let mut out = String::new();
     out += "# The start-up exchange beside Slurm's PMIx\n\n";
     out += &format!(
-        "Written by `bash docker/bench-exchange.sh` (`cargo bench --bench exchange -- --sizes {} --runs {} \
-         --puts {} --bytes {} --gets {} --fences {}`), {slurm}, one node of the local cluster, {} cores. Every \
+        "Written by `bash docker/bench-exchange.sh` (`cargo bench --bench exchange -- --sizes {} --nodes {} --runs {} \
+         --puts {} --bytes {} --gets {} --fences {}`), {slurm}, {} of the local cluster, {} cores. Every \
          rank: {} puts of {} bytes and a fence that collects them (**put phase**), {} gets of other ranks' keys \
          and a fence (**get phase**), both (**exchange**), and one fence with nothing put (**empty fence**, the \
          mean of {}), in µs from rank 0's clock after each phase's closing fence: the median of {} runs and \
@@ -242,11 +248,16 @@ fn report(args: &Args, cells: &BTreeMap<(usize, Client), Cell>, slurm: &str) -> 
          MPICH's own client speaks), under `srun --mpi=rpmi`; `PMIx`: OpenPMIx's `libpmix` under `srun \
          --mpi=pmix`.\n\n",
         args.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+        args.nodes,
         args.runs,
         args.puts,
         args.bytes,
         args.gets,
         args.fences,
+        match args.nodes {
+            1 => "one node".to_string(),
+            n => format!("{n} nodes (the tasks in blocks), each with a network namespace and a /tmp of its own"),
+        },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.puts,
         args.bytes,
@@ -292,7 +303,7 @@ fn json(args: &Args, cells: &BTreeMap<(usize, Client), Cell>) -> String {
             })
         })
         .collect();
-    let meta = serde_json::json!({"sizes": args.sizes, "runs": args.runs, "puts": args.puts, "bytes": args.bytes,
+    let meta = serde_json::json!({"sizes": args.sizes, "nodes": args.nodes, "runs": args.runs, "puts": args.puts, "bytes": args.bytes,
         "gets": args.gets, "fences": args.fences});
     serde_json::to_string_pretty(&serde_json::json!({"meta": meta, "runs": runs})).unwrap_or_default()
 }
@@ -305,11 +316,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if std::env::var_os("SLURM_CONF").is_none() {
+    let Some(conf) = std::env::var_os("SLURM_CONF") else {
         eprintln!("exchange bench: no SLURM_CONF: run it through docker/bench-exchange.sh, or start the local cluster");
         return ExitCode::from(2);
+    };
+    // Nodes that share one address share one /tmp too, where Slurm's PMIx keeps per-step directories.
+    let conf = std::fs::read_to_string(conf).unwrap_or_default();
+    let addresses: std::collections::BTreeSet<&str> =
+        conf.split_whitespace().filter_map(|w| w.strip_prefix("NodeAddr=")).collect();
+    if args.nodes > 1 && addresses.len() < args.nodes {
+        eprintln!("exchange bench: --nodes {} needs nodes of their own (RPMI_SLURM_NETNS=1)", args.nodes);
+        return ExitCode::from(2);
     }
-    let dir = std::env::temp_dir().join(format!("rpmi-exchange-bench-{}", std::process::id()));
+    // Beside the build, not in /tmp: a node of a cluster started with --netns has a /tmp of its own.
+    let Some(profile) = std::env::current_exe().ok().and_then(|e| Some(e.parent()?.parent()?.to_path_buf())) else {
+        eprintln!("exchange bench: no profile directory");
+        return ExitCode::from(1);
+    };
+    let dir = profile.join(format!("exchange-bench-{}", std::process::id()));
     let programs: Result<Vec<(Client, PathBuf)>, String> = std::fs::create_dir_all(&dir)
         .map_err(|e| e.to_string())
         .and_then(|()| CLIENTS.iter().map(|&c| Ok((c, build(c, &dir)?))).collect());

@@ -53,8 +53,9 @@ use std::sync::Arc;
 
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
 /// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run; 7 PMI 1.2's group
-/// exchanges; 8 a group's part without its member nodes; 9 a rank gone says whether it had spoken PMI).
-pub const VERSION: u16 = 9;
+/// exchanges; 8 a group's part without its member nodes; 9 a rank gone says whether it had spoken PMI; 10
+/// JOINED only once the shell has waited in the exchange, and ahead of GONE and BYE).
+pub const VERSION: u16 = 10;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
