@@ -258,8 +258,11 @@ make_netns() {
   ip -n "$ns" route add default via "$SUBNET.1"
   mkdir -p "$D/tmp/$node"
   chmod 1777 "$D/tmp/$node"
-  # Where the node's /tmp will show the state directory (when it lies under /tmp).
-  [[ $D != /tmp/* ]] || mkdir -p "$D/tmp/$node/${D#/tmp/}"
+  # Where the node's /tmp will show the directories it keeps (those that lie under /tmp).
+  local kept
+  for kept in "${KEPT[@]}"; do
+    [[ $kept != /tmp/* ]] || mkdir -p "$D/tmp/$node/${kept#/tmp/}"
+  done
 }
 
 # The bridge between this machine and the nodes' namespaces.
@@ -271,13 +274,20 @@ make_bridge() {
   ip link set "$BRIDGE" up
 }
 
-# `sh -c AS_NODE - D NODE COMMAND...`, in a mount namespace of its own, runs COMMAND as node NODE: the node's
-# /tmp over this machine's and, when the state directory lies under /tmp, the state directory at its own path.
-# (Not through `ip netns exec`, whose /sys of the namespace hides the cgroups slurmd wants.)
+# `sh -c AS_NODE - D NODE KEPT... -- COMMAND...`, in a mount namespace of its own, runs COMMAND as node NODE:
+# the node's /tmp over this machine's, and each KEPT directory (the state directory, the plugin directories)
+# that lies under /tmp at its own path in it. (Not through `ip netns exec`, whose /sys of the namespace hides
+# the cgroups slurmd wants.)
 AS_NODE='D=$1 node=$2; shift 2
-case $D in /tmp/*) mount --bind "$D" "$D/tmp/$node/${D#/tmp/}" || exit 1 ;; esac
+while [ "$1" != -- ]; do
+  case $1 in /tmp/*) mount --bind "$1" "$D/tmp/$node/${1#/tmp/}" || exit 1 ;; esac
+  shift
+done
+shift
 mount --rbind "$D/tmp/$node" /tmp || exit 1
 exec "$@"'
+# The directories every node keeps at their own paths (set at start).
+KEPT=()
 
 # ---------------------------------------------------------------------------------------------------------------
 # start
@@ -474,6 +484,7 @@ start_once() {
   if ((NETNS)); then
     make_bridge
     CTLD_ADDR=$SUBNET.1
+    IFS=: read -r -a KEPT <<<"$D:$plugindir"
   fi
   write_conf "$plugindir" "$ctlport" "${ports[@]:1}"
   log "state in $D; slurmctld port $ctlport, slurmd ports ${ports[*]:1}; PluginDir=$plugindir"
@@ -491,7 +502,8 @@ start_once() {
     slurmd=(slurmd -D -N "$node" -f "$CONF")
     if ((NETNS)); then
       make_netns "$i" "$node"
-      slurmd=(unshare --mount nsenter --net="/run/netns/$(netns_of "$node")" sh -c "$AS_NODE" - "$D" "$node" "${slurmd[@]}")
+      slurmd=(unshare --mount nsenter --net="/run/netns/$(netns_of "$node")" sh -c "$AS_NODE" - "$D" "$node" \
+        "${KEPT[@]}" -- "${slurmd[@]}")
     fi
     launch "slurmd-$node" "${slurmd[@]}"
   done

@@ -239,7 +239,7 @@ fn report(args: &Args, cells: &BTreeMap<(usize, Client), Cell>, slurm: &str) -> 
     out += "# The start-up exchange beside Slurm's PMIx\n\n";
     out += &format!(
         "Written by `bash docker/bench-exchange.sh` (`cargo bench --bench exchange -- --sizes {} --nodes {} --runs {} \
-         --puts {} --bytes {} --gets {} --fences {}`), {slurm}, {} of the local cluster, {} cores. Every \
+         --puts {} --bytes {} --gets {} --fences {}`), {slurm}, {}, {} cores. Every \
          rank: {} puts of {} bytes and a fence that collects them (**put phase**), {} gets of other ranks' keys \
          and a fence (**get phase**), both (**exchange**), and one fence with nothing put (**empty fence**, the \
          mean of {}), in µs from rank 0's clock after each phase's closing fence: the median of {} runs and \
@@ -255,8 +255,10 @@ fn report(args: &Args, cells: &BTreeMap<(usize, Client), Cell>, slurm: &str) -> 
         args.gets,
         args.fences,
         match args.nodes {
-            1 => "one node".to_string(),
-            n => format!("{n} nodes (the tasks in blocks), each with a network namespace and a /tmp of its own"),
+            1 => "one node of the local cluster".to_string(),
+            n => format!(
+                "{n} nodes of the local cluster, each a network namespace with a /tmp of its own (the tasks in blocks)"
+            ),
         },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.puts,
