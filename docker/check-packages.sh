@@ -9,13 +9,16 @@
 # --mpi=list lists rpmi and an MPICH job runs with srun --mpi=rpmi. Installed again while the cluster runs, the
 # file is a new one (a new inode: dpkg renames the new file over the old, which a daemon may have loaded, and
 # never writes into it), and the next job runs. With MpiDefault=rpmi in slurm.conf, a job runs with it and
-# no --mpi.
+# no --mpi. Then docs/slurm.md's way back to pmi2, with a step running under rpmi: MpiDefault=pmi2 and
+# `scontrol reconfigure`, then dpkg -r rpmi-slurm; the running step ends well, a new step of --mpi=pmi2 runs, and
+# one of --mpi=rpmi is refused.
 # rpmi (DEV_DEB): tests/c_host/host.c builds and links with `pkg-config --cflags --libs rpmi` and runs an MPICH
 # job over the installed librpmi.so; the installed rpmi-run runs rpmi-probe and an MPICH job; the API programs
 # (tests/programs/pmi_api.c, pmi2_api.c) build with `pkg-config rpmi-pmi` and `rpmi-pmi2`, load the package's
 # libpmi.so.0 and libpmi2.so.0 (not Slurm's), and pass under rpmi-run and alone.
 # Both: the manual pages (docs/man, made by docker/man.sh) and the documentation are where each package puts
-# them, the pages roff that names itself (and found by man, where this system has it).
+# them, the pages roff that names itself; `man -w rpmi-options` finds the options' page with rpmi-slurm alone,
+# with both packages, and with rpmi alone (each offers it as an alternative; man-db is installed for that).
 # Each step's time is said. Both packages are purged at the end (on a failure too) and their files checked gone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,30 +67,33 @@ installed() {
   [[ -s $2 ]] || die "$1 lists $2, but it is not there"
 }
 
-# Fails unless package $1 installed the manual page $2 (a path), of page $3 in section $4; says what it checked.
+# Fails unless package $1 installed the manual page $2 (a path), of page $3 in section $4, and man finds it
+# (through the alternative $5 where the page is one); says what it checked.
 man_page() {
-  local pkg=$1 file=$2 name=$3 section=$4 found
+  local pkg=$1 file=$2 name=$3 section=$4 link=${5:-$2} found
   installed "$pkg" "$file"
   zcat -- "$file" | grep -qF ".TH \"${name^^}\" \"$section\"" || die "$file is not the manual page $name($section)"
-  if command -v man >/dev/null && [[ $file == /usr/share/man/* ]]; then
-    found=$(man -w "$section" "$name") || die "man -w $section $name finds nothing"
-    [[ $found == "$file" ]] || die "man -w $section $name finds $found, not $file"
-  fi
-  log "$pkg: $name($section) in $file"
+  [[ $(readlink -f "$link") == "$(readlink -f "$file")" ]] || die "$link is not $file"
+  found=$(man -w "$section" "$name") || die "man -w $section $name finds nothing"
+  [[ $(readlink -f "$found") == "$(readlink -f "$file")" ]] || die "man -w $section $name finds $found, not $file"
+  log "$pkg: $name($section) in $file, and man finds it"
 }
+options_page=/usr/share/man/man7/rpmi-options.7.gz
+
+command -v man >/dev/null || step "apt-get install man-db" sh -c 'apt-get update && apt-get install -y --no-install-recommends man-db'
 
 step "mpicc tests/programs/mpi_pairs.c" mpicc -O1 -o "$work/mpi_pairs" tests/programs/mpi_pairs.c
 pairs6='^mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged$'
 pairs4='^mpi_pairs: 4 ranks, allreduce 10, all pairs exchanged$'
 
-# --- rpmi-slurm
-step "dpkg -i ${plugin_deb##*/} ${dev_deb##*/}" dpkg -i "$plugin_deb" "$dev_deb"
+# --- rpmi-slurm, alone
+step "dpkg -i ${plugin_deb##*/}" dpkg -i "$plugin_deb"
 expect 'Restart slurmctld, and slurmd on'
 refuse 'warning'   # e.g. a control file without a field dpkg requires
 plugin=$(dpkg -L rpmi-slurm | grep '/mpi_rpmi\.so$') || die "rpmi-slurm has no mpi_rpmi.so"
 [[ -f $(dirname "$plugin")/mpi_pmi2.so ]] || die "$plugin is not beside Slurm's own MPI plugins"
 log "rpmi-slurm installed $plugin"
-man_page rpmi-slurm /usr/share/doc/rpmi-slurm/rpmi-options.7.gz rpmi-options 7
+man_page rpmi-slurm /usr/share/rpmi-slurm/rpmi-options.7.gz rpmi-options 7 "$options_page"
 for doc in docs/slurm.md docs/security.md docs/troubleshooting.md; do
   installed rpmi-slurm "/usr/share/doc/rpmi-slurm/${doc##*/}"
 done
@@ -110,13 +116,38 @@ step "srun -N3 -n6 mpi_pairs (MpiDefault=rpmi)" timeout 120 srun -Q -N3 -n6 "$wo
 expect "$pairs6"
 step "srun -N1 -n1 printenv SLURM_MPI_TYPE" timeout 60 srun -Q -N1 -n1 printenv SLURM_MPI_TYPE
 expect '^rpmi$'
+
+# --- both packages
+step "dpkg -i ${dev_deb##*/}, beside rpmi-slurm" dpkg -i "$dev_deb"
+refuse 'warning'
+man_page rpmi-slurm /usr/share/rpmi-slurm/rpmi-options.7.gz rpmi-options 7 "$options_page"
+
+# --- the way back to pmi2 (docs/slurm.md), a step running under rpmi meanwhile
+timeout 120 srun -Q --mpi=rpmi -N3 -n6 sh -c "sleep 3; exec $work/mpi_pairs" >"$work/running" 2>&1 &
+running=$!
+sleep 1
+step "MpiDefault=pmi2, scontrol reconfigure" sh -c \
+  'sed -i "s/^MpiDefault=.*/MpiDefault=pmi2/" "$SLURM_CONF" && scontrol reconfigure'
+step "dpkg -r rpmi-slurm, the step running" dpkg -r rpmi-slurm
+[[ ! -e $plugin ]] || die "$plugin is left after dpkg -r"
+wait "$running" || { cat "$work/running" >&2; die "the step that ran under rpmi failed once rpmi-slurm was removed"; }
+grep -qE "$pairs6" "$work/running" || { cat "$work/running" >&2; die "the running step did not finish its exchange"; }
+log "the step that ran under rpmi while rpmi-slurm was removed: ok"
+step "srun -N3 -n6 mpi_pairs (MpiDefault=pmi2)" timeout 120 srun -Q -N3 -n6 "$work/mpi_pairs"
+expect "$pairs6"
+step "srun -N1 -n1 printenv SLURM_MPI_TYPE" timeout 60 srun -Q -N1 -n1 printenv SLURM_MPI_TYPE
+expect '^pmi2$'
+if timeout 60 srun -Q --mpi=rpmi -N1 -n1 true >"$work/out" 2>&1; then
+  die "srun --mpi=rpmi ran after rpmi-slurm was removed"
+fi
+log "srun --mpi=rpmi after the removal is refused: $(head -1 "$work/out")"
+man_page rpmi /usr/share/rpmi/rpmi-options.7.gz rpmi-options 7 "$options_page"
 step "stopping the cluster" bash docker/slurm-cluster.sh stop
 
 # --- rpmi
 lib=$(dpkg -L rpmi | grep '/librpmi\.so$') || die "rpmi has no librpmi.so"
 man_page rpmi /usr/share/man/man1/rpmi-run.1.gz rpmi-run 1
 man_page rpmi /usr/share/man/man1/rpmi-probe.1.gz rpmi-probe 1
-man_page rpmi /usr/share/man/man7/rpmi-options.7.gz rpmi-options 7
 for doc in README.md CHANGELOG.md docs/*.md; do
   installed rpmi "/usr/share/doc/rpmi/${doc##*/}"
 done
@@ -164,7 +195,7 @@ step "dpkg --purge rpmi-slurm rpmi" dpkg --purge rpmi-slurm rpmi
 for f in "$plugin" "$lib" "${api_libs[@]}"; do
   [[ ! -e $f ]] || die "$f is left after the purge"
 done
-for f in /usr/share/man/man1/rpmi-run.1.gz /usr/share/man/man7/rpmi-options.7.gz /usr/share/doc/rpmi \
+for f in /usr/share/man/man1/rpmi-run.1.gz "$options_page" /usr/share/rpmi /usr/share/rpmi-slurm /usr/share/doc/rpmi \
   /usr/share/doc/rpmi-slurm; do
   [[ ! -e $f ]] || die "$f is left after the purge"
 done

@@ -154,9 +154,9 @@ build_plugin() {
 # the plugin was built against, and cargo-deb reads a package's metadata from its Cargo.toml alone: so that
 # manifest is written here, per build, for a package that cargo never builds (cargo deb --no-build) and whose
 # library is the one build_plugin just built. Beside the plugin it installs the site's documentation: the options'
-# manual page (docker/man.sh makes it; in the package's documentation directory, since the rpmi package
-# installs the same page in the manual's own, and dpkg lets no two packages own one file) and the guides a
-# site admin reads.
+# manual page (docker/man.sh makes it), which its postinst makes an alternative for the manual's own path (the
+# developers' package rpmi offers the same page so, since dpkg lets no two packages own one file), and the
+# guides a site admin reads.
 package_plugin() {
   local version=$1 out=$2 root release next plugindir crate maintainer dir deb doc
   for doc in "${plugin_docs[@]}"; do
@@ -180,7 +180,7 @@ package_plugin() {
 name = "rpmi-slurm"
 version = "$crate"
 edition = "2021"
-description = "rpmi's PMI-1 plugin for Slurm $release (srun --mpi=rpmi)"
+description = "rpmi's PMI plugin for Slurm $release (srun --mpi=rpmi): PMI-1, PMI 1.2 and PMI-2"
 license = "MIT"
 publish = false
 
@@ -198,8 +198,9 @@ section = "net"
 # depend on exactly their own version of slurm-wlm-basic-plugins, which owns the PluginDir.
 depends = "\$auto, slurm-wlm-basic-plugins (>= $release~), slurm-wlm-basic-plugins (<< $next~)"
 extended-description = """\\
-Installs mpi_rpmi.so in $plugindir, Slurm's PluginDir. Restart slurmctld, and slurmd on every node, \\
-so that they load it; then srun --mpi=rpmi, or MpiDefault=rpmi in slurm.conf, runs a job's tasks with it."""
+Installs mpi_rpmi.so in $plugindir, Slurm's PluginDir, and the manual page rpmi-options(7). Restart \\
+slurmctld, and slurmd on every node, so that they load it; then srun --mpi=rpmi, or MpiDefault=rpmi in \\
+slurm.conf, serves a job's tasks PMI-1, PMI 1.2 and PMI-2 with it."""
 maintainer-scripts = "$repo/packaging/slurm-plugin/"
 # dpkg unpacks every file as NAME.dpkg-new beside NAME and renames it over NAME, so a loaded mpi_rpmi.so is never
 # written over (docker/check-packages.sh checks that an install gives the file a new inode).
@@ -207,7 +208,7 @@ assets = [
     ["target/release/librpmi.so", "${plugindir#/}/mpi_rpmi.so", "644"],
     # From this manifest's directory, target/slurm-$version/package (cargo-deb takes only target/release/ as
     # the target directory).
-    ["../../man/rpmi-options.7.gz", "usr/share/doc/rpmi-slurm/", "644"],
+    ["../../man/rpmi-options.7.gz", "usr/share/rpmi-slurm/", "644"],
 $(for doc in "${plugin_docs[@]}"; do printf '    ["%s", "usr/share/doc/rpmi-slurm/", "644"],\n' "$repo/$doc"; done)
 ]
 copyright = "2026, rpmi contributors"
