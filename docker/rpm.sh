@@ -4,16 +4,31 @@
 # package says of itself: that it requires exactly that Slurm release, puts mpi_rpmi.so in the PluginDir, and
 # carries the site's documents and the options' manual page.
 #
-#   docker/rpm.sh [--define "slurm_plugindir DIR"]...     (extra arguments go to rpmbuild)
+#   docker/rpm.sh [--slurm-from-source] [--check-only] [--define "slurm_plugindir DIR"]...
+#                                                         (--define and other arguments go to rpmbuild)
 #
 # On an EL build host with SchedMD's slurm-devel, cargo, clang-devel and lowdown installed, rpmbuild checks the
-# spec's BuildRequires. Where rpm knows no installed packages (Debian's rpm tools, installed here first), it
-# cannot, and builds with --nodeps: the package is made and read, not installed.
+# spec's BuildRequires, and the package requires that very slurm release. Where slurm-devel is no installed
+# RPM, a package that requires `slurm = X` could not install beside this Slurm, and rpm.sh refuses, saying so:
+#   --slurm-from-source   Slurm was built from source (`make install`) on the hosts the package goes to: the
+#                         package requires no slurm RPM, and goes into the PluginDir beside the headers'
+#                         prefix (PREFIX/lib/slurm or lib64/slurm, from PREFIX/include) unless slurm_plugindir
+#                         is defined; it says in its description which release it was built for;
+#   --check-only          the package is only made and read, not installed anywhere (this project's CI, with
+#                         Debian's rpm tools, which know no installed packages: rpmbuild runs with --nodeps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 
 die() { echo "rpm.sh: $*" >&2; exit 1; }
+from_source=0 check_only=0
+while (($#)); do
+  case $1 in
+    --slurm-from-source) from_source=1; shift ;;
+    --check-only) check_only=1; shift ;;
+    *) break ;;
+  esac
+done
 if ! command -v rpmbuild >/dev/null && command -v apt-get >/dev/null; then
   apt-get update
   apt-get install -y --no-install-recommends rpm lowdown
@@ -36,10 +51,28 @@ mkdir -p "$top/SOURCES"
 # The tracked files as they are now, committed or not.
 tree=$(git stash create)
 git archive --format=tar.gz --prefix="rpmi-$version/" -o "$top/SOURCES/rpmi-$version.tar.gz" "${tree:-HEAD}"
+defines=(--define "_topdir $top" --define "rpmi_version $version" --define "slurm_version $slurm"
+  --define "slurm_include $include")
 nodeps=()
-rpm -q slurm-devel >/dev/null 2>&1 || nodeps=(--nodeps)
-rpmbuild -ba "${nodeps[@]}" --define "_topdir $top" --define "rpmi_version $version" \
-  --define "slurm_version $slurm" --define "slurm_include $include" "$@" packaging/rpm/rpmi-slurm.spec >&2
+# Debian's rpm knows no installed packages: no BuildRequires can be checked.
+rpm -q rpm >/dev/null 2>&1 || nodeps=(--nodeps)
+if ((from_source)); then
+  defines+=(--define "slurm_from_source 1")
+  if [[ " $* " != *" slurm_plugindir "* ]]; then
+    prefix=${include%/include}
+    plugindir=
+    for d in "$prefix/lib/slurm" "$prefix/lib64/slurm"; do [[ -d $d ]] && plugindir=$d; done
+    [[ -n $plugindir || $check_only == 1 ]] ||
+      die "no $prefix/lib/slurm or lib64/slurm beside $include: give the PluginDir (--define \"slurm_plugindir DIR\")"
+    defines+=(--define "slurm_plugindir ${plugindir:-$prefix/lib/slurm}")
+  fi
+elif ! rpm -q slurm-devel >/dev/null 2>&1; then
+  ((check_only)) || die "slurm-devel is no installed RPM here (Slurm $slurm's headers are in $include), so a package \
+that requires slurm = $slurm could not install beside this Slurm. Where Slurm was built from source on the hosts the \
+package goes to, pass --slurm-from-source; to only make and read the package, --check-only."
+  nodeps=(--nodeps)
+fi
+rpmbuild -ba "${nodeps[@]}" "${defines[@]}" "$@" packaging/rpm/rpmi-slurm.spec >&2
 shopt -s nullglob
 rpms=("$top"/RPMS/*/rpmi-slurm-"$version"-*.rpm)
 ((${#rpms[@]} == 1)) || die "rpmbuild made ${#rpms[@]} binary packages, not one"
@@ -47,7 +80,12 @@ package=${rpms[0]}
 
 # What the package says of itself.
 requires=$(rpm -qpR "$package")
-grep -qx "slurm = $slurm" <<<"$requires" || die "$package does not require slurm = $slurm:"$'\n'"$requires"
+if ((from_source)); then
+  ! grep -q "^slurm" <<<"$requires" || die "$package, for a Slurm built from source, requires a slurm RPM:"$'\n'"$requires"
+  rpm -qp --qf '%{DESCRIPTION}' "$package" | grep -q "built from source" || die "$package does not say it is for a Slurm built from source"
+else
+  grep -qx "slurm = $slurm" <<<"$requires" || die "$package does not require slurm = $slurm:"$'\n'"$requires"
+fi
 files=$(rpm -qpl "$package")
 for f in /mpi_rpmi.so /man7/rpmi-options.7.gz /slurm.md /security.md /troubleshooting.md /LICENSE; do
   grep -q -- "$f\$" <<<"$files" || die "$package lacks $f:"$'\n'"$files"

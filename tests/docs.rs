@@ -854,3 +854,28 @@ mod unit {
         assert_eq!(page_options(page), BTreeSet::from(["-n".into(), "--ntasks".into()]));
     }
 }
+
+/// What a site admin reads before production is reached from the README's map, in the admin's own row:
+/// where the plugin must be installed, what `MpiDefault=rpmi` means, the way back to pmi2, what one job can
+/// make a node hold, and what to do when a job hangs at start-up (that each anchor is a heading of its page
+/// is `every_relative_link_resolves`'s to check).
+#[test]
+fn the_admins_path_is_linked_from_the_readmes_map() {
+    let readme = read("README.md");
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| Slurm site admin |"))
+        .expect("README.md's map has no Slurm site admin row");
+    let missing: Vec<String> = [
+        "docs/slurm.md#installing-on-every-node",
+        "docs/slurm.md#mpidefaultrpmi",
+        "docs/slurm.md#the-way-back-to-pmi2",
+        "docs/slurm.md#what-one-job-can-make-a-node-hold",
+        "docs/troubleshooting.md#the-job-hangs-at-start-up",
+    ]
+    .iter()
+    .filter(|target| !link_targets(row).iter().any(|t| t == *target))
+    .map(|target| format!("README.md: the Slurm site admin's row does not link {target}"))
+    .collect();
+    report("the admin's path", &missing);
+}
