@@ -18,7 +18,7 @@
 # libpmi.so.0 and libpmi2.so.0 (not Slurm's), and pass under rpmi-run and alone.
 # Both: the manual pages (docs/man, made by docker/man.sh) and the documentation are where each package puts
 # them, the pages roff that names itself; `man -w rpmi-options` finds the options' page with rpmi-slurm alone,
-# with both packages, and with rpmi alone (each offers it as an alternative; man-db is installed for that).
+# with both packages, and with rpmi alone (each offers it as an alternative).
 # Each step's time is said. Both packages are purged at the end (on a failure too) and their files checked gone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,7 +80,7 @@ man_page() {
 }
 options_page=/usr/share/man/man7/rpmi-options.7.gz
 
-command -v man >/dev/null || step "apt-get install man-db" sh -c 'apt-get update && apt-get install -y --no-install-recommends man-db'
+command -v man >/dev/null || die "man is missing (man-db): docker/slurm-plugin.sh installs it in its chroots"
 
 step "mpicc tests/programs/mpi_pairs.c" mpicc -O1 -o "$work/mpi_pairs" tests/programs/mpi_pairs.c
 pairs6='^mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged$'

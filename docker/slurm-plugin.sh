@@ -54,7 +54,7 @@ package_suite_of() {
 
 # What each chroot has installed: Slurm, munge and MPICH from Debian, and what the builds and tests run there.
 chroot_packages=(slurm-wlm slurm-client munge libslurm-dev mpich libmpich-dev gcc libc6-dev binutils procps psmisc
-  pkg-config)
+  pkg-config man-db)
 
 # Mounts what a chroot needs to run daemons and builds (idempotent); `release_chroot` undoes it.
 mount_chroot() {
