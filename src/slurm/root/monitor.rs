@@ -321,10 +321,15 @@ impl StepMonitor {
                     self.too_large(n, frame.len() + 1);
                     return false;
                 }
+                let waited = self.exchange();
                 if let Some(c) = &mut self.collective {
                     c.root.receive(n, frame);
                 }
                 self.pump();
+                // A first part: nodes wait in the exchange, and one that can no longer join it is at fault.
+                if waited.is_none() && self.exchange().is_some() {
+                    self.check_blocked();
+                }
                 true
             }
             Up::Joined { epoch } => {
@@ -645,10 +650,11 @@ impl StepMonitor {
         self.actions.push_back(Action::Debug(line));
     }
 
-    /// The exchange in progress: some node's shell has joined it.
+    /// The exchange in progress: some node's shell has joined it (its part has come, or it said so).
     fn exchange(&self) -> Option<u32> {
-        let epoch = self.collective.as_ref()?.root.epoch();
-        self.joined.contains(&Some(epoch)).then_some(epoch)
+        let root = &self.collective.as_ref()?.root;
+        let epoch = root.epoch();
+        (root.gathering() || self.joined.contains(&Some(epoch))).then_some(epoch)
     }
 
     /// An exchange cannot complete if a node whose shell has not joined it is gone, or a rank on such a node
@@ -908,6 +914,24 @@ mod tests {
         let e = errors(&drain(&mut w));
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(e[0].contains("rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize"));
+    }
+
+    /// A node's part that comes tells srun that nodes wait in the exchange, with no JOINED from any (a stepd
+    /// says it only once its shell has waited a while): a rank that left a node which has not joined is named
+    /// at once.
+    #[test]
+    fn a_part_come_tells_that_nodes_wait_and_a_rank_gone_is_named() {
+        let mut w = watch_of(3, false);
+        let part = crate::collective::frame::contrib(0, std::iter::once((0, &b"card"[..]))).unwrap();
+        assert!(w.message(0, Up::Collective(part)));
+        assert!(errors(&drain(&mut w)).is_empty());
+        assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: true }));
+        let e = errors(&drain(&mut w));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize"),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //! **Who joined.** srun tells a node that can no longer join an exchange others wait in (every rank on it
 //! gone, or one gone without finalize) from which exchange each node's shell joined last (JOINED). It hears
 //! that only when it matters, not from every node on every fence: when the shell has waited
-//! [`JOINED_AFTER`] in the exchange ([`NodeMonitor::waited_long`]), and before this node says that a rank or
-//! every rank is gone (GONE, BYE).
+//! [`JOINED_AFTER`] in the exchange ([`NodeMonitor::waited_long`]), before this node says that a rank or every
+//! rank is gone (GONE, BYE), and before it says the exchange cannot complete.
 
 use super::plan::{Place, LOGGED_TEXT_MAX};
 use crate::collective::groups::DoneParts;
@@ -436,6 +436,9 @@ impl NodeMonitor {
                     self.completion = Some(Err(escape_text(&self.named(&message), MESSAGE_MAX)));
                 }
                 Output::JobError { node, message } => {
+                    // srun first hears that this node waits in the exchange, so that it names a rank that left
+                    // a node which cannot join it, rather than the node alone.
+                    self.tell_joined();
                     let text = self.named(&message);
                     self.fault_of(node, text);
                 }
@@ -763,7 +766,7 @@ mod tests {
         let actions = drain(&mut w);
         assert!(!actions.iter().any(|a| matches!(a, NodeAction::Send { .. } | NodeAction::Drop(_))), "{actions:?}");
         match &reports(&actions)[..] {
-            [Up::Error { failed: true, message, .. }] => assert!(message.contains("n1")),
+            [Up::Joined { epoch: 0 }, Up::Error { failed: true, message, .. }] => assert!(message.contains("n1")),
             other => panic!("{other:?}"),
         }
         assert!(actions.contains(&NodeAction::AwaitEnd));
@@ -1002,7 +1005,11 @@ mod tests {
         let actions = drain(&mut w);
         assert_eq!(actions[0], NodeAction::Drop(Peer::Node(0)));
         let why = "the slurmstepd of n2 lost its connection to the slurmstepd of n1 during PMI exchange 0";
-        assert!(matches!(&reports(&actions)[..], [Up::Error { failed: true, message, .. }] if message == why));
+        // srun hears first that this node joined the exchange (it names whoever can no longer join it).
+        let reports = reports(&actions);
+        assert!(
+            matches!(&reports[..], [Up::Joined { epoch: 0 }, Up::Error { failed: true, message, .. }] if message == why)
+        );
         // srun may be cut off from this node as well: the node does not count on it.
         assert_eq!(ended_here(&actions), Some(why));
         // The child hears that the exchange failed.

@@ -49,6 +49,11 @@ impl Root {
         self.epoch
     }
 
+    /// Whether some node's part of the exchange in progress has come: nodes wait in it.
+    pub fn gathering(&self) -> bool {
+        self.gather.started()
+    }
+
     /// The largest frame the root takes from node `from`, for the transport to check a length before
     /// reading.
     pub fn frame_max(&self, from: u32) -> usize {
