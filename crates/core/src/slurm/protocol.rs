@@ -54,7 +54,7 @@ use std::sync::Arc;
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
 /// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run; 7 PMI 1.2's group
 /// exchanges; 8 a group's part without its member nodes; 9 a rank gone says whether it had spoken PMI; 10
-/// JOINED only once the shell has waited in the exchange, and ahead of GONE and BYE).
+/// JOINED only once the shell has waited in the exchange, and ahead of GONE, BYE and an ERROR of the exchange).
 pub const VERSION: u16 = 10;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
