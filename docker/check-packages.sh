@@ -123,9 +123,14 @@ refuse 'warning'
 man_page rpmi-slurm /usr/share/rpmi-slurm/rpmi-options.7.gz rpmi-options 7 "$options_page"
 
 # --- the way back to pmi2 (docs/slurm.md), a step running under rpmi meanwhile
-timeout 120 srun -Q --mpi=rpmi -N3 -n6 sh -c "sleep 3; exec $work/mpi_pairs" >"$work/running" 2>&1 &
+timeout 120 srun -Q --mpi=rpmi -N3 -n6 sh -c "echo started; sleep 3; exec $work/mpi_pairs" >"$work/running" 2>&1 &
 running=$!
-sleep 1
+# Every task runs (its srun and slurmstepds have loaded the plugin) before anything changes.
+for ((i = 0; i < 300; i++)); do
+  (($(grep -c '^started$' "$work/running") == 6)) && break
+  sleep 0.1
+done
+(($(grep -c '^started$' "$work/running") == 6)) || { cat "$work/running" >&2; die "the step under rpmi did not start"; }
 step "MpiDefault=pmi2, scontrol reconfigure" sh -c \
   'sed -i "s/^MpiDefault=.*/MpiDefault=pmi2/" "$SLURM_CONF" && scontrol reconfigure'
 step "dpkg -r rpmi-slurm, the step running" dpkg -r rpmi-slurm

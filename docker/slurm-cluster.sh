@@ -249,13 +249,14 @@ make_netns() {
   local i=$1 node=$2 ns host
   ns=$(netns_of "$node")
   host=rv${NETID}h$((i + 1))
-  ip netns add "$ns"
-  ip link add "$host" type veth peer name eth0 netns "$ns"
-  ip link set "$host" master "$BRIDGE" up
-  ip -n "$ns" addr add "$SUBNET.$((i + 2))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  ip -n "$ns" route add default via "$SUBNET.1"
+  # (start_once runs under `||`, where set -e does not hold: each step says when it fails.)
+  ip netns add "$ns" || die "ip netns add $ns failed"
+  ip link add "$host" type veth peer name eth0 netns "$ns" || die "no veth pair for $node"
+  ip link set "$host" master "$BRIDGE" up || die "$host cannot join $BRIDGE"
+  ip -n "$ns" addr add "$SUBNET.$((i + 2))/24" dev eth0 || die "no address for $node"
+  ip -n "$ns" link set eth0 up || die "eth0 of $node stays down"
+  ip -n "$ns" link set lo up || die "lo of $node stays down"
+  ip -n "$ns" route add default via "$SUBNET.1" || die "no route for $node"
   mkdir -p "$D/tmp/$node"
   chmod 1777 "$D/tmp/$node"
   # Where the node's /tmp will show the directories it keeps (those that lie under /tmp).
@@ -269,9 +270,13 @@ make_netns() {
 make_bridge() {
   need ip
   remove_netns
-  ip link add "$BRIDGE" type bridge
-  ip addr add "$SUBNET.1/24" dev "$BRIDGE"
-  ip link set "$BRIDGE" up
+  # The subnet comes from the state directory's name: another cluster's, or a network of this machine's,
+  # may have it already.
+  [[ -z $(ip -4 route show "$SUBNET.0/24") ]] ||
+    die "$SUBNET.0/24 is routed here already (another cluster, or this machine's network): use another RPMI_SLURM_DIR"
+  ip link add "$BRIDGE" type bridge || die "ip link add $BRIDGE failed"
+  ip addr add "$SUBNET.1/24" dev "$BRIDGE" || die "no address for $BRIDGE"
+  ip link set "$BRIDGE" up || die "$BRIDGE stays down"
 }
 
 # `sh -c AS_NODE - D NODE KEPT... -- COMMAND...`, in a mount namespace of its own, runs COMMAND as node NODE:

@@ -10,10 +10,12 @@
 #
 #   [RPMI_SLURM_PREFIX=DIR] [RPMI_SLURM_NODES=N] [RPMI_SLURM_NETNS=1] [RPMI_PLUGIN_NO_BUILD=1] \
 #     [RPMI_SLURM_MPI_CONF=FILE] docker/with-slurm.sh COMMAND [ARGS]...
-# RPMI_SLURM_NETNS=1 starts each node in a network namespace and with a /tmp of its own (slurm-cluster.sh --netns).
+# RPMI_SLURM_NETNS=1 starts each node in a network namespace and with a /tmp of its own (slurm-cluster.sh --netns):
+# the COMMAND's programs must then lie outside /tmp (a checkout under /tmp, or a test that builds into TMPDIR,
+# gives the nodes paths they cannot see).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-(($#)) || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+(($#)) || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 if [[ -n ${RPMI_SLURM_PREFIX:-} ]]; then
   export PATH=$RPMI_SLURM_PREFIX/sbin:$RPMI_SLURM_PREFIX/bin:$PATH
   export SLURM_INCLUDE_DIR=${SLURM_INCLUDE_DIR:-$RPMI_SLURM_PREFIX/include}

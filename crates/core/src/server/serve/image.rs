@@ -9,14 +9,24 @@
 //!
 //! A task may keep every image's file open, and with it the image's memory, which its host wrote and which
 //! no job may be charged for: so the images one server makes add up to the store's bound at most (beyond,
-//! the request is refused and tasks read the wire), and a fence that brought nothing new keeps the image
-//! of the one before rather than making another.
+//! the request is refused and tasks read the wire), each charged as the memory it takes ([`IMAGE_CHARGE`]),
+//! and a fence that brought nothing new keeps the image of the one before rather than making another.
 
 use super::{Protocol, Server};
 use crate::server::effect::TaskId;
 use crate::wire::image;
 use crate::wire::pmi2::Writer;
 use crate::wire::response::{rc, Line};
+
+/// What an image costs beside its bytes: its memory file takes whole pages (4 KiB at least), and the kernel's
+/// file for it about one more. An image of a few bytes is charged that, so that many small ones cannot pin
+/// more than the store's bound.
+const IMAGE_CHARGE: usize = 4096;
+
+/// The memory an image of `len` bytes is charged: its pages, and one for its file.
+fn charge(len: usize) -> usize {
+    len.div_ceil(IMAGE_CHARGE).saturating_add(1).saturating_mul(IMAGE_CHARGE)
+}
 
 #[derive(Default)]
 pub(super) struct Images {
@@ -27,7 +37,7 @@ pub(super) struct Images {
     /// The image of the store as the last fence left it, once asked for: the fence it was made after (an
     /// earlier one, where the fences since brought nothing), and its length.
     current: Option<(u64, usize)>,
-    /// Bytes of the images made so far, bounded by the store's bound.
+    /// The images made so far, as charged ([`charge`]): at most the store's bound.
     made: usize,
     /// That image is for the host to write.
     due: bool,
@@ -52,14 +62,16 @@ impl Server {
 
     /// The fence whose image the host is to write now ([`Server::write_kvs_image`]): asked for, not written.
     pub fn kvs_image_due(&self) -> Option<u64> {
-        self.images.due.then_some(self.images.fences)
+        self.images.current.filter(|_| self.images.due).map(|(fence, _)| fence)
     }
 
     /// Writes the image [`Server::kvs_image_due`] names to `out` (the node's memory file, which the host then
     /// seals and sends with the answers [`Server::kvs_image_attached`] names); it is due no more.
     pub fn write_kvs_image(&mut self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
         self.images.due = false;
-        image::write(out, self.images.fences, self.kvs.entries())
+        // The fence it was made after: a later one that brought nothing keeps it.
+        let fence = self.images.current.map_or(self.images.fences, |(fence, _)| fence);
+        image::write(out, fence, self.kvs.entries())
     }
 
     /// The fence whose image's memory file goes with the first byte of [`Server::output`] of `task`: the host
@@ -84,11 +96,11 @@ impl Server {
             None if images.changed => Err("the key-value space changed since the last fence"),
             None => match image::len_of(self.kvs.entries()) {
                 len if u32::try_from(len).is_err() => Err("the key-value space is too large for an image"),
-                len if images.made.saturating_add(len) > budget => {
-                    Err("the images of the key-value space made in this job reached the store's bound")
+                len if images.made.saturating_add(charge(len)) > budget => {
+                    Err("the images of the key-value space this server made reached its store's bound")
                 }
                 len => {
-                    images.made += len;
+                    images.made += charge(len);
                     images.current = Some((images.fences, len));
                     images.due = true;
                     Ok((images.fences, len))
