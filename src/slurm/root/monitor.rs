@@ -321,13 +321,15 @@ impl StepMonitor {
                     self.too_large(n, frame.len() + 1);
                     return false;
                 }
-                let waited = self.exchange();
+                // The exchange's first part: nodes wait in it, and one that can no longer join it is at fault.
+                let mut first = false;
                 if let Some(c) = &mut self.collective {
+                    first = !c.root.gathering();
                     c.root.receive(n, frame);
+                    first &= c.root.gathering();
                 }
                 self.pump();
-                // A first part: nodes wait in the exchange, and one that can no longer join it is at fault.
-                if waited.is_none() && self.exchange().is_some() {
+                if first {
                     self.check_blocked();
                 }
                 true
