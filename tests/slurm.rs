@@ -941,36 +941,37 @@ fn mpi_pairs_over_a_chain_of_stepds() {
     pairs_with("chain", &["-N3", "-n12", "-m", "cyclic"], 12, CHAIN);
 }
 
-/// srun sends each exchange's result to its k children in the tree only, once: at most k·S bytes (S: what
-/// the exchange gathered) and the frames' own (8 bytes a node, 14 a frame), as srun says with `-v`.
+/// No exchange passes through srun: node 0, the tree's top, sends each exchange's result to its k children
+/// only, once: at most k·S bytes (S: what the exchange gathered) and the frames' own (8 bytes a node, 14 a
+/// frame), as it says in the job's trace (`PMI_DEBUG`).
 #[test]
-fn srun_sends_each_result_to_its_children_in_the_tree_only() {
+fn the_top_sends_each_result_to_its_children_in_the_tree_only() {
     let _s = serial();
-    for (width, k) in [("1", 1), ("2", 2), ("3", 3)] {
-        let args = ["-v", "-N3", "-n6", probe(), "exchange", "--puts", "4", "--size", "500"];
-        let env = [("SLURM_RPMI_TREE_WIDTH", width)];
+    for (width, k) in [("1", 1), ("2", 2), ("3", 2)] {
+        let args = ["-N3", "-n6", probe(), "exchange", "--puts", "4", "--size", "500"];
+        let env = [("SLURM_RPMI_TREE_WIDTH", width), ("PMI_DEBUG", "1")];
         let run = Srun::start_with(&marker("fence-bytes"), "rpmi", &args, &env).wait();
         assert_success(&run);
         let fences: Vec<(u64, u64)> = run
             .stderr
             .lines()
             .filter_map(|l| {
-                let rest = l.split(": srun sent ").nth(1)?;
+                let rest = l.split(": node 0 sent ").nth(1)?;
                 let sent = rest.split(' ').next()?.parse().ok()?;
                 let gathered = rest.split("gathered ").nth(1)?.split(' ').next()?.parse().ok()?;
                 assert!(rest.contains(&format!("to its {k} children in the PMI tree")), "{l}");
                 Some((sent, gathered))
             })
             .collect();
-        assert!(!fences.is_empty(), "srun -v said nothing about its exchanges: {run}");
+        assert!(!fences.is_empty(), "the trace said nothing of the exchanges: {run}");
         for (sent, gathered) in &fences {
             assert!(
                 *sent <= k * (gathered + 8 * 3 + 14),
-                "width {width}: srun sent {sent} bytes for {gathered}: {run}"
+                "width {width}: node 0 sent {sent} bytes for {gathered}: {run}"
             );
         }
         let (sent, gathered) = fences.iter().max_by_key(|f| f.1).unwrap();
-        eprintln!("width {width}: the largest exchange gathered {gathered} bytes; srun sent {sent}");
+        eprintln!("width {width}: the largest exchange gathered {gathered} bytes; node 0 sent {sent}");
     }
 }
 
@@ -1697,12 +1698,20 @@ fn send_buffer_max() -> u64 {
 fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
     let _s = serial();
     let mark = marker("slow-srun");
-    // One rank per node puts more than its stepd's send buffer and srun's receive buffer hold together, so
-    // each stepd is still sending its part when srun's root, slowed by the shim, has stopped taking it.
+    // Ranks 0 and 1 (one a node) put more than a stepd's send buffer and srun's receive buffer hold together
+    // and enter a PMI 1.2 barrier of the two: a group exchange, whose parts go to srun (a star through it), so
+    // each stepd is still sending its part when srun, slowed by the shim, has stopped taking it. Rank 2 waits.
     const SIZE: u64 = 800;
-    let puts = ((send_buffer_max() + (2 << 20)) / SIZE).to_string();
-    let size = SIZE.to_string();
-    let args = ["-N3", "-n3", probe(), "exchange", "--puts", &puts, "--size", &size];
+    let puts = (send_buffer_max() + (2 << 20)) / SIZE;
+    let script = format!(
+        "ask() {{ printf '%s\\n' \"$1\" >&$PMI_FD; read -r -u $PMI_FD answer; }}
+         ask 'cmd=init pmi_version=1 pmi_subversion=2'
+         [ \"$PMI_RANK\" = 2 ] && exec sleep 600
+         ask cmd=get_my_kvsname; kvs=${{answer##*kvsname=}}; v=$(printf '%0{SIZE}d' 0)
+         for ((i = 0; i < {puts}; i++)); do ask \"cmd=put kvsname=$kvs key=k$PMI_RANK-$i value=$v\"; done
+         ask 'cmd=barrier_in group=0,1:7'"
+    );
+    let args = ["-N3", "-n3", "bash", "-c", &script];
     let preload = shim("slow_root");
     let preload = preload.to_str().unwrap();
     let mut run = Srun::start_with(&mark, "rpmi", &args, &[("LD_PRELOAD", preload)]);
@@ -1717,10 +1726,11 @@ fn a_slow_srun_does_not_hold_a_slurmstepd_past_its_step() {
     let var = |name| env_var(task, name).unwrap_or_else(|| panic!("no {name} in a task's environment"));
     let (job, step, port) = (var("SLURM_JOB_ID"), var("SLURM_STEP_ID"), var("RPMI_SLURM_PORT"));
     let port: u16 = port.parse().unwrap();
-    // Every task is in the barrier once its stepd is sending its part; the root takes a KiB now and then.
+    // Ranks 0 and 1 are in the barrier once their stepds are sending their parts; srun takes a KiB now and
+    // then.
     loop {
         let queues = send_queues_to(port);
-        if queues.len() == 3 && queues.iter().all(|&q| q >= 512 << 10) {
+        if queues.iter().filter(|&&q| q >= 512 << 10).count() == 2 {
             break;
         }
         assert!(Instant::now() < until, "the stepds never sent their parts to srun's root: send queues {queues:?}");
@@ -1847,22 +1857,22 @@ fn a_stopped_srun_does_not_grow_a_slurmstepd_and_a_failed_step_ends() {
     assert!(run.stderr.contains(want) || slurmd_logs().matches(want).count() > logged, "{run}");
 }
 
-/// A user's srun may send an exchange result no barrier asked for (tests/slurm/double_all.c sends every one
-/// twice): the slurmstepd (root) must refuse it, not keep it, and end the step, since its srun is not to be
-/// trusted any more.
+/// A user's srun may send a result of an exchange, which srun never does (tests/slurm/forged_all.c sends one
+/// to every node below node 0): the slurmstepd (root) must refuse it, not keep it, and end the step, since its
+/// srun is not to be trusted any more.
 #[test]
-fn an_exchange_result_no_barrier_waits_for_ends_the_step() {
+fn an_exchange_result_from_srun_ends_the_step() {
     let _s = serial();
-    let mark = marker("double-all");
+    let mark = marker("forged-all");
     let want = "srun sent the result of PMI exchange";
     let logged = slurmd_logs().matches(want).count();
-    let preload = shim("double_all");
+    let preload = shim("forged_all");
     let preload = preload.to_str().unwrap();
     let run = Srun::start_with(&mark, "rpmi", &["-N3", "-n3", probe(), "exchange"], &[("LD_PRELOAD", preload)]);
     let run = run.wait();
     cleanup(&mark);
-    assert!(!run.status.success(), "the step went on past a result no barrier waited for: {run}");
-    assert_ended_soon(&run, "an exchange result no barrier waits for");
+    assert!(!run.status.success(), "the step went on past a result from srun: {run}");
+    assert_ended_soon(&run, "an exchange result from srun");
     assert!(
         run.stderr.contains(want) || slurmd_logs().matches(want).count() > logged,
         "neither the job's stderr nor slurmd's log says `{want}`: {run}"
@@ -1954,13 +1964,14 @@ fn a_job_lowers_a_ceiling_and_sets_the_maxes() {
 #[test]
 fn the_plugins_own_variables_in_sruns_environment_are_not_options() {
     let _s = serial();
-    let args = ["-v", "-N3", "-n3", probe(), "exchange"];
+    let args = ["-N3", "-n3", probe(), "exchange"];
     let secret = "0".repeat(64);
-    let env = [("RPMI_SLURM_OPTIONS", "SLURM_RPMI_TREE_WIDTH=1"), ("RPMI_SLURM_SECRET", secret.as_str())];
+    let env =
+        [("RPMI_SLURM_OPTIONS", "SLURM_RPMI_TREE_WIDTH=1"), ("RPMI_SLURM_SECRET", secret.as_str()), ("PMI_DEBUG", "1")];
     let run = Srun::start_with(&marker("internal-vars"), "rpmi", &args, &env).wait();
     assert_success(&run);
-    // The default width makes 3 nodes a star (a chain, width 1, would give srun one child).
-    assert!(run.stderr.contains("to its 3 children in the PMI tree"), "{run}");
+    // The default width makes 3 nodes a star about node 0 (a chain, width 1, would give it one child).
+    assert!(run.stderr.contains("to its 2 children in the PMI tree"), "{run}");
 }
 
 #[test]

@@ -26,7 +26,7 @@
 
 use super::protocol::SPAWN_MAX;
 use super::trace::escape_text;
-use crate::collective::{Bound, Bounds};
+use crate::collective::{Bound, Bounds, Tree, TreeError};
 use crate::server::{Limits, REQUEST_LINE_CEILING};
 use std::ffi::CStr;
 use std::ops::RangeInclusive;
@@ -432,6 +432,12 @@ fn free(site: &Site, id: Id, asked: Option<u64>) -> u64 {
 /// every stepd's is the same).
 pub fn tree_width(site: &Site, job: &Job) -> u32 {
     free(site, Id::TreeWidth, job.get(Id::TreeWidth)) as u32
+}
+
+/// The tree of a step's `nodes` stepds with `width`: its top at node 0, so that no exchange passes through
+/// srun (measured in docs/slurm.md's "The PMI tree"), which hears only the control frames.
+pub fn step_tree(nodes: u32, width: u32) -> Result<Tree, TreeError> {
+    Tree::new(nodes, width).map(Tree::top_at_first_node)
 }
 
 impl Settings {

@@ -394,7 +394,7 @@ impl State {
     /// Handles every whole frame in node `node`'s input; false if its connection was dropped.
     fn frames(&mut self, node: u32) -> bool {
         loop {
-            let max = self.monitor.frame_max(node);
+            let max = self.monitor.frame_max();
             let Some(link) = self.link(node) else { return false };
             let kept = match link.next(max) {
                 Ok(None) => {
@@ -434,9 +434,9 @@ pub(super) mod tests {
     use super::*;
     use crate::collective::frame::{self, Frame};
     use crate::collective::Bound;
-    use crate::collective::{Peer, Tree};
     use crate::slurm::client;
     use crate::slurm::protocol::Down;
+    use crate::slurm::protocol::NameOp;
     use crate::slurm::uplink::{self, Hello};
     use std::io::{Read as _, Write};
     use std::net::{SocketAddr, TcpStream};
@@ -515,9 +515,10 @@ pub(super) mod tests {
         (root, record, stepds)
     }
 
-    /// What node `node`'s stepd says in its HELLO in a star.
+    /// What node `node`'s stepd says in its HELLO in a star about node 0, which listens for the others.
     fn hello(node: u32) -> Hello {
-        Hello { node, to: auth::ROOT, port: 0, width: STAR }
+        let port = if node == 0 { 20000 } else { 0 };
+        Hello { node, to: auth::ROOT, port, width: STAR }
     }
 
     /// A stepd admitted as `hello` says, through the stepd's own handshake.
@@ -536,23 +537,30 @@ pub(super) mod tests {
         m.encode().unwrap()
     }
 
-    /// A CONTRIB of `parts`, as a stepd sends it.
-    fn contrib(epoch: u32, parts: &[(u32, &[u8])]) -> Vec<u8> {
-        frame(Up::Collective(frame::contrib(epoch, parts.iter().copied()).unwrap()))
-    }
-
-    /// Node `node`'s shell joins exchange `epoch` with `bytes`: JOINED, then its CONTRIB.
-    fn join_exchange(s: &mut TcpStream, epoch: u32, node: u32, bytes: &[u8]) {
+    /// The node's shell has waited in exchange `epoch` (JOINED): its parts go to node 0, not to srun.
+    fn join_exchange(s: &mut TcpStream, epoch: u32) {
         s.write_all(&frame(Up::Joined { epoch })).unwrap();
-        s.write_all(&contrib(epoch, &[(node, bytes)])).unwrap();
     }
 
+    /// The next frame srun sends on `s`, past where the node's parent listens (PARENT).
     fn receive(s: &mut TcpStream) -> Down {
-        let mut len = [0u8; 4];
-        s.read_exact(&mut len).unwrap();
-        let mut p = vec![0; u32::from_be_bytes(len) as usize];
-        s.read_exact(&mut p).unwrap();
-        Down::decode(&p).unwrap()
+        loop {
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).unwrap();
+            let mut p = vec![0; u32::from_be_bytes(len) as usize];
+            s.read_exact(&mut p).unwrap();
+            match Down::decode(&p).unwrap() {
+                Down::Parent { .. } => {}
+                down => return down,
+            }
+        }
+    }
+
+    /// srun serves node `s` (for its local task `task`, a name lookup is answered): the step goes on.
+    fn served(s: &mut TcpStream, task: u32) {
+        let lookup = Up::Name { task, op: NameOp::Lookup, name: "service".into(), port: String::new() };
+        s.write_all(&frame(lookup)).unwrap();
+        assert!(matches!(receive(s), Down::Answer { task: t, .. } if t == task));
     }
 
     /// The next collective frame srun sends on `s`.
@@ -569,28 +577,20 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn every_node_gets_every_part_each_epoch() {
+    fn srun_serves_every_node_and_ends_the_step_normally() {
         let (root, record, mut s) = connected(3);
-        for epoch in 0..3u32 {
-            for (n, c) in s.iter_mut().enumerate().rev() {
-                join_exchange(c, epoch, n as u32, format!("e{epoch}n{n}").as_bytes());
-            }
-            for c in s.iter_mut() {
-                let Frame::All { epoch: e, parts } = collective(c) else { panic!("not ALL") };
-                assert_eq!(e, epoch);
-                let want: Vec<(u32, Vec<u8>)> = (0..3).map(|n| (n, format!("e{epoch}n{n}").into_bytes())).collect();
-                assert_eq!(parts.iter().map(|(n, b)| (n, b.to_vec())).collect::<Vec<_>>(), want);
-            }
+        for (n, c) in s.iter_mut().enumerate() {
+            served(c, n as u32);
         }
-        s[0].write_all(&frame(Up::Bye)).unwrap();
         s[1].write_all(&frame(Up::Bye)).unwrap();
+        s[2].write_all(&frame(Up::Bye)).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(root.stop(), Outcome::default());
-        // A node still connected when srun is done hears so before the close: the collective's END, then
-        // srun's own.
-        assert_eq!(collective(&mut s[2]), Frame::End);
-        assert_eq!(receive(&mut s[2]), Down::End);
-        assert!(closed(&mut s[2]));
+        // Node 0, the tree's top and srun's one child in it, still connected when srun is done, hears so before
+        // the close: the collective's END (for the whole tree), then srun's own.
+        assert_eq!(collective(&mut s[0]), Frame::End);
+        assert_eq!(receive(&mut s[0]), Down::End);
+        assert!(closed(&mut s[0]));
         assert!(record.lines().iter().all(|l| !l.starts_with("error")), "{:?}", record.lines());
     }
 
@@ -610,10 +610,7 @@ pub(super) mod tests {
         // Every node is in: the port is closed to everyone, the right secret too.
         assert!(TcpStream::connect(addr).is_err(), "the collective port still takes connections");
         for (n, c) in s.iter_mut().enumerate() {
-            join_exchange(c, 0, n as u32, b"x");
-        }
-        for c in s.iter_mut() {
-            assert!(matches!(collective(c), Frame::All { epoch: 0, .. }));
+            served(c, n as u32);
         }
         assert_eq!(root.stop(), Outcome::default());
         let lines = record.lines();
@@ -659,8 +656,7 @@ pub(super) mod tests {
         let joined = uplink::join(&[relay_addr], &hello(0), &secret, Duration::from_secs(20), "srun", uplink::sleep);
         let mut s = joined.unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        join_exchange(&mut s, 0, 0, b"a");
-        assert!(matches!(collective(&mut s), Frame::All { .. }));
+        served(&mut s, 0);
         s.write_all(&frame(Up::Bye)).unwrap();
         drop(s);
         assert_eq!(root.stop(), Outcome::default());
@@ -689,12 +685,8 @@ pub(super) mod tests {
             .collect();
         let mut conns: Vec<TcpStream> = stepds.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
         for (n, c) in conns.iter_mut().enumerate() {
-            join_exchange(c, 0, n as u32, b"p");
-        }
-        for c in conns.iter_mut() {
             c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let Frame::All { parts, .. } = collective(c) else { panic!("not ALL") };
-            assert_eq!(parts.len(), nodes);
+            served(c, n as u32);
         }
         for c in conns.iter_mut() {
             c.write_all(&frame(Up::Bye)).unwrap();
@@ -714,10 +706,7 @@ pub(super) mod tests {
             .collect();
         let mut s: Vec<TcpStream> = (0..nodes as u32).map(|n| stepd(root.port(), n, &secret)).collect();
         for (n, c) in s.iter_mut().enumerate() {
-            join_exchange(c, 0, n as u32, b"x");
-        }
-        for c in s.iter_mut() {
-            assert!(matches!(collective(c), Frame::All { .. }));
+            served(c, n as u32);
         }
         assert_eq!(root.stop(), Outcome::default());
         drop(idle);
@@ -745,57 +734,24 @@ pub(super) mod tests {
         root.stop();
     }
 
+    /// srun takes no exchange's parts: every exchange turns at node 0, which checks their bounds.
     #[test]
-    fn a_part_over_its_bound_ends_the_step_naming_node_size_and_option() {
+    fn an_exchanges_parts_sent_to_srun_end_the_step() {
         let (root, record, mut s) = connected(2);
-        s[1].write_all(&frame(Up::Joined { epoch: 0 })).unwrap();
-        // srun drops the connection once it has read the length: the rest of the frame may not go.
-        let _ = s[1].write_all(&contrib(0, &[(1, &vec![b'x'; PART_MAX.bytes + 1])]));
-        let error = record.wait_for("RPMI_TEST_PART_MAX");
-        // The frame: its kind, then a CONTRIB of one part (its kind, epoch, count, node and length).
-        let len = PART_MAX.bytes + 1 + 1 + 17;
-        assert!(error.starts_with("error: the slurmstepd of n2 sent"), "{error}");
-        assert!(error.contains(&len.to_string()) && error.contains(&PART_MAX.bytes.to_string()), "{error}");
-        assert!(root.stop().ended);
-    }
-
-    #[test]
-    fn a_part_over_a_bound_smaller_than_a_control_frame_ends_the_step() {
-        let secret = crate::slurm::random::secret().unwrap();
-        let mut small = step(2, &secret);
-        small.bounds.part_max = Bound { bytes: 100, option: "RPMI_TEST_PART_MAX" };
-        let (root, record) = start(small);
-        let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
-        join_exchange(&mut s[0], 0, 0, &[b'x'; 200]);
-        let error = record.wait_for("a part of 200 bytes");
+        let part = frame::contrib(0, std::iter::once((0, &b"card"[..]))).unwrap();
+        s[0].write_all(&frame(Up::Collective(part))).unwrap();
+        let error = record.wait_for("error: ");
         assert!(
-            error.contains("the slurmstepd of n1") && error.contains("over the limit of 100 bytes per node"),
+            error.contains("the slurmstepd of n1 sent parts of PMI exchange 0 to srun, which takes no parts"),
             "{error}"
         );
         assert!(root.stop().ended);
-    }
-
-    #[test]
-    fn the_node_whose_part_is_refused_hears_why() {
-        let secret = crate::slurm::random::secret().unwrap();
-        let mut small = step(2, &secret);
-        small.bounds.exchange_max = Bound { bytes: 100, option: "RPMI_TEST_EXCHANGE_MAX" };
-        let (root, _record) = start(small);
-        let mut s: Vec<TcpStream> = (0..2).map(|n| stepd(root.port(), n, &secret)).collect();
-        join_exchange(&mut s[0], 0, 0, &[b'x'; 200]);
-        let Frame::Fail { message, .. } = collective(&mut s[0]) else { panic!("no FAIL") };
-        assert!(message.contains("RPMI_TEST_EXCHANGE_MAX"), "{message}");
-        assert!(root.stop().ended);
-    }
-
-    #[test]
-    fn an_exchange_over_its_bound_ends_the_step() {
-        let (root, record, mut s) = connected(4);
-        for (n, c) in s.iter_mut().enumerate() {
-            join_exchange(c, 0, n as u32, &vec![b'x'; PART_MAX.bytes]);
-        }
-        record.wait_for("RPMI_TEST_EXCHANGE_MAX");
-        assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
+        // A frame over what srun takes is refused by its length, unread.
+        let (root, record, mut s) = connected(2);
+        let large = frame::contrib(0, std::iter::once((1, &vec![b'x'; 1 << 20][..]))).unwrap();
+        let _ = s[1].write_all(&frame(Up::Collective(large)));
+        let error = record.wait_for("error: ");
+        assert!(error.contains("the slurmstepd of n2 sent srun a frame of") && error.contains("more than it takes"));
         assert!(root.stop().ended);
     }
 
@@ -805,17 +761,17 @@ pub(super) mod tests {
         let (root, record) = root(2, &secret);
         let mut a = stepd(root.port(), 0, &secret);
         let mut b = stepd(root.port(), 1, &secret);
-        join_exchange(&mut b, 0, 1, b"");
-        a.write_all(&frame(Up::Abort { rank: 0, code: 7, message: "oops".into() })).unwrap();
-        // The node waiting in the exchange is released with a failure.
-        assert!(matches!(collective(&mut b), Frame::Fail { epoch: 0, .. }));
-        a.write_all(&frame(Up::Error { rank: 1, failed: false, message: "later".into() })).unwrap();
+        join_exchange(&mut b, 0);
+        b.write_all(&frame(Up::Abort { rank: 1, code: 7, message: "oops".into() })).unwrap();
+        // The tree's top hears the failure, to pass it down to every node waiting in the exchange.
+        assert!(matches!(collective(&mut a), Frame::Fail { .. }));
+        a.write_all(&frame(Up::Error { rank: 0, failed: false, message: "later".into() })).unwrap();
         record.wait_for("debug: later (on n1)");
         let outcome = root.stop();
         assert_eq!(outcome, Outcome { abort_code: Some(7), ended: true, ..Outcome::default() });
         let lines = record.lines();
         assert_eq!(lines.iter().filter(|l| l.starts_with("error")).count(), 1, "{lines:?}");
-        assert!(lines[0].contains("rank 0 on n1 called PMI_Abort with exit code 7: oops"), "{lines:?}");
+        assert!(lines[0].contains("rank 1 on n2 called PMI_Abort with exit code 7: oops"), "{lines:?}");
         assert_eq!(lines.iter().filter(|l| *l == "end").count(), 1);
     }
 
@@ -832,7 +788,7 @@ pub(super) mod tests {
     #[test]
     fn a_lost_node_mid_exchange_ends_the_step() {
         let (root, record, mut s) = connected(3);
-        join_exchange(&mut s[0], 0, 0, b"a");
+        join_exchange(&mut s[0], 0);
         drop(s.remove(2));
         assert!(matches!(collective(&mut s[0]), Frame::Fail { .. }));
         // Whether the root saw the close before the contribution or after, the exchange fails and says why.
@@ -848,8 +804,7 @@ pub(super) mod tests {
         let mut half = TcpStream::connect(("127.0.0.1", root.port())).unwrap();
         half.write_all(&[0, 0, 0, 43, 1, b'R']).unwrap();
         let mut a = stepd(root.port(), 0, &secret);
-        join_exchange(&mut a, 0, 0, b"a");
-        assert!(matches!(collective(&mut a), Frame::All { .. }));
+        served(&mut a, 0);
         assert_eq!(root.stop(), Outcome::default());
     }
 
@@ -881,48 +836,6 @@ pub(super) mod tests {
         let other = Hello { width: 7, ..hello(0) };
         assert!(uplink::join(&[addr], &other, &secret, Duration::from_millis(200), "srun", uplink::sleep).is_err());
         fixed.stop();
-    }
-
-    /// srun sends each of its k children the exchange's result once: k·S bytes and the frames' own (8 bytes a
-    /// node, 14 a frame), however many nodes are below them.
-    #[test]
-    fn srun_sends_k_results_per_exchange_whatever_the_node_count() {
-        let (nodes, width) = (6u32, 2u32);
-        let secret = crate::slurm::random::secret().unwrap();
-        let (root, record) = tree_step(nodes as usize, &secret);
-        let mut s: Vec<TcpStream> = (0..nodes).map(|n| tree_stepd(root.port(), n, width, &secret)).collect();
-        for c in &mut s[2..] {
-            assert!(matches!(receive(c), Down::Parent { .. }));
-        }
-        let tree = Tree::new(nodes, width).unwrap();
-        let part = |n: u32| vec![n as u8; 1000 + n as usize];
-        for n in 0..nodes {
-            s[n as usize].write_all(&frame(Up::Joined { epoch: 0 })).unwrap();
-        }
-        // Each of srun's children sends its whole subtree's parts.
-        for c in tree.children(Peer::Root) {
-            let parts: Vec<(u32, Vec<u8>)> = tree.subtree(c).nodes().map(|n| (n, part(n))).collect();
-            let parts: Vec<(u32, &[u8])> = parts.iter().map(|(n, b)| (*n, b.as_slice())).collect();
-            s[c as usize].write_all(&contrib(0, &parts)).unwrap();
-        }
-        let total: usize = (0..nodes).map(|n| part(n).len()).sum();
-        let mut received = 0;
-        for c in tree.children(Peer::Root) {
-            let Down::Collective(all) = receive(&mut s[c as usize]) else { panic!("no result") };
-            received += 5 + all.len();
-            let Ok(Frame::All { parts, .. }) = Frame::decode(&all, usize::MAX) else { panic!("not ALL") };
-            assert_eq!(parts.bytes(), total);
-        }
-        let line = record.wait_for("PMI exchange 0: srun sent");
-        let sent: usize = line.split("srun sent ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-        assert_eq!(sent, received);
-        let k = width as usize;
-        assert!(sent <= k * (total + 8 * nodes as usize + 14), "{line}");
-        assert!(line.contains(&format!("gathered {total} bytes from {nodes} nodes")), "{line}");
-        // The nodes below srun's children hear nothing from srun.
-        s[4].set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-        assert!(s[4].read(&mut [0u8; 1]).is_err());
-        assert_eq!(root.stop(), Outcome::default());
     }
 
     /// Makes [`an_accept_failing_for_want_of_fds_does_not_make_the_root_spin`] run as the child that serves (the

@@ -21,9 +21,10 @@ use super::super::protocol::{Down, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
 use super::super::spawn::{Asker, SrunEvent};
 use super::Outcome;
 use crate::collective::groups::DoneParts;
-use crate::collective::{self, frame::Frame, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
+use crate::collective::{self, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
 use crate::server::{Names, TaskMap};
 use crate::slurm::layout::with_node_names;
+use crate::slurm::options::step_tree;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,18 +97,9 @@ struct Collective {
 
 impl Collective {
     fn new(nodes: usize, width: u32, bounds: Bounds, width_from: Option<u32>) -> Result<Collective, String> {
-        let tree = Tree::new(nodes as u32, width).map_err(|e| e.to_string())?;
+        let tree = step_tree(nodes as u32, width).map_err(|e| e.to_string())?;
         Ok(Collective { tree, root: collective::Root::new(tree, bounds), width_from })
     }
-}
-
-/// What srun sent its children in the tree since the exchange in progress began, for a debug line.
-#[derive(Default)]
-struct Fence {
-    epoch: u32,
-    sent: u64,
-    /// The last result sent, and the bytes of its parts.
-    result: Option<(Bytes, usize)>,
 }
 
 /// srun's monitor of one step.
@@ -116,15 +108,16 @@ pub struct StepMonitor {
     nodes: Vec<NodeState>,
     /// Where each admitted node listens for its children.
     ports: Vec<u16>,
-    /// The exchange each node's shell joined last.
+    /// The exchange each node's shell said it joined last (JOINED).
     joined: Vec<Option<u32>>,
+    /// The latest of those a node said completed (COMPLETED).
+    completed: Option<u32>,
     /// The nodes whose tasks have all sent a PMI line (STARTED), and how many have not.
     started: Vec<bool>,
     unstarted: usize,
     collective: Option<Collective>,
     /// PMI 1.2's group exchanges, a star through srun.
     groups: GroupRoot,
-    fence: Fence,
     /// Ranks that closed their connection without finalize, with their node.
     gone: Vec<(u32, u32)>,
     /// Ranks that closed it after finalize, with their node: no group barrier can wait for them.
@@ -158,11 +151,11 @@ impl StepMonitor {
             nodes: vec![NodeState::default(); n],
             ports: vec![0; n],
             joined: vec![None; n],
+            completed: None,
             started: vec![false; n],
             unstarted: n,
             collective,
             groups,
-            fence: Fence::default(),
             gone: Vec::new(),
             finalized: Vec::new(),
             gone_seen: vec![false; size],
@@ -257,38 +250,18 @@ impl StepMonitor {
         self.fatal(what, None);
     }
 
-    /// The largest frame node `node` may send: a control frame, or for srun's children in the tree their
-    /// subtree's parts of one exchange.
-    pub fn frame_max(&self, node: u32) -> usize {
-        let collective = self.collective.as_ref().map_or(0, |c| c.root.frame_max(node) + 1);
-        CONTROL_MAX.max(SPAWN_FRAME_MAX).max(collective).max(self.groups.contribution_max() + 1)
+    /// The largest frame a node may send: a control frame, a spawn request or a group exchange's part. No
+    /// exchange's parts come to srun: the tree's top is node 0.
+    pub fn frame_max(&self) -> usize {
+        CONTROL_MAX.max(SPAWN_FRAME_MAX).max(self.groups.contribution_max() + 1)
     }
 
     /// Node `node` sent a frame of `len` bytes, over [`Self::frame_max`]: refused unread, and the step ends.
     pub fn too_large(&mut self, node: u32, len: usize) {
-        let what = self.too_large_why(node, len);
+        let what =
+            format!("the slurmstepd of {} sent srun a frame of {len} bytes, more than it takes", self.node_name(node));
         self.fatal(what, None);
         self.disconnected(node);
-    }
-
-    fn too_large_why(&self, node: u32, len: usize) -> String {
-        let name = self.node_name(node);
-        let Some(c) = self.collective.as_ref().filter(|c| c.tree.is_child(Peer::Root, node)) else {
-            return format!("the slurmstepd of {name} sent srun a frame of {len} bytes, more than a control frame");
-        };
-        let (part, all) = (self.shape.bounds.part_max, self.shape.bounds.exchange_max);
-        match c.tree.subtree(node).size() {
-            1 => format!(
-                "the slurmstepd of {name} sent {len} bytes for one PMI exchange, over the limit of {} bytes per node \
-                 ({})",
-                part.bytes, part.option
-            ),
-            size => format!(
-                "the slurmstepd of {name} sent {len} bytes for one PMI exchange of the {size} nodes it gathers, over \
-                 the limit of {} bytes per node ({}) or {} in all ({})",
-                part.bytes, part.option, all.bytes, all.option
-            ),
-        }
     }
 
     /// Node `node` sent a frame that does not decode (`what` says why).
@@ -316,27 +289,27 @@ impl StepMonitor {
                 false
             }
             Up::Collective(frame) => {
-                // The link takes frames as large as a group exchange's part: an exchange's are bounded here.
+                // The link takes frames as large as a group exchange's part: the collective's (control frames
+                // only: srun takes no exchange's parts) are bounded here.
                 if self.collective.as_ref().is_some_and(|c| frame.len() > c.root.frame_max(n)) {
                     self.too_large(n, frame.len() + 1);
                     return false;
                 }
-                // The exchange's first part: nodes wait in it, and one that can no longer join it is at fault.
-                let mut first = false;
                 if let Some(c) = &mut self.collective {
-                    first = !c.root.gathering();
                     c.root.receive(n, frame);
-                    first &= c.root.gathering();
                 }
                 self.pump();
-                if first {
-                    self.check_blocked();
-                }
                 true
             }
             Up::Joined { epoch } => {
                 self.joined[n as usize] = Some(epoch);
                 self.check_blocked();
+                true
+            }
+            Up::Completed { epoch } => {
+                if self.joined[n as usize] == Some(epoch) {
+                    self.completed = Some(self.completed.map_or(epoch, |c| c.max(epoch)));
+                }
                 true
             }
             Up::Started => {
@@ -610,13 +583,7 @@ impl StepMonitor {
         while let Some(output) = self.collective.as_mut().and_then(|c| c.root.poll()) {
             match output {
                 Output::Send { to: Peer::Node(node), frame } => {
-                    self.fence.sent += 5 + frame.len() as u64;
-                    if !self.fence.result.as_ref().is_some_and(|(r, _)| Arc::ptr_eq(r, &frame)) {
-                        if let Ok(Frame::All { parts, .. }) = Frame::decode(&frame, usize::MAX) {
-                            self.fence.result = Some((frame.clone(), parts.bytes()));
-                        }
-                    }
-                    self.actions.push_back(Action::SendCollective { node, frame });
+                    self.actions.push_back(Action::SendCollective { node, frame })
                 }
                 Output::Report { from, bytes } => {
                     let what = format!("{} (on {})", String::from_utf8_lossy(&bytes), self.node_name(from));
@@ -629,34 +596,14 @@ impl StepMonitor {
                 Output::Send { to: Peer::Root, .. } | Output::Done { .. } | Output::Failed { .. } => {}
             }
         }
-        self.note_fence();
     }
 
-    /// Says, at debug level, what srun sent for each exchange that completed.
-    fn note_fence(&mut self) {
-        let Some(c) = &self.collective else { return };
-        let epoch = c.root.epoch();
-        if epoch == self.fence.epoch {
-            return;
-        }
-        let children = c.tree.children(Peer::Root).len();
-        let gathered = self.fence.result.as_ref().map_or(0, |(_, bytes)| *bytes);
-        let line = format!(
-            "PMI exchange {}: srun sent {} bytes to its {children} children in the PMI tree; the exchange gathered \
-             {gathered} bytes from {} nodes",
-            self.fence.epoch,
-            self.fence.sent,
-            self.nodes.len()
-        );
-        self.fence = Fence { epoch, ..Fence::default() };
-        self.actions.push_back(Action::Debug(line));
-    }
-
-    /// The exchange in progress: some node's shell has joined it (its part has come, or it said so).
+    /// The exchange in progress, as far as srun knows: the latest one a node's shell said it joined, until a
+    /// node says it completed. srun takes no part in exchanges (the tree's top is node 0), and hears of one
+    /// only from a node that waited in it ([`Up::Joined`]).
     fn exchange(&self) -> Option<u32> {
-        let root = &self.collective.as_ref()?.root;
-        let epoch = root.epoch();
-        (root.gathering() || self.joined.contains(&Some(epoch))).then_some(epoch)
+        let epoch = self.joined.iter().flatten().max().copied()?;
+        self.completed.is_none_or(|c| c < epoch).then_some(epoch)
     }
 
     /// An exchange cannot complete if a node whose shell has not joined it is gone, or a rank on such a node
@@ -771,14 +718,15 @@ fn cannot_join(state: NodeState) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::Bound;
+    use crate::collective::{frame::Frame, Bound};
 
     const BOUNDS: Bounds = Bounds {
         part_max: Bound { bytes: 1 << 20, option: "RPMI_TEST_PART_MAX" },
         exchange_max: Bound { bytes: 3 << 20, option: "RPMI_TEST_EXCHANGE_MAX" },
     };
 
-    /// A step of `nodes` nodes, one rank each, as a star, every node connected.
+    /// A step of `nodes` nodes, one rank each, as a star about node 0 (which listens for the others), every
+    /// node connected.
     fn watch_of(nodes: usize, spawned: bool) -> StepMonitor {
         let shape = Shape {
             node_names: (1..=nodes).map(|n| format!("n{n}")).collect(),
@@ -790,9 +738,13 @@ mod tests {
         };
         let mut w = StepMonitor::new(shape).unwrap();
         for n in 0..nodes as u32 {
-            assert!(w.admit(n, nodes as u32, 0).is_some());
-            w.connected(n, 0);
+            let port = if n == 0 { 20000 } else { 0 };
+            assert!(w.admit(n, nodes as u32, port).is_some());
+            w.connected(n, port);
         }
+        // Where node 0 listens, for the others.
+        let parents = drain(&mut w);
+        assert!(parents.iter().all(|a| matches!(a, Action::Send { .. })), "{parents:?}");
         w
     }
 
@@ -816,11 +768,10 @@ mod tests {
         said(actions).into_iter().filter(|l| l.starts_with("error: ")).collect()
     }
 
-    /// Node `node` joins exchange `epoch` with part `bytes`, as a stepd does (JOINED, then its CONTRIB).
-    fn join(w: &mut StepMonitor, node: u32, epoch: u32, bytes: &[u8]) {
+    /// Node `node`'s shell has waited in exchange `epoch` (JOINED): srun hears no parts, the tree's top is
+    /// node 0.
+    fn join(w: &mut StepMonitor, node: u32, epoch: u32) {
         assert!(w.message(node, Up::Joined { epoch }));
-        let part = crate::collective::frame::contrib(epoch, std::iter::once((node, bytes))).unwrap();
-        assert!(w.message(node, Up::Collective(part)));
     }
 
     /// A chain of `nodes` nodes (srun, n1, n2, ...), every node connected and told where its parent listens.
@@ -848,7 +799,7 @@ mod tests {
     fn an_exchange_a_finished_node_cannot_join_fails_down_the_tree() {
         let mut w = watch_of(2, false);
         assert!(!w.message(1, Up::Bye));
-        join(&mut w, 0, 0, b"a");
+        join(&mut w, 0, 0);
         let actions = drain(&mut w);
         assert!(fails(&actions, 0), "{actions:?}");
         assert!(errors(&actions)[0].contains("ranks wait in a PMI barrier that n2 cannot join: every rank on it"));
@@ -861,7 +812,7 @@ mod tests {
         assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: false }));
         assert!(!w.message(1, Up::Bye));
         assert!(!drain(&mut w).contains(&Action::EndStep), "no exchange yet");
-        join(&mut w, 0, 0, b"a");
+        join(&mut w, 0, 0);
         let actions = drain(&mut w);
         assert!(fails(&actions, 0), "{actions:?}");
         let e = errors(&actions);
@@ -918,16 +869,18 @@ mod tests {
         assert!(e[0].contains("rank 1 on n2 closed its PMI connection (exited or crashed) without PMI_Finalize"));
     }
 
-    /// A node's part that comes tells srun that nodes wait in the exchange, with no JOINED from any (a stepd
-    /// says it only once its shell has waited a while): a rank that left a node which has not joined is named
-    /// at once.
+    /// srun takes no part in exchanges: it knows one is in progress from a node that said it waits in it
+    /// (JOINED), until a node says it completed (COMPLETED). A rank that leaves after that is not blamed for
+    /// a barrier nobody waits in; once a node waits in the next, it is.
     #[test]
-    fn a_part_come_tells_that_nodes_wait_and_a_rank_gone_is_named() {
+    fn an_exchange_said_completed_waits_no_more() {
         let mut w = watch_of(3, false);
-        let part = crate::collective::frame::contrib(0, std::iter::once((0, &b"card"[..]))).unwrap();
-        assert!(w.message(0, Up::Collective(part)));
-        assert!(errors(&drain(&mut w)).is_empty());
+        assert!(w.message(0, Up::Joined { epoch: 0 }));
+        assert!(w.message(2, Up::Completed { epoch: 0 }), "a node that did not say it joined is ignored");
+        assert!(w.message(0, Up::Completed { epoch: 0 }));
         assert!(w.message(1, Up::Gone { rank: 1, finalized: false, spoke: true }));
+        assert!(errors(&drain(&mut w)).is_empty());
+        assert!(w.message(2, Up::Joined { epoch: 1 }));
         let e = errors(&drain(&mut w));
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(
@@ -1061,9 +1014,9 @@ mod tests {
         w.connected(0, 4321);
         let parent = Down::Parent { port: 4321 }.encode().unwrap();
         assert_eq!(drain(&mut w), [Action::Send { node: 1, frame: parent }]);
-        // Width 2 over 5 nodes: 0 and 1 are srun's children, 2 and 3 node 0's, 4 node 1's. The child that came
+        // Width 2 over 5 nodes: node 0 is the top, 1 and 2 its children, 3 and 4 node 1's. The child that came
         // first hears where its parent listens when the parent comes; one after its parent at once; one whose
-        // parent finished first, that it did; srun's children hear nothing of parents.
+        // parent finished first, that it did; node 0 hears nothing of parents.
         let mut w = StepMonitor::new(Shape { width: Some(2), ..watch_of(5, false).shape }).unwrap();
         let come = |w: &mut StepMonitor, n: u32| {
             assert!(w.admit(n, 2, 20000 + n as u16).is_some());
@@ -1074,8 +1027,9 @@ mod tests {
         assert!(come(&mut w, 4).is_empty());
         assert!(come(&mut w, 0).is_empty());
         assert_eq!(come(&mut w, 2), [Action::Send { node: 2, frame: parent(20000) }]);
-        assert_eq!(come(&mut w, 1), [Action::Send { node: 4, frame: parent(20001) }]);
-        assert!(!w.message(0, Up::Bye));
+        let both = [Action::Send { node: 1, frame: parent(20000) }, Action::Send { node: 4, frame: parent(20001) }];
+        assert_eq!(come(&mut w, 1), both);
+        assert!(!w.message(1, Up::Bye));
         drain(&mut w);
         assert_eq!(come(&mut w, 3), [Action::Send { node: 3, frame: Down::ParentDone.encode().unwrap() }]);
         // A parent with children that does not listen is refused.

@@ -70,9 +70,14 @@ pub struct SlurmHost {
     acceptor: Option<Acceptor>,
     /// Wakes the loop at the acceptor's deadlines, at `end_by` and at `tell_joined_at`.
     timer: OwnedFd,
-    /// When srun is told that the shell joined the exchange it waits in, if it still waits then
-    /// ([`NodeMonitor::waited_long`]).
+    /// What `timer` is set to, so that it is set only when that changes (not on every event).
+    timer_at: Option<Instant>,
+    /// When to look whether the shell has waited [`JOINED_AFTER`] in the exchange it joined last; then srun
+    /// is told ([`NodeMonitor::waited_long`]). Set when the shell joins and nothing is set: a fence costs
+    /// the timer nothing, and it wakes the loop at most once per [`JOINED_AFTER`].
     tell_joined_at: Option<Instant>,
+    /// When the shell joined an exchange last.
+    joined_since: Option<Instant>,
     /// When srun was told the step must end: if the step still runs then, this node ends it (srun is the
     /// user's, and may not act).
     end_by: Option<Instant>,
@@ -128,8 +133,10 @@ impl SlurmHost {
             queued_max,
             parent,
             timer: timer()?,
+            timer_at: None,
             end_by: None,
             tell_joined_at: None,
+            joined_since: None,
             acceptor: links.acceptor,
             slurm,
             trace,
@@ -188,6 +195,11 @@ impl SlurmHost {
                 }
             }
             NodeAction::Log { level, text } => self.slurm.log(level, &text),
+            NodeAction::Trace(line) => {
+                if let Some(t) = &self.trace {
+                    t.line(&line);
+                }
+            }
             NodeAction::EndHere { why } if self.stopping.load(SeqCst) => self.monitor.log(log::Level::Info, &why),
             NodeAction::EndHere { why } => {
                 let Place { job, step, node_name, .. } = &self.place;
@@ -302,9 +314,13 @@ impl SlurmHost {
     }
 
     /// Arms the timer for the next deadline (the acceptor's, `end_by` or `tell_joined_at`), or disarms it.
-    fn arm_timer(&self) {
+    fn arm_timer(&mut self) {
         let deadlines = [self.end_by, self.tell_joined_at].into_iter().flatten();
         let next = self.acceptor.as_ref().and_then(Acceptor::deadline).into_iter().chain(deadlines).min();
+        if next == self.timer_at {
+            return;
+        }
+        self.timer_at = next;
         let after = next.map(|at| at.saturating_duration_since(Instant::now()));
         // Setting a live timerfd to a valid time does not fail.
         let _ = os::set_timer(&self.timer, after);
@@ -350,6 +366,7 @@ impl HostFds for SlurmHost {
             NOTICE => self.take_notices(),
             TIMER => {
                 os::drain_counter(&self.timer);
+                self.timer_at = None;
                 if let Some(a) = &mut self.acceptor {
                     a.tick();
                 }
@@ -359,10 +376,17 @@ impl HostFds for SlurmHost {
                     self.monitor.srun_too_slow();
                     self.carry_out();
                 }
-                if self.tell_joined_at.is_some_and(|at| at <= Instant::now()) {
+                let now = Instant::now();
+                if self.tell_joined_at.is_some_and(|at| at <= now) {
                     self.tell_joined_at = None;
-                    self.monitor.waited_long();
-                    self.carry_out();
+                    match self.joined_since.map(|since| since + JOINED_AFTER) {
+                        // The shell joined another exchange since: look again when it has waited long in that.
+                        Some(at) if at > now => self.tell_joined_at = Some(at),
+                        _ => {
+                            self.monitor.waited_long();
+                            self.carry_out();
+                        }
+                    }
                 }
             }
             UPLINK => self.hear(Peer::Root, events),
@@ -409,8 +433,12 @@ impl Host for SlurmHost {
         let joined = self.monitor.contribute(contribution);
         self.carry_out();
         if joined.is_ok() {
-            self.tell_joined_at = Some(Instant::now() + JOINED_AFTER);
-            self.arm_timer();
+            let now = Instant::now();
+            self.joined_since = Some(now);
+            if self.tell_joined_at.is_none() {
+                self.tell_joined_at = Some(now + JOINED_AFTER);
+                self.arm_timer();
+            }
         }
         joined
     }
@@ -483,7 +511,7 @@ fn timer() -> Result<OwnedFd, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::{Bounds, Tree};
+    use crate::collective::Bounds;
     use crate::runtime::{JobVars, Looping, NodeRuntime};
     use crate::server::{JobInfo, Limits, TaskMap};
     use crate::slurm::auth::Secret;
@@ -548,7 +576,7 @@ mod tests {
         secret: &Secret,
         bounds: Bounds,
     ) -> (NodeRuntime<SlurmHost>, Task) {
-        let tree = Tree::new(nodes, width).unwrap();
+        let tree = crate::slurm::options::step_tree(nodes, width).unwrap();
         let names = names(nodes);
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
         let links = join_tree(&srun, tree, node, secret, &names, &loopback).unwrap();
@@ -622,9 +650,6 @@ mod tests {
             let (nodes_rt, mut tasks): (Vec<_>, Vec<_>) =
                 stepds(root.port(), nodes, width, &secret).into_iter().unzip();
             exchange_every_put(&mut tasks);
-            // srun sent the exchange's result to its children in the tree only.
-            let line = record.wait_for("PMI exchange 0: srun sent");
-            assert!(line.contains(&format!("to its {} children", width.min(nodes))), "{line}");
             drop(tasks);
             // Every task gone: each stepd says goodbye as its loop ends.
             drop(nodes_rt);
@@ -717,12 +742,13 @@ mod tests {
         let attack = attack.to_string();
         let srun = std::thread::spawn(move || {
             let (mut s, mut input) = admit(&listener, &srun_secret);
-            // The task's barrier reaches srun: a group's part, or the node's part of the exchange.
+            // The task's barrier reaches srun: a group's part, or (the node's part goes to no one: node 0 is the
+            // tree's top, and node 1 never comes) that the node has waited in the exchange.
             let id = loop {
                 if let Some(payload) = input.next(1 << 20).unwrap() {
                     match Up::decode(payload).unwrap() {
                         Up::Group { id, .. } if group => break id,
-                        Up::Collective(_) if !group => break Vec::new(),
+                        Up::Joined { .. } if !group => break Vec::new(),
                         _ => continue,
                     }
                 }
@@ -780,7 +806,7 @@ mod tests {
         });
         std::fs::write("/proc/self/clear_refs", "5").unwrap();
         let base = status("VmRSS:");
-        // Node 0 of 2 (both srun's children), with rank 0; node 1 never comes.
+        // Node 0 of 2 (the tree's top, srun's child), with rank 0; node 1 never comes.
         let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(store / 2, store));
         assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=2").contains("pmi_subversion=2"));
         let barrier: &[u8] = if group { b"cmd=barrier_in group=0,1:5\n" } else { b"cmd=barrier_in\n" };
@@ -799,41 +825,32 @@ mod tests {
         drop(rt);
     }
 
-    /// srun (the user's, modified) reads little and answers a barrier with a result it made up before this
-    /// node's part could have reached it: the stepd refuses it and drops srun, rather than hold its part
-    /// queued beside results and further exchanges for as long as srun does not read.
+    /// srun (the user's, modified) answers a barrier with a result it made up: srun sends no results (node 0 is
+    /// the tree's top), so the stepd refuses it and drops srun, and the task's barrier fails.
     #[test]
-    fn a_result_sent_before_the_nodes_part_went_out_is_refused() {
+    fn a_result_from_srun_is_refused() {
         let secret = crate::slurm::random::secret().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        // srun's side takes little at a time: most of the node's part stays queued in the stepd.
-        let small: libc::c_int = 4096;
-        // SAFETY: setsockopt on a live socket with an int option of its size.
-        unsafe {
-            let size = std::mem::size_of_val(&small) as libc::socklen_t;
-            libc::setsockopt(
-                listener.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&small as *const libc::c_int).cast(),
-                size,
-            );
-        }
         let port = listener.local_addr().unwrap().port();
         let srun_secret = secret.clone();
         let srun = std::thread::spawn(move || {
-            let (mut s, _) = admit(&listener, &srun_secret);
+            let (mut s, mut input) = admit(&listener, &srun_secret);
             let mut buf = [0; 4096];
-            // The node joined exchange 0: its part has begun to come (more than any control frame).
-            let mut got = 0;
-            while got <= CONTROL_MAX {
+            // The node has waited in exchange 0 (node 1 never comes).
+            loop {
+                if let Some(payload) = input.next(1 << 20).unwrap() {
+                    if matches!(Up::decode(payload).unwrap(), Up::Joined { epoch: 0 }) {
+                        break;
+                    }
+                    continue;
+                }
                 let n = std::io::Read::read(&mut s, &mut buf).unwrap();
                 assert!(n > 0, "the stepd closed its connection before it joined the exchange");
-                got += n;
+                input.extend(&buf[..n]);
             }
             let all = frame::all(0, [(0, &[][..]), (1, &[][..])].into_iter()).unwrap();
             s.write_all(&Down::Collective(all).encode().unwrap()).unwrap();
-            // Then everything: the stepd drops srun (the connection ends) or goes on (it does not).
+            // The stepd drops srun (the connection ends) or goes on (it does not).
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             loop {
                 match std::io::Read::read(&mut s, &mut buf) {
@@ -843,15 +860,11 @@ mod tests {
                 }
             }
         });
-        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(1 << 30, 1 << 30));
+        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(1 << 20, 1 << 20));
         assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
-        let value = "v".repeat(800);
-        for k in 0..12000 {
-            let put = task.ask(&format!("cmd=put kvsname={KVSNAME} key=k{k} value={value}"));
-            assert_eq!(put, "cmd=put_result rc=0");
-        }
-        task.0.get_mut().write_all(b"cmd=barrier_in\n").unwrap();
-        assert!(srun.join().unwrap(), "the stepd took a result while its 9 MB part was still queued for srun");
+        let barrier = task.ask("cmd=barrier_in");
+        assert!(barrier.starts_with("cmd=barrier_out rc=-1"), "{barrier}");
+        assert!(srun.join().unwrap(), "the stepd took a result from srun");
         drop(task);
         drop(rt);
     }

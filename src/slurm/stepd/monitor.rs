@@ -55,6 +55,8 @@ pub enum NodeAction {
     /// srun was told to end the step: if it has not within [`END_PATIENCE`], call
     /// [`NodeMonitor::srun_too_slow`].
     AwaitEnd,
+    /// What the tree's top sent for an exchange, for the job's trace (`PMI_DEBUG`), if it is on.
+    Trace(String),
 }
 
 /// A child's place in the tree, as this node serves it.
@@ -431,7 +433,11 @@ impl NodeMonitor {
         while let Some(output) = self.machine.poll() {
             match output {
                 Output::Send { to, frame } => self.send(to, frame),
-                Output::Done { parts, .. } => self.completion = Some(Ok(parts)),
+                Output::Done { epoch, parts } => {
+                    self.tell_completed(epoch);
+                    self.note_result(epoch, &parts);
+                    self.completion = Some(Ok(parts));
+                }
                 Output::Failed { message, .. } => {
                     self.completion = Some(Err(escape_text(&self.named(&message), MESSAGE_MAX)));
                 }
@@ -537,6 +543,30 @@ impl NodeMonitor {
         if self.joined.is_some_and(|(joined, _)| joined == epoch) && !self.machine.failed() {
             self.tell_joined();
         }
+    }
+
+    /// Exchange `epoch` completed here: srun, if it was told that the shell joined it, hears that no one
+    /// waits in it any more.
+    fn tell_completed(&mut self, epoch: u32) {
+        if self.joined == Some((epoch, true)) {
+            self.report(&Up::Completed { epoch });
+        }
+    }
+
+    /// At the tree's top, what it sent its children for exchange `epoch`, for the job's trace.
+    fn note_result(&mut self, epoch: u32, parts: &Parts) {
+        let me = self.place.node;
+        if self.tree.top() != Peer::Node(me) {
+            return;
+        }
+        let children = self.tree.children(Peer::Node(me)).len();
+        // Each frame goes with the link's 5-byte header.
+        let sent = children * (5 + parts.frame().len());
+        let (gathered, nodes) = (parts.bytes(), self.tree.nodes());
+        self.actions.push_back(NodeAction::Trace(format!(
+            "rpmi: PMI exchange {epoch}: node {me} sent {sent} bytes to its {children} children in the PMI tree; \
+             the exchange gathered {gathered} bytes from {nodes} nodes"
+        )));
     }
 
     /// Tells srun which exchange the shell joined last, unless it was told.
@@ -703,7 +733,7 @@ mod tests {
         let shape = NodeShape {
             place,
             names,
-            tree: Tree::new(nodes, width).unwrap(),
+            tree: crate::slurm::options::step_tree(nodes, width).unwrap(),
             bounds: BOUNDS,
             limits: Limits::default(),
             spawned_ranks: spawned_ranks.map(|r| r.iter().copied().collect()),
@@ -774,26 +804,28 @@ mod tests {
     }
 
     /// srun hears that the shell joined an exchange only once it has waited long in it, or before a rank, or
-    /// every rank, is said to be gone: a fence that completes at once costs srun no JOINED.
+    /// every rank, is said to be gone: a fence that completes at once costs srun no JOINED. One it heard of,
+    /// it hears completed. (Node 1 of 2, below node 0, the tree's top.)
     #[test]
     fn srun_hears_of_a_join_after_a_long_wait_or_before_a_rank_is_gone() {
-        let all = |epoch| down(Down::Collective(frame::all(epoch, [(0, &[][..])].into_iter()).unwrap()));
-        let mut w = watch_of(1, 2, 0, None);
+        let all = |epoch| down(Down::Collective(frame::all(epoch, [(0, &[][..]), (1, &[][..])].into_iter()).unwrap()));
+        let mut w = watch_of(2, 2, 1, None);
         w.contribute(b"").unwrap();
         assert_eq!(reports(&drain(&mut w)), []);
         w.waited_long();
         assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }]);
         w.waited_long();
         assert_eq!(reports(&drain(&mut w)), []);
-        w.heard(Peer::Root, all(0));
+        w.heard(Peer::Node(0), all(0));
         assert!(matches!(w.take_completion(), Some(Ok(_))));
+        assert_eq!(reports(&drain(&mut w)), [Up::Completed { epoch: 0 }]);
         w.task_closed(0, true);
         assert_eq!(reports(&drain(&mut w)), [Up::Gone { rank: 0, finalized: true, spoke: false }]);
 
         // A fence that completes at once: the wait after it tells srun nothing; a rank gone, the join first.
-        let mut w = watch_of(1, 2, 0, None);
+        let mut w = watch_of(2, 2, 1, None);
         w.contribute(b"").unwrap();
-        w.heard(Peer::Root, all(0));
+        w.heard(Peer::Node(0), all(0));
         assert!(matches!(w.take_completion(), Some(Ok(_))));
         w.waited_long();
         assert_eq!(reports(&drain(&mut w)), []);
@@ -804,11 +836,57 @@ mod tests {
         assert_eq!(reports(&drain(&mut w)), [Up::Bye]);
 
         // Every rank gone: the join before BYE.
-        let mut w = watch_of(1, 2, 0, None);
+        let mut w = watch_of(2, 2, 1, None);
         w.contribute(b"").unwrap();
-        w.heard(Peer::Root, all(0));
+        w.heard(Peer::Node(0), all(0));
         w.served(Ok(()));
         assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }, Up::Bye]);
+    }
+
+    /// The tree's top completes each exchange itself, and says in the job's trace what it sent its children.
+    #[test]
+    fn the_top_completes_each_exchange_and_traces_what_it_sent() {
+        let contrib = |node: u32| {
+            let frame = frame::contrib(0, [(node, &b"card"[..])].into_iter()).unwrap();
+            Owned::from(Up::Collective(frame).encode().unwrap()[4..].to_vec())
+        };
+        let mut w = watch_of(3, 2, 0, None);
+        w.child_joined(1);
+        w.child_joined(2);
+        w.contribute(b"top").unwrap();
+        w.heard(Peer::Node(1), contrib(1));
+        assert!(w.take_completion().is_none());
+        w.heard(Peer::Node(2), contrib(2));
+        let Some(Ok(parts)) = w.take_completion() else {
+            panic!("the exchange did not complete at the top: {:?}", drain(&mut w))
+        };
+        assert_eq!(
+            parts.iter().map(|(n, b)| (n, b.to_vec())).collect::<Vec<_>>(),
+            [(0, b"top".to_vec()), (1, b"card".to_vec()), (2, b"card".to_vec())]
+        );
+        let actions = drain(&mut w);
+        let sent: Vec<u32> = actions
+            .iter()
+            .filter_map(|a| match a {
+                NodeAction::Send { to: Peer::Node(c), direction: Direction::Down, .. } => Some(*c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sent, [1, 2]);
+        assert!(!actions.iter().any(|a| matches!(a, NodeAction::Send { to: Peer::Root, .. })), "{actions:?}");
+        let trace: Vec<&String> = actions
+            .iter()
+            .filter_map(|a| match a {
+                NodeAction::Trace(line) => Some(line),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(trace.len(), 1, "{actions:?}");
+        assert!(
+            trace[0].contains("PMI exchange 0: node 0 sent ") && trace[0].contains("to its 2 children"),
+            "{trace:?}"
+        );
+        assert!(trace[0].contains("gathered 11 bytes from 3 nodes"), "{trace:?}");
     }
 
     #[test]

@@ -152,7 +152,7 @@ pub fn plan(rec: &Record, env: Env, expand: Expand, site: &Site) -> Result<Optio
     // The job's options as srun passed them (its user's: checked as anything else), held to mpi.conf's.
     let job = Job::decode(&need(env, ENV_OPTIONS)?)?;
     let settings = options::resolve(site, &job, env("PMI_DEBUG").as_deref());
-    let tree = Tree::new(nodes, options::tree_width(site, &job)).map_err(|e| e.to_string())?;
+    let tree = options::step_tree(nodes, options::tree_width(site, &job)).map_err(|e| e.to_string())?;
     let leads_hetjob = rec.task_job == rec.job && rec.in_hetjob;
     let node_name = names[node as usize].clone();
     let place = Place { job: rec.job, step: rec.step, id: rec.id, leads_hetjob, node, node_name };

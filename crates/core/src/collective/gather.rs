@@ -46,6 +46,8 @@ pub(super) struct Gather {
     held: usize,
     /// Members that are done and have nothing in: once anyone's part is in, the exchange cannot complete.
     absent: usize,
+    /// This place is the tree's top: what it gathers is the result.
+    top: bool,
 }
 
 impl Gather {
@@ -57,7 +59,7 @@ impl Gather {
             Peer::Node(n) => Some((n, Member::default())),
         };
         let from = children.clone().map(|_| Member::default()).collect();
-        Gather { tree, bounds, own, children, from, have: 0, bytes: 0, held: 0, absent: 0 }
+        Gather { tree, bounds, own, children, from, have: 0, bytes: 0, held: 0, absent: 0, top: tree.top() == at }
     }
 
     /// Takes the node's own part of exchange `epoch`.
@@ -197,16 +199,16 @@ impl Gather {
         self.held
     }
 
-    /// Every part gathered, in node order, as a CONTRIB (a node) or an ALL (the root) of exchange `epoch`.
+    /// Every part gathered, in node order, as a CONTRIB up or, at the tree's top, the ALL of exchange `epoch`.
     pub(super) fn frame(&self, epoch: u32) -> Result<Bytes, TooLarge> {
         let own = self.own.as_ref().and_then(|(me, m)| Some((*me, m.part.as_deref()?)));
         let mut cursors: Vec<PartsIter<'_>> = self.from.iter().filter_map(|m| Some(m.part.as_ref()?.iter())).collect();
         let heads = cursors.iter_mut().enumerate().filter_map(|(i, c)| c.next().map(|(n, b)| Reverse((n, i, b))));
         let left = self.from.iter().filter_map(|m| m.part.as_ref()).map(Parts::len).sum::<usize>();
         let merge = Merge { own, heads: heads.collect(), cursors, left: left + usize::from(own.is_some()) };
-        match self.own {
-            Some(_) => frame::contrib(epoch, merge),
-            None => frame::all(epoch, merge),
+        match self.top {
+            true => frame::all(epoch, merge),
+            false => frame::contrib(epoch, merge),
         }
     }
 

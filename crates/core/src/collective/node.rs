@@ -104,6 +104,7 @@ impl Node {
     /// The largest frame this node takes from `from`, for the transport to check a length before reading.
     pub fn frame_max(&self, from: Peer) -> usize {
         match self.role(from) {
+            Role::Parent if self.under_root_above_top() => CONTROL_MAX,
             Role::Parent => self.all_max.max(CONTROL_MAX),
             Role::Child(c) => gather::contrib_max(&self.tree, &self.bounds, c),
             Role::Root | Role::Stranger => CONTROL_MAX,
@@ -160,8 +161,10 @@ impl Node {
         match (self.role(from), decoded) {
             (Role::Child(c), Frame::Contrib { epoch, parts }) => self.contribution(c, epoch, parts),
             (Role::Parent, Frame::All { epoch, parts }) => self.result(epoch, parts),
-            (Role::Parent, Frame::Fail { epoch, message }) if epoch == self.epoch => {
-                self.stop(frame, message, None);
+            (Role::Parent, Frame::Fail { epoch, message }) if epoch == self.epoch => self.stop(frame, message, None),
+            // A root above the top counts no exchanges: its FAIL is for the one in progress, and goes down so.
+            (Role::Parent, Frame::Fail { message, .. }) if self.under_root_above_top() => {
+                self.stop(frame::fail(self.epoch, &message), message, None)
             }
             (Role::Parent, Frame::End) => self.stop(frame, "the root ended the job".into(), None),
             (Role::Parent, Frame::Bye) if from != Peer::Root => self.parent_done = true,
@@ -232,6 +235,11 @@ impl Node {
         Ok(())
     }
 
+    /// This node is the top and its parent the root, which hears only control frames.
+    fn under_root_above_top(&self) -> bool {
+        self.parent == Peer::Root && self.tree.top() != Peer::Root
+    }
+
     fn role(&self, peer: Peer) -> Role {
         match peer {
             p if p == self.parent => Role::Parent,
@@ -268,12 +276,21 @@ impl Node {
         if !self.gather.complete() {
             return;
         }
+        let top = self.tree.top() == Peer::Node(self.me);
         match self.gather.frame(self.epoch) {
-            Ok(contrib) => {
-                self.peak = self.peak.max(self.held() + contrib.len());
+            Ok(frame) => {
+                self.peak = self.peak.max(self.held() + frame.len());
                 self.gather.clear();
-                self.outbox.send(self.parent, contrib);
-                self.sent = true;
+                if !top {
+                    self.outbox.send(self.parent, frame);
+                    self.sent = true;
+                    return;
+                }
+                // The top's own ALL: it decodes, since the gather checked every part.
+                match Frame::decode(&frame, usize::MAX) {
+                    Ok(Frame::All { epoch, parts }) => self.complete(epoch, parts),
+                    _ => self.fail_from(Peer::Node(self.me), format!("node {} made an unreadable result", self.me)),
+                }
             }
             Err(e) => {
                 let what = format!("node {} cannot send up PMI exchange {}: {e}", self.me, self.epoch);
@@ -282,7 +299,18 @@ impl Node {
         }
     }
 
-    /// The parent's ALL: passed on to the children unchanged, then the exchange is done here.
+    /// Exchange `epoch`'s result: passed on to the children unchanged, then the exchange is done here.
+    fn complete(&mut self, epoch: u32, parts: Parts) {
+        for c in self.tree.children(Peer::Node(self.me)) {
+            self.outbox.send(Peer::Node(c), parts.frame().clone());
+        }
+        self.outbox.push(Output::Done { epoch, parts });
+        self.epoch = self.epoch.wrapping_add(1);
+        self.sent = false;
+        self.waiting = false;
+    }
+
+    /// The parent's ALL.
     fn result(&mut self, epoch: u32, parts: Parts) {
         let parent = self.parent;
         let why = if !self.sent {
@@ -296,14 +324,7 @@ impl Node {
         } else if let Some((place, node)) = parts.misplaced() {
             format!("its part {place} for node {node}")
         } else {
-            for c in self.tree.children(Peer::Node(self.me)) {
-                self.outbox.send(Peer::Node(c), parts.frame().clone());
-            }
-            self.outbox.push(Output::Done { epoch, parts });
-            self.epoch = self.epoch.wrapping_add(1);
-            self.sent = false;
-            self.waiting = false;
-            return;
+            return self.complete(epoch, parts);
         };
         self.fail_from(parent, format!("{parent} sent the result of PMI exchange {epoch}, {why}"));
     }

@@ -49,15 +49,10 @@ impl Root {
         self.epoch
     }
 
-    /// Whether some node's part of the exchange in progress has come: nodes wait in it.
-    pub fn gathering(&self) -> bool {
-        self.gather.started()
-    }
-
     /// The largest frame the root takes from node `from`, for the transport to check a length before
     /// reading.
     pub fn frame_max(&self, from: u32) -> usize {
-        if self.tree.is_child(Peer::Root, from) {
+        if self.gathers_from(from) {
             gather::contrib_max(&self.tree, &self.bounds, from)
         } else {
             CONTROL_MAX
@@ -87,9 +82,7 @@ impl Root {
         match decoded {
             Frame::Report(bytes) => self.outbox.push(Output::Report { from, bytes }),
             _ if self.stopped => {}
-            Frame::Contrib { epoch, parts } if self.tree.is_child(Peer::Root, from) => {
-                self.contribution(from, epoch, parts)
-            }
+            Frame::Contrib { epoch, parts } if self.gathers_from(from) => self.contribution(from, epoch, parts),
             Frame::Lost { node } if self.tree.is_child(Peer::Node(from), node) => self.lost_child(from, node),
             Frame::Lost { node } => {
                 self.fail_from(from, format!("node {from} reported node {node} lost, which is not its child"))
@@ -103,15 +96,24 @@ impl Root {
                     self.advance();
                 }
             }
-            f @ Frame::Contrib { .. } => {
+            f @ Frame::Contrib { .. } if self.tree.top() == Peer::Root => {
                 let parent = self.tree.parent(from);
                 self.fail_from(from, format!("node {from} sent {f} to the root, but its parent is {parent}"))
             }
+            f @ Frame::Contrib { .. } => self.fail_from(
+                from,
+                format!("node {from} sent {f} to the root, which takes no parts: every exchange turns at node 0"),
+            ),
             f @ (Frame::All { .. } | Frame::Fail { .. } | Frame::End) => {
                 self.fail_from(from, format!("node {from} sent {f} to the root, which only the root sends"))
             }
         }
         self.peak = self.peak.max(self.held());
+    }
+
+    /// Whether node `node`'s parts come to the root: it is a child of a root that is the tree's top.
+    fn gathers_from(&self, node: u32) -> bool {
+        self.tree.top() == Peer::Root && self.tree.is_child(Peer::Root, node)
     }
 
     /// Node `node`'s connection to the root closed.

@@ -15,6 +15,8 @@ use std::collections::VecDeque;
 pub struct Config {
     pub nodes: u32,
     pub width: u32,
+    /// Every exchange turns at node 0 ([`Tree::top_at_first_node`]) rather than at the root.
+    pub top_at_first_node: bool,
     /// Exchanges every node's shell joins.
     pub epochs: u32,
     /// Bytes of every node's part (at least 8: its node and its epoch, then zeros).
@@ -40,6 +42,7 @@ impl Config {
         Config {
             nodes,
             width,
+            top_at_first_node: false,
             epochs: 3,
             part: 8,
             seed: 1,
@@ -140,6 +143,7 @@ struct Sim {
 /// Runs `config` until nothing is left to happen.
 pub fn run(config: &Config) -> Run {
     let tree = match Tree::new(config.nodes, config.width) {
+        Ok(t) if config.top_at_first_node => t.top_at_first_node(),
         Ok(t) => t,
         Err(e) => return Run { problems: vec![e.to_string()], ..Run::default() },
     };
@@ -428,8 +432,14 @@ mod tests {
 
     const WIDTHS: [u32; 5] = [1, 2, 3, 8, 32];
 
+    /// `config` with the top at the root, then at node 0.
+    fn shapes(config: Config) -> [Config; 2] {
+        [config.clone(), Config { top_at_first_node: true, ..config }]
+    }
+
     fn assert_complete(c: &Config, r: &Run) {
-        let what = format!("{} nodes of width {}, seed {}", c.nodes, c.width, c.seed);
+        let what =
+            format!("{} nodes of width {}, top at node 0 {}, seed {}", c.nodes, c.width, c.top_at_first_node, c.seed);
         assert!(r.problems.is_empty(), "{what}: {:?}", &r.problems[..r.problems.len().min(5)]);
         assert!(r.job_errors.is_empty(), "{what}: {:?}", &r.job_errors[..r.job_errors.len().min(5)]);
         assert!(r.done.iter().all(|&d| d == c.epochs), "{what}: {:?}", r.done);
@@ -441,8 +451,9 @@ mod tests {
         for width in WIDTHS {
             for nodes in [1, 2, 3, 4, 5, 7, 8, 9, 10, 16, 31, 32, 33, 64, 65, 100, 257, 1000] {
                 for seed in 0..2 {
-                    let c = Config { seed, ..Config::new(nodes, width) };
-                    assert_complete(&c, &run(&c));
+                    for c in shapes(Config { seed, ..Config::new(nodes, width) }) {
+                        assert_complete(&c, &run(&c));
+                    }
                 }
             }
         }
@@ -453,8 +464,9 @@ mod tests {
         for (nodes, width, epochs) in
             [(2048, 1, 1), (4096, 2, 2), (4096, 3, 2), (4096, 8, 2), (4096, 32, 2), (16384, 32, 1)]
         {
-            let c = Config { epochs, verify_every: 97, ..Config::new(nodes, width) };
-            assert_complete(&c, &run(&c));
+            for c in shapes(Config { epochs, verify_every: 97, ..Config::new(nodes, width) }) {
+                assert_complete(&c, &run(&c));
+            }
         }
     }
 
@@ -464,8 +476,16 @@ mod tests {
         let mut rng = XorShift::new(seed);
         let at = rng.below(2 * u64::from(epochs) * u64::from(nodes));
         let c = Config { epochs, seed, loss: Some((lost, at)), finish: false, ..Config::new(nodes, width) };
-        let r = run(&c);
-        let what = format!("{nodes} nodes of width {width}, {lost} lost after {at} deliveries");
+        for c in shapes(c) {
+            assert_lost_in(&c, lost, at);
+        }
+    }
+
+    fn assert_lost_in(c: &Config, lost: Peer, at: u64) {
+        let (nodes, width, epochs) = (c.nodes, c.width, c.epochs);
+        let r = run(c);
+        let top = c.top_at_first_node;
+        let what = format!("{nodes} nodes of width {width} (top at node 0: {top}), {lost} lost after {at} deliveries");
         assert!(r.problems.is_empty(), "{what}: {:?}", r.problems);
         assert!(r.waiting.is_empty(), "{what}: left waiting: {:?}", r.waiting);
         let named = match lost {
@@ -507,9 +527,9 @@ mod tests {
         for width in WIDTHS {
             for nodes in [1, 2, 7, 40, 300] {
                 for seed in 0..3 {
-                    let c = Config { seed, finish: true, ..Config::new(nodes, width) };
-                    let r = run(&c);
-                    assert_complete(&c, &r);
+                    for c in shapes(Config { seed, finish: true, ..Config::new(nodes, width) }) {
+                        assert_complete(&c, &run(&c));
+                    }
                 }
             }
         }
@@ -517,8 +537,9 @@ mod tests {
 
     #[test]
     fn a_part_over_its_bound_ends_the_job_and_releases_every_waiting_node() {
-        for width in [2, 32] {
-            let mut c = Config { part: 64, finish: false, ..Config::new(100, width) };
+        for mut c in
+            [2, 32].into_iter().flat_map(|width| shapes(Config { part: 64, finish: false, ..Config::new(100, width) }))
+        {
             c.bounds.part_max.bytes = 63;
             let r = run(&c);
             assert!(r.waiting.is_empty(), "{:?}", r.waiting);

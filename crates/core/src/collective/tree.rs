@@ -1,10 +1,17 @@
 //! The k-ary tree over a job's nodes: who is whose parent, child and subtree.
 //!
-//! Nodes are numbered 0..N under a root that is not a node itself (srun, or rpmi-run's coordinator). With
-//! width k the root's children are nodes 0..k, node i's parent is node (i − k)/k for i ≥ k, and node i's
-//! children are k(i+1) .. k(i+1)+k−1, clipped to N. In other words, node i sits at place i+1 of a k-ary heap
-//! whose place 0 is the root: place p's children are places kp+1 ..= kp+k. A width of N or more is the
-//! star (every node a child of the root), a width of 1 a chain.
+//! Nodes are numbered 0..N under a root that is not a node itself (srun, or rpmi-run's coordinator). Every
+//! exchange turns at the tree's **top**: the place that gathers every part and sends the result down.
+//!
+//! - **Top at the root** ([`Tree::new`]): with width k the root's children are nodes 0..k, node i's parent
+//!   is node (i − k)/k for i ≥ k, and node i's children are k(i+1) .. k(i+1)+k−1, clipped to N. In other
+//!   words, node i sits at place i+1 of a k-ary heap whose place 0 is the root: place p's children are
+//!   places kp+1 ..= kp+k. A width of N or more is the star (every node a child of the root), a width of 1
+//!   a chain.
+//! - **Top at node 0** ([`Tree::top_at_first_node`]): the heap's place 0 is node 0 itself, whose parent is
+//!   the root: node i's children are ki+1 ..= ki+k and its parent (i − 1)/k. The root is the top's parent
+//!   only to hear the nodes' control frames (reports, lost nodes, goodbyes): no exchange passes through it,
+//!   so a fence takes one process fewer and, across nodes, the root's host (srun) is woken by none.
 //!
 //! A node's subtree holds, at each level below it, one run of consecutive places, so a subtree is a short
 //! list of ranges of nodes (one per level, at most ⌈log₂ N⌉ + 1 of them; a chain's is one range).
@@ -63,6 +70,8 @@ impl std::error::Error for TreeError {}
 pub struct Tree {
     nodes: u32,
     width: u32,
+    /// The heap's place of node 0: 1 with the top at the root (place 0), 0 with the top at node 0.
+    first_place: u64,
 }
 
 impl Tree {
@@ -70,7 +79,20 @@ impl Tree {
         match (nodes, width) {
             (0, _) => Err(TreeError::NoNodes),
             (_, 0) => Err(TreeError::NoWidth),
-            _ => Ok(Tree { nodes, width }),
+            _ => Ok(Tree { nodes, width, first_place: 1 }),
+        }
+    }
+
+    /// The same nodes and width with the top at node 0 (see the module's documentation).
+    pub fn top_at_first_node(self) -> Tree {
+        Tree { first_place: 0, ..self }
+    }
+
+    /// Where every exchange turns: the root, or node 0.
+    pub fn top(&self) -> Peer {
+        match self.first_place {
+            0 => Peer::Node(0),
+            _ => Peer::Root,
         }
     }
 
@@ -85,20 +107,31 @@ impl Tree {
 
     /// Node `node`'s parent (`node` < N).
     pub fn parent(&self, node: u32) -> Peer {
-        if node < self.width {
-            Peer::Root
-        } else {
-            Peer::Node((node - self.width) / self.width)
+        let place = self.place(node);
+        if place == 0 {
+            return Peer::Root;
+        }
+        match (place - 1) / u64::from(self.width) {
+            0 if self.first_place == 1 => Peer::Root,
+            // Below the place of a node, so a node below `node`: it fits a u32.
+            parent => Peer::Node((parent - self.first_place) as u32),
         }
     }
 
     /// The children of `peer`: a range of nodes, empty for a leaf.
     pub fn children(&self, peer: Peer) -> Range<u32> {
+        let k = u64::from(self.width);
         let first = match peer {
-            Peer::Root => 0,
-            Peer::Node(n) => u64::from(self.width) * (u64::from(n) + 1),
+            Peer::Root if self.first_place == 0 => return self.clip(0..1),
+            Peer::Root => 1,
+            Peer::Node(n) => k * self.place(n) + 1,
         };
-        self.clip(first..first + u64::from(self.width))
+        self.clip(first - self.first_place..first - self.first_place + k)
+    }
+
+    /// Node `node`'s place in the heap.
+    fn place(&self, node: u32) -> u64 {
+        u64::from(node) + self.first_place
     }
 
     /// Whether `child` is one of `peer`'s children.
@@ -108,7 +141,7 @@ impl Tree {
 
     /// The nodes of `node`'s subtree: itself and everything below it.
     pub fn subtree(&self, node: u32) -> Subtree {
-        Subtree { tree: *self, place: u64::from(node) + 1 }
+        Subtree { tree: *self, place: self.place(node) }
     }
 
     /// How many hops node `node` is from the root (the root's children are at depth 1).
@@ -116,8 +149,9 @@ impl Tree {
         if self.width == 1 {
             return node.saturating_add(1);
         }
-        let mut place = u64::from(node) + 1;
-        let mut depth = 0;
+        let mut place = self.place(node);
+        // With the top at node 0, the root is one hop above the heap's place 0.
+        let mut depth = 1 - self.first_place as u32;
         while place > 0 {
             place = (place - 1) / u64::from(self.width);
             depth += 1;
@@ -143,7 +177,7 @@ impl Tree {
 #[derive(Debug, Clone, Copy)]
 pub struct Subtree {
     tree: Tree,
-    /// The top node's place (its index + 1).
+    /// The top node's place in the heap.
     place: u64,
 }
 
@@ -182,11 +216,12 @@ impl Iterator for Levels {
 
     fn next(&mut self) -> Option<Range<u32>> {
         let end = u64::from(self.tree.nodes);
-        if self.first > end {
+        if self.first - self.tree.first_place >= end {
             return None;
         }
-        // Places first..=last are nodes first-1..last.
-        let range = self.tree.clip(self.first - 1..self.last);
+        // Places first..=last are nodes first-f..=last-f, f the first node's place.
+        let f = self.tree.first_place;
+        let range = self.tree.clip(self.first - f..self.last - f + 1);
         if self.tree.width == 1 {
             // A chain: every level is the next node, so the rest of the chain is one range.
             self.first = end + 1;
@@ -259,10 +294,30 @@ mod tests {
     }
 
     #[test]
+    fn a_ternary_tree_of_13_nodes_with_its_top_at_node_0() {
+        let t = tree(13, 3).top_at_first_node();
+        assert_eq!((t.top(), tree(13, 3).top()), (Peer::Node(0), Peer::Root));
+        assert_eq!(t.children(Peer::Root), 0..1);
+        assert_eq!(t.children(Peer::Node(0)), 1..4);
+        assert_eq!(t.children(Peer::Node(3)), 10..13);
+        assert_eq!(t.children(Peer::Node(4)), 13..13);
+        assert_eq!(
+            (t.parent(0), t.parent(3), t.parent(4), t.parent(12)),
+            (Peer::Root, Peer::Node(0), Peer::Node(1), Peer::Node(3))
+        );
+        assert_eq!(t.subtree(0).ranges().collect::<Vec<_>>(), [0..1, 1..4, 4..13]);
+        assert_eq!(t.subtree(1).nodes().collect::<Vec<_>>(), [1, 4, 5, 6]);
+        assert_eq!((t.depth(0), t.depth(3), t.depth(12), t.height()), (1, 2, 3, 3));
+        let star = tree(5, 4).top_at_first_node();
+        assert_eq!((star.children(Peer::Node(0)), star.height()), (1..5, 2));
+    }
+
+    #[test]
     fn parents_children_and_subtrees_agree() {
+        let shapes = |n, k| [tree(n, k), tree(n, k).top_at_first_node()];
         for n in [1, 2, 3, 7, 16, 40, 121] {
-            for k in [1, 2, 3, 4, 8, n, n + 1] {
-                let t = tree(n, k);
+            for t in [1, 2, 3, 4, 8, n, n + 1].into_iter().flat_map(|k| shapes(n, k)) {
+                let k = t.width();
                 let mut seen = vec![0; n as usize];
                 for peer in std::iter::once(Peer::Root).chain((0..n).map(Peer::Node)) {
                     for c in t.children(peer) {
@@ -291,6 +346,10 @@ mod tests {
     #[test]
     fn large_trees_do_not_overflow() {
         for (n, k) in [(1 << 20, 2), (1 << 20, 32), (u32::MAX, 2), (u32::MAX, u32::MAX), (u32::MAX, 1 << 16)] {
+            let topped = tree(n, k).top_at_first_node();
+            let last = n - 1;
+            assert!(topped.is_child(topped.parent(last), last) && topped.children(Peer::Node(last)).is_empty());
+            assert!(topped.subtree(0).contains(last) && topped.subtree(0).size() == n, "n={n} k={k}");
             let t = tree(n, k);
             let last = n - 1;
             assert!(t.is_child(t.parent(last), last));

@@ -54,8 +54,9 @@ use std::sync::Arc;
 /// The protocol version in HELLO (1 sent the secret itself; 2 is the challenge-response over a star; 3 the
 /// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run; 7 PMI 1.2's group
 /// exchanges; 8 a group's part without its member nodes; 9 a rank gone says whether it had spoken PMI; 10
-/// JOINED only once the shell has waited in the exchange, and ahead of GONE, BYE and an ERROR of the exchange).
-pub const VERSION: u16 = 10;
+/// JOINED only once the shell has waited in the exchange, and ahead of GONE, BYE and an ERROR of the exchange;
+/// 11 the tree's top at node 0, srun out of every exchange, and COMPLETED after a JOINED).
+pub const VERSION: u16 = 11;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
 pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
@@ -84,6 +85,7 @@ const NAME: u8 = 9;
 const SPAWN: u8 = 10;
 const STARTED: u8 = 11;
 const UP_GROUP: u8 = 12;
+const COMPLETED: u8 = 13;
 const END: u8 = 0x83;
 const CHALLENGE: u8 = 0x84;
 const WELCOME: u8 = 0x85;
@@ -111,6 +113,10 @@ pub enum Up {
     Collective(Bytes),
     /// The node's shell joined exchange `epoch`.
     Joined {
+        epoch: u32,
+    },
+    /// Exchange `epoch`, which the node said it joined, completed (or failed) at the node.
+    Completed {
         epoch: u32,
     },
     Abort {
@@ -247,6 +253,7 @@ impl Up {
             Up::Proof { .. } => "PROOF",
             Up::Collective(_) => "COLLECTIVE",
             Up::Joined { .. } => "JOINED",
+            Up::Completed { .. } => "COMPLETED",
             Up::Abort { .. } => "ABORT",
             Up::Error { .. } => "ERROR",
             Up::Gone { .. } => "GONE",
@@ -268,6 +275,7 @@ impl Up {
             Up::Proof { proof } => control(PROOF, proof),
             Up::Collective(payload) => frame(UP_COLLECTIVE, payload)?,
             Up::Joined { epoch } => control(JOINED, FrameWriter::new().u32(*epoch)),
+            Up::Completed { epoch } => control(COMPLETED, FrameWriter::new().u32(*epoch)),
             Up::Abort { rank, code, message } => {
                 control(ABORT, FrameWriter::new().u32(*rank).i32(*code).text(message, MESSAGE_MAX))
             }
@@ -325,6 +333,7 @@ impl Up {
             PROOF => Up::Proof { proof: r.array()? },
             UP_COLLECTIVE => Up::Collective(collective(&mut r)),
             JOINED => Up::Joined { epoch: r.u32()? },
+            COMPLETED => Up::Completed { epoch: r.u32()? },
             ABORT => Up::Abort { rank: r.u32()?, code: r.i32()?, message: r.text(MESSAGE_MAX, "a message")? },
             ERROR => Up::Error {
                 rank: r.u32()?,
@@ -572,6 +581,7 @@ mod tests {
             Up::Proof { proof: [9; PROOF_LEN] },
             Up::Collective(Arc::new(vec![1, 0, 0, 0, 0])),
             Up::Joined { epoch: 9 },
+            Up::Completed { epoch: 9 },
             Up::Abort { rank: 2, code: -7, message: "bye now".into() },
             Up::Error { rank: 5, failed: true, message: "rank 5 went".into() },
             Up::Error { rank: 6, failed: false, message: "bad line".into() },
