@@ -69,6 +69,7 @@ fuzz_target!(|data: &[u8]| {
         exchange_max: Bound { bytes: exchange, option: "EXCHANGE" },
     };
     let tree = Tree::new(nodes, width).expect("a valid tree");
+    let tree = if input.byte() & 1 == 1 { tree.top_at_first_node() } else { tree };
     let mut machine = if which == 0xFF {
         Machine::Root(Root::new(tree, bounds))
     } else {

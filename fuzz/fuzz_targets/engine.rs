@@ -12,7 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rpmi_core::server::{
-    pump, Speaker, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Server, TaskId, TaskMap,
+    pump, GroupExchange, Host, HostReply, HostRequest, JobError, JobInfo, Limits, Server, Speaker, TaskId, TaskMap,
     GROUP_ID_MAX, NOT_SUPPORTED,
 };
 use rpmi_core::wire::response::MAX_LINE;
@@ -122,7 +122,11 @@ impl Host for FuzzHost {
         let GroupExchange { id, shells } = *exchange;
         assert!(self.serve_groups, "a group exchange from a server told groups are not served");
         assert!(id.len() <= GROUP_ID_MAX, "a group exchange id of {} bytes", id.len());
-        assert!(!self.groups.iter().any(|(i, _)| i == id), "a second exchange of {} while one is outstanding", String::from_utf8_lossy(id));
+        assert!(
+            !self.groups.iter().any(|(i, _)| i == id),
+            "a second exchange of {} while one is outstanding",
+            String::from_utf8_lossy(id)
+        );
         // This shell is node 0 of two.
         assert_eq!(shells, [0, 1], "group exchange {} among {shells:?}", String::from_utf8_lossy(id));
         for line in contribution.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
@@ -877,7 +881,10 @@ fn run(data: &[u8]) {
                 pump(&mut server, &mut host);
             }
             9 => match host.collective.take() {
-                Some(own) => { server.collective_complete(Ok(&[&own])); pump(&mut server, &mut host) },
+                Some(own) => {
+                    server.collective_complete(Ok(&[&own]));
+                    pump(&mut server, &mut host)
+                }
                 None => {
                     host.misuse = true;
                     server.collective_complete(Ok(&[]));
@@ -925,8 +932,14 @@ fn run(data: &[u8]) {
                     let len = input.byte() as usize;
                     let theirs = input.bytes(len);
                     match g & 2 {
-                        0 => { server.group_complete(&id, Err("the other node is gone")); pump(&mut server, &mut host) },
-                        _ => { server.group_complete(&id, Ok(&[&own, theirs])); pump(&mut server, &mut host) },
+                        0 => {
+                            server.group_complete(&id, Err("the other node is gone"));
+                            pump(&mut server, &mut host)
+                        }
+                        _ => {
+                            server.group_complete(&id, Ok(&[&own, theirs]));
+                            pump(&mut server, &mut host)
+                        }
                     }
                 } else if g & 2 != 0 {
                     host.misuse = true;
@@ -938,7 +951,10 @@ fn run(data: &[u8]) {
                 let v = input.byte();
                 let answer = reply(v, host.spawn_procs[task]);
                 match host.requests[task].take() {
-                    Some(_) => { server.host_reply(task, answer); pump(&mut server, &mut host) },
+                    Some(_) => {
+                        server.host_reply(task, answer);
+                        pump(&mut server, &mut host)
+                    }
                     None if v & 0x80 != 0 => {
                         host.misuse = true;
                         server.host_reply(task, answer);

@@ -153,7 +153,8 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
         0 => nodes,
         w => w,
     };
-    let tree = Tree::new(nodes, width).expect("a tree of 1 to 256 nodes, width 1 or more");
+    // The Slurm plugin's tree: its top at node 0, srun above it.
+    let tree = Tree::new(nodes, width).expect("a tree of 1 to 256 nodes, width 1 or more").top_at_first_node();
     let n = u32::from(small) % nodes;
     // Node n, moved among the nodes with a stepd as their parent if there are any.
     let below = if nodes > width { width + n % (nodes - width) } else { n };
@@ -499,9 +500,12 @@ fn check_up(payload: &[u8], m: Up, receiver: &Receiver, hs: &mut Handshake) {
         Up::Name { name, port, .. } => assert!(name.len() <= NAME_MAX && port.len() <= NAME_MAX),
         Up::Spawn { request, .. } => assert!(request.len() <= SPAWN_MAX),
         Up::Group { id, part } => {
-            assert!(id.len() <= GROUP_ID_MAX && 1 + 2 + id.len() + part.len() == payload.len(), "a group part of {id:?}")
+            assert!(
+                id.len() <= GROUP_ID_MAX && 1 + 2 + id.len() + part.len() == payload.len(),
+                "a group part of {id:?}"
+            )
         }
-        Up::Joined { .. } | Up::Gone { .. } | Up::Bye | Up::Started => {}
+        Up::Joined { .. } | Up::Completed { .. } | Up::Gone { .. } | Up::Bye | Up::Started => {}
     }
     let frame = m.encode().expect("a decoded message re-encodes");
     let collective = match &m {

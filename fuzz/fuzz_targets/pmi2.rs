@@ -27,7 +27,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi_core::wire::pmi2::{body_len, Writer, Message, Request2, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
+use rpmi_core::wire::pmi2::{body_len, Message, Request2, Writer, FRAME_MAX, HEADER_LEN, MAX_PAIRS};
 use rpmi_core::wire::request::parse_int;
 use rpmi_core::wire::spawn::{MAX_COMMANDS, MAX_ITEMS};
 use rpmi_core::wire::ParseError;

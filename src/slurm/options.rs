@@ -176,7 +176,7 @@ pub const OPTIONS: [Opt; 10] = [
         default: SPAWN_MAX as u64,
         ceiling: Some(SPAWN_MAX as u64),
     },
-    // Any width of at least the node count is the star.
+    // Any width of at least the node count less one is the star about node 0.
     Opt {
         key: c"RpmiTreeWidth",
         var: "SLURM_RPMI_TREE_WIDTH",

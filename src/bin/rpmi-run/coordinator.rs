@@ -2,8 +2,9 @@
 //! node, each the leader of a session of its own (as a real node's job shell is, e.g. Slurm's slurmstepd),
 //! so the kernel schedules each node's shell and its tasks as one group. The nodes exchange each
 //! collective over a k-ary tree (`--tree-width`), through a socketpair per edge, each node's shell running
-//! its node's machine (see `branch`); rpmi-run itself stays as the coordinator, the tree's root
-//! (`rpmi::collective::Root`), with a socketpair to every node. It passes on why and when the job ends: it
+//! its node's machine (see `branch`), its top at node 0; rpmi-run itself stays as the coordinator, the tree's
+//! root above node 0 (`rpmi::collective::Root`), with a socketpair to every node, taking no part in exchanges.
+//! It passes on why and when the job ends: it
 //! says what is news for the whole job (the first reason, the first abort), and ends a job that cannot go
 //! on, such as one whose barrier waits for a node that has ended.
 

@@ -356,7 +356,7 @@ fn main() {
         launch.start(false);
         shell::run(&plan, plugin, 0, None, launch.node_link(0, false))
     } else {
-        let tree = Tree::new(nodes, job.tree_width).unwrap_or_else(|e| die(e));
+        let tree = Tree::new(nodes, job.tree_width).unwrap_or_else(|e| die(e)).top_at_first_node();
         let run_node =
             |index, branch| shell::run(&plan, plugin, index, Some(branch), launch.node_link(index, true)).status;
         let bounds = exchange_bounds(&plan.options);
