@@ -22,11 +22,16 @@
 //! For the star that is 2L + N·C/B + N·A/B: the root sends N·S bytes. For a tree the root sends k·S, and
 //! every level's sends go in parallel: about height·(L + k·A/B) down.
 //!
+//! Then it runs one fence on 100,000 nodes over the hosts' tree (width 4, its top at node 0) for two start-up
+//! fences, MPICH 5's node roots' cards and every rank's card (10 ranks a node, 300 MB), and says how long the
+//! simulation took, the process's peak memory (the machines share each frame they pass on) and the model's
+//! fence at 100 Gb/s.
+//!
 //! Run: `cargo bench --bench tree [-- --out DIR]` (default `benches/results`): writes `tree.md` there, and
 //! `tree.png` if `gnuplot` is on the PATH.
 
 use rpmi::collective::sim::{self, Config};
-use rpmi::collective::{frame, Peer, Tree};
+use rpmi::collective::{frame, Peer, Tree, DEFAULT_WIDTH};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -40,6 +45,11 @@ const PART: usize = RANKS_PER_NODE * CARD;
 const SIZES: [u32; 6] = [16, 64, 256, 1024, 4096, 16384];
 /// Tree widths; `None` is the star.
 const WIDTHS: [Option<u32>; 4] = [None, Some(2), Some(8), Some(32)];
+/// The largest machines' node count, and its two start-up fences: MPICH 5's (PMI 1.2: the node roots' cards
+/// only) and every rank's card, 10 ranks a node; over the hosts' tree (width 4, its top at node 0).
+const LARGE_NODES: u32 = 100_000;
+const LARGE_FENCES: [(&str, usize); 2] =
+    [("the node roots' cards only (MPICH 5)", CARD), ("every rank's card, 10 ranks a node", 10 * CARD)];
 /// The network the model is also run for: 100 Gb/s, 2 µs.
 const FAST: Network = Network { name: "100 Gb/s, 2 µs", latency: 2e-6, bandwidth: 100e9 / 8.0 };
 
@@ -67,6 +77,22 @@ struct Row {
     fast: f64,
 }
 
+/// One simulated fence on [`LARGE_NODES`] nodes.
+struct Large {
+    what: &'static str,
+    /// The ALL, length prefix included.
+    all: u64,
+    simulated: Duration,
+    /// This process's peak resident memory during the simulation.
+    resident: u64,
+    /// The most any machine held.
+    peak: usize,
+    top_sent: u64,
+    /// The most any other node sent.
+    other_sent: u64,
+    fast: f64,
+}
+
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -89,7 +115,16 @@ fn run() -> Result<(), String> {
             eprintln!("{}, N={nodes}: simulated in {:.1} s", tree_name(width), started.elapsed().as_secs_f64());
         }
     }
-    let report = markdown(&rows, loopback);
+    let mut large = Vec::new();
+    for (what, part) in LARGE_FENCES {
+        large.push(large_fence(what, part)?);
+        eprintln!(
+            "{what}, N={LARGE_NODES}: simulated in {:.1} s",
+            large.last().map_or(0.0, |l| l.simulated.as_secs_f64())
+        );
+    }
+    let mut report = markdown(&rows, loopback);
+    report += &large_markdown(&large);
     print!("{report}");
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let md = out.join("tree.md");
@@ -138,18 +173,57 @@ fn fence(width: Option<u32>, nodes: u32, loopback: Network) -> Result<Row, Strin
         interior_sent,
         height: tree.height(),
         peak,
-        loopback: model(&tree, loopback),
-        fast: model(&tree, FAST),
+        loopback: model(&tree, loopback, PART),
+        fast: model(&tree, FAST, PART),
     })
 }
 
-/// The fence's time on `net` under the store-and-forward model of the module's documentation.
-fn model(tree: &Tree, net: Network) -> f64 {
+/// Simulates one fence of [`LARGE_NODES`] nodes, each bringing `part` bytes, over the hosts' tree. The machines
+/// share each frame they pass on (a node hands its children the bytes it received), so the simulation holds
+/// one copy of the result, not one a node.
+fn large_fence(what: &'static str, part: usize) -> Result<Large, String> {
+    let nodes = LARGE_NODES;
+    let config = Config {
+        epochs: 1,
+        part,
+        finish: false,
+        verify_every: nodes / 8,
+        top_at_first_node: true,
+        ..Config::new(nodes, DEFAULT_WIDTH)
+    };
+    // Resets the peak resident size to the current one.
+    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| format!("/proc/self/clear_refs: {e}"))?;
+    let started = Instant::now();
+    let run = sim::run(&config);
+    let simulated = started.elapsed();
+    if !run.problems.is_empty() || !run.job_errors.is_empty() || run.done.iter().any(|&d| d != 1) {
+        return Err(format!("{what}, N={nodes}: the fence did not complete: {:?} {:?}", run.problems, run.job_errors));
+    }
+    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
+    let hwm = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap_or_default();
+    let resident = hwm.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) << 10;
+    let tree = Tree::new(nodes, DEFAULT_WIDTH).map_err(|e| e.to_string())?.top_at_first_node();
+    let n = nodes as usize;
+    Ok(Large {
+        what,
+        all: 4 + frame::parts_len(n, n * part) as u64,
+        simulated,
+        resident,
+        peak: run.peak.iter().copied().max().unwrap_or(0),
+        top_sent: run.sent[0],
+        other_sent: run.sent[1..n].iter().copied().max().unwrap_or(0),
+        fast: model(&tree, FAST, part),
+    })
+}
+
+/// The fence's time on `net` under the store-and-forward model of the module's documentation, every node
+/// bringing `part` bytes; with the tree's top at node 0, node 0 sends nothing up and the ALL starts from it.
+fn model(tree: &Tree, net: Network, part: usize) -> f64 {
     let n = tree.nodes() as usize;
     let send = |bytes: usize| (bytes + 4) as f64 / net.bandwidth;
     let contrib = |v: u32| {
         let size = tree.subtree(v).size() as usize;
-        send(frame::parts_len(size, size * PART))
+        send(frame::parts_len(size, size * part))
     };
     // Up: children are numbered above their parent, so every child is done before its parent.
     let mut gathered = vec![0.0; n];
@@ -165,13 +239,19 @@ fn model(tree: &Tree, net: Network) -> f64 {
     for v in (0..tree.nodes()).rev() {
         gathered[v as usize] = gather(tree.children(Peer::Node(v)), &gathered);
     }
-    let start = gather(tree.children(Peer::Root), &gathered);
+    let top_at_root = tree.top() == Peer::Root;
+    let start = if top_at_root { gather(tree.children(Peer::Root), &gathered) } else { gathered[0] };
     // Down: every parent is numbered below its children.
-    let all = send(frame::parts_len(n, n * PART));
+    let all = send(frame::parts_len(n, n * part));
     let mut arrived = vec![0.0; n];
     let mut last = 0.0f64;
     for v in 0..tree.nodes() {
         let (from, siblings) = match tree.parent(v) {
+            Peer::Root if !top_at_root => {
+                // Node 0, the top, has the result when its gathering ends.
+                arrived[0] = start;
+                continue;
+            }
             Peer::Root => (start, tree.children(Peer::Root)),
             p @ Peer::Node(u) => (arrived[u as usize], tree.children(p)),
         };
@@ -251,6 +331,38 @@ fn time(s: f64) -> String {
         _ if s >= 1e-3 => format!("{:.2} ms", s * 1e3),
         _ => format!("{:.1} µs", s * 1e6),
     }
+}
+
+/// The section on [`LARGE_NODES`] nodes.
+fn large_markdown(large: &[Large]) -> String {
+    let mut md = format!(
+        "\n## The real machines on {LARGE_NODES} nodes\n\nOne fence over the hosts' tree (width {DEFAULT_WIDTH}, its \
+         top at node 0), every node bringing the part below, run by the same machines in memory. A node passes \
+         on the bytes it received, shared, not copied, so the simulation holds one copy of each frame in flight \
+         and of the result: its peak resident size is a few times the result's (the result and the frames still \
+         going up), not N copies. S/B: the time the result's bytes take to reach one node at 100 Gb/s; the fence's time from the \
+         store-and-forward model above. Faster candidates (a pipelined tree, Bruck's allgather between the node \
+         servers) are modelled in [fence_model.md](fence_model.md); the hosts do not run them.\n\n\
+         | fence | S (the ALL) | simulated in | peak resident | most one machine held | node 0 sends | most \
+         another node sends | fence, 100 Gb/s | × S/B |\n|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for l in large {
+        let s_over_b = l.all as f64 / FAST.bandwidth;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} s | {} | {} | {} | {} | {} | {:.1} |",
+            l.what,
+            bytes(l.all),
+            l.simulated.as_secs_f64(),
+            bytes(l.resident),
+            bytes(l.peak as u64),
+            bytes(l.top_sent),
+            bytes(l.other_sent),
+            time(l.fast),
+            l.fast / s_over_b
+        );
+    }
+    md
 }
 
 fn markdown(rows: &[Row], loopback: Network) -> String {
