@@ -156,8 +156,8 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
     // The Slurm plugin's tree: its top at node 0, srun above it.
     let tree = Tree::new(nodes, width).expect("a tree of 1 to 256 nodes, width 1 or more").top_at_first_node();
     let n = u32::from(small) % nodes;
-    // Node n, moved among the nodes with a stepd as their parent if there are any.
-    let below = if nodes > width { width + n % (nodes - width) } else { n };
+    // Node n, moved among the nodes with a stepd as their parent (every node but node 0) if there are any.
+    let below = if nodes > 1 { 1 + n % (nodes - 1) } else { n };
     let (part, exchange, store) = if config & 8 != 0 {
         let part = usize::from(small) * 256;
         (part, 4 * part, 4 * part)

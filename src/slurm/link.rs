@@ -12,7 +12,7 @@ use std::io::{self, Read as _};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Of what a link may hold unsent, the share for control frames: each task has at most one name or spawn
 /// request (or answer) out, a spawn's at most 256 KiB, and a node's other control frames are a few each.
@@ -253,8 +253,28 @@ impl Link {
     /// Writes what is queued on every link of `links`, waiting for their sockets at most until `deadline`
     /// (the loop that serves them has ended).
     pub fn drain(links: &mut [&mut Link], deadline: Instant) {
+        Self::drain_until(links, |_| deadline)
+    }
+
+    /// Writes what is queued on every link of `links` for as long as their peers keep taking it: until a
+    /// `stall` passes in which none took a byte. For the links between stepds (root's own daemons, which read
+    /// all they are sent), whose last result may take longer than any fixed grace on a slow network.
+    pub fn drain_moving(links: &mut [&mut Link], stall: Duration) {
+        let mut last = (usize::MAX, Instant::now() + stall);
+        Self::drain_until(links, |queued| {
+            if queued < last.0 {
+                last = (queued, Instant::now() + stall);
+            }
+            last.1
+        })
+    }
+
+    /// Writes what is queued on every link of `links`, until `deadline` (given what is still queued) passes.
+    fn drain_until(links: &mut [&mut Link], mut deadline: impl FnMut(usize) -> Instant) {
         loop {
             links.iter_mut().for_each(|l| l.flush());
+            let queued: usize = links.iter().filter(|l| !l.broken).map(|l| l.queued).sum();
+            let deadline = deadline(queued);
             let mut waiting: Vec<libc::pollfd> = links
                 .iter()
                 .filter(|l| !l.output.is_empty() && !l.broken)

@@ -498,8 +498,12 @@ impl NodeHost for SlurmHost {
             a.close();
         }
         self.admissions();
-        // The loop no longer runs: what is queued goes now, within `fini`'s grace.
+        // The loop no longer runs: what is queued goes now, within `fini`'s grace; to the parent and the
+        // children (a large last result, which node 0 queued for its children as its own tasks took it), for as
+        // long as they take it.
         Link::drain(&mut self.links(), Instant::now() + FINI_GRACE);
+        let children = self.children.iter_mut().flatten();
+        Link::drain_moving(&mut self.parent.iter_mut().chain(children).collect::<Vec<_>>(), FINI_GRACE);
     }
 }
 

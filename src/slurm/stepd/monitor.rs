@@ -569,11 +569,15 @@ impl NodeMonitor {
         )));
     }
 
-    /// Tells srun which exchange the shell joined last, unless it was told.
+    /// Tells srun which exchange the shell joined last, unless it was told; and, if that one has completed
+    /// since, that it did, so that srun takes no one to wait in it.
     fn tell_joined(&mut self) {
         if let Some((epoch, false)) = self.joined {
             self.joined = Some((epoch, true));
             self.report(&Up::Joined { epoch });
+            if epoch != self.machine.epoch() && !self.machine.failed() {
+                self.report(&Up::Completed { epoch });
+            }
         }
     }
 
@@ -822,7 +826,8 @@ mod tests {
         w.task_closed(0, true);
         assert_eq!(reports(&drain(&mut w)), [Up::Gone { rank: 0, finalized: true, spoke: false }]);
 
-        // A fence that completes at once: the wait after it tells srun nothing; a rank gone, the join first.
+        // A fence that completes at once: the wait after it tells srun nothing; a rank gone, the join first, and
+        // that it completed (no one waits in it).
         let mut w = watch_of(2, 2, 1, None);
         w.contribute(b"").unwrap();
         w.heard(Peer::Node(0), all(0));
@@ -831,7 +836,7 @@ mod tests {
         assert_eq!(reports(&drain(&mut w)), []);
         w.task_closed(0, false);
         let gone = Up::Gone { rank: 0, finalized: false, spoke: false };
-        assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }, gone]);
+        assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }, Up::Completed { epoch: 0 }, gone]);
         w.served(Ok(()));
         assert_eq!(reports(&drain(&mut w)), [Up::Bye]);
 
@@ -840,7 +845,16 @@ mod tests {
         w.contribute(b"").unwrap();
         w.heard(Peer::Node(0), all(0));
         w.served(Ok(()));
-        assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }, Up::Bye]);
+        assert_eq!(reports(&drain(&mut w)), [Up::Joined { epoch: 0 }, Up::Completed { epoch: 0 }, Up::Bye]);
+
+        // A rank gone while the shell waits: the join alone.
+        let mut w = watch_of(2, 2, 1, None);
+        w.contribute(b"").unwrap();
+        w.task_closed(0, false);
+        assert_eq!(
+            reports(&drain(&mut w)),
+            [Up::Joined { epoch: 0 }, Up::Gone { rank: 0, finalized: false, spoke: false }]
+        );
     }
 
     /// The tree's top completes each exchange itself, and says in the job's trace what it sent its children.

@@ -194,7 +194,18 @@ impl Node {
         }
         let pending = self.waiting || self.gather.started();
         match self.role(peer) {
-            Role::Child(c) if !self.gather.is_done(c) => self.outbox.send(Peer::Root, frame::lost(c)),
+            Role::Child(c) if !self.gather.is_done(c) => {
+                self.outbox.send(Peer::Root, frame::lost(c));
+                // The top has no one above it to fail the exchange: it does, rather than wait for the root.
+                if self.tree.top() == Peer::Node(self.me) {
+                    let what = format!(
+                        "node {c} was lost: its connection to node {} closed before it said it was done (it was killed \
+                         or failed)",
+                        self.me
+                    );
+                    self.fail_from(peer, what);
+                }
+            }
             Role::Child(_) | Role::Stranger => {}
             Role::Parent | Role::Root => {
                 let said_done = self.finished || (peer == self.parent && self.parent_done);
