@@ -1,6 +1,7 @@
 //! The slurmstepd side: one [`Server`] per node serving the node's tasks, and the node's place in the
-//! collective's tree ([`crate::collective::Node`]): a connection to srun for the step's control frames (and,
-//! for srun's children in the tree, the exchange), one to its parent stepd, and one from each child stepd.
+//! collective's tree ([`crate::collective::Node`]): a connection to srun for the step's control frames (srun
+//! takes no part in an exchange: node 0 is the tree's top), one to its parent stepd, and one from each child
+//! stepd.
 //!
 //! `mpi_p_slurmstepd_prefork` (before the tasks are forked, as root) makes the step's plan ([`plan`]): the
 //! step's ids, this node's index and the step's shape from Slurm's step record, and from the environment
@@ -14,7 +15,8 @@
 //! what the node's watch ([`watch`]) decides.
 //!
 //! **Failures.** A lost child is reported to srun by the collective (LOST), and srun ends the step naming
-//! it. A lost parent, like a lost srun, ends the step from this node (and srun hears why, if it can).
+//! it (node 0, the top, also fails the exchange in progress itself). A lost parent, like a lost srun, ends the
+//! step from this node (and srun hears why, if it can).
 //!
 //! **Trust.** slurmstepd runs as root; the job's environment is the user's (a user's srun can put anything
 //! in it). So the ids the plugin acts on (above all the step it asks slurmctld to end) come only from Slurm's
