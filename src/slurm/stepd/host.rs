@@ -590,8 +590,15 @@ mod tests {
         let place = Place { job: 1, step: 0, id, leads_hetjob: false, node, node_name: names[node as usize].clone() };
         let (notify, _) = os::pipe().unwrap();
         let stopping = Arc::new(AtomicBool::new(false));
-        let shape =
-            NodeShape { place, names: names.clone(), tree, bounds, limits: Limits::default(), spawned_ranks: None };
+        let shape = NodeShape {
+            place,
+            names: names.clone(),
+            tree,
+            bounds,
+            limits: Limits::default(),
+            spawned_ranks: None,
+            traced: false,
+        };
         let host = SlurmHost::new(shape, links, crate::slurm::sys::slurm(), None, notify, stopping).unwrap();
         let info = JobInfo::new(KVSNAME, TaskMap::new((0..nodes).collect()), vec![node], names);
         let server = Server::new(info, Limits::default()).unwrap();

@@ -182,7 +182,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
     let spawned_ranks = spawned.then(|| local_ranks.iter().copied().collect());
-    let shape = NodeShape { place: place.clone(), names, tree, bounds, limits, spawned_ranks };
+    let shape = NodeShape { place: place.clone(), names, tree, bounds, limits, spawned_ranks, traced: trace.is_some() };
     let host_side = SlurmHost::new(shape, links, slurm, trace, notify_r, stopping.clone())?;
     let job = JobVars { job_id: format!("{task_job}.{}", rec.step) };
     let mut node_rt =

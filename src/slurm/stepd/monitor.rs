@@ -103,6 +103,8 @@ pub struct NodeShape {
     /// In a spawned step: the local ranks, each of which must send a PMI line (see [`NodeMonitor`]'s
     /// `unspoken`).
     pub spawned_ranks: Option<BTreeSet<u32>>,
+    /// The job's trace (`PMI_DEBUG`) is on: the tree's top says in it what it sent for each exchange.
+    pub traced: bool,
 }
 
 /// A slurmstepd's monitor of its node of a step.
@@ -155,13 +157,15 @@ pub struct NodeMonitor {
     /// The local ranks that have sent a PMI line: srun ends the step when one of them leaves without
     /// finalize while other ranks run.
     spoke: BTreeSet<u32>,
+    /// The job's trace is on ([`NodeShape::traced`]).
+    traced: bool,
     actions: VecDeque<NodeAction>,
 }
 
 impl NodeMonitor {
     /// The monitor of node `shape.place.node`, connected to srun and its parent.
     pub fn new(shape: NodeShape) -> Result<NodeMonitor, String> {
-        let NodeShape { place, names, tree, bounds, limits, spawned_ranks } = shape;
+        let NodeShape { place, names, tree, bounds, limits, spawned_ranks, traced } = shape;
         let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
         let group_result_max = collective::groups::done_max(names.len() as u32, &bounds);
         let machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
@@ -190,6 +194,7 @@ impl NodeMonitor {
             group_result_max,
             unspoken: spawned_ranks,
             spoke: BTreeSet::new(),
+            traced,
             actions: VecDeque::new(),
         })
     }
@@ -553,10 +558,10 @@ impl NodeMonitor {
         }
     }
 
-    /// At the tree's top, what it sent its children for exchange `epoch`, for the job's trace.
+    /// At the tree's top, what it sent its children for exchange `epoch`, for the job's trace if it is on.
     fn note_result(&mut self, epoch: u32, parts: &Parts) {
         let me = self.place.node;
-        if self.tree.top() != Peer::Node(me) {
+        if !self.traced || self.tree.top() != Peer::Node(me) {
             return;
         }
         let children = self.tree.children(Peer::Node(me)).len();
@@ -741,6 +746,7 @@ mod tests {
             bounds: BOUNDS,
             limits: Limits::default(),
             spawned_ranks: spawned_ranks.map(|r| r.iter().copied().collect()),
+            traced: true,
         };
         NodeMonitor::new(shape).unwrap()
     }

@@ -69,6 +69,14 @@ fn over_part_max(node: u32, exchange: &str, len: usize, max: Bound) -> String {
     )
 }
 
+/// Why child `node` of `parent` is lost: its connection closed before it said BYE.
+fn lost_child(node: u32, parent: u32) -> String {
+    format!(
+        "node {node} was lost: its connection to node {parent} closed before it said it was done (it was killed or \
+         failed)"
+    )
+}
+
 /// A size bound and the option that sets it, for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bound {

@@ -198,12 +198,7 @@ impl Node {
                 self.outbox.send(Peer::Root, frame::lost(c));
                 // The top has no one above it to fail the exchange: it does, rather than wait for the root.
                 if self.tree.top() == Peer::Node(self.me) {
-                    let what = format!(
-                        "node {c} was lost: its connection to node {} closed before it said it was done (it was killed \
-                         or failed)",
-                        self.me
-                    );
-                    self.fail_from(peer, what);
+                    self.fail_from(peer, super::lost_child(c, self.me));
                 }
             }
             Role::Child(_) | Role::Stranger => {}

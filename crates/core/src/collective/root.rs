@@ -145,11 +145,7 @@ impl Root {
         if self.said_bye.get(node as usize) != Some(&false) {
             return;
         }
-        let what = format!(
-            "node {node} was lost: its connection to node {parent} closed before it said it was done (it was \
-             killed or failed)"
-        );
-        self.fail_from(node, what);
+        self.fail_from(node, super::lost_child(node, parent));
     }
 
     fn contribution(&mut self, child: u32, epoch: u32, parts: Parts) {
