@@ -11,8 +11,10 @@
 //!                                           0x83 END  (the root is done with the job: closing is normal)
 //! straight to the root
 //!   2 LOST   node:u32  (a child of the sender closed its connection without BYE)
-//!   3 BYE              (the sender is done; also to its parent and children)
+//!   3 BYE              (the sender is done; also to its parent, its children and its Bruck peers)
 //!   4 REPORT bytes     (what the host says about an abort or an error, at most REPORT_MAX bytes)
+//! between Bruck peers (`Allgather::Bruck`), node i to node i - 2^round
+//!   5 ROUND epoch:u32 round:u8 count:u32 count*(node:u32 len:u32 bytes)
 //! ```
 //!
 //! Decoding never copies a part: [`Parts`] reads them in place from the shared frame, so that an ALL can
@@ -38,6 +40,7 @@ const CONTRIB: u8 = 1;
 const LOST: u8 = 2;
 const BYE: u8 = 3;
 const REPORT: u8 = 4;
+const ROUND: u8 = 5;
 const ALL: u8 = 0x81;
 const FAIL: u8 = 0x82;
 const END: u8 = 0x83;
@@ -49,6 +52,8 @@ pub enum Frame {
     Contrib { epoch: u32, parts: Parts },
     /// Exchange `epoch` is complete: every node's part, in node order.
     All { epoch: u32, parts: Parts },
+    /// Round `round` of Bruck's allgather of exchange `epoch`: the parts the sender holds, from its own on.
+    Round { epoch: u32, round: u8, parts: Parts },
     /// Exchange `epoch` failed; `message` says why.
     Fail { epoch: u32, message: String },
     /// The sender's child `node` closed its connection without saying BYE.
@@ -67,6 +72,7 @@ impl fmt::Display for Frame {
         match self {
             Frame::Contrib { epoch, .. } => write!(f, "parts of PMI exchange {epoch}"),
             Frame::All { epoch, .. } => write!(f, "the result of PMI exchange {epoch}"),
+            Frame::Round { epoch, round, .. } => write!(f, "round {round} of PMI exchange {epoch}"),
             Frame::Fail { epoch, .. } => write!(f, "a failure of PMI exchange {epoch}"),
             Frame::Lost { node } => write!(f, "a report that node {node} was lost"),
             Frame::Bye => f.write_str("a goodbye"),
@@ -263,6 +269,14 @@ impl Frame {
                     Frame::All { epoch, parts }
                 }
             }
+            ROUND => {
+                let epoch = r.u32()?;
+                let round = r.u8()?;
+                let count = r.count(8, "parts")?;
+                let start = payload.len() - r.len();
+                let (bytes, misplaced) = parts(&mut r, count, part_max)?;
+                Frame::Round { epoch, round, parts: Parts { frame: payload.clone(), start, count, bytes, misplaced } }
+            }
             FAIL => Frame::Fail { epoch: r.u32()?, message: r.text(MESSAGE_MAX, "a message")? },
             LOST => Frame::Lost { node: r.u32()? },
             BYE => Frame::Bye,
@@ -285,29 +299,48 @@ pub fn contrib<'a>(
     epoch: u32,
     parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone,
 ) -> Result<Bytes, TooLarge> {
-    parts_frame(CONTRIB, epoch, parts)
+    parts_frame(CONTRIB, epoch, None, parts)
 }
 
 /// An ALL of `parts`, (node, bytes) each.
 pub fn all<'a>(epoch: u32, parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone) -> Result<Bytes, TooLarge> {
-    parts_frame(ALL, epoch, parts)
+    parts_frame(ALL, epoch, None, parts)
+}
+
+/// The payload length of a ROUND of `count` parts holding `bytes` bytes in all.
+pub fn round_len(count: usize, bytes: usize) -> usize {
+    parts_len(count, bytes).saturating_add(1)
+}
+
+/// Round `round` of exchange `epoch` in Bruck's allgather, carrying `parts`, (node, bytes) each.
+pub fn round<'a>(
+    epoch: u32,
+    round: u8,
+    parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone,
+) -> Result<Bytes, TooLarge> {
+    parts_frame(ROUND, epoch, Some(round), parts)
 }
 
 fn parts_frame<'a>(
     kind: u8,
     epoch: u32,
+    round: Option<u8>,
     parts: impl ExactSizeIterator<Item = (u32, &'a [u8])> + Clone,
 ) -> Result<Bytes, TooLarge> {
     let count = parts.len();
     let bytes = parts.clone().map(|(_, b)| b.len()).fold(0usize, usize::saturating_add);
-    let len = parts_len(count, bytes);
+    let len = parts_len(count, bytes).saturating_add(usize::from(round.is_some()));
     if len > FRAME_MAX {
         return Err(TooLarge { len, max: FRAME_MAX });
     }
     // The frame's length fits a u32, so the count and every part's length do too.
     let too_large = TooLarge { len, max: FRAME_MAX };
     let mut f = FrameWriter::with_capacity(len);
-    f.u8(kind).u32(epoch).len32(count).ok_or(too_large)?;
+    f.u8(kind).u32(epoch);
+    if let Some(round) = round {
+        f.u8(round);
+    }
+    f.len32(count).ok_or(too_large)?;
     for (node, part) in parts {
         f.u32(node).prefixed32(part).ok_or(too_large)?;
     }
@@ -339,6 +372,11 @@ pub fn is_bye(frame: &[u8]) -> bool {
 /// Whether `frame` is a CONTRIB: a node's parts going up.
 pub fn is_contrib(frame: &[u8]) -> bool {
     frame.first() == Some(&CONTRIB)
+}
+
+/// Whether `frame` is a FAIL.
+pub fn is_fail(frame: &[u8]) -> bool {
+    frame.first() == Some(&FAIL)
 }
 
 /// Whether `frame` is an ALL: an exchange's result coming down.
@@ -413,7 +451,7 @@ mod tests {
 
     fn parts_of(frame: &Frame) -> Vec<(u32, Vec<u8>)> {
         match frame {
-            Frame::Contrib { parts, .. } | Frame::All { parts, .. } => {
+            Frame::Contrib { parts, .. } | Frame::All { parts, .. } | Frame::Round { parts, .. } => {
                 parts.iter().map(|(n, b)| (n, b.to_vec())).collect()
             }
             _ => panic!("no parts in {frame:?}"),
@@ -430,6 +468,7 @@ mod tests {
             bye(),
             report(b"rank 4 called PMI_Abort").unwrap(),
             end(),
+            round(6, 2, parts.iter().copied()).unwrap(),
         ]
     }
 
@@ -451,6 +490,10 @@ mod tests {
         assert_eq!(Frame::decode(&f[4], PART_MAX), Ok(Frame::Bye));
         assert_eq!(Frame::decode(&f[5], PART_MAX), Ok(Frame::Report(b"rank 4 called PMI_Abort".to_vec())));
         assert_eq!(Frame::decode(&f[6], PART_MAX), Ok(Frame::End));
+        let sideways = Frame::decode(&f[7], PART_MAX).unwrap();
+        assert!(matches!(sideways, Frame::Round { epoch: 6, round: 2, .. }));
+        assert_eq!(parts_of(&sideways), want);
+        assert_eq!(f[7].len(), round_len(3, 303));
         let empty = all(0, std::iter::empty()).unwrap();
         assert!(matches!(Frame::decode(&empty, 0), Ok(Frame::All { parts, .. }) if parts.is_empty()));
     }
@@ -511,7 +554,7 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        let kinds = [CONTRIB, ALL, FAIL, LOST, BYE, REPORT, END, 0, 0xff];
+        let kinds = [CONTRIB, ALL, ROUND, FAIL, LOST, BYE, REPORT, END, 0, 0xff];
         for _ in 0..20_000 {
             let len = (next() % 48) as usize;
             let mut f: Vec<u8> = (0..len).map(|_| next() as u8).collect();
@@ -522,7 +565,7 @@ mod tests {
             for (i, b) in f.iter_mut().enumerate().skip(5) {
                 *b = if (i - 5) % 4 < 3 { 0 } else { *b & 7 };
             }
-            if let Ok(frame @ (Frame::Contrib { .. } | Frame::All { .. })) = decode(&f) {
+            if let Ok(frame @ (Frame::Contrib { .. } | Frame::All { .. } | Frame::Round { .. })) = decode(&f) {
                 assert!(parts_of(&frame).iter().all(|(_, b)| b.len() <= PART_MAX));
             }
         }

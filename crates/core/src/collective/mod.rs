@@ -11,6 +11,12 @@
 //! outstanding. The root sends k frames of S bytes per exchange instead of the star's N, and the
 //! exchange crosses [`Tree::height`] hops each way.
 //!
+//! **Bruck's allgather.** With [`Allgather::Bruck`] the parts do not climb the tree: the nodes exchange
+//! them in ⌈log₂ N⌉ rounds of Bruck's allgather (ROUND frames, each node with its ⌈log₂ N⌉ peers on either
+//! side), and every node makes the same result, in node order, itself. Every node then sends and receives
+//! (N − 1) parts, the least an exchange can move, and none sends more than another; the tree stays for
+//! everything else (goodbyes, failures, reports, the root's end), and its top must be node 0.
+//!
 //! **Bounds.** A node's part is at most [`Bounds::part_max`] bytes and one exchange's parts at most
 //! [`Bounds::exchange_max`]: the root and every interior node check what they gather. A node takes an ALL
 //! of at most the size its host gives.
@@ -28,6 +34,7 @@
 //! of the job; the root's host takes a report or a job error by ending the job ([`Root::fail`] releases
 //! the nodes that wait), and calls [`Root::end`] when the job ends normally.
 
+mod bruck;
 pub mod frame;
 mod gather;
 pub mod groups;
@@ -69,12 +76,40 @@ fn over_part_max(node: u32, exchange: &str, len: usize, max: Bound) -> String {
     )
 }
 
-/// Why child `node` of `parent` is lost: its connection closed before it said BYE.
-fn lost_child(node: u32, parent: u32) -> String {
+/// Why node `node` is lost: its connection to node `to` closed before it said BYE.
+fn lost_node(node: u32, to: u32) -> String {
     format!(
-        "node {node} was lost: its connection to node {parent} closed before it said it was done (it was killed or \
+        "node {node} was lost: its connection to node {to} closed before it said it was done (it was killed or \
          failed)"
     )
+}
+
+/// How an exchange's parts reach every node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Allgather {
+    /// Up the tree to its top, whose result comes down: an exchange crosses the tree's height twice, and
+    /// each node with children sends the result to each of them.
+    #[default]
+    Tree,
+    /// Bruck's allgather between the nodes: ⌈log₂ N⌉ rounds, and no node sends more than another.
+    Bruck,
+}
+
+impl Allgather {
+    /// The nodes that node `me` of `tree` has a connection with: its parent and children and, for Bruck's,
+    /// its peers in the rounds; in node order, each once.
+    pub fn peers(self, tree: &Tree, me: u32) -> Vec<u32> {
+        let mut peers: Vec<u32> = tree.children(Peer::Node(me)).collect();
+        if let Peer::Node(p) = tree.parent(me) {
+            peers.push(p);
+        }
+        if self == Allgather::Bruck {
+            peers.extend(bruck::peers(tree.nodes(), me));
+        }
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
 }
 
 /// A size bound and the option that sets it, for messages.

@@ -1,10 +1,11 @@
 //! A node's side of the collective: its shell's part, its children's, the CONTRIB up and the ALL down.
 
+use super::bruck::Bruck;
 use super::frame::{self, Bytes, Frame, Parts, TooLarge, CONTROL_MAX};
 use super::gather::{self, Gather, Refusal};
 use super::output::{Outbox, Output};
 use super::tree::{Peer, Tree, TreeError};
-use super::Bounds;
+use super::{Allgather, Bounds};
 use std::fmt;
 
 /// Why a contribution was not taken: the host broke the machine's contract.
@@ -49,6 +50,8 @@ pub struct Node {
     bounds: Bounds,
     all_max: usize,
     gather: Gather,
+    /// The exchange's rounds, where the parts go by Bruck's allgather rather than up the tree.
+    bruck: Option<Bruck>,
     /// The exchange in progress: how many have completed.
     epoch: u32,
     /// The shell's part is in and it waits for the result.
@@ -58,8 +61,10 @@ pub struct Node {
     finished: bool,
     /// The parent said BYE.
     parent_done: bool,
-    /// The parent or the root closed its connection when nothing waited for it: the next exchange fails.
-    gone: Option<Peer>,
+    /// The parent or the root closed its connection after it said it was done, and the first exchange that
+    /// therefore fails: the next one (with Bruck's allgather, a parent that is done may leave while this node
+    /// still completes the exchange in progress).
+    gone: Option<(Peer, u32)>,
     /// Failed for good (an error, a FAIL, or the root's END), and why.
     failed: Option<String>,
     outbox: Outbox,
@@ -79,6 +84,7 @@ impl Node {
             bounds,
             all_max,
             gather: Gather::new(tree, Peer::Node(me), bounds),
+            bruck: None,
             epoch: 0,
             waiting: false,
             sent: false,
@@ -89,6 +95,21 @@ impl Node {
             outbox: Outbox::default(),
             peak: 0,
         })
+    }
+
+    /// The same node, its exchanges' parts going by `allgather`. Bruck's needs the tree's top at node 0 (the
+    /// root takes no parts); with the top at the root the node keeps the tree.
+    pub fn with_allgather(mut self, allgather: Allgather) -> Node {
+        let bruck = allgather == Allgather::Bruck && self.tree.top() == Peer::Node(0);
+        self.bruck = bruck.then(|| Bruck::new(self.tree.nodes(), self.me, self.bounds, self.all_max));
+        self
+    }
+
+    /// The nodes this node has a connection with, in node order: its parent and children, and its peers in
+    /// Bruck's rounds.
+    pub fn peers(&self) -> Vec<u32> {
+        let allgather = if self.bruck.is_some() { Allgather::Bruck } else { Allgather::Tree };
+        allgather.peers(&self.tree, self.me)
     }
 
     /// The next thing for the host to do.
@@ -103,11 +124,16 @@ impl Node {
 
     /// The largest frame this node takes from `from`, for the transport to check a length before reading.
     pub fn frame_max(&self, from: Peer) -> usize {
-        match self.role(from) {
-            Role::Parent if self.under_root_above_top() => CONTROL_MAX,
+        let tree = match self.role(from) {
+            Role::Parent if self.under_root_above_top() || self.bruck.is_some() => CONTROL_MAX,
             Role::Parent => self.all_max.max(CONTROL_MAX),
+            Role::Child(_) if self.bruck.is_some() => CONTROL_MAX,
             Role::Child(c) => gather::contrib_max(&self.tree, &self.bounds, c),
             Role::Root | Role::Stranger => CONTROL_MAX,
+        };
+        match (&self.bruck, from) {
+            (Some(b), Peer::Node(p)) => tree.max(b.frame_max(p)),
+            _ => tree,
         }
     }
 
@@ -118,7 +144,7 @@ impl Node {
 
     /// Bytes this node holds: parts gathered and frames not yet taken by [`Node::poll`].
     pub fn held(&self) -> usize {
-        self.gather.held() + self.outbox.held()
+        self.gather.held() + self.bruck.as_ref().map_or(0, Bruck::held) + self.outbox.held()
     }
 
     /// The most bytes this node has held at once.
@@ -141,7 +167,11 @@ impl Node {
             return Ok(());
         }
         self.waiting = true;
-        match self.gather.own(self.epoch, part) {
+        let taken = match &mut self.bruck {
+            Some(b) => b.own(self.epoch, part),
+            None => self.gather.own(self.epoch, part),
+        };
+        match taken {
             Ok(()) => self.advance(),
             Err(r) => self.refuse(r),
         }
@@ -158,23 +188,41 @@ impl Node {
             Ok(f) => f,
             Err(what) => return self.fail_from(from, what),
         };
+        if let (Some(b), Peer::Node(p), Frame::Bye) = (&mut self.bruck, from, &decoded) {
+            b.peer_done(p);
+        }
+        let bruck_peer = |p: Peer| matches!((&self.bruck, p), (Some(b), Peer::Node(n)) if b.is_peer(n));
+        let from_peer = bruck_peer(from);
         match (self.role(from), decoded) {
-            (Role::Child(c), Frame::Contrib { epoch, parts }) => self.contribution(c, epoch, parts),
-            (Role::Parent, Frame::All { epoch, parts }) => self.result(epoch, parts),
+            (_, Frame::Round { epoch, round, parts }) if from_peer => self.round(from, epoch, round, parts),
+            (Role::Child(c), Frame::Contrib { epoch, parts }) if self.bruck.is_none() => {
+                self.contribution(c, epoch, parts)
+            }
+            (Role::Parent, Frame::All { epoch, parts }) if self.bruck.is_none() => self.result(epoch, parts),
             (Role::Parent, Frame::Fail { epoch, message }) if epoch == self.epoch => self.stop(frame, message, None),
             // A root above the top counts no exchanges: its FAIL is for the one in progress, and goes down so.
             (Role::Parent, Frame::Fail { message, .. }) if self.under_root_above_top() => {
                 self.stop(frame::fail(self.epoch, &message), message, None)
             }
             (Role::Parent, Frame::End) => self.stop(frame, "the root ended the job".into(), None),
+            // A peer in the rounds, or the parent, failed whichever exchange it is in (with Bruck's allgather a
+            // node may be one ahead): the job is ending.
+            (role, Frame::Fail { message, .. }) if from_peer || (self.bruck.is_some() && role == Role::Parent) => {
+                self.stop(frame::fail(self.epoch, &message), message, None)
+            }
             (Role::Parent, Frame::Bye) if from != Peer::Root => self.parent_done = true,
             (Role::Child(c), Frame::Bye) => {
                 self.gather.done(c);
                 self.advance();
             }
+            (Role::Stranger, Frame::Bye) if from_peer => self.advance(),
             (role, f) => {
                 let why = match (role, &f) {
                     (Role::Parent, Frame::Fail { .. }) => format!("during PMI exchange {}", self.epoch),
+                    (_, Frame::Contrib { .. } | Frame::All { .. }) if self.bruck.is_some() => {
+                        "whose exchanges go by Bruck's allgather".into()
+                    }
+                    (_, Frame::Round { .. }) => "which exchanges no rounds with it".into(),
                     (_, Frame::Contrib { .. }) => "which is not its parent".into(),
                     (_, Frame::Lost { .. } | Frame::Report(_)) => "which only the root takes".into(),
                     (Role::Parent, Frame::Bye) => "which the root never sends".into(),
@@ -192,20 +240,33 @@ impl Node {
         if self.failed.is_some() {
             return;
         }
-        let pending = self.waiting || self.gather.started();
+        let pending = self.waiting || self.started();
         match self.role(peer) {
             Role::Child(c) if !self.gather.is_done(c) => {
                 self.outbox.send(Peer::Root, frame::lost(c));
                 // The top has no one above it to fail the exchange: it does, rather than wait for the root.
                 if self.tree.top() == Peer::Node(self.me) {
-                    self.fail_from(peer, super::lost_child(c, self.me));
+                    self.fail_from(peer, super::lost_node(c, self.me));
                 }
             }
-            Role::Child(_) | Role::Stranger => {}
+            Role::Child(_) | Role::Stranger => {
+                let lost_peer = match (&self.bruck, peer) {
+                    (Some(b), Peer::Node(p)) if b.is_peer(p) && !b.is_done(p) => Some(p),
+                    _ => None,
+                };
+                // A peer in the rounds that leaves without a goodbye can be no one's normal end.
+                if let Some(p) = lost_peer.filter(|_| !self.finished) {
+                    self.fail_from(peer, super::lost_node(p, self.me));
+                }
+            }
             Role::Parent | Role::Root => {
                 let said_done = self.finished || (peer == self.parent && self.parent_done);
                 if said_done && !pending {
-                    self.gone = Some(peer);
+                    self.gone = Some((peer, self.epoch));
+                    return;
+                }
+                if said_done && self.bruck.is_some() && peer != Peer::Root {
+                    self.gone = Some((peer, self.epoch.wrapping_add(1)));
                     return;
                 }
                 let during = if pending { format!(" during PMI exchange {}", self.epoch) } else { String::new() };
@@ -222,15 +283,15 @@ impl Node {
             return;
         }
         let bye = frame::bye();
-        self.outbox.send(self.parent, bye.clone());
-        if self.parent != Peer::Root {
-            self.outbox.send(Peer::Root, bye.clone());
-        }
-        for c in self.tree.children(Peer::Node(self.me)) {
-            self.outbox.send(Peer::Node(c), bye.clone());
+        self.outbox.send(Peer::Root, bye.clone());
+        for p in self.peers() {
+            self.outbox.send(Peer::Node(p), bye.clone());
         }
         if self.failed.is_none() {
             self.gather.done(self.me);
+            if let Some(b) = &mut self.bruck {
+                b.own_done();
+            }
             self.advance();
         }
     }
@@ -267,17 +328,39 @@ impl Node {
         }
     }
 
-    /// Sends the exchange's CONTRIB up once every part is in, or fails it if it cannot complete.
+    /// Whether anyone's part of the exchange in progress is in here.
+    fn started(&self) -> bool {
+        self.bruck.as_ref().map_or_else(|| self.gather.started(), Bruck::started)
+    }
+
+    /// Round `round` of exchange `epoch` from `from`.
+    fn round(&mut self, from: Peer, epoch: u32, round: u8, parts: Parts) {
+        let (Some(b), Peer::Node(p)) = (&mut self.bruck, from) else { return };
+        match b.round(self.epoch, p, epoch, round, parts) {
+            Ok(()) => self.advance(),
+            Err(r) => self.refuse(r),
+        }
+    }
+
+    /// Sends the exchange's CONTRIB up (or its rounds) once every part they need is in, or fails it if it
+    /// cannot complete.
     fn advance(&mut self) {
-        if let Some(r) = self.gather.blocked(self.epoch) {
+        let blocked = match &self.bruck {
+            Some(b) => b.blocked(self.epoch),
+            None => self.gather.blocked(self.epoch),
+        };
+        if let Some(r) = blocked {
             return self.refuse(r);
         }
-        if let Some(peer) = self.gone.filter(|_| self.gather.started()) {
+        if let Some((peer, _)) = self.gone.filter(|&(_, first)| first == self.epoch && self.started()) {
             let what = format!(
                 "PMI exchange {} cannot complete: {peer} has closed its connection to node {}",
                 self.epoch, self.me
             );
             return self.fail_from(peer, what);
+        }
+        if self.bruck.is_some() {
+            return self.advance_rounds();
         }
         if !self.gather.complete() {
             return;
@@ -305,9 +388,44 @@ impl Node {
         }
     }
 
-    /// Exchange `epoch`'s result: passed on to the children unchanged, then the exchange is done here.
+    /// Sends the rounds due; once every round is in, makes the result and takes the next exchange's rounds
+    /// that came early.
+    fn advance_rounds(&mut self) {
+        let Some(b) = &mut self.bruck else { return };
+        let epoch = self.epoch;
+        let made = b.sends(epoch).and_then(|due| {
+            let all = if b.complete() { Some(b.result(epoch)?) } else { None };
+            Ok((due, all))
+        });
+        let (due, all) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                let what = format!("node {} cannot send its rounds of PMI exchange {epoch}: {e}", self.me);
+                return self.fail_from(Peer::Node(self.me), what);
+            }
+        };
+        for (to, frame) in due {
+            self.outbox.send(Peer::Node(to), frame);
+        }
+        let Some(all) = all else { return };
+        self.peak = self.peak.max(self.held() + all.len());
+        let Some(b) = &mut self.bruck else { return };
+        let early = b.clear();
+        match Frame::decode(&all, usize::MAX) {
+            Ok(Frame::All { epoch, parts }) => self.complete(epoch, parts),
+            _ => return self.fail_from(Peer::Node(self.me), format!("node {} made an unreadable result", self.me)),
+        }
+        for (round, parts) in early {
+            let from = Peer::Node(super::bruck::source(self.tree.nodes(), self.me, u32::from(round)));
+            self.round(from, self.epoch, round, parts);
+        }
+    }
+
+    /// Exchange `epoch`'s result: passed on to the children unchanged (in the tree), then the exchange is
+    /// done here.
     fn complete(&mut self, epoch: u32, parts: Parts) {
-        for c in self.tree.children(Peer::Node(self.me)) {
+        let children = if self.bruck.is_some() { 0..0 } else { self.tree.children(Peer::Node(self.me)) };
+        for c in children {
             self.outbox.send(Peer::Node(c), parts.frame().clone());
         }
         self.outbox.push(Output::Done { epoch, parts });
@@ -348,14 +466,19 @@ impl Node {
         self.stop(frame::fail(self.epoch, &message), message.clone(), Some(Output::JobError { node, message }));
     }
 
-    /// Fails for good: reports `error` if any, sends `down` (a FAIL or END) to the children, and fails the
-    /// shell's exchange if it waits.
+    /// Fails for good: reports `error` if any, sends `down` (a FAIL or END) to the children, and a FAIL to
+    /// the peers in Bruck's rounds too (whose parents may have left), and fails the shell's exchange if it
+    /// waits.
     fn stop(&mut self, down: Bytes, message: String, error: Option<Output>) {
         if let Some(error) = error {
             self.outbox.push(error);
         }
-        for c in self.tree.children(Peer::Node(self.me)) {
-            self.outbox.send(Peer::Node(c), down.clone());
+        let to = match &self.bruck {
+            Some(_) if frame::is_fail(&down) => self.peers(),
+            _ => self.tree.children(Peer::Node(self.me)).collect(),
+        };
+        for p in to.into_iter().filter(|&p| Peer::Node(p) != self.parent) {
+            self.outbox.send(Peer::Node(p), down.clone());
         }
         if std::mem::replace(&mut self.waiting, false) {
             self.outbox.push(Output::Failed { epoch: self.epoch, message: message.clone() });

@@ -107,6 +107,9 @@ impl Root {
             f @ (Frame::All { .. } | Frame::Fail { .. } | Frame::End) => {
                 self.fail_from(from, format!("node {from} sent {f} to the root, which only the root sends"))
             }
+            f @ Frame::Round { .. } => {
+                self.fail_from(from, format!("node {from} sent {f} to the root, which only nodes exchange"))
+            }
         }
         self.peak = self.peak.max(self.held());
     }
@@ -145,7 +148,7 @@ impl Root {
         if self.said_bye.get(node as usize) != Some(&false) {
             return;
         }
-        self.fail_from(node, super::lost_child(node, parent));
+        self.fail_from(node, super::lost_node(node, parent));
     }
 
     fn contribution(&mut self, child: u32, epoch: u32, parts: Parts) {

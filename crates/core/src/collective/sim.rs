@@ -7,8 +7,8 @@
 use super::frame::{be32, Bytes, Parts};
 use super::output::Output;
 use super::tree::{Peer, Tree};
-use super::{Bound, Bounds, Node, Root};
-use std::collections::VecDeque;
+use super::{Allgather, Bound, Bounds, Node, Root};
+use std::collections::{HashMap, VecDeque};
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -17,6 +17,8 @@ pub struct Config {
     pub width: u32,
     /// Every exchange turns at node 0 ([`Tree::top_at_first_node`]) rather than at the root.
     pub top_at_first_node: bool,
+    /// How the parts reach every node.
+    pub allgather: Allgather,
     /// Exchanges every node's shell joins.
     pub epochs: u32,
     /// Bytes of every node's part (at least 8: its node and its epoch, then zeros).
@@ -43,6 +45,7 @@ impl Config {
             nodes,
             width,
             top_at_first_node: false,
+            allgather: Allgather::Tree,
             epochs: 3,
             part: 8,
             seed: 1,
@@ -131,8 +134,12 @@ struct Sim {
     root: Option<Root>,
     nodes: Vec<Option<Node>>,
     shells: Vec<Shell>,
-    /// Four per node i: i to the root, the root to i, i to its parent node, its parent node to i.
+    /// Four per node i: i to the root, the root to i, i to its parent node, its parent node to i; then one
+    /// each way between nodes that are peers only in Bruck's rounds.
     links: Vec<VecDeque<Delivery>>,
+    /// The links after the tree's: (from, to) by number, and their numbers.
+    sideways: Vec<(u32, u32)>,
+    sideways_link: HashMap<(u32, u32), u32>,
     /// Links with something in flight, and shells with something to do (numbered after the links).
     active: Vec<u32>,
     queued: Vec<bool>,
@@ -148,16 +155,30 @@ pub fn run(config: &Config) -> Run {
         Err(e) => return Run { problems: vec![e.to_string()], ..Run::default() },
     };
     let n = config.nodes as usize;
-    let nodes = (0..config.nodes).map(|i| Node::new(tree, i, config.bounds, config.all_max).ok()).collect();
+    let node = |i| Some(Node::new(tree, i, config.bounds, config.all_max).ok()?.with_allgather(config.allgather));
+    let nodes: Vec<Option<Node>> = (0..config.nodes).map(node).collect();
+    // A connection each way between peers that the tree does not already join.
+    let joined = |a: u32, b: u32| tree.parent(a) == Peer::Node(b) || tree.parent(b) == Peer::Node(a);
+    let sideways: Vec<(u32, u32)> = nodes
+        .iter()
+        .flatten()
+        .enumerate()
+        .flat_map(|(i, node)| node.peers().into_iter().map(move |p| (i as u32, p)))
+        .filter(|&(i, p)| !joined(i, p))
+        .collect();
+    let sideways_link = sideways.iter().enumerate().map(|(l, &pair)| (pair, (4 * n + l) as u32)).collect();
+    let tasks = 5 * n + sideways.len();
     let mut sim = Sim {
         config: config.clone(),
         tree,
         root: Some(Root::new(tree, config.bounds)),
         nodes,
         shells: vec![Shell::default(); n],
-        links: (0..4 * n).map(|_| VecDeque::new()).collect(),
-        active: Vec::with_capacity(5 * n),
-        queued: vec![false; 5 * n],
+        links: (0..4 * n + sideways.len()).map(|_| VecDeque::new()).collect(),
+        sideways,
+        sideways_link,
+        active: Vec::with_capacity(tasks),
+        queued: vec![false; tasks],
         rng: XorShift::new(config.seed),
         run: Run {
             done: vec![0; n],
@@ -239,12 +260,17 @@ impl Sim {
             (Peer::Root, Peer::Node(i)) if i < n => Some(4 * i + 1),
             (Peer::Node(i), Peer::Node(p)) if parent_of(i) == Some(Peer::Node(p)) => Some(4 * i + 2),
             (Peer::Node(p), Peer::Node(c)) if parent_of(c) == Some(Peer::Node(p)) => Some(4 * c + 3),
+            (Peer::Node(a), Peer::Node(b)) => self.sideways_link.get(&(a, b)).copied(),
             _ => None,
         }
     }
 
     /// Who sends and who receives on `link`.
     fn ends(&self, link: u32) -> (Peer, Peer) {
+        if let Some(&(from, to)) = (link as usize).checked_sub(4 * self.nodes.len()).and_then(|l| self.sideways.get(l))
+        {
+            return (Peer::Node(from), Peer::Node(to));
+        }
         let i = link / 4;
         let parent = self.tree.parent(i);
         match link % 4 {
@@ -284,6 +310,8 @@ impl Sim {
                     out.push(4 * x + 2);
                 }
                 out.extend(self.tree.children(Peer::Node(x)).map(|c| 4 * c + 3));
+                let sideways = self.sideways.iter().enumerate().filter(|(_, &(from, _))| from == x);
+                out.extend(sideways.map(|(l, _)| (4 * self.nodes.len() + l) as u32));
                 out
             }
         };
@@ -432,14 +460,19 @@ mod tests {
 
     const WIDTHS: [u32; 5] = [1, 2, 3, 8, 32];
 
-    /// `config` with the top at the root, then at node 0.
-    fn shapes(config: Config) -> [Config; 2] {
-        [config.clone(), Config { top_at_first_node: true, ..config }]
+    /// `config` with the top at the root, then at node 0, then by Bruck's allgather.
+    fn shapes(config: Config) -> [Config; 3] {
+        let top_at_first_node = Config { top_at_first_node: true, ..config.clone() };
+        let bruck = Config { allgather: Allgather::Bruck, ..top_at_first_node.clone() };
+        [config, top_at_first_node, bruck]
+    }
+
+    fn shape(c: &Config) -> String {
+        format!("{} nodes of width {}, top at node 0 {}, {:?}", c.nodes, c.width, c.top_at_first_node, c.allgather)
     }
 
     fn assert_complete(c: &Config, r: &Run) {
-        let what =
-            format!("{} nodes of width {}, top at node 0 {}, seed {}", c.nodes, c.width, c.top_at_first_node, c.seed);
+        let what = format!("{}, seed {}", shape(c), c.seed);
         assert!(r.problems.is_empty(), "{what}: {:?}", &r.problems[..r.problems.len().min(5)]);
         assert!(r.job_errors.is_empty(), "{what}: {:?}", &r.job_errors[..r.job_errors.len().min(5)]);
         assert!(r.done.iter().all(|&d| d == c.epochs), "{what}: {:?}", r.done);
@@ -482,10 +515,9 @@ mod tests {
     }
 
     fn assert_lost_in(c: &Config, lost: Peer, at: u64) {
-        let (nodes, width, epochs) = (c.nodes, c.width, c.epochs);
+        let (nodes, epochs) = (c.nodes, c.epochs);
         let r = run(c);
-        let top = c.top_at_first_node;
-        let what = format!("{nodes} nodes of width {width} (top at node 0: {top}), {lost} lost after {at} deliveries");
+        let what = format!("{}, {lost} lost after {at} deliveries", shape(c));
         assert!(r.problems.is_empty(), "{what}: {:?}", r.problems);
         assert!(r.waiting.is_empty(), "{what}: left waiting: {:?}", r.waiting);
         let named = match lost {

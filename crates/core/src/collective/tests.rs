@@ -669,3 +669,158 @@ fn garbage_from_any_peer_never_panics() {
         }
     }
 }
+
+/// Node `me` of 7 nodes (width 2, top at node 0) whose parts go by Bruck's allgather: 3 rounds, node 3
+/// sends to 2, 1 and 6 and takes from 4, 5 and 0.
+fn bruck(me: u32) -> Node {
+    Node::new(tree().top_at_first_node(), me, bounds(), ALL_MAX).unwrap().with_allgather(Allgather::Bruck)
+}
+
+/// Round `round` of exchange `epoch` carrying `nodes`' parts.
+fn round(epoch: u32, round: u8, nodes: &[u32]) -> Bytes {
+    let parts: Vec<(u32, Vec<u8>)> = nodes.iter().map(|&n| (n, p(n))).collect();
+    frame::round(epoch, round, parts.iter().map(|(n, b)| (*n, b.as_slice()))).unwrap()
+}
+
+#[test]
+fn bruck_rounds_carry_what_a_node_holds_and_make_the_result_in_node_order() {
+    let mut n = bruck(3);
+    assert_eq!(n.peers(), [0, 1, 2, 4, 5, 6]);
+    // A round that comes before the node's own part waits for it.
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    assert!(out(&mut n).sent.is_empty());
+    n.contribute(p(3)).unwrap();
+    let o = out(&mut n);
+    assert_eq!(o.raw, [(Peer::Node(2), round(0, 0, &[3])), (Peer::Node(1), round(0, 1, &[3, 4]))]);
+    n.receive(Peer::Node(5), round(0, 1, &[5, 6]));
+    let o = out(&mut n);
+    // The last round carries only what node 6 lacks: 7 − 4 = 3 parts.
+    assert_eq!(o.raw, [(Peer::Node(6), round(0, 2, &[3, 4, 5]))]);
+    assert!(o.done.is_empty());
+    n.receive(Peer::Node(0), round(0, 2, &[0, 1, 2]));
+    let o = out(&mut n);
+    assert_eq!(o.done.len(), 1);
+    let (epoch, result) = &o.done[0];
+    assert_eq!(*epoch, 0);
+    assert_eq!(result.iter().map(|(n, b)| (n, b.to_vec())).collect::<Vec<_>>(), want(&[0, 1, 2, 3, 4, 5, 6]));
+    // Nothing goes down the tree: every node makes the result itself.
+    assert!(o.sent.is_empty(), "{:?}", o.sent);
+    assert_eq!(n.epoch(), 1);
+}
+
+#[test]
+fn a_bruck_round_of_the_next_exchange_waits_for_this_one() {
+    let mut n = bruck(3);
+    n.contribute(p(3)).unwrap();
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    // Node 4 is done with exchange 0 and already in exchange 1.
+    n.receive(Peer::Node(4), round(1, 0, &[4]));
+    n.receive(Peer::Node(5), round(0, 1, &[5, 6]));
+    n.receive(Peer::Node(0), round(0, 2, &[0, 1, 2]));
+    let o = out(&mut n);
+    assert_eq!(o.done.len(), 1);
+    assert!(o.errors.is_empty(), "{o:?}");
+    n.contribute(p(3)).unwrap();
+    // Exchange 1's round 0 from node 4 is in: round 1 goes at once.
+    let o = out(&mut n);
+    assert_eq!(o.raw, [(Peer::Node(2), round(1, 0, &[3])), (Peer::Node(1), round(1, 1, &[3, 4]))]);
+}
+
+#[test]
+fn bruck_rounds_a_node_may_not_send_end_the_job_naming_it() {
+    let cases: [(u32, Bytes, &str); 7] = [
+        (5, round(0, 0, &[5]), "node 5 sent round 0 of PMI exchange 0 to node 3, which takes it from node 4"),
+        (4, round(0, 7, &[4]), "which takes it from no node: an exchange has 3 rounds"),
+        (4, round(0, 0, &[4, 5]), "node 4 sent 2 parts in round 0 of PMI exchange 0, not 1"),
+        (5, round(0, 1, &[6, 5]), "node 5 sent a part for node 6 where node 5's belongs"),
+        (4, round(2, 0, &[4]), "node 4 sent round 0 of PMI exchange 2 during exchange 0"),
+        (4, contrib(0, &[4]), "whose exchanges go by Bruck's allgather"),
+        (6, round(0, 0, &[6]), "node 6 sent round 0 of PMI exchange 0 to node 3, which takes it from node 4"),
+    ];
+    for (from, frame, message) in cases {
+        let mut n = bruck(3);
+        n.contribute(p(3)).unwrap();
+        out(&mut n);
+        n.receive(Peer::Node(from), frame);
+        let o = out(&mut n);
+        let (node, m) = o.error();
+        assert_eq!((*node, m.contains(message)), (Some(from), true), "{m}");
+        // The shell's exchange failed, and every peer hears it.
+        assert_eq!(o.failed.len(), 1);
+        assert_eq!(o.kinds_to(Peer::Node(6)), ["a failure of PMI exchange 0"]);
+    }
+    // A node whose parts go up the tree takes no rounds.
+    let mut n = node(3);
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    assert!(out(&mut n)
+        .error()
+        .1
+        .contains("node 4 sent round 0 of PMI exchange 0 to node 3, which exchanges no rounds"));
+    // The same round twice.
+    let mut n = bruck(3);
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    assert!(out(&mut n).error().1.contains("node 4 sent round 0 of PMI exchange 0 twice"));
+}
+
+#[test]
+fn a_bruck_exchange_over_its_bounds_ends_the_job_naming_the_node_that_brought_it() {
+    let mut n = bruck(3);
+    n.contribute(p(3)).unwrap();
+    // 4 parts of 99 bytes from node 5's round, over the 400 bytes of an exchange with node 3's and 4's.
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    let big = [(5u32, vec![1u8; 99]), (6, vec![2; 99])];
+    n.receive(Peer::Node(5), frame::round(0, 1, big.iter().map(|(n, b)| (*n, b.as_slice()))).unwrap());
+    n.receive(Peer::Node(0), round(0, 2, &[0, 1, 2]));
+    let o = out(&mut n);
+    assert!(o.errors.is_empty(), "{o:?}");
+    let mut n = bruck(3);
+    n.contribute(vec![0; 100]).unwrap();
+    let big = [(5u32, vec![1u8; 100]), (6, vec![2; 100])];
+    n.receive(Peer::Node(5), frame::round(0, 1, big.iter().map(|(n, b)| (*n, b.as_slice()))).unwrap());
+    let over = [(0u32, vec![1u8; 100]), (1, vec![1]), (2, vec![])];
+    n.receive(Peer::Node(0), frame::round(0, 2, over.iter().map(|(n, b)| (*n, b.as_slice()))).unwrap());
+    let (node, m) = out(&mut n).error().clone();
+    assert_eq!(node, Some(0), "{m}");
+    assert!(
+        m.contains("would gather more than 400 bytes (TEST_EXCHANGE_MAX): node 0 brought 101 bytes in round 2"),
+        "{m}"
+    );
+    // A part over the bound on one node's is refused unread.
+    let mut n = bruck(3);
+    n.receive(Peer::Node(4), frame::round(0, 0, std::iter::once((4, &[0u8; PART_MAX + 1][..]))).unwrap());
+    assert!(out(&mut n).error().1.contains("over the limit of 100 bytes per node (TEST_PART_MAX)"));
+    // The largest round a peer may send: its parts at their bound.
+    let wide = Node::new(Tree::new(5000, 2).unwrap().top_at_first_node(), 3, bounds(), usize::MAX).unwrap();
+    let wide = wide.with_allgather(Allgather::Bruck);
+    assert_eq!(wide.frame_max(Peer::Node(3 + 2048)), frame::round_len(2048, EXCHANGE_MAX));
+    assert_eq!(wide.frame_max(Peer::Node(4)), CONTROL_MAX);
+}
+
+#[test]
+fn a_bruck_peer_that_is_done_or_lost_fails_the_exchange_that_needs_it() {
+    // Node 4 said it is done before its round 0 came: node 3's exchange cannot complete.
+    let mut n = bruck(3);
+    n.receive(Peer::Node(4), frame::bye());
+    n.contribute(p(3)).unwrap();
+    let (node, m) = out(&mut n).error().clone();
+    assert_eq!(node, Some(4));
+    assert!(m.contains("ranks wait in PMI exchange 0 that node 4 cannot join"), "{m}");
+    // Node 6 (a peer, not in node 3's branch of the tree) leaves without a goodbye.
+    let mut n = bruck(3);
+    n.lost(Peer::Node(6));
+    let (node, m) = out(&mut n).error().clone();
+    assert_eq!(node, Some(6));
+    assert!(m.contains("node 6 was lost: its connection to node 3 closed"), "{m}");
+    // After its goodbye, leaving is normal, and a peer's round of this exchange already in is enough.
+    let mut n = bruck(3);
+    n.contribute(p(3)).unwrap();
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    n.receive(Peer::Node(4), frame::bye());
+    n.lost(Peer::Node(4));
+    n.receive(Peer::Node(5), round(0, 1, &[5, 6]));
+    n.receive(Peer::Node(0), round(0, 2, &[0, 1, 2]));
+    let o = out(&mut n);
+    assert!(o.errors.is_empty(), "{o:?}");
+    assert_eq!(o.done.len(), 1);
+}
