@@ -203,6 +203,13 @@ fn mpi_sixty_four_nodes_binary_tree() {
     mpi_job(64, &["--nodes", "64", "--tree-width", "2"]);
 }
 
+/// 64 virtual nodes exchanging by Bruck's allgather (6 rounds), and 7 (3 rounds, the last a short one).
+#[test]
+fn mpi_nodes_by_bruck_allgather() {
+    mpi_job(64, &["--nodes", "64", "--allgather", "bruck"]);
+    mpi_job(14, &["--nodes", "7", "--allgather", "bruck", "--map", "cyclic"]);
+}
+
 /// Eight virtual nodes in a chain: each exchange passes through every node, up and down.
 #[test]
 fn mpi_eight_nodes_chain() {
@@ -302,6 +309,8 @@ fn mpi_abort_negative_exit_code() {
 
 /// Width 2 over 7 nodes, one rank each: node 6 is a leaf at depth 3, under nodes 2 and 0.
 const TREE_OF_SEVEN: &[&str] = &["--nodes", "7", "--tree-width", "2"];
+/// The same 7 nodes exchanging by Bruck's allgather: node 6 sends its rounds to nodes 5, 4 and 2.
+const BRUCK_OF_SEVEN: &[&str] = &["--nodes", "7", "--tree-width", "2", "--allgather", "bruck"];
 
 /// An abort on a leaf of a depth-3 tree: its code is the job's status.
 #[test]
@@ -368,12 +377,13 @@ fn mpi_task_killed_while_others_wait_in_init_barrier() {
 }
 
 /// Over a tree, a task killed on an interior node (node 2: under node 0, over node 6) and on a leaf (node
-/// 6), while the others wait in the barrier inside MPI_Init.
+/// 6), while the others wait in the barrier inside MPI_Init; and on node 6 with Bruck's allgather.
 #[test]
 fn mpi_task_killed_in_a_tree_while_others_wait() {
     for victim in [2, 6] {
         kill_in_init_barrier(PRIVATE_MPI[4], 7, TREE_OF_SEVEN, victim);
     }
+    kill_in_init_barrier(PRIVATE_MPI[4], 7, BRUCK_OF_SEVEN, 6);
 }
 
 #[test]
@@ -413,9 +423,11 @@ fn probe_task_killed_mid_barrier() {
 }
 
 /// How the tests run a job: on one virtual node in both of the ABI's modes, and across nodes (where each
-/// node's shell runs an event loop and the coordinator relays between them). With 4 ranks dealt in
-/// blocks, rank 1 shares node 0 with rank 0 on 2 nodes, and is alone on node 1 on 4.
-const MODES: &[&[&str]] = &[&[], &["--event-loop"], &["--nodes", "2"], &["--nodes", "4"]];
+/// node's shell runs an event loop and the coordinator relays between them), over the tree and by Bruck's
+/// allgather. With 4 ranks dealt in blocks, rank 1 shares node 0 with rank 0 on 2 nodes, and is alone on
+/// node 1 on 4.
+const MODES: &[&[&str]] =
+    &[&[], &["--event-loop"], &["--nodes", "2"], &["--nodes", "4"], &["--nodes", "4", "--allgather", "bruck"]];
 
 /// `rpmi-run -n 4 MODE... pmi_barrier_break DIR 1 ACTION`: ranks 0, 2 and 3 wait in a barrier, then rank 1
 /// does ACTION. Every rank is ended: none is left in the job's process group.
@@ -502,12 +514,12 @@ fn an_abort_is_the_one_line_said() {
 /// one line said names the node and the rank. Exiting 3, it failed on its own: its status, and its line.
 #[test]
 fn leaving_a_barrier_in_a_tree_ends_the_job() {
-    for rank in [2, 6] {
-        let done = break_barrier_at(7, TREE_OF_SEVEN, rank, "exit:0");
+    for (rank, shape) in [(2, TREE_OF_SEVEN), (6, TREE_OF_SEVEN), (2, BRUCK_OF_SEVEN), (6, BRUCK_OF_SEVEN)] {
+        let done = break_barrier_at(7, shape, rank, "exit:0");
         assert_eq!(done.code(), Some(125), "rank {rank} exit:0:\n{}", done.dump());
         let want = format!("virtual node {rank} ended: rank {rank} exited while other ranks wait for it in a barrier");
         assert_eq!(own_messages(&done.stderr), [format!("rpmi-run: {want}")], "rank {rank} exit:0:\n{}", done.dump());
-        let done = break_barrier_at(7, TREE_OF_SEVEN, rank, "exit:3");
+        let done = break_barrier_at(7, shape, rank, "exit:3");
         assert_eq!(done.code(), Some(3), "rank {rank} exit:3:\n{}", done.dump());
         let want = format!("rpmi-run: rank {rank} exited with code 3; ending the job");
         assert_eq!(own_messages(&done.stderr), [want], "rank {rank} exit:3:\n{}", done.dump());

@@ -1,14 +1,14 @@
 //! A virtual node's branch of the collective's tree: its node's machine (`rpmi::collective::Node`, node index
 //! = virtual node index) and its connections, to the coordinator (the root: every node's reports and
 //! goodbyes, its ending, and the coordinator's order to end the tasks), to its parent when that is a node,
-//! and to its children. The shell's event loop reads and writes them; nothing that the plugin calls waits on
+//! to its children, and to its peers in Bruck's rounds. The shell's event loop reads and writes them; nothing that the plugin calls waits on
 //! a socket. What the branch needs of the shell comes back as [`Act`]s, for the shell to carry out once the
 //! branch is unlocked (they call into the plugin).
 
 use crate::conn::{self, Blame, Conn, Heard, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use rpmi::abi::ffi;
 use rpmi::collective::groups::{self, DoneParts};
-use rpmi::collective::{frame, Bounds, Node, Output, Parts, Peer, Tree};
+use rpmi::collective::{frame, Allgather, Bounds, Node, Output, Parts, Peer, Tree};
 use rpmi_core::codec::FrameReader;
 use std::ffi::c_int;
 use std::os::unix::net::UnixStream;
@@ -28,7 +28,7 @@ struct State {
     node: Node,
     me: u32,
     /// The connections: the coordinator's first (so that its order to end the tasks is heard before a
-    /// failure that follows from it), then the parent's when it is a node, then the children's.
+    /// failure that follows from it), then the other nodes'.
     conns: Vec<Conn>,
     /// Who is at the other end of each.
     peers: Vec<Peer>,
@@ -62,22 +62,21 @@ pub enum Act {
 }
 
 impl Branch {
-    /// Node `me` of `tree`: `root` to the coordinator, `parent` to its parent node (if it is not the root),
-    /// `children` to each child node.
+    /// Node `me` of `tree`, whose exchanges go by `allgather`: `root` to the coordinator, `peers` to every
+    /// node it talks to ([`Node::peers`]), by node.
     pub fn new(
         tree: Tree,
+        allgather: Allgather,
         me: u32,
         bounds: Bounds,
         root: UnixStream,
-        parent: Option<UnixStream>,
-        children: Vec<(u32, UnixStream)>,
+        peers: Vec<(u32, UnixStream)>,
     ) -> Result<Branch, String> {
         // Every node's part, each at most the exchange's bound, and all of them too.
         let all_max = frame::parts_len(tree.nodes() as usize, bounds.exchange_max.bytes);
-        let node = Node::new(tree, me, bounds, all_max).map_err(|e| e.to_string())?;
+        let node = Node::new(tree, me, bounds, all_max).map_err(|e| e.to_string())?.with_allgather(allgather);
         let mut ends = vec![(Peer::Root, root)];
-        ends.extend(parent.map(|p| (tree.parent(me), p)));
-        ends.extend(children.into_iter().map(|(c, s)| (Peer::Node(c), s)));
+        ends.extend(peers.into_iter().map(|(c, s)| (Peer::Node(c), s)));
         let mut conns = Vec::with_capacity(ends.len());
         let mut peers = Vec::with_capacity(ends.len());
         for (peer, stream) in ends {
@@ -271,7 +270,8 @@ impl State {
                 // The queues stay bounded: on each connection the machine has at most one exchange's frame
                 // in flight (a CONTRIB up once every part of it is in; an ALL to each child, one frame
                 // shared, and the child's next CONTRIB, so the next ALL, waits until it has read that one),
-                // besides a few control frames.
+                // or with Bruck's allgather a round of this exchange and of the next (none further: the
+                // next one needs the peer's part), besides a few control frames.
                 Output::Send { to, frame } => {
                     if let Some(i) = self.peers.iter().position(|&p| p == to) {
                         self.conns[i].send(COLLECTIVE, frame);
@@ -331,7 +331,7 @@ mod tests {
     fn a_node_sends_its_subtrees_parts_up_and_its_news_to_the_coordinator() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let branch = Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
 
         assert_eq!(branch.contribute(b"x").0, ffi::RPMI_OK);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
@@ -368,7 +368,7 @@ mod tests {
     fn a_node_that_ends_during_an_exchange_says_it_left() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let branch = Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
         turn(&branch);
         // The job cannot go on: the shell hears it (and ends the job, which reports it up the tree).
@@ -392,7 +392,7 @@ mod tests {
     fn a_node_that_ends_gives_up_on_a_peer_that_reads_nothing() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (_parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let branch = Branch::new(Tree::new(3, 1).unwrap(), 1, bounds(), r, Some(p), vec![(2, c)]).unwrap();
+        let branch = Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
         assert_eq!(branch.contribute(&vec![b'x'; 900 << 10]).0, ffi::RPMI_OK);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
         turn(&branch);

@@ -1,8 +1,9 @@
 //! Virtual nodes as processes of their own. With `--nodes M` above 1, rpmi-run forks one shell process per
 //! node, each the leader of a session of its own (as a real node's job shell is, e.g. Slurm's slurmstepd),
 //! so the kernel schedules each node's shell and its tasks as one group. The nodes exchange each
-//! collective over a k-ary tree (`--tree-width`), through a socketpair per edge, each node's shell running
-//! its node's machine (see `branch`), its top at node 0; rpmi-run itself stays as the coordinator, the tree's
+//! collective over a k-ary tree (`--tree-width`) or by Bruck's allgather (`--allgather bruck`), through a
+//! socketpair per pair of nodes that talk, each node's shell running its node's machine (see `branch`), the
+//! tree's top at node 0; rpmi-run itself stays as the coordinator, the tree's
 //! root above node 0 (`rpmi::collective::Root`), with a socketpair to every node, taking no part in exchanges.
 //! It passes on why and when the job ends: it
 //! says what is news for the whole job (the first reason, the first abort), and ends a job that cannot go
@@ -12,7 +13,7 @@ use crate::branch::Branch;
 use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use crate::services::Ended;
 use rpmi::abi::ffi;
-use rpmi::collective::{frame, groups, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
+use rpmi::collective::{frame, groups, Allgather, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
 use rpmi::server::{TaskMap, JOB_ERROR_EXIT_CODE};
 use rpmi_core::codec::FrameReader;
 use std::io;
@@ -65,7 +66,7 @@ struct Outcome {
 /// (it forks).
 pub fn coordinate(
     cliques: &[Vec<u32>],
-    tree: Tree,
+    (tree, allgather): (Tree, Allgather),
     bounds: Bounds,
     verbosity: i32,
     spawned_runs: &Arc<Mutex<Vec<libc::pid_t>>>,
@@ -75,20 +76,20 @@ pub fn coordinate(
     let nodes = cliques.len();
     let mut conns: Vec<Conn> = Vec::with_capacity(nodes);
     let mut pids: Vec<libc::pid_t> = Vec::with_capacity(nodes);
-    // Each node's end of its socketpair to its parent node, made along with the parent's (a parent has a
-    // lower index, so it is forked first) and held until the node is forked.
-    let mut up: Vec<Option<UnixStream>> = (0..nodes).map(|_| None).collect();
+    // Each node's ends of its socketpairs to lower nodes (its parent, and its peers in Bruck's rounds), made
+    // along with theirs (a lower node is forked first) and held until the node is forked.
+    let mut held: Vec<Vec<(u32, UnixStream)>> = (0..nodes).map(|_| Vec::new()).collect();
     for index in 0..nodes {
         let me = index as u32;
         let connect = |e: io::Error| format!("cannot connect virtual node {index}: {e}");
         let (ours, theirs) = UnixStream::pair().map_err(connect)?;
-        let mut children = Vec::new();
-        for child in tree.children(Peer::Node(me)) {
-            let (down, upward) = UnixStream::pair().map_err(connect)?;
-            up[child as usize] = Some(upward);
-            children.push((child, down));
+        let mut peers = std::mem::take(&mut held[index]);
+        for peer in allgather.peers(&tree, me).into_iter().filter(|&p| p > me) {
+            let (mine, its) = UnixStream::pair().map_err(connect)?;
+            held[peer as usize].push((me, its));
+            peers.push((peer, mine));
         }
-        let branch = Branch::new(tree, me, bounds, theirs, up[index].take(), children)?;
+        let branch = Branch::new(tree, allgather, me, bounds, theirs, peers)?;
         let ours = Conn::new(ours).map_err(connect)?;
         // SAFETY: no other thread exists yet, so the child may go on running Rust code after fork.
         let pid = unsafe { libc::fork() };
@@ -101,7 +102,7 @@ pub fn coordinate(
         }
         if pid == 0 {
             // Only its own ends stay open, so that every connection ends when the shell at either end does.
-            drop((conns, up, ours));
+            drop((conns, held, ours));
             // SAFETY: setsid has no memory effects; it fails only for a process group leader, which a child
             // just forked is not.
             unsafe { libc::setsid() };

@@ -3,6 +3,7 @@
 //! preputs, `PMI_SPAWNED`, the universe size. A spawned job is run by an rpmi-run of its own, which reads its
 //! [`Job`] as JSON from the rpmi-run that started it (see `services`).
 
+use rpmi::collective::Allgather;
 use rpmi::launch;
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -43,6 +44,8 @@ pub struct Job {
     /// rank placement, labels, trace, event loop, plugin options and the plugin's path.
     pub nodes: u32,
     pub tree_width: u32,
+    /// How an exchange's parts reach every node.
+    pub allgather: Allgather,
     pub cyclic: bool,
     pub label: bool,
     pub trace: bool,
@@ -92,6 +95,7 @@ impl Job {
             "universe": self.universe,
             "nodes": self.nodes,
             "tree_width": self.tree_width,
+            "allgather": self.allgather.name(),
             "cyclic": self.cyclic,
             "label": self.label,
             "trace": self.trace,
@@ -135,6 +139,7 @@ impl Job {
             universe: u32_of("universe")?,
             nodes: u32_of("nodes")?,
             tree_width: u32_of("tree_width")?,
+            allgather: str_of(&v["allgather"]).and_then(|a| Allgather::from_name(&a)).ok_or_else(|| bad("allgather"))?,
             cyclic: bool_of("cyclic")?,
             label: bool_of("label")?,
             trace: bool_of("trace")?,
@@ -200,6 +205,7 @@ mod tests {
             universe: 9,
             nodes: 2,
             tree_width: 4,
+            allgather: Allgather::Bruck,
             cyclic: true,
             label: false,
             trace: true,

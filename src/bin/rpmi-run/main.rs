@@ -28,7 +28,7 @@ mod shell;
 use job::{App, Job};
 use plugin::Plugin;
 use rpmi::abi::{ffi, Options};
-use rpmi::collective::{Bound, Bounds, Tree};
+use rpmi::collective::{Allgather, Bound, Bounds, Tree};
 use rpmi::launch;
 use rpmi::server::TaskMap;
 use services::Ended;
@@ -40,7 +40,7 @@ use std::path::PathBuf;
 use std::process::exit;
 use std::sync::{Arc, Mutex, OnceLock};
 
-const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--tree-width K] [--map block|cyclic] [--universe U] [-l] \
+const USAGE: &str = "usage: rpmi-run [-n N] [--nodes M] [--tree-width K] [--allgather tree|bruck] [--map block|cyclic] [--universe U] [-l] \
 [--trace] [-o KEY=VALUE]... [--event-loop] [--plugin PATH] [--] PROGRAM [ARGS]... [: -n N PROGRAM [ARGS]...]...";
 
 /// What `--help` prints after [`USAGE`]: one line per option, as docs/man/rpmi-run.1.md's OPTIONS lists them
@@ -52,6 +52,8 @@ options:
   -n, --ntasks N            run N tasks (default 1)
   -N, --nodes M             split them over M virtual nodes, one plugin instance each (default 1)
   --tree-width K            the nodes exchange over a tree of at most K children each (default 4)
+  --allgather tree|bruck    how each exchange's parts reach every node: up the tree and back down
+                            (default), or Bruck's allgather between the nodes
   -m, --map block|cyclic    how ranks are dealt to the nodes (default block)
   --universe U              what PMI_Get_universe_size answers (default: the job's size)
   -l, --label               prefix every line of output with its rank
@@ -88,6 +90,7 @@ fn parse_args() -> Job {
         universe: 0,
         nodes: 1,
         tree_width: rpmi::collective::DEFAULT_WIDTH,
+        allgather: Allgather::Tree,
         cyclic: false,
         label: false,
         trace: false,
@@ -109,6 +112,11 @@ fn parse_args() -> Job {
             "-n" | "--ntasks" => n = count(value(&mut it, "-n"), "-n"),
             "--nodes" | "-N" => job.nodes = count(value(&mut it, "--nodes"), "--nodes"),
             "--tree-width" => job.tree_width = count(value(&mut it, "--tree-width"), "--tree-width"),
+            "--allgather" => {
+                let name = value(&mut it, "--allgather");
+                let allgather = Allgather::from_name(&name);
+                job.allgather = allgather.unwrap_or_else(|| die(format!("--allgather takes tree or bruck, not '{name}'")));
+            }
             "--map" | "-m" => match value(&mut it, "--map").as_str() {
                 "block" => job.cyclic = false,
                 "cyclic" => job.cyclic = true,
@@ -361,7 +369,8 @@ fn main() {
             |index, branch| shell::run(&plan, plugin, index, Some(branch), launch.node_link(index, true)).status;
         let bounds = exchange_bounds(&plan.options);
         let after_fork = || launch.start(true);
-        coordinator::coordinate(&plan.cliques, tree, bounds, plan.verbosity, &plan.spawned_runs, after_fork, run_node)
+        let shape = (tree, job.allgather);
+        coordinator::coordinate(&plan.cliques, shape, bounds, plan.verbosity, &plan.spawned_runs, after_fork, run_node)
             .unwrap_or_else(|e| die(e))
     };
     exit(launch.finish(ended))

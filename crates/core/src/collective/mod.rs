@@ -96,6 +96,19 @@ pub enum Allgather {
 }
 
 impl Allgather {
+    /// Its name in options: `tree` or `bruck`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Allgather::Tree => "tree",
+            Allgather::Bruck => "bruck",
+        }
+    }
+
+    /// The allgather an option names.
+    pub fn from_name(name: &str) -> Option<Allgather> {
+        [Allgather::Tree, Allgather::Bruck].into_iter().find(|a| a.name() == name)
+    }
+
     /// The nodes that node `me` of `tree` has a connection with: its parent and children and, for Bruck's,
     /// its peers in the rounds; in node order, each once.
     pub fn peers(self, tree: &Tree, me: u32) -> Vec<u32> {
