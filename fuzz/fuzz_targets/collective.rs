@@ -15,7 +15,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rpmi_core::collective::{frame, Bound, Bounds, Bytes, Node, Output, Peer, Root, Tree};
+use rpmi_core::collective::{frame, Allgather, Bound, Bounds, Bytes, Node, Output, Peer, Root, Tree};
 use std::sync::Arc;
 
 struct Input<'a>(&'a [u8]);
@@ -69,12 +69,16 @@ fuzz_target!(|data: &[u8]| {
         exchange_max: Bound { bytes: exchange, option: "EXCHANGE" },
     };
     let tree = Tree::new(nodes, width).expect("a valid tree");
-    let tree = if input.byte() & 1 == 1 { tree.top_at_first_node() } else { tree };
+    // The tree with its top at the root, at node 0, or at node 0 with Bruck's allgather.
+    let shape = input.byte() % 3;
+    let tree = if shape > 0 { tree.top_at_first_node() } else { tree };
+    let allgather = if shape == 2 { Allgather::Bruck } else { Allgather::Tree };
     let mut machine = if which == 0xFF {
         Machine::Root(Root::new(tree, bounds))
     } else {
         let me = u32::from(which) % nodes;
-        Machine::Node(Node::new(tree, me, bounds, frame::parts_len(nodes as usize, exchange)).unwrap(), me)
+        let node = Node::new(tree, me, bounds, frame::parts_len(nodes as usize, exchange)).unwrap();
+        Machine::Node(node.with_allgather(allgather), me)
     };
     let mut job_errors = 0;
     let mut contributed: Option<u32> = None;
@@ -106,6 +110,18 @@ fuzz_target!(|data: &[u8]| {
             4 => Some(frame::lost(u32::from(input.byte()) % (nodes + 1))),
             5 => Some(frame::bye()),
             6 => Some(frame::end()),
+            // A round: from the peer, of a few parts numbered on from it (or not).
+            10 if input.byte() & 1 == 1 => {
+                let (epoch, round, count) = (input.u32() % 3, input.byte() % 8, u32::from(input.byte() % 5));
+                let from = match peer {
+                    Peer::Node(n) => n,
+                    Peer::Root => 0,
+                };
+                let skew = u32::from(input.byte() % 2);
+                let parts: Vec<(u32, Vec<u8>)> =
+                    (0..count).map(|t| ((from + t + skew) % nodes, input.counted())).collect();
+                frame::round(epoch, round, parts.iter().map(|(n, b)| (*n, b.as_slice()))).ok()
+            }
             _ => None,
         };
         match (&mut machine, frame) {
@@ -149,10 +165,8 @@ fuzz_target!(|data: &[u8]| {
                     Machine::Root(_) => {
                         assert!(matches!(to, Peer::Node(c) if tree.is_child(Peer::Root, c)), "root sent to {to:?}")
                     }
-                    Machine::Node(_, me) => {
-                        let neighbour = to == Peer::Root
-                            || to == tree.parent(*me)
-                            || matches!(to, Peer::Node(c) if tree.is_child(Peer::Node(*me), c));
+                    Machine::Node(node, me) => {
+                        let neighbour = to == Peer::Root || matches!(to, Peer::Node(p) if node.peers().contains(&p));
                         assert!(neighbour, "node {me} sent to {to:?}");
                     }
                 },

@@ -268,7 +268,13 @@ fn receiver(config: u8, small: u8, nodes_less_one: u8) -> Receiver {
     // After the handshake, every receiver takes a control frame of either layer (a REPORT of REPORT_MAX
     // bytes in a COLLECTIVE is the largest), and exactly the COLLECTIVE frames whose frame the machine takes.
     assert!(r.machine >= cframe::CONTROL_MAX, "{r:?}");
-    let control = if r.acceptor && r.to == ROOT { SPAWN_FRAME_MAX } else { CONTROL_MAX };
+    // Beside the collective's frames, srun takes a SPAWN and a node's part of a group exchange, and a stepd
+    // the end of a group exchange from srun.
+    let control = match (r.acceptor, r.to == ROOT) {
+        (true, true) => SPAWN_FRAME_MAX.max(group_part + 1),
+        (false, true) => CONTROL_MAX.max(group_end + 1),
+        _ => CONTROL_MAX,
+    };
     assert_eq!(r.session - 1, r.machine.max(control - 1), "{r:?}");
     r
 }
@@ -531,8 +537,9 @@ fn check_down(payload: &[u8], m: Down, receiver: &Receiver, hs: &mut Handshake) 
             }
         }
         Down::Collective(inner) => check_collective(inner, receiver),
-        Down::Parent { .. } => assert_eq!(payload.len(), 3),
-        Down::ParentDone | Down::End => assert_eq!(payload.len(), 1),
+        Down::Peer { .. } => assert_eq!(payload.len(), 7),
+        Down::PeerDone { .. } => assert_eq!(payload.len(), 5),
+        Down::End => assert_eq!(payload.len(), 1),
         Down::Answer { text, .. } => check_text(text),
         Down::Group(done) => {
             let id = done.id();
@@ -568,7 +575,10 @@ fn check_collective(inner: &Bytes, receiver: &Receiver) {
     match (&decoded, &unbounded) {
         (Ok(f), Ok(g)) => assert_eq!(f, g),
         (Err(DecodeError::Malformed(a)), Err(DecodeError::Malformed(b))) => assert_eq!(a, b),
-        (Err(DecodeError::PartTooLarge { node, len }), Ok(Frame::Contrib { parts, .. } | Frame::All { parts, .. })) => {
+        (
+            Err(DecodeError::PartTooLarge { node, len }),
+            Ok(Frame::Contrib { parts, .. } | Frame::All { parts, .. } | Frame::Round { parts, .. }),
+        ) => {
             let first = parts.iter().find(|(_, b)| b.len() > part_max).map(|(n, b)| (n, b.len()));
             assert_eq!(first, Some((*node, *len)), "PartTooLarge names another part than the first over the bound");
         }
@@ -584,22 +594,24 @@ fn check_collective(inner: &Bytes, receiver: &Receiver) {
     };
     let _ = frame.to_string();
     let rebuilt = match &frame {
-        Frame::Contrib { epoch, parts } | Frame::All { epoch, parts } => {
+        Frame::Contrib { epoch, parts } | Frame::All { epoch, parts } | Frame::Round { epoch, parts, .. } => {
             // Read in place: the frame holds its parts, and accounts for every byte of them.
             assert!(Arc::ptr_eq(parts.frame(), inner), "parts copied out of their frame");
             assert_eq!(parts.iter().len(), parts.len());
             assert_eq!(parts.iter().count(), parts.len());
             assert_eq!(parts.iter().map(|(_, b)| b.len()).sum::<usize>(), parts.bytes());
-            assert_eq!(cframe::parts_len(parts.len(), parts.bytes()), inner.len(), "parts that are not the frame");
+            let round = usize::from(matches!(frame, Frame::Round { .. }));
+            let len = cframe::parts_len(parts.len(), parts.bytes()) + round;
+            assert_eq!(len, inner.len(), "parts that are not the frame");
             assert!(parts.iter().all(|(_, b)| b.len() <= part_max));
             assert!(parts.nodes().eq(parts.iter().map(|(n, _)| n)));
             let misplaced = parts.nodes().enumerate().find(|&(i, n)| n as usize != i).map(|(i, n)| (i as u32, n));
             assert_eq!(parts.misplaced(), misplaced);
             assert_eq!(parts.is_empty(), parts.iter().next().is_none());
-            if matches!(frame, Frame::Contrib { .. }) {
-                cframe::contrib(*epoch, parts.iter())
-            } else {
-                cframe::all(*epoch, parts.iter())
+            match frame {
+                Frame::Contrib { .. } => cframe::contrib(*epoch, parts.iter()),
+                Frame::Round { round, .. } => cframe::round(*epoch, round, parts.iter()),
+                _ => cframe::all(*epoch, parts.iter()),
             }
             .expect("a frame that came in fits")
         }
@@ -615,7 +627,7 @@ fn check_collective(inner: &Bytes, receiver: &Receiver) {
             cframe::report(bytes).expect("a report that came in fits")
         }
     };
-    if !matches!(frame, Frame::Contrib { .. } | Frame::All { .. }) {
+    if !matches!(frame, Frame::Contrib { .. } | Frame::All { .. } | Frame::Round { .. }) {
         assert!(rebuilt.len() <= cframe::CONTROL_MAX, "a collective control frame of {} bytes", rebuilt.len());
     }
     check_same(inner, &rebuilt, true);

@@ -22,6 +22,7 @@
 use super::auth::{self, Prover, Secret, Transcript};
 use super::link::Watch;
 use super::protocol::{Down, FrameBuf, Up, HELLO_LEN, PROOF_LEN_ON_WIRE};
+use crate::collective::Allgather;
 use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -42,18 +43,47 @@ const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 const ACCEPT_REST_FIRST: Duration = Duration::from_millis(10);
 const ACCEPT_REST_MAX: Duration = Duration::from_secs(1);
 
+/// The nodes that may join an acceptor, each once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Members {
+    /// Every node of a range: srun's, every node of the step.
+    Range(Range<u32>),
+    /// These nodes, in ascending order: a stepd's higher peers (its children, and its peers in Bruck's rounds
+    /// above it).
+    Listed(Vec<u32>),
+}
+
+impl Members {
+    fn len(&self) -> usize {
+        match self {
+            Members::Range(r) => r.len(),
+            Members::Listed(l) => l.len(),
+        }
+    }
+
+    /// Where `node` is among them, if it is.
+    fn index(&self, node: u32) -> Option<usize> {
+        match self {
+            Members::Range(r) => r.contains(&node).then(|| (node - r.start) as usize),
+            Members::Listed(l) => l.binary_search(&node).ok(),
+        }
+    }
+}
+
 /// Who may join, and what they must prove.
 pub struct Gate {
     pub secret: Secret,
     /// Who admits, for the handshake's transcript: [`auth::ROOT`], or this stepd's node index.
     pub to: u32,
-    /// The nodes that may join, each once: every node for srun, a stepd's children for a stepd.
-    pub members: Range<u32>,
+    /// The nodes that may join, each once: every node for srun, a stepd's higher peers for a stepd.
+    pub members: Members,
     /// The addresses they connect from, where slurm.conf gives them all; `None` admits any address.
     pub addresses: Option<Vec<IpAddr>>,
     /// The tree's width a joiner must build the tree with; `None` takes any (srun, which learns it from the
     /// stepds).
     pub width: Option<u32>,
+    /// How a joiner's exchanges must go; `None` takes any (srun, as the width).
+    pub allgather: Option<Allgather>,
 }
 
 /// An admitted connection, handed over to the host.
@@ -63,6 +93,8 @@ pub struct Joined {
     pub port: u16,
     /// The tree's width it builds the tree with.
     pub width: u32,
+    /// How its exchanges go.
+    pub allgather: Allgather,
     pub stream: TcpStream,
     /// What it sent after its proof.
     pub input: FrameBuf,
@@ -80,8 +112,8 @@ pub enum Admission {
 enum Stage {
     /// Accepted; its HELLO has not come.
     Hello,
-    /// CHALLENGE sent; its PROOF has not come. The port and width from its HELLO.
-    Proof(Transcript, u16, u32),
+    /// CHALLENGE sent; its PROOF has not come. The port, width and allgather from its HELLO.
+    Proof(Transcript, u16, u32, Allgather),
 }
 
 struct Joining {
@@ -166,10 +198,17 @@ impl Acceptor {
         })
     }
 
-    /// Adds the listener to `watch`'s epoll set; connections in the handshake join it as they come.
+    /// Adds the listener and the connections in the handshake to `watch`'s epoll set; connections join it as
+    /// they come. Called again with another set, it moves to that one (the caller drops the earlier set).
     pub fn watch(&mut self, watch: Arc<dyn Watch>) -> io::Result<()> {
-        if let Some(l) = &self.listener {
+        let listening = self.resting.is_none_or(|r| r.until.is_none());
+        if let Some(l) = self.listener.as_ref().filter(|_| listening) {
             watch.add(l.as_raw_fd(), libc::EPOLLIN as u32, self.base)?;
+        }
+        for (slot, p) in self.pending.iter().enumerate() {
+            if let Some(p) = p {
+                watch.add(p.stream.as_raw_fd(), libc::EPOLLIN as u32, self.base + 1 + slot as u64)?;
+            }
         }
         self.watch = Some(watch);
         Ok(())
@@ -422,11 +461,11 @@ impl Acceptor {
                 Err(e) => Err(e.to_string()),
             };
             let kept = match (stage, message) {
-                (Stage::Hello, Ok(Up::Hello { node, nonce, port, width })) => {
-                    self.hello(slot, node, nonce, port, width)
+                (Stage::Hello, Ok(Up::Hello { node, nonce, port, width, allgather })) => {
+                    self.hello(slot, node, nonce, port, width, allgather)
                 }
-                (Stage::Proof(t, port, width), Ok(Up::Proof { proof })) => {
-                    self.proof(slot, t, port, width, proof);
+                (Stage::Proof(t, port, width, allgather), Ok(Up::Proof { proof })) => {
+                    self.proof(slot, t, port, width, allgather, proof);
                     return false;
                 }
                 (_, Err(e)) => Err(e),
@@ -441,8 +480,7 @@ impl Acceptor {
     }
 
     fn member(&self, node: u32) -> Option<usize> {
-        let m = &self.gate.members;
-        m.contains(&node).then(|| (node - m.start) as usize)
+        self.gate.members.index(node)
     }
 
     fn hello(
@@ -452,6 +490,7 @@ impl Acceptor {
         joiner_nonce: auth::Nonce,
         port: u16,
         width: u32,
+        allgather: Allgather,
     ) -> Result<(), String> {
         if self.member(node).is_none_or(|m| self.admitted[m]) {
             return Err(format!("node index {node} may not join here, or has joined already"));
@@ -459,16 +498,20 @@ impl Acceptor {
         if let Some(w) = self.gate.width.filter(|&w| w != width) {
             return Err(format!("node {node} builds the PMI tree with width {width}, this side with {w}"));
         }
+        if let Some(a) = self.gate.allgather.filter(|&a| a != allgather) {
+            let (theirs, ours) = (allgather.name(), a.name());
+            return Err(format!("node {node} exchanges by allgather {theirs}, this side by {ours}"));
+        }
         let acceptor_nonce =
             crate::slurm::random::nonce().map_err(|e| format!("no random bytes for a challenge: {e}"))?;
         let t = Transcript { node, to: self.gate.to, joiner_nonce, acceptor_nonce };
         let p = self.pending[slot].as_mut().ok_or("gone")?;
-        p.stage = Stage::Proof(t, port, width);
+        p.stage = Stage::Proof(t, port, width, allgather);
         write_whole(&mut p.stream, &Down::Challenge { nonce: acceptor_nonce })
     }
 
     /// Admits connection `slot` if its proof is right, else drops it.
-    fn proof(&mut self, slot: usize, t: Transcript, port: u16, width: u32, proof: auth::Proof) {
+    fn proof(&mut self, slot: usize, t: Transcript, port: u16, width: u32, allgather: Allgather, proof: auth::Proof) {
         let Some(mut p) = self.take_pending(slot) else { return };
         let member = self.member(t.node).filter(|&m| !self.admitted[m]);
         let Some(m) = member.filter(|_| self.gate.secret.verify(Prover::Joiner, &t, &proof)) else {
@@ -488,7 +531,7 @@ impl Acceptor {
         // A connection that cannot take the answer is broken: its host sees it close, as any admitted one's.
         let welcome = Down::Welcome { proof: self.gate.secret.prove(Prover::Acceptor, &t) };
         let _ = write_whole(&mut p.stream, &welcome);
-        let joined = Joined { node: t.node, port, width, stream: p.stream, input: p.input };
+        let joined = Joined { node: t.node, port, width, allgather, stream: p.stream, input: p.input };
         self.events.push_back(Admission::Joined(joined));
     }
 }

@@ -4,7 +4,7 @@
 //! `mpi_p_client_fini` stops the root and hands srun the exit code of a `PMI_Abort`.
 
 use super::layout;
-use super::options::{bound_option, Id, Job, INTERNAL};
+use super::options::{allgather as allgather_of, bound_option, Id, Job, Site, INTERNAL};
 use super::records::{slurm_step_id_t, slurm_step_layout_t, StepInfo, NO_VAL};
 use super::root::{Outcome, Reporter, RootThread, Step};
 use super::spawn::{self, Spawn, ENV_SPAWN};
@@ -297,6 +297,7 @@ unsafe fn set_up(info: &StepInfo, job: Job, job_id: u32, components: Components)
     let job_or_default = |id: Id| job.get(id).unwrap_or(id.opt().default);
     let bounds = bounds(job_or_default(Id::NodeBytesMax) as usize, job_or_default(Id::ExchangeBytesMax) as usize);
     let width = job.get(Id::TreeWidth).map(|w| w as u32);
+    let allgather = job.get(Id::Allgather).map(|_| allgather_of(&Site::EMPTY, &job));
     let secret = crate::slurm::random::secret().map_err(|e| format!("no random bytes for the step's secret: {e}"))?;
     let listener = listen().map_err(|e| format!("cannot open the collective port: {e}"))?;
     let map = layout::encode(&node_of);
@@ -320,7 +321,7 @@ unsafe fn set_up(info: &StepInfo, job: Job, job_id: u32, components: Components)
     if let Some(fd) = spawned_by {
         spawn::tell_step(fd, step)?;
     }
-    let step_info = Step { node_names, node_of, secret, addresses, bounds, width, spawn, spawned_by };
+    let step_info = Step { node_names, node_of, secret, addresses, bounds, width, allgather, spawn, spawned_by };
     let hetjob_leader = Some(info.het_job_id).filter(|&j| j != 0 && j != NO_VAL);
     let reporter = SrunReporter { slurm, steps: components, job: spawn_job, hetjob_leader };
     let root = RootThread::start(listener, step_info, Box::new(reporter))

@@ -26,7 +26,7 @@
 
 use super::protocol::SPAWN_MAX;
 use super::trace::escape_text;
-use crate::collective::{Bound, Bounds, Tree, TreeError};
+use crate::collective::{Allgather, Bound, Bounds, Tree, TreeError};
 use crate::server::{Limits, REQUEST_LINE_CEILING};
 use std::ffi::CStr;
 use std::ops::RangeInclusive;
@@ -86,6 +86,9 @@ impl Opt {
 }
 
 const SWITCH: &str = "yes or no";
+const ALLGATHER: &str = "tree or bruck";
+/// [`ALLGATHER`]'s values, by number.
+const ALLGATHERS: [Allgather; 2] = [Allgather::Tree, Allgather::Bruck];
 const BYTES: &str = "a number of bytes";
 
 /// The options, by their place in [`OPTIONS`].
@@ -100,11 +103,12 @@ pub enum Id {
     ExchangeBytesMax,
     SpawnBytesMax,
     TreeWidth,
+    Allgather,
     Trace,
 }
 
 /// Every option, in [`Id`]'s order.
-pub const OPTIONS: [Opt; 10] = [
+pub const OPTIONS: [Opt; 11] = [
     // Advertised by get_maxes, NUL included. The upper end is a PMI-1 line (what MPICH reads one into):
     // longer keys or values could not travel anyway.
     Opt {
@@ -185,6 +189,15 @@ pub const OPTIONS: [Opt; 10] = [
         default: crate::collective::DEFAULT_WIDTH as u64,
         ceiling: None,
     },
+    // How an exchange's parts reach every node: by name, `Allgather`'s order.
+    Opt {
+        key: c"RpmiAllgather",
+        var: "SLURM_RPMI_ALLGATHER",
+        what: ALLGATHER,
+        range: 0..=1,
+        default: 0,
+        ceiling: None,
+    },
     // The job's switch is PMI_DEBUG, which MPICH's own PMI client reads too: set and not 0 turns it on.
     Opt { key: c"RpmiTrace", var: "PMI_DEBUG", what: SWITCH, range: 0..=1, default: 0, ceiling: None },
 ];
@@ -200,6 +213,7 @@ impl Id {
         Id::ExchangeBytesMax,
         Id::SpawnBytesMax,
         Id::TreeWidth,
+        Id::Allgather,
         Id::Trace,
     ];
 
@@ -216,11 +230,14 @@ fn parse(opt: &Opt, name: &str, text: &str) -> Result<u64, String> {
             "no" | "false" | "0" => Some(0),
             _ => None,
         }
+    } else if opt.what == ALLGATHER {
+        let name = text.trim().to_ascii_lowercase();
+        ALLGATHERS.iter().position(|a| a.name() == name).map(|i| i as u64)
     } else {
         text.trim().parse::<u64>().ok().filter(|v| opt.range.contains(v))
     };
     value.ok_or_else(|| {
-        let range = match opt.is_switch() {
+        let range = match opt.is_switch() || opt.what == ALLGATHER {
             true => String::new(),
             false => format!(" from {} to {}", opt.range.start(), opt.range.end()),
         };
@@ -271,7 +288,8 @@ impl Job {
 
     /// `RPMI_SLURM_OPTIONS`' value.
     pub fn encode(&self) -> String {
-        let set = Id::ALL.into_iter().filter_map(|id| self.get(id).map(|v| format!("{}={v}", id.opt().var)));
+        let set =
+            Id::ALL.into_iter().filter_map(|id| self.get(id).map(|v| format!("{}={}", id.opt().var, shown(id, v))));
         set.collect::<Vec<_>>().join(",")
     }
 
@@ -343,10 +361,7 @@ impl Site {
                 Some(Ok(v)) => Some(v),
                 None => None,
             };
-            let shown = |v: u64| match opt.is_switch() {
-                true => (if v == 1 { "yes" } else { "no" }).to_string(),
-                false => v.to_string(),
-            };
+            let shown = |v: u64| shown(id, v);
             let source = if given.is_some() { "" } else { ", built in" };
             match self.ceiling(id) {
                 Some(c) => format!("{} (ceiling{source}; default {})", shown(c), shown(opt.default.min(c))),
@@ -355,6 +370,19 @@ impl Site {
         };
         Id::ALL.into_iter().map(|id| (id.opt().key().to_string(), show(id))).collect()
     }
+}
+
+/// Option `id`'s value `v` as a user writes it.
+fn shown(id: Id, v: u64) -> String {
+    match id.opt().what {
+        SWITCH => (if v == 1 { "yes" } else { "no" }).to_string(),
+        ALLGATHER => allgather_of(v).name().to_string(),
+        _ => v.to_string(),
+    }
+}
+
+fn allgather_of(v: u64) -> Allgather {
+    ALLGATHERS.get(v as usize).copied().unwrap_or_default()
 }
 
 /// The most misnamed keys [`misnamed_keys`] reports.
@@ -432,6 +460,12 @@ fn free(site: &Site, id: Id, asked: Option<u64>) -> u64 {
 /// every stepd's is the same).
 pub fn tree_width(site: &Site, job: &Job) -> u32 {
     free(site, Id::TreeWidth, job.get(Id::TreeWidth)) as u32
+}
+
+/// How this node's exchanges reach every node, also when it refuses the step (srun's root checks that every
+/// stepd's is the same).
+pub fn allgather(site: &Site, job: &Job) -> Allgather {
+    allgather_of(free(site, Id::Allgather, job.get(Id::Allgather)))
 }
 
 /// The tree of a step's `nodes` stepds with `width`: its top at node 0, so that no exchange passes through

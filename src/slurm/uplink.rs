@@ -10,6 +10,7 @@
 
 use super::auth::{Prover, Secret, Transcript};
 use super::protocol::{Down, Up, CONTROL_MAX};
+use crate::collective::Allgather;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -28,12 +29,14 @@ const SEND_RATE_MIN: usize = 1 << 20;
 #[derive(Debug, Clone, Copy)]
 pub struct Hello {
     pub node: u32,
-    /// Whom it joins: [`auth::ROOT`], or its parent's node index.
+    /// Whom it joins: [`auth::ROOT`], or a lower peer's node index.
     pub to: u32,
-    /// Where it listens for its children (0: it has none).
+    /// Where it listens for its higher peers (0: it has none).
     pub port: u16,
     /// The tree's width it builds the tree with.
     pub width: u32,
+    /// How its exchanges go.
+    pub allgather: Allgather,
 }
 
 /// Why joining failed.
@@ -125,8 +128,8 @@ fn attempt(addr: &SocketAddr, hello: &Hello, secret: &Secret, deadline: Instant)
     let mut s = TcpStream::connect_timeout(addr, left).map_err(failed)?;
     let _ = s.set_nodelay(true);
     let joiner_nonce = crate::slurm::random::nonce().map_err(failed)?;
-    let Hello { node, to, port, width } = *hello;
-    send(&mut s, &encode(&Up::Hello { node, nonce: joiner_nonce, port, width })).map_err(failed)?;
+    let Hello { node, to, port, width, allgather } = *hello;
+    send(&mut s, &encode(&Up::Hello { node, nonce: joiner_nonce, port, width, allgather })).map_err(failed)?;
     let acceptor_nonce = match receive(&mut s, deadline).map_err(read_failed)? {
         Down::Challenge { nonce } => nonce,
         other => return Err(Attempt::Impostor(format!("it answered HELLO with {}", other.name()))),
@@ -176,7 +179,7 @@ fn receive(s: &mut TcpStream, deadline: Instant) -> Result<Down, ReadError> {
 }
 
 /// The next control frame srun sends on the stepd's connection to it, if one comes within `wait`: what it says
-/// about the stepd's parent (PARENT, PARENT_DONE), or END. A frame whose first byte has come is read whole,
+/// about the stepd's lower peers (PEER, PEER_DONE), or END. A frame whose first byte has come is read whole,
 /// within [`STEP_TIMEOUT`].
 pub fn notice(s: &mut TcpStream, wait: Duration) -> Result<Option<Down>, String> {
     let mut pfd = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
@@ -242,7 +245,7 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    const HELLO: Hello = Hello { node: 0, to: super::super::auth::ROOT, port: 0, width: 1 };
+    const HELLO: Hello = Hello { node: 0, to: super::super::auth::ROOT, port: 0, width: 1, allgather: Allgather::Tree };
 
     #[test]
     fn a_slow_reader_cannot_hold_a_send_past_its_deadline() {
@@ -338,14 +341,14 @@ mod tests {
         let mut s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut srun, _) = l.accept().unwrap();
         assert_eq!(notice(&mut s, Duration::from_millis(10)), Ok(None));
-        let parent = Down::Parent { port: 7 }.encode().unwrap();
+        let parent = Down::Peer { node: 0, port: 7 }.encode().unwrap();
         srun.write_all(&parent[..3]).unwrap();
         let rest = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             srun.write_all(&parent[3..]).unwrap();
             srun
         });
-        assert_eq!(notice(&mut s, Duration::from_secs(5)), Ok(Some(Down::Parent { port: 7 })));
+        assert_eq!(notice(&mut s, Duration::from_secs(5)), Ok(Some(Down::Peer { node: 0, port: 7 })));
         drop(rest.join().unwrap());
         assert_eq!(notice(&mut s, Duration::from_secs(5)), Err("srun closed the connection".into()));
     }

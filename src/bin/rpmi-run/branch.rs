@@ -331,7 +331,8 @@ mod tests {
     fn a_node_sends_its_subtrees_parts_up_and_its_news_to_the_coordinator() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let branch = Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
+        let branch =
+            Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
 
         assert_eq!(branch.contribute(b"x").0, ffi::RPMI_OK);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
@@ -368,7 +369,8 @@ mod tests {
     fn a_node_that_ends_during_an_exchange_says_it_left() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (mut parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let branch = Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
+        let branch =
+            Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
         turn(&branch);
         // The job cannot go on: the shell hears it (and ends the job, which reports it up the tree).
@@ -392,7 +394,8 @@ mod tests {
     fn a_node_that_ends_gives_up_on_a_peer_that_reads_nothing() {
         let pair = || UnixStream::pair().unwrap();
         let ((mut root, r), (_parent, p), (mut child, c)) = (pair(), pair(), pair());
-        let branch = Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
+        let branch =
+            Branch::new(Tree::new(3, 1).unwrap(), Allgather::Tree, 1, bounds(), r, vec![(0, p), (2, c)]).unwrap();
         assert_eq!(branch.contribute(&vec![b'x'; 900 << 10]).0, ffi::RPMI_OK);
         send(&mut child, COLLECTIVE, &frame::contrib(0, std::iter::once((2, &b"y"[..]))).unwrap());
         turn(&branch);

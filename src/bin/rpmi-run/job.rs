@@ -139,7 +139,9 @@ impl Job {
             universe: u32_of("universe")?,
             nodes: u32_of("nodes")?,
             tree_width: u32_of("tree_width")?,
-            allgather: str_of(&v["allgather"]).and_then(|a| Allgather::from_name(&a)).ok_or_else(|| bad("allgather"))?,
+            allgather: str_of(&v["allgather"])
+                .and_then(|a| Allgather::from_name(&a))
+                .ok_or_else(|| bad("allgather"))?,
             cyclic: bool_of("cyclic")?,
             label: bool_of("label")?,
             trace: bool_of("trace")?,

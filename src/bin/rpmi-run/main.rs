@@ -115,7 +115,8 @@ fn parse_args() -> Job {
             "--allgather" => {
                 let name = value(&mut it, "--allgather");
                 let allgather = Allgather::from_name(&name);
-                job.allgather = allgather.unwrap_or_else(|| die(format!("--allgather takes tree or bruck, not '{name}'")));
+                job.allgather =
+                    allgather.unwrap_or_else(|| die(format!("--allgather takes tree or bruck, not '{name}'")));
             }
             "--map" | "-m" => match value(&mut it, "--map").as_str() {
                 "block" => job.cyclic = false,

@@ -17,12 +17,12 @@
 
 mod monitor;
 
-use super::admit::{Acceptor, Admission, Gate, Joined};
+use super::admit::{Acceptor, Admission, Gate, Joined, Members};
 use super::auth::{self, Secret};
 use super::link::{Link, Read};
 use super::protocol::{Direction, FrameError, Up};
 use super::spawn::{self, Launcher, SrunEvent};
-use crate::collective::Bounds;
+use crate::collective::{Allgather, Bounds};
 use crate::os::{self, Epoll};
 use monitor::{Action, Shape, StepMonitor};
 use std::io;
@@ -78,6 +78,8 @@ pub struct Step {
     pub bounds: Bounds,
     /// The tree's width, where srun's environment sets it; `None` takes the stepds'.
     pub width: Option<u32>,
+    /// How the exchanges go, where srun's environment sets it; `None` takes the stepds'.
+    pub allgather: Option<Allgather>,
     /// How to start spawned steps; `None`: the step's spawns are refused.
     pub spawn: Option<spawn::Setup>,
     /// The pipe to the srun that spawned this step, if one did: told when every task runs, and when this step
@@ -163,9 +165,10 @@ impl State {
         let gate = Gate {
             secret: step.secret.clone(),
             to: auth::ROOT,
-            members: 0..n as u32,
+            members: Members::Range(0..n as u32),
             addresses: step.addresses.clone(),
             width: step.width,
+            allgather: step.allgather,
         };
         let mut acceptor = Acceptor::new(listener, gate, ACCEPTOR)?;
         acceptor.watch(epoll.clone())?;
@@ -175,6 +178,7 @@ impl State {
             node_of: step.node_of,
             bounds: step.bounds,
             width: step.width,
+            allgather: step.allgather,
             spawned: step.spawned_by.is_some(),
             can_spawn: launcher.is_some(),
         };
@@ -352,7 +356,7 @@ impl State {
     /// Node `j.node` is admitted: its connection is served from now on, if the monitor takes it.
     fn admit(&mut self, j: Joined) {
         let n = j.node;
-        let Some(queued_max) = self.monitor.admit(n, j.width, j.port) else { return self.act() };
+        let Some(queued_max) = self.monitor.admit(n, j.width, j.allgather, j.port) else { return self.act() };
         let name = self.monitor.node_name(n);
         let mut link = match Link::new(j.stream, u64::from(n), j.input, queued_max) {
             Ok(l) => l,
@@ -492,6 +496,7 @@ pub(super) mod tests {
             addresses: None,
             bounds: Bounds { part_max: PART_MAX, exchange_max: EXCHANGE_MAX },
             width: Some(STAR),
+            allgather: Some(Allgather::Tree),
             spawn: None,
             spawned_by: None,
         }
@@ -518,7 +523,7 @@ pub(super) mod tests {
     /// What node `node`'s stepd says in its HELLO in a star about node 0, which listens for the others.
     fn hello(node: u32) -> Hello {
         let port = if node == 0 { 20000 } else { 0 };
-        Hello { node, to: auth::ROOT, port, width: STAR }
+        Hello { node, to: auth::ROOT, port, width: STAR, allgather: Allgather::Tree }
     }
 
     /// A stepd admitted as `hello` says, through the stepd's own handshake.
@@ -542,7 +547,7 @@ pub(super) mod tests {
         s.write_all(&frame(Up::Joined { epoch })).unwrap();
     }
 
-    /// The next frame srun sends on `s`, past where the node's parent listens (PARENT).
+    /// The next frame srun sends on `s`, past where the node's lower peers listen (PEER).
     fn receive(s: &mut TcpStream) -> Down {
         loop {
             let mut len = [0u8; 4];
@@ -550,7 +555,7 @@ pub(super) mod tests {
             let mut p = vec![0; u32::from_be_bytes(len) as usize];
             s.read_exact(&mut p).unwrap();
             match Down::decode(&p).unwrap() {
-                Down::Parent { .. } => {}
+                Down::Peer { .. } => {}
                 down => return down,
             }
         }
@@ -817,7 +822,7 @@ pub(super) mod tests {
 
     /// Node `node` of a tree of `width`, which listens for its children on a port of its own.
     fn tree_stepd(port: u16, node: u32, width: u32, secret: &Secret) -> TcpStream {
-        join(port, Hello { node, to: auth::ROOT, port: 20000 + node as u16, width }, secret)
+        join(port, Hello { node, to: auth::ROOT, port: 20000 + node as u16, width, allgather: Allgather::Tree }, secret)
     }
 
     #[test]

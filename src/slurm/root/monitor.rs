@@ -21,7 +21,7 @@ use super::super::protocol::{Down, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
 use super::super::spawn::{Asker, SrunEvent};
 use super::Outcome;
 use crate::collective::groups::DoneParts;
-use crate::collective::{self, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
+use crate::collective::{self, Allgather, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
 use crate::server::{Names, TaskMap};
 use crate::slurm::layout::with_node_names;
 use crate::slurm::options::step_tree;
@@ -44,6 +44,8 @@ pub struct Shape {
     pub bounds: Bounds,
     /// The tree's width, where srun's environment sets it; `None` takes the stepds'.
     pub width: Option<u32>,
+    /// How the exchanges go, where srun's environment sets it; `None` takes the stepds'.
+    pub allgather: Option<Allgather>,
     /// Another step spawned this one: its spawner hears when every task runs, and when this step begins to
     /// fail.
     pub spawned: bool,
@@ -87,18 +89,33 @@ enum NodeState {
     Lost,
 }
 
-/// The collective over the tree, once its width is known.
+/// The collective over the tree, once its width and allgather are known.
 struct Collective {
     tree: Tree,
+    allgather: Allgather,
     root: collective::Root,
-    /// The node whose HELLO set the width (`None`: srun's environment).
+    /// The node whose HELLO set the width, and the allgather (`None`: srun's environment).
     width_from: Option<u32>,
+    allgather_from: Option<u32>,
 }
 
 impl Collective {
-    fn new(nodes: usize, width: u32, bounds: Bounds, width_from: Option<u32>) -> Result<Collective, String> {
-        let tree = step_tree(nodes as u32, width).map_err(|e| e.to_string())?;
-        Ok(Collective { tree, root: collective::Root::new(tree, bounds), width_from })
+    /// The collective of `nodes` nodes from `shape`'s width and allgather, else from node `node`'s HELLO.
+    fn new(nodes: usize, shape: &Shape, node: u32, width: u32, allgather: Allgather) -> Result<Collective, String> {
+        let tree = step_tree(nodes as u32, shape.width.unwrap_or(width)).map_err(|e| e.to_string())?;
+        Ok(Collective {
+            tree,
+            allgather: shape.allgather.unwrap_or(allgather),
+            root: collective::Root::new(tree, shape.bounds),
+            width_from: shape.width.is_none().then_some(node),
+            allgather_from: shape.allgather.is_none().then_some(node),
+        })
+    }
+
+    /// Node `node`'s peers below it (its parent, its lower peers in Bruck's rounds), which it joins, or above
+    /// it, which join it.
+    fn peers(&self, node: u32, below: bool) -> impl Iterator<Item = u32> {
+        self.allgather.peers(&self.tree, node).into_iter().filter(move |&p| (p < node) == below)
     }
 }
 
@@ -106,7 +123,7 @@ impl Collective {
 pub struct StepMonitor {
     shape: Shape,
     nodes: Vec<NodeState>,
-    /// Where each admitted node listens for its children.
+    /// Where each admitted node listens for its higher peers.
     ports: Vec<u16>,
     /// The exchange each node's shell said it joined last (JOINED).
     joined: Vec<Option<u32>>,
@@ -141,9 +158,9 @@ pub struct StepMonitor {
 impl StepMonitor {
     pub fn new(shape: Shape) -> Result<StepMonitor, String> {
         let n = shape.node_names.len();
-        let collective = match shape.width {
-            Some(width) => Some(Collective::new(n, width, shape.bounds, None)?),
-            None => None,
+        let collective = match (shape.width, shape.allgather) {
+            (Some(width), Some(allgather)) => Some(Collective::new(n, &shape, 0, width, allgather)?),
+            _ => None,
         };
         let size = shape.node_of.len();
         let groups = GroupRoot::new(TaskMap::new(shape.node_of.clone()), shape.bounds);
@@ -188,12 +205,13 @@ impl StepMonitor {
         with_node_names(text, &self.shape.node_names)
     }
 
-    /// Node `node`'s stepd proved it serves the step, building the tree with `width` and listening for its
-    /// children on `port`: what srun may queue unsent for it, or `None` if the step ends instead.
-    pub fn admit(&mut self, node: u32, width: u32, port: u16) -> Option<usize> {
+    /// Node `node`'s stepd proved it serves the step, building the tree with `width`, exchanging by
+    /// `allgather` and listening for its higher peers on `port`: what srun may queue unsent for it, or `None`
+    /// if the step ends instead.
+    pub fn admit(&mut self, node: u32, width: u32, allgather: Allgather, port: u16) -> Option<usize> {
         let name = self.node_name(node);
         if self.collective.is_none() {
-            match Collective::new(self.nodes.len(), width, self.shape.bounds, Some(node)) {
+            match Collective::new(self.nodes.len(), &self.shape, node, width, allgather) {
                 Ok(c) => self.collective = Some(c),
                 Err(e) => {
                     self.fatal(format!("the slurmstepd of {name} cannot build the PMI tree: {e}"), None);
@@ -203,20 +221,35 @@ impl StepMonitor {
         }
         let c = self.collective.as_ref()?;
         let (tree, width_from) = (c.tree, c.width_from);
-        if width != tree.width() {
-            let from = width_from
-                .map_or("srun's environment".to_string(), |f| format!("the slurmstepd of {}", self.node_name(f)));
+        let from = |f: Option<u32>| {
+            f.map_or("srun's environment".to_string(), |f| format!("the slurmstepd of {}", self.node_name(f)))
+        };
+        if allgather != c.allgather {
             let what = format!(
-                "{from} builds the PMI tree with width {}, the slurmstepd of {name} with {width} (mpi.conf's \
+                "{} exchanges by allgather {}, the slurmstepd of {name} by {} (mpi.conf's RpmiAllgather differs \
+                 between the nodes; SLURM_RPMI_ALLGATHER in srun's environment sets one for the job)",
+                from(c.allgather_from),
+                c.allgather.name(),
+                allgather.name()
+            );
+            self.fatal(what, None);
+            return None;
+        }
+        let listens_for = c.peers(node, false).next().is_some();
+        if width != tree.width() {
+            let what = format!(
+                "{} builds the PMI tree with width {}, the slurmstepd of {name} with {width} (mpi.conf's \
                  RpmiTreeWidth differs between the nodes; SLURM_RPMI_TREE_WIDTH in srun's environment sets one \
                  width for the job)",
+                from(width_from),
                 tree.width(),
             );
             self.fatal(what, None);
             return None;
         }
-        if !tree.children(Peer::Node(node)).is_empty() && port == 0 {
-            let what = format!("the slurmstepd of {name} has children in the PMI tree but does not listen for them");
+        if listens_for && port == 0 {
+            let what =
+                format!("the slurmstepd of {name} has peers above it in the PMI tree but does not listen for them");
             self.fatal(what, None);
             return None;
         }
@@ -225,22 +258,23 @@ impl StepMonitor {
         Some(self.shape.bounds.exchange_max.bytes.saturating_add(groups).saturating_add(CONTROL_QUEUED_MAX))
     }
 
-    /// Node `node`, admitted, is connected: it and its children in the tree hear where their parents listen,
-    /// as far as they are known.
+    /// Node `node`, admitted, is connected: it hears where its lower peers listen, and its higher peers where
+    /// it does, as far as they are known.
     pub fn connected(&mut self, node: u32, port: u16) {
-        let Some(tree) = self.collective.as_ref().map(|c| c.tree) else { return };
+        let Some(c) = &self.collective else { return };
+        let (below, above): (Vec<u32>, Vec<u32>) = (c.peers(node, true).collect(), c.peers(node, false).collect());
         self.nodes[node as usize] = NodeState::Connected;
         self.ports[node as usize] = port;
-        if let Peer::Node(p) = tree.parent(node) {
+        for p in below {
             match self.nodes[p as usize] {
-                NodeState::Connected => self.send(node, &Down::Parent { port: self.ports[p as usize] }),
-                NodeState::Finished => self.send(node, &Down::ParentDone),
+                NodeState::Connected => self.send(node, &Down::Peer { node: p, port: self.ports[p as usize] }),
+                NodeState::Finished => self.send(node, &Down::PeerDone { node: p }),
                 NodeState::Unconnected | NodeState::Lost => {}
             }
         }
-        for c in tree.children(Peer::Node(node)) {
-            if self.nodes[c as usize] == NodeState::Connected {
-                self.send(c, &Down::Parent { port });
+        for q in above {
+            if self.nodes[q as usize] == NodeState::Connected {
+                self.send(q, &Down::Peer { node, port });
             }
         }
     }
@@ -421,11 +455,10 @@ impl StepMonitor {
             Up::Bye => {
                 // Not a loss: the connection is dropped as the stepd asked.
                 self.nodes[n as usize] = NodeState::Finished;
-                // Its children that have not reached it yet never will.
-                if let Some(tree) = self.collective.as_ref().map(|c| c.tree) {
-                    for c in tree.children(Peer::Node(n)) {
-                        self.send(c, &Down::ParentDone);
-                    }
+                // Its higher peers that have not reached it yet never will.
+                let above: Vec<u32> = self.collective.as_ref().map_or(Vec::new(), |c| c.peers(n, false).collect());
+                for q in above {
+                    self.send(q, &Down::PeerDone { node: n });
                 }
                 self.check_blocked();
                 false
@@ -733,13 +766,14 @@ mod tests {
             node_of: (0..nodes as u32).collect(),
             bounds: BOUNDS,
             width: Some(nodes as u32),
+            allgather: Some(Allgather::Tree),
             spawned,
             can_spawn: true,
         };
         let mut w = StepMonitor::new(shape).unwrap();
         for n in 0..nodes as u32 {
             let port = if n == 0 { 20000 } else { 0 };
-            assert!(w.admit(n, nodes as u32, port).is_some());
+            assert!(w.admit(n, nodes as u32, Allgather::Tree, port).is_some());
             w.connected(n, port);
         }
         // Where node 0 listens, for the others.
@@ -778,7 +812,7 @@ mod tests {
     fn chain(nodes: usize) -> StepMonitor {
         let mut w = StepMonitor::new(Shape { width: Some(1), ..watch_of(nodes, false).shape }).unwrap();
         for n in 0..nodes as u32 {
-            assert!(w.admit(n, 1, 20000 + n as u16).is_some());
+            assert!(w.admit(n, 1, Allgather::Tree, 20000 + n as u16).is_some());
             w.connected(n, 20000 + n as u16);
         }
         drain(&mut w);
@@ -988,17 +1022,24 @@ mod tests {
     /// Two nodes of one rank each, not yet connected, the tree's width `width` (`None`: the stepds').
     fn two_nodes(width: Option<u32>) -> StepMonitor {
         let names = vec!["n1".into(), "n2".into()];
-        let shape =
-            Shape { node_names: names, node_of: vec![0, 1], bounds: BOUNDS, width, spawned: false, can_spawn: false };
+        let shape = Shape {
+            node_names: names,
+            node_of: vec![0, 1],
+            bounds: BOUNDS,
+            width,
+            allgather: Some(Allgather::Tree),
+            spawned: false,
+            can_spawn: false,
+        };
         StepMonitor::new(shape).unwrap()
     }
 
     #[test]
     fn stepds_building_the_tree_with_another_width_end_the_step() {
         let mut w = two_nodes(None);
-        assert!(w.admit(0, 1, 4000).is_some());
+        assert!(w.admit(0, 1, Allgather::Tree, 4000).is_some());
         w.connected(0, 4000);
-        assert_eq!(w.admit(1, 2, 0), None);
+        assert_eq!(w.admit(1, 2, Allgather::Tree, 0), None);
         let e = errors(&drain(&mut w));
         assert!(e[0].contains("the slurmstepd of n1 builds the PMI tree with width 1, the slurmstepd of n2 with 2"));
     }
@@ -1007,35 +1048,54 @@ mod tests {
     fn a_node_hears_where_its_parent_listens_once_both_are_in() {
         let mut w = two_nodes(Some(1));
         // A chain: n2 below n1. The child comes first and waits for its parent's port.
-        assert!(w.admit(1, 1, 0).is_some());
+        assert!(w.admit(1, 1, Allgather::Tree, 0).is_some());
         w.connected(1, 0);
         assert!(drain(&mut w).is_empty());
-        assert!(w.admit(0, 1, 4321).is_some());
+        assert!(w.admit(0, 1, Allgather::Tree, 4321).is_some());
         w.connected(0, 4321);
-        let parent = Down::Parent { port: 4321 }.encode().unwrap();
+        let parent = Down::Peer { node: 0, port: 4321 }.encode().unwrap();
         assert_eq!(drain(&mut w), [Action::Send { node: 1, frame: parent }]);
         // Width 2 over 5 nodes: node 0 is the top, 1 and 2 its children, 3 and 4 node 1's. The child that came
         // first hears where its parent listens when the parent comes; one after its parent at once; one whose
         // parent finished first, that it did; node 0 hears nothing of parents.
         let mut w = StepMonitor::new(Shape { width: Some(2), ..watch_of(5, false).shape }).unwrap();
         let come = |w: &mut StepMonitor, n: u32| {
-            assert!(w.admit(n, 2, 20000 + n as u16).is_some());
+            assert!(w.admit(n, 2, Allgather::Tree, 20000 + n as u16).is_some());
             w.connected(n, 20000 + n as u16);
             drain(w)
         };
-        let parent = |port| Down::Parent { port }.encode().unwrap();
+        let parent = |node, port| Down::Peer { node, port }.encode().unwrap();
         assert!(come(&mut w, 4).is_empty());
         assert!(come(&mut w, 0).is_empty());
-        assert_eq!(come(&mut w, 2), [Action::Send { node: 2, frame: parent(20000) }]);
-        let both = [Action::Send { node: 1, frame: parent(20000) }, Action::Send { node: 4, frame: parent(20001) }];
+        assert_eq!(come(&mut w, 2), [Action::Send { node: 2, frame: parent(0, 20000) }]);
+        let both =
+            [Action::Send { node: 1, frame: parent(0, 20000) }, Action::Send { node: 4, frame: parent(1, 20001) }];
         assert_eq!(come(&mut w, 1), both);
         assert!(!w.message(1, Up::Bye));
         drain(&mut w);
-        assert_eq!(come(&mut w, 3), [Action::Send { node: 3, frame: Down::ParentDone.encode().unwrap() }]);
+        let done = Down::PeerDone { node: 1 }.encode().unwrap();
+        assert_eq!(come(&mut w, 3), [Action::Send { node: 3, frame: done }]);
         // A parent with children that does not listen is refused.
         let mut w = two_nodes(Some(1));
-        assert_eq!(w.admit(0, 1, 0), None);
-        assert!(errors(&drain(&mut w))[0].contains("has children in the PMI tree but does not listen for them"));
+        assert_eq!(w.admit(0, 1, Allgather::Tree, 0), None);
+        assert!(errors(&drain(&mut w))[0].contains("has peers above it in the PMI tree but does not listen for them"));
+        // With Bruck's allgather over 5 nodes (width 4: every node a child of node 0), node 4 joins nodes 0 to
+        // 3, node 3 joins nodes 0 to 2, node 1 node 0: each hears where the lower peers listen that are in.
+        let bruck = Shape { width: Some(4), allgather: Some(Allgather::Bruck), ..watch_of(5, false).shape };
+        let mut w = StepMonitor::new(bruck).unwrap();
+        let come = |w: &mut StepMonitor, n: u32| {
+            assert!(w.admit(n, 4, Allgather::Bruck, 20000 + n as u16).is_some());
+            w.connected(n, 20000 + n as u16);
+            drain(w)
+        };
+        let tell = |node: u32, p: u32| Action::Send { node, frame: parent(p, 20000 + p as u16) };
+        assert!(come(&mut w, 4).is_empty());
+        assert_eq!(come(&mut w, 0), [tell(4, 0)]);
+        assert_eq!(come(&mut w, 1), [tell(1, 0), tell(4, 1)]);
+        assert_eq!(come(&mut w, 3), [tell(3, 0), tell(3, 1), tell(4, 3)]);
+        // Nodes that exchange by another allgather end the step.
+        assert!(w.admit(2, 4, Allgather::Tree, 20002).is_none());
+        assert!(errors(&drain(&mut w))[0].contains("exchanges by allgather bruck, the slurmstepd of n3 by tree"));
     }
 
     #[test]

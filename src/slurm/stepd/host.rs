@@ -1,7 +1,7 @@
 //! The I/O around a slurmstepd's [`NodeMonitor`]: the engine's host on the node's progress thread. Its epoll
 //! loop serves, beside the tasks' connections (the [`crate::runtime`] runtime's), every connection of the tree
 //! (non-blocking, each with a queue: a slow peer never holds the tasks' answers), the admission of the
-//! node's children ([`super::super::admit`]), the fork-notice pipe and a timer. It reads whole frames and
+//! node's higher peers ([`super::super::admit`]), the fork-notice pipe and a timer. It reads whole frames and
 //! hands them to the monitor, and carries out what the monitor asks, in order; it decides nothing.
 
 use super::join::TreeLinks;
@@ -45,13 +45,12 @@ fn kill_own_step(slurm: &Slurm, ids_confirmed: bool, place: &Place) -> Result<()
 const UPLINK: u64 = 0;
 const NOTICE: u64 = 1;
 const TIMER: u64 = 2;
-const PARENT: u64 = 3;
-/// Child `first + i`'s connection has `CHILDREN + i`.
-const CHILDREN: u64 = 16;
+/// The connection of the i-th peer, in node order, has `PEERS + i`.
+const PEERS: u64 = 16;
 
 /// The engine's host on a slurmstepd: the I/O around the node's [`NodeMonitor`]. It runs on the progress
-/// thread and serves, beside the tasks, every connection of the tree, the admission of the node's children
-/// and the fork-notice pipe in the same loop: nothing it does blocks the tasks' answers.
+/// thread and serves, beside the tasks, every connection of the tree, the admission of the node's higher
+/// peers and the fork-notice pipe in the same loop: nothing it does blocks the tasks' answers.
 pub struct SlurmHost {
     place: Place,
     /// Every node's name, for messages.
@@ -61,13 +60,13 @@ pub struct SlurmHost {
     epoll: Option<Arc<dyn Watch>>,
     /// The connection to srun, while the monitor serves it.
     uplink: Option<Link>,
-    /// The connection to the parent in the tree, while the monitor serves it; `None` if the parent is srun.
-    parent: Option<Link>,
-    /// The admitted children's connections, from the tree's first child of this node.
-    children: Vec<Option<Link>>,
-    first_child: u32,
-    /// Admits the children (a node with none has none).
+    /// Each peer's connection (lower peers' from prefork, higher peers' once admitted), in node order, while
+    /// the monitor serves it.
+    peers: Vec<(u32, Option<Link>)>,
+    /// Admits the higher peers still to come (a node with none has none).
     acceptor: Option<Acceptor>,
+    /// Higher peers admitted in prefork, whose input is heard once the loop watches them.
+    unheard: Vec<u32>,
     /// Wakes the loop at the acceptor's deadlines, at `end_by` and at `tell_joined_at`.
     timer: OwnedFd,
     /// What `timer` is set to, so that it is set only when that changes (not on every event).
@@ -114,24 +113,34 @@ impl SlurmHost {
         let queued_max = all_max.saturating_add(shape.limits.kvs_bytes_max).saturating_add(CONTROL_QUEUED_MAX);
         let (place, names) = (shape.place.clone(), shape.names.clone());
         let mut monitor = NodeMonitor::new(shape)?;
-        let parent = match links.parent {
-            Some((_, Some(s))) => Some(Link::new(s, PARENT, Default::default(), queued_max).map_err(socket)?),
-            Some((_, None)) => {
-                monitor.parent_done();
-                None
+        let mut peers: Vec<(u32, Option<Link>)> = monitor.peers().into_iter().map(|p| (p, None)).collect();
+        let token = |p: u32| peers.iter().position(|(q, _)| *q == p).map(|i| PEERS + i as u64);
+        let mut below = Vec::new();
+        for (p, stream) in links.below {
+            match (stream, token(p)) {
+                (Some(s), Some(t)) => below.push((p, Link::new(s, t, Default::default(), queued_max).map_err(socket)?)),
+                _ => monitor.peer_done(p),
             }
-            None => None,
-        };
-        Ok(SlurmHost {
-            children: monitor.children().map(|_| None).collect(),
-            first_child: monitor.children().start,
+        }
+        let mut above = Vec::new();
+        for j in links.above {
+            let t = token(j.node).ok_or_else(|| format!("node {} was admitted, which is no peer", j.node))?;
+            above.push((j.node, Link::new(j.stream, t, j.input, queued_max).map_err(socket)?));
+        }
+        for (p, link) in below.into_iter().chain(above) {
+            if let Some(slot) = peers.iter_mut().find(|(q, _)| *q == p) {
+                slot.1 = Some(link);
+            }
+        }
+        let mut host = SlurmHost {
+            peers,
+            unheard: Vec::new(),
             place,
             names,
             monitor,
             epoll: None,
             uplink: Some(Link::new(links.srun, UPLINK, Default::default(), queued_max).map_err(socket)?),
             queued_max,
-            parent,
             timer: timer()?,
             timer_at: None,
             end_by: None,
@@ -145,15 +154,24 @@ impl SlurmHost {
             ids_confirmed: false,
             stopping,
             buf: vec![0; 64 * 1024],
-        })
+        };
+        // The higher peers admitted in prefork: what they sent after their proof is read once the loop runs.
+        let me = host.place.node;
+        host.unheard = host.peers.iter().filter(|(p, l)| *p > me && l.is_some()).map(|(p, _)| *p).collect();
+        for p in host.unheard.clone() {
+            host.monitor.peer_joined(p);
+        }
+        Ok(host)
     }
 
     /// Where the connection to `peer` is kept while it is served.
     fn slot(&mut self, peer: Peer) -> Option<&mut Option<Link>> {
         match peer {
             Peer::Root => Some(&mut self.uplink),
-            Peer::Node(p) if Some(p) == self.monitor.parent_node() => Some(&mut self.parent),
-            Peer::Node(c) => self.children.get_mut(c.checked_sub(self.first_child)? as usize),
+            Peer::Node(p) => {
+                let i = self.peers.binary_search_by_key(&p, |(q, _)| *q).ok()?;
+                Some(&mut self.peers[i].1)
+            }
         }
     }
 
@@ -165,11 +183,8 @@ impl SlurmHost {
             while let Some(action) = self.monitor.poll() {
                 self.act(action);
             }
-            let first = self.first_child;
-            let children =
-                self.children.iter().enumerate().filter_map(|(i, l)| Some((Peer::Node(first + i as u32), l.as_ref()?)));
-            let parent = self.monitor.parent_node().map(Peer::Node).zip(self.parent.as_ref());
-            let mut links = self.uplink.as_ref().map(|l| (Peer::Root, l)).into_iter().chain(parent).chain(children);
+            let peers = self.peers.iter().filter_map(|(p, l)| Some((Peer::Node(*p), l.as_ref()?)));
+            let mut links = self.uplink.as_ref().map(|l| (Peer::Root, l)).into_iter().chain(peers);
             match links.find(|(_, l)| l.is_broken()).map(|(peer, l)| (peer, l.broke_why())) {
                 Some((peer, why)) => self.monitor.closed(peer, &why),
                 None => return,
@@ -282,14 +297,14 @@ impl SlurmHost {
         self.carry_out();
     }
 
-    /// Takes what the acceptor has: admitted children, and lines about refusals.
+    /// Takes what the acceptor has: admitted higher peers, and lines about refusals.
     fn admissions(&mut self) {
         while let Some(event) = self.acceptor.as_mut().and_then(Acceptor::poll) {
             match event {
                 Admission::Debug(line) => self.monitor.log(log::Level::Debug, &line),
                 Admission::Joined(j) => {
-                    let i = (j.node - self.first_child) as usize;
-                    let link = Link::new(j.stream, CHILDREN + i as u64, j.input, self.queued_max).and_then(|mut l| {
+                    let Ok(i) = self.peers.binary_search_by_key(&j.node, |(q, _)| *q) else { continue };
+                    let link = Link::new(j.stream, PEERS + i as u64, j.input, self.queued_max).and_then(|mut l| {
                         if let Some(w) = &self.epoll {
                             l.watch(w.clone())?;
                         }
@@ -297,8 +312,8 @@ impl SlurmHost {
                     });
                     match link {
                         Ok(l) => {
-                            self.children[i] = Some(l);
-                            self.monitor.child_joined(j.node);
+                            self.peers[i].1 = Some(l);
+                            self.monitor.peer_joined(j.node);
                             // What it sent right after its proof.
                             self.hear(Peer::Node(j.node), 0);
                         }
@@ -328,8 +343,8 @@ impl SlurmHost {
 
     /// Every connection of the tree this node still has.
     fn links(&mut self) -> Vec<&mut Link> {
-        let children = self.children.iter_mut().flatten();
-        self.uplink.iter_mut().chain(self.parent.iter_mut()).chain(children).collect()
+        let peers = self.peers.iter_mut().filter_map(|(_, l)| l.as_mut());
+        self.uplink.iter_mut().chain(peers).collect()
     }
 }
 
@@ -358,6 +373,9 @@ impl HostFds for SlurmHost {
         if let Some(e) = failed.first() {
             self.monitor.fault(&format!("cannot watch the connections of the PMI tree: {e}"));
             self.carry_out();
+        }
+        for p in std::mem::take(&mut self.unheard) {
+            self.hear(Peer::Node(p), 0);
         }
     }
 
@@ -390,18 +408,17 @@ impl HostFds for SlurmHost {
                 }
             }
             UPLINK => self.hear(Peer::Root, events),
-            PARENT => {
-                if let Some(p) = self.monitor.parent_node() {
-                    self.hear(Peer::Node(p), events);
-                }
-            }
             t if self.acceptor.as_ref().is_some_and(|a| a.owns(t)) => {
                 if let Some(a) = &mut self.acceptor {
                     a.ready(t);
                 }
                 self.admissions();
             }
-            t if t >= CHILDREN => self.hear(Peer::Node(self.first_child + (t - CHILDREN) as u32), events),
+            t if t >= PEERS => {
+                if let Some(&(p, _)) = self.peers.get((t - PEERS) as usize) {
+                    self.hear(Peer::Node(p), events);
+                }
+            }
             _ => {}
         }
         self.arm_timer();
@@ -498,12 +515,11 @@ impl NodeHost for SlurmHost {
             a.close();
         }
         self.admissions();
-        // The loop no longer runs: what is queued goes now, within `fini`'s grace; to the parent and the
-        // children (a large last result, which node 0 queued for its children as its own tasks took it), for as
-        // long as they take it.
+        // The loop no longer runs: what is queued goes now, within `fini`'s grace; to the peers (a large last
+        // result, which node 0 queued for its children as its own tasks took it), for as long as they take it.
         Link::drain(&mut self.links(), Instant::now() + FINI_GRACE);
-        let children = self.children.iter_mut().flatten();
-        Link::drain_moving(&mut self.parent.iter_mut().chain(children).collect::<Vec<_>>(), FINI_GRACE);
+        let mut peers: Vec<&mut Link> = self.peers.iter_mut().filter_map(|(_, l)| l.as_mut()).collect();
+        Link::drain_moving(&mut peers, FINI_GRACE);
     }
 }
 
@@ -515,6 +531,7 @@ fn timer() -> Result<OwnedFd, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::Allgather;
     use crate::collective::Bounds;
     use crate::runtime::{JobVars, Looping, NodeRuntime};
     use crate::server::{JobInfo, Limits, TaskMap};
@@ -524,7 +541,7 @@ mod tests {
     use crate::slurm::records::slurm_step_id_t;
     use crate::slurm::root::tests::Record;
     use crate::slurm::root::{Outcome, RootThread, Step};
-    use crate::slurm::stepd::join::join_tree;
+    use crate::slurm::stepd::join::{join_tree, Wiring};
     use std::io::{BufRead, BufReader, Write};
     use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
     use std::os::fd::FromRawFd;
@@ -546,6 +563,7 @@ mod tests {
             addresses: None,
             bounds: bounds(1 << 20, 4 << 20),
             width: None,
+            allgather: None,
             spawn: None,
             spawned_by: None,
         };
@@ -575,7 +593,7 @@ mod tests {
     fn stepd(
         port: u16,
         nodes: u32,
-        width: u32,
+        (width, allgather): (u32, Allgather),
         node: u32,
         secret: &Secret,
         bounds: Bounds,
@@ -583,7 +601,7 @@ mod tests {
         let tree = crate::slurm::options::step_tree(nodes, width).unwrap();
         let names = names(nodes);
         let srun = [SocketAddr::from((Ipv4Addr::LOCALHOST, port))];
-        let links = join_tree(&srun, tree, node, secret, &names, &loopback).unwrap();
+        let links = join_tree(&srun, Wiring { tree, allgather, node }, secret, &names, &loopback).unwrap();
         // SAFETY: slurm_step_id_t is plain integers: all zeroes is a valid value.
         let mut id: slurm_step_id_t = unsafe { std::mem::zeroed() };
         (id.job_id, id.step_id) = (1, 0);
@@ -594,6 +612,7 @@ mod tests {
             place,
             names: names.clone(),
             tree,
+            allgather,
             bounds,
             limits: Limits::default(),
             spawned_ranks: None,
@@ -614,12 +633,12 @@ mod tests {
 
     /// Every node's stepd of a step of `nodes` nodes over a tree of `width`, each set up on a thread of its
     /// own (a child's prefork waits for its parent's progress loop, as on a cluster).
-    fn stepds(port: u16, nodes: u32, width: u32, secret: &Secret) -> Vec<(NodeRuntime<SlurmHost>, Task)> {
+    fn stepds(port: u16, nodes: u32, wiring: (u32, Allgather), secret: &Secret) -> Vec<(NodeRuntime<SlurmHost>, Task)> {
         let threads: Vec<_> = (0..nodes)
             .rev()
             .map(|n| {
                 let secret = secret.clone();
-                std::thread::spawn(move || stepd(port, nodes, width, n, &secret, bounds(1 << 20, 4 << 20)))
+                std::thread::spawn(move || stepd(port, nodes, wiring, n, &secret, bounds(1 << 20, 4 << 20)))
             })
             .collect();
         let mut all: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
@@ -655,18 +674,19 @@ mod tests {
 
     #[test]
     fn every_put_reaches_every_node_over_chains_and_trees() {
-        for (nodes, width) in [(3, 1), (7, 2), (5, 8)] {
+        let (tree, bruck) = (Allgather::Tree, Allgather::Bruck);
+        for (nodes, wiring) in [(3, (1, tree)), (7, (2, tree)), (5, (8, tree)), (7, (2, bruck)), (5, (8, bruck))] {
             let secret = crate::slurm::random::secret().unwrap();
             let (root, record) = srun(nodes, &secret);
             let (nodes_rt, mut tasks): (Vec<_>, Vec<_>) =
-                stepds(root.port(), nodes, width, &secret).into_iter().unzip();
+                stepds(root.port(), nodes, wiring, &secret).into_iter().unzip();
             exchange_every_put(&mut tasks);
             drop(tasks);
             // Every task gone: each stepd says goodbye as its loop ends.
             drop(nodes_rt);
-            assert_eq!(root.stop(), Outcome::default(), "{nodes} nodes, width {width}");
+            assert_eq!(root.stop(), Outcome::default(), "{nodes} nodes, {wiring:?}");
             let lines = record.lines();
-            assert!(!lines.iter().any(|l| l.starts_with("error")), "{nodes} nodes, width {width}: {lines:?}");
+            assert!(!lines.iter().any(|l| l.starts_with("error")), "{nodes} nodes, {wiring:?}: {lines:?}");
         }
     }
 
@@ -818,7 +838,7 @@ mod tests {
         std::fs::write("/proc/self/clear_refs", "5").unwrap();
         let base = status("VmRSS:");
         // Node 0 of 2 (the tree's top, srun's child), with rank 0; node 1 never comes.
-        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(store / 2, store));
+        let (rt, mut task) = stepd(port, 2, (2, Allgather::Tree), 0, &secret, bounds(store / 2, store));
         assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=2").contains("pmi_subversion=2"));
         let barrier: &[u8] = if group { b"cmd=barrier_in group=0,1:5\n" } else { b"cmd=barrier_in\n" };
         task.0.get_mut().write_all(barrier).unwrap();
@@ -871,7 +891,7 @@ mod tests {
                 }
             }
         });
-        let (rt, mut task) = stepd(port, 2, 2, 0, &secret, bounds(1 << 20, 1 << 20));
+        let (rt, mut task) = stepd(port, 2, (2, Allgather::Tree), 0, &secret, bounds(1 << 20, 1 << 20));
         assert!(task.ask("cmd=init pmi_version=1 pmi_subversion=1").contains("rc=0"));
         let barrier = task.ask("cmd=barrier_in");
         assert!(barrier.starts_with("cmd=barrier_out rc=-1"), "{barrier}");

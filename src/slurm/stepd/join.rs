@@ -1,25 +1,36 @@
-//! How a slurmstepd joins the PMI tree in prefork, before any task exists: it listens for its children (if
-//! it has any) on its own node's address as slurm.conf gives it, joins srun with that port
-//! ([`super::super::uplink`]), and, if its parent is another stepd, waits for srun to say where that parent
-//! listens (PARENT) and joins it with the same handshake, at the parent's address as slurm.conf gives it (only
-//! the port comes from srun, which is the user's). If the parent finished before this node reached it, srun
-//! says so (PARENT_DONE) and the node goes on without it.
+//! How a slurmstepd joins the PMI tree in prefork, before any task exists. Each pair of peers (a parent and
+//! its child; with Bruck's allgather, two nodes that exchange rounds) has one connection, which the higher
+//! node makes: a stepd listens for its higher peers (if it has any) on its own node's address as slurm.conf
+//! gives it, joins srun with that port ([`super::super::uplink`]), and then joins each of its lower peers with
+//! the same handshake, as srun says where each listens (PEER), at that peer's address as slurm.conf gives it
+//! (only the port comes from srun, which is the user's). A lower peer that finished before this node reached
+//! it is reported by srun (PEER_DONE), and the node goes on without it.
+//!
+//! While it joins its lower peers, a thread of its own admits its higher ones: a node waits only until its
+//! lower peers have joined srun, not until they are through their own prefork, so the joins do not make a
+//! chain through the step (with Bruck's allgather, node i joins node i − 1, which joins node i − 2, ...).
+//! The acceptor and what it admitted meanwhile go to the progress loop, which admits the rest.
 
-use crate::collective::{Peer, Tree};
-use crate::slurm::admit::{Acceptor, Gate};
+use crate::collective::{Allgather, Tree};
+use crate::os::Epoll;
+use crate::slurm::admit::{Acceptor, Admission, Gate, Joined, Members};
 use crate::slurm::auth::{self, Secret};
 use crate::slurm::protocol::{Down, Up};
 use crate::slurm::sys::Slurm;
 use crate::slurm::uplink::{self, Hello};
+use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a stepd keeps trying to join srun, or its parent, before the step fails.
+/// How long a stepd keeps trying to join srun, or a lower peer, before the step fails.
 const JOIN_PATIENCE: Duration = Duration::from_secs(30);
-/// The epoll tokens of the acceptor (children in the handshake) start here, above the progress loop's own.
+/// The epoll tokens of the acceptor (higher peers in the handshake) start here, above the progress loop's own.
 pub const ACCEPTOR: u64 = 1 << 40;
+/// The token of the admitting thread's stop signal.
+const STOP: u64 = 1;
 
 /// The slurm.conf address of `name`, for the tree's connections; `what` says which node it is, for the
 /// error.
@@ -38,100 +49,218 @@ pub type Address<'a> = &'a dyn Fn(u32, &str) -> Result<IpAddr, String>;
 /// This node's connections in the tree, made in prefork.
 pub struct TreeLinks {
     pub srun: TcpStream,
-    /// The parent, if it is a stepd, and the connection to it (`None`: it finished before this node reached
-    /// it).
-    pub parent: Option<(u32, Option<TcpStream>)>,
-    /// Admits the children, if there are any.
+    /// Each lower peer and the connection to it (`None`: it finished before this node reached it).
+    pub below: Vec<(u32, Option<TcpStream>)>,
+    /// The higher peers admitted while this node joined its lower ones.
+    pub above: Vec<Joined>,
+    /// Admits the higher peers still to come, if there are any.
     pub acceptor: Option<Acceptor>,
+    /// Lines about refused connections, for slurmd's log.
+    pub debug: Vec<String>,
 }
 
-/// Listens for this node's children in the tree (if it has any) on its own address, joins srun at `srun`
-/// with the port, then its parent (if that is a stepd) once srun says where it listens.
+/// How node `node` takes part in the collective: its tree and allgather.
+#[derive(Clone, Copy)]
+pub struct Wiring {
+    pub tree: Tree,
+    pub allgather: Allgather,
+    pub node: u32,
+}
+
+impl Wiring {
+    /// Its peers below it (which it joins) or above it (which join it), in node order.
+    fn peers(&self, below: bool) -> Vec<u32> {
+        let node = self.node;
+        self.allgather.peers(&self.tree, node).into_iter().filter(|&p| (p < node) == below).collect()
+    }
+
+    fn hello(&self, to: u32, port: u16) -> Hello {
+        Hello { node: self.node, to, port, width: self.tree.width(), allgather: self.allgather }
+    }
+}
+
+/// Listens for this node's higher peers (if it has any) on its own address, joins srun at `srun` with the
+/// port, then each of its lower peers as srun says where it listens, admitting higher peers meanwhile.
 pub fn join_tree(
     srun: &[SocketAddr],
-    tree: Tree,
-    node: u32,
+    wiring: Wiring,
     secret: &Secret,
     names: &[String],
     address: Address,
 ) -> Result<TreeLinks, String> {
-    let (mut s, acceptor, hello) = join_srun(srun, tree, node, secret, address)?;
-    let parent = match tree.parent(node) {
-        Peer::Root => None,
-        Peer::Node(p) => Some((p, join_parent(&mut s, names, Hello { to: p, ..hello }, secret, address)?)),
-    };
-    Ok(TreeLinks { srun: s, parent, acceptor })
+    let (mut s, acceptor) = join_srun(srun, wiring, secret, address)?;
+    let port = acceptor.as_ref().map_or(0, Acceptor::port);
+    let below = wiring.peers(true);
+    let (joined, admitted) =
+        admitting(acceptor, || join_below(&mut s, &below, names, wiring.hello(0, port), secret, address))?;
+    let Admitted { acceptor, above, debug } = admitted;
+    Ok(TreeLinks { srun: s, below: joined?, above, acceptor, debug })
 }
 
-/// Listens for this node's children in the tree (if it has any) and joins srun with the port: the
-/// connection, the acceptor and the HELLO it sent.
+/// Listens for this node's higher peers (if it has any) and joins srun with the port: the connection and the
+/// acceptor.
 fn join_srun(
     srun: &[SocketAddr],
-    tree: Tree,
-    node: u32,
+    wiring: Wiring,
     secret: &Secret,
     address: Address,
-) -> Result<(TcpStream, Option<Acceptor>, Hello), String> {
-    let children = tree.children(Peer::Node(node));
-    let acceptor = match children.is_empty() {
+) -> Result<(TcpStream, Option<Acceptor>), String> {
+    let above = wiring.peers(false);
+    let acceptor = match above.is_empty() {
         true => None,
-        false => Some(children_acceptor(node, children, secret, tree.width(), address)?),
+        false => Some(peers_acceptor(wiring, above, secret, address)?),
     };
-    let hello = Hello { node, to: auth::ROOT, port: acceptor.as_ref().map_or(0, Acceptor::port), width: tree.width() };
+    let hello = wiring.hello(auth::ROOT, acceptor.as_ref().map_or(0, Acceptor::port));
     let s = uplink::join(srun, &hello, secret, JOIN_PATIENCE, "srun's collective root", uplink::sleep)
         .map_err(|e| e.to_string())?;
-    Ok((s, acceptor, hello))
+    Ok((s, acceptor))
 }
 
 /// Tells srun why this node refuses the step, so that srun's user reads it (a stepd's log is the site's): it
 /// joins srun as for the step, says it as an error, and leaves. srun ends the step; no task starts here
 /// either way.
-pub fn refuse(srun: &[SocketAddr], tree: Tree, node: u32, secret: &Secret, address: Address, why: &str) {
-    let Ok((mut s, _acceptor, _)) = join_srun(srun, tree, node, secret, address) else { return };
+pub fn refuse(srun: &[SocketAddr], wiring: Wiring, secret: &Secret, address: Address, why: &str) {
+    let Ok((mut s, _acceptor)) = join_srun(srun, wiring, secret, address) else { return };
     if let Ok(frame) = (Up::Error { rank: u32::MAX, failed: false, message: why.to_string() }).encode() {
         let _ = s.write_all(&frame);
     }
 }
 
-/// Joins this node's parent (`hello.to`) once srun says where it listens; `None` if srun says it finished
-/// first.
-fn join_parent(
+/// What the admitting thread hands back: the acceptor (its listener and the connections still in the
+/// handshake, for the progress loop to watch), who it admitted, and the lines about refusals.
+struct Admitted {
+    acceptor: Option<Acceptor>,
+    above: Vec<Joined>,
+    debug: Vec<String>,
+}
+
+/// Runs `work` while a thread admits the higher peers on `acceptor`; then hands back what `work` returned
+/// and what the thread did.
+fn admitting<T>(acceptor: Option<Acceptor>, work: impl FnOnce() -> T) -> Result<(T, Admitted), String> {
+    let Some(mut acceptor) = acceptor else {
+        return Ok((work(), Admitted { acceptor: None, above: Vec::new(), debug: Vec::new() }));
+    };
+    let epoll = Arc::new(Epoll::new().map_err(|e| format!("epoll: {e}"))?);
+    let (stop_r, stop_w) = crate::os::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let mut stop_w = std::fs::File::from(stop_w);
+    epoll.add(stop_r.as_raw_fd(), libc::EPOLLIN as u32, STOP).map_err(|e| format!("epoll: {e}"))?;
+    acceptor.watch(epoll.clone()).map_err(|e| format!("cannot listen for the PMI tree: {e}"))?;
+    std::thread::scope(|scope| {
+        let admitter = scope.spawn(move || {
+            let (mut joined, mut debug) = (Vec::new(), Vec::new());
+            let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+            'serve: loop {
+                let wait = acceptor
+                    .deadline()
+                    .map_or(1000, |at| at.saturating_duration_since(Instant::now()).as_millis().min(1000) as i32);
+                let n = match epoll.wait(&mut events, wait) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+                    // The progress loop admits the rest.
+                    Err(_) => break 'serve,
+                };
+                for ev in &events[..n] {
+                    match ev.u64 {
+                        STOP => break 'serve,
+                        token => acceptor.ready(token),
+                    }
+                }
+                acceptor.tick();
+                while let Some(a) = acceptor.poll() {
+                    match a {
+                        Admission::Joined(j) => joined.push(j),
+                        Admission::Debug(line) => debug.push(line),
+                    }
+                }
+            }
+            (acceptor, joined, debug)
+        });
+        let result = work();
+        // The stop signal: a byte on the pipe (its write end closes with it).
+        let _ = stop_w.write_all(&[1]);
+        let (acceptor, above, debug) = admitter.join().map_err(|_| "the admitting thread panicked".to_string())?;
+        Ok((result, Admitted { acceptor: Some(acceptor), above, debug }))
+    })
+}
+
+/// Joins each of `below`, this node's lower peers, as srun says where it listens; `None` for one that srun says
+/// finished first.
+fn join_below(
     srun: &mut TcpStream,
+    below: &[u32],
     names: &[String],
     hello: Hello,
     secret: &Secret,
     address: Address,
+) -> Result<Vec<(u32, Option<TcpStream>)>, String> {
+    let mut joined: Vec<(u32, Option<Option<TcpStream>>)> = below.iter().map(|&p| (p, None)).collect();
+    // What srun said while this node joined another peer.
+    let mut heard: VecDeque<Down> = VecDeque::new();
+    let deadline = Instant::now() + JOIN_PATIENCE;
+    while let Some(i) = joined.iter().position(|(_, j)| j.is_none()) {
+        let next = match heard.pop_front() {
+            Some(m) => m,
+            None => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    let waited = &names[joined[i].0 as usize];
+                    return Err(format!(
+                        "srun did not say within {JOIN_PATIENCE:?} where {waited} (a lower peer of this node in the \
+                         PMI tree) listens"
+                    ));
+                }
+                match uplink::notice(srun, left)? {
+                    Some(m) => m,
+                    None => continue,
+                }
+            }
+        };
+        let (p, port) = match next {
+            Down::Peer { node, port } => (node, Some(port)),
+            Down::PeerDone { node } => (node, None),
+            other => {
+                return Err(format!("srun sent {} before it said where this node's lower peers listen", other.name()))
+            }
+        };
+        let Some(slot) = joined.iter().position(|(q, j)| *q == p && j.is_none()) else {
+            return Err(format!("srun sent where node {p} listens, which is no peer this node still joins"));
+        };
+        let link = match port {
+            None => None,
+            Some(port) => join_peer(srun, &mut heard, names, Hello { to: p, ..hello }, port, secret, address)?,
+        };
+        joined[slot].1 = Some(link);
+    }
+    Ok(joined.into_iter().map(|(p, j)| (p, j.flatten())).collect())
+}
+
+/// Joins lower peer `hello.to` on `port`; `None` if srun says meanwhile that it finished. What else srun says
+/// meanwhile goes to `heard`.
+fn join_peer(
+    srun: &mut TcpStream,
+    heard: &mut VecDeque<Down>,
+    names: &[String],
+    hello: Hello,
+    port: u16,
+    secret: &Secret,
+    address: Address,
 ) -> Result<Option<TcpStream>, String> {
     let p = hello.to;
-    let parent = &names[p as usize];
-    let deadline = Instant::now() + JOIN_PATIENCE;
-    let port = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!(
-                "srun did not say within {JOIN_PATIENCE:?} where {parent} (this node's parent in the PMI tree) listens"
-            ));
-        }
-        match uplink::notice(srun, left)? {
-            None => {}
-            Some(Down::Parent { port }) => break port,
-            Some(Down::ParentDone) => return Ok(None),
-            Some(other) => {
-                return Err(format!("srun sent {} before it said where this node's parent listens", other.name()))
-            }
-        }
-    };
-    let addr = SocketAddr::new(address(p, "this node's parent")?, port);
-    let whom = format!("{parent} (this node's parent in the PMI tree)");
+    let peer = &names[p as usize];
+    let addr = SocketAddr::new(address(p, "a lower peer of this node")?, port);
+    let whom = format!("{peer} (a lower peer of this node in the PMI tree)");
     let mut done = false;
     let joined =
         uplink::join(&[addr], &hello, secret, JOIN_PATIENCE, &whom, |wait| match uplink::notice(srun, wait)? {
             None => Ok(()),
-            Some(Down::ParentDone) => {
+            Some(Down::PeerDone { node }) if node == p => {
                 done = true;
-                Err(format!("{parent} finished"))
+                Err(format!("{peer} finished"))
             }
-            Some(other) => Err(format!("srun sent {} while this node joined its parent", other.name())),
+            Some(other) => {
+                heard.push_back(other);
+                Ok(())
+            }
         });
     match joined {
         Ok(s) => Ok(Some(s)),
@@ -140,19 +269,20 @@ fn join_parent(
     }
 }
 
-/// The listener for this node's children in the tree, on its own address as slurm.conf gives it, and the
-/// acceptor that admits them (from their addresses, where slurm.conf gives them all).
-fn children_acceptor(
-    node: u32,
-    children: Range<u32>,
-    secret: &Secret,
-    width: u32,
-    address: Address,
-) -> Result<Acceptor, String> {
-    let own = address(node, "a node with children")?;
+/// The listener for this node's higher peers, on its own address as slurm.conf gives it, and the acceptor
+/// that admits them (from their addresses, where slurm.conf gives them all).
+fn peers_acceptor(wiring: Wiring, above: Vec<u32>, secret: &Secret, address: Address) -> Result<Acceptor, String> {
+    let own = address(wiring.node, "a node with peers above it")?;
     let listener = TcpListener::bind((own, 0)).map_err(|e| format!("cannot listen on {own} for the PMI tree: {e}"))?;
-    let addresses = children.clone().map(|c| address(c, "a child").ok()).collect();
-    let gate = Gate { secret: secret.clone(), to: node, members: children, addresses, width: Some(width) };
+    let addresses = above.iter().map(|&c| address(c, "a higher peer").ok()).collect();
+    let gate = Gate {
+        secret: secret.clone(),
+        to: wiring.node,
+        members: Members::Listed(above),
+        addresses,
+        width: Some(wiring.tree.width()),
+        allgather: Some(wiring.allgather),
+    };
     Acceptor::new(listener, gate, ACCEPTOR).map_err(|e| format!("cannot listen for the PMI tree: {e}"))
 }
 
@@ -162,6 +292,7 @@ mod tests {
     use crate::os::Epoll;
     use crate::slurm::admit::Admission;
     use std::net::Ipv4Addr;
+    use std::ops::Range;
     use std::sync::Arc;
 
     fn names(nodes: u32) -> Vec<String> {
@@ -176,8 +307,14 @@ mod tests {
     /// An acceptor for node `me`'s children, served on a thread of its own; what it admits comes back.
     fn parent(me: u32, children: Range<u32>, width: u32, secret: &Secret) -> (u16, std::sync::mpsc::Receiver<u32>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let gate =
-            Gate { secret: secret.clone(), to: me, members: children.clone(), addresses: None, width: Some(width) };
+        let gate = Gate {
+            secret: secret.clone(),
+            to: me,
+            members: Members::Listed(children.clone().collect()),
+            addresses: None,
+            width: Some(width),
+            allgather: Some(Allgather::Tree),
+        };
         let mut acceptor = Acceptor::new(listener, gate, 1).unwrap();
         let port = acceptor.port();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -216,7 +353,7 @@ mod tests {
         let secret = crate::slurm::random::secret().unwrap();
         // Width 3: node 0's children are 3, 4 and 5.
         let (port, admitted) = parent(0, 3..6, 3, &secret);
-        let hello = |node| Hello { node, to: 0, port: 0, width: 3 };
+        let hello = |node| Hello { node, to: 0, port: 0, width: 3, allgather: Allgather::Tree };
         let short = Duration::from_millis(300);
         let _c3 = join_parent_at(port, hello(3), &secret, short).unwrap();
         assert_eq!(admitted.recv().unwrap(), 3);
@@ -225,6 +362,7 @@ mod tests {
         assert!(join_parent_at(port, hello(3), &secret, short).is_err());
         assert!(join_parent_at(port, hello(2), &secret, short).is_err());
         assert!(join_parent_at(port, Hello { width: 2, ..hello(4) }, &secret, short).is_err());
+        assert!(join_parent_at(port, Hello { allgather: Allgather::Bruck, ..hello(4) }, &secret, short).is_err());
         assert!(join_parent_at(port, Hello { to: auth::ROOT, ..hello(4) }, &secret, short).is_err());
         assert!(join_parent_at(port, hello(4), &crate::slurm::random::secret().unwrap(), short).is_err());
         let _c4 = join_parent_at(port, hello(4), &secret, short).unwrap();
@@ -267,12 +405,14 @@ mod tests {
         let secret = crate::slurm::random::secret().unwrap();
         let members = 1..1 + addresses.as_ref().map_or(1, |a| a.len() as u32);
         let queued = members.len() + crate::slurm::admit::HANDSHAKE_SPARE;
-        let gate = Gate { secret: secret.clone(), to: 0, members, addresses, width: Some(1) };
+        let members = members.into_iter();
+        let members = Members::Listed(members.collect());
+        let gate = Gate { secret: secret.clone(), to: 0, members, addresses, width: Some(1), allgather: None };
         let mut acceptor = Acceptor::new(TcpListener::bind("127.0.0.1:0").unwrap(), gate, 1).unwrap();
         let port = acceptor.port();
         let epoll = Arc::new(Epoll::new().unwrap());
         acceptor.watch(epoll.clone()).unwrap();
-        let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
+        let hello = Hello { node: 1, to: 0, port: 0, width: 1, allgather: Allgather::Tree };
         let child = std::thread::spawn(move || join_parent_at(port, hello, &secret, Duration::from_secs(3)));
         let mut admitted = false;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 256];
@@ -310,8 +450,9 @@ mod tests {
         let as_node = |node: u32| {
             move |_, port| {
                 let mut s = connect_from(other, port);
-                s.write_all(&Up::Hello { node, nonce: [0; auth::NONCE_LEN], port: 0, width: 1 }.encode().unwrap())
-                    .unwrap();
+                let hello =
+                    Up::Hello { node, nonce: [0; auth::NONCE_LEN], port: 0, width: 1, allgather: Allgather::Tree };
+                s.write_all(&hello.encode().unwrap()).unwrap();
                 s
             }
         };
@@ -323,45 +464,107 @@ mod tests {
         assert!(admitted_with_a_neighbour(None, each), "from an address each");
     }
 
-    #[test]
-    fn a_child_waits_for_srun_to_say_where_its_parent_listens() {
-        let secret = crate::slurm::random::secret().unwrap();
-        let (port, admitted) = parent(0, 1..2, 1, &secret);
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut fake, _) = l.accept().unwrap();
-        let child = std::thread::spawn(move || {
-            let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
-            join_parent(&mut srun, &names(2), hello, &secret, &loopback)
-        });
-        std::thread::sleep(Duration::from_millis(100));
-        fake.write_all(&Down::Parent { port }.encode().unwrap()).unwrap();
-        assert!(child.join().unwrap().unwrap().is_some());
-        assert_eq!(admitted.recv().unwrap(), 1);
+    /// Node 2 of a chain over 3 nodes... here, node 2 with lower peers 0 and 1 (Bruck's allgather over 3
+    /// nodes), joining them as a fake srun says where each listens, in any order.
+    fn join_below_of(srun: TcpStream, below: Vec<u32>, secret: &Secret) -> std::thread::JoinHandle<JoinedBelow> {
+        let secret = secret.clone();
+        let mut srun = srun;
+        std::thread::spawn(move || {
+            let hello = Hello { node: 2, to: 0, port: 0, width: 1, allgather: Allgather::Tree };
+            join_below(&mut srun, &below, &names(3), hello, &secret, &loopback)
+        })
+    }
 
-        // Told that the parent finished, the child stops trying to reach it (here: nobody listens).
-        let nobody = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut fake, _) = l.accept().unwrap();
+    type JoinedBelow = Result<Vec<(u32, Option<TcpStream>)>, String>;
+
+    #[test]
+    fn a_node_joins_each_lower_peer_as_srun_says_where_it_listens() {
         let secret = crate::slurm::random::secret().unwrap();
-        let child = std::thread::spawn(move || {
-            let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
-            join_parent(&mut srun, &names(2), hello, &secret, &loopback)
-        });
-        fake.write_all(&Down::Parent { port: nobody }.encode().unwrap()).unwrap();
+        let (port0, admitted0) = parent(0, 2..3, 1, &secret);
+        let (port1, admitted1) = parent(1, 2..3, 1, &secret);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let fake_srun = || {
+            let srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            (srun, l.accept().unwrap().0)
+        };
+        let (srun, mut fake) = fake_srun();
+        let node = join_below_of(srun, vec![0, 1], &secret);
+        std::thread::sleep(Duration::from_millis(100));
+        // Node 1's port first, then node 0's.
+        fake.write_all(&Down::Peer { node: 1, port: port1 }.encode().unwrap()).unwrap();
+        fake.write_all(&Down::Peer { node: 0, port: port0 }.encode().unwrap()).unwrap();
+        let joined = node.join().unwrap().unwrap();
+        assert_eq!(joined.iter().map(|(p, s)| (*p, s.is_some())).collect::<Vec<_>>(), [(0, true), (1, true)]);
+        assert_eq!((admitted0.recv().unwrap(), admitted1.recv().unwrap()), (2, 2));
+
+        // Told that a peer finished, the node stops trying to reach it (here: nobody listens).
+        let nobody = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (srun, mut fake) = fake_srun();
+        let node = join_below_of(srun, vec![1], &secret);
+        fake.write_all(&Down::Peer { node: 1, port: nobody }.encode().unwrap()).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let started = Instant::now();
-        fake.write_all(&Down::ParentDone.encode().unwrap()).unwrap();
-        assert!(matches!(child.join().unwrap(), Ok(None)));
+        fake.write_all(&Down::PeerDone { node: 1 }.encode().unwrap()).unwrap();
+        assert!(matches!(node.join().unwrap().as_deref(), Ok([(1, None)])));
         assert!(started.elapsed() < Duration::from_secs(5));
 
-        // srun ending the step first is an error.
-        let mut srun = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut fake, _) = l.accept().unwrap();
-        fake.write_all(&Down::End.encode().unwrap()).unwrap();
-        let hello = Hello { node: 1, to: 0, port: 0, width: 1 };
-        let err =
-            join_parent(&mut srun, &names(2), hello, &crate::slurm::random::secret().unwrap(), &loopback).unwrap_err();
-        assert!(err.contains("srun sent END before it said where this node's parent listens"), "{err}");
+        // srun ending the step first, or naming a node that is no lower peer, is an error.
+        for (said, error) in [
+            (Down::End, "srun sent END before it said where this node's lower peers listen"),
+            (Down::Peer { node: 5, port: 1 }, "srun sent where node 5 listens, which is no peer this node still joins"),
+        ] {
+            let (srun, mut fake) = fake_srun();
+            let node = join_below_of(srun, vec![1], &secret);
+            fake.write_all(&said.encode().unwrap()).unwrap();
+            let err = node.join().unwrap().unwrap_err();
+            assert!(err.contains(error), "{err}");
+        }
+    }
+
+    /// While a node joins its lower peers, a thread admits its higher ones: a higher peer waits for no more
+    /// than the node's listening (the joins make no chain through the step).
+    #[test]
+    fn higher_peers_are_admitted_while_the_node_joins_its_lower_ones() {
+        let secret = crate::slurm::random::secret().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let gate = Gate {
+            secret: secret.clone(),
+            to: 1,
+            members: Members::Listed(vec![2, 3]),
+            addresses: None,
+            width: Some(1),
+            allgather: Some(Allgather::Bruck),
+        };
+        let acceptor = Acceptor::new(listener, gate, ACCEPTOR).unwrap();
+        let port = acceptor.port();
+        let hello = |node| Hello { node, to: 1, port: 0, width: 1, allgather: Allgather::Bruck };
+        let (work, Admitted { acceptor, above: joined, .. }) = admitting(Some(acceptor), || {
+            // Node 2 joins meanwhile; this node's own joins would take as long.
+            join_parent_at(port, hello(2), &secret, Duration::from_secs(5)).is_ok()
+        })
+        .unwrap();
+        assert!(work);
+        assert_eq!(joined.iter().map(|j| j.node).collect::<Vec<_>>(), [2]);
+        // The rest is admitted by whoever watches the acceptor next.
+        let mut acceptor = acceptor.unwrap();
+        let epoll = Arc::new(Epoll::new().unwrap());
+        acceptor.watch(epoll.clone()).unwrap();
+        let late = std::thread::spawn(move || join_parent_at(port, hello(3), &secret, Duration::from_secs(5)));
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        let mut admitted = None;
+        while admitted.is_none() {
+            let n = epoll.wait(&mut events, 5000).unwrap();
+            assert!(n > 0, "node 3 was not admitted");
+            for ev in &events[..n] {
+                acceptor.ready(ev.u64);
+            }
+            while let Some(a) = acceptor.poll() {
+                if let Admission::Joined(j) = a {
+                    admitted = Some(j.node);
+                }
+            }
+        }
+        assert_eq!(admitted, Some(3));
+        assert!(late.join().unwrap().is_ok());
     }
 }

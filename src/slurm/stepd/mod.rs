@@ -47,7 +47,7 @@ use crate::os;
 use crate::runtime::{EnvVar, JobVars, Looping, NodeRuntime};
 use crate::server::Server;
 use host::{SlurmHost, FINI_GRACE, NOTICE_FORKED, NOTICE_IDS_CONFIRMED};
-use join::{address_of, join_tree, refuse};
+use join::{address_of, join_tree, refuse, Wiring};
 use monitor::NodeShape;
 use plan::{Component, Record};
 use std::ffi::{c_char, c_int, CString};
@@ -149,6 +149,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         slurm.info(note);
     }
     let (tree, node, width) = (plan.tree, plan.place.node, plan.tree.width());
+    let wiring = Wiring { tree, allgather: plan.allgather, node };
     let addrs: Vec<_> = (plan.host.as_str(), plan.port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve srun's address {}: {e}", plan.host))?
@@ -158,7 +159,7 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         Ok(s) => s.clone(),
         Err(why) => {
             let why = format!("the slurmstepd of {} refuses the step: {why}", plan.place.node_name);
-            refuse(&addrs, tree, node, &plan.secret, &address, &why);
+            refuse(&addrs, wiring, &plan.secret, &address, &why);
             return Err(why);
         }
     };
@@ -167,7 +168,10 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
         true => Some(Trace::start(libc::STDERR_FILENO).map_err(|e| format!("cannot start the trace: {e}"))?),
         false => None,
     };
-    let links = join_tree(&addrs, tree, node, &plan.secret, &plan.names, &address)?;
+    let links = join_tree(&addrs, wiring, &plan.secret, &plan.names, &address)?;
+    for line in &links.debug {
+        slurm.log(log::Level::Debug, line);
+    }
     let srun_copy = links.srun.try_clone().map_err(|e| format!("socket: {e}"))?;
     // SAFETY: `job` and `env` as Slurm passes them (the caller's contract).
     let info = plan::job_info(&mut plan, &read, || unsafe { multi_prog_config(record, env) })?;
@@ -182,7 +186,9 @@ pub unsafe fn prefork(job: *const stepd_step_rec_t, env: *mut *mut *mut c_char) 
     let stopping = Arc::new(AtomicBool::new(false));
     let notify_r_raw = notify_r.as_raw_fd();
     let spawned_ranks = spawned.then(|| local_ranks.iter().copied().collect());
-    let shape = NodeShape { place: place.clone(), names, tree, bounds, limits, spawned_ranks, traced: trace.is_some() };
+    let allgather = plan.allgather;
+    let traced = trace.is_some();
+    let shape = NodeShape { place: place.clone(), names, tree, allgather, bounds, limits, spawned_ranks, traced };
     let host_side = SlurmHost::new(shape, links, slurm, trace, notify_r, stopping.clone())?;
     let job = JobVars { job_id: format!("{task_job}.{}", rec.step) };
     let mut node_rt =

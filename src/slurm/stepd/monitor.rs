@@ -1,5 +1,5 @@
-//! A slurmstepd's monitor of its node of a step, sans-I/O: what srun, the parent and the children in the
-//! tree send (as the bytes of whole frames), that a connection closed, and what the node's shell asks of its
+//! A slurmstepd's monitor of its node of a step, sans-I/O: what srun and the node's peers (its parent and
+//! children in the tree, and with Bruck's allgather its peers in the rounds) send (as the bytes of whole frames), that a connection closed, and what the node's shell asks of its
 //! host ([`crate::server::Host`]) go in; what to do comes out as [`NodeAction`]s (queue a frame, drop a
 //! connection, log a line, end the step from here), in order, for the I/O loop around it ([`super`]) to
 //! carry out, and the shell's answers wait until the loop hands them over. It decides who is at fault, when
@@ -19,7 +19,7 @@
 
 use super::plan::{Place, LOGGED_TEXT_MAX};
 use crate::collective::groups::DoneParts;
-use crate::collective::{self, frame, Bounds, Bytes, Output, Parts, Peer, Tree};
+use crate::collective::{self, frame, Allgather, Bounds, Bytes, Output, Parts, Peer, Tree};
 use crate::launch::{check_preputs, SpawnedJob};
 use crate::server::{GroupExchange, HostReply, HostRequest, JobError, Limits, TaskId};
 use crate::slurm::layout::with_node_names;
@@ -42,7 +42,7 @@ const LOGGED_LINES_MAX: usize = 200;
 pub enum NodeAction {
     /// Queue a control frame (an encoded [`Up`]) for srun.
     Report(Vec<u8>),
-    /// Queue a frame of the collective for `to`: srun, the parent or an admitted child.
+    /// Queue a frame of the collective for `to`: srun or a linked peer.
     Send { to: Peer, direction: Direction, frame: Bytes },
     /// Stop serving `peer`'s connection: it closed, or is not trusted any more.
     Drop(Peer),
@@ -59,12 +59,13 @@ pub enum NodeAction {
     Trace(String),
 }
 
-/// A child's place in the tree, as this node serves it.
-enum ChildState {
-    /// Not admitted yet: what the collective sends it waits here (a FAIL, END or BYE, at most a few).
+/// A peer's connection, as this node serves it.
+enum PeerState {
+    /// A higher peer not admitted yet: what the collective sends it waits here (a FAIL, END or BYE, or a
+    /// round of Bruck's allgather: at most a few).
     Awaited(Vec<Bytes>),
     Linked,
-    /// Its connection closed.
+    /// Its connection closed, or a lower peer finished before this node joined it.
     Gone,
 }
 
@@ -98,6 +99,7 @@ pub struct NodeShape {
     /// Every node's name, for messages.
     pub names: Vec<String>,
     pub tree: Tree,
+    pub allgather: Allgather,
     pub bounds: Bounds,
     pub limits: Limits,
     /// In a spawned step: the local ranks, each of which must send a PMI line (see [`NodeMonitor`]'s
@@ -118,10 +120,8 @@ pub struct NodeMonitor {
     completion: Option<Result<Parts, String>>,
     /// srun's connection is served: it is open and srun is trusted.
     srun: bool,
-    /// The parent's connection (if the parent is a stepd) is served.
-    parent: bool,
-    /// The children in the tree, from `tree`'s first child of this node.
-    children: Vec<ChildState>,
+    /// Every peer (lower ones joined in prefork, higher ones as they are admitted), in node order.
+    peers: Vec<(u32, PeerState)>,
     /// Every local task has closed its connection: the connections closing now is the normal end.
     finished: bool,
     /// srun said it is done with the step (END): its close is the normal end.
@@ -159,19 +159,22 @@ pub struct NodeMonitor {
     spoke: BTreeSet<u32>,
     /// The job's trace is on ([`NodeShape::traced`]).
     traced: bool,
+    allgather: Allgather,
     actions: VecDeque<NodeAction>,
 }
 
 impl NodeMonitor {
     /// The monitor of node `shape.place.node`, connected to srun and its parent.
     pub fn new(shape: NodeShape) -> Result<NodeMonitor, String> {
-        let NodeShape { place, names, tree, bounds, limits, spawned_ranks, traced } = shape;
+        let NodeShape { place, names, tree, allgather, bounds, limits, spawned_ranks, traced } = shape;
         let all_max = frame::parts_len(names.len(), limits.kvs_bytes_max);
         let group_result_max = collective::groups::done_max(names.len() as u32, &bounds);
         let machine = collective::Node::new(tree, place.node, bounds, all_max).map_err(|e| e.to_string())?;
+        let machine = machine.with_allgather(allgather);
+        let me = place.node;
+        let state = |p: u32| if p < me { PeerState::Linked } else { PeerState::Awaited(Vec::new()) };
         Ok(NodeMonitor {
-            children: tree.children(Peer::Node(place.node)).map(|_| ChildState::Awaited(Vec::new())).collect(),
-            parent: matches!(tree.parent(place.node), Peer::Node(_)),
+            peers: machine.peers().into_iter().map(|p| (p, state(p))).collect(),
             place,
             names,
             tree,
@@ -195,14 +198,15 @@ impl NodeMonitor {
             unspoken: spawned_ranks,
             spoke: BTreeSet::new(),
             traced,
+            allgather,
             actions: VecDeque::new(),
         })
     }
 
-    /// srun said the parent (a stepd) finished before this node reached it: as if it had said goodbye and
-    /// left.
-    pub fn parent_done(&mut self) {
-        if let Some(p) = self.parent_node().filter(|_| std::mem::replace(&mut self.parent, false)) {
+    /// srun said lower peer `p` finished before this node reached it: as if it had said goodbye and left.
+    pub fn peer_done(&mut self, p: u32) {
+        let was = self.peer_mut(p).map(|s| std::mem::replace(s, PeerState::Gone));
+        if matches!(was, Some(PeerState::Linked)) {
             self.machine.receive(Peer::Node(p), frame::bye());
             self.machine.lost(Peer::Node(p));
             self.pump();
@@ -222,9 +226,19 @@ impl NodeMonitor {
         }
     }
 
-    /// This node's children in the tree.
-    pub fn children(&self) -> std::ops::Range<u32> {
-        self.tree.children(Peer::Node(self.place.node))
+    /// This node's peers, in node order.
+    pub fn peers(&self) -> Vec<u32> {
+        self.peers.iter().map(|(p, _)| *p).collect()
+    }
+
+    fn peer_mut(&mut self, p: u32) -> Option<&mut PeerState> {
+        let i = self.peers.binary_search_by_key(&p, |(q, _)| *q).ok()?;
+        Some(&mut self.peers[i].1)
+    }
+
+    fn peer(&self, p: u32) -> Option<&PeerState> {
+        let i = self.peers.binary_search_by_key(&p, |(q, _)| *q).ok()?;
+        Some(&self.peers[i].1)
     }
 
     /// The largest frame `from` may send.
@@ -249,15 +263,18 @@ impl NodeMonitor {
                     Err(e) => self.broke(from, &format!("sent a {e}")),
                 },
             },
-            Peer::Node(p) if Some(p) == self.parent_node() && self.parent => match Down::decode_owned(payload) {
-                Ok(Down::Collective(frame)) => {
-                    self.machine.receive(from, frame);
-                    self.pump();
+            // A lower peer sends as srun does (down), a higher one as to srun (up).
+            Peer::Node(p) if p < self.place.node && matches!(self.peer(p), Some(PeerState::Linked)) => {
+                match Down::decode_owned(payload) {
+                    Ok(Down::Collective(frame)) => {
+                        self.machine.receive(from, frame);
+                        self.pump();
+                    }
+                    Ok(other) => self.broke(from, &format!("sent {}, which only srun sends", other.name())),
+                    Err(e) => self.broke(from, &format!("sent a {e}")),
                 }
-                Ok(other) => self.broke(from, &format!("sent {}, which only srun sends", other.name())),
-                Err(e) => self.broke(from, &format!("sent a {e}")),
-            },
-            Peer::Node(c) if matches!(self.child(c), Some(ChildState::Linked)) => match Up::decode_owned(payload) {
+            }
+            Peer::Node(c) if matches!(self.peer(c), Some(PeerState::Linked)) => match Up::decode_owned(payload) {
                 Ok(Up::Collective(frame)) => {
                     self.machine.receive(from, frame);
                     self.pump();
@@ -297,8 +314,8 @@ impl NodeMonitor {
                 self.groups_asked.remove(done.id());
                 self.groups_done.push(done);
             }
-            // Taken at prefork; the parent's own connection says the rest.
-            Down::Parent { .. } | Down::ParentDone => {}
+            // Taken at prefork; the peers' own connections say the rest.
+            Down::Peer { .. } | Down::PeerDone { .. } => {}
             Down::Challenge { .. } | Down::Welcome { .. } => {
                 return self.broke(Peer::Root, "sent a handshake frame after the handshake")
             }
@@ -337,17 +354,11 @@ impl NodeMonitor {
         self.pump();
     }
 
-    /// Node `n`'s connection (the parent's or a child's) is gone; `fault` if it broke the protocol.
+    /// Node `n`'s connection (a peer's) is gone; `fault` if it broke the protocol.
     fn lost_node(&mut self, n: u32, fault: Option<String>) {
         let is_parent = Some(n) == self.parent_node();
-        let served = match is_parent {
-            true => std::mem::replace(&mut self.parent, false),
-            false => match self.child_mut(n) {
-                Some(c) => matches!(std::mem::replace(c, ChildState::Gone), ChildState::Linked),
-                None => return,
-            },
-        };
-        if !served {
+        let Some(state) = self.peer_mut(n) else { return };
+        if !matches!(std::mem::replace(state, PeerState::Gone), PeerState::Linked) {
             return;
         }
         self.actions.push_back(NodeAction::Drop(Peer::Node(n)));
@@ -360,19 +371,10 @@ impl NodeMonitor {
         self.parent_lost = false;
     }
 
-    fn child(&self, c: u32) -> Option<&ChildState> {
-        self.children.get(c.checked_sub(self.children().start)? as usize)
-    }
-
-    fn child_mut(&mut self, c: u32) -> Option<&mut ChildState> {
-        let first = self.children().start;
-        self.children.get_mut(c.checked_sub(first)? as usize)
-    }
-
-    /// ChildState `c` was admitted: what the collective sent it meanwhile goes now.
-    pub fn child_joined(&mut self, c: u32) {
-        let Some(slot) = self.child_mut(c) else { return };
-        if let ChildState::Awaited(waiting) = std::mem::replace(slot, ChildState::Linked) {
+    /// Higher peer `c` was admitted: what the collective sent it meanwhile goes now.
+    pub fn peer_joined(&mut self, c: u32) {
+        let Some(slot) = self.peer_mut(c) else { return };
+        if let PeerState::Awaited(waiting) = std::mem::replace(slot, PeerState::Linked) {
             for frame in waiting {
                 self.actions.push_back(NodeAction::Send { to: Peer::Node(c), direction: Direction::Down, frame });
             }
@@ -458,23 +460,20 @@ impl NodeMonitor {
         }
     }
 
-    /// A frame of the collective for `to`.
+    /// A frame of the collective for `to`: up to srun and the lower peers, down to the higher ones.
     fn send(&mut self, to: Peer, frame: Bytes) {
-        let up = NodeAction::Send { to, direction: Direction::Up, frame: frame.clone() };
+        let direction = match to {
+            Peer::Node(p) if p > self.place.node => Direction::Down,
+            _ => Direction::Up,
+        };
+        let send = NodeAction::Send { to, direction, frame: frame.clone() };
         match to {
-            Peer::Root if self.srun => self.actions.push_back(up),
+            Peer::Root if self.srun => self.actions.push_back(send),
             Peer::Root => {}
-            Peer::Node(p) if Some(p) == self.parent_node() => {
-                if self.parent {
-                    self.actions.push_back(up);
-                }
-            }
-            Peer::Node(c) => match self.child_mut(c) {
-                Some(ChildState::Linked) => {
-                    self.actions.push_back(NodeAction::Send { to, direction: Direction::Down, frame });
-                }
-                Some(ChildState::Awaited(waiting)) => waiting.push(frame),
-                Some(ChildState::Gone) | None => {}
+            Peer::Node(p) => match self.peer_mut(p) {
+                Some(PeerState::Linked) => self.actions.push_back(send),
+                Some(PeerState::Awaited(waiting)) => waiting.push(frame),
+                Some(PeerState::Gone) | None => {}
             },
         }
     }
@@ -561,7 +560,7 @@ impl NodeMonitor {
     /// At the tree's top, what it sent its children for exchange `epoch`, for the job's trace if it is on.
     fn note_result(&mut self, epoch: u32, parts: &Parts) {
         let me = self.place.node;
-        if !self.traced || self.tree.top() != Peer::Node(me) {
+        if !self.traced || self.tree.top() != Peer::Node(me) || self.allgather != Allgather::Tree {
             return;
         }
         let children = self.tree.children(Peer::Node(me)).len();
@@ -710,7 +709,7 @@ impl NodeMonitor {
             Ok(()) => {
                 self.finished = true;
                 self.tell_joined();
-                // The collective's goodbyes to srun, the parent and the children, then srun's own.
+                // The collective's goodbyes to srun and the peers, then srun's own.
                 self.machine.finish();
                 self.pump();
                 self.report(&Up::Bye);
@@ -743,6 +742,7 @@ mod tests {
             place,
             names,
             tree: crate::slurm::options::step_tree(nodes, width).unwrap(),
+            allgather: Allgather::Tree,
             bounds: BOUNDS,
             limits: Limits::default(),
             spawned_ranks: spawned_ranks.map(|r| r.iter().copied().collect()),
@@ -794,7 +794,7 @@ mod tests {
     fn a_node_whose_parent_finished_before_it_came_goes_on_without_it() {
         // A chain: srun, n1, n2. n1 finished before n2's stepd reached it.
         let mut w = watch_of(2, 1, 1, None);
-        w.parent_done();
+        w.peer_done(0);
         assert_eq!(drain(&mut w), []);
         // n2's exchange cannot complete: srun is told why, and ends the step.
         w.contribute(b"part").unwrap();
@@ -871,8 +871,8 @@ mod tests {
             Owned::from(Up::Collective(frame).encode().unwrap()[4..].to_vec())
         };
         let mut w = watch_of(3, 2, 0, None);
-        w.child_joined(1);
-        w.child_joined(2);
+        w.peer_joined(1);
+        w.peer_joined(2);
         w.contribute(b"top").unwrap();
         w.heard(Peer::Node(1), contrib(1));
         assert!(w.take_completion().is_none());
@@ -1071,7 +1071,7 @@ mod tests {
     fn a_stepd_that_breaks_the_protocol_is_named_and_dropped() {
         // A chain: srun, n1, n2, n3; this is n2.
         let mut w = watch_of(3, 1, 1, None);
-        w.child_joined(2);
+        w.peer_joined(2);
         w.heard(Peer::Node(2), Up::Bye.encode().unwrap()[4..].to_vec().into());
         let actions = drain(&mut w);
         assert_eq!(actions[0], NodeAction::Drop(Peer::Node(2)));
@@ -1096,7 +1096,7 @@ mod tests {
     #[test]
     fn a_parent_lost_during_an_exchange_ends_the_step_from_here_too() {
         let mut w = watch_of(3, 1, 1, None);
-        w.child_joined(2);
+        w.peer_joined(2);
         w.contribute(b"part").unwrap();
         drain(&mut w);
         w.closed(Peer::Node(0), "reset");
@@ -1123,7 +1123,7 @@ mod tests {
         w.heard(Peer::Root, down(Down::Collective(frame::fail(0, "no"))));
         let actions = drain(&mut w);
         assert!(!actions.iter().any(|a| matches!(a, NodeAction::Send { .. })), "{actions:?}");
-        w.child_joined(1);
+        w.peer_joined(1);
         match &drain(&mut w)[..] {
             [NodeAction::Send { to: Peer::Node(1), direction: Direction::Down, frame }] => {
                 assert_eq!(frame, &frame::fail(0, "no"))

@@ -10,7 +10,7 @@ use super::super::options::{self, Job, Settings, Site, ENV_MAP, ENV_OPTIONS, ENV
 use super::super::records::slurm_step_id_t;
 use super::super::spawn::Spawn;
 use super::super::trace::escape_text;
-use crate::collective::Tree;
+use crate::collective::{Allgather, Tree};
 use crate::server::{JobInfo, TaskMap};
 
 /// The longest text from a task or the environment (an abort message, an environment value) that reaches
@@ -96,6 +96,9 @@ pub struct Plan {
     pub node_of: Vec<u32>,
     pub local_ranks: Vec<u32>,
     pub tree: Tree,
+    /// How the exchanges go: the job's, else the site's (also when the stepd refuses the step, which it tells
+    /// srun with the same HELLO as for the step).
+    pub allgather: Allgather,
     /// The job's options held to the site's, or why this stepd refuses the step (which srun is told).
     pub settings: Result<Settings, String>,
     /// Lines for slurmd's log: the step's environment naming another step than Slurm's.
@@ -153,11 +156,26 @@ pub fn plan(rec: &Record, env: Env, expand: Expand, site: &Site) -> Result<Optio
     let job = Job::decode(&need(env, ENV_OPTIONS)?)?;
     let settings = options::resolve(site, &job, env("PMI_DEBUG").as_deref());
     let tree = options::step_tree(nodes, options::tree_width(site, &job)).map_err(|e| e.to_string())?;
+    let allgather = options::allgather(site, &job);
     let leads_hetjob = rec.task_job == rec.job && rec.in_hetjob;
     let node_name = names[node as usize].clone();
     let place = Place { job: rec.job, step: rec.step, id: rec.id, leads_hetjob, node, node_name };
     let (task_job, appnum) = (rec.task_job, rec.component.as_ref().map(|c| c.index as i32));
-    Ok(Some(Plan { place, task_job, appnum, host, port, secret, names, node_of, local_ranks, tree, settings, notes }))
+    Ok(Some(Plan {
+        place,
+        task_job,
+        appnum,
+        host,
+        port,
+        secret,
+        names,
+        node_of,
+        local_ranks,
+        tree,
+        allgather,
+        settings,
+        notes,
+    }))
 }
 
 /// This stepd's node in a heterogeneous step's merged layout: the node of its name that runs this component's

@@ -90,9 +90,9 @@ pub enum Allgather {
     /// Up the tree to its top, whose result comes down: an exchange crosses the tree's height twice, and
     /// each node with children sends the result to each of them.
     #[default]
-    Tree,
+    Tree = 0,
     /// Bruck's allgather between the nodes: ⌈log₂ N⌉ rounds, and no node sends more than another.
-    Bruck,
+    Bruck = 1,
 }
 
 impl Allgather {

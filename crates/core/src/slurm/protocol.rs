@@ -9,14 +9,16 @@
 //! up: a stepd to srun, or to its parent            down: srun, or a parent, to a stepd
 //!   1 HELLO   "RPMI" version:u16 node:u32            0x84 CHALLENGE nonce:[32]
 //!             nonce:[32] port:u16 width:u32
+//!             allgather:u8 (0 tree, 1 bruck)
 //!   7 PROOF   mac:[32]                               0x85 WELCOME   mac:[32] (the acceptor's proof)
 //!   8 COLLECTIVE  a frame of the collective          0x88 COLLECTIVE  a frame of the collective
 //!                 (crate::collective::frame)
 //! to srun only                                      from srun only
-//!   2 JOINED  epoch:u32   (this node's shell           0x86 PARENT port:u16 (connect to your parent's
-//!                          joined exchange epoch)                            address, this port)
-//!   3 ABORT   rank:u32 code:i32 message              0x87 PARENT_DONE (your parent finished before you
-//!   4 ERROR   rank:u32 failed:u8 message                                joined it: no link)
+//!   2 JOINED  epoch:u32   (this node's shell           0x86 PEER node:u32 port:u16 (connect to that node,
+//!                          joined exchange epoch)                  a lower peer: your parent or one in
+//!                                                                  Bruck's rounds, at its address, this port)
+//!   3 ABORT   rank:u32 code:i32 message              0x87 PEER_DONE node:u32 (that lower peer finished
+//!   4 ERROR   rank:u32 failed:u8 message                                before you joined it: no link)
 //!   5 GONE    rank:u32 finalized:u8 (a task          0x83 END (srun is done with the step: the close
 //!             closed its connection)                           that follows is the normal end)
 //!   6 BYE     (every local task has closed its connection: a normal end)
@@ -31,12 +33,14 @@
 //!             tells the member nodes from the id)                  node's part, in member order)
 //! ```
 //!
-//! HELLO's `port` is where the stepd listens for its children in the tree (0: it has none) and `width` the
-//! tree's width it builds the tree with; ANSWER's `text` to a SPAWN is the error code of every process (0:
+//! HELLO's `port` is where the stepd listens for its higher peers, its children in the tree and its peers in
+//! Bruck's rounds above it (0: it has none), `width` the tree's width it builds the tree with and `allgather`
+//! how its exchanges go ([`crate::collective::Allgather`]); a stepd joins each of its lower peers and admits
+//! each of its higher ones, so each pair of peers has one connection; ANSWER's `text` to a SPAWN is the error code of every process (0:
 //! all started, -1: none), to a NAME a lookup's port; ERROR's `failed` is 1 if something failed on its own (a task, a
 //! node), 0 if rpmi ends a job in which nothing did (a protocol error, a bound). The collective's own frames
-//! (CONTRIB, ALL, FAIL, LOST, ...) travel inside COLLECTIVE on the links of the tree: srun and its children,
-//! a stepd and its parent and children.
+//! (CONTRIB, ALL, ROUND, FAIL, LOST, ...) travel inside COLLECTIVE on the links between peers: srun and node 0,
+//! a stepd and its lower peers (up) and its higher ones (down).
 //!
 //! Sizes are bounded on both sides: a message text at most [`MESSAGE_MAX`] bytes (longer ones are cut when
 //! encoded), every other frame at most what its receiver accepts ([`FrameBuf::next`]); every length is
@@ -46,7 +50,7 @@ use super::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
 pub use crate::codec::Malformed;
 use crate::codec::{cut, utf8, FrameReader, FrameWriter};
 use crate::collective::groups::{self, DoneParts};
-use crate::collective::Bytes;
+use crate::collective::{Allgather, Bytes};
 pub use crate::server::NameOp;
 use std::fmt;
 use std::sync::Arc;
@@ -55,10 +59,11 @@ use std::sync::Arc;
 /// tree; 4 the name service; 5 spawn; 6 a spawn answered once its processes run; 7 PMI 1.2's group
 /// exchanges; 8 a group's part without its member nodes; 9 a rank gone says whether it had spoken PMI; 10
 /// JOINED only once the shell has waited in the exchange, and ahead of GONE, BYE and an ERROR of the exchange;
-/// 11 the tree's top at node 0, srun out of every exchange, and COMPLETED after a JOINED).
-pub const VERSION: u16 = 11;
+/// 11 the tree's top at node 0, srun out of every exchange, and COMPLETED after a JOINED; 12 Bruck's
+/// allgather: HELLO's `allgather`, and PEER and PEER_DONE for every lower peer).
+pub const VERSION: u16 = 12;
 /// The payload length of HELLO and of PROOF: the only frames an acceptor takes before admission.
-pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4;
+pub const HELLO_LEN: usize = 1 + 4 + 2 + 4 + NONCE_LEN + 2 + 4 + 1;
 pub const PROOF_LEN_ON_WIRE: usize = 1 + PROOF_LEN;
 /// The longest message text (abort, error) a frame carries; longer ones are cut.
 pub const MESSAGE_MAX: usize = 4096;
@@ -89,8 +94,8 @@ const COMPLETED: u8 = 13;
 const END: u8 = 0x83;
 const CHALLENGE: u8 = 0x84;
 const WELCOME: u8 = 0x85;
-const PARENT: u8 = 0x86;
-const PARENT_DONE: u8 = 0x87;
+const PEER: u8 = 0x86;
+const PEER_DONE: u8 = 0x87;
 const DOWN_COLLECTIVE: u8 = 0x88;
 const ANSWER: u8 = 0x89;
 const DOWN_GROUP: u8 = 0x8A;
@@ -101,10 +106,12 @@ pub enum Up {
     Hello {
         node: u32,
         nonce: Nonce,
-        /// Where the stepd listens for its children in the tree; 0 if it has none.
+        /// Where the stepd listens for its higher peers; 0 if it has none.
         port: u16,
         /// The tree's width the stepd builds the tree with.
         width: u32,
+        /// How its exchanges reach every node.
+        allgather: Allgather,
     },
     Proof {
         proof: Proof,
@@ -170,10 +177,12 @@ pub enum Down {
     Welcome { proof: Proof },
     /// A frame of the collective (its payload).
     Collective(Bytes),
-    /// srun: the stepd's parent in the tree listens on `port` of its node's address.
-    Parent { port: u16 },
-    /// srun: the stepd's parent finished (every task of it closed its connection) before the stepd joined it.
-    ParentDone,
+    /// srun: the stepd's lower peer `node` (its parent, or one in Bruck's rounds) listens on `port` of its
+    /// node's address.
+    Peer { node: u32, port: u16 },
+    /// srun: the stepd's lower peer `node` finished (every task of it closed its connection) before the stepd
+    /// joined it.
+    PeerDone { node: u32 },
     /// srun is done with the step: the connection closing next is the normal end, not srun's death.
     End,
     /// srun's answer to local task `task`'s NAME or SPAWN: the port of a lookup (empty for other names), the
@@ -268,10 +277,11 @@ impl Up {
     /// The whole frame, length prefix included.
     pub fn encode(&self) -> Result<Vec<u8>, LengthOverflow> {
         Ok(match self {
-            Up::Hello { node, nonce, port, width } => control(
-                HELLO,
-                FrameWriter::new().bytes(MAGIC).u16(VERSION).u32(*node).bytes(nonce).u16(*port).u32(*width),
-            ),
+            Up::Hello { node, nonce, port, width, allgather } => {
+                let mut fields = FrameWriter::new();
+                fields.bytes(MAGIC).u16(VERSION).u32(*node).bytes(nonce).u16(*port).u32(*width);
+                control(HELLO, fields.u8(*allgather as u8))
+            }
             Up::Proof { proof } => control(PROOF, proof),
             Up::Collective(payload) => frame(UP_COLLECTIVE, payload)?,
             Up::Joined { epoch } => control(JOINED, FrameWriter::new().u32(*epoch)),
@@ -328,7 +338,13 @@ impl Up {
                 if version != VERSION {
                     return Err(Malformed(format!("protocol version {version}, expected {VERSION}")));
                 }
-                Up::Hello { node: r.u32()?, nonce: r.array()?, port: r.u16()?, width: r.u32()? }
+                let (node, nonce, port, width) = (r.u32()?, r.array()?, r.u16()?, r.u32()?);
+                let allgather = match r.u8()? {
+                    0 => Allgather::Tree,
+                    1 => Allgather::Bruck,
+                    a => return Err(Malformed(format!("allgather {a}, neither 0 (tree) nor 1 (bruck)"))),
+                };
+                Up::Hello { node, nonce, port, width, allgather }
             }
             PROOF => Up::Proof { proof: r.array()? },
             UP_COLLECTIVE => Up::Collective(collective(&mut r)),
@@ -382,8 +398,8 @@ impl Down {
             Down::Challenge { .. } => "CHALLENGE",
             Down::Welcome { .. } => "WELCOME",
             Down::Collective(_) => "COLLECTIVE",
-            Down::Parent { .. } => "PARENT",
-            Down::ParentDone => "PARENT_DONE",
+            Down::Peer { .. } => "PEER",
+            Down::PeerDone { .. } => "PEER_DONE",
             Down::End => "END",
             Down::Answer { .. } => "ANSWER",
             Down::Group(_) => "GROUP",
@@ -396,8 +412,8 @@ impl Down {
             Down::Challenge { nonce } => control(CHALLENGE, nonce),
             Down::Welcome { proof } => control(WELCOME, proof),
             Down::Collective(payload) => frame(DOWN_COLLECTIVE, payload)?,
-            Down::Parent { port } => control(PARENT, FrameWriter::new().u16(*port)),
-            Down::ParentDone => control(PARENT_DONE, &[]),
+            Down::Peer { node, port } => control(PEER, FrameWriter::new().u32(*node).u16(*port)),
+            Down::PeerDone { node } => control(PEER_DONE, FrameWriter::new().u32(*node)),
             Down::End => control(END, &[]),
             Down::Answer { task, ok, text } => {
                 control(ANSWER, FrameWriter::new().u32(*task).flag(*ok).text(text, MESSAGE_MAX))
@@ -422,8 +438,8 @@ impl Down {
             CHALLENGE => Down::Challenge { nonce: r.array()? },
             WELCOME => Down::Welcome { proof: r.array()? },
             DOWN_COLLECTIVE => Down::Collective(collective(&mut r)),
-            PARENT => Down::Parent { port: r.u16()? },
-            PARENT_DONE => Down::ParentDone,
+            PEER => Down::Peer { node: r.u32()?, port: r.u16()? },
+            PEER_DONE => Down::PeerDone { node: r.u32()? },
             END => Down::End,
             ANSWER => Down::Answer {
                 task: r.u32()?,
@@ -577,7 +593,8 @@ mod tests {
     #[test]
     fn every_message_round_trips() {
         for m in [
-            Up::Hello { node: 3, nonce: [7; NONCE_LEN], port: 4242, width: 8 },
+            Up::Hello { node: 3, nonce: [7; NONCE_LEN], port: 4242, width: 8, allgather: Allgather::Tree },
+            Up::Hello { node: 3, nonce: [7; NONCE_LEN], port: 4242, width: 8, allgather: Allgather::Bruck },
             Up::Proof { proof: [9; PROOF_LEN] },
             Up::Collective(Arc::new(vec![1, 0, 0, 0, 0])),
             Up::Joined { epoch: 9 },
@@ -599,15 +616,15 @@ mod tests {
         ] {
             assert_eq!(Up::decode(payload(&m.encode().unwrap())), Ok(m));
         }
-        let hello = Up::Hello { node: 0, nonce: [0; NONCE_LEN], port: 0, width: 1 };
+        let hello = Up::Hello { node: 0, nonce: [0; NONCE_LEN], port: 0, width: 1, allgather: Allgather::Tree };
         assert_eq!(payload(&hello.encode().unwrap()).len(), HELLO_LEN);
         assert_eq!(payload(&Up::Proof { proof: [0; PROOF_LEN] }.encode().unwrap()).len(), PROOF_LEN_ON_WIRE);
         for m in [
             Down::Challenge { nonce: [1; NONCE_LEN] },
             Down::Welcome { proof: [2; PROOF_LEN] },
             Down::Collective(Arc::new(vec![0x83])),
-            Down::Parent { port: 65535 },
-            Down::ParentDone,
+            Down::Peer { node: 7, port: 65535 },
+            Down::PeerDone { node: u32::MAX },
             Down::End,
             Down::Answer { task: 3, ok: true, text: "tag#0$port$".into() },
             Down::Answer { task: 0, ok: false, text: "the service name 'svc' is not published".into() },
@@ -637,7 +654,12 @@ mod tests {
         assert!(Up::decode(b"").is_err());
         assert!(Up::decode(&[99]).is_err());
         assert!(Up::decode(b"\x01HTTP/1.1 GET /").is_err());
-        let mut hello = Up::Hello { node: 0, nonce: [0; NONCE_LEN], port: 1, width: 2 }.encode().unwrap();
+        let mut hello = Up::Hello { node: 0, nonce: [0; NONCE_LEN], port: 1, width: 2, allgather: Allgather::Tree }
+            .encode()
+            .unwrap();
+        let mut third = hello[4..].to_vec();
+        *third.last_mut().unwrap() = 2;
+        assert!(Up::decode(&third).unwrap_err().0.contains("allgather 2"));
         hello.push(0);
         assert!(Up::decode(&hello[4..]).is_err());
         // Version 2 (the star's) is refused.
@@ -647,8 +669,8 @@ mod tests {
         assert!(Up::decode(&[BYE, 0]).is_err());
         assert!(Up::decode(&[STARTED, 0]).is_err());
         assert!(Up::decode(&[JOINED, 0, 0]).is_err());
-        assert!(Down::decode(&[PARENT, 1]).is_err());
-        assert!(Down::decode(&[PARENT_DONE, 0]).is_err());
+        assert!(Down::decode(&[PEER, 0, 0, 0, 1, 1]).is_err());
+        assert!(Down::decode(&[PEER_DONE, 0]).is_err());
         // Counts that the bytes cannot hold, and an id over the bound.
         assert!(Up::decode(&[UP_GROUP, 0, 2, b'x']).is_err());
         assert!(Down::decode(&[DOWN_GROUP, 0, 0, 0x10, 0, 0, 0]).unwrap_err().0.contains("parts in"));
