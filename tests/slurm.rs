@@ -313,6 +313,8 @@ fn mpi_list_shows_rpmi() {
 
 /// The environment that makes the PMI tree a chain over the local cluster's 3 nodes: srun, n1, n2, n3.
 const CHAIN: &[(&str, &str)] = &[("SLURM_RPMI_TREE_WIDTH", "1")];
+/// The same chain with the exchanges by Bruck's allgather: n3 also joins n1 (its peer in round 1), beside n2.
+const BRUCK: &[(&str, &str)] = &[("SLURM_RPMI_TREE_WIDTH", "1"), ("SLURM_RPMI_ALLGATHER", "bruck")];
 
 fn pairs(name: &str, layout: &[&str], ranks: usize) {
     pairs_with(name, layout, ranks, &[]);
@@ -941,6 +943,11 @@ fn mpi_pairs_over_a_chain_of_stepds() {
     pairs_with("chain", &["-N3", "-n12", "-m", "cyclic"], 12, CHAIN);
 }
 
+#[test]
+fn mpi_pairs_by_bruck_allgather() {
+    pairs_with("bruck", &["-N3", "-n12", "-m", "cyclic"], 12, BRUCK);
+}
+
 /// No exchange passes through srun: node 0, the tree's top, sends each exchange's result to its k children
 /// only, once: at most k·S bytes (S: what the exchange gathered) and the frames' own (8 bytes a node, 14 a
 /// frame), as it says in the job's trace (`PMI_DEBUG`).
@@ -1161,6 +1168,8 @@ fn a_sigkilled_task_ends_the_step_other_node() {
 fn a_sigkilled_task_on_the_deepest_node_of_a_chain_ends_the_step() {
     // -N3 -n3 over the chain srun, n1, n2, n3: rank 2 is alone on n3, two stepds below srun.
     killed_task_ends_the_step("kill-deep", &["-N3", "-n3"], 2, 3, false, CHAIN);
+    // The same with Bruck's allgather, where n3's parts go to n2 and n1 directly.
+    killed_task_ends_the_step("kill-bruck", &["-N3", "-n3"], 2, 3, false, BRUCK);
 }
 
 /// The live slurmstepd of step `job.step` on node `node` of the local cluster: of the step's stepds, the one
@@ -1317,14 +1326,20 @@ fn a_cancelled_job_blames_no_rank_and_keeps_its_kill_wait() {
 }
 
 /// The slurmstepd in the middle of a chain (n2: srun, n1, n2, n3) is killed with its tasks, as when its node
-/// fails, while the other ranks wait in MPI_Init's barrier: the step must end, naming n2.
+/// fails, while the other ranks wait in MPI_Init's barrier: the step must end, naming n2; and the same when
+/// the exchanges go by Bruck's allgather.
 #[test]
 fn a_killed_interior_slurmstepd_ends_the_step_naming_its_node() {
+    killed_stepd_ends_the_step("kill-stepd", CHAIN);
+    killed_stepd_ends_the_step("kill-stepd-bruck", BRUCK);
+}
+
+fn killed_stepd_ends_the_step(name: &str, env: &[(&str, &str)]) {
     let _s = serial();
-    let mark = marker("kill-stepd");
+    let mark = marker(name);
     // Rank 0 (on n1) holds every other rank in the barrier.
     let args = ["-N3", "-n3", mpi_pairs().to_str().unwrap(), "hang_before_init=0"];
-    let run = Srun::start_with(&mark, "rpmi", &args, CHAIN);
+    let run = Srun::start_with(&mark, "rpmi", &args, env);
     let until = Instant::now() + GUARD;
     while marked(&mark, None).len() < 3 {
         assert!(Instant::now() < until, "the tasks never all started");
@@ -1333,7 +1348,7 @@ fn a_killed_interior_slurmstepd_ends_the_step_naming_its_node() {
     std::thread::sleep(Duration::from_millis(500));
     let killed = kill_stepd_of_rank_1_on_n2(&mark);
     let run = run.wait();
-    eprintln!("killed interior slurmstepd: the step ended {:.2?} after", killed.elapsed());
+    eprintln!("{name}: killed interior slurmstepd: the step ended {:.2?} after", killed.elapsed());
     assert!(!run.status.success(), "{run}");
     assert!(killed.elapsed() < ENDED_WITHIN, "the step was not ended within {ENDED_WITHIN:?} of the kill: {run}");
     let error = run.stderr.lines().find(|l| l.starts_with("srun: error: rpmi:")).unwrap_or_else(|| panic!("{run}"));
