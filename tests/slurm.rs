@@ -2005,6 +2005,7 @@ fn scontrol_show_config_shows_the_plugins_settings() {
     for (key, want) in [
         ("RpmiRequestLineMax", "2048 (ceiling; default 2048)"),
         ("RpmiTreeWidth", "4 (default, built in)"),
+        ("RpmiAllgather", "tree (default, built in)"),
         ("RpmiTrace", "no (default, built in)"),
     ] {
         assert_eq!(setting(key), Some(want), "{key} in scontrol show config:{section}");

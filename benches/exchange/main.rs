@@ -3,6 +3,8 @@
 //! empty fences) as the tasks of one step on one node of the local Slurm cluster, through three clients:
 //!
 //! - `rpmi libpmi`: rpmi's `libpmi.so.0` under `srun --mpi=rpmi` (its puts go with the fence);
+//! - `rpmi libpmi, bruck` (over several nodes): the same with the exchanges by Bruck's allgather between the
+//!   slurmstepds (`SLURM_RPMI_ALLGATHER=bruck`) rather than up the tree and back;
 //! - `wire`: PMI-1 lines written by hand, each answered before the next, as MPICH's own client speaks, under
 //!   `srun --mpi=rpmi`;
 //! - `PMIx`: OpenPMIx's `libpmix` (Debian's `libpmix-dev`) under `srun --mpi=pmix`, Slurm's PMIx plugin.
@@ -29,16 +31,22 @@ const STEP_TIMEOUT_S: u64 = 120;
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
 enum Client {
     RpmiLibpmi,
+    RpmiLibpmiBruck,
     Wire,
     Pmix,
 }
 
-const CLIENTS: [Client; 3] = [Client::RpmiLibpmi, Client::Wire, Client::Pmix];
+/// The clients run over `nodes` nodes (Bruck's allgather is the tree's on one).
+fn clients(nodes: usize) -> Vec<Client> {
+    let all = [Client::RpmiLibpmi, Client::RpmiLibpmiBruck, Client::Wire, Client::Pmix];
+    all.into_iter().filter(|&c| nodes > 1 || c != Client::RpmiLibpmiBruck).collect()
+}
 
 impl Client {
     fn name(self) -> &'static str {
         match self {
             Client::RpmiLibpmi => "rpmi libpmi",
+            Client::RpmiLibpmiBruck => "rpmi libpmi, bruck",
             Client::Wire => "wire",
             Client::Pmix => "PMIx",
         }
@@ -55,7 +63,7 @@ impl Client {
     /// pmi_bench.c's `CLIENT`.
     fn build_as(self) -> u32 {
         match self {
-            Client::RpmiLibpmi => 1,
+            Client::RpmiLibpmi | Client::RpmiLibpmiBruck => 1,
             Client::Pmix => 3,
             Client::Wire => 11,
         }
@@ -121,7 +129,7 @@ fn build(client: Client, dir: &Path) -> Result<PathBuf, String> {
         .arg(&out)
         .arg(root.join("benches/libpmi/pmi_bench.c"));
     match client {
-        Client::RpmiLibpmi => {
+        Client::RpmiLibpmi | Client::RpmiLibpmiBruck => {
             let profile = std::env::current_exe().map_err(|e| e.to_string())?;
             let profile = profile.parent().and_then(Path::parent).ok_or("no profile directory")?;
             let built = profile.join("libpmi.so");
@@ -167,6 +175,7 @@ fn run(args: &Args, client: Client, program: &Path, size: usize) -> Result<Figur
         .arg(program)
         .arg("exchange")
         .args([args.puts, args.bytes, args.gets, args.fences].map(|n| n.to_string()))
+        .env("SLURM_RPMI_ALLGATHER", if client == Client::RpmiLibpmiBruck { "bruck" } else { "tree" })
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("srun: {e}"))?;
@@ -244,7 +253,8 @@ fn report(args: &Args, cells: &BTreeMap<(usize, Client), Cell>, slurm: &str) -> 
          and a fence (**get phase**), both (**exchange**), and one fence with nothing put (**empty fence**, the \
          mean of {}), in µs from rank 0's clock after each phase's closing fence: the median of {} runs and \
          their range, and PMIx's median over the client's (× PMIx: how many times faster). `rpmi libpmi`: rpmi's \
-         `libpmi.so.0` under `srun --mpi=rpmi`; `wire`: PMI-1 lines by hand, each answered before the next (as \
+         `libpmi.so.0` under `srun --mpi=rpmi` (`bruck`: the exchanges by Bruck's allgather, \
+         `SLURM_RPMI_ALLGATHER=bruck`); `wire`: PMI-1 lines by hand, each answered before the next (as \
          MPICH's own client speaks), under `srun --mpi=rpmi`; `PMIx`: OpenPMIx's `libpmix` under `srun \
          --mpi=pmix`.\n\n",
         args.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
@@ -276,7 +286,7 @@ fn report(args: &Args, cells: &BTreeMap<(usize, Client), Cell>, slurm: &str) -> 
     out += "---|\n";
     for &size in &args.sizes {
         let pmix = &cells[&(size, Client::Pmix)];
-        for client in CLIENTS {
+        for client in clients(args.nodes) {
             let cell = &cells[&(size, client)];
             out += &format!("| {size} | {} |", client.name());
             for (_, figure) in FIGURES {
@@ -338,7 +348,7 @@ fn main() -> ExitCode {
     let dir = profile.join(format!("exchange-bench-{}", std::process::id()));
     let programs: Result<Vec<(Client, PathBuf)>, String> = std::fs::create_dir_all(&dir)
         .map_err(|e| e.to_string())
-        .and_then(|()| CLIENTS.iter().map(|&c| Ok((c, build(c, &dir)?))).collect());
+        .and_then(|()| clients(args.nodes).into_iter().map(|c| Ok((c, build(c, &dir)?))).collect());
     let programs = match programs {
         Ok(p) => p,
         Err(e) => {

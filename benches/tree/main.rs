@@ -27,11 +27,18 @@
 //! simulation took, the process's peak memory (the machines share each frame they pass on) and the model's
 //! fence at 100 Gb/s.
 //!
+//! Last, Bruck's allgather between the nodes (`Allgather::Bruck`, which the hosts run with
+//! `SLURM_RPMI_ALLGATHER=bruck` / `--allgather bruck`), run by the same machines at up to 4,096 nodes for the
+//! node roots' cards: what each node sends (every node about S, the root no more than another) and its rounds;
+//! and the fence modelled from them (⌈log₂ N⌉·L + the most a node sends / B), which benches/fence_model runs up
+//! to 10^5 nodes. (Each node builds its own rounds from what it holds, N frames of up to S each: more than one
+//! process can copy at 10^5 nodes, where the tree's shared frames can be simulated whole.)
+//!
 //! Run: `cargo bench --bench tree [-- --out DIR]` (default `benches/results`): writes `tree.md` there, and
 //! `tree.png` if `gnuplot` is on the PATH.
 
 use rpmi::collective::sim::{self, Config};
-use rpmi::collective::{frame, Peer, Tree, DEFAULT_WIDTH};
+use rpmi::collective::{frame, Allgather, Peer, Tree, DEFAULT_WIDTH};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -50,6 +57,8 @@ const WIDTHS: [Option<u32>; 4] = [None, Some(2), Some(8), Some(32)];
 const LARGE_NODES: u32 = 100_000;
 const LARGE_FENCES: [(&str, usize); 2] =
     [("the node roots' cards only (MPICH 5)", CARD), ("every rank's card, 10 ranks a node", 10 * CARD)];
+/// The node counts Bruck's allgather is simulated at, each node bringing one card (MPICH 5's fence).
+const BRUCK_SIZES: [u32; 3] = [256, 1024, 4096];
 /// The network the model is also run for: 100 Gb/s, 2 µs.
 const FAST: Network = Network { name: "100 Gb/s, 2 µs", latency: 2e-6, bandwidth: 100e9 / 8.0 };
 
@@ -123,8 +132,14 @@ fn run() -> Result<(), String> {
             large.last().map_or(0.0, |l| l.simulated.as_secs_f64())
         );
     }
+    let mut bruck = Vec::new();
+    for nodes in BRUCK_SIZES {
+        bruck.push(bruck_fence(nodes)?);
+        eprintln!("Bruck's allgather, N={nodes}: simulated");
+    }
     let mut report = markdown(&rows, loopback);
     report += &large_markdown(&large);
+    report += &bruck_markdown(&bruck);
     print!("{report}");
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     let md = out.join("tree.md");
@@ -214,6 +229,73 @@ fn large_fence(what: &'static str, part: usize) -> Result<Large, String> {
         other_sent: run.sent[1..n].iter().copied().max().unwrap_or(0),
         fast: model(&tree, FAST, part),
     })
+}
+
+/// One fence by Bruck's allgather, simulated.
+struct Bruck {
+    nodes: u32,
+    /// The result (an ALL's size, length prefix included), the least and most a node sent, node 0's.
+    all: u64,
+    least_sent: u64,
+    most_sent: u64,
+    node0_sent: u64,
+    peak: usize,
+}
+
+/// One fence on `nodes` nodes by Bruck's allgather, every node bringing one card.
+fn bruck_fence(nodes: u32) -> Result<Bruck, String> {
+    let config = Config {
+        epochs: 1,
+        part: CARD,
+        finish: false,
+        verify_every: (nodes / 16).max(1),
+        top_at_first_node: true,
+        allgather: Allgather::Bruck,
+        ..Config::new(nodes, DEFAULT_WIDTH)
+    };
+    let run = sim::run(&config);
+    if !run.problems.is_empty() || !run.job_errors.is_empty() || run.done.iter().any(|&d| d != 1) {
+        return Err(format!("Bruck, N={nodes}: the fence did not complete: {:?} {:?}", run.problems, run.job_errors));
+    }
+    let n = nodes as usize;
+    let sent = &run.sent[..n];
+    Ok(Bruck {
+        nodes,
+        all: 4 + frame::parts_len(n, n * CARD) as u64,
+        least_sent: sent.iter().copied().min().unwrap_or(0),
+        most_sent: sent.iter().copied().max().unwrap_or(0),
+        node0_sent: sent[0],
+        peak: run.peak[..n].iter().copied().max().unwrap_or(0),
+    })
+}
+
+fn bruck_markdown(bruck: &[Bruck]) -> String {
+    let mut md = format!(
+        "\n## Bruck's allgather, the real machines\n\nOne fence by Bruck's allgather between the nodes \
+         (`Allgather::Bruck`), every node bringing one card of {CARD} bytes (MPICH 5's fence), run by the same \
+         machines in memory (the tree, width {DEFAULT_WIDTH} with its top at node 0, only for goodbyes and \
+         failures). What each node sent, length prefixes included, against S (the result); the fence at \
+         100 Gb/s from the rounds and the most a node sends, ⌈log₂ N⌉·L + sent/B, as \
+         [fence_model.md](fence_model.md) models it.\n\n         | nodes | rounds | S (the ALL) | least a node sends | most a node sends | node 0 sends | most one machine \
+         held | fence, 100 Gb/s | × S/B |\n|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for b in bruck {
+        let rounds = b.nodes.next_power_of_two().trailing_zeros();
+        let fast = f64::from(rounds) * FAST.latency + b.most_sent as f64 / FAST.bandwidth;
+        let _ = writeln!(
+            md,
+            "| {} | {rounds} | {} | {} | {} | {} | {} | {} | {:.2} |",
+            b.nodes,
+            bytes(b.all),
+            bytes(b.least_sent),
+            bytes(b.most_sent),
+            bytes(b.node0_sent),
+            bytes(b.peak as u64),
+            time(fast),
+            fast / (b.all as f64 / FAST.bandwidth)
+        );
+    }
+    md
 }
 
 /// The fence's time on `net` under the store-and-forward model of the module's documentation, every node
@@ -342,7 +424,8 @@ fn large_markdown(large: &[Large]) -> String {
          and of the result: its peak resident size is a few times the result's (the result and the frames still \
          going up), not N copies. S/B: the time the result's bytes take to reach one node at 100 Gb/s; the fence's time from the \
          store-and-forward model above. Faster candidates (a pipelined tree, Bruck's allgather between the node \
-         servers) are modelled in [fence_model.md](fence_model.md); the hosts do not run them.\n\n\
+         servers) are modelled in [fence_model.md](fence_model.md); the hosts run Bruck's (below), not the \
+         pipelined tree.\n\n\
          | fence | S (the ALL) | simulated in | peak resident | most one machine held | node 0 sends | most \
          another node sends | fence, 100 Gb/s | × S/B |\n|---|---|---|---|---|---|---|---|---|\n"
     );

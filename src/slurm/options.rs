@@ -549,6 +549,25 @@ mod tests {
     }
 
     #[test]
+    fn the_allgather_is_named_by_the_job_else_the_site() {
+        let job = env(&[("SLURM_RPMI_ALLGATHER", " Bruck ")]).unwrap();
+        assert_eq!(job.encode(), "SLURM_RPMI_ALLGATHER=bruck");
+        assert_eq!(Job::decode(&job.encode()), Ok(job.clone()));
+        assert_eq!(allgather(&Site::default(), &job), Allgather::Bruck);
+        let site_bruck = site(&[(Id::Allgather, "bruck")]);
+        assert_eq!(allgather(&site_bruck, &Job::default()), Allgather::Bruck);
+        let job_tree = env(&[("SLURM_RPMI_ALLGATHER", "tree")]).unwrap();
+        assert_eq!(allgather(&site_bruck, &job_tree), Allgather::Tree);
+        assert_eq!(allgather(&Site::default(), &Job::default()), Allgather::Tree);
+        assert_eq!(
+            env(&[("SLURM_RPMI_ALLGATHER", "ring")]).unwrap_err(),
+            "SLURM_RPMI_ALLGATHER=ring is not tree or bruck"
+        );
+        let shown = site_bruck.printable();
+        assert!(shown.contains(&("RpmiAllgather".to_string(), "bruck (default)".to_string())), "{shown:?}");
+    }
+
+    #[test]
     fn a_jobs_options_come_from_its_variables() {
         let job = env(&[("SLURM_RPMI_TREE_WIDTH", "2"), ("SLURM_RPMI_KVS_BYTES_MAX", " 4096 "), ("HOME", "/")]);
         let job = job.unwrap();

@@ -146,7 +146,7 @@ fn admitting<T>(acceptor: Option<Acceptor>, work: impl FnOnce() -> T) -> Result<
     epoll.add(stop_r.as_raw_fd(), libc::EPOLLIN as u32, STOP).map_err(|e| format!("epoll: {e}"))?;
     acceptor.watch(epoll.clone()).map_err(|e| format!("cannot listen for the PMI tree: {e}"))?;
     std::thread::scope(|scope| {
-        let admitter = scope.spawn(move || {
+        let admitter = std::thread::Builder::new().name("rpmi-admit".into()).spawn_scoped(scope, move || {
             let (mut joined, mut debug) = (Vec::new(), Vec::new());
             let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
             'serve: loop {
@@ -175,6 +175,7 @@ fn admitting<T>(acceptor: Option<Acceptor>, work: impl FnOnce() -> T) -> Result<
             }
             (acceptor, joined, debug)
         });
+        let admitter = admitter.map_err(|e| format!("cannot start the thread that admits the PMI tree's peers: {e}"))?;
         let result = work();
         // The stop signal: a byte on the pipe (its write end closes with it).
         let _ = stop_w.write_all(&[1]);
