@@ -610,9 +610,18 @@ struct SlurmOption {
     key: String,
     var: String,
     switch: bool,
+    /// Its values are names (the allgather's), by number.
+    names: Option<Vec<String>>,
     range: (u128, u128),
     default: u128,
     ceiling: Option<u128>,
+}
+
+/// The allgathers' names, in the order of their numbers (`Allgather::name` in the collective's module).
+fn allgather_names() -> Vec<String> {
+    let text = read("crates/core/src/collective/mod.rs");
+    let body = text.split("pub fn name(self)").nth(1).and_then(|b| b.split("}\n").next()).unwrap_or_default();
+    body.lines().filter(|l| l.contains("Allgather::")).filter_map(|l| Some(l.split('"').nth(1)?.to_string())).collect()
 }
 
 /// The value of field `name` in one `Opt { ... }` of the table, as written.
@@ -647,6 +656,7 @@ fn slurm_options(consts: &HashMap<String, String>) -> Result<Vec<SlurmOption>, S
             key: quoted(get("key")?),
             var: quoted(get("var")?),
             switch: get("what")? == "SWITCH",
+            names: (get("what")? == "ALLGATHER").then(allgather_names),
             range: (value(start)?, value(end)?),
             default: value(get("default")?)?,
             ceiling: match ceiling.strip_prefix("Some(").and_then(|c| c.strip_suffix(')')) {
@@ -719,15 +729,19 @@ fn every_option_is_in_the_options_page_with_its_default() {
                 if !code_spans(term).contains(&o.var) {
                     faults.push(format!("{at} does not name its variable {} beside it", o.var));
                 }
-                let default = match (o.switch, o.default) {
-                    (true, 0) => "default no".to_string(),
-                    (true, _) => "default yes".to_string(),
-                    (false, d) => format!("default {d}"),
+                let default = match (o.switch, o.default, &o.names) {
+                    (_, d, Some(names)) => format!("default `{}`", names.get(d as usize).map_or("?", String::as_str)),
+                    (true, 0, _) => "default no".to_string(),
+                    (true, _, _) => "default yes".to_string(),
+                    (false, d, _) => format!("default {d}"),
                 };
                 if !says(text, &default) {
                     faults.push(format!("{at} does not say `{default}`"));
                 }
-                let range = format!("from {} to {}", o.range.0, o.range.1);
+                let range = match &o.names {
+                    Some(names) => names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" or "),
+                    None => format!("from {} to {}", o.range.0, o.range.1),
+                };
                 if !o.switch && !says(text, &range) {
                     faults.push(format!("{at} does not say `{range}`"));
                 }
