@@ -175,7 +175,8 @@ fn admitting<T>(acceptor: Option<Acceptor>, work: impl FnOnce() -> T) -> Result<
             }
             (acceptor, joined, debug)
         });
-        let admitter = admitter.map_err(|e| format!("cannot start the thread that admits the PMI tree's peers: {e}"))?;
+        let admitter =
+            admitter.map_err(|e| format!("cannot start the thread that admits the PMI tree's peers: {e}"))?;
         let result = work();
         // The stop signal: a byte on the pipe (its write end closes with it).
         let _ = stop_w.write_all(&[1]);
