@@ -18,7 +18,6 @@ use crate::slurm::auth::{self, Secret};
 use crate::slurm::protocol::{Down, Up};
 use crate::slurm::sys::Slurm;
 use crate::slurm::uplink::{self, Hello};
-use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -142,7 +141,7 @@ fn admitting<T>(acceptor: Option<Acceptor>, work: impl FnOnce() -> T) -> Result<
     };
     let epoll = Arc::new(Epoll::new().map_err(|e| format!("epoll: {e}"))?);
     let (stop_r, stop_w) = crate::os::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let mut stop_w = std::fs::File::from(stop_w);
+    let stop_w = std::fs::File::from(stop_w);
     epoll.add(stop_r.as_raw_fd(), libc::EPOLLIN as u32, STOP).map_err(|e| format!("epoll: {e}"))?;
     acceptor.watch(epoll.clone()).map_err(|e| format!("cannot listen for the PMI tree: {e}"))?;
     std::thread::scope(|scope| {
@@ -177,12 +176,68 @@ fn admitting<T>(acceptor: Option<Acceptor>, work: impl FnOnce() -> T) -> Result<
         });
         let admitter =
             admitter.map_err(|e| format!("cannot start the thread that admits the PMI tree's peers: {e}"))?;
+        // The stop signal, a byte on the pipe, also if `work` panics: else the scope would wait for ever.
+        struct Stop(std::fs::File);
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                let _ = self.0.write_all(&[1]);
+            }
+        }
+        let stop = Stop(stop_w);
         let result = work();
-        // The stop signal: a byte on the pipe (its write end closes with it).
-        let _ = stop_w.write_all(&[1]);
+        drop(stop);
         let (acceptor, above, debug) = admitter.join().map_err(|_| "the admitting thread panicked".to_string())?;
         Ok((result, Admitted { acceptor: Some(acceptor), above, debug }))
     })
+}
+
+/// What this node knows of one lower peer while it joins them.
+enum Lower {
+    /// srun has said nothing of it yet.
+    Unknown,
+    /// It listens on this port (PEER).
+    Listens(u16),
+    /// It finished before this node joined it (PEER_DONE), or it is joined: nothing more to do.
+    Done(Option<TcpStream>),
+}
+
+/// This node's lower peers and what srun says of them while it joins them: where each listens (PEER) at most
+/// once, and that one finished (PEER_DONE); anything else from srun is refused. srun is the user's: what it
+/// sends costs this node no memory beyond one entry a peer, and no attempt it would not make anyway.
+struct LowerPeers<'a> {
+    srun: &'a mut TcpStream,
+    peers: Vec<(u32, Lower)>,
+    /// When this node stops waiting for srun and its lower peers, all of them together.
+    deadline: Instant,
+}
+
+impl LowerPeers<'_> {
+    fn of(&mut self, node: u32) -> Option<&mut Lower> {
+        self.peers.iter_mut().find(|(p, _)| *p == node).map(|(_, l)| l)
+    }
+
+    /// Waits up to `wait` for srun's next notice, and takes it.
+    fn hear(&mut self, wait: Duration) -> Result<(), String> {
+        let Some(notice) = uplink::notice(self.srun, wait)? else { return Ok(()) };
+        match notice {
+            Down::Peer { node, port } => match self.of(node) {
+                Some(l @ Lower::Unknown) => *l = Lower::Listens(port),
+                _ => {
+                    return Err(format!("srun sent where node {node} listens, which is no peer this node still joins"))
+                }
+            },
+            Down::PeerDone { node } => match self.of(node) {
+                Some(l @ (Lower::Unknown | Lower::Listens(_))) => *l = Lower::Done(None),
+                // srun tells every higher peer, joined or not, when a node finishes.
+                Some(Lower::Done(_)) => {}
+                None => return Err(format!("srun said node {node} finished, which is no peer of this node")),
+            },
+            other => {
+                return Err(format!("srun sent {} before it said where this node's lower peers listen", other.name()))
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Joins each of `below`, this node's lower peers, as srun says where it listens; `None` for one that srun says
@@ -195,52 +250,42 @@ fn join_below(
     secret: &Secret,
     address: Address,
 ) -> Result<Vec<(u32, Option<TcpStream>)>, String> {
-    let mut joined: Vec<(u32, Option<Option<TcpStream>>)> = below.iter().map(|&p| (p, None)).collect();
-    // What srun said while this node joined another peer.
-    let mut heard: VecDeque<Down> = VecDeque::new();
-    let deadline = Instant::now() + JOIN_PATIENCE;
-    while let Some(i) = joined.iter().position(|(_, j)| j.is_none()) {
-        let next = match heard.pop_front() {
-            Some(m) => m,
-            None => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    let waited = &names[joined[i].0 as usize];
-                    return Err(format!(
-                        "srun did not say within {JOIN_PATIENCE:?} where {waited} (a lower peer of this node in the \
-                         PMI tree) listens"
-                    ));
-                }
-                match uplink::notice(srun, left)? {
-                    Some(m) => m,
-                    None => continue,
-                }
+    let peers = below.iter().map(|&p| (p, Lower::Unknown)).collect();
+    let mut lower = LowerPeers { srun, peers, deadline: Instant::now() + JOIN_PATIENCE };
+    loop {
+        let listening = lower.peers.iter().find_map(|(p, l)| match l {
+            Lower::Listens(port) => Some((*p, *port)),
+            _ => None,
+        });
+        if let Some((p, port)) = listening {
+            let joined = join_peer(&mut lower, names, Hello { to: p, ..hello }, port, secret, address)?;
+            if let Some(l) = lower.of(p) {
+                *l = Lower::Done(joined);
             }
-        };
-        let (p, port) = match next {
-            Down::Peer { node, port } => (node, Some(port)),
-            Down::PeerDone { node } => (node, None),
-            other => {
-                return Err(format!("srun sent {} before it said where this node's lower peers listen", other.name()))
-            }
-        };
-        let Some(slot) = joined.iter().position(|(q, j)| *q == p && j.is_none()) else {
-            return Err(format!("srun sent where node {p} listens, which is no peer this node still joins"));
-        };
-        let link = match port {
-            None => None,
-            Some(port) => join_peer(srun, &mut heard, names, Hello { to: p, ..hello }, port, secret, address)?,
-        };
-        joined[slot].1 = Some(link);
+            continue;
+        }
+        let Some(&(waited, _)) = lower.peers.iter().find(|(_, l)| matches!(l, Lower::Unknown)) else { break };
+        let left = lower.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let waited = &names[waited as usize];
+            return Err(format!(
+                "srun did not say within {JOIN_PATIENCE:?} where {waited} (a lower peer of this node in the PMI \
+                 tree) listens"
+            ));
+        }
+        lower.hear(left)?;
     }
-    Ok(joined.into_iter().map(|(p, j)| (p, j.flatten())).collect())
+    let joined = lower.peers.into_iter().map(|(p, l)| match l {
+        Lower::Done(s) => (p, s),
+        Lower::Unknown | Lower::Listens(_) => (p, None),
+    });
+    Ok(joined.collect())
 }
 
-/// Joins lower peer `hello.to` on `port`; `None` if srun says meanwhile that it finished. What else srun says
-/// meanwhile goes to `heard`.
+/// Joins lower peer `hello.to` on `port`, within what is left of the joins' time; `None` if srun says
+/// meanwhile that it finished. Between attempts it takes what srun says of the other lower peers.
 fn join_peer(
-    srun: &mut TcpStream,
-    heard: &mut VecDeque<Down>,
+    lower: &mut LowerPeers,
     names: &[String],
     hello: Hello,
     port: u16,
@@ -251,19 +296,23 @@ fn join_peer(
     let peer = &names[p as usize];
     let addr = SocketAddr::new(address(p, "a lower peer of this node")?, port);
     let whom = format!("{peer} (a lower peer of this node in the PMI tree)");
+    let patience = lower.deadline.saturating_duration_since(Instant::now());
     let mut done = false;
-    let joined =
-        uplink::join(&[addr], &hello, secret, JOIN_PATIENCE, &whom, |wait| match uplink::notice(srun, wait)? {
-            None => Ok(()),
-            Some(Down::PeerDone { node }) if node == p => {
+    // Each pause is waited out whole, whatever srun sends meanwhile.
+    let joined = uplink::join(&[addr], &hello, secret, patience, &whom, |wait| {
+        let until = Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            lower.hear(left)?;
+            if matches!(lower.of(p), Some(Lower::Done(None))) {
                 done = true;
-                Err(format!("{peer} finished"))
+                return Err(format!("{peer} finished"));
             }
-            Some(other) => {
-                heard.push_back(other);
-                Ok(())
-            }
-        });
+        }
+    });
     match joined {
         Ok(s) => Ok(Some(s)),
         Err(_) if done => Ok(None),
@@ -510,17 +559,49 @@ mod tests {
         assert!(matches!(node.join().unwrap().as_deref(), Ok([(1, None)])));
         assert!(started.elapsed() < Duration::from_secs(5));
 
-        // srun ending the step first, or naming a node that is no lower peer, is an error.
-        for (said, error) in [
-            (Down::End, "srun sent END before it said where this node's lower peers listen"),
-            (Down::Peer { node: 5, port: 1 }, "srun sent where node 5 listens, which is no peer this node still joins"),
+        // srun ending the step first, naming a node that is no lower peer, or sending anything else while the
+        // node joins a peer (here: one nobody answers for), is an error: what srun sends is not kept.
+        let answer = Down::Answer { task: 0, ok: true, text: "x".repeat(4000) };
+        for (first, said, error) in [
+            (None, Down::End, "srun sent END before it said where this node's lower peers listen"),
+            (None, Down::Peer { node: 5, port: 1 }, "srun sent where node 5 listens, which is no peer"),
+            (Some(nobody), answer, "srun sent ANSWER before it said where this node's lower peers listen"),
+            (Some(nobody), Down::Peer { node: 1, port: 2 }, "srun sent where node 1 listens, which is no peer"),
         ] {
             let (srun, mut fake) = fake_srun();
             let node = join_below_of(srun, vec![1], &secret);
+            if let Some(port) = first {
+                fake.write_all(&Down::Peer { node: 1, port }.encode().unwrap()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
             fake.write_all(&said.encode().unwrap()).unwrap();
             let err = node.join().unwrap().unwrap_err();
             assert!(err.contains(error), "{err}");
         }
+    }
+
+    /// A panic while the node joins its lower peers stops the admitting thread too: prefork returns (the
+    /// plugin's entry points turn the panic into an error) rather than wait for ever.
+    #[test]
+    fn a_panic_while_joining_does_not_hold_the_prefork() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let gate = Gate {
+            secret: crate::slurm::random::secret().unwrap(),
+            to: 1,
+            members: Members::Listed(vec![2]),
+            addresses: None,
+            width: Some(1),
+            allgather: Some(Allgather::Bruck),
+        };
+        let acceptor = Acceptor::new(listener, gate, ACCEPTOR).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _ = admitting(Some(acceptor), || panic!("a test's panic"));
+            }));
+            let _ = tx.send(panicked.is_err());
+        });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(true));
     }
 
     /// While a node joins its lower peers, a thread admits its higher ones: a higher peer waits for no more

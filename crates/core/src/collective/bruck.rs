@@ -66,6 +66,8 @@ pub(super) struct Bruck {
     bytes: usize,
     /// Bytes held: the own part and the rounds' frames, this exchange's and the next's.
     held: usize,
+    /// The parts' bytes of the next exchange's rounds that came early.
+    early_bytes: usize,
 }
 
 impl Bruck {
@@ -88,6 +90,7 @@ impl Bruck {
             sent: 0,
             bytes: 0,
             held: 0,
+            early_bytes: 0,
         }
     }
 
@@ -128,8 +131,17 @@ impl Bruck {
         Ok(())
     }
 
-    /// Round `round` of exchange `sent` from `from` during exchange `epoch`.
-    pub(super) fn round(&mut self, epoch: u32, from: u32, sent: u32, round: u8, parts: Parts) -> Result<(), Refusal> {
+    /// Round `round` of exchange `sent` from `from` during exchange `epoch`; `replayed`: a round that came
+    /// early, taken now that its exchange is in progress.
+    pub(super) fn round(
+        &mut self,
+        epoch: u32,
+        from: u32,
+        sent: u32,
+        round: u8,
+        parts: Parts,
+        replayed: bool,
+    ) -> Result<(), Refusal> {
         let refuse = |message: String| Err(Refusal { node: from, message });
         let Some(r) = self.round_from(from).filter(|&r| r == u32::from(round)) else {
             return refuse(format!(
@@ -154,7 +166,24 @@ impl Bruck {
             }
         }
         let slot = r as usize;
+        if self.is_done(from) && !replayed {
+            return refuse(format!("node {from} sent round {round} of PMI exchange {sent} after it said it was done"));
+        }
         if sent == epoch.wrapping_add(1) && self.early[slot].is_none() && self.got[slot].is_some() {
+            // Held to the exchange's bound beside the others that came early: counted again when taken.
+            let early = self.early_bytes.saturating_add(parts.bytes());
+            if early > self.bounds.exchange_max.bytes {
+                let max = self.bounds.exchange_max;
+                let message = format!(
+                    "PMI exchange {sent} would gather more than {} bytes ({}): node {from} brought {} bytes in round \
+                     {round}, {early} in all so far",
+                    max.bytes,
+                    max.option,
+                    parts.bytes()
+                );
+                return Err(Refusal { node: from, message });
+            }
+            self.early_bytes = early;
             self.held += parts.frame().len();
             self.early[slot] = Some(parts);
             return Ok(());
@@ -164,9 +193,6 @@ impl Bruck {
         }
         if self.got[slot].is_some() {
             return refuse(format!("node {from} sent round {round} of PMI exchange {epoch} twice"));
-        }
-        if self.is_done(from) {
-            return refuse(format!("node {from} sent round {round} of PMI exchange {epoch} after it said it was done"));
         }
         self.add(epoch, from, &format!("in round {round}"), parts.bytes())?;
         self.held += parts.frame().len();
@@ -290,6 +316,7 @@ impl Bruck {
         let early: Vec<(u8, Parts)> =
             self.early.iter_mut().enumerate().filter_map(|(r, e)| Some((r as u8, e.take()?))).collect();
         self.held = 0;
+        self.early_bytes = 0;
         early
     }
 

@@ -194,7 +194,7 @@ impl Node {
         let bruck_peer = |p: Peer| matches!((&self.bruck, p), (Some(b), Peer::Node(n)) if b.is_peer(n));
         let from_peer = bruck_peer(from);
         match (self.role(from), decoded) {
-            (_, Frame::Round { epoch, round, parts }) if from_peer => self.round(from, epoch, round, parts),
+            (_, Frame::Round { epoch, round, parts }) if from_peer => self.round(from, epoch, round, parts, false),
             (Role::Child(c), Frame::Contrib { epoch, parts }) if self.bruck.is_none() => {
                 self.contribution(c, epoch, parts)
             }
@@ -210,7 +210,13 @@ impl Node {
             (role, Frame::Fail { message, .. }) if from_peer || (self.bruck.is_some() && role == Role::Parent) => {
                 self.stop(frame::fail(self.epoch, &message), message, None)
             }
-            (Role::Parent, Frame::Bye) if from != Peer::Root => self.parent_done = true,
+            (Role::Parent, Frame::Bye) if from != Peer::Root => {
+                self.parent_done = true;
+                // A parent that is also a source of a round may leave the exchange in progress blocked.
+                if self.bruck.is_some() {
+                    self.advance();
+                }
+            }
             (Role::Child(c), Frame::Bye) => {
                 self.gather.done(c);
                 self.advance();
@@ -333,10 +339,11 @@ impl Node {
         self.bruck.as_ref().map_or_else(|| self.gather.started(), Bruck::started)
     }
 
-    /// Round `round` of exchange `epoch` from `from`.
-    fn round(&mut self, from: Peer, epoch: u32, round: u8, parts: Parts) {
+    /// Round `round` of exchange `epoch` from `from`: as it comes, or `replayed` once its exchange is the one in
+    /// progress (it came early, before any goodbye of its sender's).
+    fn round(&mut self, from: Peer, epoch: u32, round: u8, parts: Parts, replayed: bool) {
         let (Some(b), Peer::Node(p)) = (&mut self.bruck, from) else { return };
-        match b.round(self.epoch, p, epoch, round, parts) {
+        match b.round(self.epoch, p, epoch, round, parts, replayed) {
             Ok(()) => self.advance(),
             Err(r) => self.refuse(r),
         }
@@ -417,7 +424,7 @@ impl Node {
         }
         for (round, parts) in early {
             let from = Peer::Node(super::bruck::source(self.tree.nodes(), self.me, u32::from(round)));
-            self.round(from, self.epoch, round, parts);
+            self.round(from, self.epoch, round, parts, true);
         }
     }
 
@@ -477,7 +484,9 @@ impl Node {
             Some(_) if frame::is_fail(&down) => self.peers(),
             _ => self.tree.children(Peer::Node(self.me)).collect(),
         };
-        for p in to.into_iter().filter(|&p| Peer::Node(p) != self.parent) {
+        // The parent hears a failure from below only where it is a peer in the rounds, which takes it.
+        let peer = |p: u32| self.bruck.as_ref().is_some_and(|b| b.is_peer(p));
+        for p in to.into_iter().filter(|&p| Peer::Node(p) != self.parent || peer(p)) {
             self.outbox.send(Peer::Node(p), down.clone());
         }
         if std::mem::replace(&mut self.waiting, false) {

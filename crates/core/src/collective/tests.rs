@@ -824,3 +824,64 @@ fn a_bruck_peer_that_is_done_or_lost_fails_the_exchange_that_needs_it() {
     assert!(o.errors.is_empty(), "{o:?}");
     assert_eq!(o.done.len(), 1);
 }
+
+/// Node `me` of 3 nodes whose tree is the star about node 0: node 0 is every node's parent and a source of a
+/// round too.
+fn bruck_of_three(me: u32) -> Node {
+    Node::new(Tree::new(3, 4).unwrap().top_at_first_node(), me, bounds(), ALL_MAX)
+        .unwrap()
+        .with_allgather(Allgather::Bruck)
+}
+
+#[test]
+fn a_parent_that_is_a_source_and_says_goodbye_without_its_round_fails_the_exchange() {
+    let mut n = bruck_of_three(2);
+    n.contribute(p(2)).unwrap();
+    out(&mut n);
+    n.receive(Peer::Node(0), frame::bye());
+    let o = out(&mut n);
+    let (node, m) = o.error();
+    assert_eq!(*node, Some(0), "{m}");
+    assert!(m.contains("ranks wait in PMI exchange 0 that node 0 cannot join"), "{m}");
+}
+
+#[test]
+fn a_bruck_failure_reaches_the_parent_where_it_is_a_peer_in_the_rounds() {
+    let mut n = bruck_of_three(2);
+    n.contribute(p(2)).unwrap();
+    out(&mut n);
+    n.receive(Peer::Node(1), round(0, 7, &[1]));
+    let o = out(&mut n);
+    assert_eq!(o.kinds_to(Peer::Node(0)), ["a failure of PMI exchange 0"]);
+    assert_eq!(o.kinds_to(Peer::Node(1)), ["a failure of PMI exchange 0"]);
+}
+
+#[test]
+fn a_round_that_came_early_is_taken_after_its_senders_goodbye() {
+    let mut n = bruck(3);
+    n.contribute(p(3)).unwrap();
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    n.receive(Peer::Node(4), round(1, 0, &[4]));
+    n.receive(Peer::Node(4), frame::bye());
+    n.receive(Peer::Node(5), round(0, 1, &[5, 6]));
+    n.receive(Peer::Node(0), round(0, 2, &[0, 1, 2]));
+    let o = out(&mut n);
+    assert!(o.errors.is_empty(), "{o:?}");
+    assert_eq!(o.done.len(), 1);
+    // Rounds of the next exchange that came early count against its bound once it is in progress.
+    let mut n = bruck(3);
+    n.contribute(p(3)).unwrap();
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    n.receive(Peer::Node(5), round(0, 1, &[5, 6]));
+    let big = [(5u32, vec![1u8; 100]), (6, vec![2; 100])];
+    n.receive(Peer::Node(4), frame::round(1, 0, std::iter::once((4, &[0u8; 100][..]))).unwrap());
+    n.receive(Peer::Node(5), frame::round(1, 1, big.iter().map(|(n, b)| (*n, b.as_slice()))).unwrap());
+    assert!(out(&mut n).errors.is_empty());
+    let over = [(0u32, vec![1u8; 100]), (1, vec![1]), (2, vec![])];
+    n.receive(Peer::Node(0), frame::round(0, 2, over.iter().map(|(n, b)| (*n, b.as_slice()))).unwrap());
+    // Exchange 0 completes; node 0 is already in exchange 1 with a round over what exchange 1 may gather.
+    n.receive(Peer::Node(0), frame::round(1, 2, over.iter().map(|(n, b)| (*n, b.as_slice()))).unwrap());
+    let (node, m) = out(&mut n).error().clone();
+    assert_eq!(node, Some(0), "{m}");
+    assert!(m.contains("PMI exchange 1 would gather more than 400 bytes"), "{m}");
+}
