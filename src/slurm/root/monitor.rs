@@ -33,6 +33,11 @@ use std::time::{Duration, Instant};
 /// for it: when Slurm kills a step every task goes within it, and a barrier that waits for the rank names it
 /// more exactly.
 pub const LEFT_GRACE: Duration = Duration::from_secs(1);
+/// How long srun holds a node's report that something failed elsewhere (a node at fault, or one that cannot
+/// join an exchange) before it ends the step for it: the node where the cause lies reports it directly, one hop
+/// sooner, but its frames may be read after the report (more so where several nodes find the same fault, as
+/// Bruck's peers do); the cause's own words name the rank that left.
+pub const CAUSE_GRACE: Duration = Duration::from_millis(100);
 
 /// The step as the monitor sees it.
 pub struct Shape {
@@ -143,6 +148,9 @@ pub struct StepMonitor {
     /// The first rank that spoke PMI and left without finalize while others ran, its node, and when the step
     /// ends for it if the others still run ([`LEFT_GRACE`]).
     left: Option<(u32, u32, Instant)>,
+    /// A node's report that something failed elsewhere, held until its cause has had [`CAUSE_GRACE`] to say
+    /// more.
+    held: Option<(String, Instant)>,
     /// The step's published names (PMI_Publish_name): one table for the step.
     names: Names,
     /// When this step began to fail ([`crate::os::monotonic_ns`]).
@@ -177,6 +185,7 @@ impl StepMonitor {
             finalized: Vec::new(),
             gone_seen: vec![false; size],
             left: None,
+            held: None,
             names: Names::new(),
             failed_at: None,
             failed_for: None,
@@ -370,7 +379,9 @@ impl StepMonitor {
                     self.outcome.job_error = true;
                 }
                 // The collective's own messages name the nodes already.
-                let what = match message.contains(&format!("the slurmstepd of {name}")) {
+                let own = message.contains(&format!("the slurmstepd of {name}"));
+                let elsewhere = failed && !own && message.contains("the slurmstepd of ");
+                let what = match own {
                     true => message,
                     false => format!("{message} (on {name})"),
                 };
@@ -379,6 +390,10 @@ impl StepMonitor {
                 let starting = self.shape.spawned && self.unstarted > 0;
                 match self.stopping && starting && !self.outcome.ended {
                     true => self.fail(what, None),
+                    // Something failed on another node: its own report may name the rank.
+                    false if elsewhere && !self.outcome.ended && !self.stopping => {
+                        self.held.get_or_insert((what, Instant::now() + CAUSE_GRACE));
+                    }
                     false => self.fatal(what, None),
                 }
                 true
@@ -529,7 +544,7 @@ impl StepMonitor {
 
     /// When [`Self::tick`] has something to do.
     pub fn deadline(&self) -> Option<Instant> {
-        self.left.map(|(_, _, due)| due)
+        self.left.map(|(_, _, due)| due).into_iter().chain(self.held.as_ref().map(|(_, due)| *due)).min()
     }
 
     /// Time has come to `now`: a rank that left without finalize [`LEFT_GRACE`] ago ends the step if any other
@@ -537,6 +552,9 @@ impl StepMonitor {
     /// when Slurm is ending the job (`job_ending`, asked only then): a cancelled or timed-out job's tasks get
     /// SIGTERM and their KillWait before SIGKILL, and those that take it to write a checkpoint must keep it.
     pub fn tick(&mut self, now: Instant, job_ending: impl FnOnce() -> bool) {
+        if let Some((what, _)) = self.held.take_if(|(_, due)| *due <= now) {
+            self.fatal(what, None);
+        }
         let Some((rank, node, due)) = self.left else { return };
         if now < due {
             return;
@@ -888,6 +906,36 @@ mod tests {
         );
         assert!(actions.contains(&Action::EndStep));
         assert_eq!((w.outcome().ended, w.outcome().job_error), (true, false));
+    }
+
+    /// A node reports that another cannot join the exchange (every rank on it closed its connection) before
+    /// that node's own GONE is read: the report waits [`CAUSE_GRACE`], and the GONE names the rank.
+    #[test]
+    fn a_report_of_a_failure_elsewhere_waits_for_its_causes_own() {
+        let mut w = watch_of(3, false);
+        let peer = "ranks wait in PMI exchange 0 that the slurmstepd of n3 cannot join: every rank on it has closed \
+                    its PMI connection";
+        assert!(w.message(0, Up::Joined { epoch: 0 }));
+        assert!(w.message(0, Up::Error { rank: u32::MAX, failed: true, message: peer.into() }));
+        assert!(errors(&drain(&mut w)).is_empty());
+        assert!(w.deadline().is_some());
+        assert!(w.message(2, Up::Gone { rank: 2, finalized: false, spoke: true }));
+        let e = errors(&drain(&mut w));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("rank 2 on n3 closed its PMI connection"), "{e:?}");
+        w.tick(Instant::now() + CAUSE_GRACE, || false);
+        assert!(errors(&drain(&mut w)).is_empty(), "the held report is said once the step ended: not at all");
+        // Without more from the cause, the report ends the step once the grace is over.
+        let mut w = watch_of(3, false);
+        assert!(w.message(0, Up::Error { rank: u32::MAX, failed: true, message: peer.into() }));
+        w.tick(Instant::now() + CAUSE_GRACE, || false);
+        assert_eq!(errors(&drain(&mut w)), [format!("error: {peer} (on n1)")]);
+        // A fault of the node's own, or a failure there, ends the step at once.
+        for failed in [false, true] {
+            let mut w = watch_of(3, false);
+            assert!(w.message(0, Up::Error { rank: 0, failed, message: "rank 0 left".into() }));
+            assert_eq!(errors(&drain(&mut w)).len(), 1);
+        }
     }
 
     #[test]
