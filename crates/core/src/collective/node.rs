@@ -353,7 +353,9 @@ impl Node {
     /// cannot complete.
     fn advance(&mut self) {
         let blocked = match &self.bruck {
-            Some(b) => b.blocked(self.epoch),
+            // This node's own absence is for its peers to find, from its goodbye: each has it as the source of a
+            // round, and their reports come with their word that they wait (which names the rank that left).
+            Some(b) => b.blocked(self.epoch).filter(|r| r.node != self.me),
             None => self.gather.blocked(self.epoch),
         };
         if let Some(r) = blocked {

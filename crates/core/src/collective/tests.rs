@@ -806,6 +806,14 @@ fn a_bruck_peer_that_is_done_or_lost_fails_the_exchange_that_needs_it() {
     let (node, m) = out(&mut n).error().clone();
     assert_eq!(node, Some(4));
     assert!(m.contains("ranks wait in PMI exchange 0 that node 4 cannot join"), "{m}");
+    // Node 3's own shell is done while node 4's round is in: it says goodbye to every peer, and leaves the
+    // report to them (each has node 3 as the source of a round).
+    let mut n = bruck(3);
+    n.receive(Peer::Node(4), round(0, 0, &[4]));
+    n.finish();
+    let o = out(&mut n);
+    assert!(o.errors.is_empty(), "{o:?}");
+    assert_eq!(o.kinds_to(Peer::Node(6)), ["a goodbye"]);
     // Node 6 (a peer, not in node 3's branch of the tree) leaves without a goodbye.
     let mut n = bruck(3);
     n.lost(Peer::Node(6));
