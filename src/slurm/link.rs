@@ -269,6 +269,48 @@ impl Link {
         })
     }
 
+    /// Closes `links` as TCP closes without loss: each says it sends no more (FIN), then reads, and drops, what
+    /// its peer still sends until the peer closes too or `deadline` passes. A socket closed with bytes unread is
+    /// reset instead, and the reset can discard what the peer had not read yet of this side's last frames: a
+    /// stepd's goodbye, which srun or a peer would then take for a stepd killed (srun tells a stepd of other
+    /// nodes that finish at any time, so some may come as it closes).
+    pub fn linger(links: &mut [&mut Link], deadline: Instant) {
+        for l in links.iter() {
+            let _ = l.stream.shutdown(std::net::Shutdown::Write);
+        }
+        let mut open: Vec<&mut Link> = links.iter_mut().map(|l| &mut **l).filter(|l| !l.broken).collect();
+        let mut scratch = [0u8; 4096];
+        while !open.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut fds: Vec<libc::pollfd> = open
+                .iter()
+                .map(|l| libc::pollfd { fd: l.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+                .collect();
+            // SAFETY: a live array of pollfds, its length passed.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, left.as_millis().clamp(1, 1000) as i32) };
+            let mut closed = vec![false; open.len()];
+            for (i, l) in open.iter_mut().enumerate().filter(|(i, _)| fds[*i].revents != 0) {
+                closed[i] = loop {
+                    match l.stream.read(&mut scratch) {
+                        Ok(0) => break true,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                        Err(_) => break true,
+                    }
+                };
+            }
+            let mut i = 0;
+            open.retain(|_| {
+                i += 1;
+                !closed[i - 1]
+            });
+        }
+    }
+
     /// Writes what is queued on every link of `links`, until `deadline` (given what is still queued) passes.
     fn drain_until(links: &mut [&mut Link], mut deadline: impl FnMut(usize) -> Instant) {
         loop {

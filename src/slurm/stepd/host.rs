@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 /// How long `fini` lets the progress thread say BYE before it cuts the connection.
 pub const FINI_GRACE: Duration = Duration::from_secs(2);
+/// How long a node that said BYE waits, at most, for srun and its peers to close their ends after it.
+const LINGER: Duration = Duration::from_millis(500);
 
 /// The fork notice a task child writes: every task is forked, and whether its task info confirmed the ids.
 pub const NOTICE_FORKED: u8 = 0;
@@ -520,6 +522,9 @@ impl NodeHost for SlurmHost {
         Link::drain(&mut self.links(), Instant::now() + FINI_GRACE);
         let mut peers: Vec<&mut Link> = self.peers.iter_mut().filter_map(|(_, l)| l.as_mut()).collect();
         Link::drain_moving(&mut peers, FINI_GRACE);
+        // Then each connection closes once its peer has read it all (srun and the peers close theirs on the
+        // goodbye and the end that follows it).
+        Link::linger(&mut self.links(), Instant::now() + LINGER);
     }
 }
 
@@ -684,8 +689,9 @@ mod tests {
             drop(tasks);
             // Every task gone: each stepd says goodbye as its loop ends.
             drop(nodes_rt);
-            assert_eq!(root.stop(), Outcome::default(), "{nodes} nodes, {wiring:?}");
+            let outcome = root.stop();
             let lines = record.lines();
+            assert_eq!(outcome, Outcome::default(), "{nodes} nodes, {wiring:?}: {lines:?}");
             assert!(!lines.iter().any(|l| l.starts_with("error")), "{nodes} nodes, {wiring:?}: {lines:?}");
         }
     }
