@@ -14,7 +14,7 @@ use super::Bounds;
 
 /// Bruck's rounds for `nodes` nodes: ⌈log₂ N⌉.
 pub fn rounds(nodes: u32) -> u32 {
-    nodes.max(1).next_power_of_two().trailing_zeros()
+    u32::BITS - (nodes.max(1) - 1).leading_zeros()
 }
 
 /// How many parts round `round` carries among `nodes` nodes.
@@ -172,16 +172,10 @@ impl Bruck {
         if sent == epoch.wrapping_add(1) && self.early[slot].is_none() && self.got[slot].is_some() {
             // Held to the exchange's bound beside the others that came early: counted again when taken.
             let early = self.early_bytes.saturating_add(parts.bytes());
-            if early > self.bounds.exchange_max.bytes {
-                let max = self.bounds.exchange_max;
-                let message = format!(
-                    "PMI exchange {sent} would gather more than {} bytes ({}): node {from} brought {} bytes in round \
-                     {round}, {early} in all so far",
-                    max.bytes,
-                    max.option,
-                    parts.bytes()
-                );
-                return Err(Refusal { node: from, message });
+            let max = self.bounds.exchange_max;
+            if early > max.bytes {
+                let how = format!("in round {round}");
+                return Err(super::over_exchange_max(sent, from, &how, parts.bytes(), early, max));
             }
             self.early_bytes = early;
             self.held += parts.frame().len();
@@ -213,12 +207,7 @@ impl Bruck {
         let total = self.bytes.saturating_add(len);
         let max = self.bounds.exchange_max;
         if total > max.bytes {
-            let message = format!(
-                "PMI exchange {epoch} would gather more than {} bytes ({}): node {node} brought {len} bytes {how}, \
-                 {total} in all so far",
-                max.bytes, max.option
-            );
-            return Err(Refusal { node, message });
+            return Err(super::over_exchange_max(epoch, node, how, len, total, max));
         }
         let result = frame::parts_len(self.nodes as usize, total);
         if result > self.all_max {
@@ -349,5 +338,6 @@ mod tests {
             }
         }
         assert_eq!(target(u32::MAX, 0, 31), u32::MAX - (1 << 31));
+        assert_eq!(rounds(u32::MAX), 32);
     }
 }

@@ -130,15 +130,7 @@ impl Gather {
     }
 
     fn over_exchange_max(&self, epoch: u32, node: u32, whose: &str, brought: usize, total: usize) -> Refusal {
-        let max = self.bounds.exchange_max;
-        Refusal {
-            node,
-            message: format!(
-                "PMI exchange {epoch} would gather more than {} bytes ({}): node {node} brought {brought} bytes \
-                 {whose}, {total} in all so far",
-                max.bytes, max.option
-            ),
-        }
+        super::over_exchange_max(epoch, node, whose, brought, total, self.bounds.exchange_max)
     }
 
     fn member(&mut self, child: u32) -> Option<&mut Member<Parts>> {

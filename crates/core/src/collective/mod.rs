@@ -76,6 +76,17 @@ fn over_part_max(node: u32, exchange: &str, len: usize, max: Bound) -> String {
     )
 }
 
+/// Why exchange `epoch` ("PMI exchange 3") is refused: node `node` brought `brought` bytes (`how`: "for its
+/// subtree", "in round 2"), `total` in all so far, over `max`.
+fn over_exchange_max(epoch: u32, node: u32, how: &str, brought: usize, total: usize, max: Bound) -> gather::Refusal {
+    let message = format!(
+        "PMI exchange {epoch} would gather more than {} bytes ({}): node {node} brought {brought} bytes {how}, \
+         {total} in all so far",
+        max.bytes, max.option
+    );
+    gather::Refusal { node, message }
+}
+
 /// Why node `node` is lost: its connection to node `to` closed before it said BYE.
 fn lost_node(node: u32, to: u32) -> String {
     format!(

@@ -384,11 +384,7 @@ impl Node {
                     self.sent = true;
                     return;
                 }
-                // The top's own ALL: it decodes, since the gather checked every part.
-                match Frame::decode(&frame, usize::MAX) {
-                    Ok(Frame::All { epoch, parts }) => self.complete(epoch, parts),
-                    _ => self.fail_from(Peer::Node(self.me), format!("node {} made an unreadable result", self.me)),
-                }
+                self.complete_own(&frame);
             }
             Err(e) => {
                 let what = format!("node {} cannot send up PMI exchange {}: {e}", self.me, self.epoch);
@@ -420,13 +416,27 @@ impl Node {
         self.peak = self.peak.max(self.held() + all.len());
         let Some(b) = &mut self.bruck else { return };
         let early = b.clear();
-        match Frame::decode(&all, usize::MAX) {
-            Ok(Frame::All { epoch, parts }) => self.complete(epoch, parts),
-            _ => return self.fail_from(Peer::Node(self.me), format!("node {} made an unreadable result", self.me)),
+        if !self.complete_own(&all) {
+            return;
         }
         for (round, parts) in early {
             let from = Peer::Node(super::bruck::source(self.tree.nodes(), self.me, u32::from(round)));
             self.round(from, self.epoch, round, parts, true);
+        }
+    }
+
+    /// Completes the exchange with a result this node made itself (an ALL it decodes, since it checked every
+    /// part as it took it); false if it could not.
+    fn complete_own(&mut self, all: &Bytes) -> bool {
+        match Frame::decode(all, usize::MAX) {
+            Ok(Frame::All { epoch, parts }) => {
+                self.complete(epoch, parts);
+                true
+            }
+            _ => {
+                self.fail_from(Peer::Node(self.me), format!("node {} made an unreadable result", self.me));
+                false
+            }
         }
     }
 

@@ -708,16 +708,25 @@ fn bruck_rounds_carry_what_a_node_holds_and_make_the_result_in_node_order() {
     assert_eq!(n.epoch(), 1);
 }
 
-#[test]
-fn a_bruck_round_of_the_next_exchange_waits_for_this_one() {
+/// Node 3 completes exchange 0, node 4 being done with it and already in exchange 1 (its round 0 of it came
+/// early; `bye`: node 4 then said goodbye, before node 3 took that round).
+fn exchange_0_with_a_round_of_1(bye: bool) -> (Node, Out) {
     let mut n = bruck(3);
     n.contribute(p(3)).unwrap();
     n.receive(Peer::Node(4), round(0, 0, &[4]));
-    // Node 4 is done with exchange 0 and already in exchange 1.
     n.receive(Peer::Node(4), round(1, 0, &[4]));
+    if bye {
+        n.receive(Peer::Node(4), frame::bye());
+    }
     n.receive(Peer::Node(5), round(0, 1, &[5, 6]));
     n.receive(Peer::Node(0), round(0, 2, &[0, 1, 2]));
     let o = out(&mut n);
+    (n, o)
+}
+
+#[test]
+fn a_bruck_round_of_the_next_exchange_waits_for_this_one() {
+    let (mut n, o) = exchange_0_with_a_round_of_1(false);
     assert_eq!(o.done.len(), 1);
     assert!(o.errors.is_empty(), "{o:?}");
     n.contribute(p(3)).unwrap();
@@ -866,14 +875,7 @@ fn a_bruck_failure_reaches_the_parent_where_it_is_a_peer_in_the_rounds() {
 
 #[test]
 fn a_round_that_came_early_is_taken_after_its_senders_goodbye() {
-    let mut n = bruck(3);
-    n.contribute(p(3)).unwrap();
-    n.receive(Peer::Node(4), round(0, 0, &[4]));
-    n.receive(Peer::Node(4), round(1, 0, &[4]));
-    n.receive(Peer::Node(4), frame::bye());
-    n.receive(Peer::Node(5), round(0, 1, &[5, 6]));
-    n.receive(Peer::Node(0), round(0, 2, &[0, 1, 2]));
-    let o = out(&mut n);
+    let (_, o) = exchange_0_with_a_round_of_1(true);
     assert!(o.errors.is_empty(), "{o:?}");
     assert_eq!(o.done.len(), 1);
     // Rounds of the next exchange that came early count against its bound once it is in progress.
