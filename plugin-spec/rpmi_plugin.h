@@ -35,9 +35,11 @@ extern "C" {
  *     rpmi_job_info; rpmi_plugin.abi_revision.
  *  3: PMI 1.2's group barriers: rpmi_host_ops.group_collective, rpmi_plugin.group_complete.
  *  4: connections the host makes: rpmi_plugin.task_env and task_attach.
+ *  5: the plugin runs the exchanges among the shells, the host carries its messages: rpmi_host_ops.shell_send,
+ *     rpmi_plugin.shell_message and shell_lost, RPMI_ABORT_SHELL.
  * A plugin serves hosts of every revision up to its own; a host that needs revision R checks
  * rpmi_plugin.abi_revision >= R (a plugin of revision 1 has no such field: see struct_size). */
-#define RPMI_ABI_REVISION 4
+#define RPMI_ABI_REVISION 5
 
 /* Return codes of the plugin's functions and of the host's callbacks. */
 #define RPMI_OK 0
@@ -59,6 +61,7 @@ extern "C" {
 #define RPMI_ABORT_CALLED 1    /* the task called PMI_Abort(exit_code, message) */
 #define RPMI_ABORT_PROTOCOL 2  /* the task broke the PMI protocol (RFC 13: end the job) */
 #define RPMI_ABORT_TASK_LOST 3 /* the task left (exited, crashed, finalized) while others wait for it */
+#define RPMI_ABORT_SHELL 4     /* revision 5: a shell of the job broke the exchange's protocol or bounds, or was lost */
 
 /* One instance of the plugin: the PMI server of one job shell. Opaque. */
 typedef struct rpmi_instance rpmi_instance;
@@ -181,6 +184,16 @@ typedef struct rpmi_host_ops {
      * NULL: it answers PMI 1.1 to every client, which then sends no group barriers. */
     int (*group_collective)(void *host_data, rpmi_instance *instance, const uint8_t *id, size_t id_len,
                             const uint32_t *shells, size_t nshells, const uint8_t *data, size_t len);
+
+    /* Revision 5. Optional: the plugin runs the job's exchanges among the shells itself (plugin-spec/README.md,
+     * section 6.2): the tree or Bruck's allgather, PMI 1.2's group barriers, and ending the job when a rank
+     * leaves while others wait for it; the host only carries its messages. Send `message` (len bytes, valid
+     * only during this call) to the instance of shell `shell` (never this one) of the same job, which takes it
+     * with rpmi_plugin.shell_message, this shell's index as `from`. Messages from one shell to another arrive
+     * whole and in the order sent. Return RPMI_OK, or an error code: the plugin then takes `shell` for lost.
+     * Set: collective and group_collective are never called (they may be NULL), and the plugin answers PMI
+     * 1.2 to the clients that ask for it. */
+    int (*shell_send)(void *host_data, rpmi_instance *instance, uint32_t shell, const uint8_t *message, size_t len);
 } rpmi_host_ops;
 
 /* The plugin's functions. */
@@ -253,6 +266,16 @@ typedef struct rpmi_plugin {
      * it serves the connections it makes. Once per task; a task that exits before it is attached is seen
      * leaving at task_exit. */
     int (*task_attach)(rpmi_instance *instance, uint32_t task, int fd);
+
+    /* Revision 5. A message that shell `from` sent this one through its host's shell_send (message borrowed
+     * for the call; the plugin copies it). The host MUST hand on only messages that came from the instance of
+     * shell `from` of this job: the plugin trusts the sender's index, and checks everything else. Any thread. */
+    int (*shell_message)(rpmi_instance *instance, uint32_t from, const uint8_t *message, size_t len);
+
+    /* Revision 5. The host can carry no more messages between this shell and shell `shell` (its shell is gone,
+     * or the connection to it broke). A shell that said it was done may go; one that did not fails the job.
+     * Any thread. */
+    int (*shell_lost)(rpmi_instance *instance, uint32_t shell);
 } rpmi_plugin;
 
 /* The one symbol a host looks up: the plugin table, static for the life of the library. */

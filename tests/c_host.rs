@@ -319,6 +319,107 @@ fn lost_task_ends_the_job_with_code_1() {
     }
 }
 
+/// A host built against revision 4 of the header (before the plugin ran the exchanges among the shells)
+/// keeps working unchanged, with the connections it makes itself.
+#[test]
+fn a_host_of_abi_revision_4_runs_mpi_jobs() {
+    let dir = TempDir::new("revision-4");
+    let (host, program) = (build_host_with(&dir, "tests/c_host/abi-revision-4"), build_mpi_pairs(&dir));
+    for mode in [&["--attach"][..], &["--event-loop", "--attach"][..]] {
+        let r = host_run(&host, &[mode, &["-n", "4", "--nodes", "2"]].concat(), &program, &[]);
+        assert_eq!(r.code(), 0, "the MPI job failed\n{r}");
+        assert!(r.stdout.contains("mpi_pairs: 4 ranks, allreduce 10, all pairs exchanged"), "no summary line\n{r}");
+    }
+}
+
+const SHELLS: [&[&str]; 2] = [&["--shells"], &["--event-loop", "--shells"]];
+
+/// ABI revision 5: the plugin runs the exchanges among the nodes by the tree and by Bruck's allgather, and
+/// PMI 1.2's group barriers, the host only carrying its messages.
+#[test]
+fn the_plugin_runs_the_exchanges_among_the_nodes_when_the_host_carries_its_messages() {
+    let dir = TempDir::new("shells");
+    let (host, program) = (build_host(&dir), build_mpi_pairs(&dir));
+    let probe = Path::new(env!("CARGO_BIN_EXE_rpmi-probe"));
+    for mode in SHELLS {
+        let r = host_run(&host, &[mode, &["-n", "7", "--nodes", "5"]].concat(), &program, &[]);
+        assert_eq!(r.code(), 0, "the MPI job failed ({mode:?})\n{r}");
+        assert!(r.stdout.contains("mpi_pairs: 7 ranks, allreduce 28, all pairs exchanged"), "no summary line\n{r}");
+        assert_callback_threads(&r, mode);
+        let r = host_run(&host, &[mode, &["-n", "6", "--nodes", "3"]].concat(), probe, &["groups"]);
+        assert_eq!(r.code(), 0, "PMI 1.2's group barriers failed ({mode:?})\n{r}");
+        assert!(r.stdout.contains("groups: 6 ranks, 3 node roots exchanged cards"), "no groups line\n{r}");
+        for allgather in ["tree", "bruck"] {
+            let options = format!("{{\"allgather\": \"{allgather}\", \"tree_width\": 2}}");
+            let args = ["exchange", "--puts", "4", "--size", "300"];
+            let env = [("RPMI_HOST_OPTIONS", options.as_str())];
+            let r = host_run_env(&host, &[mode, &["-n", "9", "--nodes", "6"]].concat(), probe, &args, &env);
+            assert_eq!(r.code(), 0, "the exchange failed ({mode:?}, {allgather})\n{r}");
+        }
+    }
+    // Without --shells the host serves no group barrier: the client is answered 1.1 and says so.
+    let r = host_run(&host, &["-n", "4", "--nodes", "2"], probe, &["groups"]);
+    assert_ne!(r.code(), 0, "groups passed without a host that serves them\n{r}");
+}
+
+/// A node whose only rank leaves while the others wait in a barrier: the job ends at once, naming the rank,
+/// whether it left without PMI_Finalize (a lost task) or after it (the node can join no barrier).
+#[test]
+fn with_the_plugin_running_the_exchanges_a_rank_that_leaves_a_barrier_ends_the_job_naming_it() {
+    let dir = TempDir::new("shells-left");
+    let host = build_host(&dir);
+    let script = dir.path("left.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/bash\n\
+         echo 'cmd=init pmi_version=1 pmi_subversion=1' >&$PMI_FD\n\
+         read -r line <&$PMI_FD\n\
+         if [ \"$PMI_RANK\" = 2 ]; then\n\
+           [ \"$1\" = finalize ] && { echo 'cmd=finalize' >&$PMI_FD; read -r line <&$PMI_FD; }\n\
+           exit 0\n\
+         fi\n\
+         echo 'cmd=barrier_in' >&$PMI_FD\n\
+         read -r line <&$PMI_FD\n\
+         echo \"rank $PMI_RANK: $line\"\n",
+    )
+    .expect("writing the script");
+    let bash = Path::new("/bin/bash");
+    for mode in SHELLS {
+        for (how, says) in [("exit", "a lost task"), ("finalize", "another node")] {
+            let started = std::time::Instant::now();
+            let args = [script.to_str().unwrap(), how];
+            let r = host_run(&host, &[mode, &["-n", "4", "--nodes", "4"]].concat(), bash, &args);
+            assert_eq!(r.code(), 1, "the job did not end with code 1 ({mode:?}, {how})\n{r}");
+            assert!(
+                r.stderr.contains(&format!("host: rank 2 ended the job ({says}), exit code 1")),
+                "the rank was not named ({mode:?}, {how})\n{r}"
+            );
+            // A bound only to tell a hang from an end: the ranks would otherwise wait for ever.
+            assert!(started.elapsed() < std::time::Duration::from_secs(10), "{mode:?} {how}: {:?}", started.elapsed());
+        }
+    }
+}
+
+/// A rank that leaves while another waits for it in a group barrier ends the job, naming it.
+#[test]
+fn with_the_plugin_running_the_exchanges_a_group_barrier_left_ends_the_job_naming_the_rank() {
+    let dir = TempDir::new("shells-group-left");
+    let host = build_host(&dir);
+    let script = manifest_dir().join("tests/programs/pmi_group_left.sh");
+    for mode in SHELLS {
+        for how in ["exit", "finalize"] {
+            let args = [script.to_str().unwrap(), how];
+            let r = host_run(&host, &[mode, &["-n", "3", "--nodes", "3"]].concat(), Path::new("/bin/bash"), &args);
+            assert_eq!(r.code(), 1, "the job did not end with code 1 ({mode:?}, {how})\n{r}");
+            assert!(
+                r.stderr.contains("host: rank 1 ended the job (a lost task)")
+                    && r.stderr.contains("group barrier 0,1:5"),
+                "the rank and its group were not named ({mode:?}, {how})\n{r}"
+            );
+        }
+    }
+}
+
 /// Bad input to create and the task hooks comes back as the header's error codes, with the error text filled;
 /// a failing call's reason reaches log on the calling thread; destroy serves a task's last words (an abort)
 /// on the thread section 4 of the specification names for each mode.

@@ -2,9 +2,12 @@
 
 use super::ffi::{self, rpmi_host_ops, rpmi_instance};
 use super::owed::OwedAnswers;
-use crate::server::{GroupExchange, Host, HostRequest, JobError, Speaker, TaskId, NOT_SUPPORTED};
+use super::shells::{Action, Fault, Shells};
+use crate::server::{GroupExchange, Host, HostRequest, JobError, Server, Speaker, TaskId, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
+use std::collections::VecDeque;
 use std::ffi::CString;
+use std::sync::{Arc, Mutex};
 
 /// A C host, as the engine sees it.
 pub struct CHost {
@@ -13,6 +16,61 @@ pub struct CHost {
     pub instance: *mut rpmi_instance,
     /// The answers the C host owes, shared with `service_complete`'s callers.
     pub owed: OwedAnswers,
+    /// Where the plugin runs the exchanges among the shells (the host's `shell_send`).
+    pub shells: Option<(Shells, ShellInbox)>,
+}
+
+/// What the host hands the instance from other shells, on any thread, for the progress loop to take.
+#[derive(Debug)]
+pub enum FromShell {
+    Message {
+        from: u32,
+        message: Vec<u8>,
+    },
+    Lost(u32),
+    /// Shell `from`'s messages went over what the instance holds unread; this one was dropped.
+    Overflow {
+        from: u32,
+        max: usize,
+    },
+}
+
+/// The messages from other shells not yet taken, and their bytes, held to a bound.
+#[derive(Clone)]
+pub struct ShellInbox {
+    queue: Arc<Mutex<(VecDeque<FromShell>, usize)>>,
+    max: usize,
+}
+
+impl ShellInbox {
+    /// An inbox that holds at most `max` bytes of messages unread.
+    pub fn new(max: usize) -> ShellInbox {
+        ShellInbox { queue: Arc::default(), max }
+    }
+
+    /// Queues `item`; a message over the bound is dropped and its sender blamed. `false` if it was dropped.
+    pub fn push(&self, item: FromShell) -> bool {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let (queue, bytes) = &mut *q;
+        let item = match item {
+            FromShell::Message { from, message } if bytes.saturating_add(message.len()) > self.max => {
+                FromShell::Overflow { from, max: self.max }
+            }
+            item => item,
+        };
+        let kept = !matches!(item, FromShell::Overflow { .. });
+        if let FromShell::Message { message, .. } = &item {
+            *bytes += message.len();
+        }
+        queue.push_back(item);
+        kept
+    }
+
+    fn take(&self) -> VecDeque<FromShell> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.1 = 0;
+        std::mem::take(&mut q.0)
+    }
 }
 
 // SAFETY: the ABI obliges the host's callbacks (and host_data) to be usable from the plugin's progress thread
@@ -48,6 +106,9 @@ fn c_string(s: &str) -> CString {
 
 impl Host for CHost {
     fn collective(&mut self, contribution: &[u8]) -> Result<(), String> {
+        if let Some((shells, _)) = &mut self.shells {
+            return shells.contribute(contribution.to_vec());
+        }
         let rc = match self.ops.collective {
             // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
             Some(f) => unsafe { f(self.ops.host_data, self.instance, contribution.as_ptr(), contribution.len()) },
@@ -60,10 +121,13 @@ impl Host for CHost {
     }
 
     fn serves_groups(&self) -> bool {
-        self.ops.group_collective.is_some() && self.has(end_of!(group_collective))
+        self.shells.is_some() || (self.ops.group_collective.is_some() && self.has(end_of!(group_collective)))
     }
 
     fn group_collective(&mut self, exchange: &GroupExchange<'_>, contribution: &[u8]) -> Result<(), String> {
+        if let Some((shells, _)) = &mut self.shells {
+            return shells.group_part(exchange.id, contribution);
+        }
         let Some(f) = self.ops.group_collective.filter(|_| self.has(end_of!(group_collective))) else {
             return Err(NOT_SUPPORTED.into());
         };
@@ -108,6 +172,12 @@ impl Host for CHost {
             }
             // The header's promise: without a log callback, messages go to stderr.
             _ => eprintln!("rpmi: {message}"),
+        }
+    }
+
+    fn task_closed(&mut self, rank: u32, finalized: bool) {
+        if let Some((shells, _)) = &mut self.shells {
+            shells.task_closed(rank, finalized);
         }
     }
 
@@ -160,7 +230,56 @@ impl Host for CHost {
     }
 }
 
-impl crate::driver::HostFds for CHost {}
+impl crate::driver::HostFds for CHost {
+    /// Takes what other shells sent, and carries out what the exchanges among the shells ask.
+    fn complete(&mut self, server: &mut Server) {
+        let Some((shells, inbox)) = &mut self.shells else { return };
+        for item in inbox.take() {
+            match item {
+                FromShell::Message { from, message } => shells.message(from, message),
+                FromShell::Lost(shell) => shells.lost(shell),
+                FromShell::Overflow { from, max } => shells.overflowed(from, max),
+            }
+        }
+        while let Some(action) = self.shells.as_mut().and_then(|(s, _)| s.poll()) {
+            match action {
+                Action::Send { to, message } => {
+                    let rc = match self.ops.shell_send {
+                        // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
+                        Some(f) => unsafe { f(self.ops.host_data, self.instance, to, message.as_ptr(), message.len()) },
+                        None => ffi::RPMI_ERR_INVALID,
+                    };
+                    if rc != ffi::RPMI_OK {
+                        self.log(log::Level::Error, &format!("the host could not send shell {to} a message ({rc})"));
+                        if let Some((shells, _)) = &mut self.shells {
+                            shells.lost(to);
+                        }
+                    }
+                }
+                Action::Complete(Ok(parts)) => {
+                    let parts: Vec<&[u8]> = parts.iter().map(|(_, bytes)| bytes).collect();
+                    server.collective_complete(Ok(&parts));
+                }
+                Action::Complete(Err(why)) => server.collective_complete(Err(&why)),
+                Action::GroupComplete(done) => {
+                    let parts: Vec<&[u8]> = done.parts().collect();
+                    server.group_complete(done.id(), Ok(&parts));
+                }
+                Action::EndJob { rank, fault, message } => {
+                    let reason = match fault {
+                        Fault::TaskLost => ffi::RPMI_ABORT_TASK_LOST,
+                        Fault::Shell => ffi::RPMI_ABORT_SHELL,
+                    };
+                    self.end_job(rank, 1, reason, &message);
+                }
+            }
+        }
+    }
+
+    fn serves_after_tasks(&self) -> bool {
+        self.shells.is_some()
+    }
+}
 
 impl crate::runtime::NodeHost for CHost {}
 
@@ -299,7 +418,7 @@ mod tests {
         ops.struct_size = std::mem::size_of::<rpmi_host_ops>() as _;
         ops.host_data = (&owed as *const OwedAnswers).cast_mut().cast();
         ops.lookup = Some(answering::lookup);
-        let mut host = CHost { ops, instance: std::ptr::null_mut(), owed: owed.clone() };
+        let mut host = CHost { ops, instance: std::ptr::null_mut(), owed: owed.clone(), shells: None };
         let lookup = || HostRequest::Lookup { service: "svc".into() };
         // Taken, to be answered later: owed until then.
         assert_eq!(host.request(0, lookup()), Ok(()));

@@ -8,6 +8,7 @@ mod c_host;
 mod options;
 mod owed;
 pub mod root;
+mod shells;
 
 pub use c_host::{spawn_json, spawn_request};
 pub use options::Options;
@@ -15,7 +16,7 @@ pub use options::Options;
 use crate::driver::Event;
 use crate::runtime::{EnvVar, ExecError, JobVars, Looping, NodeError, NodeRuntime};
 use crate::server::{JobInfo, Server, TaskMap};
-use c_host::CHost;
+use c_host::{CHost, FromShell, ShellInbox};
 use owed::OwedAnswers;
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -52,6 +53,8 @@ static PLUGIN: Table = Table(rpmi_plugin {
     group_complete: Some(group_complete),
     task_env: Some(task_env),
     task_attach: Some(task_attach),
+    shell_message: Some(shell_message),
+    shell_lost: Some(shell_lost),
 });
 
 /// The one symbol a host looks up (`dlsym(lib, "rpmi_plugin_entry")`).
@@ -82,6 +85,9 @@ struct Instance {
     owed: OwedAnswers,
     /// The host's log callback and data, for the reasons behind error codes of later calls.
     log: ffi::rpmi_host_ops,
+    /// Where the messages of other shells wait for the progress loop, when the plugin runs the exchanges
+    /// among the shells (the host's `shell_send`).
+    shell_inbox: Option<ShellInbox>,
 }
 
 fn node_failure(e: NodeError) -> Failure {
@@ -312,8 +318,8 @@ impl Instance {
                 ),
             );
         }
-        if ops_copy.collective.is_none() || ops_copy.abort.is_none() {
-            return fail(ffi::RPMI_ERR_INVALID, "rpmi_host_ops needs its collective and abort callbacks");
+        if (ops_copy.collective.is_none() && ops_copy.shell_send.is_none()) || ops_copy.abort.is_none() {
+            return fail(ffi::RPMI_ERR_INVALID, "rpmi_host_ops needs its abort callback, and collective or shell_send");
         }
         // SAFETY: the caller's contract: `job` is the host's rpmi_job_info, valid for the call; struct_size
         // is its first field.
@@ -324,10 +330,15 @@ impl Instance {
         // SAFETY: the caller's contract: job's pointers are as rpmi_job_info documents; its size is checked.
         let (info, options, job_id) = unsafe { read_job(job, job_size) }?;
         let n = info.local_ranks.len();
+        let shells = match ops_copy.shell_send {
+            Some(_) => Some(shell_net(&info, &options).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e))?),
+            None => None,
+        };
+        let shell_inbox = shells.as_ref().map(|(_, inbox)| inbox.clone());
         let mut server = Server::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         server.set_trace(options.trace);
         let owed = OwedAnswers::new(n);
-        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut(), owed: owed.clone() };
+        let host = CHost { ops: ops_copy, instance: std::ptr::null_mut(), owed: owed.clone(), shells };
         let node = NodeRuntime::new(server, host, JobVars { job_id })
             .or_else(|e| fail(ffi::RPMI_ERR_SYSTEM, format!("cannot set up the progress loop: {e}")))?;
         let instance = Box::into_raw(Box::new(Instance {
@@ -335,6 +346,7 @@ impl Instance {
             tasks: Mutex::new((0..n).map(|_| TaskSlot::default()).collect()),
             owed,
             log: ops_copy,
+            shell_inbox,
         }));
         // SAFETY: the live box made above; the host cannot call on it before create returns.
         let inst = unsafe { &mut *instance };
@@ -357,6 +369,21 @@ impl Instance {
         }
         Ok(instance.cast())
     }
+}
+
+/// This shell's side of the exchanges among the job's shells, and the inbox of their messages, which holds at
+/// most two exchanges' results and a MiB of other messages unread.
+fn shell_net(info: &JobInfo, options: &Options) -> Result<(shells::Shells, ShellInbox), String> {
+    let task_map = info.task_map.clone();
+    let nodes = task_map.node_count() as u32;
+    let tree = crate::collective::Tree::new(nodes, options.tree_width).map_err(|e| e.to_string())?;
+    let bound = crate::collective::Bound { bytes: options.limits.kvs_bytes_max, option: "the option kvs_bytes_max" };
+    let bounds = crate::collective::Bounds { part_max: bound, exchange_max: bound };
+    let me = task_map.node_of(info.local_ranks[0]).unwrap_or(0);
+    let all_max = crate::collective::frame::parts_len(nodes as usize, bound.bytes);
+    let inbox = ShellInbox::new(all_max.saturating_mul(2).saturating_add(1 << 20));
+    let net = shells::Shells::new(tree, options.allgather, me, bounds, task_map, info.local_ranks.len())?;
+    Ok((net, inbox))
 }
 
 unsafe extern "C" fn create(
@@ -514,6 +541,37 @@ unsafe extern "C" fn group_complete(
         let result = unsafe { exchange_result(status, parts, nparts, error) }?;
         post(inst, Event::GroupDone { id, result })
     })
+}
+
+unsafe extern "C" fn shell_message(inst: *mut rpmi_instance, from: u32, message: *const u8, len: usize) -> c_int {
+    on_instance(inst, |inst| {
+        if message.is_null() && len > 0 {
+            return fail(ffi::RPMI_ERR_INVALID, "message is NULL");
+        }
+        let message = match len {
+            0 => Vec::new(),
+            // SAFETY: not NULL (checked above): the host's `len` bytes, borrowed for the call.
+            _ => unsafe { std::slice::from_raw_parts(message, len) }.to_vec(),
+        };
+        to_shells(inst, FromShell::Message { from, message })
+    })
+}
+
+unsafe extern "C" fn shell_lost(inst: *mut rpmi_instance, shell: u32) -> c_int {
+    on_instance(inst, |inst| to_shells(inst, FromShell::Lost(shell)))
+}
+
+/// Hands the exchanges among the shells what the host brought from another shell.
+fn to_shells(inst: &Instance, item: FromShell) -> Result<(), Failure> {
+    let Some(inbox) = &inst.shell_inbox else {
+        return fail(ffi::RPMI_ERR_STATE, "this instance's host gave no shell_send: it runs the exchanges itself");
+    };
+    let kept = inbox.push(item);
+    post(inst, Event::HostWork)?;
+    match kept {
+        true => Ok(()),
+        false => fail(ffi::RPMI_ERR_STATE, "more messages from that shell than the instance holds unread"),
+    }
 }
 
 /// Hands `event` to the instance's progress loop.

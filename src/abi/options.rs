@@ -1,19 +1,42 @@
 //! The plugin's options, given by the host as a JSON object (`rpmi_job_info.options_json`).
 
+use crate::collective::{Allgather, DEFAULT_WIDTH};
 use crate::server::Limits;
 use serde_json::Value;
 
 /// Options of one instance.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     pub limits: Limits,
     /// Send every PMI line through the host's log at trace level.
     pub trace: bool,
+    /// Where the plugin runs the exchanges among the shells (`shell_send`): the tree's width, and how an
+    /// exchange's parts reach every shell.
+    pub tree_width: u32,
+    pub allgather: Allgather,
 }
 
+impl Default for Options {
+    fn default() -> Options {
+        Options { limits: Limits::default(), trace: false, tree_width: DEFAULT_WIDTH, allgather: Allgather::Tree }
+    }
+}
+
+/// The widest tree a job's shells may make: wider only makes shell 0 send more.
+const TREE_WIDTH_MAX: u64 = 1024;
+
 /// Every option, with what it sets; docs/man/rpmi-options.7.md lists the same.
-const KNOWN: &[&str] =
-    &["kvsname_max", "keylen_max", "vallen_max", "request_line_max", "kvs_bytes_max", "spawn_bytes_max", "trace"];
+const KNOWN: &[&str] = &[
+    "kvsname_max",
+    "keylen_max",
+    "vallen_max",
+    "request_line_max",
+    "kvs_bytes_max",
+    "spawn_bytes_max",
+    "trace",
+    "tree_width",
+    "allgather",
+];
 
 impl Options {
     /// Parses `json` (None: all defaults). An unknown option, a wrong type or limits no client could use
@@ -41,6 +64,16 @@ impl Options {
                 "trace" => {
                     o.trace = v.as_bool().ok_or_else(|| format!("option 'trace' must be true or false, not {v}"))?
                 }
+                "tree_width" => match number()? {
+                    w @ 1..=TREE_WIDTH_MAX => o.tree_width = w as u32,
+                    w => return Err(format!("option 'tree_width' must be 1 to {TREE_WIDTH_MAX}, not {w}")),
+                },
+                "allgather" => {
+                    o.allgather = v
+                        .as_str()
+                        .and_then(Allgather::from_name)
+                        .ok_or_else(|| format!("option 'allgather' must be \"tree\" or \"bruck\", not {v}"))?
+                }
                 _ => return Err(format!("unknown option '{key}' (known: {})", KNOWN.join(", "))),
             }
         }
@@ -60,6 +93,8 @@ mod tests {
         let o = Options::parse(Some(r#"{"vallen_max": 512, "trace": true}"#)).unwrap();
         assert_eq!(o.limits.vallen_max, 512);
         assert!(o.trace);
+        let o = Options::parse(Some(r#"{"tree_width": 2, "allgather": "bruck"}"#)).unwrap();
+        assert_eq!((o.tree_width, o.allgather), (2, Allgather::Bruck));
     }
 
     #[test]
@@ -69,6 +104,8 @@ mod tests {
         assert!(Options::parse(Some(r#"{"trace": 1}"#)).unwrap_err().contains("'trace'"));
         assert!(Options::parse(Some(r#"{"keylen_max": -1}"#)).unwrap_err().contains("'keylen_max'"));
         assert!(Options::parse(Some("[1]")).unwrap_err().contains("JSON object"));
+        assert!(Options::parse(Some(r#"{"tree_width": 0}"#)).unwrap_err().contains("1 to 1024"));
+        assert!(Options::parse(Some(r#"{"allgather": "ring"}"#)).unwrap_err().contains("\"bruck\""));
         assert!(Options::parse(Some("{")).unwrap_err().contains("not valid JSON"));
         assert!(Options::parse(Some(r#"{"kvsname_max": 512, "keylen_max": 256}"#)).unwrap_err().contains("MPICH"));
     }

@@ -40,6 +40,9 @@ pub enum Event {
     UntypedReply { task: TaskId, ok: bool, text: Option<String> },
     /// The server end of `task`'s PMI connection, from now on served.
     Attach(TaskId, OwnedFd),
+    /// The host has work that another thread handed it (a message from another shell): its
+    /// [`HostFds::complete`] takes it.
+    HostWork,
     /// Stop serving; [`Driver::run`] returns.
     Stop,
 }
@@ -142,6 +145,12 @@ pub trait HostFds: Host {
     /// answers): called after the host has carried out the server's effects, and after [`HostFds::ready`].
     fn complete(&mut self, server: &mut Server) {
         let _ = server;
+    }
+
+    /// Whether the loop goes on once every task has closed its connection, until a stop is posted: the
+    /// host still serves the other shells (it relays their exchanges). The default is no.
+    fn serves_after_tasks(&self) -> bool {
+        false
     }
 }
 
@@ -270,7 +279,7 @@ impl<H: HostFds> Driver<H> {
     }
 
     fn status(&self) -> Status {
-        if self.stopped || self.closed == self.conns.len() {
+        if self.stopped || (self.closed == self.conns.len() && !self.host.serves_after_tasks()) {
             Status::Finished
         } else {
             Status::Serving
@@ -306,6 +315,7 @@ impl<H: HostFds> Driver<H> {
                     self.server.disconnected(task);
                 }
             }
+            Event::HostWork => {}
             Event::Stop => {
                 // What tasks wrote before they left (an abort line, say) is still served.
                 for task in 0..self.conns.len() {

@@ -15,6 +15,12 @@
  * host's own fds would: task_env instead of task_init, a socketpair of the host's whose end the task inherits
  * as PMI_FD, and the other end handed to the plugin with task_attach once the task is forked.
  *
+ * --shells (ABI revision 5) lets the plugin run the exchanges among the nodes: the host only carries each
+ * message one instance sends another (shell_send) to that instance (shell_message), in this process. Without
+ * it, the host does the collective itself (below), and serves no group barrier, so clients get PMI 1.1.
+ *
+ * RPMI_HOST_OPTIONS, if set, is the options' JSON every instance is created with.
+ *
  * --check-errors feeds the plugin bad input and checks that the documented error codes come back.
  *
  * Spawn (PMI_Spawn_multiple; only when built against a header of revision 2 or later, and only with a plugin
@@ -79,7 +85,7 @@
 
 extern char **environ;
 
-static const char usage[] = "usage: host [--event-loop] [--attach] [--nodes M] -n N PLUGIN.so PROGRAM [ARGS...]\n"
+static const char usage[] = "usage: host [--event-loop] [--attach] [--shells] [--nodes M] -n N PLUGIN.so PROGRAM [ARGS...]\n"
                             "       host --check-errors PLUGIN.so\n";
 
 /* The plugin's table, for the life of the process, and the revision of the ABI it serves. */
@@ -390,6 +396,9 @@ static const char *reason_name(int32_t reason) {
     case RPMI_ABORT_CALLED: return "PMI_Abort";
     case RPMI_ABORT_PROTOCOL: return "a PMI protocol error";
     case RPMI_ABORT_TASK_LOST: return "a lost task";
+#if defined(RPMI_ABI_REVISION) && RPMI_ABI_REVISION >= 5
+    case RPMI_ABORT_SHELL: return "another node";
+#endif
     default: return "an unknown reason";
     }
 }
@@ -446,6 +455,37 @@ static int on_watch_fd(void *host_data, rpmi_instance *instance, int fd) {
 static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len);
 #endif
 
+#if defined(RPMI_ABI_REVISION) && RPMI_ABI_REVISION >= 5
+#define CAN_CARRY 1
+/* --shells: the plugin runs the exchanges among the nodes, and the host carries its messages. */
+static int carry;
+/* Held to read while a message is handed to an instance, and to write when the host stops carrying them
+ * (the job is over, and its instances are about to be destroyed). */
+static pthread_rwlock_t carry_lock = PTHREAD_RWLOCK_INITIALIZER;
+static int carry_stopped;
+
+/* rpmi_host_ops.shell_send: the message goes straight to the instance of node `shell`, which only queues it
+ * (so this may run on any node's thread, and call into another instance). */
+static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shell, const uint8_t *message,
+                         size_t len) {
+    struct node *node = host_data;
+    (void)instance;
+    count_callback_thread();
+    lock();
+    rpmi_instance *to = shell < job.nnodes && shell != node->index ? job.nodes[shell].instance : NULL;
+    unlock();
+    if (!to)
+        return RPMI_ERR_INVALID;
+    pthread_rwlock_rdlock(&carry_lock);
+    /* Once the job is over, the last goodbyes have nobody left to hear them. */
+    int rc = carry_stopped ? RPMI_OK : plugin->shell_message(to, node->index, message, len);
+    pthread_rwlock_unlock(&carry_lock);
+    return rc;
+}
+#else
+#define CAN_CARRY 0
+#endif
+
 static rpmi_host_ops host_ops(struct node *node, int event_loop) {
     rpmi_host_ops ops;
     memset(&ops, 0, sizeof ops); /* publish, unpublish and lookup: not supported */
@@ -459,6 +499,12 @@ static rpmi_host_ops host_ops(struct node *node, int event_loop) {
 #ifdef RPMI_ABI_REVISION
     /* A spawned job needs a plugin that takes its preputs and appnums. */
     ops.spawn = plugin_revision >= 2 ? on_spawn : NULL;
+#endif
+#if CAN_CARRY
+    if (carry) {
+        ops.collective = NULL;
+        ops.shell_send = on_shell_send;
+    }
 #endif
     return ops;
 }
@@ -1447,7 +1493,7 @@ static int run_job(int event_loop_mode, uint32_t nnodes, const struct job_spec *
         info.local_ranks = nd->local_ranks;
         info.local_count = nd->local_count;
         info.hostnames = hostnames;
-        info.options_json = NULL;
+        info.options_json = getenv("RPMI_HOST_OPTIONS"); /* NULL: the defaults */
         info.appnum = 0;
         info.universe_size = spec->universe;
         info.spawned = spec->spawner >= 0;
@@ -1504,6 +1550,11 @@ static int run_job(int event_loop_mode, uint32_t nnodes, const struct job_spec *
     else
         wait_thread_mode();
 
+#if CAN_CARRY
+    pthread_rwlock_wrlock(&carry_lock);
+    carry_stopped = 1;
+    pthread_rwlock_unlock(&carry_lock);
+#endif
     for (uint32_t i = 0; i < nnodes; i++)
         plugin->destroy(job.nodes[i].instance);
     fprintf(stderr, "host: callbacks on the main thread: %lu, on other threads: %lu\n", callbacks_on_main,
@@ -2089,6 +2140,10 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--attach") == 0) {
             attach = 1;
 #endif
+#if CAN_CARRY
+        } else if (strcmp(argv[i], "--shells") == 0) {
+            carry = 1;
+#endif
         } else if (strcmp(argv[i], "--nodes") == 0) {
             nnodes = count_arg("--nodes", i + 1 < argc ? argv[++i] : NULL);
         } else if (strcmp(argv[i], "-n") == 0) {
@@ -2135,6 +2190,10 @@ int main(int argc, char **argv) {
 #if CAN_ATTACH
     if (attach && (plugin_revision < 4 || !plugin->task_env || !plugin->task_attach))
         die("--attach needs a plugin of ABI revision 4 or later (this one is revision %u)", (unsigned)plugin_revision);
+#endif
+#if CAN_CARRY
+    if (carry && (plugin_revision < 5 || !plugin->shell_message))
+        die("--shells needs a plugin of ABI revision 5 or later (this one is revision %u)", (unsigned)plugin_revision);
 #endif
     struct app app;
     memset(&app, 0, sizeof app);

@@ -262,6 +262,8 @@ impl ShellHost {
             lookup: self.link.as_ref().map(|_| lookup as _),
             spawn: self.link.as_ref().map(|_| spawn as _),
             group_collective: Some(group_collective),
+            // rpmi-run's shells run the exchanges among them over their own connections (see `branch`).
+            shell_send: None,
         }
     }
 
