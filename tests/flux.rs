@@ -213,6 +213,47 @@ fn a_task_killed_while_others_wait_ends_the_job_naming_its_rank() {
     assert!(running_exe(probe).is_empty(), "tasks left: {:?}\n{}", running_exe(probe), done.dump());
 }
 
+/// PMI 1.2 under Flux: rpmi answers 1.2 to a client that asks for it and runs its group barriers (the node
+/// roots' exchange, NODE, WORLD, rank lists) among the shells; MPICH 5 runs over PMI-1 (asking 1.1 here) and
+/// PMI-2.
+#[test]
+fn pmi_1_2_group_barriers_across_three_shells() {
+    let r = flux_run(&[&RPMI[..], &["-n6", PROBE, "groups"]].concat());
+    r.assert_success("rpmi-probe groups");
+    assert!(r.stdout.contains("groups: 6 ranks, 3 node roots exchanged cards"), "{}", r.dump());
+    let mpich5 = std::env::var_os("RPMI_MPICH5").map_or_else(|| PathBuf::from("/opt/rpmi-mpich5"), PathBuf::from);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-mpich5-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("the test's directory");
+    let mpicc = mpich5.join("bin/mpicc");
+    let pairs = compile(mpicc.to_str().expect("UTF-8"), "mpi_pairs", &dir);
+    let pairs = pairs.to_str().expect("UTF-8");
+    let r = flux_run(&[&RPMI[..], &["-n6", pairs]].concat());
+    r.assert_success("MPICH 5 over PMI-1");
+    assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "{}", r.dump());
+    let env = ["--env=PMI_VERSION=2"];
+    let r = flux_run(&[&RPMI[..], &env[..], &["-n6", pairs]].concat());
+    r.assert_success("MPICH 5 over PMI-2");
+    assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "{}", r.dump());
+}
+
+/// The only rank of shell 2 leaves without PMI_Finalize while the others wait in a barrier: every shell hears
+/// it at once and the job ends naming the rank, not at Flux's exit-timeout (30 s).
+#[test]
+fn a_shell_whose_tasks_left_while_others_wait_ends_the_job_at_once_naming_the_rank() {
+    let script = "echo 'cmd=init pmi_version=1 pmi_subversion=1' >&$PMI_FD; read -r line <&$PMI_FD; \
+                  [ \"$PMI_RANK\" = 2 ] && exit 0; echo cmd=barrier_in >&$PMI_FD; read -r line <&$PMI_FD; echo \"$line\"";
+    let started = Instant::now();
+    let r = flux_run(&[&RPMI[..], &["-n3", "bash", "-c", script]].concat());
+    let took = started.elapsed();
+    eprintln!("the job ended {took:.2?} after it was started");
+    assert_ne!(r.code(), Some(0), "{}", r.dump());
+    let exceptions: Vec<&str> = r.stderr.lines().filter(|l| l.contains("job.exception")).collect();
+    assert_eq!(exceptions.len(), 1, "one exception expected:\n{}", r.dump());
+    assert!(exceptions[0].contains("rank 2 on shell 2 closed its PMI connection"), "{}", r.dump());
+    // Far under exit-timeout: the instance's own start and end take about 1.5 s of it.
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}\n{}", r.dump());
+}
+
 /// With `-o pmi=rpmi` Flux's own PMI server is off: each task has one PMI_FD (the channel rpmi serves) and none
 /// of Flux's PMI variables; both servers at once is refused. Without the option, rpmi stays out of the way.
 #[test]
@@ -267,10 +308,10 @@ fn only_the_tasks_own_connection_is_taken() {
     assert!(r.stderr.contains("refused a PMI connection from pid"), "{}", r.dump());
 }
 
-/// A process of the job's user (here a task on shell 1, through `FLUX_URI`) forges, as shell 1, a part and an abort
-/// for a rank that shell 1 does not run, sent to shell 0's service: both are refused and logged, neither ends the
-/// job, and shell 1's own part is taken afterwards, so the exchange completes. A join with a nonce of its own is
-/// refused too, and a hello to shell 1 with that nonce is refused or, before shell 1 has joined, goes no further.
+/// A process of the job's user (here a task on shell 1, through `FLUX_URI`) forges, as shell 1, a message for
+/// rpmi (shell 1's goodbye) and an abort, sent to shell 0's service: both are refused and logged, neither ends the
+/// job, and shell 1's own messages are taken, so the exchange completes. A join with a nonce of its own is
+/// refused too, and a hello to shell 1 with that nonce is refused or goes no further.
 #[test]
 fn forged_parts_and_aborts_are_refused_and_the_job_runs_on() {
     let forge = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/flux_forge.py");
@@ -279,9 +320,9 @@ fn forged_parts_and_aborts_are_refused_and_the_job_runs_on() {
     let r = flux_run(&[&RPMI[..], &["-n6", "sh", "-c", &script]].concat());
     r.assert_success("rpmi-probe exchange after forged messages");
     assert!(r.stdout.contains("exchange: size=6 "), "no summary line:\n{}", r.dump());
-    assert!(r.stdout.lines().any(|l| l.starts_with("forged part: refused")), "{}", r.dump());
+    assert!(r.stdout.lines().any(|l| l.starts_with("forged message: refused")), "{}", r.dump());
     assert!(r.stdout.lines().any(|l| l.starts_with("forged abort: refused")), "{}", r.dump());
-    assert!(r.stderr.contains("refused a part claiming to be from shell 1"), "not logged:\n{}", r.dump());
+    assert!(r.stderr.contains("refused a message claiming to be from shell 1"), "not logged:\n{}", r.dump());
     assert!(r.stderr.contains("refused an abort claiming to be from shell 1"), "not logged:\n{}", r.dump());
     assert!(r.stdout.lines().any(|l| l.starts_with("forged join: refused")), "{}", r.dump());
     assert!(r.stderr.contains("refused a join claiming to be from shell 1"), "not logged:\n{}", r.dump());
@@ -289,7 +330,7 @@ fn forged_parts_and_aborts_are_refused_and_the_job_runs_on() {
 }
 
 /// Seven shells under a tree of width 2 (shell 0 over 1 and 2, those over 3-6): parts climb two levels and
-/// the answers come back down; a leaf's abort climbs to shell 0.
+/// the answers come back down, and by Bruck's allgather; a leaf's abort raises the job's one exception.
 #[test]
 fn a_deeper_tree_of_seven_shells() {
     let rc = format!("userrc={}", setup().userrc.display());
@@ -305,7 +346,11 @@ fn a_deeper_tree_of_seven_shells() {
             || done.stdout.contains("mpi_pairs: 14 ranks, allreduce 105, all pairs exchanged");
         assert!(said, "no summary line:\n{}", done.dump());
     }
-    // An abort on a leaf (rank 13 on shell 6, under shell 2) reaches shell 0, which raises the one exception.
+    let args = ["start", "--test-size=7", "flux", "run", "-N7", "-n14", "-o", &rc, "-o", "pmi=rpmi"];
+    let done = start("flux", &[&args[..], &["-o", "rpmi.allgather=bruck", &p]].concat()).wait(GUARD);
+    done.assert_success("a job over 7 shells by Bruck's allgather");
+    assert!(done.stdout.contains("mpi_pairs: 14 ranks, allreduce 105, all pairs exchanged"), "{}", done.dump());
+    // An abort on a leaf (rank 13 on shell 6, under shell 2) raises the one exception.
     let args = ["start", "--test-size=7", "flux", "run", "-N7", "-n14", "-o", &rc, "-o", "pmi=rpmi"];
     let done = start("flux", &[&args[..], &["-o", "rpmi.tree_width=2", &p, "abort=13:7"]].concat()).wait(GUARD);
     assert_eq!(done.code(), Some(7), "not the abort's code:\n{}", done.dump());

@@ -16,25 +16,25 @@
  * /dev/null, from task.init until the fork: no fd Flux makes for the task in between can take it, and in the
  * child, where Flux has closed it, the connection is moved there.
  *
- * The collective runs over RPCs between the job's shells along a k-ary tree of shell ranks: shell 0 is the
- * root, shell i's children are k*i+1 .. k*i+k. Once its own contribution and all its children's parts are in,
- * a shell sends its subtree's contributions to its parent as a request ("rpmi-part"); the root answers its
- * children's requests with everyone's, and every shell answers its own children's with the answer it got: two
- * messages per edge of the tree. Contributions are self-delimiting, so they travel concatenated. A part starts
- * with the exchange's number and the sending shell's rank. Aborts climb the same tree ("rpmi-abort") to shell 0.
+ * The exchanges among the job's shells are rpmi's (ABI revision 5): its instances run the tree or Bruck's
+ * allgather, PMI 1.2's group barriers and the failure reports themselves, and this plugin only carries their
+ * messages from shell to shell, as requests without a response ("rpmi-msg": the sending shell's index, then
+ * the message) to the other shell's broker, where its shell holds the job's service. Flux delivers the
+ * messages of one sender to one service in order. Aborts go to shell 0 ("rpmi-abort"), which raises the job's
+ * one exception: the tasks that die as the job is killed raise nothing of their own, and the exception names
+ * the cause.
  *
  * Trust. Flux lets any user of the instance reach a shell's service, and a process of the job's user (a task
  * has FLUX_URI) sends with the same credentials as a shell, whatever its message says. What it cannot forge
  * is the end of its request's route stack: the broker it is connected to pushes its connection's uuid there,
  * after whatever the sender put, and the brokers on the way push theirs (flux-core's librouter/router.c,
  * connector_interthread.c, overlay.c). So a request's route stack equals that of another only if both came
- * over the same connection, and a shell knows a child by the route of one request proven the child's: in
- * shell.post-init a shell sends each child a random nonce ("rpmi-hello", to the child's broker, where only the
- * child's shell holds the job's service), the child sends it back ("rpmi-join"), and the request that carries
- * it gives the child's route. A child sends no part before its join is taken. A shell takes a part only over
- * the route of the child it claims to be from, and an abort only over a child's route for a rank run in that
- * child's subtree; any other is refused and logged, and is no concern of the job. From a child, a part for
- * another exchange, twice, or over the bounds below fails the job.
+ * over the same connection, and a shell knows another by the route of one request proven that shell's. Before
+ * a shell's first message to another it knocks ("rpmi-knock"); the other sends it a random nonce
+ * ("rpmi-hello", to the claimed shell's broker, where only that shell holds the job's service), which it sends
+ * back ("rpmi-join"), and the request that carries it gives its route. Messages wait until the join is taken.
+ * A message or an abort is taken only over the route of the shell it claims to be from; any other is refused
+ * and logged, and is no concern of the job. What a shell's messages say, rpmi checks.
  */
 #define _GNU_SOURCE /* accept4, struct ucred */
 #define FLUX_SHELL_PLUGIN_NAME "rpmi"
@@ -67,13 +67,13 @@
 #define RPMI_LIBRARY "librpmi.so"
 #endif
 
-/* rpmi's default kvs_bytes_max: what one shell's contribution can reach when the job sets no other. */
-#define KVS_BYTES_MAX_DEFAULT ((uint64_t)512 << 20)
-#define TREE_WIDTH_DEFAULT 4
-/* Exchange number and sender's shell rank, before the contributions. */
-#define HEADER_LEN 8
+/* The sending shell's index, before a message. */
+#define HEADER_LEN 4
 /* A hello's nonce: 128 random bits in hex. */
 #define NONCE_LEN 33
+/* How long a shell waits for another to answer its knock or take its join: one that does not within it has
+ * ended (a killed shell's broker may answer nothing), and what waited for it is dropped. */
+#define REACH_TIMEOUT 10.0
 
 struct task {
     flux_shell_task_t *task; /* NULL until task.init, and after task.exit */
@@ -82,11 +82,22 @@ struct task {
     int attached;    /* its connection is rpmi's */
 };
 
-/* A child shell, as its parent knows it. */
-struct child {
-    char nonce[NONCE_LEN];    /* sent in the hello, that only the child's join carries back */
-    const flux_msg_t *join;   /* the child's join: its route is the child's */
-    const flux_msg_t *part;   /* its part's request, answered with the result */
+/* A message waiting for its shell's join to be taken. */
+struct queued {
+    struct queued *next;
+    size_t len;
+    uint8_t bytes[]; /* HEADER_LEN, then the message */
+};
+
+/* Another shell of the job, as this one knows it. */
+struct link {
+    /* Its messages to this shell: */
+    char nonce[NONCE_LEN];  /* sent in the hello, that only its join carries back */
+    const flux_msg_t *join; /* its join: its route is the shell's */
+    /* This shell's messages to it: */
+    int knocked;         /* it was asked for a hello */
+    int joined;          /* it took this shell's join: messages go at once */
+    struct queued *head, *tail;
 };
 
 struct rpmi_flux {
@@ -101,112 +112,41 @@ struct rpmi_flux {
     int listen_fd;
     flux_watcher_t *accept_w;
     char topic_prefix[128]; /* "<shell service>." */
-    uint32_t rank, nshells, width, ntasks;
+    uint32_t rank, nshells, ntasks;
     int *broker_rank; /* by shell rank */
+    struct link *links; /* by shell rank */
     struct task *tasks;
     uint32_t local_count;
     /* The task being started: the shell runs task.init, forks and runs task.fork for one task at a time. */
     struct task *starting;
-    uint64_t part_max; /* one shell's contribution */
-    int failed;        /* the job is ending: exchanges are no longer started */
-    int joined;        /* the parent took this shell's join, so knows its route (1), or cannot be reached (-1) */
-
-    /* The collective in progress. */
-    uint32_t epoch;     /* exchanges completed so far */
-    int contributed;    /* this shell's contribution is in `gathered` */
-    int sent_up;        /* the subtree's went to the parent */
-    uint32_t children;  /* how many children this shell has */
-    uint32_t arrived;   /* children whose parts are in */
-    struct child *child; /* by child index */
-    int in_collective;  /* inside rpmi's collective callback */
-    uint8_t *gathered;  /* header room, then this subtree's contributions */
-    size_t gathered_len, gathered_cap;
+    int failed; /* the job is ending: this shell raised, or sent shell 0, its one abort */
 };
 
 /* ---------------------------------------------------------------------------------------------------------
  * Failing the job. */
 
-/* Ends the job with a fatal exception (the shell's tasks are killed; the first exception is what Flux reports)
- * and, if `exchange`, fails the collective in progress too: its waiting tasks get the failure, and so do the
- * children that wait for this shell's answer. Called through fail_job and fail_exchange. */
-static void fail(struct rpmi_flux *ctx, int exchange, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(struct rpmi_flux *ctx, int exchange, const char *fmt, ...) {
+static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send);
+
+/* The job is ending: what waits for other shells is dropped, so that this shell may end. */
+static void drop_queues(struct rpmi_flux *ctx) {
+    for (uint32_t s = 0; ctx->links && s < ctx->nshells; s++)
+        release_queue(ctx, s, 0);
+}
+
+/* Ends the job with a fatal exception (the shell's tasks are killed; the first exception is what Flux reports). */
+static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) {
     char text[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    if (exchange && ctx->contributed) {
-        ctx->contributed = 0;
-        ctx->plugin->collective_complete(ctx->inst, RPMI_ERR_SYSTEM, NULL, 0, text);
-    }
-    for (uint32_t i = 0; exchange && ctx->child && i < ctx->children; i++) {
-        if (ctx->child[i].part) {
-            flux_respond_error(ctx->h, ctx->child[i].part, EIO, text);
-            flux_msg_decref(ctx->child[i].part);
-            ctx->child[i].part = NULL;
-        }
-    }
     shell_log_error("%s", text);
     if (!ctx->failed) {
         ctx->failed = 1;
         flux_shell_raise("exec", 0, "rpmi: %s", text);
+        drop_queues(ctx);
     }
-}
-#define fail_job(ctx, ...) fail(ctx, 0, __VA_ARGS__)
-#define fail_exchange(ctx, ...) fail(ctx, 1, __VA_ARGS__)
-
-/* ---------------------------------------------------------------------------------------------------------
- * The tree and its bounds. */
-
-/* Shells in the subtree under shell `s` (itself included): one run of ranks per level. */
-static uint64_t subtree_size(const struct rpmi_flux *ctx, uint32_t s) {
-    uint64_t n = ctx->nshells, k = ctx->width, lo = s, hi = s, count = 0;
-    while (lo < n) {
-        count += (hi < n ? hi : n - 1) - lo + 1;
-        lo = lo * k + 1;
-        hi = hi * k + k;
-    }
-    return count;
-}
-
-/* What `shells` shells' contributions can reach, saturated rather than wrapped. */
-static uint64_t bound(const struct rpmi_flux *ctx, uint64_t shells) {
-    return ctx->part_max > UINT64_MAX / shells ? UINT64_MAX : shells * ctx->part_max;
-}
-
-static int parent_of(const struct rpmi_flux *ctx, uint32_t s) {
-    return s == 0 ? -1 : (int)((s - 1) / ctx->width);
-}
-
-static uint32_t first_child(const struct rpmi_flux *ctx) {
-    return ctx->rank * ctx->width + 1;
-}
-
-static int reserve(struct rpmi_flux *ctx, size_t more) {
-    if (ctx->gathered_cap - ctx->gathered_len >= more)
-        return 0;
-    size_t cap = ctx->gathered_cap ? ctx->gathered_cap : 4096;
-    while (cap - ctx->gathered_len < more) {
-        if (cap > SIZE_MAX / 2)
-            return -1;
-        cap *= 2;
-    }
-    uint8_t *p = realloc(ctx->gathered, cap);
-    if (!p)
-        return -1;
-    ctx->gathered = p;
-    ctx->gathered_cap = cap;
-    return 0;
-}
-
-static int append(struct rpmi_flux *ctx, const void *data, size_t len) {
-    if (reserve(ctx, len) < 0)
-        return -1;
-    if (len)
-        memcpy(ctx->gathered + ctx->gathered_len, data, len);
-    ctx->gathered_len += len;
-    return 0;
 }
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -220,93 +160,6 @@ static uint32_t get_u32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-/* ---------------------------------------------------------------------------------------------------------
- * The collective. */
-
-static void on_ready(flux_reactor_t *r, flux_watcher_t *w, int revents, void *arg);
-
-/* Every shell's contributions (`all`): they answer each child's request, then complete this shell's part. */
-static void deliver(struct rpmi_flux *ctx, const void *all, size_t len) {
-    for (uint32_t i = 0; i < ctx->children; i++) {
-        if (!ctx->child[i].part) /* answered with a failure already */
-            continue;
-        if (flux_respond_raw(ctx->h, ctx->child[i].part, all, len) < 0)
-            shell_log_errno("cannot answer shell %u's part", (unsigned)(first_child(ctx) + i));
-        flux_msg_decref(ctx->child[i].part);
-        ctx->child[i].part = NULL;
-    }
-    ctx->epoch++;
-    ctx->contributed = ctx->sent_up = 0;
-    ctx->arrived = 0;
-    /* The plugin copies the parts: the buffer may be reused once this returns. */
-    rpmi_buf part = {.data = all, .len = len};
-    int rc = ctx->plugin->collective_complete(ctx->inst, RPMI_OK, &part, 1, NULL);
-    /* Copied: the root's `all`, in `gathered`, may now be written over by the next exchange. */
-    ctx->gathered_len = HEADER_LEN;
-    if (rc != RPMI_OK)
-        fail_job(ctx, "collective_complete failed (%d)", rc);
-    /* Served now rather than at the reactor's next turn, unless rpmi is calling back (then it will be). */
-    else if (!ctx->in_collective)
-        on_ready(NULL, ctx->watch, 0, ctx);
-}
-
-/* The parent's answer to this shell's part: every shell's contributions. */
-static void result_cb(flux_future_t *f, void *arg) {
-    struct rpmi_flux *ctx = arg;
-    const void *all = NULL;
-    size_t len = 0;
-    if (flux_rpc_get_raw(f, &all, &len) < 0)
-        fail_exchange(ctx, "shell %u's exchange failed: %s", (unsigned)ctx->rank, future_strerror(f, errno));
-    else if (len > bound(ctx, ctx->nshells))
-        fail_exchange(ctx, "shell %u's exchange brought %zu bytes, over kvs_bytes_max per shell", (unsigned)ctx->rank,
-                      len);
-    else
-        deliver(ctx, all, len);
-    flux_future_destroy(f);
-}
-
-/* Goes on once this shell's contribution and every child's part are in: up to the parent once it knows this
- * shell's route, or (the root) back down to everyone. */
-static void advance(struct rpmi_flux *ctx) {
-    if (!ctx->contributed || ctx->sent_up || ctx->arrived < ctx->children || (ctx->rank != 0 && ctx->joined == 0))
-        return;
-    size_t len = ctx->gathered_len - HEADER_LEN;
-    if (ctx->rank == 0) {
-        deliver(ctx, ctx->gathered + HEADER_LEN, len);
-        return;
-    }
-    if (ctx->joined < 0) {
-        fail_exchange(ctx, "shell %u cannot send its part: its parent did not take its join", (unsigned)ctx->rank);
-        return;
-    }
-    ctx->sent_up = 1;
-    char topic[192];
-    put_u32(ctx->gathered, ctx->epoch);
-    put_u32(ctx->gathered + 4, ctx->rank);
-    snprintf(topic, sizeof topic, "%srpmi-part", ctx->topic_prefix);
-    flux_future_t *f = flux_rpc_raw(ctx->h, topic, ctx->gathered, ctx->gathered_len,
-                                    ctx->broker_rank[parent_of(ctx, ctx->rank)], 0);
-    ctx->gathered_len = HEADER_LEN;
-    if (!f || flux_future_then(f, -1., result_cb, ctx) < 0) {
-        flux_future_destroy(f);
-        fail_exchange(ctx, "shell %u cannot send its part: %s", (unsigned)ctx->rank, strerror(errno));
-    }
-}
-
-static int on_collective(void *host_data, rpmi_instance *instance, const uint8_t *data, size_t len) {
-    struct rpmi_flux *ctx = host_data;
-    (void)instance;
-    if (ctx->failed || ctx->contributed)
-        return RPMI_ERR_STATE;
-    if (len > ctx->part_max || append(ctx, data, len) < 0)
-        return RPMI_ERR_SYSTEM;
-    ctx->contributed = 1;
-    ctx->in_collective = 1;
-    advance(ctx);
-    ctx->in_collective = 0;
-    return RPMI_OK;
-}
-
 /* Refuses a request that is not from whom it claims to be, and says so in the shell's log: the job goes on. */
 static void refuse(struct rpmi_flux *ctx, const flux_msg_t *msg, int errnum, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -316,7 +169,8 @@ static void refuse(struct rpmi_flux *ctx, const flux_msg_t *msg, int errnum, con
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    flux_respond_error(ctx->h, msg, errnum, text);
+    if (!flux_msg_is_noresponse(msg))
+        flux_respond_error(ctx->h, msg, errnum, text);
     shell_log_error("shell %u refused %s", (unsigned)ctx->rank, text);
 }
 
@@ -337,157 +191,222 @@ static int same_route(const flux_msg_t *msg, const flux_msg_t *join) {
     return same;
 }
 
-/* Shell `shell`, if it is a child of this shell. */
-static struct child *child_at(struct rpmi_flux *ctx, int64_t shell) {
-    uint32_t first = first_child(ctx);
-    return shell >= first && shell - first < ctx->children ? &ctx->child[shell - first] : NULL;
-}
-
-/* Child shell `shell`, if `msg` came over its route; else NULL and why. */
-static struct child *sent_by(struct rpmi_flux *ctx, const flux_msg_t *msg, int64_t shell, const char **why) {
-    struct child *c = child_at(ctx, shell);
-    if (!c)
-        *why = "not a child of this shell";
-    else if (!c->join || !same_route(msg, c->join))
+/* Shell `shell`, if `msg` came over its route; else NULL and why. */
+static struct link *sent_by(struct rpmi_flux *ctx, const flux_msg_t *msg, int64_t shell, const char **why) {
+    struct link *l = shell >= 0 && shell < ctx->nshells && shell != ctx->rank ? &ctx->links[shell] : NULL;
+    if (!l)
+        *why = "not another shell of the job";
+    else if (!l->join || !same_route(msg, l->join))
         *why = "not sent by that shell";
     else
-        return c;
+        return l;
     return NULL;
 }
 
-/* A child's part: kept, and its request answered once the exchange is done. Taken only over the route of the
- * child it claims to be from; then for the exchange this shell is in, once, within the bound, or the job
- * fails. */
-static void part_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
-    struct rpmi_flux *ctx = arg;
-    const void *data = NULL;
-    size_t n = 0;
-    const char *wrong = NULL;
-    (void)mh;
-    if (flux_msg_authorize(msg, getuid()) < 0) {
-        flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
-        return;
-    }
-    if (flux_request_decode_raw(msg, NULL, &data, &n) < 0 || n < HEADER_LEN) {
-        refuse(ctx, msg, EPROTO, "a malformed part");
-        return;
-    }
-    uint32_t epoch = get_u32(data), from = get_u32((const uint8_t *)data + 4);
-    struct child *c = sent_by(ctx, msg, from, &wrong);
-    if (!c) {
-        refuse(ctx, msg, EPERM, "a part claiming to be from shell %u: %s", (unsigned)from, wrong);
-        return;
-    }
-    n -= HEADER_LEN;
-    if (epoch != ctx->epoch)
-        wrong = "for another exchange";
-    else if (c->part)
-        wrong = "sent twice";
-    else if (n > bound(ctx, subtree_size(ctx, from)))
-        wrong = "over the bound of kvs_bytes_max per shell";
-    else if (append(ctx, (const uint8_t *)data + HEADER_LEN, n) < 0)
-        wrong = "more than this shell can hold";
-    if (wrong) {
-        flux_respond_error(h, msg, EPROTO, wrong);
-        fail_exchange(ctx, "shell %u refused a part (from shell %u, exchange %u, this shell in exchange %u): %s",
-                      (unsigned)ctx->rank, (unsigned)from, (unsigned)epoch, (unsigned)ctx->epoch, wrong);
-        return;
-    }
-    c->part = flux_msg_incref(msg);
-    ctx->arrived++;
-    advance(ctx);
+static void topic(const struct rpmi_flux *ctx, char *out, size_t len, const char *name) {
+    snprintf(out, len, "%s%s", ctx->topic_prefix, name);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Knowing a child's route. */
+ * Carrying rpmi's messages, and knowing who sent them. */
 
-/* A child that is not sent its hello never joins, and its tasks would wait for ever. */
+static void send_now(struct rpmi_flux *ctx, uint32_t shell, const uint8_t *bytes, size_t len) {
+    char t[192];
+    topic(ctx, t, sizeof t, "rpmi-msg");
+    flux_future_t *f = flux_rpc_raw(ctx->h, t, bytes, len, ctx->broker_rank[shell], FLUX_RPC_NORESPONSE);
+    if (!f)
+        fail_job(ctx, "shell %u cannot send shell %u a message: %s", (unsigned)ctx->rank, (unsigned)shell,
+                 strerror(errno));
+    flux_future_destroy(f);
+}
+
+struct join_ctx {
+    struct rpmi_flux *ctx;
+    uint32_t shell;
+};
+
+/* The messages that wait for shell `shell` go (`send`), or are dropped; the shell may end once none wait. */
+static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send) {
+    struct link *l = &ctx->links[shell];
+    if (!l->head)
+        return;
+    for (struct queued *q = l->head, *next; q; q = next) {
+        next = q->next;
+        if (send)
+            send_now(ctx, shell, q->bytes, q->len);
+        free(q);
+    }
+    l->head = l->tail = NULL;
+    flux_shell_remove_completion_ref(ctx->shell, "rpmi-%u", (unsigned)shell);
+}
+
+/* A shell that cannot be reached takes nothing more: what waited for it is dropped, and rpmi tells what that
+ * means (a shell that ended said goodbye first). */
+static void knocked_cb(flux_future_t *f, void *arg) {
+    struct join_ctx *j = arg;
+    if (flux_future_get(f, NULL) < 0) {
+        shell_debug("shell %u cannot knock at shell %u: %s", (unsigned)j->ctx->rank, (unsigned)j->shell,
+                    future_strerror(f, errno));
+        release_queue(j->ctx, j->shell, 0);
+    }
+    flux_future_destroy(f);
+    free(j);
+}
+
+/* Asks shell `shell` for a hello, once. */
+static void knock(struct rpmi_flux *ctx, uint32_t shell) {
+    struct link *l = &ctx->links[shell];
+    if (l->knocked)
+        return;
+    l->knocked = 1;
+    char t[192];
+    topic(ctx, t, sizeof t, "rpmi-knock");
+    struct join_ctx *j = malloc(sizeof *j);
+    flux_future_t *f = j ? flux_rpc_pack(ctx->h, t, ctx->broker_rank[shell], 0, "{s:i}", "shell", (int)ctx->rank) : NULL;
+    if (!f || flux_future_then(f, REACH_TIMEOUT, knocked_cb, j) < 0) {
+        flux_future_destroy(f);
+        free(j);
+        fail_job(ctx, "shell %u cannot knock at shell %u: %s", (unsigned)ctx->rank, (unsigned)shell, strerror(errno));
+        return;
+    }
+    *j = (struct join_ctx){.ctx = ctx, .shell = shell};
+}
+
 static void hello_sent_cb(flux_future_t *f, void *arg) {
     struct rpmi_flux *ctx = arg;
     if (flux_future_get(f, NULL) < 0)
-        fail_job(ctx, "shell %u cannot send a child its hello: %s", (unsigned)ctx->rank, future_strerror(f, errno));
+        shell_debug("shell %u cannot send a hello: %s", (unsigned)ctx->rank, future_strerror(f, errno));
     flux_future_destroy(f);
 }
 
-/* shell.post-init: every shell holds its services now (the shells have passed their first barrier), and each
- * child is sent its nonce. */
-static int post_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
-    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
-    char hello[192];
-    (void)topic;
-    (void)args;
-    (void)arg;
-    if (!ctx)
-        return 0;
-    snprintf(hello, sizeof hello, "%srpmi-hello", ctx->topic_prefix);
-    for (uint32_t i = 0; i < ctx->children; i++) {
-        struct child *c = &ctx->child[i];
-        uint8_t bytes[(NONCE_LEN - 1) / 2];
-        if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes)
-            return shell_log_errno("cannot make a nonce");
-        for (size_t j = 0; j < sizeof bytes; j++)
-            snprintf(c->nonce + 2 * j, 3, "%02x", bytes[j]);
-        flux_future_t *f =
-            flux_rpc_pack(ctx->h, hello, ctx->broker_rank[first_child(ctx) + i], 0, "{s:s}", "nonce", c->nonce);
-        if (!f || flux_future_then(f, -1., hello_sent_cb, ctx) < 0) {
-            flux_future_destroy(f);
-            return shell_log_errno("cannot send shell %u its hello", (unsigned)(first_child(ctx) + i));
-        }
+/* rpmi_host_ops.shell_send: at once to a shell that took this one's join, else queued until it does. */
+static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shell, const uint8_t *message,
+                         size_t len) {
+    struct rpmi_flux *ctx = host_data;
+    (void)instance;
+    if (shell >= ctx->nshells || shell == ctx->rank || len > SIZE_MAX - sizeof(struct queued) - HEADER_LEN)
+        return RPMI_ERR_INVALID;
+    struct link *l = &ctx->links[shell];
+    struct queued *q = malloc(sizeof *q + HEADER_LEN + len);
+    if (!q)
+        return RPMI_ERR_SYSTEM;
+    q->next = NULL;
+    q->len = HEADER_LEN + len;
+    put_u32(q->bytes, ctx->rank);
+    if (len)
+        memcpy(q->bytes + HEADER_LEN, message, len);
+    /* Once the job is ending, a shell not reached yet need not be. */
+    if (l->joined || ctx->failed) {
+        if (l->joined)
+            send_now(ctx, shell, q->bytes, q->len);
+        free(q);
+        return RPMI_OK;
     }
-    return 0;
+    /* The shell does not end while messages wait: a goodbye, or a rank's leaving, must reach the others. */
+    if (l->tail)
+        l->tail->next = q;
+    else if (flux_shell_add_completion_ref(ctx->shell, "rpmi-%u", (unsigned)shell) >= 0)
+        l->head = q;
+    else {
+        free(q);
+        return RPMI_ERR_SYSTEM;
+    }
+    l->tail = q;
+    knock(ctx, shell);
+    return RPMI_OK;
 }
 
-/* The parent's answer to this shell's join: once taken, parts may go up. Refused, the hello was not the
- * parent's. Failing otherwise, the parent may have ended, its tasks done: only a part that needs it fails. */
+/* The other shell took this one's join: what waited goes, in order. */
 static void joined_cb(flux_future_t *f, void *arg) {
-    struct rpmi_flux *ctx = arg;
-    if (flux_future_get(f, NULL) == 0) {
-        ctx->joined = 1;
-        advance(ctx);
-    } else if (errno == EPERM) {
-        shell_log_error("shell %u's parent refused a join (the hello was not the parent's): %s", (unsigned)ctx->rank,
+    struct join_ctx *j = arg;
+    struct rpmi_flux *ctx = j->ctx;
+    struct link *l = &ctx->links[j->shell];
+    if (flux_future_get(f, NULL) < 0) {
+        shell_log_error("shell %u did not take shell %u's join: %s", (unsigned)j->shell, (unsigned)ctx->rank,
                         future_strerror(f, errno));
-    } else if (ctx->joined == 0) {
-        shell_debug("shell %u cannot join its parent: %s", (unsigned)ctx->rank, future_strerror(f, errno));
-        ctx->joined = -1;
-        advance(ctx);
+        release_queue(ctx, j->shell, 0);
+    } else if (!l->joined) {
+        l->joined = 1;
+        release_queue(ctx, j->shell, 1);
     }
     flux_future_destroy(f);
+    free(j);
 }
 
-/* A hello, with a nonce for the parent. Its sender cannot be told from the request (a parent is not known by its
- * route), so its nonce only goes back to the parent, which takes its own alone. */
-static void hello_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+/* A knock: a shell asks for a hello. Who asks cannot be told from the request, so the nonce only goes to the
+ * shell it names, at its broker. */
+static void knock_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
     struct rpmi_flux *ctx = arg;
-    const char *nonce;
-    char join[192];
+    int shell;
     (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
         flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
         return;
     }
-    if (ctx->rank == 0 || ctx->joined == 1) {
-        refuse(ctx, msg, EPERM, "a hello: %s", ctx->rank == 0 ? "shell 0 has no parent" : "it has joined already");
+    if (flux_request_unpack(msg, NULL, "{s:i}", "shell", &shell) < 0 || shell < 0 || (uint32_t)shell >= ctx->nshells ||
+        (uint32_t)shell == ctx->rank) {
+        refuse(ctx, msg, EPROTO, "a malformed knock");
         return;
     }
-    if (flux_request_unpack(msg, NULL, "{s:s}", "nonce", &nonce) < 0) {
+    struct link *l = &ctx->links[shell];
+    flux_respond(h, msg, NULL);
+    if (l->join)
+        return;
+    uint8_t bytes[(NONCE_LEN - 1) / 2];
+    if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
+        fail_job(ctx, "cannot make a nonce: %s", strerror(errno));
+        return;
+    }
+    for (size_t j = 0; j < sizeof bytes; j++)
+        snprintf(l->nonce + 2 * j, 3, "%02x", bytes[j]);
+    char t[192];
+    topic(ctx, t, sizeof t, "rpmi-hello");
+    flux_future_t *f =
+        flux_rpc_pack(h, t, ctx->broker_rank[shell], 0, "{s:i s:s}", "shell", (int)ctx->rank, "nonce", l->nonce);
+    if (!f || flux_future_then(f, -1., hello_sent_cb, ctx) < 0) {
+        flux_future_destroy(f);
+        fail_job(ctx, "shell %u cannot send shell %d its hello: %s", (unsigned)ctx->rank, shell, strerror(errno));
+    }
+}
+
+/* A hello, with a nonce for the shell it names: sent back to that shell's broker only. */
+static void hello_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    const char *nonce;
+    int shell;
+    (void)mh;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
+        return;
+    }
+    if (flux_request_unpack(msg, NULL, "{s:i s:s}", "shell", &shell, "nonce", &nonce) < 0 || shell < 0 ||
+        (uint32_t)shell >= ctx->nshells || (uint32_t)shell == ctx->rank) {
         refuse(ctx, msg, EPROTO, "a malformed hello");
         return;
     }
-    snprintf(join, sizeof join, "%srpmi-join", ctx->topic_prefix);
-    flux_future_t *f = flux_rpc_pack(h, join, ctx->broker_rank[parent_of(ctx, ctx->rank)], 0, "{s:i s:s}", "shell",
-                                     (int)ctx->rank, "nonce", nonce);
-    if (!f || flux_future_then(f, -1., joined_cb, ctx) < 0) {
-        int e = errno;
-        flux_future_destroy(f);
-        flux_respond_error(h, msg, e, NULL);
-        fail_job(ctx, "shell %u cannot join its parent: %s", (unsigned)ctx->rank, strerror(e));
+    if (ctx->links[shell].joined) {
+        refuse(ctx, msg, EPERM, "a hello from shell %d: it took this shell's join already", shell);
         return;
     }
+    char t[192];
+    topic(ctx, t, sizeof t, "rpmi-join");
+    struct join_ctx *j = malloc(sizeof *j);
+    flux_future_t *f = j ? flux_rpc_pack(h, t, ctx->broker_rank[shell], 0, "{s:i s:s}", "shell", (int)ctx->rank,
+                                         "nonce", nonce)
+                         : NULL;
+    if (!f || flux_future_then(f, REACH_TIMEOUT, joined_cb, j) < 0) {
+        int e = errno;
+        flux_future_destroy(f);
+        free(j);
+        flux_respond_error(h, msg, e, NULL);
+        fail_job(ctx, "shell %u cannot join shell %d: %s", (unsigned)ctx->rank, shell, strerror(e));
+        return;
+    }
+    *j = (struct join_ctx){.ctx = ctx, .shell = (uint32_t)shell};
     flux_respond(h, msg, NULL);
 }
 
-/* A child's join: taken only with the nonce sent to that child, once. Its route is the child's from then on. */
+/* A join: taken only with the nonce sent to that shell, once. Its route is the shell's from then on. */
 static void join_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
     struct rpmi_flux *ctx = arg;
     const char *nonce;
@@ -501,14 +420,55 @@ static void join_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, vo
         refuse(ctx, msg, EPROTO, "a malformed join");
         return;
     }
-    struct child *c = child_at(ctx, shell);
-    if (!c || c->join || !c->nonce[0] || strcmp(nonce, c->nonce) != 0) {
+    struct link *l = shell >= 0 && (uint32_t)shell < ctx->nshells && (uint32_t)shell != ctx->rank ? &ctx->links[shell]
+                                                                                                 : NULL;
+    if (!l || l->join || !l->nonce[0] || strcmp(nonce, l->nonce) != 0) {
         refuse(ctx, msg, EPERM, "a join claiming to be from shell %d: %s", shell,
-               !c ? "not a child of this shell" : c->join ? "it has joined already" : "not the nonce it was sent");
+               !l ? "not another shell of the job" : l->join ? "it has joined already" : "not the nonce it was sent");
         return;
     }
-    c->join = flux_msg_incref(msg);
+    l->join = flux_msg_incref(msg);
     flux_respond(h, msg, NULL);
+}
+
+/* A message of another shell's rpmi, taken only over that shell's route. */
+static void msg_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    const void *data = NULL;
+    size_t n = 0;
+    const char *why = NULL;
+    (void)mh;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        if (!flux_msg_is_noresponse(msg))
+            flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
+        return;
+    }
+    if (flux_request_decode_raw(msg, NULL, &data, &n) < 0 || n < HEADER_LEN) {
+        refuse(ctx, msg, EPROTO, "a malformed message");
+        return;
+    }
+    uint32_t from = get_u32(data);
+    if (!sent_by(ctx, msg, from, &why)) {
+        refuse(ctx, msg, EPERM, "a message claiming to be from shell %u: %s", (unsigned)from, why);
+        return;
+    }
+    int rc = ctx->plugin->shell_message(ctx->inst, from, (const uint8_t *)data + HEADER_LEN, n - HEADER_LEN);
+    if (rc != RPMI_OK)
+        fail_job(ctx, "shell %u could not take shell %u's message (%d)", (unsigned)ctx->rank, (unsigned)from, rc);
+    else if (!flux_msg_is_noresponse(msg))
+        flux_respond(h, msg, NULL);
+}
+
+/* shell.post-init: every shell holds its services now (the shells have passed their first barrier); each
+ * asks shell 0 for a hello, so that its aborts go there from the start. */
+static int post_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
+    (void)topic;
+    (void)args;
+    (void)arg;
+    if (ctx && ctx->rank != 0)
+        knock(ctx, 0);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -527,9 +487,10 @@ static void raise_abort(struct rpmi_flux *ctx, uint32_t rank, int exit_code, int
                                      exit_code, shown ? ": " : "", shown, message);
     else
         flux_shell_raise_exit_status((exit_code & 0xff) << 8, "rpmi: %.*s", shown, message);
+    drop_queues(ctx);
 }
 
-/* An abort a shell sent on to its parent (its text, to raise here if the parent cannot be reached). */
+/* An abort a shell sent on to shell 0 (its text, to raise here if shell 0 cannot be reached). */
 struct abort_report {
     struct rpmi_flux *ctx;
     uint32_t rank;
@@ -548,16 +509,16 @@ static void abort_sent_cb(flux_future_t *f, void *arg) {
     free(a);
 }
 
-/* Every shell's aborts climb the tree to shell 0, which raises the first: the tasks that die as the job is
- * killed then raise nothing of their own, and the job's one exception names the cause. A shell whose parent
- * does not know its route yet raises its own. */
+/* Every shell's aborts go to shell 0, which raises the first: the tasks that die as the job is killed then
+ * raise nothing of their own, and the job's one exception names the cause. A shell that shell 0 does not know
+ * yet (none of its messages went there) raises its own. */
 static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t reason, const char *message,
                      size_t len) {
     struct rpmi_flux *ctx = host_data;
     char topic[192];
     if (ctx->failed)
         return;
-    if (ctx->rank == 0 || ctx->joined != 1) {
+    if (ctx->rank == 0 || !ctx->links[0].joined) {
         raise_abort(ctx, rank, exit_code, reason, message, len);
         return;
     }
@@ -569,7 +530,7 @@ static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t 
         memcpy(a->message, message, len);
         a->message[len] = '\0';
         snprintf(topic, sizeof topic, "%srpmi-abort", ctx->topic_prefix);
-        f = flux_rpc_pack(ctx->h, topic, ctx->broker_rank[parent_of(ctx, ctx->rank)], 0, "{s:i s:i s:i s:i s:s%}",
+        f = flux_rpc_pack(ctx->h, topic, ctx->broker_rank[0], 0, "{s:i s:i s:i s:i s:s%}",
                           "shell", (int)ctx->rank, "rank", (int)rank, "exit_code", (int)exit_code, "reason",
                           (int)reason, "message", message, len);
     }
@@ -582,16 +543,7 @@ static void on_abort(void *host_data, uint32_t rank, int32_t exit_code, int32_t 
     }
 }
 
-/* Is `rank` run by shell `s` or a shell under it? */
-static int runs_under(const struct rpmi_flux *ctx, uint32_t s, uint32_t rank) {
-    int t = taskmap_nodeid(flux_shell_get_taskmap(ctx->shell), (int)rank);
-    while (t > (int)s)
-        t = parent_of(ctx, (uint32_t)t);
-    return t == (int)s;
-}
-
-/* A child's abort, or one it passed on: taken only over a child's route, for a rank run in that child's subtree,
- * then passed on up (or raised, on shell 0). */
+/* Shell 0: another shell's abort, taken only over that shell's route. */
 static void abort_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
     struct rpmi_flux *ctx = arg;
     int shell, rank, exit_code, reason;
@@ -608,9 +560,9 @@ static void abort_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
         refuse(ctx, msg, EPROTO, "a malformed abort");
         return;
     }
-    if (!sent_by(ctx, msg, shell, &why) || !runs_under(ctx, (uint32_t)shell, (uint32_t)rank)) {
+    if (ctx->rank != 0 || !sent_by(ctx, msg, shell, &why)) {
         refuse(ctx, msg, EPERM, "an abort claiming to be from shell %d, for rank %d: %s", shell, rank,
-               why ? why : "not a rank run under that shell");
+               why ? why : "only shell 0 takes aborts");
         return;
     }
     on_abort(ctx, (uint32_t)rank, exit_code, reason, message, len);
@@ -860,6 +812,9 @@ static int task_exit(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
     /* The shell may free the task after this; a task that never connected is seen leaving by rpmi here. */
     t->task = NULL;
     ctx->plugin->task_exit(ctx->inst, t->local, status);
+    /* rpmi sees the task's connection close now, while the shell runs: what it tells the other shells (a rank
+     * that left, a goodbye) holds the shell open until it is sent. */
+    on_ready(NULL, ctx->watch, 0, ctx);
     return 0;
 }
 
@@ -882,12 +837,14 @@ static void rpmi_flux_destroy(void *arg) {
         release_reserved(&ctx->tasks[i]);
     free(ctx->broker_rank);
     free(ctx->tasks);
-    for (uint32_t i = 0; ctx->child && i < ctx->children; i++) {
-        flux_msg_decref(ctx->child[i].part);
-        flux_msg_decref(ctx->child[i].join);
+    for (uint32_t i = 0; ctx->links && i < ctx->nshells; i++) {
+        flux_msg_decref(ctx->links[i].join);
+        for (struct queued *q = ctx->links[i].head, *next; q; q = next) {
+            next = q->next;
+            free(q);
+        }
     }
-    free(ctx->child);
-    free(ctx->gathered);
+    free(ctx->links);
     free(ctx);
     /* librpmi.so stays loaded: unloading a library that has run threads is not safe. */
 }
@@ -901,36 +858,17 @@ static int listed(const char *list, const char *word) {
     return 0;
 }
 
-/* The job's `-o rpmi` options for rpmi (a JSON object, or NULL), with this plugin's own taken out. */
+/* The job's `-o rpmi` options for rpmi: a JSON object, or NULL. */
 static int read_options(struct rpmi_flux *ctx, char **options_json) {
     json_t *opts = NULL;
     *options_json = NULL;
-    ctx->width = TREE_WIDTH_DEFAULT;
-    ctx->part_max = KVS_BYTES_MAX_DEFAULT;
     if (flux_shell_getopt_unpack(ctx->shell, "rpmi", "o", &opts) < 0 || (opts && !json_is_object(opts))) {
         shell_log_error("-o rpmi must be a set of rpmi.KEY=VALUE options");
         return -1;
     }
     if (!opts)
         return 0;
-    json_t *copy = json_deep_copy(opts), *width = json_object_get(copy, "tree_width"),
-           *kvs = json_object_get(copy, "kvs_bytes_max");
-    if (!copy)
-        return -1;
-    if (width) {
-        if (!json_is_integer(width) || json_integer_value(width) < 1 || json_integer_value(width) > 1 << 20) {
-            shell_log_error("option rpmi.tree_width must be an integer from 1 to %d", 1 << 20);
-            json_decref(copy);
-            return -1;
-        }
-        ctx->width = (uint32_t)json_integer_value(width);
-        json_object_del(copy, "tree_width");
-    }
-    /* rpmi checks it; here it bounds what a shell takes from another. */
-    if (kvs && json_is_integer(kvs) && json_integer_value(kvs) > 0)
-        ctx->part_max = (uint64_t)json_integer_value(kvs);
-    *options_json = json_dumps(copy, JSON_COMPACT);
-    json_decref(copy);
+    *options_json = json_dumps(opts, JSON_COMPACT);
     return *options_json ? 0 : -1;
 }
 
@@ -942,11 +880,12 @@ static int load_rpmi(struct rpmi_flux *ctx) {
     }
     const rpmi_plugin *(*entry)(void) = (const rpmi_plugin *(*)(void))dlsym(lib, "rpmi_plugin_entry");
     const rpmi_plugin *t = entry ? entry() : NULL;
-    /* Revision 4 is the first with task_env and task_attach; a table that ends before them is older. */
+    /* Revision 5 is the first with shell_message (and 4 with task_env and task_attach); a table that ends
+     * before it is older. */
     if (!t || t->abi_version != RPMI_ABI_VERSION ||
-        t->struct_size < offsetof(rpmi_plugin, task_attach) + sizeof t->task_attach || t->abi_revision < 4 ||
-        !t->task_env || !t->task_attach) {
-        shell_log_error("%s is not an rpmi of ABI version %d, revision 4 or later", RPMI_LIBRARY, RPMI_ABI_VERSION);
+        t->struct_size < offsetof(rpmi_plugin, shell_lost) + sizeof t->shell_lost || t->abi_revision < 5 ||
+        !t->task_env || !t->task_attach || !t->shell_message) {
+        shell_log_error("%s is not an rpmi of ABI version %d, revision 5 or later", RPMI_LIBRARY, RPMI_ABI_VERSION);
         return -1;
     }
     ctx->plugin = t;
@@ -969,7 +908,8 @@ static int read_job(struct rpmi_flux *ctx, struct job *job) {
     job->task_map = calloc(ctx->ntasks, sizeof *job->task_map);
     job->hostnames = calloc(ctx->nshells, sizeof *job->hostnames);
     ctx->broker_rank = calloc(ctx->nshells, sizeof *ctx->broker_rank);
-    if (!job->task_map || !job->hostnames || !ctx->broker_rank)
+    ctx->links = calloc(ctx->nshells, sizeof *ctx->links);
+    if (!job->task_map || !job->hostnames || !ctx->broker_rank || !ctx->links)
         return -1;
     for (uint32_t r = 0; r < ctx->ntasks; r++) {
         int node = taskmap_nodeid(map, (int)r);
@@ -1040,15 +980,9 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     if (flux_job_id_encode(id, "f58plain", job_id, sizeof job_id) < 0 || read_options(ctx, &options) < 0 ||
         load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0)
         goto done;
-    uint64_t first = (uint64_t)ctx->rank * ctx->width + 1;
-    ctx->children = first >= ctx->nshells ? 0 : (uint32_t)(ctx->nshells - first < ctx->width ? ctx->nshells - first
-                                                                                              : ctx->width);
-    ctx->child = calloc(ctx->children + 1, sizeof *ctx->child);
-    if (!ctx->child || reserve(ctx, HEADER_LEN) < 0)
-        goto done;
-    ctx->gathered_len = HEADER_LEN;
-    if (flux_shell_service_register(shell, "rpmi-part", part_cb, ctx) < 0 ||
+    if (flux_shell_service_register(shell, "rpmi-msg", msg_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0 ||
+        flux_shell_service_register(shell, "rpmi-knock", knock_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-hello", hello_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-join", join_cb, ctx) < 0) {
         shell_log_errno("cannot register the exchange's services");
@@ -1073,7 +1007,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     ops.struct_size = sizeof ops;
     ops.abi_version = RPMI_ABI_VERSION;
     ops.host_data = ctx;
-    ops.collective = on_collective;
+    ops.shell_send = on_shell_send;
     ops.abort = on_abort;
     ops.log = on_log;
     ops.watch_fd = on_watch_fd;
@@ -1087,7 +1021,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     }
     if (listen_for_tasks(ctx) < 0)
         goto done;
-    shell_debug("serving PMI for %u tasks (tree width %u)", (unsigned)ctx->local_count, (unsigned)ctx->width);
+    shell_debug("serving PMI for %u tasks", (unsigned)ctx->local_count);
     rc = 0;
 done:
     free(options);

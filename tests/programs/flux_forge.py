@@ -1,7 +1,6 @@
 # A process of the job's user (run as a task, under `flux python`) that forges shell-to-shell messages of
-# rpmi's Flux plugin, all claiming to be from shell 1: to shell 0, a part of exchange 0, an abort for rank 4
-# (which shell 2 runs) and a join with a nonce of its own; to shell 1, a hello with that nonce. Prints what
-# became of each.
+# rpmi's Flux plugin, all claiming to be from shell 1: to shell 0, a message for rpmi, an abort for rank 4 and
+# a join with a nonce of its own; to shell 1, a hello with that nonce. Prints what became of each.
 import errno
 import os
 
@@ -14,7 +13,7 @@ service = f"{os.getuid()}-shell-{JobID(os.environ['FLUX_JOB_ID']).f58plain}"
 
 
 def outcome(f):
-    # A part that is taken may be answered only once the exchange is done, which waits for this task.
+    # A message that is taken is not answered (shells send theirs without asking for an answer).
     try:
         raw.flux_future_wait_for(f, 5.0)
         raw.flux_rpc_get(f, ffi.NULL)
@@ -23,10 +22,10 @@ def outcome(f):
         return "taken (no answer yet)" if e.errno == errno.ETIMEDOUT else f"refused: {os.strerror(e.errno)}"
 
 
-# Exchange 0, shell 1, then no contributions.
-part = bytes([0, 0, 0, 0, 0, 0, 0, 1])
-f = raw.flux_rpc_raw(h.handle, f"{service}.rpmi-part".encode(), part, len(part), 0, 0)
-print("forged part:", outcome(f), flush=True)
+# From shell 1: a BYE frame for node 0 (kind 3 of the collective's frames, then the message's kind, 0).
+message = bytes([0, 0, 0, 1, 3, 0])
+f = raw.flux_rpc_raw(h.handle, f"{service}.rpmi-msg".encode(), message, len(message), 0, 0)
+print("forged message:", outcome(f), flush=True)
 for what, body, shell in [
     ("abort", {"shell": 1, "rank": 4, "exit_code": 3, "reason": 1, "message": "forged"}, 0),
     ("join", {"shell": 1, "nonce": "0" * 32}, 0),
