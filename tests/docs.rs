@@ -8,8 +8,8 @@
 //! - docs/man/rpmi-options.7.md has an entry for every option of the Slurm plugin (its mpi.conf key beside its
 //!   variable, saying `default N`, `from A to B` and `Ceiling, built in C` or `Free` as src/slurm/options.rs
 //!   has it), every option of the plugin ABI (src/abi/options.rs, saying the `default N` of
-//!   crates/core/src/server/limits.rs), the Flux plugin's `tree_width`, srun's launch variables and the variables every
-//!   task gets.
+//!   crates/core/src/server/limits.rs or of `Options`' own defaults), srun's launch variables and the variables
+//!   every task gets.
 //!
 //! Each test gathers every fault before it fails, each naming the file (and line) at fault. Only std: the
 //! Markdown is read as far as these checks need (fenced code and code spans skipped), the Rust as far as the
@@ -765,8 +765,10 @@ fn every_option_is_in_the_options_page_with_its_default() {
         }
     }
 
-    // The plugin ABI's options, with the defaults of `Limits` (and a boolean's `false`).
+    // The plugin ABI's options, with the defaults of `Limits`, or of `Options` for the others (an integer, a
+    // boolean, or an allgather by its name).
     let abi = read("src/abi/options.rs");
+    let own = abi.split("impl Default for Options").nth(1).unwrap_or_default();
     let known = abi.split("const KNOWN").nth(1).and_then(|k| k.split(';').next()).unwrap_or_default();
     let keys: Vec<&str> = known.split('"').skip(1).step_by(2).collect();
     if keys.is_empty() {
@@ -783,12 +785,22 @@ fn every_option_is_in_the_options_page_with_its_default() {
                     continue;
                 }
             },
-            // Not a limit: a field of `Options`, which derives Default.
-            None if abi.contains(&format!("pub {key}: bool")) && abi.contains("Default)]") => "false".into(),
-            None => {
-                faults.push(format!("src/abi/options.rs: no default found for the option {key}"));
-                continue;
-            }
+            // Not a limit: a field of `Options`.
+            None => match field(own, key).map(|e| e.trim().trim_end_matches('}').trim()) {
+                Some(b @ ("true" | "false")) => b.into(),
+                Some(a) if a.starts_with("Allgather::") => format!("\"{}\"", a["Allgather::".len()..].to_lowercase()),
+                Some(expr) => match eval(expr, &consts) {
+                    Ok(v) => v.to_string(),
+                    Err(e) => {
+                        faults.push(format!("src/abi/options.rs: {key}'s default: {e}"));
+                        continue;
+                    }
+                },
+                None => {
+                    faults.push(format!("src/abi/options.rs: no default found for the option {key}"));
+                    continue;
+                }
+            },
         };
         let Some((number, _, text)) = entry_for(&entries, key) else {
             faults.push(format!("{PAGE}: no entry for the plugin option {key} (src/abi/options.rs)"));
@@ -796,19 +808,6 @@ fn every_option_is_in_the_options_page_with_its_default() {
         };
         if !says(text, &format!("default {default}")) {
             faults.push(format!("{PAGE}:{number}: the entry of {key} does not say `default {default}`"));
-        }
-    }
-
-    // The Flux plugin's own option.
-    let flux = read("src/flux/rpmi_shell.c");
-    let width = flux.lines().find_map(|l| l.strip_prefix("#define TREE_WIDTH_DEFAULT ")).map(str::trim);
-    match (width.and_then(|w| w.parse::<u128>().ok()), entry_for(&entries, "-o rpmi.tree_width=")) {
-        (None, _) => faults.push("src/flux/rpmi_shell.c: no TREE_WIDTH_DEFAULT".into()),
-        (_, None) => faults.push(format!("{PAGE}: no entry for Flux's -o rpmi.tree_width")),
-        (Some(w), Some((number, _, text))) => {
-            if !says(text, &format!("Default {w}")) && !says(text, &format!("default {w}")) {
-                faults.push(format!("{PAGE}:{number}: the entry of rpmi.tree_width does not say `default {w}`"));
-            }
         }
     }
 
