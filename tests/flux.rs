@@ -140,7 +140,8 @@ fn mpich_programs_run_across_three_shells() {
 /// rpmi's client libraries under the Flux plugin: `pmi_api.c exec` through `libpmi.so.0` across three shells
 /// (a put, the barrier, 20 gets, which its shell's image of the store answers once mapped, then an exec that
 /// finds neither the file nor the mapping); `pmi_api.c overlap` (gets from several threads while the next
-/// barrier's image comes); and a client by hand that keeps the image's memory file
+/// barrier's image comes); group barriers over PMI 1.2 from several threads; and a
+/// client by hand that keeps the image's memory file
 /// (tests/programs/kvs_image.c): read-only whichever way it tries, out of another user's reach, one file per
 /// shell and fence.
 #[test]
@@ -152,6 +153,11 @@ fn the_libraries_read_each_shells_image_of_the_store() {
     let r = flux_run(&[&RPMI[..], &["-n6", p.path.to_str().expect("UTF-8"), "overlap"]].concat());
     r.assert_success("pmi_api overlap");
     assert_eq!(r.stdout.lines().filter(|l| l.ends_with(": ok overlap")).count(), 6, "{}", r.dump());
+    // `libpmi.so.0` asks for PMI 1.2 where rpmi serves it (RPMI_PMI_SUBVERSION), as it now does under Flux:
+    // group barriers from several threads at once.
+    let r = flux_run(&[&RPMI[..], &["-n6", p.path.to_str().expect("UTF-8"), "groups"]].concat());
+    r.assert_success("pmi_api groups");
+    assert_eq!(r.stdout.lines().filter(|l| l.ends_with(": ok groups")).count(), 6, "{}", r.dump());
     let dir = support::libpmi::library_dir();
     let image = compile("cc", "kvs_image", dir.path());
     let r = flux_run(&[&RPMI[..], &["-n6", image.to_str().expect("UTF-8")]].concat());
