@@ -194,6 +194,12 @@ typedef struct rpmi_host_ops {
      * Set: collective and group_collective are never called (they may be NULL), and the plugin answers PMI
      * 1.2 to the clients that ask for it. */
     int (*shell_send)(void *host_data, rpmi_instance *instance, uint32_t shell, const uint8_t *message, size_t len);
+
+    /* Revision 5. Optional, with shell_send, and called on shell 0's instance only: every rank of the job has
+     * closed its PMI connection, so the other shells need nothing more of this one (its part of the tree, the
+     * group barriers and the names it holds for them). A host that keeps shell 0 running for the others (as
+     * the Flux plugin does) may let it end. */
+    void (*job_done)(void *host_data, rpmi_instance *instance);
 } rpmi_host_ops;
 
 /* The plugin's functions. */

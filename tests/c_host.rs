@@ -362,6 +362,22 @@ fn the_plugin_runs_the_exchanges_among_the_nodes_when_the_host_carries_its_messa
     assert_ne!(r.code(), 0, "groups passed without a host that serves them\n{r}");
 }
 
+/// With the plugin running the exchanges and the host offering no name service, the job's names are served
+/// by node 0's instance: MPICH 5 (over OFI, which opens a real port) publishes on rank 0 and looks up on the
+/// others, across nodes.
+#[test]
+fn with_the_plugin_running_the_exchanges_the_job_has_a_name_service() {
+    let dir = TempDir::new("shells-names");
+    let (host, program) = (build_host(&dir), build_mpich5(&dir, "mpi_names"));
+    for mode in SHELLS {
+        let env = [("MPIR_CVAR_CH4_NETMOD", "ofi")];
+        let r = host_run_env(&host, &[mode, &["-n", "4", "--nodes", "3"]].concat(), &program, &[], &env);
+        assert_eq!(r.code(), 0, "the MPI job failed ({mode:?})\n{r}");
+        let line = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
+        assert!(r.stdout.contains(line), "no summary line ({mode:?})\n{r}");
+    }
+}
+
 /// A node whose only rank leaves while the others wait in a barrier: the job ends at once, naming the rank,
 /// whether it left without PMI_Finalize (a lost task) or after it (the node can join no barrier).
 #[test]

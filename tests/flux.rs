@@ -242,6 +242,22 @@ fn pmi_1_2_group_barriers_across_three_shells() {
     assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "{}", r.dump());
 }
 
+/// The name service under Flux: the job's names, held by shell 0's instance. MPICH 5 (over OFI, which opens
+/// a real port) publishes on rank 0 and looks up on the others, on other shells; a second publish, an unknown
+/// name and an unpublished one fail.
+#[test]
+fn the_name_service_across_three_shells() {
+    let mpich5 = std::env::var_os("RPMI_MPICH5").map_or_else(|| PathBuf::from("/opt/rpmi-mpich5"), PathBuf::from);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("the test's directory");
+    let names = compile(mpich5.join("bin/mpicc").to_str().expect("UTF-8"), "mpi_names", &dir);
+    let env = ["--env=MPIR_CVAR_CH4_NETMOD=ofi"];
+    let r = flux_run(&[&RPMI[..], &env[..], &["-n4", names.to_str().expect("UTF-8")]].concat());
+    r.assert_success("mpi_names");
+    let line = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
+    assert!(r.stdout.contains(line), "{}", r.dump());
+}
+
 /// The only rank of shell 2 leaves without PMI_Finalize while the others wait in a barrier: every shell hears
 /// it at once and the job ends naming the rank, not at Flux's exit-timeout (30 s).
 #[test]

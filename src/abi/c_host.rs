@@ -3,9 +3,9 @@
 use super::ffi::{self, rpmi_host_ops, rpmi_instance};
 use super::owed::OwedAnswers;
 use super::shells::{Action, Fault, Shells};
-use crate::server::{GroupExchange, Host, HostRequest, JobError, Server, Speaker, TaskId, NOT_SUPPORTED};
+use crate::server::{GroupExchange, Host, HostRequest, JobError, NameOp, Server, Speaker, TaskId, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 
@@ -28,18 +28,27 @@ pub enum FromShell {
         message: Vec<u8>,
     },
     Lost(u32),
-    /// Shell `from`'s messages went over what the instance holds unread; this one was dropped.
+    /// The messages unread went over what the instance holds (`max` bytes), shell `from` holding the most:
+    /// the message that came then was dropped.
     Overflow {
         from: u32,
         max: usize,
     },
 }
 
-/// The messages from other shells not yet taken, and their bytes, held to a bound.
+/// The messages from other shells not yet taken, held to a bound of bytes.
 #[derive(Clone)]
 pub struct ShellInbox {
-    queue: Arc<Mutex<(VecDeque<FromShell>, usize)>>,
+    queue: Arc<Mutex<Inbox>>,
     max: usize,
+}
+
+#[derive(Default)]
+struct Inbox {
+    items: VecDeque<FromShell>,
+    bytes: usize,
+    /// The bytes each shell has queued, to blame the one that holds the most when the bound is reached.
+    by_sender: HashMap<u32, usize>,
 }
 
 impl ShellInbox {
@@ -48,28 +57,30 @@ impl ShellInbox {
         ShellInbox { queue: Arc::default(), max }
     }
 
-    /// Queues `item`; a message over the bound is dropped and its sender blamed. `false` if it was dropped.
+    /// Queues `item`. A message over the bound is dropped, and the shell with the most bytes queued is
+    /// blamed (once: the job then ends). `false` if it was dropped.
     pub fn push(&self, item: FromShell) -> bool {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let (queue, bytes) = &mut *q;
-        let item = match item {
-            FromShell::Message { from, message } if bytes.saturating_add(message.len()) > self.max => {
-                FromShell::Overflow { from, max: self.max }
+        if let FromShell::Message { from, message } = &item {
+            if q.bytes.saturating_add(message.len()) > self.max {
+                let most = q.by_sender.iter().max_by_key(|(_, b)| **b).map_or(*from, |(s, _)| *s);
+                if !q.items.iter().any(|i| matches!(i, FromShell::Overflow { .. })) {
+                    q.items.push_back(FromShell::Overflow { from: most, max: self.max });
+                }
+                return false;
             }
-            item => item,
-        };
-        let kept = !matches!(item, FromShell::Overflow { .. });
-        if let FromShell::Message { message, .. } = &item {
-            *bytes += message.len();
+            q.bytes += message.len();
+            *q.by_sender.entry(*from).or_default() += message.len();
         }
-        queue.push_back(item);
-        kept
+        q.items.push_back(item);
+        true
     }
 
     fn take(&self) -> VecDeque<FromShell> {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        q.1 = 0;
-        std::mem::take(&mut q.0)
+        q.bytes = 0;
+        q.by_sender.clear();
+        std::mem::take(&mut q.items)
     }
 }
 
@@ -188,6 +199,18 @@ impl Host for CHost {
 
     fn request(&mut self, task: TaskId, request: HostRequest) -> Result<(), String> {
         let (data, inst, t) = (self.ops.host_data, self.instance, task as u32);
+        // A host that leaves the exchanges to the plugin and has no name service of its own gets the job's,
+        // held at shell 0.
+        if let (Some((shells, _)), Some((op, name, port))) = (&mut self.shells, name_request(&request)) {
+            let own = match op {
+                NameOp::Publish => self.ops.publish.is_some(),
+                NameOp::Unpublish => self.ops.unpublish.is_some(),
+                NameOp::Lookup => self.ops.lookup.is_some(),
+            };
+            if !own {
+                return shells.name(t, op, name, port);
+            }
+        }
         // Owed before the C host has the request: it may answer before its callback returns.
         self.owed.owe(task);
         // The callback's return code; `None` when the host's table lacks it.
@@ -230,6 +253,16 @@ impl Host for CHost {
     }
 }
 
+/// A request of the name service: what it asks, the service's name and (a publish) its port.
+fn name_request(request: &HostRequest) -> Option<(NameOp, &str, &str)> {
+    match request {
+        HostRequest::Publish { service, port } => Some((NameOp::Publish, service, port)),
+        HostRequest::Unpublish { service } => Some((NameOp::Unpublish, service, "")),
+        HostRequest::Lookup { service } => Some((NameOp::Lookup, service, "")),
+        HostRequest::Spawn(_) => None,
+    }
+}
+
 impl crate::driver::HostFds for CHost {
     /// Takes what other shells sent, and carries out what the exchanges among the shells ask.
     fn complete(&mut self, server: &mut Server) {
@@ -243,7 +276,8 @@ impl crate::driver::HostFds for CHost {
         }
         while let Some(action) = self.shells.as_mut().and_then(|(s, _)| s.poll()) {
             match action {
-                Action::Send { to, message } => {
+                Action::Send { to, frame, kind } => {
+                    let message = super::shells::wire(&frame, kind);
                     let rc = match self.ops.shell_send {
                         // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
                         Some(f) => unsafe { f(self.ops.host_data, self.instance, to, message.as_ptr(), message.len()) },
@@ -261,9 +295,16 @@ impl crate::driver::HostFds for CHost {
                     server.collective_complete(Ok(&parts));
                 }
                 Action::Complete(Err(why)) => server.collective_complete(Err(&why)),
+                Action::Answer { task, ok, text } => server.untyped_reply(task as TaskId, ok, Some(text)),
                 Action::GroupComplete(done) => {
                     let parts: Vec<&[u8]> = done.parts().collect();
                     server.group_complete(done.id(), Ok(&parts));
+                }
+                Action::JobDone => {
+                    if let Some(f) = self.ops.job_done {
+                        // SAFETY: the host's own callback and data.
+                        unsafe { f(self.ops.host_data, self.instance) };
+                    }
                 }
                 Action::EndJob { rank, fault, message } => {
                     let reason = match fault {

@@ -16,13 +16,21 @@
 //! its shell never says it is done: an exchange cannot complete without it, even one whose FAIL is still on
 //! its way. Shell 0 ends the job when its own ranks wait in (or come to) such an exchange, and when a group
 //! exchange waits for a rank that left or a shell that is done. A shell whose every rank finalized says it
-//! is done (BYE): the exchanges go on without it.
+//! is done (BYE): an exchange that waits for it then fails, naming it. Once every rank of the job has left,
+//! shell 0 says so ([`Action::JobDone`]): until then the others may need it (its root, the group exchanges,
+//! the names).
 
-use crate::collective::groups::{self, DoneParts, GroupRoot};
+use rpmi_core::codec::{self, FrameReader, FrameWriter};
+use crate::collective::groups::{self, Blocked, DoneParts, GroupRoot};
 use crate::collective::{frame, Allgather, Bounds, Bytes, Node, Output, Parts, Peer, Root, Tree};
-use crate::server::TaskMap;
-use std::collections::VecDeque;
+use crate::server::{NameOp, Names, TaskMap};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
+
+/// The longest service name or port a task may send through the name service.
+pub const NAME_MAX: usize = 1024;
+/// The longest answer of the name service: a port, or why a request failed (which may quote a name).
+const ANSWER_MAX: usize = 2 * NAME_MAX;
 
 /// Which machine a message is for, in its last byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,13 +48,16 @@ enum Kind {
     GroupDone = 4,
     /// A rank of the sending shell closed its connection: `rank:u32 finalized:u8` (big-endian).
     Gone = 5,
+    /// A task's request of the name service, to shell 0: `task:u32 op:u8 name_len:u16 name port`.
+    Name = 6,
+    /// Shell 0's answer to it: `task:u32 ok:u8 text` (the port a lookup found, or why it failed).
+    NameAnswer = 7,
 }
 
 impl Kind {
     fn of(byte: u8) -> Option<Kind> {
-        [Kind::Node, Kind::Up, Kind::Down, Kind::Group, Kind::GroupDone, Kind::Gone]
-            .into_iter()
-            .find(|k| *k as u8 == byte)
+        use Kind::*;
+        [Node, Up, Down, Group, GroupDone, Gone, Name, NameAnswer].into_iter().find(|k| *k as u8 == byte)
     }
 }
 
@@ -62,26 +73,42 @@ pub enum Fault {
 /// What the host carries out, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Send `message` to shell `to`.
-    Send { to: u32, message: Vec<u8> },
+    /// Send shell `to` the message [`wire`] makes of `frame` and `kind` (a frame may go to several shells:
+    /// it is shared, and each message made as it is sent).
+    Send { to: u32, frame: Bytes, kind: u8 },
     /// The exchange this shell contributed to completed: every node's part, or why it failed.
     Complete(Result<Parts, String>),
     /// A group exchange this shell is a member of completed.
     GroupComplete(DoneParts),
+    /// The answer to local task `task`'s request of the name service: whether it succeeded, and the port a
+    /// lookup found or why it failed.
+    Answer { task: u32, ok: bool, text: String },
     /// End the job: `rank` is the rank at fault (or the first of the shell at fault).
     EndJob { rank: u32, fault: Fault, message: String },
+    /// Shell 0: every rank of the job has closed its connection; the other shells need nothing more of it.
+    JobDone,
+}
+
+/// The message that carries `frame` for the machine `kind` says: the frame, then the kind.
+pub fn wire(frame: &[u8], kind: u8) -> Vec<u8> {
+    let mut message = Vec::with_capacity(frame.len() + 1);
+    message.extend_from_slice(frame);
+    message.push(kind);
+    message
 }
 
 /// Shell 0's part beside its node: the root above the tree, and the group exchanges.
 struct Top {
     root: Root,
     groups: GroupRoot,
-    /// Every rank that left, its shell, and whether it finalized first.
+    /// Every rank that left, its shell, and whether it finalized first, in the order they left.
     left: Vec<(u32, u32, bool)>,
-    /// The shells that said they are done.
-    said_bye: Vec<bool>,
+    /// Whether each rank of the job left.
+    gone: Vec<bool>,
     /// The first rank that left without finalize, and the words that fail the exchanges for it.
     lost: Option<(u32, String)>,
+    /// The job's published names.
+    names: Names,
 }
 
 /// One shell's side of the job's exchanges: see the module's documentation.
@@ -95,6 +122,8 @@ pub struct Shells {
     unfinalized: bool,
     /// The job's end was asked: nothing more is asked.
     ended: bool,
+    /// Local tasks whose request of the name service shell 0 has not answered yet.
+    asked: BTreeSet<u32>,
     actions: VecDeque<Action>,
 }
 
@@ -120,8 +149,9 @@ impl Shells {
             root: Root::new(tree, bounds),
             groups: GroupRoot::new(task_map.clone(), bounds),
             left: Vec::new(),
-            said_bye: vec![false; nodes as usize],
+            gone: vec![false; task_map.size()],
             lost: None,
+            names: Names::new(),
         });
         Ok(Shells {
             me,
@@ -131,6 +161,7 @@ impl Shells {
             connected: local,
             unfinalized: false,
             ended: false,
+            asked: BTreeSet::new(),
             actions: VecDeque::new(),
         })
     }
@@ -153,6 +184,23 @@ impl Shells {
         match self.me {
             0 => self.group(0, &message),
             _ => self.send(0, Kind::Group, message),
+        }
+        self.pump();
+        Ok(())
+    }
+
+    /// Local task `task`'s request of the name service, which shell 0 serves for the whole job.
+    pub fn name(&mut self, task: u32, op: NameOp, name: &str, port: &str) -> Result<(), String> {
+        if name.len() > NAME_MAX || port.len() > NAME_MAX {
+            return Err(format!("a service name or port longer than {NAME_MAX} bytes, the most the job's shells take"));
+        }
+        let mut m = FrameWriter::with_capacity(7 + name.len() + port.len());
+        m.u32(task).u8(op as u8);
+        m.prefixed16(name.as_bytes()).ok_or("a service name too long to send")?.bytes(port.as_bytes());
+        self.asked.insert(task);
+        match self.me {
+            0 => self.serve_name(0, &m.into_vec()),
+            _ => self.send(0, Kind::Name, m.into_vec()),
         }
         self.pump();
         Ok(())
@@ -197,14 +245,13 @@ impl Shells {
             (Kind::Down, _) if from == 0 => self.node.receive(Peer::Root, bytes),
             (Kind::GroupDone, _) if from == 0 => self.group_done(bytes),
             (Kind::Up, Some(top)) => {
-                if frame::is_bye(&bytes) {
-                    top.said_bye[from as usize] = true;
-                }
                 top.root.receive(from, bytes);
                 self.groups_blocked();
             }
+            (Kind::NameAnswer, _) if from == 0 => self.name_answer(&bytes),
             (Kind::Group, Some(_)) => self.group(from, &bytes),
             (Kind::Gone, Some(_)) => self.gone(from, &bytes),
+            (Kind::Name, Some(_)) => self.serve_name(from, &bytes),
             (kind, _) => {
                 let what =
                     format!("shell {from} sent shell {} a message ({kind:?}) only shell 0 may send or take", self.me);
@@ -225,12 +272,9 @@ impl Shells {
         if shell == 0 {
             self.node.lost(Peer::Root);
         }
+        // The root ends the job for a shell lost before it said it was done.
         if let Some(top) = &mut self.top {
             top.root.lost(shell);
-            if !top.said_bye[shell as usize] {
-                let what = format!("shell {shell} was lost before it said it was done");
-                self.end_job(Some(shell), Fault::Shell, what);
-            }
         }
         self.pump();
     }
@@ -243,15 +287,10 @@ impl Shells {
             while let Some(output) = self.node.poll() {
                 busy = true;
                 match output {
-                    Output::Send { to: Peer::Node(to), frame } => self.send(to, Kind::Node, frame.to_vec()),
+                    Output::Send { to: Peer::Node(to), frame } => self.send(to, Kind::Node, frame),
                     Output::Send { to: Peer::Root, frame } => match &mut self.top {
-                        Some(top) => {
-                            if frame::is_bye(&frame) {
-                                top.said_bye[0] = true;
-                            }
-                            top.root.receive(0, frame);
-                        }
-                        None => self.send(0, Kind::Up, frame.to_vec()),
+                        Some(top) => top.root.receive(0, frame),
+                        None => self.send(0, Kind::Up, frame),
                     },
                     Output::Done { parts, .. } => self.actions.push_back(Action::Complete(Ok(parts))),
                     Output::Failed { message, .. } => {
@@ -261,6 +300,7 @@ impl Shells {
                         }
                     }
                     Output::JobError { node, message } => self.end_job(node, Fault::Shell, message),
+                    // No node here reports to the root.
                     Output::Report { .. } => {}
                 }
             }
@@ -268,8 +308,9 @@ impl Shells {
                 busy = true;
                 match output {
                     Output::Send { to: Peer::Node(0), frame } => self.node.receive(Peer::Root, frame),
-                    Output::Send { to: Peer::Node(to), frame } => self.send(to, Kind::Down, frame.to_vec()),
+                    Output::Send { to: Peer::Node(to), frame } => self.send(to, Kind::Down, frame),
                     Output::JobError { node, message } => self.end_job(node, Fault::Shell, message),
+                    // What a root never hands back, and reports, which no node here sends.
                     Output::Send { to: Peer::Root, .. } | Output::Done { .. } | Output::Failed { .. } => {}
                     Output::Report { .. } => {}
                 }
@@ -280,9 +321,8 @@ impl Shells {
         }
     }
 
-    fn send(&mut self, to: u32, kind: Kind, mut message: Vec<u8>) {
-        message.push(kind as u8);
-        self.actions.push_back(Action::Send { to, message });
+    fn send(&mut self, to: u32, kind: Kind, frame: impl Into<Bytes>) {
+        self.actions.push_back(Action::Send { to, frame: frame.into(), kind: kind as u8 });
     }
 
     /// Shell 0: shell `from`'s part of a group exchange; once every member's is in, each member gets them.
@@ -294,10 +334,11 @@ impl Shells {
                 let Some(end) = DoneParts::new(&done.id, &done.parts) else {
                     return self.end_job(None, Fault::Shell, "a group exchange's end too large to send".into());
                 };
+                let message: Bytes = Arc::new(end.message().to_vec());
                 for &member in done.shells.iter() {
                     match member {
                         0 => self.actions.push_back(Action::GroupComplete(end.clone())),
-                        m => self.send(m, Kind::GroupDone, end.message().to_vec()),
+                        m => self.send(m, Kind::GroupDone, message.clone()),
                     }
                 }
             }
@@ -319,8 +360,9 @@ impl Shells {
 
     /// Shell 0: a rank of shell `from` left.
     fn gone(&mut self, from: u32, m: &[u8]) {
-        let (Ok(rank), Some(&finalized)) =
-            (m.get(..4).map(|b| u32::from_be_bytes(b.try_into().unwrap_or_default())).ok_or(()), m.get(4))
+        let mut r = FrameReader::new(m);
+        let Ok((rank, finalized)) =
+            r.u32().and_then(|rank| Ok((rank, r.flag("finalized")?))).and_then(|g| r.end().map(|()| g))
         else {
             return self.end_job(
                 Some(from),
@@ -328,16 +370,22 @@ impl Shells {
                 format!("shell {from} said a rank left in a message that does not read"),
             );
         };
-        if m.len() != 5 || self.task_map.node_of(rank) != Some(from) {
+        if self.task_map.node_of(rank) != Some(from) {
             return self.end_job(
                 Some(from),
                 Fault::Shell,
                 format!("shell {from} said rank {rank} left, not one of its own"),
             );
         }
-        let finalized = finalized != 0;
         let Some(top) = &mut self.top else { return };
+        if std::mem::replace(&mut top.gone[rank as usize], true) {
+            return self.end_job(Some(from), Fault::Shell, format!("shell {from} said rank {rank} left twice"));
+        }
         top.left.push((rank, from, finalized));
+        if top.left.len() == top.gone.len() {
+            self.actions.push_back(Action::JobDone);
+        }
+        let Some(top) = &mut self.top else { return };
         if !finalized && top.lost.is_none() {
             let message = format!(
                 "rank {rank} on shell {from} closed its PMI connection (exited or crashed) without PMI_Finalize: \
@@ -349,36 +397,95 @@ impl Shells {
         self.groups_blocked();
     }
 
+    /// Shell 0: shell `from`'s task asks the name service; the answer goes back to it.
+    fn serve_name(&mut self, from: u32, m: &[u8]) {
+        let Some(top) = &mut self.top else { return };
+        let mut r = FrameReader::new(m);
+        let request = (|| {
+            let (task, op) = (r.u32()?, r.u8()?);
+            let name = String::from_utf8_lossy(r.prefixed16(NAME_MAX, "a service name")?).into_owned();
+            let port = String::from_utf8_lossy(r.rest_max(NAME_MAX, "a port")?).into_owned();
+            Ok::<_, codec::Malformed>((task, op, name, port))
+        })();
+        let op = |b: u8| [NameOp::Publish, NameOp::Unpublish, NameOp::Lookup].into_iter().find(|o| *o as u8 == b);
+        let Some((task, op, name, port)) = request.ok().and_then(|(t, o, n, p)| Some((t, op(o)?, n, p))) else {
+            return self.end_job(
+                Some(from),
+                Fault::Shell,
+                format!("shell {from} asked the name service in a message that does not read"),
+            );
+        };
+        let (ok, text) = match top.names.serve(op, &name, &port) {
+            Ok(port) => (true, port),
+            Err(why) => (false, why),
+        };
+        let text = codec::cut(&text, ANSWER_MAX);
+        let mut answer = FrameWriter::with_capacity(5 + text.len());
+        answer.u32(task).flag(ok).bytes(text.as_bytes());
+        match from {
+            0 => self.name_answer(&answer.into_vec()),
+            _ => self.send(from, Kind::NameAnswer, answer.into_vec()),
+        }
+    }
+
+    /// Shell 0's answer to a local task's request of the name service.
+    fn name_answer(&mut self, m: &[u8]) {
+        let mut r = FrameReader::new(m);
+        let answer =
+            (|| Ok::<_, codec::Malformed>((r.u32()?, r.flag("ok")?, r.text(ANSWER_MAX, "an answer")?)))();
+        match answer {
+            Ok((task, ok, text)) if self.asked.remove(&task) => {
+                self.actions.push_back(Action::Answer { task, ok, text })
+            }
+            Ok((task, ..)) => {
+                let what = format!(
+                    "shell 0 answered a request of the name service task {task} of shell {} did not make",
+                    self.me
+                );
+                self.end_job(Some(0), Fault::Shell, what);
+            }
+            Err(e) => self.end_job(
+                Some(0),
+                Fault::Shell,
+                format!("shell 0 answered the name service in a message that does not read: {}", e.0),
+            ),
+        }
+    }
+
     /// Shell 0: ends the job if a group exchange waits for a rank that left or a shell that is done.
     fn groups_blocked(&mut self) {
-        let Some(top) = &self.top else { return };
-        if top.groups.is_idle() {
-            return;
-        }
-        let by_rank = top.left.iter().find_map(|&(rank, shell, finalized)| {
-            let id = top.groups.blocked_by_rank(rank, shell)?;
-            let how = if finalized { "called PMI_Finalize" } else { "closed its PMI connection without PMI_Finalize" };
-            Some((
-                rank,
-                format!("rank {rank} on shell {shell} {how} while other ranks wait for it in group barrier {id}"),
-            ))
-        });
-        if let Some((rank, message)) = by_rank {
-            return self.end_job_for_rank(rank, Fault::TaskLost, message);
-        }
-        let done = (0..top.said_bye.len() as u32).filter(|&s| top.said_bye[s as usize]);
-        let by_shell = done.clone().find_map(|s| Some((s, top.groups.blocked_by_node(s)?)));
-        if let Some((shell, id)) = by_shell {
-            let message = format!("ranks wait in group barrier {id} that shell {shell} cannot join: every rank on it has closed its PMI connection");
-            self.end_job(Some(shell), Fault::TaskLost, message);
-        }
+        let Some(top) = self.top.as_ref().filter(|_| !self.ended) else { return };
+        let nodes = self.task_map.node_count() as u32;
+        let (rank, fault, message) = match top.groups.blocked(top.left.iter().copied(), nodes, |s| top.root.said_bye(s))
+        {
+            None => return,
+            Some(Blocked::Rank { id, rank, node, finalized }) => {
+                let how =
+                    if finalized { "called PMI_Finalize" } else { "closed its PMI connection without PMI_Finalize" };
+                let message =
+                    format!("rank {rank} on shell {node} {how} while other ranks wait for it in group barrier {id}");
+                (rank, Fault::TaskLost, message)
+            }
+            Some(Blocked::Node { id, node }) => {
+                let message = format!(
+                    "ranks wait in group barrier {id} that shell {node} cannot join: every rank on it has closed its \
+                     PMI connection"
+                );
+                (self.first_rank(node), Fault::Shell, message)
+            }
+        };
+        self.end_job_for_rank(rank, fault, message);
     }
 
     /// Ends the job for shell `shell`'s fault (`None`: shell 0's root), naming its first rank.
     fn end_job(&mut self, shell: Option<u32>, fault: Fault, message: String) {
-        let shell = shell.unwrap_or(0);
-        let rank = (0..self.task_map.size() as u32).find(|&r| self.task_map.node_of(r) == Some(shell)).unwrap_or(0);
+        let rank = self.first_rank(shell.unwrap_or(0));
         self.end_job_for_rank(rank, fault, message);
+    }
+
+    /// The first rank of shell `shell`.
+    fn first_rank(&self, shell: u32) -> u32 {
+        (0..self.task_map.size() as u32).find(|&r| self.task_map.node_of(r) == Some(shell)).unwrap_or(0)
     }
 
     fn end_job_for_rank(&mut self, rank: u32, fault: Fault, message: String) {
@@ -387,9 +494,13 @@ impl Shells {
         }
     }
 
-    /// Shell `from` sent more than this shell holds unread (`max` bytes): one of its messages was dropped.
+    /// The messages unread went over the `max` bytes this shell holds, shell `from` holding the most: one was
+    /// dropped.
     pub fn overflowed(&mut self, from: u32, max: usize) {
-        let what = format!("shell {from} sent shell {} more than the {max} bytes it holds unread", self.me);
+        let what = format!(
+            "shell {} holds at most {max} bytes of messages unread, and shell {from} sent the most of them",
+            self.me
+        );
         self.end_job(Some(from), Fault::Shell, what);
     }
 }
@@ -426,7 +537,9 @@ mod tests {
                 for s in 0..self.shells.len() {
                     while let Some(a) = self.shells[s].poll() {
                         match a {
-                            Action::Send { to, message } => self.queue.push_back((s as u32, to, message)),
+                            Action::Send { to, frame, kind } => {
+                                self.queue.push_back((s as u32, to, wire(&frame, kind)))
+                            }
                             a => self.seen[s].push(a),
                         }
                     }
@@ -567,6 +680,48 @@ mod tests {
         job.shells[1].message(1, vec![Kind::Node as u8]);
         job.run();
         assert!(matches!(job.seen[1].last(), Some(Action::EndJob { .. })));
+    }
+
+    #[test]
+    fn the_name_service_is_the_jobs_held_at_shell_0() {
+        let mut job = Job::new(&[1, 2, 1], 2, Allgather::Tree);
+        job.shells[1].name(1, NameOp::Publish, "svc", "port-1").unwrap();
+        job.run();
+        assert_eq!(job.seen[1], [Action::Answer { task: 1, ok: true, text: String::new() }]);
+        job.shells[2].name(0, NameOp::Lookup, "svc", "").unwrap();
+        job.shells[0].name(0, NameOp::Lookup, "svc", "").unwrap();
+        job.run();
+        for s in [0, 2] {
+            assert_eq!(job.seen[s], [Action::Answer { task: 0, ok: true, text: "port-1".into() }], "shell {s}");
+        }
+        job.shells[0].name(0, NameOp::Publish, "svc", "port-0").unwrap();
+        job.shells[2].name(0, NameOp::Unpublish, "svc", "").unwrap();
+        job.run();
+        job.shells[2].name(0, NameOp::Lookup, "svc", "").unwrap();
+        job.run();
+        assert!(
+            matches!(&job.seen[0][1], Action::Answer { ok: false, text, .. } if text.contains("already published"))
+        );
+        assert!(matches!(&job.seen[2][1..], [Action::Answer { ok: true, .. }, Action::Answer { ok: false, .. }]));
+        assert!(job.shells[1].name(0, NameOp::Publish, &"x".repeat(NAME_MAX + 1), "p").is_err());
+    }
+
+    #[test]
+    fn an_answer_of_the_name_service_nobody_asked_for_ends_the_job_naming_shell_0() {
+        let mut job = Job::new(&[1, 1], 2, Allgather::Tree);
+        let mut answer = FrameWriter::new();
+        answer.u32(0).flag(true).bytes(b"port");
+        let mut message = answer.into_vec();
+        message.push(Kind::NameAnswer as u8);
+        job.shells[1].message(0, message);
+        job.run();
+        assert!(
+            matches!(&job.seen[1][..], [Action::EndJob { rank: 0, fault: Fault::Shell, message }] if message.contains("did not make"))
+        );
+        // And a request that does not read is its sender's fault.
+        job.shells[0].message(1, vec![0, 0, 0, 0, 9, Kind::Name as u8]);
+        job.run();
+        assert!(matches!(&job.seen[0][..], [Action::EndJob { rank: 1, fault: Fault::Shell, .. }]), "{:?}", job.seen[0]);
     }
 
     #[test]

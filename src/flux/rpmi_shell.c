@@ -4,7 +4,7 @@
  *
  * Enabled by `-o pmi=rpmi` (a comma-separated list; Flux's own PMI server is then off, and naming both is an
  * error, since both would set PMI_FD). `-o rpmi.KEY=VALUE` options go to rpmi (plugin-spec/README.md,
- * "Options"), except `tree_width`, this plugin's own.
+ * "Options").
  *
  * Connections. Flux closes every fd of a task but its own channels in the child, before the task.exec hook
  * runs, so a socketpair made by rpmi in task.init never reaches the task; and a Flux channel's other end is
@@ -33,8 +33,16 @@
  * a shell's first message to another it knocks ("rpmi-knock"); the other sends it a random nonce
  * ("rpmi-hello", to the claimed shell's broker, where only that shell holds the job's service), which it sends
  * back ("rpmi-join"), and the request that carries it gives its route. Messages wait until the join is taken.
- * A message or an abort is taken only over the route of the shell it claims to be from; any other is refused
- * and logged, and is no concern of the job. What a shell's messages say, rpmi checks.
+ * A hello is taken only from a shell this one knocked at, one join at a time; a join refused (a hello forged
+ * with a nonce of its own) is followed by another knock, a few times. A message or an abort is taken only
+ * over the route of the shell it claims to be from; any other is refused and logged, and is no concern of the
+ * job. What a shell's messages say, rpmi checks. A shell that cannot be reached (its knock or join fails for
+ * good, or Flux says it is lost) is reported to rpmi (shell_lost), which ends the job unless it said it was
+ * done.
+ *
+ * Lifetimes. A shell stays open while messages wait for another shell's join, and shell 0 until every rank of
+ * the job has left (rpmi's job_done): the other shells need its part of the tree, the group barriers and the
+ * names it holds.
  */
 #define _GNU_SOURCE /* accept4, struct ucred */
 #define FLUX_SHELL_PLUGIN_NAME "rpmi"
@@ -72,8 +80,11 @@
 /* A hello's nonce: 128 random bits in hex. */
 #define NONCE_LEN 33
 /* How long a shell waits for another to answer its knock or take its join: one that does not within it has
- * ended (a killed shell's broker may answer nothing), and what waited for it is dropped. */
+ * ended (a killed shell's broker may answer nothing). */
 #define REACH_TIMEOUT 10.0
+/* How many of its joins another shell may refuse (each after a hello forged with a nonce of its own) before
+ * it is taken for lost. */
+#define JOIN_ATTEMPTS 8
 
 struct task {
     flux_shell_task_t *task; /* NULL until task.init, and after task.exit */
@@ -95,8 +106,11 @@ struct link {
     char nonce[NONCE_LEN];  /* sent in the hello, that only its join carries back */
     const flux_msg_t *join; /* its join: its route is the shell's */
     /* This shell's messages to it: */
-    int knocked;         /* it was asked for a hello */
+    int knocked;         /* it was asked for a hello, which has not been answered with a join yet */
+    int joining;         /* this shell's join is on its way to it */
+    int refused;         /* joins it refused */
     int joined;          /* it took this shell's join: messages go at once */
+    int lost;            /* it cannot be reached: its messages are dropped */
     struct queued *head, *tail;
 };
 
@@ -120,6 +134,7 @@ struct rpmi_flux {
     /* The task being started: the shell runs task.init, forks and runs task.fork for one task at a time. */
     struct task *starting;
     int failed; /* the job is ending: this shell raised, or sent shell 0, its one abort */
+    int holding_job; /* shell 0: the shell stays open for the others until rpmi's job_done */
 };
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -127,10 +142,19 @@ struct rpmi_flux {
 
 static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send);
 
+/* The other shells need nothing more of shell 0. */
+static void release_job(struct rpmi_flux *ctx) {
+    if (ctx->holding_job) {
+        ctx->holding_job = 0;
+        flux_shell_remove_completion_ref(ctx->shell, "rpmi-job");
+    }
+}
+
 /* The job is ending: what waits for other shells is dropped, so that this shell may end. */
 static void drop_queues(struct rpmi_flux *ctx) {
     for (uint32_t s = 0; ctx->links && s < ctx->nshells; s++)
         release_queue(ctx, s, 0);
+    release_job(ctx);
 }
 
 /* Ends the job with a fatal exception (the shell's tasks are killed; the first exception is what Flux reports). */
@@ -240,15 +264,23 @@ static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send) {
     flux_shell_remove_completion_ref(ctx->shell, "rpmi-%u", (unsigned)shell);
 }
 
-/* A shell that cannot be reached takes nothing more: what waited for it is dropped, and rpmi tells what that
- * means (a shell that ended said goodbye first). */
+/* Shell `shell` cannot be reached: what waited for it is dropped, and rpmi is told, which ends the job unless
+ * that shell said it was done. */
+static void lose(struct rpmi_flux *ctx, uint32_t shell, const char *why) {
+    struct link *l = &ctx->links[shell];
+    if (l->lost)
+        return;
+    l->lost = 1;
+    shell_debug("shell %u cannot reach shell %u: %s", (unsigned)ctx->rank, (unsigned)shell, why);
+    release_queue(ctx, shell, 0);
+    if (ctx->inst)
+        ctx->plugin->shell_lost(ctx->inst, shell);
+}
+
 static void knocked_cb(flux_future_t *f, void *arg) {
     struct join_ctx *j = arg;
-    if (flux_future_get(f, NULL) < 0) {
-        shell_debug("shell %u cannot knock at shell %u: %s", (unsigned)j->ctx->rank, (unsigned)j->shell,
-                    future_strerror(f, errno));
-        release_queue(j->ctx, j->shell, 0);
-    }
+    if (flux_future_get(f, NULL) < 0)
+        lose(j->ctx, j->shell, future_strerror(f, errno));
     flux_future_destroy(f);
     free(j);
 }
@@ -256,7 +288,7 @@ static void knocked_cb(flux_future_t *f, void *arg) {
 /* Asks shell `shell` for a hello, once. */
 static void knock(struct rpmi_flux *ctx, uint32_t shell) {
     struct link *l = &ctx->links[shell];
-    if (l->knocked)
+    if (l->knocked || l->joined || l->lost)
         return;
     l->knocked = 1;
     char t[192];
@@ -295,8 +327,8 @@ static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shel
     put_u32(q->bytes, ctx->rank);
     if (len)
         memcpy(q->bytes + HEADER_LEN, message, len);
-    /* Once the job is ending, a shell not reached yet need not be. */
-    if (l->joined || ctx->failed) {
+    /* Once the job is ending, a shell not reached yet need not be; one lost takes nothing. */
+    if (l->joined || ctx->failed || l->lost) {
         if (l->joined)
             send_now(ctx, shell, q->bytes, q->len);
         free(q);
@@ -321,13 +353,19 @@ static void joined_cb(flux_future_t *f, void *arg) {
     struct join_ctx *j = arg;
     struct rpmi_flux *ctx = j->ctx;
     struct link *l = &ctx->links[j->shell];
-    if (flux_future_get(f, NULL) < 0) {
+    l->joining = 0;
+    if (flux_future_get(f, NULL) == 0) {
+        l->joined = 1;
+        l->knocked = 0;
+        release_queue(ctx, j->shell, 1);
+    } else if (errno == EPERM && ++l->refused < JOIN_ATTEMPTS) {
+        /* The hello was forged (its nonce is not the one the shell sent): ask again. */
         shell_log_error("shell %u did not take shell %u's join: %s", (unsigned)j->shell, (unsigned)ctx->rank,
                         future_strerror(f, errno));
-        release_queue(ctx, j->shell, 0);
-    } else if (!l->joined) {
-        l->joined = 1;
-        release_queue(ctx, j->shell, 1);
+        l->knocked = 0;
+        knock(ctx, j->shell);
+    } else {
+        lose(ctx, j->shell, future_strerror(f, errno));
     }
     flux_future_destroy(f);
     free(j);
@@ -352,12 +390,14 @@ static void knock_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
     flux_respond(h, msg, NULL);
     if (l->join)
         return;
+    /* One nonce a shell, until its join is taken: a knock forged in between sends the same again, to the shell
+     * it names. */
     uint8_t bytes[(NONCE_LEN - 1) / 2];
-    if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
+    if (!l->nonce[0] && getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
         fail_job(ctx, "cannot make a nonce: %s", strerror(errno));
         return;
     }
-    for (size_t j = 0; j < sizeof bytes; j++)
+    for (size_t j = 0; !l->nonce[0] && j < sizeof bytes; j++)
         snprintf(l->nonce + 2 * j, 3, "%02x", bytes[j]);
     char t[192];
     topic(ctx, t, sizeof t, "rpmi-hello");
@@ -384,8 +424,14 @@ static void hello_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
         refuse(ctx, msg, EPROTO, "a malformed hello");
         return;
     }
-    if (ctx->links[shell].joined) {
-        refuse(ctx, msg, EPERM, "a hello from shell %d: it took this shell's join already", shell);
+    struct link *l = &ctx->links[shell];
+    if (!l->knocked) {
+        refuse(ctx, msg, EPERM, "a hello claiming to be from shell %d: this shell did not knock there", shell);
+        return;
+    }
+    /* A join on its way answers this hello too: the first one the shell takes decides. */
+    if (l->joining) {
+        flux_respond(h, msg, NULL);
         return;
     }
     char t[192];
@@ -403,6 +449,7 @@ static void hello_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
         return;
     }
     *j = (struct join_ctx){.ctx = ctx, .shell = (uint32_t)shell};
+    l->joining = 1;
     flux_respond(h, msg, NULL);
 }
 
@@ -452,9 +499,10 @@ static void msg_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, voi
         refuse(ctx, msg, EPERM, "a message claiming to be from shell %u: %s", (unsigned)from, why);
         return;
     }
+    /* A message rpmi cannot take (over what it holds unread) ends the job in rpmi's words. */
     int rc = ctx->plugin->shell_message(ctx->inst, from, (const uint8_t *)data + HEADER_LEN, n - HEADER_LEN);
     if (rc != RPMI_OK)
-        fail_job(ctx, "shell %u could not take shell %u's message (%d)", (unsigned)ctx->rank, (unsigned)from, rc);
+        shell_log_error("shell %u could not take shell %u's message (%d)", (unsigned)ctx->rank, (unsigned)from, rc);
     else if (!flux_msg_is_noresponse(msg))
         flux_respond(h, msg, NULL);
 }
@@ -471,8 +519,28 @@ static int post_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
     return 0;
 }
 
+/* shell.lost: Flux says another shell of the job failed (its node crashed, say). */
+static int shell_lost_cb(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
+    struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
+    int rank = -1;
+    (void)topic;
+    (void)arg;
+    if (!ctx || flux_plugin_arg_unpack(args, FLUX_PLUGIN_ARG_IN, "{s:i}", "shell_rank", &rank) < 0 || rank < 0 ||
+        (uint32_t)rank >= ctx->nshells || (uint32_t)rank == ctx->rank)
+        return 0;
+    lose(ctx, (uint32_t)rank, "Flux says it is lost");
+    release_job(ctx);
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * rpmi's other host callbacks. */
+
+/* Shell 0: every rank of the job has left; the other shells need nothing more of this one. */
+static void on_job_done(void *host_data, rpmi_instance *instance) {
+    (void)instance;
+    release_job(host_data);
+}
 
 /* Raises the job's one exception for an abort. The job's exit status is the abort's code (as a wait status,
  * code << 8). */
@@ -1008,6 +1076,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     ops.abi_version = RPMI_ABI_VERSION;
     ops.host_data = ctx;
     ops.shell_send = on_shell_send;
+    ops.job_done = on_job_done;
     ops.abort = on_abort;
     ops.log = on_log;
     ops.watch_fd = on_watch_fd;
@@ -1021,6 +1090,11 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     }
     if (listen_for_tasks(ctx) < 0)
         goto done;
+    if (ctx->rank == 0 && ctx->nshells > 1) {
+        if (flux_shell_add_completion_ref(shell, "rpmi-job") < 0)
+            goto done;
+        ctx->holding_job = 1;
+    }
     shell_debug("serving PMI for %u tasks", (unsigned)ctx->local_count);
     rc = 0;
 done:
@@ -1034,6 +1108,7 @@ done:
 int flux_plugin_init(flux_plugin_t *p) {
     if (flux_plugin_set_name(p, FLUX_SHELL_PLUGIN_NAME) < 0 || flux_plugin_add_handler(p, "shell.init", shell_init, NULL) < 0 ||
         flux_plugin_add_handler(p, "shell.post-init", post_init, NULL) < 0 ||
+        flux_plugin_add_handler(p, "shell.lost", shell_lost_cb, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.init", task_init, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.exec", task_exec, NULL) < 0 ||
         flux_plugin_add_handler(p, "task.fork", task_fork, NULL) < 0 ||

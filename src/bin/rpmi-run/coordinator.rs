@@ -13,7 +13,7 @@ use crate::branch::Branch;
 use crate::conn::{self, Blame, Conn, Heard, ABORT, COLLECTIVE, CONTROL_MAX, ENDING, GROUP, KILL, LEFT};
 use crate::services::Ended;
 use rpmi::abi::ffi;
-use rpmi::collective::{frame, groups, Allgather, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
+use rpmi::collective::{frame, groups, Allgather, Blocked, Bounds, Bytes, GroupRoot, Output, Peer, Root, Tree};
 use rpmi::server::{TaskMap, JOB_ERROR_EXIT_CODE};
 use rpmi_core::codec::FrameReader;
 use std::io;
@@ -323,27 +323,24 @@ impl<'a> Coordinator<'a> {
     /// Ends the job if a group exchange waits for a rank that has exited, or a node that said it is done or
     /// has gone.
     fn group_blocked(&mut self) {
-        if self.groups.is_idle() {
-            return;
-        }
-        if let Some((rank, node, id)) =
-            self.left.iter().find_map(|&(r, n)| Some((r, n, self.groups.blocked_by_rank(r, n)?)))
-        {
-            let message = format!("rank {rank} exited while other ranks wait for it in group barrier {id}");
-            return self.blame(None, Blame { node: Some(node), left: false, message });
-        }
-        let gone = |n: usize| self.said_bye[n] || self.conns[n].ended();
-        let blocked = (0..self.conns.len())
-            .filter(|&n| gone(n))
-            .find_map(|n| Some((n as u32, self.groups.blocked_by_node(n as u32)?)));
-        if let Some((node, id)) = blocked {
-            let message = format!(
-                "ranks wait in group barrier {id} that virtual node {node} cannot join: every rank on it has closed \
-                 its PMI connection"
-            );
+        let (said_bye, conns) = (&self.said_bye, &self.conns);
+        let left = self.left.iter().map(|&(r, n)| (r, n, false));
+        let gone = |n: u32| said_bye[n as usize] || conns[n as usize].ended();
+        let (node, message) = match self.groups.blocked(left, conns.len() as u32, gone) {
+            None => return,
+            Some(Blocked::Rank { id, rank, node, .. }) => {
+                (node, format!("rank {rank} exited while other ranks wait for it in group barrier {id}"))
+            }
             // Said as it is (a node that left is otherwise said to have left "a barrier").
-            self.blame(None, Blame { node: Some(node), left: false, message });
-        }
+            Some(Blocked::Node { id, node }) => (
+                node,
+                format!(
+                    "ranks wait in group barrier {id} that virtual node {node} cannot join: every rank on it has \
+                     closed its PMI connection"
+                ),
+            ),
+        };
+        self.blame(None, Blame { node: Some(node), left: false, message });
     }
 
     /// Sends what the root hands back, and ends the job on a job error.

@@ -264,6 +264,7 @@ impl ShellHost {
             group_collective: Some(group_collective),
             // rpmi-run's shells run the exchanges among them over their own connections (see `branch`).
             shell_send: None,
+            job_done: None,
         }
     }
 

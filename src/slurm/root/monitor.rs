@@ -21,7 +21,7 @@ use super::super::protocol::{Down, Up, CONTROL_MAX, SPAWN_FRAME_MAX};
 use super::super::spawn::{Asker, SrunEvent};
 use super::Outcome;
 use crate::collective::groups::DoneParts;
-use crate::collective::{self, Allgather, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
+use crate::collective::{self, Allgather, Blocked, Bounds, Bytes, GroupRoot, Output, Peer, Tree};
 use crate::server::{Names, TaskMap};
 use crate::slurm::layout::with_node_names;
 use crate::slurm::options::step_tree;
@@ -690,30 +690,27 @@ impl StepMonitor {
     /// Ends the step when a group exchange waits for a rank that left without finalize, or for a node that
     /// can bring nothing more.
     fn check_groups_blocked(&mut self) {
-        if self.groups.is_idle() {
-            return;
-        }
-        let mut left =
+        let left =
             self.gone.iter().map(|&(r, n)| (r, n, false)).chain(self.finalized.iter().map(|&(r, n)| (r, n, true)));
-        let blocked = left.find_map(|(r, n, f)| Some((r, n, f, self.groups.blocked_by_rank(r, n)?)));
-        if let Some((rank, node, finalized, id)) = blocked {
-            let how = match finalized {
-                true => "called PMI_Finalize",
-                false => "closed its PMI connection (exited or crashed) without PMI_Finalize",
-            };
-            let what = format!(
-                "rank {rank} on {} {how} while other ranks wait for it in group barrier {id}",
-                self.node_name(node)
-            );
-            return self.fatal(what, None);
-        }
-        for n in 0..self.nodes.len() as u32 {
-            let Some(why) = cannot_join(self.nodes[n as usize]) else { continue };
-            if let Some(id) = self.groups.blocked_by_node(n) {
-                let what = format!("ranks wait in group barrier {id} that {} cannot join: {why}", self.node_name(n));
-                return self.fatal(what, None);
+        let nodes = &self.nodes;
+        let what = match self.groups.blocked(left, nodes.len() as u32, |n| cannot_join(nodes[n as usize]).is_some()) {
+            None => return,
+            Some(Blocked::Rank { id, rank, node, finalized }) => {
+                let how = match finalized {
+                    true => "called PMI_Finalize",
+                    false => "closed its PMI connection (exited or crashed) without PMI_Finalize",
+                };
+                format!(
+                    "rank {rank} on {} {how} while other ranks wait for it in group barrier {id}",
+                    self.node_name(node)
+                )
             }
-        }
+            Some(Blocked::Node { id, node }) => {
+                let why = cannot_join(self.nodes[node as usize]).unwrap_or_default();
+                format!("ranks wait in group barrier {id} that {} cannot join: {why}", self.node_name(node))
+            }
+        };
+        self.fatal(what, None);
     }
 
     /// The first fatal event ends the step; later ones follow from the ending (the tasks it kills leave

@@ -53,6 +53,16 @@ pub struct GroupDone {
     pub parts: Vec<Vec<u8>>,
 }
 
+/// A pending group exchange that can never end, and whom it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocked {
+    /// Rank `rank`, on node `node`, left (`finalized`: after `PMI_Finalize`) and its node has not brought its
+    /// part.
+    Rank { id: String, rank: u32, node: u32, finalized: bool },
+    /// Node `node` can bring nothing more.
+    Node { id: String, node: u32 },
+}
+
 /// What a pending exchange holds for each member node beside its part's bytes, charged against the exchange
 /// bound: its place in the member list (4 bytes), its slot (24) and its part's heap block (32 at least).
 const MEMBER_CHARGE: usize = 64;
@@ -189,9 +199,31 @@ impl GroupRoot {
         Ok(Some(GroupDone { id: id.to_vec(), shells: done.shells, parts }))
     }
 
+    /// The first pending exchange that waits for a rank of `left` (rank, its node, whether it finalized
+    /// first) or for one of the `nodes` that `done` says can bring nothing more; ranks first, which say more
+    /// of the cause.
+    pub fn blocked(
+        &self,
+        left: impl IntoIterator<Item = (u32, u32, bool)>,
+        nodes: u32,
+        done: impl Fn(u32) -> bool,
+    ) -> Option<Blocked> {
+        if self.is_idle() {
+            return None;
+        }
+        let by_rank = left.into_iter().find_map(|(rank, node, finalized)| {
+            Some(Blocked::Rank { id: self.blocked_by_rank(rank, node)?, rank, node, finalized })
+        });
+        by_rank.or_else(|| {
+            (0..nodes)
+                .filter(|&n| done(n))
+                .find_map(|node| Some(Blocked::Node { id: self.blocked_by_node(node)?, node }))
+        })
+    }
+
     /// Node `node` can bring nothing more: a pending exchange it is a member of and has not brought its part
     /// to, by id, if any.
-    pub fn blocked_by_node(&self, node: u32) -> Option<String> {
+    fn blocked_by_node(&self, node: u32) -> Option<String> {
         self.pending
             .iter()
             .find(|(_, p)| p.shells.binary_search(&node).is_ok_and(|i| p.parts[i].is_none()))
@@ -200,7 +232,7 @@ impl GroupRoot {
 
     /// Rank `rank`, on node `node`, left without `PMI_Finalize`: a pending exchange of a group it is a
     /// member of, whose part its node has not brought (so it was not in the barrier), by id, if any.
-    pub fn blocked_by_rank(&self, rank: u32, node: u32) -> Option<String> {
+    fn blocked_by_rank(&self, rank: u32, node: u32) -> Option<String> {
         self.pending
             .iter()
             .filter(|(_, p)| p.shells.binary_search(&node).is_ok_and(|i| p.parts[i].is_none()))

@@ -47,7 +47,7 @@ mod tests;
 mod tree;
 
 pub use frame::{Bytes, Frame, Parts};
-pub use groups::{GroupDone, GroupRoot};
+pub use groups::{Blocked, GroupDone, GroupRoot};
 pub use node::{ContributeError, Node};
 pub use output::Output;
 pub use root::Root;

@@ -119,6 +119,11 @@ impl Root {
         self.tree.top() == Peer::Root && self.tree.is_child(Peer::Root, node)
     }
 
+    /// Whether node `node` said it is done.
+    pub fn said_bye(&self, node: u32) -> bool {
+        self.said_bye.get(node as usize) == Some(&true)
+    }
+
     /// Node `node`'s connection to the root closed.
     pub fn lost(&mut self, node: u32) {
         if self.stopped || self.said_bye.get(node as usize) != Some(&false) {
