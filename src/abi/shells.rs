@@ -20,10 +20,10 @@
 //! shell 0 says so ([`Action::JobDone`]): until then the others may need it (its root, the group exchanges,
 //! the names).
 
-use rpmi_core::codec::{self, FrameReader, FrameWriter};
 use crate::collective::groups::{self, Blocked, DoneParts, GroupRoot};
 use crate::collective::{frame, Allgather, Bounds, Bytes, Node, Output, Parts, Peer, Root, Tree};
 use crate::server::{NameOp, Names, TaskMap};
+use rpmi_core::codec::{self, FrameReader, FrameWriter};
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -431,8 +431,7 @@ impl Shells {
     /// Shell 0's answer to a local task's request of the name service.
     fn name_answer(&mut self, m: &[u8]) {
         let mut r = FrameReader::new(m);
-        let answer =
-            (|| Ok::<_, codec::Malformed>((r.u32()?, r.flag("ok")?, r.text(ANSWER_MAX, "an answer")?)))();
+        let answer = (|| Ok::<_, codec::Malformed>((r.u32()?, r.flag("ok")?, r.text(ANSWER_MAX, "an answer")?)))();
         match answer {
             Ok((task, ok, text)) if self.asked.remove(&task) => {
                 self.actions.push_back(Action::Answer { task, ok, text })
