@@ -15,7 +15,7 @@
 //! **Never hangs.** A node that can bring nothing more (every task on it closed its connection, or it was
 //! lost) blocks each pending exchange it is a member of and has not brought its part to; so does a rank
 //! that left without `PMI_Finalize`, for the exchanges of groups it is a member of. The host asks
-//! ([`GroupRoot::blocked_by_node`], [`GroupRoot::blocked_by_rank`]) and ends the job.
+//! ([`GroupRoot::blocked`]) and ends the job.
 
 use super::Bounds;
 use super::Bytes;
