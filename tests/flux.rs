@@ -220,8 +220,8 @@ fn a_task_killed_while_others_wait_ends_the_job_naming_its_rank() {
 }
 
 /// PMI 1.2 under Flux: rpmi answers 1.2 to a client that asks for it and runs its group barriers (the node
-/// roots' exchange, NODE, WORLD, rank lists) among the shells; MPICH 5 runs over PMI-1 (asking 1.1 here) and
-/// PMI-2.
+/// roots' exchange, NODE, WORLD, rank lists) among the shells; Flux's broker, a 1.1 client, still starts a
+/// nested instance; MPICH 5 runs over PMI-1 (asking 1.1 here) and PMI-2.
 #[test]
 fn pmi_1_2_group_barriers_across_three_shells() {
     let r = flux_run(&[&RPMI[..], &["-n6", PROBE, "groups"]].concat());
@@ -236,6 +236,10 @@ fn pmi_1_2_group_barriers_across_three_shells() {
     let r = flux_run(&[&RPMI[..], &["-n6", pairs]].concat());
     r.assert_success("MPICH 5 over PMI-1");
     assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "{}", r.dump());
+    // A 1.1 client is still answered 1.1: Flux's own broker, a nested instance bootstrapped through rpmi.
+    let r = flux_run(&[&RPMI[..], &["-n3", "flux", "start", "flux", "getattr", "size"]].concat());
+    r.assert_success("a Flux instance started under rpmi");
+    assert_eq!(r.stdout.trim(), "3", "{}", r.dump());
     let env = ["--env=PMI_VERSION=2"];
     let r = flux_run(&[&RPMI[..], &env[..], &["-n6", pairs]].concat());
     r.assert_success("MPICH 5 over PMI-2");
