@@ -188,12 +188,14 @@ typedef struct rpmi_host_ops {
     /* Revision 5. Optional: the plugin runs the job's exchanges among the shells itself (plugin-spec/README.md,
      * section 6.2): the tree or Bruck's allgather, PMI 1.2's group barriers, and ending the job when a rank
      * leaves while others wait for it; the host only carries its messages. Send `message` (len bytes, valid
-     * only during this call) to the instance of shell `shell` (never this one) of the same job, which takes it
-     * with rpmi_plugin.shell_message, this shell's index as `from`. Messages from one shell to another arrive
-     * whole and in the order sent. Return RPMI_OK, or an error code: the plugin then takes `shell` for lost.
+     * only during this call) and its `kind` (a byte the host carries beside it) to the instance of shell
+     * `shell` (never this one) of the same job, which takes them with rpmi_plugin.shell_message, this shell's
+     * index as `from`. Messages from one shell to another arrive whole and in the order sent. Return RPMI_OK,
+     * or an error code: the plugin then takes `shell` for lost.
      * Set: collective and group_collective are never called (they may be NULL), and the plugin answers PMI
      * 1.2 to the clients that ask for it. */
-    int (*shell_send)(void *host_data, rpmi_instance *instance, uint32_t shell, const uint8_t *message, size_t len);
+    int (*shell_send)(void *host_data, rpmi_instance *instance, uint32_t shell, uint8_t kind, const uint8_t *message,
+                      size_t len);
 
     /* Revision 5. Optional, with shell_send, and called on shell 0's instance only: every rank of the job has
      * closed its PMI connection, so the other shells need nothing more of this one (its part of the tree, the
@@ -273,10 +275,10 @@ typedef struct rpmi_plugin {
      * leaving at task_exit. */
     int (*task_attach)(rpmi_instance *instance, uint32_t task, int fd);
 
-    /* Revision 5. A message that shell `from` sent this one through its host's shell_send (message borrowed
-     * for the call; the plugin copies it). The host MUST hand on only messages that came from the instance of
+    /* Revision 5. A message and its kind that shell `from` sent this one through its host's shell_send
+     * (message borrowed for the call; the plugin copies it). The host MUST hand on only messages that came from the instance of
      * shell `from` of this job: the plugin trusts the sender's index, and checks everything else. Any thread. */
-    int (*shell_message)(rpmi_instance *instance, uint32_t from, const uint8_t *message, size_t len);
+    int (*shell_message)(rpmi_instance *instance, uint32_t from, uint8_t kind, const uint8_t *message, size_t len);
 
     /* Revision 5. The host can carry no more messages between this shell and shell `shell` (its shell is gone,
      * or the connection to it broke). A shell that said it was done may go; one that did not fails the job.

@@ -25,6 +25,7 @@ pub struct CHost {
 pub enum FromShell {
     Message {
         from: u32,
+        kind: u8,
         message: Vec<u8>,
     },
     Lost(u32),
@@ -61,7 +62,7 @@ impl ShellInbox {
     /// blamed (once: the job then ends). `false` if it was dropped.
     pub fn push(&self, item: FromShell) -> bool {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if let FromShell::Message { from, message } = &item {
+        if let FromShell::Message { from, message, .. } = &item {
             if q.bytes.saturating_add(message.len()) > self.max {
                 let most = q.by_sender.iter().max_by_key(|(_, b)| **b).map_or(*from, |(s, _)| *s);
                 if !q.items.iter().any(|i| matches!(i, FromShell::Overflow { .. })) {
@@ -269,7 +270,7 @@ impl crate::driver::HostFds for CHost {
         let Some((shells, inbox)) = &mut self.shells else { return };
         for item in inbox.take() {
             match item {
-                FromShell::Message { from, message } => shells.message(from, message),
+                FromShell::Message { from, kind, message } => shells.message(from, kind, message),
                 FromShell::Lost(shell) => shells.lost(shell),
                 FromShell::Overflow { from, max } => shells.overflowed(from, max),
             }
@@ -277,10 +278,11 @@ impl crate::driver::HostFds for CHost {
         while let Some(action) = self.shells.as_mut().and_then(|(s, _)| s.poll()) {
             match action {
                 Action::Send { to, frame, kind } => {
-                    let message = super::shells::wire(&frame, kind);
                     let rc = match self.ops.shell_send {
                         // SAFETY: a C callback with the host's own data and a buffer that lives through the call.
-                        Some(f) => unsafe { f(self.ops.host_data, self.instance, to, message.as_ptr(), message.len()) },
+                        Some(f) => unsafe {
+                            f(self.ops.host_data, self.instance, to, kind, frame.as_ptr(), frame.len())
+                        },
                         None => ffi::RPMI_ERR_INVALID,
                     };
                     if rc != ffi::RPMI_OK {

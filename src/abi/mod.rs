@@ -543,7 +543,13 @@ unsafe extern "C" fn group_complete(
     })
 }
 
-unsafe extern "C" fn shell_message(inst: *mut rpmi_instance, from: u32, message: *const u8, len: usize) -> c_int {
+unsafe extern "C" fn shell_message(
+    inst: *mut rpmi_instance,
+    from: u32,
+    kind: u8,
+    message: *const u8,
+    len: usize,
+) -> c_int {
     on_instance(inst, |inst| {
         if message.is_null() && len > 0 {
             return fail(ffi::RPMI_ERR_INVALID, "message is NULL");
@@ -553,7 +559,7 @@ unsafe extern "C" fn shell_message(inst: *mut rpmi_instance, from: u32, message:
             // SAFETY: not NULL (checked above): the host's `len` bytes, borrowed for the call.
             _ => unsafe { std::slice::from_raw_parts(message, len) }.to_vec(),
         };
-        to_shells(inst, FromShell::Message { from, message })
+        to_shells(inst, FromShell::Message { from, kind, message })
     })
 }
 

@@ -5,9 +5,9 @@
 //! other shells sent and the tasks that left, and hands back what to send and what completed
 //! ([`Action`]).
 //!
-//! **Messages.** A message is a machine's frame followed by one byte saying which machine it is for
-//! ([`Kind`]); the bytes the machines send as they are, so each frame is read and bounded by the machine
-//! that takes it. A message of a kind its sender may not send (a group's part to a shell other than 0, a
+//! **Messages.** A message is a machine's frame, and beside it a byte saying which machine it is for
+//! ([`Kind`]), which the host carries with it; the frames go as the machines made them (one frame to several
+//! shells is shared, not copied), and each is read and bounded by the machine that takes it. A message of a kind its sender may not send (a group's part to a shell other than 0, a
 //! root's frame from a shell other than 0) is the sender's fault: the job ends naming it.
 //!
 //! **Ranks that leave.** A shell tells shell 0 of every rank of its own that closes its PMI connection
@@ -32,7 +32,7 @@ pub const NAME_MAX: usize = 1024;
 /// The longest answer of the name service: a port, or why a request failed (which may quote a name).
 const ANSWER_MAX: usize = 2 * NAME_MAX;
 
-/// Which machine a message is for, in its last byte.
+/// Which machine a message is for: the byte the host carries beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum Kind {
@@ -73,8 +73,7 @@ pub enum Fault {
 /// What the host carries out, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Send shell `to` the message [`wire`] makes of `frame` and `kind` (a frame may go to several shells:
-    /// it is shared, and each message made as it is sent).
+    /// Send shell `to` the message `frame` of kind `kind` (a frame may go to several shells: it is shared).
     Send { to: u32, frame: Bytes, kind: u8 },
     /// The exchange this shell contributed to completed: every node's part, or why it failed.
     Complete(Result<Parts, String>),
@@ -87,14 +86,6 @@ pub enum Action {
     EndJob { rank: u32, fault: Fault, message: String },
     /// Shell 0: every rank of the job has closed its connection; the other shells need nothing more of it.
     JobDone,
-}
-
-/// The message that carries `frame` for the machine `kind` says: the frame, then the kind.
-pub fn wire(frame: &[u8], kind: u8) -> Vec<u8> {
-    let mut message = Vec::with_capacity(frame.len() + 1);
-    message.extend_from_slice(frame);
-    message.push(kind);
-    message
 }
 
 /// Shell 0's part beside its node: the root above the tree, and the group exchanges.
@@ -223,8 +214,8 @@ impl Shells {
         self.pump();
     }
 
-    /// A message shell `from` sent this one.
-    pub fn message(&mut self, from: u32, mut message: Vec<u8>) {
+    /// A message of kind `kind` that shell `from` sent this one.
+    pub fn message(&mut self, from: u32, kind: u8, message: Vec<u8>) {
         if from >= self.task_map.node_count() as u32 || from == self.me {
             return self.end_job(
                 None,
@@ -232,7 +223,7 @@ impl Shells {
                 format!("a message came from shell {from}, not another shell of the job"),
             );
         }
-        let Some(kind) = message.pop().and_then(Kind::of) else {
+        let Some(kind) = Kind::of(kind) else {
             return self.end_job(
                 Some(from),
                 Fault::Shell,
@@ -516,7 +507,7 @@ mod tests {
     /// or asked, in order.
     struct Job {
         shells: Vec<Shells>,
-        queue: VecDeque<(u32, u32, Vec<u8>)>,
+        queue: VecDeque<(u32, u32, u8, Vec<u8>)>,
         seen: Vec<Vec<Action>>,
     }
 
@@ -537,14 +528,14 @@ mod tests {
                     while let Some(a) = self.shells[s].poll() {
                         match a {
                             Action::Send { to, frame, kind } => {
-                                self.queue.push_back((s as u32, to, wire(&frame, kind)))
+                                self.queue.push_back((s as u32, to, kind, frame.to_vec()))
                             }
                             a => self.seen[s].push(a),
                         }
                     }
                 }
-                let Some((from, to, message)) = self.queue.pop_front() else { return };
-                self.shells[to as usize].message(from, message);
+                let Some((from, to, kind, message)) = self.queue.pop_front() else { return };
+                self.shells[to as usize].message(from, kind, message);
             }
         }
 
@@ -656,16 +647,17 @@ mod tests {
     fn a_message_a_shell_may_not_send_ends_the_job_naming_it() {
         let mut job = Job::new(&[1, 2, 1], 2, Allgather::Tree);
         // Only shell 0 sends a root's frame or a group's end; only shell 0 takes a part or a rank's leaving.
-        let cases: [(u32, u32, Vec<u8>); 5] = [
-            (2, 1, vec![Kind::Down as u8]),
-            (2, 1, vec![Kind::GroupDone as u8]),
-            (1, 2, vec![0, 0, 0, 1, 0, Kind::Gone as u8]),
-            (1, 0, vec![0, 0, 0, 0, 0, Kind::Gone as u8]),
-            (2, 0, vec![9]),
+        let cases: [(u32, u32, Kind, Vec<u8>); 6] = [
+            (2, 1, Kind::Down, vec![]),
+            (2, 1, Kind::GroupDone, vec![]),
+            (1, 2, Kind::Gone, vec![0, 0, 0, 1, 0]),
+            (1, 0, Kind::Gone, vec![0, 0, 0, 0, 0]),
+            (2, 1, Kind::NameAnswer, vec![]),
+            (1, 2, Kind::Name, vec![]),
         ];
-        for (from, to, message) in cases {
+        for (from, to, kind, message) in cases {
             let mut job2 = Job::new(&[1, 2, 1], 2, Allgather::Tree);
-            job2.shells[to as usize].message(from, message.clone());
+            job2.shells[to as usize].message(from, kind as u8, message.clone());
             job2.run();
             let first_rank = [0, 1, 3][from as usize];
             match job2.seen[to as usize].last() {
@@ -673,11 +665,16 @@ mod tests {
                     assert_eq!(*rank, first_rank, "{why}");
                     assert!(why.contains(&format!("shell {from}")), "{why}");
                 }
-                other => panic!("{from} -> {to} {message:?}: {other:?}"),
+                other => panic!("{from} -> {to} {kind:?} {message:?}: {other:?}"),
             }
         }
-        job.shells[1].message(1, vec![Kind::Node as u8]);
+        // A kind no shell sends, and a message said to come from the shell itself.
+        job.shells[0].message(2, 9, vec![]);
+        job.shells[1].message(1, Kind::Node as u8, vec![]);
         job.run();
+        assert!(
+            matches!(job.seen[0].last(), Some(Action::EndJob { rank: 3, message, .. }) if message.contains("no known kind"))
+        );
         assert!(matches!(job.seen[1].last(), Some(Action::EndJob { .. })));
     }
 
@@ -710,15 +707,13 @@ mod tests {
         let mut job = Job::new(&[1, 1], 2, Allgather::Tree);
         let mut answer = FrameWriter::new();
         answer.u32(0).flag(true).bytes(b"port");
-        let mut message = answer.into_vec();
-        message.push(Kind::NameAnswer as u8);
-        job.shells[1].message(0, message);
+        job.shells[1].message(0, Kind::NameAnswer as u8, answer.into_vec());
         job.run();
         assert!(
             matches!(&job.seen[1][..], [Action::EndJob { rank: 0, fault: Fault::Shell, message }] if message.contains("did not make"))
         );
         // And a request that does not read is its sender's fault.
-        job.shells[0].message(1, vec![0, 0, 0, 0, 9, Kind::Name as u8]);
+        job.shells[0].message(1, Kind::Name as u8, vec![0, 0, 0, 0, 9]);
         job.run();
         assert!(matches!(&job.seen[0][..], [Action::EndJob { rank: 1, fault: Fault::Shell, .. }]), "{:?}", job.seen[0]);
     }

@@ -18,8 +18,9 @@
  *
  * The exchanges among the job's shells are rpmi's (ABI revision 5): its instances run the tree or Bruck's
  * allgather, PMI 1.2's group barriers and the failure reports themselves, and this plugin only carries their
- * messages from shell to shell, as requests without a response ("rpmi-msg": the sending shell's index, then
- * the message) to the other shell's broker, where its shell holds the job's service. Flux delivers the
+ * messages from shell to shell, as requests without a response to the other shell's broker, where its shell
+ * holds the job's service: the topic "rpmi-msg.FROM.KIND" names the sending shell and the message's kind, and
+ * the payload is the message itself, so that a message goes out with the one copy Flux makes of it. Flux delivers the
  * messages of one sender to one service in order. Aborts go to shell 0 ("rpmi-abort"), which raises the job's
  * one exception: the tasks that die as the job is killed raise nothing of their own, and the exception names
  * the cause.
@@ -75,8 +76,6 @@
 #define RPMI_LIBRARY "librpmi.so"
 #endif
 
-/* The sending shell's index, before a message. */
-#define HEADER_LEN 4
 /* A hello's nonce: 128 random bits in hex. */
 #define NONCE_LEN 33
 /* How long a shell waits for another to answer its knock or take its join: one that does not within it has
@@ -97,7 +96,8 @@ struct task {
 struct queued {
     struct queued *next;
     size_t len;
-    uint8_t bytes[]; /* HEADER_LEN, then the message */
+    uint8_t kind;
+    uint8_t bytes[];
 };
 
 /* Another shell of the job, as this one knows it. */
@@ -173,17 +173,6 @@ static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) {
     }
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
 /* Refuses a request that is not from whom it claims to be, and says so in the shell's log: the job goes on. */
 static void refuse(struct rpmi_flux *ctx, const flux_msg_t *msg, int errnum, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -234,9 +223,10 @@ static void topic(const struct rpmi_flux *ctx, char *out, size_t len, const char
 /* ---------------------------------------------------------------------------------------------------------
  * Carrying rpmi's messages, and knowing who sent them. */
 
-static void send_now(struct rpmi_flux *ctx, uint32_t shell, const uint8_t *bytes, size_t len) {
-    char t[192];
-    topic(ctx, t, sizeof t, "rpmi-msg");
+static void send_now(struct rpmi_flux *ctx, uint32_t shell, uint8_t kind, const uint8_t *bytes, size_t len) {
+    char method[64], t[192];
+    snprintf(method, sizeof method, "rpmi-msg.%u.%u", (unsigned)ctx->rank, (unsigned)kind);
+    topic(ctx, t, sizeof t, method);
     flux_future_t *f = flux_rpc_raw(ctx->h, t, bytes, len, ctx->broker_rank[shell], FLUX_RPC_NORESPONSE);
     if (!f)
         fail_job(ctx, "shell %u cannot send shell %u a message: %s", (unsigned)ctx->rank, (unsigned)shell,
@@ -257,7 +247,7 @@ static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send) {
     for (struct queued *q = l->head, *next; q; q = next) {
         next = q->next;
         if (send)
-            send_now(ctx, shell, q->bytes, q->len);
+            send_now(ctx, shell, q->kind, q->bytes, q->len);
         free(q);
     }
     l->head = l->tail = NULL;
@@ -312,28 +302,28 @@ static void hello_sent_cb(flux_future_t *f, void *arg) {
 }
 
 /* rpmi_host_ops.shell_send: at once to a shell that took this one's join, else queued until it does. */
-static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shell, const uint8_t *message,
-                         size_t len) {
+static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shell, uint8_t kind,
+                         const uint8_t *message, size_t len) {
     struct rpmi_flux *ctx = host_data;
     (void)instance;
-    if (shell >= ctx->nshells || shell == ctx->rank || len > SIZE_MAX - sizeof(struct queued) - HEADER_LEN)
+    if (shell >= ctx->nshells || shell == ctx->rank || len > SIZE_MAX - sizeof(struct queued))
         return RPMI_ERR_INVALID;
     struct link *l = &ctx->links[shell];
-    struct queued *q = malloc(sizeof *q + HEADER_LEN + len);
+    if (l->joined) {
+        send_now(ctx, shell, kind, message, len);
+        return RPMI_OK;
+    }
+    /* Once the job is ending, a shell not reached yet need not be; one lost takes nothing. */
+    if (ctx->failed || l->lost)
+        return RPMI_OK;
+    struct queued *q = malloc(sizeof *q + len);
     if (!q)
         return RPMI_ERR_SYSTEM;
     q->next = NULL;
-    q->len = HEADER_LEN + len;
-    put_u32(q->bytes, ctx->rank);
+    q->kind = kind;
+    q->len = len;
     if (len)
-        memcpy(q->bytes + HEADER_LEN, message, len);
-    /* Once the job is ending, a shell not reached yet need not be; one lost takes nothing. */
-    if (l->joined || ctx->failed || l->lost) {
-        if (l->joined)
-            send_now(ctx, shell, q->bytes, q->len);
-        free(q);
-        return RPMI_OK;
-    }
+        memcpy(q->bytes, message, len);
     /* The shell does not end while messages wait: a goodbye, or a rank's leaving, must reach the others. */
     if (l->tail)
         l->tail->next = q;
@@ -490,17 +480,21 @@ static void msg_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, voi
             flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
         return;
     }
-    if (flux_request_decode_raw(msg, NULL, &data, &n) < 0 || n < HEADER_LEN) {
+    const char *t = NULL;
+    unsigned from = 0, kind = 0;
+    int end = 0;
+    size_t at = strlen(ctx->topic_prefix) + strlen("rpmi-msg.");
+    if (flux_request_decode_raw(msg, &t, &data, &n) < 0 || strlen(t) <= at ||
+        sscanf(t + at, "%u.%u%n", &from, &kind, &end) != 2 || t[at + (size_t)end] != '\0' || kind > UINT8_MAX) {
         refuse(ctx, msg, EPROTO, "a malformed message");
         return;
     }
-    uint32_t from = get_u32(data);
     if (!sent_by(ctx, msg, from, &why)) {
         refuse(ctx, msg, EPERM, "a message claiming to be from shell %u: %s", (unsigned)from, why);
         return;
     }
     /* A message rpmi cannot take (over what it holds unread) ends the job in rpmi's words. */
-    int rc = ctx->plugin->shell_message(ctx->inst, from, (const uint8_t *)data + HEADER_LEN, n - HEADER_LEN);
+    int rc = ctx->plugin->shell_message(ctx->inst, from, (uint8_t)kind, data, n);
     if (rc != RPMI_OK)
         shell_log_error("shell %u could not take shell %u's message (%d)", (unsigned)ctx->rank, (unsigned)from, rc);
     else if (!flux_msg_is_noresponse(msg))
@@ -1048,7 +1042,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     if (flux_job_id_encode(id, "f58plain", job_id, sizeof job_id) < 0 || read_options(ctx, &options) < 0 ||
         load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0)
         goto done;
-    if (flux_shell_service_register(shell, "rpmi-msg", msg_cb, ctx) < 0 ||
+    if (flux_shell_service_register(shell, "rpmi-msg.*", msg_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-knock", knock_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-hello", hello_cb, ctx) < 0 ||

@@ -466,8 +466,8 @@ static int carry_stopped;
 
 /* rpmi_host_ops.shell_send: the message goes straight to the instance of node `shell`, which only queues it
  * (so this may run on any node's thread, and call into another instance). */
-static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shell, const uint8_t *message,
-                         size_t len) {
+static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shell, uint8_t kind,
+                         const uint8_t *message, size_t len) {
     struct node *node = host_data;
     (void)instance;
     count_callback_thread();
@@ -478,7 +478,7 @@ static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shel
         return RPMI_ERR_INVALID;
     pthread_rwlock_rdlock(&carry_lock);
     /* Once the job is over, the last goodbyes have nobody left to hear them. */
-    int rc = carry_stopped ? RPMI_OK : plugin->shell_message(to, node->index, message, len);
+    int rc = carry_stopped ? RPMI_OK : plugin->shell_message(to, node->index, kind, message, len);
     pthread_rwlock_unlock(&carry_lock);
     return rc;
 }

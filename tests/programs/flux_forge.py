@@ -22,9 +22,9 @@ def outcome(f):
         return "taken (no answer yet)" if e.errno == errno.ETIMEDOUT else f"refused: {os.strerror(e.errno)}"
 
 
-# From shell 1: a BYE frame for node 0 (kind 3 of the collective's frames, then the message's kind, 0).
-message = bytes([0, 0, 0, 1, 3, 0])
-f = raw.flux_rpc_raw(h.handle, f"{service}.rpmi-msg".encode(), message, len(message), 0, 0)
+# From shell 1, of kind 0 (a node's frame): a BYE frame for node 0 (kind 3 of the collective's frames).
+message = bytes([3])
+f = raw.flux_rpc_raw(h.handle, f"{service}.rpmi-msg.1.0".encode(), message, len(message), 0, 0)
 print("forged message:", outcome(f), flush=True)
 for what, body, shell in [
     ("abort", {"shell": 1, "rank": 4, "exit_code": 3, "reason": 1, "message": "forged"}, 0),
