@@ -63,6 +63,11 @@ extern "C" {
 #define RPMI_ABORT_TASK_LOST 3 /* the task left (exited, crashed, finalized) while others wait for it */
 #define RPMI_ABORT_SHELL 4     /* revision 5: a shell of the job broke the exchange's protocol or bounds, or was lost */
 
+/* Revision 5: the bit of a message's kind (rpmi_host_ops.shell_send) that says the message is a goodbye, sent
+ * to a shell other than shell 0 once every local task has left. A host MAY drop it rather than wait to reach
+ * a shell it has not reached yet (one that has ended too has no use for it); it carries it as it is otherwise. */
+#define RPMI_SHELL_GOODBYE 0x80
+
 /* One instance of the plugin: the PMI server of one job shell. Opaque. */
 typedef struct rpmi_instance rpmi_instance;
 

@@ -32,6 +32,10 @@ pub const NAME_MAX: usize = 1024;
 /// The longest answer of the name service: a port, or why a request failed (which may quote a name).
 const ANSWER_MAX: usize = 2 * NAME_MAX;
 
+/// The bit of a message's kind that says it is a goodbye (`RPMI_SHELL_GOODBYE`): the host may drop it rather
+/// than wait to reach a shell it has not reached yet.
+const GOODBYE: u8 = 0x80;
+
 /// Which machine a message is for: the byte the host carries beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -223,7 +227,7 @@ impl Shells {
                 format!("a message came from shell {from}, not another shell of the job"),
             );
         }
-        let Some(kind) = Kind::of(kind) else {
+        let Some(kind) = Kind::of(kind & !GOODBYE) else {
             return self.end_job(
                 Some(from),
                 Fault::Shell,
@@ -313,7 +317,10 @@ impl Shells {
     }
 
     fn send(&mut self, to: u32, kind: Kind, frame: impl Into<Bytes>) {
-        self.actions.push_back(Action::Send { to, frame: frame.into(), kind: kind as u8 });
+        // Once every local rank has left, what this shell sends others but shell 0 is a goodbye, which a shell
+        // that has ended too has no use for: the host may drop it rather than wait to reach that shell.
+        let goodbye = if self.connected == 0 && to != 0 { GOODBYE } else { 0 };
+        self.actions.push_back(Action::Send { to, frame: frame.into(), kind: kind as u8 | goodbye });
     }
 
     /// Shell 0: shell `from`'s part of a group exchange; once every member's is in, each member gets them.
@@ -629,6 +636,27 @@ mod tests {
             };
             assert!(message.contains("node 4 cannot join"), "{message}");
         }
+    }
+
+    #[test]
+    fn once_every_local_rank_left_a_shell_sends_others_but_shell_0_goodbyes() {
+        let mut job = Job::new(&[1, 1, 1], 1, Allgather::Tree);
+        job.shells[1].task_closed(1, true);
+        let kinds: Vec<(u32, u8)> = std::iter::from_fn(|| job.shells[1].poll())
+            .filter_map(|a| match a {
+                Action::Send { to, kind, .. } => Some((to, kind)),
+                _ => None,
+            })
+            .collect();
+        // Its rank's leaving and its BYE to the root go to shell 0 as they are; its BYE to its child, node 2,
+        // and to its parent, node 0, as goodbyes but to shell 0.
+        assert!(kinds.contains(&(0, Kind::Gone as u8)) && kinds.contains(&(0, Kind::Up as u8)), "{kinds:?}");
+        assert!(kinds.contains(&(2, Kind::Node as u8 | GOODBYE)), "{kinds:?}");
+        assert!(kinds.contains(&(0, Kind::Node as u8)), "{kinds:?}");
+        // The bit is not part of the kind a shell takes.
+        job.shells[2].message(1, Kind::Node as u8 | GOODBYE, frame::bye().to_vec());
+        job.run();
+        assert!(job.seen[2].is_empty(), "{:?}", job.seen[2]);
     }
 
     #[test]

@@ -31,11 +31,13 @@
  * after whatever the sender put, and the brokers on the way push theirs (flux-core's librouter/router.c,
  * connector_interthread.c, overlay.c). So a request's route stack equals that of another only if both came
  * over the same connection, and a shell knows another by the route of one request proven that shell's. Before
- * a shell's first message to another it knocks ("rpmi-knock"); the other sends it a random nonce
- * ("rpmi-hello", to the claimed shell's broker, where only that shell holds the job's service), which it sends
- * back ("rpmi-join"), and the request that carries it gives its route. Messages wait until the join is taken.
- * A hello is taken only from a shell this one knocked at, one join at a time; a join refused (a hello forged
- * with a nonce of its own) is followed by another knock, a few times. A message or an abort is taken only
+ * a shell's first message to another it knocks ("rpmi-knock", with a random challenge, which only the other
+ * shell's service receives); the other sends it a random nonce and the challenge ("rpmi-hello", to the
+ * claimed shell's broker, where only that shell holds the job's service), and it sends the nonce back
+ * ("rpmi-join"): the request that carries it gives its route. Messages wait until the join is taken. A hello
+ * is taken only with the challenge of this shell's knock, one join at a time, so a task can neither make a
+ * shell send a join nor take one: a knock or hello it forges is refused, or sends a nonce only to the shell
+ * the knock names. A message or an abort is taken only
  * over the route of the shell it claims to be from; any other is refused and logged, and is no concern of the
  * job. What a shell's messages say, rpmi checks. A shell that cannot be reached (its knock or join fails for
  * good, or Flux says it is lost) is reported to rpmi (shell_lost), which ends the job unless it said it was
@@ -78,12 +80,10 @@
 
 /* A hello's nonce: 128 random bits in hex. */
 #define NONCE_LEN 33
-/* How long a shell waits for another to answer its knock or take its join: one that does not within it has
- * ended (a killed shell's broker may answer nothing). */
+/* How long a shell waits for another to answer the knock of a message or to take its join: a shell that has
+ * just exited may leave a request unanswered, and the messages for it are then dropped (rpmi is told). */
 #define REACH_TIMEOUT 10.0
-/* How many of its joins another shell may refuse (each after a hello forged with a nonce of its own) before
- * it is taken for lost. */
-#define JOIN_ATTEMPTS 8
+
 
 struct task {
     flux_shell_task_t *task; /* NULL until task.init, and after task.exit */
@@ -104,11 +104,11 @@ struct queued {
 struct link {
     /* Its messages to this shell: */
     char nonce[NONCE_LEN];  /* sent in the hello, that only its join carries back */
+    char challenge[NONCE_LEN]; /* sent in this shell's knock, that only its hello carries back */
     const flux_msg_t *join; /* its join: its route is the shell's */
     /* This shell's messages to it: */
     int knocked;         /* it was asked for a hello, which has not been answered with a join yet */
     int joining;         /* this shell's join is on its way to it */
-    int refused;         /* joins it refused */
     int joined;          /* it took this shell's join: messages go at once */
     int lost;            /* it cannot be reached: its messages are dropped */
     struct queued *head, *tail;
@@ -171,6 +171,16 @@ static void fail_job(struct rpmi_flux *ctx, const char *fmt, ...) {
         flux_shell_raise("exec", 0, "rpmi: %s", text);
         drop_queues(ctx);
     }
+}
+
+/* Fills `out` (NONCE_LEN bytes) with 128 random bits in hex; -1 if the system gives none. */
+static int random_hex(char out[NONCE_LEN]) {
+    uint8_t bytes[(NONCE_LEN - 1) / 2];
+    if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes)
+        return -1;
+    for (size_t i = 0; i < sizeof bytes; i++)
+        snprintf(out + 2 * i, 3, "%02x", bytes[i]);
+    return 0;
 }
 
 /* Refuses a request that is not from whom it claims to be, and says so in the shell's log: the job goes on. */
@@ -242,15 +252,17 @@ struct join_ctx {
 /* The messages that wait for shell `shell` go (`send`), or are dropped; the shell may end once none wait. */
 static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send) {
     struct link *l = &ctx->links[shell];
-    if (!l->head)
+    struct queued *q = l->head;
+    if (!q)
         return;
-    for (struct queued *q = l->head, *next; q; q = next) {
+    /* Taken off first: a send that fails ends the job, which drops every queue, this one included. */
+    l->head = l->tail = NULL;
+    for (struct queued *next; q; q = next) {
         next = q->next;
         if (send)
             send_now(ctx, shell, q->kind, q->bytes, q->len);
         free(q);
     }
-    l->head = l->tail = NULL;
     flux_shell_remove_completion_ref(ctx->shell, "rpmi-%u", (unsigned)shell);
 }
 
@@ -275,17 +287,26 @@ static void knocked_cb(flux_future_t *f, void *arg) {
     free(j);
 }
 
-/* Asks shell `shell` for a hello, once. */
-static void knock(struct rpmi_flux *ctx, uint32_t shell) {
+/* Asks shell `shell` for a hello, once, waiting at most `timeout` seconds (negative: as long as it takes) for
+ * its answer. */
+static void knock(struct rpmi_flux *ctx, uint32_t shell, double timeout) {
     struct link *l = &ctx->links[shell];
     if (l->knocked || l->joined || l->lost)
         return;
     l->knocked = 1;
+    if (random_hex(l->challenge) < 0) {
+        fail_job(ctx, "cannot make a challenge: %s", strerror(errno));
+        return;
+    }
     char t[192];
     topic(ctx, t, sizeof t, "rpmi-knock");
     struct join_ctx *j = malloc(sizeof *j);
-    flux_future_t *f = j ? flux_rpc_pack(ctx->h, t, ctx->broker_rank[shell], 0, "{s:i}", "shell", (int)ctx->rank) : NULL;
-    if (!f || flux_future_then(f, REACH_TIMEOUT, knocked_cb, j) < 0) {
+    flux_future_t *f = j ? flux_rpc_pack(ctx->h, t, ctx->broker_rank[shell], 0, "{s:i s:s}", "shell", (int)ctx->rank,
+                                         "challenge", l->challenge)
+                         : NULL;
+    /* The reactor's clock is brought up to date first: it may not have run since the shell started. */
+    flux_reactor_now_update(flux_get_reactor(ctx->h));
+    if (!f || flux_future_then(f, timeout, knocked_cb, j) < 0) {
         flux_future_destroy(f);
         free(j);
         fail_job(ctx, "shell %u cannot knock at shell %u: %s", (unsigned)ctx->rank, (unsigned)shell, strerror(errno));
@@ -313,8 +334,10 @@ static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shel
         send_now(ctx, shell, kind, message, len);
         return RPMI_OK;
     }
-    /* Once the job is ending, a shell not reached yet need not be; one lost takes nothing. */
-    if (ctx->failed || l->lost)
+    /* Once the job is ending, a shell not reached yet need not be; one lost takes nothing. A goodbye is not
+     * worth waiting to reach a shell not reached yet: that shell may be ending too, and the wait would hold up
+     * the job's end. */
+    if (ctx->failed || l->lost || (kind & RPMI_SHELL_GOODBYE))
         return RPMI_OK;
     struct queued *q = malloc(sizeof *q + len);
     if (!q)
@@ -334,7 +357,7 @@ static int on_shell_send(void *host_data, rpmi_instance *instance, uint32_t shel
         return RPMI_ERR_SYSTEM;
     }
     l->tail = q;
-    knock(ctx, shell);
+    knock(ctx, shell, REACH_TIMEOUT);
     return RPMI_OK;
 }
 
@@ -348,12 +371,6 @@ static void joined_cb(flux_future_t *f, void *arg) {
         l->joined = 1;
         l->knocked = 0;
         release_queue(ctx, j->shell, 1);
-    } else if (errno == EPERM && ++l->refused < JOIN_ATTEMPTS) {
-        /* The hello was forged (its nonce is not the one the shell sent): ask again. */
-        shell_log_error("shell %u did not take shell %u's join: %s", (unsigned)j->shell, (unsigned)ctx->rank,
-                        future_strerror(f, errno));
-        l->knocked = 0;
-        knock(ctx, j->shell);
     } else {
         lose(ctx, j->shell, future_strerror(f, errno));
     }
@@ -365,34 +382,34 @@ static void joined_cb(flux_future_t *f, void *arg) {
  * shell it names, at its broker. */
 static void knock_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
     struct rpmi_flux *ctx = arg;
+    const char *challenge;
     int shell;
     (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
         flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
         return;
     }
-    if (flux_request_unpack(msg, NULL, "{s:i}", "shell", &shell) < 0 || shell < 0 || (uint32_t)shell >= ctx->nshells ||
-        (uint32_t)shell == ctx->rank) {
+    if (flux_request_unpack(msg, NULL, "{s:i s:s}", "shell", &shell, "challenge", &challenge) < 0 || shell < 0 ||
+        (uint32_t)shell >= ctx->nshells || (uint32_t)shell == ctx->rank || strlen(challenge) != NONCE_LEN - 1) {
         refuse(ctx, msg, EPROTO, "a malformed knock");
         return;
     }
     struct link *l = &ctx->links[shell];
-    flux_respond(h, msg, NULL);
-    if (l->join)
+    if (l->join) {
+        refuse(ctx, msg, EEXIST, "a knock claiming to be from shell %d: it has joined already", shell);
         return;
-    /* One nonce a shell, until its join is taken: a knock forged in between sends the same again, to the shell
-     * it names. */
-    uint8_t bytes[(NONCE_LEN - 1) / 2];
-    if (!l->nonce[0] && getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
+    }
+    flux_respond(h, msg, NULL);
+    /* One nonce a shell until its join is taken; a knock forged in between only sends it to the shell it names,
+     * with a challenge that shell did not make, and that shell refuses the hello. */
+    if (!l->nonce[0] && random_hex(l->nonce) < 0) {
         fail_job(ctx, "cannot make a nonce: %s", strerror(errno));
         return;
     }
-    for (size_t j = 0; !l->nonce[0] && j < sizeof bytes; j++)
-        snprintf(l->nonce + 2 * j, 3, "%02x", bytes[j]);
     char t[192];
     topic(ctx, t, sizeof t, "rpmi-hello");
-    flux_future_t *f =
-        flux_rpc_pack(h, t, ctx->broker_rank[shell], 0, "{s:i s:s}", "shell", (int)ctx->rank, "nonce", l->nonce);
+    flux_future_t *f = flux_rpc_pack(h, t, ctx->broker_rank[shell], 0, "{s:i s:s s:s}", "shell", (int)ctx->rank,
+                                     "nonce", l->nonce, "challenge", challenge);
     if (!f || flux_future_then(f, -1., hello_sent_cb, ctx) < 0) {
         flux_future_destroy(f);
         fail_job(ctx, "shell %u cannot send shell %d its hello: %s", (unsigned)ctx->rank, shell, strerror(errno));
@@ -402,21 +419,22 @@ static void knock_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
 /* A hello, with a nonce for the shell it names: sent back to that shell's broker only. */
 static void hello_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
     struct rpmi_flux *ctx = arg;
-    const char *nonce;
+    const char *nonce, *challenge;
     int shell;
     (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
         flux_respond_error(h, msg, EPERM, "only the job's owner may take part in its exchange");
         return;
     }
-    if (flux_request_unpack(msg, NULL, "{s:i s:s}", "shell", &shell, "nonce", &nonce) < 0 || shell < 0 ||
-        (uint32_t)shell >= ctx->nshells || (uint32_t)shell == ctx->rank) {
+    if (flux_request_unpack(msg, NULL, "{s:i s:s s:s}", "shell", &shell, "nonce", &nonce, "challenge", &challenge) < 0 ||
+        shell < 0 || (uint32_t)shell >= ctx->nshells || (uint32_t)shell == ctx->rank) {
         refuse(ctx, msg, EPROTO, "a malformed hello");
         return;
     }
     struct link *l = &ctx->links[shell];
-    if (!l->knocked) {
-        refuse(ctx, msg, EPERM, "a hello claiming to be from shell %d: this shell did not knock there", shell);
+    if (!l->knocked || strcmp(challenge, l->challenge) != 0) {
+        refuse(ctx, msg, EPERM, "a hello claiming to be from shell %d: %s", shell,
+               l->knocked ? "not the challenge this shell knocked with" : "this shell did not knock there");
         return;
     }
     /* A join on its way answers this hello too: the first one the shell takes decides. */
@@ -430,6 +448,7 @@ static void hello_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
     flux_future_t *f = j ? flux_rpc_pack(h, t, ctx->broker_rank[shell], 0, "{s:i s:s}", "shell", (int)ctx->rank,
                                          "nonce", nonce)
                          : NULL;
+    flux_reactor_now_update(flux_get_reactor(h));
     if (!f || flux_future_then(f, REACH_TIMEOUT, joined_cb, j) < 0) {
         int e = errno;
         flux_future_destroy(f);
@@ -508,8 +527,9 @@ static int post_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
     (void)topic;
     (void)args;
     (void)arg;
+    /* Without a time limit: shell 0 answers once its loop runs, after every shell has started its tasks. */
     if (ctx && ctx->rank != 0)
-        knock(ctx, 0);
+        knock(ctx, 0, -1.);
     return 0;
 }
 
@@ -523,7 +543,6 @@ static int shell_lost_cb(flux_plugin_t *p, const char *topic, flux_plugin_arg_t 
         (uint32_t)rank >= ctx->nshells || (uint32_t)rank == ctx->rank)
         return 0;
     lose(ctx, (uint32_t)rank, "Flux says it is lost");
-    release_job(ctx);
     return 0;
 }
 
