@@ -119,6 +119,14 @@ fn options_reach_the_plugin_and_rpmi() {
     );
     r.assert_success("rpmi-probe info over a chain");
     assert_eq!(info_by_rank(&r.stdout).values().filter(|l| l.contains("maxes=64/64/500")).count(), 6, "{}", r.dump());
+    // The shells end with their tasks: none waits to say goodbye to one that is ending too (which held such a
+    // job's end 10 s; the instance's own start and end take about 1.5 s of the bound).
+    assert!(
+        r.elapsed < std::time::Duration::from_secs(8),
+        "the job ended {:?} after it started\n{}",
+        r.elapsed,
+        r.dump()
+    );
     let r = flux_run(&[&RPMI[..], &["-o", "rpmi.tree_width=1", "-n6", PROBE, "exchange"]].concat());
     r.assert_success("rpmi-probe exchange over a chain");
     let r = flux_run(&[&RPMI[..], &["-o", "rpmi.bogus=1", "-n3", PROBE, "info"]].concat());
