@@ -146,7 +146,15 @@ impl Kvs {
         beside: usize,
         take: impl Fn(u32) -> bool,
     ) -> Result<(), MergeError> {
-        for line in contribution.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        // A result is megabytes of lines: memchr looks at many bytes a step where a loop looks at one (at
+        // 100 nodes x 400 ranks, the byte loop was an eighth of every slurmstepd's CPU in the exchange).
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'\n', contribution).chain(std::iter::once(contribution.len())) {
+            let line = &contribution[start..end];
+            start = end + 1;
+            if line.is_empty() {
+                continue;
+            }
             let (rank, key, value) = decode(line, bounds)?;
             if !take(rank) {
                 continue;

@@ -404,7 +404,7 @@ impl Server {
         let c = &mut self.clients[task];
         // Finish the line carried over from the last read; it is the only one ever copied.
         if !c.partial.is_empty() {
-            let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+            let Some(nl) = memchr::memchr(b'\n', rest) else {
                 if c.partial.len() + rest.len() > max {
                     let line = std::mem::take(&mut c.partial);
                     self.line_too_long(task, &line);
@@ -430,7 +430,7 @@ impl Server {
                 return bytes.len() - rest.len() + self.parse_frames(task, rest);
             }
         }
-        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+        while let Some(nl) = memchr::memchr(b'\n', rest) {
             let c = &self.clients[task];
             if c.status == TaskStatus::Gone {
                 return bytes.len();
