@@ -219,8 +219,14 @@ impl Link {
         (libc::EPOLLIN | if self.watching_out { libc::EPOLLOUT } else { 0 }) as u32
     }
 
-    /// Reads once from the socket into the link's input.
+    /// Reads once from the socket into the link's input: through `buf`, or, for the rest of a frame larger
+    /// than `buf` whose room is reserved (an exchange's result), straight into that room, as much of it as
+    /// has come (a result of megabytes then takes a few reads, not one a buffer, and no copy).
     pub fn read(&mut self, buf: &mut [u8]) -> Read {
+        let due = self.input.due();
+        if due > buf.len() {
+            return self.read_due(due);
+        }
         loop {
             return match self.stream.read(buf) {
                 Ok(0) => Read::Closed("the peer closed the connection".into()),
@@ -231,6 +237,29 @@ impl Link {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Read::Blocked,
                 Err(e) => Read::Closed(e.to_string()),
+            };
+        }
+    }
+
+    fn read_due(&mut self, due: usize) -> Read {
+        let room = self.input.room();
+        let spare = &mut room.spare_capacity_mut()[..due];
+        loop {
+            // SAFETY: recv writes at most `due` bytes into `spare`, which has room for `due`.
+            let n = unsafe { libc::recv(self.stream.as_raw_fd(), spare.as_mut_ptr().cast(), due, 0) };
+            return match n {
+                0 => Read::Closed("the peer closed the connection".into()),
+                1.. => {
+                    let n = n as usize;
+                    // SAFETY: recv initialised the first n bytes of the spare capacity.
+                    unsafe { room.set_len(room.len() + n) };
+                    Read::Data(n)
+                }
+                _ => match io::Error::last_os_error() {
+                    e if e.kind() == io::ErrorKind::Interrupted => continue,
+                    e if e.kind() == io::ErrorKind::WouldBlock => Read::Blocked,
+                    e => Read::Closed(e.to_string()),
+                },
             };
         }
     }
@@ -454,5 +483,36 @@ mod tests {
         }
         assert_eq!(Up::decode(link.next(64).unwrap().unwrap()), Ok(Up::Joined { epoch: 3 }));
         assert_eq!(link.next(64), Ok(None));
+    }
+
+    /// A frame larger than the read buffer comes in whole and unchanged, its rest read straight into its
+    /// room (reads longer than the buffer), and the frame after it too.
+    #[test]
+    fn a_large_frame_comes_in_straight_and_whole() {
+        let (a, mut peer) = pair();
+        let mut link = Link::new(a, 0, FrameBuf::default(), usize::MAX).unwrap();
+        let big = Up::Collective(Arc::new((0..300_000u32).map(|i| i as u8).collect())).encode().unwrap();
+        let joined = Up::Joined { epoch: 3 }.encode().unwrap();
+        let writer = std::thread::spawn(move || {
+            peer.write_all(&big).unwrap();
+            peer.write_all(&joined).unwrap();
+            (big, peer)
+        });
+        let mut buf = [0u8; 4096];
+        let (mut frames, mut longest) = (Vec::new(), 0);
+        while frames.len() < 2 {
+            match link.read(&mut buf) {
+                Read::Data(n) => longest = longest.max(n),
+                Read::Blocked => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Read::Closed(why) => panic!("{why}"),
+            }
+            while let Some(f) = link.next_owned(1 << 20).unwrap() {
+                frames.push(f.to_vec());
+            }
+        }
+        let (big, _peer) = writer.join().unwrap();
+        assert_eq!(frames[0], big[4..]);
+        assert_eq!(Up::decode(&frames[1]), Ok(Up::Joined { epoch: 3 }));
+        assert!(longest > buf.len(), "every read went through the buffer");
     }
 }

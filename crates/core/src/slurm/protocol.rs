@@ -566,6 +566,22 @@ impl FrameBuf {
         }
     }
 
+    /// Bytes still due of a frame whose room [`FrameBuf::next`] reserved: a reader may receive them
+    /// straight into [`FrameBuf::room`]'s spare capacity rather than through a buffer of its own.
+    pub fn due(&self) -> usize {
+        let Some(len) = self.announced() else { return 0 };
+        let end = self.used + 4 + len;
+        match self.buf.capacity() >= end {
+            true => end - self.buf.len(),
+            false => 0,
+        }
+    }
+
+    /// The buffer, for a reader to append at most [`FrameBuf::due`] bytes to its spare capacity.
+    pub fn room(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
     /// Bytes received and not yet handed out.
     pub fn pending(&self) -> usize {
         self.buf.len() - self.used
