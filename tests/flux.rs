@@ -235,12 +235,7 @@ fn pmi_1_2_group_barriers_across_three_shells() {
     let r = flux_run(&[&RPMI[..], &["-n6", PROBE, "groups"]].concat());
     r.assert_success("rpmi-probe groups");
     assert!(r.stdout.contains("groups: 6 ranks, 3 node roots exchanged cards"), "{}", r.dump());
-    let mpich5 = std::env::var_os("RPMI_MPICH5").map_or_else(|| PathBuf::from("/opt/rpmi-mpich5"), PathBuf::from);
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-mpich5-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("the test's directory");
-    let mpicc = mpich5.join("bin/mpicc");
-    let pairs = compile(mpicc.to_str().expect("UTF-8"), "mpi_pairs", &dir);
-    let pairs = pairs.to_str().expect("UTF-8");
+    let pairs = &mpich5_program("mpi_pairs");
     let r = flux_run(&[&RPMI[..], &["-n6", pairs]].concat());
     r.assert_success("MPICH 5 over PMI-1");
     assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "{}", r.dump());
@@ -254,17 +249,105 @@ fn pmi_1_2_group_barriers_across_three_shells() {
     assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "{}", r.dump());
 }
 
+/// `name` (tests/programs) built with MPICH 5 (`RPMI_MPICH5`, else /opt/rpmi-mpich5) into a directory of this
+/// test binary's, once (tests that run the same program may run at once).
+fn mpich5_program(name: &str) -> String {
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let mpich5 = std::env::var_os("RPMI_MPICH5").map_or_else(|| PathBuf::from("/opt/rpmi-mpich5"), PathBuf::from);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-mpich5-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("the test's directory");
+    let program = dir.join(name);
+    if !program.exists() {
+        compile(mpich5.join("bin/mpicc").to_str().expect("UTF-8"), name, &dir);
+    }
+    program.to_str().expect("UTF-8").to_string()
+}
+
+/// Spawn under Flux: MPI_Comm_spawn (MPICH 5) of 2 workers from 2 ranks on 2 shells starts a Flux job of the
+/// same instance, which gets the spawner's preputs and connects back; spawned jobs spawn in turn (depth 2).
+#[test]
+fn spawn_starts_a_flux_job_that_connects_back() {
+    let spawn = mpich5_program("mpi_spawn");
+    let rc = format!("userrc={}", setup().userrc.display());
+    let run = |args: &[&str]| {
+        let _one = instance();
+        let mut all = vec!["start", "--test-size=3", "flux", "run", "-N2", "-n2", "-o", &rc, "-o", "pmi=rpmi"];
+        all.extend(args);
+        let done = start("flux", &all.iter().map(|a| a.to_string()).collect::<Vec<_>>()).wait(GUARD);
+        eprintln!("flux run {args:?}: {} in {:.2?}", done.status, done.elapsed);
+        done
+    };
+    let r = run(&[&spawn, "2"]);
+    r.assert_success("mpi_spawn 2");
+    assert!(r.stdout.contains("mpi_spawn: 2 parents, 2 children, depth 1"), "{}", r.dump());
+    let r = run(&[&spawn, "2", "2"]);
+    r.assert_success("mpi_spawn 2 2");
+    assert!(r.stdout.contains("mpi_spawn: 2 parents, 2 children, depth 2 (4 processes below"), "{}", r.dump());
+}
+
+/// Tied ends: rank 0 of the spawned job calls MPI_Abort(42); the spawner's shell, which follows that job, ends
+/// its own job naming it, with its exit status, at once (not at the program's own 100 s limit).
+#[test]
+fn an_abort_in_a_spawned_job_ends_the_spawner() {
+    let spawn = mpich5_program("mpi_spawn");
+    let started = Instant::now();
+    let r = flux_run(&[&RPMI[..], &["--env=MPI_SPAWN_ABORT_LEVEL=1", "-n3", &spawn, "2"]].concat());
+    let took = started.elapsed();
+    assert_eq!(r.code(), Some(42), "the spawned job's abort code:\n{}", r.dump());
+    assert!(r.stderr.contains("the spawned job") && r.stderr.contains("PMI_Abort(42)"), "{}", r.dump());
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}\n{}", r.dump());
+}
+
+/// Tied ends the other way: shell 0 of a spawned job follows its spawner (named by `-o rpmi-spawned`, as the
+/// spawning shell sets it) and ends its job, naming the spawner, as soon as the spawner is cancelled.
+#[test]
+fn a_spawned_job_ends_when_its_spawner_fails() {
+    let rc = format!("userrc={}", setup().userrc.display());
+    let script = format!(
+        r#"P=$(flux submit -n1 sleep 60)
+           C=$(flux submit -N2 -n2 -o {rc} -o pmi=rpmi \
+               -o rpmi-spawned='{{"parent": '$(flux job id --to=dec $P)', "preputs": [["k", "v"]]}}' sleep 60)
+           flux job wait-event -t 20 $C start && flux cancel $P && flux job wait-event -t 10 $C clean &&
+           flux job eventlog $C"#
+    );
+    let _one = instance();
+    let started = Instant::now();
+    let r = start("flux", &["start", "--test-size=3", "bash", "-c", &script].map(String::from)).wait(GUARD);
+    r.assert_success("a spawned job and its cancelled spawner");
+    assert!(r.stdout.contains("the job that spawned this one") && r.stdout.contains("failed: cancel"), "{}", r.dump());
+    // The 60 s sleeps would hold it far longer.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{}", r.dump());
+}
+
+/// A program that cannot be executed: the spawned job fails before its shells start every task, the spawn
+/// fails (MPICH returns the error to the spawner), and the spawner's job goes on and ends well.
+#[test]
+fn a_spawn_of_a_missing_program_fails_and_the_spawner_goes_on() {
+    let missing = mpich5_program("mpi_spawn_missing");
+    let r = flux_run(&[&RPMI[..], &["-n3", &missing]].concat());
+    r.assert_success("mpi_spawn_missing");
+    assert!(r.stdout.contains("mpi_spawn_missing: spawn failed as expected"), "{}", r.dump());
+    assert!(r.stderr.contains("rank 0's spawn failed") && r.stderr.contains("No such file"), "{}", r.dump());
+}
+
+/// A spawn of several commands is refused with words of rpmi's (MPI returns the error to the spawner).
+#[test]
+fn a_spawn_of_several_commands_is_refused_saying_why() {
+    let multiple = mpich5_program("mpi_spawn_multiple");
+    let r = flux_run(&[&RPMI[..], &["-n3", &multiple]].concat());
+    assert_ne!(r.code(), Some(0), "{}", r.dump());
+    assert!(r.stderr.contains("rank 0's spawn failed") && r.stderr.contains("one command at a time"), "{}", r.dump());
+}
+
 /// The name service under Flux: the job's names, held by shell 0's instance. MPICH 5 (over OFI, which opens
 /// a real port) publishes on rank 0 and looks up on the others, on other shells; a second publish, an unknown
 /// name and an unpublished one fail.
 #[test]
 fn the_name_service_across_three_shells() {
-    let mpich5 = std::env::var_os("RPMI_MPICH5").map_or_else(|| PathBuf::from("/opt/rpmi-mpich5"), PathBuf::from);
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-names-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("the test's directory");
-    let names = compile(mpich5.join("bin/mpicc").to_str().expect("UTF-8"), "mpi_names", &dir);
+    let names = mpich5_program("mpi_names");
     let env = ["--env=MPIR_CVAR_CH4_NETMOD=ofi"];
-    let r = flux_run(&[&RPMI[..], &env[..], &["-n4", names.to_str().expect("UTF-8")]].concat());
+    let r = flux_run(&[&RPMI[..], &env[..], &["-n4", &names]].concat());
     r.assert_success("mpi_names");
     let line = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
     assert!(r.stdout.contains(line), "{}", r.dump());

@@ -87,7 +87,7 @@
 
 struct task {
     flux_shell_task_t *task; /* NULL until task.init, and after task.exit */
-    uint32_t local;
+    uint32_t local, rank;
     int reserved_fd; /* from task.init to task.fork: holds the number PMI_FD names (see task_exec) */
     int attached;    /* its connection is rpmi's */
 };
@@ -135,6 +135,12 @@ struct rpmi_flux {
     struct task *starting;
     int failed; /* the job is ending: this shell raised, or sent shell 0, its one abort */
     int holding_job; /* shell 0: the shell stays open for the others until rpmi's job_done */
+    /* Spawns: */
+    struct spawn *spawns; /* the jobs this shell's tasks spawned, until each is clean */
+    unsigned spawn_count, spawn_seq;
+    flux_jobid_t id;     /* this job's */
+    flux_jobid_t parent; /* a spawned job's spawner, else 0 */
+    flux_future_t *parent_watch; /* shell 0 of a spawned job: the spawner's eventlog */
 };
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -650,6 +656,326 @@ static void abort_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
     flux_respond(h, msg, NULL);
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Spawn (PMI_Spawn_multiple, PMI2_Job_Spawn): the new processes are a Flux job of the same instance, submitted
+ * by the spawning task's shell as the user's `flux submit` would be. The job runs with the spawner's shell
+ * options (`-o rpmi` ones included), in its environment and working directory (or the `wdir` info), and
+ * `-o rpmi-spawned` tells its shells the preputs and which job spawned it. The task's spawn is answered, every
+ * process started, once the new job's shells say every task started (shell.start); a job refused or failing
+ * before then (a program that cannot be executed) fails the spawn with Flux's words, and the spawner goes on. Ends are tied: the spawner's shell watches each spawned job until it is clean (holding itself
+ * open meanwhile) and ends its own job if that one fails or ends with a non-zero status; shell 0 of a spawned
+ * job watches its spawner and ends its job if the spawner fails or ends first. Everything here is the user's
+ * own: the jobs are submitted with the user's credentials, and Flux lets a user watch and end only their own. */
+
+/* The most spawned jobs one shell has running at once (srun --mpi=rpmi: steps a step has spawned). */
+#define SPAWNS_MAX 128
+
+struct spawn {
+    struct spawn *next;
+    struct rpmi_flux *ctx;
+    uint32_t task, nprocs;
+    int answered, started; /* started: answered that every process started */
+    flux_jobid_t id;
+    char id_text[64];
+    char ref[32]; /* the completion reference that holds the shell open until the job is clean */
+    char failure[768]; /* why it failed, once an exception said so */
+    flux_future_t *submitted, *events, *exec_events;
+};
+
+/* Answers the task's spawn; a failure is told in the job's log too (MPI may not show the message). */
+static void spawn_answer(struct spawn *sp, int status, const char *result) {
+    if (sp->answered)
+        return;
+    sp->answered = 1;
+    if (status != RPMI_OK)
+        shell_log_error("rank %u's spawn failed: %s", (unsigned)sp->ctx->tasks[sp->task].rank, result);
+    sp->ctx->plugin->service_complete(sp->ctx->inst, sp->task, status, result);
+}
+
+static void release_spawn_ref(struct spawn *sp) {
+    if (sp->ref[0])
+        flux_shell_remove_completion_ref(sp->ctx->shell, "%s", sp->ref);
+    sp->ref[0] = '\0';
+}
+
+static void spawn_free(struct spawn *sp) {
+    struct rpmi_flux *ctx = sp->ctx;
+    for (struct spawn **at = &ctx->spawns; *at; at = &(*at)->next)
+        if (*at == sp) {
+            *at = sp->next;
+            break;
+        }
+    ctx->spawn_count--;
+    for (flux_future_t **w = (flux_future_t *[]){sp->events, sp->exec_events}, **end = w + 2; w < end; w++) {
+        if (*w)
+            (void)flux_job_event_watch_cancel(*w);
+        flux_future_destroy(*w);
+    }
+    flux_future_destroy(sp->submitted);
+    release_spawn_ref(sp);
+    free(sp);
+}
+
+/* A job tied to this one failed: this one ends too, with that job's exit status (its abort's code, say). */
+static void tie_failure(struct rpmi_flux *ctx, int wait_status, const char *why) {
+    if (ctx->failed)
+        return;
+    ctx->failed = 1;
+    shell_log_error("%s", why);
+    flux_shell_raise_exit_status(wait_status ? wait_status : 1 << 8, "rpmi: %s", why);
+    drop_queues(ctx);
+}
+
+/* "0,0,...": every process started. */
+static char *all_started(uint32_t nprocs) {
+    char *codes = malloc(2 * (size_t)nprocs);
+    if (!codes)
+        return NULL;
+    for (uint32_t i = 0; i < nprocs; i++) {
+        codes[2 * i] = '0';
+        codes[2 * i + 1] = i + 1 < nprocs ? ',' : '\0';
+    }
+    return codes;
+}
+
+/* The spawned job's eventlog, event by event, until it is clean. */
+/* One event of a watched eventlog, parsed; NULL once the stream ended (the future is then destroyed). */
+static json_t *next_event(flux_future_t **watch, const char **name) {
+    const char *event;
+    json_t *o;
+    if (flux_job_event_watch_get(*watch, &event) < 0) {
+        flux_future_destroy(*watch);
+        *watch = NULL;
+        return NULL;
+    }
+    if (!(o = json_loads(event, 0, NULL)) || json_unpack(o, "{s:s}", "name", name) < 0)
+        *name = "";
+    flux_future_reset(*watch);
+    return o ? o : json_null();
+}
+
+/* Both of a spawned job's eventlogs have ended: it is clean (or cannot be followed). */
+static void spawn_followed(struct spawn *sp) {
+    if (sp->events || sp->exec_events)
+        return;
+    if (!sp->answered)
+        spawn_answer(sp, RPMI_ERR_SYSTEM, "the spawned job ended before its processes started");
+    spawn_free(sp);
+}
+
+/* The spawned job's exec eventlog: its shells post shell.start once every task has started (a program that
+ * cannot be executed fails the job before it). */
+static void spawn_exec_cb(flux_future_t *f, void *arg) {
+    struct spawn *sp = arg;
+    const char *name;
+    (void)f;
+    json_t *o = next_event(&sp->exec_events, &name);
+    if (!o) {
+        spawn_followed(sp);
+        return;
+    }
+    if (strcmp(name, "shell.start") == 0 && !sp->answered) {
+        char *codes = all_started(sp->nprocs);
+        spawn_answer(sp, codes ? RPMI_OK : RPMI_ERR_SYSTEM, codes);
+        sp->started = codes != NULL;
+        free(codes);
+        shell_debug("spawned job %s started (%u processes)", sp->id_text, (unsigned)sp->nprocs);
+    }
+    json_decref(o);
+}
+
+/* The spawned job's main eventlog, until it is clean. */
+static void spawn_event_cb(flux_future_t *f, void *arg) {
+    struct spawn *sp = arg;
+    const char *name, *type = "", *note = "";
+    int severity = -1, status = 0;
+    (void)f;
+    json_t *o = next_event(&sp->events, &name);
+    if (!o) {
+        spawn_followed(sp);
+        return;
+    }
+    (void)json_unpack(o, "{s:{s?s s?s s?i s?i}}", "context", "type", &type, "note", &note, "severity", &severity,
+                      "status", &status);
+    if (strcmp(name, "exception") == 0 && severity == 0) {
+        /* Before its processes started, the spawn fails (MPI returns the error to the spawner); after, the
+         * spawner's job ends at the spawned one's finish, with its exit status, which follows at once. */
+        snprintf(sp->failure, sizeof sp->failure, "the spawned job %s failed: %s: %s", sp->id_text, type, note);
+        spawn_answer(sp, RPMI_ERR_SYSTEM, sp->failure);
+    } else if (strcmp(name, "finish") == 0 && sp->started && (status != 0 || sp->failure[0])) {
+        if (!sp->failure[0])
+            snprintf(sp->failure, sizeof sp->failure, "the spawned job %s ended with wait status %d", sp->id_text,
+                     status);
+        tie_failure(sp->ctx, status, sp->failure);
+    } else if (strcmp(name, "clean") == 0) {
+        /* The streams end next; the shell need not wait for that. */
+        release_spawn_ref(sp);
+    }
+    json_decref(o);
+}
+
+static void spawn_submitted_cb(flux_future_t *f, void *arg) {
+    struct spawn *sp = arg;
+    char why[512];
+    if (flux_job_submit_get_id(f, &sp->id) < 0) {
+        const char *error = flux_future_error_string(f);
+        snprintf(why, sizeof why, "Flux refused the spawned job: %s", error ? error : strerror(errno));
+        spawn_answer(sp, RPMI_ERR_SYSTEM, why);
+        spawn_free(sp);
+        return;
+    }
+    if (flux_job_id_encode(sp->id, "f58", sp->id_text, sizeof sp->id_text) < 0)
+        snprintf(sp->id_text, sizeof sp->id_text, "%ju", (uintmax_t)sp->id);
+    shell_debug("rank %u spawned job %s", (unsigned)sp->ctx->tasks[sp->task].rank, sp->id_text);
+    if (!(sp->events = flux_job_event_watch(sp->ctx->h, sp->id, "eventlog", 0)) ||
+        flux_future_then(sp->events, -1., spawn_event_cb, sp) < 0 ||
+        !(sp->exec_events = flux_job_event_watch(sp->ctx->h, sp->id, "guest.exec.eventlog", 0)) ||
+        flux_future_then(sp->exec_events, -1., spawn_exec_cb, sp) < 0) {
+        snprintf(why, sizeof why, "cannot follow the spawned job %s: %s", sp->id_text, strerror(errno));
+        spawn_answer(sp, RPMI_ERR_SYSTEM, why);
+        (void)flux_job_cancel(sp->ctx->h, sp->id, "rpmi: its spawner cannot follow it");
+        spawn_free(sp);
+    }
+}
+
+/* The new job's jobspec, or NULL with `why` said. */
+static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *cmd, uint32_t nprocs, char *why, size_t why_len) {
+    const char *execname = NULL, *cwd = NULL, *wdir = NULL;
+    json_t *args = NULL, *preputs = NULL, *infos = NULL, *js = NULL, *env = NULL, *options = NULL, *value;
+    char **argv = NULL, **envp = NULL, *encoded = NULL;
+    flux_jobspec1_t *spec = NULL;
+    size_t i, n = 0;
+    const char *key;
+    if (json_unpack(cmd, "{s:s s:o s:o s:o}", "execname", &execname, "args", &args, "preputs", &preputs, "infos",
+                    &infos) < 0 ||
+        !json_is_array(args) || !json_is_array(preputs) || !json_is_array(infos)) {
+        snprintf(why, why_len, "a malformed spawn request");
+        return NULL;
+    }
+    json_array_foreach(infos, i, value) {
+        const char *k, *v;
+        if (json_unpack(value, "[ss]", &k, &v) == 0 && strcmp(k, "wdir") == 0)
+            wdir = v;
+    }
+    /* The spawner's own environment and working directory, as its job was submitted. */
+    if (flux_shell_info_unpack(ctx->shell, "{s:o}", "jobspec", &js) == 0)
+        (void)json_unpack(js, "{s:{s:{s?o s?s s?{s?o}}}}", "attributes", "system", "environment", &env, "cwd", &cwd,
+                          "shell", "options", &options);
+    argv = calloc(json_array_size(args) + 2, sizeof *argv);
+    envp = calloc((json_is_object(env) ? json_object_size(env) : 0) + 1, sizeof *envp);
+    if (!argv || !envp)
+        goto nomem;
+    argv[0] = (char *)execname;
+    json_array_foreach(args, i, value) {
+        if (!json_is_string(value)) {
+            snprintf(why, why_len, "a malformed spawn request");
+            goto done;
+        }
+        argv[i + 1] = (char *)json_string_value(value);
+    }
+    if (json_is_object(env))
+        json_object_foreach(env, key, value) {
+            if (json_is_string(value) && asprintf(&envp[n], "%s=%s", key, json_string_value(value)) >= 0)
+                n++;
+        }
+    if (!(spec = flux_jobspec1_from_command((int)json_array_size(args) + 1, argv, envp, (int)nprocs, 1, 0, 0, 0.)))
+        goto nomem;
+    if ((wdir || cwd) && flux_jobspec1_set_cwd(spec, wdir ? wdir : cwd) < 0)
+        goto nomem;
+    /* The spawner's shell options (rpmi's among them, and how the shell loads plugins), then what makes it a
+     * spawned job of rpmi's. */
+    if ((json_is_object(options) && flux_jobspec1_attr_pack(spec, "system.shell.options", "O", options) < 0) ||
+        flux_jobspec1_attr_pack(spec, "system.shell.options.pmi", "s", "rpmi") < 0 ||
+        flux_jobspec1_attr_pack(spec, "system.shell.options.rpmi-spawned", "{s:I s:O}", "parent",
+                                (json_int_t)ctx->id, "preputs", preputs) < 0)
+        goto nomem;
+    flux_jobspec1_error_t error;
+    if (flux_jobspec1_attr_check(spec, &error) < 0) {
+        snprintf(why, why_len, "the spawned job's jobspec: %s", error.text);
+        goto done;
+    }
+    encoded = flux_jobspec1_encode(spec, 0);
+    if (!encoded)
+        goto nomem;
+    goto done;
+nomem:
+    snprintf(why, why_len, "cannot make the spawned job's jobspec: %s", strerror(errno));
+done:
+    for (i = 0; envp && envp[i]; i++)
+        free(envp[i]);
+    free(envp);
+    free(argv);
+    flux_jobspec1_destroy(spec);
+    return encoded;
+}
+
+static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len) {
+    struct rpmi_flux *ctx = host_data;
+    json_t *req = json_loadb(request_json, len, 0, NULL), *commands = NULL, *cmd;
+    json_int_t nprocs = 0;
+    char why[512] = "", *jobspec = NULL;
+    (void)instance;
+    struct spawn *sp = task < ctx->local_count ? calloc(1, sizeof *sp) : NULL;
+    if (!sp) {
+        json_decref(req);
+        return RPMI_ERR_SYSTEM;
+    }
+    *sp = (struct spawn){.ctx = ctx, .task = task, .next = ctx->spawns};
+    ctx->spawns = sp;
+    ctx->spawn_count++;
+    if (!req || json_unpack(req, "{s:o}", "commands", &commands) < 0 || !json_is_array(commands) ||
+        json_array_size(commands) == 0)
+        snprintf(why, sizeof why, "a malformed spawn request");
+    else if (json_array_size(commands) > 1)
+        snprintf(why, sizeof why,
+                 "a spawn of %zu commands: under Flux, rpmi spawns one command at a time (MPI_Comm_spawn, not "
+                 "MPI_Comm_spawn_multiple)",
+                 json_array_size(commands));
+    else if (ctx->spawn_count > SPAWNS_MAX)
+        snprintf(why, sizeof why, "this shell already has %d spawned jobs running", SPAWNS_MAX);
+    else if (!(cmd = json_array_get(commands, 0)) || json_unpack(cmd, "{s:I}", "nprocs", &nprocs) < 0 ||
+             nprocs < 1 || nprocs > (json_int_t)UINT32_MAX / 2)
+        snprintf(why, sizeof why, "a malformed spawn request");
+    else if ((jobspec = spawn_jobspec(ctx, cmd, (uint32_t)nprocs, why, sizeof why))) {
+        sp->nprocs = (uint32_t)nprocs;
+        snprintf(sp->ref, sizeof sp->ref, "rpmi-spawn-%u", ctx->spawn_seq++);
+        if (flux_shell_add_completion_ref(ctx->shell, "%s", sp->ref) < 0)
+            sp->ref[0] = '\0';
+        if (!(sp->submitted = flux_job_submit(ctx->h, jobspec, FLUX_JOB_URGENCY_DEFAULT, 0)) ||
+            flux_future_then(sp->submitted, -1., spawn_submitted_cb, sp) < 0)
+            snprintf(why, sizeof why, "cannot submit the spawned job: %s", strerror(errno));
+    }
+    free(jobspec);
+    json_decref(req);
+    if (why[0]) {
+        spawn_answer(sp, RPMI_ERR_SYSTEM, why);
+        spawn_free(sp);
+    }
+    return RPMI_OK;
+}
+
+/* Shell 0 of a spawned job: the spawner's eventlog. Its failure, or its end before this job's, ends this job:
+ * the spawned processes would wait for ever on processes that are gone. */
+static void parent_event_cb(flux_future_t *f, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    const char *event, *name = "", *type = "", *note = "";
+    int severity = -1;
+    char id[64] = "";
+    json_t *o = NULL;
+    if (flux_job_event_watch_get(f, &event) < 0 || ctx->failed)
+        return;
+    (void)flux_job_id_encode(ctx->parent, "f58", id, sizeof id);
+    if ((o = json_loads(event, 0, NULL)) && json_unpack(o, "{s:s}", "name", &name) == 0) {
+        (void)json_unpack(o, "{s:{s?s s?s s?i}}", "context", "type", &type, "note", &note, "severity", &severity);
+        if (strcmp(name, "exception") == 0 && severity == 0)
+            fail_job(ctx, "the job that spawned this one (%s) failed: %s%s%s", id, type, note[0] ? ": " : "", note);
+        else if (strcmp(name, "finish") == 0)
+            fail_job(ctx, "the job that spawned this one (%s) ended first", id);
+    }
+    json_decref(o);
+    flux_future_reset(f);
+}
+
 static void on_log(void *host_data, int32_t level, const char *message, size_t len) {
     int lvl = level <= RPMI_LOG_ERROR  ? FLUX_SHELL_ERROR
               : level == RPMI_LOG_WARN ? FLUX_SHELL_WARN
@@ -903,6 +1229,15 @@ static void rpmi_flux_destroy(void *arg) {
     struct rpmi_flux *ctx = arg;
     if (!ctx)
         return;
+    /* Nothing is answered once the instance is going. */
+    while (ctx->spawns) {
+        ctx->spawns->answered = 1;
+        ctx->spawns->ref[0] = '\0';
+        spawn_free(ctx->spawns);
+    }
+    if (ctx->parent_watch)
+        (void)flux_job_event_watch_cancel(ctx->parent_watch);
+    flux_future_destroy(ctx->parent_watch);
     /* The fd is watched no more before destroy closes it. */
     flux_watcher_destroy(ctx->watch);
     if (ctx->inst)
@@ -951,6 +1286,33 @@ static int read_options(struct rpmi_flux *ctx, char **options_json) {
         return 0;
     *options_json = json_dumps(opts, JSON_COMPACT);
     return *options_json ? 0 : -1;
+}
+
+/* A spawned job's `-o rpmi-spawned`: its spawner's id and the preputs (borrowed from the shell's options). */
+static int read_spawned(struct rpmi_flux *ctx, rpmi_keyval **preputs, size_t *count) {
+    json_t *o = NULL, *list = NULL, *pair;
+    json_int_t parent = 0;
+    size_t i;
+    if (flux_shell_getopt_unpack(ctx->shell, "rpmi-spawned", "o", &o) < 0 ||
+        (o && (json_unpack(o, "{s:I s:o}", "parent", &parent, "preputs", &list) < 0 || parent <= 0 ||
+               !json_is_array(list)))) {
+        shell_log_error("-o rpmi-spawned must be what rpmi sets for a spawned job");
+        return -1;
+    }
+    if (!o)
+        return 0;
+    ctx->parent = (flux_jobid_t)parent;
+    *preputs = calloc(json_array_size(list) + 1, sizeof **preputs);
+    if (!*preputs)
+        return -1;
+    json_array_foreach(list, i, pair) {
+        if (json_unpack(pair, "[ss]", &(*preputs)[i].key, &(*preputs)[i].value) < 0) {
+            shell_log_error("-o rpmi-spawned: a preput that is not a pair of strings");
+            return -1;
+        }
+    }
+    *count = json_array_size(list);
+    return 0;
 }
 
 static int load_rpmi(struct rpmi_flux *ctx) {
@@ -1018,7 +1380,7 @@ static int read_job(struct rpmi_flux *ctx, struct job *job) {
     for (unsigned int id = idset_first(ids); id != IDSET_INVALID_ID && i < ctx->local_count;
          id = idset_next(ids, id), i++) {
         job->local_ranks[i] = id;
-        ctx->tasks[i] = (struct task){.local = i, .reserved_fd = -1};
+        ctx->tasks[i] = (struct task){.local = i, .rank = id, .reserved_fd = -1};
     }
     return 0;
 }
@@ -1049,6 +1411,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
                                &ntasks, "service", &service) < 0 ||
         rank < 0 || size < 1 || ntasks < 1 || rank >= size)
         return shell_log_errno("cannot read the shell's info");
+    ctx->id = id;
     ctx->rank = (uint32_t)rank;
     ctx->nshells = (uint32_t)size;
     ctx->ntasks = (uint32_t)ntasks;
@@ -1057,9 +1420,11 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
 
     char job_id[64], *options = NULL;
     struct job job = {0};
+    rpmi_keyval *preputs = NULL;
+    size_t preput_count = 0;
     int rc = -1;
     if (flux_job_id_encode(id, "f58plain", job_id, sizeof job_id) < 0 || read_options(ctx, &options) < 0 ||
-        load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0)
+        read_spawned(ctx, &preputs, &preput_count) < 0 || load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0)
         goto done;
     if (flux_shell_service_register(shell, "rpmi-msg.*", msg_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0 ||
@@ -1082,6 +1447,9 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     info.local_count = ctx->local_count;
     info.hostnames = job.hostnames;
     info.options_json = options;
+    info.spawned = ctx->parent != 0;
+    info.preputs = preputs;
+    info.preput_count = (uint32_t)preput_count;
 
     rpmi_host_ops ops;
     memset(&ops, 0, sizeof ops);
@@ -1093,6 +1461,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     ops.abort = on_abort;
     ops.log = on_log;
     ops.watch_fd = on_watch_fd;
+    ops.spawn = on_spawn;
 
     char err[512] = "";
     int crc = ctx->plugin->create(&info, &ops, &ctx->inst, err, sizeof err);
@@ -1108,10 +1477,17 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
             goto done;
         ctx->holding_job = 1;
     }
+    if (ctx->rank == 0 && ctx->parent &&
+        (!(ctx->parent_watch = flux_job_event_watch(ctx->h, ctx->parent, "eventlog", 0)) ||
+         flux_future_then(ctx->parent_watch, -1., parent_event_cb, ctx) < 0)) {
+        shell_log_errno("cannot follow the job that spawned this one");
+        goto done;
+    }
     shell_debug("serving PMI for %u tasks", (unsigned)ctx->local_count);
     rc = 0;
 done:
     free(options);
+    free(preputs);
     free(job.task_map);
     free(job.local_ranks);
     free(job.hostnames);
