@@ -37,9 +37,11 @@ extern "C" {
  *  4: connections the host makes: rpmi_plugin.task_env and task_attach.
  *  5: the plugin runs the exchanges among the shells, the host carries its messages: rpmi_host_ops.shell_send,
  *     rpmi_plugin.shell_message and shell_lost, RPMI_ABORT_SHELL.
+ *  6: the names of a job's shell 0 serve other jobs (the jobs it spawned): rpmi_plugin.serve_name,
+ *     rpmi_host_ops.name_served, RPMI_NAME_*.
  * A plugin serves hosts of every revision up to its own; a host that needs revision R checks
  * rpmi_plugin.abi_revision >= R (a plugin of revision 1 has no such field: see struct_size). */
-#define RPMI_ABI_REVISION 5
+#define RPMI_ABI_REVISION 6
 
 /* Return codes of the plugin's functions and of the host's callbacks. */
 #define RPMI_OK 0
@@ -67,6 +69,11 @@ extern "C" {
  * to a shell other than shell 0 once every local task has left. A host MAY drop it rather than wait to reach
  * a shell it has not reached yet (one that has ended too has no use for it); it carries it as it is otherwise. */
 #define RPMI_SHELL_GOODBYE 0x80
+
+/* Revision 6: what rpmi_plugin.serve_name asks of the job's names. */
+#define RPMI_NAME_PUBLISH 0
+#define RPMI_NAME_UNPUBLISH 1
+#define RPMI_NAME_LOOKUP 2
 
 /* One instance of the plugin: the PMI server of one job shell. Opaque. */
 typedef struct rpmi_instance rpmi_instance;
@@ -207,6 +214,12 @@ typedef struct rpmi_host_ops {
      * group barriers and the names it holds for them). A host that keeps shell 0 running for the others (as
      * the Flux plugin does) may let it end. */
     void (*job_done)(void *host_data, rpmi_instance *instance);
+
+    /* Revision 6. Optional: the answer to rpmi_plugin.serve_name's request `request`, on the thread that
+     * serves the instance. status RPMI_OK: `result` is a lookup's port ("" for publish and unpublish);
+     * otherwise `result` says why the request failed (a name published twice, one not published). `result`
+     * is NUL-terminated and valid only during this call. */
+    void (*name_served)(void *host_data, rpmi_instance *instance, uint64_t request, int status, const char *result);
 } rpmi_host_ops;
 
 /* The plugin's functions. */
@@ -289,6 +302,16 @@ typedef struct rpmi_plugin {
      * or the connection to it broke). A shell that said it was done may go; one that did not fails the job.
      * Any thread. */
     int (*shell_lost)(rpmi_instance *instance, uint32_t shell);
+
+    /* Revision 6. Shell 0 of a job whose names rpmi holds (a host with shell_send and no publish, unpublish or
+     * lookup of its own): serve `op` (RPMI_NAME_*) from those names for someone outside the job, a task of a
+     * job it spawned, say, whose host took the request with its own publish, unpublish or lookup
+     * (plugin-spec/README.md, section 8). `service` and `port` (NULL but for a publish) are RFC 13 words of at
+     * most 1024 bytes, borrowed for the call. The answer comes once, through rpmi_host_ops.name_served with
+     * the host's `request`. Returns RPMI_OK, or RPMI_ERR_STATE where this instance holds no names (not shell
+     * 0, or its host serves names itself), RPMI_ERR_INVALID for a bad argument: then no answer comes. Any
+     * thread. */
+    int (*serve_name)(rpmi_instance *instance, uint64_t request, int op, const char *service, const char *port);
 } rpmi_plugin;
 
 /* The one symbol a host looks up: the plugin table, static for the life of the library. */

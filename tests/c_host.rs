@@ -334,6 +334,19 @@ fn a_host_of_abi_revision_4_runs_mpi_jobs() {
 
 const SHELLS: [&[&str]; 2] = [&["--shells"], &["--event-loop", "--shells"]];
 
+/// A host built against revision 5 of the header (before the names served other jobs) still has the plugin
+/// run the exchanges among its nodes.
+#[test]
+fn a_host_of_abi_revision_5_runs_mpi_jobs_over_its_shells() {
+    let dir = TempDir::new("revision-5");
+    let (host, program) = (build_host_with(&dir, "tests/c_host/abi-revision-5"), build_mpi_pairs(&dir));
+    for mode in SHELLS {
+        let r = host_run(&host, &[mode, &["-n", "6", "--nodes", "3"]].concat(), &program, &[]);
+        assert_eq!(r.code(), 0, "the MPI job failed ({mode:?})\n{r}");
+        assert!(r.stdout.contains("mpi_pairs: 6 ranks, allreduce 21, all pairs exchanged"), "no summary line\n{r}");
+    }
+}
+
 /// ABI revision 5: the plugin runs the exchanges among the nodes by the tree and by Bruck's allgather, and
 /// PMI 1.2's group barriers, the host only carrying its messages.
 #[test]

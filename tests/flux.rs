@@ -53,10 +53,30 @@ fn setup() -> &'static Setup {
     })
 }
 
-/// One Flux instance at a time.
+/// One Flux instance at a time, with no MPICH shared memory left by a job that was killed.
 fn instance() -> MutexGuard<'static, ()> {
     static ONE: Mutex<()> = Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
+    let one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    remove_stale_mpich_segments();
+    one
+}
+
+/// MPICH names a node's shared memory after its world (a hash of the KVS name, here the Flux job id) and
+/// leaves it behind when its processes are killed (the abort tests). Job ids repeat from one new test
+/// instance to the next, so a later job of the same id would attach to the dead one's memory and fail in
+/// `MPI_Init` ("Out of memory") or wait in it: what no process maps any more is removed first.
+fn remove_stale_mpich_segments() {
+    let Ok(shm) = std::fs::read_dir("/dev/shm") else { return };
+    let mut maps = String::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        maps.push_str(&std::fs::read_to_string(entry.path().join("maps")).unwrap_or_default());
+    }
+    for segment in shm.flatten().map(|e| e.path()) {
+        let name = segment.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name.starts_with("mpich_") && !maps.contains(&format!("/dev/shm/{name}")) {
+            let _ = std::fs::remove_file(&segment);
+        }
+    }
 }
 
 /// `flux start --test-size=3 flux run -N3 ARGS...` with the plugin loaded through `-o userrc=`.
@@ -286,6 +306,17 @@ fn spawn_starts_a_flux_job_that_connects_back() {
     assert!(r.stdout.contains("mpi_spawn: 2 parents, 2 children, depth 2 (4 processes below"), "{}", r.dump());
 }
 
+/// Names across a spawn (ABI revision 6): the spawned job's tasks use the first job's names, held by its shell
+/// 0: the children find what the spawner published, and the spawner what the children did.
+#[test]
+fn a_spawned_job_shares_the_spawners_names() {
+    let names = mpich5_program("mpi_spawn_names");
+    let r = flux_run(&[&RPMI[..], &["-n3", &names]].concat());
+    r.assert_success("mpi_spawn_names");
+    let line = "mpi_spawn_names: the children found the spawner's name, the spawner found the children's";
+    assert!(r.stdout.contains(line), "{}", r.dump());
+}
+
 /// Tied ends: rank 0 of the spawned job calls MPI_Abort(42); the spawner's shell, which follows that job, ends
 /// its own job naming it, with its exit status, at once (not at the program's own 100 s limit).
 #[test]
@@ -307,7 +338,8 @@ fn a_spawned_job_ends_when_its_spawner_fails() {
     let script = format!(
         r#"P=$(flux submit -n1 sleep 60)
            C=$(flux submit -N2 -n2 -o {rc} -o pmi=rpmi \
-               -o rpmi-spawned='{{"parent": '$(flux job id --to=dec $P)', "preputs": [["k", "v"]]}}' sleep 60)
+               -o rpmi-spawned='{{"parent": '$(flux job id --to=dec $P)', "preputs": [["k", "v"]],
+                                "names": {{"topic": "none.rpmi-name", "rank": 0}}}}' sleep 60)
            flux job wait-event -t 20 $C start && flux cancel $P && flux job wait-event -t 10 $C clean &&
            flux job eventlog $C"#
     );

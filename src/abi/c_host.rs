@@ -29,6 +29,14 @@ pub enum FromShell {
         message: Vec<u8>,
     },
     Lost(u32),
+    /// Shell 0: a request of the job's names from outside the job (`serve_name`), answered with the host's
+    /// `request` through `name_served`.
+    Name {
+        request: u64,
+        op: NameOp,
+        name: String,
+        port: String,
+    },
     /// The messages unread went over what the instance holds (`max` bytes), shell `from` holding the most:
     /// the message that came then was dropped.
     Overflow {
@@ -50,7 +58,12 @@ struct Inbox {
     bytes: usize,
     /// The bytes each shell has queued, to blame the one that holds the most when the bound is reached.
     by_sender: HashMap<u32, usize>,
+    /// Requests of the names from outside the job queued.
+    names: usize,
 }
+
+/// The most requests of the job's names from outside it that wait for the progress loop at once.
+const NAME_REQUESTS_MAX: usize = 1024;
 
 impl ShellInbox {
     /// An inbox that holds at most `max` bytes of messages unread.
@@ -73,6 +86,12 @@ impl ShellInbox {
             q.bytes += message.len();
             *q.by_sender.entry(*from).or_default() += message.len();
         }
+        if let FromShell::Name { .. } = &item {
+            if q.names >= NAME_REQUESTS_MAX {
+                return false;
+            }
+            q.names += 1;
+        }
         q.items.push_back(item);
         true
     }
@@ -80,6 +99,7 @@ impl ShellInbox {
     fn take(&self) -> VecDeque<FromShell> {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.bytes = 0;
+        q.names = 0;
         q.by_sender.clear();
         std::mem::take(&mut q.items)
     }
@@ -273,6 +293,16 @@ impl crate::driver::HostFds for CHost {
                 FromShell::Message { from, kind, message } => shells.message(from, kind, message),
                 FromShell::Lost(shell) => shells.lost(shell),
                 FromShell::Overflow { from, max } => shells.overflowed(from, max),
+                FromShell::Name { request, op, name, port } => {
+                    let (ok, text) = shells.serve_name_outside(op, &name, &port);
+                    if let Some(f) =
+                        self.ops.name_served.filter(|_| self.ops.struct_size as usize >= end_of!(name_served))
+                    {
+                        let status = if ok { ffi::RPMI_OK } else { ffi::RPMI_ERR_STATE };
+                        // SAFETY: a C callback with the host's own data and a string that lives through the call.
+                        unsafe { f(self.ops.host_data, self.instance, request, status, c_string(&text).as_ptr()) };
+                    }
+                }
             }
         }
         while let Some(action) = self.shells.as_mut().and_then(|(s, _)| s.poll()) {

@@ -15,7 +15,7 @@ pub use options::Options;
 
 use crate::driver::Event;
 use crate::runtime::{EnvVar, ExecError, JobVars, Looping, NodeError, NodeRuntime};
-use crate::server::{JobInfo, Server, TaskMap};
+use crate::server::{JobInfo, NameOp, Server, TaskMap};
 use c_host::{CHost, FromShell, ShellInbox};
 use owed::OwedAnswers;
 use std::ffi::{c_char, c_int, CStr};
@@ -55,6 +55,7 @@ static PLUGIN: Table = Table(rpmi_plugin {
     task_attach: Some(task_attach),
     shell_message: Some(shell_message),
     shell_lost: Some(shell_lost),
+    serve_name: Some(serve_name),
 });
 
 /// The one symbol a host looks up (`dlsym(lib, "rpmi_plugin_entry")`).
@@ -88,6 +89,8 @@ struct Instance {
     /// Where the messages of other shells wait for the progress loop, when the plugin runs the exchanges
     /// among the shells (the host's `shell_send`).
     shell_inbox: Option<ShellInbox>,
+    /// Shell 0 of a job whose names the plugin holds: it serves `serve_name`.
+    holds_names: bool,
 }
 
 fn node_failure(e: NodeError) -> Failure {
@@ -335,6 +338,8 @@ impl Instance {
             None => None,
         };
         let shell_inbox = shells.as_ref().map(|(_, inbox)| inbox.clone());
+        let own_names = ops_copy.publish.is_some() || ops_copy.unpublish.is_some() || ops_copy.lookup.is_some();
+        let holds_names = !own_names && shells.as_ref().is_some_and(|(s, _)| s.holds_names());
         let mut server = Server::new(info, options.limits).or_else(|e| fail(ffi::RPMI_ERR_INVALID, e.to_string()))?;
         server.set_trace(options.trace);
         let owed = OwedAnswers::new(n);
@@ -347,6 +352,7 @@ impl Instance {
             owed,
             log: ops_copy,
             shell_inbox,
+            holds_names,
         }));
         // SAFETY: the live box made above; the host cannot call on it before create returns.
         let inst = unsafe { &mut *instance };
@@ -565,6 +571,47 @@ unsafe extern "C" fn shell_message(
 
 unsafe extern "C" fn shell_lost(inst: *mut rpmi_instance, shell: u32) -> c_int {
     on_instance(inst, |inst| to_shells(inst, FromShell::Lost(shell)))
+}
+
+unsafe extern "C" fn serve_name(
+    inst: *mut rpmi_instance,
+    request: u64,
+    op: c_int,
+    service: *const c_char,
+    port: *const c_char,
+) -> c_int {
+    on_instance(inst, |inst| {
+        if !inst.holds_names {
+            return fail(ffi::RPMI_ERR_STATE, "this instance holds no names: not shell 0, or its host serves names");
+        }
+        let op = [NameOp::Publish, NameOp::Unpublish, NameOp::Lookup]
+            .into_iter()
+            .find(|o| *o as c_int == op)
+            .ok_or_else(|| (ffi::RPMI_ERR_INVALID, format!("no request of the name service is numbered {op}")))?;
+        // SAFETY (both): NULL, or NUL-terminated strings borrowed for the call, as the header documents.
+        let word = |p: *const c_char, what: &str| match p.is_null() {
+            true => fail(ffi::RPMI_ERR_INVALID, format!("{what} is NULL")),
+            false => Ok(unsafe { CStr::from_ptr(p) }.to_bytes()),
+        };
+        let name = word(service, "service")?;
+        let port = match op {
+            NameOp::Publish => word(port, "port")?,
+            _ => &[],
+        };
+        for (what, w) in [("service", name), ("port", port)] {
+            if w.len() > shells::NAME_MAX || (!w.is_empty() && !crate::server::kvs::is_key(w)) {
+                return fail(ffi::RPMI_ERR_INVALID, format!("the {what} is no RFC 13 word of at most 1024 bytes"));
+            }
+        }
+        if name.is_empty() || (op == NameOp::Publish && port.is_empty()) {
+            return fail(ffi::RPMI_ERR_INVALID, "an empty service or port");
+        }
+        let (name, port) = (String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(port).into_owned());
+        match to_shells(inst, FromShell::Name { request, op, name, port }) {
+            Err((ffi::RPMI_ERR_STATE, _)) => fail(ffi::RPMI_ERR_STATE, "too many requests of the name service wait"),
+            r => r,
+        }
+    })
 }
 
 /// Hands the exchanges among the shells what the host brought from another shell.

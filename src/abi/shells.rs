@@ -395,6 +395,20 @@ impl Shells {
         self.groups_blocked();
     }
 
+    /// Whether this shell holds the job's names (shell 0).
+    pub fn holds_names(&self) -> bool {
+        self.top.is_some()
+    }
+
+    /// Shell 0: a request of the job's names from outside the job (a job it spawned); whether it succeeded,
+    /// and a lookup's port or why it failed.
+    pub fn serve_name_outside(&mut self, op: NameOp, name: &str, port: &str) -> (bool, String) {
+        match &mut self.top {
+            Some(top) => served(&mut top.names, op, name, port),
+            None => (false, format!("shell {} holds none of the job's names", self.me)),
+        }
+    }
+
     /// Shell 0: shell `from`'s task asks the name service; the answer goes back to it.
     fn serve_name(&mut self, from: u32, m: &[u8]) {
         let Some(top) = &mut self.top else { return };
@@ -413,11 +427,7 @@ impl Shells {
                 format!("shell {from} asked the name service in a message that does not read"),
             );
         };
-        let (ok, text) = match top.names.serve(op, &name, &port) {
-            Ok(port) => (true, port),
-            Err(why) => (false, why),
-        };
-        let text = codec::cut(&text, ANSWER_MAX);
+        let (ok, text) = served(&mut top.names, op, &name, &port);
         let mut answer = FrameWriter::with_capacity(5 + text.len());
         answer.u32(task).flag(ok).bytes(text.as_bytes());
         match from {
@@ -500,6 +510,16 @@ impl Shells {
         );
         self.end_job(Some(from), Fault::Shell, what);
     }
+}
+
+/// What the job's names answer a request: whether it succeeded, and a lookup's port or why it failed (cut to
+/// what an answer carries).
+fn served(names: &mut Names, op: NameOp, name: &str, port: &str) -> (bool, String) {
+    let (ok, text) = match names.serve(op, name, port) {
+        Ok(port) => (true, port),
+        Err(why) => (false, why),
+    };
+    (ok, codec::cut(&text, ANSWER_MAX).to_string())
 }
 
 #[cfg(test)]
@@ -728,6 +748,23 @@ mod tests {
         );
         assert!(matches!(&job.seen[2][1..], [Action::Answer { ok: true, .. }, Action::Answer { ok: false, .. }]));
         assert!(job.shells[1].name(0, NameOp::Publish, &"x".repeat(NAME_MAX + 1), "p").is_err());
+    }
+
+    /// ABI revision 6: a job outside this one (one it spawned) uses the same names, through shell 0 only.
+    #[test]
+    fn jobs_outside_share_the_names_through_shell_0() {
+        let mut job = Job::new(&[1, 1], 2, Allgather::Tree);
+        assert!(job.shells[0].holds_names() && !job.shells[1].holds_names());
+        assert_eq!(job.shells[0].serve_name_outside(NameOp::Publish, "svc", "port-x"), (true, String::new()));
+        job.shells[1].name(0, NameOp::Lookup, "svc", "").unwrap();
+        job.run();
+        assert_eq!(job.seen[1], [Action::Answer { task: 0, ok: true, text: "port-x".into() }]);
+        let (ok, why) = job.shells[0].serve_name_outside(NameOp::Publish, "svc", "port-y");
+        assert!(!ok && why.contains("already published"), "{why}");
+        assert_eq!(job.shells[0].serve_name_outside(NameOp::Unpublish, "svc", ""), (true, String::new()));
+        assert!(!job.shells[0].serve_name_outside(NameOp::Lookup, "svc", "").0);
+        let (ok, why) = job.shells[1].serve_name_outside(NameOp::Lookup, "svc", "");
+        assert!(!ok && why.contains("holds none"), "{why}");
     }
 
     #[test]

@@ -45,7 +45,8 @@
  *
  * Lifetimes. A shell stays open while messages wait for another shell's join, and shell 0 until every rank of
  * the job has left (rpmi's job_done): the other shells need its part of the tree, the group barriers and the
- * names it holds.
+ * names it holds. A shell that spawned jobs stays open until each is clean (see "Spawn" below), and the
+ * first job's shell 0 holds the names of every job spawned from it (see "Names across jobs").
  */
 #define _GNU_SOURCE /* accept4, struct ucred */
 #define FLUX_SHELL_PLUGIN_NAME "rpmi"
@@ -140,6 +141,13 @@ struct rpmi_flux {
     unsigned spawn_count, spawn_seq;
     flux_jobid_t id;     /* this job's */
     flux_jobid_t parent; /* a spawned job's spawner, else 0 */
+    /* Where the names of the launch are (the first job's shell 0): a spawned job's requests go there. */
+    char names_topic[160];
+    int names_rank;
+    struct name_request *names_waiting; /* shell 0 of the first job: requests from other jobs, until served */
+    unsigned names_waiting_count;
+    uint64_t names_seq;
+    struct name_ask *names_asked; /* a spawned job: its tasks' requests, until answered */
     flux_future_t *parent_watch; /* shell 0 of a spawned job: the spawner's eventlog */
 };
 
@@ -886,8 +894,9 @@ static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *cmd, uint32_t nprocs, 
      * spawned job of rpmi's. */
     if ((json_is_object(options) && flux_jobspec1_attr_pack(spec, "system.shell.options", "O", options) < 0) ||
         flux_jobspec1_attr_pack(spec, "system.shell.options.pmi", "s", "rpmi") < 0 ||
-        flux_jobspec1_attr_pack(spec, "system.shell.options.rpmi-spawned", "{s:I s:O}", "parent",
-                                (json_int_t)ctx->id, "preputs", preputs) < 0)
+        flux_jobspec1_attr_pack(spec, "system.shell.options.rpmi-spawned", "{s:I s:O s:{s:s s:i}}", "parent",
+                                (json_int_t)ctx->id, "preputs", preputs, "names", "topic", ctx->names_topic, "rank",
+                                ctx->names_rank) < 0)
         goto nomem;
     flux_jobspec1_error_t error;
     if (flux_jobspec1_attr_check(spec, &error) < 0) {
@@ -974,6 +983,144 @@ static void parent_event_cb(flux_future_t *f, void *arg) {
     }
     json_decref(o);
     flux_future_reset(f);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Names across jobs. The first job's shell 0 holds the names of the whole launch (rpmi's instance serves its
+ * own tasks' requests); a job it spawned, at any depth, sends its tasks' requests there ("rpmi-name", named
+ * in -o rpmi-spawned), and that shell hands them to its instance (ABI revision 6, serve_name). Only the job's
+ * user may ask; a request is at most a service and a port of 1024 bytes each, and at most NAMES_WAITING_MAX
+ * wait at once. */
+
+#define NAMES_WAITING_MAX 1024
+
+struct name_request {
+    struct name_request *next;
+    uint64_t id;
+    const flux_msg_t *msg;
+};
+
+/* Shell 0 of the first job: a request from another job of the launch. */
+static void name_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    const char *service = NULL, *port = NULL;
+    int op = -1;
+    (void)mh;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        flux_respond_error(h, msg, EPERM, "only the job's owner may use its names");
+        return;
+    }
+    if (flux_request_unpack(msg, NULL, "{s:i s:s s?s}", "op", &op, "service", &service, "port", &port) < 0) {
+        flux_respond_error(h, msg, EPROTO, "a malformed request of the names");
+        return;
+    }
+    if (ctx->names_waiting_count >= NAMES_WAITING_MAX) {
+        flux_respond_error(h, msg, EAGAIN, "too many requests of the names wait");
+        return;
+    }
+    struct name_request *r = calloc(1, sizeof *r);
+    if (!r) {
+        flux_respond_error(h, msg, ENOMEM, NULL);
+        return;
+    }
+    *r = (struct name_request){.next = ctx->names_waiting, .id = ++ctx->names_seq, .msg = flux_msg_incref(msg)};
+    ctx->names_waiting = r;
+    ctx->names_waiting_count++;
+    if (ctx->plugin->serve_name(ctx->inst, r->id, op, service, port) != RPMI_OK) {
+        ctx->names_waiting = r->next;
+        ctx->names_waiting_count--;
+        flux_respond_error(h, msg, EINVAL, "this shell holds no names, or the request is not one rpmi takes");
+        flux_msg_decref(r->msg);
+        free(r);
+    }
+}
+
+/* rpmi's answer to a request name_cb handed it. */
+static void on_name_served(void *host_data, rpmi_instance *instance, uint64_t request, int status,
+                           const char *result) {
+    struct rpmi_flux *ctx = host_data;
+    (void)instance;
+    for (struct name_request **at = &ctx->names_waiting; *at; at = &(*at)->next) {
+        struct name_request *r = *at;
+        if (r->id != request)
+            continue;
+        *at = r->next;
+        ctx->names_waiting_count--;
+        if (status == RPMI_OK)
+            flux_respond_pack(ctx->h, r->msg, "{s:s}", "port", result);
+        else
+            flux_respond_error(ctx->h, r->msg, ENOENT, result);
+        flux_msg_decref(r->msg);
+        free(r);
+        return;
+    }
+}
+
+/* A spawned job's task's request, on its way to the first job's shell 0. */
+struct name_ask {
+    struct name_ask *next;
+    struct rpmi_flux *ctx;
+    uint32_t task;
+    flux_future_t *f;
+};
+
+static void name_ask_free(struct name_ask *a) {
+    for (struct name_ask **at = &a->ctx->names_asked; *at; at = &(*at)->next)
+        if (*at == a) {
+            *at = a->next;
+            break;
+        }
+    flux_future_destroy(a->f);
+    free(a);
+}
+
+static void name_answered_cb(flux_future_t *f, void *arg) {
+    struct name_ask *a = arg;
+    const char *port = NULL;
+    if (flux_rpc_get_unpack(f, "{s:s}", "port", &port) == 0) {
+        a->ctx->plugin->service_complete(a->ctx->inst, a->task, RPMI_OK, port[0] ? port : NULL);
+    } else {
+        const char *why = flux_future_error_string(f);
+        a->ctx->plugin->service_complete(a->ctx->inst, a->task, RPMI_ERR_STATE, why ? why : strerror(errno));
+    }
+    name_ask_free(a);
+}
+
+/* A spawned job's task asks the launch's names: sent to the first job's shell 0. */
+static int ask_names(struct rpmi_flux *ctx, uint32_t task, int op, const char *service, const char *port) {
+    struct name_ask *a = malloc(sizeof *a);
+    flux_future_t *f = NULL;
+    if (!a)
+        return RPMI_ERR_SYSTEM;
+    *a = (struct name_ask){.ctx = ctx, .task = task, .next = ctx->names_asked};
+    f = port ? flux_rpc_pack(ctx->h, ctx->names_topic, (uint32_t)ctx->names_rank, 0, "{s:i s:s s:s}", "op", op,
+                             "service", service, "port", port)
+             : flux_rpc_pack(ctx->h, ctx->names_topic, (uint32_t)ctx->names_rank, 0, "{s:i s:s}", "op", op, "service",
+                             service);
+    if (!f || flux_future_then(f, -1., name_answered_cb, a) < 0) {
+        flux_future_destroy(f);
+        free(a);
+        return RPMI_ERR_SYSTEM;
+    }
+    a->f = f;
+    ctx->names_asked = a;
+    return RPMI_OK;
+}
+
+static int on_publish(void *host_data, rpmi_instance *instance, uint32_t task, const char *service,
+                      const char *port) {
+    (void)instance;
+    return ask_names(host_data, task, RPMI_NAME_PUBLISH, service, port);
+}
+
+static int on_unpublish(void *host_data, rpmi_instance *instance, uint32_t task, const char *service) {
+    (void)instance;
+    return ask_names(host_data, task, RPMI_NAME_UNPUBLISH, service, NULL);
+}
+
+static int on_lookup(void *host_data, rpmi_instance *instance, uint32_t task, const char *service) {
+    (void)instance;
+    return ask_names(host_data, task, RPMI_NAME_LOOKUP, service, NULL);
 }
 
 static void on_log(void *host_data, int32_t level, const char *message, size_t len) {
@@ -1235,6 +1382,13 @@ static void rpmi_flux_destroy(void *arg) {
         ctx->spawns->ref[0] = '\0';
         spawn_free(ctx->spawns);
     }
+    while (ctx->names_asked)
+        name_ask_free(ctx->names_asked);
+    for (struct name_request *r = ctx->names_waiting, *next; r; r = next) {
+        next = r->next;
+        flux_msg_decref(r->msg);
+        free(r);
+    }
     if (ctx->parent_watch)
         (void)flux_job_event_watch_cancel(ctx->parent_watch);
     flux_future_destroy(ctx->parent_watch);
@@ -1292,10 +1446,17 @@ static int read_options(struct rpmi_flux *ctx, char **options_json) {
 static int read_spawned(struct rpmi_flux *ctx, rpmi_keyval **preputs, size_t *count) {
     json_t *o = NULL, *list = NULL, *pair;
     json_int_t parent = 0;
+    const char *names_topic = NULL;
     size_t i;
+    /* The first job's names are its own shell 0's. */
+    snprintf(ctx->names_topic, sizeof ctx->names_topic, "%srpmi-name", ctx->topic_prefix);
+    ctx->names_rank = ctx->broker_rank[0];
     if (flux_shell_getopt_unpack(ctx->shell, "rpmi-spawned", "o", &o) < 0 ||
-        (o && (json_unpack(o, "{s:I s:o}", "parent", &parent, "preputs", &list) < 0 || parent <= 0 ||
-               !json_is_array(list)))) {
+        (o && (json_unpack(o, "{s:I s:o s:{s:s s:i}}", "parent", &parent, "preputs", &list, "names", "topic",
+                           &names_topic, "rank", &ctx->names_rank) < 0 ||
+               parent <= 0 || !json_is_array(list) || ctx->names_rank < 0 ||
+               snprintf(ctx->names_topic, sizeof ctx->names_topic, "%s", names_topic) >=
+                   (int)sizeof ctx->names_topic))) {
         shell_log_error("-o rpmi-spawned must be what rpmi sets for a spawned job");
         return -1;
     }
@@ -1323,12 +1484,12 @@ static int load_rpmi(struct rpmi_flux *ctx) {
     }
     const rpmi_plugin *(*entry)(void) = (const rpmi_plugin *(*)(void))dlsym(lib, "rpmi_plugin_entry");
     const rpmi_plugin *t = entry ? entry() : NULL;
-    /* Revision 5 is the first with shell_message (and 4 with task_env and task_attach); a table that ends
-     * before it is older. */
+    /* Revision 6 is the first with serve_name (5 with shell_message, 4 with task_env and task_attach); a table
+     * that ends before it is older. */
     if (!t || t->abi_version != RPMI_ABI_VERSION ||
-        t->struct_size < offsetof(rpmi_plugin, shell_lost) + sizeof t->shell_lost || t->abi_revision < 5 ||
-        !t->task_env || !t->task_attach || !t->shell_message) {
-        shell_log_error("%s is not an rpmi of ABI version %d, revision 5 or later", RPMI_LIBRARY, RPMI_ABI_VERSION);
+        t->struct_size < offsetof(rpmi_plugin, serve_name) + sizeof t->serve_name || t->abi_revision < 6 ||
+        !t->task_env || !t->task_attach || !t->shell_message || !t->serve_name) {
+        shell_log_error("%s is not an rpmi of ABI version %d, revision 6 or later", RPMI_LIBRARY, RPMI_ABI_VERSION);
         return -1;
     }
     ctx->plugin = t;
@@ -1424,13 +1585,14 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     size_t preput_count = 0;
     int rc = -1;
     if (flux_job_id_encode(id, "f58plain", job_id, sizeof job_id) < 0 || read_options(ctx, &options) < 0 ||
-        read_spawned(ctx, &preputs, &preput_count) < 0 || load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0)
+        load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0 || read_spawned(ctx, &preputs, &preput_count) < 0)
         goto done;
     if (flux_shell_service_register(shell, "rpmi-msg.*", msg_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-knock", knock_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-hello", hello_cb, ctx) < 0 ||
-        flux_shell_service_register(shell, "rpmi-join", join_cb, ctx) < 0) {
+        flux_shell_service_register(shell, "rpmi-join", join_cb, ctx) < 0 ||
+        flux_shell_service_register(shell, "rpmi-name", name_cb, ctx) < 0) {
         shell_log_errno("cannot register the exchange's services");
         goto done;
     }
@@ -1462,6 +1624,13 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     ops.log = on_log;
     ops.watch_fd = on_watch_fd;
     ops.spawn = on_spawn;
+    ops.name_served = on_name_served;
+    /* A spawned job's names are the first job's, which its shell 0 holds. */
+    if (ctx->parent) {
+        ops.publish = on_publish;
+        ops.unpublish = on_unpublish;
+        ops.lookup = on_lookup;
+    }
 
     char err[512] = "";
     int crc = ctx->plugin->create(&info, &ops, &ctx->inst, err, sizeof err);

@@ -265,6 +265,7 @@ impl ShellHost {
             // rpmi-run's shells run the exchanges among them over their own connections (see `branch`).
             shell_send: None,
             job_done: None,
+            name_served: None,
         }
     }
 
