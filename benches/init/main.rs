@@ -7,9 +7,18 @@
 //! and PMI messages per rank (counted from MPICH's own client trace, `PMI_DEBUG=1`, in one more run each),
 //! and writes it to `--out` (markdown).
 //!
+//! With `--flux`: rpmi (`-o pmi=rpmi`) against Flux's own `pmi-simple` (`-o pmi=simple`) in 3-broker Flux
+//! instances (`flux start --test-size=3`, 1024 cores faked on each), PMI-1 only (`pmi-simple` serves no
+//! other). Each process also says how long its `MPI_Init` took (`mpi_init.c`), and a preloaded shim
+//! (`pmi_time.c`) counts the lines it writes on its PMI connection and the time it spends reading and
+//! writing there: the table gives, per server, the whole command, `MPI_Init`, the time in PMI and its share
+//! of `MPI_Init`, and the lines a rank sends. It needs Flux on the PATH with rpmi's plugin installed
+//! (`bash docker/flux.sh install`) and MPICH's `mpicc` first on the PATH.
+//!
 //! It needs an MPICH whose `mpicc` and `mpiexec.hydra` are on the PATH and which speaks PMI-2 (4.1 and
 //! later): `bash docker/bench-init.sh` runs it in the Debian unstable chroot (MPICH 5.0.2). By hand:
-//! `cargo bench --bench init -- [--ranks 64,256] [--nodes 4] [--runs 5] [--out benches/results/init.md]`.
+//! `cargo bench --bench init -- [--ranks 64,256] [--nodes 4] [--runs 5] [--out benches/results/init.md]`;
+//! `cargo bench --bench init -- --flux [--ranks 48,192] [--runs 5] [--out benches/results/flux/init.md]`.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -27,9 +36,20 @@ enum Server {
     RpmiRun,
     Hydra,
     HydraOneNode,
+    FluxRpmi,
+    FluxSimple,
 }
 
-const SERVERS: [Server; 3] = [Server::RpmiRun, Server::Hydra, Server::HydraOneNode];
+/// The servers of a run, the first the one the others are compared with.
+fn servers(flux: bool) -> &'static [Server] {
+    match flux {
+        false => &[Server::RpmiRun, Server::Hydra, Server::HydraOneNode],
+        true => &[Server::FluxRpmi, Server::FluxSimple],
+    }
+}
+
+/// Brokers of each Flux instance.
+const FLUX_BROKERS: usize = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pmi {
@@ -51,11 +71,18 @@ struct Args {
     nodes: usize,
     runs: usize,
     out: PathBuf,
+    flux: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { ranks: vec![64, 256], nodes: 4, runs: 5, out: PathBuf::from("benches/results/init.md") };
-    let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
+    let flux = std::env::args().any(|a| a == "--flux");
+    let (ranks, out) = match flux {
+        false => (vec![64, 256], "benches/results/init.md"),
+        true => (vec![48, 192], "benches/results/flux/init.md"),
+    };
+    let nodes = if flux { FLUX_BROKERS } else { 4 };
+    let mut args = Args { ranks, nodes, runs: 5, out: PathBuf::from(out), flux };
+    let mut it = std::env::args().skip(1).filter(|a| a != "--bench" && a != "--flux");
     while let Some(a) = it.next() {
         let mut value = || it.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -74,8 +101,9 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// The command that runs `program` as `ranks` tasks over `nodes` virtual nodes under `server`.
-fn command(server: Server, pmi: Pmi, ranks: usize, nodes: usize, program: &Path) -> Command {
+/// The command that runs `program` as `ranks` tasks over `nodes` virtual nodes under `server` (`shim`: what
+/// a Flux job preloads).
+fn command(server: Server, pmi: Pmi, ranks: usize, nodes: usize, program: &Path, shim: &Path) -> Command {
     let mut c = match server {
         Server::RpmiRun => {
             let mut c = Command::new(RPMI_RUN);
@@ -93,12 +121,66 @@ fn command(server: Server, pmi: Pmi, ranks: usize, nodes: usize, program: &Path)
             c.args(["-n", &ranks.to_string()]);
             c
         }
+        Server::FluxRpmi | Server::FluxSimple => {
+            let pmi = if server == Server::FluxRpmi { "pmi=rpmi" } else { "pmi=simple" };
+            let mut c = Command::new("flux");
+            c.args(["start", &format!("--test-size={FLUX_BROKERS}"), "--config-path"]).arg(flux_config());
+            c.args(["flux", "run", &format!("-N{FLUX_BROKERS}"), &format!("-n{ranks}"), "-o", "cpu-affinity=off"]);
+            c.args(["-o", pmi, "--env=MPI_INIT_TIMES=1"]).arg(format!("--env=LD_PRELOAD={}", shim.display()));
+            c
+        }
     };
     c.arg(program);
     if pmi == Pmi::Two {
         c.env("MPIR_CVAR_PMI_VERSION", "2");
     }
     c
+}
+
+/// The instances' configuration: resources faked to 1024 cores on each broker, all on this machine, so that
+/// a job of any size here fits.
+fn flux_config() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("init-flux-{}", std::process::id()));
+    if dir.join("resource.toml").exists() {
+        return dir;
+    }
+    std::fs::create_dir_all(&dir).expect("the Flux config directory");
+    let host = String::from_utf8_lossy(&Command::new("hostname").output().expect("hostname").stdout).trim().to_string();
+    let ranks = format!("0-{}", FLUX_BROKERS - 1);
+    let hosts = vec![host; FLUX_BROKERS].join(",");
+    let r = Command::new("flux").args(["R", "encode", "-r", &ranks, "-c", "0-1023", "-H", &hosts]).output();
+    let r = r.ok().filter(|o| o.status.success()).expect("flux R encode (is Flux on the PATH?)");
+    std::fs::write(dir.join("R.json"), r.stdout).expect("R.json");
+    let toml = format!("[resource]\npath = \"{}\"\nnoverify = true\n", dir.join("R.json").display());
+    std::fs::write(dir.join("resource.toml"), toml).expect("resource.toml");
+    dir
+}
+
+/// What a job's processes said of themselves (`--flux`): the seconds of each one's `MPI_Init`, and of each
+/// its seconds in PMI and lines written there.
+#[derive(Default)]
+struct Inside {
+    init: Vec<f64>,
+    pmi: Vec<f64>,
+    lines: Vec<f64>,
+}
+
+impl Inside {
+    fn read(stderr: &[u8]) -> Inside {
+        let mut inside = Inside::default();
+        let field = |l: &str, k: &str| -> Option<f64> {
+            l.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok())
+        };
+        for l in String::from_utf8_lossy(stderr).lines() {
+            if l.starts_with("mpi-init:") {
+                inside.init.extend(field(l, "seconds="));
+            } else if l.starts_with("pmi-time:") {
+                inside.pmi.extend(field(l, "seconds="));
+                inside.lines.extend(field(l, "lines="));
+            }
+        }
+        inside
+    }
 }
 
 /// Runs `c` to its end: its wall time, or why it failed.
@@ -144,12 +226,20 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
     (!xs.is_empty()).then(|| xs[xs.len() / 2])
 }
 
-fn build(dir: &Path) -> Result<PathBuf, String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/init/mpi_init.c");
-    let out = dir.join("mpi_init");
-    let status =
-        Command::new("mpicc").arg("-O2").arg("-o").arg(&out).arg(&src).status().map_err(|e| format!("mpicc: {e}"))?;
-    status.success().then_some(out).ok_or_else(|| "mpicc failed".to_string())
+/// The program, and the shim a Flux job preloads.
+fn build(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/init");
+    let (program, shim) = (dir.join("mpi_init"), dir.join("pmi_time.so"));
+    let mpicc = Command::new("mpicc").arg("-O2").arg("-o").arg(&program).arg(src.join("mpi_init.c")).status();
+    if !mpicc.map_err(|e| format!("mpicc: {e}"))?.success() {
+        return Err("mpicc failed".into());
+    }
+    let mut cc = Command::new("cc");
+    cc.args(["-O2", "-shared", "-fPIC", "-o"]).arg(&shim).arg(src.join("pmi_time.c")).arg("-ldl");
+    match cc.status().map_err(|e| format!("cc: {e}"))?.success() {
+        true => Ok((program, shim)),
+        false => Err("cc failed on pmi_time.c".into()),
+    }
 }
 
 fn version() -> String {
@@ -169,50 +259,51 @@ fn main() -> ExitCode {
         }
     };
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let program = match build(&dir) {
+    let (program, shim) = match build(&dir) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("init: {e} (an MPICH with mpicc on the PATH is needed: bash docker/bench-init.sh)");
             return ExitCode::FAILURE;
         }
     };
+    let servers = servers(args.flux);
+    let pmis: &[Pmi] = if args.flux { &[Pmi::One] } else { &[Pmi::One, Pmi::Two] };
     let mut rows = Vec::new();
-    for pmi in [Pmi::One, Pmi::Two] {
+    for &pmi in pmis {
         for &ranks in &args.ranks {
-            let mut times: [Vec<f64>; 3] = Default::default();
-            let mut failures = [0usize; 3];
+            let mut row = Row::new(pmi, ranks, servers.len());
+            let piped = || if args.flux { Stdio::piped() } else { Stdio::null() };
             for round in 0..args.runs {
-                for (i, &server) in SERVERS.iter().enumerate() {
-                    if failures[i] >= GIVE_UP {
+                for (i, &server) in servers.iter().enumerate() {
+                    if row.failures[i] >= GIVE_UP {
                         continue;
                     }
-                    match run(command(server, pmi, ranks, args.nodes, &program), Stdio::null()) {
-                        Ok((t, _)) => times[i].push(t.as_secs_f64()),
+                    match run(command(server, pmi, ranks, args.nodes, &program, &shim), piped()) {
+                        Ok((t, stderr)) => {
+                            row.times[i].push(t.as_secs_f64());
+                            row.inside[i].push(Inside::read(&stderr));
+                        }
                         Err(e) => {
-                            failures[i] += 1;
+                            row.failures[i] += 1;
                             eprintln!("init: {} {ranks} run {round}: {e}", name(server));
                         }
                     }
                 }
             }
-            // One more run each, with MPICH's client trace: one `send to fd` line per PMI message it sends.
-            let messages: Vec<Option<f64>> = SERVERS
-                .iter()
-                .enumerate()
-                .map(|(i, &server)| {
-                    if failures[i] >= GIVE_UP {
-                        return None;
-                    }
-                    let mut c = command(server, pmi, ranks, args.nodes, &program);
-                    c.env("PMI_DEBUG", "1");
-                    run(c, Stdio::piped()).ok().map(|(_, text)| {
-                        let sent = String::from_utf8_lossy(&text).lines().filter(|l| l.contains("send to fd")).count();
-                        sent as f64 / ranks as f64
-                    })
-                })
-                .collect();
-            let row = Row { pmi, ranks, times, failures, messages };
-            println!("{}", row.line());
+            // Without the shim, one more run each, with MPICH's client trace: one `send to fd` line per PMI
+            // message it sends.
+            for (i, &server) in servers.iter().enumerate() {
+                if args.flux || row.failures[i] >= GIVE_UP {
+                    continue;
+                }
+                let mut c = command(server, pmi, ranks, args.nodes, &program, &shim);
+                c.env("PMI_DEBUG", "1");
+                row.messages[i] = run(c, Stdio::piped()).ok().map(|(_, text)| {
+                    let sent = String::from_utf8_lossy(&text).lines().filter(|l| l.contains("send to fd")).count();
+                    sent as f64 / ranks as f64
+                });
+            }
+            println!("{}", row.line(args.flux));
             rows.push(row);
         }
     }
@@ -233,20 +324,29 @@ fn name(server: Server) -> &'static str {
         Server::RpmiRun => "rpmi-run",
         Server::Hydra => "hydra",
         Server::HydraOneNode => "hydra-1",
+        Server::FluxRpmi => "flux, rpmi",
+        Server::FluxSimple => "flux, pmi-simple",
     }
 }
 
 struct Row {
     pmi: Pmi,
     ranks: usize,
-    /// Seconds of each run, by server ([`SERVERS`]).
-    times: [Vec<f64>; 3],
-    failures: [usize; 3],
-    /// PMI messages a rank sent, on average.
+    /// Seconds of each run, by server ([`servers`]).
+    times: Vec<Vec<f64>>,
+    failures: Vec<usize>,
+    /// PMI messages a rank sent, on average (from MPICH's trace).
     messages: Vec<Option<f64>>,
+    /// What the processes said of each run, by server (`--flux`).
+    inside: Vec<Vec<Inside>>,
 }
 
 impl Row {
+    fn new(pmi: Pmi, ranks: usize, servers: usize) -> Row {
+        let (times, inside) = ((0..servers).map(|_| Vec::new()).collect(), (0..servers).map(|_| Vec::new()).collect());
+        Row { pmi, ranks, times, failures: vec![0; servers], messages: vec![None; servers], inside }
+    }
+
     fn cell(&self, i: usize) -> String {
         let t = &self.times[i];
         let range = |f: fn(f64, f64) -> f64| t.iter().copied().reduce(f).unwrap_or(f64::NAN);
@@ -260,7 +360,7 @@ impl Row {
         }
     }
 
-    /// Server `i`'s median time over rpmi-run's.
+    /// Server `i`'s median time over the first server's.
     fn ratio(&self, i: usize) -> String {
         match (median(self.times[0].clone()), median(self.times[i].clone())) {
             (Some(r), Some(h)) => format!("{:.2}x", h / r),
@@ -272,25 +372,85 @@ impl Row {
         self.messages[i].map_or("-".into(), |m| format!("{m:.1}"))
     }
 
-    fn line(&self) -> String {
-        format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
-            self.pmi.name(),
-            self.ranks,
-            self.cell(0),
-            self.cell(1),
-            self.ratio(1),
-            self.cell(2),
-            self.ratio(2),
-            self.messages(0),
-            self.messages(1),
-            self.messages(2)
-        )
+    /// Over server `i`'s runs, the median of `f` of each run's processes.
+    fn inside(&self, i: usize, f: impl Fn(&Inside) -> Option<f64>) -> Option<f64> {
+        median(self.inside[i].iter().filter_map(f).collect())
+    }
+
+    /// Server `i`'s `MPI_Init`: the slowest process's, and the median process's (seconds, medians of runs).
+    fn init(&self, i: usize) -> (Option<f64>, Option<f64>) {
+        let max = |v: &Inside| v.init.iter().copied().reduce(f64::max);
+        (self.inside(i, max), self.inside(i, |v| median(v.init.clone())))
+    }
+
+    /// Server `i`'s time in PMI of the median process, and its lines (medians of runs).
+    fn pmi(&self, i: usize) -> (Option<f64>, Option<f64>) {
+        (self.inside(i, |v| median(v.pmi.clone())), self.inside(i, |v| median(v.lines.clone())))
+    }
+
+    fn line(&self, flux: bool) -> String {
+        if !flux {
+            return format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
+                self.pmi.name(),
+                self.ranks,
+                self.cell(0),
+                self.cell(1),
+                self.ratio(1),
+                self.cell(2),
+                self.ratio(2),
+                self.messages(0),
+                self.messages(1),
+                self.messages(2)
+            );
+        }
+        let ms = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1} ms", x * 1e3));
+        let mut out = Vec::new();
+        for (i, &server) in servers(true).iter().enumerate() {
+            let ((slowest, typical), (pmi, lines)) = (self.init(i), self.pmi(i));
+            let share = match (pmi, typical) {
+                (Some(p), Some(t)) if t > 0.0 => format!("{:.1}%", 100.0 * p / t),
+                _ => "-".into(),
+            };
+            out.push(format!(
+                "| {} | {} | {} | {} | {} | {} | {share} | {} |",
+                self.ranks,
+                name(server),
+                self.cell(i),
+                ms(slowest),
+                ms(typical),
+                ms(pmi),
+                lines.map_or("-".into(), |l| format!("{l:.0}"))
+            ));
+        }
+        out.join("\n")
     }
 }
 
 fn report(args: &Args, mpich: &str, rows: &[Row]) -> String {
     let mut s = String::new();
+    if args.flux {
+        s.push_str("# MPI start-up under Flux: rpmi against pmi-simple\n\n");
+        s.push_str(&format!(
+            "`cargo bench --bench init -- --flux`: `MPI_Init` + `MPI_Finalize` ({mpich}), {} runs each, \
+             interleaved, in 3-broker Flux instances (`flux start --test-size=3`, `flux run -N3`), `-o pmi=rpmi` \
+             against Flux's `-o pmi=simple`, PMI-1 (MPICH asks for 1.1). Whole command: the instance's start \
+             and end included, median (range). `MPI_Init`: each process times its own; the slowest's and the \
+             median process's, medians of the runs. PMI: the median process's time reading and writing its PMI \
+             connection (waits for the server included) and the lines it wrote there, counted by a preloaded \
+             shim (`benches/init/pmi_time.c`); share: PMI's time over `MPI_Init`'s, the median process's.\n\n",
+            args.runs
+        ));
+        s.push_str(
+            "| ranks | server | whole command | MPI_Init, slowest | MPI_Init, median | PMI, median | PMI's share | PMI lines |\n\
+             |---|---|---|---|---|---|---|---|\n",
+        );
+        for r in rows {
+            s.push_str(&r.line(true));
+            s.push('\n');
+        }
+        return s;
+    }
     s.push_str("# MPI start-up: rpmi-run against Hydra\n\n");
     s.push_str(&format!(
         "`cargo bench --bench init` (`bash docker/bench-init.sh`): `MPI_Init` + `MPI_Finalize` ({}), {} runs each, \
@@ -313,7 +473,7 @@ fn report(args: &Args, mpich: &str, rows: &[Row]) -> String {
          |---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        s.push_str(&r.line());
+        s.push_str(&r.line(false));
         s.push('\n');
     }
     s

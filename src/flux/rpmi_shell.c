@@ -670,9 +670,10 @@ static void abort_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
  * options (`-o rpmi` ones included), in its environment and working directory (or the `wdir` info), and
  * `-o rpmi-spawned` tells its shells the preputs and which job spawned it. The task's spawn is answered, every
  * process started, once the new job's shells say every task started (shell.start); a job refused or failing
- * before then (a program that cannot be executed) fails the spawn with Flux's words, and the spawner goes on. Ends are tied: the spawner's shell watches each spawned job until it is clean (holding itself
- * open meanwhile) and ends its own job if that one fails or ends with a non-zero status; shell 0 of a spawned
- * job watches its spawner and ends its job if the spawner fails or ends first. Everything here is the user's
+ * before then (a program that cannot be executed) fails the spawn with Flux's words, and the spawner goes on.
+ * Ends are tied: the spawner's shell watches each spawned job until it is clean (holding itself open
+ * meanwhile) and ends its own job if that one fails or ends with a non-zero status; shell 0 of a spawned job
+ * watches its spawner and ends its job if the spawner fails or ends first. Everything here is the user's
  * own: the jobs are submitted with the user's credentials, and Flux lets a user watch and end only their own. */
 
 /* The most spawned jobs one shell has running at once (srun --mpi=rpmi: steps a step has spawned). */
