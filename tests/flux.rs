@@ -363,13 +363,16 @@ fn a_spawn_of_a_missing_program_fails_and_the_spawner_goes_on() {
     assert!(r.stderr.contains("rank 0's spawn failed") && r.stderr.contains("No such file"), "{}", r.dump());
 }
 
-/// A spawn of several commands is refused with words of rpmi's (MPI returns the error to the spawner).
+/// A spawn of several commands (MPI_Comm_spawn_multiple) is one Flux job whose shells give each rank its own
+/// command's argv and its command's index as its appnum.
 #[test]
-fn a_spawn_of_several_commands_is_refused_saying_why() {
+fn a_spawn_of_several_commands_gives_each_rank_its_argv_and_appnum() {
     let multiple = mpich5_program("mpi_spawn_multiple");
     let r = flux_run(&[&RPMI[..], &["-n3", &multiple]].concat());
-    assert_ne!(r.code(), Some(0), "{}", r.dump());
-    assert!(r.stderr.contains("rank 0's spawn failed") && r.stderr.contains("one command at a time"), "{}", r.dump());
+    r.assert_success("mpi_spawn_multiple");
+    let line =
+        "mpi_spawn_multiple: 3 parents, 1 child of command 0 and 2 of command 1: appnums, argvs and merge checked";
+    assert!(r.stdout.contains(line), "{}", r.dump());
 }
 
 /// The name service under Flux: the job's names, held by shell 0's instance. MPICH 5 (over OFI, which opens

@@ -148,6 +148,7 @@ struct rpmi_flux {
     unsigned names_waiting_count;
     uint64_t names_seq;
     struct name_ask *names_asked; /* a spawned job: its tasks' requests, until answered */
+    json_t *commands; /* a spawned job of several commands: each one's argv and process count */
     flux_future_t *parent_watch; /* shell 0 of a spawned job: the spawner's eventlog */
 };
 
@@ -668,7 +669,8 @@ static void abort_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, v
  * Spawn (PMI_Spawn_multiple, PMI2_Job_Spawn): the new processes are a Flux job of the same instance, submitted
  * by the spawning task's shell as the user's `flux submit` would be. The job runs with the spawner's shell
  * options (`-o rpmi` ones included), in its environment and working directory (or the `wdir` info), and
- * `-o rpmi-spawned` tells its shells the preputs and which job spawned it. The task's spawn is answered, every
+ * `-o rpmi-spawned` tells its shells the preputs, which job spawned it, where the launch's names are and, for
+ * several commands, each one's argv and process count (each rank runs its own, its index the rank's appnum). The task's spawn is answered, every
  * process started, once the new job's shells say every task started (shell.start); a job refused or failing
  * before then (a program that cannot be executed) fails the spawn with Flux's words, and the spawner goes on.
  * Ends are tied: the spawner's shell watches each spawned job until it is clean (holding itself open
@@ -847,47 +849,78 @@ static void spawn_submitted_cb(flux_future_t *f, void *arg) {
     }
 }
 
-/* The new job's jobspec, or NULL with `why` said. */
-static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *cmd, uint32_t nprocs, char *why, size_t why_len) {
-    const char *execname = NULL, *cwd = NULL, *wdir = NULL;
-    json_t *args = NULL, *preputs = NULL, *infos = NULL, *js = NULL, *env = NULL, *options = NULL, *value;
-    char **argv = NULL, **envp = NULL, *encoded = NULL;
-    flux_jobspec1_t *spec = NULL;
-    size_t i, n = 0;
-    const char *key;
-    if (json_unpack(cmd, "{s:s s:o s:o s:o}", "execname", &execname, "args", &args, "preputs", &preputs, "infos",
-                    &infos) < 0 ||
-        !json_is_array(args) || !json_is_array(preputs) || !json_is_array(infos)) {
-        snprintf(why, why_len, "a malformed spawn request");
+/* The most processes of one spawn (srun --mpi=rpmi's bound too). */
+#define SPAWN_PROCS_MAX 65536
+
+/* A spawn request's command `cmd` as argv (a new array: the program, then its arguments), or NULL. */
+static json_t *command_argv(json_t *cmd) {
+    const char *execname = NULL;
+    json_t *args = NULL, *argv, *arg;
+    size_t i;
+    if (json_unpack(cmd, "{s:s s:o}", "execname", &execname, "args", &args) < 0 || !json_is_array(args) ||
+        !(argv = json_pack("[s]", execname)))
         return NULL;
+    json_array_foreach(args, i, arg) {
+        if (!json_is_string(arg) || json_array_append(argv, arg) < 0) {
+            json_decref(argv);
+            return NULL;
+        }
     }
-    json_array_foreach(infos, i, value) {
-        const char *k, *v;
-        if (json_unpack(value, "[ss]", &k, &v) == 0 && strcmp(k, "wdir") == 0)
+    return argv;
+}
+
+/* The new job's jobspec for the request's `commands` (`nprocs` processes in all), or NULL with `why` said. One
+ * job runs every command: it is submitted with the first command's, and with several, -o rpmi-spawned lists
+ * each command's argv and process count, which the new job's shells give each task (task_init). */
+static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *commands, uint32_t nprocs, char *why, size_t why_len) {
+    const char *cwd = NULL, *wdir = NULL;
+    json_t *js = NULL, *env = NULL, *options = NULL, *value, *cmd, *pair;
+    json_t *preputs = json_array(), *listed = json_array(), *argv = NULL;
+    char **cargv = NULL, **envp = NULL, *encoded = NULL;
+    flux_jobspec1_t *spec = NULL;
+    size_t i, j, n = 0;
+    const char *key;
+    if (!preputs || !listed)
+        goto nomem;
+    /* Every command's preputs go to the whole job; the commands share one working directory. */
+    json_array_foreach(commands, i, cmd) {
+        json_t *p = NULL, *infos = NULL, *one = command_argv(cmd);
+        json_int_t count = 0;
+        if (!one || json_unpack(cmd, "{s:I s:o s:o}", "nprocs", &count, "preputs", &p, "infos", &infos) < 0 ||
+            !json_is_array(p) || !json_is_array(infos) ||
+            json_array_append_new(listed, json_pack("{s:I s:o}", "nprocs", count, "argv", one)) < 0) {
+            snprintf(why, why_len, "a malformed spawn request");
+            goto done;
+        }
+        json_array_extend(preputs, p);
+        json_array_foreach(infos, j, pair) {
+            const char *k, *v;
+            if (json_unpack(pair, "[ss]", &k, &v) < 0 || strcmp(k, "wdir") != 0)
+                continue;
+            if (wdir && strcmp(wdir, v) != 0) {
+                snprintf(why, why_len, "commands of one spawn in different directories: under Flux they are one job");
+                goto done;
+            }
             wdir = v;
+        }
     }
     /* The spawner's own environment and working directory, as its job was submitted. */
     if (flux_shell_info_unpack(ctx->shell, "{s:o}", "jobspec", &js) == 0)
         (void)json_unpack(js, "{s:{s:{s?o s?s s?{s?o}}}}", "attributes", "system", "environment", &env, "cwd", &cwd,
                           "shell", "options", &options);
-    argv = calloc(json_array_size(args) + 2, sizeof *argv);
+    argv = json_object_get(json_array_get(listed, 0), "argv");
+    cargv = calloc(json_array_size(argv) + 1, sizeof *cargv);
     envp = calloc((json_is_object(env) ? json_object_size(env) : 0) + 1, sizeof *envp);
-    if (!argv || !envp)
+    if (!cargv || !envp)
         goto nomem;
-    argv[0] = (char *)execname;
-    json_array_foreach(args, i, value) {
-        if (!json_is_string(value)) {
-            snprintf(why, why_len, "a malformed spawn request");
-            goto done;
-        }
-        argv[i + 1] = (char *)json_string_value(value);
-    }
+    json_array_foreach(argv, i, value)
+        cargv[i] = (char *)json_string_value(value);
     if (json_is_object(env))
         json_object_foreach(env, key, value) {
             if (json_is_string(value) && asprintf(&envp[n], "%s=%s", key, json_string_value(value)) >= 0)
                 n++;
         }
-    if (!(spec = flux_jobspec1_from_command((int)json_array_size(args) + 1, argv, envp, (int)nprocs, 1, 0, 0, 0.)))
+    if (!(spec = flux_jobspec1_from_command((int)json_array_size(argv), cargv, envp, (int)nprocs, 1, 0, 0, 0.)))
         goto nomem;
     if ((wdir || cwd) && flux_jobspec1_set_cwd(spec, wdir ? wdir : cwd) < 0)
         goto nomem;
@@ -897,7 +930,9 @@ static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *cmd, uint32_t nprocs, 
         flux_jobspec1_attr_pack(spec, "system.shell.options.pmi", "s", "rpmi") < 0 ||
         flux_jobspec1_attr_pack(spec, "system.shell.options.rpmi-spawned", "{s:I s:O s:{s:s s:i}}", "parent",
                                 (json_int_t)ctx->id, "preputs", preputs, "names", "topic", ctx->names_topic, "rank",
-                                ctx->names_rank) < 0)
+                                ctx->names_rank) < 0 ||
+        (json_array_size(listed) > 1 &&
+         flux_jobspec1_attr_pack(spec, "system.shell.options.rpmi-spawned.commands", "O", listed) < 0))
         goto nomem;
     flux_jobspec1_error_t error;
     if (flux_jobspec1_attr_check(spec, &error) < 0) {
@@ -914,7 +949,9 @@ done:
     for (i = 0; envp && envp[i]; i++)
         free(envp[i]);
     free(envp);
-    free(argv);
+    free(cargv);
+    json_decref(preputs);
+    json_decref(listed);
     flux_jobspec1_destroy(spec);
     return encoded;
 }
@@ -922,8 +959,9 @@ done:
 static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, const char *request_json, size_t len) {
     struct rpmi_flux *ctx = host_data;
     json_t *req = json_loadb(request_json, len, 0, NULL), *commands = NULL, *cmd;
-    json_int_t nprocs = 0;
+    json_int_t nprocs = 0, count;
     char why[512] = "", *jobspec = NULL;
+    size_t i;
     (void)instance;
     struct spawn *sp = task < ctx->local_count ? calloc(1, sizeof *sp) : NULL;
     if (!sp) {
@@ -936,17 +974,14 @@ static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, con
     if (!req || json_unpack(req, "{s:o}", "commands", &commands) < 0 || !json_is_array(commands) ||
         json_array_size(commands) == 0)
         snprintf(why, sizeof why, "a malformed spawn request");
-    else if (json_array_size(commands) > 1)
-        snprintf(why, sizeof why,
-                 "a spawn of %zu commands: under Flux, rpmi spawns one command at a time (MPI_Comm_spawn, not "
-                 "MPI_Comm_spawn_multiple)",
-                 json_array_size(commands));
-    else if (ctx->spawn_count > SPAWNS_MAX)
+    json_array_foreach(commands, i, cmd) {
+        if (!why[0] && (json_unpack(cmd, "{s:I}", "nprocs", &count) < 0 || count < 1 ||
+                        (nprocs += count) > SPAWN_PROCS_MAX))
+            snprintf(why, sizeof why, "a spawn of more than %d processes, or a malformed one", SPAWN_PROCS_MAX);
+    }
+    if (!why[0] && ctx->spawn_count > SPAWNS_MAX)
         snprintf(why, sizeof why, "this shell already has %d spawned jobs running", SPAWNS_MAX);
-    else if (!(cmd = json_array_get(commands, 0)) || json_unpack(cmd, "{s:I}", "nprocs", &nprocs) < 0 ||
-             nprocs < 1 || nprocs > (json_int_t)UINT32_MAX / 2)
-        snprintf(why, sizeof why, "a malformed spawn request");
-    else if ((jobspec = spawn_jobspec(ctx, cmd, (uint32_t)nprocs, why, sizeof why))) {
+    else if (!why[0] && (jobspec = spawn_jobspec(ctx, commands, (uint32_t)nprocs, why, sizeof why))) {
         sp->nprocs = (uint32_t)nprocs;
         snprintf(sp->ref, sizeof sp->ref, "rpmi-spawn-%u", ctx->spawn_seq++);
         if (flux_shell_add_completion_ref(ctx->shell, "%s", sp->ref) < 0)
@@ -1245,6 +1280,28 @@ static struct task *current_task(struct rpmi_flux *ctx, flux_shell_task_t **task
     return &ctx->tasks[localid];
 }
 
+/* A spawned job of several commands: rank `rank` runs its command's argv, not the first command's. */
+static int set_command(struct rpmi_flux *ctx, flux_cmd_t *cmd, uint32_t rank) {
+    json_t *c = NULL, *arg;
+    json_int_t count = 0;
+    size_t i;
+    json_array_foreach(ctx->commands, i, c) {
+        (void)json_unpack(c, "{s:I}", "nprocs", &count);
+        if (rank < count)
+            break;
+        rank -= (uint32_t)count;
+    }
+    json_t *argv = json_object_get(c, "argv");
+    while (flux_cmd_argc(cmd) > 0)
+        if (flux_cmd_argv_delete(cmd, 0) < 0)
+            return -1;
+    json_array_foreach(argv, i, arg) {
+        if (flux_cmd_argv_append(cmd, json_string_value(arg)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *args, void *arg) {
     struct rpmi_flux *ctx = flux_plugin_aux_get(p, "rpmi");
     flux_shell_task_t *task;
@@ -1258,6 +1315,8 @@ static int task_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
         return 0;
     if (!(t = current_task(ctx, &task, &rank)) || !(cmd = flux_shell_task_cmd(task)))
         return shell_log_errno("cannot read the task's rank");
+    if (ctx->commands && set_command(ctx, cmd, (uint32_t)rank) < 0)
+        return shell_log_errno("cannot give rank %d its command", rank);
     rpmi_task_env env;
     memset(&env, 0, sizeof env);
     env.struct_size = sizeof env;
@@ -1385,6 +1444,7 @@ static void rpmi_flux_destroy(void *arg) {
     }
     while (ctx->names_asked)
         name_ask_free(ctx->names_asked);
+    json_decref(ctx->commands);
     for (struct name_request *r = ctx->names_waiting, *next; r; r = next) {
         next = r->next;
         flux_msg_decref(r->msg);
@@ -1443,8 +1503,38 @@ static int read_options(struct rpmi_flux *ctx, char **options_json) {
     return *options_json ? 0 : -1;
 }
 
+/* A spawned job of several commands: each rank's appnum, its command's index (ranks follow the commands in
+ * order); the commands are kept for task_init. */
+static int read_commands(struct rpmi_flux *ctx, json_t *commands, int32_t **appnums) {
+    json_t *cmd, *argv;
+    json_int_t count;
+    size_t i, j;
+    uint32_t rank = 0;
+    if (!commands)
+        return 0;
+    if (!json_is_array(commands) || !(*appnums = calloc(ctx->ntasks, sizeof **appnums)))
+        goto bad;
+    json_array_foreach(commands, i, cmd) {
+        if (json_unpack(cmd, "{s:I s:o}", "nprocs", &count, "argv", &argv) < 0 || count < 1 ||
+            count > (json_int_t)(ctx->ntasks - rank) || !json_is_array(argv) || json_array_size(argv) == 0)
+            goto bad;
+        for (j = 0; j < json_array_size(argv); j++)
+            if (!json_is_string(json_array_get(argv, j)))
+                goto bad;
+        for (json_int_t k = 0; k < count; k++)
+            (*appnums)[rank++] = (int32_t)i;
+    }
+    if (rank != ctx->ntasks)
+        goto bad;
+    ctx->commands = json_incref(commands);
+    return 0;
+bad:
+    shell_log_error("-o rpmi-spawned: commands that do not add up to the job's %u tasks", (unsigned)ctx->ntasks);
+    return -1;
+}
+
 /* A spawned job's `-o rpmi-spawned`: its spawner's id and the preputs (borrowed from the shell's options). */
-static int read_spawned(struct rpmi_flux *ctx, rpmi_keyval **preputs, size_t *count) {
+static int read_spawned(struct rpmi_flux *ctx, rpmi_keyval **preputs, size_t *count, int32_t **appnums) {
     json_t *o = NULL, *list = NULL, *pair;
     json_int_t parent = 0;
     const char *names_topic = NULL;
@@ -1464,6 +1554,8 @@ static int read_spawned(struct rpmi_flux *ctx, rpmi_keyval **preputs, size_t *co
     if (!o)
         return 0;
     ctx->parent = (flux_jobid_t)parent;
+    if (read_commands(ctx, json_object_get(o, "commands"), appnums) < 0)
+        return -1;
     *preputs = calloc(json_array_size(list) + 1, sizeof **preputs);
     if (!*preputs)
         return -1;
@@ -1584,9 +1676,10 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     struct job job = {0};
     rpmi_keyval *preputs = NULL;
     size_t preput_count = 0;
+    int32_t *appnums = NULL;
     int rc = -1;
     if (flux_job_id_encode(id, "f58plain", job_id, sizeof job_id) < 0 || read_options(ctx, &options) < 0 ||
-        load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0 || read_spawned(ctx, &preputs, &preput_count) < 0)
+        load_rpmi(ctx) < 0 || read_job(ctx, &job) < 0 || read_spawned(ctx, &preputs, &preput_count, &appnums) < 0)
         goto done;
     if (flux_shell_service_register(shell, "rpmi-msg.*", msg_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-abort", abort_cb, ctx) < 0 ||
@@ -1613,6 +1706,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
     info.spawned = ctx->parent != 0;
     info.preputs = preputs;
     info.preput_count = (uint32_t)preput_count;
+    info.appnums = appnums;
 
     rpmi_host_ops ops;
     memset(&ops, 0, sizeof ops);
@@ -1658,6 +1752,7 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
 done:
     free(options);
     free(preputs);
+    free(appnums);
     free(job.task_map);
     free(job.local_ranks);
     free(job.hostnames);
