@@ -363,6 +363,29 @@ fn a_spawn_of_a_missing_program_fails_and_the_spawner_goes_on() {
     assert!(r.stderr.contains("rank 0's spawn failed") && r.stderr.contains("No such file"), "{}", r.dump());
 }
 
+/// A spawn Flux cannot place yet (the spawner holds the one broker's cores) waits in the queue, as a `flux
+/// submit` would; once the spawning task is gone, nobody waits for it: it is cancelled, and the spawner's job,
+/// which its shell held open for the spawned job's end, ends with its task.
+#[test]
+fn a_queued_spawn_is_cancelled_when_its_spawner_ends() {
+    let spawn = mpich5_program("mpi_spawn");
+    let rc = format!("userrc={}", setup().userrc.display());
+    let script = format!(
+        r#"J=$(flux submit -n2 -o {rc} -o pmi=rpmi {spawn} 2)
+           for i in $(seq 200); do [ $(flux jobs -a -n -o '{{id}}' | wc -l) -ge 2 ] && break; sleep 0.1; done
+           flux job kill $J && flux job wait-event -t 20 $J clean >/dev/null &&
+           flux jobs -a -n -o '{{id}} {{state}} {{result}}'"#
+    );
+    let _one = instance();
+    let started = Instant::now();
+    let r = start("flux", &["start", "--test-size=1", "bash", "-c", &script].map(String::from)).wait(GUARD);
+    r.assert_success("a queued spawn and its spawner's end");
+    let states: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(states.len(), 2, "{}", r.dump());
+    assert!(states.iter().all(|l| l.contains("INACTIVE")) && r.stdout.contains("CANCELED"), "{}", r.dump());
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{}", r.dump());
+}
+
 /// A spawn of several commands (MPI_Comm_spawn_multiple) is one Flux job whose shells give each rank its own
 /// command's argv and its command's index as its appnum.
 #[test]

@@ -46,7 +46,8 @@
  * Lifetimes. A shell stays open while messages wait for another shell's join, and shell 0 until every rank of
  * the job has left (rpmi's job_done): the other shells need its part of the tree, the group barriers and the
  * names it holds. A shell that spawned jobs stays open until each is clean (see "Spawn" below), and the
- * first job's shell 0 holds the names of every job spawned from it (see "Names across jobs").
+ * first job's shell 0 holds the names of every job spawned from it (see "Names across jobs") for as long as
+ * it runs: while ranks of its own job run, or jobs it spawned itself.
  */
 #define _GNU_SOURCE /* accept4, struct ucred */
 #define FLUX_SHELL_PLUGIN_NAME "rpmi"
@@ -156,6 +157,7 @@ struct rpmi_flux {
  * Failing the job. */
 
 static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send);
+static void cancel_unstarted(struct rpmi_flux *ctx, uint32_t task);
 
 /* The other shells need nothing more of shell 0. */
 static void release_job(struct rpmi_flux *ctx) {
@@ -170,6 +172,7 @@ static void drop_queues(struct rpmi_flux *ctx) {
     for (uint32_t s = 0; ctx->links && s < ctx->nshells; s++)
         release_queue(ctx, s, 0);
     release_job(ctx);
+    cancel_unstarted(ctx, UINT32_MAX);
 }
 
 /* Ends the job with a fatal exception (the shell's tasks are killed; the first exception is what Flux reports). */
@@ -686,11 +689,13 @@ struct spawn {
     struct rpmi_flux *ctx;
     uint32_t task, nprocs;
     int answered, started; /* started: answered that every process started */
+    int cancelled;         /* nobody waits for it any more: cancelled once it has an id */
+    int finished, status;  /* its finish, seen before its processes were seen to start */
     flux_jobid_t id;
     char id_text[64];
     char ref[32]; /* the completion reference that holds the shell open until the job is clean */
     char failure[768]; /* why it failed, once an exception said so */
-    flux_future_t *submitted, *events, *exec_events;
+    flux_future_t *submitted, *events, *exec_events, *cancel;
 };
 
 /* Answers the task's spawn; a failure is told in the job's log too (MPI may not show the message). */
@@ -723,8 +728,26 @@ static void spawn_free(struct spawn *sp) {
         flux_future_destroy(*w);
     }
     flux_future_destroy(sp->submitted);
+    flux_future_destroy(sp->cancel);
     release_spawn_ref(sp);
     free(sp);
+}
+
+static void cancel_spawn(struct spawn *sp) {
+    if (sp->id && !sp->cancel)
+        sp->cancel = flux_job_cancel(sp->ctx->h, sp->id, "rpmi: the task that spawned it is gone");
+}
+
+/* The spawns of local task `task` (UINT32_MAX: of every task) whose processes have not started are cancelled:
+ * nobody waits for them any more, and one still queued would hold this shell open (it waits for the end of
+ * every job it spawned) and run later for nothing. */
+static void cancel_unstarted(struct rpmi_flux *ctx, uint32_t task) {
+    for (struct spawn *sp = ctx->spawns; sp; sp = sp->next) {
+        if (!sp->started && (task == UINT32_MAX || sp->task == task)) {
+            sp->cancelled = 1;
+            cancel_spawn(sp);
+        }
+    }
 }
 
 /* A job tied to this one failed: this one ends too, with that job's exit status (its abort's code, say). */
@@ -785,7 +808,12 @@ static void spawn_exec_cb(flux_future_t *f, void *arg) {
         spawn_followed(sp);
         return;
     }
-    if (strcmp(name, "shell.start") == 0 && !sp->answered) {
+    if (strcmp(name, "shell.start") == 0 && !sp->answered && sp->finished && sp->status != 0) {
+        char why[256];
+        snprintf(why, sizeof why, "the spawned job %s ended with wait status %d as it started", sp->id_text,
+                 sp->status);
+        spawn_answer(sp, RPMI_ERR_SYSTEM, why);
+    } else if (strcmp(name, "shell.start") == 0 && !sp->answered) {
         char *codes = all_started(sp->nprocs);
         spawn_answer(sp, codes ? RPMI_OK : RPMI_ERR_SYSTEM, codes);
         sp->started = codes != NULL;
@@ -813,6 +841,10 @@ static void spawn_event_cb(flux_future_t *f, void *arg) {
          * spawner's job ends at the spawned one's finish, with its exit status, which follows at once. */
         snprintf(sp->failure, sizeof sp->failure, "the spawned job %s failed: %s: %s", sp->id_text, type, note);
         spawn_answer(sp, RPMI_ERR_SYSTEM, sp->failure);
+    } else if (strcmp(name, "finish") == 0 && !sp->answered) {
+        /* The two eventlogs come in no set order: shell.start may still be on its way. */
+        sp->finished = 1;
+        sp->status = status;
     } else if (strcmp(name, "finish") == 0 && sp->started && (status != 0 || sp->failure[0])) {
         if (!sp->failure[0])
             snprintf(sp->failure, sizeof sp->failure, "the spawned job %s ended with wait status %d", sp->id_text,
@@ -838,6 +870,8 @@ static void spawn_submitted_cb(flux_future_t *f, void *arg) {
     if (flux_job_id_encode(sp->id, "f58", sp->id_text, sizeof sp->id_text) < 0)
         snprintf(sp->id_text, sizeof sp->id_text, "%ju", (uintmax_t)sp->id);
     shell_debug("rank %u spawned job %s", (unsigned)sp->ctx->tasks[sp->task].rank, sp->id_text);
+    if (sp->cancelled)
+        cancel_spawn(sp);
     if (!(sp->events = flux_job_event_watch(sp->ctx->h, sp->id, "eventlog", 0)) ||
         flux_future_then(sp->events, -1., spawn_event_cb, sp) < 0 ||
         !(sp->exec_events = flux_job_event_watch(sp->ctx->h, sp->id, "guest.exec.eventlog", 0)) ||
@@ -976,7 +1010,7 @@ static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, con
         snprintf(why, sizeof why, "a malformed spawn request");
     json_array_foreach(commands, i, cmd) {
         if (!why[0] && (json_unpack(cmd, "{s:I}", "nprocs", &count) < 0 || count < 1 ||
-                        (nprocs += count) > SPAWN_PROCS_MAX))
+                        count > SPAWN_PROCS_MAX - nprocs || (nprocs += count) > SPAWN_PROCS_MAX))
             snprintf(why, sizeof why, "a spawn of more than %d processes, or a malformed one", SPAWN_PROCS_MAX);
     }
     if (!why[0] && ctx->spawn_count > SPAWNS_MAX)
@@ -1007,9 +1041,17 @@ static void parent_event_cb(flux_future_t *f, void *arg) {
     int severity = -1;
     char id[64] = "";
     json_t *o = NULL;
-    if (flux_job_event_watch_get(f, &event) < 0 || ctx->failed)
-        return;
     (void)flux_job_id_encode(ctx->parent, "f58", id, sizeof id);
+    if (flux_job_event_watch_get(f, &event) < 0) {
+        /* The spawner's eventlog ends after its finish (handled below); any other end leaves no tie. */
+        if (errno != ENODATA)
+            fail_job(ctx, "cannot follow the job that spawned this one (%s): %s", id, strerror(errno));
+        return;
+    }
+    if (ctx->failed) {
+        flux_future_reset(f);
+        return;
+    }
     if ((o = json_loads(event, 0, NULL)) && json_unpack(o, "{s:s}", "name", &name) == 0) {
         (void)json_unpack(o, "{s:{s?s s?s s?i}}", "context", "type", &type, "note", &note, "severity", &severity);
         if (strcmp(name, "exception") == 0 && severity == 0)
@@ -1029,6 +1071,8 @@ static void parent_event_cb(flux_future_t *f, void *arg) {
  * wait at once. */
 
 #define NAMES_WAITING_MAX 1024
+/* How long a spawned job's task waits for the launch's names to answer. */
+#define NAMES_TIMEOUT 30.0
 
 struct name_request {
     struct name_request *next;
@@ -1133,7 +1177,8 @@ static int ask_names(struct rpmi_flux *ctx, uint32_t task, int op, const char *s
                              "service", service, "port", port)
              : flux_rpc_pack(ctx->h, ctx->names_topic, (uint32_t)ctx->names_rank, 0, "{s:i s:s}", "op", op, "service",
                              service);
-    if (!f || flux_future_then(f, -1., name_answered_cb, a) < 0) {
+    /* Answered at once where the names are; a shell that is gone may leave no answer at all. */
+    if (!f || flux_future_then(f, NAMES_TIMEOUT, name_answered_cb, a) < 0) {
         flux_future_destroy(f);
         free(a);
         return RPMI_ERR_SYSTEM;
@@ -1423,6 +1468,7 @@ static int task_exit(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
     /* Its connection, if it is still in the listen queue, goes to rpmi before the task is said to have left. */
     on_connect(NULL, ctx->accept_w, 0, ctx);
     release_reserved(t);
+    cancel_unstarted(ctx, t->local);
     /* The shell may free the task after this; a task that never connected is seen leaving by rpmi here. */
     t->task = NULL;
     ctx->plugin->task_exit(ctx->inst, t->local, status);
@@ -1447,6 +1493,7 @@ static void rpmi_flux_destroy(void *arg) {
     json_decref(ctx->commands);
     for (struct name_request *r = ctx->names_waiting, *next; r; r = next) {
         next = r->next;
+        flux_respond_error(ctx->h, r->msg, ECONNRESET, "the shell holding the launch's names is ending");
         flux_msg_decref(r->msg);
         free(r);
     }
