@@ -87,6 +87,16 @@ fn flux_run_args(args: &[&str]) -> Vec<String> {
     all
 }
 
+/// `flux start --test-size=BROKERS bash -c SCRIPT`: the script runs as the instance's initial program; what it
+/// took, from before the instance started.
+fn flux_script(brokers: usize, script: &str) -> (Done, std::time::Duration) {
+    let _one = instance();
+    let started = Instant::now();
+    let args = ["start".to_string(), format!("--test-size={brokers}"), "bash".into(), "-c".into(), script.into()];
+    let done = start("flux", &args).wait(GUARD);
+    (done, started.elapsed())
+}
+
 fn flux_run(args: &[&str]) -> Done {
     let _one = instance();
     let done = start("flux", &flux_run_args(args)).wait(GUARD);
@@ -343,13 +353,11 @@ fn a_spawned_job_ends_when_its_spawner_fails() {
            flux job wait-event -t 20 $C start && flux cancel $P && flux job wait-event -t 10 $C clean &&
            flux job eventlog $C"#
     );
-    let _one = instance();
-    let started = Instant::now();
-    let r = start("flux", &["start", "--test-size=3", "bash", "-c", &script].map(String::from)).wait(GUARD);
+    let (r, took) = flux_script(3, &script);
     r.assert_success("a spawned job and its cancelled spawner");
     assert!(r.stdout.contains("the job that spawned this one") && r.stdout.contains("failed: cancel"), "{}", r.dump());
     // The 60 s sleeps would hold it far longer.
-    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{}", r.dump());
+    assert!(took < std::time::Duration::from_secs(30), "{}", r.dump());
 }
 
 /// A program that cannot be executed: the spawned job fails before its shells start every task, the spawn
@@ -376,14 +384,12 @@ fn a_queued_spawn_is_cancelled_when_its_spawner_ends() {
            flux job kill $J && flux job wait-event -t 20 $J clean >/dev/null &&
            flux jobs -a -n -o '{{id}} {{state}} {{result}}'"#
     );
-    let _one = instance();
-    let started = Instant::now();
-    let r = start("flux", &["start", "--test-size=1", "bash", "-c", &script].map(String::from)).wait(GUARD);
+    let (r, took) = flux_script(1, &script);
     r.assert_success("a queued spawn and its spawner's end");
     let states: Vec<&str> = r.stdout.lines().collect();
     assert_eq!(states.len(), 2, "{}", r.dump());
     assert!(states.iter().all(|l| l.contains("INACTIVE")) && r.stdout.contains("CANCELED"), "{}", r.dump());
-    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{}", r.dump());
+    assert!(took < std::time::Duration::from_secs(30), "{}", r.dump());
 }
 
 /// A spawn of several commands (MPI_Comm_spawn_multiple) is one Flux job whose shells give each rank its own

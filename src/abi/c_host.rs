@@ -287,6 +287,7 @@ fn name_request(request: &HostRequest) -> Option<(NameOp, &str, &str)> {
 impl crate::driver::HostFds for CHost {
     /// Takes what other shells sent, and carries out what the exchanges among the shells ask.
     fn complete(&mut self, server: &mut Server) {
+        let name_served = self.ops.name_served.filter(|_| self.has(end_of!(name_served)));
         let Some((shells, inbox)) = &mut self.shells else { return };
         for item in inbox.take() {
             match item {
@@ -295,9 +296,7 @@ impl crate::driver::HostFds for CHost {
                 FromShell::Overflow { from, max } => shells.overflowed(from, max),
                 FromShell::Name { request, op, name, port } => {
                     let (ok, text) = shells.serve_name_outside(op, &name, &port);
-                    if let Some(f) =
-                        self.ops.name_served.filter(|_| self.ops.struct_size as usize >= end_of!(name_served))
-                    {
+                    if let Some(f) = name_served {
                         let status = if ok { ffi::RPMI_OK } else { ffi::RPMI_ERR_STATE };
                         // SAFETY: a C callback with the host's own data and a string that lives through the call.
                         unsafe { f(self.ops.host_data, self.instance, request, status, c_string(&text).as_ptr()) };
