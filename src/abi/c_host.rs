@@ -3,6 +3,7 @@
 use super::ffi::{self, rpmi_host_ops, rpmi_instance};
 use super::owed::OwedAnswers;
 use super::shells::{Action, Fault, Shells};
+use crate::launch::SpawnedJob;
 use crate::server::{GroupExchange, Host, HostRequest, JobError, NameOp, Server, Speaker, TaskId, NOT_SUPPORTED};
 use crate::wire::SpawnRequest;
 use std::collections::{HashMap, VecDeque};
@@ -231,6 +232,11 @@ impl Host for CHost {
             if !own {
                 return shells.name(t, op, name, port);
             }
+        }
+        // What a spawn may ask for is rpmi's to check, as for every other host: the C host gets only a
+        // request it could start (plugin-spec section 8).
+        if let HostRequest::Spawn(spawn) = &request {
+            SpawnedJob::of(spawn)?;
         }
         // Owed before the C host has the request: it may answer before its callback returns.
         self.owed.owe(task);
@@ -503,5 +509,37 @@ mod tests {
         ANSWER.store(true, SeqCst);
         assert_eq!(host.request(0, lookup()), Ok(()));
         assert!(!owed.claim(0));
+    }
+
+    unsafe extern "C" fn spawn_not_expected(
+        _: *mut std::ffi::c_void,
+        _: *mut rpmi_instance,
+        _: u32,
+        _: *const std::ffi::c_char,
+        _: usize,
+    ) -> std::ffi::c_int {
+        panic!("the host was asked to start a spawn rpmi refuses");
+    }
+
+    #[test]
+    fn a_spawn_beyond_rpmis_bounds_never_reaches_the_host() {
+        let owed = OwedAnswers::new(1);
+        // SAFETY: a table of optional callbacks and sizes, all zero: none offered.
+        let mut ops: rpmi_host_ops = unsafe { std::mem::zeroed() };
+        ops.struct_size = std::mem::size_of::<rpmi_host_ops>() as _;
+        ops.spawn = Some(spawn_not_expected);
+        let mut host = CHost { ops, instance: std::ptr::null_mut(), owed: owed.clone(), shells: None };
+        let command = |nprocs, preput: &str| SpawnCommand {
+            nprocs,
+            execname: b"./a".to_vec(),
+            preputs: vec![(b"k".to_vec(), preput.as_bytes().to_vec())],
+            ..Default::default()
+        };
+        let too_many = SpawnRequest { commands: vec![command(u32::MAX, "v"), command(u32::MAX, "v")] };
+        let why = host.request(0, HostRequest::Spawn(Box::new(too_many))).unwrap_err();
+        assert!(why.contains("8589934590 processes"), "{why}");
+        let disagreeing = SpawnRequest { commands: vec![command(1, "v"), command(1, "w")] };
+        assert!(host.request(0, HostRequest::Spawn(Box::new(disagreeing))).is_err());
+        assert!(!owed.claim(0), "nothing is owed for a refused spawn");
     }
 }
