@@ -371,6 +371,31 @@ fn a_spawn_of_a_missing_program_fails_and_the_spawner_goes_on() {
     assert!(r.stderr.contains("rank 0's spawn failed") && r.stderr.contains("No such file"), "{}", r.dump());
 }
 
+/// A spawn beyond rpmi's bound (65536 processes) is refused by the spawner's own shell with the reason, before
+/// Flux is asked for anything: the instance holds the spawner's job alone.
+#[test]
+fn a_spawn_beyond_the_bound_is_refused_before_flux_sees_it() {
+    let rc = format!("userrc={}", setup().userrc.display());
+    let spawner = setup().userrc.with_file_name("spawn_70000.sh");
+    std::fs::write(
+        &spawner,
+        r#"say() { printf '%s\n' "$1" >&$PMI_FD; }; hear() { read -r line <&$PMI_FD; echo "$line"; }
+           say 'cmd=init pmi_version=1 pmi_subversion=1'; hear >/dev/null
+           printf 'mcmd=spawn\nnprocs=70000\nexecname=true\ntotspawns=1\nspawnssofar=1\nargcnt=0\npreput_num=0\ninfo_num=0\nendcmd\n' >&$PMI_FD
+           echo "spawner: $(hear)"; say cmd=finalize; hear >/dev/null"#,
+    )
+    .expect("the spawner's script");
+    let script = format!(
+        "flux run -n1 -o {rc} -o pmi=rpmi bash {} && flux jobs -a -n -o '{{id}}' | wc -l",
+        spawner.display()
+    );
+    let (r, _) = flux_script(1, &script);
+    r.assert_success("a spawn of 70000 processes");
+    let answer = r.stdout.lines().find(|l| l.starts_with("spawner: ")).unwrap_or_default();
+    assert!(answer.contains("cmd=spawn_result rc=-1") && answer.contains("65536"), "{}", r.dump());
+    assert_eq!(r.stdout.lines().last(), Some("1"), "one job only, the spawner's:\n{}", r.dump());
+}
+
 /// A spawn Flux cannot place yet (the spawner holds the one broker's cores) waits in the queue, as a `flux
 /// submit` would; once the spawning task is gone, nobody waits for it: it is cancelled, and the spawner's job,
 /// which its shell held open for the spawned job's end, ends with its task.
