@@ -385,10 +385,8 @@ fn a_spawn_beyond_the_bound_is_refused_before_flux_sees_it() {
            echo "spawner: $(hear)"; say cmd=finalize; hear >/dev/null"#,
     )
     .expect("the spawner's script");
-    let script = format!(
-        "flux run -n1 -o {rc} -o pmi=rpmi bash {} && flux jobs -a -n -o '{{id}}' | wc -l",
-        spawner.display()
-    );
+    let script =
+        format!("flux run -n1 -o {rc} -o pmi=rpmi bash {} && flux jobs -a -n -o '{{id}}' | wc -l", spawner.display());
     let (r, _) = flux_script(1, &script);
     r.assert_success("a spawn of 70000 processes");
     let answer = r.stdout.lines().find(|l| l.starts_with("spawner: ")).unwrap_or_default();
