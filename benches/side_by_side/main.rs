@@ -473,7 +473,16 @@ impl Manager {
 
     /// The peak of its busiest serving process for a job of `size` tasks without PMI, which live long enough
     /// for the sampler to find every one.
-    fn own_peak(self, size: usize) -> Result<Option<u64>, String> {
+    /// The median over `runs` jobs: like the idle baseline's, one job's figure moves by a few hundred KiB.
+    fn own_peak(self, size: usize, runs: usize) -> Result<Option<u64>, String> {
+        let mut peaks = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            peaks.extend(self.one_own_peak(size)?.map(|kib| kib as f64));
+        }
+        Ok(report::median(peaks).map(|kib| kib as u64))
+    }
+
+    fn one_own_peak(self, size: usize) -> Result<Option<u64>, String> {
         let n = format!("-n{size}");
         let (command, serving) = match self {
             Manager::Slurm => {
@@ -644,7 +653,7 @@ fn benchmark(config: &Config) -> Result<(), String> {
         if config.servers.iter().any(|&s| Manager::of(s) == Some(manager)) {
             eprintln!("{manager:?}'s own memory: a job without PMI of each size");
             for &size in config.sizes.iter().chain(&[manager.nodes()]) {
-                own.insert((manager, size), manager.own_peak(size)?);
+                own.insert((manager, size), manager.own_peak(size, config.runs)?);
             }
         }
     }

@@ -249,7 +249,7 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
          (the median of as many runs), divided by the tasks it serves; for the srun \
          servers, less what the busiest slurmstepd of an `srun --mpi=none` step grows by over the same sizes \
          (Slurm's own memory per task), and for the Flux servers, likewise, less what the busiest flux-shell of \
-         a job without PMI grows by.\n"
+         a job without PMI grows by (each the median of as many runs).\n"
     );
     let mut own: BTreeMap<Manager, Vec<String>> = BTreeMap::new();
     for (manager, n, peak) in baseline.own() {
