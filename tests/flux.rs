@@ -327,6 +327,43 @@ fn a_spawned_job_shares_the_spawners_names() {
     assert!(r.stdout.contains(line), "{}", r.dump());
 }
 
+/// The names last as long as the launch: rank 1 (shell 1) publishes and spawns a job that looks the name up
+/// 2 s later, while every task of the first job has long ended. The first job's shell 0, which holds the
+/// names, stays open until the spawned job is clean (shell 1 told it of the job, and it follows it).
+#[test]
+fn the_names_outlive_the_first_jobs_tasks_while_a_spawned_job_runs() {
+    let rc = format!("userrc={}", setup().userrc.display());
+    let dir = setup().userrc.with_file_name("names-late");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("the test's directory");
+    let looked_up = dir.join("looked-up");
+    let child = format!(
+        "sleep 2; echo cmd=init pmi_version=1 pmi_subversion=1 >&$PMI_FD; read -r l <&$PMI_FD; \
+         echo cmd=lookup_name service=late >&$PMI_FD; read -r l <&$PMI_FD; echo \"$l\" >{}; \
+         echo cmd=finalize >&$PMI_FD; read -r l <&$PMI_FD",
+        looked_up.display()
+    );
+    let spawner = dir.join("spawner.sh");
+    std::fs::write(
+        &spawner,
+        r#"say() { printf '%s\n' "$1" >&$PMI_FD; }; hear() { read -r line <&$PMI_FD; echo "rank $PMI_RANK: $line"; }
+           say 'cmd=init pmi_version=1 pmi_subversion=1'; hear
+           [ "$PMI_RANK" = 1 ] && { say 'cmd=publish_name service=late port=p1'; hear; }
+           say cmd=barrier_in; hear
+           [ "$PMI_RANK" = 1 ] && {
+               printf 'mcmd=spawn\nnprocs=1\nexecname=bash\ntotspawns=1\nspawnssofar=1\nargcnt=2\narg1=-c\narg2=%s\npreput_num=0\ninfo_num=0\nendcmd\n' "$1" >&$PMI_FD
+               hear; }
+           say cmd=finalize; hear"#,
+    )
+    .expect("the spawner's script");
+    let script = format!("flux run -N2 -n2 -o {rc} -o pmi=rpmi bash {} '{child}'", spawner.display());
+    let (r, _) = flux_script(3, &script);
+    r.assert_success("a spawn whose child looks a name up after the spawners ended");
+    assert!(r.stdout.contains("rank 1: cmd=spawn_result rc=0"), "{}", r.dump());
+    let answer = std::fs::read_to_string(&looked_up).unwrap_or_default();
+    assert!(answer.contains("cmd=lookup_result rc=0") && answer.contains("port=p1"), "{answer:?}\n{}", r.dump());
+}
+
 /// Tied ends: rank 0 of the spawned job calls MPI_Abort(42); the spawner's shell, which follows that job, ends
 /// its own job naming it, with its exit status, at once (not at the program's own 100 s limit).
 #[test]

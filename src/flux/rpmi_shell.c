@@ -149,6 +149,8 @@ struct rpmi_flux {
     unsigned names_waiting_count;
     uint64_t names_seq;
     struct name_ask *names_asked; /* a spawned job: its tasks' requests, until answered */
+    struct hold *holds; /* shell 0 of the first job: the launch's other jobs it follows, until each is clean */
+    unsigned hold_count;
     json_t *commands; /* a spawned job of several commands: each one's argv and process count */
     flux_future_t *parent_watch; /* shell 0 of a spawned job: the spawner's eventlog */
 };
@@ -158,6 +160,7 @@ struct rpmi_flux {
 
 static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send);
 static void cancel_unstarted(struct rpmi_flux *ctx, uint32_t task);
+static void hold_names(struct rpmi_flux *ctx, flux_jobid_t id);
 
 /* The other shells need nothing more of shell 0. */
 static void release_job(struct rpmi_flux *ctx) {
@@ -880,7 +883,9 @@ static void spawn_submitted_cb(flux_future_t *f, void *arg) {
         spawn_answer(sp, RPMI_ERR_SYSTEM, why);
         (void)flux_job_cancel(sp->ctx->h, sp->id, "rpmi: its spawner cannot follow it");
         spawn_free(sp);
+        return;
     }
+    hold_names(sp->ctx, sp->id);
 }
 
 /* A spawn request's command `cmd` as argv (a new array: the program, then its arguments), or NULL. */
@@ -1073,6 +1078,101 @@ static void parent_event_cb(flux_future_t *f, void *arg) {
 /* How long a spawned job's task waits for the launch's names to answer. */
 #define NAMES_TIMEOUT 30.0
 
+/* The names last as long as the launch: the first job's shell 0 stays open until every job of the launch is
+ * clean. A shell that spawns a job names it there ({"hold": id}), and shell 0 follows that job's eventlog
+ * itself, so that a shell that dies without a word holds nothing open. At most HOLDS_MAX jobs are followed. */
+#define HOLDS_MAX 1024
+
+struct hold {
+    struct hold *next;
+    struct rpmi_flux *ctx;
+    flux_future_t *events;
+    int released;
+};
+
+static void hold_release(struct hold *hd) {
+    if (hd->released)
+        return;
+    hd->released = 1;
+    if (--hd->ctx->hold_count == 0)
+        flux_shell_remove_completion_ref(hd->ctx->shell, "rpmi-names");
+}
+
+static void hold_free(struct hold *hd) {
+    for (struct hold **at = &hd->ctx->holds; *at; at = &(*at)->next)
+        if (*at == hd) {
+            *at = hd->next;
+            break;
+        }
+    hold_release(hd);
+    if (hd->events)
+        (void)flux_job_event_watch_cancel(hd->events);
+    flux_future_destroy(hd->events);
+    free(hd);
+}
+
+static void hold_event_cb(flux_future_t *f, void *arg) {
+    struct hold *hd = arg;
+    const char *name;
+    (void)f;
+    json_t *o = next_event(&hd->events, &name);
+    if (!o) {
+        hold_free(hd);
+        return;
+    }
+    if (strcmp(name, "clean") == 0)
+        hold_release(hd);
+    json_decref(o);
+}
+
+/* Shell 0 of the first job: another shell of the launch spawned job `id`. */
+static void hold_for(struct rpmi_flux *ctx, const flux_msg_t *msg, json_int_t id) {
+    struct hold *hd = NULL;
+    if (ctx->rank != 0 || ctx->parent != 0 || id <= 0) {
+        flux_respond_error(ctx->h, msg, EINVAL, "only the first job's shell 0 holds the launch's names");
+        return;
+    }
+    if (ctx->hold_count >= HOLDS_MAX) {
+        flux_respond_error(ctx->h, msg, EAGAIN, "the launch has too many jobs running to follow another");
+        return;
+    }
+    if (!(hd = calloc(1, sizeof *hd)) ||
+        !(hd->events = flux_job_event_watch(ctx->h, (flux_jobid_t)id, "eventlog", 0)) ||
+        flux_future_then(hd->events, -1., hold_event_cb, hd) < 0) {
+        flux_respond_error(ctx->h, msg, errno ? errno : ENOMEM, "cannot follow that job");
+        if (hd)
+            flux_future_destroy(hd->events);
+        free(hd);
+        return;
+    }
+    *hd = (struct hold){.next = ctx->holds, .ctx = ctx, .events = hd->events};
+    ctx->holds = hd;
+    if (ctx->hold_count++ == 0 && flux_shell_add_completion_ref(ctx->shell, "rpmi-names") < 0)
+        shell_log_errno("cannot hold the launch's names open");
+    flux_respond(ctx->h, msg, NULL);
+}
+
+static void hold_sent_cb(flux_future_t *f, void *arg) {
+    (void)arg;
+    if (flux_future_get(f, NULL) < 0)
+        shell_log_error("the launch's names may end before the job this shell spawned: %s",
+                        future_strerror(f, errno));
+    flux_future_destroy(f);
+}
+
+/* A shell but the first job's shell 0 spawned job `id`: the names stay while it runs. */
+static void hold_names(struct rpmi_flux *ctx, flux_jobid_t id) {
+    flux_future_t *f;
+    if (ctx->rank == 0 && ctx->parent == 0)
+        return; /* its own spawn holds it open already */
+    if (!(f = flux_rpc_pack(ctx->h, ctx->names_topic, (uint32_t)ctx->names_rank, 0, "{s:I}", "hold",
+                            (json_int_t)id)) ||
+        flux_future_then(f, NAMES_TIMEOUT, hold_sent_cb, NULL) < 0) {
+        shell_log_errno("the launch's names may end before the job this shell spawned");
+        flux_future_destroy(f);
+    }
+}
+
 struct name_request {
     struct name_request *next;
     uint64_t id;
@@ -1087,6 +1187,11 @@ static void name_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, vo
     (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
         flux_respond_error(h, msg, EPERM, "only the job's owner may use its names");
+        return;
+    }
+    json_int_t hold;
+    if (flux_request_unpack(msg, NULL, "{s:I}", "hold", &hold) == 0) {
+        hold_for(ctx, msg, hold);
         return;
     }
     if (flux_request_unpack(msg, NULL, "{s:i s:s s?s}", "op", &op, "service", &service, "port", &port) < 0) {
@@ -1489,6 +1594,10 @@ static void rpmi_flux_destroy(void *arg) {
     }
     while (ctx->names_asked)
         name_ask_free(ctx->names_asked);
+    while (ctx->holds) {
+        ctx->holds->released = 1;
+        hold_free(ctx->holds);
+    }
     json_decref(ctx->commands);
     for (struct name_request *r = ctx->names_waiting, *next; r; r = next) {
         next = r->next;
