@@ -274,6 +274,11 @@ impl Workload {
         }
     }
 
+    /// Every rank prints a line (`--times`), not rank 0 alone.
+    pub fn prints_per_rank(self) -> bool {
+        self.exchange().is_some()
+    }
+
     fn probe_args(self) -> Vec<String> {
         let Some((puts, len, gets)) = self.exchange() else {
             return vec!["barrier".into(), "--count".into(), barriers().to_string()];
@@ -447,6 +452,13 @@ pub enum Manager {
     Flux,
 }
 
+/// A task of the manager's own baseline that prints a line as long as the probe's `exchange-times:` line, as
+/// every rank of the exchange workloads does (`--times`), then lives a second.
+const TASK_PRINTING: [&str; 3] =
+    ["sh", "-c", "echo exchange-times: rank=0 put_began_ns=0000000000000 put_ended_ns=0000000000000; sleep 1"];
+/// One that prints nothing, as all but rank 0 of the barrier workload.
+const TASK_SILENT: [&str; 2] = ["sleep", "1"];
+
 impl Manager {
     fn of(server: Server) -> Option<Manager> {
         match server.serving() {
@@ -472,29 +484,32 @@ impl Manager {
     }
 
     /// The peak of its busiest serving process for a job of `size` tasks without PMI, which live long enough
-    /// for the sampler to find every one.
-    /// The median over `runs` jobs: like the idle baseline's, one job's figure moves by a few hundred KiB.
-    fn own_peak(self, size: usize, runs: usize) -> Result<Option<u64>, String> {
+    /// for the sampler to find every one and, where `printing`, print a line each as the probe's ranks do:
+    /// the manager's buffers for a task's output are its own memory (Flux's grow to 4 MiB of address space
+    /// as a task writes, a few pages of it resident). The median over `runs` jobs: like the idle
+    /// baseline's, one job's figure moves by a few hundred KiB.
+    fn own_peak(self, size: usize, printing: bool, runs: usize) -> Result<Option<u64>, String> {
         let mut peaks = Vec::with_capacity(runs);
         for _ in 0..runs {
-            peaks.extend(self.one_own_peak(size)?.map(|kib| kib as f64));
+            peaks.extend(self.one_own_peak(size, printing)?.map(|kib| kib as f64));
         }
         Ok(report::median(peaks).map(|kib| kib as u64))
     }
 
-    fn one_own_peak(self, size: usize) -> Result<Option<u64>, String> {
+    fn one_own_peak(self, size: usize, printing: bool) -> Result<Option<u64>, String> {
         let n = format!("-n{size}");
+        let task: &[&str] = if printing { &TASK_PRINTING } else { &TASK_SILENT };
         let (command, serving) = match self {
             Manager::Slurm => {
                 let mut c = Command::new("srun");
-                c.args(["-Q", "--mpi=none", "-O", &format!("-N{}", slurm_nodes()), &n, "sleep", "1"]);
+                c.args(["-Q", "--mpi=none", "-O", &format!("-N{}", slurm_nodes()), &n]).args(task);
                 (c, Serving::Stepds { nodes: slurm_nodes() })
             }
             Manager::Flux => {
                 let mut c = Command::new("flux");
                 c.args(["start", &format!("--test-size={FLUX_NODES}"), "--config-path"]).arg(flux_config());
                 c.args(["flux", "run", &format!("-N{FLUX_NODES}"), &n, "-o", "cpu-affinity=off", "-o", "pmi=none"]);
-                c.args(["sleep", "1"]);
+                c.args(task);
                 (c, Serving::FluxShells { nodes: FLUX_NODES })
             }
         };
@@ -510,23 +525,24 @@ impl Manager {
 /// node, and for the servers run by Slurm's or Flux's own processes their own memory per task.
 pub struct Baseline {
     idle: BTreeMap<Server, Option<u64>>,
-    /// Peak of the busiest serving process of a job without PMI of this many tasks, KiB.
-    own: BTreeMap<(Manager, usize), Option<u64>>,
+    /// Peak of the busiest serving process of a job without PMI of this many tasks, each printing a line or
+    /// not, KiB.
+    own: BTreeMap<(Manager, usize, bool), Option<u64>>,
 }
 
 impl Baseline {
-    /// The peaks without PMI by manager and size, for the report.
-    pub fn own(&self) -> impl Iterator<Item = (Manager, usize, Option<u64>)> + '_ {
-        self.own.iter().map(|(&(m, n), &peak)| (m, n, peak))
+    /// The peaks without PMI by manager, size and whether every task printed, for the report.
+    pub fn own(&self) -> impl Iterator<Item = (Manager, usize, bool, Option<u64>)> + '_ {
+        self.own.iter().map(|(&(m, n, printing), &peak)| (m, n, printing, peak))
     }
 
-    /// KiB the serving process grew by for the workload at `size`, beyond what its resource manager itself
+    /// KiB the serving process grew by for `workload` at `size`, beyond what its resource manager itself
     /// grows by.
-    pub fn growth_kib(&self, server: Server, size: usize, peak_kib: u64) -> Option<u64> {
+    pub fn growth_kib(&self, server: Server, workload: Workload, size: usize, peak_kib: u64) -> Option<u64> {
         let idle = (*self.idle.get(&server)?)?;
         let own = match Manager::of(server) {
             Some(m) => {
-                let own = |n| self.own.get(&(m, n)).copied().flatten();
+                let own = |n| self.own.get(&(m, n, workload.prints_per_rank())).copied().flatten();
                 own(size)?.saturating_sub(own(m.nodes())?)
             }
             None => 0,
@@ -652,8 +668,13 @@ fn benchmark(config: &Config) -> Result<(), String> {
     for manager in [Manager::Slurm, Manager::Flux] {
         if config.servers.iter().any(|&s| Manager::of(s) == Some(manager)) {
             eprintln!("{manager:?}'s own memory: a job without PMI of each size");
+            let mut printing: Vec<bool> = config.workloads.iter().map(|w| w.prints_per_rank()).collect();
+            printing.sort();
+            printing.dedup();
             for &size in config.sizes.iter().chain(&[manager.nodes()]) {
-                own.insert((manager, size), manager.own_peak(size, config.runs)?);
+                for &p in &printing {
+                    own.insert((manager, size, p), manager.own_peak(size, p, config.runs)?);
+                }
             }
         }
     }

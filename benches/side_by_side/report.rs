@@ -175,7 +175,7 @@ fn targets(cells: &BTreeMap<Key, Cell>, baseline: &Baseline) -> Vec<Check> {
     }
     let mut worst: Option<(f64, String)> = None;
     for (&(w, n, server), cell) in cells {
-        let Some(grown) = cell.peak_kib.and_then(|peak| baseline.growth_kib(server, n, peak)) else { continue };
+        let Some(grown) = cell.peak_kib.and_then(|peak| baseline.growth_kib(server, w, n, peak)) else { continue };
         if !server.is_rpmi() {
             continue;
         }
@@ -249,12 +249,14 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
          (the median of as many runs), divided by the tasks it serves; for the srun \
          servers, less what the busiest slurmstepd of an `srun --mpi=none` step grows by over the same sizes \
          (Slurm's own memory per task), and for the Flux servers, likewise, less what the busiest flux-shell of \
-         a job without PMI grows by (each the median of as many runs).\n"
+         a job without PMI grows by (each the median of as many runs, its tasks printing a line each where the \
+         workload's ranks do).\n"
     );
     let mut own: BTreeMap<Manager, Vec<String>> = BTreeMap::new();
-    for (manager, n, peak) in baseline.own() {
+    for (manager, n, printing, peak) in baseline.own() {
         let peak = peak.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
-        own.entry(manager).or_default().push(format!("N={n}: {peak}"));
+        let tasks = if printing { "each task printing a line" } else { "silent" };
+        own.entry(manager).or_default().push(format!("N={n}, {tasks}: {peak}"));
     }
     for (manager, peaks) in own {
         let _ = writeln!(md, "{}: {}.\n", manager.label(), peaks.join(", "));
@@ -281,7 +283,7 @@ fn markdown(config: &Config, cells: &BTreeMap<Key, Cell>, baseline: &Baseline, c
                     .reference()
                     .and_then(|r| Some((r, cells.get(&(workload, size, r))?.time.median)))
                     .map_or("".to_string(), |(r, m)| format!("{:.2}x {}", cell.time.median / m, r.label()));
-                let per_task = match cell.peak_kib.and_then(|peak| baseline.growth_kib(server, size, peak)) {
+                let per_task = match cell.peak_kib.and_then(|peak| baseline.growth_kib(server, workload, size, peak)) {
                     Some(grown) => format!("{:.1} KiB", grown as f64 / server.local_tasks(size) as f64),
                     None => "?".into(),
                 };
