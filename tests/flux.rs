@@ -327,20 +327,26 @@ fn a_spawned_job_shares_the_spawners_names() {
     assert!(r.stdout.contains(line), "{}", r.dump());
 }
 
-/// The names last as long as the launch: rank 1 (shell 1) publishes and spawns a job that looks the name up
-/// 2 s later, while every task of the first job has long ended. The first job's shell 0, which holds the
-/// names, stays open until the spawned job is clean (shell 1 told it of the job, and it follows it).
+/// A job's shell 0 outlives the jobs its other shells spawned, so the names last as long as the launch: rank 1
+/// (shell 1) publishes, spawns a job and ends, as rank 0 did; the spawned job waits for that, then 2 s more
+/// (twice the instance's exec.shell-exit-timeout, after which Flux would fail a job whose shell 0 had left
+/// while another shell stays open for its spawned job), and looks the name up. Shell 1 named the job to shell
+/// 0, which follows it until it is clean.
 #[test]
-fn the_names_outlive_the_first_jobs_tasks_while_a_spawned_job_runs() {
+fn shell_0_outlives_the_jobs_the_other_shells_spawned_and_the_names_with_it() {
     let rc = format!("userrc={}", setup().userrc.display());
     let dir = setup().userrc.with_file_name("names-late");
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("the test's directory");
-    let looked_up = dir.join("looked-up");
+    let config = dir.join("config");
+    std::fs::create_dir_all(&config).expect("the test's directory");
+    std::fs::write(config.join("exec.toml"), "[exec]\nshell-exit-timeout = \"1s\"\n").expect("the config");
+    let (looked_up, spawner_done) = (dir.join("looked-up"), dir.join("spawner-done"));
     let child = format!(
-        "sleep 2; echo cmd=init pmi_version=1 pmi_subversion=1 >&$PMI_FD; read -r l <&$PMI_FD; \
+        "until [ -e {} ]; do sleep 0.1; done; sleep 2; \
+         echo cmd=init pmi_version=1 pmi_subversion=1 >&$PMI_FD; read -r l <&$PMI_FD; \
          echo cmd=lookup_name service=late >&$PMI_FD; read -r l <&$PMI_FD; echo \"$l\" >{}; \
          echo cmd=finalize >&$PMI_FD; read -r l <&$PMI_FD",
+        spawner_done.display(),
         looked_up.display()
     );
     let spawner = dir.join("spawner.sh");
@@ -353,11 +359,15 @@ fn the_names_outlive_the_first_jobs_tasks_while_a_spawned_job_runs() {
            [ "$PMI_RANK" = 1 ] && {
                printf 'mcmd=spawn\nnprocs=1\nexecname=bash\ntotspawns=1\nspawnssofar=1\nargcnt=2\narg1=-c\narg2=%s\npreput_num=0\ninfo_num=0\nendcmd\n' "$1" >&$PMI_FD
                hear; }
-           say cmd=finalize; hear"#,
+           say cmd=finalize; hear
+           [ "$PMI_RANK" = 1 ] && touch "$2"; exit 0"#,
     )
     .expect("the spawner's script");
-    let script = format!("flux run -N2 -n2 -o {rc} -o pmi=rpmi bash {} '{child}'", spawner.display());
-    let (r, _) = flux_script(3, &script);
+    let script =
+        format!("flux run -N2 -n2 -o {rc} -o pmi=rpmi bash {} '{child}' {}", spawner.display(), spawner_done.display());
+    let _one = instance();
+    let args = ["start", "--test-size=3", &format!("--config-path={}", config.display()), "bash", "-c", &script];
+    let r = start("flux", &args.map(String::from)).wait(GUARD);
     r.assert_success("a spawn whose child looks a name up after the spawners ended");
     assert!(r.stdout.contains("rank 1: cmd=spawn_result rc=0"), "{}", r.dump());
     let answer = std::fs::read_to_string(&looked_up).unwrap_or_default();

@@ -45,9 +45,9 @@
  *
  * Lifetimes. A shell stays open while messages wait for another shell's join, and shell 0 until every rank of
  * the job has left (rpmi's job_done): the other shells need its part of the tree, the group barriers and the
- * names it holds. A shell that spawned jobs stays open until each is clean (see "Spawn" below), and the
- * first job's shell 0 holds the names of every job spawned from it (see "Names across jobs") for as long as
- * it runs: while ranks of its own job run, or jobs it spawned itself.
+ * names it holds. A shell that spawned jobs stays open until each is clean, and shell 0 until every job the
+ * other shells spawned is too (see "Spawn" below): the first job's shell 0, which holds the names of every
+ * job spawned from it (see "Names across jobs"), outlives the whole launch.
  */
 #define _GNU_SOURCE /* accept4, struct ucred */
 #define FLUX_SHELL_PLUGIN_NAME "rpmi"
@@ -149,7 +149,7 @@ struct rpmi_flux {
     unsigned names_waiting_count;
     uint64_t names_seq;
     struct name_ask *names_asked; /* a spawned job: its tasks' requests, until answered */
-    struct hold *holds; /* shell 0 of the first job: the launch's other jobs it follows, until each is clean */
+    struct hold *holds; /* shell 0: the jobs the other shells spawned, followed until each is clean */
     unsigned hold_count;
     json_t *commands; /* a spawned job of several commands: each one's argv and process count */
     flux_future_t *parent_watch; /* shell 0 of a spawned job: the spawner's eventlog */
@@ -160,7 +160,7 @@ struct rpmi_flux {
 
 static void release_queue(struct rpmi_flux *ctx, uint32_t shell, int send);
 static void cancel_unstarted(struct rpmi_flux *ctx, uint32_t task);
-static void hold_names(struct rpmi_flux *ctx, flux_jobid_t id);
+static void send_holds(struct rpmi_flux *ctx);
 
 /* The other shells need nothing more of shell 0. */
 static void release_job(struct rpmi_flux *ctx) {
@@ -392,6 +392,8 @@ static void joined_cb(flux_future_t *f, void *arg) {
         l->joined = 1;
         l->knocked = 0;
         release_queue(ctx, j->shell, 1);
+        if (j->shell == 0)
+            send_holds(ctx);
     } else {
         lose(ctx, j->shell, future_strerror(f, errno));
     }
@@ -694,6 +696,7 @@ struct spawn {
     int answered, started; /* started: answered that every process started */
     int cancelled;         /* nobody waits for it any more: cancelled once it has an id */
     int finished, status;  /* its finish, seen before its processes were seen to start */
+    int held;              /* this job's shell 0 was told of it (see send_holds) */
     flux_jobid_t id;
     char id_text[64];
     char ref[32]; /* the completion reference that holds the shell open until the job is clean */
@@ -860,6 +863,123 @@ static void spawn_event_cb(flux_future_t *f, void *arg) {
     json_decref(o);
 }
 
+/* A job's shell 0 stays open until every job its other shells spawned is clean: it holds the job's part of the
+ * exchanges and, in the first job, the launch's names, and Flux fails a job whose other shells outlive its shell 0
+ * by exec.shell-exit-timeout. A shell that spawns names the job to its shell 0 ("rpmi-hold", taken only over
+ * that shell's route), which follows the job's eventlog itself, so that a shell that dies without a word holds
+ * nothing open. Every job of a launch is then outlived by the shell 0 of the job that spawned it, and the first
+ * job's by none. Shell 0 follows at most HOLDS_MAX jobs. */
+#define HOLDS_MAX 1024
+
+struct hold {
+    struct hold *next;
+    struct rpmi_flux *ctx;
+    flux_future_t *events;
+    int released;
+};
+
+static void hold_release(struct hold *hd) {
+    if (hd->released)
+        return;
+    hd->released = 1;
+    if (--hd->ctx->hold_count == 0)
+        flux_shell_remove_completion_ref(hd->ctx->shell, "rpmi-holds");
+}
+
+static void hold_free(struct hold *hd) {
+    for (struct hold **at = &hd->ctx->holds; *at; at = &(*at)->next)
+        if (*at == hd) {
+            *at = hd->next;
+            break;
+        }
+    hold_release(hd);
+    if (hd->events)
+        (void)flux_job_event_watch_cancel(hd->events);
+    flux_future_destroy(hd->events);
+    free(hd);
+}
+
+static void hold_event_cb(flux_future_t *f, void *arg) {
+    struct hold *hd = arg;
+    const char *name;
+    (void)f;
+    json_t *o = next_event(&hd->events, &name);
+    if (!o) {
+        hold_free(hd);
+        return;
+    }
+    if (strcmp(name, "clean") == 0)
+        hold_release(hd);
+    json_decref(o);
+}
+
+/* Shell 0: another shell of this job spawned job `id`. */
+static void hold_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    struct hold *hd;
+    json_int_t id = 0;
+    int shell = -1;
+    const char *why = NULL;
+    (void)mh;
+    if (flux_request_unpack(msg, NULL, "{s:i s:I}", "shell", &shell, "hold", &id) < 0 || id <= 0 ||
+        (flux_jobid_t)id == ctx->id) {
+        refuse(ctx, msg, EPROTO, "a malformed hold");
+        return;
+    }
+    if (ctx->rank != 0 || !sent_by(ctx, msg, shell, &why)) {
+        refuse(ctx, msg, EPERM, "a hold claiming to be from shell %d: %s", shell,
+               why ? why : "only shell 0 takes holds");
+        return;
+    }
+    if (ctx->hold_count >= HOLDS_MAX) {
+        flux_respond_error(h, msg, EAGAIN, "shell 0 already follows as many spawned jobs as it may");
+        return;
+    }
+    if (!(hd = calloc(1, sizeof *hd))) {
+        flux_respond_error(h, msg, ENOMEM, NULL);
+        return;
+    }
+    *hd = (struct hold){.next = ctx->holds, .ctx = ctx};
+    ctx->holds = hd;
+    if (ctx->hold_count++ == 0 && flux_shell_add_completion_ref(ctx->shell, "rpmi-holds") < 0)
+        shell_log_errno("cannot hold shell 0 open for the spawned jobs");
+    if (!(hd->events = flux_job_event_watch(h, (flux_jobid_t)id, "eventlog", 0)) ||
+        flux_future_then(hd->events, -1., hold_event_cb, hd) < 0) {
+        flux_respond_error(h, msg, errno ? errno : ENOMEM, "cannot follow that job");
+        hold_free(hd);
+        return;
+    }
+    flux_respond(h, msg, NULL);
+}
+
+static void hold_sent_cb(flux_future_t *f, void *arg) {
+    struct rpmi_flux *ctx = arg;
+    if (flux_future_get(f, NULL) < 0)
+        shell_log_error("shell 0 may end before a job shell %u spawned: %s", (unsigned)ctx->rank,
+                        future_strerror(f, errno));
+    flux_future_destroy(f);
+}
+
+/* Tells shell 0 of the jobs this shell spawned, once shell 0 took this shell's join (its route is what shell 0
+ * trusts). Shell 0's own spawns hold it open already. */
+static void send_holds(struct rpmi_flux *ctx) {
+    char t[192];
+    if (ctx->rank == 0 || !ctx->links[0].joined)
+        return;
+    topic(ctx, t, sizeof t, "rpmi-hold");
+    for (struct spawn *sp = ctx->spawns; sp; sp = sp->next) {
+        if (!sp->id || sp->held)
+            continue;
+        sp->held = 1;
+        flux_future_t *f = flux_rpc_pack(ctx->h, t, ctx->broker_rank[0], 0, "{s:i s:I}", "shell", (int)ctx->rank,
+                                         "hold", (json_int_t)sp->id);
+        if (!f || flux_future_then(f, -1., hold_sent_cb, ctx) < 0) {
+            shell_log_errno("shell 0 may end before a job shell %u spawned", (unsigned)ctx->rank);
+            flux_future_destroy(f);
+        }
+    }
+}
+
 static void spawn_submitted_cb(flux_future_t *f, void *arg) {
     struct spawn *sp = arg;
     char why[512];
@@ -885,7 +1005,7 @@ static void spawn_submitted_cb(flux_future_t *f, void *arg) {
         spawn_free(sp);
         return;
     }
-    hold_names(sp->ctx, sp->id);
+    send_holds(sp->ctx);
 }
 
 /* A spawn request's command `cmd` as argv (a new array: the program, then its arguments), or NULL. */
@@ -1010,9 +1130,10 @@ static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, con
     if (!req || json_unpack(req, "{s:o}", "commands", &commands) < 0 || !json_is_array(commands) ||
         json_array_size(commands) == 0)
         snprintf(why, sizeof why, "a malformed spawn request");
-    /* rpmi passes a spawn of 1 to 65536 processes only (plugin-spec section 8). */
+    /* rpmi passes a spawn of 1 to 65536 processes only (plugin-spec section 8); this keeps the sum in range
+     * whatever library is loaded. */
     json_array_foreach(commands, i, cmd) {
-        if (json_unpack(cmd, "{s:I}", "nprocs", &count) < 0)
+        if (json_unpack(cmd, "{s:I}", "nprocs", &count) < 0 || count < 1 || count > INT32_MAX - nprocs)
             snprintf(why, sizeof why, "a malformed spawn request");
         else
             nprocs += count;
@@ -1078,101 +1199,6 @@ static void parent_event_cb(flux_future_t *f, void *arg) {
 /* How long a spawned job's task waits for the launch's names to answer. */
 #define NAMES_TIMEOUT 30.0
 
-/* The names last as long as the launch: the first job's shell 0 stays open until every job of the launch is
- * clean. A shell that spawns a job names it there ({"hold": id}), and shell 0 follows that job's eventlog
- * itself, so that a shell that dies without a word holds nothing open. At most HOLDS_MAX jobs are followed. */
-#define HOLDS_MAX 1024
-
-struct hold {
-    struct hold *next;
-    struct rpmi_flux *ctx;
-    flux_future_t *events;
-    int released;
-};
-
-static void hold_release(struct hold *hd) {
-    if (hd->released)
-        return;
-    hd->released = 1;
-    if (--hd->ctx->hold_count == 0)
-        flux_shell_remove_completion_ref(hd->ctx->shell, "rpmi-names");
-}
-
-static void hold_free(struct hold *hd) {
-    for (struct hold **at = &hd->ctx->holds; *at; at = &(*at)->next)
-        if (*at == hd) {
-            *at = hd->next;
-            break;
-        }
-    hold_release(hd);
-    if (hd->events)
-        (void)flux_job_event_watch_cancel(hd->events);
-    flux_future_destroy(hd->events);
-    free(hd);
-}
-
-static void hold_event_cb(flux_future_t *f, void *arg) {
-    struct hold *hd = arg;
-    const char *name;
-    (void)f;
-    json_t *o = next_event(&hd->events, &name);
-    if (!o) {
-        hold_free(hd);
-        return;
-    }
-    if (strcmp(name, "clean") == 0)
-        hold_release(hd);
-    json_decref(o);
-}
-
-/* Shell 0 of the first job: another shell of the launch spawned job `id`. */
-static void hold_for(struct rpmi_flux *ctx, const flux_msg_t *msg, json_int_t id) {
-    struct hold *hd = NULL;
-    if (ctx->rank != 0 || ctx->parent != 0 || id <= 0) {
-        flux_respond_error(ctx->h, msg, EINVAL, "only the first job's shell 0 holds the launch's names");
-        return;
-    }
-    if (ctx->hold_count >= HOLDS_MAX) {
-        flux_respond_error(ctx->h, msg, EAGAIN, "the launch has too many jobs running to follow another");
-        return;
-    }
-    if (!(hd = calloc(1, sizeof *hd)) ||
-        !(hd->events = flux_job_event_watch(ctx->h, (flux_jobid_t)id, "eventlog", 0)) ||
-        flux_future_then(hd->events, -1., hold_event_cb, hd) < 0) {
-        flux_respond_error(ctx->h, msg, errno ? errno : ENOMEM, "cannot follow that job");
-        if (hd)
-            flux_future_destroy(hd->events);
-        free(hd);
-        return;
-    }
-    *hd = (struct hold){.next = ctx->holds, .ctx = ctx, .events = hd->events};
-    ctx->holds = hd;
-    if (ctx->hold_count++ == 0 && flux_shell_add_completion_ref(ctx->shell, "rpmi-names") < 0)
-        shell_log_errno("cannot hold the launch's names open");
-    flux_respond(ctx->h, msg, NULL);
-}
-
-static void hold_sent_cb(flux_future_t *f, void *arg) {
-    (void)arg;
-    if (flux_future_get(f, NULL) < 0)
-        shell_log_error("the launch's names may end before the job this shell spawned: %s",
-                        future_strerror(f, errno));
-    flux_future_destroy(f);
-}
-
-/* A shell but the first job's shell 0 spawned job `id`: the names stay while it runs. */
-static void hold_names(struct rpmi_flux *ctx, flux_jobid_t id) {
-    flux_future_t *f;
-    if (ctx->rank == 0 && ctx->parent == 0)
-        return; /* its own spawn holds it open already */
-    if (!(f = flux_rpc_pack(ctx->h, ctx->names_topic, (uint32_t)ctx->names_rank, 0, "{s:I}", "hold",
-                            (json_int_t)id)) ||
-        flux_future_then(f, NAMES_TIMEOUT, hold_sent_cb, NULL) < 0) {
-        shell_log_errno("the launch's names may end before the job this shell spawned");
-        flux_future_destroy(f);
-    }
-}
-
 struct name_request {
     struct name_request *next;
     uint64_t id;
@@ -1187,11 +1213,6 @@ static void name_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, vo
     (void)mh;
     if (flux_msg_authorize(msg, getuid()) < 0) {
         flux_respond_error(h, msg, EPERM, "only the job's owner may use its names");
-        return;
-    }
-    json_int_t hold;
-    if (flux_request_unpack(msg, NULL, "{s:I}", "hold", &hold) == 0) {
-        hold_for(ctx, msg, hold);
         return;
     }
     if (flux_request_unpack(msg, NULL, "{s:i s:s s?s}", "op", &op, "service", &service, "port", &port) < 0) {
@@ -1841,7 +1862,8 @@ static int shell_init(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *ar
         flux_shell_service_register(shell, "rpmi-knock", knock_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-hello", hello_cb, ctx) < 0 ||
         flux_shell_service_register(shell, "rpmi-join", join_cb, ctx) < 0 ||
-        flux_shell_service_register(shell, "rpmi-name", name_cb, ctx) < 0) {
+        flux_shell_service_register(shell, "rpmi-name", name_cb, ctx) < 0 ||
+        flux_shell_service_register(shell, "rpmi-hold", hold_cb, ctx) < 0) {
         shell_log_errno("cannot register the exchange's services");
         goto done;
     }
