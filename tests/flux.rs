@@ -441,6 +441,30 @@ fn a_spawn_beyond_the_bound_is_refused_before_flux_sees_it() {
     assert_eq!(r.stdout.lines().last(), Some("1"), "one job only, the spawner's:\n{}", r.dump());
 }
 
+/// A spawn of two commands with the same 2500 preputs each (the usual shape: every command of
+/// `MPI_Comm_spawn_multiple` carries the job's preputs) starts: the new job gets each key once, not the 5000
+/// copies, which are more than the 4096 a job takes.
+#[test]
+fn a_spawn_of_several_commands_gives_the_new_job_each_preput_once() {
+    let spawner = setup().userrc.with_file_name("spawn_preputs.sh");
+    std::fs::write(
+        &spawner,
+        r#"say() { printf '%s\n' "$1" >&$PMI_FD; }; hear() { read -r line <&$PMI_FD; echo "$line"; }
+           say 'cmd=init pmi_version=1 pmi_subversion=1'; hear >/dev/null
+           for n in 1 2; do
+               { printf 'mcmd=spawn\nnprocs=1\nexecname=true\ntotspawns=2\nspawnssofar=%d\nargcnt=0\npreput_num=2500\n' $n
+                 for i in $(seq 0 2499); do printf 'preput_key_%d=k%d\npreput_val_%d=v\n' $i $i $i; done
+                 printf 'info_num=0\nendcmd\n'; } >&$PMI_FD
+           done
+           echo "spawner: $(hear)"; say cmd=finalize; hear >/dev/null"#,
+    )
+    .expect("the spawner's script");
+    let args = ["-N1", "-n1", "-o", "rpmi.spawn_bytes_max=2097152", "bash", spawner.to_str().expect("UTF-8")];
+    let r = flux_run(&[&RPMI[..], &args].concat());
+    r.assert_success("a spawn of two commands with 2500 preputs each");
+    assert!(r.stdout.contains("spawner: cmd=spawn_result rc=0"), "{}", r.dump());
+}
+
 /// A spawn Flux cannot place yet (the spawner holds the one broker's cores) waits in the queue, as a `flux
 /// submit` would; once the spawning task is gone, nobody waits for it: it is cancelled, and the spawner's job,
 /// which its shell held open for the spawned job's end, ends with its task.

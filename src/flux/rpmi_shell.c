@@ -1031,12 +1031,12 @@ static json_t *command_argv(json_t *cmd) {
 static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *commands, uint32_t nprocs, char *why, size_t why_len) {
     const char *cwd = NULL, *wdir = NULL;
     json_t *js = NULL, *env = NULL, *options = NULL, *value, *cmd, *pair;
-    json_t *preputs = json_array(), *listed = json_array(), *argv = NULL;
+    json_t *preputs = json_array(), *seen = json_object(), *listed = json_array(), *argv = NULL;
     char **cargv = NULL, **envp = NULL, *encoded = NULL;
     flux_jobspec1_t *spec = NULL;
     size_t i, j, n = 0;
     const char *key;
-    if (!preputs || !listed)
+    if (!preputs || !seen || !listed)
         goto nomem;
     /* Every command's preputs go to the whole job; the commands share one working directory. */
     json_array_foreach(commands, i, cmd) {
@@ -1048,7 +1048,13 @@ static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *commands, uint32_t npr
             snprintf(why, why_len, "a malformed spawn request");
             goto done;
         }
-        json_array_extend(preputs, p);
+        /* Each key once: the commands' preputs agree (rpmi checked), and each command carries them all. */
+        json_array_foreach(p, j, pair) {
+            const char *k = json_string_value(json_array_get(pair, 0));
+            if (k && !json_object_get(seen, k) &&
+                (json_object_set_new(seen, k, json_true()) < 0 || json_array_append(preputs, pair) < 0))
+                goto nomem;
+        }
         json_array_foreach(infos, j, pair) {
             const char *k, *v;
             if (json_unpack(pair, "[ss]", &k, &v) < 0 || strcmp(k, "wdir") != 0)
@@ -1107,6 +1113,7 @@ done:
     free(envp);
     free(cargv);
     json_decref(preputs);
+    json_decref(seen);
     json_decref(listed);
     flux_jobspec1_destroy(spec);
     return encoded;
