@@ -37,8 +37,8 @@
  * ("rpmi-join"): the request that carries it gives its route. Messages wait until the join is taken. A hello
  * is taken only with the challenge of this shell's knock, one join at a time, so a task can neither make a
  * shell send a join nor take one: a knock or hello it forges is refused, or sends a nonce only to the shell
- * the knock names. A message or an abort is taken only
- * over the route of the shell it claims to be from; any other is refused and logged, and is no concern of the
+ * the knock names. A message, an abort or (shell 0) a hold is taken
+ * only over the route of the shell it claims to be from; any other is refused and logged, and is no concern of the
  * job. What a shell's messages say, rpmi checks. A shell that cannot be reached (its knock or join fails for
  * good, or Flux says it is lost) is reported to rpmi (shell_lost), which ends the job unless it said it was
  * done.
@@ -921,6 +921,10 @@ static void hold_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, vo
     int shell = -1;
     const char *why = NULL;
     (void)mh;
+    if (flux_msg_authorize(msg, getuid()) < 0) {
+        flux_respond_error(h, msg, EPERM, "only the job's owner may hold its shell 0");
+        return;
+    }
     if (flux_request_unpack(msg, NULL, "{s:i s:I}", "shell", &shell, "hold", &id) < 0 || id <= 0 ||
         (flux_jobid_t)id == ctx->id) {
         refuse(ctx, msg, EPROTO, "a malformed hold");
