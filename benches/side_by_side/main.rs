@@ -489,11 +489,7 @@ impl Manager {
     /// as a task writes, a few pages of it resident). The median over `runs` jobs: like the idle
     /// baseline's, one job's figure moves by a few hundred KiB.
     fn own_peak(self, size: usize, printing: bool, runs: usize) -> Result<Option<u64>, String> {
-        let mut peaks = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            peaks.extend(self.one_own_peak(size, printing)?.map(|kib| kib as f64));
-        }
-        Ok(report::median(peaks).map(|kib| kib as u64))
+        median_peak(runs, || self.one_own_peak(size, printing))
     }
 
     fn one_own_peak(self, size: usize, printing: bool) -> Result<Option<u64>, String> {
@@ -549,6 +545,15 @@ impl Baseline {
         };
         Some(peak_kib.saturating_sub(idle).saturating_sub(own))
     }
+}
+
+/// The median of `runs` jobs' memory figures (KiB), each from `one`; jobs without a figure are left out.
+fn median_peak(runs: usize, mut one: impl FnMut() -> Result<Option<u64>, String>) -> Result<Option<u64>, String> {
+    let mut peaks = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        peaks.extend(one()?.map(|kib| kib as f64));
+    }
+    Ok(report::median(peaks).map(|kib| kib as u64))
 }
 
 /// The memory figure of a job: the busiest serving process, or Hydra's two together.
@@ -653,16 +658,15 @@ fn benchmark(config: &Config) -> Result<(), String> {
         // process settled. A process's
         // resident set at rest varies by a few hundred KiB from run to run (rpmi-run's shells inherit the
         // launcher's at fork), so the baseline is a median over as many runs as each cell has.
-        let mut peaks = Vec::with_capacity(config.runs);
-        for _ in 0..config.runs {
+        let peak = median_peak(config.runs, || {
             let idle = (2 * barriers()).to_string();
             let job = run_job(server, server.nodes(), &["barrier", "--count", &idle])?;
             if job.status != 0 {
                 return Err(fail(server, server.nodes(), "idle", &job));
             }
-            peaks.extend(peak_of(server, &job.peaks).map(|kib| kib as f64));
-        }
-        idle.insert(server, report::median(peaks).map(|kib| kib as u64));
+            Ok(peak_of(server, &job.peaks))
+        })?;
+        idle.insert(server, peak);
     }
     let mut own = BTreeMap::new();
     for manager in [Manager::Slurm, Manager::Flux] {

@@ -511,14 +511,18 @@ mod tests {
         assert!(!owed.claim(0));
     }
 
-    unsafe extern "C" fn spawn_not_expected(
+    static SPAWNS_SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// Counts the spawns the host is asked to start (no panic may cross the C boundary).
+    unsafe extern "C" fn spawn_counted(
         _: *mut std::ffi::c_void,
         _: *mut rpmi_instance,
         _: u32,
         _: *const std::ffi::c_char,
         _: usize,
     ) -> std::ffi::c_int {
-        panic!("the host was asked to start a spawn rpmi refuses");
+        SPAWNS_SEEN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        ffi::RPMI_ERR_INVALID
     }
 
     #[test]
@@ -527,7 +531,7 @@ mod tests {
         // SAFETY: a table of optional callbacks and sizes, all zero: none offered.
         let mut ops: rpmi_host_ops = unsafe { std::mem::zeroed() };
         ops.struct_size = std::mem::size_of::<rpmi_host_ops>() as _;
-        ops.spawn = Some(spawn_not_expected);
+        ops.spawn = Some(spawn_counted);
         let mut host = CHost { ops, instance: std::ptr::null_mut(), owed: owed.clone(), shells: None };
         let command = |nprocs, preput: &str| SpawnCommand {
             nprocs,
@@ -541,5 +545,6 @@ mod tests {
         let disagreeing = SpawnRequest { commands: vec![command(1, "v"), command(1, "w")] };
         assert!(host.request(0, HostRequest::Spawn(Box::new(disagreeing))).is_err());
         assert!(!owed.claim(0), "nothing is owed for a refused spawn");
+        assert_eq!(SPAWNS_SEEN.load(std::sync::atomic::Ordering::SeqCst), 0, "the host was asked to start one");
     }
 }
