@@ -259,6 +259,13 @@ def job_state(mark):
     return states[0] if states else None
 
 
+def proc_state(pid):
+    """The State line of /proc/PID/status, and its threads' count."""
+    status = (read(f"/proc/{pid}/status") or b"").decode(errors="replace")
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    return f"state {fields.get('State', '?').strip()}, {fields.get('Threads', '?').strip()} threads"
+
+
 def wait_idle(limit=120):
     """Waits until every node is idle, resuming one a fault left down or drained. Returns what is worth noting:
     a node resumed, a wait of more than 5 s, nodes still busy after `limit` s; else ""."""
@@ -273,7 +280,12 @@ def wait_idle(limit=120):
                 resumed.add(node)
         time.sleep(0.2)
     else:
-        return f"nodes not idle after {limit} s: {states}"
+        # Whether each such node's slurmd runs, and in what state (a slurmd that runs but answers slurmctld no
+        # more is not one that died).
+        found = slurmds()
+        procs = {node: f"slurmd pid {found[node]}, {proc_state(found[node])}" if node in found else "no slurmd"
+                 for node, s in states.items() if s != "idle"}
+        return f"nodes not idle after {limit} s: {states} ({procs})"
     took = time.monotonic() - start
     said = [f"resumed {', '.join(sorted(resumed))}"] if resumed else []
     if resumed or took > 5:
