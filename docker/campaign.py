@@ -466,6 +466,7 @@ class Cluster:
 
     def __init__(self):
         self.children = {}  # restarted slurmds are our children: reaped when killed again
+        self.struck = set()  # nodes whose slurmd a fault has killed and not yet started again
 
     @staticmethod
     def launch_of(pid):
@@ -477,6 +478,7 @@ class Cluster:
     def kill_slurmd(self, node):
         pid = slurmds()[node]
         saved = self.launch_of(pid)
+        self.struck.add(node)
         kill(pid)
         if pid in self.children:
             self.children.pop(pid).wait()
@@ -494,6 +496,7 @@ class Cluster:
         with open(os.path.join(CLUSTER, "run", f"slurmd-{node}.launch.pid"), "w") as f:
             f.write(f"{proc.pid}\n")
         time.sleep(1)
+        self.struck.discard(node)
         if proc.poll() is not None:
             raise SystemExit(f"campaign: the restarted slurmd of {node} exited ({proc.returncode}); see "
                              f"{saved['out']}")
@@ -507,25 +510,26 @@ def size(path):
         return 0
 
 
-def kernel_faults():
-    """The kernel's lines of a slurmd that faulted inside libc (a segfault, a general protection fault): how a
-    corrupted heap can end it without a word of glibc's. The line names the faulting thread, not the process."""
+def kernel_faults(within=5):
+    """The kernel's lines, from the last `within` s, of a slurmd that faulted inside libc (a segfault, a
+    general protection fault): how a corrupted heap can end it without a word of glibc's. The line names the
+    faulting thread, not the process: it is told by its time (the watch sees a slurmd gone within a second)."""
     try:
         kernel = subprocess.run(["dmesg"], capture_output=True).stdout  # empty where the log is not ours to read
-    except OSError:
+        uptime = float((read("/proc/uptime") or b"0").split()[0])
+    except (OSError, ValueError):
         return []
-    return re.findall(rb"slurmd\[\d+\]:? (?:segfault|general protection fault)[^\n]* in libc[^\n]*", kernel)
+    fault = rb"(?:segfault|general protection fault)[^\n]* in libc[^\n]*"
+    found = re.findall(rb"^\[ *(\d+\.\d+)\] (?:traps: )?(slurmd\[\d+\]:? " + fault + rb")", kernel, re.M)
+    return [line for at, line in found if uptime - float(at) <= within]
 
 
-def heap_abort(out, offset, faults_before):
+def heap_abort(out, offset):
     """Why glibc ended a slurmd, if it did: the heap check it printed on its output `out` after `offset`, or a
-    kernel line of kernel_faults() not among `faults_before`. None otherwise."""
+    kernel line of kernel_faults(). None otherwise."""
     with open(out, "rb") as f:
         f.seek(offset)
-        said = GLIBC_HEAP_ABORT.findall(f.read())
-    told = set(faults_before)
-    new = [line for line in kernel_faults() if line not in told]
-    found = said or new
+        found = GLIBC_HEAP_ABORT.findall(f.read()) or kernel_faults()
     return found[-1].decode(errors="replace") if found else None
 
 
@@ -539,7 +543,6 @@ class CrashWatch:
         self.cluster, self.crashes, self.lock = cluster, [], threading.Lock()
         self.launches = {}  # node -> (pid, how it was started, the size of its output then)
         self.all_seen = time.monotonic()  # when every slurmd last ran
-        self.faults = kernel_faults()  # the kernel's lines of faults already told
         self.done = threading.Event()
         self.look()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -563,12 +566,13 @@ class CrashWatch:
                     continue
                 self.launches[node] = (pid, launch, size(launch["out"]))
         gone = [node for node in self.launches if node not in found]
-        for node in gone:
+        # A slurmd a fault killed is the fault's to start again (a kernel line of a slurmd child's fault,
+        # say, must not make it ours too).
+        for node in (n for n in gone if n not in self.cluster.struck):
             pid, launch, offset = self.launches[node]
-            why = heap_abort(launch["out"], offset, self.faults)
+            why = heap_abort(launch["out"], offset)
             if not why:
                 continue
-            self.faults = kernel_faults()
             say_slurmd_gone(node, f"(glibc: {why}); starting it again")
             try:
                 new = self.cluster.restart_slurmd(node, launch)
