@@ -466,7 +466,8 @@ class Cluster:
 
     def __init__(self):
         self.children = {}  # restarted slurmds are our children: reaped when killed again
-        self.struck = set()  # nodes whose slurmd a fault has killed and not yet started again
+        # Held while a slurmd is killed or started again, by a fault or by CrashWatch: one at a time.
+        self.lock = threading.Lock()
 
     @staticmethod
     def launch_of(pid):
@@ -475,20 +476,31 @@ class Cluster:
                 "env": {k.decode(): v.decode() for k, v in environ(pid).items()},
                 "cwd": os.readlink(f"/proc/{pid}/cwd"), "out": os.readlink(f"/proc/{pid}/fd/1")}
 
-    def kill_slurmd(self, node):
-        pid = slurmds()[node]
-        saved = self.launch_of(pid)
-        self.struck.add(node)
-        kill(pid)
-        if pid in self.children:
-            self.children.pop(pid).wait()
-        while alive(pid):
-            time.sleep(0.01)
-        return pid, saved
+    def strike_slurmd(self, node):
+        """The fault: SIGKILL of `node`'s slurmd, started again SLURMD_RESTART_AFTER later. Returns when it was
+        killed, its pid and the new one's. A slurmd missing (Slurm's own crash, which CrashWatch mends) is
+        waited for first."""
+        until = time.monotonic() + GONE_WITHIN
+        while True:
+            with self.lock:
+                pid = slurmds().get(node)
+                if pid is not None:
+                    saved, fault = self.launch_of(pid), time.monotonic()
+                    kill(pid)
+                    if pid in self.children:
+                        self.children.pop(pid).wait()
+                    while alive(pid):
+                        time.sleep(0.01)
+                    time.sleep(SLURMD_RESTART_AFTER)
+                    return fault, pid, self.restart_slurmd(node, saved)
+            if time.monotonic() > until:
+                raise SystemExit(f"campaign: no slurmd of {node} to strike for {GONE_WITHIN} s")
+            time.sleep(POLL)
 
     def restart_slurmd(self, node, saved):
-        # As slurm-cluster.sh's launch: its own session (setsid), stdin /dev/null, output appended to its .out
-        # file, the same arguments, initial environment (the cluster's marker with it) and directory.
+        """Starts `node`'s slurmd again (under self.lock): as slurm-cluster.sh's launch, in its own session
+        (setsid), stdin /dev/null, output appended to its .out file, the same arguments, initial environment
+        (the cluster's marker with it) and directory."""
         with open(saved["out"], "ab") as out:
             proc = subprocess.Popen(saved["argv"], env=saved["env"], cwd=saved["cwd"], stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -496,7 +508,6 @@ class Cluster:
         with open(os.path.join(CLUSTER, "run", f"slurmd-{node}.launch.pid"), "w") as f:
             f.write(f"{proc.pid}\n")
         time.sleep(1)
-        self.struck.discard(node)
         if proc.poll() is not None:
             raise SystemExit(f"campaign: the restarted slurmd of {node} exited ({proc.returncode}); see "
                              f"{saved['out']}")
@@ -527,9 +538,13 @@ def kernel_faults(within=5):
 def heap_abort(out, offset):
     """Why glibc ended a slurmd, if it did: the heap check it printed on its output `out` after `offset`, or a
     kernel line of kernel_faults(). None otherwise."""
-    with open(out, "rb") as f:
-        f.seek(offset)
-        found = GLIBC_HEAP_ABORT.findall(f.read()) or kernel_faults()
+    try:
+        with open(out, "rb") as f:
+            f.seek(offset)
+            said = GLIBC_HEAP_ABORT.findall(f.read())
+    except OSError:
+        said = []
+    found = said or kernel_faults()
     return found[-1].decode(errors="replace") if found else None
 
 
@@ -537,12 +552,16 @@ class CrashWatch:
     """Watches the cluster's slurmds for the whole campaign, in a thread of its own: one that glibc ended (its
     heap found corrupted, heap_abort) is started again as the faults start one, and when it was gone is kept, so
     that the fault runs and soak steps it overlapped are told from the plugin's own failures (hit). A slurmd
-    gone for any other reason (a fault's SIGKILL, which the fault run undoes) is left alone."""
+    gone for any other reason is left alone: what it breaks counts. A fault's kill and restart hold the
+    cluster's lock, so the watch never sees that gap."""
 
     def __init__(self, cluster):
         self.cluster, self.crashes, self.lock = cluster, [], threading.Lock()
         self.launches = {}  # node -> (pid, how it was started, the size of its output then)
-        self.all_seen = time.monotonic()  # when every slurmd last ran
+        self.seen = {}  # node -> when its slurmd was last seen running
+        self.judged = set()  # pids found gone, crashed or not: each is judged once
+        self.looks = threading.Condition()
+        self.looked = 0  # looks completed
         self.done = threading.Event()
         self.look()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -550,41 +569,55 @@ class CrashWatch:
 
     def run(self):
         while not self.done.wait(SAMPLE * SLURMD_EVERY):
-            self.look()
+            try:
+                self.look()
+            except Exception as e:  # the watch must outlive what it meets; the campaign goes on either way
+                print(f"campaign: the slurmd watch: {e!r}", file=sys.stderr, flush=True)
+            with self.looks:
+                self.looked += 1
+                self.looks.notify_all()
 
     def stop(self):
         self.done.set()
         self.thread.join()
 
+    def settle(self):
+        """Waits until a look that began after this call has ended: a crash that happened before it is known."""
+        with self.looks:
+            want = self.looked + 2
+            self.looks.wait_for(lambda: self.looked >= want or self.done.is_set(), timeout=10)
+
     def look(self):
-        now, found = time.monotonic(), slurmds()
-        for node, pid in found.items():
-            if self.launches.get(node, (None,))[0] != pid:
-                try:
-                    launch = self.cluster.launch_of(pid)
-                except (OSError, AttributeError):  # gone meanwhile: seen at the next look
+        with self.cluster.lock:
+            now, found = time.monotonic(), slurmds()
+            for node, pid in found.items():
+                self.seen[node] = now
+                if self.launches.get(node, (None,))[0] != pid:
+                    try:
+                        launch = self.cluster.launch_of(pid)
+                    except (OSError, AttributeError):  # gone meanwhile: seen at the next look
+                        continue
+                    self.launches[node] = (pid, launch, size(launch["out"]))
+            for node in [n for n in self.launches if n not in found]:
+                pid, launch, offset = self.launches[node]
+                if pid in self.judged:
                     continue
-                self.launches[node] = (pid, launch, size(launch["out"]))
-        gone = [node for node in self.launches if node not in found]
-        # A slurmd a fault killed is the fault's to start again (a kernel line of a slurmd child's fault,
-        # say, must not make it ours too).
-        for node in (n for n in gone if n not in self.cluster.struck):
-            pid, launch, offset = self.launches[node]
-            why = heap_abort(launch["out"], offset)
-            if not why:
-                continue
-            say_slurmd_gone(node, f"(glibc: {why}); starting it again")
-            try:
-                new = self.cluster.restart_slurmd(node, launch)
-            except SystemExit as e:
-                print(e, file=sys.stderr, flush=True)
-                new = None
-            with self.lock:
-                self.crashes.append({"node": node, "from": self.all_seen, "until": time.monotonic(), "why": why})
-            # Not started again: its node's steps fail from now on, and count.
-            self.launches[node] = (new or pid, launch, size(launch["out"]))
-        if not gone:
-            self.all_seen = now
+                self.judged.add(pid)
+                why = heap_abort(launch["out"], offset)
+                if not why:
+                    continue
+                say_slurmd_gone(node, f"({why}); starting it again")
+                crash = {"node": node, "from": self.seen.get(node, now), "until": time.monotonic(), "why": why}
+                with self.lock:  # known at once, before the restart's second
+                    self.crashes.append(crash)
+                try:
+                    new = self.cluster.restart_slurmd(node, launch)
+                except (SystemExit, OSError) as e:  # not started again: its node's steps fail, and count
+                    print(e, file=sys.stderr, flush=True)
+                    continue
+                with self.lock:
+                    crash["until"] = time.monotonic()
+                self.launches[node] = (new, launch, size(launch["out"]))
 
     def hit(self, start, end):
         """Whether something that ran from `start` to `end` overlapped a crash (or its node's return after it)."""
@@ -612,7 +645,7 @@ def calibrate(ctx, mpi, runs=2):
     phase)."""
     found = {}
     for name, workload in ctx.workloads[mpi].items():
-        seen, unseen = [], 0
+        seen, unseen, crashed = [], 0, 0
         while len(seen) < runs:
             wait_idle()
             began = time.monotonic()
@@ -626,10 +659,14 @@ def calibrate(ctx, mpi, runs=2):
             victim.look()
             by = [b.finish() for b in side]
             failed = victim.srun.code != 0 or any(b["failed"] for b in by)
-            if failed:
-                time.sleep(2 * SAMPLE * SLURMD_EVERY)  # the watch's next look, to see a crash that failed it
-            if ctx.watch.hit(began, time.monotonic()):
-                continue  # a crash of Slurm's own slurmd overlapped it: made again
+            ended = time.monotonic()
+            ctx.watch.settle()
+            if ctx.watch.hit(began, ended):
+                # A crash of Slurm's own slurmd overlapped it: made again, three times at most.
+                crashed += 1
+                if crashed > 3:
+                    raise SystemExit(f"campaign: four runs of {name} under --mpi={mpi} met a slurmd crash")
+                continue
             if failed:
                 raise SystemExit(f"campaign: a clean run of {name} under --mpi={mpi} failed "
                                  f"({exit_text(victim.srun.code)}, "
@@ -712,10 +749,8 @@ def fault_run(ctx, mpi, rng, index, kind, phase):
             target = "nothing: srun already gone"
     else:
         node = rng.choice(VICTIM_NODES)
-        fault = time.monotonic()
-        pid, saved = ctx.cluster.kill_slurmd(node)
-        time.sleep(SLURMD_RESTART_AFTER)
-        target = f"slurmd {node} pid {pid}, restarted as pid {ctx.cluster.restart_slurmd(node, saved)}"
+        fault, pid, new = ctx.cluster.strike_slurmd(node)
+        target = f"slurmd {node} pid {pid}, restarted as pid {new}"
     run.update(delay_s=round(fault - victim.srun.start, 3), killed=target, pid=pid)
 
     # How long srun took to go, from the fault (from SIGCONT for a stop); past the guard it is hung, and killed.
@@ -757,6 +792,7 @@ def fault_run(ctx, mpi, rng, index, kind, phase):
     idle = wait_idle()
     if idle:
         notes.append(idle)
+    ctx.watch.settle()
     if ctx.watch.hit(began, ended):
         run["slurmd_crash"] = True
         notes.append("a crash of Slurm's own slurmd (glibc's heap check) overlapped the run: not judged")
@@ -937,6 +973,7 @@ def soak(ctx, steps, mpi):
     for node in sorted(set(slurmd["start"]) - set(slurmd["end"])):
         say_slurmd_gone(node, f"after the soak under --mpi={mpi}")
     slurmd["last_from"] = steps[len(steps) - compared(len(steps))].srun.start - began
+    ctx.watch.settle()
     slurmd["crashes"] = [c for c in ctx.watch.since(began) if c["until_s"] >= 0]
     return {"steps": [s.record(stepd_figures, ctx.watch.hit(s.srun.start, s.srun.end or time.monotonic()))
                       for s in steps],
@@ -1144,7 +1181,7 @@ def report(meta, calibrations, runs, soaks):
         out += ["Crashes of Slurm's own slurmd (glibc found its heap corrupted; no code of the plugin runs in slurmd "
                 "after its start), each slurmd started again as a fault starts one; the fault runs and soak steps "
                 f"that ran from when it was last seen until {CRASH_MARGIN} s after its new start are not judged:", "",
-                table(["node", "last seen running (s from the start)", "started again (s)", "glibc"],
+                table(["node", "last seen running (s from the start)", "started again (s)", "what ended it"],
                       [(c["node"], c["from_s"], c["until_s"], f"`{c['why']}`") for c in crashes]), ""]
 
     if runs:
