@@ -126,11 +126,17 @@ def environ(pid):
     return dict(e.split(b"=", 1) for e in raw.split(b"\0") if b"=" in e)
 
 
-def status_kib(pid, field):
-    for line in (read(f"/proc/{pid}/status") or b"").decode().splitlines():
+def status_field(pid, field):
+    """The text of one field of /proc/PID/status, or None."""
+    for line in (read(f"/proc/{pid}/status") or b"").decode(errors="replace").splitlines():
         if line.startswith(field + ":"):
-            return int(line.split()[1])
+            return line.split(":", 1)[1].strip()
     return None
+
+
+def status_kib(pid, field):
+    text = status_field(pid, field)
+    return None if text is None else int(text.split()[0])
 
 
 def nfds(pid):
@@ -260,10 +266,8 @@ def job_state(mark):
 
 
 def proc_state(pid):
-    """The State line of /proc/PID/status, and its threads' count."""
-    status = (read(f"/proc/{pid}/status") or b"").decode(errors="replace")
-    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-    return f"state {fields.get('State', '?').strip()}, {fields.get('Threads', '?').strip()} threads"
+    """The State of /proc/PID/status, and its threads' count."""
+    return f"state {status_field(pid, 'State') or '?'}, {status_field(pid, 'Threads') or '?'} threads"
 
 
 def wait_idle(limit=120):
