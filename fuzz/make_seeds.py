@@ -4,7 +4,8 @@ sessions for the engine), of fuzz/seeds/pmi2 (PMI-2 frames and bodies), of fuzz/
 (events for one of the collective's machines, crates/core/src/collective/).
 
 The engine input format is the one fuzz_targets/engine.rs decodes: byte 0 is the configuration (bit 0
-trace, bit 1 host offers services, bit 2 small limits, bit 3 cyclic task map), then operations, each an
+trace, bit 1 host offers services, bit 2 small limits, bit 3 cyclic task map, bit 4 group exchanges, bit 5
+the node barrier's page served), then operations, each an
 op byte (op % 16 = what, (op // 16) % 3 = task) and its argument bytes. The frames input format is the
 one fuzz_targets/frames.rs decodes: 4 header bytes (see fuzz/README.md, "The `frames` target"), then the
 stream. Run from anywhere:
@@ -167,6 +168,17 @@ def sessions():
     )
     s = Session(2).req(0, INIT).raw(0, block, chunk=6).reply(0, 4 + 10 * 2)
     out["spawn_raw"] = s
+
+    # The node barrier: every task speaks rpmi=3 (INIT's a=1), the first barrier by lines turns it on, then
+    # barriers by the node's one line (BARRIER's b=3); a task that goes breaks it, and the rest come by lines.
+    s = Session(32)
+    for t in range(3):
+        s.req(t, INIT, 1).req(t, PUT, t, 3).req(t, BARRIER)
+    s.complete_own()
+    s.req(1, BARRIER, 0, 3).complete_remote([(3, 3, 30)])
+    s.req(0, BARRIER, 0, 3).complete_err()
+    s.disconnect(2).req(0, BARRIER).req(1, BARRIER, 0, 3).req(1, BARRIER)
+    out["node_barrier"] = s
 
     # PMI-2 client, Intel's ranks2hosts, garbage.
     s = Session(0).req(0, INIT2).req(1, INIT).req(1, R2H).raw(2, b"cmd=put kvsname=kvs_fuzz_1 key=a\n")

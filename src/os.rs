@@ -244,7 +244,16 @@ pub fn memfd(name: &CStr) -> io::Result<OwnedFd> {
 /// Seals memory file `file`: no process can write it, grow it, shrink it or change its seals from now on, so
 /// every process it is sent to maps the same bytes, which none can change.
 pub fn seal(file: &OwnedFd) -> io::Result<()> {
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    add_seals(file, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL)
+}
+
+/// Seals memory file `file`'s length: no process can grow it, shrink it or change its seals from now on, so
+/// that no process it is sent to can make another's accesses to its mapping fault; its bytes stay writable.
+pub fn seal_length(file: &OwnedFd) -> io::Result<()> {
+    add_seals(file, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL)
+}
+
+fn add_seals(file: &OwnedFd, seals: libc::c_int) -> io::Result<()> {
     // SAFETY: fcntl on an fd of ours changes no memory.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
         return Err(io::Error::last_os_error());

@@ -65,7 +65,7 @@ fn each_library_needs_only_the_c_library_and_exports_only_its_api() {
 /// Every call; and, through the wire's trace, that each rank's gets after each of the program's two barriers
 /// were answered from the image of its node's key-value space (each rank asked for it once per barrier), but
 /// the first few after each barrier (`WIRE_GETS_FIRST`) and the one of a key nobody put, which only the server
-/// can answer.
+/// can answer; and that full barriers after the first went by the node barrier, but where the job says not to.
 #[test]
 fn every_call_under_rpmi_run_on_one_node_and_on_three() {
     let p = program(Api::Pmi1);
@@ -84,7 +84,17 @@ fn every_call_under_rpmi_run_on_one_node_and_on_three() {
         let first = 8;
         let wired = done.stderr.lines().filter(wire).count();
         assert!(wired <= 2 * first * size, "{wired} gets went to the server: {}", done.dump());
+        // Only the first full barrier goes by lines; each later one, by the node barrier: a line a node.
+        let by_lines = done.stderr.matches(" C: cmd=barrier_in\n").count();
+        let paged = done.stderr.matches(" C: cmd=node_barrier_in\n").count();
+        let nodes = if size == 4 { 1 } else { 3 };
+        assert!(by_lines == size && paged > 0 && paged % nodes == 0, "{by_lines} {paged}: {}", done.dump());
     }
+    // Not where the job says not to (`RPMI_NODE_BARRIER=0`): every barrier by lines.
+    let env = [("RPMI_NODE_BARRIER", OsStr::new("0"))];
+    let lines = start_with_env(RUN, &["--trace", "-n", "4", path], &env).wait(GUARD);
+    assert!(ranks_ok(&lines, 4).iter().all(|l| l == "clique=4 groups=1"), "{}", lines.dump());
+    assert!(!lines.stderr.contains("node_barrier"), "{}", lines.dump());
 }
 
 /// The image of the key-value space as a task receives it (tests/programs/kvs_image.c, a client written on the
@@ -101,6 +111,46 @@ fn a_task_cannot_write_the_image_and_another_user_cannot_reach_it() {
         let files: std::collections::BTreeSet<String> = ranks_ok(&done, 3).into_iter().collect();
         assert!(files.iter().all(|f| f.starts_with("image files=")), "{}", done.dump());
         assert_eq!(files.len(), nodes, "not one pair of files a node: {files:?}");
+    }
+}
+
+/// The node barrier's page as a task receives it and uses it (tests/programs/node_barrier.c, a client written
+/// on the wire that counts itself in as the libraries do): sealed in length but writable, out of another
+/// user's reach, and 20 barriers on it with puts and gets between them, each got value as put; on one node,
+/// from rpmi-run's own loop, and across 2 and 4 nodes (the node's ranks: 4, 2, 1).
+#[test]
+fn the_node_barriers_page_cannot_be_resized_and_carries_barriers_on_every_host() {
+    let dir = library_dir();
+    let program = support::compile("cc", "node_barrier", dir.path());
+    for (mode, members) in
+        [(&[][..], 4), (&["--event-loop"][..], 4), (&["--nodes", "2"][..], 2), (&["--nodes", "4"][..], 1)]
+    {
+        let mut args = vec!["-n", "4"];
+        args.extend(mode);
+        args.extend([program.to_str().unwrap(), "20"]);
+        let done = rpmi_run(&args);
+        let want = format!("members={members}");
+        assert!(ranks_ok(&done, 4).iter().all(|l| *l == want), "{mode:?}: {}", done.dump());
+    }
+}
+
+/// A rank that exits, without PMI_Finalize, past a barrier on the node barrier's page: its node's other ranks,
+/// waiting on the page for it or coming to it, are woken by the break, ask by a line, and hear it named; the
+/// job ends with the job error's status (125) and one line naming rank 1, at once (a hang is told from that at
+/// 10 s, the page's waits looking at their connection every 0.1 s).
+#[test]
+fn a_rank_gone_while_its_node_waits_on_the_page_ends_the_job_naming_it() {
+    let dir = library_dir();
+    let program = support::compile("cc", "node_barrier", dir.path());
+    for mode in [&[][..], &["--event-loop"][..], &["--nodes", "2"][..]] {
+        let mut args = vec!["-n", "4"];
+        args.extend(mode);
+        args.extend([program.to_str().unwrap(), "20", "1"]);
+        let done = start(RUN, &args).wait(support::END_GUARD);
+        assert_eq!(done.code(), Some(125), "{mode:?}: {}", done.dump());
+        assert!(done.elapsed < Duration::from_secs(10), "{mode:?}: {:.1?}: {}", done.elapsed, done.dump());
+        let said: Vec<&str> = done.stderr.lines().filter(|l| l.starts_with("rpmi-run: ")).collect();
+        assert!(said.len() == 1 && said[0].contains("rank 1 "), "{mode:?}: {}", done.dump());
     }
 }
 
@@ -287,7 +337,7 @@ fn serve_puts_pmi1(conn: UnixStream, puts: Puts) -> Vec<String> {
         let field = |k: &str| line.split(' ').find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).unwrap_or_default();
         let cmd = field("cmd");
         let answer = match cmd {
-            "init" if puts.rpmi && puts.image.is_some() && field("rpmi") == "2" => {
+            "init" if puts.rpmi && puts.image.is_some() && field("rpmi") >= "2" => {
                 "response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=2"
             }
             "init" if puts.rpmi && !field("rpmi").is_empty() => {
@@ -403,7 +453,9 @@ fn puts_go_with_the_fence_under_rpmis_server_and_one_by_one_under_others() {
             };
             let (done, read) = served_by(&p.path, "puts", HANG, serve);
             let context = format!("{api:?}, the server read {read:?}\n{}", done.dump());
-            assert!(read[0].contains(" rpmi=2"), "{context}");
+            // libpmi speaks revision 3 (the node barrier), libpmi2 revision 2.
+            let revision = if matches!(api, Api::Pmi1) { " rpmi=3" } else { " rpmi=2" };
+            assert!(read[0].contains(revision), "{context}");
             // The get before the barrier goes to the server only where puts are not kept; the one after it
             // (PMI-1's program), to the server with no usable image.
             let gets = read.iter().filter(|r| r.contains("cmd=get ") || r.contains("cmd=kvs-get;")).count();

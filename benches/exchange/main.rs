@@ -2,7 +2,9 @@
 //! PUTS puts of BYTES bytes and a fence that collects them, GETS gets of other ranks' keys and a fence, then
 //! empty fences) as the tasks of one step on one node of the local Slurm cluster, through three clients:
 //!
-//! - `rpmi libpmi`: rpmi's `libpmi.so.0` under `srun --mpi=rpmi` (its puts go with the fence);
+//! - `rpmi libpmi`: rpmi's `libpmi.so.0` under `srun --mpi=rpmi` (its puts go with the fence, its fences after
+//!   the first through the node barrier's page);
+//! - `rpmi libpmi, lines`: the same with every fence by lines (`RPMI_NODE_BARRIER=0`), as before the page;
 //! - `rpmi libpmi, bruck` (over several nodes): the same with the exchanges by Bruck's allgather between the
 //!   slurmstepds (`SLURM_RPMI_ALLGATHER=bruck`) rather than up the tree and back;
 //! - `wire`: PMI-1 lines written by hand, each answered before the next, as MPICH's own client speaks, under
@@ -31,6 +33,7 @@ const STEP_TIMEOUT_S: u64 = 120;
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
 enum Client {
     RpmiLibpmi,
+    RpmiLibpmiLines,
     RpmiLibpmiBruck,
     Wire,
     Pmix,
@@ -38,7 +41,7 @@ enum Client {
 
 /// The clients run over `nodes` nodes (Bruck's allgather is the tree's on one).
 fn clients(nodes: usize) -> Vec<Client> {
-    let all = [Client::RpmiLibpmi, Client::RpmiLibpmiBruck, Client::Wire, Client::Pmix];
+    let all = [Client::RpmiLibpmi, Client::RpmiLibpmiLines, Client::RpmiLibpmiBruck, Client::Wire, Client::Pmix];
     all.into_iter().filter(|&c| nodes > 1 || c != Client::RpmiLibpmiBruck).collect()
 }
 
@@ -46,6 +49,7 @@ impl Client {
     fn name(self) -> &'static str {
         match self {
             Client::RpmiLibpmi => "rpmi libpmi",
+            Client::RpmiLibpmiLines => "rpmi libpmi, lines",
             Client::RpmiLibpmiBruck => "rpmi libpmi, bruck",
             Client::Wire => "wire",
             Client::Pmix => "PMIx",
@@ -63,7 +67,7 @@ impl Client {
     /// pmi_bench.c's `CLIENT`.
     fn build_as(self) -> u32 {
         match self {
-            Client::RpmiLibpmi | Client::RpmiLibpmiBruck => 1,
+            Client::RpmiLibpmi | Client::RpmiLibpmiLines | Client::RpmiLibpmiBruck => 1,
             Client::Pmix => 3,
             Client::Wire => 11,
         }
@@ -129,7 +133,7 @@ fn build(client: Client, dir: &Path) -> Result<PathBuf, String> {
         .arg(&out)
         .arg(root.join("benches/libpmi/pmi_bench.c"));
     match client {
-        Client::RpmiLibpmi | Client::RpmiLibpmiBruck => {
+        Client::RpmiLibpmi | Client::RpmiLibpmiLines | Client::RpmiLibpmiBruck => {
             let profile = std::env::current_exe().map_err(|e| e.to_string())?;
             let profile = profile.parent().and_then(Path::parent).ok_or("no profile directory")?;
             let built = profile.join("libpmi.so");
@@ -176,6 +180,7 @@ fn run(args: &Args, client: Client, program: &Path, size: usize) -> Result<Figur
         .arg("exchange")
         .args([args.puts, args.bytes, args.gets, args.fences].map(|n| n.to_string()))
         .env("SLURM_RPMI_ALLGATHER", if client == Client::RpmiLibpmiBruck { "bruck" } else { "tree" })
+        .env("RPMI_NODE_BARRIER", if client == Client::RpmiLibpmiLines { "0" } else { "1" })
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("srun: {e}"))?;
@@ -253,7 +258,8 @@ fn report(args: &Args, cells: &BTreeMap<(usize, Client), Cell>, slurm: &str) -> 
          and a fence (**get phase**), both (**exchange**), and one fence with nothing put (**empty fence**, the \
          mean of {}), in µs from rank 0's clock after each phase's closing fence: the median of {} runs and \
          their range, and PMIx's median over the client's (× PMIx: how many times faster). `rpmi libpmi`: rpmi's \
-         `libpmi.so.0` under `srun --mpi=rpmi` (`bruck`: the exchanges by Bruck's allgather, \
+         `libpmi.so.0` under `srun --mpi=rpmi`, its fences after the first through the node barrier's page \
+         (`lines`: every fence by lines, `RPMI_NODE_BARRIER=0`; `bruck`: the exchanges by Bruck's allgather, \
          `SLURM_RPMI_ALLGATHER=bruck`); `wire`: PMI-1 lines by hand, each answered before the next (as \
          MPICH's own client speaks), under `srun --mpi=rpmi`; `PMIx`: OpenPMIx's `libpmix` under `srun \
          --mpi=pmix`.\n\n",

@@ -505,7 +505,8 @@ fn canned(k: u8, a: u8, b: u8) -> Vec<u8> {
     // One key in eight is a node attribute written as Flux's libpmi2 writes it (`local::NAME`).
     let key = |a: u8| if a % 8 == 7 { format!("local::k{}", a % 4) } else { format!("k{}", a % 8) };
     let mut line: Vec<u8> = match k % 32 {
-        0 => b"cmd=init pmi_version=1 pmi_subversion=1".to_vec(),
+        // Half of them speak rpmi's revision 3 (the node barrier).
+        0 => format!("cmd=init pmi_version=1 pmi_subversion=1{}", if a & 1 == 1 { " rpmi=3" } else { "" }).into_bytes(),
         1 => b"cmd=init pmi_version=2 pmi_subversion=0".to_vec(),
         2 => b"cmd=get_maxes".to_vec(),
         3 => b"cmd=get_universe_size".to_vec(),
@@ -519,6 +520,8 @@ fn canned(k: u8, a: u8, b: u8) -> Vec<u8> {
         7 => format!("cmd=put kvsname={KVSNAME} key={} value=v{b} x=y  z ", key(a)).into_bytes(),
         8 => format!("cmd=get kvsname={KVSNAME} key={}", key(a)).into_bytes(),
         9 => format!("cmd=get kvsname={KVSNAME} key=PMI_process_mapping").into_bytes(),
+        // One barrier in four is the node barrier's line, as the last task in on the page sends it.
+        10 if b % 4 == 3 => b"cmd=node_barrier_in".to_vec(),
         10 => b"cmd=barrier_in".to_vec(),
         11 => b"cmd=finalize".to_vec(),
         12 => format!("cmd=abort exitcode={} message=bye {b}", a as i8).into_bytes(),
@@ -837,6 +840,7 @@ fn run(data: &[u8]) {
         groups: Vec::new(),
     };
     server.serve_groups(host.serve_groups);
+    server.serve_node_barrier(config & 32 != 0);
     let mut answers = Answers {
         partial: vec![Vec::new(); NTASKS],
         v2: vec![false; NTASKS],
@@ -980,6 +984,11 @@ fn run(data: &[u8]) {
             }
         }
         host.misuse = false;
+        // The page's release, as the driver writes it: once, and never an empty one.
+        if let Some(release) = server.node_release() {
+            assert!(release.code.is_some() || release.broken, "an empty release: {release:?}");
+            assert_eq!(server.node_release(), None, "a release taken twice");
+        }
         drain(&mut server, &mut host, &mut answers, piece);
         while sockets.read(&mut server, &mut host) {
             drain(&mut server, &mut host, &mut answers, piece);

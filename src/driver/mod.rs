@@ -13,13 +13,14 @@
 //! task's output, the held input is parsed ([`Server::resume`]) within the same flush, so a task that has
 //! stopped writing is still answered.
 
+mod node_barrier;
 mod turns;
 
 pub use crate::os::socketpair;
 pub use turns::{Turns, GROUPED_ABOVE};
 
 use crate::os::{self, Epoll};
-use crate::server::{pump, Host, HostReply, Server, TaskId};
+use crate::server::{pump, Attached, Host, HostReply, Server, TaskId};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{Receiver, Sender};
@@ -107,8 +108,11 @@ pub struct Driver<H: HostFds> {
     turns: Turns,
     buf: Vec<u8>,
     /// The image of the key-value space the server made at its last fence, as the node's one sealed memory
-    /// file, sent with each task's answer that asks for it ([`Server::kvs_image_attached`]).
+    /// file, sent with each task's answer that asks for it ([`Server::attached`]).
     kvs_image: Option<(u64, OwnedFd)>,
+    /// The node barrier's page, sent with each answer to `get_node_barrier` ([`node_barrier`]); `None` where
+    /// it could not be made (the tasks' barriers then go by lines).
+    node_barrier: Option<node_barrier::Page>,
 }
 
 /// How a task's connection is watched for writing.
@@ -194,6 +198,10 @@ impl<H: HostFds> Driver<H> {
         let turns = Turns::new(n)?;
         turns.watch(inbox.wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE)?;
         host.watch(Watcher { epoll: turns.top() });
+        let node_barrier = node_barrier::Page::new()
+            .inspect_err(|e| host.log(log::Level::Warn, &format!("no node barrier page (barriers go by lines): {e}")))
+            .ok();
+        server.serve_node_barrier(node_barrier.is_some());
         Ok(Driver {
             server,
             host,
@@ -207,6 +215,7 @@ impl<H: HostFds> Driver<H> {
             turns,
             buf: vec![0; 64 * 1024],
             kvs_image: None,
+            node_barrier,
         })
     }
 
@@ -378,6 +387,9 @@ impl<H: HostFds> Driver<H> {
     /// Writes every task's queued output as far as its connection takes it.
     fn flush(&mut self) -> io::Result<()> {
         self.keep_kvs_image();
+        if let (Some(release), Some(page)) = (self.server.node_release(), &self.node_barrier) {
+            page.release(release);
+        }
         // Tasks that have become writable; a write that finds a connection closed may queue answers for
         // others, which the loop below then sends.
         for task in std::mem::take(&mut self.unblocked) {
@@ -424,14 +436,19 @@ impl<H: HostFds> Driver<H> {
         }
         while !self.server.output(task).is_empty() {
             let out = self.server.output(task);
-            let image = self.server.kvs_image_attached(task);
-            let image = self.kvs_image.as_ref().filter(|(fence, _)| Some(*fence) == image).map(|(_, f)| f.as_raw_fd());
+            let attached = match self.server.attached(task) {
+                Some(Attached::KvsImage(image)) => {
+                    self.kvs_image.as_ref().filter(|(fence, _)| *fence == image).map(|(_, f)| f.as_raw_fd())
+                }
+                Some(Attached::NodeBarrier) => self.node_barrier.as_ref().map(node_barrier::Page::fd),
+                None => None,
+            };
             // SAFETY: writing from the server's live buffer, its length passed. MSG_NOSIGNAL: a task that
             // closed its end must not raise SIGPIPE in the host.
             let plain = |out: &[u8]| unsafe { libc::send(fd, out.as_ptr().cast(), out.len(), libc::MSG_NOSIGNAL) };
-            let n = match image.map(|image| os::send_with_fd(fd, out, image)) {
+            let n = match attached.map(|file| os::send_with_fd(fd, out, file)) {
                 // A connection that takes no fd (not a Unix socket): the answer goes alone, and the task
-                // reads its keys on the wire.
+                // reads its keys on the wire (or its barriers go by lines).
                 Some(-1)
                     if !matches!(
                         io::Error::last_os_error().kind(),

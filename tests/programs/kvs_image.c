@@ -15,6 +15,7 @@
  * finalizes. Run as root (for the child's setuid). */
 #define _GNU_SOURCE
 #include "check.h"
+#include "wire.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,79 +27,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static int fd = -1;
-static char line[4096];
-
-static void say(const char *s)
-{
-    EXPECT(write(fd, s, strlen(s)) == (ssize_t)strlen(s));
-}
-
-/* Reads one answer line into `line`, with recvmsg; the fd that came with it, or -1. */
-static int hear(void)
-{
-    size_t got = 0;
-    int file = -1;
-    for (;;) {
-        char c;
-        union {
-            struct cmsghdr h;
-            char room[CMSG_SPACE(sizeof(int))];
-        } control;
-        struct iovec iov = {.iov_base = &c, .iov_len = 1};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control, .msg_controllen = sizeof control};
-        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        EXPECT(n == 1);
-        struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
-        if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
-            memcpy(&file, CMSG_DATA(h), sizeof file);
-        if (c == '\n')
-            break;
-        EXPECT(got + 1 < sizeof line);
-        line[got++] = c;
-    }
-    line[got] = 0;
-    return file;
-}
-
-/* The value of `key` in `line`, as a number. */
-static long field(const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, " %s=", key);
-    char *p = strstr(line, pat);
-    EXPECT(p != NULL);
-    return atol(p + strlen(pat));
-}
-
-/* In a child running as nobody: every fd of process `pid` that is the image cannot be opened. */
-static void others_cannot_open(pid_t pid)
-{
-    char dir[64];
-    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
-    pid_t child = fork();
-    EXPECT(child >= 0);
-    if (child == 0) {
-        if (setgid(65534) != 0 || setuid(65534) != 0)
-            _exit(2);
-        DIR *d = opendir(dir);
-        if (d) { /* root's /proc/PID/fd is not even listable by another user; if it were, no fd opens */
-            struct dirent *e;
-            while ((e = readdir(d))) {
-                char path[512];
-                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-                int f = open(path, O_RDONLY);
-                if (f >= 0)
-                    _exit(3);
-            }
-            closedir(d);
-        }
-        _exit(0);
-    }
-    int status = 0;
-    EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
 
 int main(void)
 {

@@ -91,6 +91,14 @@ impl Conn {
         matches!(self.stream, Stream::Tcp(_))
     }
 
+    /// The server has closed the connection (or it failed): looked at without waiting and without reading.
+    pub fn hung_up(&self) -> bool {
+        let mut looked = libc::pollfd { fd: self.fd(), events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: polls one pollfd of ours, without waiting.
+        let n = unsafe { libc::poll(&mut looked, 1, 0) };
+        n > 0 && looked.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+    }
+
     fn fd(&self) -> RawFd {
         match &self.stream {
             Stream::Fd(fd) => *fd,

@@ -21,6 +21,15 @@ unsafe impl Send for Mapped {}
 // SAFETY: as above.
 unsafe impl Sync for Mapped {}
 
+/// The seals of memory file `fd` (none where it has none or is no memory file) and its length, if it has one.
+pub(crate) fn seals_and_size(fd: std::os::fd::RawFd) -> (i32, Option<i64>) {
+    // SAFETY: fcntl and fstat on an fd of ours; fstat writes into our own stat.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fcntl(fd, libc::F_GET_SEALS).max(0), (libc::fstat(fd, &mut st) == 0).then_some(st.st_size))
+    }
+}
+
 impl Mapped {
     /// Maps `file`, which the server announced as `bytes` long: `Err` says why it cannot be used.
     pub fn map(file: OwnedFd, bytes: usize) -> Result<Mapped, String> {
@@ -28,12 +37,8 @@ impl Mapped {
         // Sealed against writing, growing and shrinking: else its bytes could change after they were checked,
         // or a read past a shrunk end could raise SIGBUS.
         let need = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK;
-        // SAFETY: fcntl and fstat on an fd of ours; fstat writes into our own stat.
-        let (seals, size) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            (libc::fcntl(fd, libc::F_GET_SEALS), (libc::fstat(fd, &mut st) == 0).then_some(st.st_size))
-        };
-        if seals < 0 || seals & need != need {
+        let (seals, size) = seals_and_size(fd);
+        if seals & need != need {
             return Err("its memory file is not sealed against writing".into());
         }
         if size != i64::try_from(bytes).ok() || bytes == 0 || bytes >= MAPPED_MAX {

@@ -1,6 +1,7 @@
 //! What rpmi's PMI client libraries (`crates/libpmi`, `crates/libpmi2`) share: the connection to the
 //! launcher's server ([`conn`]), the answers of calls that wait without the session's lock ([`mailbox`]), the
-//! puts kept until the fence ([`batch`]), the image of the node's key-value space ([`image`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
+//! puts kept until the fence ([`batch`]), the image of the node's key-value space ([`image`]), the node
+//! barrier's page ([`node_barrier`]), the session behind one lock ([`held`]) and the C boundary ([`cabi`]): a
 //! failure as a PMI code (RFC 13's, `rpmi_wire::response::rc`: PMI-2's have the same values), C strings in
 //! and out, and no panic crossing into the caller.
 
@@ -14,6 +15,7 @@ pub mod conn;
 pub mod held;
 pub mod image;
 pub mod mailbox;
+pub mod node_barrier;
 
 pub use rpmi_wire::response::rc::{
     ERR_INIT, ERR_INVALID_ARG, ERR_INVALID_KEY, ERR_INVALID_LENGTH, ERR_INVALID_VAL, ERR_NOMEM, FAIL, SUCCESS,

@@ -6,6 +6,7 @@ use rpmi_client::batch::PutBatch;
 use rpmi_client::conn::{Conn, READ_MAX};
 use rpmi_client::image::Images;
 use rpmi_client::mailbox::{Mailbox, Plain};
+use rpmi_client::node_barrier::{Page, Woken};
 use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
 use rpmi_wire::reply::{quote, Reply};
@@ -69,6 +70,18 @@ struct Wire {
     /// The image of the node's key-value space after the last barrier, where the server serves one
     /// (`rpmi=2`): gets are answered from it.
     images: Images,
+    /// The node barrier, where the server serves it (`rpmi=3`).
+    node: NodeBarrier,
+}
+
+/// The node barrier ([`rpmi_client::node_barrier`]) as this process knows it.
+enum NodeBarrier {
+    /// The server speaks it: the first full barrier's `barrier_out` says whether it is on.
+    Undecided,
+    /// Full barriers go through the node's page (by a line once the page is broken).
+    On(Page),
+    /// Full barriers go by lines: not served, not on for this node, or not wanted (`RPMI_NODE_BARRIER=0`).
+    Off,
 }
 
 impl Session {
@@ -84,6 +97,7 @@ impl Session {
             rpmi: false,
             batch: PutBatch::default(),
             images: Images::new(false, 0),
+            node: NodeBarrier::Off,
         };
         let (mut rank, mut size) = (env_int(c"PMI_RANK")?, env_int(c"PMI_SIZE")?);
         // A launcher that gives a port and an id (Hydra's) says the rank and size in answer to the id.
@@ -208,23 +222,21 @@ impl Session {
         }
     }
 
-    /// The barrier, and the puts kept ahead of it in the same write. A put the server refused fails the
-    /// barrier, once it is over.
+    /// The barrier: on the node's page where the node barrier is on, else by a line with the puts kept ahead
+    /// of it in the same write. A put the server refused fails the barrier, once it is over.
     pub fn barrier(&mut self) -> Result<(), Failed> {
         match &mut self.server {
-            Server::Wire(w) => {
-                let (sent, refused) = w.send_puts(&self.kvsname, Some("cmd=barrier_in"))?;
-                let plain = w.mail.expect_plain(&["barrier_out"]);
-                if !sent {
-                    w.send(&["cmd=barrier_in"])?;
+            Server::Wire(w) => match std::mem::replace(&mut w.node, NodeBarrier::Off) {
+                NodeBarrier::On(page) if !page.broken() => {
+                    let ended = w.barrier_on_page(&self.kvsname, &page);
+                    w.node = NodeBarrier::On(page);
+                    ended
                 }
-                w.reply(plain, "barrier_out", |r| match r.rc() {
-                    0 => Ok(()),
-                    _ => Err(Failed::said(format!("the PMI server failed 'barrier_in': {}", r.quoted()))),
-                })?;
-                w.images.fence_ended();
-                refused.map_or(Ok(()), Err)
-            }
+                node => {
+                    w.node = node;
+                    w.barrier_by_line(&self.kvsname)
+                }
+            },
             Server::Alone(_) => Ok(()),
         }
     }
@@ -315,6 +327,63 @@ impl Session {
 }
 
 impl Wire {
+    /// The barrier by a line, and the puts kept ahead of it in the same write. The first one's answer says
+    /// whether the node barrier is on, and brings its page where it is.
+    fn barrier_by_line(&mut self, kvsname: &str) -> Result<(), Failed> {
+        let deciding = matches!(self.node, NodeBarrier::Undecided);
+        if deciding {
+            self.mail.expect_fd();
+        }
+        let (sent, refused) = self.send_puts(kvsname, Some("cmd=barrier_in"))?;
+        let plain = self.mail.expect_plain(&["barrier_out"]);
+        if !sent {
+            self.send(&["cmd=barrier_in"])?;
+        }
+        let members = self.reply(plain, "barrier_out", |r| match r.rc() {
+            0 => Ok(r.int("node_barrier").ok()),
+            _ => Err(Failed::said(format!("the PMI server failed 'barrier_in': {}", r.quoted()))),
+        });
+        if deciding {
+            let file = self.mail.take_fd();
+            self.node = match (members.as_ref().ok().copied().flatten(), file) {
+                (Some(members), Some(file)) => match Page::map(file, members) {
+                    Ok(page) => NodeBarrier::On(page),
+                    Err(why) => {
+                        let why =
+                            format!("libpmi: the node barrier's page cannot be used ({why}): barriers go by lines");
+                        rpmi_client::cabi::say(&why);
+                        NodeBarrier::Off
+                    }
+                },
+                _ => NodeBarrier::Off,
+            };
+        }
+        members?;
+        self.images.fence_ended();
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// The barrier on the node's page: the puts kept go first, each answered (the server holds them before
+    /// the last task's line can come), then this task counts itself in and waits for the release. Where the
+    /// page breaks meanwhile (a local task went), by a line after all: its answer says what went wrong.
+    fn barrier_on_page(&mut self, kvsname: &str, page: &Page) -> Result<(), Failed> {
+        let (_, refused) = self.send_puts(kvsname, None)?;
+        let entry = page.enter();
+        if entry.last {
+            self.send(&["cmd=node_barrier_in"])?;
+        }
+        let conn = &self.conn;
+        match page.wait(&entry, || conn.hung_up()).map_err(Failed::said)? {
+            Woken::Released(0) => {}
+            Woken::Released(code) => {
+                return Err(Failed::said(format!("the PMI server failed the node's barrier (rc={code})")));
+            }
+            Woken::Broken => return self.barrier_by_line(kvsname),
+        }
+        self.images.fence_ended();
+        refused.map_or(Ok(()), Err)
+    }
+
     /// Sends the puts kept ([`PutBatch`]) and reads their answers. Where no other thread waits for an answer,
     /// they go in one write, with `request` after them if one is given (`true`: it went; its answer is the
     /// caller's to read); else each goes on its own, answered before the next (a group barrier's waiter could
@@ -452,7 +521,10 @@ impl Wire {
     /// `rpmi=` is rpmi's: puts are kept until the barrier ([`Wire::send_puts`]).
     fn init(&mut self, size: u32) -> Result<bool, Failed> {
         let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { "2" } else { "1" };
-        let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=2"];
+        // Revision 3 (the node barrier) unless the job says not to.
+        let wanted = rpmi_client::env(c"RPMI_NODE_BARRIER").is_none_or(|v| v.trim() != "0");
+        let revision = if wanted { "3" } else { "2" };
+        let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=", revision];
         let (groups, rpmi) = self.call_ok(&request, "response_to_init", |reply| {
             let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).unwrap_or(0);
             match (reply.get("pmi_version"), reply.get("pmi_subversion")) {
@@ -463,6 +535,7 @@ impl Wire {
         })?;
         self.rpmi = rpmi >= 1;
         self.images = Images::new(rpmi >= 2, size);
+        self.node = if rpmi >= 3 { NodeBarrier::Undecided } else { NodeBarrier::Off };
         Ok(groups)
     }
 

@@ -8,6 +8,7 @@
 pub mod group;
 pub mod image;
 pub mod mapping;
+pub mod node_barrier;
 pub mod pmi2;
 pub mod reply;
 pub mod request;

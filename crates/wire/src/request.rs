@@ -46,6 +46,10 @@ pub enum Request<'a> {
     /// `cmd=get_kvs_image`: rpmi's own (revision 2), from its client libraries only: the image of the node's
     /// key-value space after the last fence ([`crate::image`]), answered with its memory file.
     GetKvsImage,
+    /// `cmd=node_barrier_in`: rpmi's own (revision 3), from its client libraries only: every local task has
+    /// counted itself in on the node barrier's page ([`crate::node_barrier`]); sent by the last one in, and
+    /// answered by the page's release, not by a line.
+    NodeBarrierIn,
     /// `mcmd=spawn`: the first line of a multi-line spawn block (see [`crate::spawn`]).
     SpawnBlock,
 }
@@ -69,6 +73,7 @@ impl Request<'_> {
             Request::LookupName { .. } => "lookup_name",
             Request::GetRanks2Hosts => "get_ranks2hosts",
             Request::GetKvsImage => "get_kvs_image",
+            Request::NodeBarrierIn => "node_barrier_in",
             Request::SpawnBlock => "spawn",
         }
     }
@@ -256,6 +261,7 @@ pub fn parse(line: &[u8]) -> Result<Request<'_>, ParseError> {
         b"lookup_name" => Request::LookupName { service: t.require("lookup_name", "service")? },
         b"get_ranks2hosts" => Request::GetRanks2Hosts,
         b"get_kvs_image" => Request::GetKvsImage,
+        b"node_barrier_in" => Request::NodeBarrierIn,
         other => return Err(ParseError::UnknownCommand(String::from_utf8_lossy(other).into_owned())),
     })
 }

@@ -13,7 +13,7 @@ pub use effect::{Effect, HostReply, HostRequest, JobError, Service, Speaker, Tas
 pub use host::{pump, GroupExchange, Host, JOB_ERROR_EXIT_CODE, NOT_SUPPORTED};
 pub use limits::{Limits, LimitsError, REQUEST_LINE_CEILING};
 pub use names::{NameOp, Names};
-pub use serve::{check_preput, Server, ServerError, PROCESS_MAPPING_KEY};
+pub use serve::{check_preput, Attached, NodeRelease, Server, ServerError, PROCESS_MAPPING_KEY};
 pub use taskmap::TaskMap;
 
 /// What the host knows about the job, as one server sees it.

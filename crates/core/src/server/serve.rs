@@ -36,8 +36,9 @@ const LOCAL_KEY_PREFIX: &[u8] = b"local::";
 /// its puts ahead of its barrier in one write, and read their answers after (any server that reads requests
 /// as a stream takes that, but not every one does).
 /// 2, a client may ask for the image of the node's key-value space after the last fence (`get_kvs_image`,
-/// PMI-2's `kvs-image`), which comes as a sealed memory file with the answer ([`Server::kvs_image_attached`]).
-pub const RPMI_REVISION: i64 = 2;
+/// PMI-2's `kvs-image`), which comes as a sealed memory file with the answer ([`Server::attached`]).
+/// 3, a PMI-1 client may ask for the node barrier (`get_node_barrier`, `node_barrier_in`: `node_barrier.rs`).
+pub const RPMI_REVISION: i64 = 3;
 
 /// A task's input is held, not parsed, while more than this many bytes of its answers are unsent. PMI-1 is
 /// lock-step: a client waits for each answer before it asks again, so it has at most one answer queued
@@ -144,9 +145,22 @@ struct Client {
     groups_entered: usize,
     /// Its puts since the last world exchange, for the group exchanges of groups it is a member of.
     group_puts: Vec<u8>,
-    /// The fence whose key-value image goes, as a memory file, with the first byte of `out` (its answer to
-    /// `get_kvs_image`, queued when nothing else was).
-    image: Option<u64>,
+    /// The memory file that goes with the first byte of `out`: the key-value image of a fence (its answer to
+    /// `get_kvs_image`), or the node barrier's page (to `get_node_barrier`), each queued when nothing else was.
+    attached: Option<Attached>,
+    /// It said `rpmi=3` or later at `init`, speaking PMI-1: it can take part in the node barrier.
+    speaks_node_barrier: bool,
+    /// It is in the barrier by the node barrier's page: released there, not by a line.
+    by_page: bool,
+}
+
+/// A memory file the host sends with the first byte of a task's output ([`Server::attached`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attached {
+    /// The key-value image made after this fence.
+    KvsImage(u64),
+    /// The node barrier's page.
+    NodeBarrier,
 }
 
 impl Client {
@@ -199,6 +213,7 @@ pub struct Server {
     group_in_flight: usize,
     /// The images of the key-value space made at each fence, for rpmi's client libraries.
     images: image::Images,
+    node_barrier: node_barrier::NodeBarrier,
 }
 
 impl Server {
@@ -247,7 +262,9 @@ impl Server {
                 groups: false,
                 groups_entered: 0,
                 group_puts: Vec::new(),
-                image: None,
+                attached: None,
+                speaks_node_barrier: false,
+                by_page: false,
             })
             .collect();
         Ok(Server {
@@ -271,6 +288,7 @@ impl Server {
             group_pending: 0,
             group_in_flight: 0,
             images: Default::default(),
+            node_barrier: Default::default(),
         })
     }
 
@@ -474,6 +492,7 @@ impl Server {
         let c = &mut self.clients[task];
         if c.waiting == Waiting::Barrier {
             c.waiting = Waiting::Nothing;
+            c.by_page = false;
             self.entered -= 1;
         }
         // Leaving after finalize, with nobody waiting, is how every task ends.
@@ -597,6 +616,13 @@ impl Server {
         }
     }
 
+    /// The memory file that goes with the first byte of [`Server::output`] of `task`: the host sends it with
+    /// that byte (`SCM_RIGHTS`), or, where it cannot, the task reads the answer without one (and reads its keys
+    /// on the wire, or its barriers by lines).
+    pub fn attached(&self, task: TaskId) -> Option<Attached> {
+        self.clients.get(task).and_then(|c| c.attached)
+    }
+
     /// `n` bytes of `task`'s output were written.
     pub fn consume(&mut self, task: TaskId, n: usize) {
         let Some(c) = self.clients.get_mut(task) else {
@@ -611,8 +637,8 @@ impl Server {
         }
         let n = n.min(c.out.len());
         if n > 0 {
-            // Its first byte, which the image's memory file went with, is written.
-            c.image = None;
+            // Its first byte, which the memory file went with, is written.
+            c.attached = None;
         }
         c.out.drain(..n);
         // What a backed-up task made the buffer grow to is not kept once written.
@@ -714,6 +740,7 @@ impl Server {
                     self.clients[task].protocol = Protocol::Pmi2;
                 }
                 self.clients[task].groups = groups;
+                self.clients[task].speaks_node_barrier = ok && answered.0 == 1 && rpmi >= 3;
             }
             Request::GetMaxes => {
                 let l = &self.limits;
@@ -781,11 +808,7 @@ impl Server {
             Request::BarrierIn { group: Some(group) } if self.clients[task].groups => {
                 self.enter_group(task, group);
             }
-            Request::BarrierIn { .. } => {
-                self.clients[task].waiting = Waiting::Barrier;
-                self.entered += 1;
-                self.check_barrier();
-            }
+            Request::BarrierIn { .. } => self.enter_barrier(task),
             Request::Finalize => {
                 self.set_status(task, TaskStatus::Finalized);
                 self.respond(task, |out| Line::new(out, "finalize_ack", rc::SUCCESS).finish());
@@ -828,6 +851,7 @@ impl Server {
                 queue(c, ready);
             }
             Request::GetKvsImage => self.send_kvs_image(task),
+            Request::NodeBarrierIn => self.node_barrier_in(task, b"cmd=node_barrier_in"),
             Request::SpawnBlock => {
                 self.clients[task].spawn = Some(SpawnBuilder::new(self.limits.spawn_bytes_max));
             }
@@ -879,6 +903,15 @@ impl Server {
         buffered.saturating_mul(2).saturating_add(self.group_in_flight).saturating_add(self.groups.bytes())
     }
 
+    /// `task` enters the full barrier by its own line (PMI-1's `barrier_in`, PMI-2's `kvs-fence`).
+    fn enter_barrier(&mut self, task: TaskId) {
+        self.clients[task].waiting = Waiting::Barrier;
+        self.entered += 1;
+        // The node barrier's count would wait for this task in vain.
+        self.break_node_barrier();
+        self.check_barrier();
+    }
+
     /// Starts the collective when every local task is in the barrier; fails the barrier when a task that
     /// is not in it never can be.
     fn check_barrier(&mut self) {
@@ -919,22 +952,40 @@ impl Server {
         self.release_barrier(rc::FAIL, why);
     }
 
-    /// Answers every task waiting in the barrier.
+    /// Answers every task waiting in the barrier: by a line, or on the node barrier's page.
     fn release_barrier(&mut self, code: i32, why: &str) {
         self.entered = 0;
+        let by_page = self.clients.iter().any(|c| c.waiting == Waiting::Barrier && c.by_page);
+        let node_barrier = self.node_barrier_released(code, by_page);
         let Server { clients, ready, trace, effects, .. } = self;
         for c in clients.iter_mut().filter(|c| c.waiting == Waiting::Barrier) {
             c.waiting = Waiting::Nothing;
+            if std::mem::take(&mut c.by_page) {
+                continue;
+            }
             let (protocol, thrid, groups) = (c.protocol, c.thrid.take(), c.groups);
+            let node_barrier = node_barrier.filter(|_| c.speaks_node_barrier);
             respond(c, ready, trace.then_some(&mut *effects), |out| match protocol {
-                // A 1.2 client reads the tag of every barrier_out (MPICH 5 has no default for it); a 1.1
-                // client gets the line it knows.
-                Protocol::Pmi1 if groups => Line::new(out, "barrier_out", code).int("tag", 0).msg(why).finish(),
-                Protocol::Pmi1 => Line::new(out, "barrier_out", code).msg(why).finish(),
+                Protocol::Pmi1 => {
+                    // A 1.2 client reads the tag of every barrier_out (MPICH 5 has no default for it); a 1.1
+                    // client gets the line it knows; rpmi's libraries hear here that the node barrier is on.
+                    let line = Line::new(out, "barrier_out", code);
+                    let line = if groups { line.int("tag", 0) } else { line };
+                    let line = match node_barrier {
+                        Some(members) => line.int("node_barrier", members),
+                        None => line,
+                    };
+                    line.msg(why).finish()
+                }
                 Protocol::Pmi2 => {
                     Writer::answer(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish()
                 }
             });
+            if node_barrier.is_some() {
+                // With the line's first byte, or that of answers queued before it, which the library reads
+                // in the same call.
+                c.attached = Some(Attached::NodeBarrier);
+            }
         }
     }
 
@@ -972,16 +1023,19 @@ impl Server {
         if c.waiting == Waiting::Barrier {
             self.entered -= 1;
             c.waiting = Waiting::Nothing;
+            c.by_page = false;
         }
         self.check_barrier();
     }
 
     fn set_status(&mut self, task: TaskId, status: TaskStatus) {
         let c = &mut self.clients[task];
-        if c.status == TaskStatus::Active && status != TaskStatus::Active {
-            self.departed += 1;
-        }
+        let departs = c.status == TaskStatus::Active && status != TaskStatus::Active;
         c.status = status;
+        if departs {
+            self.departed += 1;
+            self.break_node_barrier();
+        }
     }
 
     fn report(&mut self, task: TaskId, error: JobError) {
@@ -1096,6 +1150,8 @@ fn utf8_word(s: &[u8]) -> Option<String> {
 
 mod group;
 mod image;
+mod node_barrier;
+pub use node_barrier::NodeRelease;
 mod pmi2;
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@
 //! first request after a fence, at most once per fence, and only while the store is as the fence left it
 //! (later, the request is refused and the task reads the wire); handed to the host
 //! ([`Server::write_kvs_image`]), which writes it straight into one sealed memory file for the node and sends
-//! that file with each task's answer ([`Server::kvs_image_attached`]). The server keeps no copy: the file is
+//! that file with each task's answer ([`Server::attached`]). The server keeps no copy: the file is
 //! the only one, bounded as the store is (its keys and values, and 16 bytes an entry), and while it is written
 //! the server holds the entries' order (16 bytes an entry) beside it.
 //!
@@ -12,7 +12,7 @@
 //! the request is refused and tasks read the wire), each charged as the memory it takes ([`IMAGE_CHARGE`]),
 //! and a fence that brought nothing new keeps the image of the one before rather than making another.
 
-use super::{Protocol, Server};
+use super::{Attached, Protocol, Server};
 use crate::server::effect::TaskId;
 use crate::wire::image;
 use crate::wire::pmi2::Writer;
@@ -66,18 +66,12 @@ impl Server {
     }
 
     /// Writes the image [`Server::kvs_image_due`] names to `out` (the node's memory file, which the host then
-    /// seals and sends with the answers [`Server::kvs_image_attached`] names); it is due no more.
+    /// seals and sends with the answers [`Server::attached`] names); it is due no more.
     pub fn write_kvs_image(&mut self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
         self.images.due = false;
         // The fence it was made after: a later one that brought nothing keeps it.
         let fence = self.images.current.map_or(self.images.fences, |(fence, _)| fence);
         image::write(out, fence, self.kvs.entries())
-    }
-
-    /// The fence whose image's memory file goes with the first byte of [`Server::output`] of `task`: the host
-    /// sends it with that byte (`SCM_RIGHTS`), or the task reads the answer without one and asks on the wire.
-    pub fn kvs_image_attached(&self, task: TaskId) -> Option<u64> {
-        self.clients.get(task).and_then(|c| c.image)
     }
 
     /// `get_kvs_image` (PMI-2's `kvs-image`): the answer names the image's length and fence, and the memory
@@ -123,7 +117,7 @@ impl Server {
             (Protocol::Pmi2, Err(why)) => self.answer_fail(task, "kvs-image-response", why),
         }
         if let Ok((fence, _)) = sent {
-            self.clients[task].image = Some(fence);
+            self.clients[task].attached = Some(Attached::KvsImage(fence));
         }
     }
 }

@@ -236,11 +236,7 @@ impl Server {
                 }
             }
             Request2::KvsImage => self.send_kvs_image(task),
-            Request2::KvsFence => {
-                self.clients[task].waiting = Waiting::Barrier;
-                self.entered += 1;
-                self.check_barrier();
-            }
+            Request2::KvsFence => self.enter_barrier(task),
             Request2::KvsGet { jobid, key } => {
                 // No jobid, or an empty one (Slurm's libpmi2 sends `jobid=;` for a NULL id), is this job's.
                 let jobid = jobid.filter(|j| !j.is_empty()).unwrap_or(self.job.kvsname.as_bytes());

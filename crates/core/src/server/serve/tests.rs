@@ -127,7 +127,7 @@ fn rpmis_clients_are_told_the_revision_of_its_additions_others_are_answered_as_b
     assert_eq!(send(&mut s, &mut h, 0, asked), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=1\n");
     // A later revision is answered with the one this server speaks.
     let later = "cmd=init pmi_version=1 pmi_subversion=1 rpmi=9\n";
-    assert_eq!(send(&mut s, &mut h, 0, later), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=2\n");
+    assert_eq!(send(&mut s, &mut h, 0, later), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1 rpmi=3\n");
     let plain = "cmd=init pmi_version=1 pmi_subversion=1\n";
     assert_eq!(send(&mut s, &mut h, 0, plain), "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1\n");
     let two = "cmd=init pmi_version=2 pmi_subversion=0 rpmi=2\n";
@@ -170,7 +170,7 @@ fn the_image_of_a_fence_is_made_once_at_the_first_request() {
     assert_eq!(s.kvs_image_due(), None, "due before anyone asked");
     s.receive(0, b"cmd=get_kvs_image\n");
     h.take(&mut s);
-    assert_eq!(s.kvs_image_attached(0), Some(1));
+    assert_eq!(s.attached(0), Some(Attached::KvsImage(1)));
     assert_eq!(s.kvs_image_due(), Some(1));
     let mut bytes = Vec::new();
     s.write_kvs_image(&mut bytes).unwrap();
@@ -182,7 +182,7 @@ fn the_image_of_a_fence_is_made_once_at_the_first_request() {
     }
     assert!(image.get(PROCESS_MAPPING_KEY.as_bytes()).is_some());
     assert_eq!(drain(&mut s, 0), format!("cmd=kvs_image rc=0 bytes={} fence=1\n", bytes.len()));
-    assert_eq!(s.kvs_image_attached(0), None, "the memory file goes with the answer's first byte only");
+    assert_eq!(s.attached(0), None, "the memory file goes with the answer's first byte only");
     // Another task of the node is sent the same image: none is made again.
     assert_eq!(
         send(&mut s, &mut h, 1, "cmd=get_kvs_image\n"),
@@ -208,7 +208,7 @@ fn no_image_once_the_store_changed_since_the_fence() {
     send(&mut s, &mut h, 0, "cmd=put kvsname=kvs_42 key=late value=1\n");
     let answer = send(&mut s, &mut h, 0, "cmd=get_kvs_image\n");
     assert_eq!(answer, "cmd=kvs_image rc=-1 msg=the_key-value_space_changed_since_the_last_fence\n");
-    assert_eq!(s.kvs_image_attached(0), None);
+    assert_eq!(s.attached(0), None);
     // The next fence makes one possible again.
     send(&mut s, &mut h, 0, "cmd=barrier_in\n");
     complete(&mut s, &mut h, &[]);
@@ -263,7 +263,7 @@ fn the_images_made_are_bounded_by_the_store() {
         refused,
         "cmd=kvs_image rc=-1 msg=the_images_of_the_key-value_space_this_server_made_reached_its_store's_bound\n"
     );
-    assert_eq!(s.kvs_image_attached(0), None);
+    assert_eq!(s.attached(0), None);
     // The wire still answers.
     assert_eq!(
         send(&mut s, &mut h, 0, "cmd=get kvsname=k key=k0\n"),
@@ -1273,4 +1273,133 @@ fn a_group_barrier_over_the_store_bound_fails_and_ended_ones_give_back_their_cha
     assert_eq!(s.kvs_bytes(), base);
     assert_eq!(send(&mut s, &mut h, 0, &format!("cmd=barrier_in group=WORLD:{held}\n")), "");
     assert!(h.errors.is_empty(), "{:?}", h.errors);
+}
+
+/// A server of one node of `n` tasks, with the node barrier's page served, whose tasks said `init` with
+/// revision `revision` of rpmi's additions each.
+fn paged_shell(revisions: &[u32]) -> (Server, Recorder) {
+    let mut s = shell_on(&[revisions.len() as u32], 0);
+    s.serve_node_barrier(true);
+    let mut h = Recorder::default();
+    for (task, r) in revisions.iter().enumerate() {
+        send(&mut s, &mut h, task, &format!("cmd=init pmi_version=1 pmi_subversion=1 rpmi={r}\n"));
+    }
+    (s, h)
+}
+
+/// Every task of `s` enters a barrier by a line; the collective completes; what each was answered.
+fn barrier_by_lines(s: &mut Server, h: &mut Recorder) -> Vec<String> {
+    let n = s.task_count();
+    (0..n).for_each(|t| assert_eq!(send(s, h, t, "cmd=barrier_in\n"), ""));
+    complete(s, h, &[]);
+    (0..n).map(|t| drain(s, t)).collect()
+}
+
+#[test]
+fn the_node_barrier_is_on_after_the_first_barrier_where_every_task_speaks_it() {
+    let (mut s, mut h) = paged_shell(&[3, 3, 3]);
+    // The first barrier goes by lines; its answers say the node barrier is on, each with the page.
+    for t in 0..3 {
+        send(&mut s, &mut h, t, "cmd=barrier_in\n");
+    }
+    complete(&mut s, &mut h, &[]);
+    for t in 0..3 {
+        assert_eq!(s.attached(t), Some(Attached::NodeBarrier));
+        assert_eq!(drain(&mut s, t), "cmd=barrier_out rc=0 node_barrier=3\n");
+        assert_eq!(s.attached(t), None, "the page goes with the answer's first byte only");
+    }
+    assert_eq!(s.node_release(), None, "nobody came in on the page");
+    // Then one line for the node: every task is in, and the release is the page's, no line.
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=node_barrier_in\n"), "");
+    assert_eq!(h.collectives.len(), 2, "the node's part goes to the collective at once");
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(s.node_release(), Some(NodeRelease { code: Some(0), broken: false }));
+    assert_eq!(s.node_release(), None, "taken");
+    assert!((0..3).all(|t| drain(&mut s, t).is_empty()));
+    // A failed collective is released there too, with its code.
+    send(&mut s, &mut h, 2, "cmd=node_barrier_in\n");
+    s.collective_complete(Err("a node went"));
+    h.take(&mut s);
+    assert_eq!(s.node_release(), Some(NodeRelease { code: Some(rc::FAIL), broken: false }));
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn the_node_barrier_stays_off_where_a_task_does_not_speak_it_or_the_host_serves_no_page() {
+    let (mut s, mut h) = paged_shell(&[3, 2]);
+    assert_eq!(barrier_by_lines(&mut s, &mut h), ["cmd=barrier_out rc=0\n"; 2]);
+    assert_eq!(s.attached(0), None);
+    // Decided for good: the next barriers go by lines too, and the line for the page is refused.
+    assert_eq!(barrier_by_lines(&mut s, &mut h), ["cmd=barrier_out rc=0\n"; 2]);
+    send(&mut s, &mut h, 0, "cmd=node_barrier_in\n");
+    assert!(matches!(&h.errors[..], [JobError::Protocol { rank: 0, reason, .. }] if reason.contains("not on")));
+
+    let mut s = shell_on(&[2], 0);
+    let mut h = Recorder::default();
+    (0..2).for_each(|t| drop(send(&mut s, &mut h, t, "cmd=init pmi_version=1 pmi_subversion=1 rpmi=3\n")));
+    assert_eq!(barrier_by_lines(&mut s, &mut h), ["cmd=barrier_out rc=0\n"; 2], "no page served");
+}
+
+#[test]
+fn a_task_gone_breaks_the_node_barrier_and_its_peers_hear_why_by_lines() {
+    let (mut s, mut h) = paged_shell(&[3, 3, 3]);
+    barrier_by_lines(&mut s, &mut h);
+    // Tasks 0 and 1 wait on the page for task 2, which goes: they are woken, the page broken.
+    s.disconnected(2);
+    h.take(&mut s);
+    assert_eq!(s.node_release(), Some(NodeRelease { code: None, broken: true }));
+    assert!(h.errors.is_empty(), "nobody is in a barrier the server knows of");
+    // They ask by lines, and hear the task named; a line for the page is passed over now.
+    assert_eq!(send(&mut s, &mut h, 1, "cmd=node_barrier_in\n"), "");
+    let out = send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    assert_eq!(h.errors, vec![JobError::TaskLost { rank: 2, finalized: false }]);
+    assert!(out.starts_with("cmd=barrier_out rc=-1 msg=rank_2_closed"), "{out}");
+    assert_eq!(s.node_release(), None, "broken once");
+}
+
+#[test]
+fn a_task_gone_while_a_barrier_on_the_page_runs_is_told_with_its_release() {
+    let (mut s, mut h) = paged_shell(&[3, 3]);
+    barrier_by_lines(&mut s, &mut h);
+    send(&mut s, &mut h, 0, "cmd=node_barrier_in\n");
+    s.disconnected(1);
+    h.take(&mut s);
+    assert_eq!(h.errors, vec![JobError::TaskLost { rank: 1, finalized: false }]);
+    assert_eq!(s.node_release(), None, "the break waits for the release of the barrier under way");
+    // Released once, with the break: a task woken late reads its barrier's code, not a break's.
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(s.node_release(), Some(NodeRelease { code: Some(0), broken: true }));
+}
+
+#[test]
+fn a_barrier_by_a_line_while_the_node_barrier_is_on_breaks_it_and_completes() {
+    let (mut s, mut h) = paged_shell(&[3, 3]);
+    barrier_by_lines(&mut s, &mut h);
+    // Task 1 (whose page could not be mapped, say) comes by a line; task 0, woken by the break, too.
+    send(&mut s, &mut h, 1, "cmd=barrier_in\n");
+    assert_eq!(s.node_release(), Some(NodeRelease { code: None, broken: true }));
+    send(&mut s, &mut h, 0, "cmd=barrier_in\n");
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(
+        (drain(&mut s, 0), drain(&mut s, 1)),
+        ("cmd=barrier_out rc=0\n".into(), "cmd=barrier_out rc=0\n".into())
+    );
+    assert!(h.errors.is_empty());
+}
+
+#[test]
+fn a_finalize_after_the_last_barrier_breaks_the_page_quietly() {
+    let (mut s, mut h) = paged_shell(&[3, 3]);
+    barrier_by_lines(&mut s, &mut h);
+    send(&mut s, &mut h, 1, "cmd=node_barrier_in\n");
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(s.node_release(), Some(NodeRelease { code: Some(0), broken: false }));
+    for t in 0..2 {
+        assert_eq!(send(&mut s, &mut h, t, "cmd=finalize\n"), "cmd=finalize_ack rc=0\n");
+        s.disconnected(t);
+        h.take(&mut s);
+    }
+    // A task still asleep after the release reads that release (the generation moved by 2), not the break.
+    assert_eq!(s.node_release(), Some(NodeRelease { code: None, broken: true }));
+    assert!(h.errors.is_empty());
 }
