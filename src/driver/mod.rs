@@ -387,9 +387,16 @@ impl<H: HostFds> Driver<H> {
     /// Writes every task's queued output as far as its connection takes it.
     fn flush(&mut self) -> io::Result<()> {
         self.keep_kvs_image();
+        let written = self.write_ready();
+        // After the writes: they may decide a release or a break too (held input parsed, a connection found
+        // closed), which nothing else would bring the loop back for.
         if let (Some(release), Some(page)) = (self.server.node_release(), &self.node_barrier) {
             page.release(release);
         }
+        written
+    }
+
+    fn write_ready(&mut self) -> io::Result<()> {
         // Tasks that have become writable; a write that finds a connection closed may queue answers for
         // others, which the loop below then sends.
         for task in std::mem::take(&mut self.unblocked) {

@@ -60,17 +60,25 @@ impl Page {
         unsafe { &*self.words.as_ptr().add(index) }
     }
 
-    /// Writes `release` and wakes every task waiting on the page: the code and the break before the generation
-    /// moves (by 2 for a release, by 1 for a break alone), so that a task that sees it move sees them.
+    /// Writes `release` and wakes every task waiting on the page. A release writes its code and moves the
+    /// generation by 2 before it marks the page broken (if it breaks it), and a break alone marks the page
+    /// broken before it moves the generation by 1: so a task that finds the page broken and then looks at the
+    /// generation again tells its barrier's release, however late it looks, from a break that came while it
+    /// waited.
     pub fn release(&self, release: NodeRelease) {
-        if let Some(code) = release.code {
-            self.word(CODE).store(code as u32, Ordering::Relaxed);
+        match release.code {
+            Some(code) => {
+                self.word(CODE).store(code as u32, Ordering::Relaxed);
+                self.word(GENERATION).fetch_add(2, Ordering::Release);
+                if release.broken {
+                    self.word(BROKEN).store(1, Ordering::Release);
+                }
+            }
+            None => {
+                self.word(BROKEN).store(1, Ordering::Release);
+                self.word(GENERATION).fetch_add(1, Ordering::Release);
+            }
         }
-        if release.broken {
-            self.word(BROKEN).store(1, Ordering::Relaxed);
-        }
-        let step = if release.code.is_some() { 2 } else { 1 };
-        self.word(GENERATION).fetch_add(step, Ordering::Release);
         // SAFETY: FUTEX_WAKE on a word of our live mapping; it reads no memory of ours beyond its address.
         // Not private: the waiters are other processes.
         unsafe { libc::syscall(libc::SYS_futex, self.word(GENERATION).as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0, 0, 0) };

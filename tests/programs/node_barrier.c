@@ -48,8 +48,14 @@ static int page_barrier(int *code)
             *code = (int)atomic_load(&words[CODE]);
             return 1;
         }
-        if (atomic_load(&words[BROKEN]))
+        /* A release moves the generation before it marks the page broken: look again. */
+        if (atomic_load(&words[BROKEN])) {
+            if (atomic_load(&words[GENERATION]) - generation >= 2) {
+                *code = (int)atomic_load(&words[CODE]);
+                return 1;
+            }
             return 0;
+        }
         struct timespec look = {.tv_sec = 0, .tv_nsec = 100000000};
         syscall(SYS_futex, &words[GENERATION], FUTEX_WAIT, now, &look, NULL, 0);
     }

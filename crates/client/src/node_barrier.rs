@@ -85,13 +85,20 @@ impl Page {
     /// `server_gone` says, on one of its looks, that the server is gone.
     pub fn wait(&self, entry: &Entry, mut server_gone: impl FnMut() -> bool) -> Result<Woken, String> {
         let generation = self.word(GENERATION);
+        let released = || generation.load(Ordering::Acquire).wrapping_sub(entry.generation) >= 2;
         loop {
             let now = generation.load(Ordering::Acquire);
-            if now.wrapping_sub(entry.generation) >= 2 {
+            if released() {
                 return Ok(Woken::Released(self.word(CODE).load(Ordering::Relaxed) as i32));
             }
+            // A release moves the generation before it marks the page broken: a page found broken is looked at
+            // again, so that a barrier released before a break (a peer finalized right after it) is not taken
+            // for broken.
             if self.broken() {
-                return Ok(Woken::Broken);
+                return Ok(match released() {
+                    true => Woken::Released(self.word(CODE).load(Ordering::Relaxed) as i32),
+                    false => Woken::Broken,
+                });
             }
             // SAFETY: FUTEX_WAIT on a word of our live mapping, with a timeout of ours; it reads nothing else.
             // Not private: the waker is the server, another process.

@@ -378,7 +378,7 @@ impl Wire {
             Woken::Released(code) => {
                 return Err(Failed::said(format!("the PMI server failed the node's barrier (rc={code})")));
             }
-            Woken::Broken => return self.barrier_by_line(kvsname),
+            Woken::Broken => return self.barrier_by_line(kvsname).and(refused.map_or(Ok(()), Err)),
         }
         self.images.fence_ended();
         refused.map_or(Ok(()), Err)

@@ -26,6 +26,8 @@ pub const GENERATION: usize = 1;
 /// The last release's return code, written before the generation moves: 0, or the failed barrier's. A break
 /// alone leaves it.
 pub const CODE: usize = 2;
-/// Not 0 once a local task has finalized or gone: no node barrier can complete again, and a task that finds
-/// it so asks the server by a line (`barrier_in`), whose answer names what went wrong.
+/// Not 0 once the page is broken (a local task finalized, went, or came to a barrier by a line): no barrier
+/// can complete on it again. A release marks it after it moves the generation, a break alone before: a task
+/// that finds it set looks at the generation again, and where that has not moved by 2 since it came in, asks
+/// the server by a line (`barrier_in`), whose answer names what went wrong.
 pub const BROKEN: usize = 3;

@@ -8,7 +8,8 @@
 //! node's tasks) and brings the page's memory file. Off otherwise, for good.
 //!
 //! **A break.** A local task that finalizes or goes, or enters a full barrier by a line, while the node
-//! barrier is on, breaks it for good: the page's count would wait for it in vain. Tasks waiting on the page
+//! barrier is on, breaks it for good: the page's count would wait for it in vain. So does a
+//! `node_barrier_in` that finds a task busy with something else (a service, a spawn block, held input). Tasks waiting on the page
 //! are woken, find it broken, and ask by a line, which the server answers as any barrier: failed, naming a
 //! task that can no longer join it, where one went; else done.
 
@@ -60,8 +61,8 @@ impl Server {
 
     /// `node_barrier_in`: every local task has counted itself in on the page. Each active task not in a
     /// barrier enters it, to be released on the page rather than by a line. Passed over once the page is
-    /// broken (its tasks find it so and ask by lines), and breaks it where a task waits for something else;
-    /// from a task not told of the page, a protocol error.
+    /// broken (its tasks find it so and ask by lines), and breaks it where a task is busy with something
+    /// else; before the node barrier is on, or from a task that did not say `rpmi=3`, a protocol error.
     pub(super) fn node_barrier_in(&mut self, task: TaskId, line: &[u8]) {
         if self.node_barrier.decision != Decision::On || !self.clients[task].speaks_node_barrier {
             return self.protocol_error(task, line, "the node barrier is not on for this task");
@@ -69,9 +70,10 @@ impl Server {
         if self.node_barrier.broken {
             return;
         }
-        // A task that waits for something else (a thread of it asked for a service) cannot be counted in:
-        // by lines, all of them.
-        if self.clients.iter().any(|c| c.status == TaskStatus::Active && c.waiting != Waiting::Nothing) {
+        // A task that is busy with something else cannot be counted in (a thread of it waits for a service, it
+        // is half-way through a spawn block, or its input is held, puts maybe among it): by lines, all of them.
+        let busy = |c: &super::Client| c.waiting != Waiting::Nothing || c.spawn.is_some() || !c.held.is_empty();
+        if self.clients.iter().any(|c| c.status == TaskStatus::Active && busy(c)) {
             return self.break_node_barrier();
         }
         for c in self.clients.iter_mut() {

@@ -1403,3 +1403,14 @@ fn a_finalize_after_the_last_barrier_breaks_the_page_quietly() {
     assert_eq!(s.node_release(), Some(NodeRelease { code: None, broken: true }));
     assert!(h.errors.is_empty());
 }
+
+#[test]
+fn a_node_barrier_line_that_finds_a_task_busy_breaks_the_page() {
+    let (mut s, mut h) = paged_shell(&[3, 3]);
+    barrier_by_lines(&mut s, &mut h);
+    // Task 1 is half-way through a spawn block: it cannot be counted in, and all go by lines.
+    send(&mut s, &mut h, 1, "mcmd=spawn\nnprocs=1\n");
+    assert_eq!(send(&mut s, &mut h, 0, "cmd=node_barrier_in\n"), "");
+    assert_eq!(s.node_release(), Some(NodeRelease { code: None, broken: true }));
+    assert!(h.collectives.len() == 1 && h.errors.is_empty(), "nobody entered");
+}
