@@ -181,7 +181,7 @@ fn mpich_programs_run_across_three_shells() {
 /// barrier's image comes); group barriers over PMI 1.2 from several threads; and a
 /// client by hand that keeps the image's memory file
 /// (tests/programs/kvs_image.c): read-only whichever way it tries, out of another user's reach, one file per
-/// shell and fence.
+/// shell and fence; and one that takes the node barrier's page and runs barriers on it.
 #[test]
 fn the_libraries_read_each_shells_image_of_the_store() {
     let p = support::libpmi::program(support::libpmi::Api::Pmi1);
@@ -203,6 +203,12 @@ fn the_libraries_read_each_shells_image_of_the_store() {
     let files: std::collections::BTreeSet<&str> =
         r.stdout.lines().filter_map(|l| l.split_once(": ok image files=")).map(|(_, f)| f).collect();
     assert_eq!(files.len(), 3, "not one pair of files a shell: {}", r.dump());
+    // The node barrier's page, one a shell (2 ranks each), sealed in length, carrying 20 barriers
+    // (tests/programs/node_barrier.c).
+    let node_barrier = compile("cc", "node_barrier", dir.path());
+    let r = flux_run(&[&RPMI[..], &["-n6", node_barrier.to_str().expect("UTF-8"), "20"]].concat());
+    r.assert_success("node_barrier");
+    assert_eq!(r.stdout.lines().filter(|l| l.ends_with(": ok members=2")).count(), 6, "{}", r.dump());
 }
 
 /// PMI-2's frames are not lines: the channel passes every byte on as it comes.
