@@ -310,10 +310,13 @@ impl Answers {
                 b"value",
                 b"found",
                 b"port",
+                b"node_barrier",
             ];
             assert!(known.contains(&k.as_slice()), "an unknown field in {shown}");
         }
         assert!(get(b"errmsg").is_none() || rc != 0, "errmsg= with rc=0: {shown}");
+        let fenced = cmd == b"kvs-fence-response" && rc == 0;
+        assert!(get(b"node_barrier").is_none_or(|n| fenced && n == b"3"), "node_barrier= where it is not due: {shown}");
         assert!(get(b"pmiverbose").is_none_or(|v| v == b"FALSE"), "pmiverbose= is not FALSE: {shown}");
         if cmd == b"fullinit-response" && rc == 0 {
             assert!(get(b"pmi-version") == Some(b"2") && get(b"pmi-subversion") == Some(b"0"), "{shown}");
@@ -357,7 +360,9 @@ impl Answers {
         }
         if line.starts_with(b"cmd=response_to_init rc=0 pmi_version=2 ") {
             // From now on the task speaks PMI-2, and so do its answers.
-            assert_eq!(line, b"cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0\n");
+            // (`rpmi=3` to a task that said it: rpmi's own additions.)
+            let plain = line.strip_suffix(b" rpmi=3\n").map_or(line.to_vec(), |l| [l, b"\n"].concat());
+            assert_eq!(plain, b"cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0\n");
             self.v2[task] = true;
         }
         assert!(line.len() <= MAX_LINE, "a response line of {} bytes: {shown}", line.len());
@@ -507,7 +512,7 @@ fn canned(k: u8, a: u8, b: u8) -> Vec<u8> {
     let mut line: Vec<u8> = match k % 32 {
         // Half of them speak rpmi's revision 3 (the node barrier).
         0 => format!("cmd=init pmi_version=1 pmi_subversion=1{}", if a & 1 == 1 { " rpmi=3" } else { "" }).into_bytes(),
-        1 => b"cmd=init pmi_version=2 pmi_subversion=0".to_vec(),
+        1 => format!("cmd=init pmi_version=2 pmi_subversion=0{}", if a & 1 == 1 { " rpmi=3" } else { "" }).into_bytes(),
         2 => b"cmd=get_maxes".to_vec(),
         3 => b"cmd=get_universe_size".to_vec(),
         4 => b"cmd=get_appnum".to_vec(),
@@ -606,6 +611,7 @@ fn canned2(k: u8, a: u8, b: u8, rank: u32) -> Vec<u8> {
         }
         // A value with `;` in it, as older clients write it, and with spaces and `=`.
         5 => format!("cmd=kvs-put;key={};value=x;;y=z ;;{b};", key(a)).into_bytes(),
+        6 if b % 4 == 3 => b"cmd=node-barrier-in;".to_vec(),
         6 => b"cmd=kvs-fence;".to_vec(),
         7 => format!("cmd=kvs-get;jobid={KVSNAME};srcid=-1;key={};", key(a)).into_bytes(),
         8 => match a % 3 {

@@ -168,7 +168,8 @@ fn first<'p>(pairs: &'p [Pair<'_>], key: &[u8]) -> Option<&'p [u8]> {
     pairs.iter().find(|(k, _, _)| *k == key).map(|(_, v, _)| v.as_slice())
 }
 
-const COMMANDS: [&[u8]; 16] = [
+/// PMI-2's 16 commands, and rpmi's own two (revisions 2 and 3).
+const COMMANDS: [&[u8]; 18] = [
     b"fullinit",
     b"job-getid",
     b"job-connect",
@@ -185,6 +186,8 @@ const COMMANDS: [&[u8]; 16] = [
     b"name-unpublish",
     b"name-lookup",
     b"spawn",
+    b"kvs-image",
+    b"node-barrier-in",
 ];
 
 /// The model's value of a count (`ncmds`, `argc`, ...), if it is one.
@@ -297,6 +300,7 @@ fn check_request(m: &Message<'_>, pairs: &[Pair<'_>], r: &Result<Request2<'_>, P
             | Request2::JobDisconnect
             | Request2::KvsFence
             | Request2::KvsImage
+            | Request2::NodeBarrierIn
             | Request2::Finalize,
         ) => {}
     }
@@ -309,6 +313,7 @@ fn check_request(m: &Message<'_>, pairs: &[Pair<'_>], r: &Result<Request2<'_>, P
             Request2::KvsPut { .. } => b"kvs-put",
             Request2::KvsFence => b"kvs-fence",
             Request2::KvsImage => b"kvs-image",
+            Request2::NodeBarrierIn => b"node-barrier-in",
             Request2::KvsGet { .. } => b"kvs-get",
             Request2::GetJobAttr { .. } => b"info-getjobattr",
             Request2::PutNodeAttr { .. } => b"info-putnodeattr",

@@ -120,6 +120,59 @@ impl Page {
     }
 }
 
+/// The node barrier as a process knows it.
+pub enum NodeBarrier {
+    /// The server speaks it (`rpmi=3`): the first full barrier's answer says whether it is on.
+    Undecided,
+    /// Full barriers go through the node's page (by lines once the page is broken).
+    On(Page),
+    /// Full barriers go by lines: not served, not on for this node, or not wanted.
+    Off,
+}
+
+impl NodeBarrier {
+    /// The revision of rpmi's additions a library says at `init`: 3 (the node barrier) unless the job says
+    /// not to (`RPMI_NODE_BARRIER=0`), else 2.
+    pub fn revision_asked() -> &'static str {
+        match crate::env(c"RPMI_NODE_BARRIER").is_some_and(|v| v.trim() == "0") {
+            true => "2",
+            false => "3",
+        }
+    }
+
+    /// As the server's answer to `init` says: `revision`, that of rpmi's additions it answered.
+    pub fn answered(revision: u32) -> NodeBarrier {
+        if revision >= 3 {
+            NodeBarrier::Undecided
+        } else {
+            NodeBarrier::Off
+        }
+    }
+
+    /// The first full barrier is about to go: its answer decides (the page comes with it).
+    pub fn deciding(&self) -> bool {
+        matches!(self, NodeBarrier::Undecided)
+    }
+
+    /// What the first full barrier's answer said (`node_barrier=N`, or nothing) and the file that came with
+    /// it decide: on where the page maps, off otherwise. A page that does not map is named on stderr once,
+    /// by library `lib`.
+    pub fn decide(&mut self, lib: &str, members: Option<i64>, file: Option<OwnedFd>) {
+        *self = match (members, file) {
+            (Some(members), Some(file)) => match Page::map(file, members) {
+                Ok(page) => NodeBarrier::On(page),
+                Err(why) => {
+                    crate::cabi::say(&format!(
+                        "{lib}: the node barrier's page cannot be used ({why}): barriers go by lines"
+                    ));
+                    NodeBarrier::Off
+                }
+            },
+            _ => NodeBarrier::Off,
+        };
+    }
+}
+
 /// How a wait on the page ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Woken {

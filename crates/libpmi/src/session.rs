@@ -6,7 +6,7 @@ use rpmi_client::batch::PutBatch;
 use rpmi_client::conn::{Conn, READ_MAX};
 use rpmi_client::image::Images;
 use rpmi_client::mailbox::{Mailbox, Plain};
-use rpmi_client::node_barrier::{Page, Woken};
+use rpmi_client::node_barrier::{NodeBarrier, Page, Woken};
 use rpmi_client::{env_int, Failed};
 use rpmi_wire::mapping::Mapping;
 use rpmi_wire::reply::{quote, Reply};
@@ -72,16 +72,6 @@ struct Wire {
     images: Images,
     /// The node barrier, where the server serves it (`rpmi=3`).
     node: NodeBarrier,
-}
-
-/// The node barrier ([`rpmi_client::node_barrier`]) as this process knows it.
-enum NodeBarrier {
-    /// The server speaks it: the first full barrier's `barrier_out` says whether it is on.
-    Undecided,
-    /// Full barriers go through the node's page (by a line once the page is broken).
-    On(Page),
-    /// Full barriers go by lines: not served, not on for this node, or not wanted (`RPMI_NODE_BARRIER=0`).
-    Off,
 }
 
 impl Session {
@@ -330,8 +320,11 @@ impl Wire {
     /// The barrier by a line, and the puts kept ahead of it in the same write. The first one's answer says
     /// whether the node barrier is on, and brings its page where it is.
     fn barrier_by_line(&mut self, kvsname: &str) -> Result<(), Failed> {
-        let deciding = matches!(self.node, NodeBarrier::Undecided);
-        if deciding {
+        // The page comes with the first barrier's answer, to whichever thread reads it: taken only where no
+        // other thread waits for an answer (else this task stays on lines, and the server's page breaks for all).
+        let deciding = self.node.deciding();
+        let expecting = deciding && self.mail.alone();
+        if expecting {
             self.mail.expect_fd();
         }
         let (sent, refused) = self.send_puts(kvsname, Some("cmd=barrier_in"))?;
@@ -344,19 +337,8 @@ impl Wire {
             _ => Err(Failed::said(format!("the PMI server failed 'barrier_in': {}", r.quoted()))),
         });
         if deciding {
-            let file = self.mail.take_fd();
-            self.node = match (members.as_ref().ok().copied().flatten(), file) {
-                (Some(members), Some(file)) => match Page::map(file, members) {
-                    Ok(page) => NodeBarrier::On(page),
-                    Err(why) => {
-                        let why =
-                            format!("libpmi: the node barrier's page cannot be used ({why}): barriers go by lines");
-                        rpmi_client::cabi::say(&why);
-                        NodeBarrier::Off
-                    }
-                },
-                _ => NodeBarrier::Off,
-            };
+            let file = if expecting { self.mail.take_fd() } else { None };
+            self.node.decide("libpmi", members.as_ref().ok().copied().flatten(), file);
         }
         members?;
         self.images.fence_ended();
@@ -521,10 +503,7 @@ impl Wire {
     /// `rpmi=` is rpmi's: puts are kept until the barrier ([`Wire::send_puts`]).
     fn init(&mut self, size: u32) -> Result<bool, Failed> {
         let sub = if env_int(c"RPMI_PMI_SUBVERSION")?.is_some_and(|s| s >= 2) { "2" } else { "1" };
-        // Revision 3 (the node barrier) unless the job says not to.
-        let wanted = rpmi_client::env(c"RPMI_NODE_BARRIER").is_none_or(|v| v.trim() != "0");
-        let revision = if wanted { "3" } else { "2" };
-        let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=", revision];
+        let request = ["cmd=init pmi_version=1 pmi_subversion=", sub, " rpmi=", NodeBarrier::revision_asked()];
         let (groups, rpmi) = self.call_ok(&request, "response_to_init", |reply| {
             let rpmi = reply.get("rpmi").and_then(|r| r.parse::<u32>().ok()).unwrap_or(0);
             match (reply.get("pmi_version"), reply.get("pmi_subversion")) {
@@ -535,7 +514,7 @@ impl Wire {
         })?;
         self.rpmi = rpmi >= 1;
         self.images = Images::new(rpmi >= 2, size);
-        self.node = if rpmi >= 3 { NodeBarrier::Undecided } else { NodeBarrier::Off };
+        self.node = NodeBarrier::answered(rpmi);
         Ok(groups)
     }
 

@@ -6,6 +6,7 @@ use rpmi_client::batch::PutBatch;
 use rpmi_client::conn::Conn;
 use rpmi_client::image::Images;
 use rpmi_client::mailbox::{Expected, Mail, Mailbox, Plain};
+use rpmi_client::node_barrier::{NodeBarrier, Page, Woken};
 use rpmi_client::{env, Failed};
 use rpmi_wire::pmi2::{body_len, Message, Writer, FRAME_MAX, HEADER_LEN};
 use rpmi_wire::reply::Reply;
@@ -123,14 +124,17 @@ pub struct Session {
     /// The image of the node's key-value space after the last fence, where the server serves one (`rpmi=2`):
     /// gets of this job's keys are answered from it.
     images: Images,
+    /// The node barrier, where the server serves it (`rpmi=3`).
+    node: NodeBarrier,
 }
 
 impl Session {
     /// `PMI2_Init`: `init` for version 2 on the launcher's connection, then `fullinit`; or a job of one.
     pub fn start() -> Result<Box<Session>, Failed> {
         let Some(mut conn) = Conn::from_env()? else { return Ok(Box::new(Session::alone())) };
-        // `rpmi=1`: this library speaks rpmi's additions to the wire (other servers pass over it).
-        conn.write(b"cmd=init pmi_version=2 pmi_subversion=0 rpmi=2\n")?;
+        // `rpmi=`: this library speaks rpmi's additions to the wire (other servers pass over it).
+        let revision = NodeBarrier::revision_asked();
+        conn.write(format!("cmd=init pmi_version=2 pmi_subversion=0 rpmi={revision}\n").as_bytes())?;
         let line = conn.line()?;
         let mail = Arc::new(Mailbox::new(conn.reader()?));
         let reply = Reply::parse(&line).map_err(|e| Failed::said(format!("the PMI server sent a {e}")))?;
@@ -162,6 +166,7 @@ impl Session {
             rpmi: rpmi >= 1,
             batch: PutBatch::default(),
             images: Images::new(false, 0),
+            node: NodeBarrier::answered(rpmi),
         });
         let init = session.ask("fullinit", &fields)?;
         let (rank, size) = (init.int("rank")?, init.int("size")?);
@@ -194,6 +199,7 @@ impl Session {
             rpmi: false,
             batch: PutBatch::default(),
             images: Images::new(false, 0),
+            node: NodeBarrier::Off,
         }
     }
 
@@ -267,19 +273,70 @@ impl Session {
         }
     }
 
-    /// The fence, and the puts kept ahead of it in the same write. A put the server refused fails the fence,
-    /// once it is over.
+    /// The fence: on the node's page where the node barrier is on, else by a frame with the puts kept ahead of
+    /// it in the same write. A put the server refused fails the fence, once it is over.
     pub fn fence(&mut self) -> Result<(), Failed> {
         if let Server::Alone { .. } = self.server {
             return Ok(());
         }
+        match std::mem::replace(&mut self.node, NodeBarrier::Off) {
+            NodeBarrier::On(page) if !page.broken() => {
+                let ended = self.fence_on_page(&page);
+                self.node = NodeBarrier::On(page);
+                ended
+            }
+            node => {
+                self.node = node;
+                self.fence_by_frame()
+            }
+        }
+    }
+
+    /// The fence by a frame, and the puts kept ahead of it in the same write. The first one's answer says
+    /// whether the node barrier is on, and brings its page where it is.
+    fn fence_by_frame(&mut self) -> Result<(), Failed> {
+        // The page comes with the first fence's answer, to whichever thread reads it: taken only where no other
+        // thread waits for an answer (else this task stays on frames, and the server's page breaks for all).
+        let deciding = self.node.deciding();
+        let mail = self.mailbox().filter(|mail| deciding && mail.alone());
+        if let Some(mail) = &mail {
+            mail.expect_fd();
+        }
         let (sent, refused) = self.send_puts(Some("kvs-fence"))?;
-        match &mut self.server {
+        let answer = match &mut self.server {
             Server::Wire(_, mail, _) if sent => {
                 let plain = mail.expect_plain(&["kvs-fence", "-response"]);
-                succeeded(&answering(mail.take_plain(plain)?, "kvs-fence-response")?, "kvs-fence")?;
+                answering(mail.take_plain(plain)?, "kvs-fence-response")
+                    .and_then(|a| succeeded(&a, "kvs-fence").map(|()| a))
             }
-            _ => drop(self.ask("kvs-fence", &[])?),
+            _ => self.ask("kvs-fence", &[]),
+        };
+        if deciding {
+            let file = mail.and_then(|m| m.take_fd());
+            let members = answer.as_ref().ok().and_then(|a| a.int("node_barrier").ok());
+            self.node.decide("libpmi2", members, file);
+        }
+        answer?;
+        self.images.fence_ended();
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// The fence on the node's page: the puts kept go first, each answered (the server holds them before the
+    /// last task's frame can come), then this task counts itself in and waits for the release. Where the page
+    /// breaks meanwhile (a local task went), by a frame after all: its answer says what went wrong.
+    fn fence_on_page(&mut self, page: &Page) -> Result<(), Failed> {
+        let (_, refused) = self.send_puts(None)?;
+        let entry = page.enter();
+        if entry.last {
+            self.tell("node-barrier-in", &[]);
+        }
+        let Server::Wire(conn, ..) = &self.server else { return Ok(()) };
+        match page.wait(&entry, || conn.hung_up()).map_err(Failed::said)? {
+            Woken::Released(0) => {}
+            Woken::Released(code) => {
+                return Err(Failed::said(format!("the PMI server failed the node's fence (rc={code})")));
+            }
+            Woken::Broken => return self.fence_by_frame().and(refused.map_or(Ok(()), Err)),
         }
         self.images.fence_ended();
         refused.map_or(Ok(()), Err)

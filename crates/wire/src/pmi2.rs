@@ -94,6 +94,7 @@ impl<'a> Message<'a> {
             b"kvs-put" => Request2::KvsPut { key: need("key")?, value: self.get("value").unwrap_or_default() },
             b"kvs-fence" => Request2::KvsFence,
             b"kvs-image" => Request2::KvsImage,
+            b"node-barrier-in" => Request2::NodeBarrierIn,
             b"kvs-get" => Request2::KvsGet { jobid: self.get("jobid"), key: need("key")? },
             b"info-getjobattr" => Request2::GetJobAttr { key: need("key")? },
             b"info-putnodeattr" => {
@@ -270,6 +271,8 @@ pub enum Request2<'a> {
     KvsFence,
     /// `kvs-image`: rpmi's own (revision 2), as PMI-1's `get_kvs_image`.
     KvsImage,
+    /// `node-barrier-in`: rpmi's own (revision 3), as PMI-1's `node_barrier_in`.
+    NodeBarrierIn,
     /// `kvs-get;jobid=J;srcid=S;key=K`: `srcid` is a hint, ignored.
     KvsGet {
         jobid: Option<&'a [u8]>,

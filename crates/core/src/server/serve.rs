@@ -37,7 +37,8 @@ const LOCAL_KEY_PREFIX: &[u8] = b"local::";
 /// as a stream takes that, but not every one does).
 /// 2, a client may ask for the image of the node's key-value space after the last fence (`get_kvs_image`,
 /// PMI-2's `kvs-image`), which comes as a sealed memory file with the answer ([`Server::attached`]).
-/// 3, a PMI-1 client may ask for the node barrier (`get_node_barrier`, `node_barrier_in`: `node_barrier.rs`).
+/// 3, the node barrier: the first full barrier's answer may bring the node's page, through which the later ones
+/// go (`node_barrier_in`, PMI-2's `node-barrier-in`: `node_barrier.rs`).
 pub const RPMI_REVISION: i64 = 3;
 
 /// A task's input is held, not parsed, while more than this many bytes of its answers are unsent. PMI-1 is
@@ -148,7 +149,7 @@ struct Client {
     /// The memory file that goes with the first byte of `out`: the key-value image of a fence (its answer to
     /// `get_kvs_image`), or the node barrier's page (to `get_node_barrier`), each queued when nothing else was.
     attached: Option<Attached>,
-    /// It said `rpmi=3` or later at `init`, speaking PMI-1: it can take part in the node barrier.
+    /// It said `rpmi=3` or later at `init`: it can take part in the node barrier.
     speaks_node_barrier: bool,
     /// It is in the barrier by the node barrier's page: released there, not by a line.
     by_page: bool,
@@ -740,7 +741,7 @@ impl Server {
                     self.clients[task].protocol = Protocol::Pmi2;
                 }
                 self.clients[task].groups = groups;
-                self.clients[task].speaks_node_barrier = ok && answered.0 == 1 && rpmi >= 3;
+                self.clients[task].speaks_node_barrier = ok && rpmi >= 3;
             }
             Request::GetMaxes => {
                 let l = &self.limits;
@@ -978,7 +979,12 @@ impl Server {
                     line.msg(why).finish()
                 }
                 Protocol::Pmi2 => {
-                    Writer::answer(out, "kvs-fence-response", thrid.as_deref(), code).errmsg(why).finish()
+                    let frame = Writer::answer(out, "kvs-fence-response", thrid.as_deref(), code);
+                    let frame = match node_barrier {
+                        Some(members) => frame.str("node_barrier", members.to_string().as_bytes()),
+                        None => frame,
+                    };
+                    frame.errmsg(why).finish()
                 }
             });
             if node_barrier.is_some() {

@@ -236,6 +236,7 @@ impl Server {
                 }
             }
             Request2::KvsImage => self.send_kvs_image(task),
+            Request2::NodeBarrierIn => self.node_barrier_in(task, b"cmd=node-barrier-in;"),
             Request2::KvsFence => self.enter_barrier(task),
             Request2::KvsGet { jobid, key } => {
                 // No jobid, or an empty one (Slurm's libpmi2 sends `jobid=;` for a NULL id), is this job's.

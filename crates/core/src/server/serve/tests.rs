@@ -1414,3 +1414,24 @@ fn a_node_barrier_line_that_finds_a_task_busy_breaks_the_page() {
     assert_eq!(s.node_release(), Some(NodeRelease { code: None, broken: true }));
     assert!(h.collectives.len() == 1 && h.errors.is_empty(), "nobody entered");
 }
+
+#[test]
+fn pmi2_fences_take_the_node_barrier_too() {
+    let mut s = shell_on(&[2], 0);
+    s.serve_node_barrier(true);
+    let mut h = Recorder::default();
+    for t in 0..2 {
+        let init = send(&mut s, &mut h, t, "cmd=init pmi_version=2 pmi_subversion=0 rpmi=3\n");
+        assert_eq!(init, "cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0 rpmi=3\n");
+        assert_eq!(send(&mut s, &mut h, t, "    14cmd=kvs-fence;"), "");
+    }
+    complete(&mut s, &mut h, &[]);
+    for t in 0..2 {
+        assert_eq!(s.attached(t), Some(Attached::NodeBarrier));
+        assert_eq!(drain(&mut s, t), "    43cmd=kvs-fence-response;rc=0;node_barrier=2;");
+    }
+    assert_eq!(send(&mut s, &mut h, 1, "    20cmd=node-barrier-in;"), "");
+    complete(&mut s, &mut h, &[]);
+    assert_eq!(s.node_release(), Some(NodeRelease { code: Some(0), broken: false }));
+    assert!((0..2).all(|t| drain(&mut s, t).is_empty()) && h.errors.is_empty());
+}
