@@ -24,17 +24,30 @@ impl Host for QuietHost {
 
 impl HostFds for QuietHost {}
 
-/// A driver serving one task (the only rank), and the task's end of its connection, non-blocking.
-fn one_task() -> (Driver<QuietHost>, UnixStream) {
-    let job = JobInfo::new("kvs_7", TaskMap::block(&[1]), vec![0], vec!["node0".into()]);
+/// A driver for `host` serving the `n` tasks of a job of one node, and each task's end of its connection,
+/// non-blocking.
+fn node_of<H: HostFds>(host: H, n: usize) -> (Driver<H>, Vec<UnixStream>) {
+    let ranks: Vec<u32> = (0..n as u32).collect();
+    let job = JobInfo::new("kvs_7", TaskMap::block(&[n as u32]), ranks, vec!["node0".into()]);
     let server = Server::new(job, Limits::default()).unwrap();
     let (_handle, inbox) = channel().unwrap();
-    let mut driver = Driver::new(server, QuietHost, inbox).unwrap();
-    let (server, task) = socketpair().unwrap();
-    driver.attach(0, server).unwrap();
-    let task = UnixStream::from(task);
-    task.set_nonblocking(true).unwrap();
-    (driver, task)
+    let mut driver = Driver::new(server, host, inbox).unwrap();
+    let tasks = (0..n)
+        .map(|t| {
+            let (server, task) = socketpair().unwrap();
+            driver.attach(t, server).unwrap();
+            let task = UnixStream::from(task);
+            task.set_nonblocking(true).unwrap();
+            task
+        })
+        .collect();
+    (driver, tasks)
+}
+
+/// A driver serving one task (the only rank), and the task's end of its connection, non-blocking.
+fn one_task() -> (Driver<QuietHost>, UnixStream) {
+    let (driver, mut tasks) = node_of(QuietHost, 1);
+    (driver, tasks.remove(0))
 }
 
 /// Whatever the task can read now.
@@ -200,18 +213,7 @@ fn task_page(fd: RawFd, members: i64) -> rpmi_client::node_barrier::Page {
 /// so many that its input is held until it reads its answers.
 #[test]
 fn a_break_decided_while_the_driver_writes_reaches_the_page() {
-    let job = JobInfo::new("kvs_7", TaskMap::block(&[2]), vec![0, 1], vec!["node0".into()]);
-    let server = Server::new(job, Limits::default()).unwrap();
-    let (_handle, inbox) = channel().unwrap();
-    let mut driver = Driver::new(server, OneNode::default(), inbox).unwrap();
-    let mut tasks = Vec::new();
-    for t in 0..2 {
-        let (server, task) = socketpair().unwrap();
-        driver.attach(t, server).unwrap();
-        let task = UnixStream::from(task);
-        task.set_nonblocking(true).unwrap();
-        tasks.push(task);
-    }
+    let (mut driver, mut tasks) = node_of(OneNode::default(), 2);
     let step = |driver: &mut Driver<OneNode>| (0..4).for_each(|_| assert!(driver.on_ready(0).is_ok()));
     for t in &mut tasks {
         t.write_all(b"cmd=init pmi_version=1 pmi_subversion=1 rpmi=3\n").unwrap();

@@ -30,17 +30,8 @@
 
 int main(void)
 {
-    fd = atoi(getenv("PMI_FD"));
-    rank = atoi(getenv("PMI_RANK"));
-    int size = atoi(getenv("PMI_SIZE"));
     char buf[512], kvs[256];
-    say("cmd=init pmi_version=1 pmi_subversion=1 rpmi=2\n");
-    EXPECT(hear() < 0 && strstr(line, " rpmi=2") != NULL);
-    say("cmd=get_my_kvsname\n");
-    EXPECT(hear() < 0);
-    char *k = strstr(line, "kvsname=");
-    EXPECT(k != NULL);
-    snprintf(kvs, sizeof kvs, "%s", k + 8);
+    int size = start(2, kvs, sizeof kvs);
     snprintf(buf, sizeof buf, "cmd=put kvsname=%s key=image-key-%d value=image-value-%d\ncmd=barrier_in\n", kvs, rank, rank);
     say(buf);
     EXPECT(hear() < 0 && strstr(line, "cmd=put_result rc=0"));

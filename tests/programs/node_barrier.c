@@ -65,17 +65,8 @@ int main(int argc, char **argv)
 {
     EXPECT(argc == 2 || argc == 3);
     int rounds = atoi(argv[1]), leaver = argc == 3 ? atoi(argv[2]) : -1;
-    fd = atoi(getenv("PMI_FD"));
-    rank = atoi(getenv("PMI_RANK"));
-    int size = atoi(getenv("PMI_SIZE"));
     char buf[512], kvs[256];
-    say("cmd=init pmi_version=1 pmi_subversion=1 rpmi=3\n");
-    EXPECT(hear() < 0 && strstr(line, " rpmi=3") != NULL);
-    say("cmd=get_my_kvsname\n");
-    EXPECT(hear() < 0);
-    char *k = strstr(line, "kvsname=");
-    EXPECT(k != NULL);
-    snprintf(kvs, sizeof kvs, "%s", k + 8);
+    int size = start(3, kvs, sizeof kvs);
 
     /* The first barrier, by a line: its answer brings the page. */
     snprintf(buf, sizeof buf, "cmd=put kvsname=%s key=first-%d value=%d\ncmd=barrier_in\n", kvs, rank, rank);

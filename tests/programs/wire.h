@@ -1,6 +1,7 @@
 /* What the test programs that speak PMI-1 on the wire by hand and take the memory files rpmi's server sends
- * (kvs_image.c, node_barrier.c) share: a line out, a line in with the fd that came with it (recvmsg), a field
- * of the line, and that another user cannot open a process's fds. Include after check.h. */
+ * (kvs_image.c, node_barrier.c) share: the start (init and the kvsname), a line out, a line in with the fd
+ * that came with it (recvmsg), a field of the line, and that another user cannot open a process's fds.
+ * Include after check.h. */
 #ifndef RPMI_TEST_WIRE_H
 #define RPMI_TEST_WIRE_H
 
@@ -84,6 +85,25 @@ __attribute__((unused)) static void others_cannot_open(pid_t pid)
     }
     int status = 0;
     EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* Takes the launcher's connection and rank from the environment, says init asking for revision `revision` of
+ * rpmi's additions (which the answer must grant), and reads the job's kvsname into `kvs`: the job's size. */
+__attribute__((unused)) static int start(int revision, char *kvs, size_t len)
+{
+    fd = atoi(getenv("PMI_FD"));
+    rank = atoi(getenv("PMI_RANK"));
+    char ask[96], granted[16];
+    snprintf(ask, sizeof ask, "cmd=init pmi_version=1 pmi_subversion=1 rpmi=%d\n", revision);
+    snprintf(granted, sizeof granted, " rpmi=%d", revision);
+    say(ask);
+    EXPECT(hear() < 0 && strstr(line, granted) != NULL);
+    say("cmd=get_my_kvsname\n");
+    EXPECT(hear() < 0);
+    char *k = strstr(line, "kvsname=");
+    EXPECT(k != NULL);
+    snprintf(kvs, len, "%s", k + 8);
+    return atoi(getenv("PMI_SIZE"));
 }
 
 #endif
