@@ -157,11 +157,17 @@ fn flux_config() -> PathBuf {
 }
 
 /// What a job's processes said of themselves (`--flux`): the seconds of each one's `MPI_Init`, and of each
-/// its seconds in PMI and lines written there.
+/// its seconds in PMI during `MPI_Init`, how they were spent, and the lines it wrote there.
 #[derive(Default)]
 struct Inside {
     init: Vec<f64>,
     pmi: Vec<f64>,
+    /// Each process's seconds in PMI ready to run but waiting for a CPU.
+    cpu_wait: Vec<f64>,
+    /// Each process's seconds in barriers before the last process came in: the slowest one's own work.
+    last_in: Vec<f64>,
+    /// The rest of each process's seconds in PMI: waiting for the server's answers.
+    server: Vec<f64>,
     lines: Vec<f64>,
 }
 
@@ -171,13 +177,40 @@ impl Inside {
         let field = |l: &str, k: &str| -> Option<f64> {
             l.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok())
         };
+        // Each process's seconds in PMI, of them waiting for a CPU, and its (in, out) of each barrier (ns).
+        let mut processes: Vec<(f64, f64, Vec<(i64, i64)>)> = Vec::new();
         for l in String::from_utf8_lossy(stderr).lines() {
             if l.starts_with("mpi-init:") {
                 inside.init.extend(field(l, "seconds="));
             } else if l.starts_with("pmi-time:") {
-                inside.pmi.extend(field(l, "seconds="));
+                let barriers = l.split_whitespace().find_map(|w| w.strip_prefix("barriers=")).unwrap_or("");
+                let barriers = barriers.split(',').filter_map(|b| {
+                    let (i, o) = b.split_once(':')?;
+                    Some((i.parse().ok()?, o.parse().ok()?))
+                });
+                if let (Some(seconds), Some(cpu_wait)) = (field(l, "seconds="), field(l, "cpu_wait=")) {
+                    processes.push((seconds, cpu_wait, barriers.collect()));
+                }
                 inside.lines.extend(field(l, "lines="));
             }
+        }
+        // The last process into each barrier (by its place in each process's sequence).
+        let mut last_in: Vec<i64> = Vec::new();
+        for (_, _, barriers) in &processes {
+            for (k, &(entered, _)) in barriers.iter().enumerate() {
+                match last_in.get_mut(k) {
+                    Some(last) => *last = (*last).max(entered),
+                    None => last_in.push(entered),
+                }
+            }
+        }
+        for (seconds, cpu_wait, barriers) in processes {
+            let waited: i64 = barriers.iter().zip(&last_in).map(|(&(entered, _), &last)| last - entered).sum();
+            let waited = waited as f64 / 1e9;
+            inside.pmi.push(seconds);
+            inside.cpu_wait.push(cpu_wait);
+            inside.last_in.push(waited);
+            inside.server.push((seconds - cpu_wait - waited).max(0.0));
         }
         inside
     }
@@ -230,7 +263,8 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
 fn build(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/init");
     let (program, shim) = (dir.join("mpi_init"), dir.join("pmi_time.so"));
-    let mpicc = Command::new("mpicc").arg("-O2").arg("-o").arg(&program).arg(src.join("mpi_init.c")).status();
+    let mpicc =
+        Command::new("mpicc").arg("-O2").arg("-o").arg(&program).arg(src.join("mpi_init.c")).arg("-ldl").status();
     if !mpicc.map_err(|e| format!("mpicc: {e}"))?.success() {
         return Err("mpicc failed".into());
     }
@@ -383,9 +417,9 @@ impl Row {
         (self.inside(i, max), self.inside(i, |v| median(v.init.clone())))
     }
 
-    /// Server `i`'s time in PMI of the median process, and its lines (medians of runs).
-    fn pmi(&self, i: usize) -> (Option<f64>, Option<f64>) {
-        (self.inside(i, |v| median(v.pmi.clone())), self.inside(i, |v| median(v.lines.clone())))
+    /// Server `i`'s median process's seconds of `f` (medians of runs).
+    fn median_process(&self, i: usize, f: fn(&Inside) -> &Vec<f64>) -> Option<f64> {
+        self.inside(i, |v| median(f(v).clone()))
     }
 
     fn line(&self, flux: bool) -> String {
@@ -407,19 +441,27 @@ impl Row {
         let ms = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1} ms", x * 1e3));
         let mut out = Vec::new();
         for (i, &server) in servers(true).iter().enumerate() {
-            let ((slowest, typical), (pmi, lines)) = (self.init(i), self.pmi(i));
-            let share = match (pmi, typical) {
+            let (slowest, typical) = self.init(i);
+            let fields: [fn(&Inside) -> &Vec<f64>; 5] =
+                [|v| &v.pmi, |v| &v.cpu_wait, |v| &v.last_in, |v| &v.server, |v| &v.lines];
+            let [pmi, cpu_wait, last_in, answers, lines] = fields.map(|f| self.median_process(i, f));
+            let share = |part: Option<f64>| match (part, typical) {
                 (Some(p), Some(t)) if t > 0.0 => format!("{:.1}%", 100.0 * p / t),
                 _ => "-".into(),
             };
             out.push(format!(
-                "| {} | {} | {} | {} | {} | {} | {share} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 self.ranks,
                 name(server),
                 self.cell(i),
                 ms(slowest),
                 ms(typical),
                 ms(pmi),
+                share(pmi),
+                ms(cpu_wait),
+                ms(last_in),
+                ms(answers),
+                share(answers),
                 lines.map_or("-".into(), |l| format!("{l:.0}"))
             ));
         }
@@ -436,14 +478,21 @@ fn report(args: &Args, mpich: &str, rows: &[Row]) -> String {
              interleaved, in 3-broker Flux instances (`flux start --test-size=3`, `flux run -N3`), `-o pmi=rpmi` \
              against Flux's `-o pmi=simple`, PMI-1 (MPICH asks for 1.1). Whole command: the instance's start \
              and end included, median (range). `MPI_Init`: each process times its own; the slowest's and the \
-             median process's, medians of the runs. PMI: the median process's time reading and writing its PMI \
-             connection (waits for the server included) and the lines it wrote there, counted by a preloaded \
-             shim (`benches/init/pmi_time.c`); share: PMI's time over `MPI_Init`'s, the median process's.\n\n",
+             median process's, medians of the runs. PMI: the time the median process spent reading and writing its \
+             PMI connection during `MPI_Init` (waits for the server included) and the lines it wrote there, \
+             counted by a preloaded shim (`benches/init/pmi_time.c`); share: over `MPI_Init`'s time, the median \
+             process's. Of that time in PMI: **waiting for a CPU**, ready to run but not running (the kernel's \
+             run delay, `/proc/thread-self/schedstat`, over the process's PMI calls); **for the last one in**, in \
+             barriers before the last process entered them (from the shim's times on the machine's one clock): \
+             the slowest process's own work; **for the server**, the rest, what the server's answers cost the \
+             process, and its share of `MPI_Init`. Each column is its own median over the processes, so they \
+             need not add up.\n\n",
             args.runs
         ));
         s.push_str(
-            "| ranks | server | whole command | MPI_Init, slowest | MPI_Init, median | PMI, median | PMI's share | PMI lines |\n\
-             |---|---|---|---|---|---|---|---|\n",
+            "| ranks | server | whole command | MPI_Init, slowest | MPI_Init, median | PMI, median | PMI's share \
+             | waiting for a CPU | for the last one in | for the server | the server's share | PMI lines |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for r in rows {
             s.push_str(&r.line(true));
