@@ -1587,6 +1587,9 @@ static int task_fork(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
      * connected before it exec'd, which the fork waited for), so that no more than one waits in the listen
      * queue, whatever its length. */
     on_connect(NULL, ctx->accept_w, 0, ctx);
+    /* And what the tasks started so far have asked is answered now, not once the last task has started: a
+     * task's start-up (MPICH's before its first barrier) then runs beside the starts of the tasks after it. */
+    on_ready(NULL, ctx->watch, 0, ctx);
     return 0;
 }
 
