@@ -383,8 +383,10 @@ fn with_the_plugin_running_the_exchanges_the_job_has_a_name_service() {
     let dir = TempDir::new("shells-names");
     let (host, program) = (build_host(&dir), build_mpich5(&dir, "mpi_names"));
     for mode in SHELLS {
+        // One rank a node: MPICH 5.0.2 over OFI sometimes hangs in MPI_Init on a loaded machine where a node
+        // has two ranks, under Hydra as under rpmi (docs/testing.md).
         let env = [("MPIR_CVAR_CH4_NETMOD", "ofi")];
-        let r = host_run_env(&host, &[mode, &["-n", "4", "--nodes", "3"]].concat(), &program, &[], &env);
+        let r = host_run_env(&host, &[mode, &["-n", "4", "--nodes", "4"]].concat(), &program, &[], &env);
         assert_eq!(r.code(), 0, "the MPI job failed ({mode:?})\n{r}");
         let line = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
         assert!(r.stdout.contains(line), "no summary line ({mode:?})\n{r}");

@@ -511,9 +511,11 @@ fn a_spawn_of_several_commands_gives_each_rank_its_argv_and_appnum() {
 fn the_name_service_across_three_shells() {
     let names = mpich5_program("mpi_names");
     let env = ["--env=MPIR_CVAR_CH4_NETMOD=ofi"];
-    let r = flux_run(&[&RPMI[..], &env[..], &["-n4", &names]].concat());
+    // One rank a shell: MPICH 5.0.2 over OFI sometimes hangs in MPI_Init on a loaded machine where a node has
+    // two ranks, under Hydra as under rpmi (docs/testing.md).
+    let r = flux_run(&[&RPMI[..], &env[..], &["-n3", &names]].concat());
     r.assert_success("mpi_names");
-    let line = "mpi_names: 3 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
+    let line = "mpi_names: 2 ranks looked up the port; duplicate publish, unknown and unpublished lookups failed";
     assert!(r.stdout.contains(line), "{}", r.dump());
 }
 
