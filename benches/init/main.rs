@@ -171,14 +171,21 @@ struct Inside {
     lines: Vec<f64>,
 }
 
+/// One process's `pmi-time:` line: its seconds in PMI, of them waiting for a CPU, and when it entered and
+/// left each barrier (ns on the machine's monotonic clock).
+struct Said {
+    seconds: f64,
+    cpu_wait: f64,
+    barriers: Vec<(i64, i64)>,
+}
+
 impl Inside {
     fn read(stderr: &[u8]) -> Inside {
         let mut inside = Inside::default();
         let field = |l: &str, k: &str| -> Option<f64> {
             l.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok())
         };
-        // Each process's seconds in PMI, of them waiting for a CPU, and its (in, out) of each barrier (ns).
-        let mut processes: Vec<(f64, f64, Vec<(i64, i64)>)> = Vec::new();
+        let mut processes: Vec<Said> = Vec::new();
         for l in String::from_utf8_lossy(stderr).lines() {
             if l.starts_with("mpi-init:") {
                 inside.init.extend(field(l, "seconds="));
@@ -189,22 +196,22 @@ impl Inside {
                     Some((i.parse().ok()?, o.parse().ok()?))
                 });
                 if let (Some(seconds), Some(cpu_wait)) = (field(l, "seconds="), field(l, "cpu_wait=")) {
-                    processes.push((seconds, cpu_wait, barriers.collect()));
+                    processes.push(Said { seconds, cpu_wait, barriers: barriers.collect() });
                 }
                 inside.lines.extend(field(l, "lines="));
             }
         }
         // The last process into each barrier (by its place in each process's sequence).
         let mut last_in: Vec<i64> = Vec::new();
-        for (_, _, barriers) in &processes {
-            for (k, &(entered, _)) in barriers.iter().enumerate() {
+        for said in &processes {
+            for (k, &(entered, _)) in said.barriers.iter().enumerate() {
                 match last_in.get_mut(k) {
                     Some(last) => *last = (*last).max(entered),
                     None => last_in.push(entered),
                 }
             }
         }
-        for (seconds, cpu_wait, barriers) in processes {
+        for Said { seconds, cpu_wait, barriers } in processes {
             let waited: i64 = barriers.iter().zip(&last_in).map(|(&(entered, _), &last)| last - entered).sum();
             let waited = waited as f64 / 1e9;
             inside.pmi.push(seconds);
