@@ -136,6 +136,7 @@ struct rpmi_flux {
     /* The task being started: the shell runs task.init, forks and runs task.fork for one task at a time. */
     struct task *starting;
     int failed; /* the job is ending: this shell raised, or sent shell 0, its one abort */
+    int stopped; /* progress failed: the instance serves nothing more, and is not called again */
     int holding_job; /* shell 0: the shell stays open for the others until rpmi's job_done */
     /* Spawns: */
     struct spawn *spawns; /* the jobs this shell's tasks spawned, until each is clean */
@@ -1353,8 +1354,11 @@ static void on_ready(flux_reactor_t *r, flux_watcher_t *w, int revents, void *ar
     struct rpmi_flux *ctx = arg;
     (void)r;
     (void)revents;
+    if (ctx->stopped)
+        return;
     int rc = ctx->plugin->progress(ctx->inst);
     if (rc != RPMI_OK) {
+        ctx->stopped = 1;
         flux_watcher_stop(w);
         fail_job(ctx, "the PMI server stopped (%d)", rc);
     }
