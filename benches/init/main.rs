@@ -167,7 +167,7 @@ struct Inside {
     /// Each process's seconds in barriers before the last process came in: the slowest one's own work.
     last_in: Vec<f64>,
     /// The rest of each process's seconds in PMI: waiting for the server's answers.
-    server: Vec<f64>,
+    answers: Vec<f64>,
     lines: Vec<f64>,
 }
 
@@ -217,7 +217,7 @@ impl Inside {
             inside.pmi.push(seconds);
             inside.cpu_wait.push(cpu_wait);
             inside.last_in.push(waited);
-            inside.server.push((seconds - cpu_wait - waited).max(0.0));
+            inside.answers.push((seconds - cpu_wait - waited).max(0.0));
         }
         inside
     }
@@ -450,7 +450,7 @@ impl Row {
         for (i, &server) in servers(true).iter().enumerate() {
             let (slowest, typical) = self.init(i);
             let fields: [fn(&Inside) -> &Vec<f64>; 5] =
-                [|v| &v.pmi, |v| &v.cpu_wait, |v| &v.last_in, |v| &v.server, |v| &v.lines];
+                [|v| &v.pmi, |v| &v.cpu_wait, |v| &v.last_in, |v| &v.answers, |v| &v.lines];
             let [pmi, cpu_wait, last_in, answers, lines] = fields.map(|f| self.median_process(i, f));
             let share = |part: Option<f64>| match (part, typical) {
                 (Some(p), Some(t)) if t > 0.0 => format!("{:.1}%", 100.0 * p / t),
