@@ -91,9 +91,9 @@ pub fn decode(text: &str, nodes: usize, size_max: usize) -> Result<Vec<u32>, Str
     expand(&blocks, size, None).ok_or_else(|| bad("overflow"))
 }
 
-/// Expands a Slurm node list (`n[1-3,7],login[01-02]-ib,x`) into names, in order. Covers the forms srun
-/// writes into `SLURM_STEP_NODELIST` on ordinary clusters; the plugin prefers Slurm's own hostlist
-/// functions when the process has them.
+/// Expands a Slurm node list (`n[1-3,7],login[01-02]-ib,x`) into names, in order, stopping at `max` + 1.
+/// Covers the forms srun writes into `SLURM_STEP_NODELIST` on ordinary clusters; where the process has
+/// Slurm's own hostlist functions, the plugin takes their names, once this has bounded the list.
 pub fn expand_nodelist(list: &str, max: usize) -> Result<Vec<String>, String> {
     let bad = |why: &str| format!("node list '{}': {why}", super::trace::escape_text(list, 200));
     let mut names = Vec::new();

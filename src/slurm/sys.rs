@@ -20,6 +20,14 @@ type UnsetEnvp = unsafe extern "C" fn(*mut *mut c_char, *const c_char);
 type HostlistCreate = unsafe extern "C" fn(*const c_char) -> *mut c_void;
 type HostlistShift = unsafe extern "C" fn(*mut c_void) -> *mut c_char;
 type HostlistDestroy = unsafe extern "C" fn(*mut c_void);
+
+/// Slurm's hostlist parser: create from a string, shift names (malloc'd, freed with free()), destroy.
+#[derive(Clone, Copy)]
+pub struct Hostlist {
+    create: HostlistCreate,
+    shift: HostlistShift,
+    destroy: HostlistDestroy,
+}
 type LogFn = unsafe extern "C" fn(*const c_char, ...);
 type StrError = unsafe extern "C" fn(c_int) -> *const c_char;
 /// mpi.conf's parser (`src/common/parse_config.h`, not installed): `transfer_s_p_options(s_p_options_t
@@ -61,9 +69,7 @@ pub struct Slurm {
     free_job_info_msg: Option<FreeJobInfoMsg>,
     #[cfg(slurm_kill = "step_id")]
     signal_job_step: Option<version::SignalJobStep>,
-    hostlist_create: Option<HostlistCreate>,
-    hostlist_shift: Option<HostlistShift>,
-    hostlist_destroy: Option<HostlistDestroy>,
+    hostlist: Option<Hostlist>,
     error: Option<LogFn>,
     info: Option<LogFn>,
     verbose: Option<LogFn>,
@@ -133,9 +139,13 @@ pub fn slurm() -> &'static Slurm {
         free_job_info_msg: find!(c"slurm_free_job_info_msg"),
         #[cfg(slurm_kill = "step_id")]
         signal_job_step: find!(c"slurm_signal_job_step"),
-        hostlist_create: find!(c"slurm_hostlist_create"),
-        hostlist_shift: find!(c"slurm_hostlist_shift"),
-        hostlist_destroy: find!(c"slurm_hostlist_destroy"),
+        hostlist: (|| {
+            Some(Hostlist {
+                create: find!(c"slurm_hostlist_create")?,
+                shift: find!(c"slurm_hostlist_shift")?,
+                destroy: find!(c"slurm_hostlist_destroy")?,
+            })
+        })(),
         error: find!(c"slurm_error"),
         info: find!(c"slurm_info"),
         verbose: find!(c"slurm_verbose"),
@@ -419,48 +429,59 @@ impl Slurm {
         }
     }
 
-    /// The names in a Slurm node list of at most `max` nodes, with Slurm's own parser when the process has
-    /// it. The list may come from the user's environment, and Slurm's parser ends the whole process on some
-    /// lists (too many ranges): one longer than `max` names can be written in, with more ranges than `max`,
-    /// or naming more than `max` nodes is refused before or while it is expanded.
+    /// The names in a Slurm node list of at most `max` nodes (see [`expand_nodelist`]).
     pub fn expand_nodelist(&self, list: &str, max: usize) -> Result<Vec<String>, String> {
-        let bad = |why: String| format!("node list '{}': {why}", super::trace::escape_text(list, 200));
-        if list.len() > max.saturating_mul(NODE_NAME_MAX).saturating_add(1024) {
-            return Err(bad(format!("{} bytes, too long for {max} nodes", list.len())));
+        expand_nodelist(list, max, self.hostlist)
+    }
+}
+
+/// The names in a Slurm node list of at most `max` nodes, with Slurm's own parser (`hostlist`) when the
+/// process has it. The list may come from the user's environment, and Slurm's parser builds every name
+/// before it hands out the first (brackets one after another multiply: `a[0-65535]b[0-65535]` is 2^32 names,
+/// some 370 GB) and ends the whole process on some lists (too many ranges). So a list longer than `max`
+/// names can be written in, with more ranges than `max`, or that rpmi's own reading
+/// ([`layout::expand_nodelist`](super::layout::expand_nodelist)) finds naming more than `max` nodes is
+/// refused before Slurm's parser sees it; and one that Slurm reads as another number of names, after.
+pub fn expand_nodelist(list: &str, max: usize, hostlist: Option<Hostlist>) -> Result<Vec<String>, String> {
+    let bad = |why: String| format!("node list '{}': {why}", super::trace::escape_text(list, 200));
+    if list.len() > max.saturating_mul(NODE_NAME_MAX).saturating_add(1024) {
+        return Err(bad(format!("{} bytes, too long for {max} nodes", list.len())));
+    }
+    // Each range or name is at least one node, and they are separated by commas.
+    if list.bytes().filter(|&b| b == b',').count() >= max.max(1) {
+        return Err(bad(format!("more ranges than {max} nodes")));
+    }
+    // Stops at max + 1 names, whatever the list multiplies to.
+    let ours = super::layout::expand_nodelist(list, max)?;
+    let Some(Hostlist { create, shift, destroy }) = hostlist else {
+        return Ok(ours);
+    };
+    let text = c_text(list);
+    // SAFETY: Slurm's hostlist API: create from a string, shift names (malloc'd, freed with free()),
+    // destroy.
+    unsafe {
+        let hl = create(text.as_ptr());
+        if hl.is_null() {
+            return Err(bad("Slurm cannot read it".into()));
         }
-        // Each range or name is at least one node, and they are separated by commas.
-        if list.bytes().filter(|&b| b == b',').count() >= max.max(1) {
-            return Err(bad(format!("more ranges than {max} nodes")));
-        }
-        let (Some(create), Some(shift), Some(destroy)) =
-            (self.hostlist_create, self.hostlist_shift, self.hostlist_destroy)
-        else {
-            return super::layout::expand_nodelist(list, max);
-        };
-        let text = c_text(list);
-        // SAFETY: Slurm's hostlist API: create from a string, shift names (malloc'd, freed with free()),
-        // destroy.
-        unsafe {
-            let hl = create(text.as_ptr());
-            if hl.is_null() {
-                return Err(bad("Slurm cannot read it".into()));
+        let mut names = Vec::new();
+        loop {
+            let p = shift(hl);
+            if p.is_null() {
+                break;
             }
-            let mut names = Vec::new();
-            loop {
-                let p = shift(hl);
-                if p.is_null() {
-                    break;
-                }
-                names.push(CStr::from_ptr(p).to_string_lossy().into_owned());
-                libc::free(p.cast());
-                if names.len() > max {
-                    destroy(hl);
-                    return Err(bad(format!("more than {max} names")));
-                }
+            names.push(CStr::from_ptr(p).to_string_lossy().into_owned());
+            libc::free(p.cast());
+            if names.len() > max {
+                destroy(hl);
+                return Err(bad(format!("more than {max} names")));
             }
-            destroy(hl);
-            Ok(names)
         }
+        destroy(hl);
+        if names.len() != ours.len() {
+            return Err(bad(format!("Slurm reads {} names in it, rpmi {}", names.len(), ours.len())));
+        }
+        Ok(names)
     }
 }
 
@@ -488,4 +509,70 @@ pub unsafe fn getenvp(env: *const *const c_char, name: &str) -> Option<String> {
         p = unsafe { p.add(1) };
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Where Debian's and EL's packages put Slurm's library, which exports its hostlist parser.
+    const LIBSLURMFULL: [&CStr; 3] = [
+        c"/usr/lib/x86_64-linux-gnu/slurm-wlm/libslurmfull.so",
+        c"/usr/lib64/slurm/libslurmfull.so",
+        c"/usr/lib/slurm/libslurmfull.so",
+    ];
+
+    static SLURMS_CREATE: OnceLock<HostlistCreate> = OnceLock::new();
+    /// The lists Slurm's parser was given.
+    static CREATED: AtomicUsize = AtomicUsize::new(0);
+
+    /// Slurm's `slurm_hostlist_create`, counting its calls.
+    unsafe extern "C" fn counted_create(text: *const c_char) -> *mut c_void {
+        CREATED.fetch_add(1, Ordering::SeqCst);
+        let create = SLURMS_CREATE.get().expect("Slurm's hostlist_create");
+        // SAFETY: Slurm's function, given the caller's NUL-terminated text.
+        unsafe { create(text) }
+    }
+
+    /// Slurm's own hostlist parser, from its library (loaded locally: `slurm()` does not see it).
+    fn slurms_hostlist() -> Hostlist {
+        // SAFETY: dlopen of a path, dlsym of names, each NUL-terminated; the library stays loaded.
+        let lib = LIBSLURMFULL
+            .iter()
+            .map(|path| unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) })
+            .find(|h| !h.is_null())
+            .expect("Slurm's libslurmfull.so (docker/install-deps.sh installs it)");
+        let symbol = |name: &CStr| {
+            // SAFETY: as above.
+            let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+            assert!(!p.is_null(), "{name:?} in libslurmfull.so");
+            p
+        };
+        // SAFETY: Slurm's functions of the declared C types.
+        unsafe {
+            let _ =
+                SLURMS_CREATE.set(std::mem::transmute::<*mut c_void, HostlistCreate>(symbol(c"slurm_hostlist_create")));
+            Hostlist {
+                create: counted_create,
+                shift: std::mem::transmute::<*mut c_void, HostlistShift>(symbol(c"slurm_hostlist_shift")),
+                destroy: std::mem::transmute::<*mut c_void, HostlistDestroy>(symbol(c"slurm_hostlist_destroy")),
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_list_that_multiplies_past_the_step_never_reaches_slurms_parser() {
+        let slurm = Some(slurms_hostlist());
+        assert_eq!(expand_nodelist("n[1-3],m07", 4, slurm).unwrap(), ["n1", "n2", "n3", "m07"]);
+        assert_eq!(CREATED.load(Ordering::SeqCst), 1, "Slurm's parser read the list");
+        // 10^7 names in 22 bytes: Slurm's parser would build them all (860 MB) before handing out the first;
+        // a[0-65535]b[0-65535] would be 2^32.
+        let e = expand_nodelist("a[0-9999]b[0-999]c[0]", 3, slurm).unwrap_err();
+        assert!(e.contains("more than 3 names"), "{e}");
+        assert_eq!(CREATED.load(Ordering::SeqCst), 1, "Slurm's parser was given the list");
+        // Slurm takes a space as a separator too: a list the two read differently is refused.
+        let e = expand_nodelist("n1 n2", 3, slurm).unwrap_err();
+        assert!(e.contains("Slurm reads 2 names in it, rpmi 1"), "{e}");
+    }
 }
