@@ -286,15 +286,22 @@ impl Link {
     }
 
     /// Writes what is queued on every link of `links` for as long as their peers keep taking it: until a
-    /// `stall` passes in which none took a byte. For the links between stepds (root's own daemons, which read
-    /// all they are sent), whose last result may take longer than any fixed grace on a slow network.
-    pub fn drain_moving(links: &mut [&mut Link], stall: Duration) {
-        let mut last = (usize::MAX, Instant::now() + stall);
+    /// `stall` passes in which none took a byte, or once the time the bytes first queued take at `rate`
+    /// bytes a second (and `longest` at most) has passed after one `stall`. For the links between stepds,
+    /// whose last result may take longer than any fixed grace on a slow network; the rate and `longest` bound
+    /// how long a peer that reads slowly holds the stepd's end (a user's process admitted with the step's
+    /// secret can be one).
+    pub fn drain_moving(links: &mut [&mut Link], stall: Duration, rate: u64, longest: Duration) {
+        let start = Instant::now();
+        let mut end = None;
+        let mut last = (usize::MAX, start + stall);
         Self::drain_until(links, |queued| {
+            let moving = Duration::from_millis((queued as u64).saturating_mul(1000) / rate.max(1)).min(longest);
+            let end = *end.get_or_insert(start + stall + moving);
             if queued < last.0 {
                 last = (queued, Instant::now() + stall);
             }
-            last.1
+            last.1.min(end)
         })
     }
 
@@ -403,6 +410,41 @@ mod tests {
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (b, _) = l.accept().unwrap();
         (a, b)
+    }
+
+    /// How long `drain_moving` (1 s stall, `rate`, `longest`) holds 32 MiB for a peer that keeps reading
+    /// 256 KiB every 100 ms, and whether the peer got it all.
+    fn drained_for_a_slow_peer(rate: u64, longest: Duration) -> (Duration, bool) {
+        let (a, mut peer) = pair();
+        let mut link = Link::new(a, 0, FrameBuf::default(), usize::MAX).unwrap();
+        let size = 32 << 20;
+        link.send_collective(Direction::Down, &Arc::new(vec![7; size])).unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reading = done.clone();
+        let reader = std::thread::spawn(move || {
+            let (mut buf, mut total) = (vec![0u8; 256 << 10], 0);
+            while !reading.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+                total += peer.read(&mut buf).unwrap_or(0);
+            }
+            total
+        });
+        let start = Instant::now();
+        Link::drain_moving(&mut [&mut link], Duration::from_secs(1), rate, longest);
+        let took = start.elapsed();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (took, reader.join().unwrap() >= size)
+    }
+
+    #[test]
+    fn a_peer_that_reads_slowly_holds_the_end_only_as_long_as_its_bytes_take_at_the_least_rate() {
+        // What the socket did not take at once of 32 MiB, at 16 MiB/s: under 2 s after the 1 s stall,
+        // though the peer keeps taking bytes (it would take 13 s to read them all at its pace).
+        let (took, all) = drained_for_a_slow_peer(16 << 20, Duration::from_secs(30));
+        assert!(!all && took > Duration::from_millis(1500) && took < Duration::from_secs(8), "{took:?}");
+        // And no longer than `longest` after the stall, whatever the rate allows.
+        let (took, all) = drained_for_a_slow_peer(1, Duration::from_secs(1));
+        assert!(!all && took > Duration::from_millis(1500) && took < Duration::from_secs(7), "{took:?}");
     }
 
     #[test]

@@ -25,6 +25,11 @@ use std::time::{Duration, Instant};
 
 /// How long `fini` lets the progress thread say BYE before it cuts the connection.
 pub const FINI_GRACE: Duration = Duration::from_secs(2);
+/// At its end a stepd waits for its peers to take its last frames (a large last result, say) as long as
+/// they keep taking them, but no longer than their bytes take at this rate (bytes a second, half of what
+/// gigabit Ethernet carries), and [`DRAIN_LONGEST`] at most: Slurm's own end of the step waits for `fini`.
+const DRAIN_RATE_MIN: u64 = 64 << 20;
+const DRAIN_LONGEST: Duration = Duration::from_secs(30);
 /// How long a node that said BYE waits, at most, for srun and its peers to close their ends after it.
 const LINGER: Duration = Duration::from_millis(500);
 
@@ -521,7 +526,7 @@ impl NodeHost for SlurmHost {
         // result, which node 0 queued for its children as its own tasks took it), for as long as they take it.
         Link::drain(&mut self.links(), Instant::now() + FINI_GRACE);
         let mut peers: Vec<&mut Link> = self.peers.iter_mut().filter_map(|(_, l)| l.as_mut()).collect();
-        Link::drain_moving(&mut peers, FINI_GRACE);
+        Link::drain_moving(&mut peers, FINI_GRACE, DRAIN_RATE_MIN, DRAIN_LONGEST);
         // Then each connection closes once its peer has read it all (srun and the peers close theirs on the
         // goodbye and the end that follows it).
         Link::linger(&mut self.links(), Instant::now() + LINGER);
