@@ -268,8 +268,9 @@ typedef struct rpmi_plugin {
 
     /* Stop serving and free the instance: serves what the tasks wrote before they left (on the progress
      * thread, which it joins, or in event-loop mode here, calling back on this thread), closes every fd. No
-     * other call on the instance may run concurrently with it or follow it, completions included; since
-     * callbacks run meanwhile, the host must not hold a lock its callbacks take while calling it. */
+     * other call on the instance may run concurrently with it or follow it, completions included, but the
+     * completions its own callbacks make meanwhile (taken or dropped); since callbacks run meanwhile, the
+     * host must not hold a lock its callbacks take while calling it. */
     void (*destroy)(rpmi_instance *instance);
 
     /* Revision 2. The revision of ABI version 1 the plugin serves (RPMI_ABI_REVISION as it was compiled);

@@ -702,12 +702,15 @@ unsafe extern "C" fn destroy(inst: *mut rpmi_instance) {
         if inst.is_null() {
             return ffi::RPMI_ERR_INVALID;
         }
-        // SAFETY: not NULL (checked above): the box `create` made; no other call on it runs with or after
-        // destroy, so it is freed once.
-        let mut inst = unsafe { Box::from_raw(inst as *mut Instance) };
+        // SAFETY: not NULL (checked above): the box `create` made, live until freed below. It is only borrowed
+        // shared meanwhile, as the host's callbacks during the stop, which may call on it, borrow it too.
+        let shared = unsafe { &*(inst as *const Instance) };
         // The node takes the stop after serving what the tasks wrote before they left (an abort line, say): on
         // its progress thread, or here, in event-loop mode, where the host has stopped calling progress.
-        inst.node.stop(None, || {});
+        shared.node.stop(None, || {});
+        // SAFETY: the box `create` made; no call on it runs after the stop (the host's contract), so it is freed
+        // once.
+        drop(unsafe { Box::from_raw(inst as *mut Instance) });
         ffi::RPMI_OK
     });
 }

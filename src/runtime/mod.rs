@@ -117,7 +117,9 @@ pub struct NodeRuntime<H: NodeHost> {
     subversion: u8,
     /// The driver's epoll fd, for a host loop to watch; it lives as long as the driver.
     watch_fd: RawFd,
-    progress: LoopState<H>,
+    /// Locked so that [`NodeRuntime::stop`] takes the node shared: the host's callbacks it runs may call on
+    /// the node too.
+    progress: Mutex<LoopState<H>>,
 }
 
 enum LoopState<H: NodeHost> {
@@ -152,13 +154,13 @@ impl<H: NodeHost> NodeRuntime<H> {
             job,
             spawned,
             subversion,
-            progress: LoopState::Ready(Mutex::new(Box::new(driver))),
+            progress: Mutex::new(LoopState::Ready(Mutex::new(Box::new(driver)))),
         })
     }
 
     /// The host's side, before the node starts (to give it what only exists once the node does).
     pub fn host_mut(&mut self) -> Option<&mut H> {
-        match &mut self.progress {
+        match self.progress.get_mut().unwrap_or_else(|e| e.into_inner()) {
             LoopState::Ready(driver) => driver.get_mut().ok().map(|d| d.host_mut()),
             _ => None,
         }
@@ -166,11 +168,12 @@ impl<H: NodeHost> NodeRuntime<H> {
 
     /// Starts serving: the node's own progress thread, or the host's loop from now on.
     pub fn start(&mut self, looping: Looping) -> Result<(), NodeError> {
-        let LoopState::Ready(driver) = std::mem::replace(&mut self.progress, LoopState::Stopped) else {
+        let progress = self.progress.get_mut().unwrap_or_else(|e| e.into_inner());
+        let LoopState::Ready(driver) = std::mem::replace(progress, LoopState::Stopped) else {
             return Err(NodeError::State("the node is already started".into()));
         };
         let driver = driver.into_inner().map_err(|_| NodeError::State("the node failed before it started".into()))?;
-        self.progress = match looping {
+        *progress = match looping {
             Looping::HostLoop => LoopState::InHostLoop(Mutex::new(driver)),
             Looping::OwnThread => {
                 let (done_tx, done_rx) = mpsc::channel();
@@ -332,7 +335,8 @@ impl<H: NodeHost> NodeRuntime<H> {
 
     /// Does the work that is ready, without waiting ([`Looping::HostLoop`]).
     pub fn progress(&self) -> Result<(), NodeError> {
-        let LoopState::InHostLoop(driver) = &self.progress else {
+        let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let LoopState::InHostLoop(driver) = &*progress else {
             return Err(NodeError::State("progress called, but the node runs its own progress thread".into()));
         };
         let mut driver = driver.lock().map_err(|_| NodeError::State("the node stopped after an error".into()))?;
@@ -346,10 +350,13 @@ impl<H: NodeHost> NodeRuntime<H> {
 
     /// Stops serving, after serving what the tasks wrote before they left (an abort line, say). With a
     /// `grace`, a progress thread that has not ended within it gets `cut` called (to cut what holds it, such
-    /// as a slow peer) before it is joined.
-    pub fn stop(&mut self, grace: Option<Duration>, cut: impl FnOnce()) {
+    /// as a slow peer) before it is joined. The host's callbacks that run meanwhile may call on the node:
+    /// [`NodeRuntime::progress`] then fails, as the node has stopped.
+    pub fn stop(&self, grace: Option<Duration>, cut: impl FnOnce()) {
         let _ = self.handle.post(Event::Stop);
-        match std::mem::replace(&mut self.progress, LoopState::Stopped) {
+        let taken =
+            std::mem::replace(&mut *self.progress.lock().unwrap_or_else(|e| e.into_inner()), LoopState::Stopped);
+        match taken {
             LoopState::Thread { mut thread, done } => {
                 let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
                 if let (Some(grace), Some(done)) = (grace, done) {

@@ -317,7 +317,7 @@ unsafe fn component(
 
 /// Stops the progress thread and frees the step: the thread gets [`FINI_GRACE`] to say BYE, then the
 /// connection is cut (so that a root that reads slowly cannot hold it) and it is joined.
-fn free(mut stepd: Box<Stepd>) {
+fn free(stepd: Box<Stepd>) {
     stepd.stopping.store(true, SeqCst);
     let uplink = &stepd.uplink;
     stepd.node.stop(Some(FINI_GRACE), || {
