@@ -38,9 +38,7 @@ fn setup() -> &'static Setup {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the test's directory");
-        let exe = std::env::current_exe().expect("the test executable's path");
-        let library = exe.parent().and_then(Path::parent).expect("target/<profile>/deps").join("librpmi.so");
-        assert!(library.is_file(), "{} is missing: build first (`cargo build`)", library.display());
+        let library = library();
         let plugin = dir.join("rpmi.so");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("docker/flux.sh");
         let out = Command::new("bash").arg(script).arg("plugin").arg(&plugin).arg(&library).output().expect("bash");
@@ -51,6 +49,14 @@ fn setup() -> &'static Setup {
         std::fs::copy(PROBE, &probe_killed).expect("copy rpmi-probe");
         Setup { userrc, mpi_pairs: compile("mpicc", "mpi_pairs", &dir), probe_killed }
     })
+}
+
+/// This build's librpmi.so, beside the test executable's directory.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let library = exe.parent().and_then(Path::parent).expect("target/<profile>/deps").join("librpmi.so");
+    assert!(library.is_file(), "{} is missing: build first (`cargo build`)", library.display());
+    library
 }
 
 /// One Flux instance at a time, with no MPICH shared memory left by a job that was killed.
@@ -589,6 +595,47 @@ fn only_the_tasks_own_connection_is_taken() {
     assert_eq!(r.stdout.lines().filter(|l| *l == "intruder closed True").count(), 3, "{}", r.dump());
     assert_eq!(info_by_rank(&r.stdout).len(), 3, "{}", r.dump());
     assert!(r.stderr.contains("refused a PMI connection from pid"), "{}", r.dump());
+}
+
+/// The plugin's end while a name request from another job waits for rpmi (`tests/programs/flux_shell_end.c`:
+/// the plugin's own code with this build's librpmi.so and a Flux handle of its own, under AddressSanitizer;
+/// the flux-shell executable's API is a mock): the instance is destroyed first, on the whole plugin, and
+/// answers the request. Before, the plugin freed the waiting request first, and rpmi's answer, inside
+/// `destroy`, then used it.
+#[test]
+fn a_name_request_waiting_as_the_shell_ends_is_answered_and_nothing_freed_is_used() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("flux-end-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("the test's directory");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let flux = |args: &[&str]| {
+        let o = Command::new("pkg-config").args(args).output().expect("pkg-config");
+        assert!(o.status.success(), "pkg-config {args:?}: is Flux installed (docker/flux.sh)?");
+        String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect::<Vec<_>>()
+    };
+    let packages = ["flux-core", "flux-taskmap", "flux-idset", "jansson"];
+    let program = dir.join("flux_shell_end");
+    let out = Command::new("cc")
+        .args(["-std=gnu99", "-g", "-O1", "-Wall", "-Wextra", "-Werror", "-fsanitize=address", "-I"])
+        .arg(root.join("src/flux"))
+        .arg("-I")
+        .arg(root.join("plugin-spec"))
+        .args(flux(&[&["--cflags"][..], &packages].concat()))
+        .arg(format!("-DRPMI_LIBRARY=\"{}\"", library().display()))
+        .arg("-o")
+        .arg(&program)
+        .arg(root.join("tests/programs/flux_shell_end.c"))
+        .args(flux(&[&["--libs"][..], &packages].concat()))
+        .arg("-ldl")
+        .arg(format!("-Wl,-rpath,{}", flux(&["--variable=libdir", "flux-core"]).concat()))
+        .output()
+        .expect("cc");
+    assert!(out.status.success(), "flux_shell_end.c does not compile:\n{}", String::from_utf8_lossy(&out.stderr));
+    // Leaks are not this test's concern (the library stays loaded, as in a shell).
+    let run = Command::new(&program).env("ASAN_OPTIONS", "detect_leaks=0").output().expect("flux_shell_end");
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success() && !stderr.contains("AddressSanitizer"), "{}\n{stdout}\n{stderr}", run.status);
+    assert!(stdout.contains("requests waiting for rpmi: 1"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("the request was answered: published"), "{stdout}\n{stderr}");
 }
 
 /// A process of the job's user (here a task on shell 1, through `FLUX_URI`) forges, as shell 1, a message for

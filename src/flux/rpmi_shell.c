@@ -137,6 +137,7 @@ struct rpmi_flux {
     struct task *starting;
     int failed; /* the job is ending: this shell raised, or sent shell 0, its one abort */
     int stopped; /* progress failed: the instance serves nothing more, and is not called again */
+    int ending;  /* the shell is ending: the instance is being destroyed, and nothing new starts */
     int holding_job; /* shell 0: the shell stays open for the others until rpmi's job_done */
     /* Spawns: */
     struct spawn *spawns; /* the jobs this shell's tasks spawned, until each is clean */
@@ -1006,7 +1007,7 @@ static void spawn_submitted_cb(flux_future_t *f, void *arg) {
         flux_future_then(sp->exec_events, -1., spawn_exec_cb, sp) < 0) {
         snprintf(why, sizeof why, "cannot follow the spawned job %s: %s", sp->id_text, strerror(errno));
         spawn_answer(sp, RPMI_ERR_SYSTEM, why);
-        (void)flux_job_cancel(sp->ctx->h, sp->id, "rpmi: its spawner cannot follow it");
+        flux_future_destroy(flux_job_cancel(sp->ctx->h, sp->id, "rpmi: its spawner cannot follow it"));
         spawn_free(sp);
         return;
     }
@@ -1048,11 +1049,13 @@ static char *spawn_jobspec(struct rpmi_flux *ctx, json_t *commands, uint32_t npr
         json_t *p = NULL, *infos = NULL, *one = command_argv(cmd);
         json_int_t count = 0;
         if (!one || json_unpack(cmd, "{s:I s:o s:o}", "nprocs", &count, "preputs", &p, "infos", &infos) < 0 ||
-            !json_is_array(p) || !json_is_array(infos) ||
-            json_array_append_new(listed, json_pack("{s:I s:o}", "nprocs", count, "argv", one)) < 0) {
+            !json_is_array(p) || !json_is_array(infos)) {
+            json_decref(one);
             snprintf(why, why_len, "a malformed spawn request");
             goto done;
         }
+        if (json_array_append_new(listed, json_pack("{s:I s:o}", "nprocs", count, "argv", one)) < 0)
+            goto nomem;
         /* Each key once: the commands' preputs agree (rpmi checked), and each command carries them all. */
         json_array_foreach(p, j, pair) {
             const char *k = json_string_value(json_array_get(pair, 0));
@@ -1131,6 +1134,10 @@ static int on_spawn(void *host_data, rpmi_instance *instance, uint32_t task, con
     char why[512] = "", *jobspec = NULL;
     size_t i;
     (void)instance;
+    if (ctx->ending) {
+        json_decref(req);
+        return RPMI_ERR_STATE;
+    }
     struct spawn *sp = task < ctx->local_count ? calloc(1, sizeof *sp) : NULL;
     if (!sp) {
         json_decref(req);
@@ -1305,6 +1312,8 @@ static void name_answered_cb(flux_future_t *f, void *arg) {
 
 /* A spawned job's task asks the launch's names: sent to the first job's shell 0. */
 static int ask_names(struct rpmi_flux *ctx, uint32_t task, int op, const char *service, const char *port) {
+    if (ctx->ending)
+        return RPMI_ERR_STATE;
     struct name_ask *a = malloc(sizeof *a);
     flux_future_t *f = NULL;
     if (!a)
@@ -1561,6 +1570,9 @@ static int task_exec(flux_plugin_t *p, const char *topic, flux_plugin_arg_t *arg
     while (rc < 0 && errno == EINTR);
     if (rc < 0)
         child_fail(ctx->socket_addr.sun_path);
+    /* The limit was the connection's: the task's own writes wait as long as they must. */
+    struct timeval none = {0};
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
     if (fd != want && (dup2(fd, want) < 0 || close(fd) < 0))
         child_fail("dup2 failed");
     return 0;
@@ -1625,7 +1637,15 @@ static void rpmi_flux_destroy(void *arg) {
     struct rpmi_flux *ctx = arg;
     if (!ctx)
         return;
-    /* Nothing is answered once the instance is going. */
+    /* The instance goes first, while all it may call back on is whole: it serves what the tasks wrote last,
+     * and what that asks anew (a spawn, names from another shell) is refused. Its fd is watched no more
+     * before destroy closes it. */
+    ctx->ending = 1;
+    flux_watcher_destroy(ctx->watch);
+    if (ctx->inst)
+        ctx->plugin->destroy(ctx->inst);
+    ctx->inst = NULL;
+    /* Nothing is answered once the instance is gone. */
     while (ctx->spawns) {
         ctx->spawns->answered = 1;
         ctx->spawns->ref[0] = '\0';
@@ -1647,10 +1667,6 @@ static void rpmi_flux_destroy(void *arg) {
     if (ctx->parent_watch)
         (void)flux_job_event_watch_cancel(ctx->parent_watch);
     flux_future_destroy(ctx->parent_watch);
-    /* The fd is watched no more before destroy closes it. */
-    flux_watcher_destroy(ctx->watch);
-    if (ctx->inst)
-        ctx->plugin->destroy(ctx->inst);
     flux_watcher_destroy(ctx->accept_w);
     if (ctx->listen_fd >= 0)
         close(ctx->listen_fd);
