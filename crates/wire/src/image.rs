@@ -62,7 +62,7 @@ pub fn encode<'a>(fence: u64, entries: impl IntoIterator<Item = (&'a [u8], &'a [
 }
 
 /// Writes the image of `entries` (each key once) after fence `fence` to `out`, a piece at a time: beside what
-/// `out` keeps, it holds the entries' order (16 bytes an entry) and a buffer. An image past 32-bit offsets is
+/// `out` keeps, it holds the entries' order (two slices, 32 bytes an entry) and a buffer. An image past 32-bit offsets is
 /// refused (`InvalidInput`) before anything is written.
 pub fn write<'a>(
     out: &mut dyn std::io::Write,

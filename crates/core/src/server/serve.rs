@@ -121,6 +121,9 @@ struct Client {
     /// The job's `get_ranks2hosts` answer, the server's one copy, owed after `out`, and how much of it has
     /// been written. While it is owed the task's input is held.
     shared: Option<(Arc<[u8]>, usize)>,
+    /// Answers queued while a shared answer is owed, which go after it: the ends of barriers the task waits
+    /// in (its input is held meanwhile, so no more), a few short lines.
+    after: Vec<u8>,
     /// Input taken in but not parsed, because the task's answers were not being read: the rest of one read,
     /// since the host reads nothing more from the task meanwhile.
     held: Vec<u8>,
@@ -170,10 +173,12 @@ impl Client {
         self.out.len() > HELD_ABOVE || self.shared.is_some()
     }
 
-    /// Copies the rest of a shared answer into `out`, so that what is queued next goes after it.
-    fn unshare(&mut self) {
-        if let Some((answer, sent)) = self.shared.take() {
-            self.out.extend_from_slice(answer.get(sent..).unwrap_or_default());
+    /// The buffer an answer queued now goes to: after a shared answer still owed, or `out`. A shared answer
+    /// is not copied for what comes after it: a task that leaves it unread would hold a copy of its own.
+    fn queue_to(&mut self) -> &mut Vec<u8> {
+        match self.shared {
+            Some(_) => &mut self.after,
+            None => &mut self.out,
         }
     }
 }
@@ -251,6 +256,7 @@ impl Server {
                 partial: Vec::new(),
                 out: Vec::new(),
                 shared: None,
+                after: Vec::new(),
                 held: Vec::new(),
                 queued: false,
                 reported: false,
@@ -633,6 +639,7 @@ impl Server {
             *sent = sent.saturating_add(n).min(answer.len());
             if *sent == answer.len() {
                 c.shared = None;
+                c.out = std::mem::take(&mut c.after);
             }
             return;
         }
@@ -811,9 +818,12 @@ impl Server {
             }
             Request::BarrierIn { .. } => self.enter_barrier(task),
             Request::Finalize => {
-                self.set_status(task, TaskStatus::Finalized);
+                let departs = self.set_status(task, TaskStatus::Finalized);
                 self.respond(task, |out| Line::new(out, "finalize_ack", rc::SUCCESS).finish());
-                self.check_barrier();
+                // A finalize again changes nothing: the barriers are not gone over for it.
+                if departs {
+                    self.check_barrier();
+                }
             }
             Request::Abort { exit_code, message } => {
                 // Codes beyond i32 are clamped; a missing code is a plain failure.
@@ -846,9 +856,12 @@ impl Server {
                 if *trace {
                     trace_lines(effects, c.rank, &answer);
                 }
-                // Sent from the server's one copy, however many tasks ask; the task's input is held meanwhile.
-                c.unshare();
-                c.shared = Some((answer, 0));
+                // Sent from the server's one copy, however many tasks ask; the task's input is held meanwhile,
+                // so it asks for no second one before this one is written (were it to, that one is copied).
+                match c.shared {
+                    None => c.shared = Some((answer, 0)),
+                    Some(_) => c.after.extend_from_slice(&answer),
+                }
                 queue(c, ready);
             }
             Request::GetKvsImage => self.send_kvs_image(task),
@@ -1034,7 +1047,8 @@ impl Server {
         self.check_barrier();
     }
 
-    fn set_status(&mut self, task: TaskId, status: TaskStatus) {
+    /// Sets `task`'s status: whether it departed by it (was active, is no more).
+    fn set_status(&mut self, task: TaskId, status: TaskStatus) -> bool {
         let c = &mut self.clients[task];
         let departs = c.status == TaskStatus::Active && status != TaskStatus::Active;
         c.status = status;
@@ -1042,6 +1056,7 @@ impl Server {
             self.departed += 1;
             self.break_node_barrier();
         }
+        departs
     }
 
     fn report(&mut self, task: TaskId, error: JobError) {
@@ -1064,13 +1079,12 @@ fn respond(
     trace: Option<&mut VecDeque<Effect>>,
     write: impl FnOnce(&mut Vec<u8>),
 ) {
-    // In order after a shared answer still owed (none is queued then: the task's input is held meanwhile,
-    // and it waits for nothing).
-    c.unshare();
-    let start = c.out.len();
-    write(&mut c.out);
+    let rank = c.rank;
+    let out = c.queue_to();
+    let start = out.len();
+    write(out);
     if let Some(effects) = trace {
-        trace_lines(effects, c.rank, &c.out[start..]);
+        trace_lines(effects, rank, &out[start..]);
     }
     queue(c, ready);
 }

@@ -5,7 +5,7 @@
 //! ([`Server::write_kvs_image`]), which writes it straight into one sealed memory file for the node and sends
 //! that file with each task's answer ([`Server::attached`]). The server keeps no copy: the file is
 //! the only one, bounded as the store is (its keys and values, and 16 bytes an entry), and while it is written
-//! the server holds the entries' order (16 bytes an entry) beside it.
+//! the server holds the entries' order (32 bytes an entry) beside it.
 //!
 //! A task may keep every image's file open, and with it the image's memory, which its host wrote and which
 //! no job may be charged for: so the images one server makes add up to the store's bound at most (beyond,
@@ -39,6 +39,9 @@ pub(super) struct Images {
     current: Option<(u64, usize)>,
     /// The images made so far, as charged ([`charge`]): at most the store's bound.
     made: usize,
+    /// The length an image of the store as fence N left it takes, once measured: a request refused for
+    /// the bound is refused again without going over the store.
+    measured: Option<(u64, usize)>,
     /// That image is for the host to write.
     due: bool,
 }
@@ -88,18 +91,23 @@ impl Server {
             Some(image) => Ok(image),
             None if images.fences == 0 => Err("no fence yet"),
             None if images.changed => Err("the key-value space changed since the last fence"),
-            None => match image::len_of(self.kvs.entries()) {
-                len if u32::try_from(len).is_err() => Err("the key-value space is too large for an image"),
-                len if images.made.saturating_add(charge(len)) > budget => {
-                    Err("the images of the key-value space this server made reached its store's bound")
+            None => {
+                let measured = images.measured.filter(|&(fence, _)| fence == images.fences);
+                let len = measured.map_or_else(|| image::len_of(self.kvs.entries()), |(_, len)| len);
+                images.measured = Some((images.fences, len));
+                match len {
+                    len if u32::try_from(len).is_err() => Err("the key-value space is too large for an image"),
+                    len if images.made.saturating_add(charge(len)) > budget => {
+                        Err("the images of the key-value space this server made reached its store's bound")
+                    }
+                    len => {
+                        images.made += charge(len);
+                        images.current = Some((images.fences, len));
+                        images.due = true;
+                        Ok((images.fences, len))
+                    }
                 }
-                len => {
-                    images.made += charge(len);
-                    images.current = Some((images.fences, len));
-                    images.due = true;
-                    Ok((images.fences, len))
-                }
-            },
+            }
         };
         let protocol = c.protocol;
         match (protocol, sent) {

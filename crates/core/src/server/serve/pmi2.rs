@@ -284,9 +284,11 @@ impl Server {
                 self.leave(task);
             }
             Request2::Finalize => {
-                self.set_status(task, TaskStatus::Finalized);
+                let departs = self.set_status(task, TaskStatus::Finalized);
                 self.answer_v2_with(task, "finalize-response", rc::SUCCESS, |f| f);
-                self.check_barrier();
+                if departs {
+                    self.check_barrier();
+                }
             }
             Request2::Publish { name, port } => match (super::utf8_word(name), super::utf8_word(port)) {
                 (Some(service), Some(port)) => self.start_service(task, HostRequest::Publish { service, port }),
