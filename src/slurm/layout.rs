@@ -91,60 +91,136 @@ pub fn decode(text: &str, nodes: usize, size_max: usize) -> Result<Vec<u32>, Str
     expand(&blocks, size, None).ok_or_else(|| bad("overflow"))
 }
 
-/// Expands a Slurm node list (`n[1-3,7],login[01-02]-ib,x`) into names, in order, stopping at `max` + 1.
-/// Covers the forms srun writes into `SLURM_STEP_NODELIST` on ordinary clusters; where the process has
-/// Slurm's own hostlist functions, the plugin takes their names, once this has bounded the list.
+/// The longest node name read from a list. Slurm's own are far shorter; with it, a list is bounded by its
+/// node count (see `sys::expand_nodelist`).
+pub const NODE_NAME_MAX: usize = 256;
+
+/// Expands a Slurm node list (`n[1-3,7],login[01-02]-ib,x`) into names, in order. Covers the forms srun
+/// writes into `SLURM_STEP_NODELIST` on Slurm built with one dimension (not a box such as `nid[000x011]`);
+/// where the process has Slurm's own hostlist functions, the plugin takes their names, once this has bounded
+/// the list. Each item's names are counted before any is made, and each made once: a list naming more than
+/// `max` nodes, or a name longer than [`NODE_NAME_MAX`], is refused having cost at most its own length.
 pub fn expand_nodelist(list: &str, max: usize) -> Result<Vec<String>, String> {
     let bad = |why: &str| format!("node list '{}': {why}", super::trace::escape_text(list, 200));
-    let mut names = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
     let mut items = Vec::new();
+    let (mut open, mut start) = (false, 0);
     for (i, c) in list.char_indices() {
         match c {
-            '[' => depth += 1,
-            ']' if depth == 0 => return Err(bad("unbalanced ']'")),
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
+            '[' if open => return Err(bad("a '[' inside brackets")),
+            '[' => open = true,
+            ']' if !open => return Err(bad("unbalanced ']'")),
+            ']' => open = false,
+            ',' if !open => {
                 items.push(&list[start..i]);
                 start = i + 1;
             }
             _ => {}
         }
     }
-    if depth != 0 {
+    if open {
         return Err(bad("unbalanced '['"));
     }
     items.push(&list[start..]);
+    let mut names = Vec::new();
     for item in items.into_iter().map(str::trim).filter(|s| !s.is_empty()) {
-        expand_item(item, &mut names, max).map_err(|e| bad(&e))?;
+        let pieces = pieces(item).map_err(|e| bad(&e))?;
+        let count = pieces.iter().try_fold(1usize, |n, p| n.checked_mul(p.count()));
+        if count.is_none_or(|n| n > max - names.len().min(max)) {
+            return Err(bad(&format!("more than {max} names")));
+        }
+        if pieces.iter().map(Piece::len).sum::<usize>() > NODE_NAME_MAX {
+            return Err(bad(&format!("a name longer than {NODE_NAME_MAX} bytes")));
+        }
+        // The item's names, the last bracket varying fastest: each bracket's range and number in turn.
+        let mut at = vec![(0usize, 0u64); pieces.len()];
+        loop {
+            let mut name = String::new();
+            for (piece, &(range, n)) in pieces.iter().zip(&at) {
+                match piece {
+                    Piece::Text(text) => name.push_str(text),
+                    Piece::Ranges(ranges) => {
+                        let (lo, _, width) = ranges[range];
+                        name.push_str(&format!("{:0width$}", lo + n));
+                    }
+                }
+            }
+            names.push(name);
+            // The next: the last bracket that has one more moves on, the ones after it start again.
+            let next = pieces.iter().zip(at.iter_mut()).rev().find_map(|(piece, (range, n))| {
+                let Piece::Ranges(ranges) = piece else { return None };
+                let (lo, hi, _) = ranges[*range];
+                if lo + *n < hi {
+                    *n += 1;
+                } else if *range + 1 < ranges.len() {
+                    (*range, *n) = (*range + 1, 0);
+                } else {
+                    (*range, *n) = (0, 0);
+                    return None;
+                }
+                Some(())
+            });
+            if next.is_none() {
+                break;
+            }
+        }
     }
     Ok(names)
 }
 
-fn expand_item(item: &str, out: &mut Vec<String>, max: usize) -> Result<(), String> {
-    let Some(open) = item.find('[') else {
-        if out.len() == max {
-            return Err(format!("more than {max} names"));
-        }
-        out.push(item.to_string());
-        return Ok(());
-    };
-    let close = open + item[open..].find(']').ok_or("no ']'")?;
-    let (prefix, ranges, suffix) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
-    for range in ranges.split(',') {
-        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-        let width = lo.len();
-        let (l, h): (u64, u64) = (lo.parse().map_err(|_| "a bad range")?, hi.parse().map_err(|_| "a bad range")?);
-        if h < l || h - l > 1 << 20 {
-            return Err(format!("range {range}"));
-        }
-        for n in l..=h {
-            // The suffix may hold further brackets (`a[1-2]b[3-4]`).
-            expand_item(&format!("{prefix}{n:0width$}{suffix}"), out, max)?;
+/// A part of one node list item: text, or a bracket's ranges (first, last, width).
+enum Piece<'a> {
+    Text(&'a str),
+    Ranges(Vec<(u64, u64, usize)>),
+}
+
+impl Piece<'_> {
+    /// How many names it makes (at least 1).
+    fn count(&self) -> usize {
+        match self {
+            Piece::Text(_) => 1,
+            Piece::Ranges(r) => r.iter().fold(0usize, |n, &(lo, hi, _)| {
+                n.saturating_add(usize::try_from(hi - lo).unwrap_or(usize::MAX).saturating_add(1))
+            }),
         }
     }
-    Ok(())
+
+    /// The most bytes it puts in a name.
+    fn len(&self) -> usize {
+        match self {
+            Piece::Text(text) => text.len(),
+            Piece::Ranges(r) => r.iter().map(|&(_, hi, width)| width.max(hi.to_string().len())).max().unwrap_or(0),
+        }
+    }
+}
+
+/// An item (no comma outside brackets, brackets balanced and not nested) as text and brackets.
+fn pieces(item: &str) -> Result<Vec<Piece<'_>>, String> {
+    let mut pieces = Vec::new();
+    let mut rest = item;
+    while let Some(open) = rest.find('[') {
+        let close = open + rest[open..].find(']').ok_or("no ']'")?;
+        if open > 0 {
+            pieces.push(Piece::Text(&rest[..open]));
+        }
+        let mut ranges = Vec::new();
+        for range in rest[open + 1..close].split(',') {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            let number = |s: &str| match s.bytes().all(|b| b.is_ascii_digit()) {
+                true => s.parse::<u64>().ok(),
+                false => None,
+            };
+            match (number(lo), number(hi)) {
+                (Some(l), Some(h)) if l <= h => ranges.push((l, h, lo.len())),
+                _ => return Err(format!("range {range}")),
+            }
+        }
+        pieces.push(Piece::Ranges(ranges));
+        rest = &rest[close + 1..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest));
+    }
+    Ok(pieces)
 }
 
 /// A message of the collective's machines ([`crate::collective`]) as the user reads it: `node 3` becomes
@@ -234,5 +310,12 @@ mod tests {
         // A short list may name far more nodes than the step has: it is refused, not expanded.
         assert!(expand_nodelist("n[1-1000000]", 3).unwrap_err().contains("more than 3 names"));
         assert_eq!(expand_nodelist("n[1-3]", 3).unwrap().len(), 3);
+        assert_eq!(e("n[1-2],m[7-8]x[1-2]"), ["n1", "n2", "m7x1", "m7x2", "m8x1", "m8x2"]);
+        assert!(expand_nodelist("a[0-65535]b[0-65535]c[0]", 3).unwrap_err().contains("more than 3 names"));
+        // One name of 30,000 brackets: refused by its length, read once, without a level a bracket.
+        let deep = format!("a{}", "[0]".repeat(30_000));
+        assert!(expand_nodelist(&deep, 400).unwrap_err().contains("a name longer than 256 bytes"));
+        assert!(expand_nodelist("n[1[2]]", 3).unwrap_err().contains("inside brackets"));
+        assert!(expand_nodelist("nid[000x011]", 3).is_err(), "a box of a Slurm of more dimensions");
     }
 }

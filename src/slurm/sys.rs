@@ -167,9 +167,6 @@ pub fn slurm() -> &'static Slurm {
     })
 }
 
-/// The longest node name a node list is assumed to hold, for bounding a list's length.
-const NODE_NAME_MAX: usize = 256;
-
 fn c_text(s: &str) -> CString {
     CString::new(s.replace('\0', "\\0")).unwrap_or_default()
 }
@@ -444,7 +441,7 @@ impl Slurm {
 /// refused before Slurm's parser sees it; and one that Slurm reads as another number of names, after.
 pub fn expand_nodelist(list: &str, max: usize, hostlist: Option<Hostlist>) -> Result<Vec<String>, String> {
     let bad = |why: String| format!("node list '{}': {why}", super::trace::escape_text(list, 200));
-    if list.len() > max.saturating_mul(NODE_NAME_MAX).saturating_add(1024) {
+    if list.len() > max.saturating_mul(super::layout::NODE_NAME_MAX).saturating_add(1024) {
         return Err(bad(format!("{} bytes, too long for {max} nodes", list.len())));
     }
     // Each range or name is at least one node, and they are separated by commas.
@@ -566,11 +563,16 @@ mod tests {
         let slurm = Some(slurms_hostlist());
         assert_eq!(expand_nodelist("n[1-3],m07", 4, slurm).unwrap(), ["n1", "n2", "n3", "m07"]);
         assert_eq!(CREATED.load(Ordering::SeqCst), 1, "Slurm's parser read the list");
+        // The forms srun writes, which the two read alike.
+        for (list, count) in [("n[09-10]", 2), ("rack[1-2]node[01-04]", 8), ("a.b.c,d-e,123", 3), ("12[3-4]", 2)] {
+            assert_eq!(expand_nodelist(list, 8, slurm).map(|n| n.len()), Ok(count), "{list}");
+        }
+        let created = CREATED.load(Ordering::SeqCst);
         // 10^7 names in 22 bytes: Slurm's parser would build them all (860 MB) before handing out the first;
         // a[0-65535]b[0-65535] would be 2^32.
         let e = expand_nodelist("a[0-9999]b[0-999]c[0]", 3, slurm).unwrap_err();
         assert!(e.contains("more than 3 names"), "{e}");
-        assert_eq!(CREATED.load(Ordering::SeqCst), 1, "Slurm's parser was given the list");
+        assert_eq!(CREATED.load(Ordering::SeqCst), created, "Slurm's parser was given the list");
         // Slurm takes a space as a separator too: a list the two read differently is refused.
         let e = expand_nodelist("n1 n2", 3, slurm).unwrap_err();
         assert!(e.contains("Slurm reads 2 names in it, rpmi 1"), "{e}");
