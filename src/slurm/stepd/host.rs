@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 /// How long `fini` lets the progress thread say BYE before it cuts the connection.
 pub const FINI_GRACE: Duration = Duration::from_secs(2);
 /// At its end a stepd waits for its peers to take its last frames (a large last result, say) as long as
-/// they keep taking them, but no longer than their bytes take at this rate (bytes a second, half of what
+/// they keep taking them, but no longer than their bytes take at this rate (bytes a second, about half what
 /// gigabit Ethernet carries), and [`DRAIN_LONGEST`] at most: Slurm's own end of the step waits for `fini`.
 const DRAIN_RATE_MIN: u64 = 64 << 20;
 const DRAIN_LONGEST: Duration = Duration::from_secs(30);
