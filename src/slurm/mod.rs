@@ -113,6 +113,9 @@ pub extern "C" fn fini() {
     guard((), || {
         stepd::fini();
         client::stop_all();
+        // Slurm unloads the plugin at a reconfigure, and a static's contents are never dropped.
+        *SITE.lock().unwrap_or_else(|e| e.into_inner()) = Site::EMPTY;
+        *MISNAMED.lock().unwrap_or_else(|e| e.into_inner()) = Vec::new();
     })
 }
 
@@ -245,7 +248,7 @@ pub extern "C" fn mpi_p_conf_get() -> *mut c_void {
         let site = site();
         let pairs: Vec<(&CStr, CString)> = Id::ALL
             .into_iter()
-            .filter_map(|id| site.text(id).map(|t| (id.opt().key, CString::new(t).unwrap_or_default())))
+            .filter_map(|id| site.passed_on(id).map(|t| (id.opt().key, CString::new(t).unwrap_or_default())))
             .collect();
         if pairs.is_empty() {
             return std::ptr::null_mut();

@@ -338,6 +338,21 @@ impl Site {
         self.text(id).map(|t| parse(id.opt(), &mpi_conf, t))
     }
 
+    /// What slurmd passes on to each slurmstepd for `id`, which Slurm's parser reads again there: a value
+    /// as the plugin writes it, or, for one that is not a value, its text marked so that it stays none
+    /// (`?` first, and for every character Slurm's parser would split or unquote it at), so that the
+    /// stepd refuses the step as the daemons said it would.
+    pub fn passed_on(&self, id: Id) -> Option<String> {
+        match self.get(id)? {
+            Ok(v) => Some(shown(id, v)),
+            Err(_) => {
+                let text = self.text(id).unwrap_or_default();
+                let marked = text.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '?' });
+                Some(std::iter::once('?').chain(marked).collect())
+            }
+        }
+    }
+
     /// The site's faults: one line for each value that is not one.
     pub fn faults(&self) -> Vec<String> {
         Id::ALL.into_iter().filter_map(|id| self.get(id)?.err()).collect()
@@ -394,7 +409,8 @@ const MISNAMED_MAX: usize = 16;
 pub fn misnamed_keys(text: &str) -> Vec<String> {
     let ours = |key: &str| OPTIONS.iter().any(|o| o.key().eq_ignore_ascii_case(key));
     let words = text.lines().flat_map(|line| line.split('#').next().unwrap_or_default().split_whitespace());
-    let keys = words.map(|word| word.split('=').next().unwrap_or_default());
+    // `Key+=value` and the other operators Slurm's parser takes name `Key`.
+    let keys = words.map(|word| word.split('=').next().unwrap_or_default().trim_end_matches(['+', '-', '*', '/']));
     let misnamed = keys.filter(|key| key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("rpmi")) && !ours(key));
     misnamed.take(MISNAMED_MAX).map(|key| escape_text(key, ECHO_MAX)).collect()
 }
@@ -685,8 +701,28 @@ mod tests {
         assert!(e.contains("MPICH") && e.contains("SLURM_RPMI_KVSNAME_MAX"), "{e}");
     }
 
+    /// What slurmd passes on, which Slurm's parser splits at a space and unquotes again in the stepd: a value
+    /// as the plugin writes it, and what is not one still none there, whatever its text.
+    #[test]
+    fn what_slurmd_passes_on_reads_the_same_in_the_stepd() {
+        let passed = |id: Id, text: &str| site_with(id, text).passed_on(id).unwrap();
+        assert_eq!(passed(Id::RequestLineMax, "2048"), "2048");
+        assert_eq!(passed(Id::Trace, "YES"), "yes");
+        assert_eq!(passed(Id::Allgather, "bruck"), "bruck");
+        for (id, bad) in
+            [(Id::RequestLineMax, "2048 bytes"), (Id::Trace, "\"yes"), (Id::TreeWidth, "8 x"), (Id::KvsBytesMax, "")]
+        {
+            let on = passed(id, bad);
+            assert!(on.starts_with('?') && !on.contains([' ', '"', '\t']), "{bad:?} passed on as {on:?}");
+            assert!(site_with(id, &on).get(id).unwrap().is_err(), "{bad:?} passed on as {on:?}, a value");
+        }
+        assert_eq!(Site::EMPTY.passed_on(Id::Trace), None);
+    }
+
     #[test]
     fn misnamed_keys_are_found() {
+        // Slurm takes `Key+=value` (and -=, *=, /=) for Key.
+        assert!(misnamed_keys("RpmiKvsBytesMax+=1024 RpmiTreeWidth*=3\n").is_empty());
         let conf = "# RpmiCommented=1\nPMIxTimeout=30 rpmikvsbytesmax=1 RpmiKvsByteMax=2 # RpmiAfter=3\nRPMITREEWIDTH=4\nRpmi\x1b[2J=5\n";
         assert_eq!(misnamed_keys(conf), ["RpmiKvsByteMax", "Rpmi\\x1b[2J"]);
         assert_eq!(misnamed_keys(&"RpmiX=1\n".repeat(100)).len(), MISNAMED_MAX);

@@ -346,7 +346,10 @@ impl Slurm {
             let table = create(options);
             if !table.is_null() {
                 for (key, value) in pairs {
-                    parse(table, key.as_ptr(), value.as_ptr());
+                    // Values as `Site::passed_on` writes them, which the parser takes as they are.
+                    if parse(table, key.as_ptr(), value.as_ptr()) == 0 {
+                        self.error(&format!("mpi.conf: {key:?}={value:?} could not be passed on to the slurmstepds"));
+                    }
                 }
             }
             table
