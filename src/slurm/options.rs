@@ -409,8 +409,11 @@ const MISNAMED_MAX: usize = 16;
 pub fn misnamed_keys(text: &str) -> Vec<String> {
     let ours = |key: &str| OPTIONS.iter().any(|o| o.key().eq_ignore_ascii_case(key));
     let words = text.lines().flat_map(|line| line.split('#').next().unwrap_or_default().split_whitespace());
-    // `Key+=value` and the other operators Slurm's parser takes name `Key`.
-    let keys = words.map(|word| word.split('=').next().unwrap_or_default().trim_end_matches(['+', '-', '*', '/']));
+    // `Key+=value` and the other operators Slurm's parser takes (one, right before `=`) name `Key`.
+    let keys = words.map(|word| match word.split_once('=') {
+        Some((key, _)) => key.strip_suffix(['+', '-', '*', '/']).unwrap_or(key),
+        None => word,
+    });
     let misnamed = keys.filter(|key| key.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("rpmi")) && !ours(key));
     misnamed.take(MISNAMED_MAX).map(|key| escape_text(key, ECHO_MAX)).collect()
 }
@@ -721,8 +724,9 @@ mod tests {
 
     #[test]
     fn misnamed_keys_are_found() {
-        // Slurm takes `Key+=value` (and -=, *=, /=) for Key.
+        // Slurm takes `Key+=value` (and -=, *=, /=) for Key; not two operators, nor one apart from `=`.
         assert!(misnamed_keys("RpmiKvsBytesMax+=1024 RpmiTreeWidth*=3\n").is_empty());
+        assert_eq!(misnamed_keys("RpmiKvsBytesMax++=1024 RpmiTrace+ =1\n"), ["RpmiKvsBytesMax+", "RpmiTrace+"]);
         let conf = "# RpmiCommented=1\nPMIxTimeout=30 rpmikvsbytesmax=1 RpmiKvsByteMax=2 # RpmiAfter=3\nRPMITREEWIDTH=4\nRpmi\x1b[2J=5\n";
         assert_eq!(misnamed_keys(conf), ["RpmiKvsByteMax", "Rpmi\\x1b[2J"]);
         assert_eq!(misnamed_keys(&"RpmiX=1\n".repeat(100)).len(), MISNAMED_MAX);
