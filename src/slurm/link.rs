@@ -296,8 +296,10 @@ impl Link {
         let mut end = None;
         let mut last = (usize::MAX, start + stall);
         Self::drain_until(links, |queued| {
-            let moving = Duration::from_millis((queued as u64).saturating_mul(1000) / rate.max(1)).min(longest);
-            let end = *end.get_or_insert(start + stall + moving);
+            // Set at the first call, from the bytes queued then.
+            let end = *end.get_or_insert_with(|| {
+                start + stall + Duration::from_millis((queued as u64).saturating_mul(1000) / rate.max(1)).min(longest)
+            });
             if queued < last.0 {
                 last = (queued, Instant::now() + stall);
             }
